@@ -1,0 +1,51 @@
+# ebb: two commands do everything on a fresh Debian machine.
+#   make demo   installs what is missing, builds, runs the main example
+#   make test   installs what is missing, builds, runs every test through ctest
+# Other targets: build, deps, bench, clean.
+
+BUILD    ?= build
+JOBS     ?= 2
+CMAKE_FLAGS ?=
+
+# Debian packages the build and the tests need. libopenblas0-pthread matters:
+# Debian's libtorch falls back to the reference BLAS without it (25x slower).
+DEB_PACKAGES := cmake g++ make pkg-config libtorch-dev libopenblas0-pthread \
+                libyaml-dev libcjson-dev libcmocka-dev graphviz
+
+.PHONY: all build deps demo test bench clean
+
+all: build
+
+deps:
+	@missing=""; \
+	for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then \
+	  echo "ebb: missing Debian packages:$$missing"; \
+	  echo "run: sudo apt-get install -y --no-install-recommends$$missing"; \
+	  exit 1; \
+	fi; \
+	echo "ebb: installing$$missing"; \
+	export DEBIAN_FRONTEND=noninteractive; \
+	apt-get install -y --no-install-recommends $$missing || \
+	  { apt-get update && apt-get install -y --no-install-recommends $$missing; }
+
+$(BUILD)/CMakeCache.txt: | deps
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+build: deps $(BUILD)/CMakeCache.txt
+	cmake --build $(BUILD) -j$(JOBS)
+
+demo: build
+	./$(BUILD)/examples/tensor_basics
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+
+bench: build
+	@echo "ebb: no benchmarks yet"
+
+clean:
+	rm -rf $(BUILD)

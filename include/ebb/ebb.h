@@ -1,0 +1,19 @@
+/*
+ * ebb.h - the umbrella header: declare a neural-network graph in C, compile
+ * it to a static plan that knows the last use of every intermediate tensor,
+ * and run it on libtorch so each intermediate is freed right after that use.
+ *
+ *   common.h  status codes, errors, ebb_init(), dtypes, devices
+ *   tensor.h  the C tensor layer over libtorch
+ *   memory.h  allocator-measured bytes and the live-handle count
+ *   op.h      operators and the op registry
+ */
+#ifndef EBB_H
+#define EBB_H
+
+#include "common.h"
+#include "memory.h"
+#include "op.h"
+#include "tensor.h"
+
+#endif

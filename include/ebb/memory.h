@@ -1,0 +1,52 @@
+/*
+ * ebb/memory.h - allocator-measured tensor memory, the instrument ebb is
+ * judged by.
+ *
+ * On the CPU, ebb_init() installs an accounting allocator in front of
+ * libtorch's default one, so every byte of tensor storage is counted exactly
+ * when it is allocated and when it is freed. On CUDA the figures come from the
+ * caching allocator's allocated-bytes statistics (block-rounded, see
+ * docs/memory.md).
+ *
+ *     ebb_memory_reset_peak(dev);
+ *     ... run ...
+ *     ebb_memory_stats s; ebb_memory_stats_get(dev, &s);
+ *     printf("peak %lld bytes\n", (long long)s.peak_bytes);
+ *
+ * The counters are process-wide: two threads running at once see each other's
+ * allocations.
+ */
+#ifndef EBB_MEMORY_H
+#define EBB_MEMORY_H
+
+#include "common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ebb_memory_stats {
+    int64_t current_bytes; /* tensor storage allocated now */
+    int64_t peak_bytes;    /* highest current_bytes since the last reset */
+    int64_t allocations;   /* allocations since ebb_init() */
+    int64_t frees;         /* frees since ebb_init() */
+} ebb_memory_stats;
+
+/* Reads the counters of one device. EBB_ERR_UNSUPPORTED for CUDA in a build
+ * without it. */
+ebb_status ebb_memory_stats_get(ebb_device device, ebb_memory_stats *out);
+
+/* Bytes of tensor storage allocated on the device right now (0 on error). */
+int64_t ebb_memory_current(ebb_device device);
+
+/* Sets the device's peak to its current bytes. */
+void ebb_memory_reset_peak(ebb_device device);
+
+/* Number of live ebb_tensor handles in the process. Every test checks that it
+ * returns to zero. */
+int64_t ebb_tensor_live_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_MEMORY_H */

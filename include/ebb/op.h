@@ -1,0 +1,128 @@
+/*
+ * ebb/op.h - operators and the op registry.
+ *
+ * An operator is a static descriptor: its name, how many inputs it takes, an
+ * attribute schema, whether its output is a view of its first input, the
+ * parameters it owns and a C forward function over the tensor layer. The
+ * built-in ops (linear, relu, gelu, layer_norm, cat, ...) are registered by
+ * ebb_init(); users register their own with ebb_op_register():
+ *
+ *     static ebb_status square_fwd(const ebb_op_call *c, ebb_tensor **out) {
+ *         return ebb_tensor_binary(out, EBB_MUL, c->in[0], c->in[0]);
+ *     }
+ *     static const ebb_op square = {.name = "square", .min_inputs = 1,
+ *                                   .max_inputs = 1, .forward = square_fwd};
+ *     ebb_op_register(&square);   // now usable as ebb_node_op(b, "square", NULL)
+ *
+ * Attribute values reach the forward function in schema order, already
+ * checked and defaulted, so a forward function never looks a name up.
+ */
+#ifndef EBB_OP_H
+#define EBB_OP_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ebb_attr_type {
+    EBB_ATTR_INT,
+    EBB_ATTR_FLOAT,
+    EBB_ATTR_BOOL,
+    EBB_ATTR_STRING,
+} ebb_attr_type;
+
+/* One attribute in an op's schema. A required attribute has no default. */
+typedef struct ebb_attr_spec {
+    const char *name;
+    ebb_attr_type type;
+    int required;
+    double default_number; /* INT, FLOAT, BOOL */
+    const char *default_string;
+    const char *doc;
+} ebb_attr_spec;
+
+/* A resolved attribute value. `set` is 0 when an optional attribute with no
+ * default was not given (for example linear's `in`, inferred from shapes). */
+typedef struct ebb_attr_value {
+    ebb_attr_type type;
+    int set;
+    int64_t i;     /* INT and BOOL */
+    double f;      /* FLOAT */
+    const char *s; /* STRING */
+} ebb_attr_value;
+
+/* How a parameter is initialised, following PyTorch's module defaults. */
+typedef enum ebb_init_kind {
+    EBB_INIT_ZEROS,
+    EBB_INIT_ONES,
+    EBB_INIT_UNIFORM_FAN_IN, /* U(-1/sqrt(fan_in), 1/sqrt(fan_in)), nn.Linear */
+    EBB_INIT_NORMAL,         /* N(0, 1), nn.Embedding */
+} ebb_init_kind;
+
+typedef struct ebb_param_spec {
+    const char *name; /* suffix after the node name: "weight", "bias" */
+    ebb_shape shape;
+    ebb_init_kind init;
+    int64_t fan_in;
+} ebb_param_spec;
+
+#define EBB_MAX_PARAMS 8
+#define EBB_MAX_ATTRS 16
+
+typedef struct ebb_op ebb_op;
+
+/* What a forward function receives. */
+typedef struct ebb_op_call {
+    const ebb_op *op;
+    const ebb_attr_value *attrs; /* op->n_attrs values, schema order */
+    ebb_tensor *const *in;       /* the stream, then `using` tensors */
+    int n_in;
+    ebb_tensor *const *params; /* in the order params() listed them */
+    int n_params;
+    const char *node; /* node path, for error messages */
+} ebb_op_call;
+
+/* Computes the output into *out (a new handle). On failure returns a status
+ * with ebb_error_set() and leaves *out NULL. */
+typedef ebb_status (*ebb_op_forward_fn)(const ebb_op_call *call, ebb_tensor **out);
+
+/* Lists the parameters for the given attributes and input shapes into
+ * out[EBB_MAX_PARAMS]; sets *n. May fail when an attribute is inconsistent
+ * with the input shape. */
+typedef ebb_status (*ebb_op_params_fn)(const ebb_attr_value *attrs, const ebb_shape *in_shapes,
+                                       int n_in, ebb_param_spec *out, int *n);
+
+struct ebb_op {
+    const char *name;
+    int min_inputs;
+    int max_inputs; /* -1: any number >= min_inputs */
+    const ebb_attr_spec *attrs;
+    int n_attrs;
+    int is_view;                 /* output shares storage with in[0] */
+    ebb_op_params_fn params;     /* NULL: no parameters */
+    ebb_op_forward_fn forward;
+    const char *doc;
+};
+
+/* Adds an op to the process-wide registry. The descriptor (and its strings)
+ * must outlive the process's use of ebb. Fails if the name is taken or the
+ * descriptor is incomplete. Not thread-safe with concurrent lookups: register
+ * ops at start-up, after ebb_init(). */
+ebb_status ebb_op_register(const ebb_op *op);
+
+/* The op registered under `name`, or NULL. */
+const ebb_op *ebb_op_find(const char *name);
+
+/* Number of registered ops, and the i-th (in registration order). */
+int ebb_op_count(void);
+const ebb_op *ebb_op_at(int i);
+
+/* Index of attribute `name` in op's schema, or -1. */
+int ebb_op_attr_index(const ebb_op *op, const char *name);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_OP_H */

@@ -1,0 +1,222 @@
+/*
+ * ebb/tensor.h - the C tensor layer over libtorch (ATen).
+ *
+ * An ebb_tensor is an opaque handle that owns one reference to a libtorch
+ * tensor. Every function that returns a tensor does so through its first
+ * argument, `out`, as a NEW handle that the caller releases with
+ * ebb_tensor_free(). Views (reshape, transpose, ...) are new handles too; they
+ * keep the storage they look at alive. On failure *out is left NULL, nothing
+ * is leaked and ebb_errmsg() says what went wrong, naming both shapes of a
+ * mismatch:
+ *
+ *     ebb_tensor *a = NULL, *b = NULL, *c = NULL;
+ *     ebb_shape sa = EBB_SHAPE(2, 3), sb = EBB_SHAPE(4, 5);
+ *     ebb_tensor_ones(&a, &sa, EBB_FLOAT32, ebb_device_cpu());
+ *     ebb_tensor_ones(&b, &sb, EBB_FLOAT32, ebb_device_cpu());
+ *     if (ebb_tensor_matmul(&c, a, b) != EBB_OK)
+ *         fprintf(stderr, "%s\n", ebb_errmsg());  // ... (2x3 and 4x5)
+ *     ebb_tensor_free(a); ebb_tensor_free(b);
+ *
+ * All operations run under libtorch's inference mode: ebb never records
+ * autograd history, so nothing keeps a tensor alive behind the caller's back.
+ */
+#ifndef EBB_TENSOR_H
+#define EBB_TENSOR_H
+
+#include <stdbool.h>
+
+#include "common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ebb_tensor ebb_tensor;
+
+#define EBB_MAX_DIMS 8
+
+typedef struct ebb_shape {
+    int ndim;
+    int64_t dim[EBB_MAX_DIMS];
+} ebb_shape;
+
+/* A shape literal: EBB_SHAPE(8, 256). */
+#define EBB_SHAPE(...)                                                                             \
+    ((ebb_shape){sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), {__VA_ARGS__}})
+
+/* Number of elements of a shape (1 for a scalar). */
+int64_t ebb_shape_numel(const ebb_shape *shape);
+/* Non-zero when two shapes are equal. */
+int ebb_shape_equal(const ebb_shape *a, const ebb_shape *b);
+/* Writes "[8, 256]" into buf (always NUL-terminated); returns buf. */
+const char *ebb_shape_str(const ebb_shape *shape, char *buf, size_t size);
+
+/* ---- lifetime ---------------------------------------------------------- */
+
+/* Releases the handle's reference (NULL is allowed). Storage is freed when the
+ * last handle or view on it goes. */
+void ebb_tensor_free(ebb_tensor *t);
+/* A second handle on the same tensor (same storage, no copy). */
+ebb_status ebb_tensor_ref(ebb_tensor **out, const ebb_tensor *t);
+/* A contiguous deep copy. */
+ebb_status ebb_tensor_clone(ebb_tensor **out, const ebb_tensor *t);
+
+/* ---- creation ---------------------------------------------------------- */
+
+ebb_status ebb_tensor_zeros(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
+                            ebb_device device);
+ebb_status ebb_tensor_ones(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
+                           ebb_device device);
+ebb_status ebb_tensor_full(ebb_tensor **out, const ebb_shape *shape, double value,
+                           ebb_dtype dtype, ebb_device device);
+/* Uninitialised storage (used for meta-device shape propagation). */
+ebb_status ebb_tensor_empty(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
+                            ebb_device device);
+/* Standard normal values from a generator seeded with `seed`. Values are drawn
+ * on the CPU and copied, so a seed gives the same numbers on every device. */
+ebb_status ebb_tensor_randn(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
+                            ebb_device device, uint64_t seed);
+/* Uniform values in [lo, hi), seeded like ebb_tensor_randn(). */
+ebb_status ebb_tensor_uniform(ebb_tensor **out, const ebb_shape *shape, double lo, double hi,
+                              ebb_dtype dtype, ebb_device device, uint64_t seed);
+/* Copies `nbytes` of host memory laid out contiguously as `shape`/`dtype`.
+ * nbytes must equal the tensor's size exactly. */
+ebb_status ebb_tensor_from_host(ebb_tensor **out, const void *data, size_t nbytes,
+                                const ebb_shape *shape, ebb_dtype dtype, ebb_device device);
+/* Copies the tensor's values, contiguous and row-major, into host memory.
+ * nbytes must equal ebb_tensor_nbytes(t). */
+ebb_status ebb_tensor_to_host(const ebb_tensor *t, void *data, size_t nbytes);
+/* A copy on another device and/or dtype (a new handle on `t` if nothing
+ * changes). */
+ebb_status ebb_tensor_to(ebb_tensor **out, const ebb_tensor *t, ebb_device device,
+                         ebb_dtype dtype);
+
+/* ---- queries ----------------------------------------------------------- */
+
+ebb_shape ebb_tensor_shape(const ebb_tensor *t);
+ebb_dtype ebb_tensor_dtype(const ebb_tensor *t);
+ebb_device ebb_tensor_device(const ebb_tensor *t);
+int64_t ebb_tensor_numel(const ebb_tensor *t);
+/* Bytes of the tensor's elements: numel * element size. */
+size_t ebb_tensor_nbytes(const ebb_tensor *t);
+/* Bytes of the storage the tensor looks at (larger than nbytes for a view of
+ * part of a bigger tensor). */
+size_t ebb_tensor_storage_nbytes(const ebb_tensor *t);
+/* Non-zero when a and b share storage (one is a view of the other). */
+int ebb_tensor_same_storage(const ebb_tensor *a, const ebb_tensor *b);
+/* The value of a one-element tensor, as a double. */
+ebb_status ebb_tensor_item(const ebb_tensor *t, double *out);
+/* Mean of all elements, as a double (loop conditions). */
+ebb_status ebb_tensor_mean_value(const ebb_tensor *t, double *out);
+/* Largest absolute elementwise difference, and whether shapes match; for tests. */
+ebb_status ebb_tensor_max_abs_diff(const ebb_tensor *a, const ebb_tensor *b, double *out);
+/* Non-zero when every |a-b| <= atol + rtol*|b| (shapes must match). */
+ebb_status ebb_tensor_allclose(const ebb_tensor *a, const ebb_tensor *b, double rtol, double atol,
+                               int *out);
+
+/* ---- arithmetic -------------------------------------------------------- */
+
+typedef enum ebb_unary_op {
+    EBB_RELU,
+    EBB_GELU,
+    EBB_TANH,
+    EBB_SIGMOID,
+    EBB_SILU,
+    EBB_NEG,
+    EBB_EXP,
+    EBB_LOG,
+    EBB_SQRT,
+    EBB_ABS,
+} ebb_unary_op;
+
+typedef enum ebb_binary_op {
+    EBB_ADD,
+    EBB_SUB,
+    EBB_MUL,
+    EBB_DIV,
+    EBB_MAXIMUM,
+    EBB_MINIMUM,
+} ebb_binary_op;
+
+typedef enum ebb_compare_op { EBB_EQ, EBB_NE, EBB_LT, EBB_LE, EBB_GT, EBB_GE } ebb_compare_op;
+
+typedef enum ebb_reduce_op { EBB_REDUCE_SUM, EBB_REDUCE_MEAN, EBB_REDUCE_MAX, EBB_REDUCE_MIN } ebb_reduce_op;
+
+ebb_status ebb_tensor_unary(ebb_tensor **out, ebb_unary_op op, const ebb_tensor *x);
+/* Elementwise with broadcasting. */
+ebb_status ebb_tensor_binary(ebb_tensor **out, ebb_binary_op op, const ebb_tensor *a,
+                             const ebb_tensor *b);
+/* a += b in place (broadcasting b). */
+ebb_status ebb_tensor_add_(ebb_tensor *a, const ebb_tensor *b);
+/* acc + a * b (broadcasting), one allocation. */
+ebb_status ebb_tensor_addcmul(ebb_tensor **out, const ebb_tensor *acc, const ebb_tensor *a,
+                              const ebb_tensor *b);
+/* x * scale + shift. */
+ebb_status ebb_tensor_affine(ebb_tensor **out, const ebb_tensor *x, double scale, double shift);
+/* A boolean tensor: x OP value. */
+ebb_status ebb_tensor_compare(ebb_tensor **out, ebb_compare_op op, const ebb_tensor *x,
+                              double value);
+/* a @ b with libtorch's matmul broadcasting rules. */
+ebb_status ebb_tensor_matmul(ebb_tensor **out, const ebb_tensor *a, const ebb_tensor *b);
+/* x @ weight^T + bias, PyTorch's layout: weight [out, in], bias [out] or NULL. */
+ebb_status ebb_tensor_linear(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *weight,
+                             const ebb_tensor *bias);
+ebb_status ebb_tensor_softmax(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
+ebb_status ebb_tensor_log_softmax(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
+/* Normalises over the last `normalized_ndim` dims; weight and bias may be NULL. */
+ebb_status ebb_tensor_layer_norm(ebb_tensor **out, const ebb_tensor *x, int normalized_ndim,
+                                 const ebb_tensor *weight, const ebb_tensor *bias, double eps);
+/* Reduces over `dims` (all dims when ndims == 0). */
+ebb_status ebb_tensor_reduce(ebb_tensor **out, ebb_reduce_op op, const ebb_tensor *x,
+                             const int64_t *dims, int ndims, bool keepdim);
+/* Index of the largest value along dim (int64). */
+ebb_status ebb_tensor_argmax(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
+/* The k largest values along dim and their int64 indices. */
+ebb_status ebb_tensor_topk(ebb_tensor **values, ebb_tensor **indices, const ebb_tensor *x,
+                           int64_t k, int64_t dim);
+/* out = zeros_like(x) with out.scatter(dim, index, src). */
+ebb_status ebb_tensor_scatter(ebb_tensor **out, const ebb_tensor *x, int64_t dim,
+                              const ebb_tensor *index, const ebb_tensor *src);
+
+/* ---- joining and indexing ---------------------------------------------- */
+
+ebb_status ebb_tensor_cat(ebb_tensor **out, ebb_tensor *const *xs, int n, int64_t dim);
+ebb_status ebb_tensor_stack(ebb_tensor **out, ebb_tensor *const *xs, int n, int64_t dim);
+/* Rows (along dim) picked by an int64 index tensor. */
+ebb_status ebb_tensor_index_select(ebb_tensor **out, const ebb_tensor *x, int64_t dim,
+                                   const ebb_tensor *index);
+/* x[index[i]] = src[i] along dim, in place. */
+ebb_status ebb_tensor_index_copy_(ebb_tensor *x, int64_t dim, const ebb_tensor *index,
+                                  const ebb_tensor *src);
+/* x[index[i]] += src[i] along dim, in place. */
+ebb_status ebb_tensor_index_add_(ebb_tensor *x, int64_t dim, const ebb_tensor *index,
+                                 const ebb_tensor *src);
+/* The int64 positions of the non-zero elements of a 1-D tensor. */
+ebb_status ebb_tensor_nonzero_1d(ebb_tensor **out, const ebb_tensor *x);
+/* Converts to another dtype on the same device. */
+ebb_status ebb_tensor_cast(ebb_tensor **out, const ebb_tensor *x, ebb_dtype dtype);
+
+/* ---- views (share storage with x) -------------------------------------- */
+
+/* -1 in one dim is inferred. Copies only if the layout requires it. */
+ebb_status ebb_tensor_reshape(ebb_tensor **out, const ebb_tensor *x, const ebb_shape *shape);
+ebb_status ebb_tensor_flatten(ebb_tensor **out, const ebb_tensor *x, int64_t start_dim,
+                              int64_t end_dim);
+ebb_status ebb_tensor_permute(ebb_tensor **out, const ebb_tensor *x, const int64_t *dims,
+                              int ndims);
+ebb_status ebb_tensor_transpose(ebb_tensor **out, const ebb_tensor *x, int64_t dim0,
+                                int64_t dim1);
+ebb_status ebb_tensor_unsqueeze(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
+ebb_status ebb_tensor_squeeze(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
+/* Elements [start, start+length) along dim. */
+ebb_status ebb_tensor_narrow(ebb_tensor **out, const ebb_tensor *x, int64_t dim, int64_t start,
+                             int64_t length);
+/* The slice at `index` along dim, dim removed. */
+ebb_status ebb_tensor_select(ebb_tensor **out, const ebb_tensor *x, int64_t dim, int64_t index);
+/* A contiguous tensor (x itself, as a new handle, if already contiguous). */
+ebb_status ebb_tensor_contiguous(ebb_tensor **out, const ebb_tensor *x);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_TENSOR_H */

@@ -1,0 +1,23 @@
+/* Registers every built-in op family. Called once by ebb_init(). */
+#include "internal.h"
+#include "ops_internal.h"
+
+ebb_status ebb_ops_register_builtin(void) {
+    const struct {
+        const ebb_op *ops;
+        int n;
+    } families[] = {
+        {ebb_ops_activation, ebb_ops_activation_count},
+        {ebb_ops_linear, ebb_ops_linear_count},
+        {ebb_ops_norm, ebb_ops_norm_count},
+        {ebb_ops_combine, ebb_ops_combine_count},
+        {ebb_ops_routing, ebb_ops_routing_count},
+    };
+    for (int f = 0; f < EBB_COUNT(families); f++)
+        for (int i = 0; i < families[f].n; i++) {
+            ebb_status st = ebb_op_register(&families[f].ops[i]);
+            if (st != EBB_OK)
+                return st;
+        }
+    return EBB_OK;
+}

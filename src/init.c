@@ -1,0 +1,125 @@
+/* Process-wide initialisation, dtypes and device names. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ebb/common.h"
+#include "internal.h"
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static ebb_status init_status = EBB_OK;
+static char init_errmsg[512];
+
+static void init_process(void) {
+    init_status = ebb_tensor_layer_init();
+    if (init_status == EBB_OK)
+        init_status = ebb_ops_register_builtin();
+    if (init_status != EBB_OK)
+        snprintf(init_errmsg, sizeof init_errmsg, "%s", ebb_errmsg());
+}
+
+ebb_status ebb_init(void) {
+    pthread_once(&init_once, init_process);
+    if (init_status != EBB_OK)
+        return ebb_error_set(init_status, "%s", init_errmsg);
+    return EBB_OK;
+}
+
+const char *ebb_version(void) { return EBB_VERSION; }
+
+const char *ebb_dtype_name(ebb_dtype dtype) {
+    switch (dtype) {
+    case EBB_FLOAT32: return "float32";
+    case EBB_FLOAT16: return "float16";
+    case EBB_BFLOAT16: return "bfloat16";
+    case EBB_FLOAT64: return "float64";
+    case EBB_INT64: return "int64";
+    case EBB_INT32: return "int32";
+    case EBB_UINT8: return "uint8";
+    case EBB_BOOL: return "bool";
+    }
+    return "unknown";
+}
+
+size_t ebb_dtype_size(ebb_dtype dtype) {
+    switch (dtype) {
+    case EBB_FLOAT32: return 4;
+    case EBB_FLOAT16: return 2;
+    case EBB_BFLOAT16: return 2;
+    case EBB_FLOAT64: return 8;
+    case EBB_INT64: return 8;
+    case EBB_INT32: return 4;
+    case EBB_UINT8: return 1;
+    case EBB_BOOL: return 1;
+    }
+    return 0;
+}
+
+ebb_status ebb_dtype_parse(ebb_dtype *out, const char *name) {
+    static const ebb_dtype all[] = {EBB_FLOAT32, EBB_FLOAT16, EBB_BFLOAT16, EBB_FLOAT64,
+                                    EBB_INT64,   EBB_INT32,   EBB_UINT8,    EBB_BOOL};
+    if (!out || !name)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_dtype_parse: NULL argument");
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (strcmp(name, ebb_dtype_name(all[i])) == 0) {
+            *out = all[i];
+            return EBB_OK;
+        }
+    }
+    return ebb_error_set(EBB_ERR_ARG,
+                         "unknown dtype '%s' (expected float32, float16, bfloat16, float64, "
+                         "int64, int32, uint8 or bool)",
+                         name);
+}
+
+ebb_device ebb_device_default(void) {
+    return ebb_cuda_available() ? ebb_device_cuda(0) : ebb_device_cpu();
+}
+
+ebb_status ebb_device_parse(ebb_device *out, const char *text) {
+    if (!out || !text)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_device_parse: NULL argument");
+    if (strcmp(text, "cpu") == 0) {
+        *out = ebb_device_cpu();
+        return EBB_OK;
+    }
+    if (strcmp(text, "meta") == 0) {
+        out->type = EBB_DEVICE_META;
+        out->index = 0;
+        return EBB_OK;
+    }
+    if (strncmp(text, "cuda", 4) == 0) {
+        int index = 0;
+        if (text[4] == ':') {
+            char *end = NULL;
+            long v = strtol(text + 5, &end, 10);
+            if (end == text + 5 || *end || v < 0 || v > 1024)
+                return ebb_error_set(EBB_ERR_ARG, "bad device '%s' (expected cpu, cuda or cuda:N)",
+                                     text);
+            index = (int)v;
+        } else if (text[4]) {
+            return ebb_error_set(EBB_ERR_ARG, "bad device '%s' (expected cpu, cuda or cuda:N)", text);
+        }
+        if (!ebb_cuda_available())
+            return ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                 "device '%s': this build of ebb has no usable CUDA (libtorch %s)",
+                                 text, ebb_torch_version());
+        if (index >= ebb_cuda_device_count())
+            return ebb_error_set(EBB_ERR_ARG, "device '%s': only %d CUDA device(s)", text,
+                                 ebb_cuda_device_count());
+        *out = ebb_device_cuda(index);
+        return EBB_OK;
+    }
+    return ebb_error_set(EBB_ERR_ARG, "bad device '%s' (expected cpu, cuda or cuda:N)", text);
+}
+
+const char *ebb_device_str(ebb_device device, char *buf, size_t size) {
+    switch (device.type) {
+    case EBB_DEVICE_CPU: snprintf(buf, size, "cpu"); break;
+    case EBB_DEVICE_META: snprintf(buf, size, "meta"); break;
+    case EBB_DEVICE_CUDA: snprintf(buf, size, "cuda:%d", device.index); break;
+    default: snprintf(buf, size, "device?"); break;
+    }
+    return buf;
+}

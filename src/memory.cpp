@@ -1,0 +1,202 @@
+// Memory accounting and devices.
+//
+// The CPU side puts a counting allocator in front of libtorch's: every tensor
+// storage allocation carries a 64-byte header holding its size, so a free is
+// counted exactly without a lookup table. CUDA figures come from the caching
+// allocator's own statistics.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include <c10/core/CPUAllocator.h>
+#include <torch/version.h>
+#ifdef EBB_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+#include "ebb/memory.h"
+#include "shim.hpp"
+
+namespace {
+
+std::atomic<int64_t> live_handles{0};
+
+struct CpuCounters {
+    std::atomic<int64_t> current{0};
+    std::atomic<int64_t> peak{0};
+    std::atomic<int64_t> allocations{0};
+    std::atomic<int64_t> frees{0};
+} cpu;
+
+// 64 bytes keeps the data pointer at c10's 64-byte alignment.
+constexpr size_t kHeader = 64;
+
+void raise_peak(int64_t now) {
+    int64_t seen = cpu.peak.load(std::memory_order_relaxed);
+    while (now > seen && !cpu.peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+}
+
+void counting_free(void *base) {
+    if (!base)
+        return;
+    size_t n;
+    std::memcpy(&n, base, sizeof n);
+    cpu.current.fetch_sub(static_cast<int64_t>(n), std::memory_order_relaxed);
+    cpu.frees.fetch_add(1, std::memory_order_relaxed);
+    std::free(base);
+}
+
+// libtorch 2.3 made Allocator::allocate non-const and copy_data pure virtual.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+#define EBB_ALLOCATE_CONST
+#else
+#define EBB_ALLOCATE_CONST const
+#endif
+
+struct CountingCpuAllocator final : public c10::Allocator {
+    c10::DataPtr allocate(size_t n) EBB_ALLOCATE_CONST override {
+        const c10::Device cpu_device(c10::DeviceType::CPU);
+        if (n == 0)
+            return {nullptr, nullptr, &counting_free, cpu_device};
+        void *base = nullptr;
+        if (posix_memalign(&base, kHeader, kHeader + n) != 0 || !base)
+            throw std::bad_alloc();
+        std::memcpy(base, &n, sizeof n);
+        int64_t now = cpu.current.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed) +
+                      static_cast<int64_t>(n);
+        cpu.allocations.fetch_add(1, std::memory_order_relaxed);
+        raise_peak(now);
+        return {static_cast<char *>(base) + kHeader, base, &counting_free, cpu_device};
+    }
+    // Declared without `override`: only libtorch >= 2.3 has it as a virtual.
+    void copy_data(void *dest, const void *src, std::size_t count) const {
+        std::memcpy(dest, src, count);
+    }
+};
+
+CountingCpuAllocator counting_allocator;
+
+} // namespace
+
+namespace ebb {
+void count_handle(int delta) { live_handles.fetch_add(delta, std::memory_order_relaxed); }
+} // namespace ebb
+
+extern "C" {
+
+// Called once from ebb_init(). The highest priority keeps libtorch from
+// replacing it later.
+ebb_status ebb_tensor_layer_init(void) {
+    try {
+        c10::SetCPUAllocator(&counting_allocator, /*priority=*/255);
+    } catch (...) {
+        return ebb::fail_from_exception("ebb_init");
+    }
+    return EBB_OK;
+}
+
+int64_t ebb_tensor_live_count(void) { return live_handles.load(std::memory_order_relaxed); }
+
+ebb_status ebb_memory_stats_get(ebb_device device, ebb_memory_stats *out) {
+    if (!out)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_memory_stats_get: out is NULL");
+    std::memset(out, 0, sizeof *out);
+    if (device.type == EBB_DEVICE_CPU) {
+        out->current_bytes = cpu.current.load();
+        out->peak_bytes = cpu.peak.load();
+        out->allocations = cpu.allocations.load();
+        out->frees = cpu.frees.load();
+        return EBB_OK;
+    }
+#ifdef EBB_WITH_CUDA
+    if (device.type == EBB_DEVICE_CUDA) {
+        try {
+            using namespace c10::cuda::CUDACachingAllocator;
+            auto stats = getDeviceStats(device.index);
+            const auto &all = stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)];
+            out->current_bytes = all.current;
+            out->peak_bytes = all.peak;
+            out->allocations = all.allocated;
+            out->frees = all.freed;
+            return EBB_OK;
+        } catch (...) {
+            return ebb::fail_from_exception("ebb_memory_stats_get");
+        }
+    }
+#endif
+    char buf[32];
+    return ebb_error_set(EBB_ERR_UNSUPPORTED, "ebb_memory_stats_get: no accounting for device %s",
+                         ebb_device_str(device, buf, sizeof buf));
+}
+
+int64_t ebb_memory_current(ebb_device device) {
+    if (device.type == EBB_DEVICE_CPU)
+        return cpu.current.load(std::memory_order_relaxed);
+    ebb_memory_stats s;
+    return ebb_memory_stats_get(device, &s) == EBB_OK ? s.current_bytes : 0;
+}
+
+void ebb_memory_reset_peak(ebb_device device) {
+    if (device.type == EBB_DEVICE_CPU) {
+        cpu.peak.store(cpu.current.load());
+        return;
+    }
+#ifdef EBB_WITH_CUDA
+    if (device.type == EBB_DEVICE_CUDA) {
+        try {
+            c10::cuda::CUDACachingAllocator::resetPeakStats(device.index);
+        } catch (...) {
+            ebb::fail_from_exception("ebb_memory_reset_peak");
+        }
+    }
+#endif
+}
+
+int ebb_cuda_available(void) {
+#ifdef EBB_WITH_CUDA
+    try {
+        return at::cuda::is_available() ? 1 : 0;
+    } catch (...) {
+        return 0;
+    }
+#else
+    return 0;
+#endif
+}
+
+int ebb_cuda_device_count(void) {
+#ifdef EBB_WITH_CUDA
+    try {
+        return static_cast<int>(c10::cuda::device_count());
+    } catch (...) {
+        return 0;
+    }
+#else
+    return 0;
+#endif
+}
+
+ebb_status ebb_device_synchronize(ebb_device device) {
+#ifdef EBB_WITH_CUDA
+    if (device.type == EBB_DEVICE_CUDA) {
+        try {
+            c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device.index));
+            c10::cuda::device_synchronize();
+        } catch (...) {
+            return ebb::fail_from_exception("ebb_device_synchronize");
+        }
+    }
+#else
+    (void)device;
+#endif
+    return EBB_OK;
+}
+
+const char *ebb_torch_version(void) { return TORCH_VERSION; }
+
+} // extern "C"

@@ -1,0 +1,41 @@
+// Internal to the tensor layer: the one place C++ meets ebb's C API.
+//
+// EBB_TRY wraps a body that may throw. Every C++ exception stops here and
+// becomes an ebb_status plus a message, so no exception crosses into C.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "ebb/common.h"
+#include "ebb/tensor.h"
+
+struct ebb_tensor {
+    at::Tensor t;
+};
+
+namespace ebb {
+
+// Wraps a tensor in a new handle and counts it live.
+ebb_tensor *wrap(at::Tensor t);
+void count_handle(int delta);
+
+at::ScalarType to_aten(ebb_dtype dtype);
+ebb_dtype from_aten(at::ScalarType st);
+at::Device to_aten(ebb_device device);
+ebb_device from_aten(const at::Device &device);
+at::IntArrayRef dims_of(const ebb_shape *shape);
+ebb_shape shape_of(const at::Tensor &t);
+
+// Turns the exception in flight into a status and message prefixed by `fn`.
+ebb_status fail_from_exception(const char *fn);
+
+} // namespace ebb
+
+#define EBB_TRY(fn, ...)                                                                           \
+    try {                                                                                          \
+        c10::InferenceMode ebb_inference_guard_;                                                   \
+        __VA_ARGS__                                                                                \
+    } catch (...) {                                                                                \
+        return ebb::fail_from_exception(fn);                                                       \
+    }

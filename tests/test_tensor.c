@@ -1,0 +1,243 @@
+/* The tensor layer: creation, queries, errors, byte accounting, handles. */
+#include "test_util.h"
+
+static const ebb_device CPU = {EBB_DEVICE_CPU, 0};
+
+static void test_bytes_exact_1000x1000(void **state) {
+    (void)state;
+    int64_t before = ebb_memory_current(CPU);
+    ebb_shape s = EBB_SHAPE(1000, 1000);
+    ebb_tensor *t = NULL;
+    assert_ok(ebb_tensor_zeros(&t, &s, EBB_FLOAT32, CPU));
+    assert_int_equal(ebb_memory_current(CPU) - before, 4000000);
+    assert_int_equal(ebb_tensor_nbytes(t), 4000000);
+    ebb_tensor_free(t);
+    assert_int_equal(ebb_memory_current(CPU) - before, 0);
+}
+
+static void test_peak_and_reset(void **state) {
+    (void)state;
+    ebb_memory_reset_peak(CPU);
+    ebb_memory_stats s0, s1;
+    assert_ok(ebb_memory_stats_get(CPU, &s0));
+    ebb_shape s = EBB_SHAPE(256, 256);
+    ebb_tensor *a = NULL, *b = NULL;
+    assert_ok(ebb_tensor_ones(&a, &s, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_ones(&b, &s, EBB_FLOAT64, CPU));
+    ebb_tensor_free(a);
+    ebb_tensor_free(b);
+    assert_ok(ebb_memory_stats_get(CPU, &s1));
+    assert_int_equal(s1.peak_bytes - s0.current_bytes, 256 * 256 * (4 + 8));
+    assert_int_equal(s1.current_bytes, s0.current_bytes);
+    assert_true(s1.allocations >= s0.allocations + 2);
+    ebb_memory_reset_peak(CPU);
+    assert_ok(ebb_memory_stats_get(CPU, &s1));
+    assert_int_equal(s1.peak_bytes, s1.current_bytes);
+}
+
+static void test_views_share_storage(void **state) {
+    (void)state;
+    int64_t before = ebb_memory_current(CPU);
+    ebb_shape s = EBB_SHAPE(4, 6), r = EBB_SHAPE(6, 4);
+    ebb_tensor *x = NULL, *v = NULL, *t = NULL;
+    assert_ok(ebb_tensor_zeros(&x, &s, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_reshape(&v, x, &r));
+    assert_ok(ebb_tensor_transpose(&t, x, 0, 1));
+    assert_int_equal(ebb_memory_current(CPU) - before, 96);
+    assert_true(ebb_tensor_same_storage(x, v));
+    assert_true(ebb_tensor_same_storage(x, t));
+    ebb_tensor_free(x);
+    /* the views keep the storage alive */
+    assert_int_equal(ebb_memory_current(CPU) - before, 96);
+    ebb_shape ts = ebb_tensor_shape(t);
+    assert_int_equal(ts.dim[0], 6);
+    assert_int_equal(ts.dim[1], 4);
+    ebb_tensor_free(v);
+    ebb_tensor_free(t);
+    assert_int_equal(ebb_memory_current(CPU) - before, 0);
+}
+
+static void test_host_roundtrip_and_queries(void **state) {
+    (void)state;
+    float in[6] = {1, 2, 3, 4, 5, 6}, out[6] = {0};
+    ebb_shape s = EBB_SHAPE(2, 3);
+    ebb_tensor *t = NULL;
+    assert_ok(ebb_tensor_from_host(&t, in, sizeof in, &s, EBB_FLOAT32, CPU));
+    assert_int_equal(ebb_tensor_dtype(t), EBB_FLOAT32);
+    assert_int_equal(ebb_tensor_device(t).type, EBB_DEVICE_CPU);
+    assert_int_equal(ebb_tensor_numel(t), 6);
+    assert_int_equal(ebb_tensor_nbytes(t), 24);
+    ebb_shape got = ebb_tensor_shape(t);
+    assert_true(ebb_shape_equal(&got, &s));
+    assert_ok(ebb_tensor_to_host(t, out, sizeof out));
+    assert_memory_equal(in, out, sizeof in);
+    /* a wrong buffer size is refused and names both sizes */
+    assert_int_equal(ebb_tensor_to_host(t, out, 8), EBB_ERR_SHAPE);
+    assert_errmsg_contains("8 bytes");
+    assert_errmsg_contains("24");
+    ebb_tensor *bad = NULL;
+    assert_int_equal(ebb_tensor_from_host(&bad, in, 4, &s, EBB_FLOAT32, CPU), EBB_ERR_SHAPE);
+    assert_null(bad);
+    ebb_tensor_free(t);
+}
+
+static void test_seeded_random_is_reproducible(void **state) {
+    (void)state;
+    ebb_shape s = EBB_SHAPE(64);
+    ebb_tensor *a = NULL, *b = NULL, *c = NULL, *u = NULL;
+    assert_ok(ebb_tensor_randn(&a, &s, EBB_FLOAT32, CPU, 7));
+    assert_ok(ebb_tensor_randn(&b, &s, EBB_FLOAT32, CPU, 7));
+    assert_ok(ebb_tensor_randn(&c, &s, EBB_FLOAT32, CPU, 8));
+    double d;
+    assert_ok(ebb_tensor_max_abs_diff(a, b, &d));
+    assert_true(d == 0.0);
+    assert_ok(ebb_tensor_max_abs_diff(a, c, &d));
+    assert_true(d > 0.0);
+    assert_ok(ebb_tensor_uniform(&u, &s, -0.5, 0.25, EBB_FLOAT32, CPU, 1));
+    float v[64];
+    assert_ok(ebb_tensor_to_host(u, v, sizeof v));
+    for (int i = 0; i < 64; i++)
+        assert_true(v[i] >= -0.5f && v[i] < 0.25f);
+    ebb_tensor_free(a);
+    ebb_tensor_free(b);
+    ebb_tensor_free(c);
+    ebb_tensor_free(u);
+}
+
+static void test_matmul_mismatch_is_a_status(void **state) {
+    (void)state;
+    int64_t before = ebb_memory_current(CPU);
+    ebb_shape sa = EBB_SHAPE(2, 3), sb = EBB_SHAPE(4, 5);
+    ebb_tensor *a = NULL, *b = NULL, *c = (ebb_tensor *)&sa; /* must be reset to NULL */
+    assert_ok(ebb_tensor_ones(&a, &sa, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_ones(&b, &sb, EBB_FLOAT32, CPU));
+    int64_t handles = ebb_tensor_live_count();
+    assert_int_equal(ebb_tensor_matmul(&c, a, b), EBB_ERR_SHAPE);
+    assert_null(c);
+    assert_int_equal(ebb_errcode(), EBB_ERR_SHAPE);
+    assert_errmsg_contains("ebb_tensor_matmul");
+    assert_errmsg_contains("2x3");
+    assert_errmsg_contains("4x5");
+    /* the message carries no C++ backtrace */
+    assert_null(strstr(ebb_errmsg(), "frame #"));
+    assert_int_equal(ebb_tensor_live_count(), handles);
+    ebb_tensor_free(a);
+    ebb_tensor_free(b);
+    assert_int_equal(ebb_memory_current(CPU) - before, 0);
+}
+
+static void test_linear_and_activations(void **state) {
+    (void)state;
+    float x[2] = {1, -2}, w[4] = {1, 2, 3, 4}, bias[2] = {0.5f, -0.5f}, y[2];
+    ebb_shape sx = EBB_SHAPE(1, 2), sw = EBB_SHAPE(2, 2), sbias = EBB_SHAPE(2);
+    ebb_tensor *tx = NULL, *tw = NULL, *tb = NULL, *ty = NULL, *tr = NULL;
+    assert_ok(ebb_tensor_from_host(&tx, x, sizeof x, &sx, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_from_host(&tw, w, sizeof w, &sw, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_from_host(&tb, bias, sizeof bias, &sbias, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_linear(&ty, tx, tw, tb));
+    assert_ok(ebb_tensor_to_host(ty, y, sizeof y));
+    /* [1*1 + -2*2 + .5, 1*3 + -2*4 - .5] */
+    assert_float_equal(y[0], -2.5f, 1e-6);
+    assert_float_equal(y[1], -5.5f, 1e-6);
+    assert_ok(ebb_tensor_unary(&tr, EBB_RELU, ty));
+    assert_ok(ebb_tensor_to_host(tr, y, sizeof y));
+    assert_float_equal(y[0], 0.0f, 0);
+    assert_float_equal(y[1], 0.0f, 0);
+    ebb_tensor_free(tx);
+    ebb_tensor_free(tw);
+    ebb_tensor_free(tb);
+    ebb_tensor_free(ty);
+    ebb_tensor_free(tr);
+}
+
+static void test_index_ops(void **state) {
+    (void)state;
+    float x[6] = {0, 1, 2, 3, 4, 5};
+    int64_t idx[2] = {2, 0};
+    ebb_shape sx = EBB_SHAPE(3, 2), si = EBB_SHAPE(2);
+    ebb_tensor *tx = NULL, *ti = NULL, *sel = NULL, *z = NULL, *mask = NULL, *nz = NULL;
+    assert_ok(ebb_tensor_from_host(&tx, x, sizeof x, &sx, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_from_host(&ti, idx, sizeof idx, &si, EBB_INT64, CPU));
+    assert_ok(ebb_tensor_index_select(&sel, tx, 0, ti));
+    float got[4];
+    assert_ok(ebb_tensor_to_host(sel, got, sizeof got));
+    assert_float_equal(got[0], 4, 0);
+    assert_float_equal(got[3], 1, 0);
+    assert_ok(ebb_tensor_zeros(&z, &sx, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_index_copy_(z, 0, ti, sel));
+    float back[6];
+    assert_ok(ebb_tensor_to_host(z, back, sizeof back));
+    assert_float_equal(back[0], 0, 0);
+    assert_float_equal(back[4], 4, 0);
+    assert_float_equal(back[2], 0, 0);
+    assert_ok(ebb_tensor_compare(&mask, EBB_GT, ti, 1));
+    assert_ok(ebb_tensor_nonzero_1d(&nz, mask));
+    assert_int_equal(ebb_tensor_numel(nz), 1);
+    ebb_tensor_free(tx);
+    ebb_tensor_free(ti);
+    ebb_tensor_free(sel);
+    ebb_tensor_free(z);
+    ebb_tensor_free(mask);
+    ebb_tensor_free(nz);
+}
+
+static void test_errors_and_devices(void **state) {
+    (void)state;
+    ebb_device d;
+    assert_ok(ebb_device_parse(&d, "cpu"));
+    assert_int_equal(d.type, EBB_DEVICE_CPU);
+    assert_int_equal(ebb_device_parse(&d, "tpu"), EBB_ERR_ARG);
+    assert_errmsg_contains("tpu");
+    if (!ebb_cuda_available()) {
+        assert_int_equal(ebb_device_parse(&d, "cuda:0"), EBB_ERR_UNSUPPORTED);
+        assert_errmsg_contains("cuda:0");
+        assert_int_equal(ebb_device_default().type, EBB_DEVICE_CPU);
+    }
+    char buf[16];
+    assert_string_equal(ebb_device_str(ebb_device_cuda(3), buf, sizeof buf), "cuda:3");
+    ebb_dtype dt;
+    assert_ok(ebb_dtype_parse(&dt, "bfloat16"));
+    assert_int_equal(dt, EBB_BFLOAT16);
+    assert_int_equal(ebb_dtype_parse(&dt, "float8"), EBB_ERR_ARG);
+    assert_errmsg_contains("float8");
+    /* NULL outputs and inputs are statuses, not crashes */
+    assert_int_equal(ebb_tensor_unary(NULL, EBB_RELU, NULL), EBB_ERR_ARG);
+    ebb_tensor *t = NULL;
+    assert_int_equal(ebb_tensor_unary(&t, EBB_RELU, NULL), EBB_ERR_ARG);
+    assert_null(t);
+    ebb_error_set(EBB_ERR_SHAPE, "inner");
+    ebb_error_prefix("node %s", "flow.3");
+    assert_string_equal(ebb_errmsg(), "node flow.3: inner");
+    ebb_shape s = EBB_SHAPE(2, 3);
+    assert_string_equal(ebb_shape_str(&s, buf, sizeof buf), "[2, 3]");
+}
+
+static void test_handle_count(void **state) {
+    (void)state;
+    int64_t before = ebb_tensor_live_count();
+    ebb_shape s = EBB_SHAPE(3);
+    ebb_tensor *a = NULL, *b = NULL;
+    assert_ok(ebb_tensor_zeros(&a, &s, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_ref(&b, a));
+    assert_int_equal(ebb_tensor_live_count() - before, 2);
+    ebb_tensor_free(a);
+    ebb_tensor_free(b);
+    ebb_tensor_free(NULL);
+    assert_int_equal(ebb_tensor_live_count() - before, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        EBB_TEST(test_bytes_exact_1000x1000),
+        EBB_TEST(test_peak_and_reset),
+        EBB_TEST(test_views_share_storage),
+        EBB_TEST(test_host_roundtrip_and_queries),
+        EBB_TEST(test_seeded_random_is_reproducible),
+        EBB_TEST(test_matmul_mismatch_is_a_status),
+        EBB_TEST(test_linear_and_activations),
+        EBB_TEST(test_index_ops),
+        EBB_TEST(test_errors_and_devices),
+        EBB_TEST(test_handle_count),
+    };
+    return cmocka_run_group_tests_name("tensor", tests, NULL, NULL);
+}

@@ -1,0 +1,59 @@
+/* Helpers shared by the cmocka tests. Every test group uses ebb_test_setup and
+ * ebb_test_teardown, so each test ends by checking that no ebb_tensor handle
+ * is left alive. */
+#ifndef EBB_TEST_UTIL_H
+#define EBB_TEST_UTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "ebb/ebb.h"
+
+static int64_t ebb_test_handles_before;
+
+static int ebb_test_setup(void **state) {
+    (void)state;
+    if (ebb_init() != EBB_OK) {
+        fprintf(stderr, "ebb_init: %s\n", ebb_errmsg());
+        return -1;
+    }
+    ebb_error_clear();
+    ebb_test_handles_before = ebb_tensor_live_count();
+    return 0;
+}
+
+static int ebb_test_teardown(void **state) {
+    (void)state;
+    int64_t live = ebb_tensor_live_count();
+    if (live != ebb_test_handles_before) {
+        fprintf(stderr, "teardown: %lld ebb_tensor handle(s) leaked\n",
+                (long long)(live - ebb_test_handles_before));
+        return -1;
+    }
+    return 0;
+}
+
+#define EBB_TEST(fn) cmocka_unit_test_setup_teardown(fn, ebb_test_setup, ebb_test_teardown)
+
+/* Asserts a call returned EBB_OK, printing ebb_errmsg() when it did not. */
+#define assert_ok(call)                                                                            \
+    do {                                                                                           \
+        ebb_status st_ = (call);                                                                   \
+        if (st_ != EBB_OK)                                                                         \
+            fail_msg("%s -> %s: %s", #call, ebb_status_name(st_), ebb_errmsg());                   \
+    } while (0)
+
+#define assert_errmsg_contains(needle)                                                             \
+    do {                                                                                           \
+        if (!strstr(ebb_errmsg(), (needle)))                                                       \
+            fail_msg("error message \"%s\" lacks \"%s\"", ebb_errmsg(), (needle));                 \
+    } while (0)
+
+#endif
