@@ -7,13 +7,19 @@
  *   tensor.h  the C tensor layer over libtorch
  *   memory.h  allocator-measured bytes and the live-handle count
  *   op.h      operators and the op registry
+ *   graph.h   the fluent builder and immutable graphs
+ *   plan.h    compiling graphs to static plans; reading plans
+ *   run.h     models (parameters) and running plans
  */
 #ifndef EBB_H
 #define EBB_H
 
 #include "common.h"
+#include "graph.h"
 #include "memory.h"
 #include "op.h"
+#include "plan.h"
+#include "run.h"
 #include "tensor.h"
 
 #endif

@@ -1,0 +1,162 @@
+/*
+ * ebb/graph.h - declaring graphs with the fluent builder.
+ *
+ * A builder records a flow step by step. The vocabulary is flodl's:
+ *
+ *     ebb_builder *b = ebb_builder_new("tower");
+ *     ebb_input(b, "x");
+ *     ebb_from(b, ebb_node_op(b, "linear", "out=64, name=stem"));
+ *     ebb_also(b, ebb_node_seq(b, ebb_node_op(b, "linear", "out=64"),
+ *                                 ebb_node_op(b, "gelu", NULL), NULL));
+ *     ebb_tag(b, "h");
+ *     ebb_split(b, ebb_node_op(b, "relu", NULL), ebb_node_op(b, "tanh", NULL), NULL);
+ *     ebb_merge(b, EBB_MERGE_ADD, 0);
+ *     ebb_using(b, "h", NULL);
+ *     ebb_through(b, ebb_node_op(b, "cat", "dim=1"));
+ *     ebb_graph *g = ebb_build(b);           // NULL on error: see ebb_errmsg()
+ *     ebb_builder_free(b);
+ *
+ * Errors are sticky, as in cairo: the first failing call records its error
+ * (naming the call, e.g. "ebb_merge: only 1 open stream"), every later call
+ * is a no-op, and ebb_build() returns NULL with that error. Chains of calls
+ * need no checks in between.
+ *
+ * Node kinds (a "stream" is the current tensor; a split opens several):
+ *   from(n)          the node receives the graph's first input
+ *   through(n)       stream := n(stream)
+ *   also(n)          stream := stream + n(stream)              (residual)
+ *   split(n1..nk)    k >= 2 open streams, each ni(stream)
+ *   merge(op)        k streams -> 1 by add, mean, mul, max, cat(dim), stack(dim)
+ *   gate(r, e1..ek)  w = r(stream) [B, k]; stream := sum_i w[:, i] * ei(stream);
+ *                    with top_k > 0 each row runs only its top_k experts,
+ *                    weights renormalised over the chosen ones
+ *   switch(s, b1..bk) per row, s(stream) ([B] indices or [B, k] scores, argmax)
+ *                    picks one branch; rows are gathered per branch, only
+ *                    branches with rows run, results are scattered back
+ *   loop             state := body(state), for N / while cond / until cond;
+ *                    a condition is true when the mean of its output is > 0
+ *   tag(name)        names the stream; graph inputs are tags too
+ *   using(names)     the next from/through node receives the stream followed
+ *                    by the named tensors
+ *
+ * Nodes are created by the builder that uses them and owned by it; they must
+ * not be shared between builders. A built graph is immutable and may be used
+ * as a node of another flow (ebb_node_graph); such a nested flow receives the
+ * stream as its first input and `using` tensors as its next inputs.
+ */
+#ifndef EBB_GRAPH_H
+#define EBB_GRAPH_H
+
+#include "op.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ebb_builder ebb_builder;
+typedef struct ebb_node ebb_node;
+typedef struct ebb_graph ebb_graph;
+
+typedef enum ebb_merge_op {
+    EBB_MERGE_ADD,
+    EBB_MERGE_MEAN,
+    EBB_MERGE_MUL,
+    EBB_MERGE_MAX,
+    EBB_MERGE_CAT,   /* along `dim` */
+    EBB_MERGE_STACK, /* along a new `dim` */
+} ebb_merge_op;
+
+/* A new, empty builder. `name` (may be NULL) names the graph and is the root
+ * of node paths ("flow" when NULL). Free it with ebb_builder_free(). Returns
+ * NULL only when out of memory. */
+ebb_builder *ebb_builder_new(const char *name);
+/* Frees the builder and every node it made that no built graph took. */
+void ebb_builder_free(ebb_builder *b);
+
+/* The builder's sticky status (EBB_OK until a call fails). */
+ebb_status ebb_builder_status(const ebb_builder *b);
+/* The builder's first error message ("" when none). */
+const char *ebb_builder_errmsg(const ebb_builder *b);
+
+/* Records a builder error from outside (the YAML loader uses this to report
+ * a spec position). Ignored if the builder already failed. */
+void ebb_builder_fail(ebb_builder *b, ebb_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* ---- nodes -------------------------------------------------------------- */
+
+/* An op node. `attrs` is NULL or "key=value" pairs separated by commas or
+ * spaces: "out=64, name=stem", "dim=-1", "bias=false". Values are checked
+ * against the op's schema; the attribute `name` names the node (its
+ * parameters become "<name>.weight", ...). Returns NULL after an error. */
+ebb_node *ebb_node_op(ebb_builder *b, const char *op, const char *attrs);
+/* A chain of nodes, applied in order (NULL-terminated). */
+ebb_node *ebb_node_seq(ebb_builder *b, ebb_node *first, ...);
+ebb_node *ebb_node_seqv(ebb_builder *b, ebb_node *const *nodes, int n);
+/* A built graph used as a node. The node keeps its own reference to `g`. */
+ebb_node *ebb_node_graph(ebb_builder *b, const ebb_graph *g);
+/* Sets a node's name (the prefix of its parameters' names). */
+ebb_node *ebb_node_name(ebb_builder *b, ebb_node *n, const char *name);
+
+/* ---- steps -------------------------------------------------------------- */
+
+/* Declares a graph input, in order. Without any, the graph has one input "x".
+ * Each input is also a tag. */
+void ebb_input(ebb_builder *b, const char *name);
+/* Declares a tag as an extra graph output, after the final stream. The tag
+ * must exist by the end of the flow. */
+void ebb_output(ebb_builder *b, const char *tag);
+/* Names the final stream's output ("y" by default). */
+void ebb_output_final(ebb_builder *b, const char *name);
+
+void ebb_from(ebb_builder *b, ebb_node *n);
+void ebb_through(ebb_builder *b, ebb_node *n);
+void ebb_also(ebb_builder *b, ebb_node *n);
+/* NULL-terminated branch nodes, at least 2. */
+void ebb_split(ebb_builder *b, ebb_node *first, ...);
+void ebb_splitv(ebb_builder *b, ebb_node *const *nodes, int n);
+/* `dim` is used by EBB_MERGE_CAT and EBB_MERGE_STACK. */
+void ebb_merge(ebb_builder *b, ebb_merge_op op, int64_t dim);
+/* top_k == 0: dense, every expert runs on every row. NULL-terminated experts. */
+void ebb_gate(ebb_builder *b, ebb_node *router, int top_k, ebb_node *first_expert, ...);
+void ebb_gatev(ebb_builder *b, ebb_node *router, int top_k, ebb_node *const *experts, int n);
+/* NULL-terminated branches, at least 2. */
+void ebb_switch(ebb_builder *b, ebb_node *selector, ebb_node *first_branch, ...);
+void ebb_switchv(ebb_builder *b, ebb_node *selector, ebb_node *const *branches, int n);
+/* The body runs exactly `times` times (0 is allowed). */
+void ebb_loop_for(ebb_builder *b, ebb_node *body, int64_t times);
+/* Checks cond(state) before each iteration; at most `max` iterations. */
+void ebb_loop_while(ebb_builder *b, ebb_node *body, ebb_node *cond, int64_t max);
+/* Checks cond(state) after each iteration, stops when true; at most `max`. */
+void ebb_loop_until(ebb_builder *b, ebb_node *body, ebb_node *cond, int64_t max);
+void ebb_tag(ebb_builder *b, const char *name);
+/* NULL-terminated tag names, for the next from/through. */
+void ebb_using(ebb_builder *b, const char *first, ...);
+void ebb_usingv(ebb_builder *b, const char *const *names, int n);
+
+/* Finishes the flow. Returns a new graph (free with ebb_graph_free) or NULL
+ * with the builder's first error in ebb_errmsg(). The builder can be freed
+ * right after; the graph does not depend on it. */
+ebb_graph *ebb_build(ebb_builder *b);
+
+/* ---- graphs ------------------------------------------------------------- */
+
+/* Releases a graph (graphs are reference-counted; nodes that nest it keep it
+ * alive). NULL is allowed. */
+void ebb_graph_free(ebb_graph *g);
+const char *ebb_graph_name(const ebb_graph *g);
+int ebb_graph_input_count(const ebb_graph *g);
+const char *ebb_graph_input_name(const ebb_graph *g, int i);
+/* Outputs: the final stream ("y" unless renamed), then ebb_output() tags. */
+int ebb_graph_output_count(const ebb_graph *g);
+const char *ebb_graph_output_name(const ebb_graph *g, int i);
+/* Number of steps of the top-level flow. */
+int ebb_graph_step_count(const ebb_graph *g);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_GRAPH_H */

@@ -1,0 +1,137 @@
+/*
+ * ebb/plan.h - compiling a graph into a static plan, and reading the plan.
+ *
+ * A plan is to ebb what a prepared statement is to SQLite: compiled once for
+ * given input shapes, run many times, explained on request. It is a flat list
+ * of steps over numbered value slots, like a register machine. Each step names
+ * its op and node path, the slots it reads and writes, and the slots to free
+ * right after it: a dataflow liveness analysis over the plan's control flow
+ * decides those, ahead of time.
+ *
+ *     ebb_shape x = EBB_SHAPE(8, 64);
+ *     ebb_compile_options o = {.input_shapes = &x, .n_input_shapes = 1};
+ *     ebb_plan *p = NULL;
+ *     if (ebb_compile(&p, g, &o) != EBB_OK) ... ebb_errmsg() ...
+ *     ebb_plan_print(p, stdout);              // the EXPLAIN listing
+ *     ebb_plan_free(p);
+ *
+ * Freeing rules the compiler implements:
+ *   - straight line: a value is freed after the step that reads it last;
+ *   - switch / top-k gate: a branch that gets no rows is skipped, and the
+ *     values only it would have read are freed as it is skipped;
+ *   - loop: values from outside the loop read inside stay live for the whole
+ *     loop; values made in the body are freed within the iteration; the loop
+ *     state is freed when replaced;
+ *   - views: storage is tracked per alias class and counted once;
+ *   - graph inputs belong to the caller, outputs are handed to the caller,
+ *     parameters belong to the model: the plan frees none of them.
+ *
+ * Predicted bytes follow the listing order: every branch taken with all rows,
+ * every loop body once. For straight-line graphs they are exact.
+ */
+#ifndef EBB_PLAN_H
+#define EBB_PLAN_H
+
+#include <stdio.h>
+
+#include "graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ebb_plan ebb_plan;
+
+typedef struct ebb_compile_options {
+    const ebb_shape *input_shapes; /* one per graph input, in order (required) */
+    int n_input_shapes;
+    ebb_dtype dtype;               /* of inputs and parameters; 0 is float32 */
+    int keep_all;                  /* free nothing until the run ends (to compare) */
+} ebb_compile_options;
+
+/* Compiles `g` for the given input shapes. Shapes are propagated through
+ * every step (a dry run on libtorch's meta device, falling back to the CPU
+ * for ops without meta kernels), so shape errors surface here, naming the
+ * node. On success *out is a new plan (free with ebb_plan_free). */
+ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts);
+void ebb_plan_free(ebb_plan *p);
+
+typedef enum ebb_step_kind {
+    EBB_STEP_OP,        /* out = op(in...) */
+    EBB_STEP_ALIAS,     /* out = in: a second handle on the same storage */
+    EBB_STEP_ROUTE,     /* out = routing table from a selector or router output */
+    EBB_STEP_ENTER,     /* branch: (x, route) -> (rows, x_rows); jumps when no rows */
+    EBB_STEP_EXIT,      /* branch: (y, rows, route[, acc]) -> acc, scattered by row */
+    EBB_STEP_LOOP_INIT, /* counter := 0 */
+    EBB_STEP_LOOP_NEXT, /* counter += 1; jumps back while counter < limit */
+    EBB_STEP_JUMP_IF,   /* jumps when (mean(in) > 0) == sense */
+} ebb_step_kind;
+
+typedef enum ebb_route_mode {
+    EBB_ROUTE_SWITCH, /* table: int64 [B], the branch of each row */
+    EBB_ROUTE_TOPK,   /* table: [B, k] weights, zero for experts a row skips */
+} ebb_route_mode;
+
+/* One step, read-only. Slot arrays belong to the plan. */
+typedef struct ebb_plan_step {
+    ebb_step_kind kind;
+    const char *op;   /* op name, or the step kind's name for control steps */
+    const char *node; /* node path, e.g. "tower.3.also" */
+    const int *in;
+    int n_in;
+    const int *out;
+    int n_out;
+    int jump;           /* target step of a jump, -1 if none */
+    const int *frees;   /* freed when execution continues to the next step */
+    int n_frees;
+    const int *jump_frees; /* freed when the jump is taken */
+    int n_jump_frees;
+    int64_t live_bytes; /* predicted live intermediate bytes after the step */
+    int64_t peak_bytes; /* predicted live bytes during the step (before frees) */
+} ebb_plan_step;
+
+typedef enum ebb_value_kind {
+    EBB_VALUE_INPUT,        /* a graph input: owned by the caller */
+    EBB_VALUE_INTERMEDIATE, /* made and freed by the plan */
+    EBB_VALUE_OUTPUT,       /* handed to the caller */
+} ebb_value_kind;
+
+/* One value slot, read-only. */
+typedef struct ebb_plan_value {
+    ebb_value_kind kind;
+    const char *name; /* tag or input name, or NULL */
+    ebb_shape shape;  /* as compiled (switch branches: the full batch) */
+    ebb_dtype dtype;
+    int64_t nbytes;   /* storage the value adds: 0 for a view or alias */
+    int producer;     /* step that first writes it, -1 for inputs */
+    int alias_of;     /* slot whose storage it shares, or -1 */
+} ebb_plan_value;
+
+int ebb_plan_step_count(const ebb_plan *p);
+const ebb_plan_step *ebb_plan_step_at(const ebb_plan *p, int i);
+int ebb_plan_value_count(const ebb_plan *p);
+const ebb_plan_value *ebb_plan_value_at(const ebb_plan *p, int slot);
+/* The graph inputs' and outputs' slots, in order. */
+int ebb_plan_input_count(const ebb_plan *p);
+int ebb_plan_input_slot(const ebb_plan *p, int i);
+int ebb_plan_output_count(const ebb_plan *p);
+int ebb_plan_output_slot(const ebb_plan *p, int i);
+const char *ebb_plan_output_name(const ebb_plan *p, int i);
+/* Predicted peak of live intermediate bytes, and the step where it occurs. */
+int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step);
+/* Non-zero for a plan compiled with keep_all. */
+int ebb_plan_keep_all(const ebb_plan *p);
+const char *ebb_plan_name(const ebb_plan *p);
+
+/* The parameters the plan's ops need, in a fixed order. */
+int ebb_plan_param_count(const ebb_plan *p);
+const ebb_param_spec *ebb_plan_param_at(const ebb_plan *p, int i, const char **full_name);
+
+/* Writes the EXPLAIN listing: one row per step (index, op, node, inputs,
+ * output, shape, values freed, predicted live bytes), then a summary. */
+void ebb_plan_print(const ebb_plan *p, FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_PLAN_H */

@@ -1,0 +1,80 @@
+/*
+ * ebb/run.h - models (parameters on a device) and running plans.
+ *
+ *     ebb_model *m = NULL;
+ *     ebb_model_new(&m, plan, ebb_device_cpu(), 42);  // PyTorch-default init
+ *     ebb_tensor *y = NULL;
+ *     ebb_run_stats st;
+ *     if (ebb_run(plan, m, &x, &y, &st) != EBB_OK) ... ebb_errmsg() ...
+ *     printf("measured %lld, planned %lld\n", st.measured_peak_bytes, st.planned_peak_bytes);
+ *     ebb_tensor_free(y);
+ *     ebb_model_free(m);
+ *
+ * A plan is immutable and a run keeps its state (value slots, loop counters)
+ * in a context of its own, so one plan and one model can serve several
+ * threads at once. A run that fails part-way frees every intermediate it made
+ * and returns a status whose message names the step and the node.
+ */
+#ifndef EBB_RUN_H
+#define EBB_RUN_H
+
+#include "plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ebb_model ebb_model;
+
+/* Creates the plan's parameters on `device`, initialised as PyTorch's modules
+ * do (nn.Linear: U(-1/sqrt(in), 1/sqrt(in)); LayerNorm: ones and zeros), from
+ * a generator seeded with `seed` and the parameter's name. Names follow
+ * PyTorch: "<node name or path>.<param>", e.g. "stem.weight". */
+ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device device, uint64_t seed);
+void ebb_model_free(ebb_model *m);
+ebb_device ebb_model_device(const ebb_model *m);
+int ebb_model_param_count(const ebb_model *m);
+const char *ebb_model_param_name(const ebb_model *m, int i);
+/* The parameter tensor (borrowed: do not free), or NULL. */
+ebb_tensor *ebb_model_param(const ebb_model *m, const char *name);
+/* Replaces a parameter's values (shape and dtype must match; copied). */
+ebb_status ebb_model_set_param(ebb_model *m, const char *name, const ebb_tensor *value);
+
+/* What the trace callback sees for each executed step. */
+typedef struct ebb_trace_event {
+    int step; /* index into the plan */
+    const ebb_plan_step *info;
+    const int *freed; /* slots released after the step (the edge taken) */
+    int n_freed;
+    int jumped;             /* the step took its jump */
+    int64_t live_bytes;     /* measured: allocator bytes above the run's start */
+} ebb_trace_event;
+
+typedef void (*ebb_trace_fn)(const ebb_trace_event *ev, void *user);
+
+typedef struct ebb_run_stats {
+    int64_t measured_peak_bytes; /* allocator peak above the bytes at run start */
+    int64_t planned_peak_bytes;  /* ebb_plan_peak_bytes() */
+    int64_t steps_executed;
+    double seconds;
+} ebb_run_stats;
+
+typedef struct ebb_run_options {
+    ebb_trace_fn trace; /* called after every step, or NULL */
+    void *trace_user;
+} ebb_run_options;
+
+/* Runs the plan. `inputs` holds one tensor per graph input (borrowed; never
+ * freed by the run), on the model's device. On success `outputs` receives one
+ * new handle per graph output, which the caller frees. `stats` may be NULL.
+ * Measured peak bytes are exact on the CPU when no other thread allocates
+ * at the same time. */
+ebb_status ebb_run(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
+                   ebb_tensor **outputs, ebb_run_stats *stats);
+ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
+                      ebb_tensor **outputs, const ebb_run_options *opts, ebb_run_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_RUN_H */
