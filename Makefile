@@ -39,7 +39,7 @@ build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j$(JOBS)
 
 demo: build
-	./$(BUILD)/examples/tensor_basics
+	./$(BUILD)/examples/residual_mlp
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)

@@ -5,7 +5,7 @@ enum { A_OUT, A_IN, A_BIAS };
 
 static const ebb_attr_spec linear_attrs[] = {
     {.name = "out", .type = EBB_ATTR_INT, .required = 1, .doc = "output features"},
-    {.name = "in", .type = EBB_ATTR_INT, .doc = "input features (inferred from the input shape)"},
+    {.name = "in", .type = EBB_ATTR_INT, .optional = 1, .doc = "input features (inferred from the input shape)"},
     {.name = "bias", .type = EBB_ATTR_BOOL, .default_number = 1, .doc = "add a learned bias"},
 };
 
@@ -46,7 +46,7 @@ static ebb_status linear_fwd(const ebb_op_call *c, ebb_tensor **out) {
 }
 
 static const ebb_attr_spec halt_attrs[] = {
-    {.name = "in", .type = EBB_ATTR_INT, .doc = "input features (inferred from the input shape)"},
+    {.name = "in", .type = EBB_ATTR_INT, .optional = 1, .doc = "input features (inferred from the input shape)"},
 };
 
 static ebb_status halt_params(const ebb_attr_value *a, const ebb_shape *in, int n_in,

@@ -41,9 +41,12 @@ void raise_peak(int64_t now) {
     }
 }
 
-void counting_free(void *base) {
-    if (!base)
+// The context is the data pointer itself (libtorch's raw_allocate path
+// requires that); the size lives in the header just before it.
+void counting_free(void *data) {
+    if (!data)
         return;
+    void *base = static_cast<char *>(data) - kHeader;
     size_t n;
     std::memcpy(&n, base, sizeof n);
     cpu.current.fetch_sub(static_cast<int64_t>(n), std::memory_order_relaxed);
@@ -71,8 +74,10 @@ struct CountingCpuAllocator final : public c10::Allocator {
                       static_cast<int64_t>(n);
         cpu.allocations.fetch_add(1, std::memory_order_relaxed);
         raise_peak(now);
-        return {static_cast<char *>(base) + kHeader, base, &counting_free, cpu_device};
+        void *data = static_cast<char *>(base) + kHeader;
+        return {data, data, &counting_free, cpu_device};
     }
+    c10::DeleterFnPtr raw_deleter() const override { return &counting_free; }
     // Declared without `override`: only libtorch >= 2.3 has it as a virtual.
     void copy_data(void *dest, const void *src, std::size_t count) const {
         std::memcpy(dest, src, count);

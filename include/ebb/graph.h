@@ -40,7 +40,16 @@
  *                    by the named tensors
  *
  * Nodes are created by the builder that uses them and owned by it; they must
- * not be shared between builders. A built graph is immutable and may be used
+ * not be shared between builders, and each node is used once.
+ *
+ * Node paths (used in errors, plans, and as the parameter prefix of unnamed
+ * nodes) start at "flow": the node of from/through step i is "flow.i"; other
+ * kinds add their name: "flow.i.also", "flow.i.split.j", "flow.i.merge",
+ * "flow.i.gate.router", "flow.i.gate.j", "flow.i.switch.selector",
+ * "flow.i.switch.j", "flow.i.loop.body", "flow.i.loop.cond". Element j of a
+ * sequence or step j of a sub-flow or nested graph at path Q is "Q.j" (plus
+ * the kind suffix for non-through steps). A node named with `name=` uses
+ * that name instead. A built graph is immutable and may be used
  * as a node of another flow (ebb_node_graph); such a nested flow receives the
  * stream as its first input and `using` tensors as its next inputs.
  */
@@ -66,8 +75,7 @@ typedef enum ebb_merge_op {
     EBB_MERGE_STACK, /* along a new `dim` */
 } ebb_merge_op;
 
-/* A new, empty builder. `name` (may be NULL) names the graph and is the root
- * of node paths ("flow" when NULL). Free it with ebb_builder_free(). Returns
+/* A new, empty builder. `name` (may be NULL) names the graph. Free it with ebb_builder_free(). Returns
  * NULL only when out of memory. */
 ebb_builder *ebb_builder_new(const char *name);
 /* Frees the builder and every node it made that no built graph took. */
@@ -100,6 +108,21 @@ ebb_node *ebb_node_seqv(ebb_builder *b, ebb_node *const *nodes, int n);
 ebb_node *ebb_node_graph(ebb_builder *b, const ebb_graph *g);
 /* Sets a node's name (the prefix of its parameters' names). */
 ebb_node *ebb_node_name(ebb_builder *b, ebb_node *n, const char *name);
+
+/* An inline sub-flow: a builder whose single input is the stream it is
+ * applied to, and which may read (`using`) the tags of the enclosing flow
+ * visible where the sub-flow node is used. Tags it defines stay local.
+ *
+ *     ebb_builder *s = ebb_subflow_begin(b);
+ *     ebb_through(s, ebb_node_op(s, "linear", "out=64"));
+ *     ebb_using(s, "h", NULL);                      // h is a tag of b
+ *     ebb_through(s, ebb_node_op(s, "add", NULL));
+ *     ebb_node *n = ebb_subflow_end(s);             // a node of b; s is freed
+ *
+ * The sub-flow starts with one open stream (no ebb_from). An error inside it
+ * becomes the parent's sticky error. */
+ebb_builder *ebb_subflow_begin(ebb_builder *parent);
+ebb_node *ebb_subflow_end(ebb_builder *sub);
 
 /* ---- steps -------------------------------------------------------------- */
 

@@ -33,11 +33,14 @@ typedef enum ebb_attr_type {
     EBB_ATTR_STRING,
 } ebb_attr_type;
 
-/* One attribute in an op's schema. A required attribute has no default. */
+/* One attribute in an op's schema. A required attribute has no default; an
+ * optional one has none either but may be left out (its value is then unset,
+ * e.g. linear's `in`, inferred from the input shape). */
 typedef struct ebb_attr_spec {
     const char *name;
     ebb_attr_type type;
     int required;
+    int optional;
     double default_number; /* INT, FLOAT, BOOL */
     const char *default_string;
     const char *doc;

@@ -62,7 +62,7 @@ typedef enum ebb_step_kind {
     EBB_STEP_ROUTE,     /* out = routing table from a selector or router output */
     EBB_STEP_ENTER,     /* branch: (x, route) -> (rows, x_rows); jumps when no rows */
     EBB_STEP_EXIT,      /* branch: (y, rows, route[, acc]) -> acc, scattered by row */
-    EBB_STEP_LOOP_INIT, /* counter := 0 */
+    EBB_STEP_LOOP_INIT, /* counter := 0; jumps past the loop when its limit is 0 */
     EBB_STEP_LOOP_NEXT, /* counter += 1; jumps back while counter < limit */
     EBB_STEP_JUMP_IF,   /* jumps when (mean(in) > 0) == sense */
 } ebb_step_kind;
@@ -119,6 +119,9 @@ int ebb_plan_output_slot(const ebb_plan *p, int i);
 const char *ebb_plan_output_name(const ebb_plan *p, int i);
 /* Predicted peak of live intermediate bytes, and the step where it occurs. */
 int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step);
+/* The predicted peak the same plan would have with keep_all (nothing freed
+ * until the end): the figure liveness is compared against. */
+int64_t ebb_plan_keep_all_peak_bytes(const ebb_plan *p);
 /* Non-zero for a plan compiled with keep_all. */
 int ebb_plan_keep_all(const ebb_plan *p);
 const char *ebb_plan_name(const ebb_plan *p);

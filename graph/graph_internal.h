@@ -1,0 +1,81 @@
+/* The graph IR shared by the builder and the compiler. A graph is the flow as
+ * the user declared it: steps over nodes, with attributes resolved and every
+ * structural rule already checked. It holds no tensors. */
+#ifndef EBB_GRAPH_INTERNAL_H
+#define EBB_GRAPH_INTERNAL_H
+
+#include <stdatomic.h>
+
+#include "ebb/graph.h"
+
+typedef enum node_kind {
+    NODE_OP,      /* a registered op with attributes */
+    NODE_SEQ,     /* children applied in order */
+    NODE_GRAPH,   /* a built graph, closed: it sees only its own inputs */
+    NODE_SUBFLOW, /* an inline sub-flow: may read tags of the enclosing flow */
+} node_kind;
+
+typedef struct name_list {
+    char **items;
+    int n, cap;
+} name_list;
+
+struct ebb_node {
+    node_kind kind;
+    char *name; /* explicit name, or NULL: the node path is used */
+    const ebb_op *op;
+    ebb_attr_value attrs[EBB_MAX_ATTRS];
+    char *attr_text; /* owns the STRING attribute values */
+    ebb_node **children;
+    int n_children;
+    ebb_graph *graph; /* NODE_GRAPH: a reference; NODE_SUBFLOW: owned */
+    name_list free_tags; /* tags read but not defined inside (sub-flows) */
+    int used;
+    ebb_node *next_owned; /* the owning builder's or graph's list */
+};
+
+typedef enum step_kind {
+    STEP_FROM,
+    STEP_THROUGH,
+    STEP_ALSO,
+    STEP_SPLIT,
+    STEP_MERGE,
+    STEP_GATE,
+    STEP_SWITCH,
+    STEP_LOOP,
+    STEP_TAG,
+} step_kind;
+
+typedef enum loop_kind { LOOP_FOR, LOOP_WHILE, LOOP_UNTIL } loop_kind;
+
+typedef struct graph_step {
+    step_kind kind;
+    ebb_node *node;   /* from, through, also, loop body */
+    ebb_node **nodes; /* split branches, gate experts, switch branches */
+    int n_nodes;
+    ebb_node *aux;    /* gate router, switch selector, loop condition */
+    int top_k;
+    ebb_merge_op merge;
+    int64_t dim;
+    loop_kind loop;
+    int64_t count; /* for: iterations; while/until: max */
+    char *tag;     /* tag name */
+    name_list using_tags;
+} graph_step;
+
+struct ebb_graph {
+    atomic_int refs;
+    char *name;
+    name_list inputs;
+    char *final_name;  /* name of the final stream's output */
+    name_list outputs; /* extra outputs: tags */
+    graph_step *steps;
+    int n_steps;
+    int is_subflow;
+    name_list free_tags;
+    ebb_node *owned; /* every node of this graph */
+};
+
+const char *graph_step_kind_name(step_kind k);
+
+#endif

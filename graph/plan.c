@@ -1,0 +1,127 @@
+/* Reading a plan: accessors and the EXPLAIN listing. */
+#include <stdio.h>
+#include <string.h>
+
+#include "plan_internal.h"
+
+int ebb_plan_step_count(const ebb_plan *p) { return p ? p->n_steps : 0; }
+
+const ebb_plan_step *ebb_plan_step_at(const ebb_plan *p, int i) {
+    return p && i >= 0 && i < p->n_steps ? &p->steps[i].pub : NULL;
+}
+
+int ebb_plan_value_count(const ebb_plan *p) { return p ? p->n_values : 0; }
+
+const ebb_plan_value *ebb_plan_value_at(const ebb_plan *p, int slot) {
+    return p && slot >= 0 && slot < p->n_values ? &p->values[slot] : NULL;
+}
+
+int ebb_plan_input_count(const ebb_plan *p) { return p ? p->n_inputs : 0; }
+int ebb_plan_input_slot(const ebb_plan *p, int i) {
+    return p && i >= 0 && i < p->n_inputs ? p->inputs[i] : -1;
+}
+int ebb_plan_output_count(const ebb_plan *p) { return p ? p->n_outputs : 0; }
+int ebb_plan_output_slot(const ebb_plan *p, int i) {
+    return p && i >= 0 && i < p->n_outputs ? p->outputs[i] : -1;
+}
+const char *ebb_plan_output_name(const ebb_plan *p, int i) {
+    return p && i >= 0 && i < p->n_outputs ? p->output_names[i] : NULL;
+}
+
+int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step) {
+    if (at_step)
+        *at_step = p ? p->peak_step : -1;
+    return p ? p->peak_bytes : 0;
+}
+
+int64_t ebb_plan_keep_all_peak_bytes(const ebb_plan *p) { return p ? p->keep_all_peak_bytes : 0; }
+
+int ebb_plan_keep_all(const ebb_plan *p) { return p ? p->keep_all : 0; }
+const char *ebb_plan_name(const ebb_plan *p) { return p ? p->name : NULL; }
+
+int ebb_plan_param_count(const ebb_plan *p) { return p ? p->n_params : 0; }
+
+const ebb_param_spec *ebb_plan_param_at(const ebb_plan *p, int i, const char **full_name) {
+    if (!p || i < 0 || i >= p->n_params)
+        return NULL;
+    if (full_name)
+        *full_name = p->params[i].full_name;
+    return &p->params[i].spec;
+}
+
+static void slots_text(char *buf, size_t size, const int *slots, int n) {
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && at < size; i++)
+        at += (size_t)snprintf(buf + at, size - at, "%s%%%d", i ? " " : "", slots[i]);
+    if (n == 0)
+        snprintf(buf, size, "-");
+}
+
+static void human_bytes(char *buf, size_t size, int64_t b) {
+    if (b < 1024)
+        snprintf(buf, size, "%lld B", (long long)b);
+    else if (b < 1024 * 1024)
+        snprintf(buf, size, "%.1f KiB", (double)b / 1024.0);
+    else if (b < 1024LL * 1024 * 1024)
+        snprintf(buf, size, "%.1f MiB", (double)b / (1024.0 * 1024.0));
+    else
+        snprintf(buf, size, "%.2f GiB", (double)b / (1024.0 * 1024.0 * 1024.0));
+}
+
+void ebb_plan_print(const ebb_plan *p, FILE *f) {
+    if (!p || !f)
+        return;
+    fprintf(f, "plan %s%s\n", p->name, p->keep_all ? " (keep_all)" : "");
+    for (int i = 0; i < p->n_inputs; i++) {
+        const ebb_plan_value *v = &p->values[p->inputs[i]];
+        char sb[128];
+        fprintf(f, "input  %%%d %s %s %s\n", p->inputs[i], v->name, ebb_dtype_name(v->dtype),
+                ebb_shape_str(&v->shape, sb, sizeof sb));
+    }
+    fprintf(f, "%4s  %-10s %-28s %-14s %-10s %-16s %-18s %s\n", "step", "op", "node", "in", "out",
+            "shape", "frees", "live");
+    for (int i = 0; i < p->n_steps; i++) {
+        const ebb_plan_step *s = &p->steps[i].pub;
+        char in[128], out[64], frees[256], shape[128] = "-", jf[192];
+        slots_text(in, sizeof in, s->in, s->n_in);
+        slots_text(out, sizeof out, s->out, s->n_out);
+        slots_text(frees, sizeof frees, s->frees, s->n_frees);
+        if (s->n_out > 0) {
+            int v = s->out[s->kind == EBB_STEP_ENTER ? 1 : 0];
+            ebb_shape_str(&p->values[v].shape, shape, sizeof shape);
+        }
+        fprintf(f, "%4d  %-10s %-28s %-14s %-10s %-16s %-18s %lld", i, s->op, s->node, in, out,
+                shape, frees, (long long)s->live_bytes);
+        if (s->jump >= 0) {
+            slots_text(jf, sizeof jf, s->jump_frees, s->n_jump_frees);
+            fprintf(f, "  jump %d, frees %s", s->jump, jf);
+        }
+        fputc('\n', f);
+    }
+    for (int i = 0; i < p->n_outputs; i++) {
+        const ebb_plan_value *v = &p->values[p->outputs[i]];
+        char sb[128];
+        fprintf(f, "output %%%d %s %s %s\n", p->outputs[i], p->output_names[i],
+                ebb_dtype_name(v->dtype), ebb_shape_str(&v->shape, sb, sizeof sb));
+    }
+    int64_t param_bytes = 0;
+    for (int i = 0; i < p->n_params; i++)
+        param_bytes += ebb_shape_numel(&p->params[i].spec.shape) * (int64_t)ebb_dtype_size(p->dtype);
+    char pb[32], peak[32], keep[32];
+    human_bytes(pb, sizeof pb, param_bytes);
+    human_bytes(peak, sizeof peak, p->peak_bytes);
+    human_bytes(keep, sizeof keep, p->keep_all_peak_bytes);
+    fprintf(f, "%d steps, %d values, %d parameters (%s)\n", p->n_steps, p->n_values, p->n_params,
+            pb);
+    fprintf(f, "predicted peak %lld bytes (%s) at step %d", (long long)p->peak_bytes, peak,
+            p->peak_step);
+    if (p->peak_step >= 0)
+        fprintf(f, " (%s)", p->steps[p->peak_step].pub.node);
+    fprintf(f, "; keep_all peak %lld bytes (%s)", (long long)p->keep_all_peak_bytes, keep);
+    if (p->keep_all_peak_bytes > 0 && !p->keep_all)
+        fprintf(f, ", liveness saves %.0f%%",
+                100.0 * (double)(p->keep_all_peak_bytes - p->peak_bytes) /
+                    (double)p->keep_all_peak_bytes);
+    fputc('\n', f);
+}

@@ -1,0 +1,57 @@
+/* The compiled plan, shared by the compiler (graph/) and the executor (src/).
+ * Immutable once ebb_compile() returns. */
+#ifndef EBB_PLAN_INTERNAL_H
+#define EBB_PLAN_INTERNAL_H
+
+#include "ebb/plan.h"
+#include "graph_internal.h"
+
+typedef struct plan_step {
+    ebb_plan_step pub; /* the read-only view; its arrays point into the plan */
+    const ebb_op *op;  /* EBB_STEP_OP */
+    const ebb_attr_value *attrs;
+    int param_first; /* into the plan's parameter table */
+    int n_params;
+    ebb_route_mode mode; /* ROUTE, ENTER, EXIT */
+    int branch;          /* ENTER, EXIT */
+    int n_branches;      /* ROUTE */
+    int top_k;           /* ROUTE in TOPK mode */
+    int counter;         /* LOOP_INIT, LOOP_NEXT */
+    int64_t limit;       /* LOOP_NEXT */
+    int sense;           /* JUMP_IF: jump when (mean > 0) == sense */
+} plan_step;
+
+typedef struct plan_param {
+    ebb_param_spec spec;
+    char *full_name; /* "<node name or path>.<param>" */
+    char *node;      /* node path that owns it (for duplicate-name errors) */
+} plan_param;
+
+struct ebb_plan {
+    ebb_graph *graph; /* a reference: ops' attributes live in its nodes */
+    char *name;
+    plan_step *steps;
+    int n_steps;
+    ebb_plan_value *values;
+    int n_values;
+    int *inputs; /* slots */
+    int n_inputs;
+    int *outputs; /* slots */
+    char **output_names;
+    int n_outputs;
+    plan_param *params;
+    int n_params;
+    int n_counters;
+    int max_in;     /* most inputs of one step, for the executor's scratch */
+    int max_params; /* most parameters of one step */
+    int keep_all;
+    ebb_dtype dtype;
+    int64_t peak_bytes;
+    int peak_step;
+    int64_t keep_all_peak_bytes; /* the same graph's peak with nothing freed */
+    void *attrs; /* attribute values of compiler-made ops (a list) */
+};
+
+/* Steps own their node path and slot arrays (pub.node, pub.in, ...). */
+
+#endif

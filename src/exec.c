@@ -1,0 +1,399 @@
+#define _POSIX_C_SOURCE 200809L
+/* The executor: a loop over the plan's steps. Each step gathers its inputs
+ * from the run's slots, runs, stores its outputs, and releases the slots the
+ * plan says die on the edge it leaves by. Nothing here decides lifetimes; the
+ * compiler did. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ebb/memory.h"
+#include "ebb/run.h"
+#include "model_internal.h"
+#include "plan_internal.h"
+
+/* Per-run state: the plan is shared, this is not. */
+typedef struct run_ctx {
+    const ebb_plan *plan;
+    const ebb_model *model;
+    ebb_tensor **slots;
+    unsigned char *borrowed; /* slots holding the caller's inputs */
+    int64_t *counters;
+    ebb_tensor **args;   /* scratch: one step's inputs */
+    ebb_tensor **params; /* scratch: one step's parameters */
+} run_ctx;
+
+static void slot_set(run_ctx *r, int slot, ebb_tensor *t) {
+    if (r->slots[slot] != t && !r->borrowed[slot])
+        ebb_tensor_free(r->slots[slot]);
+    r->borrowed[slot] = 0;
+    r->slots[slot] = t;
+}
+
+static void slot_release(run_ctx *r, int slot) {
+    if (!r->borrowed[slot])
+        ebb_tensor_free(r->slots[slot]);
+    r->slots[slot] = NULL;
+    r->borrowed[slot] = 0;
+}
+
+/* ---- routing ------------------------------------------------------------- */
+
+static ebb_status route_switch(const plan_step *s, ebb_tensor *sel, ebb_tensor **out) {
+    ebb_dtype dt = ebb_tensor_dtype(sel);
+    ebb_shape sh = ebb_tensor_shape(sel);
+    if (dt == EBB_INT64 || dt == EBB_INT32 || dt == EBB_UINT8) {
+        /* explicit indices: every one must name a branch */
+        int64_t n = sh.ndim == 1 ? sh.dim[0] : -1;
+        if (n < 0)
+            return ebb_error_set(EBB_ERR_SHAPE, "switch: selector gave %d-D indices, expected [batch]",
+                                 sh.ndim);
+        ebb_tensor *idx = NULL;
+        ebb_status st = ebb_tensor_cast(&idx, sel, EBB_INT64);
+        if (st != EBB_OK)
+            return st;
+        int64_t *host = malloc((size_t)(n ? n : 1) * sizeof *host);
+        if (!host) {
+            ebb_tensor_free(idx);
+            return ebb_error_set(EBB_ERR_NOMEM, "switch: out of memory");
+        }
+        ebb_tensor *cpu = NULL;
+        st = ebb_tensor_to(&cpu, idx, ebb_device_cpu(), EBB_INT64);
+        if (st == EBB_OK)
+            st = ebb_tensor_to_host(cpu, host, (size_t)n * sizeof *host);
+        ebb_tensor_free(cpu);
+        for (int64_t i = 0; st == EBB_OK && i < n; i++)
+            if (host[i] < 0 || host[i] >= s->n_branches)
+                st = ebb_error_set(EBB_ERR_RUNTIME,
+                                   "switch: row %lld chose branch %lld, but there are %d branches "
+                                   "(0..%d)",
+                                   (long long)i, (long long)host[i], s->n_branches,
+                                   s->n_branches - 1);
+        free(host);
+        if (st != EBB_OK) {
+            ebb_tensor_free(idx);
+            return st;
+        }
+        *out = idx;
+        return EBB_OK;
+    }
+    return ebb_tensor_argmax(out, sel, 1);
+}
+
+/* Top-k gate: a [B, k] table holding each row's renormalised weights for its
+ * chosen experts and zero elsewhere. */
+static ebb_status route_topk(const plan_step *s, ebb_tensor *w, ebb_tensor **out) {
+    ebb_tensor *vals = NULL, *idx = NULL, *sum = NULL, *norm = NULL;
+    int64_t dim1 = 1;
+    ebb_status st = ebb_tensor_topk(&vals, &idx, w, s->top_k, 1);
+    if (st == EBB_OK)
+        st = ebb_tensor_reduce(&sum, EBB_REDUCE_SUM, vals, &dim1, 1, true);
+    if (st == EBB_OK)
+        st = ebb_tensor_binary(&norm, EBB_DIV, vals, sum);
+    if (st == EBB_OK)
+        st = ebb_tensor_scatter(out, w, 1, idx, norm);
+    ebb_tensor_free(vals);
+    ebb_tensor_free(idx);
+    ebb_tensor_free(sum);
+    ebb_tensor_free(norm);
+    return st;
+}
+
+/* ENTER: which rows chose this branch. No rows: jump. All rows: the branch
+ * sees x itself (no gather, rows stays empty). */
+static ebb_status enter_branch(run_ctx *r, const plan_step *s, int *jump) {
+    ebb_tensor *x = r->slots[s->pub.in[0]], *route = r->slots[s->pub.in[1]];
+    ebb_tensor *mask = NULL, *col = NULL, *rows = NULL, *xr = NULL;
+    ebb_status st;
+    if (s->mode == EBB_ROUTE_SWITCH) {
+        st = ebb_tensor_compare(&mask, EBB_EQ, route, (double)s->branch);
+    } else {
+        st = ebb_tensor_select(&col, route, 1, s->branch);
+        if (st == EBB_OK)
+            st = ebb_tensor_compare(&mask, EBB_NE, col, 0.0);
+        ebb_tensor_free(col);
+    }
+    if (st == EBB_OK)
+        st = ebb_tensor_nonzero_1d(&rows, mask);
+    ebb_tensor_free(mask);
+    if (st != EBB_OK)
+        return st;
+    int64_t n = ebb_tensor_numel(rows), batch = ebb_tensor_shape(x).dim[0];
+    if (n == 0) {
+        ebb_tensor_free(rows);
+        *jump = 1;
+        return EBB_OK;
+    }
+    if (n == batch) {
+        ebb_tensor_free(rows);
+        rows = NULL;
+        st = ebb_tensor_ref(&xr, x);
+    } else {
+        st = ebb_tensor_index_select(&xr, x, 0, rows);
+    }
+    if (st != EBB_OK) {
+        ebb_tensor_free(rows);
+        return st;
+    }
+    slot_set(r, s->pub.out[0], rows);
+    slot_set(r, s->pub.out[1], xr);
+    return EBB_OK;
+}
+
+/* EXIT: scatter the branch's rows back into the accumulator, weighted for a
+ * top-k gate. */
+static ebb_status exit_branch(run_ctx *r, const plan_step *s) {
+    ebb_tensor *y = r->slots[s->pub.in[0]], *rows = r->slots[s->pub.in[1]];
+    ebb_tensor *route = r->slots[s->pub.in[2]], *acc = r->slots[s->pub.in[3]];
+    int acc_slot = s->pub.out[0];
+    ebb_status st = EBB_OK;
+    ebb_tensor *w = NULL; /* this expert's weights for the rows, shaped to broadcast */
+    if (s->mode == EBB_ROUTE_TOPK) {
+        ebb_tensor *col = NULL, *picked = NULL;
+        st = ebb_tensor_select(&col, route, 1, s->branch);
+        if (st == EBB_OK && rows)
+            st = ebb_tensor_index_select(&picked, col, 0, rows);
+        if (st == EBB_OK) {
+            ebb_shape ws = ebb_tensor_shape(y);
+            for (int d = 1; d < ws.ndim; d++)
+                ws.dim[d] = 1;
+            st = ebb_tensor_reshape(&w, picked ? picked : col, &ws);
+        }
+        ebb_tensor_free(col);
+        ebb_tensor_free(picked);
+        if (st != EBB_OK)
+            return st;
+    }
+    if (!rows) {
+        /* all rows took this branch */
+        ebb_tensor *res = NULL;
+        if (!w)
+            st = acc ? ebb_tensor_binary(&res, EBB_ADD, acc, y) : ebb_tensor_ref(&res, y);
+        else
+            st = acc ? ebb_tensor_addcmul(&res, acc, y, w) : ebb_tensor_binary(&res, EBB_MUL, y, w);
+        ebb_tensor_free(w);
+        if (st == EBB_OK)
+            slot_set(r, acc_slot, res);
+        return st;
+    }
+    ebb_tensor *contrib = NULL;
+    if (w) {
+        st = ebb_tensor_binary(&contrib, EBB_MUL, y, w);
+        ebb_tensor_free(w);
+        if (st != EBB_OK)
+            return st;
+    }
+    if (!acc) {
+        ebb_shape as = ebb_tensor_shape(y);
+        as.dim[0] = ebb_tensor_shape(route).dim[0];
+        st = ebb_tensor_zeros(&acc, &as, ebb_tensor_dtype(y), ebb_tensor_device(y));
+        if (st != EBB_OK) {
+            ebb_tensor_free(contrib);
+            return st;
+        }
+        slot_set(r, acc_slot, acc);
+    }
+    if (s->mode == EBB_ROUTE_SWITCH)
+        st = ebb_tensor_index_copy_(acc, 0, rows, y);
+    else
+        st = ebb_tensor_index_add_(acc, 0, rows, contrib);
+    ebb_tensor_free(contrib);
+    return st;
+}
+
+/* ---- one step ------------------------------------------------------------- */
+
+static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
+    const ebb_plan_step *ps = &s->pub;
+    *jump = 0;
+    switch (ps->kind) {
+    case EBB_STEP_OP: {
+        for (int i = 0; i < ps->n_in; i++) {
+            r->args[i] = r->slots[ps->in[i]];
+            if (!r->args[i])
+                return ebb_error_set(EBB_ERR_RUNTIME, "input %%%d is empty", ps->in[i]);
+        }
+        for (int i = 0; i < s->n_params; i++)
+            r->params[i] = r->model->params[s->param_first + i];
+        ebb_op_call call = {.op = s->op, .attrs = s->attrs, .in = r->args, .n_in = ps->n_in,
+                            .params = r->params, .n_params = s->n_params, .node = ps->node};
+        ebb_tensor *out = NULL;
+        ebb_status st = s->op->forward(&call, &out);
+        if (st != EBB_OK)
+            return st;
+        if (!out)
+            return ebb_error_set(EBB_ERR_RUNTIME, "op %s returned no tensor", s->op->name);
+        slot_set(r, ps->out[0], out);
+        return EBB_OK;
+    }
+    case EBB_STEP_ALIAS: {
+        ebb_tensor *t = NULL;
+        ebb_status st = ebb_tensor_ref(&t, r->slots[ps->in[0]]);
+        if (st == EBB_OK)
+            slot_set(r, ps->out[0], t);
+        return st;
+    }
+    case EBB_STEP_ROUTE: {
+        ebb_tensor *t = NULL;
+        ebb_status st = s->mode == EBB_ROUTE_SWITCH ? route_switch(s, r->slots[ps->in[0]], &t)
+                                                    : route_topk(s, r->slots[ps->in[0]], &t);
+        if (st != EBB_OK)
+            return st;
+        slot_set(r, ps->out[0], t);
+        slot_set(r, ps->out[1], NULL); /* the accumulator starts empty */
+        return EBB_OK;
+    }
+    case EBB_STEP_ENTER: return enter_branch(r, s, jump);
+    case EBB_STEP_EXIT: return exit_branch(r, s);
+    case EBB_STEP_LOOP_INIT:
+        r->counters[s->counter] = 0;
+        *jump = s->limit == 0;
+        return EBB_OK;
+    case EBB_STEP_LOOP_NEXT:
+        *jump = ++r->counters[s->counter] < s->limit;
+        return EBB_OK;
+    case EBB_STEP_JUMP_IF: {
+        double mean = 0.0;
+        ebb_status st = ebb_tensor_mean_value(r->slots[ps->in[0]], &mean);
+        if (st != EBB_OK)
+            return st;
+        *jump = (mean > 0.0) == (s->sense != 0);
+        return EBB_OK;
+    }
+    }
+    return ebb_error_set(EBB_ERR_RUNTIME, "unknown step kind %d", (int)ps->kind);
+}
+
+/* ---- the run -------------------------------------------------------------- */
+
+static ebb_status check_model(const ebb_plan *p, const ebb_model *m) {
+    if (m->n_params != p->n_params)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_run: the model has %d parameters, plan %s needs %d",
+                             m->n_params, p->name, p->n_params);
+    for (int i = 0; i < p->n_params; i++) {
+        ebb_shape have = ebb_tensor_shape(m->params[i]);
+        if (strcmp(m->names[i], p->params[i].full_name) != 0 ||
+            !ebb_shape_equal(&have, &p->params[i].spec.shape)) {
+            char a[96], b[96];
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "ebb_run: model parameter %s %s does not match plan parameter %s %s",
+                                 m->names[i], ebb_shape_str(&have, a, sizeof a),
+                                 p->params[i].full_name,
+                                 ebb_shape_str(&p->params[i].spec.shape, b, sizeof b));
+        }
+    }
+    return EBB_OK;
+}
+
+static double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+ebb_status ebb_run(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
+                   ebb_tensor **outputs, ebb_run_stats *stats) {
+    return ebb_run_ex(plan, model, inputs, outputs, NULL, stats);
+}
+
+ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
+                      ebb_tensor **outputs, const ebb_run_options *opts, ebb_run_stats *stats) {
+    if (!plan || !model || !outputs || (plan->n_inputs && !inputs))
+        return ebb_error_set(EBB_ERR_ARG, "ebb_run: plan, model, inputs and outputs are required");
+    for (int i = 0; i < plan->n_outputs; i++)
+        outputs[i] = NULL;
+    ebb_status st = check_model(plan, model);
+    if (st != EBB_OK)
+        return st;
+    ebb_device dev = model->device;
+    for (int i = 0; i < plan->n_inputs; i++) {
+        const ebb_plan_value *v = &plan->values[plan->inputs[i]];
+        if (!inputs[i])
+            return ebb_error_set(EBB_ERR_ARG, "ebb_run: input '%s' is NULL", v->name);
+        ebb_shape have = ebb_tensor_shape(inputs[i]);
+        ebb_device d = ebb_tensor_device(inputs[i]);
+        if (have.ndim != v->shape.ndim || d.type != dev.type || d.index != dev.index) {
+            char a[96], b[96], da[32], db[32];
+            return ebb_error_set(EBB_ERR_SHAPE,
+                                 "ebb_run: input '%s' is %s on %s; plan %s expects %s on %s",
+                                 v->name, ebb_shape_str(&have, a, sizeof a),
+                                 ebb_device_str(d, da, sizeof da), plan->name,
+                                 ebb_shape_str(&v->shape, b, sizeof b),
+                                 ebb_device_str(dev, db, sizeof db));
+        }
+    }
+
+    run_ctx r = {.plan = plan, .model = model};
+    r.slots = calloc((size_t)plan->n_values + 1, sizeof *r.slots);
+    r.borrowed = calloc((size_t)plan->n_values + 1, 1);
+    r.counters = calloc((size_t)plan->n_counters + 1, sizeof *r.counters);
+    r.args = calloc((size_t)plan->max_in + 1, sizeof *r.args);
+    r.params = calloc((size_t)plan->max_params + 1, sizeof *r.params);
+    if (!r.slots || !r.borrowed || !r.counters || !r.args || !r.params) {
+        st = ebb_error_set(EBB_ERR_NOMEM, "ebb_run: out of memory");
+        goto done;
+    }
+    for (int i = 0; i < plan->n_inputs; i++) {
+        r.slots[plan->inputs[i]] = inputs[i];
+        r.borrowed[plan->inputs[i]] = 1;
+    }
+
+    ebb_memory_reset_peak(dev);
+    int64_t base = ebb_memory_current(dev);
+    double t0 = now_seconds();
+    int64_t executed = 0;
+    ebb_trace_fn trace = opts ? opts->trace : NULL;
+    for (int pc = 0; pc < plan->n_steps;) {
+        const plan_step *s = &plan->steps[pc];
+        int jump = 0;
+        st = exec_step(&r, s, &jump);
+        if (st != EBB_OK) {
+            ebb_error_prefix("step %d (%s, node %s)", pc, s->pub.op, s->pub.node);
+            goto done;
+        }
+        executed++;
+        const int *freed = jump ? s->pub.jump_frees : s->pub.frees;
+        int n_freed = jump ? s->pub.n_jump_frees : s->pub.n_frees;
+        for (int k = 0; k < n_freed; k++)
+            slot_release(&r, freed[k]);
+        if (trace) {
+            ebb_trace_event ev = {.step = pc, .info = &s->pub, .freed = freed, .n_freed = n_freed,
+                                  .jumped = jump, .live_bytes = ebb_memory_current(dev) - base};
+            trace(&ev, opts->trace_user);
+        }
+        pc = jump ? s->pub.jump : pc + 1;
+    }
+    for (int i = 0; i < plan->n_outputs; i++) {
+        ebb_tensor *t = r.slots[plan->outputs[i]];
+        st = t ? ebb_tensor_ref(&outputs[i], t)
+               : ebb_error_set(EBB_ERR_RUNTIME, "ebb_run: output '%s' was not produced",
+                               plan->output_names[i]);
+        if (st != EBB_OK)
+            goto done;
+    }
+    if (stats) {
+        ebb_memory_stats ms;
+        ebb_device_synchronize(dev);
+        stats->seconds = now_seconds() - t0;
+        stats->measured_peak_bytes =
+            ebb_memory_stats_get(dev, &ms) == EBB_OK ? ms.peak_bytes - base : -1;
+        stats->planned_peak_bytes = plan->peak_bytes;
+        stats->steps_executed = executed;
+    }
+done:
+    if (st != EBB_OK)
+        for (int i = 0; i < plan->n_outputs; i++) {
+            ebb_tensor_free(outputs[i]);
+            outputs[i] = NULL;
+        }
+    if (r.slots)
+        for (int v = 0; v < plan->n_values; v++)
+            if (r.slots[v])
+                slot_release(&r, v);
+    free(r.slots);
+    free(r.borrowed);
+    free(r.counters);
+    free(r.args);
+    free(r.params);
+    return st;
+}
