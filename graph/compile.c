@@ -305,7 +305,7 @@ static int emit_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, c
     if (op->params) {
         ebb_status st = op->params(attrs, shapes, n_in, specs, &np);
         if (st != EBB_OK) {
-            c->status = ebb_error_prefix("node %s", path);
+            c->status = ebb_error_prefix("node %s", prefix);
             return -1;
         }
     }
@@ -329,10 +329,10 @@ static int emit_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, c
     for (int i = 0; i < np; i++)
         ebb_tensor_free(params[i]);
     if (st != EBB_OK) {
-        c->status = ebb_error_prefix("node %s (%s)", path, op->name);
+        c->status = ebb_error_prefix("node %s (%s)", prefix, op->name);
         return -1;
     }
-    plan_step *s = step_new(c, EBB_STEP_OP, op->name, path);
+    plan_step *s = step_new(c, EBB_STEP_OP, op->name, prefix);
     if (!s) {
         ebb_tensor_free(out);
         return -1;

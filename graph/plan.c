@@ -79,7 +79,7 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
         fprintf(f, "input  %%%d %s %s %s\n", p->inputs[i], v->name, ebb_dtype_name(v->dtype),
                 ebb_shape_str(&v->shape, sb, sizeof sb));
     }
-    fprintf(f, "%4s  %-10s %-28s %-14s %-10s %-16s %-18s %s\n", "step", "op", "node", "in", "out",
+    fprintf(f, "%4s  %-12s %-28s %-14s %-10s %-16s %-18s %s\n", "step", "op", "node", "in", "out",
             "shape", "frees", "live");
     for (int i = 0; i < p->n_steps; i++) {
         const ebb_plan_step *s = &p->steps[i].pub;
@@ -91,7 +91,7 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
             int v = s->out[s->kind == EBB_STEP_ENTER ? 1 : 0];
             ebb_shape_str(&p->values[v].shape, shape, sizeof shape);
         }
-        fprintf(f, "%4d  %-10s %-28s %-14s %-10s %-16s %-18s %lld", i, s->op, s->node, in, out,
+        fprintf(f, "%4d  %-12s %-28s %-14s %-10s %-16s %-18s %lld", i, s->op, s->node, in, out,
                 shape, frees, (long long)s->live_bytes);
         if (s->jump >= 0) {
             slots_text(jf, sizeof jf, s->jump_frees, s->n_jump_frees);

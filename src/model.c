@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "ebb/run.h"
+#include "ebb/safetensors.h"
 #include "model_internal.h"
 #include "plan_internal.h"
 
@@ -134,4 +135,50 @@ ebb_status ebb_model_set_param(ebb_model *m, const char *name, const ebb_tensor 
     ebb_tensor_free(m->params[i]);
     m->params[i] = copy;
     return EBB_OK;
+}
+
+/* ---- safetensors ------------------------------------------------------------ */
+
+ebb_status ebb_model_save(const ebb_model *m, const char *path) {
+    if (!m || !path)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_model_save: model and path are required");
+    return ebb_safetensors_write(path, (const char *const *)m->names, m->params, m->n_params);
+}
+
+ebb_status ebb_model_load(ebb_model *m, const char *path) {
+    if (!m || !path)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_model_load: model and path are required");
+    ebb_safetensors *st = NULL;
+    ebb_status s = ebb_safetensors_open(&st, path);
+    if (s != EBB_OK)
+        return s;
+    /* Check names first, so a wrong file changes nothing. */
+    for (int i = 0; s == EBB_OK && i < m->n_params; i++) {
+        ebb_shape shape;
+        ebb_dtype dt;
+        if (ebb_safetensors_find(st, m->names[i], &dt, &shape) != EBB_OK) {
+            s = ebb_error_set(EBB_ERR_ARG, "%s: missing parameter '%s'", path, m->names[i]);
+            break;
+        }
+        ebb_shape want = ebb_tensor_shape(m->params[i]);
+        if (!ebb_shape_equal(&shape, &want) || dt != ebb_tensor_dtype(m->params[i])) {
+            char a[96], b[96];
+            s = ebb_error_set(EBB_ERR_SHAPE, "%s: parameter '%s' is %s %s in the file, the model "
+                                             "needs %s %s",
+                              path, m->names[i], ebb_dtype_name(dt), ebb_shape_str(&shape, a, sizeof a),
+                              ebb_dtype_name(ebb_tensor_dtype(m->params[i])),
+                              ebb_shape_str(&want, b, sizeof b));
+        }
+    }
+    for (int i = 0; s == EBB_OK && i < ebb_safetensors_count(st); i++) {
+        const char *name = ebb_safetensors_name_at(st, i);
+        if (ebb_model_param_index(m, name) < 0)
+            s = ebb_error_set(EBB_ERR_ARG, "%s: unexpected tensor '%s' (the model has no such "
+                                           "parameter)",
+                              path, name);
+    }
+    for (int i = 0; s == EBB_OK && i < m->n_params; i++)
+        s = ebb_safetensors_load_into(st, m->names[i], m->params[i]);
+    ebb_safetensors_close(st);
+    return s;
 }

@@ -336,7 +336,7 @@ static void test_builder_sticky_errors(void **state) {
     ebb_plan *p = NULL;
     assert_int_equal(ebb_compile(&p, g, &o), EBB_ERR_SHAPE);
     assert_null(p);
-    assert_errmsg_contains("node flow.0");
+    assert_errmsg_contains("node stem");
     assert_errmsg_contains("in=5");
     assert_errmsg_contains("[2, 4]");
     ebb_graph_free(g);

@@ -56,6 +56,8 @@
 #ifndef EBB_GRAPH_H
 #define EBB_GRAPH_H
 
+#include <stdio.h>
+
 #include "op.h"
 
 #ifdef __cplusplus
@@ -178,6 +180,10 @@ int ebb_graph_output_count(const ebb_graph *g);
 const char *ebb_graph_output_name(const ebb_graph *g, int i);
 /* Number of steps of the top-level flow. */
 int ebb_graph_step_count(const ebb_graph *g);
+/* Writes the graph as Graphviz DOT: split/merge fan out and in, gate and
+ * switch as diamonds with branches in clusters, loop bodies as clusters with
+ * their back edge, `using` reads as dashed edges. */
+void ebb_graph_write_dot(const ebb_graph *g, FILE *f);
 
 #ifdef __cplusplus
 }

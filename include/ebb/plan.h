@@ -76,7 +76,7 @@ typedef enum ebb_route_mode {
 typedef struct ebb_plan_step {
     ebb_step_kind kind;
     const char *op;   /* op name, or the step kind's name for control steps */
-    const char *node; /* node path, e.g. "tower.3.also" */
+    const char *node; /* the node's name, or its path ("flow.3.also") if unnamed */
     const int *in;
     int n_in;
     const int *out;
@@ -133,6 +133,16 @@ const ebb_param_spec *ebb_plan_param_at(const ebb_plan *p, int i, const char **f
 /* Writes the EXPLAIN listing: one row per step (index, op, node, inputs,
  * output, shape, values freed, predicted live bytes), then a summary. */
 void ebb_plan_print(const ebb_plan *p, FILE *f);
+/* Writes the plan as one JSON object (the `ebb plan --json` format of
+ * docs/cli.md: name, inputs, outputs, params, values, steps, peaks). */
+void ebb_plan_write_json(const ebb_plan *p, FILE *f);
+/* Writes the plan as Graphviz DOT: steps top to bottom, data edges labelled
+ * with value, shape and bytes, fill by live bytes, the peak outlined. */
+void ebb_plan_write_dot(const ebb_plan *p, FILE *f);
+/* The value's id in listings, JSON and traces: an input's name, else "vN". */
+void ebb_plan_value_id(const ebb_plan *p, int slot, char *buf, size_t size);
+/* The last step (in listing order) that reads the value; its producer if none. */
+int ebb_plan_value_last_use(const ebb_plan *p, int slot);
 
 #ifdef __cplusplus
 }

@@ -37,6 +37,14 @@ int ebb_model_param_count(const ebb_model *m);
 const char *ebb_model_param_name(const ebb_model *m, int i);
 /* The parameter tensor (borrowed: do not free), or NULL. */
 ebb_tensor *ebb_model_param(const ebb_model *m, const char *name);
+/* Reads every parameter from a safetensors file, by name. A missing, extra
+ * or wrongly shaped tensor is an error naming it, both shapes and the file;
+ * names and shapes are checked before any value changes. The file is mapped
+ * and each tensor copied straight into its parameter. */
+ebb_status ebb_model_load(ebb_model *m, const char *path);
+/* Writes every parameter to a safetensors file (atomically: a temporary file
+ * renamed into place). */
+ebb_status ebb_model_save(const ebb_model *m, const char *path);
 /* Replaces a parameter's values (shape and dtype must match; copied). */
 ebb_status ebb_model_set_param(ebb_model *m, const char *name, const ebb_tensor *value);
 

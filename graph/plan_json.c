@@ -1,0 +1,156 @@
+/* `ebb plan --json`: the plan as one JSON object. Field names are a contract
+ * (docs/cli.md); add fields, never rename them. */
+#include <stdio.h>
+#include <string.h>
+
+#include "plan_internal.h"
+
+void ebb_json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)(s ? s : ""); *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        default:
+            if (*p < 0x20)
+                fprintf(f, "\\u%04x", *p);
+            else
+                fputc(*p, f);
+        }
+    }
+    fputc('"', f);
+}
+
+void ebb_plan_value_id(const ebb_plan *p, int slot, char *buf, size_t size) {
+    const ebb_plan_value *v = &p->values[slot];
+    if (v->kind == EBB_VALUE_INPUT && v->name)
+        snprintf(buf, size, "%s", v->name);
+    else
+        snprintf(buf, size, "v%d", slot);
+}
+
+int ebb_plan_value_last_use(const ebb_plan *p, int slot) {
+    int last = p && slot >= 0 && slot < p->n_values ? p->values[slot].producer : -1;
+    for (int i = 0; p && i < p->n_steps; i++)
+        for (int k = 0; k < p->steps[i].pub.n_in; k++)
+            if (p->steps[i].pub.in[k] == slot)
+                last = i;
+    return last;
+}
+
+static void shape_json(FILE *f, const ebb_shape *s) {
+    fputc('[', f);
+    for (int d = 0; d < s->ndim; d++)
+        fprintf(f, d ? ", %lld" : "%lld", (long long)s->dim[d]);
+    fputc(']', f);
+}
+
+static void ids_json(FILE *f, const ebb_plan *p, const int *slots, int n) {
+    char id[64];
+    fputc('[', f);
+    for (int i = 0; i < n; i++) {
+        ebb_plan_value_id(p, slots[i], id, sizeof id);
+        if (i)
+            fputs(", ", f);
+        ebb_json_string(f, id);
+    }
+    fputc(']', f);
+}
+
+void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
+    if (!p || !f)
+        return;
+    char id[64];
+    fputs("{\"name\": ", f);
+    ebb_json_string(f, p->name);
+    fprintf(f, ", \"keep_all\": %s,\n \"inputs\": [", p->keep_all ? "true" : "false");
+    for (int i = 0; i < p->n_inputs; i++) {
+        const ebb_plan_value *v = &p->values[p->inputs[i]];
+        fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
+        ebb_json_string(f, v->name);
+        fputs(", \"shape\": ", f);
+        shape_json(f, &v->shape);
+        fprintf(f, ", \"dtype\": \"%s\"}", ebb_dtype_name(v->dtype));
+    }
+    fputs("],\n \"outputs\": [", f);
+    for (int i = 0; i < p->n_outputs; i++) {
+        const ebb_plan_value *v = &p->values[p->outputs[i]];
+        ebb_plan_value_id(p, p->outputs[i], id, sizeof id);
+        fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
+        ebb_json_string(f, p->output_names[i]);
+        fputs(", \"value\": ", f);
+        ebb_json_string(f, id);
+        fputs(", \"shape\": ", f);
+        shape_json(f, &v->shape);
+        fprintf(f, ", \"dtype\": \"%s\"}", ebb_dtype_name(v->dtype));
+    }
+    fputs("],\n \"params\": [", f);
+    for (int i = 0; i < p->n_params; i++) {
+        const plan_param *pp = &p->params[i];
+        fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
+        ebb_json_string(f, pp->full_name);
+        fputs(", \"shape\": ", f);
+        shape_json(f, &pp->spec.shape);
+        fprintf(f, ", \"dtype\": \"%s\", \"bytes\": %lld}", ebb_dtype_name(p->dtype),
+                (long long)(ebb_shape_numel(&pp->spec.shape) * (int64_t)ebb_dtype_size(p->dtype)));
+    }
+    fputs("],\n \"values\": [", f);
+    for (int v = 0; v < p->n_values; v++) {
+        const ebb_plan_value *val = &p->values[v];
+        static const char *kinds[] = {"input", "intermediate", "output"};
+        ebb_plan_value_id(p, v, id, sizeof id);
+        fputs(v ? ",\n  {\"id\": " : "\n  {\"id\": ", f);
+        ebb_json_string(f, id);
+        fprintf(f, ", \"kind\": \"%s\", \"shape\": ", kinds[val->kind]);
+        shape_json(f, &val->shape);
+        fprintf(f, ", \"dtype\": \"%s\", \"bytes\": %lld, \"producer\": %d, \"last_use\": %d, "
+                   "\"view_of\": ",
+                ebb_dtype_name(val->dtype), (long long)val->nbytes, val->producer,
+                ebb_plan_value_last_use(p, v));
+        if (val->alias_of >= 0) {
+            ebb_plan_value_id(p, val->alias_of, id, sizeof id);
+            ebb_json_string(f, id);
+        } else {
+            fputs("null", f);
+        }
+        fputs(", \"tag\": ", f);
+        if (val->name && val->kind != EBB_VALUE_INPUT)
+            ebb_json_string(f, val->name);
+        else
+            fputs("null", f);
+        fputc('}', f);
+    }
+    fputs("],\n \"steps\": [", f);
+    for (int i = 0; i < p->n_steps; i++) {
+        const ebb_plan_step *s = &p->steps[i].pub;
+        fprintf(f, "%s{\"index\": %d, \"op\": ", i ? ",\n  " : "\n  ", i);
+        ebb_json_string(f, s->op);
+        fputs(", \"node\": ", f);
+        ebb_json_string(f, s->node);
+        fputs(", \"inputs\": ", f);
+        ids_json(f, p, s->in, s->n_in);
+        fputs(", \"output\": ", f);
+        if (s->n_out > 0) {
+            ebb_plan_value_id(p, s->out[s->kind == EBB_STEP_ENTER ? 1 : 0], id, sizeof id);
+            ebb_json_string(f, id);
+        } else {
+            fputs("null", f);
+        }
+        fputs(", \"outputs\": ", f);
+        ids_json(f, p, s->out, s->n_out);
+        fputs(", \"frees\": ", f);
+        ids_json(f, p, s->frees, s->n_frees);
+        fprintf(f, ", \"live_bytes\": %lld, \"peak_bytes\": %lld", (long long)s->live_bytes,
+                (long long)s->peak_bytes);
+        if (s->jump >= 0) {
+            fprintf(f, ", \"jump\": %d, \"jump_frees\": ", s->jump);
+            ids_json(f, p, s->jump_frees, s->n_jump_frees);
+        }
+        fputc('}', f);
+    }
+    fprintf(f, "],\n \"peak_bytes\": %lld, \"peak_step\": %d, \"keep_all_peak_bytes\": %lld}\n",
+            (long long)p->peak_bytes, p->peak_step, (long long)p->keep_all_peak_bytes);
+}

@@ -1,0 +1,722 @@
+/* The `ebb` command: check, plan, run and dot for YAML specs.
+ *
+ * Exit codes: 0 ok; 1 a spec or input error; 2 a usage error; 3 a runtime
+ * error (including out of memory). */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ebb/ebb.h"
+#include "ebb/safetensors.h"
+#include "ebb/spec.h"
+
+enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3 };
+
+#define MAX_BINDINGS 64
+#define MAX_INPUTS 64
+
+static const char *usage_main =
+    "usage: ebb [--version] [--help] COMMAND [ARGS]\n"
+    "\n"
+    "Declare a graph in YAML, read its plan, run it.\n"
+    "\n"
+    "commands:\n"
+    "  check SPEC...        validate specs (structure and shapes)\n"
+    "  plan SPEC [...]      print the plan listing: steps, frees, predicted live bytes\n"
+    "  run SPEC [...]       run the plan and compare measured with planned memory\n"
+    "  dot SPEC [...]       write Graphviz DOT of the graph or the plan\n"
+    "\n"
+    "`ebb COMMAND --help` describes each command.\n"
+    "exit codes: 0 ok, 1 spec or input error, 2 usage error, 3 runtime error\n";
+
+static const char *usage_check = "usage: ebb check SPEC...\n"
+                                 "\n"
+                                 "Loads and compiles each spec (symbolic dimensions set to 1).\n"
+                                 "Prints 'SPEC: ok (N steps, P parameters)' or\n"
+                                 "'SPEC:LINE:COL: error: ...' on stderr. Exit 1 on any error.\n";
+
+static const char *usage_plan =
+    "usage: ebb plan SPEC [-i NAME=D0,D1,...]... [--json] [--keep-all] [--memory]\n"
+    "\n"
+    "  -i NAME=D0,D1,...  the shape of input NAME; or -i SYMBOL=N for a symbolic dim\n"
+    "                     (symbolic dimensions not given are 1)\n"
+    "  --json             the plan as JSON (see docs/cli.md)\n"
+    "  --keep-all         compile without freeing, to compare\n"
+    "  --memory           draw predicted live bytes per step\n";
+
+static const char *usage_run =
+    "usage: ebb run SPEC [-i NAME=DIMS]... [--device cpu|cuda[:N]] [--seed N]\n"
+    "               [--weights W.safetensors] [--save-weights W.safetensors]\n"
+    "               [--inputs X.safetensors] [--outputs Y.safetensors]\n"
+    "               [--trace T.jsonl] [--repeat N] [--keep-all]\n"
+    "\n"
+    "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
+    "  --device           cpu, cuda or cuda:N (default: cuda when available, else cpu)\n"
+    "  --seed N           seed for parameters and random inputs (default 0)\n"
+    "  --weights FILE     load parameters by name\n"
+    "  --save-weights F   write the parameters\n"
+    "  --inputs FILE      read inputs by name (default: seeded random normal)\n"
+    "  --outputs FILE     write outputs by name\n"
+    "  --trace FILE       one JSON object per executed step, then a summary\n"
+    "  --repeat N         run N times and report the median time (default 1)\n"
+    "  --keep-all         free nothing until the end, to compare\n";
+
+static const char *usage_dot = "usage: ebb dot SPEC [--plan] [-i NAME=DIMS]... [-o FILE]\n"
+                               "\n"
+                               "  --plan     draw the plan (steps, values, bytes) instead of the graph\n"
+                               "  -o FILE    write to FILE; .svg and .png render through Graphviz\n"
+                               "             (default: DOT on stdout)\n";
+
+static int usage_error(const char *usage, const char *fmt, const char *arg) {
+    fprintf(stderr, "ebb: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n%s", usage);
+    return EXIT_USAGE;
+}
+
+/* A runtime failure (exit 3) unless the status says the input was at fault. */
+static int fail_status(ebb_status st) {
+    fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+    switch (st) {
+    case EBB_ERR_SPEC:
+    case EBB_ERR_BUILD:
+    case EBB_ERR_SHAPE:
+    case EBB_ERR_ARG:
+    case EBB_ERR_IO: return EXIT_SPEC;
+    default: return EXIT_RUNTIME;
+    }
+}
+
+/* ---- shared options ------------------------------------------------------ */
+
+typedef struct options {
+    const char *spec;
+    const char *shapes[MAX_BINDINGS];
+    int n_shapes;
+    int json, keep_all, memory, plan_view, repeat;
+    uint64_t seed;
+    const char *device, *weights, *save_weights, *inputs, *outputs, *trace, *out_file;
+} options;
+
+static int parse_u64(const char *s, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || errno || *s == '-')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Parses the options `allowed` names; returns 0, or an exit code. */
+static int parse_options(int argc, char **argv, const char *usage, const char *allowed,
+                         options *o) {
+    memset(o, 0, sizeof *o);
+    o->repeat = 1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define TAKES(flag) (strcmp(a, flag) == 0 && strstr(allowed, flag " "))
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            fputs(usage, stdout);
+            return -1;
+        } else if (TAKES("-i")) {
+            if (!val)
+                return usage_error(usage, "%s needs NAME=D0,D1,...", a);
+            if (o->n_shapes == MAX_BINDINGS)
+                return usage_error(usage, "too many %s options", a);
+            o->shapes[o->n_shapes++] = val;
+            i++;
+        } else if (TAKES("--json")) {
+            o->json = 1;
+        } else if (TAKES("--keep-all")) {
+            o->keep_all = 1;
+        } else if (TAKES("--memory")) {
+            o->memory = 1;
+        } else if (TAKES("--plan")) {
+            o->plan_view = 1;
+        } else if (TAKES("--seed") || TAKES("--repeat")) {
+            uint64_t v;
+            if (!val || parse_u64(val, &v) != 0)
+                return usage_error(usage, "%s needs a non-negative integer", a);
+            if (!strcmp(a, "--seed"))
+                o->seed = v;
+            else if (v < 1 || v > 1000000)
+                return usage_error(usage, "%s must be between 1 and 1000000", a);
+            else
+                o->repeat = (int)v;
+            i++;
+        } else if (TAKES("--device") || TAKES("--weights") || TAKES("--save-weights") ||
+                   TAKES("--inputs") || TAKES("--outputs") || TAKES("--trace") || TAKES("-o")) {
+            if (!val)
+                return usage_error(usage, "%s needs a value", a);
+            const char **slot = !strcmp(a, "--device")         ? &o->device
+                                : !strcmp(a, "--weights")      ? &o->weights
+                                : !strcmp(a, "--save-weights") ? &o->save_weights
+                                : !strcmp(a, "--inputs")       ? &o->inputs
+                                : !strcmp(a, "--outputs")      ? &o->outputs
+                                : !strcmp(a, "--trace")        ? &o->trace
+                                                               : &o->out_file;
+            *slot = val;
+            i++;
+        } else if (a[0] == '-' && a[1]) {
+            return usage_error(usage, "unknown option %s", a);
+        } else if (!o->spec) {
+            o->spec = a;
+        } else {
+            return usage_error(usage, "unexpected argument %s", a);
+        }
+#undef TAKES
+    }
+    if (!o->spec)
+        return usage_error(usage, "%s", "missing SPEC");
+    return 0;
+}
+
+/* Input shapes from the spec, -i options and (for run) an inputs file. */
+static int resolve_shapes(const ebb_spec *s, const options *o, const ebb_safetensors *inputs,
+                          ebb_shape *shapes, int quiet) {
+    int n = ebb_spec_input_count(s);
+    if (n > MAX_INPUTS) {
+        fprintf(stderr, "ebb: %s has %d inputs (at most %d)\n", ebb_spec_file(s), n, MAX_INPUTS);
+        return EXIT_SPEC;
+    }
+    const char *bindings[MAX_BINDINGS];
+    int n_bind = 0, explicit_shape[MAX_INPUTS] = {0};
+    ebb_shape given[MAX_INPUTS];
+    for (int k = 0; k < o->n_shapes; k++) {
+        const char *arg = o->shapes[k], *eq = strchr(arg, '=');
+        if (!eq || eq == arg || !eq[1]) {
+            fprintf(stderr, "ebb: -i %s: expected NAME=D0,D1,... or SYMBOL=N\n", arg);
+            return EXIT_USAGE;
+        }
+        int input = -1;
+        for (int i = 0; i < n; i++)
+            if (strlen(ebb_spec_input_name(s, i)) == (size_t)(eq - arg) &&
+                !strncmp(ebb_spec_input_name(s, i), arg, (size_t)(eq - arg)))
+                input = i;
+        if (input < 0) {
+            bindings[n_bind++] = arg; /* a symbolic dimension */
+            continue;
+        }
+        ebb_shape sh = {0};
+        const char *p = eq + 1;
+        while (*p) {
+            char *end = NULL;
+            errno = 0;
+            long long d = strtoll(p, &end, 10);
+            if (end == p || errno || d < 1 || sh.ndim == EBB_MAX_DIMS ||
+                (*end && *end != ',')) {
+                fprintf(stderr, "ebb: -i %s: dimensions must be positive integers\n", arg);
+                return EXIT_USAGE;
+            }
+            sh.dim[sh.ndim++] = d;
+            p = *end ? end + 1 : end;
+        }
+        int want = ebb_spec_input_ndim(s, input);
+        if (sh.ndim != want) {
+            fprintf(stderr, "ebb: -i %s: input '%s' has %d dimensions in %s, %d given\n", arg,
+                    ebb_spec_input_name(s, input), want, ebb_spec_file(s), sh.ndim);
+            return EXIT_SPEC;
+        }
+        for (int d = 0; d < want; d++) {
+            int64_t fixed = ebb_spec_input_dim(s, input, d, NULL);
+            if (fixed >= 0 && fixed != sh.dim[d]) {
+                fprintf(stderr, "ebb: -i %s: dimension %d of input '%s' is %lld in %s\n", arg, d,
+                        ebb_spec_input_name(s, input), (long long)fixed, ebb_spec_file(s));
+                return EXIT_SPEC;
+            }
+        }
+        given[input] = sh;
+        explicit_shape[input] = 1;
+    }
+    ebb_status st = ebb_spec_resolve_shapes(s, bindings, n_bind, shapes, MAX_INPUTS);
+    if (st != EBB_OK) {
+        fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+        return EXIT_USAGE;
+    }
+    for (int i = 0; i < n; i++) {
+        const char *name = ebb_spec_input_name(s, i);
+        ebb_shape fs;
+        if (explicit_shape[i]) {
+            shapes[i] = given[i];
+        } else if (inputs && ebb_safetensors_find(inputs, name, NULL, &fs) == EBB_OK) {
+            shapes[i] = fs;
+        } else if (!quiet) {
+            for (int d = 0; d < ebb_spec_input_ndim(s, i); d++) {
+                const char *sym = NULL;
+                if (ebb_spec_input_dim(s, i, d, &sym) < 0 && sym) {
+                    int bound = 0;
+                    for (int b = 0; b < n_bind; b++)
+                        if (!strncmp(bindings[b], sym, strlen(sym)) && bindings[b][strlen(sym)] == '=')
+                            bound = 1;
+                    if (!bound)
+                        fprintf(stderr,
+                                "ebb: note: symbolic dimension '%s' of input '%s' defaults to 1 "
+                                "(set it with -i %s=N)\n",
+                                sym, name, sym);
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+static int load_and_compile(const options *o, const ebb_safetensors *inputs, ebb_spec **spec,
+                            ebb_plan **plan, int quiet) {
+    ebb_status st = ebb_spec_load(spec, o->spec);
+    if (st != EBB_OK)
+        return fail_status(st);
+    ebb_shape shapes[MAX_INPUTS];
+    int rc = resolve_shapes(*spec, o, inputs, shapes, quiet);
+    if (rc)
+        return rc;
+    ebb_compile_options co = {.input_shapes = shapes,
+                              .n_input_shapes = ebb_spec_input_count(*spec),
+                              .keep_all = o->keep_all};
+    st = ebb_spec_compile(plan, *spec, &co);
+    return st == EBB_OK ? 0 : fail_status(st);
+}
+
+static int64_t param_elements(const ebb_plan *p) {
+    int64_t n = 0;
+    for (int i = 0; i < ebb_plan_param_count(p); i++)
+        n += ebb_shape_numel(&ebb_plan_param_at(p, i, NULL)->shape);
+    return n;
+}
+
+static void human(char *buf, size_t n, int64_t b) {
+    if (b < 1024)
+        snprintf(buf, n, "%lld B", (long long)b);
+    else if (b < 1048576)
+        snprintf(buf, n, "%.1f KiB", (double)b / 1024.0);
+    else if (b < 1073741824LL)
+        snprintf(buf, n, "%.1f MiB", (double)b / 1048576.0);
+    else
+        snprintf(buf, n, "%.2f GiB", (double)b / 1073741824.0);
+}
+
+/* ---- check --------------------------------------------------------------- */
+
+static int cmd_check(int argc, char **argv) {
+    int n = 0, failed = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(usage_check, stdout);
+            return 0;
+        }
+        if (argv[i][0] == '-' && argv[i][1])
+            return usage_error(usage_check, "unknown option %s", argv[i]);
+    }
+    for (int i = 0; i < argc; i++) {
+        n++;
+        ebb_spec *s = NULL;
+        ebb_plan *p = NULL;
+        ebb_status st = ebb_spec_load(&s, argv[i]);
+        if (st == EBB_OK)
+            st = ebb_spec_compile(&p, s, NULL);
+        if (st != EBB_OK) {
+            fprintf(stderr, "%s\n", ebb_errmsg());
+            failed = 1;
+        } else {
+            printf("%s: ok (%d steps, %lld parameters)\n", argv[i], ebb_plan_step_count(p),
+                   (long long)param_elements(p));
+        }
+        ebb_plan_free(p);
+        ebb_spec_free(s);
+    }
+    if (n == 0)
+        return usage_error(usage_check, "%s", "missing SPEC");
+    return failed ? EXIT_SPEC : 0;
+}
+
+/* ---- plan ---------------------------------------------------------------- */
+
+static void memory_chart(const ebb_plan *p) {
+    int at = 0;
+    int64_t peak = ebb_plan_peak_bytes(p, &at);
+    printf("\npredicted live bytes per step (peak %lld at step %d)\n", (long long)peak, at);
+    for (int i = 0; i < ebb_plan_step_count(p); i++) {
+        const ebb_plan_step *s = ebb_plan_step_at(p, i);
+        int width = peak > 0 ? (int)((50.0 * (double)s->peak_bytes) / (double)peak + 0.5) : 0;
+        char hb[32];
+        human(hb, sizeof hb, s->peak_bytes);
+        printf("%4d %-10.10s |", i, s->op);
+        for (int k = 0; k < width; k++)
+            fputs(i == at ? "#" : "=", stdout);
+        printf("%*s| %s\n", 50 - width, "", hb);
+    }
+}
+
+static int cmd_plan(int argc, char **argv) {
+    options o;
+    int rc = parse_options(argc, argv, usage_plan, "-i --json --keep-all --memory ", &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    ebb_spec *s = NULL;
+    ebb_plan *p = NULL;
+    rc = load_and_compile(&o, NULL, &s, &p, o.json);
+    if (!rc) {
+        if (o.json)
+            ebb_plan_write_json(p, stdout);
+        else
+            ebb_plan_print(p, stdout);
+        if (o.memory && !o.json)
+            memory_chart(p);
+    }
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+    return rc;
+}
+
+/* ---- dot ----------------------------------------------------------------- */
+
+static int have_program(const char *name) {
+    const char *path = getenv("PATH");
+    if (!path)
+        return 0;
+    char buf[4096];
+    for (const char *p = path; *p;) {
+        const char *end = strchr(p, ':');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        snprintf(buf, sizeof buf, "%.*s/%s", (int)len, p, name);
+        if (access(buf, X_OK) == 0)
+            return 1;
+        p = end ? end + 1 : p + len;
+    }
+    return 0;
+}
+
+/* Pipes DOT text through Graphviz's `dot -T<fmt> -o file`. */
+static int render(const char *dot_text, size_t len, const char *fmt, const char *file) {
+    if (!have_program("dot")) {
+        fprintf(stderr, "ebb: rendering %s needs Graphviz's `dot`, which is not installed "
+                        "(Debian: apt-get install graphviz); or write DOT with -o FILE.dot\n",
+                file);
+        return EXIT_SPEC;
+    }
+    int fds[2];
+    if (pipe(fds) != 0) {
+        perror("ebb: pipe");
+        return EXIT_RUNTIME;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        perror("ebb: fork");
+        return EXIT_RUNTIME;
+    }
+    if (pid == 0) {
+        dup2(fds[0], 0);
+        close(fds[0]);
+        close(fds[1]);
+        char tflag[16];
+        snprintf(tflag, sizeof tflag, "-T%s", fmt);
+        execlp("dot", "dot", tflag, "-o", file, (char *)NULL);
+        _exit(127);
+    }
+    close(fds[0]);
+    size_t at = 0;
+    while (at < len) {
+        ssize_t w = write(fds[1], dot_text + at, len - at);
+        if (w <= 0)
+            break;
+        at += (size_t)w;
+    }
+    close(fds[1]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "ebb: dot failed to render %s\n", file);
+        return EXIT_RUNTIME;
+    }
+    return 0;
+}
+
+static int cmd_dot(int argc, char **argv) {
+    options o;
+    int rc = parse_options(argc, argv, usage_dot, "-i --plan -o ", &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    ebb_spec *s = NULL;
+    ebb_plan *p = NULL;
+    if (o.plan_view) {
+        rc = load_and_compile(&o, NULL, &s, &p, 1);
+    } else {
+        ebb_status st = ebb_spec_load(&s, o.spec);
+        rc = st == EBB_OK ? 0 : fail_status(st);
+    }
+    if (!rc) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *mem = open_memstream(&text, &len);
+        if (!mem) {
+            rc = EXIT_RUNTIME;
+        } else {
+            if (p)
+                ebb_plan_write_dot(p, mem);
+            else
+                ebb_graph_write_dot(ebb_spec_graph(s), mem);
+            fclose(mem);
+            const char *ext = o.out_file ? strrchr(o.out_file, '.') : NULL;
+            if (!o.out_file) {
+                fwrite(text, 1, len, stdout);
+            } else if (ext && (!strcmp(ext, ".svg") || !strcmp(ext, ".png") || !strcmp(ext, ".pdf"))) {
+                rc = render(text, len, ext + 1, o.out_file);
+            } else {
+                FILE *f = fopen(o.out_file, "w");
+                if (!f || fwrite(text, 1, len, f) != len) {
+                    fprintf(stderr, "ebb: cannot write %s: %s\n", o.out_file, strerror(errno));
+                    rc = EXIT_SPEC;
+                }
+                if (f && fclose(f) != 0 && !rc) {
+                    fprintf(stderr, "ebb: cannot write %s: %s\n", o.out_file, strerror(errno));
+                    rc = EXIT_SPEC;
+                }
+            }
+            free(text);
+        }
+    }
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+    return rc;
+}
+
+/* ---- run ----------------------------------------------------------------- */
+
+typedef struct trace_out {
+    FILE *f;
+    const ebb_plan *plan;
+    int64_t steps;
+} trace_out;
+
+static void ids(FILE *f, const ebb_plan *p, const int *slots, int n) {
+    char id[64];
+    fputc('[', f);
+    for (int i = 0; i < n; i++) {
+        ebb_plan_value_id(p, slots[i], id, sizeof id);
+        fprintf(f, "%s\"%s\"", i ? ", " : "", id);
+    }
+    fputc(']', f);
+}
+
+static void trace_step(const ebb_trace_event *e, void *user) {
+    trace_out *t = user;
+    FILE *f = t->f;
+    char id[64];
+    t->steps++;
+    fprintf(f, "{\"step\": %d, \"op\": \"%s\", \"node\": ", e->step, e->info->op);
+    /* node paths and names are identifiers and dots: no escaping needed */
+    fprintf(f, "\"%s\", \"inputs\": ", e->info->node);
+    ids(f, t->plan, e->info->in, e->info->n_in);
+    fputs(", \"output\": ", f);
+    if (e->info->n_out) {
+        ebb_plan_value_id(t->plan, e->info->out[e->info->kind == EBB_STEP_ENTER ? 1 : 0], id,
+                          sizeof id);
+        fprintf(f, "\"%s\"", id);
+    } else {
+        fputs("null", f);
+    }
+    fputs(", \"freed\": ", f);
+    ids(f, t->plan, e->freed, e->n_freed);
+    fprintf(f, ", \"jumped\": %s, \"live_bytes\": %lld}\n", e->jumped ? "true" : "false",
+            (long long)e->live_bytes);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void print_summary(const char *name, const ebb_tensor *t) {
+    char sb[96];
+    ebb_shape s = ebb_tensor_shape(t);
+    printf("output %s %s %s", name, ebb_dtype_name(ebb_tensor_dtype(t)),
+           ebb_shape_str(&s, sb, sizeof sb));
+    int64_t n = ebb_tensor_numel(t);
+    ebb_tensor *cpu = NULL;
+    if (n > 0 && ebb_tensor_to(&cpu, t, ebb_device_cpu(), EBB_FLOAT64) == EBB_OK) {
+        double *v = malloc((size_t)n * sizeof *v);
+        if (v && ebb_tensor_to_host(cpu, v, (size_t)n * sizeof *v) == EBB_OK) {
+            double sum = 0, sq = 0, lo = v[0], hi = v[0];
+            for (int64_t i = 0; i < n; i++) {
+                sum += v[i];
+                sq += v[i] * v[i];
+                lo = v[i] < lo ? v[i] : lo;
+                hi = v[i] > hi ? v[i] : hi;
+            }
+            double mean = sum / (double)n, var = sq / (double)n - mean * mean;
+            printf("  mean %.6g std %.6g min %.6g max %.6g", mean, var > 0 ? sqrt(var) : 0.0, lo,
+                   hi);
+        }
+        free(v);
+        ebb_tensor_free(cpu);
+    }
+    putchar('\n');
+}
+
+static int cmd_run(int argc, char **argv) {
+    options o;
+    int rc = parse_options(argc, argv, usage_run,
+                           "-i --device --seed --weights --save-weights --inputs --outputs "
+                           "--trace --repeat --keep-all ",
+                           &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    ebb_device dev = ebb_device_default();
+    ebb_status st;
+    if (o.device && (st = ebb_device_parse(&dev, o.device)) != EBB_OK) {
+        fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+        return st == EBB_ERR_UNSUPPORTED ? EXIT_RUNTIME : EXIT_USAGE;
+    }
+    ebb_safetensors *in_file = NULL;
+    if (o.inputs && (st = ebb_safetensors_open(&in_file, o.inputs)) != EBB_OK)
+        return fail_status(st);
+
+    ebb_spec *s = NULL;
+    ebb_plan *p = NULL;
+    ebb_model *m = NULL;
+    ebb_tensor *inputs[MAX_INPUTS] = {0}, **outputs = NULL;
+    double *times = NULL;
+    FILE *tf = NULL;
+    rc = load_and_compile(&o, in_file, &s, &p, 0);
+    if (rc)
+        goto done;
+    int n_in = ebb_plan_input_count(p), n_out = ebb_plan_output_count(p);
+    outputs = calloc((size_t)n_out, sizeof *outputs);
+    times = calloc((size_t)o.repeat, sizeof *times);
+    if (!outputs || !times) {
+        rc = fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+        goto done;
+    }
+    if ((st = ebb_model_new(&m, p, dev, o.seed)) != EBB_OK ||
+        (o.weights && (st = ebb_model_load(m, o.weights)) != EBB_OK)) {
+        rc = fail_status(st);
+        goto done;
+    }
+    for (int i = 0; i < n_in; i++) {
+        const ebb_plan_value *v = ebb_plan_value_at(p, ebb_plan_input_slot(p, i));
+        if (in_file && ebb_safetensors_find(in_file, v->name, NULL, NULL) == EBB_OK)
+            st = ebb_safetensors_load(&inputs[i], in_file, v->name, dev);
+        else if (in_file)
+            st = ebb_error_set(EBB_ERR_ARG, "%s: no tensor named '%s' (an input of %s)", o.inputs,
+                               v->name, o.spec);
+        else
+            st = ebb_tensor_randn(&inputs[i], &v->shape, v->dtype, dev, o.seed + 1000 + (uint64_t)i);
+        if (st != EBB_OK) {
+            rc = fail_status(st);
+            goto done;
+        }
+    }
+    trace_out to = {.plan = p};
+    if (o.trace) {
+        tf = fopen(o.trace, "w");
+        if (!tf) {
+            fprintf(stderr, "ebb: cannot write %s: %s\n", o.trace, strerror(errno));
+            rc = EXIT_SPEC;
+            goto done;
+        }
+        to.f = tf;
+    }
+    ebb_run_stats stats = {0};
+    int64_t peak = 0;
+    for (int r = 0; r < o.repeat; r++) {
+        for (int k = 0; k < n_out; k++) {
+            ebb_tensor_free(outputs[k]);
+            outputs[k] = NULL;
+        }
+        ebb_run_options ro = {.trace = (tf && r == 0) ? trace_step : NULL, .trace_user = &to};
+        st = ebb_run_ex(p, m, inputs, outputs, &ro, &stats);
+        if (st != EBB_OK) {
+            rc = fail_status(st);
+            goto done;
+        }
+        times[r] = stats.seconds;
+        if (stats.measured_peak_bytes > peak)
+            peak = stats.measured_peak_bytes;
+    }
+    if (tf)
+        fprintf(tf,
+                "{\"summary\": {\"steps\": %lld, \"peak_bytes\": %lld, \"planned_peak_bytes\": "
+                "%lld, \"live_tensors_after\": %lld}}\n",
+                (long long)to.steps, (long long)peak, (long long)ebb_plan_peak_bytes(p, NULL),
+                (long long)(ebb_tensor_live_count() - n_in - n_out - ebb_model_param_count(m)));
+    for (int k = 0; k < n_out; k++)
+        print_summary(ebb_plan_output_name(p, k), outputs[k]);
+    qsort(times, (size_t)o.repeat, sizeof *times, cmp_double);
+    char mb[32], pb[32], kb[32], dn[32];
+    human(mb, sizeof mb, peak);
+    human(pb, sizeof pb, ebb_plan_peak_bytes(p, NULL));
+    human(kb, sizeof kb, ebb_plan_keep_all_peak_bytes(p));
+    printf("peak intermediate bytes: measured %lld (%s), planned %lld (%s), keep_all %lld (%s)\n",
+           (long long)peak, mb, (long long)ebb_plan_peak_bytes(p, NULL), pb,
+           (long long)ebb_plan_keep_all_peak_bytes(p), kb);
+    printf("time on %s: median %.3f ms over %d run%s (min %.3f, max %.3f)\n",
+           ebb_device_str(dev, dn, sizeof dn), times[o.repeat / 2] * 1e3, o.repeat,
+           o.repeat == 1 ? "" : "s", times[0] * 1e3, times[o.repeat - 1] * 1e3);
+    if (o.outputs) {
+        const char *names[MAX_INPUTS];
+        for (int k = 0; k < n_out && k < MAX_INPUTS; k++)
+            names[k] = ebb_plan_output_name(p, k);
+        if ((st = ebb_safetensors_write(o.outputs, names, outputs, n_out)) != EBB_OK) {
+            rc = fail_status(st);
+            goto done;
+        }
+    }
+    if (o.save_weights && (st = ebb_model_save(m, o.save_weights)) != EBB_OK)
+        rc = fail_status(st);
+done:
+    if (tf && fclose(tf) != 0 && !rc) {
+        fprintf(stderr, "ebb: cannot write %s: %s\n", o.trace, strerror(errno));
+        rc = EXIT_SPEC;
+    }
+    for (int i = 0; i < MAX_INPUTS; i++)
+        ebb_tensor_free(inputs[i]);
+    if (outputs)
+        for (int k = 0; k < ebb_plan_output_count(p); k++)
+            ebb_tensor_free(outputs[k]);
+    free(outputs);
+    free(times);
+    ebb_model_free(m);
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+    ebb_safetensors_close(in_file);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2)
+        return usage_error(usage_main, "%s", "missing COMMAND");
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        fputs(usage_main, stdout);
+        return 0;
+    }
+    if (ebb_init() != EBB_OK) {
+        fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+        return EXIT_RUNTIME;
+    }
+    if (!strcmp(cmd, "--version")) {
+#ifdef EBB_WITH_CUDA
+        const char *cuda = "compiled in";
+#else
+        const char *cuda = "not compiled in";
+#endif
+        printf("ebb %s (libtorch %s, CUDA %s%s)\n", ebb_version(), ebb_torch_version(), cuda,
+               ebb_cuda_available() ? ", a device is available" : "");
+        return 0;
+    }
+    if (!strcmp(cmd, "check"))
+        return cmd_check(argc - 2, argv + 2);
+    if (!strcmp(cmd, "plan"))
+        return cmd_plan(argc - 2, argv + 2);
+    if (!strcmp(cmd, "run"))
+        return cmd_run(argc - 2, argv + 2);
+    if (!strcmp(cmd, "dot"))
+        return cmd_dot(argc - 2, argv + 2);
+    return usage_error(usage_main, "unknown command '%s'", cmd);
+}
