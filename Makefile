@@ -38,8 +38,15 @@ $(BUILD)/CMakeCache.txt: | deps
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j$(JOBS)
 
+# The C example, then a spec through the command: its plan with a memory
+# chart, a run (measured next to planned bytes), and the plan drawn as SVG.
+DEMO_SPEC ?= specs/switch_routed.yaml
 demo: build
 	./$(BUILD)/examples/residual_mlp
+	./$(BUILD)/ebb plan $(DEMO_SPEC) -i batch=16 --memory
+	./$(BUILD)/ebb run $(DEMO_SPEC) -i batch=16 --repeat 20
+	./$(BUILD)/ebb dot $(DEMO_SPEC) --plan -i batch=16 -o $(BUILD)/demo-plan.svg
+	@echo "plan drawn in $(BUILD)/demo-plan.svg"
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)

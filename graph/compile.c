@@ -1103,7 +1103,7 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
                                          g->inputs.items[i], ebb_shape_str(s, buf, sizeof buf));
                 goto fail;
             }
-        ebb_tensor *m = meta_new(&c, s, p->dtype);
+        ebb_tensor *m = meta_new(&c, s, opts->input_dtypes ? opts->input_dtypes[i] : p->dtype);
         if (!m)
             goto fail;
         int slot = value_new(&c, m, EBB_VALUE_INPUT, -1, -1);

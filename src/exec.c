@@ -312,13 +312,15 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
             return ebb_error_set(EBB_ERR_ARG, "ebb_run: input '%s' is NULL", v->name);
         ebb_shape have = ebb_tensor_shape(inputs[i]);
         ebb_device d = ebb_tensor_device(inputs[i]);
-        if (have.ndim != v->shape.ndim || d.type != dev.type || d.index != dev.index) {
+        ebb_dtype dt = ebb_tensor_dtype(inputs[i]);
+        if (have.ndim != v->shape.ndim || dt != v->dtype || d.type != dev.type ||
+            d.index != dev.index) {
             char a[96], b[96], da[32], db[32];
             return ebb_error_set(EBB_ERR_SHAPE,
-                                 "ebb_run: input '%s' is %s on %s; plan %s expects %s on %s",
-                                 v->name, ebb_shape_str(&have, a, sizeof a),
+                                 "ebb_run: input '%s' is %s %s on %s; plan %s expects %s %s on %s",
+                                 v->name, ebb_dtype_name(dt), ebb_shape_str(&have, a, sizeof a),
                                  ebb_device_str(d, da, sizeof da), plan->name,
-                                 ebb_shape_str(&v->shape, b, sizeof b),
+                                 ebb_dtype_name(v->dtype), ebb_shape_str(&v->shape, b, sizeof b),
                                  ebb_device_str(dev, db, sizeof db));
         }
     }

@@ -45,7 +45,8 @@ typedef struct ebb_plan ebb_plan;
 typedef struct ebb_compile_options {
     const ebb_shape *input_shapes; /* one per graph input, in order (required) */
     int n_input_shapes;
-    ebb_dtype dtype;               /* of inputs and parameters; 0 is float32 */
+    ebb_dtype dtype;               /* of parameters, and of inputs unless given; 0 is float32 */
+    const ebb_dtype *input_dtypes; /* per input (e.g. int64 indices), or NULL: `dtype` */
     int keep_all;                  /* free nothing until the run ends (to compare) */
 } ebb_compile_options;
 

@@ -73,7 +73,9 @@ typedef struct ebb_run_options {
 } ebb_run_options;
 
 /* Runs the plan. `inputs` holds one tensor per graph input (borrowed; never
- * freed by the run), on the model's device. On success `outputs` receives one
+ * freed by the run), on the model's device, with the compiled dtype and rank.
+ * Sizes may differ from the compiled shapes where the ops allow it (another
+ * batch size, say); the plan's byte predictions are for the compiled ones. On success `outputs` receives one
  * new handle per graph output, which the caller frees. `stats` may be NULL.
  * Measured peak bytes are exact on the CPU when no other thread allocates
  * at the same time. */

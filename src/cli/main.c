@@ -655,6 +655,12 @@ static int cmd_run(int argc, char **argv) {
     printf("peak intermediate bytes: measured %lld (%s), planned %lld (%s), keep_all %lld (%s)\n",
            (long long)peak, mb, (long long)ebb_plan_peak_bytes(p, NULL), pb,
            (long long)ebb_plan_keep_all_peak_bytes(p), kb);
+    int routed = 0;
+    for (int i = 0; i < ebb_plan_step_count(p); i++)
+        routed |= ebb_plan_step_at(p, i)->kind == EBB_STEP_ENTER;
+    if (routed && peak != ebb_plan_peak_bytes(p, NULL))
+        printf("(measured differs from planned: the plan predicts every switch branch and top-k "
+               "expert seeing every row; the run routes each row to its own)\n");
     printf("time on %s: median %.3f ms over %d run%s (min %.3f, max %.3f)\n",
            ebb_device_str(dev, dn, sizeof dn), times[o.repeat / 2] * 1e3, o.repeat,
            o.repeat == 1 ? "" : "s", times[0] * 1e3, times[o.repeat - 1] * 1e3);
