@@ -10,15 +10,41 @@ find_package(Torch REQUIRED)
 # TORCH_CXX_FLAGS carries the C++ ABI define; keep it off the C sources.
 separate_arguments(EBB_TORCH_CXX_FLAGS UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 
+# CUDA paths compile only against a libtorch built with CUDA.
 set(EBB_WITH_CUDA OFF)
-if(TARGET torch_cuda OR TARGET c10_cuda OR CUDA_FOUND OR CUDAToolkit_FOUND)
+if(TARGET torch_cuda OR TARGET c10_cuda OR TORCH_CUDA_LIBRARIES)
   set(EBB_WITH_CUDA ON)
 endif()
 message(STATUS "ebb: libtorch ${Torch_VERSION} at ${TORCH_INSTALL_PREFIX}, CUDA ${EBB_WITH_CUDA}")
 
-find_package(PkgConfig REQUIRED)
-pkg_check_modules(YAML REQUIRED IMPORTED_TARGET yaml-0.1)
-pkg_check_modules(CJSON REQUIRED IMPORTED_TARGET libcjson)
+# C libraries: pkg-config when present, else a plain search (the GPU machine
+# carries unpacked Debian packages and may have no pkg-config). Each becomes
+# an imported target ebb::<name>.
+find_package(PkgConfig QUIET)
+function(ebb_find_c_library name pkg header lib)
+  if(TARGET ebb::${name})
+    return()
+  endif()
+  if(PKG_CONFIG_FOUND)
+    pkg_check_modules(EBB_PC_${name} QUIET IMPORTED_TARGET ${pkg})
+    if(EBB_PC_${name}_FOUND)
+      add_library(ebb::${name} INTERFACE IMPORTED GLOBAL)
+      target_link_libraries(ebb::${name} INTERFACE PkgConfig::EBB_PC_${name})
+      return()
+    endif()
+  endif()
+  find_path(EBB_${name}_INCLUDE ${header})
+  find_library(EBB_${name}_LIBRARY ${lib})
+  if(NOT EBB_${name}_INCLUDE OR NOT EBB_${name}_LIBRARY)
+    message(FATAL_ERROR "ebb: ${pkg} not found (Debian: run `make deps`, or install its -dev package)")
+  endif()
+  add_library(ebb::${name} UNKNOWN IMPORTED GLOBAL)
+  set_target_properties(ebb::${name} PROPERTIES IMPORTED_LOCATION ${EBB_${name}_LIBRARY}
+                        INTERFACE_INCLUDE_DIRECTORIES ${EBB_${name}_INCLUDE})
+endfunction()
+
+ebb_find_c_library(yaml yaml-0.1 yaml.h yaml)
+ebb_find_c_library(cjson libcjson cjson/cJSON.h cjson)
 if(EBB_BUILD_TESTS)
-  pkg_check_modules(CMOCKA REQUIRED IMPORTED_TARGET cmocka)
+  ebb_find_c_library(cmocka cmocka cmocka.h cmocka)
 endif()

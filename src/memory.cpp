@@ -113,6 +113,7 @@ ebb_status ebb_memory_stats_get(ebb_device device, ebb_memory_stats *out) {
     std::memset(out, 0, sizeof *out);
     if (device.type == EBB_DEVICE_CPU) {
         out->current_bytes = cpu.current.load();
+        out->reserved_bytes = out->current_bytes;
         out->peak_bytes = cpu.peak.load();
         out->allocations = cpu.allocations.load();
         out->frees = cpu.frees.load();
@@ -121,9 +122,12 @@ ebb_status ebb_memory_stats_get(ebb_device device, ebb_memory_stats *out) {
 #ifdef EBB_WITH_CUDA
     if (device.type == EBB_DEVICE_CUDA) {
         try {
-            using namespace c10::cuda::CUDACachingAllocator;
-            auto stats = getDeviceStats(device.index);
-            const auto &all = stats.allocated_bytes[static_cast<size_t>(StatType::AGGREGATE)];
+            auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+                static_cast<c10::DeviceIndex>(device.index));
+            // index 0 is the aggregate over small and large pools; the enum
+            // naming it moved between libtorch versions
+            const auto &all = stats.allocated_bytes[0];
+            out->reserved_bytes = stats.reserved_bytes[0].current;
             out->current_bytes = all.current;
             out->peak_bytes = all.peak;
             out->allocations = all.allocated;
@@ -154,7 +158,8 @@ void ebb_memory_reset_peak(ebb_device device) {
 #ifdef EBB_WITH_CUDA
     if (device.type == EBB_DEVICE_CUDA) {
         try {
-            c10::cuda::CUDACachingAllocator::resetPeakStats(device.index);
+            c10::cuda::CUDACachingAllocator::resetPeakStats(
+                static_cast<c10::DeviceIndex>(device.index));
         } catch (...) {
             ebb::fail_from_exception("ebb_memory_reset_peak");
         }

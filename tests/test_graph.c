@@ -911,6 +911,48 @@ static void test_two_threads_one_plan(void **state) {
     ebb_graph_free(g);
 }
 
+/* ---- CUDA graph capture: refusals that need no GPU ------------------------- */
+
+static void test_capture_refuses_data_dependent_plans(void **state) {
+    (void)state;
+    ebb_capture *c = (ebb_capture *)&c;
+    ebb_graph *g = switch_graph();
+    ebb_plan *p = compile(g, 6, 5, 0);
+    ebb_model *m = NULL;
+    assert_ok(ebb_model_new(&m, p, CPU, 2));
+    ebb_tensor *x = input(6, 5, 1);
+    assert_int_equal(ebb_plan_capture(&c, p, m, &x), EBB_ERR_UNSUPPORTED);
+    assert_null(c);
+    assert_errmsg_contains("step 2 (node flow.2.switch)");
+    ebb_tensor_free(x);
+    ebb_model_free(m);
+    ebb_plan_free(p);
+    ebb_graph_free(g);
+
+    g = loop_graph(1, 4, 0.0);
+    p = compile(g, 4, 6, 0);
+    assert_ok(ebb_model_new(&m, p, CPU, 2));
+    x = input(4, 6, 1);
+    assert_int_equal(ebb_plan_capture(&c, p, m, &x), EBB_ERR_UNSUPPORTED);
+    assert_errmsg_contains("data-dependent loop");
+    ebb_tensor_free(x);
+    ebb_model_free(m);
+    ebb_plan_free(p);
+    ebb_graph_free(g);
+
+    /* a `for` loop is capturable, but not on the CPU */
+    g = loop_graph(0, 3, 0.0);
+    p = compile(g, 4, 6, 0);
+    assert_ok(ebb_model_new(&m, p, CPU, 2));
+    x = input(4, 6, 1);
+    assert_int_equal(ebb_plan_capture(&c, p, m, &x), EBB_ERR_UNSUPPORTED);
+    assert_errmsg_contains("need a CUDA device; the model is on cpu");
+    ebb_tensor_free(x);
+    ebb_model_free(m);
+    ebb_plan_free(p);
+    ebb_graph_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_builder_sticky_errors),
@@ -924,6 +966,7 @@ int main(void) {
         EBB_TEST(test_nested_graph_node),
         EBB_TEST(test_failed_run_frees_everything),
         EBB_TEST(test_two_threads_one_plan),
+        EBB_TEST(test_capture_refuses_data_dependent_plans),
     };
     return cmocka_run_group_tests_name("graph", tests, register_test_ops, NULL);
 }

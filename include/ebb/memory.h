@@ -30,6 +30,8 @@ typedef struct ebb_memory_stats {
     int64_t peak_bytes;    /* highest current_bytes since the last reset */
     int64_t allocations;   /* allocations since ebb_init() */
     int64_t frees;         /* frees since ebb_init() */
+    int64_t reserved_bytes; /* CUDA: held by the caching allocator (>= current);
+                               CPU: equal to current_bytes */
 } ebb_memory_stats;
 
 /* Reads the counters of one device. EBB_ERR_UNSUPPORTED for CUDA in a build

@@ -84,6 +84,25 @@ ebb_status ebb_run(const ebb_plan *plan, const ebb_model *model, ebb_tensor *con
 ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
                       ebb_tensor **outputs, const ebb_run_options *opts, ebb_run_stats *stats);
 
+/* ---- CUDA graph replay ---------------------------------------------------- */
+
+typedef struct ebb_capture ebb_capture;
+
+/* Captures one run of the plan, for the shapes of `inputs`, into a CUDA
+ * graph that ebb_capture_replay() relaunches with one call. The plan being
+ * static is what makes this possible; plans whose control flow depends on
+ * data (a switch, a top-k gate, a while/until loop) cannot be captured whole,
+ * and the call says so (EBB_ERR_UNSUPPORTED, naming the step) instead of
+ * capturing one path. `for` loops are fine. Needs a model on a CUDA device and
+ * a build with CUDA. The capture keeps its own copies of the inputs. */
+ebb_status ebb_plan_capture(ebb_capture **out, const ebb_plan *plan, const ebb_model *model,
+                            ebb_tensor *const *inputs);
+/* Copies `inputs` (same shapes as at capture) into the graph's input buffers,
+ * replays it, and returns new handles on the graph's output buffers: their
+ * values are overwritten by the next replay. */
+ebb_status ebb_capture_replay(ebb_capture *c, ebb_tensor *const *inputs, ebb_tensor **outputs);
+void ebb_capture_free(ebb_capture *c);
+
 #ifdef __cplusplus
 }
 #endif

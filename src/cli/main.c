@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ebb/ebb.h"
@@ -53,7 +54,7 @@ static const char *usage_run =
     "usage: ebb run SPEC [-i NAME=DIMS]... [--device cpu|cuda[:N]] [--seed N]\n"
     "               [--weights W.safetensors] [--save-weights W.safetensors]\n"
     "               [--inputs X.safetensors] [--outputs Y.safetensors]\n"
-    "               [--trace T.jsonl] [--repeat N] [--keep-all]\n"
+    "               [--trace T.jsonl] [--repeat N] [--keep-all] [--cuda-graph]\n"
     "\n"
     "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
     "  --device           cpu, cuda or cuda:N (default: cuda when available, else cpu)\n"
@@ -64,7 +65,8 @@ static const char *usage_run =
     "  --outputs FILE     write outputs by name\n"
     "  --trace FILE       one JSON object per executed step, then a summary\n"
     "  --repeat N         run N times and report the median time (default 1)\n"
-    "  --keep-all         free nothing until the end, to compare\n";
+    "  --keep-all         free nothing until the end, to compare\n"
+    "  --cuda-graph       capture the plan into a CUDA graph once, time its replays\n";
 
 static const char *usage_dot = "usage: ebb dot SPEC [--plan] [-i NAME=DIMS]... [-o FILE]\n"
                                "\n"
@@ -98,7 +100,7 @@ typedef struct options {
     const char *spec;
     const char *shapes[MAX_BINDINGS];
     int n_shapes;
-    int json, keep_all, memory, plan_view, repeat;
+    int json, keep_all, memory, plan_view, repeat, cuda_graph;
     uint64_t seed;
     const char *device, *weights, *save_weights, *inputs, *outputs, *trace, *out_file;
 } options;
@@ -140,6 +142,8 @@ static int parse_options(int argc, char **argv, const char *usage, const char *a
             o->memory = 1;
         } else if (TAKES("--plan")) {
             o->plan_view = 1;
+        } else if (TAKES("--cuda-graph")) {
+            o->cuda_graph = 1;
         } else if (TAKES("--seed") || TAKES("--repeat")) {
             uint64_t v;
             if (!val || parse_u64(val, &v) != 0)
@@ -527,6 +531,12 @@ static void trace_step(const ebb_trace_event *e, void *user) {
             (long long)e->live_bytes);
 }
 
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -563,7 +573,7 @@ static int cmd_run(int argc, char **argv) {
     options o;
     int rc = parse_options(argc, argv, usage_run,
                            "-i --device --seed --weights --save-weights --inputs --outputs "
-                           "--trace --repeat --keep-all ",
+                           "--trace --repeat --keep-all --cuda-graph ",
                            &o);
     if (rc)
         return rc < 0 ? 0 : rc;
@@ -639,6 +649,39 @@ static int cmd_run(int argc, char **argv) {
         if (stats.measured_peak_bytes > peak)
             peak = stats.measured_peak_bytes;
     }
+    if (o.cuda_graph) {
+        /* the eager run above gave the trace and memory figures; now time replays */
+        ebb_capture *cap = NULL;
+        if ((st = ebb_plan_capture(&cap, p, m, inputs)) != EBB_OK) {
+            rc = fail_status(st);
+            goto done;
+        }
+        for (int r = 0; r < o.repeat && st == EBB_OK; r++) {
+            for (int k = 0; k < n_out; k++) {
+                ebb_tensor_free(outputs[k]);
+                outputs[k] = NULL;
+            }
+            double t0 = now();
+            st = ebb_capture_replay(cap, inputs, outputs);
+            if (st == EBB_OK)
+                st = ebb_device_synchronize(dev);
+            times[r] = now() - t0;
+        }
+        ebb_capture_free(cap);
+        if (st != EBB_OK) {
+            rc = fail_status(st);
+            goto done;
+        }
+    }
+    if (dev.type == EBB_DEVICE_CUDA) {
+        ebb_memory_stats ms;
+        if (ebb_memory_stats_get(dev, &ms) == EBB_OK &&
+            ms.reserved_bytes > 2 * ms.peak_bytes + (64 << 20))
+            fprintf(stderr,
+                    "ebb: warning: the CUDA caching allocator reserves %lld bytes for a peak of "
+                    "%lld allocated; cached blocks, not live tensors, hold the difference\n",
+                    (long long)ms.reserved_bytes, (long long)ms.peak_bytes);
+    }
     if (tf)
         fprintf(tf,
                 "{\"summary\": {\"steps\": %lld, \"peak_bytes\": %lld, \"planned_peak_bytes\": "
@@ -661,8 +704,8 @@ static int cmd_run(int argc, char **argv) {
     if (routed && peak != ebb_plan_peak_bytes(p, NULL))
         printf("(measured differs from planned: the plan predicts every switch branch and top-k "
                "expert seeing every row; the run routes each row to its own)\n");
-    printf("time on %s: median %.3f ms over %d run%s (min %.3f, max %.3f)\n",
-           ebb_device_str(dev, dn, sizeof dn), times[o.repeat / 2] * 1e3, o.repeat,
+    printf("time on %s%s: median %.3f ms over %d run%s (min %.3f, max %.3f)\n",
+           ebb_device_str(dev, dn, sizeof dn), o.cuda_graph ? " (CUDA graph replay)" : "", times[o.repeat / 2] * 1e3, o.repeat,
            o.repeat == 1 ? "" : "s", times[0] * 1e3, times[o.repeat - 1] * 1e3);
     if (o.outputs) {
         const char *names[MAX_INPUTS];
