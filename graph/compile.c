@@ -341,8 +341,10 @@ static int emit_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, c
     s->attrs = attrs;
     s->param_first = param_first;
     s->n_params = np;
-    int slot = value_new(c, out, EBB_VALUE_INTERMEDIATE, step_index(c, s),
-                         op->is_view ? in[0] : -1);
+    /* a view op may still copy (reshape of a non-contiguous input): trust
+     * the dry run's storage, not only the flag */
+    int view = op->is_view && n_in > 0 && ebb_tensor_same_storage(out, c->meta[in[0]]);
+    int slot = value_new(c, out, EBB_VALUE_INTERMEDIATE, step_index(c, s), view ? in[0] : -1);
     if (slot < 0 || step_set_slots(c, s, in, n_in, &slot, 1) != 0)
         return -1;
     return slot;

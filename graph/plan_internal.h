@@ -52,6 +52,9 @@ struct ebb_plan {
     void *attrs; /* attribute values of compiler-made ops (a list) */
 };
 
+/* Writes s as a JSON (and DOT) string literal, quotes included. */
+void ebb_json_string(FILE *f, const char *s);
+
 /* Steps own their node path and slot arrays (pub.node, pub.in, ...). */
 
 #endif

@@ -12,6 +12,13 @@ ebb_status ebb_ops_register_builtin(void) {
         {ebb_ops_norm, ebb_ops_norm_count},
         {ebb_ops_combine, ebb_ops_combine_count},
         {ebb_ops_routing, ebb_ops_routing_count},
+        {ebb_ops_conv, ebb_ops_conv_count},
+        {ebb_ops_pool, ebb_ops_pool_count},
+        {ebb_ops_embedding, ebb_ops_embedding_count},
+        {ebb_ops_attention, ebb_ops_attention_count},
+        {ebb_ops_recurrent, ebb_ops_recurrent_count},
+        {ebb_ops_shape, ebb_ops_shape_count},
+        {ebb_ops_math, ebb_ops_math_count},
     };
     for (int f = 0; f < EBB_COUNT(families); f++)
         for (int i = 0; i < families[f].n; i++) {

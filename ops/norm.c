@@ -1,4 +1,8 @@
-/* layer_norm over the last dimension, with PyTorch's affine parameters. */
+/* Normalisation layers with PyTorch's parameters: layer_norm and rms_norm
+ * over the last dimension, batch_norm (inference, running statistics) and
+ * group_norm over the channel dim 1. */
+#include <float.h>
+
 #include "ops_internal.h"
 
 enum { A_EPS, A_AFFINE };
@@ -29,9 +33,169 @@ static ebb_status layer_norm_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return ebb_tensor_layer_norm(out, c->in[0], 1, w, b, c->attrs[A_EPS].f);
 }
 
+/* ---- batch_norm ----------------------------------------------------------- */
+
+enum { BN_FEATURES, BN_EPS, BN_MOMENTUM, BN_AFFINE };
+
+static const ebb_attr_spec batch_norm_attrs[] = {
+    {.name = "num_features", .type = EBB_ATTR_INT, .optional = 1,
+     .doc = "channels (inferred from the input's dim 1)"},
+    {.name = "eps", .type = EBB_ATTR_FLOAT, .default_number = 1e-5, .doc = "added to the variance"},
+    {.name = "momentum", .type = EBB_ATTR_FLOAT, .default_number = 0.1,
+     .doc = "training only; ignored at inference"},
+    {.name = "affine", .type = EBB_ATTR_BOOL, .default_number = 1,
+     .doc = "learned weight and bias"},
+};
+
+/* The channel count of [N, C, ...]: dim 1, checked against an attribute. */
+static ebb_status channels(const char *op, const ebb_attr_value *attr, const char *attr_name,
+                           const ebb_shape *x, int64_t *out) {
+    char buf[128];
+    if (x->ndim < 2)
+        return ebb_error_set(EBB_ERR_SHAPE, "%s: input %s must be [N, C, ...]", op,
+                             ebb_shape_str(x, buf, sizeof buf));
+    if (attr->set && attr->i != x->dim[1])
+        return ebb_error_set(
+            EBB_ERR_SHAPE, "%s: %s=%lld but the input %s has %lld channels (dim 1)", op, attr_name,
+            (long long)attr->i, ebb_shape_str(x, buf, sizeof buf), (long long)x->dim[1]);
+    *out = x->dim[1];
+    return EBB_OK;
+}
+
+static ebb_status batch_norm_params(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                    ebb_param_spec *p, int *n) {
+    (void)n_in;
+    int64_t c = 0;
+    *n = 0;
+    ebb_status st = channels("batch_norm", &a[BN_FEATURES], "num_features", &in[0], &c);
+    if (st != EBB_OK)
+        return st;
+    if (a[BN_AFFINE].i) {
+        p[(*n)++] = (ebb_param_spec){"weight", EBB_SHAPE(c), EBB_INIT_ONES, c};
+        p[(*n)++] = (ebb_param_spec){"bias", EBB_SHAPE(c), EBB_INIT_ZEROS, c};
+    }
+    p[(*n)++] = (ebb_param_spec){"running_mean", EBB_SHAPE(c), EBB_INIT_ZEROS, c};
+    p[(*n)++] = (ebb_param_spec){"running_var", EBB_SHAPE(c), EBB_INIT_ONES, c};
+    return EBB_OK;
+}
+
+static ebb_status batch_norm_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    int affine = c->attrs[BN_AFFINE].i != 0;
+    int64_t ch = 0;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    ebb_status st = channels("batch_norm", &c->attrs[BN_FEATURES], "num_features", &x, &ch);
+    if (st != EBB_OK)
+        return st;
+    if (c->n_params != (affine ? 4 : 2))
+        return ebb_error_set(EBB_ERR_ARG, "batch_norm: expected %d parameters, got %d",
+                             affine ? 4 : 2, c->n_params);
+    ebb_tensor *const *p = c->params;
+    return ebb_tensor_batch_norm(out, c->in[0], p[affine ? 2 : 0], p[affine ? 3 : 1],
+                                 affine ? p[0] : NULL, affine ? p[1] : NULL, c->attrs[BN_EPS].f);
+}
+
+/* ---- rms_norm ---------------------------------------------------------------- */
+
+enum { RMS_EPS, RMS_AFFINE };
+
+static const ebb_attr_spec rms_norm_attrs[] = {
+    {.name = "eps", .type = EBB_ATTR_FLOAT, .optional = 1,
+     .doc = "added to the mean square (default: float32 machine epsilon, float64's for float64)"},
+    {.name = "affine", .type = EBB_ATTR_BOOL, .default_number = 1, .doc = "learned weight"},
+};
+
+static ebb_status rms_norm_params(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                  ebb_param_spec *p, int *n) {
+    (void)n_in;
+    *n = 0;
+    if (in[0].ndim < 1)
+        return ebb_error_set(EBB_ERR_SHAPE, "rms_norm: input is a scalar");
+    if (!a[RMS_AFFINE].i)
+        return EBB_OK;
+    int64_t d = in[0].dim[in[0].ndim - 1];
+    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(d), EBB_INIT_ONES, d};
+    *n = 1;
+    return EBB_OK;
+}
+
+static ebb_status rms_norm_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    /* PyTorch's default (eps=None) is the epsilon of the compute type, which
+     * is float32 for every floating dtype but float64. */
+    double eps = c->attrs[RMS_EPS].set ? c->attrs[RMS_EPS].f
+                 : ebb_tensor_dtype(c->in[0]) == EBB_FLOAT64 ? DBL_EPSILON
+                                                             : (double)FLT_EPSILON;
+    return ebb_tensor_rms_norm(out, c->in[0], c->n_params > 0 ? c->params[0] : NULL, eps);
+}
+
+/* ---- group_norm ---------------------------------------------------------------- */
+
+enum { GN_GROUPS, GN_CHANNELS, GN_EPS, GN_AFFINE };
+
+static const ebb_attr_spec group_norm_attrs[] = {
+    {.name = "num_groups", .type = EBB_ATTR_INT, .required = 1,
+     .doc = "groups the channels are split into; must divide them"},
+    {.name = "num_channels", .type = EBB_ATTR_INT, .optional = 1,
+     .doc = "channels (inferred from the input's dim 1)"},
+    {.name = "eps", .type = EBB_ATTR_FLOAT, .default_number = 1e-5, .doc = "added to the variance"},
+    {.name = "affine", .type = EBB_ATTR_BOOL, .default_number = 1,
+     .doc = "learned per-channel weight and bias"},
+};
+
+static ebb_status group_norm_check(const ebb_attr_value *a, const ebb_shape *x, int64_t *c) {
+    ebb_status st = channels("group_norm", &a[GN_CHANNELS], "num_channels", x, c);
+    if (st != EBB_OK)
+        return st;
+    if (a[GN_GROUPS].i < 1 || *c % a[GN_GROUPS].i != 0) {
+        char buf[128];
+        return ebb_error_set(EBB_ERR_SHAPE,
+                             "group_norm: num_groups=%lld does not divide the %lld channels of "
+                             "input %s",
+                             (long long)a[GN_GROUPS].i, (long long)*c,
+                             ebb_shape_str(x, buf, sizeof buf));
+    }
+    return EBB_OK;
+}
+
+static ebb_status group_norm_params(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                    ebb_param_spec *p, int *n) {
+    (void)n_in;
+    int64_t c = 0;
+    *n = 0;
+    ebb_status st = group_norm_check(a, &in[0], &c);
+    if (st != EBB_OK || !a[GN_AFFINE].i)
+        return st;
+    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(c), EBB_INIT_ONES, c};
+    p[1] = (ebb_param_spec){"bias", EBB_SHAPE(c), EBB_INIT_ZEROS, c};
+    *n = 2;
+    return EBB_OK;
+}
+
+static ebb_status group_norm_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    int64_t ch = 0;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    ebb_status st = group_norm_check(c->attrs, &x, &ch);
+    if (st != EBB_OK)
+        return st;
+    return ebb_tensor_group_norm(out, c->in[0], c->attrs[GN_GROUPS].i,
+                                 c->n_params > 0 ? c->params[0] : NULL,
+                                 c->n_params > 1 ? c->params[1] : NULL, c->attrs[GN_EPS].f);
+}
+
 const ebb_op ebb_ops_norm[] = {
     {.name = "layer_norm", .min_inputs = 1, .max_inputs = 1, .attrs = layer_norm_attrs, .n_attrs = 2,
      .params = layer_norm_params, .forward = layer_norm_fwd,
      .doc = "normalise the last dimension, then scale and shift"},
+    {.name = "batch_norm", .min_inputs = 1, .max_inputs = 1, .attrs = batch_norm_attrs,
+     .n_attrs = EBB_COUNT(batch_norm_attrs), .params = batch_norm_params, .forward = batch_norm_fwd,
+     .doc = "inference batch norm over dim 1 with running statistics"},
+    {.name = "rms_norm", .min_inputs = 1, .max_inputs = 1, .attrs = rms_norm_attrs,
+     .n_attrs = EBB_COUNT(rms_norm_attrs), .params = rms_norm_params, .forward = rms_norm_fwd,
+     .doc = "x * rsqrt(mean(x^2 over the last dim) + eps) * weight"},
+    {.name = "group_norm", .min_inputs = 1, .max_inputs = 1, .attrs = group_norm_attrs,
+     .n_attrs = EBB_COUNT(group_norm_attrs), .params = group_norm_params, .forward = group_norm_fwd,
+     .doc = "normalise groups of channels per sample, then scale and shift per channel"},
 };
 const int ebb_ops_norm_count = EBB_COUNT(ebb_ops_norm);

@@ -10,6 +10,8 @@
  *   graph.h   the fluent builder and immutable graphs
  *   plan.h    compiling graphs to static plans; reading plans
  *   run.h     models (parameters) and running plans
+ *   spec.h    graphs declared in YAML
+ *   safetensors.h  weights and tensors in the safetensors format
  */
 #ifndef EBB_H
 #define EBB_H
@@ -20,6 +22,8 @@
 #include "op.h"
 #include "plan.h"
 #include "run.h"
+#include "safetensors.h"
+#include "spec.h"
 #include "tensor.h"
 
 #endif

@@ -216,6 +216,76 @@ ebb_status ebb_tensor_select(ebb_tensor **out, const ebb_tensor *x, int64_t dim,
 /* A contiguous tensor (x itself, as a new handle, if already contiguous). */
 ebb_status ebb_tensor_contiguous(ebb_tensor **out, const ebb_tensor *x);
 
+/* ---- neural-network layers (used by ops/) ---- */
+
+/* Copies `nbytes` of host memory, laid out contiguously and row-major in dst's
+ * dtype, into the existing tensor dst (any device; a strided dst is filled in
+ * its logical order). nbytes must equal ebb_tensor_nbytes(dst); `data` need
+ * not be aligned. Views of dst see the new values. */
+ebb_status ebb_tensor_copy_from_host(ebb_tensor *dst, const void *data, size_t nbytes);
+
+/* Convolution, PyTorch layout: x [N, C, *spatial] (or unbatched [C, *spatial]),
+ * weight [out, C/groups, *kernel] with 1 to 3 spatial dims, bias [out] or NULL.
+ * stride, padding and dilation hold one entry per spatial dim (weight's ndim
+ * - 2). Works on meta tensors (shapes only). */
+ebb_status ebb_tensor_conv(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *weight,
+                           const ebb_tensor *bias, const int64_t *stride, const int64_t *padding,
+                           const int64_t *dilation, int64_t groups);
+
+typedef enum ebb_pool_op { EBB_POOL_MAX, EBB_POOL_AVG } ebb_pool_op;
+
+/* 2-D max or average pooling over the last two dims of [N, C, H, W] or
+ * [C, H, W]. kernel, stride and padding are {h, w}; stride NULL means the
+ * kernel, padding NULL means 0 (at most kernel/2). count_include_pad is read
+ * for EBB_POOL_AVG only. */
+ebb_status ebb_tensor_pool2d(ebb_tensor **out, ebb_pool_op op, const ebb_tensor *x,
+                             const int64_t kernel[2], const int64_t stride[2],
+                             const int64_t padding[2], bool ceil_mode, bool count_include_pad);
+/* Average pooling to a fixed out_h x out_w output, PyTorch's bin edges. */
+ebb_status ebb_tensor_adaptive_avg_pool2d(ebb_tensor **out, const ebb_tensor *x, int64_t out_h,
+                                          int64_t out_w);
+
+/* Inference batch norm over dim 1 of [N, C, ...] with running statistics:
+ * (x - mean) / sqrt(var + eps) * weight + bias. weight and bias may be NULL. */
+ebb_status ebb_tensor_batch_norm(ebb_tensor **out, const ebb_tensor *x,
+                                 const ebb_tensor *running_mean, const ebb_tensor *running_var,
+                                 const ebb_tensor *weight, const ebb_tensor *bias, double eps);
+/* Group norm of [N, C, ...]: statistics per sample over C/num_groups channels
+ * and all spatial positions; weight and bias [C] may be NULL. */
+ebb_status ebb_tensor_group_norm(ebb_tensor **out, const ebb_tensor *x, int64_t num_groups,
+                                 const ebb_tensor *weight, const ebb_tensor *bias, double eps);
+/* x * rsqrt(mean(x^2 over the last dim) + eps) * weight; weight [D] may be
+ * NULL. float16/bfloat16 inputs are computed in float32 (as PyTorch's
+ * rms_norm); the output has the input's dtype. */
+ebb_status ebb_tensor_rms_norm(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *weight,
+                               double eps);
+
+/* Rows of weight [num, dim] picked by int64 (or int32) indices of any shape:
+ * out is [*indices, dim]. An index outside [0, num) is an EBB_ERR_ARG naming
+ * it (checked before the lookup, which costs a device sync on CUDA). */
+ebb_status ebb_tensor_embedding(ebb_tensor **out, const ebb_tensor *weight,
+                                const ebb_tensor *indices);
+
+/* softmax(q k^T / sqrt(E)) v over q [..., L, E], k [..., S, E], v [..., S, Ev]
+ * (batch dims broadcast). causal masks key j > query i (top-left aligned, as
+ * PyTorch's is_causal). Uses at::scaled_dot_product_attention on libtorch 2.x,
+ * matmul and softmax on 1.x. */
+ebb_status ebb_tensor_attention(ebb_tensor **out, const ebb_tensor *q, const ebb_tensor *k,
+                                const ebb_tensor *v, bool causal);
+
+/* One GRU step, nn.GRUCell's layout and gate order (r, z, n): x [B, in],
+ * h [B, H], w_ih [3H, in], w_hh [3H, H], biases [3H] or NULL. out is h' [B, H]. */
+ebb_status ebb_tensor_gru_cell(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *h,
+                               const ebb_tensor *w_ih, const ebb_tensor *w_hh,
+                               const ebb_tensor *b_ih, const ebb_tensor *b_hh);
+/* One LSTM step, nn.LSTMCell's layout and gate order (i, f, g, o): x [B, in],
+ * h and c [B, H], w_ih [4H, in], w_hh [4H, H], biases [4H] or NULL. Returns
+ * h' and c' as two new handles (both NULL on failure). */
+ebb_status ebb_tensor_lstm_cell(ebb_tensor **h_out, ebb_tensor **c_out, const ebb_tensor *x,
+                                const ebb_tensor *h, const ebb_tensor *c, const ebb_tensor *w_ih,
+                                const ebb_tensor *w_hh, const ebb_tensor *b_ih,
+                                const ebb_tensor *b_hh);
+
 #ifdef __cplusplus
 }
 #endif

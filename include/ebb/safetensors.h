@@ -1,0 +1,85 @@
+/*
+ * ebb/safetensors.h - reading and writing tensors in the safetensors format.
+ *
+ * A safetensors file is an 8-byte little-endian header length N, N bytes of
+ * JSON naming each tensor's dtype, shape and byte range, then the raw
+ * little-endian data. It is what PyTorch's `safetensors.torch.save_file`
+ * writes, so parameters move between ebb and PyTorch by name:
+ *
+ *     // write
+ *     const char *names[] = {"stem.weight", "stem.bias"};
+ *     ebb_tensor *ts[] = {w, b};
+ *     if (ebb_safetensors_write("model.safetensors", names, ts, 2) != EBB_OK) ...
+ *
+ *     // read: the file is mapped, each tensor copied straight into place
+ *     ebb_safetensors *st = NULL;
+ *     if (ebb_safetensors_open(&st, "model.safetensors") != EBB_OK) ... ebb_errmsg() ...
+ *     for (int i = 0; i < ebb_safetensors_count(st); i++)
+ *         printf("%s\n", ebb_safetensors_name_at(st, i));
+ *     if (ebb_safetensors_load_into(st, "stem.weight", w) != EBB_OK) ...
+ *     ebb_safetensors_close(st);
+ *
+ * Supported dtypes: F32, F16, BF16, F64, I64, I32, U8, BOOL. A file may hold
+ * tensors of other safetensors dtypes (I8, U16, F8_E4M3, ...): it opens, and
+ * only looking those up fails, with EBB_ERR_UNSUPPORTED. Malformed files are
+ * refused at open with EBB_ERR_IO and a message naming the file and the
+ * problem (truncated, header length past the end, bad JSON, unknown dtype,
+ * offsets out of range, overlapping or leaving gaps, duplicate names).
+ */
+#ifndef EBB_SAFETENSORS_H
+#define EBB_SAFETENSORS_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Writes n tensors under the given names (unique, non-empty, not
+ * "__metadata__") to `path`. The header carries {"format": "pt"} as
+ * metadata; data is laid out by descending element size so every tensor is
+ * aligned in a mapped file. The file is written to a temporary name in the
+ * same directory, synced and renamed over `path`, so a failure leaves no
+ * partial file and the old file, if any, intact. Tensors may be on any
+ * device (they are copied to the host) but not on the meta device. */
+ebb_status ebb_safetensors_write(const char *path, const char *const *names,
+                                 ebb_tensor *const *tensors, int n);
+
+typedef struct ebb_safetensors ebb_safetensors;
+
+/* Maps `path` read-only and validates its header. On success *out is a new
+ * reader (close with ebb_safetensors_close). The file must not be truncated
+ * while open. A reader is immutable: several threads may load from it. */
+ebb_status ebb_safetensors_open(ebb_safetensors **out, const char *path);
+/* Unmaps the file and frees the reader (NULL is allowed). */
+void ebb_safetensors_close(ebb_safetensors *st);
+
+/* The path the reader was opened with. */
+const char *ebb_safetensors_path(const ebb_safetensors *st);
+/* Number of tensors in the file. */
+int ebb_safetensors_count(const ebb_safetensors *st);
+/* The i-th tensor name in byte order of the names (strcmp), or NULL when i is
+ * out of range. Valid until the reader is closed. */
+const char *ebb_safetensors_name_at(const ebb_safetensors *st, int i);
+/* Looks a tensor up; dtype and shape (either may be NULL) receive its dtype
+ * and shape. EBB_ERR_ARG when the file has no such tensor, and
+ * EBB_ERR_UNSUPPORTED when its dtype has no ebb equivalent. */
+ebb_status ebb_safetensors_find(const ebb_safetensors *st, const char *name, ebb_dtype *dtype,
+                                ebb_shape *shape);
+/* A "__metadata__" value, or NULL. Valid until the reader is closed. */
+const char *ebb_safetensors_metadata(const ebb_safetensors *st, const char *key);
+
+/* Copies the named tensor straight from the mapped file into dst, which must
+ * have the same dtype and shape (EBB_ERR_SHAPE otherwise, naming the tensor,
+ * both dtypes and shapes and the file). dst may be on any device except meta;
+ * views of dst see the new values. */
+ebb_status ebb_safetensors_load_into(const ebb_safetensors *st, const char *name,
+                                     ebb_tensor *dst);
+/* The named tensor as a new tensor on `device` (the caller frees it). */
+ebb_status ebb_safetensors_load(ebb_tensor **out, const ebb_safetensors *st, const char *name,
+                                ebb_device device);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_SAFETENSORS_H */

@@ -1,0 +1,166 @@
+/* multi_head_attention: nn.MultiheadAttention (batch_first) at inference,
+ * with PyTorch's parameter names and layouts, so its state_dict loads as is:
+ *   in_proj_weight [3E, E] (q, k, v rows stacked), in_proj_bias [3E],
+ *   out_proj.weight [E, E], out_proj.bias [E].
+ * One input is self-attention; `using` tensors give the key (and value) for
+ * cross-attention. Every intermediate is freed as soon as it has been used. */
+#include "ops_internal.h"
+
+enum { A_EMBED, A_HEADS, A_CAUSAL, A_BIAS };
+
+static const ebb_attr_spec mha_attrs[] = {
+    {.name = "embed_dim", .type = EBB_ATTR_INT, .optional = 1,
+     .doc = "model width E (inferred from the input's last dim)"},
+    {.name = "num_heads", .type = EBB_ATTR_INT, .required = 1, .doc = "heads; must divide E"},
+    {.name = "causal", .type = EBB_ATTR_BOOL, .default_number = 0,
+     .doc = "position i attends to positions <= i only"},
+    {.name = "bias", .type = EBB_ATTR_BOOL, .default_number = 1,
+     .doc = "in_proj_bias and out_proj.bias"},
+};
+
+/* Checks query [B, T, E] and key/value [B, S, E] against the attributes. */
+static ebb_status mha_check(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                            int64_t *embed) {
+    char b0[128], b1[128], b2[128];
+    const ebb_shape *q = &in[0];
+    if (q->ndim != 3)
+        return ebb_error_set(EBB_ERR_SHAPE, "multi_head_attention: input %s must be [B, T, E]",
+                             ebb_shape_str(q, b0, sizeof b0));
+    int64_t e = q->dim[2];
+    if (a[A_EMBED].set && a[A_EMBED].i != e)
+        return ebb_error_set(EBB_ERR_SHAPE,
+                             "multi_head_attention: embed_dim=%lld but the input %s has %lld "
+                             "features",
+                             (long long)a[A_EMBED].i, ebb_shape_str(q, b0, sizeof b0),
+                             (long long)e);
+    if (a[A_HEADS].i < 1 || e % a[A_HEADS].i != 0)
+        return ebb_error_set(EBB_ERR_SHAPE,
+                             "multi_head_attention: num_heads=%lld does not divide embed_dim=%lld",
+                             (long long)a[A_HEADS].i, (long long)e);
+    for (int i = 1; i < n_in; i++) {
+        const ebb_shape *kv = &in[i];
+        if (kv->ndim != 3 || kv->dim[0] != q->dim[0] || kv->dim[2] != e ||
+            kv->dim[1] != in[1].dim[1])
+            return ebb_error_set(EBB_ERR_SHAPE,
+                                 "multi_head_attention: query %s, key %s%s%s do not fit [B, T, E], "
+                                 "[B, S, E]",
+                                 ebb_shape_str(q, b0, sizeof b0),
+                                 ebb_shape_str(&in[1], b1, sizeof b1), n_in > 2 ? ", value " : "",
+                                 n_in > 2 ? ebb_shape_str(&in[2], b2, sizeof b2) : "");
+    }
+    *embed = e;
+    return EBB_OK;
+}
+
+static ebb_status mha_params(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                             ebb_param_spec *p, int *n) {
+    int64_t e = 0;
+    *n = 0;
+    ebb_status st = mha_check(a, in, n_in, &e);
+    if (st != EBB_OK)
+        return st;
+    p[(*n)++] = (ebb_param_spec){"in_proj_weight", EBB_SHAPE(3 * e, e), EBB_INIT_UNIFORM_FAN_IN, e};
+    if (a[A_BIAS].i)
+        p[(*n)++] = (ebb_param_spec){"in_proj_bias", EBB_SHAPE(3 * e), EBB_INIT_ZEROS, e};
+    p[(*n)++] = (ebb_param_spec){"out_proj.weight", EBB_SHAPE(e, e), EBB_INIT_UNIFORM_FAN_IN, e};
+    if (a[A_BIAS].i)
+        p[(*n)++] = (ebb_param_spec){"out_proj.bias", EBB_SHAPE(e), EBB_INIT_ZEROS, e};
+    return EBB_OK;
+}
+
+/* Projects x [B, S, E] with rows [j*E, (j+1)*E) of the input projection and
+ * splits heads: [B, H, S, D]. */
+static ebb_status project(const ebb_tensor *x, const ebb_tensor *w, const ebb_tensor *b, int j,
+                          int64_t heads, ebb_tensor **out) {
+    ebb_shape xs = ebb_tensor_shape(x);
+    int64_t e = xs.dim[2];
+    ebb_tensor *wj = NULL, *bj = NULL, *y = NULL, *yh = NULL;
+    ebb_status st = ebb_tensor_narrow(&wj, w, 0, j * e, e);
+    if (st == EBB_OK && b)
+        st = ebb_tensor_narrow(&bj, b, 0, j * e, e);
+    if (st == EBB_OK)
+        st = ebb_tensor_linear(&y, x, wj, bj);
+    ebb_tensor_free(wj);
+    ebb_tensor_free(bj);
+    ebb_shape split = EBB_SHAPE(xs.dim[0], xs.dim[1], heads, e / heads);
+    if (st == EBB_OK)
+        st = ebb_tensor_reshape(&yh, y, &split);
+    ebb_tensor_free(y);
+    if (st == EBB_OK)
+        st = ebb_tensor_transpose(out, yh, 1, 2);
+    ebb_tensor_free(yh);
+    return st;
+}
+
+/* Self-attention: one [B, T, 3E] projection, split into q, k, v views. */
+static ebb_status project_self(const ebb_tensor *x, const ebb_tensor *w, const ebb_tensor *b,
+                               int64_t heads, ebb_tensor *qkv[3]) {
+    ebb_shape xs = ebb_tensor_shape(x);
+    int64_t e = xs.dim[2];
+    ebb_tensor *y = NULL, *split = NULL, *perm = NULL;
+    ebb_shape s = EBB_SHAPE(xs.dim[0], xs.dim[1], 3, heads, e / heads);
+    const int64_t order[5] = {2, 0, 3, 1, 4}; /* [3, B, H, T, D] */
+    ebb_status st = ebb_tensor_linear(&y, x, w, b);
+    if (st == EBB_OK)
+        st = ebb_tensor_reshape(&split, y, &s);
+    ebb_tensor_free(y);
+    if (st == EBB_OK)
+        st = ebb_tensor_permute(&perm, split, order, 5);
+    ebb_tensor_free(split);
+    for (int j = 0; st == EBB_OK && j < 3; j++)
+        st = ebb_tensor_select(&qkv[j], perm, 0, j);
+    ebb_tensor_free(perm);
+    return st;
+}
+
+static ebb_status mha_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    const ebb_attr_value *a = c->attrs;
+    *out = NULL;
+    ebb_shape shapes[3] = {{0}};
+    for (int i = 0; i < c->n_in && i < 3; i++)
+        shapes[i] = ebb_tensor_shape(c->in[i]);
+    int64_t e = 0, heads = a[A_HEADS].i;
+    ebb_status st = mha_check(a, shapes, c->n_in, &e);
+    if (st != EBB_OK)
+        return st;
+    int bias = a[A_BIAS].i != 0;
+    if (c->n_params != (bias ? 4 : 2))
+        return ebb_error_set(EBB_ERR_ARG, "multi_head_attention: expected %d parameters, got %d",
+                             bias ? 4 : 2, c->n_params);
+    const ebb_tensor *w_in = c->params[0], *b_in = bias ? c->params[1] : NULL;
+    const ebb_tensor *w_out = c->params[bias ? 2 : 1], *b_out = bias ? c->params[3] : NULL;
+
+    ebb_tensor *qkv[3] = {NULL, NULL, NULL};
+    if (c->n_in == 1) {
+        st = project_self(c->in[0], w_in, b_in, heads, qkv);
+    } else {
+        const ebb_tensor *src[3] = {c->in[0], c->in[1], c->in[c->n_in - 1]};
+        for (int j = 0; st == EBB_OK && j < 3; j++)
+            st = project(src[j], w_in, b_in, j, heads, &qkv[j]);
+    }
+    ebb_tensor *o = NULL, *ot = NULL, *merged = NULL;
+    if (st == EBB_OK)
+        st = ebb_tensor_attention(&o, qkv[0], qkv[1], qkv[2], a[A_CAUSAL].i != 0);
+    for (int j = 0; j < 3; j++)
+        ebb_tensor_free(qkv[j]);
+    ebb_shape m = EBB_SHAPE(shapes[0].dim[0], shapes[0].dim[1], e);
+    if (st == EBB_OK)
+        st = ebb_tensor_transpose(&ot, o, 1, 2); /* [B, T, H, D] */
+    ebb_tensor_free(o);
+    if (st == EBB_OK)
+        st = ebb_tensor_reshape(&merged, ot, &m);
+    ebb_tensor_free(ot);
+    if (st == EBB_OK)
+        st = ebb_tensor_linear(out, merged, w_out, b_out);
+    ebb_tensor_free(merged);
+    if (st != EBB_OK)
+        ebb_error_prefix("multi_head_attention");
+    return st;
+}
+
+const ebb_op ebb_ops_attention[] = {
+    {.name = "multi_head_attention", .min_inputs = 1, .max_inputs = 3, .attrs = mha_attrs,
+     .n_attrs = EBB_COUNT(mha_attrs), .params = mha_params, .forward = mha_fwd,
+     .doc = "multi-head attention over [B, T, E] (self; or cross with `using` key[, value])"},
+};
+const int ebb_ops_attention_count = EBB_COUNT(ebb_ops_attention);

@@ -1,0 +1,55 @@
+/* embedding: a lookup table, PyTorch's layout weight [num, dim]. The input
+ * holds int64 (or int32) indices of any shape; the output adds a last dim. */
+#include "ops_internal.h"
+
+enum { A_NUM, A_DIM };
+
+static const ebb_attr_spec embedding_attrs[] = {
+    {.name = "num", .type = EBB_ATTR_INT, .required = 1,
+     .doc = "number of embeddings (nn.Embedding's num_embeddings)"},
+    {.name = "dim", .type = EBB_ATTR_INT, .required = 1,
+     .doc = "size of each embedding (nn.Embedding's embedding_dim)"},
+};
+
+static ebb_status embedding_params(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                   ebb_param_spec *p, int *n) {
+    (void)n_in;
+    *n = 0;
+    if (a[A_NUM].i < 1 || a[A_DIM].i < 1)
+        return ebb_error_set(EBB_ERR_ARG, "embedding: num=%lld and dim=%lld must be >= 1",
+                             (long long)a[A_NUM].i, (long long)a[A_DIM].i);
+    if (in[0].ndim >= EBB_MAX_DIMS) {
+        char buf[128];
+        return ebb_error_set(EBB_ERR_SHAPE,
+                             "embedding: indices %s leave no room for the embedding dim",
+                             ebb_shape_str(&in[0], buf, sizeof buf));
+    }
+    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(a[A_NUM].i, a[A_DIM].i), EBB_INIT_NORMAL,
+                            a[A_DIM].i};
+    *n = 1;
+    return EBB_OK;
+}
+
+static ebb_status embedding_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_dtype dt = ebb_tensor_dtype(c->in[0]);
+    if (dt != EBB_INT64 && dt != EBB_INT32) {
+        ebb_shape x = ebb_tensor_shape(c->in[0]);
+        char buf[128];
+        return ebb_error_set(EBB_ERR_ARG, "embedding: input %s is %s; expected int64 indices",
+                             ebb_shape_str(&x, buf, sizeof buf), ebb_dtype_name(dt));
+    }
+    if (c->n_params < 1)
+        return ebb_error_set(EBB_ERR_ARG, "embedding: no weight given");
+    ebb_status st = ebb_tensor_embedding(out, c->params[0], c->in[0]);
+    if (st != EBB_OK)
+        ebb_error_prefix("embedding");
+    return st;
+}
+
+const ebb_op ebb_ops_embedding[] = {
+    {.name = "embedding", .min_inputs = 1, .max_inputs = 1, .attrs = embedding_attrs,
+     .n_attrs = EBB_COUNT(embedding_attrs), .params = embedding_params, .forward = embedding_fwd,
+     .doc = "rows of weight picked by int64 indices: [*] -> [*, dim]"},
+};
+const int ebb_ops_embedding_count = EBB_COUNT(ebb_ops_embedding);

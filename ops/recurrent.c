@@ -1,0 +1,148 @@
+/* gru_cell and lstm_cell as loop bodies: one tensor in, one tensor out, the
+ * same shape, so `loop` can apply them again and again.
+ *
+ *   gru_cell:  state h [B, H] -> h' = GRUCell(x, h)
+ *   lstm_cell: state cat(h, c) [B, 2H] -> cat(h', c'), (h', c') = LSTMCell(x, (h, c))
+ *
+ * x is a second input given with `using` ([B, input_size]); without one the
+ * cell reads its own hidden state (x = h, so input_size = hidden). Parameters
+ * are nn.GRUCell's / nn.LSTMCell's: weight_ih [G*H, in], weight_hh [G*H, H],
+ * bias_ih, bias_hh [G*H] with G = 3 (r, z, n) or 4 (i, f, g, o), all
+ * U(-1/sqrt(H), 1/sqrt(H)). */
+#include "ops_internal.h"
+
+enum { A_HIDDEN, A_INPUT, A_BIAS };
+
+static const ebb_attr_spec cell_attrs[] = {
+    {.name = "hidden", .type = EBB_ATTR_INT, .required = 1, .doc = "hidden size H"},
+    {.name = "input_size", .type = EBB_ATTR_INT, .optional = 1,
+     .doc = "features of the `using` input x (inferred; hidden when there is no x)"},
+    {.name = "bias", .type = EBB_ATTR_BOOL, .default_number = 1, .doc = "bias_ih and bias_hh"},
+};
+
+/* Checks state (and x) against the attributes; returns x's feature count. */
+static ebb_status cell_check(const char *op, int lstm, const ebb_attr_value *a,
+                             const ebb_shape *in, int n_in, int64_t *in_size) {
+    char b0[128], b1[128];
+    int64_t h = a[A_HIDDEN].i, width = lstm ? 2 * h : h;
+    const ebb_shape *s = &in[0];
+    if (h < 1)
+        return ebb_error_set(EBB_ERR_ARG, "%s: hidden must be >= 1, got %lld", op, (long long)h);
+    if (s->ndim != 2 || s->dim[1] != width)
+        return ebb_error_set(EBB_ERR_SHAPE, "%s: state %s must be [B, %s%lld]%s", op,
+                             ebb_shape_str(s, b0, sizeof b0), lstm ? "2*hidden = " : "",
+                             (long long)width, lstm ? " (h and c side by side)" : "");
+    if (n_in < 2) {
+        if (a[A_INPUT].set && a[A_INPUT].i != h)
+            return ebb_error_set(EBB_ERR_SHAPE,
+                                 "%s: without a `using` input the cell reads its own state, so "
+                                 "input_size=%lld must equal hidden=%lld",
+                                 op, (long long)a[A_INPUT].i, (long long)h);
+        *in_size = h;
+        return EBB_OK;
+    }
+    const ebb_shape *x = &in[1];
+    if (x->ndim != 2 || x->dim[0] != s->dim[0])
+        return ebb_error_set(EBB_ERR_SHAPE, "%s: input %s does not fit state %s (expected [B, in])",
+                             op, ebb_shape_str(x, b1, sizeof b1), ebb_shape_str(s, b0, sizeof b0));
+    if (a[A_INPUT].set && a[A_INPUT].i != x->dim[1])
+        return ebb_error_set(
+            EBB_ERR_SHAPE, "%s: input_size=%lld but the input %s has %lld features", op,
+            (long long)a[A_INPUT].i, ebb_shape_str(x, b1, sizeof b1), (long long)x->dim[1]);
+    *in_size = x->dim[1];
+    return EBB_OK;
+}
+
+static ebb_status cell_params(const char *op, int gates, const ebb_attr_value *a,
+                              const ebb_shape *in, int n_in, ebb_param_spec *p, int *n) {
+    int64_t in_size = 0, h = a[A_HIDDEN].i;
+    *n = 0;
+    ebb_status st = cell_check(op, gates == 4, a, in, n_in, &in_size);
+    if (st != EBB_OK)
+        return st;
+    p[(*n)++] =
+        (ebb_param_spec){"weight_ih", EBB_SHAPE(gates * h, in_size), EBB_INIT_UNIFORM_FAN_IN, h};
+    p[(*n)++] = (ebb_param_spec){"weight_hh", EBB_SHAPE(gates * h, h), EBB_INIT_UNIFORM_FAN_IN, h};
+    if (a[A_BIAS].i) {
+        p[(*n)++] = (ebb_param_spec){"bias_ih", EBB_SHAPE(gates * h), EBB_INIT_UNIFORM_FAN_IN, h};
+        p[(*n)++] = (ebb_param_spec){"bias_hh", EBB_SHAPE(gates * h), EBB_INIT_UNIFORM_FAN_IN, h};
+    }
+    return EBB_OK;
+}
+
+static ebb_status gru_params(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                             ebb_param_spec *p, int *n) {
+    return cell_params("gru_cell", 3, a, in, n_in, p, n);
+}
+
+static ebb_status lstm_params(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                              ebb_param_spec *p, int *n) {
+    return cell_params("lstm_cell", 4, a, in, n_in, p, n);
+}
+
+/* Checks the call and finds its parameters: w[0..3] = w_ih, w_hh, b_ih, b_hh. */
+static ebb_status cell_call(const char *op, int lstm, const ebb_op_call *c,
+                            const ebb_tensor *w[4]) {
+    ebb_shape shapes[2] = {{0}};
+    int64_t in_size = 0;
+    for (int i = 0; i < c->n_in && i < 2; i++)
+        shapes[i] = ebb_tensor_shape(c->in[i]);
+    ebb_status st = cell_check(op, lstm, c->attrs, shapes, c->n_in, &in_size);
+    if (st != EBB_OK)
+        return st;
+    int bias = c->attrs[A_BIAS].i != 0;
+    if (c->n_params != (bias ? 4 : 2))
+        return ebb_error_set(EBB_ERR_ARG, "%s: expected %d parameters, got %d", op, bias ? 4 : 2,
+                             c->n_params);
+    for (int i = 0; i < 4; i++)
+        w[i] = i < c->n_params ? c->params[i] : NULL;
+    return EBB_OK;
+}
+
+static ebb_status gru_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    const ebb_tensor *w[4] = {NULL, NULL, NULL, NULL};
+    ebb_status st = cell_call("gru_cell", 0, c, w);
+    if (st != EBB_OK)
+        return st;
+    const ebb_tensor *x = c->n_in > 1 ? c->in[1] : c->in[0];
+    st = ebb_tensor_gru_cell(out, x, c->in[0], w[0], w[1], w[2], w[3]);
+    if (st != EBB_OK)
+        ebb_error_prefix("gru_cell");
+    return st;
+}
+
+static ebb_status lstm_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    const ebb_tensor *w[4] = {NULL, NULL, NULL, NULL};
+    *out = NULL;
+    ebb_status st = cell_call("lstm_cell", 1, c, w);
+    if (st != EBB_OK)
+        return st;
+    int64_t hidden = c->attrs[A_HIDDEN].i;
+    ebb_tensor *h = NULL, *cs = NULL, *hc[2] = {NULL, NULL};
+    st = ebb_tensor_narrow(&h, c->in[0], 1, 0, hidden);
+    if (st == EBB_OK)
+        st = ebb_tensor_narrow(&cs, c->in[0], 1, hidden, hidden);
+    if (st == EBB_OK)
+        st = ebb_tensor_lstm_cell(&hc[0], &hc[1], c->n_in > 1 ? c->in[1] : h, h, cs, w[0], w[1],
+                                  w[2], w[3]);
+    ebb_tensor_free(h);
+    ebb_tensor_free(cs);
+    if (st == EBB_OK)
+        st = ebb_tensor_cat(out, hc, 2, 1);
+    ebb_tensor_free(hc[0]);
+    ebb_tensor_free(hc[1]);
+    if (st != EBB_OK)
+        ebb_error_prefix("lstm_cell");
+    return st;
+}
+
+const ebb_op ebb_ops_recurrent[] = {
+    {.name = "gru_cell", .min_inputs = 1, .max_inputs = 2, .attrs = cell_attrs,
+     .n_attrs = EBB_COUNT(cell_attrs), .params = gru_params, .forward = gru_fwd,
+     .doc = "one GRU step on the state h [B, H] (x from `using`, else h)"},
+    {.name = "lstm_cell", .min_inputs = 1, .max_inputs = 2, .attrs = cell_attrs,
+     .n_attrs = EBB_COUNT(cell_attrs), .params = lstm_params, .forward = lstm_fwd,
+     .doc = "one LSTM step on the state cat(h, c) [B, 2H] (x from `using`, else h)"},
+};
+const int ebb_ops_recurrent_count = EBB_COUNT(ebb_ops_recurrent);

@@ -1,0 +1,227 @@
+/* Shape ops: flatten, reshape, permute, transpose, unsqueeze, squeeze. All
+ * are views: the output looks at the input's storage. flatten and reshape
+ * copy only when the input's strides make a view impossible (an input made
+ * non-contiguous by permute or transpose), exactly as libtorch's reshape. */
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+
+#include "ops_internal.h"
+
+ebb_status ebb_ops_parse_ints(const char *op, const char *attr, const char *text, int64_t *out,
+                              int max, int *n) {
+    *n = 0;
+    if (!text)
+        return ebb_error_set(EBB_ERR_ARG, "%s: attribute %s is not set", op, attr);
+    const char *p = text;
+    while (isspace((unsigned char)*p))
+        p++;
+    char close = 0;
+    if (*p == '[' || *p == '(') {
+        close = *p == '[' ? ']' : ')';
+        p++;
+    }
+    for (;;) {
+        while (isspace((unsigned char)*p) || *p == ',')
+            p++;
+        if (!*p || *p == close)
+            break;
+        char *end = NULL;
+        errno = 0;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || errno ||
+            (*end && *end != ',' && *end != close && !isspace((unsigned char)*end)))
+            return ebb_error_set(
+                EBB_ERR_ARG, "%s: attribute %s=\"%s\" is not a list of integers (like \"-1,64\")",
+                op, attr, text);
+        if (*n == max)
+            return ebb_error_set(EBB_ERR_ARG, "%s: attribute %s=\"%s\" has more than %d entries",
+                                 op, attr, text, max);
+        out[(*n)++] = v;
+        p = end;
+    }
+    if (close && *p != close)
+        return ebb_error_set(EBB_ERR_ARG, "%s: attribute %s=\"%s\" lacks its closing '%c'", op,
+                             attr, text, close);
+    if (close)
+        p++;
+    while (isspace((unsigned char)*p))
+        p++;
+    if (*p)
+        return ebb_error_set(EBB_ERR_ARG, "%s: attribute %s=\"%s\" has text after the list", op,
+                             attr, text);
+    return EBB_OK;
+}
+
+ebb_status ebb_ops_check_dim(const char *op, int64_t dim, const ebb_shape *x, int64_t *out) {
+    if (dim < -x->ndim || dim >= x->ndim) {
+        char buf[128];
+        return ebb_error_set(EBB_ERR_SHAPE, "%s: dim %lld is out of range for the %d-D input %s",
+                             op, (long long)dim, x->ndim, ebb_shape_str(x, buf, sizeof buf));
+    }
+    *out = dim < 0 ? dim + x->ndim : dim;
+    return EBB_OK;
+}
+
+/* ---- flatten ---------------------------------------------------------------- */
+
+static const ebb_attr_spec flatten_attrs[] = {
+    {.name = "start_dim", .type = EBB_ATTR_INT, .default_number = 1, .doc = "first dim to merge"},
+    {.name = "end_dim", .type = EBB_ATTR_INT, .default_number = -1, .doc = "last dim to merge"},
+};
+
+static ebb_status flatten_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    int64_t s = 0, e = 0;
+    if (x.ndim == 0) /* libtorch flattens a scalar to [1] */
+        return ebb_tensor_flatten(out, c->in[0], 0, -1);
+    ebb_status st = ebb_ops_check_dim("flatten", c->attrs[0].i, &x, &s);
+    if (st == EBB_OK)
+        st = ebb_ops_check_dim("flatten", c->attrs[1].i, &x, &e);
+    if (st != EBB_OK)
+        return st;
+    if (s > e) {
+        char buf[128];
+        return ebb_error_set(
+            EBB_ERR_ARG, "flatten: start_dim %lld comes after end_dim %lld for input %s",
+            (long long)c->attrs[0].i, (long long)c->attrs[1].i, ebb_shape_str(&x, buf, sizeof buf));
+    }
+    return ebb_tensor_flatten(out, c->in[0], s, e);
+}
+
+/* ---- reshape ---------------------------------------------------------------- */
+
+static const ebb_attr_spec reshape_attrs[] = {
+    {.name = "shape", .type = EBB_ATTR_STRING, .required = 1,
+     .doc = "target shape, comma-separated; one entry may be -1 (inferred), e.g. \"-1,64\""},
+};
+
+static ebb_status reshape_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_shape want = {0};
+    ebb_status st = ebb_ops_parse_ints("reshape", "shape", c->attrs[0].s, want.dim, EBB_MAX_DIMS,
+                                       &want.ndim);
+    if (st != EBB_OK)
+        return st;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    int64_t numel = ebb_shape_numel(&x), known = 1;
+    int infer = 0, bad = 0;
+    for (int i = 0; i < want.ndim; i++) {
+        if (want.dim[i] == -1)
+            infer++;
+        else if (want.dim[i] < 0)
+            bad = 1;
+        else
+            known *= want.dim[i];
+    }
+    if (bad || infer > 1 || (infer ? known == 0 || numel % known != 0 : known != numel)) {
+        char a[128], b[128];
+        return ebb_error_set(EBB_ERR_SHAPE, "reshape: cannot reshape %s (%lld elements) to %s",
+                             ebb_shape_str(&x, a, sizeof a), (long long)numel,
+                             ebb_shape_str(&want, b, sizeof b));
+    }
+    return ebb_tensor_reshape(out, c->in[0], &want);
+}
+
+/* ---- permute, transpose ------------------------------------------------------- */
+
+static const ebb_attr_spec permute_attrs[] = {
+    {.name = "dims", .type = EBB_ATTR_STRING, .required = 1,
+     .doc = "the new order of the dims, comma-separated, e.g. \"0,2,1\""},
+};
+
+static ebb_status permute_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    int64_t dims[EBB_MAX_DIMS];
+    int n = 0;
+    ebb_status st = ebb_ops_parse_ints("permute", "dims", c->attrs[0].s, dims, EBB_MAX_DIMS, &n);
+    if (st != EBB_OK)
+        return st;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    if (n != x.ndim) {
+        char buf[128];
+        return ebb_error_set(EBB_ERR_SHAPE,
+                             "permute: dims=\"%s\" lists %d dims but the input %s has %d",
+                             c->attrs[0].s, n, ebb_shape_str(&x, buf, sizeof buf), x.ndim);
+    }
+    int seen[EBB_MAX_DIMS] = {0};
+    for (int i = 0; i < n; i++) {
+        if ((st = ebb_ops_check_dim("permute", dims[i], &x, &dims[i])) != EBB_OK)
+            return st;
+        if (seen[dims[i]]++)
+            return ebb_error_set(EBB_ERR_ARG, "permute: dims=\"%s\" repeats dim %lld",
+                                 c->attrs[0].s, (long long)dims[i]);
+    }
+    return ebb_tensor_permute(out, c->in[0], dims, n);
+}
+
+static const ebb_attr_spec transpose_attrs[] = {
+    {.name = "dim0", .type = EBB_ATTR_INT, .required = 1, .doc = "first dim to swap"},
+    {.name = "dim1", .type = EBB_ATTR_INT, .required = 1, .doc = "second dim to swap"},
+};
+
+static ebb_status transpose_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    int64_t d0 = 0, d1 = 0;
+    ebb_status st = ebb_ops_check_dim("transpose", c->attrs[0].i, &x, &d0);
+    if (st == EBB_OK)
+        st = ebb_ops_check_dim("transpose", c->attrs[1].i, &x, &d1);
+    return st == EBB_OK ? ebb_tensor_transpose(out, c->in[0], d0, d1) : st;
+}
+
+/* ---- unsqueeze, squeeze -------------------------------------------------------- */
+
+static const ebb_attr_spec unsqueeze_attrs[] = {
+    {.name = "dim", .type = EBB_ATTR_INT, .required = 1,
+     .doc = "where the new size-1 dim goes, in [-ndim-1, ndim]"},
+};
+
+static ebb_status unsqueeze_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    int64_t d = c->attrs[0].i;
+    if (x.ndim == EBB_MAX_DIMS || d < -x.ndim - 1 || d > x.ndim) {
+        char buf[128];
+        return ebb_error_set(EBB_ERR_SHAPE,
+                             "unsqueeze: cannot insert dim %lld into the %d-D input %s",
+                             (long long)d, x.ndim, ebb_shape_str(&x, buf, sizeof buf));
+    }
+    return ebb_tensor_unsqueeze(out, c->in[0], d);
+}
+
+static const ebb_attr_spec squeeze_attrs[] = {
+    {.name = "dim", .type = EBB_ATTR_INT, .optional = 1,
+     .doc = "the dim to drop if it has size 1; unset: every size-1 dim"},
+};
+
+static ebb_status squeeze_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    if (c->attrs[0].set) {
+        int64_t d = 0;
+        ebb_status st = ebb_ops_check_dim("squeeze", c->attrs[0].i, &x, &d);
+        return st == EBB_OK ? ebb_tensor_squeeze(out, c->in[0], d) : st;
+    }
+    /* Dropping size-1 dims never needs a copy, so reshape returns a view. */
+    ebb_shape s = {0};
+    for (int i = 0; i < x.ndim; i++)
+        if (x.dim[i] != 1)
+            s.dim[s.ndim++] = x.dim[i];
+    return ebb_tensor_reshape(out, c->in[0], &s);
+}
+
+#define VIEW_OP(n, a, f, d)                                                                        \
+    {.name = n, .min_inputs = 1, .max_inputs = 1, .attrs = a, .n_attrs = EBB_COUNT(a),            \
+     .is_view = 1, .forward = f, .doc = d}
+
+const ebb_op ebb_ops_shape[] = {
+    VIEW_OP("flatten", flatten_attrs, flatten_fwd, "merge dims start_dim..end_dim into one"),
+    VIEW_OP("reshape", reshape_attrs, reshape_fwd, "the same elements in a new shape"),
+    VIEW_OP("permute", permute_attrs, permute_fwd, "reorder the dims"),
+    VIEW_OP("transpose", transpose_attrs, transpose_fwd, "swap two dims"),
+    VIEW_OP("unsqueeze", unsqueeze_attrs, unsqueeze_fwd, "insert a size-1 dim"),
+    VIEW_OP("squeeze", squeeze_attrs, squeeze_fwd, "drop a size-1 dim (or all of them)"),
+};
+const int ebb_ops_shape_count = EBB_COUNT(ebb_ops_shape);
