@@ -1,0 +1,313 @@
+#!/usr/bin/python3
+"""Builds the parity reference models in plain PyTorch and writes fixtures.
+
+For every model in MODELS this writes, under tests/parity/fixtures/:
+
+  <model>.weights.safetensors   parameters, named as ebb names them
+  <model>.input.safetensors     the input, named like the spec's input ("x")
+  <model>.expected.safetensors  PyTorch's output, named like the spec's output ("y")
+
+tests/test_parity.c runs specs/parity/<model>.yaml on the input with those
+weights and compares with the expected output.
+
+Run with Debian's python3-torch (the interpreter matters: a pyenv python
+usually has no torch):
+
+    /usr/bin/python3 tests/parity/make_fixtures.py
+
+Everything is seeded, so rerunning rewrites the same bytes on the same
+PyTorch build. The safetensors writer is written here so that the
+`safetensors` package is not needed.
+"""
+
+import json
+import os
+import struct
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "fixtures")
+
+_DTYPES = {torch.float32: ("F32", "<f4"), torch.float64: ("F64", "<f8"), torch.int64: ("I64", "<i8")}
+
+
+def save_safetensors(path, tensors):
+    """Writes {name: tensor} as safetensors: an 8-byte little-endian header
+    length, a JSON header {name: {dtype, shape, data_offsets}} and the raw
+    little-endian data, tensors in name order."""
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        code, npdt = _DTYPES[t.dtype]
+        data = t.numpy().astype(npdt, copy=False).tobytes()
+        header[name] = {"dtype": code, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # pad so the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def randomize_(module, gen_scale=0.5):
+    """Gives every norm weight and every zero-initialised bias non-trivial
+    values, so that a parity test would notice a swapped or ignored one."""
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if isinstance(_owner(module, name), (nn.LayerNorm, nn.BatchNorm2d)):
+                if leaf == "weight":
+                    p.uniform_(0.5, 1.5)
+                else:
+                    p.uniform_(-gen_scale, gen_scale)
+            elif leaf in ("in_proj_bias", "bias") and torch.count_nonzero(p) == 0:
+                p.uniform_(-0.1, 0.1)
+
+
+def _owner(module, name):
+    for part in name.split(".")[:-1]:
+        module = getattr(module, part)
+    return module
+
+
+def state(module):
+    """The state_dict as ebb names it: PyTorch's names, minus
+    num_batches_tracked (training-only, not an ebb parameter)."""
+    return {k: v for k, v in module.state_dict().items() if not k.endswith("num_batches_tracked")}
+
+
+# ---- the reference models ---------------------------------------------------
+# Each is an nn.Module whose state_dict keys are the ebb parameter names of
+# specs/parity/<model>.yaml.
+
+
+class MLP(nn.Module):
+    def __init__(self, features=24, hidden=48, classes=10):
+        super().__init__()
+        self.fc1 = nn.Linear(features, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.fc3 = nn.Linear(hidden, classes)
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x):
+        x = self.drop(F.relu(self.fc1(x)))
+        x = F.relu(self.fc2(x))
+        return F.log_softmax(self.fc3(x), dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, x):
+        return x + self.norm(F.gelu(self.fc(x)))
+
+
+class ResidualTower(nn.Module):
+    def __init__(self, d=32, depth=4, classes=8):
+        super().__init__()
+        self.stem = nn.Linear(d, d)
+        self.blocks = nn.ModuleList(Block(d) for _ in range(depth))
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        x = self.stem(x)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+class FFN(nn.Module):
+    def __init__(self, d, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(d, hidden)
+        self.fc2 = nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Gate8(nn.Module):
+    def __init__(self, d=16, hidden=32, experts=8, classes=6):
+        super().__init__()
+        self.embed = nn.Linear(d, d)
+        self.router = nn.Linear(d, experts)
+        self.experts = nn.ModuleList(FFN(d, hidden) for _ in range(experts))
+        self.head = nn.Linear(d, classes)
+
+    def forward(self, x):
+        x = self.embed(x)
+        w = F.softmax(self.router(x), dim=-1)
+        out = None
+        for i, e in enumerate(self.experts):
+            term = w[:, i : i + 1] * e(x)
+            out = term if out is None else out + term
+        return self.head(out)
+
+
+class ConvNet(nn.Module):
+    def __init__(self, classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 12, 3, padding=1)
+        self.bn2 = nn.BatchNorm2d(12)
+        self.fc = nn.Linear(12 * 4 * 4, classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 2)
+        x = F.avg_pool2d(F.relu(self.bn2(self.conv2(x))), 2)
+        return self.fc(torch.flatten(x, 1))
+
+
+class Encoder(nn.Module):
+    """nn.TransformerEncoderLayer(d, heads, ff, dropout=0, activation=gelu,
+    batch_first=True, norm_first=False), written out; its state_dict keys are
+    the same as the library layer's."""
+
+    def __init__(self, d=32, heads=4, ff=64):
+        super().__init__()
+        self.self_attn = nn.MultiheadAttention(d, heads, dropout=0.0, batch_first=True)
+        self.linear1 = nn.Linear(d, ff)
+        self.linear2 = nn.Linear(ff, d)
+        self.norm1 = nn.LayerNorm(d)
+        self.norm2 = nn.LayerNorm(d)
+
+    def forward(self, x):
+        x = self.norm1(x + self.self_attn(x, x, x, need_weights=False)[0])
+        return self.norm2(x + self.linear2(F.gelu(self.linear1(x))))
+
+
+class GRULoop(nn.Module):
+    def __init__(self, features=12, hidden=16, steps=6, classes=5):
+        super().__init__()
+        self.steps = steps
+        self.encode = nn.Linear(features, hidden)
+        self.cell = nn.GRUCell(features, hidden)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        h = self.encode(x)
+        for _ in range(self.steps):
+            h = self.cell(x, h)
+        return self.head(h)
+
+
+class SwitchRouted(nn.Module):
+    def __init__(self, d=16, hidden=32, classes=6):
+        super().__init__()
+        self.embed = nn.Linear(d, d)
+        self.selector = nn.Linear(d, 3)
+        self.branches = nn.ModuleList(
+            [
+                nn.ModuleDict({"fc": nn.Linear(d, d)}),
+                nn.ModuleDict({"fc1": nn.Linear(d, hidden), "fc2": nn.Linear(hidden, d)}),
+                nn.ModuleDict(),
+            ]
+        )
+        self.norm = nn.LayerNorm(d)
+        self.head = nn.Linear(d, classes)
+        self.last_route = None
+
+    def branch(self, i, x):
+        b = self.branches[i]
+        if i == 0:
+            return F.relu(b["fc"](x))
+        if i == 1:
+            return b["fc2"](F.gelu(b["fc1"](x)))
+        return torch.tanh(x)
+
+    def forward(self, x):
+        x = self.embed(x)
+        scores = self.selector(x)
+        route = scores.argmax(dim=1)
+        self.last_route, self.last_scores = route, scores
+        out = torch.empty_like(x)
+        for i in range(3):
+            rows = (route == i).nonzero().flatten()
+            if rows.numel():
+                out[rows] = self.branch(i, x[rows])  # only the rows that chose it
+        return self.head(self.norm(out))
+
+
+# name -> (constructor, input shape, seed)
+MODELS = {
+    "mlp": (MLP, (8, 24), 1),
+    "residual_tower": (ResidualTower, (8, 32), 2),
+    "gate8": (Gate8, (8, 16), 3),
+    "conv_net": (ConvNet, (4, 3, 16, 16), 4),
+    "transformer_encoder": (Encoder, (2, 5, 32), 5),
+    "gru_loop": (GRULoop, (6, 12), 6),
+    "switch_routed": (SwitchRouted, (16, 16), 7),
+}
+
+
+def build(name):
+    ctor, shape, seed = MODELS[name]
+    torch.manual_seed(seed)
+    m = ctor()
+    randomize_(m)
+    if name == "conv_net":  # running statistics that differ from (0, 1)
+        with torch.no_grad():
+            for bn in (m.bn1, m.bn2):
+                bn.running_mean.uniform_(-0.5, 0.5)
+                bn.running_var.uniform_(0.5, 2.0)
+    m.eval()
+    x = torch.randn(*shape)
+    return m, x
+
+
+def check_reference(name, m, x, y):
+    """Cross-checks a written-out model against PyTorch's own layer, and
+    prints what the test needs to know about the input."""
+    if name == "transformer_encoder":
+        layer = nn.TransformerEncoderLayer(
+            32, 4, 64, dropout=0.0, activation="gelu", batch_first=True, norm_first=False
+        )
+        layer.load_state_dict(m.state_dict())
+        layer.eval()
+        err = (layer(x) - y).abs().max().item()
+        print(f"  nn.TransformerEncoderLayer agrees within {err:.2e}")
+        assert err < 1e-5
+    if name == "switch_routed":
+        route = m.last_route.tolist()
+        counts = [route.count(i) for i in range(3)]
+        top2 = m.last_scores.topk(2, dim=1).values
+        margin = (top2[:, 0] - top2[:, 1]).min().item()
+        print(f"  routing {route} -> rows per branch {counts}, smallest argmax margin {margin:.3g}")
+        assert sum(c > 0 for c in counts) >= 2, "the input must reach at least two branches"
+        assert margin > 1e-3, "an argmax near a tie could flip under rounding"
+
+
+def main():
+    os.makedirs(OUT, exist_ok=True)
+    names = sys.argv[1:] or list(MODELS)
+    for name in names:
+        m, x = build(name)
+        with torch.no_grad():
+            y = m(x)
+            check_reference(name, m, x, y)
+            # how far float32 itself is from float64, for scale
+            y64 = m.double()(x.double())
+            m.float()
+        floor = ((y.double() - y64).abs().max() / y64.abs().max()).item()
+        sd = state(m)
+        save_safetensors(os.path.join(OUT, f"{name}.weights.safetensors"), sd)
+        save_safetensors(os.path.join(OUT, f"{name}.input.safetensors"), {"x": x})
+        save_safetensors(os.path.join(OUT, f"{name}.expected.safetensors"), {"y": y})
+        n = sum(v.numel() for v in sd.values())
+        print(f"{name}: x {list(x.shape)} -> y {list(y.shape)}, {len(sd)} tensors ({n} values), "
+              f"float32 vs float64 rel. error {floor:.2e}")
+
+
+if __name__ == "__main__":
+    main()
