@@ -951,7 +951,7 @@ static int compute_frees(compiler *c) {
 /* Walks the steps in listing order (branches taken, loop bodies once) and
  * counts storage per alias class. With `no_frees`, nothing is released: the
  * keep_all figure. Writes per-step figures unless no_frees. */
-static int64_t predict(compiler *c, int no_frees, int *peak_step) {
+static int64_t predict(compiler *c, int no_frees, int64_t granule, int *peak_step) {
     ebb_plan *p = c->plan;
     int nv = p->n_values;
     int *cls = malloc((size_t)(nv ? nv : 1) * sizeof *cls);      /* slot -> class (-1) */
@@ -984,7 +984,7 @@ static int64_t predict(compiler *c, int no_frees, int *peak_step) {
                 new_cls = -1; /* the empty accumulator */
             } else if (val->nbytes > 0) {
                 new_cls = v;
-                bytes[v] = val->nbytes;
+                bytes[v] = granule ? (val->nbytes + granule - 1) / granule * granule : val->nbytes;
             } else {
                 new_cls = -1;
             }
@@ -1000,7 +1000,8 @@ static int64_t predict(compiler *c, int no_frees, int *peak_step) {
             peak = live;
             at = i;
         }
-        if (!no_frees)
+        int record = !no_frees && !granule;
+        if (record)
             s->pub.peak_bytes = live;
         for (int k = 0; !no_frees && k < s->pub.n_frees; k++) {
             int v = s->pub.frees[k];
@@ -1008,7 +1009,7 @@ static int64_t predict(compiler *c, int no_frees, int *peak_step) {
                 live -= bytes[cls[v]];
             cls[v] = -1;
         }
-        if (!no_frees)
+        if (record)
             s->pub.live_bytes = live;
     }
     free(cls);
@@ -1131,9 +1132,11 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
             p->values[p->outputs[i]].kind = EBB_VALUE_OUTPUT;
     if (compute_frees(&c) != 0)
         goto fail;
-    p->peak_bytes = predict(&c, 0, &p->peak_step);
-    p->keep_all_peak_bytes = predict(&c, 1, NULL);
-    if (p->peak_bytes < 0 || p->keep_all_peak_bytes < 0)
+    p->peak_bytes = predict(&c, 0, 0, &p->peak_step);
+    p->keep_all_peak_bytes = predict(&c, 1, 0, NULL);
+    /* CUDA's caching allocator counts blocks rounded up to 512 bytes */
+    p->cuda_peak_bytes = predict(&c, p->keep_all, 512, NULL);
+    if (p->peak_bytes < 0 || p->keep_all_peak_bytes < 0 || p->cuda_peak_bytes < 0)
         goto fail;
     p->attrs = c.attrs;
     for (int v = 0; v < p->n_values; v++)

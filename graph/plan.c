@@ -36,6 +36,12 @@ int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step) {
 
 int64_t ebb_plan_keep_all_peak_bytes(const ebb_plan *p) { return p ? p->keep_all_peak_bytes : 0; }
 
+int64_t ebb_plan_device_peak_bytes(const ebb_plan *p, ebb_device device) {
+    if (!p)
+        return 0;
+    return device.type == EBB_DEVICE_CUDA ? p->cuda_peak_bytes : p->peak_bytes;
+}
+
 int ebb_plan_keep_all(const ebb_plan *p) { return p ? p->keep_all : 0; }
 const char *ebb_plan_name(const ebb_plan *p) { return p ? p->name : NULL; }
 

@@ -379,7 +379,7 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
         stats->seconds = now_seconds() - t0;
         stats->measured_peak_bytes =
             ebb_memory_stats_get(dev, &ms) == EBB_OK ? ms.peak_bytes - base : -1;
-        stats->planned_peak_bytes = plan->peak_bytes;
+        stats->planned_peak_bytes = ebb_plan_device_peak_bytes(plan, dev);
         stats->steps_executed = executed;
     }
 done:

@@ -123,6 +123,11 @@ int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step);
 /* The predicted peak the same plan would have with keep_all (nothing freed
  * until the end): the figure liveness is compared against. */
 int64_t ebb_plan_keep_all_peak_bytes(const ebb_plan *p);
+/* The predicted peak as the device's allocator will count it: on CUDA every
+ * block is rounded up to 512 bytes (small blocks are carved from 2 MiB
+ * segments, which allocated-bytes statistics do not count); on the CPU it is
+ * ebb_plan_peak_bytes(). */
+int64_t ebb_plan_device_peak_bytes(const ebb_plan *p, ebb_device device);
 /* Non-zero for a plan compiled with keep_all. */
 int ebb_plan_keep_all(const ebb_plan *p);
 const char *ebb_plan_name(const ebb_plan *p);

@@ -62,7 +62,7 @@ typedef void (*ebb_trace_fn)(const ebb_trace_event *ev, void *user);
 
 typedef struct ebb_run_stats {
     int64_t measured_peak_bytes; /* allocator peak above the bytes at run start */
-    int64_t planned_peak_bytes;  /* ebb_plan_peak_bytes() */
+    int64_t planned_peak_bytes;  /* ebb_plan_device_peak_bytes() for the model's device */
     int64_t steps_executed;
     double seconds;
 } ebb_run_stats;

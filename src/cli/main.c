@@ -686,22 +686,22 @@ static int cmd_run(int argc, char **argv) {
         fprintf(tf,
                 "{\"summary\": {\"steps\": %lld, \"peak_bytes\": %lld, \"planned_peak_bytes\": "
                 "%lld, \"live_tensors_after\": %lld}}\n",
-                (long long)to.steps, (long long)peak, (long long)ebb_plan_peak_bytes(p, NULL),
+                (long long)to.steps, (long long)peak, (long long)ebb_plan_device_peak_bytes(p, dev),
                 (long long)(ebb_tensor_live_count() - n_in - n_out - ebb_model_param_count(m)));
     for (int k = 0; k < n_out; k++)
         print_summary(ebb_plan_output_name(p, k), outputs[k]);
     qsort(times, (size_t)o.repeat, sizeof *times, cmp_double);
     char mb[32], pb[32], kb[32], dn[32];
     human(mb, sizeof mb, peak);
-    human(pb, sizeof pb, ebb_plan_peak_bytes(p, NULL));
+    human(pb, sizeof pb, ebb_plan_device_peak_bytes(p, dev));
     human(kb, sizeof kb, ebb_plan_keep_all_peak_bytes(p));
     printf("peak intermediate bytes: measured %lld (%s), planned %lld (%s), keep_all %lld (%s)\n",
-           (long long)peak, mb, (long long)ebb_plan_peak_bytes(p, NULL), pb,
+           (long long)peak, mb, (long long)ebb_plan_device_peak_bytes(p, dev), pb,
            (long long)ebb_plan_keep_all_peak_bytes(p), kb);
     int routed = 0;
     for (int i = 0; i < ebb_plan_step_count(p); i++)
         routed |= ebb_plan_step_at(p, i)->kind == EBB_STEP_ENTER;
-    if (routed && peak != ebb_plan_peak_bytes(p, NULL))
+    if (routed && peak != ebb_plan_device_peak_bytes(p, dev))
         printf("(measured differs from planned: the plan predicts every switch branch and top-k "
                "expert seeing every row; the run routes each row to its own)\n");
     printf("time on %s%s: median %.3f ms over %d run%s (min %.3f, max %.3f)\n",
