@@ -12,13 +12,14 @@ CMAKE_FLAGS ?=
 DEB_PACKAGES := cmake g++ make pkg-config libtorch-dev libopenblas0-pthread \
                 libyaml-dev libcjson-dev libcmocka-dev graphviz
 
-.PHONY: all build deps demo test bench clean
+.PHONY: all build deps fuzz-deps demo test bench fuzz clean
 
 all: build
 
-deps:
+# Installs $(1) when missing: as root with apt-get, else prints the command.
+define install_missing
 	@missing=""; \
-	for p in $(DEB_PACKAGES); do \
+	for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
@@ -31,6 +32,15 @@ deps:
 	export DEBIAN_FRONTEND=noninteractive; \
 	apt-get install -y --no-install-recommends $$missing || \
 	  { apt-get update && apt-get install -y --no-install-recommends $$missing; }
+endef
+
+deps:
+	$(call install_missing,$(DEB_PACKAGES))
+
+# `make fuzz` also needs clang and libFuzzer's runtime.
+FUZZ_PACKAGES := clang libclang-rt-14-dev
+fuzz-deps: deps
+	$(call install_missing,$(FUZZ_PACKAGES))
 
 $(BUILD)/CMakeCache.txt: | deps
 	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
@@ -54,5 +64,14 @@ test: build
 bench: build
 	@echo "ebb: no benchmarks yet"
 
+# A libFuzzer run over the YAML loader and the compiler (ASan + UBSan).
+FUZZ_BUILD ?= build-fuzz
+FUZZ_TIME  ?= 60
+fuzz: fuzz-deps
+	cmake -S . -B $(FUZZ_BUILD) -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DEBB_FUZZ=ON -DEBB_BUILD_TESTS=OFF -DEBB_BUILD_EXAMPLES=OFF $(CMAKE_FLAGS)
+	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target fuzz_spec
+	mkdir -p $(FUZZ_BUILD)/corpus
+	OMP_NUM_THREADS=1 ./$(FUZZ_BUILD)/tests/fuzz/fuzz_spec -max_total_time=$(FUZZ_TIME) -max_len=4096 -print_final_stats=1 -dict=tests/fuzz/spec.dict $(FUZZ_BUILD)/corpus specs tests/specs_bad
+
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD)

@@ -1100,6 +1100,16 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
             c.status = ebb_error_set(EBB_ERR_SHAPE, "ebb_compile: input '%s' has %d dims", g->inputs.items[i], s->ndim);
             goto fail;
         }
+        int64_t numel = 1;
+        for (int d = 0; d < s->ndim; d++) {
+            /* refuse shapes whose byte size would overflow int64 */
+            if (s->dim[d] > 0 && numel > (INT64_MAX / 16) / s->dim[d]) {
+                c.status = ebb_error_set(EBB_ERR_SHAPE, "ebb_compile: input '%s' of shape %s is too large",
+                                         g->inputs.items[i], ebb_shape_str(s, buf, sizeof buf));
+                goto fail;
+            }
+            numel *= s->dim[d] > 0 ? s->dim[d] : 1;
+        }
         for (int d = 0; d < s->ndim; d++)
             if (s->dim[d] < 0) {
                 c.status = ebb_error_set(EBB_ERR_SHAPE, "ebb_compile: input '%s' has shape %s",

@@ -1,0 +1,124 @@
+/*
+ * ebb/spec.h - graphs declared in YAML (format 1, see docs/spec-format.md).
+ *
+ * A spec is a YAML file that the loader turns into the same builder calls a C
+ * program would make, so a spec and its C twin compile to the same plan:
+ *
+ *     ebb_spec *s = NULL;
+ *     if (ebb_spec_load(&s, "specs/mlp.yaml") != EBB_OK) {
+ *         fprintf(stderr, "%s\n", ebb_errmsg());   // specs/mlp.yaml:7:5: error: ...
+ *         return 1;
+ *     }
+ *     const char *bind[] = {"batch=8"};
+ *     ebb_shape shapes[4];
+ *     ebb_spec_resolve_shapes(s, bind, 1, shapes, 4);   // symbolic dims -> sizes
+ *     ebb_compile_options o = {.input_shapes = shapes,
+ *                              .n_input_shapes = ebb_spec_input_count(s)};
+ *     ebb_plan *p = NULL;
+ *     if (ebb_spec_compile(&p, s, &o) != EBB_OK)   // shape errors point into the file
+ *         fprintf(stderr, "%s\n", ebb_errmsg());
+ *     ebb_plan_free(p);
+ *     ebb_spec_free(s);
+ *
+ * The loader is hardened for untrusted input: it never crashes, hangs or
+ * leaks, and enforces the limits below itself. Every load error has status
+ * EBB_ERR_SPEC and reads "FILE:LINE:COL: error: KEY.PATH: MESSAGE" (1-based
+ * line and column of the offending YAML node; the key path is written like
+ * flow[4].gate.experts[2]).
+ */
+#ifndef EBB_SPEC_H
+#define EBB_SPEC_H
+
+#include "plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The spec format this loader reads (the value of the `ebb:` key). */
+#define EBB_SPEC_FORMAT 1
+
+/* Limits enforced on every spec. Inputs beyond them are rejected with an
+ * error, never truncated. */
+#define EBB_SPEC_MAX_BYTES (1 << 20)   /* size of the YAML text */
+#define EBB_SPEC_MAX_DEPTH 64          /* nesting of YAML lists and maps */
+#define EBB_SPEC_MAX_YAML_NODES 100000 /* scalars, lists and maps in the file */
+#define EBB_SPEC_MAX_NODES 10000       /* graph nodes after blocks and repeat expand */
+#define EBB_SPEC_MAX_NESTING 64        /* sub-flows inside sub-flows, blocks included */
+
+typedef struct ebb_spec ebb_spec;
+
+/* Reads and loads the spec at `path`; errors name the file as `path`. On
+ * success *out is a new spec (free with ebb_spec_free). EBB_ERR_IO when the
+ * file cannot be read, EBB_ERR_SPEC for anything wrong inside it. */
+ebb_status ebb_spec_load(ebb_spec **out, const char *path);
+
+/* Loads a spec from memory (`len` bytes; NUL bytes inside are an error).
+ * `display_name` is the FILE of error messages and, without directory and
+ * extension, the default graph name; NULL means "<string>". */
+ebb_status ebb_spec_load_string(ebb_spec **out, const char *text, size_t len,
+                                const char *display_name);
+
+/* Frees a spec and the graph it owns. NULL is allowed. */
+void ebb_spec_free(ebb_spec *s);
+
+/* The graph the spec declares, owned by the spec (valid until ebb_spec_free;
+ * take a reference by nesting it with ebb_node_graph if it must outlive it). */
+const ebb_graph *ebb_spec_graph(const ebb_spec *s);
+/* The graph name: the `name:` key, else the file name without extension. */
+const char *ebb_spec_name(const ebb_spec *s);
+/* The FILE used in error messages. */
+const char *ebb_spec_file(const ebb_spec *s);
+
+/* ---- inputs and their shapes --------------------------------------------- */
+
+int ebb_spec_input_count(const ebb_spec *s);
+const char *ebb_spec_input_name(const ebb_spec *s, int i);
+int ebb_spec_input_ndim(const ebb_spec *s, int i);
+/* Dimension d of input i: its size, or -1 for a symbolic dimension, whose
+ * name is then stored in *symbol (else *symbol is set to NULL; symbol may be
+ * NULL). */
+int64_t ebb_spec_input_dim(const ebb_spec *s, int i, int d, const char **symbol);
+
+/* Resolves every input's shape into shapes[0..ebb_spec_input_count-1] (at
+ * most `max_shapes`). `bindings` holds n strings "name=size" (size >= 1) for
+ * symbolic dimensions; an unbound symbol is 1. Fails with EBB_ERR_ARG for a
+ * malformed binding or one naming no symbolic dimension (with the nearest
+ * symbol suggested). */
+ebb_status ebb_spec_resolve_shapes(const ebb_spec *s, const char *const *bindings, int n,
+                                   ebb_shape *shapes, int max_shapes);
+
+/* ---- params ---------------------------------------------------------------- */
+
+/* The `params:` map, in file order. */
+int ebb_spec_param_count(const ebb_spec *s);
+const char *ebb_spec_param_name(const ebb_spec *s, int i);
+double ebb_spec_param_value(const ebb_spec *s, int i);
+
+/* ---- compiling and locating nodes ----------------------------------------- */
+
+/* ebb_compile() on the spec's graph. With opts NULL or opts->input_shapes
+ * NULL, the inputs get the spec's shapes with every symbol 1 (the other
+ * options from opts, if given). When the compiler's error names a node of
+ * the spec, the message is rewritten to "FILE:LINE:COL: error: KEY.PATH:
+ * <compiler message>" pointing at the YAML node that made it; the status
+ * stays the compiler's (EBB_ERR_SHAPE for a shape contradiction). */
+ebb_status ebb_spec_compile(ebb_plan **out, const ebb_spec *s, const ebb_compile_options *opts);
+
+/* If this thread's last error names a node of the spec (a compile error, or
+ * a run error from ebb_run on the spec's plan), rewrites it as "FILE:LINE:COL:
+ * error: KEY.PATH: <message>"; otherwise leaves it. Returns `status`, so it
+ * wraps a call: st = ebb_spec_annotate_error(s, ebb_run(...)). */
+ebb_status ebb_spec_annotate_error(const ebb_spec *s, ebb_status status);
+
+/* Finds the YAML position of a graph node path (as in plans and errors, e.g.
+ * "flow.4.also.0", or a node's `name`). Returns 1 and fills the non-NULL out
+ * arguments (1-based line and column, the key path such as
+ * "flow[4].also[0]" or "blocks.ffn[0]", valid while s lives), or returns 0. */
+int ebb_spec_locate(const ebb_spec *s, const char *node_path, int *line, int *col,
+                    const char **key_path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_SPEC_H */

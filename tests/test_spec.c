@@ -1,0 +1,877 @@
+/* The YAML spec front end: every spec in specs/ against its C builder twin
+ * (plan listings equal byte for byte, outputs equal bit for bit), every
+ * malformed spec in tests/specs_bad/ against the exact error line its first
+ * line expects, the loader's limits, and the spec API. */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+
+#include "test_util.h"
+
+#include "ebb/spec.h"
+
+#define SPECS_DIR EBB_SOURCE_DIR "/specs"
+#define BAD_DIR EBB_SOURCE_DIR "/tests/specs_bad"
+
+static const ebb_device CPU = {EBB_DEVICE_CPU, 0};
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot open %s", path);
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n == cap) {
+            cap = cap ? cap * 2 : 4096;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb)
+                free(buf);
+            assert_non_null(nb);
+            buf = nb;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0)
+            break;
+    }
+    fclose(f);
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* The EXPLAIN listing of a plan, as a string (free it). */
+static char *plan_listing(const ebb_plan *p) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    ebb_plan_print(p, f);
+    fclose(f);
+    return text;
+}
+
+static ebb_graph *finish(ebb_builder *b) {
+    ebb_graph *g = ebb_build(b);
+    if (!g)
+        fail_msg("twin failed to build: %s", ebb_errmsg());
+    ebb_builder_free(b);
+    return g;
+}
+
+/* A sub-flow of through steps over op nodes: sub(b, "linear", "out=16",
+ * "gelu", NULL, NULL) is the YAML list [{linear: {out: 16}}, gelu]. */
+static ebb_node *sub(ebb_builder *b, ...) {
+    ebb_builder *s = ebb_subflow_begin(b);
+    va_list ap;
+    va_start(ap, b);
+    for (;;) {
+        const char *op = va_arg(ap, const char *);
+        if (!op)
+            break;
+        const char *attrs = va_arg(ap, const char *);
+        ebb_through(s, ebb_node_op(s, op, attrs));
+    }
+    va_end(ap);
+    return ebb_subflow_end(s);
+}
+
+static ebb_node *op(ebb_builder *b, const char *name, const char *attrs) {
+    return ebb_node_op(b, name, attrs);
+}
+
+/* ---- the C twins of specs/ ------------------------------------------------- */
+
+static ebb_graph *twin_through(void) {
+    ebb_builder *b = ebb_builder_new("through");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=32, name=stem"));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "linear", "out=8, bias=false"));
+    ebb_through(b, op(b, "sigmoid", NULL));
+    return finish(b);
+}
+
+static ebb_graph *twin_also(void) {
+    ebb_builder *b = ebb_builder_new("also");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=16"));
+    ebb_also(b, sub(b, "linear", "out=16", "gelu", NULL, NULL));
+    ebb_also(b, op(b, "linear", "out=16"));
+    ebb_through(b, op(b, "layer_norm", NULL));
+    return finish(b);
+}
+
+static ebb_graph *twin_split(void) {
+    ebb_builder *b = ebb_builder_new("split");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=16"));
+    ebb_split(b, op(b, "relu", NULL), op(b, "tanh", NULL),
+              sub(b, "linear", "out=16", "gelu", NULL, NULL), NULL);
+    ebb_merge(b, EBB_MERGE_ADD, 0);
+    return finish(b);
+}
+
+static ebb_graph *twin_merge(void) {
+    ebb_builder *b = ebb_builder_new("merge");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=8"));
+    ebb_split(b, op(b, "relu", NULL), op(b, "tanh", NULL), NULL);
+    ebb_merge(b, EBB_MERGE_MEAN, 0);
+    ebb_split(b, op(b, "relu", NULL), op(b, "sigmoid", NULL), NULL);
+    ebb_merge(b, EBB_MERGE_MUL, 0);
+    ebb_split(b, op(b, "relu", NULL), op(b, "tanh", NULL), op(b, "gelu", NULL), NULL);
+    ebb_merge(b, EBB_MERGE_MAX, 0);
+    ebb_split(b, op(b, "identity", NULL), op(b, "tanh", NULL), NULL);
+    ebb_merge(b, EBB_MERGE_CAT, 1);
+    ebb_split(b, op(b, "linear", "out=8"), op(b, "linear", "out=8"), NULL);
+    ebb_merge(b, EBB_MERGE_STACK, 1);
+    ebb_through(b, op(b, "linear", "out=4"));
+    return finish(b);
+}
+
+static ebb_graph *twin_gate(void) {
+    ebb_builder *b = ebb_builder_new("gate");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=16"));
+    ebb_gate(b, sub(b, "linear", "out=3", "softmax", "dim=-1", NULL), 0, op(b, "linear", "out=16"),
+             sub(b, "linear", "out=16", "gelu", NULL, NULL), op(b, "tanh", NULL), NULL);
+    return finish(b);
+}
+
+static ebb_graph *twin_gate_topk(void) {
+    ebb_builder *b = ebb_builder_new("gate_topk");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=16"));
+    ebb_gate(b, sub(b, "linear", "out=4", "softmax", "dim=-1", NULL), 2, op(b, "linear", "out=16"),
+             op(b, "linear", "out=16"), op(b, "linear", "out=16"), op(b, "linear", "out=16"),
+             NULL);
+    return finish(b);
+}
+
+static ebb_graph *twin_switch(void) {
+    ebb_builder *b = ebb_builder_new("switch");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=16"));
+    ebb_switch(b, op(b, "linear", "out=2"), sub(b, "gelu", NULL, "linear", "out=8", NULL),
+               sub(b, "tanh", NULL, "linear", "out=8", NULL), NULL);
+    return finish(b);
+}
+
+static ebb_graph *twin_loop_for(void) {
+    ebb_builder *b = ebb_builder_new("loop_for");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=16"));
+    ebb_loop_for(b, sub(b, "linear", "out=16", "tanh", NULL, NULL), 4);
+    return finish(b);
+}
+
+static ebb_graph *twin_loop_while(void) {
+    ebb_builder *b = ebb_builder_new("loop_while");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=16"));
+    ebb_loop_while(b, sub(b, "linear", "out=16", "tanh", NULL, NULL),
+                   op(b, "threshold_halt", "threshold=0.5"), 6);
+    return finish(b);
+}
+
+static ebb_graph *twin_loop_until(void) {
+    ebb_builder *b = ebb_builder_new("loop_until");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=16"));
+    ebb_loop_until(b, sub(b, "linear", "out=16", "gelu", NULL, NULL), op(b, "learned_halt", NULL),
+                   5);
+    return finish(b);
+}
+
+static ebb_graph *twin_tag_using(void) {
+    ebb_builder *b = ebb_builder_new("tag_using");
+    ebb_input(b, "x");
+    ebb_output_final(b, "y");
+    ebb_output(b, "h");
+    ebb_from(b, op(b, "linear", "out=16"));
+    ebb_tag(b, "h");
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "linear", "out=16"));
+    ebb_using(b, "h", NULL);
+    ebb_through(b, op(b, "add", NULL));
+    ebb_using(b, "h", "x", NULL);
+    ebb_through(b, op(b, "cat", "dim=1"));
+    return finish(b);
+}
+
+/* repeat {times: N, body: B} is one through step over a sequence of N
+ * copies of B. */
+static ebb_graph *twin_repeat(void) {
+    ebb_builder *b = ebb_builder_new("repeat");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=16"));
+    ebb_node *copies[3];
+    for (int i = 0; i < 3; i++)
+        copies[i] = sub(b, "linear", "out=16", "relu", NULL, NULL);
+    ebb_through(b, ebb_node_seqv(b, copies, 3));
+    ebb_through(b, ebb_node_seq(b, op(b, "linear", "out=16"), op(b, "linear", "out=16"), NULL));
+    return finish(b);
+}
+
+static ebb_graph *twin_blocks(void) {
+    ebb_builder *b = ebb_builder_new("blocks");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "layer_norm", NULL));
+    for (int i = 0; i < 2; i++)
+        ebb_also(b, sub(b, "linear", "out=32", "gelu", NULL, "linear", "out=16", NULL));
+    ebb_through(b, op(b, "layer_norm", NULL));
+    return finish(b);
+}
+
+static ebb_graph *twin_params(void) {
+    ebb_builder *b = ebb_builder_new("params_demo");
+    ebb_input(b, "x");
+    ebb_input(b, "ctx");
+    ebb_using(b, "ctx", NULL);
+    ebb_from(b, op(b, "add", NULL));
+    ebb_through(b, op(b, "linear", "in=24, out=48"));
+    ebb_through(b, op(b, "layer_norm", "eps=0.001"));
+    ebb_through(b, op(b, "linear", "out=24"));
+    return finish(b);
+}
+
+static ebb_graph *twin_residual_tower(void) {
+    ebb_builder *b = ebb_builder_new("residual_tower");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "in=64, out=64, name=stem"));
+    ebb_node *layers[12];
+    for (int i = 0; i < 12; i++) {
+        ebb_builder *s = ebb_subflow_begin(b);
+        ebb_also(s, sub(s, "linear", "out=64", "gelu", NULL, "layer_norm", NULL, NULL));
+        layers[i] = ebb_subflow_end(s);
+    }
+    ebb_through(b, ebb_node_seqv(b, layers, 12));
+    ebb_through(b, op(b, "linear", "out=10, name=head"));
+    return finish(b);
+}
+
+static ebb_graph *twin_mlp(void) {
+    ebb_builder *b = ebb_builder_new("mlp");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "in=64, out=128, name=fc1"));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "dropout", "p=0.1"));
+    ebb_through(b, op(b, "linear", "out=128, name=fc2"));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "linear", "out=10, name=fc3"));
+    ebb_through(b, op(b, "log_softmax", "dim=-1"));
+    return finish(b);
+}
+
+static ebb_graph *twin_gated_routing(void) {
+    ebb_builder *b = ebb_builder_new("gated_routing");
+    ebb_input(b, "x");
+    ebb_output_final(b, "y");
+    ebb_output(b, "h");
+    ebb_from(b, op(b, "linear", "out=32, name=embed"));
+    ebb_tag(b, "h");
+    ebb_node *router = sub(b, "linear", "out=8", "softmax", "dim=-1", NULL);
+    ebb_node *experts[8];
+    for (int i = 0; i < 8; i++)
+        experts[i] = sub(b, "linear", "out=64", "gelu", NULL, "linear", "out=32", NULL);
+    ebb_gatev(b, router, 2, experts, 8);
+    ebb_using(b, "h", NULL);
+    ebb_through(b, op(b, "add", NULL));
+    ebb_through(b, op(b, "layer_norm", NULL));
+    ebb_through(b, op(b, "linear", "out=10, name=head"));
+    return finish(b);
+}
+
+static ebb_graph *twin_iterative_refine(void) {
+    ebb_builder *b = ebb_builder_new("iterative_refine");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=32, name=encode"));
+    ebb_loop_for(b, sub(b, "linear", "out=32", "tanh", NULL, "linear", "out=32", NULL), 8);
+    ebb_through(b, op(b, "layer_norm", NULL));
+    ebb_through(b, op(b, "linear", "out=4, name=decode"));
+    return finish(b);
+}
+
+static ebb_graph *twin_feedback(void) {
+    ebb_builder *b = ebb_builder_new("feedback");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=32, name=encode"));
+    ebb_tag(b, "ctx");
+    ebb_builder *body = ebb_subflow_begin(b);
+    ebb_through(body, op(body, "linear", "out=32"));
+    ebb_through(body, op(body, "tanh", NULL));
+    ebb_using(body, "ctx", NULL);
+    ebb_through(body, op(body, "add", NULL));
+    ebb_through(body, op(body, "layer_norm", NULL));
+    ebb_loop_until(b, ebb_subflow_end(body), op(b, "learned_halt", "name=halt"), 8);
+    ebb_through(b, op(b, "linear", "out=4, name=head"));
+    return finish(b);
+}
+
+static ebb_graph *twin_switch_routed(void) {
+    ebb_builder *b = ebb_builder_new("switch_routed");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=32, name=embed"));
+    ebb_switch(b, op(b, "linear", "out=3, name=selector"),
+               sub(b, "linear", "out=32", "relu", NULL, NULL),
+               sub(b, "linear", "out=64", "gelu", NULL, "linear", "out=32", NULL),
+               op(b, "identity", NULL), NULL);
+    ebb_through(b, op(b, "layer_norm", NULL));
+    ebb_through(b, op(b, "linear", "out=10, name=head"));
+    return finish(b);
+}
+
+static ebb_graph *twin_transformer_encoder(void) {
+    ebb_builder *b = ebb_builder_new("transformer_encoder");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=32, name=embed"));
+    ebb_node *layers[2];
+    for (int i = 0; i < 2; i++) {
+        ebb_builder *s = ebb_subflow_begin(b);
+        ebb_also(s, sub(s, "multi_head_attention", "num_heads=4", "dropout", "p=0.1", NULL));
+        ebb_through(s, op(s, "layer_norm", NULL));
+        ebb_also(s, sub(s, "linear", "out=64", "relu", NULL, "dropout", "p=0.1", "linear", "out=32",
+                        NULL));
+        ebb_through(s, op(s, "layer_norm", NULL));
+        layers[i] = ebb_subflow_end(s);
+    }
+    ebb_through(b, ebb_node_seqv(b, layers, 2));
+    return finish(b);
+}
+
+typedef struct twin {
+    const char *file;
+    ebb_graph *(*build)(void);
+    const char *bind[2]; /* symbolic dimensions */
+} twin;
+
+static const twin TWINS[] = {
+    {"through.yaml", twin_through, {"batch=3"}},
+    {"also.yaml", twin_also, {"batch=3"}},
+    {"split.yaml", twin_split, {"batch=3"}},
+    {"merge.yaml", twin_merge, {"batch=3"}},
+    {"gate.yaml", twin_gate, {"batch=5"}},
+    {"gate_topk.yaml", twin_gate_topk, {"batch=7"}},
+    {"switch.yaml", twin_switch, {"batch=6"}},
+    {"loop_for.yaml", twin_loop_for, {"batch=3"}},
+    {"loop_while.yaml", twin_loop_while, {"batch=3"}},
+    {"loop_until.yaml", twin_loop_until, {"batch=3"}},
+    {"tag_using.yaml", twin_tag_using, {"batch=3"}},
+    {"repeat.yaml", twin_repeat, {"batch=3"}},
+    {"blocks.yaml", twin_blocks, {"batch=3"}},
+    {"params.yaml", twin_params, {"batch=4"}},
+    {"residual_tower.yaml", twin_residual_tower, {"batch=8"}},
+    {"mlp.yaml", twin_mlp, {"batch=8"}},
+    {"gated_routing.yaml", twin_gated_routing, {"batch=16"}},
+    {"iterative_refine.yaml", twin_iterative_refine, {"batch=4"}},
+    {"feedback.yaml", twin_feedback, {"batch=4"}},
+    {"switch_routed.yaml", twin_switch_routed, {"batch=16"}},
+    {"transformer_encoder.yaml", twin_transformer_encoder, {"batch=2", "seq=5"}},
+};
+#define N_TWINS ((int)(sizeof TWINS / sizeof TWINS[0]))
+
+/* Runs a plan on seeded inputs and parameters; returns the outputs. */
+static void run_plan(const ebb_plan *p, const ebb_shape *shapes, int n_in, ebb_tensor **outputs) {
+    ebb_model *m = NULL;
+    assert_ok(ebb_model_new(&m, p, CPU, 1234));
+    ebb_tensor *inputs[8] = {0};
+    for (int i = 0; i < n_in; i++)
+        assert_ok(ebb_tensor_randn(&inputs[i], &shapes[i], EBB_FLOAT32, CPU, 100 + (uint64_t)i));
+    assert_ok(ebb_run(p, m, inputs, outputs, NULL));
+    for (int i = 0; i < n_in; i++)
+        ebb_tensor_free(inputs[i]);
+    ebb_model_free(m);
+}
+
+/* A spec and its twin: same graph interface, same plan listing byte for
+ * byte, same outputs bit for bit from the same seed; and every node of the
+ * plan traces back to a line of the spec. */
+static void test_twin(void **state) {
+    const twin *t = *state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", SPECS_DIR, t->file);
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load(&s, path));
+    int n_in = ebb_spec_input_count(s);
+    assert_true(n_in >= 1 && n_in <= 8);
+    ebb_shape shapes[8];
+    int n_bind = t->bind[1] ? 2 : 1;
+    assert_ok(ebb_spec_resolve_shapes(s, t->bind, n_bind, shapes, 8));
+    ebb_compile_options o = {.input_shapes = shapes, .n_input_shapes = n_in};
+    ebb_plan *ps = NULL, *pt = NULL;
+    assert_ok(ebb_spec_compile(&ps, s, &o));
+
+    ebb_graph *g = t->build();
+    assert_non_null(g);
+    const ebb_graph *sg = ebb_spec_graph(s);
+    assert_string_equal(ebb_graph_name(g), ebb_graph_name(sg));
+    assert_int_equal(ebb_graph_input_count(g), ebb_graph_input_count(sg));
+    assert_int_equal(ebb_graph_output_count(g), ebb_graph_output_count(sg));
+    for (int i = 0; i < ebb_graph_output_count(g); i++)
+        assert_string_equal(ebb_graph_output_name(g, i), ebb_graph_output_name(sg, i));
+    assert_int_equal(ebb_graph_step_count(g), ebb_graph_step_count(sg));
+    assert_ok(ebb_compile(&pt, g, &o));
+
+    char *ls = plan_listing(ps), *lt = plan_listing(pt);
+    if (strcmp(ls, lt) != 0) {
+        fprintf(stderr, "--- spec %s\n%s--- twin\n%s", t->file, ls, lt);
+        fail_msg("%s: the spec's plan listing differs from its C twin's", t->file);
+    }
+    free(ls);
+    free(lt);
+
+    for (int i = 0; i < ebb_plan_step_count(ps); i++) {
+        const char *node = ebb_plan_step_at(ps, i)->node;
+        int line = 0, col = 0;
+        const char *key = NULL;
+        if (node && node[0] && !ebb_spec_locate(s, node, &line, &col, &key))
+            fail_msg("%s: plan step %d names node '%s', which the spec cannot locate", t->file, i,
+                     node);
+    }
+
+    int n_out = ebb_plan_output_count(ps);
+    ebb_tensor *ys[8] = {0}, *yt[8] = {0};
+    assert_true(n_out >= 1 && n_out <= 8);
+    run_plan(ps, shapes, n_in, ys);
+    run_plan(pt, shapes, n_in, yt);
+    for (int i = 0; i < n_out; i++) {
+        double diff = -1;
+        assert_ok(ebb_tensor_max_abs_diff(ys[i], yt[i], &diff));
+        assert_true(diff == 0.0);
+        ebb_shape sh = ebb_tensor_shape(ys[i]);
+        assert_int_equal(sh.dim[0], shapes[0].dim[0]); /* the batch survives */
+        ebb_tensor_free(ys[i]);
+        ebb_tensor_free(yt[i]);
+    }
+    ebb_plan_free(ps);
+    ebb_plan_free(pt);
+    ebb_graph_free(g);
+    ebb_spec_free(s);
+}
+
+/* Every spec in specs/ has a twin (and so runs in a test). */
+static void test_every_spec_has_a_twin(void **state) {
+    (void)state;
+    DIR *d = opendir(SPECS_DIR);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t l = strlen(e->d_name);
+        if (l < 6 || strcmp(e->d_name + l - 5, ".yaml") != 0)
+            continue;
+        int found = 0;
+        for (int i = 0; i < N_TWINS; i++)
+            found |= strcmp(TWINS[i].file, e->d_name) == 0;
+        if (!found)
+            fail_msg("specs/%s has no C twin in tests/test_spec.c", e->d_name);
+        n++;
+    }
+    closedir(d);
+    assert_int_equal(n, N_TWINS);
+}
+
+/* Specs in subfolders of specs/ (benchmarks, parity fixtures) are written by
+ * other tests for their own shapes; here they only have to load. */
+static void test_subfolder_specs_load(void **state) {
+    (void)state;
+    DIR *d = opendir(SPECS_DIR);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] == '.' || strchr(e->d_name, '.'))
+            continue;
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/%s", SPECS_DIR, e->d_name);
+        DIR *sd = opendir(dir);
+        if (!sd)
+            continue;
+        for (struct dirent *f; (f = readdir(sd));) {
+            size_t l = strlen(f->d_name);
+            if (l < 6 || strcmp(f->d_name + l - 5, ".yaml") != 0)
+                continue;
+            char path[1024];
+            snprintf(path, sizeof path, "%s/%s", dir, f->d_name);
+            ebb_spec *s = NULL;
+            if (ebb_spec_load(&s, path) != EBB_OK)
+                fail_msg("%s", ebb_errmsg());
+            ebb_spec_free(s);
+            n++;
+        }
+        closedir(sd);
+    }
+    closedir(d);
+    (void)n;
+}
+
+/* ---- malformed specs ---------------------------------------------------------- */
+
+/* Rewrites a bad spec's first line with the error it gives now: run the test
+ * with EBB_UPDATE_EXPECT=1 after changing a message on purpose, then review
+ * the diff of tests/specs_bad/. */
+static void update_expect(const char *path, const char *rest) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fprintf(f, "# expect: %s\n%s", ebb_errmsg(), rest);
+    fclose(f);
+}
+
+/* Loads (and, if that succeeds, compiles) one file of tests/specs_bad/ and
+ * compares the error with the "# expect: " line that starts the file. */
+static void test_bad_spec(void **state) {
+    const char *name = *state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", BAD_DIR, name);
+    size_t len = 0;
+    char *text = read_file(path, &len);
+    const char *tag = "# expect: ";
+    if (strncmp(text, tag, strlen(tag)) != 0)
+        fail_msg("%s: the first line must be '# expect: <error line>'", name);
+    const char *start = text + strlen(tag);
+    const char *nl = strchr(start, '\n');
+    assert_non_null(nl);
+    char *expected = strndup(start, (size_t)(nl - start));
+
+    ebb_spec *s = NULL;
+    ebb_status st = ebb_spec_load_string(&s, text, len, name);
+    if (st == EBB_OK) {
+        ebb_plan *p = NULL;
+        st = ebb_spec_compile(&p, s, NULL);
+        ebb_plan_free(p);
+        ebb_spec_free(s);
+        if (st == EBB_OK)
+            fail_msg("%s: loaded and compiled, but expected: %s", name, expected);
+    } else {
+        assert_null(s);
+        assert_int_equal(st, EBB_ERR_SPEC);
+    }
+    if (strcmp(ebb_errmsg(), expected) != 0) {
+        if (getenv("EBB_UPDATE_EXPECT")) {
+            update_expect(path, nl + 1);
+        } else {
+            fail_msg("%s:\n  expected: %s\n  got:      %s", name, expected, ebb_errmsg());
+        }
+    }
+    free(expected);
+    free(text);
+}
+
+/* ---- limits and odd inputs --------------------------------------------------------- */
+
+static void expect_load_error(const char *text, size_t len, const char *expected) {
+    ebb_spec *s = NULL;
+    ebb_status st = ebb_spec_load_string(&s, text, len, "gen.yaml");
+    assert_int_equal(st, EBB_ERR_SPEC);
+    assert_null(s);
+    if (strcmp(ebb_errmsg(), expected) != 0)
+        fail_msg("expected: %s\n  got:      %s", expected, ebb_errmsg());
+}
+
+static void test_limit_size(void **state) {
+    (void)state;
+    size_t n = EBB_SPEC_MAX_BYTES + 1;
+    char *text = malloc(n);
+    assert_non_null(text);
+    memset(text, '#', n);
+    expect_load_error(text, n, "gen.yaml:1:1: error: the spec is 1048577 bytes; the limit is 1048576");
+    free(text);
+}
+
+static void test_limit_depth(void **state) {
+    (void)state;
+    char text[512] = "ebb: 1\nflow: ";
+    size_t k = strlen(text);
+    for (int i = 0; i < 80; i++)
+        text[k++] = '[';
+    for (int i = 0; i < 80; i++)
+        text[k++] = ']';
+    text[k] = '\0';
+    /* the map is level 1, "flow: [" level 2: the 64th "[" is the 65th level */
+    expect_load_error(text, k, "gen.yaml:2:70: error: lists and maps are nested more than 64 deep "
+                               "(the limit)");
+}
+
+static void test_limit_yaml_nodes(void **state) {
+    (void)state;
+    size_t cap = 16 + 2 * (EBB_SPEC_MAX_YAML_NODES + 10);
+    char *text = malloc(cap);
+    assert_non_null(text);
+    size_t k = (size_t)sprintf(text, "ebb: 1\nx: [");
+    for (int i = 0; i < EBB_SPEC_MAX_YAML_NODES + 5; i++) {
+        text[k++] = '0';
+        text[k++] = ',';
+    }
+    text[k++] = ']';
+    /* nodes: the map, "ebb", "1", "x", the list, then the list's items */
+    char expected[160];
+    snprintf(expected, sizeof expected,
+             "gen.yaml:2:%d: error: the spec has more than 100000 YAML nodes (the limit)",
+             5 + 2 * (EBB_SPEC_MAX_YAML_NODES - 5));
+    expect_load_error(text, k, expected);
+    free(text);
+}
+
+/* Blocks that double at every level: 2^14 copies from a few lines. */
+static void test_limit_expansion(void **state) {
+    (void)state;
+    char text[4096];
+    size_t k = (size_t)sprintf(text, "ebb: 1\ninputs: {x: [4]}\nblocks:\n  b0: [relu, relu]\n");
+    for (int i = 1; i < 14; i++)
+        k += (size_t)sprintf(text + k, "  b%d: [b%d, b%d]\n", i, i - 1, i - 1);
+    k += (size_t)sprintf(text + k, "flow:\n  - from: b13\n");
+    ebb_spec *s = NULL;
+    assert_int_equal(ebb_spec_load_string(&s, text, k, "gen.yaml"), EBB_ERR_SPEC);
+    assert_string_equal(ebb_errmsg(),
+                        "gen.yaml:6:8: error: blocks.b2[0]: the spec expands to more than 10000 "
+                        "graph nodes (the limit; repeat and block uses make copies) (in block "
+                        "'b2', used at blocks.b3[0])");
+    const char *big = "ebb: 1\ninputs: {x: [4]}\nflow:\n  - from: relu\n"
+                      "  - repeat: {times: 9999, body: [relu, relu]}\n";
+    assert_int_equal(ebb_spec_load_string(&s, big, strlen(big), "gen.yaml"), EBB_ERR_SPEC);
+    assert_errmsg_contains("the spec expands to more than 10000 graph nodes");
+    const char *huge = "ebb: 1\ninputs: {x: [4]}\nflow:\n  - from: relu\n"
+                       "  - repeat: {times: 9223372036854775807, body: relu}\n";
+    assert_int_equal(ebb_spec_load_string(&s, huge, strlen(huge), "gen.yaml"), EBB_ERR_SPEC);
+    assert_errmsg_contains("gen.yaml:5:21: error: flow[1].repeat.times: times must be between 1 "
+                           "and 10000");
+}
+
+/* A chain of 80 blocks, each a list holding the next. */
+static void test_limit_nesting(void **state) {
+    (void)state;
+    char text[8192];
+    size_t k = (size_t)sprintf(text, "ebb: 1\ninputs: {x: [4]}\nblocks:\n");
+    for (int i = 0; i < 80; i++)
+        k += (size_t)sprintf(text + k, "  b%d: [b%d]\n", i, i + 1);
+    k += (size_t)sprintf(text + k, "  b80: relu\nflow:\n  - from: b0\n");
+    ebb_spec *s = NULL;
+    assert_int_equal(ebb_spec_load_string(&s, text, k, "gen.yaml"), EBB_ERR_SPEC);
+    assert_errmsg_contains("nested more than 64 deep (the limit)");
+}
+
+static void test_odd_inputs(void **state) {
+    (void)state;
+    expect_load_error("ebb: 1\0x", 8, "gen.yaml:1:7: error: the spec contains a NUL byte");
+    expect_load_error("", 0, "gen.yaml:1:1: error: the spec is empty; a spec starts with 'ebb: 1'");
+    expect_load_error("ebb: 1\nname: \"a\\0b\"\n", 19,
+                      "gen.yaml:2:7: error: a scalar contains a NUL character");
+    expect_load_error("ebb: 1\nname: \x80x\n", 16,
+                      "gen.yaml:2:7: error: YAML: invalid leading UTF-8 octet (byte 0x80)");
+    expect_load_error("ebb: 1\n? [a]\n: b\n", 16,
+                      "gen.yaml:2:3: error: map keys must be plain names, not lists");
+    /* the same key three times is reported at its second use */
+    expect_load_error("ebb: 1\nebb: 1\nebb: 1\n", 21,
+                      "gen.yaml:2:1: error: duplicate key 'ebb' (first at line 1, column 1)");
+    ebb_spec *s = NULL;
+    assert_int_equal(ebb_spec_load_string(NULL, "", 0, NULL), EBB_ERR_ARG);
+    assert_int_equal(ebb_spec_load_string(&s, NULL, 3, NULL), EBB_ERR_ARG);
+    assert_int_equal(ebb_spec_load(&s, NULL), EBB_ERR_ARG);
+    ebb_spec_free(NULL);
+}
+
+/* ---- the API ------------------------------------------------------------------------ */
+
+static void test_load_file_errors(void **state) {
+    (void)state;
+    ebb_spec *s = NULL;
+    assert_int_equal(ebb_spec_load(&s, BAD_DIR "/no_such_file.yaml"), EBB_ERR_IO);
+    assert_null(s);
+    assert_errmsg_contains("no_such_file.yaml: cannot open");
+    /* a path given to ebb_spec_load is the FILE of its messages */
+    assert_int_equal(ebb_spec_load(&s, BAD_DIR "/unknown_op.yaml"), EBB_ERR_SPEC);
+    assert_string_equal(ebb_errmsg(), BAD_DIR "/unknown_op.yaml:7:14: error: flow[1].through: "
+                                              "unknown op or block 'relu6'; did you mean 'relu'?");
+}
+
+static void test_inputs_and_params(void **state) {
+    (void)state;
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load(&s, SPECS_DIR "/params.yaml"));
+    assert_string_equal(ebb_spec_name(s), "params_demo");
+    assert_string_equal(ebb_spec_file(s), SPECS_DIR "/params.yaml");
+    assert_int_equal(ebb_spec_input_count(s), 2);
+    assert_string_equal(ebb_spec_input_name(s, 0), "x");
+    assert_string_equal(ebb_spec_input_name(s, 1), "ctx");
+    assert_null(ebb_spec_input_name(s, 2));
+    assert_int_equal(ebb_spec_input_ndim(s, 1), 2);
+    const char *sym = NULL;
+    assert_int_equal(ebb_spec_input_dim(s, 0, 0, &sym), -1);
+    assert_string_equal(sym, "batch");
+    assert_int_equal(ebb_spec_input_dim(s, 0, 1, &sym), 24);
+    assert_null(sym);
+    assert_int_equal(ebb_spec_input_dim(s, 0, 2, &sym), -1);
+    assert_null(sym);
+    assert_int_equal(ebb_spec_param_count(s), 3);
+    assert_string_equal(ebb_spec_param_name(s, 0), "d");
+    assert_string_equal(ebb_spec_param_name(s, 2), "eps");
+    assert_true(ebb_spec_param_value(s, 1) == 48.0);
+    assert_true(ebb_spec_param_value(s, 2) == 0.001);
+    assert_int_equal(ebb_graph_input_count(ebb_spec_graph(s)), 2);
+    ebb_spec_free(s);
+}
+
+static void test_resolve_shapes(void **state) {
+    (void)state;
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load(&s, SPECS_DIR "/transformer_encoder.yaml"));
+    ebb_shape sh[2];
+    assert_ok(ebb_spec_resolve_shapes(s, NULL, 0, sh, 2));
+    assert_int_equal(sh[0].ndim, 3);
+    assert_int_equal(sh[0].dim[0], 1);
+    assert_int_equal(sh[0].dim[1], 1);
+    assert_int_equal(sh[0].dim[2], 32);
+    const char *b1[] = {"seq=7", "batch=3", "seq=9"};
+    assert_ok(ebb_spec_resolve_shapes(s, b1, 3, sh, 2));
+    assert_int_equal(sh[0].dim[0], 3);
+    assert_int_equal(sh[0].dim[1], 9); /* the last binding wins */
+    const char *typo[] = {"bacth=3"};
+    assert_int_equal(ebb_spec_resolve_shapes(s, typo, 1, sh, 2), EBB_ERR_ARG);
+    assert_errmsg_contains("no input has a symbolic dimension 'bacth'; did you mean 'batch'?");
+    const char *zero[] = {"batch=0"};
+    assert_int_equal(ebb_spec_resolve_shapes(s, zero, 1, sh, 2), EBB_ERR_ARG);
+    assert_errmsg_contains("binding 'batch=0': the size must be an integer >= 1");
+    const char *bare[] = {"batch"};
+    assert_int_equal(ebb_spec_resolve_shapes(s, bare, 1, sh, 2), EBB_ERR_ARG);
+    assert_errmsg_contains("binding 'batch' is not name=size");
+    assert_int_equal(ebb_spec_resolve_shapes(s, NULL, 0, sh, 0), EBB_ERR_ARG);
+    ebb_spec_free(s);
+}
+
+static void test_default_name_and_file(void **state) {
+    (void)state;
+    const char *text = "ebb: 1\ninputs: {x: [2, 3]}\nflow: [{from: relu}]\n";
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load_string(&s, text, strlen(text), "some/dir/my_model.v2.yaml"));
+    assert_string_equal(ebb_spec_name(s), "my_model.v2");
+    assert_string_equal(ebb_graph_name(ebb_spec_graph(s)), "my_model.v2");
+    ebb_plan *p = NULL;
+    assert_ok(ebb_spec_compile(&p, s, NULL)); /* the spec's own shapes */
+    assert_int_equal(ebb_plan_value_at(p, ebb_plan_input_slot(p, 0))->shape.dim[1], 3);
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+    assert_ok(ebb_spec_load_string(&s, text, strlen(text), NULL));
+    assert_string_equal(ebb_spec_file(s), "<string>");
+    ebb_spec_free(s);
+}
+
+static void test_locate(void **state) {
+    (void)state;
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load(&s, SPECS_DIR "/feedback.yaml"));
+    int line = 0, col = 0;
+    const char *key = NULL;
+    assert_true(ebb_spec_locate(s, "flow.2.loop.cond", &line, &col, &key));
+    assert_int_equal(line, 16);
+    assert_int_equal(col, 14);
+    assert_string_equal(key, "flow[2].loop.until");
+    assert_true(ebb_spec_locate(s, "halt", &line, &col, NULL)); /* a name locates too */
+    assert_int_equal(line, 16);
+    assert_true(ebb_spec_locate(s, "flow.2.loop.body.2", &line, &col, &key));
+    assert_int_equal(line, 14);
+    assert_string_equal(key, "flow[2].loop.body[2].through");
+    assert_false(ebb_spec_locate(s, "flow.9", NULL, NULL, NULL));
+    assert_false(ebb_spec_locate(NULL, "flow.0", NULL, NULL, NULL));
+    ebb_spec_free(s);
+
+    assert_ok(ebb_spec_load(&s, SPECS_DIR "/gated_routing.yaml"));
+    assert_true(ebb_spec_locate(s, "flow.2.gate.5.1", &line, &col, &key));
+    assert_string_equal(key, "blocks.ffn[1]");
+    assert_int_equal(line, 8);
+    ebb_spec_free(s);
+}
+
+/* A compile error that names no node of the spec is passed on as it is. */
+static void test_compile_error_passthrough(void **state) {
+    (void)state;
+    const char *text = "ebb: 1\ninputs: {x: [2, 3]}\nflow: [{from: relu}]\n";
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load_string(&s, text, strlen(text), "t.yaml"));
+    ebb_compile_options o = {.input_shapes = NULL};
+    ebb_shape two[2] = {EBB_SHAPE(2, 3), EBB_SHAPE(2, 3)};
+    o.input_shapes = two;
+    o.n_input_shapes = 2;
+    ebb_plan *p = NULL;
+    assert_int_not_equal(ebb_spec_compile(&p, s, &o), EBB_OK);
+    assert_null(p);
+    assert_true(strncmp(ebb_errmsg(), "t.yaml:", 7) != 0);
+    ebb_spec_free(s);
+}
+
+/* ---- main --------------------------------------------------------------------------- */
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+int main(void) {
+    static const struct CMUnitTest fixed[] = {
+        EBB_TEST(test_every_spec_has_a_twin),
+        EBB_TEST(test_subfolder_specs_load),
+        EBB_TEST(test_limit_size),
+        EBB_TEST(test_limit_depth),
+        EBB_TEST(test_limit_yaml_nodes),
+        EBB_TEST(test_limit_expansion),
+        EBB_TEST(test_limit_nesting),
+        EBB_TEST(test_odd_inputs),
+        EBB_TEST(test_load_file_errors),
+        EBB_TEST(test_inputs_and_params),
+        EBB_TEST(test_resolve_shapes),
+        EBB_TEST(test_default_name_and_file),
+        EBB_TEST(test_locate),
+        EBB_TEST(test_compile_error_passthrough),
+    };
+    int n_fixed = (int)(sizeof fixed / sizeof fixed[0]);
+
+    /* one test per malformed spec, named after its file */
+    char *bad[512];
+    int n_bad = 0;
+    DIR *d = opendir(BAD_DIR);
+    if (!d) {
+        fprintf(stderr, "cannot open %s\n", BAD_DIR);
+        return 1;
+    }
+    for (struct dirent *e; (e = readdir(d)) && n_bad < 512;) {
+        size_t l = strlen(e->d_name);
+        if (l > 5 && strcmp(e->d_name + l - 5, ".yaml") == 0)
+            bad[n_bad++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(bad, (size_t)n_bad, sizeof *bad, cmp_str);
+    if (n_bad < 40) {
+        fprintf(stderr, "tests/specs_bad holds %d specs; at least 40 are expected\n", n_bad);
+        return 1;
+    }
+
+    int n = n_fixed + N_TWINS + n_bad;
+    struct CMUnitTest *tests = calloc((size_t)n, sizeof *tests);
+    char **names = calloc((size_t)n, sizeof *names);
+    if (!tests || !names)
+        return 1;
+    memcpy(tests, fixed, sizeof fixed);
+    for (int i = 0; i < N_TWINS; i++) {
+        struct CMUnitTest *t = &tests[n_fixed + i];
+        names[i] = malloc(strlen(TWINS[i].file) + 8);
+        sprintf(names[i], "twin %s", TWINS[i].file);
+        *t = (struct CMUnitTest)cmocka_unit_test_prestate_setup_teardown(
+            test_twin, ebb_test_setup, ebb_test_teardown, (void *)&TWINS[i]);
+        t->name = names[i];
+    }
+    for (int i = 0; i < n_bad; i++) {
+        struct CMUnitTest *t = &tests[n_fixed + N_TWINS + i];
+        names[N_TWINS + i] = malloc(strlen(bad[i]) + 8);
+        sprintf(names[N_TWINS + i], "bad %s", bad[i]);
+        *t = (struct CMUnitTest)cmocka_unit_test_prestate_setup_teardown(
+            test_bad_spec, ebb_test_setup, ebb_test_teardown, bad[i]);
+        t->name = names[N_TWINS + i];
+    }
+    int rc = _cmocka_run_group_tests("test_spec", tests, (size_t)n, NULL, NULL);
+    for (int i = 0; i < N_TWINS + n_bad; i++)
+        free(names[i]);
+    for (int i = 0; i < n_bad; i++)
+        free(bad[i]);
+    free(names);
+    free(tests);
+    return rc;
+}
