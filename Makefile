@@ -1,7 +1,7 @@
 # ebb: two commands do everything on a fresh Debian machine.
 #   make demo   installs what is missing, builds, runs the main example
 #   make test   installs what is missing, builds, runs every test through ctest
-# Other targets: build, deps, bench, clean.
+# Other targets: build, deps, bench, fuzz, clean.
 
 BUILD    ?= build
 JOBS     ?= 2
@@ -61,8 +61,14 @@ demo: build
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 
-bench: build
-	@echo "ebb: no benchmarks yet"
+# ebb against hand-written libtorch C++ and PyTorch eager, side by side
+# (tests/bench/, docs/benchmarks.md). Not part of `make test`.
+BENCH_PACKAGES := python3-torch
+bench: deps
+	$(call install_missing,$(BENCH_PACKAGES))
+	cmake -S . -B $(BUILD) -DEBB_BUILD_BENCH=ON $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j$(JOBS) --target ebb_bench
+	bash tests/bench/run.sh $(BUILD)
 
 # A libFuzzer run over the YAML loader and the compiler (ASan + UBSan).
 FUZZ_BUILD ?= build-fuzz

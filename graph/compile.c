@@ -207,12 +207,22 @@ static ebb_status zeros_like_on(ebb_tensor **out, const ebb_tensor *t, ebb_devic
 
 /* Runs op->forward on the meta device; when the op has no meta kernel, again
  * on CPU zeros. Returns a meta tensor of the output's shape. */
-static ebb_status dry_forward(compiler *c, ebb_op_call *call, ebb_tensor **out) {
+static int shares_input(const ebb_tensor *r, ebb_tensor *const *in, int n) {
+    for (int i = 0; i < n; i++)
+        if (ebb_tensor_same_storage(r, in[i]))
+            return i;
+    return -1;
+}
+
+/* ... and sets *alias to the input whose storage the output shares, or -1:
+ * the dry run, not the op's flag, says what is a view. */
+static ebb_status dry_forward(compiler *c, ebb_op_call *call, ebb_tensor **out, int *alias) {
     ebb_tensor *r = NULL;
     ebb_status st = call->op->forward(call, &r);
     if (st == EBB_OK) {
         if (!r)
             return ebb_error_set(EBB_ERR_ARG, "op %s returned no tensor", call->op->name);
+        *alias = shares_input(r, call->in, call->n_in);
         *out = r;
         return EBB_OK;
     }
@@ -231,6 +241,7 @@ static ebb_status dry_forward(compiler *c, ebb_op_call *call, ebb_tensor **out) 
         cc.params = cpu + call->n_in;
         cst = call->op->forward(&cc, &r);
         if (cst == EBB_OK && r) {
+            *alias = shares_input(r, cpu, call->n_in);
             ebb_shape s = ebb_tensor_shape(r);
             ebb_dtype dt = ebb_tensor_dtype(r);
             ebb_tensor_free(r);
@@ -321,10 +332,11 @@ static int emit_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, c
     for (int i = 0; st == EBB_OK && i < np; i++)
         st = ebb_tensor_empty(&params[i], &specs[i].shape, c->plan->dtype, c->meta_device);
     ebb_tensor *out = NULL;
+    int alias = -1;
     if (st == EBB_OK) {
         ebb_op_call call = {.op = op, .attrs = attrs, .in = ins, .n_in = n_in,
                             .params = params, .n_params = np, .node = path};
-        st = dry_forward(c, &call, &out);
+        st = dry_forward(c, &call, &out, &alias);
     }
     for (int i = 0; i < np; i++)
         ebb_tensor_free(params[i]);
@@ -339,12 +351,14 @@ static int emit_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, c
     }
     s->op = op;
     s->attrs = attrs;
+    if (op->workspace && n_in > 0)
+        s->workspace = op->workspace(attrs, shapes, n_in, ebb_tensor_dtype(ins[0]));
     s->param_first = param_first;
     s->n_params = np;
-    /* a view op may still copy (reshape of a non-contiguous input): trust
-     * the dry run's storage, not only the flag */
-    int view = op->is_view && n_in > 0 && ebb_tensor_same_storage(out, c->meta[in[0]]);
-    int slot = value_new(c, out, EBB_VALUE_INTERMEDIATE, step_index(c, s), view ? in[0] : -1);
+    /* a view op may still copy (reshape of a non-contiguous input), and an op
+     * not flagged as a view may hand back its input: trust the dry run */
+    int slot = value_new(c, out, EBB_VALUE_INTERMEDIATE, step_index(c, s),
+                         alias >= 0 ? in[alias] : -1);
     if (slot < 0 || step_set_slots(c, s, in, n_in, &slot, 1) != 0)
         return -1;
     return slot;
@@ -946,6 +960,42 @@ static int compute_frees(compiler *c) {
     return 0;
 }
 
+/* ---- in-place steps ---------------------------------------------------- */
+
+/* An elementwise op may overwrite its input when that input dies at this
+ * step and owns its storage outright: made by an op (not a view or alias of
+ * anything) and looked at by no other value. The executor re-checks at run
+ * time that nothing else holds the storage. */
+static void mark_in_place(compiler *c) {
+    ebb_plan *p = c->plan;
+    if (p->keep_all)
+        return;
+    for (int i = 0; i < p->n_steps; i++) {
+        plan_step *s = &p->steps[i];
+        if (s->pub.kind != EBB_STEP_OP || !s->op->forward_inplace || s->pub.n_in != 1)
+            continue;
+        int x = s->pub.in[0], y = s->pub.out[0];
+        const ebb_plan_value *xv = &p->values[x], *yv = &p->values[y];
+        if (xv->kind != EBB_VALUE_INTERMEDIATE || xv->alias_of >= 0 || xv->nbytes <= 0 ||
+            yv->alias_of >= 0 || yv->dtype != xv->dtype || !ebb_shape_equal(&yv->shape, &xv->shape))
+            continue;
+        int dies = 0, shared = 0;
+        for (int k = 0; k < s->pub.n_frees; k++)
+            dies |= s->pub.frees[k] == x;
+        for (int v = 0; v < p->n_values && !shared; v++)
+            shared = v != y && p->values[v].alias_of == x;
+        /* the slot must not be written again elsewhere (loop state, accumulator) */
+        for (int j = 0; j < p->n_steps && !shared; j++)
+            for (int k = 0; k < p->steps[j].pub.n_out; k++)
+                shared |= j != xv->producer && p->steps[j].pub.out[k] == x;
+        if (!dies || shared)
+            continue;
+        s->pub.in_place = 1;
+        p->values[y].alias_of = x;
+        p->values[y].nbytes = 0;
+    }
+}
+
 /* ---- predicted memory --------------------------------------------------- */
 
 /* Walks the steps in listing order (branches taken, loop bodies once) and
@@ -996,13 +1046,16 @@ static int64_t predict(compiler *c, int no_frees, int64_t granule, int *peak_ste
                 cls[v] = new_cls;
             }
         }
-        if (live > peak) {
-            peak = live;
+        int64_t ws = s->workspace;
+        if (granule && ws)
+            ws = (ws + granule - 1) / granule * granule;
+        if (live + ws > peak) {
+            peak = live + ws;
             at = i;
         }
         int record = !no_frees && !granule;
         if (record)
-            s->pub.peak_bytes = live;
+            s->pub.peak_bytes = live + ws;
         for (int k = 0; !no_frees && k < s->pub.n_frees; k++) {
             int v = s->pub.frees[k];
             if (cls[v] >= 0 && --refs[cls[v]] == 0)
@@ -1075,7 +1128,9 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
     ebb_plan *p = calloc(1, sizeof *p);
     if (!p)
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_compile: out of memory");
+    static atomic_uint_fast64_t next_plan_id = 1;
     c.plan = p;
+    p->id = atomic_fetch_add(&next_plan_id, 1);
     p->graph = (ebb_graph *)g;
     atomic_fetch_add(&p->graph->refs, 1);
     p->keep_all = opts->keep_all;
@@ -1142,8 +1197,10 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
             p->values[p->outputs[i]].kind = EBB_VALUE_OUTPUT;
     if (compute_frees(&c) != 0)
         goto fail;
-    p->peak_bytes = predict(&c, 0, 0, &p->peak_step);
+    /* keep_all is the figure without liveness, so without in-place steps too */
     p->keep_all_peak_bytes = predict(&c, 1, 0, NULL);
+    mark_in_place(&c);
+    p->peak_bytes = predict(&c, 0, 0, &p->peak_step);
     /* CUDA's caching allocator counts blocks rounded up to 512 bytes */
     p->cuda_peak_bytes = predict(&c, p->keep_all, 512, NULL);
     if (p->peak_bytes < 0 || p->keep_all_peak_bytes < 0 || p->cuda_peak_bytes < 0)

@@ -120,6 +120,12 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
     human_bytes(keep, sizeof keep, p->keep_all_peak_bytes);
     fprintf(f, "%d steps, %d values, %d parameters (%s)\n", p->n_steps, p->n_values, p->n_params,
             pb);
+    int n_in_place = 0;
+    for (int i = 0; i < p->n_steps; i++)
+        if (p->steps[i].pub.in_place)
+            fprintf(f, n_in_place++ ? ", %d" : "in place (the output reuses its dying input): steps %d", i);
+    if (n_in_place)
+        fputc('\n', f);
     fprintf(f, "predicted peak %lld bytes (%s) at step %d", (long long)p->peak_bytes, peak,
             p->peak_step);
     if (p->peak_step >= 0)

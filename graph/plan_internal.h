@@ -10,6 +10,7 @@ typedef struct plan_step {
     ebb_plan_step pub; /* the read-only view; its arrays point into the plan */
     const ebb_op *op;  /* EBB_STEP_OP */
     const ebb_attr_value *attrs;
+    int64_t workspace; /* scratch bytes the op allocates inside the call */
     int param_first; /* into the plan's parameter table */
     int n_params;
     ebb_route_mode mode; /* ROUTE, ENTER, EXIT */
@@ -28,6 +29,7 @@ typedef struct plan_param {
 } plan_param;
 
 struct ebb_plan {
+    uint64_t id;      /* unique per process, from 1 */
     ebb_graph *graph; /* a reference: ops' attributes live in its nodes */
     char *name;
     plan_step *steps;

@@ -143,8 +143,9 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
         ids_json(f, p, s->out, s->n_out);
         fputs(", \"frees\": ", f);
         ids_json(f, p, s->frees, s->n_frees);
-        fprintf(f, ", \"live_bytes\": %lld, \"peak_bytes\": %lld", (long long)s->live_bytes,
-                (long long)s->peak_bytes);
+        fprintf(f, ", \"live_bytes\": %lld, \"peak_bytes\": %lld, \"in_place\": %s",
+                (long long)s->live_bytes, (long long)s->peak_bytes,
+                p->steps[i].pub.in_place ? "true" : "false");
         if (s->jump >= 0) {
             fprintf(f, ", \"jump\": %d, \"jump_frees\": ", s->jump);
             ids_json(f, p, s->jump_frees, s->n_jump_frees);

@@ -4,6 +4,10 @@
 #define UNARY(fn, kind)                                                                            \
     static ebb_status fn(const ebb_op_call *c, ebb_tensor **out) {                                 \
         return ebb_tensor_unary(out, kind, c->in[0]);                                              \
+    }                                                                                              \
+    static ebb_status fn##_inplace(const ebb_op_call *c, ebb_tensor *x) {                          \
+        (void)c;                                                                                   \
+        return ebb_tensor_unary_(x, kind);                                                         \
     }
 UNARY(relu_fwd, EBB_RELU)
 UNARY(gelu_fwd, EBB_GELU)
@@ -31,7 +35,9 @@ static const ebb_attr_spec dropout_attrs[] = {
     {.name = "p", .type = EBB_ATTR_FLOAT, .default_number = 0.5, .doc = "drop probability (training only)"},
 };
 
-#define SIMPLE(n, f, d) {.name = n, .min_inputs = 1, .max_inputs = 1, .forward = f, .doc = d}
+#define SIMPLE(n, f, d)                                                                            \
+    {.name = n, .min_inputs = 1, .max_inputs = 1, .forward = f, .doc = d,                         \
+     .forward_inplace = f##_inplace}
 
 const ebb_op ebb_ops_activation[] = {
     SIMPLE("relu", relu_fwd, "max(x, 0)"),

@@ -79,6 +79,28 @@ static ebb_status batch_norm_params(const ebb_attr_value *a, const ebb_shape *in
     return EBB_OK;
 }
 
+/* The statistics libtorch's CPU kernels allocate per call: layer_norm keeps
+ * a mean and an rstd per normalised row, batch_norm (inference) a scale and
+ * shift per channel, in the input's float type (float32 for half types). */
+static int64_t stat_bytes(ebb_dtype dt) { return dt == EBB_FLOAT64 ? 8 : 4; }
+
+static int64_t layer_norm_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                    ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    if (in[0].ndim < 1 || in[0].dim[in[0].ndim - 1] == 0)
+        return 0;
+    int64_t rows = ebb_shape_numel(&in[0]) / in[0].dim[in[0].ndim - 1];
+    return 2 * rows * stat_bytes(dt);
+}
+
+static int64_t batch_norm_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                    ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    return in[0].ndim >= 2 ? 2 * in[0].dim[1] * stat_bytes(dt) : 0;
+}
+
 static ebb_status batch_norm_fwd(const ebb_op_call *c, ebb_tensor **out) {
     *out = NULL;
     int affine = c->attrs[BN_AFFINE].i != 0;
@@ -187,10 +209,12 @@ static ebb_status group_norm_fwd(const ebb_op_call *c, ebb_tensor **out) {
 const ebb_op ebb_ops_norm[] = {
     {.name = "layer_norm", .min_inputs = 1, .max_inputs = 1, .attrs = layer_norm_attrs, .n_attrs = 2,
      .params = layer_norm_params, .forward = layer_norm_fwd,
-     .doc = "normalise the last dimension, then scale and shift"},
+     .doc = "normalise the last dimension, then scale and shift",
+     .workspace = layer_norm_workspace},
     {.name = "batch_norm", .min_inputs = 1, .max_inputs = 1, .attrs = batch_norm_attrs,
      .n_attrs = EBB_COUNT(batch_norm_attrs), .params = batch_norm_params, .forward = batch_norm_fwd,
-     .doc = "inference batch norm over dim 1 with running statistics"},
+     .doc = "inference batch norm over dim 1 with running statistics",
+     .workspace = batch_norm_workspace},
     {.name = "rms_norm", .min_inputs = 1, .max_inputs = 1, .attrs = rms_norm_attrs,
      .n_attrs = EBB_COUNT(rms_norm_attrs), .params = rms_norm_params, .forward = rms_norm_fwd,
      .doc = "x * rsqrt(mean(x^2 over the last dim) + eps) * weight"},

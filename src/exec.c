@@ -217,6 +217,15 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
             r->params[i] = r->model->params[s->param_first + i];
         ebb_op_call call = {.op = s->op, .attrs = s->attrs, .in = r->args, .n_in = ps->n_in,
                             .params = r->params, .n_params = s->n_params, .node = ps->node};
+        if (s->pub.in_place && !r->borrowed[ps->in[0]] && ebb_tensor_is_exclusive(r->args[0])) {
+            /* the output takes over the input's storage and handle */
+            ebb_status st = s->op->forward_inplace(&call, r->args[0]);
+            if (st != EBB_OK)
+                return st;
+            r->slots[ps->in[0]] = NULL;
+            slot_set(r, ps->out[0], r->args[0]);
+            return EBB_OK;
+        }
         ebb_tensor *out = NULL;
         ebb_status st = s->op->forward(&call, &out);
         if (st != EBB_OK)
@@ -267,6 +276,8 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
 /* ---- the run -------------------------------------------------------------- */
 
 static ebb_status check_model(const ebb_plan *p, const ebb_model *m) {
+    if (atomic_load_explicit(&((ebb_model *)m)->checked_plan, memory_order_acquire) == p->id)
+        return EBB_OK;
     if (m->n_params != p->n_params)
         return ebb_error_set(EBB_ERR_ARG, "ebb_run: the model has %d parameters, plan %s needs %d",
                              m->n_params, p->name, p->n_params);
@@ -282,6 +293,7 @@ static ebb_status check_model(const ebb_plan *p, const ebb_model *m) {
                                  ebb_shape_str(&p->params[i].spec.shape, b, sizeof b));
         }
     }
+    atomic_store_explicit(&((ebb_model *)m)->checked_plan, p->id, memory_order_release);
     return EBB_OK;
 }
 

@@ -2,6 +2,8 @@
 #ifndef EBB_MODEL_INTERNAL_H
 #define EBB_MODEL_INTERNAL_H
 
+#include <stdatomic.h>
+
 #include "ebb/run.h"
 
 struct ebb_model {
@@ -10,6 +12,10 @@ struct ebb_model {
     int n_params;
     ebb_tensor **params; /* in the plan's parameter order */
     char **names;
+    /* The id of the last plan the parameters were checked against: runs of
+     * the same plan skip the check (parameters cannot change shape). Ids are
+     * unique per process, unlike addresses of freed plans. */
+    atomic_uint_fast64_t checked_plan;
 };
 
 int ebb_model_param_index(const ebb_model *m, const char *name);

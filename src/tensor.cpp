@@ -343,6 +343,11 @@ int ebb_tensor_same_storage(const ebb_tensor *a, const ebb_tensor *b) {
     return a->t.has_storage() && b->t.has_storage() && a->t.storage().is_alias_of(b->t.storage());
 }
 
+int ebb_tensor_is_exclusive(const ebb_tensor *t) {
+    return t && t->t.defined() && t->t.use_count() == 1 && t->t.has_storage() &&
+           t->t.storage().use_count() == 1;
+}
+
 ebb_status ebb_tensor_item(const ebb_tensor *t, double *out) {
     EBB_NEED("ebb_tensor_item", t);
     EBB_NEED("ebb_tensor_item", out);
@@ -410,6 +415,27 @@ ebb_status ebb_tensor_unary(ebb_tensor **out, ebb_unary_op op, const ebb_tensor 
         default: return ebb_error_set(EBB_ERR_ARG, "ebb_tensor_unary: unknown op %d", (int)op);
         }
         *out = wrap(std::move(r));
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_unary_(ebb_tensor *x, ebb_unary_op op) {
+    EBB_NEED("ebb_tensor_unary_", x);
+    EBB_TRY("ebb_tensor_unary_", {
+        at::Tensor &t = x->t;
+        switch (op) {
+        case EBB_RELU: at::relu_(t); break;
+        case EBB_GELU: at::gelu_out(t, t); break;
+        case EBB_TANH: t.tanh_(); break;
+        case EBB_SIGMOID: t.sigmoid_(); break;
+        case EBB_SILU: at::silu_(t); break;
+        case EBB_NEG: t.neg_(); break;
+        case EBB_EXP: t.exp_(); break;
+        case EBB_LOG: t.log_(); break;
+        case EBB_SQRT: t.sqrt_(); break;
+        case EBB_ABS: t.abs_(); break;
+        default: return ebb_error_set(EBB_ERR_ARG, "ebb_tensor_unary_: unknown op %d", (int)op);
+        }
     })
     return EBB_OK;
 }

@@ -468,7 +468,9 @@ ebb_status ebb_tensor_attention(ebb_tensor **out, const ebb_tensor *q, const ebb
                         .triu_(1);
                 scores.masked_fill_(above, -std::numeric_limits<double>::infinity());
             }
-            return at::matmul(at::softmax(scores, -1), vi);
+            // drop the raw scores before the second matmul allocates
+            scores = at::softmax(scores, -1);
+            return at::matmul(scores, vi);
 #endif
         });
         *out = wrap(std::move(r));

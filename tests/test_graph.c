@@ -419,6 +419,51 @@ static void test_straight_line_peak_matches(void **state) {
     ebb_graph_free(g);
 }
 
+/* ---- in-place activations ---------------------------------------------- */
+
+static void test_in_place_only_when_safe(void **state) {
+    (void)state;
+    ebb_builder *b = ebb_builder_new("inplace");
+    ebb_from(b, ebb_node_op(b, "relu", NULL));             /* reads the graph input */
+    ebb_through(b, ebb_node_op(b, "linear", "out=16, name=a"));
+    ebb_through(b, ebb_node_op(b, "tanh", NULL));          /* input dies here */
+    ebb_tag(b, "h");
+    ebb_through(b, ebb_node_op(b, "sigmoid", NULL));       /* h is read again later */
+    ebb_using(b, "h", NULL);
+    ebb_through(b, ebb_node_op(b, "add", NULL));
+    ebb_through(b, ebb_node_op(b, "identity", NULL));
+    ebb_through(b, ebb_node_op(b, "gelu", NULL));          /* input is a view */
+    ebb_graph *g = build_or_fail(b);
+    ebb_plan *p = compile(g, 4, 8, 0), *pk = compile(g, 4, 8, 1);
+    int expect[] = {0, 0, 1, 0, 0, 0, 0};
+    assert_int_equal(ebb_plan_step_count(p), 7);
+    for (int i = 0; i < 7; i++) {
+        assert_int_equal(ebb_plan_step_at(p, i)->in_place, expect[i]);
+        assert_int_equal(ebb_plan_step_at(pk, i)->in_place, 0);
+    }
+    ebb_model *m = NULL;
+    assert_ok(ebb_model_new(&m, p, CPU, 3));
+    ebb_tensor *x = input(4, 8, 2), *x0 = NULL, *y = NULL, *yk = NULL;
+    assert_ok(ebb_tensor_clone(&x0, x));
+    trace *t = calloc(1, sizeof *t);
+    ebb_run_stats st;
+    y = run_checked(p, m, x, t, &st);
+    assert_int_equal(st.measured_peak_bytes, st.planned_peak_bytes);
+    assert_ok(ebb_run(pk, m, &x, &yk, NULL));
+    assert_close(y, yk, 0);
+    assert_close(x, x0, 0); /* the caller's input is never overwritten */
+    /* in place, tanh adds no bytes: the plan's live bytes do not grow there */
+    assert_int_equal(ebb_plan_step_at(p, 2)->peak_bytes, ebb_plan_step_at(p, 1)->live_bytes);
+    ebb_tensor *fr[] = {x, x0, y, yk};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++)
+        ebb_tensor_free(fr[i]);
+    free(t);
+    ebb_model_free(m);
+    ebb_plan_free(p);
+    ebb_plan_free(pk);
+    ebb_graph_free(g);
+}
+
 /* ---- split / merge / tag / using ---------------------------------------- */
 
 static void test_split_merge_using(void **state) {
@@ -957,6 +1002,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_builder_sticky_errors),
         EBB_TEST(test_straight_line_peak_matches),
+        EBB_TEST(test_in_place_only_when_safe),
         EBB_TEST(test_split_merge_using),
         EBB_TEST(test_gate_dense_and_topk),
         EBB_TEST(test_switch_routing),

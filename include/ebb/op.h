@@ -97,6 +97,13 @@ typedef ebb_status (*ebb_op_forward_fn)(const ebb_op_call *call, ebb_tensor **ou
 typedef ebb_status (*ebb_op_params_fn)(const ebb_attr_value *attrs, const ebb_shape *in_shapes,
                                        int n_in, ebb_param_spec *out, int *n);
 
+/* Bytes of scratch the forward function allocates and releases inside one
+ * call, beyond its output (layer_norm's per-row mean and rstd, say). The
+ * compiler adds them to the step's peak, so predicted peaks match the
+ * allocator's. `dtype` is the first input's. */
+typedef int64_t (*ebb_op_workspace_fn)(const ebb_attr_value *attrs, const ebb_shape *in_shapes,
+                                       int n_in, ebb_dtype dtype);
+
 struct ebb_op {
     const char *name;
     int min_inputs;
@@ -107,6 +114,12 @@ struct ebb_op {
     ebb_op_params_fn params;     /* NULL: no parameters */
     ebb_op_forward_fn forward;
     const char *doc;
+    ebb_op_workspace_fn workspace; /* NULL: the output is the only allocation */
+    /* Optional: computes the result into call->in[0] itself (an elementwise op
+     * whose output has its input's shape and dtype). The compiler uses it when
+     * the input dies at this step and shares its storage with nothing else,
+     * so the output reuses the input's memory. */
+    ebb_status (*forward_inplace)(const ebb_op_call *call, ebb_tensor *x);
 };
 
 /* Adds an op to the process-wide registry. The descriptor (and its strings)

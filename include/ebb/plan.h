@@ -87,8 +87,10 @@ typedef struct ebb_plan_step {
     int n_frees;
     const int *jump_frees; /* freed when the jump is taken */
     int n_jump_frees;
+    int in_place;       /* the output overwrites its input, which dies here */
     int64_t live_bytes; /* predicted live intermediate bytes after the step */
-    int64_t peak_bytes; /* predicted live bytes during the step (before frees) */
+    int64_t peak_bytes; /* predicted live bytes during the step: before its frees,
+                           with the op's internal scratch (ebb_op.workspace) */
 } ebb_plan_step;
 
 typedef enum ebb_value_kind {

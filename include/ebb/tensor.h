@@ -104,6 +104,9 @@ size_t ebb_tensor_nbytes(const ebb_tensor *t);
 size_t ebb_tensor_storage_nbytes(const ebb_tensor *t);
 /* Non-zero when a and b share storage (one is a view of the other). */
 int ebb_tensor_same_storage(const ebb_tensor *a, const ebb_tensor *b);
+/* Non-zero when nothing else (another handle, a view, a tensor inside
+ * libtorch) shares t's storage, so it may be overwritten in place. */
+int ebb_tensor_is_exclusive(const ebb_tensor *t);
 /* The value of a one-element tensor, as a double. */
 ebb_status ebb_tensor_item(const ebb_tensor *t, double *out);
 /* Mean of all elements, as a double (loop conditions). */
@@ -143,6 +146,8 @@ typedef enum ebb_compare_op { EBB_EQ, EBB_NE, EBB_LT, EBB_LE, EBB_GT, EBB_GE } e
 typedef enum ebb_reduce_op { EBB_REDUCE_SUM, EBB_REDUCE_MEAN, EBB_REDUCE_MAX, EBB_REDUCE_MIN } ebb_reduce_op;
 
 ebb_status ebb_tensor_unary(ebb_tensor **out, ebb_unary_op op, const ebb_tensor *x);
+/* The same, in place: x := op(x). */
+ebb_status ebb_tensor_unary_(ebb_tensor *x, ebb_unary_op op);
 /* Elementwise with broadcasting. */
 ebb_status ebb_tensor_binary(ebb_tensor **out, ebb_binary_op op, const ebb_tensor *a,
                              const ebb_tensor *b);

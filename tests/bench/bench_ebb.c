@@ -1,0 +1,340 @@
+#define _POSIX_C_SOURCE 200809L
+/* The ebb side of the benchmark: only the public C API, as a user would
+ * call it (ebb_spec_load_string -> ebb_spec_compile -> ebb_model_new ->
+ * ebb_run). */
+#include "bench_ebb.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_BIND 8
+
+struct bench_ebb {
+    ebb_spec *spec;
+    ebb_plan *plan;
+    ebb_model *model;
+    ebb_tensor *x;
+    ebb_shape xs;
+    ebb_device dev;
+    ebb_compile_options opts;
+    ebb_shape shapes[MAX_BIND];
+};
+
+static char *read_text(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
+        n += got;
+        if (cap - n - 1 == 0) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (buf)
+        buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+/* "d=64,hidden=128" -> "params: {d: 64, hidden: 128}" in place of the line
+ * that starts with "params:". */
+static char *with_params(const char *text, const char *params_csv, const char *path) {
+    const char *line = NULL;
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (strncmp(p, "params:", 7) == 0) {
+            line = p;
+            break;
+        }
+    if (!line) {
+        ebb_error_set(EBB_ERR_SPEC, "%s: no single-line `params:` map to rewrite", path);
+        return NULL;
+    }
+    const char *end = strchr(line, '\n');
+    if (!end)
+        end = line + strlen(line);
+    size_t plen = strlen(params_csv);
+    char *repl = malloc(3 * plen + 32);
+    char *out = malloc(strlen(text) + 3 * plen + 32);
+    if (!repl || !out) {
+        free(repl);
+        free(out);
+        ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+        return NULL;
+    }
+    char *w = repl;
+    w += sprintf(w, "params: {");
+    for (const char *p = params_csv; *p; p++) {
+        if (*p == '=') {
+            *w++ = ':';
+            *w++ = ' ';
+        } else if (*p == ',') {
+            *w++ = ',';
+            *w++ = ' ';
+        } else {
+            *w++ = *p;
+        }
+    }
+    *w++ = '}';
+    *w = '\0';
+    size_t head = (size_t)(line - text);
+    memcpy(out, text, head);
+    strcpy(out + head, repl);
+    strcat(out, end);
+    free(repl);
+    return out;
+}
+
+/* Splits a comma list into at most `max` pointers into `buf`. */
+static int split_csv(char *buf, char **items, int max) {
+    int n = 0;
+    for (char *tok = strtok(buf, ","); tok && n < max; tok = strtok(NULL, ","))
+        items[n++] = tok;
+    return n;
+}
+
+static ebb_status fill_param(bench_ebb *b, const char *assign) {
+    char name[128];
+    const char *eq = strchr(assign, '=');
+    if (!eq || (size_t)(eq - assign) >= sizeof name)
+        return ebb_error_set(EBB_ERR_ARG, "bench: bad fill '%s' (want name=value)", assign);
+    memcpy(name, assign, (size_t)(eq - assign));
+    name[eq - assign] = '\0';
+    ebb_tensor *p = ebb_model_param(b->model, name), *v = NULL;
+    if (!p)
+        return ebb_error_set(EBB_ERR_ARG, "bench: the model has no parameter '%s'", name);
+    ebb_shape s = ebb_tensor_shape(p);
+    ebb_status st = ebb_tensor_full(&v, &s, atof(eq + 1), ebb_tensor_dtype(p), b->dev);
+    if (st == EBB_OK)
+        st = ebb_model_set_param(b->model, name, v);
+    ebb_tensor_free(v);
+    return st;
+}
+
+ebb_status bench_ebb_setup(bench_ebb **out, const char *spec_path, const char *params_csv,
+                           const char *bind_csv, const char *fills_csv, uint64_t seed) {
+    *out = NULL;
+    bench_ebb *b = calloc(1, sizeof *b);
+    if (!b)
+        return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    b->dev = ebb_device_cpu();
+    size_t len = 0;
+    char *text = read_text(spec_path, &len), *spec_text = NULL;
+    ebb_status st = EBB_OK;
+    if (!text)
+        st = ebb_error_set(EBB_ERR_IO, "bench: cannot read %s", spec_path);
+    if (st == EBB_OK && params_csv && *params_csv) {
+        spec_text = with_params(text, params_csv, spec_path);
+        if (!spec_text)
+            st = ebb_errcode();
+    }
+    const char *src = spec_text ? spec_text : text;
+    if (st == EBB_OK)
+        st = ebb_spec_load_string(&b->spec, src, strlen(src), spec_path);
+    free(text);
+    free(spec_text);
+
+    char bind_buf[256] = "";
+    char *binds[MAX_BIND];
+    int nb = 0;
+    if (bind_csv) {
+        snprintf(bind_buf, sizeof bind_buf, "%s", bind_csv);
+        nb = split_csv(bind_buf, binds, MAX_BIND);
+    }
+    if (st == EBB_OK)
+        st = ebb_spec_resolve_shapes(b->spec, (const char *const *)binds, nb, b->shapes, MAX_BIND);
+    if (st == EBB_OK) {
+        b->opts.input_shapes = b->shapes;
+        b->opts.n_input_shapes = ebb_spec_input_count(b->spec);
+        st = ebb_spec_compile(&b->plan, b->spec, &b->opts);
+    }
+    if (st == EBB_OK)
+        st = ebb_model_new(&b->model, b->plan, b->dev, seed);
+    if (st == EBB_OK && fills_csv && *fills_csv) {
+        char fbuf[256];
+        char *fills[8];
+        snprintf(fbuf, sizeof fbuf, "%s", fills_csv);
+        int nf = split_csv(fbuf, fills, 8);
+        for (int i = 0; st == EBB_OK && i < nf; i++)
+            st = fill_param(b, fills[i]);
+    }
+    if (st == EBB_OK) {
+        b->xs = b->shapes[0];
+        st = ebb_tensor_randn(&b->x, &b->xs, EBB_FLOAT32, b->dev, seed + 1);
+    }
+    if (st != EBB_OK) {
+        bench_ebb_free(b);
+        return st;
+    }
+    *out = b;
+    return EBB_OK;
+}
+
+void bench_ebb_free(bench_ebb *b) {
+    if (!b)
+        return;
+    ebb_tensor_free(b->x);
+    ebb_model_free(b->model);
+    ebb_plan_free(b->plan);
+    ebb_spec_free(b->spec);
+    free(b);
+}
+
+#define MAX_OUT 8
+
+static void free_outputs(ebb_tensor **ys, int n) {
+    for (int i = 0; i < n; i++)
+        ebb_tensor_free(ys[i]);
+}
+
+ebb_status bench_ebb_forward(bench_ebb *b) {
+    ebb_tensor *ys[MAX_OUT] = {NULL};
+    ebb_status st = ebb_run(b->plan, b->model, &b->x, ys, NULL);
+    free_outputs(ys, ebb_plan_output_count(b->plan));
+    return st;
+}
+
+ebb_status bench_ebb_measure(bench_ebb *b, bench_ebb_memory *m) {
+    ebb_tensor *ys[MAX_OUT] = {NULL};
+    ebb_run_stats rs;
+    memset(m, 0, sizeof *m);
+    ebb_status st = ebb_run(b->plan, b->model, &b->x, ys, &rs);
+    free_outputs(ys, ebb_plan_output_count(b->plan));
+    if (st != EBB_OK)
+        return st;
+    m->measured_peak = rs.measured_peak_bytes;
+    m->planned_peak = rs.planned_peak_bytes;
+    m->steps_executed = rs.steps_executed;
+    m->n_steps = ebb_plan_step_count(b->plan);
+
+    ebb_compile_options keep = b->opts;
+    keep.keep_all = 1;
+    ebb_plan *kp = NULL;
+    st = ebb_spec_compile(&kp, b->spec, &keep);
+    if (st == EBB_OK)
+        st = ebb_run(kp, b->model, &b->x, ys, &rs);
+    if (st == EBB_OK) {
+        free_outputs(ys, ebb_plan_output_count(kp));
+        m->keep_all_measured = rs.measured_peak_bytes;
+        m->keep_all_planned = ebb_plan_peak_bytes(kp, NULL);
+    }
+    ebb_plan_free(kp);
+    return st;
+}
+
+void bench_ebb_explain(const bench_ebb *b, FILE *f) { ebb_plan_print(b->plan, f); }
+
+int bench_ebb_param_count(const bench_ebb *b) { return ebb_plan_param_count(b->plan); }
+
+const char *bench_ebb_param_name(const bench_ebb *b, int i) {
+    const char *name = NULL;
+    ebb_plan_param_at(b->plan, i, &name);
+    return name;
+}
+
+ebb_shape bench_ebb_param_shape(const bench_ebb *b, int i) {
+    return ebb_tensor_shape(ebb_model_param(b->model, bench_ebb_param_name(b, i)));
+}
+
+ebb_status bench_ebb_param_host(const bench_ebb *b, int i, float *dst, size_t n) {
+    return ebb_tensor_to_host(ebb_model_param(b->model, bench_ebb_param_name(b, i)), dst,
+                              n * sizeof(float));
+}
+
+ebb_shape bench_ebb_input_shape(const bench_ebb *b) { return b->xs; }
+
+ebb_status bench_ebb_input_host(const bench_ebb *b, float *dst, size_t n) {
+    return ebb_tensor_to_host(b->x, dst, n * sizeof(float));
+}
+
+ebb_status bench_ebb_output_host(bench_ebb *b, ebb_shape *shape, float **dst) {
+    ebb_tensor *ys[MAX_OUT] = {NULL};
+    *dst = NULL;
+    ebb_status st = ebb_run(b->plan, b->model, &b->x, ys, NULL);
+    if (st == EBB_OK) {
+        *shape = ebb_tensor_shape(ys[0]);
+        size_t n = (size_t)ebb_shape_numel(shape);
+        *dst = malloc((n ? n : 1) * sizeof(float));
+        st = *dst ? ebb_tensor_to_host(ys[0], *dst, n * sizeof(float))
+                  : ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+        if (st != EBB_OK) {
+            free(*dst);
+            *dst = NULL;
+        }
+    }
+    free_outputs(ys, ebb_plan_output_count(b->plan));
+    return st;
+}
+
+/* One tensor of the export: its manifest entry and its values. */
+static ebb_status export_one(FILE *js, FILE *bin, int *first, long long *offset, const char *name,
+                             const ebb_shape *s, const float *data) {
+    size_t n = (size_t)ebb_shape_numel(s);
+    fprintf(js, "%s\n  {\"name\": \"%s\", \"shape\": [", *first ? "" : ",", name);
+    for (int d = 0; d < s->ndim; d++)
+        fprintf(js, d ? ", %lld" : "%lld", (long long)s->dim[d]);
+    fprintf(js, "], \"offset\": %lld}", *offset);
+    *first = 0;
+    *offset += (long long)n;
+    if (fwrite(data, sizeof(float), n, bin) != n)
+        return ebb_error_set(EBB_ERR_IO, "bench: short write exporting %s", name);
+    return EBB_OK;
+}
+
+ebb_status bench_ebb_export(bench_ebb *b, const char *prefix) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s.json", prefix);
+    FILE *js = fopen(path, "w");
+    snprintf(path, sizeof path, "%s.bin", prefix);
+    FILE *bin = fopen(path, "wb");
+    ebb_status st = EBB_OK;
+    if (!js || !bin)
+        st = ebb_error_set(EBB_ERR_IO, "bench: cannot write %s.json/.bin", prefix);
+    int first = 1;
+    long long offset = 0;
+    if (st == EBB_OK)
+        fprintf(js, "{\"tensors\": [");
+    for (int i = 0; st == EBB_OK && i < bench_ebb_param_count(b); i++) {
+        ebb_shape s = bench_ebb_param_shape(b, i);
+        size_t n = (size_t)ebb_shape_numel(&s);
+        float *buf = malloc((n ? n : 1) * sizeof *buf);
+        st = buf ? bench_ebb_param_host(b, i, buf, n) : ebb_error_set(EBB_ERR_NOMEM, "oom");
+        if (st == EBB_OK)
+            st = export_one(js, bin, &first, &offset, bench_ebb_param_name(b, i), &s, buf);
+        free(buf);
+    }
+    if (st == EBB_OK) {
+        size_t n = (size_t)ebb_shape_numel(&b->xs);
+        float *buf = malloc(n * sizeof *buf);
+        st = buf ? bench_ebb_input_host(b, buf, n) : ebb_error_set(EBB_ERR_NOMEM, "oom");
+        if (st == EBB_OK)
+            st = export_one(js, bin, &first, &offset, "input:x", &b->xs, buf);
+        free(buf);
+    }
+    if (st == EBB_OK) {
+        ebb_shape ys;
+        float *buf = NULL;
+        st = bench_ebb_output_host(b, &ys, &buf);
+        if (st == EBB_OK)
+            st = export_one(js, bin, &first, &offset, "output:y", &ys, buf);
+        free(buf);
+    }
+    if (st == EBB_OK)
+        fprintf(js, "\n]}\n");
+    if (js)
+        fclose(js);
+    if (bin)
+        fclose(bin);
+    return st;
+}

@@ -1,0 +1,69 @@
+/*
+ * The ebb side of the benchmark, in C over the public API only: a spec is
+ * loaded (with its `params:` line replaced for the configuration), compiled
+ * for the bound symbolic dimensions, given a model and an input, and run.
+ * bench_main.cpp drives it next to the hand-written libtorch twins.
+ */
+#ifndef EBB_BENCH_EBB_H
+#define EBB_BENCH_EBB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ebb/ebb.h"
+#include "ebb/spec.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct bench_ebb bench_ebb;
+
+typedef struct bench_ebb_memory {
+    int64_t measured_peak;    /* ebb_run_stats.measured_peak_bytes */
+    int64_t planned_peak;     /* ebb_plan_peak_bytes */
+    int64_t keep_all_measured; /* the same graph compiled with keep_all=1, run */
+    int64_t keep_all_planned;  /* ebb_plan_peak_bytes of that plan */
+    int64_t steps_executed;
+    int n_steps;
+} bench_ebb_memory;
+
+/* Loads `spec_path` with its single-line `params:` map replaced by
+ * "params: {<params_csv>}" ("d=64,hidden=128"; empty keeps the file's),
+ * resolves the symbolic dims from `bind_csv` ("batch=8,seq=16"), compiles,
+ * creates the model on the CPU (seeded), sets the parameters listed in
+ * `fills_csv` ("halt.bias=-1000") to a constant, and draws a seeded randn
+ * input. Returns EBB_OK or a status with the message in ebb_errmsg(). */
+ebb_status bench_ebb_setup(bench_ebb **out, const char *spec_path, const char *params_csv,
+                           const char *bind_csv, const char *fills_csv, uint64_t seed);
+void bench_ebb_free(bench_ebb *b);
+
+/* One forward: ebb_run, then the output handle is released. */
+ebb_status bench_ebb_forward(bench_ebb *b);
+
+/* Runs once with stats, then compiles and runs the keep_all twin. */
+ebb_status bench_ebb_measure(bench_ebb *b, bench_ebb_memory *m);
+
+/* The EXPLAIN listing of the compiled plan. */
+void bench_ebb_explain(const bench_ebb *b, FILE *f);
+
+/* Parameters in plan order (what the twins consume), the input and one
+ * reference output, as float32 host copies. */
+int bench_ebb_param_count(const bench_ebb *b);
+const char *bench_ebb_param_name(const bench_ebb *b, int i);
+ebb_shape bench_ebb_param_shape(const bench_ebb *b, int i);
+ebb_status bench_ebb_param_host(const bench_ebb *b, int i, float *dst, size_t n);
+ebb_shape bench_ebb_input_shape(const bench_ebb *b);
+ebb_status bench_ebb_input_host(const bench_ebb *b, float *dst, size_t n);
+/* Runs once and copies the first output. */
+ebb_status bench_ebb_output_host(bench_ebb *b, ebb_shape *shape, float **dst);
+
+/* Writes PREFIX.json (names, shapes, float offsets) and PREFIX.bin (the
+ * float32 values): every parameter in plan order, then "input:x" and
+ * "output:y", for the PyTorch side. */
+ebb_status bench_ebb_export(bench_ebb *b, const char *prefix);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

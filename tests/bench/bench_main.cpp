@@ -1,0 +1,315 @@
+// ebb_bench: runs one bench workload at a time for the driver (run.py),
+// timing ebb and its hand-written libtorch twin interleaved, A B A B, in this
+// one process. The driver runs PyTorch eager itself and alternates rounds
+// with this process, so all three are measured side by side in one run.
+//
+// Protocol: one command per line on stdin, one JSON object per line on
+// stdout ("-" stands for an empty argument):
+//   setup WORKLOAD SPEC EXPORT_PREFIX PARAMS_CSV BIND_CSV FILLS_CSV
+//   measure            peak bytes: ebb measured/planned/keep_all, C++ twin
+//   round N            N forwards of each, alternating; times in ms
+//   has_op NAME        whether ebb has the op (the driver skips workloads without)
+//   teardown
+//   quit
+// `ebb_bench explain SPEC PARAMS_CSV BIND_CSV` prints the plan instead, and
+// `ebb_bench profile WORKLOAD SPEC PARAMS_CSV BIND_CSV FILLS_CSV N ebb|cxx`
+// runs N forwards of one side only, for a profiler:
+//   valgrind --tool=callgrind --toggle-collect='*bench_forward_*' ebb_bench profile ...
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include "bench_ebb.h"
+#include "bench_twins.hpp"
+
+namespace {
+
+std::string arg(const std::string &s) { return s == "-" ? std::string() : s; }
+
+std::string json_escape(const std::string &s) {
+    std::string o;
+    for (char c : s) {
+        if (c == '"' || c == '\\')
+            o += '\\';
+        if (c == '\n') {
+            o += "\\n";
+            continue;
+        }
+        o += c;
+    }
+    return o;
+}
+
+void reply_error(const std::string &msg) {
+    std::printf("{\"error\": \"%s\"}\n", json_escape(msg).c_str());
+    std::fflush(stdout);
+}
+
+at::Tensor from_host(const std::vector<float> &v, const ebb_shape &s) {
+    std::vector<int64_t> dims(s.dim, s.dim + s.ndim);
+    return at::from_blob(const_cast<float *>(v.data()), dims, at::kFloat).clone();
+}
+
+std::map<std::string, long> parse_cfg(const std::string &csv) {
+    std::map<std::string, long> m;
+    std::stringstream ss(csv);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        auto eq = item.find('=');
+        if (eq != std::string::npos)
+            m[item.substr(0, eq)] = std::atol(item.c_str() + eq + 1);
+    }
+    return m;
+}
+
+double now_ms() {
+    using namespace std::chrono;
+    return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
+}
+
+struct Session {
+    bench_ebb *ebb = nullptr;
+    bench::Forward twin;
+    at::Tensor x;
+    std::string workload;
+
+    void clear() {
+        twin = nullptr;
+        x = at::Tensor();
+        bench_ebb_free(ebb);
+        ebb = nullptr;
+    }
+
+    void setup(std::istringstream &in) {
+        std::string spec, prefix, params, bind, fills;
+        in >> workload >> spec >> prefix >> params >> bind >> fills;
+        clear();
+        if (bench_ebb_setup(&ebb, spec.c_str(), arg(params).c_str(), arg(bind).c_str(),
+                            arg(fills).c_str(), 42) != EBB_OK)
+            return reply_error(ebb_errmsg());
+        // The twin gets ebb's parameter values, copied through the host.
+        bench::NamedParams named;
+        for (int i = 0; i < bench_ebb_param_count(ebb); i++) {
+            ebb_shape s = bench_ebb_param_shape(ebb, i);
+            std::vector<float> host(static_cast<size_t>(ebb_shape_numel(&s)));
+            if (bench_ebb_param_host(ebb, i, host.data(), host.size()) != EBB_OK)
+                return reply_error(ebb_errmsg());
+            named.emplace_back(bench_ebb_param_name(ebb, i), from_host(host, s));
+        }
+        ebb_shape xs = bench_ebb_input_shape(ebb);
+        std::vector<float> xh(static_cast<size_t>(ebb_shape_numel(&xs)));
+        if (bench_ebb_input_host(ebb, xh.data(), xh.size()) != EBB_OK)
+            return reply_error(ebb_errmsg());
+        x = from_host(xh, xs);
+        try {
+            twin = bench::make_twin(workload, named, parse_cfg(arg(params)));
+        } catch (const std::exception &e) {
+            return reply_error(workload + ": " + e.what());
+        }
+        // Both must compute the same thing before their times mean anything.
+        ebb_shape ys;
+        float *yh = nullptr;
+        if (bench_ebb_output_host(ebb, &ys, &yh) != EBB_OK)
+            return reply_error(ebb_errmsg());
+        std::vector<float> yv(yh, yh + ebb_shape_numel(&ys));
+        std::free(yh);
+        double diff;
+        try {
+            c10::InferenceMode guard;
+            at::Tensor yt = twin(x);
+            at::Tensor ye = from_host(yv, ys);
+            if (!yt.sizes().equals(ye.sizes()))
+                return reply_error(workload + ": the C++ twin's output shape differs from ebb's");
+            diff = (yt - ye).abs().max().item<double>();
+        } catch (const std::exception &e) {
+            return reply_error(workload + ": C++ twin: " + e.what());
+        }
+        if (!prefix.empty() && prefix != "-" && bench_ebb_export(ebb, prefix.c_str()) != EBB_OK)
+            return reply_error(ebb_errmsg());
+        std::printf("{\"ok\": 1, \"params\": %d, \"cxx_max_abs_diff\": %.3g}\n",
+                    bench_ebb_param_count(ebb), diff);
+        std::fflush(stdout);
+    }
+
+    void measure() {
+        if (!ebb)
+            return reply_error("measure: no workload set up");
+        bench_ebb_memory m;
+        if (bench_ebb_measure(ebb, &m) != EBB_OK)
+            return reply_error(ebb_errmsg());
+        // The twin's peak through the same counting allocator, same baseline.
+        ebb_device cpu = ebb_device_cpu();
+        int64_t base = ebb_memory_current(cpu);
+        ebb_memory_reset_peak(cpu);
+        {
+            c10::InferenceMode guard;
+            at::Tensor y = twin(x);
+        }
+        ebb_memory_stats ms;
+        ebb_memory_stats_get(cpu, &ms);
+        std::printf("{\"ebb_measured\": %lld, \"ebb_planned\": %lld, \"keep_all_measured\": %lld, "
+                    "\"keep_all_planned\": %lld, \"cxx_peak\": %lld, \"steps\": %d, "
+                    "\"steps_executed\": %lld}\n",
+                    (long long)m.measured_peak, (long long)m.planned_peak,
+                    (long long)m.keep_all_measured, (long long)m.keep_all_planned,
+                    (long long)(ms.peak_bytes - base), m.n_steps, (long long)m.steps_executed);
+        std::fflush(stdout);
+    }
+
+    // A B A B: one ebb forward, one C++ forward, n times. Each timed region
+    // ends after the output is released, in both.
+    void round(int n) {
+        if (!ebb)
+            return reply_error("round: no workload set up");
+        std::vector<double> te, tc;
+        for (int i = 0; i < n; i++) {
+            double t0 = now_ms();
+            if (bench_ebb_forward(ebb) != EBB_OK)
+                return reply_error(ebb_errmsg());
+            double t1 = now_ms();
+            {
+                c10::InferenceMode guard;
+                at::Tensor y = twin(x);
+            }
+            double t2 = now_ms();
+            te.push_back(t1 - t0);
+            tc.push_back(t2 - t1);
+        }
+        auto list = [](const std::vector<double> &v) {
+            std::string s = "[";
+            char buf[32];
+            for (size_t i = 0; i < v.size(); i++) {
+                std::snprintf(buf, sizeof buf, i ? ", %.6f" : "%.6f", v[i]);
+                s += buf;
+            }
+            return s + "]";
+        };
+        std::printf("{\"ebb\": %s, \"cxx\": %s}\n", list(te).c_str(), list(tc).c_str());
+        std::fflush(stdout);
+    }
+};
+
+// Separate, non-inlined functions so a profiler can collect exactly these.
+__attribute__((noinline)) void bench_forward_ebb(bench_ebb *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (bench_ebb_forward(b) != EBB_OK)
+            std::fprintf(stderr, "%s\n", ebb_errmsg());
+}
+
+__attribute__((noinline)) void bench_forward_cxx(const bench::Forward &f, const at::Tensor &x,
+                                                 int n) {
+    for (int i = 0; i < n; i++) {
+        c10::InferenceMode guard;
+        at::Tensor y = f(x);
+    }
+}
+
+int profile(int argc, char **argv) {
+    if (argc < 9) {
+        std::fprintf(stderr,
+                     "usage: ebb_bench profile WORKLOAD SPEC PARAMS_CSV BIND_CSV FILLS_CSV N ebb|cxx\n");
+        return 2;
+    }
+    Session s;
+    std::istringstream in(std::string(argv[2]) + " " + argv[3] + " - " + argv[4] + " " + argv[5] +
+                          " " + argv[6]);
+    s.setup(in);
+    if (!s.ebb)
+        return 1;
+    int n = std::atoi(argv[7]);
+    bool ebb = std::strcmp(argv[8], "ebb") == 0;
+    for (int pass = 0; pass < 2; pass++) { // warm-up, then the profiled pass
+        double t0 = now_ms();
+        if (ebb)
+            bench_forward_ebb(s.ebb, pass ? n : 10);
+        else
+            bench_forward_cxx(s.twin, s.x, pass ? n : 10);
+        if (pass)
+            std::fprintf(stderr, "%s: %d forwards, %.4f ms each\n", argv[8], n,
+                         (now_ms() - t0) / n);
+    }
+    s.clear();
+    return 0;
+}
+
+int explain(int argc, char **argv) {
+    if (argc < 5) {
+        std::fprintf(stderr, "usage: ebb_bench explain SPEC PARAMS_CSV BIND_CSV\n");
+        return 2;
+    }
+    bench_ebb *b = nullptr;
+    if (bench_ebb_setup(&b, argv[2], arg(argv[3]).c_str(), arg(argv[4]).c_str(), "", 42) !=
+        EBB_OK) {
+        std::fprintf(stderr, "%s\n", ebb_errmsg());
+        return 1;
+    }
+    bench_ebb_explain(b, stdout);
+    for (int i = 0; i < bench_ebb_param_count(b); i++) {
+        ebb_shape s = bench_ebb_param_shape(b, i);
+        char buf[96];
+        std::printf("param %d %s %s\n", i, bench_ebb_param_name(b, i),
+                    ebb_shape_str(&s, buf, sizeof buf));
+    }
+    bench_ebb_free(b);
+    return 0;
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    if (ebb_init() != EBB_OK) {
+        std::fprintf(stderr, "ebb_init: %s\n", ebb_errmsg());
+        return 1;
+    }
+    const char *threads = std::getenv("EBB_BENCH_THREADS");
+    if (threads && std::atoi(threads) > 0)
+        at::set_num_threads(std::atoi(threads));
+    if (argc > 1 && std::strcmp(argv[1], "explain") == 0)
+        return explain(argc, argv);
+    if (argc > 1 && std::strcmp(argv[1], "profile") == 0)
+        return profile(argc, argv);
+
+    std::printf("{\"ready\": 1, \"libtorch\": \"%s\", \"ebb\": \"%s\", \"threads\": %d}\n",
+                ebb_torch_version(), ebb_version(), at::get_num_threads());
+    std::fflush(stdout);
+    Session s;
+    std::string line;
+    while (std::getline(std::cin, line)) {
+        std::istringstream in(line);
+        std::string cmd;
+        in >> cmd;
+        if (cmd == "setup") {
+            s.setup(in);
+        } else if (cmd == "measure") {
+            s.measure();
+        } else if (cmd == "round") {
+            int n = 0;
+            in >> n;
+            s.round(n);
+        } else if (cmd == "has_op") {
+            std::string op;
+            in >> op;
+            std::printf("{\"has\": %d}\n", ebb_op_find(op.c_str()) ? 1 : 0);
+            std::fflush(stdout);
+        } else if (cmd == "teardown") {
+            s.clear();
+            std::printf("{\"live_handles\": %lld}\n", (long long)ebb_tensor_live_count());
+            std::fflush(stdout);
+        } else if (cmd == "quit" || cmd.empty()) {
+            break;
+        } else {
+            reply_error("unknown command " + cmd);
+        }
+    }
+    s.clear();
+    return 0;
+}

@@ -1,0 +1,410 @@
+#!/usr/bin/python3
+"""ebb's benchmark driver (issue 7): ebb, hand-written libtorch C++ and
+PyTorch eager, side by side in one run, on time and peak tensor bytes.
+
+ebb and its C++ twin run in one process (ebb_bench), interleaved forward by
+forward (A B A B). PyTorch eager runs here, in this process. The two
+processes take turns by rounds: a round of ebb/C++, a round of PyTorch, and
+so on (which goes first alternates), so slow drift of the machine hits all
+three alike. Everything runs with the same thread count.
+
+Run it with Debian's python3 (it needs python3-torch):
+    /usr/bin/python3 tests/bench/run.py --build build
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+# The thread count, the same for all three: set before numpy or torch load
+# their BLAS, which read these once (OpenBLAS ignores torch.set_num_threads).
+THREADS = int(os.environ.get("EBB_BENCH_THREADS", "1"))
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "EBB_BENCH_THREADS"):
+    os.environ[_var] = str(THREADS)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+
+try:
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+except ImportError as e:  # pragma: no cover - the message is the point
+    sys.exit("bench: PyTorch eager needs Debian's python3-torch for %s (%s)\n"
+             "       install it: sudo apt-get install -y python3-torch" % (sys.executable, e))
+
+sys.path.insert(0, HERE)
+import torch_models  # noqa: E402
+
+# Timing plans. dispatch: tiny forwards, many of them; compute: large ones,
+# at least 20 timed runs of each engine.
+TIMING = {
+    "dispatch": {"warmup": 50, "rounds": 10, "per_round": 30},
+    "compute": {"warmup": 2, "rounds": 8, "per_round": 4},
+}
+
+# (workload, config, spec params, symbolic dim bindings, parameter fills)
+SUITE = [
+    ("mlp", "dispatch", {"d": 64}, {"batch": 8}, ""),
+    ("mlp", "compute", {"d": 1024}, {"batch": 256}, ""),
+    ("residual_tower", "dispatch", {"d": 64}, {"batch": 8}, ""),
+    ("residual_tower", "compute", {"d": 1024}, {"batch": 256}, ""),
+    ("gated_routing", "dispatch", {"d": 64, "hidden": 128}, {"batch": 8}, ""),
+    ("gated_routing", "compute", {"d": 512, "hidden": 1024}, {"batch": 256}, ""),
+    ("iterative_refine", "dispatch", {"d": 64}, {"batch": 8}, ""),
+    ("iterative_refine", "compute", {"d": 1024}, {"batch": 256}, ""),
+    # halt.bias = -1000: the learned halt never fires, so all three run the
+    # same 10 iterations (the check itself still runs after each one).
+    ("feedback", "dispatch", {"d": 64}, {"batch": 8}, "halt.bias=-1000"),
+    ("feedback", "compute", {"d": 1024}, {"batch": 256}, "halt.bias=-1000"),
+    ("transformer", "dispatch", {"d": 64, "heads": 4, "ff": 128}, {"batch": 8, "seq": 16}, ""),
+    ("transformer", "compute", {"d": 512, "heads": 8, "ff": 2048}, {"batch": 16, "seq": 64}, ""),
+    ("convnet", "dispatch", {"c": 16, "c2": 32}, {"batch": 8, "size": 16}, ""),
+    ("convnet", "compute", {"c": 64, "c2": 128}, {"batch": 64, "size": 32}, ""),
+]
+
+# Ops a workload needs beyond linear/gelu/layer_norm: skipped with a note when
+# this build of ebb lacks them.
+NEEDS = {"transformer": ["multi_head_attention", "layer_norm"],
+         "convnet": ["conv2d", "batch_norm", "max_pool2d", "adaptive_avg_pool2d", "flatten"]}
+
+TARGET_CXX = 1.05  # ebb <= 1.05 x C++, dispatch-bound
+TARGET_PYT = 4.0   # ebb >= 4 x faster than PyTorch eager, dispatch-bound
+
+
+def csv(d):
+    return ",".join("%s=%s" % kv for kv in d.items()) or "-"
+
+
+class Ebb:
+    """The ebb_bench process: ebb and the C++ twin."""
+
+    def __init__(self, binary, env):
+        self.p = subprocess.Popen([binary], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  text=True, env=env, bufsize=1)
+        self.info = self._read()
+
+    def _read(self):
+        line = self.p.stdout.readline()
+        if not line:
+            raise RuntimeError("ebb_bench exited (rc %s)" % self.p.wait())
+        return json.loads(line)
+
+    def ask(self, *words):
+        self.p.stdin.write(" ".join(str(w) for w in words) + "\n")
+        self.p.stdin.flush()
+        r = self._read()
+        if "error" in r:
+            raise RuntimeError(r["error"])
+        return r
+
+    def close(self):
+        try:
+            self.p.stdin.write("quit\n")
+            self.p.stdin.close()
+        except OSError:
+            pass
+        self.p.wait()
+
+
+def load_export(prefix):
+    with open(prefix + ".json") as f:
+        manifest = json.load(f)["tensors"]
+    data = np.fromfile(prefix + ".bin", dtype=np.float32)
+    out = []
+    for t in manifest:
+        n = int(np.prod(t["shape"])) if t["shape"] else 1
+        arr = data[t["offset"]:t["offset"] + n].reshape(t["shape"])
+        out.append((t["name"], torch.from_numpy(arr.copy())))
+    return out
+
+
+def torch_twin(workload, params, prefix):
+    """The PyTorch module with ebb's parameter values, its input, and the
+    largest difference between its output and ebb's."""
+    tensors = load_export(prefix)
+    named = [t for t in tensors if not t[0].startswith(("input:", "output:"))]
+    x = dict(tensors)["input:x"]
+    y_ebb = dict(tensors)["output:y"]
+    model = torch_models.build(workload, params).eval()
+    order = model.ebb_order()
+    if len(order) != len(named):
+        raise RuntimeError("%s: PyTorch twin has %d parameters, ebb's plan %d"
+                           % (workload, len(order), len(named)))
+    with torch.no_grad():
+        for p, (name, v) in zip(order, named):
+            if tuple(p.shape) != tuple(v.shape):
+                raise RuntimeError("%s: %s is %s in ebb, %s in PyTorch"
+                                   % (workload, name, tuple(v.shape), tuple(p.shape)))
+            p.copy_(v)
+    with torch.inference_mode():
+        y = model(x)
+    return model, x, float((y - y_ebb).abs().max())
+
+
+def torch_round(model, x, n):
+    times = []
+    with torch.inference_mode():
+        for _ in range(n):
+            t0 = time.perf_counter()
+            y = model(x)
+            del y
+            times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def torch_peak(model, x):
+    """Peak tensor bytes of one forward from the profiler's memory events:
+    the running sum of allocations and frees, above what was live before (the
+    input and the parameters)."""
+    with torch.inference_mode():
+        model(x)
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            y = model(x)
+            del y
+    sizes = []
+    try:
+        nodes, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            n = stack.pop()
+            nodes.append(n)
+            stack.extend(n.children)
+        allocs = [n for n in nodes if type(n.extra_fields).__name__.endswith("Allocation")]
+        allocs.sort(key=lambda n: (n.start_time_ns, n.id))
+        sizes = [n.extra_fields.alloc_size for n in allocs]
+    except AttributeError:  # other torch versions: the flat "[memory]" events
+        evs = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+        evs.sort(key=lambda e: e.start_us())
+        sizes = [e.nbytes() for e in evs]
+    live = peak = 0
+    for s in sizes:
+        live += s
+        peak = max(peak, live)
+    return peak
+
+
+def stats(ts):
+    return {"median": statistics.median(ts), "min": min(ts), "max": max(ts), "n": len(ts)}
+
+
+def run_one(ebb, export_dir, workload, config, params, binds, fills, log):
+    spec = os.path.join(ROOT, "specs", "bench", workload + ".yaml")
+    prefix = os.path.join(export_dir, "%s_%s" % (workload, config))
+    setup = ebb.ask("setup", workload, spec, prefix, csv(params), csv(binds), fills or "-")
+    model, x, pyt_diff = torch_twin(workload, params, prefix)
+    mem = ebb.ask("measure")
+    mem["pytorch_peak"] = torch_peak(model, x)
+
+    plan = TIMING[config]
+    ebb.ask("round", plan["warmup"])
+    torch_round(model, x, plan["warmup"])
+    t = {"ebb": [], "cxx": [], "pytorch": []}
+    for r in range(plan["rounds"]):
+        sides = ["ebb", "pytorch"] if r % 2 == 0 else ["pytorch", "ebb"]
+        for side in sides:
+            if side == "ebb":
+                res = ebb.ask("round", plan["per_round"])
+                t["ebb"] += res["ebb"]
+                t["cxx"] += res["cxx"]
+            else:
+                t["pytorch"] += torch_round(model, x, plan["per_round"])
+    live = ebb.ask("teardown")["live_handles"]
+    row = {"workload": workload, "config": config, "params": params, "binds": binds,
+           "time_ms": {k: stats(v) for k, v in t.items()}, "memory": mem,
+           "check": {"cxx_max_abs_diff": setup["cxx_max_abs_diff"],
+                     "pytorch_max_abs_diff": pyt_diff, "live_handles_after": live}}
+    tm = row["time_ms"]
+    row["ratio_ebb_cxx"] = tm["ebb"]["median"] / tm["cxx"]["median"]
+    row["ratio_ebb_pytorch"] = tm["ebb"]["median"] / tm["pytorch"]["median"]
+    row["targets"] = judge(row)
+    log("  %-16s %-8s ebb %8.3f ms  C++ %8.3f ms  PyTorch %8.3f ms" %
+        (workload, config, tm["ebb"]["median"], tm["cxx"]["median"], tm["pytorch"]["median"]))
+    return row
+
+
+def judge(row):
+    """Each target: 'ok', 'MISSED: why', or None where it does not apply."""
+    m, tg = row["memory"], {}
+    if row["config"] == "dispatch":
+        r = row["ratio_ebb_cxx"]
+        tg["time_vs_cxx"] = "ok" if r <= TARGET_CXX else "MISSED: ebb/C++ = %.3f > %.2f" % (r, TARGET_CXX)
+        s = 1.0 / row["ratio_ebb_pytorch"]
+        tg["time_vs_pytorch"] = ("ok" if s >= TARGET_PYT else
+                                 "MISSED: only %.2fx faster than PyTorch (< %.0fx)" % (s, TARGET_PYT))
+    if m["ebb_measured"] == m["ebb_planned"]:
+        tg["measured_eq_planned"] = "ok"
+    else:
+        tg["measured_eq_planned"] = "MISSED: measured %+d bytes vs planned" % (
+            m["ebb_measured"] - m["ebb_planned"])
+    worst = max(m["ebb_measured"], m["ebb_planned"])
+    tg["peak_le_pytorch"] = ("ok" if worst <= m["pytorch_peak"] else
+                             "MISSED: %d > PyTorch %d" % (worst, m["pytorch_peak"]))
+    c = row["check"]
+    tg["same_outputs"] = ("ok" if c["cxx_max_abs_diff"] <= 1e-5 and c["pytorch_max_abs_diff"] <= 1e-3
+                          and c["live_handles_after"] == 0 else "FAILED")
+    return tg
+
+
+def fmt_t(s):
+    return "%.3f [%.3f, %.3f]" % (s["median"], s["min"], s["max"])
+
+
+def short(v):
+    if v is None:
+        return "-"
+    return "ok" if v == "ok" else ("FAIL" if v == "FAILED" else "MISS")
+
+
+def table(rows):
+    head = ["workload", "config", "ebb ms med [min, max]", "C++ ms med [min, max]",
+            "PyTorch ms med [min, max]", "ebb/C++", "ebb/PyT", "ebb measured B",
+            "ebb planned B", "keep_all B", "PyTorch B", "C++ B", "T1 C++", "T2 4x", "T3 m=p",
+            "T4 <=PyT", "check"]
+    body = []
+    for r in rows:
+        if "skipped" in r:
+            body.append([r["workload"], r["config"], "skipped: " + r["skipped"]] + [""] * (len(head) - 3))
+            continue
+        tm, m, tg = r["time_ms"], r["memory"], r["targets"]
+        body.append([r["workload"], r["config"], fmt_t(tm["ebb"]), fmt_t(tm["cxx"]),
+                     fmt_t(tm["pytorch"]), "%.3f" % r["ratio_ebb_cxx"],
+                     "%.3f" % r["ratio_ebb_pytorch"], str(m["ebb_measured"]),
+                     str(m["ebb_planned"]), str(m["keep_all_measured"]), str(m["pytorch_peak"]),
+                     str(m["cxx_peak"]), short(tg.get("time_vs_cxx")),
+                     short(tg.get("time_vs_pytorch")), short(tg["measured_eq_planned"]),
+                     short(tg["peak_le_pytorch"]), short(tg["same_outputs"])])
+    return head, body
+
+
+def render_text(head, body):
+    w = [max(len(str(x[i])) for x in [head] + [b for b in body if len(b) == len(head)])
+         for i in range(len(head))]
+    lines = ["  ".join(str(c).ljust(w[i]) if i < 2 else str(c).rjust(w[i])
+                       for i, c in enumerate(head))]
+    lines.append("  ".join("-" * x for x in w))
+    for b in body:
+        if b[2].startswith("skipped"):
+            lines.append("%s  %s  %s" % (b[0].ljust(w[0]), b[1].ljust(w[1]), b[2]))
+        else:
+            lines.append("  ".join(str(c).ljust(w[i]) if i < 2 else str(c).rjust(w[i])
+                                   for i, c in enumerate(b)))
+    return "\n".join(lines)
+
+
+def render_md(head, body):
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for b in body:
+        out.append("| " + " | ".join(str(c) for c in b) + " |")
+    return "\n".join(out)
+
+
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "?"
+
+
+def machine(ebb_info, threads):
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"nproc": os.cpu_count(), "cpu": cpu, "libtorch": ebb_info.get("libtorch"),
+            "pytorch": torch.__version__, "python": platform.python_version(),
+            "threads": threads, "ebb_bench_threads": ebb_info.get("threads"),
+            "pytorch_threads": torch.get_num_threads()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default="build", help="build folder holding tests/bench/ebb_bench")
+    ap.add_argument("--bin", help="the ebb_bench binary (default: BUILD/tests/bench/ebb_bench)")
+    ap.add_argument("--only", action="append", help="workload(s) to run (repeatable)")
+    ap.add_argument("--config", choices=["dispatch", "compute"], help="one configuration only")
+    args = ap.parse_args()
+
+    binary = args.bin or os.path.join(args.build, "tests", "bench", "ebb_bench")
+    if not os.path.exists(binary):
+        sys.exit("bench: %s not found (configure with -DEBB_BUILD_BENCH=ON)" % binary)
+    out_dir = os.path.join(args.build, "bench")
+    os.makedirs(out_dir, exist_ok=True)
+
+    threads = THREADS
+    torch.set_num_threads(threads)
+    ebb = Ebb(binary, dict(os.environ))
+    info = machine(ebb.info, threads)
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    log("bench: %d threads, libtorch %s, PyTorch %s, %s x %s" %
+        (threads, info["libtorch"], info["pytorch"], info["nproc"], info["cpu"]))
+
+    rows = []
+    load_before = loadavg()
+    t0 = time.time()
+    try:
+        for workload, config, params, binds, fills in SUITE:
+            if args.only and workload not in args.only:
+                continue
+            if args.config and config != args.config:
+                continue
+            missing = [op for op in NEEDS.get(workload, []) if not ebb_has_op(ebb, op)]
+            if missing:
+                rows.append({"workload": workload, "config": config,
+                             "skipped": "ebb has no op " + ", ".join(missing)})
+                log("  %-16s %-8s skipped: no op %s" % (workload, config, ", ".join(missing)))
+                continue
+            rows.append(run_one(ebb, out_dir, workload, config, params, binds, fills, log))
+    finally:
+        ebb.close()
+    elapsed = time.time() - t0
+    info["loadavg_before"], info["loadavg_after"] = load_before, loadavg()
+
+    head, body = table(rows)
+    text = render_text(head, body)
+    misses = []
+    for r in rows:
+        for k, v in r.get("targets", {}).items():
+            if v and v != "ok":
+                misses.append("%s/%s %s: %s" % (r["workload"], r["config"], k, v))
+    print()
+    print("ebb bench: times in ms over %s; peaks in bytes above the input and parameters"
+          % ", ".join("%s %d runs" % (c, p["rounds"] * p["per_round"]) for c, p in TIMING.items()))
+    print("machine: %(nproc)s x %(cpu)s; libtorch %(libtorch)s; PyTorch %(pytorch)s; "
+          "threads %(threads)s (intra-op, all three); load average %(loadavg_before)s before, "
+          "%(loadavg_after)s after" % info)
+    print(text)
+    print("T1: ebb <= %.2f x C++ (dispatch)  T2: ebb >= %.0fx faster than PyTorch (dispatch)  "
+          "T3: ebb measured == planned  T4: ebb measured and planned <= PyTorch  "
+          "check: outputs agree, no handle leaked" % (TARGET_CXX, TARGET_PYT))
+    if misses:
+        print("targets missed:")
+        for m in misses:
+            print("  " + m)
+    else:
+        print("every target met")
+    print("(%.0f s; results in %s/results.json and results.md)" % (elapsed, out_dir))
+
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump({"machine": info, "timing": TIMING, "rows": rows, "seconds": elapsed}, f,
+                  indent=1)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(render_md(head, body) + "\n")
+    return 0
+
+
+def ebb_has_op(ebb, op):
+    return bool(ebb.ask("has_op", op)["has"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

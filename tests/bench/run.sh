@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# `make bench`: runs the benchmark suite (tests/bench/run.py) against the
+# ebb_bench built in BUILD (configured with -DEBB_BUILD_BENCH=ON) and prints
+# one table. PyTorch eager runs on Debian's python3-torch, so this uses
+# /usr/bin/python3 whatever `python3` is first on PATH.
+#   bash tests/bench/run.sh [BUILD] [run.py options: --only mlp --config dispatch]
+# EBB_BENCH_THREADS sets the intra-op thread count of all three (default 1).
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+build="${1:-build}"
+shift || true
+py=/usr/bin/python3
+if ! "$py" -c 'import torch' 2>/dev/null; then
+  echo "ebb bench: $py cannot import torch; install Debian's python3-torch:" >&2
+  echo "  sudo apt-get install -y --no-install-recommends python3-torch" >&2
+  exit 1
+fi
+if [ ! -x "$build/tests/bench/ebb_bench" ]; then
+  echo "ebb bench: $build/tests/bench/ebb_bench is missing; configure with -DEBB_BUILD_BENCH=ON" >&2
+  exit 1
+fi
+exec "$py" "$here/run.py" --build "$build" "$@"
