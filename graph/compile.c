@@ -636,6 +636,20 @@ out:
     return result;
 }
 
+/* Lowers a loop's condition on the state and the jump that leaves the loop
+ * when (mean(cond) > 0) == sense. Returns the jump's step index, or -1. */
+static int emit_loop_test(compiler *c, const graph_step *st, const char *path,
+                          const char *cond_path, const scope *sc, int state, int sense) {
+    int cv = lower_node(c, st->aux, cond_path, sc, &state, 1);
+    if (cv < 0)
+        return -1;
+    plan_step *j = emit_control(c, EBB_STEP_JUMP_IF, "jump_if", path, &cv, 1, NULL, NULL, NULL, 0);
+    if (!j)
+        return -1;
+    j->sense = sense;
+    return step_index(c, j);
+}
+
 static int lower_loop(compiler *c, const graph_step *st, const char *spath, const scope *sc,
                       int x) {
     char *path = dup_printf("%s.loop", spath);
@@ -661,17 +675,9 @@ static int lower_loop(compiler *c, const graph_step *st, const char *spath, cons
     int init_index = step_index(c, init);
     int head = c->plan->n_steps;
     int cond_jump = -1;
-    if (st->loop == LOOP_WHILE) {
-        int cv = lower_node(c, st->aux, cond_path, sc, state, 1);
-        if (cv < 0)
-            goto out;
-        plan_step *j = emit_control(c, EBB_STEP_JUMP_IF, "jump_if", path, &cv, 1, NULL, NULL, NULL,
-                                    0);
-        if (!j)
-            goto out;
-        j->sense = 0; /* leave when the condition is false */
-        cond_jump = step_index(c, j);
-    }
+    /* while: test before the body, leave when the condition is false */
+    if (st->loop == LOOP_WHILE && (cond_jump = emit_loop_test(c, st, path, cond_path, sc, state[0], 0)) < 0)
+        goto out;
     int y = lower_node(c, st->node, body_path, sc, state, 1);
     if (y < 0)
         goto out;
@@ -689,17 +695,9 @@ static int lower_loop(compiler *c, const graph_step *st, const char *spath, cons
     int alias_y[1] = {y};
     if (!ym[0] || !emit_control(c, EBB_STEP_ALIAS, "alias", path, &y, 1, state, ym, alias_y, 1))
         goto out;
-    if (st->loop == LOOP_UNTIL) {
-        int cv = lower_node(c, st->aux, cond_path, sc, state, 1);
-        if (cv < 0)
-            goto out;
-        plan_step *j = emit_control(c, EBB_STEP_JUMP_IF, "jump_if", path, &cv, 1, NULL, NULL, NULL,
-                                    0);
-        if (!j)
-            goto out;
-        j->sense = 1; /* leave when the condition is true */
-        cond_jump = step_index(c, j);
-    }
+    /* until: test after the body, leave when the condition is true */
+    if (st->loop == LOOP_UNTIL && (cond_jump = emit_loop_test(c, st, path, cond_path, sc, state[0], 1)) < 0)
+        goto out;
     plan_step *next = step_new(c, EBB_STEP_LOOP_NEXT, "loop_next", path);
     if (!next)
         goto out;
@@ -889,10 +887,11 @@ static int compute_frees(compiler *c) {
     }
     for (int i = 0; i < p->n_inputs; i++)
         bit_set(keep, p->inputs[i]);
-    for (int i = 0; i < p->n_outputs; i++) {
-        bit_set(keep, p->outputs[i]);
+    /* Outputs are live at the exit, so no edge frees the value they end with;
+     * a slot that is rewritten before the end (a loop state that is also the
+     * output) may still drop its earlier values. */
+    for (int i = 0; i < p->n_outputs; i++)
         bit_set(&live[(size_t)n * words], p->outputs[i]);
-    }
     /* backward iteration to a fixed point */
     for (int changed = 1; changed;) {
         changed = 0;
@@ -921,7 +920,7 @@ static int compute_frees(compiler *c) {
         }
     }
     /* frees on an edge i -> t: (live_in(i) | def(i)) & ~live_in(t), minus
-     * inputs and outputs. keep_all: nothing. */
+     * the caller's inputs. keep_all: nothing. */
     for (int i = 0; i < n && !p->keep_all; i++) {
         plan_step *s = &p->steps[i];
         int fall, jump;

@@ -55,11 +55,14 @@ const ebb_param_spec *ebb_plan_param_at(const ebb_plan *p, int i, const char **f
     return &p->params[i].spec;
 }
 
-static void slots_text(char *buf, size_t size, const int *slots, int n) {
+static void slots_text(const ebb_plan *p, char *buf, size_t size, const int *slots, int n) {
     size_t at = 0;
+    char id[64];
     buf[0] = '\0';
-    for (int i = 0; i < n && at < size; i++)
-        at += (size_t)snprintf(buf + at, size - at, "%s%%%d", i ? " " : "", slots[i]);
+    for (int i = 0; i < n && at < size; i++) {
+        ebb_plan_value_id(p, slots[i], id, sizeof id);
+        at += (size_t)snprintf(buf + at, size - at, "%s%s", i ? " " : "", id);
+    }
     if (n == 0)
         snprintf(buf, size, "-");
 }
@@ -82,7 +85,7 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
     for (int i = 0; i < p->n_inputs; i++) {
         const ebb_plan_value *v = &p->values[p->inputs[i]];
         char sb[128];
-        fprintf(f, "input  %%%d %s %s %s\n", p->inputs[i], v->name, ebb_dtype_name(v->dtype),
+        fprintf(f, "input  %s %s %s\n", v->name, ebb_dtype_name(v->dtype),
                 ebb_shape_str(&v->shape, sb, sizeof sb));
     }
     fprintf(f, "%4s  %-12s %-28s %-14s %-10s %-16s %-18s %s\n", "step", "op", "node", "in", "out",
@@ -90,9 +93,9 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
     for (int i = 0; i < p->n_steps; i++) {
         const ebb_plan_step *s = &p->steps[i].pub;
         char in[128], out[64], frees[256], shape[128] = "-", jf[192];
-        slots_text(in, sizeof in, s->in, s->n_in);
-        slots_text(out, sizeof out, s->out, s->n_out);
-        slots_text(frees, sizeof frees, s->frees, s->n_frees);
+        slots_text(p, in, sizeof in, s->in, s->n_in);
+        slots_text(p, out, sizeof out, s->out, s->n_out);
+        slots_text(p, frees, sizeof frees, s->frees, s->n_frees);
         if (s->n_out > 0) {
             int v = s->out[s->kind == EBB_STEP_ENTER ? 1 : 0];
             ebb_shape_str(&p->values[v].shape, shape, sizeof shape);
@@ -100,7 +103,7 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
         fprintf(f, "%4d  %-12s %-28s %-14s %-10s %-16s %-18s %lld", i, s->op, s->node, in, out,
                 shape, frees, (long long)s->live_bytes);
         if (s->jump >= 0) {
-            slots_text(jf, sizeof jf, s->jump_frees, s->n_jump_frees);
+            slots_text(p, jf, sizeof jf, s->jump_frees, s->n_jump_frees);
             fprintf(f, "  jump %d, frees %s", s->jump, jf);
         }
         fputc('\n', f);
@@ -108,8 +111,10 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
     for (int i = 0; i < p->n_outputs; i++) {
         const ebb_plan_value *v = &p->values[p->outputs[i]];
         char sb[128];
-        fprintf(f, "output %%%d %s %s %s\n", p->outputs[i], p->output_names[i],
-                ebb_dtype_name(v->dtype), ebb_shape_str(&v->shape, sb, sizeof sb));
+        char id[64];
+        ebb_plan_value_id(p, p->outputs[i], id, sizeof id);
+        fprintf(f, "output %s = %s %s %s\n", p->output_names[i], id, ebb_dtype_name(v->dtype),
+                ebb_shape_str(&v->shape, sb, sizeof sb));
     }
     int64_t param_bytes = 0;
     for (int i = 0; i < p->n_params; i++)
@@ -118,8 +123,8 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
     human_bytes(pb, sizeof pb, param_bytes);
     human_bytes(peak, sizeof peak, p->peak_bytes);
     human_bytes(keep, sizeof keep, p->keep_all_peak_bytes);
-    fprintf(f, "%d steps, %d values, %d parameters (%s)\n", p->n_steps, p->n_values, p->n_params,
-            pb);
+    fprintf(f, "%d steps, %d values, %d parameter tensors (%s)\n", p->n_steps, p->n_values,
+            p->n_params, pb);
     int n_in_place = 0;
     for (int i = 0; i < p->n_steps; i++)
         if (p->steps[i].pub.in_place)

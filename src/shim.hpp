@@ -32,6 +32,21 @@ ebb_status fail_from_exception(const char *fn);
 
 } // namespace ebb
 
+// Checks the out-pointer and clears it, so a failed call leaves *out NULL.
+#define EBB_OUT(fn, out)                                                                           \
+    do {                                                                                           \
+        if (!(out))                                                                                \
+            return ebb_error_set(EBB_ERR_ARG, "%s: out is NULL", fn);                              \
+        *(out) = nullptr;                                                                          \
+    } while (0)
+
+// A required argument.
+#define EBB_NEED(fn, t)                                                                            \
+    do {                                                                                           \
+        if (!(t))                                                                                  \
+            return ebb_error_set(EBB_ERR_ARG, "%s: " #t " is NULL", fn);                           \
+    } while (0)
+
 #define EBB_TRY(fn, ...)                                                                           \
     try {                                                                                          \
         c10::InferenceMode ebb_inference_guard_;                                                   \

@@ -117,19 +117,6 @@ using ebb::wrap;
 
 namespace {
 
-// Checks the out-pointer and clears it so a failed call leaves NULL.
-#define EBB_OUT(fn, out)                                                                           \
-    do {                                                                                           \
-        if (!(out))                                                                                \
-            return ebb_error_set(EBB_ERR_ARG, "%s: out is NULL", fn);                              \
-        *(out) = nullptr;                                                                          \
-    } while (0)
-
-#define EBB_NEED(fn, t)                                                                            \
-    do {                                                                                           \
-        if (!(t))                                                                                  \
-            return ebb_error_set(EBB_ERR_ARG, "%s: " #t " is NULL", fn);                           \
-    } while (0)
 
 at::TensorOptions opts(ebb_dtype dtype, ebb_device device) {
     return at::TensorOptions().dtype(ebb::to_aten(dtype)).device(ebb::to_aten(device));
@@ -358,7 +345,24 @@ ebb_status ebb_tensor_item(const ebb_tensor *t, double *out) {
 ebb_status ebb_tensor_mean_value(const ebb_tensor *t, double *out) {
     EBB_NEED("ebb_tensor_mean_value", t);
     EBB_NEED("ebb_tensor_mean_value", out);
-    EBB_TRY("ebb_tensor_mean_value", *out = t->t.to(at::kDouble).mean().item().toDouble();)
+    EBB_TRY("ebb_tensor_mean_value", {
+        const at::Tensor &x = t->t;
+        if (x.device().is_cpu() && x.is_contiguous() &&
+            (x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble)) {
+            // summed on the host: a loop test allocates nothing
+            double sum = 0.0;
+            int64_t n = x.numel();
+            if (x.scalar_type() == at::kFloat)
+                for (const float *v = x.data_ptr<float>(), *e = v + n; v < e; v++)
+                    sum += *v;
+            else
+                for (const double *v = x.data_ptr<double>(), *e = v + n; v < e; v++)
+                    sum += *v;
+            *out = n ? sum / static_cast<double>(n) : std::nan("");
+        } else {
+            *out = x.to(at::kDouble).mean().item().toDouble();
+        }
+    })
     return EBB_OK;
 }
 

@@ -26,20 +26,6 @@ using ebb::wrap;
 
 namespace {
 
-// Same contract as tensor.cpp's macros: a NULL out-pointer is an error, and
-// a failed call leaves *out NULL.
-#define EBB_OUT(fn, out)                                                                           \
-    do {                                                                                           \
-        if (!(out))                                                                                \
-            return ebb_error_set(EBB_ERR_ARG, "%s: out is NULL", fn);                              \
-        *(out) = nullptr;                                                                          \
-    } while (0)
-
-#define EBB_NEED(fn, t)                                                                            \
-    do {                                                                                           \
-        if (!(t))                                                                                  \
-            return ebb_error_set(EBB_ERR_ARG, "%s: " #t " is NULL", fn);                           \
-    } while (0)
 
 // "[2, 3, 4]" for any number of dims.
 std::string dims(const at::Tensor &t) {

@@ -199,6 +199,14 @@ static int resolve_shapes(const ebb_spec *s, const options *o, const ebb_safeten
             fprintf(stderr, "ebb: -i %s: expected NAME=D0,D1,... or SYMBOL=N\n", arg);
             return EXIT_USAGE;
         }
+        for (int j = 0; j < k; j++) {
+            const char *prev = o->shapes[j], *peq = strchr(prev, '=');
+            if (peq && peq - prev == eq - arg && !strncmp(prev, arg, (size_t)(eq - arg))) {
+                fprintf(stderr, "ebb: -i %.*s given twice (%s, %s)\n", (int)(eq - arg), arg, prev,
+                        arg);
+                return EXIT_USAGE;
+            }
+        }
         int input = -1;
         for (int i = 0; i < n; i++)
             if (strlen(ebb_spec_input_name(s, i)) == (size_t)(eq - arg) &&
@@ -396,6 +404,18 @@ static int have_program(const char *name) {
     return 0;
 }
 
+/* Whether the directory that would hold `path` accepts new files. */
+static int dir_writable(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        return access(".", W_OK) == 0;
+    if (slash == path)
+        return access("/", W_OK) == 0;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    return access(dir, W_OK) == 0;
+}
+
 /* Pipes DOT text through Graphviz's `dot -T<fmt> -o file`. */
 static int render(const char *dot_text, size_t len, const char *fmt, const char *file) {
     if (!have_program("dot")) {
@@ -467,10 +487,24 @@ static int cmd_dot(int argc, char **argv) {
                 ebb_graph_write_dot(ebb_spec_graph(s), mem);
             fclose(mem);
             const char *ext = o.out_file ? strrchr(o.out_file, '.') : NULL;
+            static const char *rendered[] = {".svg", ".png", ".pdf", ".jpg", ".jpeg", ".gif", ".ps", ".eps"};
+            int render_it = 0;
+            for (size_t k = 0; ext && k < sizeof rendered / sizeof rendered[0]; k++)
+                render_it |= !strcmp(ext, rendered[k]);
             if (!o.out_file) {
                 fwrite(text, 1, len, stdout);
-            } else if (ext && (!strcmp(ext, ".svg") || !strcmp(ext, ".png") || !strcmp(ext, ".pdf"))) {
-                rc = render(text, len, ext + 1, o.out_file);
+            } else if (!render_it && !(ext && (!strcmp(ext, ".dot") || !strcmp(ext, ".gv")))) {
+                rc = usage_error(usage_dot,
+                                 "-o %s: use .dot or .gv for DOT text, or .svg, .png, .pdf, .jpg, "
+                                 ".gif, .ps or .eps to render",
+                                 o.out_file);
+            } else if (render_it) {
+                if (!dir_writable(o.out_file)) {
+                    fprintf(stderr, "ebb: cannot write %s: %s\n", o.out_file, strerror(errno));
+                    rc = EXIT_SPEC;
+                } else {
+                    rc = render(text, len, ext + 1, o.out_file);
+                }
             } else {
                 FILE *f = fopen(o.out_file, "w");
                 if (!f || fwrite(text, 1, len, f) != len) {
