@@ -100,6 +100,9 @@ typedef struct loader {
     used_name *names;
     int n_names, cap_names;
     char desc[96];
+    const char *const *overrides; /* "name=number" from the caller */
+    int n_overrides;
+    int override_used[EBB_SPEC_MAX_OVERRIDES];
 } loader;
 
 /* ---- small strings ---------------------------------------------------------- */
@@ -1394,6 +1397,16 @@ static int read_params(loader *ld, const ynode *p) {
             is_int = find_param(ld, v->text + 1)->is_int;
         else
             is_int = number_form(v->text) == NUM_INT;
+        /* a caller's override replaces the value written in the file */
+        for (int o = 0; o < ld->n_overrides; o++) {
+            const char *ov = ld->overrides[o], *eq = strchr(ov, '=');
+            if ((size_t)(eq - ov) != strlen(k->text) || strncmp(ov, k->text, (size_t)(eq - ov)))
+                continue;
+            ld->override_used[o] = 1;
+            is_int = number_form(eq + 1) == NUM_INT;
+            iv = is_int ? strtoll(eq + 1, NULL, 10) : 0;
+            fv = strtod(eq + 1, NULL);
+        }
         s->params[s->n_params++] =
             (spec_param){k->text, is_int ? (double)iv : fv, is_int ? iv : 0, is_int, k};
         sb_reset(&ld->kp, m);
@@ -1654,11 +1667,45 @@ void ebb_spec_free(ebb_spec *s) {
     free(s);
 }
 
+/* Checks "name=number" overrides before anything is parsed. */
+static ebb_status check_overrides(const ebb_spec_options *opts) {
+    if (!opts || opts->n_params == 0)
+        return EBB_OK;
+    if (opts->n_params < 0 || opts->n_params > EBB_SPEC_MAX_OVERRIDES || !opts->params)
+        return ebb_error_set(EBB_ERR_ARG, "spec params: %d overrides given (at most %d)",
+                             opts->n_params, EBB_SPEC_MAX_OVERRIDES);
+    for (int i = 0; i < opts->n_params; i++) {
+        const char *ov = opts->params[i], *eq = ov ? strchr(ov, '=') : NULL;
+        if (!eq || eq == ov)
+            return ebb_error_set(EBB_ERR_ARG, "spec param '%s': expected NAME=NUMBER",
+                                 ov ? ov : "(null)");
+        num_form f = number_form(eq + 1);
+        double v = strtod(eq + 1, NULL);
+        if (f != NUM_INT && f != NUM_FLOAT)
+            return ebb_error_set(EBB_ERR_ARG, "spec param '%s': '%s' is not a number", ov, eq + 1);
+        if (!isfinite(v))
+            return ebb_error_set(EBB_ERR_ARG, "spec param '%s': the value is not finite", ov);
+        for (int j = 0; j < i; j++)
+            if (!strncmp(opts->params[j], ov, (size_t)(eq - ov) + 1))
+                return ebb_error_set(EBB_ERR_ARG, "spec param '%.*s' given twice",
+                                     (int)(eq - ov), ov);
+    }
+    return EBB_OK;
+}
+
 ebb_status ebb_spec_load_string(ebb_spec **out, const char *text, size_t len,
                                 const char *display_name) {
+    return ebb_spec_load_string_ex(out, text, len, display_name, NULL);
+}
+
+ebb_status ebb_spec_load_string_ex(ebb_spec **out, const char *text, size_t len,
+                                   const char *display_name, const ebb_spec_options *opts) {
     if (!out)
         return ebb_error_set(EBB_ERR_ARG, "ebb_spec_load_string: out is NULL");
     *out = NULL;
+    ebb_status ost = check_overrides(opts);
+    if (ost != EBB_OK)
+        return ost;
     if (!text && len)
         return ebb_error_set(EBB_ERR_ARG, "ebb_spec_load_string: text is NULL");
     const char *file = display_name ? display_name : "<string>";
@@ -1680,6 +1727,10 @@ ebb_status ebb_spec_load_string(ebb_spec **out, const char *text, size_t len,
     }
     ld->spec = s;
     ld->file = s->file;
+    if (opts) {
+        ld->overrides = opts->params;
+        ld->n_overrides = opts->n_params;
+    }
     ynode *root = NULL;
     /* the tree lives in the spec's arena: names in the spec point into it */
     int rc = yaml_tree_parse(&s->mem, text ? text : "", len, s->file, &root, ld->err,
@@ -1688,6 +1739,20 @@ ebb_status ebb_spec_load_string(ebb_spec **out, const char *text, size_t len,
         ld->failed = 1;
     else
         rc = load_tree(ld, root);
+    for (int o = 0; rc == 0 && o < ld->n_overrides; o++)
+        if (!ld->override_used[o]) {
+            const char *ov = ld->overrides[o];
+            snprintf(ld->err, sizeof ld->err, "%s: no param '%.*s' to set (the spec's params:%s%s",
+                     s->file, (int)(strchr(ov, '=') - ov), ov, s->n_params ? " " : " none",
+                     s->n_params ? s->params[0].name : "");
+            for (int i = 1; i < s->n_params; i++) {
+                size_t at = strlen(ld->err);
+                snprintf(ld->err + at, sizeof ld->err - at, ", %s", s->params[i].name);
+            }
+            size_t at = strlen(ld->err);
+            snprintf(ld->err + at, sizeof ld->err - at, ")");
+            rc = -1;
+        }
     free(ld->kp.s);
     free(ld->np.s);
     free(ld->names);
@@ -1705,6 +1770,10 @@ ebb_status ebb_spec_load_string(ebb_spec **out, const char *text, size_t len,
 }
 
 ebb_status ebb_spec_load(ebb_spec **out, const char *path) {
+    return ebb_spec_load_ex(out, path, NULL);
+}
+
+ebb_status ebb_spec_load_ex(ebb_spec **out, const char *path, const ebb_spec_options *opts) {
     if (!out || !path)
         return ebb_error_set(EBB_ERR_ARG, "ebb_spec_load: %s is NULL", out ? "path" : "out");
     *out = NULL;
@@ -1748,7 +1817,7 @@ ebb_status ebb_spec_load(ebb_spec **out, const char *path) {
                                            "limit)",
                              path, EBB_SPEC_MAX_BYTES);
     }
-    ebb_status st = ebb_spec_load_string(out, buf, len, path);
+    ebb_status st = ebb_spec_load_string_ex(out, buf, len, path, opts);
     free(buf);
     return st;
 }

@@ -676,6 +676,11 @@ static void test_exit_codes(void **state) {
         {1, "no_such.safetensors", {"run", "specs/mlp.yaml", "--weights", "no_such.safetensors"}},
         {1, "no_such.safetensors", {"run", "specs/mlp.yaml", "--inputs", "no_such.safetensors"}},
         /* 2: usage */
+        {1, "no param 'width' to set", {"plan", "specs/mlp.yaml", "-p", "width=3"}},
+        {1, "'abc' is not a number", {"dot", "specs/mlp.yaml", "-p", "hidden=abc"}},
+        {2, "-p needs NAME=NUMBER", {"plan", "specs/mlp.yaml", "-p"}},
+        {2, "given twice", {"plan", "specs/mlp.yaml", "-i", "batch=2", "-i", "batch=3"}},
+        {2, "use .dot or .gv", {"dot", "specs/mlp.yaml", "-o", "x.txt"}},
         {2, "missing COMMAND", {NULL}},
         {2, "unknown command 'frob'", {"frob"}},
         {2, "unknown option --frob", {"plan", "specs/mlp.yaml", "--frob"}},

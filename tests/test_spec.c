@@ -799,6 +799,55 @@ static void test_compile_error_passthrough(void **state) {
     ebb_spec_free(s);
 }
 
+/* ---- param overrides ---------------------------------------------------------------- */
+
+static void test_param_overrides(void **state) {
+    (void)state;
+    static const char text[] = "ebb: 1\n"
+                               "params: {d: 8, h: $d, scale: 0.5}\n"
+                               "inputs:\n"
+                               "  x: [batch, $d]\n"
+                               "flow:\n"
+                               "  - from: {linear: {out: $h, name: fc}}\n";
+    const char *set[] = {"d=16", "scale=2"};
+    ebb_spec_options o = {.params = set, .n_params = 2};
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load_string_ex(&s, text, strlen(text), "over.yaml", &o));
+    /* d changed, and h, which reads $d, with it */
+    assert_int_equal((int)ebb_spec_param_value(s, 0), 16);
+    assert_int_equal((int)ebb_spec_param_value(s, 1), 16);
+    assert_true(ebb_spec_param_value(s, 2) == 2.0);
+    assert_int_equal(ebb_spec_input_dim(s, 0, 1, NULL), 16);
+    ebb_plan *p = NULL;
+    assert_ok(ebb_spec_compile(&p, s, NULL));
+    const char *name = NULL;
+    const ebb_param_spec *w = ebb_plan_param_at(p, 0, &name);
+    assert_string_equal(name, "fc.weight");
+    assert_int_equal(w->shape.dim[0], 16);
+    assert_int_equal(w->shape.dim[1], 16);
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+
+    const char *unknown[] = {"dd=3"};
+    o = (ebb_spec_options){.params = unknown, .n_params = 1};
+    assert_int_equal(ebb_spec_load_string_ex(&s, text, strlen(text), "over.yaml", &o), EBB_ERR_SPEC);
+    assert_null(s);
+    assert_errmsg_contains("over.yaml: no param 'dd' to set (the spec's params: d, h, scale)");
+    const char *bad[] = {"d=wide"};
+    o = (ebb_spec_options){.params = bad, .n_params = 1};
+    assert_int_equal(ebb_spec_load_string_ex(&s, text, strlen(text), "over.yaml", &o), EBB_ERR_ARG);
+    assert_errmsg_contains("'wide' is not a number");
+    const char *twice[] = {"d=2", "d=3"};
+    o = (ebb_spec_options){.params = twice, .n_params = 2};
+    assert_int_equal(ebb_spec_load_string_ex(&s, text, strlen(text), "over.yaml", &o), EBB_ERR_ARG);
+    assert_errmsg_contains("given twice");
+    /* a float where the spec needs an integer is caught like one in the file */
+    const char *flt[] = {"d=2.5"};
+    o = (ebb_spec_options){.params = flt, .n_params = 1};
+    assert_int_equal(ebb_spec_load_string_ex(&s, text, strlen(text), "over.yaml", &o), EBB_ERR_SPEC);
+    assert_null(s);
+}
+
 /* ---- main --------------------------------------------------------------------------- */
 
 static int cmp_str(const void *a, const void *b) {
@@ -821,6 +870,7 @@ int main(void) {
         EBB_TEST(test_default_name_and_file),
         EBB_TEST(test_locate),
         EBB_TEST(test_compile_error_passthrough),
+        EBB_TEST(test_param_overrides),
     };
     int n_fixed = (int)(sizeof fixed / sizeof fixed[0]);
 

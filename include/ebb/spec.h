@@ -59,6 +59,22 @@ ebb_status ebb_spec_load(ebb_spec **out, const char *path);
 ebb_status ebb_spec_load_string(ebb_spec **out, const char *text, size_t len,
                                 const char *display_name);
 
+#define EBB_SPEC_MAX_OVERRIDES 64
+
+/* Load options. `params` holds n "name=number" strings that replace the
+ * values of the spec's `params:` map, as if the file said so: a width or
+ * depth can change without editing the spec. Naming a param the spec lacks
+ * is an error. */
+typedef struct ebb_spec_options {
+    const char *const *params;
+    int n_params;
+} ebb_spec_options;
+
+/* ebb_spec_load() and ebb_spec_load_string() with options (NULL: none). */
+ebb_status ebb_spec_load_ex(ebb_spec **out, const char *path, const ebb_spec_options *opts);
+ebb_status ebb_spec_load_string_ex(ebb_spec **out, const char *text, size_t len,
+                                   const char *display_name, const ebb_spec_options *opts);
+
 /* Frees a spec and the graph it owns. NULL is allowed. */
 void ebb_spec_free(ebb_spec *s);
 

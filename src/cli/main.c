@@ -42,21 +42,24 @@ static const char *usage_check = "usage: ebb check SPEC...\n"
                                  "'SPEC:LINE:COL: error: ...' on stderr. Exit 1 on any error.\n";
 
 static const char *usage_plan =
-    "usage: ebb plan SPEC [-i NAME=D0,D1,...]... [--json] [--keep-all] [--memory]\n"
+    "usage: ebb plan SPEC [-i NAME=D0,D1,...]... [-p PARAM=N]... [--json] [--keep-all]\n"
+    "                [--memory]\n"
     "\n"
     "  -i NAME=D0,D1,...  the shape of input NAME; or -i SYMBOL=N for a symbolic dim\n"
     "                     (symbolic dimensions not given are 1)\n"
+    "  -p PARAM=N         replace the value of one of the spec's params\n"
     "  --json             the plan as JSON (see docs/cli.md)\n"
     "  --keep-all         compile without freeing, to compare\n"
     "  --memory           draw predicted live bytes per step\n";
 
 static const char *usage_run =
-    "usage: ebb run SPEC [-i NAME=DIMS]... [--device cpu|cuda[:N]] [--seed N]\n"
+    "usage: ebb run SPEC [-i NAME=DIMS]... [-p PARAM=N]... [--device cpu|cuda[:N]] [--seed N]\n"
     "               [--weights W.safetensors] [--save-weights W.safetensors]\n"
     "               [--inputs X.safetensors] [--outputs Y.safetensors]\n"
     "               [--trace T.jsonl] [--repeat N] [--keep-all] [--cuda-graph]\n"
     "\n"
     "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
+    "  -p PARAM=N         replace the value of one of the spec's params\n"
     "  --device           cpu, cuda or cuda:N (default: cuda when available, else cpu)\n"
     "  --seed N           seed for parameters and random inputs (default 0)\n"
     "  --weights FILE     load parameters by name\n"
@@ -68,8 +71,9 @@ static const char *usage_run =
     "  --keep-all         free nothing until the end, to compare\n"
     "  --cuda-graph       capture the plan into a CUDA graph once, time its replays\n";
 
-static const char *usage_dot = "usage: ebb dot SPEC [--plan] [-i NAME=DIMS]... [-o FILE]\n"
+static const char *usage_dot = "usage: ebb dot SPEC [--plan] [-i NAME=DIMS]... [-p PARAM=N]... [-o FILE]\n"
                                "\n"
+                               "  -p PARAM=N replace the value of one of the spec's params\n"
                                "  --plan     draw the plan (steps, values, bytes) instead of the graph\n"
                                "  -o FILE    write to FILE; .svg and .png render through Graphviz\n"
                                "             (default: DOT on stdout)\n";
@@ -100,6 +104,8 @@ typedef struct options {
     const char *spec;
     const char *shapes[MAX_BINDINGS];
     int n_shapes;
+    const char *params[MAX_BINDINGS];
+    int n_params;
     int json, keep_all, memory, plan_view, repeat, cuda_graph;
     uint64_t seed;
     const char *device, *weights, *save_weights, *inputs, *outputs, *trace, *out_file;
@@ -133,6 +139,13 @@ static int parse_options(int argc, char **argv, const char *usage, const char *a
             if (o->n_shapes == MAX_BINDINGS)
                 return usage_error(usage, "too many %s options", a);
             o->shapes[o->n_shapes++] = val;
+            i++;
+        } else if (TAKES("-p")) {
+            if (!val)
+                return usage_error(usage, "%s needs NAME=NUMBER", a);
+            if (o->n_params == MAX_BINDINGS)
+                return usage_error(usage, "too many %s options", a);
+            o->params[o->n_params++] = val;
             i++;
         } else if (TAKES("--json")) {
             o->json = 1;
@@ -279,9 +292,14 @@ static int resolve_shapes(const ebb_spec *s, const options *o, const ebb_safeten
     return 0;
 }
 
+static ebb_status load_spec(const options *o, ebb_spec **spec) {
+    ebb_spec_options so = {.params = o->params, .n_params = o->n_params};
+    return ebb_spec_load_ex(spec, o->spec, &so);
+}
+
 static int load_and_compile(const options *o, const ebb_safetensors *inputs, ebb_spec **spec,
                             ebb_plan **plan, int quiet) {
-    ebb_status st = ebb_spec_load(spec, o->spec);
+    ebb_status st = load_spec(o, spec);
     if (st != EBB_OK)
         return fail_status(st);
     ebb_shape shapes[MAX_INPUTS];
@@ -367,7 +385,7 @@ static void memory_chart(const ebb_plan *p) {
 
 static int cmd_plan(int argc, char **argv) {
     options o;
-    int rc = parse_options(argc, argv, usage_plan, "-i --json --keep-all --memory ", &o);
+    int rc = parse_options(argc, argv, usage_plan, "-i -p --json --keep-all --memory ", &o);
     if (rc)
         return rc < 0 ? 0 : rc;
     ebb_spec *s = NULL;
@@ -463,7 +481,7 @@ static int render(const char *dot_text, size_t len, const char *fmt, const char 
 
 static int cmd_dot(int argc, char **argv) {
     options o;
-    int rc = parse_options(argc, argv, usage_dot, "-i --plan -o ", &o);
+    int rc = parse_options(argc, argv, usage_dot, "-i -p --plan -o ", &o);
     if (rc)
         return rc < 0 ? 0 : rc;
     ebb_spec *s = NULL;
@@ -471,7 +489,7 @@ static int cmd_dot(int argc, char **argv) {
     if (o.plan_view) {
         rc = load_and_compile(&o, NULL, &s, &p, 1);
     } else {
-        ebb_status st = ebb_spec_load(&s, o.spec);
+        ebb_status st = load_spec(&o, &s);
         rc = st == EBB_OK ? 0 : fail_status(st);
     }
     if (!rc) {
@@ -606,7 +624,7 @@ static void print_summary(const char *name, const ebb_tensor *t) {
 static int cmd_run(int argc, char **argv) {
     options o;
     int rc = parse_options(argc, argv, usage_run,
-                           "-i --device --seed --weights --save-weights --inputs --outputs "
+                           "-i -p --device --seed --weights --save-weights --inputs --outputs "
                            "--trace --repeat --keep-all --cuda-graph ",
                            &o);
     if (rc)
