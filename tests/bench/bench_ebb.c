@@ -1,7 +1,7 @@
 #define _POSIX_C_SOURCE 200809L
 /* The ebb side of the benchmark: only the public C API, as a user would
- * call it (ebb_spec_load_string -> ebb_spec_compile -> ebb_model_new ->
- * ebb_run). */
+ * call it (ebb_spec_load_ex with the configuration's params ->
+ * ebb_spec_compile -> ebb_model_new -> ebb_run). */
 #include "bench_ebb.h"
 
 #include <stdio.h>
@@ -20,81 +20,6 @@ struct bench_ebb {
     ebb_compile_options opts;
     ebb_shape shapes[MAX_BIND];
 };
-
-static char *read_text(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    size_t got;
-    while (buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += got;
-        if (cap - n - 1 == 0) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-    }
-    fclose(f);
-    if (buf)
-        buf[n] = '\0';
-    *len = n;
-    return buf;
-}
-
-/* "d=64,hidden=128" -> "params: {d: 64, hidden: 128}" in place of the line
- * that starts with "params:". */
-static char *with_params(const char *text, const char *params_csv, const char *path) {
-    const char *line = NULL;
-    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (strncmp(p, "params:", 7) == 0) {
-            line = p;
-            break;
-        }
-    if (!line) {
-        ebb_error_set(EBB_ERR_SPEC, "%s: no single-line `params:` map to rewrite", path);
-        return NULL;
-    }
-    const char *end = strchr(line, '\n');
-    if (!end)
-        end = line + strlen(line);
-    size_t plen = strlen(params_csv);
-    char *repl = malloc(3 * plen + 32);
-    char *out = malloc(strlen(text) + 3 * plen + 32);
-    if (!repl || !out) {
-        free(repl);
-        free(out);
-        ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-        return NULL;
-    }
-    char *w = repl;
-    w += sprintf(w, "params: {");
-    for (const char *p = params_csv; *p; p++) {
-        if (*p == '=') {
-            *w++ = ':';
-            *w++ = ' ';
-        } else if (*p == ',') {
-            *w++ = ',';
-            *w++ = ' ';
-        } else {
-            *w++ = *p;
-        }
-    }
-    *w++ = '}';
-    *w = '\0';
-    size_t head = (size_t)(line - text);
-    memcpy(out, text, head);
-    strcpy(out + head, repl);
-    strcat(out, end);
-    free(repl);
-    return out;
-}
 
 /* Splits a comma list into at most `max` pointers into `buf`. */
 static int split_csv(char *buf, char **items, int max) {
@@ -129,21 +54,16 @@ ebb_status bench_ebb_setup(bench_ebb **out, const char *spec_path, const char *p
     if (!b)
         return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
     b->dev = ebb_device_cpu();
-    size_t len = 0;
-    char *text = read_text(spec_path, &len), *spec_text = NULL;
-    ebb_status st = EBB_OK;
-    if (!text)
-        st = ebb_error_set(EBB_ERR_IO, "bench: cannot read %s", spec_path);
-    if (st == EBB_OK && params_csv && *params_csv) {
-        spec_text = with_params(text, params_csv, spec_path);
-        if (!spec_text)
-            st = ebb_errcode();
+    /* the configuration's sizes replace the spec's params */
+    char param_buf[256] = "";
+    char *params[MAX_BIND];
+    int np = 0;
+    if (params_csv) {
+        snprintf(param_buf, sizeof param_buf, "%s", params_csv);
+        np = split_csv(param_buf, params, MAX_BIND);
     }
-    const char *src = spec_text ? spec_text : text;
-    if (st == EBB_OK)
-        st = ebb_spec_load_string(&b->spec, src, strlen(src), spec_path);
-    free(text);
-    free(spec_text);
+    ebb_spec_options so = {.params = (const char *const *)params, .n_params = np};
+    ebb_status st = ebb_spec_load_ex(&b->spec, spec_path, &so);
 
     char bind_buf[256] = "";
     char *binds[MAX_BIND];
