@@ -417,6 +417,9 @@ static int merge_free_tags(ebb_builder *b, name_list *into, const name_list *fro
     return 0;
 }
 
+static void node_arity(const ebb_node *n, int *min, int *max);
+static const char *node_label(const ebb_node *n);
+
 ebb_node *ebb_node_seqv(ebb_builder *b, ebb_node *const *nodes, int count) {
     if (failed(b))
         return NULL;
@@ -427,6 +430,18 @@ ebb_node *ebb_node_seqv(ebb_builder *b, ebb_node *const *nodes, int count) {
     for (int i = 0; i < count; i++)
         if (node_take(b, nodes[i], "ebb_node_seq") != 0)
             return NULL;
+    /* only the first element can receive `using` tensors; the rest get the
+     * previous element's output alone */
+    for (int i = 1; i < count; i++) {
+        int min = 1, max = 1;
+        node_arity(nodes[i], &min, &max);
+        if (min > 1 || max == 0) {
+            fail(b, "ebb_node_seq: element %d (%s) takes %d input%s, but inside a sequence it "
+                    "gets only the previous element's output",
+                 i, node_label(nodes[i]), min, min == 1 ? "" : "s");
+            return NULL;
+        }
+    }
     ebb_node *n = node_new(b, NODE_SEQ, "ebb_node_seq");
     if (!n)
         return NULL;

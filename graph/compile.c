@@ -38,6 +38,8 @@ typedef struct attr_block {
 typedef struct compiler {
     ebb_plan *plan;
     attr_block *attrs;
+    const ebb_op *no_meta[64]; /* ops seen failing on the meta device */
+    int n_no_meta;
     int cap_steps, cap_values, cap_params;
     ebb_tensor **meta; /* per slot: a shape-only tensor from the dry run */
     int cap_meta;
@@ -218,13 +220,24 @@ static int shares_input(const ebb_tensor *r, ebb_tensor *const *in, int n) {
  * the dry run, not the op's flag, says what is a view. */
 static ebb_status dry_forward(compiler *c, ebb_op_call *call, ebb_tensor **out, int *alias) {
     ebb_tensor *r = NULL;
-    ebb_status st = call->op->forward(call, &r);
-    if (st == EBB_OK) {
-        if (!r)
-            return ebb_error_set(EBB_ERR_ARG, "op %s returned no tensor", call->op->name);
-        *alias = shares_input(r, call->in, call->n_in);
-        *out = r;
-        return EBB_OK;
+    int known_no_meta = 0;
+    for (int i = 0; i < c->n_no_meta; i++)
+        known_no_meta |= c->no_meta[i] == call->op;
+    if (!known_no_meta) {
+        ebb_status st = call->op->forward(call, &r);
+        if (st == EBB_OK) {
+            if (!r)
+                return ebb_error_set(EBB_ERR_ARG, "op %s returned no tensor", call->op->name);
+            *alias = shares_input(r, call->in, call->n_in);
+            *out = r;
+            return EBB_OK;
+        }
+        /* a shape or argument error is the answer; anything else may be a
+         * missing meta kernel: remember the op (raising is slow) and retry */
+        if (st == EBB_ERR_SHAPE || st == EBB_ERR_ARG || st == EBB_ERR_NOMEM)
+            return st;
+        if (c->n_no_meta < (int)(sizeof c->no_meta / sizeof c->no_meta[0]))
+            c->no_meta[c->n_no_meta++] = call->op;
     }
     /* CPU retry with zeros of the same shapes. */
     ebb_tensor **cpu = calloc((size_t)(call->n_in + call->n_params), sizeof *cpu);
@@ -302,6 +315,11 @@ static int emit_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, c
                    const char *path, const int *in, int n_in) {
     ebb_shape shapes[64];
     ebb_tensor *ins[64];
+    if (n_in < op->min_inputs || (op->max_inputs >= 0 && n_in > op->max_inputs)) {
+        c->status = ebb_error_set(EBB_ERR_BUILD, "node %s: %s takes %d to %d inputs, given %d",
+                                  prefix, op->name, op->min_inputs, op->max_inputs, n_in);
+        return -1;
+    }
     if (n_in > 64) {
         c->status = ebb_error_set(EBB_ERR_BUILD, "node %s: %s has %d inputs (at most 64)", path,
                                   op->name, n_in);
@@ -340,6 +358,12 @@ static int emit_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, c
     }
     for (int i = 0; i < np; i++)
         ebb_tensor_free(params[i]);
+    if (st == EBB_OK && ebb_tensor_ndim(out) > EBB_MAX_DIMS) {
+        st = ebb_error_set(EBB_ERR_SHAPE, "the output has %d dimensions; ebb supports up to %d",
+                           ebb_tensor_ndim(out), EBB_MAX_DIMS);
+        ebb_tensor_free(out);
+        out = NULL;
+    }
     if (st != EBB_OK) {
         c->status = ebb_error_prefix("node %s (%s)", prefix, op->name);
         return -1;
@@ -365,13 +389,20 @@ static int emit_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, c
 }
 
 /* A control step with no op: in -> out, the outputs' meta tensors given. */
+static void drop_metas(ebb_tensor **metas, int from, int n) {
+    for (int i = from; i < n; i++) {
+        ebb_tensor_free(metas[i]);
+        metas[i] = NULL;
+    }
+}
+
+/* Takes ownership of out_meta[] on every path: the entries are NULL after. */
 static plan_step *emit_control(compiler *c, ebb_step_kind kind, const char *name,
                                const char *path, const int *in, int n_in, int *out,
                                ebb_tensor **out_meta, const int *alias_of, int n_out) {
     plan_step *s = step_new(c, kind, name, path);
     if (!s) {
-        for (int i = 0; i < n_out; i++)
-            ebb_tensor_free(out_meta[i]);
+        drop_metas(out_meta, 0, n_out);
         return NULL;
     }
     for (int i = 0; i < n_out; i++) {
@@ -380,15 +411,13 @@ static plan_step *emit_control(compiler *c, ebb_step_kind kind, const char *name
                                alias_of ? alias_of[i] : -1);
             out_meta[i] = NULL;
             if (out[i] < 0) {
-                for (int j = i + 1; j < n_out; j++)
-                    ebb_tensor_free(out_meta[j]);
+                drop_metas(out_meta, i + 1, n_out);
                 return NULL;
             }
         } else {
             /* a redefinition (loop state, switch accumulator): keep the
              * slot's first shape and drop the new meta tensor */
-            ebb_tensor_free(out_meta[i]);
-            out_meta[i] = NULL;
+            drop_metas(out_meta, i, i + 1);
         }
     }
     if (step_set_slots(c, s, in, n_in, out, n_out) != 0)
@@ -576,6 +605,7 @@ static int lower_routed(compiler *c, const graph_step *st, const char *spath, co
                                               alias, 2)
                                : NULL;
         if (!enter) {
+            /* still ours only if emit_control was never called */
             ebb_tensor_free(em[0]);
             ebb_tensor_free(em[1]);
             free(bpath);

@@ -210,8 +210,11 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
     case EBB_STEP_OP: {
         for (int i = 0; i < ps->n_in; i++) {
             r->args[i] = r->slots[ps->in[i]];
-            if (!r->args[i])
-                return ebb_error_set(EBB_ERR_RUNTIME, "input %%%d is empty", ps->in[i]);
+            if (!r->args[i]) {
+                char id[64];
+                ebb_plan_value_id(r->plan, ps->in[i], id, sizeof id);
+                return ebb_error_set(EBB_ERR_RUNTIME, "input %s is empty", id);
+            }
         }
         for (int i = 0; i < s->n_params; i++)
             r->params[i] = r->model->params[s->param_first + i];
@@ -250,6 +253,18 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
             return st;
         slot_set(r, ps->out[0], t);
         slot_set(r, ps->out[1], NULL); /* the accumulator starts empty */
+        if (ebb_tensor_shape(t).dim[0] == 0) {
+            /* no rows: every branch will be skipped; the result is an empty
+             * batch of the planned shape */
+            const ebb_plan_value *acc = &r->plan->values[ps->out[1]];
+            ebb_shape zs = acc->shape;
+            zs.dim[0] = 0;
+            ebb_tensor *z = NULL;
+            ebb_status st = ebb_tensor_zeros(&z, &zs, acc->dtype, ebb_tensor_device(t));
+            if (st != EBB_OK)
+                return st;
+            slot_set(r, ps->out[1], z);
+        }
         return EBB_OK;
     }
     case EBB_STEP_ENTER: return enter_branch(r, s, jump);

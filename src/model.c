@@ -58,13 +58,13 @@ ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device devic
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_model_new: out of memory");
     m->device = device;
     m->dtype = plan->dtype;
-    m->n_params = plan->n_params;
     m->params = calloc((size_t)plan->n_params + 1, sizeof *m->params);
     m->names = calloc((size_t)plan->n_params + 1, sizeof *m->names);
     if (!m->params || !m->names) {
         ebb_model_free(m);
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_model_new: out of memory");
     }
+    m->n_params = plan->n_params;
     for (int i = 0; i < plan->n_params; i++) {
         const plan_param *pp = &plan->params[i];
         size_t n = strlen(pp->full_name) + 1;

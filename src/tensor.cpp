@@ -146,9 +146,15 @@ extern "C" {
 /* ---- shapes ------------------------------------------------------------ */
 
 int64_t ebb_shape_numel(const ebb_shape *shape) {
+    if (!shape || shape->ndim < 0 || shape->ndim > EBB_MAX_DIMS)
+        return -1;
     int64_t n = 1;
-    for (int i = 0; i < shape->ndim; i++)
-        n *= shape->dim[i];
+    for (int i = 0; i < shape->ndim; i++) {
+        int64_t d = shape->dim[i];
+        if (d < 0 || (d > 0 && n > INT64_MAX / d))
+            return -1;
+        n *= d;
+    }
     return n;
 }
 
@@ -165,6 +171,10 @@ const char *ebb_shape_str(const ebb_shape *shape, char *buf, size_t size) {
     size_t at = 0;
     if (size == 0)
         return buf;
+    if (!shape || shape->ndim < 0 || shape->ndim > EBB_MAX_DIMS) {
+        snprintf(buf, size, "[invalid shape]");
+        return buf;
+    }
     at += static_cast<size_t>(snprintf(buf, size, "["));
     for (int i = 0; i < shape->ndim && at < size; i++)
         at += static_cast<size_t>(snprintf(buf + at, size - at, i ? ", %lld" : "%lld",
@@ -256,7 +266,12 @@ ebb_status ebb_tensor_from_host(ebb_tensor **out, const void *data, size_t nbyte
     EBB_OUT("ebb_tensor_from_host", out);
     EBB_NEED("ebb_tensor_from_host", data);
     EBB_NEED("ebb_tensor_from_host", shape);
-    size_t want = static_cast<size_t>(ebb_shape_numel(shape)) * ebb_dtype_size(dtype);
+    int64_t numel = ebb_shape_numel(shape);
+    if (numel < 0 || (numel > 0 && static_cast<uint64_t>(numel) >
+                                       SIZE_MAX / (ebb_dtype_size(dtype) ? ebb_dtype_size(dtype) : 1)))
+        return ebb_error_set(EBB_ERR_SHAPE, "ebb_tensor_from_host: invalid shape (ndim %d)",
+                             shape->ndim);
+    size_t want = static_cast<size_t>(numel) * ebb_dtype_size(dtype);
     if (want != nbytes) {
         char buf[128];
         return ebb_error_set(EBB_ERR_SHAPE,
@@ -311,6 +326,8 @@ ebb_shape ebb_tensor_shape(const ebb_tensor *t) {
         s = ebb::shape_of(t->t);
     return s;
 }
+
+int ebb_tensor_ndim(const ebb_tensor *t) { return t ? static_cast<int>(t->t.dim()) : 0; }
 
 ebb_dtype ebb_tensor_dtype(const ebb_tensor *t) { return ebb::from_aten(t->t.scalar_type()); }
 

@@ -327,6 +327,10 @@ static void test_builder_sticky_errors(void **state) {
     ebb_using(b, "x", NULL);
     expect_build_error(b, "ebb_using was not followed by a from/through");
 
+    b = ebb_builder_new("bad");
+    ebb_from(b, ebb_node_seq(b, ebb_node_op(b, "relu", NULL), ebb_node_op(b, "add", NULL), NULL));
+    expect_build_error(b, "ebb_node_seq: element 1 (add) takes 2 inputs");
+
     /* a compile-time shape contradiction names the node and both sizes */
     b = ebb_builder_new("bad");
     ebb_from(b, ebb_node_op(b, "linear", "out=8, in=5, name=stem"));
@@ -705,6 +709,18 @@ static void test_switch_routing(void **state) {
     assert_int_equal(count_kind(t, EBB_STEP_ENTER, 1), 2);
     assert_int_equal(count_kind(t, EBB_STEP_EXIT, -1), 1);
     /* the entered branch's input shares x's storage */
+    ebb_tensor_free(x);
+    ebb_tensor_free(y);
+
+    /* an empty batch skips every branch and gives an empty result */
+    ebb_shape empty = EBB_SHAPE(0, 5);
+    assert_ok(ebb_tensor_zeros(&x, &empty, EBB_FLOAT32, CPU));
+    y = run_checked(p, m, x, t, NULL);
+    ebb_shape ys = ebb_tensor_shape(y);
+    assert_int_equal(ys.ndim, 2);
+    assert_int_equal(ys.dim[0], 0);
+    assert_int_equal(ys.dim[1], 5);
+    assert_int_equal(count_kind(t, EBB_STEP_ENTER, 1), 3);
     ebb_tensor_free(x);
     ebb_tensor_free(y);
 

@@ -44,7 +44,9 @@ typedef struct ebb_shape {
 #define EBB_SHAPE(...)                                                                             \
     ((ebb_shape){sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), {__VA_ARGS__}})
 
-/* Number of elements of a shape (1 for a scalar). */
+/* Number of elements of a shape (1 for a scalar); -1 for an invalid shape
+ * (ndim outside 0..EBB_MAX_DIMS, a negative dimension, or more elements than
+ * int64 holds). */
 int64_t ebb_shape_numel(const ebb_shape *shape);
 /* Non-zero when two shapes are equal. */
 int ebb_shape_equal(const ebb_shape *a, const ebb_shape *b);
@@ -93,7 +95,10 @@ ebb_status ebb_tensor_to(ebb_tensor **out, const ebb_tensor *t, ebb_device devic
 
 /* ---- queries ----------------------------------------------------------- */
 
+/* The shape (ndim 0 and no dims for a tensor of more than EBB_MAX_DIMS
+ * dimensions: check ebb_tensor_ndim() where that can happen). */
 ebb_shape ebb_tensor_shape(const ebb_tensor *t);
+int ebb_tensor_ndim(const ebb_tensor *t);
 ebb_dtype ebb_tensor_dtype(const ebb_tensor *t);
 ebb_device ebb_tensor_device(const ebb_tensor *t);
 int64_t ebb_tensor_numel(const ebb_tensor *t);

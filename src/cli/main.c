@@ -4,6 +4,7 @@
  * error (including out of memory). */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -450,6 +451,8 @@ static int render(const char *dot_text, size_t len, const char *fmt, const char 
     pid_t pid = fork();
     if (pid < 0) {
         perror("ebb: fork");
+        close(fds[0]);
+        close(fds[1]);
         return EXIT_RUNTIME;
     }
     if (pid == 0) {
@@ -760,10 +763,16 @@ static int cmd_run(int argc, char **argv) {
            ebb_device_str(dev, dn, sizeof dn), o.cuda_graph ? " (CUDA graph replay)" : "", times[o.repeat / 2] * 1e3, o.repeat,
            o.repeat == 1 ? "" : "s", times[0] * 1e3, times[o.repeat - 1] * 1e3);
     if (o.outputs) {
-        const char *names[MAX_INPUTS];
-        for (int k = 0; k < n_out && k < MAX_INPUTS; k++)
+        const char **names = calloc((size_t)n_out, sizeof *names);
+        if (!names) {
+            rc = fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+            goto done;
+        }
+        for (int k = 0; k < n_out; k++)
             names[k] = ebb_plan_output_name(p, k);
-        if ((st = ebb_safetensors_write(o.outputs, names, outputs, n_out)) != EBB_OK) {
+        st = ebb_safetensors_write(o.outputs, names, outputs, n_out);
+        free(names);
+        if (st != EBB_OK) {
             rc = fail_status(st);
             goto done;
         }
@@ -790,6 +799,8 @@ done:
 }
 
 int main(int argc, char **argv) {
+    /* a renderer that exits early must not kill us mid-write: EPIPE is an error */
+    signal(SIGPIPE, SIG_IGN);
     if (argc < 2)
         return usage_error(usage_main, "%s", "missing COMMAND");
     const char *cmd = argv[1];
