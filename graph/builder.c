@@ -148,6 +148,9 @@ const char *ebb_builder_errmsg(const ebb_builder *b) { return b ? b->err : "buil
 /* ---- builder lifetime ------------------------------------------------------ */
 
 ebb_builder *ebb_builder_new(const char *name) {
+    /* nodes look ops up in the registry ebb_init() fills; it is idempotent */
+    if (ebb_init() != EBB_OK)
+        return NULL;
     ebb_builder *b = calloc(1, sizeof *b);
     if (!b)
         return NULL;

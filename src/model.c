@@ -53,6 +53,9 @@ ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device devic
         return ebb_error_set(EBB_ERR_ARG, "ebb_model_new: plan is NULL");
     if (device.type == EBB_DEVICE_META)
         return ebb_error_set(EBB_ERR_ARG, "ebb_model_new: a model needs a real device, not meta");
+    ebb_status ist = ebb_init();
+    if (ist != EBB_OK)
+        return ist;
     ebb_model *m = calloc(1, sizeof *m);
     if (!m)
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_model_new: out of memory");

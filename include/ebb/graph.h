@@ -77,8 +77,9 @@ typedef enum ebb_merge_op {
     EBB_MERGE_STACK, /* along a new `dim` */
 } ebb_merge_op;
 
-/* A new, empty builder. `name` (may be NULL) names the graph. Free it with ebb_builder_free(). Returns
- * NULL only when out of memory. */
+/* A new, empty builder. `name` (may be NULL) names the graph. Free it with
+ * ebb_builder_free(). Calls ebb_init() if needed. Returns NULL only when out of
+ * memory or when ebb_init() fails (see ebb_errmsg()). */
 ebb_builder *ebb_builder_new(const char *name);
 /* Frees the builder and every node it made that no built graph took. */
 void ebb_builder_free(ebb_builder *b);
