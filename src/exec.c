@@ -352,16 +352,21 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
         }
     }
 
+    /* one allocation holds the run's state: slots, scratch, counters, flags */
     run_ctx r = {.plan = plan, .model = model};
-    r.slots = calloc((size_t)plan->n_values + 1, sizeof *r.slots);
-    r.borrowed = calloc((size_t)plan->n_values + 1, 1);
-    r.counters = calloc((size_t)plan->n_counters + 1, sizeof *r.counters);
-    r.args = calloc((size_t)plan->max_in + 1, sizeof *r.args);
-    r.params = calloc((size_t)plan->max_params + 1, sizeof *r.params);
-    if (!r.slots || !r.borrowed || !r.counters || !r.args || !r.params) {
+    size_t n_ptr = (size_t)plan->n_values + (size_t)plan->max_in + (size_t)plan->max_params + 3;
+    void *block = calloc(1, n_ptr * sizeof(ebb_tensor *) +
+                                ((size_t)plan->n_counters + 1) * sizeof(int64_t) +
+                                (size_t)plan->n_values + 1);
+    if (!block) {
         st = ebb_error_set(EBB_ERR_NOMEM, "ebb_run: out of memory");
         goto done;
     }
+    r.slots = block;
+    r.args = r.slots + plan->n_values + 1;
+    r.params = r.args + plan->max_in + 1;
+    r.counters = (int64_t *)(r.params + plan->max_params + 1);
+    r.borrowed = (unsigned char *)(r.counters + plan->n_counters + 1);
     for (int i = 0; i < plan->n_inputs; i++) {
         r.slots[plan->inputs[i]] = inputs[i];
         r.borrowed[plan->inputs[i]] = 1;
@@ -420,9 +425,5 @@ done:
             if (r.slots[v])
                 slot_release(&r, v);
     free(r.slots);
-    free(r.borrowed);
-    free(r.counters);
-    free(r.args);
-    free(r.params);
     return st;
 }
