@@ -158,9 +158,25 @@ static ebb_status mha_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return st;
 }
 
+/* Scratch live at the op's peak, beyond its output: the [B, T, 3E]
+ * projection, one [B, T, E]-sized intermediate of the head split/merge, and
+ * the [B, H, T, S] attention probabilities. Fitted to the allocator on
+ * libtorch 1.13's matmul/softmax path (five shapes, exact) and used as the
+ * estimate for the fused kernel too. */
+static int64_t mha_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                             ebb_dtype dt) {
+    if (in[0].ndim != 3)
+        return 0;
+    int64_t b = in[0].dim[0], t = in[0].dim[1], e = in[0].dim[2];
+    int64_t s = n_in > 1 && in[1].ndim == 3 ? in[1].dim[1] : t;
+    int64_t size = dt == EBB_FLOAT64 ? 8 : 4; /* half types compute in float32 */
+    return (4 * b * t * e + b * a[A_HEADS].i * t * s) * size;
+}
+
 const ebb_op ebb_ops_attention[] = {
     {.name = "multi_head_attention", .min_inputs = 1, .max_inputs = 3, .attrs = mha_attrs,
      .n_attrs = EBB_COUNT(mha_attrs), .params = mha_params, .forward = mha_fwd,
-     .doc = "multi-head attention over [B, T, E] (self; or cross with `using` key[, value])"},
+     .doc = "multi-head attention over [B, T, E] (self; or cross with `using` key[, value])",
+     .workspace = mha_workspace},
 };
 const int ebb_ops_attention_count = EBB_COUNT(ebb_ops_attention);
