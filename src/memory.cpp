@@ -207,6 +207,20 @@ ebb_status ebb_device_synchronize(ebb_device device) {
     return EBB_OK;
 }
 
+ebb_status ebb_cuda_set_tf32(int enabled) {
+#ifdef EBB_WITH_CUDA
+    try {
+        at::globalContext().setAllowTF32CuBLAS(enabled != 0);
+        at::globalContext().setAllowTF32CuDNN(enabled != 0);
+    } catch (...) {
+        return ebb::fail_from_exception("ebb_cuda_set_tf32");
+    }
+#else
+    (void)enabled;
+#endif
+    return EBB_OK;
+}
+
 const char *ebb_torch_version(void) { return TORCH_VERSION; }
 
 } // extern "C"

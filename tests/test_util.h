@@ -42,6 +42,23 @@ static int ebb_test_teardown(void **state) {
 
 #define EBB_TEST(fn) cmocka_unit_test_setup_teardown(fn, ebb_test_setup, ebb_test_teardown)
 
+/* The device the device-aware tests run on: EBB_TEST_DEVICE=cuda (or cuda:N)
+ * selects a GPU, with TF32 off so results compare with float32 CPU ones;
+ * unset, the CPU. An unusable setting stops the test program. */
+static inline ebb_device ebb_test_device(void) {
+    const char *env = getenv("EBB_TEST_DEVICE");
+    ebb_device d = ebb_device_cpu();
+    if (!env || !*env)
+        return d;
+    if (ebb_init() != EBB_OK || ebb_device_parse(&d, env) != EBB_OK) {
+        fprintf(stderr, "EBB_TEST_DEVICE=%s: %s\n", env, ebb_errmsg());
+        exit(1);
+    }
+    if (d.type == EBB_DEVICE_CUDA)
+        ebb_cuda_set_tf32(0);
+    return d;
+}
+
 /* Asserts a call returned EBB_OK, printing ebb_errmsg() when it did not. */
 #define assert_ok(call)                                                                            \
     do {                                                                                           \

@@ -127,6 +127,9 @@ const char *ebb_device_str(ebb_device device, char *buf, size_t size);
 /* Waits for all queued work on the device (a no-op on CPU). Call it before
  * reading a clock. */
 ebb_status ebb_device_synchronize(ebb_device device);
+/* Allows or forbids TF32 in CUDA matmuls and convolutions (a no-op in a build
+ * without CUDA). Comparisons against float32 CPU results need it off. */
+ebb_status ebb_cuda_set_tf32(int enabled);
 
 #ifdef __cplusplus
 }
