@@ -77,5 +77,8 @@ struct ebb_graph {
 };
 
 const char *graph_step_kind_name(step_kind k);
+/* The rule for node names: letters, digits, '_', '-' and inner dots, not
+ * starting with a digit (the builder's, and the YAML loader's). */
+int graph_valid_node_name(const char *s);
 
 #endif

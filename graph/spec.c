@@ -276,15 +276,6 @@ static int is_tag_name(const char *s) {
     return 1;
 }
 
-/* The builder's rule for node names: dotted like PyTorch module paths. */
-static int is_node_name(const char *s) {
-    if (!s || !(isalpha((unsigned char)*s) || *s == '_'))
-        return 0;
-    for (; *s; s++)
-        if (!(isalnum((unsigned char)*s) || *s == '_' || *s == '-' || *s == '.'))
-            return 0;
-    return s[-1] != '.';
-}
 
 static int is_null(const ynode *y) {
     return !y || (y->kind == Y_SCALAR && y->plain &&
@@ -658,7 +649,7 @@ static ebb_node *make_op(loader *ld, ebb_builder *b, const ebb_op *op, const yno
             size_t mark = sb_mark(&ld->kp);
             sb_printf(&ld->kp, ".%s.%s", op->name, k->text);
             if (strcmp(k->text, "name") == 0) {
-                if (!v || v->kind != Y_SCALAR || is_null(v) || !is_node_name(v->text)) {
+                if (!v || v->kind != Y_SCALAR || is_null(v) || !graph_valid_node_name(v->text)) {
                     fail_at(ld, v ? v : k,
                             "a node name is letters, digits, '_', '-' and inner '.', starting "
                             "with a letter or '_'; got %s%.64s%s",
@@ -1588,7 +1579,7 @@ static int load_tree(loader *ld, const ynode *root) {
         sb_printf(&ld->kp, "name");
         if (read_name(ld, name, "the graph name", &s->name) != 0)
             return -1;
-        if (!is_node_name(s->name))
+        if (!graph_valid_node_name(s->name))
             return fail_at(ld, name, "a graph name is letters, digits, '_', '-' and inner '.'; "
                                      "got '%.64s'",
                            s->name);
