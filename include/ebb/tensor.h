@@ -190,6 +190,10 @@ ebb_status ebb_tensor_scatter(ebb_tensor **out, const ebb_tensor *x, int64_t dim
 
 /* ---- joining and indexing ---------------------------------------------- */
 
+/* Copies src's values into dst (same shape; broadcasting and dtype or
+ * device conversion as libtorch does), asynchronously on CUDA. */
+ebb_status ebb_tensor_copy_(ebb_tensor *dst, const ebb_tensor *src);
+
 ebb_status ebb_tensor_cat(ebb_tensor **out, ebb_tensor *const *xs, int n, int64_t dim);
 ebb_status ebb_tensor_stack(ebb_tensor **out, ebb_tensor *const *xs, int n, int64_t dim);
 /* Rows (along dim) picked by an int64 index tensor. */

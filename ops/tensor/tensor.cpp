@@ -685,6 +685,13 @@ ebb_status ebb_tensor_index_copy_(ebb_tensor *x, int64_t dim, const ebb_tensor *
     return EBB_OK;
 }
 
+ebb_status ebb_tensor_copy_(ebb_tensor *dst, const ebb_tensor *src) {
+    EBB_NEED("ebb_tensor_copy_", dst);
+    EBB_NEED("ebb_tensor_copy_", src);
+    EBB_TRY("ebb_tensor_copy_", dst->t.copy_(src->t, /*non_blocking=*/true);)
+    return EBB_OK;
+}
+
 ebb_status ebb_tensor_index_add_(ebb_tensor *x, int64_t dim, const ebb_tensor *index,
                                  const ebb_tensor *src) {
     EBB_NEED("ebb_tensor_index_add_", x);

@@ -1,0 +1,70 @@
+/* Shared by the compiler's passes (graph/compile.c and one file per pass).
+ *
+ * The compiler fills an ebb_plan in place: lowering appends values and steps,
+ * the later passes annotate them. Every helper that can fail sets c->status
+ * (with the message) and returns -1 or NULL. */
+#ifndef EBB_COMPILE_INTERNAL_H
+#define EBB_COMPILE_INTERNAL_H
+
+#include "plan_internal.h"
+
+#define EBB_MAX_STEPS 1000000
+
+/* Attribute values for ops the compiler introduces (merge dims, gate
+ * indices); the list moves into the plan. */
+typedef struct attr_block {
+    struct attr_block *next;
+    ebb_attr_value v[1];
+} attr_block;
+
+typedef struct compiler {
+    ebb_plan *plan;
+    attr_block *attrs;
+    const ebb_op *no_meta[64]; /* ops seen failing on the meta device */
+    int n_no_meta;
+    int cap_steps, cap_values, cap_params;
+    ebb_tensor **meta; /* per slot: a shape-only tensor from the dry run */
+    int cap_meta;
+    ebb_device meta_device;
+    ebb_status status;
+} compiler;
+
+/* ---- building the plan (graph/compile.c) --------------------------------- */
+
+int compiler_oom(compiler *c);
+char *compiler_strdupf(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+int *compiler_dup_ints(const int *v, int n);
+/* A new slot whose shape comes from `meta` (ownership passes to the compiler). */
+int compiler_value_new(compiler *c, ebb_tensor *meta, ebb_value_kind kind, int producer,
+                       int alias_of);
+plan_step *compiler_step_new(compiler *c, ebb_step_kind kind, const char *op_name,
+                             const char *path);
+int compiler_step_set_slots(compiler *c, plan_step *s, const int *in, int n_in, const int *out,
+                            int n_out);
+int compiler_step_index(const compiler *c, const plan_step *s);
+/* A new handle on a slot's meta tensor, and a new meta tensor. */
+ebb_tensor *compiler_meta_ref(compiler *c, int slot);
+ebb_tensor *compiler_meta_new(compiler *c, const ebb_shape *s, ebb_dtype dt);
+
+/* ---- the passes, in the order ebb_compile runs them ------------------------ */
+
+/* graph/lower.c: binds the inputs, lowers the nested flow to a flat list of
+ * steps over value slots (dry-running each op for its output's shape), and
+ * marks the outputs. */
+int ebb_pass_lower(compiler *c, const ebb_graph *g, const ebb_compile_options *opts);
+/* graph/liveness.c: the free lists on every control-flow edge. */
+int ebb_pass_liveness(compiler *c);
+/* graph/liveness.c: marks elementwise steps whose input dies there as in
+ * place (after liveness: it reads the free lists). */
+void ebb_pass_in_place(compiler *c);
+/* graph/predict.c: live bytes after every step and the peak, counted per
+ * alias class. With `no_frees`, nothing is released (the keep_all figure);
+ * `granule` rounds every block up (CUDA's 512). Writes the per-step figures
+ * only for the exact CPU count (no_frees 0, granule 0). Returns -1 on OOM. */
+int64_t ebb_pass_predict(compiler *c, int no_frees, int64_t granule, int *peak_step);
+
+#endif

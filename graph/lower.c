@@ -1,0 +1,775 @@
+/* Lowering: the nested flow becomes a flat list of steps over value slots.
+ *
+ * Every step is dry-run as it is emitted, on libtorch's meta device (CPU
+ * zeros for ops without meta kernels), which gives every value its shape and
+ * surfaces shape errors with the node's path. Control flow becomes explicit
+ * steps: route / enter / exit for switches and top-k gates, loop counters and
+ * conditional jumps for loops. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile_internal.h"
+
+typedef struct scope {
+    const struct scope *parent; /* enclosing flow's tags (sub-flows only) */
+    const char **names;
+    int *slots;
+    int n, cap;
+} scope;
+
+static int scope_bind(compiler *c, scope *sc, const char *name, int slot) {
+    if (sc->n == sc->cap) {
+        int cap = sc->cap ? 2 * sc->cap : 8;
+        const char **names = realloc(sc->names, (size_t)cap * sizeof *names);
+        if (!names)
+            return compiler_oom(c);
+        sc->names = names;
+        int *slots = realloc(sc->slots, (size_t)cap * sizeof *slots);
+        if (!slots)
+            return compiler_oom(c);
+        sc->slots = slots;
+        sc->cap = cap;
+    }
+    sc->names[sc->n] = name;
+    sc->slots[sc->n++] = slot;
+    return 0;
+}
+
+static int scope_lookup(const scope *sc, const char *name) {
+    for (; sc; sc = sc->parent)
+        for (int i = sc->n - 1; i >= 0; i--)
+            if (strcmp(sc->names[i], name) == 0)
+                return sc->slots[i];
+    return -1;
+}
+
+static void scope_free(scope *sc) {
+    free(sc->names);
+    free(sc->slots);
+}
+
+/* ---- the dry run ------------------------------------------------------------ */
+
+static ebb_status zeros_like_on(ebb_tensor **out, const ebb_tensor *t, ebb_device dev) {
+    ebb_shape s = ebb_tensor_shape(t);
+    return ebb_tensor_zeros(out, &s, ebb_tensor_dtype(t), dev);
+}
+
+/* Runs op->forward on the meta device; when the op has no meta kernel, again
+ * on CPU zeros. Returns a meta tensor of the output's shape. */
+static int shares_input(const ebb_tensor *r, ebb_tensor *const *in, int n) {
+    for (int i = 0; i < n; i++)
+        if (ebb_tensor_same_storage(r, in[i]))
+            return i;
+    return -1;
+}
+
+/* ... and sets *alias to the input whose storage the output shares, or -1:
+ * the dry run, not the op's flag, says what is a view. */
+static ebb_status dry_forward(compiler *c, ebb_op_call *call, ebb_tensor **out, int *alias) {
+    ebb_tensor *r = NULL;
+    int known_no_meta = 0;
+    for (int i = 0; i < c->n_no_meta; i++)
+        known_no_meta |= c->no_meta[i] == call->op;
+    if (!known_no_meta) {
+        ebb_status st = call->op->forward(call, &r);
+        if (st == EBB_OK) {
+            if (!r)
+                return ebb_error_set(EBB_ERR_ARG, "op %s returned no tensor", call->op->name);
+            *alias = shares_input(r, call->in, call->n_in);
+            *out = r;
+            return EBB_OK;
+        }
+        /* a shape or argument error is the answer; anything else may be a
+         * missing meta kernel: remember the op (raising is slow) and retry */
+        if (st == EBB_ERR_SHAPE || st == EBB_ERR_ARG || st == EBB_ERR_NOMEM)
+            return st;
+        if (c->n_no_meta < (int)(sizeof c->no_meta / sizeof c->no_meta[0]))
+            c->no_meta[c->n_no_meta++] = call->op;
+    }
+    /* CPU retry with zeros of the same shapes. */
+    ebb_tensor **cpu = calloc((size_t)(call->n_in + call->n_params), sizeof *cpu);
+    if (!cpu)
+        return ebb_error_set(EBB_ERR_NOMEM, "ebb_compile: out of memory");
+    ebb_status cst = EBB_OK;
+    for (int i = 0; cst == EBB_OK && i < call->n_in; i++)
+        cst = zeros_like_on(&cpu[i], call->in[i], ebb_device_cpu());
+    for (int i = 0; cst == EBB_OK && i < call->n_params; i++)
+        cst = zeros_like_on(&cpu[call->n_in + i], call->params[i], ebb_device_cpu());
+    if (cst == EBB_OK) {
+        ebb_op_call cc = *call;
+        cc.in = cpu;
+        cc.params = cpu + call->n_in;
+        cst = call->op->forward(&cc, &r);
+        if (cst == EBB_OK && r) {
+            *alias = shares_input(r, cpu, call->n_in);
+            ebb_shape s = ebb_tensor_shape(r);
+            ebb_dtype dt = ebb_tensor_dtype(r);
+            ebb_tensor_free(r);
+            r = NULL;
+            cst = ebb_tensor_empty(&r, &s, dt, c->meta_device);
+        }
+    }
+    for (int i = 0; i < call->n_in + call->n_params; i++)
+        ebb_tensor_free(cpu[i]);
+    free(cpu);
+    if (cst != EBB_OK)
+        return cst;
+    *out = r;
+    return EBB_OK;
+}
+
+/* ---- emitting steps ------------------------------------------------------- */
+
+static int add_param(compiler *c, const ebb_param_spec *spec, const char *prefix,
+                     const char *path) {
+    ebb_plan *p = c->plan;
+    char *full = compiler_strdupf("%s.%s", prefix, spec->name);
+    if (!full)
+        return compiler_oom(c);
+    for (int i = 0; i < p->n_params; i++)
+        if (strcmp(p->params[i].full_name, full) == 0) {
+            c->status = ebb_error_set(EBB_ERR_BUILD,
+                                      "node %s: parameter '%s' is already defined by node %s "
+                                      "(give the nodes different names)",
+                                      path, full, p->params[i].node);
+            free(full);
+            return -1;
+        }
+    if (p->n_params == c->cap_params) {
+        int cap = c->cap_params ? 2 * c->cap_params : 16;
+        plan_param *np = realloc(p->params, (size_t)cap * sizeof *np);
+        if (!np) {
+            free(full);
+            return compiler_oom(c);
+        }
+        p->params = np;
+        c->cap_params = cap;
+    }
+    plan_param *pp = &p->params[p->n_params];
+    pp->spec = *spec;
+    pp->full_name = full;
+    pp->node = compiler_strdupf("%s", path);
+    if (!pp->node) {
+        free(full);
+        return compiler_oom(c);
+    }
+    p->n_params++;
+    return 0;
+}
+
+/* Emits one op step reading `in`; returns the output slot or -1. */
+static int emit_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, const char *prefix,
+                   const char *path, const int *in, int n_in) {
+    ebb_shape shapes[64];
+    ebb_tensor *ins[64];
+    if (n_in < op->min_inputs || (op->max_inputs >= 0 && n_in > op->max_inputs)) {
+        c->status = ebb_error_set(EBB_ERR_BUILD, "node %s: %s takes %d to %d inputs, given %d",
+                                  prefix, op->name, op->min_inputs, op->max_inputs, n_in);
+        return -1;
+    }
+    if (n_in > 64) {
+        c->status = ebb_error_set(EBB_ERR_BUILD, "node %s: %s has %d inputs (at most 64)", path,
+                                  op->name, n_in);
+        return -1;
+    }
+    for (int i = 0; i < n_in; i++) {
+        ins[i] = c->meta[in[i]];
+        shapes[i] = c->plan->values[in[i]].shape;
+    }
+    ebb_param_spec specs[EBB_MAX_PARAMS];
+    int np = 0;
+    if (op->params) {
+        ebb_status st = op->params(attrs, shapes, n_in, specs, &np);
+        if (st != EBB_OK) {
+            c->status = ebb_error_prefix("node %s", prefix);
+            return -1;
+        }
+    }
+    int param_first = c->plan->n_params;
+    for (int i = 0; i < np; i++)
+        if (add_param(c, &specs[i], prefix, path) != 0)
+            return -1;
+    if (np > c->plan->max_params)
+        c->plan->max_params = np;
+
+    ebb_tensor *params[EBB_MAX_PARAMS] = {0};
+    ebb_status st = EBB_OK;
+    for (int i = 0; st == EBB_OK && i < np; i++)
+        st = ebb_tensor_empty(&params[i], &specs[i].shape, c->plan->dtype, c->meta_device);
+    ebb_tensor *out = NULL;
+    int alias = -1;
+    if (st == EBB_OK) {
+        ebb_op_call call = {.op = op, .attrs = attrs, .in = ins, .n_in = n_in,
+                            .params = params, .n_params = np, .node = path};
+        st = dry_forward(c, &call, &out, &alias);
+    }
+    for (int i = 0; i < np; i++)
+        ebb_tensor_free(params[i]);
+    if (st == EBB_OK && ebb_tensor_ndim(out) > EBB_MAX_DIMS) {
+        st = ebb_error_set(EBB_ERR_SHAPE, "the output has %d dimensions; ebb supports up to %d",
+                           ebb_tensor_ndim(out), EBB_MAX_DIMS);
+        ebb_tensor_free(out);
+        out = NULL;
+    }
+    if (st != EBB_OK) {
+        c->status = ebb_error_prefix("node %s (%s)", prefix, op->name);
+        return -1;
+    }
+    plan_step *s = compiler_step_new(c, EBB_STEP_OP, op->name, prefix);
+    if (!s) {
+        ebb_tensor_free(out);
+        return -1;
+    }
+    s->op = op;
+    s->attrs = attrs;
+    if (op->workspace && n_in > 0)
+        s->workspace = op->workspace(attrs, shapes, n_in, ebb_tensor_dtype(ins[0]));
+    s->param_first = param_first;
+    s->n_params = np;
+    /* a view op may still copy (reshape of a non-contiguous input), and an op
+     * not flagged as a view may hand back its input: trust the dry run */
+    int slot = compiler_value_new(c, out, EBB_VALUE_INTERMEDIATE, compiler_step_index(c, s),
+                         alias >= 0 ? in[alias] : -1);
+    if (slot < 0 || compiler_step_set_slots(c, s, in, n_in, &slot, 1) != 0)
+        return -1;
+    return slot;
+}
+
+/* A control step with no op: in -> out, the outputs' meta tensors given. */
+static void drop_metas(ebb_tensor **metas, int from, int n) {
+    for (int i = from; i < n; i++) {
+        ebb_tensor_free(metas[i]);
+        metas[i] = NULL;
+    }
+}
+
+/* Takes ownership of out_meta[] on every path: the entries are NULL after. */
+static plan_step *emit_control(compiler *c, ebb_step_kind kind, const char *name,
+                               const char *path, const int *in, int n_in, int *out,
+                               ebb_tensor **out_meta, const int *alias_of, int n_out) {
+    plan_step *s = compiler_step_new(c, kind, name, path);
+    if (!s) {
+        drop_metas(out_meta, 0, n_out);
+        return NULL;
+    }
+    for (int i = 0; i < n_out; i++) {
+        if (out[i] < 0) {
+            out[i] = compiler_value_new(c, out_meta[i], EBB_VALUE_INTERMEDIATE, compiler_step_index(c, s),
+                               alias_of ? alias_of[i] : -1);
+            out_meta[i] = NULL;
+            if (out[i] < 0) {
+                drop_metas(out_meta, i + 1, n_out);
+                return NULL;
+            }
+        } else {
+            /* a redefinition (loop state, switch accumulator): keep the
+             * slot's first shape and drop the new meta tensor */
+            drop_metas(out_meta, i, i + 1);
+        }
+    }
+    if (compiler_step_set_slots(c, s, in, n_in, out, n_out) != 0)
+        return NULL;
+    return s;
+}
+
+/* ---- lowering ----------------------------------------------------------- */
+
+static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope *sc,
+                      int stream);
+
+static char *shape_text(const ebb_shape *s, char *buf, size_t n) { return (char *)ebb_shape_str(s, buf, n); }
+
+/* Lowers one node applied to in[0..n_in); returns its output slot. */
+static int lower_node(compiler *c, const ebb_node *n, const char *path, const scope *sc,
+                      const int *in, int n_in) {
+    switch (n->kind) {
+    case NODE_OP:
+        return emit_op(c, n->op, n->attrs, n->name ? n->name : path, path, in, n_in);
+    case NODE_SEQ: {
+        int slot = -1;
+        for (int j = 0; j < n->n_children; j++) {
+            char *cp = compiler_strdupf("%s.%d", path, j);
+            if (!cp)
+                return compiler_oom(c);
+            slot = j == 0 ? lower_node(c, n->children[0], cp, sc, in, n_in)
+                          : lower_node(c, n->children[j], cp, sc, &slot, 1);
+            free(cp);
+            if (slot < 0)
+                return -1;
+        }
+        return slot;
+    }
+    case NODE_GRAPH:
+    case NODE_SUBFLOW: {
+        const ebb_graph *g = n->graph;
+        scope inner = {.parent = n->kind == NODE_SUBFLOW ? sc : NULL};
+        int out = -1;
+        const char *prefix = n->name ? n->name : path;
+        for (int i = 0; i < g->inputs.n && i < n_in; i++)
+            if (scope_bind(c, &inner, g->inputs.items[i], in[i]) != 0)
+                goto done;
+        out = lower_flow(c, g, prefix, &inner, in[0]);
+    done:
+        scope_free(&inner);
+        return out;
+    }
+    }
+    return -1;
+}
+
+static int resolve_using(compiler *c, const graph_step *st, const scope *sc, const char *path,
+                         int stream, int *in) {
+    in[0] = stream;
+    for (int u = 0; u < st->using_tags.n; u++) {
+        int slot = scope_lookup(sc, st->using_tags.items[u]);
+        if (slot < 0) {
+            c->status = ebb_error_set(EBB_ERR_BUILD, "node %s: undefined tag '%s'", path,
+                                      st->using_tags.items[u]);
+            return -1;
+        }
+        in[1 + u] = slot;
+    }
+    return 1 + st->using_tags.n;
+}
+
+static const char *merge_op_name(ebb_merge_op m) {
+    switch (m) {
+    case EBB_MERGE_ADD: return "add";
+    case EBB_MERGE_MEAN: return "average";
+    case EBB_MERGE_MUL: return "mul";
+    case EBB_MERGE_MAX: return "maximum";
+    case EBB_MERGE_CAT: return "cat";
+    case EBB_MERGE_STACK: return "stack";
+    }
+    return "add";
+}
+
+static const ebb_attr_value *int_attr(compiler *c, int64_t value) {
+    attr_block *a = calloc(1, sizeof *a);
+    if (!a) {
+        compiler_oom(c);
+        return NULL;
+    }
+    a->v[0].type = EBB_ATTR_INT;
+    a->v[0].set = 1;
+    a->v[0].i = value;
+    a->v[0].f = (double)value;
+    a->next = c->attrs;
+    c->attrs = a;
+    return a->v;
+}
+
+/* Switch and top-k gate: route, then per branch enter / body / exit. */
+static int lower_routed(compiler *c, const graph_step *st, const char *spath, const scope *sc,
+                        int x, int scores, ebb_route_mode mode) {
+    const char *kind = mode == EBB_ROUTE_SWITCH ? "switch" : "gate";
+    int k = st->n_nodes;
+    ebb_plan_value sv = c->plan->values[scores];
+    char sb[96], xb[96];
+    int64_t batch = c->plan->values[x].shape.ndim ? c->plan->values[x].shape.dim[0] : 1;
+    int int_sel = sv.dtype == EBB_INT64 || sv.dtype == EBB_INT32 || sv.dtype == EBB_UINT8;
+    int ok_shape = sv.shape.ndim >= 1 && sv.shape.dim[0] == batch &&
+                   ((mode == EBB_ROUTE_SWITCH && int_sel && sv.shape.ndim == 1) ||
+                    (!int_sel && sv.shape.ndim == 2 && sv.shape.dim[1] == k));
+    if (!ok_shape) {
+        c->status = ebb_error_set(
+            EBB_ERR_SHAPE,
+            "node %s.%s: %s output is %s %s, expected %s[%lld, %d] scores for %d %s (input %s)",
+            spath, mode == EBB_ROUTE_SWITCH ? "selector" : "router",
+            mode == EBB_ROUTE_SWITCH ? "selector" : "router", ebb_dtype_name(sv.dtype),
+            shape_text(&sv.shape, sb, sizeof sb),
+            mode == EBB_ROUTE_SWITCH ? "[batch] integer indices or " : "", (long long)batch, k, k,
+            mode == EBB_ROUTE_SWITCH ? "branches" : "experts",
+            shape_text(&c->plan->values[x].shape, xb, sizeof xb));
+        return -1;
+    }
+    char *path = compiler_strdupf("%s.%s", spath, kind);
+    if (!path)
+        return compiler_oom(c);
+    int result = -1;
+    /* ROUTE: (scores) -> (route table, empty accumulator) */
+    ebb_tensor *rm[2];
+    ebb_shape rs = mode == EBB_ROUTE_SWITCH ? (ebb_shape){1, {batch}} : sv.shape;
+    rm[0] = compiler_meta_new(c, &rs, mode == EBB_ROUTE_SWITCH ? EBB_INT64 : sv.dtype);
+    rm[1] = NULL;
+    int rout[2] = {-1, -1};
+    plan_step *route = rm[0] ? emit_control(c, EBB_STEP_ROUTE, "route", path, &scores, 1, rout, rm,
+                                            NULL, 1)
+                             : NULL;
+    if (!route)
+        goto out;
+    route->mode = mode;
+    route->n_branches = k;
+    route->top_k = st->top_k;
+    /* the accumulator slot starts empty at the route step */
+    int acc = compiler_value_new(c, NULL, EBB_VALUE_INTERMEDIATE, compiler_step_index(c, route), -1);
+    if (acc < 0)
+        goto out;
+    {
+        int outs[2] = {rout[0], acc};
+        free((void *)route->pub.out);
+        route->pub.out = compiler_dup_ints(outs, 2);
+        route->pub.n_out = 2;
+        if (!route->pub.out) {
+            compiler_oom(c);
+            goto out;
+        }
+    }
+    int acc_has_shape = 0;
+    for (int j = 0; j < k; j++) {
+        char *bpath = compiler_strdupf("%s.%d", path, j);
+        if (!bpath) {
+            compiler_oom(c);
+            goto out;
+        }
+        /* ENTER j: (x, route) -> (rows, x_rows) */
+        int ein[2] = {x, rout[0]};
+        int eout[2] = {-1, -1};
+        ebb_tensor *em[2] = {NULL, compiler_meta_ref(c, x)};
+        ebb_shape rows_shape = {1, {batch}};
+        em[0] = compiler_meta_new(c, &rows_shape, EBB_INT64);
+        int alias[2] = {-1, x};
+        plan_step *enter = (em[0] && em[1])
+                               ? emit_control(c, EBB_STEP_ENTER, "enter", bpath, ein, 2, eout, em,
+                                              alias, 2)
+                               : NULL;
+        if (!enter) {
+            /* still ours only if emit_control was never called */
+            ebb_tensor_free(em[0]);
+            ebb_tensor_free(em[1]);
+            free(bpath);
+            goto out;
+        }
+        /* rows: no storage in the all-rows walk the prediction follows */
+        c->plan->values[eout[0]].nbytes = 0;
+        int enter_index = compiler_step_index(c, enter);
+        enter->mode = mode;
+        enter->branch = j;
+        int y = lower_node(c, st->nodes[j], bpath, sc, &eout[1], 1);
+        if (y < 0) {
+            free(bpath);
+            goto out;
+        }
+        ebb_plan_value yv = c->plan->values[y];
+        ebb_shape as = yv.shape;
+        if (as.ndim < 1 || as.dim[0] != batch) {
+            c->status = ebb_error_set(EBB_ERR_SHAPE,
+                                      "node %s: branch output %s does not keep the batch of %lld rows",
+                                      bpath, shape_text(&as, sb, sizeof sb), (long long)batch);
+            free(bpath);
+            goto out;
+        }
+        if (acc_has_shape && !ebb_shape_equal(&as, &c->plan->values[acc].shape)) {
+            c->status = ebb_error_set(EBB_ERR_SHAPE,
+                                      "node %s: branch output %s differs from branch 0's %s", bpath,
+                                      shape_text(&as, sb, sizeof sb),
+                                      shape_text(&c->plan->values[acc].shape, xb, sizeof xb));
+            free(bpath);
+            goto out;
+        }
+        /* EXIT j: (y, rows, route, acc) -> acc */
+        int xin[4] = {y, eout[0], rout[0], acc};
+        int xout[1] = {acc};
+        ebb_tensor *xm[1] = {NULL};
+        plan_step *exit = emit_control(c, EBB_STEP_EXIT, "exit", bpath, xin, 4, xout, xm, NULL, 1);
+        free(bpath);
+        if (!exit)
+            goto out;
+        exit->mode = mode;
+        exit->branch = j;
+        if (!acc_has_shape) {
+            ebb_plan_value *av = &c->plan->values[acc];
+            av->shape = as;
+            av->dtype = yv.dtype;
+            av->nbytes = ebb_shape_numel(&as) * (int64_t)ebb_dtype_size(yv.dtype);
+            c->meta[acc] = compiler_meta_new(c, &as, yv.dtype);
+            if (!c->meta[acc])
+                goto out;
+            acc_has_shape = 1;
+        }
+        c->plan->steps[enter_index].pub.jump = c->plan->n_steps;
+    }
+    result = acc;
+out:
+    free(path);
+    return result;
+}
+
+/* Lowers a loop's condition on the state and the jump that leaves the loop
+ * when (mean(cond) > 0) == sense. Returns the jump's step index, or -1. */
+static int emit_loop_test(compiler *c, const graph_step *st, const char *path,
+                          const char *cond_path, const scope *sc, int state, int sense) {
+    int cv = lower_node(c, st->aux, cond_path, sc, &state, 1);
+    if (cv < 0)
+        return -1;
+    plan_step *j = emit_control(c, EBB_STEP_JUMP_IF, "jump_if", path, &cv, 1, NULL, NULL, NULL, 0);
+    if (!j)
+        return -1;
+    j->sense = sense;
+    return compiler_step_index(c, j);
+}
+
+static int lower_loop(compiler *c, const graph_step *st, const char *spath, const scope *sc,
+                      int x) {
+    char *path = compiler_strdupf("%s.loop", spath);
+    char *body_path = compiler_strdupf("%s.loop.body", spath);
+    char *cond_path = compiler_strdupf("%s.loop.cond", spath);
+    int result = -1;
+    if (!path || !body_path || !cond_path) {
+        compiler_oom(c);
+        goto out;
+    }
+    /* The state gets a slot of its own: the body redefines it each iteration. */
+    int state[1] = {-1};
+    ebb_tensor *sm[1] = {compiler_meta_ref(c, x)};
+    int alias[1] = {x};
+    if (!sm[0] || !emit_control(c, EBB_STEP_ALIAS, "alias", path, &x, 1, state, sm, alias, 1))
+        goto out;
+    int counter = c->plan->n_counters++;
+    plan_step *init = compiler_step_new(c, EBB_STEP_LOOP_INIT, "loop_init", path);
+    if (!init)
+        goto out;
+    init->counter = counter;
+    init->limit = st->count; /* a limit of 0 jumps straight past the loop */
+    int init_index = compiler_step_index(c, init);
+    int head = c->plan->n_steps;
+    int cond_jump = -1;
+    /* while: test before the body, leave when the condition is false */
+    if (st->loop == LOOP_WHILE && (cond_jump = emit_loop_test(c, st, path, cond_path, sc, state[0], 0)) < 0)
+        goto out;
+    int y = lower_node(c, st->node, body_path, sc, state, 1);
+    if (y < 0)
+        goto out;
+    ebb_shape ys = c->plan->values[y].shape, ss = c->plan->values[state[0]].shape;
+    if (!ebb_shape_equal(&ys, &ss)) {
+        char a[96], b[96];
+        c->status = ebb_error_set(EBB_ERR_SHAPE,
+                                  "node %s: the loop body maps state %s to %s; a loop body must "
+                                  "keep the state's shape",
+                                  body_path, shape_text(&ss, a, sizeof a),
+                                  shape_text(&ys, b, sizeof b));
+        goto out;
+    }
+    ebb_tensor *ym[1] = {compiler_meta_ref(c, y)};
+    int alias_y[1] = {y};
+    if (!ym[0] || !emit_control(c, EBB_STEP_ALIAS, "alias", path, &y, 1, state, ym, alias_y, 1))
+        goto out;
+    /* until: test after the body, leave when the condition is true */
+    if (st->loop == LOOP_UNTIL && (cond_jump = emit_loop_test(c, st, path, cond_path, sc, state[0], 1)) < 0)
+        goto out;
+    plan_step *next = compiler_step_new(c, EBB_STEP_LOOP_NEXT, "loop_next", path);
+    if (!next)
+        goto out;
+    next->counter = counter;
+    next->limit = st->count;
+    next->pub.jump = head;
+    if (cond_jump >= 0)
+        c->plan->steps[cond_jump].pub.jump = c->plan->n_steps;
+    c->plan->steps[init_index].pub.jump = c->plan->n_steps;
+    result = state[0];
+out:
+    free(path);
+    free(body_path);
+    free(cond_path);
+    return result;
+}
+
+/* Lowers a flow's steps. `stream` is the open stream for sub-flows and
+ * nested graphs (-1 for the top level, which starts with from). */
+static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope *sc, int stream) {
+    int open[256];
+    int n_open = stream >= 0 ? 1 : 0;
+    open[0] = stream;
+    int in[65];
+    for (int i = 0; i < g->n_steps; i++) {
+        const graph_step *st = &g->steps[i];
+        if (st->n_nodes > 256 || st->using_tags.n > 64) {
+            c->status = ebb_error_set(EBB_ERR_BUILD,
+                                      "step %s.%d: at most 256 branches and 64 using tags", prefix, i);
+            return -1;
+        }
+        char *spath = compiler_strdupf("%s.%d", prefix, i);
+        if (!spath)
+            return compiler_oom(c);
+        int out = -1, ok = 1;
+        switch (st->kind) {
+        case STEP_FROM:
+        case STEP_THROUGH: {
+            int first = st->kind == STEP_FROM ? scope_lookup(sc, g->inputs.items[0]) : open[0];
+            int n_in = resolve_using(c, st, sc, spath, first, in);
+            out = n_in < 0 ? -1 : lower_node(c, st->node, spath, sc, in, n_in);
+            n_open = 1;
+            break;
+        }
+        case STEP_ALSO: {
+            char *np = compiler_strdupf("%s.also", spath);
+            if (!np) {
+                ok = 0;
+                compiler_oom(c);
+                break;
+            }
+            int y = lower_node(c, st->node, np, sc, &open[0], 1);
+            free(np);
+            if (y >= 0) {
+                int pair[2] = {open[0], y};
+                out = emit_op(c, ebb_op_find("add"), NULL, spath, spath, pair, 2);
+            }
+            break;
+        }
+        case STEP_SPLIT: {
+            int x = open[0];
+            for (int j = 0; j < st->n_nodes && ok; j++) {
+                char *np = compiler_strdupf("%s.split.%d", spath, j);
+                open[j] = np ? lower_node(c, st->nodes[j], np, sc, &x, 1) : compiler_oom(c);
+                free(np);
+                ok = open[j] >= 0;
+            }
+            n_open = st->n_nodes;
+            out = ok ? open[0] : -1;
+            break;
+        }
+        case STEP_MERGE: {
+            char *np = compiler_strdupf("%s.merge", spath);
+            const ebb_op *op = ebb_op_find(merge_op_name(st->merge));
+            const ebb_attr_value *attrs = NULL;
+            if (st->merge == EBB_MERGE_CAT || st->merge == EBB_MERGE_STACK)
+                attrs = int_attr(c, st->dim);
+            if (np && (attrs || !(st->merge == EBB_MERGE_CAT || st->merge == EBB_MERGE_STACK)))
+                out = emit_op(c, op, attrs, np, np, open, n_open);
+            else if (!np)
+                compiler_oom(c);
+            free(np);
+            n_open = 1;
+            break;
+        }
+        case STEP_GATE: {
+            int x = open[0];
+            char *rp = compiler_strdupf("%s.gate.router", spath);
+            int w = rp ? lower_node(c, st->aux, rp, sc, &x, 1) : compiler_oom(c);
+            free(rp);
+            if (w < 0)
+                break;
+            if (st->top_k > 0) {
+                out = lower_routed(c, st, spath, sc, x, w, EBB_ROUTE_TOPK);
+                break;
+            }
+            ebb_plan_value wv = c->plan->values[w];
+            if (wv.shape.ndim != 2 || wv.shape.dim[1] != st->n_nodes) {
+                char a[96];
+                c->status = ebb_error_set(EBB_ERR_SHAPE,
+                                          "node %s.gate.router: router output is %s, expected "
+                                          "[batch, %d] weights for %d experts",
+                                          spath, shape_text(&wv.shape, a, sizeof a), st->n_nodes,
+                                          st->n_nodes);
+                break;
+            }
+            int acc = -1;
+            for (int j = 0; j < st->n_nodes; j++) {
+                char *ep = compiler_strdupf("%s.gate.%d", spath, j);
+                int y = ep ? lower_node(c, st->nodes[j], ep, sc, &x, 1) : compiler_oom(c);
+                const ebb_attr_value *idx = y >= 0 ? int_attr(c, j) : NULL;
+                if (idx) {
+                    int mix_in[3] = {acc, w, y};
+                    acc = acc < 0 ? emit_op(c, ebb_op_find("_gate_mix"), idx, ep, ep, mix_in + 1, 2)
+                                  : emit_op(c, ebb_op_find("_gate_mix"), idx, ep, ep, mix_in, 3);
+                } else {
+                    acc = -1;
+                }
+                free(ep);
+                if (acc < 0)
+                    break;
+            }
+            out = acc;
+            break;
+        }
+        case STEP_SWITCH: {
+            int x = open[0];
+            char *sp = compiler_strdupf("%s.switch.selector", spath);
+            int sel = sp ? lower_node(c, st->aux, sp, sc, &x, 1) : compiler_oom(c);
+            free(sp);
+            if (sel >= 0)
+                out = lower_routed(c, st, spath, sc, x, sel, EBB_ROUTE_SWITCH);
+            break;
+        }
+        case STEP_LOOP: out = lower_loop(c, st, spath, sc, open[0]); break;
+        case STEP_TAG:
+            out = open[0];
+            if (scope_bind(c, sc, st->tag, out) != 0)
+                out = -1;
+            else if (!c->plan->values[out].name)
+                c->plan->values[out].name = st->tag;
+            break;
+        }
+        free(spath);
+        if (out < 0 || !ok) {
+            if (c->status == EBB_OK)
+                c->status = ebb_errcode() != EBB_OK ? ebb_errcode() : EBB_ERR_BUILD;
+            return -1;
+        }
+        if (st->kind != STEP_SPLIT)
+            open[0] = out;
+    }
+    return open[0];
+}
+
+/* ---- the pass -------------------------------------------------------------- */
+
+int ebb_pass_lower(compiler *c, const ebb_graph *g, const ebb_compile_options *opts) {
+    ebb_plan *p = c->plan;
+    scope top = {0};
+    for (int i = 0; i < g->inputs.n; i++) {
+        const ebb_shape *s = &opts->input_shapes[i];
+        char buf[96];
+        if (s->ndim < 0 || s->ndim > EBB_MAX_DIMS) {
+            c->status = ebb_error_set(EBB_ERR_SHAPE, "ebb_compile: input '%s' has %d dims", g->inputs.items[i], s->ndim);
+            goto fail;
+        }
+        int64_t numel = 1;
+        for (int d = 0; d < s->ndim; d++) {
+            /* refuse shapes whose byte size would overflow int64 */
+            if (s->dim[d] > 0 && numel > (INT64_MAX / 16) / s->dim[d]) {
+                c->status = ebb_error_set(EBB_ERR_SHAPE, "ebb_compile: input '%s' of shape %s is too large",
+                                         g->inputs.items[i], ebb_shape_str(s, buf, sizeof buf));
+                goto fail;
+            }
+            numel *= s->dim[d] > 0 ? s->dim[d] : 1;
+        }
+        for (int d = 0; d < s->ndim; d++)
+            if (s->dim[d] < 0) {
+                c->status = ebb_error_set(EBB_ERR_SHAPE, "ebb_compile: input '%s' has shape %s",
+                                         g->inputs.items[i], ebb_shape_str(s, buf, sizeof buf));
+                goto fail;
+            }
+        ebb_tensor *m = compiler_meta_new(c, s, opts->input_dtypes ? opts->input_dtypes[i] : p->dtype);
+        if (!m)
+            goto fail;
+        int slot = compiler_value_new(c, m, EBB_VALUE_INPUT, -1, -1);
+        if (slot < 0)
+            goto fail;
+        p->values[slot].name = g->inputs.items[i];
+        p->inputs[i] = slot;
+        p->n_inputs++;
+        if (scope_bind(c, &top, g->inputs.items[i], slot) != 0)
+            goto fail;
+    }
+    int y = lower_flow(c, g, "flow", &top, -1);
+    if (y < 0)
+        goto fail;
+    p->outputs[0] = y;
+    p->output_names[0] = g->final_name;
+    for (int i = 0; i < g->outputs.n; i++) {
+        p->outputs[1 + i] = scope_lookup(&top, g->outputs.items[i]);
+        p->output_names[1 + i] = g->outputs.items[i];
+    }
+    for (int i = 0; i < p->n_outputs; i++)
+        if (p->values[p->outputs[i]].kind != EBB_VALUE_INPUT)
+            p->values[p->outputs[i]].kind = EBB_VALUE_OUTPUT;
+    scope_free(&top);
+    return 0;
+
+fail:
+    scope_free(&top);
+    return -1;
+}
