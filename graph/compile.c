@@ -225,6 +225,9 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
 
     if (ebb_pass_lower(&c, g, opts) != 0)
         goto fail;
+    for (int i = 0; i < p->n_steps; i++)
+        p->peak_is_bound |= p->steps[i].pub.kind == EBB_STEP_ROUTE ||
+                            p->steps[i].pub.kind == EBB_STEP_JUMP_IF;
     if (ebb_pass_liveness(&c) != 0)
         goto fail;
     /* keep_all is the figure without liveness, so without in-place steps too */

@@ -84,7 +84,9 @@ int ebb_pass_liveness(compiler *c) {
             int count = 0;
             for (int v = 0; v < nv; v++) {
                 int here = bit_get(&live[(size_t)i * words], v);
-                for (int k = 0; !here && k < s->pub.n_out; k++)
+                /* an enter that jumps (its branch got no rows) writes nothing */
+                int writes = !(e == 1 && s->pub.kind == EBB_STEP_ENTER);
+                for (int k = 0; !here && writes && k < s->pub.n_out; k++)
                     here = s->pub.out[k] == v;
                 if (here && !bit_get(&live[(size_t)t * words], v) && !bit_get(keep, v))
                     list[count++] = v;

@@ -34,6 +34,8 @@ int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step) {
     return p ? p->peak_bytes : 0;
 }
 
+int ebb_plan_peak_is_bound(const ebb_plan *p) { return p ? p->peak_is_bound : 0; }
+
 int64_t ebb_plan_keep_all_peak_bytes(const ebb_plan *p) { return p ? p->keep_all_peak_bytes : 0; }
 
 int64_t ebb_plan_device_peak_bytes(const ebb_plan *p, ebb_device device) {
@@ -131,8 +133,8 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
             fprintf(f, n_in_place++ ? ", %d" : "in place (the output reuses its dying input): steps %d", i);
     if (n_in_place)
         fputc('\n', f);
-    fprintf(f, "predicted peak %lld bytes (%s) at step %d", (long long)p->peak_bytes, peak,
-            p->peak_step);
+    fprintf(f, "predicted peak %lld bytes (%s, %s) at step %d", (long long)p->peak_bytes, peak,
+            p->peak_is_bound ? "upper bound" : "exact", p->peak_step);
     if (p->peak_step >= 0)
         fprintf(f, " (%s)", p->steps[p->peak_step].pub.node);
     fprintf(f, "; keep_all peak %lld bytes (%s)", (long long)p->keep_all_peak_bytes, keep);

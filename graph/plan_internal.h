@@ -50,6 +50,7 @@ struct ebb_plan {
     ebb_dtype dtype;
     int64_t peak_bytes;
     int peak_step;
+    int peak_is_bound; /* routing or a data-dependent loop: the peaks are upper bounds */
     int64_t keep_all_peak_bytes; /* the same graph's peak with nothing freed */
     int64_t cuda_peak_bytes;     /* peak_bytes with CUDA's 512-byte block rounding */
     void *attrs; /* attribute values of compiler-made ops (a list) */

@@ -152,6 +152,9 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
         }
         fputc('}', f);
     }
-    fprintf(f, "],\n \"peak_bytes\": %lld, \"peak_step\": %d, \"keep_all_peak_bytes\": %lld}\n",
-            (long long)p->peak_bytes, p->peak_step, (long long)p->keep_all_peak_bytes);
+    fprintf(f,
+            "],\n \"peak_bytes\": %lld, \"peak_kind\": \"%s\", \"peak_step\": %d, "
+            "\"keep_all_peak_bytes\": %lld}\n",
+            (long long)p->peak_bytes, p->peak_is_bound ? "bound" : "exact", p->peak_step,
+            (long long)p->keep_all_peak_bytes);
 }

@@ -1,83 +1,232 @@
-/* Predicted memory: plain counting over the step list.
+/* Predicted memory: plain counting over the steps, the way the executor will
+ * walk them.
  *
- * Walks the steps in listing order (branches taken, loop bodies once) and
- * counts storage per alias class: a view or an in-place output joins its
- * source's class, and a class's bytes leave when its last slot is freed. */
+ * Storage is counted per alias class: a view or an in-place output joins its
+ * source's class, and a class's bytes leave when its last slot is freed. The
+ * walk follows the plan's control flow with one fixed choice at every branch
+ * point, chosen so that the figure is never below any run's:
+ *
+ *   - a switch branch or top-k expert is entered (skipping one only frees
+ *     earlier), and is counted as if every row took it, with its row gather
+ *     and row index as fresh storage of the full batch;
+ *   - a loop body is walked twice: the first iteration may start from a
+ *     value the plan does not count (a graph input), every later one starts
+ *     from the previous iteration's state, and from the second on they are
+ *     all alike;
+ *   - a loop test never leaves early.
+ *
+ * Where control flow depends on tensor values (a route, a while/until test)
+ * the result is therefore an upper bound; elsewhere it is exact. Each step's
+ * recorded figures are the largest over its visits. */
 #include <stdlib.h>
 
 #include "compile_internal.h"
 
-/* Walks the steps in listing order (branches taken, loop bodies once) and
- * counts storage per alias class. With `no_frees`, nothing is released: the
- * keep_all figure. Writes per-step figures unless no_frees. */
+/* Walking more steps than this means loops nested absurdly deep (each level
+ * doubles the walk). */
+#define EBB_MAX_WALK 100000000LL
+
+/* at::nonzero's own bookkeeping beside its result: 12 bytes measured on the
+ * CPU with libtorch 1.13 whatever the thread count, with room to spare. */
+#define NONZERO_SCRATCH 64
+
+typedef struct walk {
+    int *cls;       /* slot -> class, or -1 */
+    int64_t *bytes; /* class -> bytes */
+    int *refs;      /* class -> slots in it */
+    int n_cls, cap_cls;
+    int64_t live;
+    int64_t granule;
+    int oom;
+} walk;
+
+static int64_t rounded(const walk *w, int64_t n) {
+    return w->granule && n > 0 ? (n + w->granule - 1) / w->granule * w->granule : n;
+}
+
+/* Moves slot v into class `to` (-1: none), releasing its old class's bytes
+ * when v was the last slot in it. */
+static void move_slot(walk *w, int v, int to) {
+    int from = w->cls[v];
+    if (to == from)
+        return;
+    if (from >= 0 && --w->refs[from] == 0)
+        w->live -= w->bytes[from];
+    if (to >= 0 && w->refs[to]++ == 0)
+        w->live += w->bytes[to];
+    w->cls[v] = to;
+}
+
+/* A new class of n bytes: every allocation is one, so a slot written again
+ * (a loop's second walk) never disturbs views of its earlier storage. */
+static int new_class(walk *w, int64_t n) {
+    if (w->n_cls == w->cap_cls) {
+        int cap = w->cap_cls ? 2 * w->cap_cls : 64;
+        int64_t *b = realloc(w->bytes, (size_t)cap * sizeof *b);
+        if (b)
+            w->bytes = b;
+        int *r = b ? realloc(w->refs, (size_t)cap * sizeof *r) : NULL;
+        if (r)
+            w->refs = r;
+        if (!b || !r) {
+            w->oom = 1;
+            return -1;
+        }
+        w->cap_cls = cap;
+    }
+    w->bytes[w->n_cls] = rounded(w, n);
+    w->refs[w->n_cls] = 0;
+    return w->n_cls++;
+}
+
+static int64_t value_full_bytes(const ebb_plan_value *v) {
+    return ebb_shape_numel(&v->shape) * (int64_t)ebb_dtype_size(v->dtype);
+}
+
+/* The batch a routed step works on: the route table's first dimension. */
+static int64_t route_batch(const ebb_plan *p, int route_slot) {
+    const ebb_plan_value *r = &p->values[route_slot];
+    return r->shape.ndim ? r->shape.dim[0] : 1;
+}
+
+/* Scratch a routing step allocates and releases inside its call, beyond its
+ * outputs, as blocks (each rounded on its own for CUDA). What the executor
+ * makes (src/exec.c) is what is counted here:
+ *   route, top-k:  the top-k values and indices, their row sums and the
+ *                  renormalised weights, before they are scattered into the
+ *                  [B, experts] table;
+ *   enter:         the boolean row mask the row indices come from, and the
+ *                  little at::nonzero keeps while it counts;
+ *   exit:          a second accumulator while a whole-batch branch's sum is
+ *                  formed (or the weighted contribution of a partial one,
+ *                  never larger), and for top-k the rows' picked weights. */
+static int64_t routing_scratch(const walk *w, const ebb_plan *p, const plan_step *s) {
+    const ebb_plan_step *ps = &s->pub;
+    switch (ps->kind) {
+    case EBB_STEP_ROUTE: {
+        if (s->mode != EBB_ROUTE_TOPK)
+            return 0;
+        const ebb_plan_value *t = &p->values[ps->out[0]];
+        int64_t b = route_batch(p, ps->out[0]), k = s->top_k;
+        int64_t e = (int64_t)ebb_dtype_size(t->dtype);
+        return rounded(w, b * k * e) + rounded(w, b * k * 8) + rounded(w, b * e) +
+               rounded(w, b * k * e);
+    }
+    case EBB_STEP_ENTER:
+        return rounded(w, route_batch(p, ps->in[1])) + rounded(w, NONZERO_SCRATCH);
+    case EBB_STEP_EXIT: {
+        const ebb_plan_value *acc = &p->values[ps->out[0]];
+        int64_t n = rounded(w, value_full_bytes(acc));
+        if (s->mode == EBB_ROUTE_TOPK) {
+            const ebb_plan_value *t = &p->values[ps->in[2]];
+            n += rounded(w, route_batch(p, ps->in[2]) * (int64_t)ebb_dtype_size(t->dtype));
+        }
+        return n;
+    }
+    default: return 0;
+    }
+}
+
+/* The class a step's k-th output joins. */
+static int output_class(walk *w, const ebb_plan *p, const plan_step *s, int k) {
+    int v = s->pub.out[k];
+    const ebb_plan_value *val = &p->values[v];
+    switch (s->pub.kind) {
+    case EBB_STEP_EXIT:
+        /* the first exit to run makes the accumulator, later ones add into it */
+        return w->cls[v] >= 0 ? w->cls[v] : new_class(w, val->nbytes);
+    case EBB_STEP_ROUTE:
+        return k == 1 ? -1 : new_class(w, val->nbytes); /* the accumulator starts empty */
+    case EBB_STEP_ENTER:
+        /* any subset of the rows: the row indices and a gathered copy of x
+         * are at most the full batch (the plan's values say all rows, no
+         * copy) */
+        if (k == 0)
+            return new_class(w, route_batch(p, s->pub.in[1]) * 8);
+        return new_class(w, value_full_bytes(&p->values[s->pub.in[0]]));
+    case EBB_STEP_ALIAS: return w->cls[s->pub.in[0]];
+    default:
+        if (val->alias_of >= 0)
+            return w->cls[val->alias_of];
+        return val->nbytes > 0 ? new_class(w, val->nbytes) : -1;
+    }
+}
+
+/* The edge the walk takes out of step i (see the top of the file): 1 for the
+ * jump. `visits` counts how often each loop_next sent the walk back. */
+static int take_jump(const plan_step *s, int i, int *visits) {
+    switch (s->pub.kind) {
+    case EBB_STEP_LOOP_INIT: return s->limit == 0;
+    case EBB_STEP_LOOP_NEXT:
+        if (s->limit >= 2 && visits[i] == 0) {
+            visits[i] = 1;
+            return 1;
+        }
+        visits[i] = 0; /* an enclosing loop's next iteration walks it twice again */
+        return 0;
+    default: return 0;
+    }
+}
+
 int64_t ebb_pass_predict(compiler *c, int no_frees, int64_t granule, int *peak_step) {
     ebb_plan *p = c->plan;
-    int nv = p->n_values;
-    int *cls = malloc((size_t)(nv ? nv : 1) * sizeof *cls);      /* slot -> class (-1) */
-    int64_t *bytes = calloc((size_t)(nv ? nv : 1), sizeof *bytes); /* class -> bytes */
-    int *refs = calloc((size_t)(nv ? nv : 1), sizeof *refs);       /* class -> slots */
-    if (!cls || !bytes || !refs) {
-        free(cls);
-        free(bytes);
-        free(refs);
+    int nv = p->n_values, n = p->n_steps;
+    size_t cap = (size_t)(nv ? nv : 1);
+    walk w = {.cls = malloc(cap * sizeof *w.cls), .granule = granule};
+    int *visits = calloc((size_t)n + 1, sizeof *visits);
+    unsigned char *seen = calloc((size_t)n + 1, 1);
+    int64_t result = -1;
+    if (!w.cls || !visits || !seen) {
         compiler_oom(c);
-        return -1;
+        goto out;
     }
     for (int v = 0; v < nv; v++)
-        cls[v] = -1;
-    int64_t live = 0, peak = 0;
+        w.cls[v] = -1;
+    int record = !no_frees && !granule;
+    int64_t peak = 0, walked = 0;
     int at = 0;
-    for (int i = 0; i < p->n_steps; i++) {
-        plan_step *s = &p->steps[i];
-        for (int k = 0; k < s->pub.n_out; k++) {
-            int v = s->pub.out[k];
-            const ebb_plan_value *val = &p->values[v];
-            int new_cls;
-            if (s->pub.kind == EBB_STEP_EXIT && cls[v] >= 0) {
-                new_cls = cls[v]; /* scattered into in place */
-            } else if (val->alias_of >= 0 && s->pub.kind != EBB_STEP_EXIT) {
-                new_cls = cls[val->alias_of];
-                if (s->pub.kind == EBB_STEP_ALIAS)
-                    new_cls = cls[s->pub.in[0]];
-            } else if (s->pub.kind == EBB_STEP_ROUTE && k == 1) {
-                new_cls = -1; /* the empty accumulator */
-            } else if (val->nbytes > 0) {
-                new_cls = v;
-                bytes[v] = granule ? (val->nbytes + granule - 1) / granule * granule : val->nbytes;
-            } else {
-                new_cls = -1;
-            }
-            if (new_cls != cls[v]) {
-                if (cls[v] >= 0 && --refs[cls[v]] == 0)
-                    live -= bytes[cls[v]];
-                if (new_cls >= 0 && refs[new_cls]++ == 0)
-                    live += bytes[new_cls];
-                cls[v] = new_cls;
-            }
+    for (int i = 0; i < n;) {
+        if (++walked > EBB_MAX_WALK) {
+            c->status = ebb_error_set(EBB_ERR_BUILD,
+                                      "ebb_compile: plan %s nests loops too deeply to predict its "
+                                      "memory (more than %lld steps walked)",
+                                      p->name, (long long)EBB_MAX_WALK);
+            goto out;
         }
-        int64_t ws = s->workspace;
-        if (granule && ws)
-            ws = (ws + granule - 1) / granule * granule;
-        if (live + ws > peak) {
-            peak = live + ws;
+        plan_step *s = &p->steps[i];
+        for (int k = 0; k < s->pub.n_out; k++)
+            move_slot(&w, s->pub.out[k], output_class(&w, p, s, k));
+        if (w.oom) {
+            compiler_oom(c);
+            goto out;
+        }
+        int64_t during = w.live + rounded(&w, s->workspace) + routing_scratch(&w, p, s);
+        if (during > peak) {
+            peak = during;
             at = i;
         }
-        int record = !no_frees && !granule;
-        if (record)
-            s->pub.peak_bytes = live + ws;
-        for (int k = 0; !no_frees && k < s->pub.n_frees; k++) {
-            int v = s->pub.frees[k];
-            if (cls[v] >= 0 && --refs[cls[v]] == 0)
-                live -= bytes[cls[v]];
-            cls[v] = -1;
+        int jump = take_jump(s, i, visits);
+        const int *frees = jump ? s->pub.jump_frees : s->pub.frees;
+        int n_frees = jump ? s->pub.n_jump_frees : s->pub.n_frees;
+        for (int k = 0; !no_frees && k < n_frees; k++)
+            move_slot(&w, frees[k], -1);
+        if (record) {
+            if (!seen[i] || during > s->pub.peak_bytes)
+                s->pub.peak_bytes = during;
+            if (!seen[i] || w.live > s->pub.live_bytes)
+                s->pub.live_bytes = w.live;
+            seen[i] = 1;
         }
-        if (record)
-            s->pub.live_bytes = live;
+        i = jump ? s->pub.jump : i + 1;
     }
-    free(cls);
-    free(bytes);
-    free(refs);
     if (peak_step)
         *peak_step = at;
-    return peak;
+    result = peak;
+out:
+    free(w.cls);
+    free(w.bytes);
+    free(w.refs);
+    free(visits);
+    free(seen);
+    return result;
 }

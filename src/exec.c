@@ -377,9 +377,20 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
     double t0 = now_seconds();
     int64_t executed = 0;
     ebb_trace_fn trace = opts ? opts->trace : NULL;
+    /* A traced run measures each step's own high-water mark: the allocator's
+     * peak is reset before every step, so the run's peak is kept here. */
+    int64_t run_peak = 0;
+    double step_t0 = 0.0;
     for (int pc = 0; pc < plan->n_steps;) {
         const plan_step *s = &plan->steps[pc];
         int jump = 0;
+        if (trace) {
+            ebb_memory_stats ms;
+            if (ebb_memory_stats_get(dev, &ms) == EBB_OK && ms.peak_bytes - base > run_peak)
+                run_peak = ms.peak_bytes - base;
+            ebb_memory_reset_peak(dev);
+            step_t0 = now_seconds();
+        }
         st = exec_step(&r, s, &jump);
         if (st != EBB_OK) {
             ebb_error_prefix("step %d (%s, node %s)", pc, s->pub.op, s->pub.node);
@@ -391,8 +402,15 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
         for (int k = 0; k < n_freed; k++)
             slot_release(&r, freed[k]);
         if (trace) {
+            ebb_memory_stats ms;
+            ebb_device_synchronize(dev);
             ebb_trace_event ev = {.step = pc, .info = &s->pub, .freed = freed, .n_freed = n_freed,
-                                  .jumped = jump, .live_bytes = ebb_memory_current(dev) - base};
+                                  .jumped = jump, .live_bytes = ebb_memory_current(dev) - base,
+                                  .peak_bytes = -1, .seconds = now_seconds() - step_t0};
+            if (ebb_memory_stats_get(dev, &ms) == EBB_OK)
+                ev.peak_bytes = ms.peak_bytes - base;
+            if (ev.peak_bytes > run_peak)
+                run_peak = ev.peak_bytes;
             trace(&ev, opts->trace_user);
         }
         pc = jump ? s->pub.jump : pc + 1;
@@ -411,6 +429,8 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
         stats->seconds = now_seconds() - t0;
         stats->measured_peak_bytes =
             ebb_memory_stats_get(dev, &ms) == EBB_OK ? ms.peak_bytes - base : -1;
+        if (trace && stats->measured_peak_bytes >= 0 && run_peak > stats->measured_peak_bytes)
+            stats->measured_peak_bytes = run_peak;
         stats->planned_peak_bytes = ebb_plan_device_peak_bytes(plan, dev);
         stats->steps_executed = executed;
     }

@@ -287,7 +287,7 @@ static cJSON *json_strict(const char *text, size_t len, const char *what) {
     return j;
 }
 
-enum { J_STR, J_INT, J_ARR, J_OBJ, J_STR_OR_NULL, J_BOOL };
+enum { J_STR, J_INT, J_ARR, J_OBJ, J_STR_OR_NULL, J_BOOL, J_NUM };
 
 static const cJSON *field(const cJSON *obj, const char *key, int type, const char *ctx) {
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(obj, key);
@@ -303,6 +303,7 @@ static const cJSON *field(const cJSON *obj, const char *key, int type, const cha
     case J_OBJ: ok = cJSON_IsObject(f); break;
     case J_STR_OR_NULL: ok = cJSON_IsString(f) || cJSON_IsNull(f); break;
     case J_BOOL: ok = cJSON_IsBool(f); break;
+    case J_NUM: ok = cJSON_IsNumber(f); break;
     }
     if (!ok)
         fail_msg("%s: field \"%s\" has the wrong type", ctx, key);
@@ -1200,6 +1201,17 @@ static void trace_read(trace *t, const char *path, const cJSON *plan) {
     const cJSON *steps = cJSON_GetObjectItemCaseSensitive(plan, "steps");
     int n_steps = cJSON_GetArraySize(steps);
     char ctx[64];
+    /* Values as the trace alone tells them: written (by an earlier record's
+     * `outputs`, or a graph input), then maybe freed. A record may read only
+     * what is written and not freed since. */
+    const char *ids[1024];
+    char state[1024]; /* 'w' written, 'f' freed */
+    int n_ids = 0;
+    const cJSON *in;
+    cJSON_ArrayForEach(in, cJSON_GetObjectItemCaseSensitive(plan, "inputs")) {
+        ids[n_ids] = str_field(in, "name", "plan input");
+        state[n_ids++] = 'w';
+    }
     for (char *line = text; *line;) {
         char *nl = strchr(line, '\n');
         *nl = '\0';
@@ -1216,6 +1228,8 @@ static void trace_read(trace *t, const char *path, const cJSON *plan) {
             int_field(t->summary, "peak_bytes", "summary");
             int_field(t->summary, "planned_peak_bytes", "summary");
             int_field(t->summary, "live_tensors_after", "summary");
+            assert_string_equal(str_field(t->summary, "peak_kind", "summary"),
+                                str_field(plan, "peak_kind", "plan"));
         } else {
             long long step = int_field(j, "step", ctx);
             if (step < 0 || step >= n_steps)
@@ -1229,16 +1243,64 @@ static void trace_read(trace *t, const char *path, const cJSON *plan) {
             assert_string_equal(a, b);
             cJSON_free(a);
             cJSON_free(b);
+            const cJSON *jumped = cJSON_GetObjectItemCaseSensitive(j, "jumped");
+            int skipped = cJSON_IsTrue(jumped) && !strcmp(str_field(ps, "op", "plan"), "enter");
             const cJSON *out = field(j, "output", J_STR_OR_NULL, ctx);
             const cJSON *pout = cJSON_GetObjectItemCaseSensitive(ps, "output");
-            assert_int_equal(cJSON_IsNull(out), cJSON_IsNull(pout));
+            assert_int_equal(cJSON_IsNull(out), cJSON_IsNull(pout) || skipped);
             if (cJSON_IsString(out))
                 assert_string_equal(out->valuestring, pout->valuestring);
+            /* outputs: every value the step writes, as the plan lists them
+             * (none for a branch skipped for want of rows) */
+            a = cJSON_PrintUnformatted(field(j, "outputs", J_ARR, ctx));
+            b = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(ps, "outputs"));
+            assert_string_equal(a, skipped ? "[]" : b);
+            cJSON_free(a);
+            cJSON_free(b);
+            /* measured figures for the step itself */
+            long long peak = int_field(j, "peak_bytes", ctx);
+            assert_true(peak >= int_field(j, "live_bytes", ctx));
+            assert_int_equal(int_field(j, "planned_peak_bytes", ctx),
+                             int_field(ps, "peak_bytes", "plan"));
+            if (peak > int_field(ps, "peak_bytes", "plan"))
+                fail_msg("%s (step %lld, %s): measured peak %lld above the plan's %lld", ctx, step,
+                         str_field(ps, "node", "plan"), peak, int_field(ps, "peak_bytes", "plan"));
+            const cJSON *secs = field(j, "seconds", J_NUM, ctx);
+            assert_true(secs->valuedouble >= 0.0);
+            /* from the trace alone: nothing is read before it is written, or
+             * after it is freed */
+            const cJSON *id;
+            cJSON_ArrayForEach(id, cJSON_GetObjectItemCaseSensitive(j, "inputs")) {
+                int k = 0;
+                while (k < n_ids && strcmp(ids[k], id->valuestring) != 0)
+                    k++;
+                if (k == n_ids || state[k] != 'w')
+                    fail_msg("%s (step %lld): reads %s, which %s", ctx, step, id->valuestring,
+                             k == n_ids ? "no earlier record wrote" : "was freed before");
+            }
+            cJSON_ArrayForEach(id, cJSON_GetObjectItemCaseSensitive(j, "outputs")) {
+                int k = 0;
+                while (k < n_ids && strcmp(ids[k], id->valuestring) != 0)
+                    k++;
+                if (k == n_ids) {
+                    assert_true(n_ids < 1024);
+                    ids[n_ids++] = id->valuestring;
+                }
+                state[k] = 'w';
+            }
+            cJSON_ArrayForEach(id, cJSON_GetObjectItemCaseSensitive(j, "freed")) {
+                int k = 0;
+                while (k < n_ids && strcmp(ids[k], id->valuestring) != 0)
+                    k++;
+                if (k == n_ids)
+                    fail_msg("%s (step %lld): frees %s, which no record wrote", ctx, step,
+                             id->valuestring);
+                state[k] = 'f';
+            }
             check_ids(field(j, "freed", J_ARR, ctx),
                       cJSON_GetObjectItemCaseSensitive(plan, "values"), ctx);
             assert_true(int_field(j, "live_bytes", ctx) >= 0);
             /* freed: the plan's frees for the edge taken */
-            const cJSON *jumped = cJSON_GetObjectItemCaseSensitive(j, "jumped");
             const cJSON *want = cJSON_IsTrue(jumped)
                                     ? cJSON_GetObjectItemCaseSensitive(ps, "jump_frees")
                                     : cJSON_GetObjectItemCaseSensitive(ps, "frees");

@@ -26,8 +26,11 @@
  *   - graph inputs belong to the caller, outputs are handed to the caller,
  *     parameters belong to the model: the plan frees none of them.
  *
- * Predicted bytes follow the listing order: every branch taken with all rows,
- * every loop body once. For straight-line graphs they are exact.
+ * Predicted bytes: for a plan whose control flow is fixed (straight line,
+ * `for` loops) they are exact, to the byte on the CPU. Where rows are routed
+ * by value (switch, top-k gate) or a loop runs until a test says stop
+ * (while/until, at most `max` times), they are an upper bound that no routing
+ * and no iteration count can exceed; ebb_plan_peak_is_bound() says which.
  */
 #ifndef EBB_PLAN_H
 #define EBB_PLAN_H
@@ -122,6 +125,11 @@ int ebb_plan_output_slot(const ebb_plan *p, int i);
 const char *ebb_plan_output_name(const ebb_plan *p, int i);
 /* Predicted peak of live intermediate bytes, and the step where it occurs. */
 int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step);
+/* Non-zero when the plan's predicted bytes are an upper bound rather than
+ * exact: it routes rows by value or has a while/until loop. A run never
+ * exceeds either kind; an exact plan's run matches it (on the CPU, to the
+ * byte). */
+int ebb_plan_peak_is_bound(const ebb_plan *p);
 /* The predicted peak the same plan would have with keep_all (nothing freed
  * until the end): the figure liveness is compared against. */
 int64_t ebb_plan_keep_all_peak_bytes(const ebb_plan *p);

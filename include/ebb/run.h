@@ -55,7 +55,12 @@ typedef struct ebb_trace_event {
     const int *freed; /* slots released after the step (the edge taken) */
     int n_freed;
     int jumped;             /* the step took its jump */
-    int64_t live_bytes;     /* measured: allocator bytes above the run's start */
+    int64_t live_bytes;     /* measured: allocator bytes above the run's start, after the
+                               step's frees */
+    int64_t peak_bytes;     /* measured: the allocator's high-water mark during the step
+                               (its call, outputs and scratch), above the run's start;
+                               compare with info->peak_bytes, the plan's figure */
+    double seconds;         /* wall time of the step (synchronised on CUDA) */
 } ebb_trace_event;
 
 typedef void (*ebb_trace_fn)(const ebb_trace_event *ev, void *user);
