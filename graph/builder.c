@@ -77,7 +77,7 @@ static void names_free(name_list *l) {
 }
 
 /* Node names may be dotted, like PyTorch module paths ("encoder.0.ffn"). */
-int graph_valid_node_name(const char *s) {
+int ebb_graph_valid_node_name(const char *s) {
     if (!s || !(isalpha((unsigned char)*s) || *s == '_'))
         return 0;
     for (; *s; s++)
@@ -95,7 +95,7 @@ static int valid_name(const char *s) {
     return 1;
 }
 
-const char *graph_step_kind_name(step_kind k) {
+const char *ebb_graph_step_kind_name(step_kind k) {
     static const char *names[] = {"from",   "through", "also", "split", "merge",
                                   "gate",   "switch",  "loop", "tag"};
     return names[k];
@@ -336,7 +336,7 @@ static int node_parse_attrs(ebb_builder *b, ebb_node *n, const char *text) {
             if (*p)
                 *p++ = '\0';
             if (strcmp(key, "name") == 0) {
-                if (!graph_valid_node_name(val)) {
+                if (!ebb_graph_valid_node_name(val)) {
                     fail(b, "ebb_node_op: %s: invalid node name '%s'", op->name, val);
                     return -1;
                 }
@@ -519,7 +519,7 @@ ebb_node *ebb_node_name(ebb_builder *b, ebb_node *n, const char *name) {
         fail(b, "ebb_node_name: node is NULL");
         return NULL;
     }
-    if (!graph_valid_node_name(name)) {
+    if (!ebb_graph_valid_node_name(name)) {
         fail(b, "ebb_node_name: invalid name '%s'", name ? name : "(null)");
         return NULL;
     }

@@ -76,9 +76,9 @@ struct ebb_graph {
     ebb_node *owned; /* every node of this graph */
 };
 
-const char *graph_step_kind_name(step_kind k);
+const char *ebb_graph_step_kind_name(step_kind k);
 /* The rule for node names: letters, digits, '_', '-' and inner dots, not
  * starting with a digit (the builder's, and the YAML loader's). */
-int graph_valid_node_name(const char *s);
+int ebb_graph_valid_node_name(const char *s);
 
 #endif

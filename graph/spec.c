@@ -225,7 +225,7 @@ static void suggest_try(suggest *s, const char *cand) {
     int cap = (int)strlen(s->word) / 2 + 1;
     if (cap > 3)
         cap = 3;
-    int d = spec_edit_distance(s->word, cand, cap);
+    int d = ebb_spec_edit_distance(s->word, cand, cap);
     if (d <= cap && (!s->best || d < s->dist)) {
         s->best = cand;
         s->dist = d;
@@ -441,15 +441,15 @@ static int add_loc(loader *ld, const char *path, const ynode *at) {
         s->cap_locs = cap;
     }
     spec_loc *l = &s->locs[s->n_locs];
-    l->path = arena_strdup(&s->mem, path);
-    l->key = arena_strdup(&s->mem, sb_str(&ld->kp));
+    l->path = ebb_arena_strdup(&s->mem, path);
+    l->key = ebb_arena_strdup(&s->mem, sb_str(&ld->kp));
     l->line = at ? at->line : 1;
     l->col = at ? at->col : 1;
     l->note = NULL;
     if (ld->n_stack > 0) {
         const block_use *u = &ld->stack[ld->n_stack - 1];
         size_t n = strlen(u->name) + strlen(u->used_at) + 32;
-        char *note = arena_alloc(&s->mem, n);
+        char *note = ebb_arena_alloc(&s->mem, n);
         if (note)
             snprintf(note, n, "in block '%s', used at %s", u->name, u->used_at);
         l->note = note;
@@ -649,7 +649,7 @@ static ebb_node *make_op(loader *ld, ebb_builder *b, const ebb_op *op, const yno
             size_t mark = sb_mark(&ld->kp);
             sb_printf(&ld->kp, ".%s.%s", op->name, k->text);
             if (strcmp(k->text, "name") == 0) {
-                if (!v || v->kind != Y_SCALAR || is_null(v) || !graph_valid_node_name(v->text)) {
+                if (!v || v->kind != Y_SCALAR || is_null(v) || !ebb_graph_valid_node_name(v->text)) {
                     fail_at(ld, v ? v : k,
                             "a node name is letters, digits, '_', '-' and inner '.', starting "
                             "with a letter or '_'; got %s%.64s%s",
@@ -774,7 +774,7 @@ static ebb_node *make_block(loader *ld, ebb_builder *b, scope *sc, const ynode *
         return NULL;
     }
     ld->block_used[bi] = 1;
-    char *used_at = arena_strdup(&ld->spec->mem, sb_str(&ld->kp));
+    char *used_at = ebb_arena_strdup(&ld->spec->mem, sb_str(&ld->kp));
     if (!used_at) {
         nomem(ld, y);
         return NULL;
@@ -969,7 +969,7 @@ static int step_merge(loader *ld, ebb_builder *b, step_state *st, const ynode *s
         static const char *const keys[] = {"dim", NULL};
         if (check_keys(ld, attrs, "merge attributes", keys) != 0)
             return -1;
-        const ynode *d = ymap_get(attrs, "dim");
+        const ynode *d = ebb_ymap_get(attrs, "dim");
         if (d) {
             sb_printf(&ld->kp, ".dim");
             if (read_int_range(ld, d, "dim", -EBB_MAX_DIMS - 1, EBB_MAX_DIMS, &dim) != 0)
@@ -992,8 +992,8 @@ static int step_gate(loader *ld, ebb_builder *b, scope *sc, const ynode *step, c
                        describe(ld, v));
     if (check_keys(ld, v, "gate", keys) != 0)
         return -1;
-    const ynode *router = ymap_get(v, "router"), *experts = ymap_get(v, "experts"),
-                *topk = ymap_get(v, "top_k");
+    const ynode *router = ebb_ymap_get(v, "router"), *experts = ebb_ymap_get(v, "experts"),
+                *topk = ebb_ymap_get(v, "top_k");
     if (!router)
         return fail_at(ld, v, "gate needs a router");
     if (!experts)
@@ -1031,7 +1031,7 @@ static int step_switch(loader *ld, ebb_builder *b, scope *sc, const ynode *step,
                        describe(ld, v));
     if (check_keys(ld, v, "switch", keys) != 0)
         return -1;
-    const ynode *sel = ymap_get(v, "selector"), *branches = ymap_get(v, "branches");
+    const ynode *sel = ebb_ymap_get(v, "selector"), *branches = ebb_ymap_get(v, "branches");
     if (!sel)
         return fail_at(ld, v, "switch needs a selector");
     if (!branches)
@@ -1059,8 +1059,8 @@ static int step_loop(loader *ld, ebb_builder *b, scope *sc, const ynode *step, c
                        describe(ld, v));
     if (check_keys(ld, v, "loop", keys) != 0)
         return -1;
-    const ynode *body = ymap_get(v, "body"), *times = ymap_get(v, "times"),
-                *wh = ymap_get(v, "while"), *un = ymap_get(v, "until"), *max = ymap_get(v, "max");
+    const ynode *body = ebb_ymap_get(v, "body"), *times = ebb_ymap_get(v, "times"),
+                *wh = ebb_ymap_get(v, "while"), *un = ebb_ymap_get(v, "until"), *max = ebb_ymap_get(v, "max");
     if (!body)
         return fail_at(ld, v, "loop needs a body");
     int kinds = !!times + !!wh + !!un;
@@ -1105,7 +1105,7 @@ static int step_repeat(loader *ld, ebb_builder *b, scope *sc, const ynode *step,
         return fail_at(ld, v, "repeat takes a map {times: N, body: NODE}, got %s", describe(ld, v));
     if (check_keys(ld, v, "repeat", keys) != 0)
         return -1;
-    const ynode *times = ymap_get(v, "times"), *body = ymap_get(v, "body");
+    const ynode *times = ebb_ymap_get(v, "times"), *body = ebb_ymap_get(v, "body");
     if (!times)
         return fail_at(ld, v, "repeat needs times");
     if (!body)
@@ -1168,7 +1168,7 @@ static int read_using(loader *ld, const scope *sc, const ynode *steps, const yno
             /* defined later in this flow? */
             for (int j = 0; steps && j < steps->n; j++) {
                 const ynode *s = steps->items[j];
-                const ynode *tv = s->kind == Y_MAP && s->n == 1 ? ymap_get(s, "tag") : NULL;
+                const ynode *tv = s->kind == Y_MAP && s->n == 1 ? ebb_ymap_get(s, "tag") : NULL;
                 if (tv && tv->kind == Y_SCALAR && strcmp(tv->text, t->text) == 0) {
                     free(names);
                     return fail_at(ld, t, "tag '%.64s' is used before its definition at line %d",
@@ -1368,7 +1368,7 @@ static int read_params(loader *ld, const ynode *p) {
     sb_printf(&ld->kp, "params");
     if (p->kind != Y_MAP)
         return fail_at(ld, p, "params must be a map {name: number}, got %s", describe(ld, p));
-    s->params = arena_alloc(&s->mem, (size_t)(p->n ? p->n : 1) * sizeof *s->params);
+    s->params = ebb_arena_alloc(&s->mem, (size_t)(p->n ? p->n : 1) * sizeof *s->params);
     if (!s->params)
         return nomem(ld, p);
     for (int i = 0; i < p->n; i++) {
@@ -1413,7 +1413,7 @@ static int read_inputs(loader *ld, const ynode *in, scope *sc) {
         return fail_at(ld, in, "inputs must be a map {name: [dims]} with at least one input, "
                                "got %s",
                        in->kind == Y_MAP ? "an empty map" : describe(ld, in));
-    s->inputs = arena_alloc(&s->mem, (size_t)in->n * sizeof *s->inputs);
+    s->inputs = ebb_arena_alloc(&s->mem, (size_t)in->n * sizeof *s->inputs);
     if (!s->inputs)
         return nomem(ld, in);
     for (int i = 0; i < in->n; i++) {
@@ -1550,7 +1550,7 @@ static char *default_name(arena *a, const char *file) {
     base = base ? base + 1 : file;
     const char *dot = strrchr(base, '.');
     size_t n = dot && dot != base ? (size_t)(dot - base) : strlen(base);
-    return arena_strndup(a, base, n);
+    return ebb_arena_strndup(a, base, n);
 }
 
 static int load_tree(loader *ld, const ynode *root) {
@@ -1562,7 +1562,7 @@ static int load_tree(loader *ld, const ynode *root) {
                        describe(ld, root));
     if (check_keys(ld, root, "the spec", TOP_KEYS) != 0)
         return -1;
-    const ynode *ver = ymap_get(root, "ebb");
+    const ynode *ver = ebb_ymap_get(root, "ebb");
     if (!ver)
         return fail_at(ld, root, "missing 'ebb: %d' (the format version)", EBB_SPEC_FORMAT);
     int64_t version = 0;
@@ -1574,12 +1574,12 @@ static int load_tree(loader *ld, const ynode *root) {
                        (long long)version, EBB_SPEC_FORMAT);
     sb_reset(&ld->kp, 0);
 
-    const ynode *name = ymap_get(root, "name");
+    const ynode *name = ebb_ymap_get(root, "name");
     if (name) {
         sb_printf(&ld->kp, "name");
         if (read_name(ld, name, "the graph name", &s->name) != 0)
             return -1;
-        if (!graph_valid_node_name(s->name))
+        if (!ebb_graph_valid_node_name(s->name))
             return fail_at(ld, name, "a graph name is letters, digits, '_', '-' and inner '.'; "
                                      "got '%.64s'",
                            s->name);
@@ -1590,14 +1590,14 @@ static int load_tree(loader *ld, const ynode *root) {
             return nomem(ld, root);
     }
 
-    const ynode *params = ymap_get(root, "params");
+    const ynode *params = ebb_ymap_get(root, "params");
     if (params && !is_null(params) && read_params(ld, params) != 0)
         return -1;
-    const ynode *blocks = ymap_get(root, "blocks");
+    const ynode *blocks = ebb_ymap_get(root, "blocks");
     if (blocks && !is_null(blocks) && read_blocks(ld, blocks) != 0)
         return -1;
 
-    const ynode *inputs = ymap_get(root, "inputs");
+    const ynode *inputs = ebb_ymap_get(root, "inputs");
     if (!inputs)
         return fail_at(ld, root, "missing 'inputs' (a map {name: [dims]})");
     scope top = {0};
@@ -1612,10 +1612,10 @@ static int load_tree(loader *ld, const ynode *root) {
         ebb_input(b, s->inputs[i].name);
         rc = check_builder(ld, b, ymap_key(inputs, i));
     }
-    const ynode *outputs = ymap_get(root, "outputs");
+    const ynode *outputs = ebb_ymap_get(root, "outputs");
     if (rc == 0 && outputs)
         rc = read_outputs(ld, b, outputs);
-    const ynode *flow = ymap_get(root, "flow");
+    const ynode *flow = ebb_ymap_get(root, "flow");
     if (rc == 0 && !flow)
         rc = fail_at(ld, root, "missing 'flow' (the list of steps)");
     if (rc == 0) {
@@ -1654,7 +1654,7 @@ void ebb_spec_free(ebb_spec *s) {
         return;
     ebb_graph_free(s->graph);
     free(s->locs);
-    arena_free(&s->mem);
+    ebb_arena_free(&s->mem);
     free(s);
 }
 
@@ -1706,7 +1706,7 @@ ebb_status ebb_spec_load_string_ex(ebb_spec **out, const char *text, size_t len,
     ebb_spec *s = calloc(1, sizeof *s);
     if (!s)
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_spec_load_string: out of memory");
-    s->file = arena_strdup(&s->mem, file);
+    s->file = ebb_arena_strdup(&s->mem, file);
     if (!s->file) {
         ebb_spec_free(s);
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_spec_load_string: out of memory");
@@ -1724,7 +1724,7 @@ ebb_status ebb_spec_load_string_ex(ebb_spec **out, const char *text, size_t len,
     }
     ynode *root = NULL;
     /* the tree lives in the spec's arena: names in the spec point into it */
-    int rc = yaml_tree_parse(&s->mem, text ? text : "", len, s->file, &root, ld->err,
+    int rc = ebb_spec_yaml_parse(&s->mem, text ? text : "", len, s->file, &root, ld->err,
                              sizeof ld->err);
     if (rc != 0)
         ld->failed = 1;

@@ -14,10 +14,10 @@ typedef struct arena {
     arena_chunk *head;
 } arena;
 
-void *arena_alloc(arena *a, size_t n); /* zeroed; NULL when out of memory */
-char *arena_strndup(arena *a, const char *s, size_t n);
-char *arena_strdup(arena *a, const char *s);
-void arena_free(arena *a);
+void *ebb_arena_alloc(arena *a, size_t n); /* zeroed; NULL when out of memory */
+char *ebb_arena_strndup(arena *a, const char *s, size_t n);
+char *ebb_arena_strdup(arena *a, const char *s);
+void ebb_arena_free(arena *a);
 
 /* ---- the YAML tree -------------------------------------------------------- */
 
@@ -39,17 +39,17 @@ struct ynode {
 static inline const ynode *ymap_key(const ynode *m, int i) { return m->items[2 * i]; }
 static inline const ynode *ymap_value(const ynode *m, int i) { return m->items[2 * i + 1]; }
 /* The value for `key` in map m, or NULL (keys are unique once parsed). */
-const ynode *ymap_get(const ynode *m, const char *key);
+const ynode *ebb_ymap_get(const ynode *m, const char *key);
 
 /* Parses `len` bytes of YAML into a tree allocated in `a`. On success returns
  * 0 and sets *root (NULL for an empty stream). On failure returns -1 with
  * "FILE:LINE:COL: error: MESSAGE" in err. Enforces EBB_SPEC_MAX_DEPTH and
  * EBB_SPEC_MAX_YAML_NODES; rejects anchors, aliases, tags, merge keys,
  * duplicate keys, non-scalar keys, NUL bytes and a second document. */
-int yaml_tree_parse(arena *a, const char *text, size_t len, const char *file, ynode **root,
+int ebb_spec_yaml_parse(arena *a, const char *text, size_t len, const char *file, ynode **root,
                     char *err, size_t err_size);
 
 /* Levenshtein distance, capped: returns > cap early when it must be. */
-int spec_edit_distance(const char *a, const char *b, int cap);
+int ebb_spec_edit_distance(const char *a, const char *b, int cap);
 
 #endif

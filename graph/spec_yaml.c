@@ -21,7 +21,7 @@ struct arena_chunk {
 
 #define ARENA_CHUNK (64 * 1024)
 
-void *arena_alloc(arena *a, size_t n) {
+void *ebb_arena_alloc(arena *a, size_t n) {
     size_t align = sizeof(max_align_t);
     n = (n + align - 1) / align * align;
     if (n == 0)
@@ -43,10 +43,10 @@ void *arena_alloc(arena *a, size_t n) {
     return p;
 }
 
-char *arena_strndup(arena *a, const char *s, size_t n) {
+char *ebb_arena_strndup(arena *a, const char *s, size_t n) {
     if (n >= SIZE_MAX / 2)
         return NULL;
-    char *d = arena_alloc(a, n + 1);
+    char *d = ebb_arena_alloc(a, n + 1);
     if (d) {
         memcpy(d, s, n);
         d[n] = '\0';
@@ -54,9 +54,9 @@ char *arena_strndup(arena *a, const char *s, size_t n) {
     return d;
 }
 
-char *arena_strdup(arena *a, const char *s) { return arena_strndup(a, s, strlen(s)); }
+char *ebb_arena_strdup(arena *a, const char *s) { return ebb_arena_strndup(a, s, strlen(s)); }
 
-void arena_free(arena *a) {
+void ebb_arena_free(arena *a) {
     arena_chunk *c = a->head;
     while (c) {
         arena_chunk *next = c->next;
@@ -68,7 +68,7 @@ void arena_free(arena *a) {
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-const ynode *ymap_get(const ynode *m, const char *key) {
+const ynode *ebb_ymap_get(const ynode *m, const char *key) {
     if (!m || m->kind != Y_MAP)
         return NULL;
     for (int i = 0; i < m->n; i++)
@@ -77,7 +77,7 @@ const ynode *ymap_get(const ynode *m, const char *key) {
     return NULL;
 }
 
-int spec_edit_distance(const char *a, const char *b, int cap) {
+int ebb_spec_edit_distance(const char *a, const char *b, int cap) {
     size_t la = strlen(a), lb = strlen(b);
     if (la > 64 || lb > 64)
         return cap + 1;
@@ -161,7 +161,7 @@ static ynode *new_node(tree_parser *tp, ynode_kind kind, yaml_mark_t mark) {
              "the spec has more than %d YAML nodes (the limit)", EBB_SPEC_MAX_YAML_NODES);
         return NULL;
     }
-    ynode *n = arena_alloc(tp->a, sizeof *n);
+    ynode *n = ebb_arena_alloc(tp->a, sizeof *n);
     if (!n) {
         perr(tp, (int)mark.line + 1, (int)mark.column + 1, "out of memory");
         return NULL;
@@ -263,7 +263,7 @@ static int close_collection(tree_parser *tp, ynode **root) {
     ynode *n = f->node;
     size_t count = tp->n_pending - f->start;
     if (count > 0) {
-        n->items = arena_alloc(tp->a, count * sizeof *n->items);
+        n->items = ebb_arena_alloc(tp->a, count * sizeof *n->items);
         if (!n->items)
             return perr(tp, n->line, n->col, "out of memory");
         memcpy(n->items, tp->pending + f->start, count * sizeof *n->items);
@@ -275,7 +275,7 @@ static int close_collection(tree_parser *tp, ynode **root) {
     return attach(tp, n, root);
 }
 
-int yaml_tree_parse(arena *a, const char *text, size_t len, const char *file, ynode **root,
+int ebb_spec_yaml_parse(arena *a, const char *text, size_t len, const char *file, ynode **root,
                     char *err, size_t err_size) {
     tree_parser tp = {.a = a, .file = file, .err = err, .err_size = err_size};
     *root = NULL;
@@ -358,7 +358,7 @@ int yaml_tree_parse(arena *a, const char *text, size_t len, const char *file, yn
                 rc = -1;
                 break;
             }
-            n->text = arena_strndup(a, (const char *)ev.data.scalar.value, ev.data.scalar.length);
+            n->text = ebb_arena_strndup(a, (const char *)ev.data.scalar.value, ev.data.scalar.length);
             if (!n->text) {
                 rc = perr(&tp, n->line, n->col, "out of memory");
                 break;
