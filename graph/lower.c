@@ -1,10 +1,10 @@
 /* Lowering: the nested flow becomes a flat list of steps over value slots.
  *
- * Every step is dry-run as it is emitted, on libtorch's meta device (CPU
- * zeros for ops without meta kernels), which gives every value its shape and
- * surfaces shape errors with the node's path. Control flow becomes explicit
- * steps: route / enter / exit for switches and top-k gates, loop counters and
- * conditional jumps for loops. */
+ * Every step is dry-run as it is emitted, on libtorch's meta device (or by
+ * the op's shape function), which gives every value its shape without
+ * allocating it and surfaces shape errors with the node's path. Control flow
+ * becomes explicit steps: route / enter / exit for switches and top-k gates,
+ * loop counters and conditional jumps for loops. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,13 +51,17 @@ static void scope_free(scope *sc) {
 
 /* ---- the dry run ------------------------------------------------------------ */
 
+/* The most the last-resort CPU dry run may allocate for one op: its stand-in
+ * inputs, parameters and output. Planning must stay small whatever the graph
+ * would need to run; above this the op needs a meta kernel or a shape
+ * function. */
+#define DRY_RUN_CPU_LIMIT ((int64_t)64 << 20)
+
 static ebb_status zeros_like_on(ebb_tensor **out, const ebb_tensor *t, ebb_device dev) {
     ebb_shape s = ebb_tensor_shape(t);
     return ebb_tensor_zeros(out, &s, ebb_tensor_dtype(t), dev);
 }
 
-/* Runs op->forward on the meta device; when the op has no meta kernel, again
- * on CPU zeros. Returns a meta tensor of the output's shape. */
 static int shares_input(const ebb_tensor *r, ebb_tensor *const *in, int n) {
     for (int i = 0; i < n; i++)
         if (ebb_tensor_same_storage(r, in[i]))
@@ -65,10 +69,73 @@ static int shares_input(const ebb_tensor *r, ebb_tensor *const *in, int n) {
     return -1;
 }
 
-/* ... and sets *alias to the input whose storage the output shares, or -1:
- * the dry run, not the op's flag, says what is a view. */
+/* Bytes of the tensors, saturating: meta shapes can describe more than
+ * int64 bytes in total. */
+static int64_t bytes_of(ebb_tensor *const *ts, int n) {
+    int64_t sum = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t b = ts[i] ? (int64_t)ebb_tensor_numel(ts[i]) : 0;
+        int64_t size = ts[i] ? (int64_t)ebb_dtype_size(ebb_tensor_dtype(ts[i])) : 0;
+        if (b > 0 && size > INT64_MAX / b)
+            return INT64_MAX;
+        b *= size;
+        if (b > INT64_MAX - sum)
+            return INT64_MAX;
+        sum += b;
+    }
+    return sum;
+}
+
+/* The output from the op's shape function: a meta tensor, and a view of
+ * in[0] when the op says it is one. */
+static ebb_status dry_shape(compiler *c, const ebb_op_call *call, ebb_tensor **out, int *alias) {
+    ebb_shape shapes[64];
+    ebb_dtype dtypes[64];
+    for (int i = 0; i < call->n_in; i++) {
+        shapes[i] = ebb_tensor_shape(call->in[i]);
+        dtypes[i] = ebb_tensor_dtype(call->in[i]);
+    }
+    ebb_shape s = {0};
+    ebb_dtype dt = call->n_in > 0 ? dtypes[0] : c->plan->dtype;
+    ebb_status st = call->op->shape(call->attrs, shapes, dtypes, call->n_in, &s, &dt);
+    if (st != EBB_OK)
+        return st;
+    for (int d = 0; d < s.ndim; d++)
+        if (s.dim[d] < 0)
+            s.ndim = -1;
+    if (s.ndim < 0 || s.ndim > EBB_MAX_DIMS) {
+        char buf[96];
+        return ebb_error_set(EBB_ERR_SHAPE, "op %s: its shape function returned %s", call->op->name,
+                             ebb_shape_str(&s, buf, sizeof buf));
+    }
+    st = ebb_tensor_empty(out, &s, dt, c->meta_device);
+    if (st == EBB_OK)
+        *alias = call->op->is_view && call->n_in > 0 ? 0 : -1;
+    return st;
+}
+
+static ebb_status refuse_cpu_dry_run(const ebb_op_call *call, int64_t bytes, const char *what,
+                                     const char *meta_error) {
+    return ebb_error_set(EBB_ERR_UNSUPPORTED,
+                         "op %s has no meta kernel and no shape function, and its dry run on "
+                         "CPU stand-ins would need %lld bytes of %s (%.1f MiB; the limit is "
+                         "%lld MiB). Give the op a shape function (ebb_op.shape) or make its "
+                         "forward work on meta tensors%s%s%s",
+                         call->op->name, (long long)bytes, what, (double)bytes / (1 << 20),
+                         (long long)(DRY_RUN_CPU_LIMIT >> 20), meta_error ? " (on meta: " : "",
+                         meta_error ? meta_error : "", meta_error ? ")" : "");
+}
+
+/* Learns the op's output: a meta tensor of its shape and dtype, with *alias
+ * the input whose storage it shares, or -1 (the dry run, not the op's flag,
+ * says what is a view). In order: the op's shape function; its forward on
+ * the meta device; as a last resort, its forward on CPU zeros of the same
+ * sizes, refused when those would be large. */
 static ebb_status dry_forward(compiler *c, ebb_op_call *call, ebb_tensor **out, int *alias) {
+    if (call->op->shape)
+        return dry_shape(c, call, out, alias);
     ebb_tensor *r = NULL;
+    char *meta_error = NULL;
     int known_no_meta = 0;
     for (int i = 0; i < c->n_no_meta; i++)
         known_no_meta |= c->no_meta[i] == call->op;
@@ -87,11 +154,25 @@ static ebb_status dry_forward(compiler *c, ebb_op_call *call, ebb_tensor **out, 
             return st;
         if (c->n_no_meta < (int)(sizeof c->no_meta / sizeof c->no_meta[0]))
             c->no_meta[c->n_no_meta++] = call->op;
+        /* ATen's first sentence names the kernel; the rest lists backends */
+        const char *e = ebb_errmsg(), *stop = strstr(e, ". ");
+        int len = stop ? (int)(stop - e) : (int)strlen(e);
+        meta_error = compiler_strdupf("%.*s", len < 300 ? len : 300, e);
     }
-    /* CPU retry with zeros of the same shapes. */
+    /* CPU retry with zeros of the same shapes, if they are small. */
+    int64_t in_bytes = bytes_of(call->in, call->n_in);
+    int64_t param_bytes = bytes_of(call->params, call->n_params);
+    if (in_bytes > DRY_RUN_CPU_LIMIT - param_bytes) {
+        int64_t need = in_bytes > INT64_MAX - param_bytes ? INT64_MAX : in_bytes + param_bytes;
+        ebb_status st = refuse_cpu_dry_run(call, need, "input and parameters", meta_error);
+        free(meta_error);
+        return st;
+    }
     ebb_tensor **cpu = calloc((size_t)(call->n_in + call->n_params), sizeof *cpu);
-    if (!cpu)
+    if (!cpu) {
+        free(meta_error);
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_compile: out of memory");
+    }
     ebb_status cst = EBB_OK;
     for (int i = 0; cst == EBB_OK && i < call->n_in; i++)
         cst = zeros_like_on(&cpu[i], call->in[i], ebb_device_cpu());
@@ -102,18 +183,28 @@ static ebb_status dry_forward(compiler *c, ebb_op_call *call, ebb_tensor **out, 
         cc.in = cpu;
         cc.params = cpu + call->n_in;
         cst = call->op->forward(&cc, &r);
-        if (cst == EBB_OK && r) {
+        if (cst == EBB_OK && !r)
+            cst = ebb_error_set(EBB_ERR_ARG, "op %s returned no tensor", call->op->name);
+        if (cst == EBB_OK) {
+            /* the output's size is known only once it is made; refuse all
+             * the same, so the limit covers what the op makes as well as
+             * what it reads */
+            int64_t total = in_bytes + param_bytes + bytes_of(&r, 1);
             *alias = shares_input(r, cpu, call->n_in);
             ebb_shape s = ebb_tensor_shape(r);
             ebb_dtype dt = ebb_tensor_dtype(r);
             ebb_tensor_free(r);
             r = NULL;
-            cst = ebb_tensor_empty(&r, &s, dt, c->meta_device);
+            if (total > DRY_RUN_CPU_LIMIT)
+                cst = refuse_cpu_dry_run(call, total, "input, parameters and output", meta_error);
+            else
+                cst = ebb_tensor_empty(&r, &s, dt, c->meta_device);
         }
     }
     for (int i = 0; i < call->n_in + call->n_params; i++)
         ebb_tensor_free(cpu[i]);
     free(cpu);
+    free(meta_error);
     if (cst != EBB_OK)
         return cst;
     *out = r;

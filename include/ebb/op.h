@@ -16,6 +16,11 @@
  *
  * Attribute values reach the forward function in schema order, already
  * checked and defaulted, so a forward function never looks a name up.
+ *
+ * ebb_compile() runs every forward function once on meta tensors (shapes
+ * without storage) to learn its output's shape, so a forward must work on
+ * them. Those built from the tensor layer's functions do; an op that cannot
+ * gives a shape function (ebb_op_shape_fn) instead.
  */
 #ifndef EBB_OP_H
 #define EBB_OP_H
@@ -104,6 +109,25 @@ typedef ebb_status (*ebb_op_params_fn)(const ebb_attr_value *attrs, const ebb_sh
 typedef int64_t (*ebb_op_workspace_fn)(const ebb_attr_value *attrs, const ebb_shape *in_shapes,
                                        int n_in, ebb_dtype dtype);
 
+/* The output's shape and dtype for the given attributes and inputs, without
+ * computing anything. *out_dtype comes in as the first input's dtype. On a
+ * bad combination returns a status with ebb_error_set() (EBB_ERR_SHAPE for
+ * shapes that do not fit), which ebb_compile() reports for the node.
+ *
+ * The compiler learns every output's shape by a dry run: it calls the forward
+ * function on meta tensors (shapes without storage, libtorch's meta device).
+ * Ops built from the tensor layer's functions work there as they are. An op
+ * whose forward cannot (it reads values, or calls ATen code without a meta
+ * kernel) gives a shape function instead; the compiler then calls it rather
+ * than the forward, and the output is a view of in[0] exactly when is_view
+ * is set. With neither, the compiler's last resort runs the forward on CPU
+ * zeros of the real sizes, and refuses (EBB_ERR_UNSUPPORTED, naming the node
+ * and the bytes) when those stand-ins would exceed 64 MiB: planning a graph
+ * never allocates its activations. */
+typedef ebb_status (*ebb_op_shape_fn)(const ebb_attr_value *attrs, const ebb_shape *in_shapes,
+                                      const ebb_dtype *in_dtypes, int n_in, ebb_shape *out_shape,
+                                      ebb_dtype *out_dtype);
+
 struct ebb_op {
     const char *name;
     int min_inputs;
@@ -120,6 +144,9 @@ struct ebb_op {
      * the input dies at this step and shares its storage with nothing else,
      * so the output reuses the input's memory. */
     ebb_status (*forward_inplace)(const ebb_op_call *call, ebb_tensor *x);
+    /* Optional: the output's shape without running the forward, for ops that
+     * cannot run on meta tensors (see ebb_op_shape_fn). */
+    ebb_op_shape_fn shape;
 };
 
 /* Adds an op to the process-wide registry. The descriptor (and its strings)

@@ -54,9 +54,9 @@ typedef struct ebb_compile_options {
 } ebb_compile_options;
 
 /* Compiles `g` for the given input shapes. Shapes are propagated through
- * every step (a dry run on libtorch's meta device, falling back to the CPU
- * for ops without meta kernels), so shape errors surface here, naming the
- * node. On success *out is a new plan (free with ebb_plan_free). */
+ * every step (a dry run on libtorch's meta device, or the op's shape
+ * function: no activation is allocated), so shape errors surface here,
+ * naming the node. On success *out is a new plan (free with ebb_plan_free). */
 ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts);
 void ebb_plan_free(ebb_plan *p);
 
