@@ -10,6 +10,7 @@
  *   graph.h   the fluent builder and immutable graphs
  *   plan.h    compiling graphs to static plans; reading plans
  *   run.h     models (parameters) and running plans
+ *   optim.h   optimizers (SGD, Adam, AdamW) and their saved state
  *   spec.h    graphs declared in YAML
  *   safetensors.h  weights and tensors in the safetensors format
  */
@@ -20,6 +21,7 @@
 #include "graph.h"
 #include "memory.h"
 #include "op.h"
+#include "optim.h"
 #include "plan.h"
 #include "run.h"
 #include "safetensors.h"

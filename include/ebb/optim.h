@@ -1,0 +1,235 @@
+/*
+ * ebb/optim.h - optimizers: SGD, Adam and AdamW, updating a model's
+ * parameters in place exactly as PyTorch 1.13's torch.optim does.
+ *
+ *     ebb_optimizer *opt = NULL;
+ *     if (ebb_optimizer_new(&opt, model, &(ebb_optimizer_options){.kind = EBB_ADAMW, .lr = 1e-3})
+ *         != EBB_OK) ... ebb_errmsg() ...
+ *     for (int step = 0; step < n_steps; step++) {
+ *         ebb_tensor *grads[N];   // grads[i] for ebb_model_param_name(model, i), or NULL
+ *         ...
+ *         if (ebb_optimizer_step(opt, grads) != EBB_OK) ... ebb_errmsg() ...
+ *     }
+ *     ebb_optimizer_save(opt, "optim.safetensors");     // resume with ebb_optimizer_load()
+ *     ebb_optimizer_free(opt);
+ *
+ * The updates follow torch.optim's single-tensor implementations operation
+ * by operation (the same ATen in-place kernels in the same order, with the
+ * same scalars), so ebb and torch.optim given the same gradients compute the
+ * same parameters: bit for bit on the CPU, where tests/test_optim.c checks
+ * ten steps of each configuration against PyTorch fixtures.
+ *
+ * Options and PyTorch's defaults. A field left at 0 takes torch.optim's
+ * default for the kind, so the literal above is AdamW with betas (0.9,
+ * 0.999), eps 1e-8 and weight_decay 0.01:
+ *
+ *     field          SGD             Adam      AdamW
+ *     lr             (required)      1e-3      1e-3
+ *     momentum       0               -         -
+ *     dampening      0               -         -
+ *     nesterov       0 (off)         -         -
+ *     weight_decay   0               0         0.01
+ *     beta1, beta2   -               0.9, 0.999 (both)
+ *     eps            -               1e-8 (both)
+ *     amsgrad        -               0 (off, both)
+ *
+ * To ask for a real 0 where the default is not 0 (AdamW without weight
+ * decay, beta1 = 0, eps = 0), start from ebb_optimizer_defaults(), which
+ * fills every field and sets `complete`; with `complete` set, every field
+ * means what it holds:
+ *
+ *     ebb_optimizer_options o = ebb_optimizer_defaults(EBB_ADAMW, 1e-3);
+ *     o.weight_decay = 0;
+ *     ebb_optimizer_new(&opt, model, &o);
+ *
+ * A field marked "-" belongs to another kind and must be 0 (an SGD with a
+ * beta is an error, not silently ignored). What torch.optim refuses is
+ * refused too (EBB_ERR_ARG): a negative lr, eps, momentum or weight_decay,
+ * a beta outside [0, 1), nesterov without momentum or with dampening, and
+ * any value that is not finite. torch.optim's `maximize`, `foreach`, `fused`,
+ * `capturable` and `differentiable` have no equivalent.
+ *
+ * State. Each parameter has its own state, created at its first update as
+ * torch.optim creates it: SGD with momentum keeps a momentum buffer (a copy
+ * of the first gradient), Adam and AdamW keep exp_avg and exp_avg_sq (zeros
+ * before the first update; max_exp_avg_sq too with amsgrad), and every kind
+ * counts the parameter's updates. A parameter that never got a gradient has
+ * no state, so it costs nothing. Saved, the state is named after the
+ * parameter, as PyTorch's state_dict keys would be spelled:
+ *
+ *     optim.<param name>.momentum_buffer   SGD with momentum
+ *     optim.<param name>.exp_avg           Adam, AdamW
+ *     optim.<param name>.exp_avg_sq        Adam, AdamW
+ *     optim.<param name>.max_exp_avg_sq    Adam, AdamW with amsgrad
+ *     optim.<param name>.step              every kind: the update count (float64 scalar)
+ *     optim.options                        the options (float64 [11], see ebb_optimizer_save)
+ *
+ * An optimizer borrows its model: free the optimizer first. It holds
+ * parameters by index, so ebb_model_set_param() and ebb_model_load() may
+ * replace values between steps. One thread at a time may use an optimizer.
+ */
+#ifndef EBB_OPTIM_H
+#define EBB_OPTIM_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ebb_model ebb_model; /* run.h */
+typedef struct ebb_optimizer ebb_optimizer;
+
+typedef enum ebb_optimizer_kind {
+    EBB_SGD = 0, /* torch.optim.SGD */
+    EBB_ADAM,    /* torch.optim.Adam: weight_decay is an L2 term added to the gradient */
+    EBB_ADAMW,   /* torch.optim.AdamW: weight_decay shrinks the parameter directly */
+} ebb_optimizer_kind;
+
+/* The hyperparameters; see the table above for what 0 means. */
+typedef struct ebb_optimizer_options {
+    ebb_optimizer_kind kind;
+    double lr;
+    double momentum;     /* SGD */
+    double dampening;    /* SGD */
+    int nesterov;        /* SGD: non-zero for Nesterov momentum */
+    double weight_decay; /* every kind */
+    double beta1, beta2; /* Adam, AdamW */
+    double eps;          /* Adam, AdamW */
+    int amsgrad;         /* Adam, AdamW: non-zero keeps the maximum of exp_avg_sq */
+    int complete;        /* non-zero: every field is meant as it is, zeros included */
+} ebb_optimizer_options;
+
+/* torch.optim's defaults for `kind` with learning rate `lr`, every field
+ * filled and `complete` set, to adjust before ebb_optimizer_new(). Fields of
+ * other kinds are 0. An unknown kind is returned as given, and
+ * ebb_optimizer_new() refuses it. */
+ebb_optimizer_options ebb_optimizer_defaults(ebb_optimizer_kind kind, double lr);
+
+/* Creates an optimizer over every parameter of `model`, in the model's
+ * parameter order, with no state yet. `opts` is read, not kept. On success
+ * *out is a new optimizer, freed with ebb_optimizer_free(). EBB_ERR_ARG for
+ * a NULL argument, an unknown kind, options torch.optim would refuse (the
+ * message names the field and its value) or a parameter that is not a
+ * floating-point tensor. */
+ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
+                             const ebb_optimizer_options *opts);
+/* Frees the optimizer and its state; the model is untouched (NULL is allowed). */
+void ebb_optimizer_free(ebb_optimizer *opt);
+
+/* The options in force, with every default filled in and `complete` set
+ * (zeros for a NULL optimizer). */
+ebb_optimizer_options ebb_optimizer_get_options(const ebb_optimizer *opt);
+/* Sets the learning rate for the updates that follow (a schedule), as
+ * assigning param_group['lr'] does. EBB_ERR_ARG for a negative or
+ * non-finite lr or a NULL optimizer; the optimizer is then unchanged. */
+ebb_status ebb_optimizer_set_lr(ebb_optimizer *opt, double lr);
+
+/* Updates parameter `param_index` (the model's order) in place with its
+ * gradient, and its state: one step of torch.optim for one parameter. This
+ * is what a training plan's per-parameter update step calls, so the gradient
+ * may be freed as soon as this returns; `grad` is read, never kept or
+ * changed. The gradient must have the parameter's shape, dtype and device:
+ * otherwise EBB_ERR_SHAPE (or EBB_ERR_ARG for the device) naming the
+ * parameter and both shapes and dtypes, with the parameter and its state
+ * unchanged. EBB_ERR_ARG for a NULL optimizer or gradient or an index out of
+ * range. State is created here at the parameter's first update; if that
+ * allocation fails (EBB_ERR_NOMEM) nothing has changed either. */
+ebb_status ebb_optimizer_update(ebb_optimizer *opt, int param_index, const ebb_tensor *grad);
+
+/* One optimizer step over all parameters: grads[i] is the gradient of
+ * parameter i in the model's order (ebb_model_param_count() entries), and a
+ * NULL entry skips that parameter, as torch.optim skips a parameter whose
+ * .grad is None (its state and update count stay as they are). Every
+ * gradient's shape, dtype and device is checked, and every missing state
+ * allocated, before any parameter changes, so a bad gradient anywhere leaves
+ * all parameters and all state unchanged. Only a failure inside the update
+ * kernels themselves (which check nothing further and allocate at most one
+ * scratch tensor each) could stop part-way; the message then names the
+ * parameter, and the ones before it have been updated. */
+ebb_status ebb_optimizer_step(ebb_optimizer *opt, ebb_tensor *const *grads);
+
+/* The number of updates the most-updated parameter has had: the number of
+ * steps taken when every step gives every parameter a gradient. 0 for NULL. */
+int64_t ebb_optimizer_step_count(const ebb_optimizer *opt);
+/* The number of updates parameter `param_index` has had (Adam's `step`); -1
+ * for a NULL optimizer or an index out of range. */
+int64_t ebb_optimizer_param_step_count(const ebb_optimizer *opt, int param_index);
+
+/* Bytes of tensor state the optimizer holds now; *most (when not NULL)
+ * receives the bytes it will hold once every parameter has been updated:
+ * per parameter, its size times 0 (SGD without momentum), 1 (SGD with
+ * momentum), 2 (Adam, AdamW) or 3 (with amsgrad). The update counts are not
+ * tensors and cost nothing here. 0 (and *most 0) for NULL. */
+int64_t ebb_optimizer_state_bytes(const ebb_optimizer *opt, int64_t *most);
+/* The tensor bytes the next update of parameter `param_index` allocates
+ * beyond the state it keeps, all freed before it returns, so that a plan
+ * can count them; exact on the CPU. One parameter-sized scratch tensor for
+ * Adam and AdamW, and for SGD with weight decay or Nesterov momentum (except
+ * the first update of SGD with momentum and weight decay but no Nesterov,
+ * whose scratch becomes the momentum buffer); on the CPU, plus libtorch's
+ * wrapper of a Scalar operand (8 bytes, and a copy in the parameter's dtype
+ * unless that is float64: 12 bytes for float32) where the update multiplies
+ * or divides by a number: always for Adam and AdamW, after the first update
+ * for SGD with momentum.
+ * A parameter without state also gains its state at its next update: its
+ * size times the factor ebb_optimizer_state_bytes() names. -1 for a NULL
+ * optimizer or an index out of range. */
+int64_t ebb_optimizer_scratch_bytes(const ebb_optimizer *opt, int param_index);
+
+/* One state tensor of a parameter, borrowed (do not free it; updates change
+ * it in place, ebb_optimizer_load() and ebb_optimizer_free() free it): `which` is
+ * "momentum_buffer", "exp_avg", "exp_avg_sq" or "max_exp_avg_sq". NULL when
+ * the parameter has no such state (not updated yet, or another kind), for an
+ * unknown `which` or an index out of range. */
+ebb_tensor *ebb_optimizer_state_tensor(const ebb_optimizer *opt, int param_index,
+                                       const char *which);
+
+/* Writes the state under the names above to a safetensors file, as
+ * ebb_safetensors_write() does (atomic replacement of a regular file).
+ * Parameters without state have no entries. optim.options holds, as
+ * float64: {format version 1, kind, lr, momentum, dampening, nesterov,
+ * weight_decay, beta1, beta2, eps, amsgrad}. */
+ebb_status ebb_optimizer_save(const ebb_optimizer *opt, const char *path);
+/* Reads the state (and the options) back from a safetensors file, replacing
+ * the optimizer's; like torch.optim's load_state_dict, the options in the
+ * file replace the optimizer's (call ebb_optimizer_set_lr() afterwards to
+ * change the learning rate), but the kind must be the optimizer's. Tensors
+ * whose names do not begin with "optim." are ignored, so the file may also
+ * hold the model's parameters. Everything is checked, and every tensor read,
+ * before anything changes: a missing optim.options, another kind, a
+ * parameter with part of its state (exp_avg without exp_avg_sq, say), a
+ * state tensor whose shape or dtype is not its parameter's, a step that is
+ * not a non-negative whole number, or an "optim." name the model has no
+ * parameter or the kind no state for, is an error (EBB_ERR_ARG, or
+ * EBB_ERR_SHAPE for shapes and dtypes) naming the tensor and the file, and
+ * the optimizer is left as it was. */
+ebb_status ebb_optimizer_load(ebb_optimizer *opt, const char *path);
+
+/* ---- update kernels (the tensor layer) ---------------------------------------
+ * One in-place update of one parameter, used by the optimizer above and
+ * available to callers that keep state themselves. `opts` must be complete
+ * (as ebb_optimizer_get_options() returns them); they are not validated
+ * again. The gradient and every state tensor must have the parameter's shape,
+ * dtype and device (EBB_ERR_SHAPE otherwise, naming both shapes, dtypes and
+ * devices), checked
+ * before anything is written, and all scratch is allocated before the first
+ * write too. */
+
+/* torch.optim.SGD's update. *momentum_buffer is the state: NULL before the
+ * first update, when (with momentum) it receives a new handle holding the
+ * buffer, which the caller frees; unused without momentum. */
+ebb_status ebb_tensor_sgd_update_(ebb_tensor *param, const ebb_tensor *grad,
+                                  ebb_tensor **momentum_buffer, const ebb_optimizer_options *opts);
+/* torch.optim.Adam's (or, for kind EBB_ADAMW, AdamW's) update. exp_avg and
+ * exp_avg_sq are updated in place (zeros before the first update);
+ * max_exp_avg_sq is required with amsgrad and ignored without. `step` is the
+ * parameter's update count including this update (1 for the first). */
+ebb_status ebb_tensor_adam_update_(ebb_tensor *param, const ebb_tensor *grad, ebb_tensor *exp_avg,
+                                   ebb_tensor *exp_avg_sq, ebb_tensor *max_exp_avg_sq, int64_t step,
+                                   const ebb_optimizer_options *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_OPTIM_H */

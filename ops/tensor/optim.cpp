@@ -1,0 +1,175 @@
+// Optimizer update kernels: one in-place update of one parameter, as
+// PyTorch 1.13's torch.optim computes it in its single-tensor code paths
+// (_single_tensor_sgd, _single_tensor_adam, _single_tensor_adamw). The same
+// ATen ops run in the same order with the same scalar arguments, so results
+// agree with torch.optim bit for bit where the kernels are the same.
+//
+// Two liberties, neither of which changes a value: every tensor an update
+// needs is allocated before the first in-place write (so a failed
+// allocation leaves the parameter and its state as they were), and where
+// torch.optim makes a fresh tensor from a temporary it writes into that
+// temporary's storage instead (the `_out` and in-place forms of the same
+// kernels), which keeps an update's scratch to one parameter-sized tensor.
+#include <cmath>
+#include <string>
+
+#include "ebb/optim.h"
+#include "shim.hpp"
+
+namespace {
+
+std::string describe(const at::Tensor &t) {
+    char buf[160];
+    ebb_shape s = ebb::shape_of(t);
+    return std::string(ebb_dtype_name(ebb::from_aten(t.scalar_type()))) + " " +
+           ebb_shape_str(&s, buf, sizeof buf) + " on " + t.device().str();
+}
+
+// A tensor that an update reads or writes beside the parameter must match it
+// exactly: ATen would broadcast a [16] gradient over a [4, 16] parameter, or
+// promote a float64 one, without complaint. Returns what is wrong, or "".
+std::string mismatch(const char *what, const at::Tensor &t, const at::Tensor &param) {
+    if (t.sizes().equals(param.sizes()) && t.scalar_type() == param.scalar_type() &&
+        t.device() == param.device())
+        return "";
+    return std::string(what) + " is " + describe(t) + ", the parameter is " + describe(param);
+}
+
+// Frees a handle made during an update unless the update hands it out; it
+// lives outside EBB_TRY, whose catch returns straight away.
+struct Made {
+    ebb_tensor *h = nullptr;
+    ~Made() { ebb_tensor_free(h); }
+    ebb_tensor *release() {
+        ebb_tensor *out = h;
+        h = nullptr;
+        return out;
+    }
+};
+
+void check_param(const at::Tensor &param) {
+    if (!at::isFloatingType(param.scalar_type()))
+        throw std::invalid_argument("the parameter is " + describe(param) +
+                                    "; optimizers update floating-point tensors only");
+}
+
+} // namespace
+
+extern "C" {
+
+ebb_status ebb_tensor_sgd_update_(ebb_tensor *param, const ebb_tensor *grad,
+                                  ebb_tensor **momentum_buffer, const ebb_optimizer_options *opts) {
+    const char *fn = "ebb_tensor_sgd_update_";
+    EBB_NEED(fn, param);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, opts);
+    const double lr = opts->lr, momentum = opts->momentum, dampening = opts->dampening,
+                 weight_decay = opts->weight_decay;
+    const bool nesterov = opts->nesterov != 0;
+    if (momentum != 0) EBB_NEED(fn, momentum_buffer);
+    Made fresh; // the buffer made by this call
+    EBB_TRY(fn, {
+        at::Tensor &p = param->t;
+        check_param(p);
+        std::string bad = mismatch("the gradient", grad->t, p);
+        if (bad.empty() && momentum != 0 && *momentum_buffer)
+            bad = mismatch("the momentum buffer", (*momentum_buffer)->t, p);
+        if (!bad.empty()) return ebb_error_set(EBB_ERR_SHAPE, "%s: %s", fn, bad.c_str());
+
+        // d_p is the gradient itself until weight decay makes it a temporary
+        // that this update owns and may overwrite.
+        at::Tensor d_p = grad->t;
+        bool owned = false;
+        if (weight_decay != 0) {
+            d_p = at::add(d_p, p, weight_decay);
+            owned = true;
+        }
+        at::Tensor buf, nesterov_out;
+        if (momentum != 0) {
+            if (!*momentum_buffer) {
+                // torch.optim clones d_p; an owned d_p that is not read again
+                // (no Nesterov term) can become the buffer as it is.
+                buf = (owned && !nesterov) ? d_p : at::clone(d_p);
+                fresh.h = ebb::wrap(buf);
+            } else {
+                buf = (*momentum_buffer)->t;
+            }
+            if (nesterov && !owned) nesterov_out = at::empty_like(d_p);
+        }
+
+        if (momentum != 0) {
+            if (!fresh.h) buf.mul_(momentum).add_(d_p, 1 - dampening);
+            if (nesterov) {
+                if (owned)
+                    d_p.add_(buf, momentum);
+                else
+                    d_p = at::add_out(nesterov_out, d_p, buf, momentum);
+            } else {
+                d_p = buf;
+            }
+        }
+        p.add_(d_p, -lr);
+        if (fresh.h) *momentum_buffer = fresh.release();
+    });
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_adam_update_(ebb_tensor *param, const ebb_tensor *grad, ebb_tensor *exp_avg,
+                                   ebb_tensor *exp_avg_sq, ebb_tensor *max_exp_avg_sq, int64_t step,
+                                   const ebb_optimizer_options *opts) {
+    const char *fn = "ebb_tensor_adam_update_";
+    EBB_NEED(fn, param);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, exp_avg);
+    EBB_NEED(fn, exp_avg_sq);
+    EBB_NEED(fn, opts);
+    const bool amsgrad = opts->amsgrad != 0, decoupled = opts->kind == EBB_ADAMW;
+    if (amsgrad) EBB_NEED(fn, max_exp_avg_sq);
+    if (step < 1)
+        return ebb_error_set(EBB_ERR_ARG, "%s: step is %lld; the first update is step 1", fn,
+                             static_cast<long long>(step));
+    const double lr = opts->lr, beta1 = opts->beta1, beta2 = opts->beta2, eps = opts->eps,
+                 weight_decay = opts->weight_decay;
+    EBB_TRY(fn, {
+        at::Tensor &p = param->t;
+        check_param(p);
+        std::string bad = mismatch("the gradient", grad->t, p);
+        if (bad.empty()) bad = mismatch("exp_avg", exp_avg->t, p);
+        if (bad.empty()) bad = mismatch("exp_avg_sq", exp_avg_sq->t, p);
+        if (bad.empty() && amsgrad) bad = mismatch("max_exp_avg_sq", max_exp_avg_sq->t, p);
+        if (!bad.empty()) return ebb_error_set(EBB_ERR_SHAPE, "%s: %s", fn, bad.c_str());
+
+        // One scratch tensor serves first as Adam's L2-decayed gradient and
+        // then as the denominator: the gradient is not read after the moments.
+        at::Tensor scratch = at::empty_like(p);
+
+        // Python evaluates these in double precision with C's pow and sqrt.
+        const double s = static_cast<double>(step);
+        const double bias_correction1 = 1 - std::pow(beta1, s);
+        const double bias_correction2 = 1 - std::pow(beta2, s);
+        const double step_size = lr / bias_correction1;
+        const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+
+        at::Tensor g = grad->t;
+        if (decoupled) {
+            // torch.optim multiplies by 1 - lr * 0 = 1 too, which changes nothing.
+            if (weight_decay != 0) p.mul_(1 - lr * weight_decay);
+        } else if (weight_decay != 0) {
+            g = at::add_out(scratch, g, p, weight_decay);
+        }
+        exp_avg->t.mul_(beta1).add_(g, 1 - beta1);
+        exp_avg_sq->t.mul_(beta2).addcmul_(g, g, 1 - beta2);
+
+        const at::Tensor *second = &exp_avg_sq->t;
+        if (amsgrad) {
+            at::maximum_out(max_exp_avg_sq->t, max_exp_avg_sq->t, exp_avg_sq->t);
+            second = &max_exp_avg_sq->t;
+        }
+        at::Tensor denom = at::sqrt_out(scratch, *second);
+        denom.div_(bias_correction2_sqrt).add_(eps);
+        p.addcdiv_(exp_avg->t, denom, -step_size);
+    });
+    return EBB_OK;
+}
+
+} // extern "C"

@@ -1,0 +1,648 @@
+/* Optimizers: per-parameter state beside a model's parameters, the update
+ * kernels of the tensor layer (ops/tensor/optim.cpp) applied to it, and the
+ * state saved and loaded under optim.* names. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ebb/optim.h"
+#include "ebb/safetensors.h"
+#include "model_internal.h"
+
+enum { SLOT_MOMENTUM, SLOT_EXP_AVG, SLOT_EXP_AVG_SQ, SLOT_MAX_EXP_AVG_SQ, N_SLOTS };
+static const char *const slot_names[N_SLOTS] = {"momentum_buffer", "exp_avg", "exp_avg_sq",
+                                                "max_exp_avg_sq"};
+
+/* optim.options: {version, kind, lr, momentum, dampening, nesterov,
+ * weight_decay, beta1, beta2, eps, amsgrad} */
+#define OPTIONS_NAME "optim.options"
+#define OPTIONS_VERSION 1
+#define OPTIONS_LEN 11
+
+typedef struct param_state {
+    ebb_tensor *slot[N_SLOTS];
+    int64_t step;
+    /* updated at least once (or loaded so): torch.optim's state[p] exists */
+    int present;
+} param_state;
+
+struct ebb_optimizer {
+    ebb_model *model;
+    ebb_optimizer_options o; /* complete */
+    int n;
+    param_state *state;
+};
+
+static const char *kind_name(ebb_optimizer_kind k) {
+    switch (k) {
+    case EBB_SGD:
+        return "SGD";
+    case EBB_ADAM:
+        return "Adam";
+    case EBB_ADAMW:
+        return "AdamW";
+    }
+    return "unknown";
+}
+
+static int slot_used(const ebb_optimizer_options *o, int slot) {
+    switch (slot) {
+    case SLOT_MOMENTUM:
+        return o->kind == EBB_SGD && o->momentum != 0;
+    case SLOT_EXP_AVG:
+    case SLOT_EXP_AVG_SQ:
+        return o->kind != EBB_SGD;
+    case SLOT_MAX_EXP_AVG_SQ:
+        return o->kind != EBB_SGD && o->amsgrad;
+    }
+    return 0;
+}
+
+static int slots_used(const ebb_optimizer_options *o) {
+    int n = 0;
+    for (int s = 0; s < N_SLOTS; s++)
+        n += slot_used(o, s);
+    return n;
+}
+
+/* ---- options ----------------------------------------------------------------- */
+
+ebb_optimizer_options ebb_optimizer_defaults(ebb_optimizer_kind kind, double lr) {
+    ebb_optimizer_options o = {.kind = kind, .lr = lr, .complete = 1};
+    if (kind == EBB_ADAM || kind == EBB_ADAMW) {
+        o.beta1 = 0.9;
+        o.beta2 = 0.999;
+        o.eps = 1e-8;
+        o.weight_decay = kind == EBB_ADAMW ? 1e-2 : 0.0;
+    }
+    return o;
+}
+
+/* The checks torch.optim's constructors make (they raise ValueError), plus
+ * finiteness (a NaN slips through their comparisons) and options of another
+ * kind, which Python would refuse as an unexpected keyword. */
+static ebb_status validate(const ebb_optimizer_options *o, const char *fn) {
+    const struct {
+        const char *name;
+        double v;
+    } f[] = {{"lr", o->lr},
+             {"momentum", o->momentum},
+             {"dampening", o->dampening},
+             {"weight_decay", o->weight_decay},
+             {"beta1", o->beta1},
+             {"beta2", o->beta2},
+             {"eps", o->eps}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (!isfinite(f[i].v))
+            return ebb_error_set(EBB_ERR_ARG, "%s: %s is %g; options must be finite", fn, f[i].name,
+                                 f[i].v);
+    if (o->lr < 0) return ebb_error_set(EBB_ERR_ARG, "%s: lr is %g; it must be >= 0", fn, o->lr);
+    if (o->weight_decay < 0)
+        return ebb_error_set(EBB_ERR_ARG, "%s: weight_decay is %g; it must be >= 0", fn,
+                             o->weight_decay);
+    if (o->kind == EBB_SGD) {
+        const char *foreign = o->beta1 != 0   ? "beta1"
+                              : o->beta2 != 0 ? "beta2"
+                              : o->eps != 0   ? "eps"
+                              : o->amsgrad    ? "amsgrad"
+                                              : NULL;
+        if (foreign)
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "%s: %s is an Adam and AdamW option; SGD has none (leave it 0)",
+                                 fn, foreign);
+        if (o->momentum < 0)
+            return ebb_error_set(EBB_ERR_ARG, "%s: momentum is %g; it must be >= 0", fn,
+                                 o->momentum);
+        if (o->nesterov && (o->momentum <= 0 || o->dampening != 0))
+            return ebb_error_set(
+                EBB_ERR_ARG,
+                "%s: nesterov needs momentum > 0 and dampening 0 (momentum is %g, dampening %g)",
+                fn, o->momentum, o->dampening);
+        return EBB_OK;
+    }
+    const char *foreign = o->momentum != 0    ? "momentum"
+                          : o->dampening != 0 ? "dampening"
+                          : o->nesterov       ? "nesterov"
+                                              : NULL;
+    if (foreign)
+        return ebb_error_set(EBB_ERR_ARG, "%s: %s is an SGD option; %s has none (leave it 0)", fn,
+                             foreign, kind_name(o->kind));
+    if (o->eps < 0) return ebb_error_set(EBB_ERR_ARG, "%s: eps is %g; it must be >= 0", fn, o->eps);
+    if (o->beta1 < 0 || o->beta1 >= 1)
+        return ebb_error_set(EBB_ERR_ARG, "%s: beta1 is %g; it must be in [0, 1)", fn, o->beta1);
+    if (o->beta2 < 0 || o->beta2 >= 1)
+        return ebb_error_set(EBB_ERR_ARG, "%s: beta2 is %g; it must be in [0, 1)", fn, o->beta2);
+    return EBB_OK;
+}
+
+/* Fills torch.optim's defaults into the fields left at 0, unless the caller
+ * said the options are complete. */
+static ebb_status resolve(ebb_optimizer_options *out, const ebb_optimizer_options *in,
+                          const char *fn) {
+    if (in->kind != EBB_SGD && in->kind != EBB_ADAM && in->kind != EBB_ADAMW)
+        return ebb_error_set(EBB_ERR_ARG, "%s: unknown optimizer kind %d", fn, (int)in->kind);
+    ebb_optimizer_options o = *in;
+    if (!in->complete) {
+        if (o.kind == EBB_SGD && o.lr == 0)
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "%s: SGD has no default learning rate (torch.optim.SGD requires "
+                                 "lr); set lr, or set complete for a learning rate of 0",
+                                 fn);
+        ebb_optimizer_options d = ebb_optimizer_defaults(o.kind, 1e-3);
+        if (o.lr == 0) o.lr = d.lr;
+        if (o.weight_decay == 0) o.weight_decay = d.weight_decay;
+        if (o.beta1 == 0) o.beta1 = d.beta1;
+        if (o.beta2 == 0) o.beta2 = d.beta2;
+        if (o.eps == 0) o.eps = d.eps;
+    }
+    o.nesterov = o.nesterov != 0;
+    o.amsgrad = o.amsgrad != 0;
+    o.complete = 1;
+    ebb_status st = validate(&o, fn);
+    if (st == EBB_OK) *out = o;
+    return st;
+}
+
+/* ---- lifetime ---------------------------------------------------------------- */
+
+static void state_clear(param_state *s) {
+    for (int k = 0; k < N_SLOTS; k++) {
+        ebb_tensor_free(s->slot[k]);
+        s->slot[k] = NULL;
+    }
+    s->step = 0;
+    s->present = 0;
+}
+
+static int is_float(ebb_dtype dt) {
+    return dt == EBB_FLOAT32 || dt == EBB_FLOAT64 || dt == EBB_FLOAT16 || dt == EBB_BFLOAT16;
+}
+
+ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
+                             const ebb_optimizer_options *opts) {
+    const char *fn = "ebb_optimizer_new";
+    if (!out) return ebb_error_set(EBB_ERR_ARG, "%s: out is NULL", fn);
+    *out = NULL;
+    if (!model || !opts)
+        return ebb_error_set(EBB_ERR_ARG, "%s: %s is NULL", fn, model ? "opts" : "model");
+    ebb_optimizer_options o;
+    ebb_status st = resolve(&o, opts, fn);
+    if (st != EBB_OK) return st;
+    for (int i = 0; i < model->n_params; i++) {
+        ebb_dtype dt = ebb_tensor_dtype(model->params[i]);
+        if (!is_float(dt))
+            return ebb_error_set(
+                EBB_ERR_ARG,
+                "%s: parameter '%s' is %s; optimizers update floating-point parameters only", fn,
+                model->names[i], ebb_dtype_name(dt));
+    }
+    ebb_optimizer *opt = calloc(1, sizeof *opt);
+    if (opt) opt->state = calloc((size_t)model->n_params + 1, sizeof *opt->state);
+    if (!opt || !opt->state) {
+        free(opt);
+        return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
+    }
+    opt->model = model;
+    opt->o = o;
+    opt->n = model->n_params;
+    *out = opt;
+    return EBB_OK;
+}
+
+void ebb_optimizer_free(ebb_optimizer *opt) {
+    if (!opt) return;
+    for (int i = 0; i < opt->n; i++)
+        state_clear(&opt->state[i]);
+    free(opt->state);
+    free(opt);
+}
+
+ebb_optimizer_options ebb_optimizer_get_options(const ebb_optimizer *opt) {
+    ebb_optimizer_options none = {0};
+    return opt ? opt->o : none;
+}
+
+ebb_status ebb_optimizer_set_lr(ebb_optimizer *opt, double lr) {
+    if (!opt) return ebb_error_set(EBB_ERR_ARG, "ebb_optimizer_set_lr: opt is NULL");
+    if (!isfinite(lr) || lr < 0)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "ebb_optimizer_set_lr: lr is %g; it must be finite and >= 0", lr);
+    opt->o.lr = lr;
+    return EBB_OK;
+}
+
+/* ---- updates ----------------------------------------------------------------- */
+
+static ebb_tensor *param_of(const ebb_optimizer *opt, int i) {
+    return opt->model->params[i];
+}
+
+static const char *param_name(const ebb_optimizer *opt, int i) {
+    return opt->model->names[i];
+}
+
+/* The gradient must be exactly the parameter's shape, dtype and device:
+ * checked here, with the parameter's name, before anything changes. */
+static ebb_status check_grad(const ebb_optimizer *opt, int i, const ebb_tensor *grad,
+                             const char *fn) {
+    const ebb_tensor *p = param_of(opt, i);
+    ebb_shape ps = ebb_tensor_shape(p), gs = ebb_tensor_shape(grad);
+    ebb_dtype pd = ebb_tensor_dtype(p), gd = ebb_tensor_dtype(grad);
+    char a[128], b[128];
+    if (!ebb_shape_equal(&ps, &gs) || ebb_tensor_ndim(p) != ebb_tensor_ndim(grad) || pd != gd)
+        return ebb_error_set(
+            EBB_ERR_SHAPE, "%s: parameter '%s': the gradient is %s %s, the parameter is %s %s", fn,
+            param_name(opt, i), ebb_dtype_name(gd), ebb_shape_str(&gs, a, sizeof a),
+            ebb_dtype_name(pd), ebb_shape_str(&ps, b, sizeof b));
+    ebb_device pv = ebb_tensor_device(p), gv = ebb_tensor_device(grad);
+    if (pv.type != gv.type || (pv.type == EBB_DEVICE_CUDA && pv.index != gv.index))
+        return ebb_error_set(
+            EBB_ERR_ARG, "%s: parameter '%s': the gradient is on %s, the parameter on %s", fn,
+            param_name(opt, i), ebb_device_str(gv, a, sizeof a), ebb_device_str(pv, b, sizeof b));
+    return EBB_OK;
+}
+
+/* Adam's moments start as zeros, made before the first update touches
+ * anything (SGD's momentum buffer is made by its kernel, from the gradient). */
+static ebb_status make_state(ebb_optimizer *opt, int i, const char *fn) {
+    param_state *s = &opt->state[i];
+    if (s->present) return EBB_OK;
+    const ebb_tensor *p = param_of(opt, i);
+    ebb_shape shape = ebb_tensor_shape(p);
+    for (int k = SLOT_EXP_AVG; k < N_SLOTS; k++) {
+        if (!slot_used(&opt->o, k) || s->slot[k]) continue;
+        ebb_status st =
+            ebb_tensor_zeros(&s->slot[k], &shape, ebb_tensor_dtype(p), ebb_tensor_device(p));
+        if (st != EBB_OK)
+            return ebb_error_prefix("%s: parameter '%s': %s", fn, param_name(opt, i),
+                                    slot_names[k]);
+    }
+    return EBB_OK;
+}
+
+/* Drops state made for parameters that were not updated after all. */
+static void unmake_state(ebb_optimizer *opt) {
+    for (int i = 0; i < opt->n; i++)
+        if (!opt->state[i].present) state_clear(&opt->state[i]);
+}
+
+static ebb_status run_kernel(ebb_optimizer *opt, int i, const ebb_tensor *grad, const char *fn) {
+    param_state *s = &opt->state[i];
+    ebb_tensor *p = param_of(opt, i);
+    ebb_status st =
+        opt->o.kind == EBB_SGD
+            ? ebb_tensor_sgd_update_(p, grad, &s->slot[SLOT_MOMENTUM], &opt->o)
+            : ebb_tensor_adam_update_(p, grad, s->slot[SLOT_EXP_AVG], s->slot[SLOT_EXP_AVG_SQ],
+                                      s->slot[SLOT_MAX_EXP_AVG_SQ], s->step + 1, &opt->o);
+    if (st != EBB_OK) return ebb_error_prefix("%s: parameter '%s'", fn, param_name(opt, i));
+    s->step++;
+    s->present = 1;
+    return EBB_OK;
+}
+
+ebb_status ebb_optimizer_update(ebb_optimizer *opt, int param_index, const ebb_tensor *grad) {
+    const char *fn = "ebb_optimizer_update";
+    if (!opt || !grad)
+        return ebb_error_set(EBB_ERR_ARG, "%s: %s is NULL", fn, opt ? "grad" : "opt");
+    if (param_index < 0 || param_index >= opt->n)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s: parameter index %d is out of range (the model has %d parameters)",
+                             fn, param_index, opt->n);
+    ebb_status st = check_grad(opt, param_index, grad, fn);
+    if (st == EBB_OK) st = make_state(opt, param_index, fn);
+    if (st == EBB_OK) st = run_kernel(opt, param_index, grad, fn);
+    if (st != EBB_OK) unmake_state(opt);
+    return st;
+}
+
+ebb_status ebb_optimizer_step(ebb_optimizer *opt, ebb_tensor *const *grads) {
+    const char *fn = "ebb_optimizer_step";
+    if (!opt || !grads)
+        return ebb_error_set(EBB_ERR_ARG, "%s: %s is NULL", fn, opt ? "grads" : "opt");
+    ebb_status st = EBB_OK;
+    for (int i = 0; st == EBB_OK && i < opt->n; i++)
+        if (grads[i]) st = check_grad(opt, i, grads[i], fn);
+    for (int i = 0; st == EBB_OK && i < opt->n; i++)
+        if (grads[i]) st = make_state(opt, i, fn);
+    for (int i = 0; st == EBB_OK && i < opt->n; i++)
+        if (grads[i]) st = run_kernel(opt, i, grads[i], fn);
+    if (st != EBB_OK) unmake_state(opt);
+    return st;
+}
+
+int64_t ebb_optimizer_step_count(const ebb_optimizer *opt) {
+    int64_t most = 0;
+    for (int i = 0; opt && i < opt->n; i++)
+        if (opt->state[i].step > most) most = opt->state[i].step;
+    return most;
+}
+
+int64_t ebb_optimizer_param_step_count(const ebb_optimizer *opt, int param_index) {
+    if (!opt || param_index < 0 || param_index >= opt->n) return -1;
+    return opt->state[param_index].step;
+}
+
+int64_t ebb_optimizer_state_bytes(const ebb_optimizer *opt, int64_t *most) {
+    int64_t now = 0, all = 0;
+    for (int i = 0; opt && i < opt->n; i++) {
+        for (int k = 0; k < N_SLOTS; k++)
+            if (opt->state[i].slot[k]) now += (int64_t)ebb_tensor_nbytes(opt->state[i].slot[k]);
+        all += (int64_t)ebb_tensor_nbytes(param_of(opt, i)) * slots_used(&opt->o);
+    }
+    if (most) *most = all;
+    return now;
+}
+
+/* libtorch wraps a floating Scalar operand (x.mul_(0.9)) in an 8-byte
+ * float64 CPU tensor and, for a tensor of another dtype, a copy in that
+ * dtype; both live for the length of the call. */
+static int64_t wrapped_scalar_bytes(ebb_dtype dt) {
+    return 8 + (dt == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dt));
+}
+
+/* Mirrors the kernels' allocations (ops/tensor/optim.cpp): what each
+ * allocates before its first write, and whether it then calls an in-place op
+ * with a Scalar operand (mul_, div_, add_ of a number), which libtorch wraps
+ * in a small CPU tensor for the length of the call. */
+int64_t ebb_optimizer_scratch_bytes(const ebb_optimizer *opt, int param_index) {
+    if (!opt || param_index < 0 || param_index >= opt->n) return -1;
+    const ebb_optimizer_options *o = &opt->o;
+    const ebb_tensor *p = param_of(opt, param_index);
+    int tensor = 1, scalar = 1;
+    if (o->kind == EBB_SGD) {
+        int decay = o->weight_decay != 0;
+        int first = o->momentum != 0 && !opt->state[param_index].slot[SLOT_MOMENTUM];
+        /* a first update without Nesterov keeps the decayed gradient as its buffer */
+        tensor = (decay || o->nesterov) && !(first && decay && !o->nesterov);
+        /* only buf.mul_(momentum) takes a Scalar operand */
+        scalar = o->momentum != 0 && !first;
+    }
+    int64_t bytes = tensor ? (int64_t)ebb_tensor_nbytes(p) : 0;
+    if (scalar && ebb_tensor_device(p).type == EBB_DEVICE_CPU)
+        bytes += wrapped_scalar_bytes(ebb_tensor_dtype(p));
+    return bytes;
+}
+
+ebb_tensor *ebb_optimizer_state_tensor(const ebb_optimizer *opt, int param_index,
+                                       const char *which) {
+    if (!opt || !which || param_index < 0 || param_index >= opt->n) return NULL;
+    for (int k = 0; k < N_SLOTS; k++)
+        if (strcmp(which, slot_names[k]) == 0) return opt->state[param_index].slot[k];
+    return NULL;
+}
+
+/* ---- saving and loading --------------------------------------------------------- */
+
+static char *state_name(const char *param, const char *what) {
+    size_t n = strlen("optim.") + strlen(param) + 1 + strlen(what) + 1;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "optim.%s.%s", param, what);
+    return s;
+}
+
+static ebb_status options_tensor(ebb_tensor **out, const ebb_optimizer_options *o) {
+    double v[OPTIONS_LEN] = {OPTIONS_VERSION, (double)o->kind, o->lr,           o->momentum,
+                             o->dampening,    o->nesterov,     o->weight_decay, o->beta1,
+                             o->beta2,        o->eps,          o->amsgrad};
+    ebb_shape shape = {1, {OPTIONS_LEN}};
+    return ebb_tensor_from_host(out, v, sizeof v, &shape, EBB_FLOAT64, ebb_device_cpu());
+}
+
+ebb_status ebb_optimizer_save(const ebb_optimizer *opt, const char *path) {
+    const char *fn = "ebb_optimizer_save";
+    if (!opt || !path)
+        return ebb_error_set(EBB_ERR_ARG, "%s: %s is NULL", fn, opt ? "path" : "opt");
+    int cap = 1 + opt->n * (N_SLOTS + 1), n = 0;
+    char **names = calloc((size_t)cap, sizeof *names);
+    ebb_tensor **ts = calloc((size_t)cap, sizeof *ts);
+    /* which entries are handles made here (the options and the steps) */
+    char *made = calloc((size_t)cap, 1);
+    ebb_status st =
+        names && ts && made ? EBB_OK : ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
+    if (st == EBB_OK) {
+        names[n] = malloc(sizeof OPTIONS_NAME);
+        if (names[n]) memcpy(names[n], OPTIONS_NAME, sizeof OPTIONS_NAME);
+        made[n] = 1;
+        st = names[n] ? options_tensor(&ts[n], &opt->o)
+                      : ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
+        n++;
+    }
+    for (int i = 0; st == EBB_OK && i < opt->n; i++) {
+        const param_state *s = &opt->state[i];
+        if (!s->present) continue;
+        for (int k = 0; st == EBB_OK && k <= N_SLOTS; k++) {
+            int is_step = k == N_SLOTS;
+            if (!is_step && !s->slot[k]) continue;
+            names[n] = state_name(param_name(opt, i), is_step ? "step" : slot_names[k]);
+            made[n] = (char)is_step;
+            if (!names[n]) {
+                st = ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
+            } else if (is_step) {
+                ebb_shape scalar = {0, {0}};
+                st = ebb_tensor_full(&ts[n], &scalar, (double)s->step, EBB_FLOAT64,
+                                     ebb_device_cpu());
+            } else {
+                ts[n] = s->slot[k];
+            }
+            n++;
+        }
+    }
+    if (st == EBB_OK) st = ebb_safetensors_write(path, (const char *const *)names, ts, n);
+    for (int j = 0; j < n; j++) {
+        free(names[j]);
+        if (made[j]) ebb_tensor_free(ts[j]);
+    }
+    free(names);
+    free(ts);
+    free(made);
+    return st;
+}
+
+/* Non-zero when the file has a tensor of that name, in any dtype. */
+static int has_tensor(const ebb_safetensors *st, const char *name) {
+    return ebb_safetensors_find(st, name, NULL, NULL) != EBB_ERR_ARG;
+}
+
+/* Reads and checks optim.options into *o (complete). */
+static ebb_status load_options(const ebb_safetensors *st, const ebb_optimizer *opt,
+                               ebb_optimizer_options *o, const char *fn, const char *path) {
+    ebb_dtype dt = EBB_FLOAT64;
+    ebb_shape shape = {0, {0}};
+    char buf[96];
+    ebb_status f = ebb_safetensors_find(st, OPTIONS_NAME, &dt, &shape);
+    if (f == EBB_ERR_ARG)
+        return ebb_error_set(EBB_ERR_ARG, "%s: %s: no '%s' tensor (not an optimizer state file?)",
+                             fn, path, OPTIONS_NAME);
+    if (f != EBB_OK) return ebb_error_prefix("%s: %s", fn, path);
+    if (dt != EBB_FLOAT64 || shape.ndim != 1 || shape.dim[0] != OPTIONS_LEN)
+        return ebb_error_set(EBB_ERR_SHAPE, "%s: %s: '%s' is %s %s; expected float64 [%d]", fn,
+                             path, OPTIONS_NAME, ebb_dtype_name(dt),
+                             ebb_shape_str(&shape, buf, sizeof buf), OPTIONS_LEN);
+    ebb_tensor *t = NULL;
+    double v[OPTIONS_LEN];
+    ebb_status s = ebb_safetensors_load(&t, st, OPTIONS_NAME, ebb_device_cpu());
+    if (s == EBB_OK) s = ebb_tensor_to_host(t, v, sizeof v);
+    ebb_tensor_free(t);
+    if (s != EBB_OK) return ebb_error_prefix("%s", fn);
+    if (v[0] != OPTIONS_VERSION)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s: %s: '%s' has format version %g; this ebb reads version %d", fn,
+                             path, OPTIONS_NAME, v[0], OPTIONS_VERSION);
+    if (v[1] != (double)opt->o.kind)
+        return ebb_error_set(EBB_ERR_ARG, "%s: %s: the file holds %s state; this optimizer is %s",
+                             fn, path,
+                             v[1] == EBB_SGD || v[1] == EBB_ADAM || v[1] == EBB_ADAMW
+                                 ? kind_name((ebb_optimizer_kind)v[1])
+                                 : "unknown",
+                             kind_name(opt->o.kind));
+    *o = (ebb_optimizer_options){.kind = opt->o.kind,
+                                 .lr = v[2],
+                                 .momentum = v[3],
+                                 .dampening = v[4],
+                                 .nesterov = v[5] != 0,
+                                 .weight_decay = v[6],
+                                 .beta1 = v[7],
+                                 .beta2 = v[8],
+                                 .eps = v[9],
+                                 .amsgrad = v[10] != 0,
+                                 .complete = 1};
+    if (validate(o, fn) != EBB_OK) return ebb_error_prefix("%s: '%s'", path, OPTIONS_NAME);
+    return EBB_OK;
+}
+
+/* Checks that a state tensor in the file is its parameter's dtype and shape. */
+static ebb_status check_slot(const ebb_safetensors *st, const char *name, const ebb_tensor *p,
+                             const char *fn, const char *path) {
+    ebb_dtype dt, want = ebb_tensor_dtype(p);
+    ebb_shape shape, ps = ebb_tensor_shape(p);
+    char a[96], b[96];
+    /* the reader's message names the tensor and a dtype ebb has no tensors of */
+    if (ebb_safetensors_find(st, name, &dt, &shape) != EBB_OK)
+        return ebb_error_prefix("%s: %s", fn, path);
+    if (dt != want || !ebb_shape_equal(&shape, &ps))
+        return ebb_error_set(EBB_ERR_SHAPE,
+                             "%s: %s: '%s' is %s %s in the file, the parameter is %s %s", fn, path,
+                             name, ebb_dtype_name(dt), ebb_shape_str(&shape, a, sizeof a),
+                             ebb_dtype_name(want), ebb_shape_str(&ps, b, sizeof b));
+    return EBB_OK;
+}
+
+/* Reads a step count: a scalar holding a non-negative whole number. */
+static ebb_status load_step(const ebb_safetensors *st, const char *name, int64_t *out,
+                            const char *fn, const char *path) {
+    ebb_dtype dt = EBB_FLOAT64;
+    ebb_shape shape = {0, {0}};
+    char a[96];
+    if (ebb_safetensors_find(st, name, &dt, &shape) != EBB_OK)
+        return ebb_error_prefix("%s: %s", fn, path);
+    if (shape.ndim != 0 ||
+        !(dt == EBB_FLOAT64 || dt == EBB_FLOAT32 || dt == EBB_INT64 || dt == EBB_INT32))
+        return ebb_error_set(EBB_ERR_SHAPE,
+                             "%s: %s: '%s' is %s %s; a step is a scalar ([]) of float64, float32, "
+                             "int64 or int32",
+                             fn, path, name, ebb_dtype_name(dt),
+                             ebb_shape_str(&shape, a, sizeof a));
+    ebb_tensor *t = NULL;
+    double v = 0;
+    ebb_status s = ebb_safetensors_load(&t, st, name, ebb_device_cpu());
+    if (s == EBB_OK) s = ebb_tensor_item(t, &v);
+    ebb_tensor_free(t);
+    if (s != EBB_OK) return ebb_error_prefix("%s", fn);
+    if (!(v >= 0 && v <= 9007199254740992.0 && v == floor(v)))
+        return ebb_error_set(EBB_ERR_ARG, "%s: %s: '%s' is %g; a step is a whole number >= 0", fn,
+                             path, name, v);
+    *out = (int64_t)v;
+    return EBB_OK;
+}
+
+/* An optim.* name must be the options or a state entry that some parameter
+ * has under the file's options. */
+static ebb_status check_name(const ebb_optimizer *opt, const ebb_optimizer_options *o,
+                             const char *name, const char *fn, const char *path) {
+    if (strcmp(name, OPTIONS_NAME) == 0) return EBB_OK;
+    const char *rest = name + strlen("optim.");
+    const char *dot = strrchr(rest, '.');
+    if (dot && dot > rest) {
+        const char *what = dot + 1;
+        int known = strcmp(what, "step") == 0;
+        for (int k = 0; !known && k < N_SLOTS; k++)
+            known = slot_used(o, k) && strcmp(what, slot_names[k]) == 0;
+        for (int i = 0; known && i < opt->n; i++) {
+            const char *pn = param_name(opt, i);
+            if (strlen(pn) == (size_t)(dot - rest) && strncmp(pn, rest, (size_t)(dot - rest)) == 0)
+                return EBB_OK;
+        }
+    }
+    return ebb_error_set(EBB_ERR_ARG,
+                         "%s: %s: unexpected tensor '%s' (the model has no such parameter, or %s "
+                         "keeps no such state)",
+                         fn, path, name, kind_name(o->kind));
+}
+
+ebb_status ebb_optimizer_load(ebb_optimizer *opt, const char *path) {
+    const char *fn = "ebb_optimizer_load";
+    if (!opt || !path)
+        return ebb_error_set(EBB_ERR_ARG, "%s: %s is NULL", fn, opt ? "path" : "opt");
+    ebb_safetensors *st = NULL;
+    ebb_status s = ebb_safetensors_open(&st, path);
+    if (s != EBB_OK) return s;
+    ebb_optimizer_options o;
+    s = load_options(st, opt, &o, fn, path);
+
+    /* Every name is checked, then every tensor read into new state; the
+     * optimizer's own state is replaced only when all of that succeeded. */
+    for (int i = 0; s == EBB_OK && i < ebb_safetensors_count(st); i++) {
+        const char *name = ebb_safetensors_name_at(st, i);
+        if (strncmp(name, "optim.", 6) == 0) s = check_name(opt, &o, name, fn, path);
+    }
+    param_state *fresh = s == EBB_OK ? calloc((size_t)opt->n + 1, sizeof *fresh) : NULL;
+    if (s == EBB_OK && !fresh) s = ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
+    for (int i = 0; s == EBB_OK && i < opt->n; i++) {
+        const ebb_tensor *p = param_of(opt, i);
+        char *names[N_SLOTS + 1] = {0};
+        int want = 0, have = 0, missing = -1, found = -1;
+        for (int k = 0; k <= N_SLOTS; k++) {
+            if (k < N_SLOTS && !slot_used(&o, k)) continue;
+            names[k] = state_name(param_name(opt, i), k < N_SLOTS ? slot_names[k] : "step");
+            if (!names[k]) {
+                s = ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
+                break;
+            }
+            want++;
+            if (has_tensor(st, names[k])) {
+                have++;
+                found = k;
+            } else {
+                missing = k;
+            }
+        }
+        if (s == EBB_OK && have > 0 && have < want)
+            s = ebb_error_set(EBB_ERR_ARG, "%s: %s: '%s' is missing (the file has '%s')", fn, path,
+                              names[missing], names[found]);
+        for (int k = 0; s == EBB_OK && have > 0 && k < N_SLOTS; k++)
+            if (names[k]) s = check_slot(st, names[k], p, fn, path);
+        if (s == EBB_OK && have > 0) s = load_step(st, names[N_SLOTS], &fresh[i].step, fn, path);
+        for (int k = 0; s == EBB_OK && have > 0 && k < N_SLOTS; k++)
+            if (names[k]) {
+                s = ebb_safetensors_load(&fresh[i].slot[k], st, names[k], ebb_tensor_device(p));
+                if (s != EBB_OK) ebb_error_prefix("%s", fn);
+            }
+        fresh[i].present = have > 0;
+        for (int k = 0; k <= N_SLOTS; k++)
+            free(names[k]);
+    }
+    ebb_safetensors_close(st);
+    if (s != EBB_OK) {
+        for (int i = 0; fresh && i < opt->n; i++)
+            state_clear(&fresh[i]);
+        free(fresh);
+        return s;
+    }
+    for (int i = 0; i < opt->n; i++)
+        state_clear(&opt->state[i]);
+    free(opt->state);
+    opt->state = fresh;
+    opt->o = o;
+    return EBB_OK;
+}
