@@ -158,19 +158,47 @@ static ebb_status mha_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return st;
 }
 
-/* Scratch live at the op's peak, beyond its output: the [B, T, 3E]
- * projection, one [B, T, E]-sized intermediate of the head split/merge, and
- * the [B, H, T, S] attention probabilities. Fitted to the allocator on
- * libtorch 1.13's matmul/softmax path (five shapes, exact) and used as the
- * estimate for the fused kernel too. */
+/* Scratch beyond the output on libtorch 1.13's CPU path (matmul + softmax;
+ * 2.x's fused attention allocates otherwise), from the order mha_fwd frees
+ * things. With q/k/v the projections (self-attention: one [B, T, 3E] tensor
+ * they are views of) and B*H*T*S scores, the candidates for the peak are:
+ *   q k^T:   q, k, v + copies of q and k made to fold [B, H] into one batch
+ *            dim + the scores;
+ *   * 1/sqrt(D), masking: q, k, v + scores + the Scalar's tensors, or the
+ *            causal mask (T x S bools);
+ *   softmax: q, k, v + scores + probabilities;
+ *   p v:     q, k, v + probabilities + a copy of v + the [B, T, E] result;
+ *   merge:   that result + its copy with the heads joined + the output.
+ * A head-split operand needs the copy unless B, H or its sequence length is 1
+ * (self-attention's views stride over 3E, so there only B or H). */
 static int64_t mha_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                              ebb_dtype dt) {
-    if (in[0].ndim != 3)
+    if (in[0].ndim != 3 || a[A_HEADS].i < 1)
         return 0;
-    int64_t b = in[0].dim[0], t = in[0].dim[1], e = in[0].dim[2];
-    int64_t s = n_in > 1 && in[1].ndim == 3 ? in[1].dim[1] : t;
-    int64_t size = dt == EBB_FLOAT64 ? 8 : 4; /* half types compute in float32 */
-    return (4 * b * t * e + b * a[A_HEADS].i * t * s) * size;
+    int64_t b = in[0].dim[0], t = in[0].dim[1], e = in[0].dim[2], h = a[A_HEADS].i;
+    int self = n_in == 1;
+    int64_t s = !self && in[1].ndim == 3 ? in[1].dim[1] : t;
+    int64_t size = (int64_t)ebb_dtype_size(dt);
+    int64_t bte = b * t * e * size, bse = b * s * e * size, scores = b * h * t * s * size;
+    int split = b > 1 && h > 1;
+    int64_t qkv = self ? 3 * bte : bte + 2 * bse;
+    int64_t q_copy = split && (self || t > 1) ? bte : 0;
+    int64_t kv_copy = split && (self || s > 1) ? bse : 0;
+    int64_t merge_copy = h > 1 && t > 1 ? bte : 0;
+    int64_t scale = ebb_ops_scalar_bytes(dt), mask = a[A_CAUSAL].i ? t * s : 0;
+    int64_t phases[] = {
+        qkv + q_copy + kv_copy + scores,
+        qkv + scores + (scale > mask ? scale : mask),
+        qkv + 2 * scores,
+        qkv + scores + kv_copy + bte,
+        bte + merge_copy + (merge_copy ? 0 : bte),
+        2 * bte,
+    };
+    int64_t peak = 0;
+    for (int i = 0; i < EBB_COUNT(phases); i++)
+        if (phases[i] > peak)
+            peak = phases[i];
+    return peak - bte;
 }
 
 const ebb_op ebb_ops_attention[] = {

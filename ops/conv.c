@@ -1,6 +1,8 @@
 /* conv1d and conv2d, PyTorch's layout: weight [out, in/groups, k(, k)],
  * bias [out]; square kernels, one stride/padding/dilation for every
  * spatial dim. */
+#include <string.h>
+
 #include "ops_internal.h"
 
 enum { A_OUT, A_IN, A_KERNEL, A_STRIDE, A_PADDING, A_DILATION, A_GROUPS, A_BIAS };
@@ -114,12 +116,211 @@ static ebb_status conv2d_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return conv_fwd("conv2d", 2, c, out);
 }
 
+/* ---- workspace ---------------------------------------------------------------
+ *
+ * What libtorch 1.13 allocates on the CPU inside one convolution, beyond the
+ * output. A 1-D convolution runs as a 2-D one of height 1 (kernel 1 x k).
+ *
+ * The native path (float64, and float32 where oneDNN is not chosen) is exact:
+ *  - without dilation (slow_conv2d), an im2col buffer for the whole batch,
+ *    N x C/g*K x output positions, unless the kernel is 1x1 with stride 1
+ *    and no padding, where the input is used as is;
+ *  - with dilation (slow_conv_dilated2d), the same buffer for one sample,
+ *    reused across the batch;
+ *  - with groups > 1, one convolution per group: each group's input slice is
+ *    copied when the batch has more than one sample (the slice is not
+ *    contiguous), its buffer made and freed, and the group outputs, all kept,
+ *    are concatenated into the result at the end (twice the output).
+ *
+ * float32 goes to oneDNN (mkldnn) under libtorch's use_mkldnn() rule. oneDNN
+ * reorders the input and weights into channel-blocked layouts, computes into
+ * a blocked output and then copies that into the dense result. Which of its
+ * kernels runs, and so what it allocates, depends on the CPU and on
+ * heuristics that cannot be replayed from shapes: that figure is an upper
+ * bound (mkldnn_workspace_bound), exact in practice for plain layers on AVX2
+ * (docs/ops.md).
+ *
+ * float16 has no CPU kernels in libtorch 1.13: ebb_tensor_conv copies the
+ * input, weight and bias to float32, convolves (as above) and casts back,
+ * after libtorch's own float16 attempt has failed. That is a bound too. */
+
+/* One convolution's sizes, as libtorch sees them: a 2-D one, batched. */
+typedef struct conv_dims {
+    int64_t n, c, o, g, k, sp_in, sp_out, k_numel;
+    int strided, dilated, padded, bias;
+    int64_t pad;
+    int64_t kh, kw, h, w; /* kh = h = 1 for conv1d */
+} conv_dims;
+
+static int conv_dims_of(int nsp, const ebb_attr_value *a, const ebb_shape *x, conv_dims *d) {
+    if (x->ndim != nsp + 2 && x->ndim != nsp + 1)
+        return -1;
+    memset(d, 0, sizeof *d);
+    d->n = x->ndim == nsp + 2 ? x->dim[0] : 1;
+    d->c = x->dim[x->ndim - nsp - 1];
+    d->o = a[A_OUT].i;
+    d->g = a[A_GROUPS].i;
+    d->k = a[A_KERNEL].i;
+    int64_t s = a[A_STRIDE].i, p = a[A_PADDING].i, dl = a[A_DILATION].i;
+    if (d->g < 1 || d->k < 1 || s < 1 || dl < 1 || p < 0)
+        return -1;
+    d->sp_in = d->sp_out = d->k_numel = 1;
+    for (int i = x->ndim - nsp; i < x->ndim; i++) {
+        int64_t n = (x->dim[i] + 2 * p - dl * (d->k - 1) - 1) / s + 1;
+        if (n < 1)
+            return -1;
+        d->sp_in *= x->dim[i];
+        d->sp_out *= n;
+        d->k_numel *= d->k;
+    }
+    d->kh = nsp == 2 ? d->k : 1;
+    d->kw = d->k;
+    d->h = nsp == 2 ? x->dim[x->ndim - 2] : 1;
+    d->w = x->dim[x->ndim - 1];
+    d->strided = s != 1;
+    d->dilated = dl != 1;
+    d->padded = p != 0;
+    d->pad = p;
+    d->bias = a[A_BIAS].i != 0;
+    return 0;
+}
+
+/* libtorch 1.13's ConvParams::use_mkldnn for a CPU float32 input. */
+static int uses_mkldnn(const conv_dims *d, int threads) {
+    int not_1x1 = d->strided || d->dilated || d->n >= 16 || d->kw != 1 || d->kh != 1 ||
+                  threads > 1;
+    int worth_it = d->g > 1 || (d->kw > 3 && d->kh > 3) || d->n > 1 ||
+                   d->n * d->c * d->h * d->w > 20480;
+    return not_1x1 && worth_it;
+}
+
+static int64_t native_workspace(const conv_dims *d, int64_t e) {
+    int64_t cg = d->c / d->g, out = d->n * d->o * d->sp_out * e;
+    int64_t per_sample = cg * d->k_numel * d->sp_out * e, cols;
+    if (d->dilated)
+        cols = per_sample;
+    else if (d->k_numel == 1 && !d->strided && !d->padded)
+        cols = 0;
+    else
+        cols = d->n * per_sample;
+    if (d->g == 1)
+        return cols;
+    int64_t slice = d->n > 1 ? d->n * cg * d->sp_in * e : 0;
+    return slice + cols > out ? slice + cols : out;
+}
+
+/* oneDNN's channel block: 16 floats with AVX-512, 8 on AVX2 (and the SSE4.1
+ * and AVX kernels); 16 where the CPU cannot be asked. */
+static int64_t onednn_block(void) {
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+    return __builtin_cpu_supports("avx512f") ? 16 : 8;
+#else
+    return 16;
+#endif
+}
+
+static int64_t round_up(int64_t x, int64_t b) { return (x + b - 1) / b * b; }
+
+/* The layers of ordinary CNNs, which oneDNN's direct kernels take on every
+ * CPU it supports: no groups or dilation, kernels up to 3x3 with at most
+ * "same" padding, and no strided 1x1. */
+static int plain_layer(const conv_dims *d) {
+    return d->g == 1 && !d->dilated && d->k <= 3 && d->pad <= d->k / 2 &&
+           !(d->k == 1 && d->strided);
+}
+
+/* Which oneDNN kernel runs decides the buffers; bounded here as:
+ *  - a depthwise convolution blocks the channels themselves;
+ *  - otherwise channels are blocked per group, except a first layer
+ *    (groups 1, under 8 input channels, a kernel over 1x1) that reads the
+ *    plain input, with its weights blocked by output channel only;
+ *  - some shapes (grouped channels off the block, padding as wide as the
+ *    kernel, large kernels on few channels, ...) fall to its im2col (gemm)
+ *    kernel, and a strided 1x1 to one that gathers the strided input:
+ *    per-thread scratch of one sample's columns. The rules for that choice
+ *    weigh register blocking and cache sizes and differ between oneDNN
+ *    versions, so outside plain_layer() the scratch is always counted, at
+ *    the thread count at plan time. */
+static int64_t mkldnn_workspace_bound(const conv_dims *d, int threads) {
+    const int64_t e = 4, align = 128, blk = onednn_block();
+    int64_t cg = d->c / d->g, og = d->o / d->g;
+    int depthwise = d->g > 1 && cg == 1;
+    int64_t src, wts, dst;
+    if (depthwise) {
+        src = d->n * round_up(d->c, blk) * d->sp_in;
+        wts = round_up(d->g, blk) * og * d->k_numel;
+        dst = d->n * round_up(d->o, blk) * d->sp_out;
+    } else {
+        int flat = d->g == 1 && d->c < 8 && d->k_numel > 1;
+        src = flat ? 0 : d->n * d->g * round_up(cg, blk) * d->sp_in;
+        wts = d->g * (flat ? cg : round_up(cg, blk)) * round_up(og, blk) * d->k_numel;
+        dst = d->n * d->g * round_up(og, blk) * d->sp_out;
+    }
+    int64_t cols = threads * (round_up(cg, blk) * d->k_numel * d->sp_out * e + align);
+    if (plain_layer(d))
+        cols = 0;
+    /* a bias whose channels do not fill the blocks is padded in scratch */
+    int64_t bias = d->bias && (og % blk != 0 || d->o % blk != 0)
+                       ? d->g * round_up(og, blk) * e + align
+                       : 0;
+    int64_t out = d->n * d->o * d->sp_out * e;
+    int64_t during = (src + wts + dst) * e + bias + cols - out; /* before the dense copy */
+    return during > dst * e ? during : dst * e;                /* the copy: dst + out */
+}
+
+static int64_t conv_workspace(int nsp, const ebb_attr_value *a, const ebb_shape *in,
+                              ebb_dtype dt) {
+    conv_dims d;
+    if (conv_dims_of(nsp, a, &in[0], &d) != 0 || d.c % d.g != 0 || d.o % d.g != 0)
+        return 0;
+    int threads = ebb_tensor_num_threads();
+    if (threads < 1)
+        threads = 1;
+    int64_t f32 = uses_mkldnn(&d, threads) ? mkldnn_workspace_bound(&d, threads)
+                                           : native_workspace(&d, 4);
+    switch (dt) {
+    case EBB_FLOAT32: return f32;
+    case EBB_FLOAT64: return native_workspace(&d, 8);
+    case EBB_BFLOAT16: {
+        /* libtorch gives bfloat16 to oneDNN only on CPUs with AVX-512 (BW,
+         * VL, DQ), and to its native path elsewhere */
+        int64_t native = native_workspace(&d, 2);
+        int64_t mk = mkldnn_workspace_bound(&d, threads);
+        return native > mk ? native : mk;
+    }
+    case EBB_FLOAT16: {
+        int64_t out16 = d.n * d.o * d.sp_out * 2, out32 = 2 * out16;
+        int64_t copies = (d.n * d.c * d.sp_in + d.o * (d.c / d.g) * d.k_numel +
+                          (a[A_BIAS].i ? d.o : 0)) * 4;
+        /* libtorch first tries float16 itself, and its native path makes the
+         * output and buffers before the kernel refuses the type */
+        int64_t during = copies + out32 + f32 - out16, cast = out32;
+        int64_t tried = native_workspace(&d, 2);
+        int64_t ws = during > cast ? during : cast;
+        return tried > ws ? tried : ws;
+    }
+    default: return 0;
+    }
+}
+
+static int64_t conv1d_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                ebb_dtype dt) {
+    (void)n_in;
+    return conv_workspace(1, a, in, dt);
+}
+
+static int64_t conv2d_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                ebb_dtype dt) {
+    (void)n_in;
+    return conv_workspace(2, a, in, dt);
+}
+
 const ebb_op ebb_ops_conv[] = {
     {.name = "conv1d", .min_inputs = 1, .max_inputs = 1, .attrs = conv_attrs,
      .n_attrs = EBB_COUNT(conv_attrs), .params = conv1d_params, .forward = conv1d_fwd,
-     .doc = "1-D convolution over [N, C, L]"},
+     .doc = "1-D convolution over [N, C, L]", .workspace = conv1d_workspace},
     {.name = "conv2d", .min_inputs = 1, .max_inputs = 1, .attrs = conv_attrs,
      .n_attrs = EBB_COUNT(conv_attrs), .params = conv2d_params, .forward = conv2d_fwd,
-     .doc = "2-D convolution over [N, C, H, W]"},
+     .doc = "2-D convolution over [N, C, H, W]", .workspace = conv2d_workspace},
 };
 const int ebb_ops_conv_count = EBB_COUNT(ebb_ops_conv);

@@ -47,9 +47,26 @@ static ebb_status embedding_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return st;
 }
 
+/* Before the lookup, the index range check makes two int64 scalars (the
+ * smallest and largest index), freed before the output is made; they set
+ * the peak only for an output under 16 bytes. `dt` is the indices' dtype, not
+ * the output's, so this assumes the narrowest float (2 bytes): exact from 8
+ * output elements up, an upper bound below. */
+static int64_t embedding_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                   ebb_dtype dt) {
+    (void)n_in;
+    (void)dt;
+    int64_t numel = ebb_shape_numel(&in[0]);
+    if (numel <= 0)
+        return 0;
+    int64_t out_min = numel * a[A_DIM].i * 2;
+    return out_min < 16 ? 16 - out_min : 0;
+}
+
 const ebb_op ebb_ops_embedding[] = {
     {.name = "embedding", .min_inputs = 1, .max_inputs = 1, .attrs = embedding_attrs,
      .n_attrs = EBB_COUNT(embedding_attrs), .params = embedding_params, .forward = embedding_fwd,
-     .doc = "rows of weight picked by int64 indices: [*] -> [*, dim]"},
+     .doc = "rows of weight picked by int64 indices: [*] -> [*, dim]",
+     .workspace = embedding_workspace},
 };
 const int ebb_ops_embedding_count = EBB_COUNT(ebb_ops_embedding);

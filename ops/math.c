@@ -9,6 +9,19 @@ static ebb_status scale_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return ebb_tensor_affine(out, c->in[0], c->attrs[0].f, 0.0);
 }
 
+/* A factor of 1 is a copy. Any other is a Scalar operand; an integer input
+ * computes in float32, through a float32 copy of itself. */
+static int64_t scale_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                               ebb_dtype dt) {
+    (void)n_in;
+    if (a[0].f == 1.0)
+        return 0;
+    if (ebb_ops_is_floating(dt))
+        return ebb_ops_scalar_bytes(dt);
+    int64_t numel = ebb_shape_numel(&in[0]);
+    return ebb_ops_scalar_bytes(EBB_FLOAT32) + (numel > 0 ? numel : 0) * 4;
+}
+
 enum { A_DIMS, A_DIM, A_KEEPDIM };
 
 static const ebb_attr_spec reduce_attrs[] = {
@@ -19,40 +32,81 @@ static const ebb_attr_spec reduce_attrs[] = {
      .doc = "keep reduced dims with size 1"},
 };
 
-static ebb_status reduce(const ebb_op_call *c, ebb_reduce_op op, ebb_tensor **out) {
-    *out = NULL;
-    const char *name = c->op ? c->op->name : (op == EBB_REDUCE_SUM ? "sum" : "mean");
-    const ebb_attr_value *a = c->attrs;
-    int64_t dims[EBB_MAX_DIMS];
-    int n = 0;
+/* The dims the attributes reduce over an input of shape x, checked and made
+ * non-negative, into dims[EBB_MAX_DIMS]; *n gets their count. */
+static ebb_status reduced_dims(const char *name, const ebb_attr_value *a, const ebb_shape *x,
+                               int64_t *dims, int *n) {
     ebb_status st = EBB_OK;
+    *n = 0;
     if (a[A_DIMS].set && a[A_DIM].set)
         return ebb_error_set(EBB_ERR_ARG, "%s: give dims or dim, not both", name);
     if (a[A_DIMS].set)
-        st = ebb_ops_parse_ints(name, "dims", a[A_DIMS].s, dims, EBB_MAX_DIMS, &n);
+        st = ebb_ops_parse_ints(name, "dims", a[A_DIMS].s, dims, EBB_MAX_DIMS, n);
     else if (a[A_DIM].set)
-        dims[n++] = a[A_DIM].i;
+        dims[(*n)++] = a[A_DIM].i;
     if (st != EBB_OK)
         return st;
-    ebb_shape x = ebb_tensor_shape(c->in[0]);
     int seen[EBB_MAX_DIMS] = {0};
-    for (int i = 0; i < n; i++) {
-        if ((st = ebb_ops_check_dim(name, dims[i], &x, &dims[i])) != EBB_OK)
+    for (int i = 0; i < *n; i++) {
+        if ((st = ebb_ops_check_dim(name, dims[i], x, &dims[i])) != EBB_OK)
             return st;
         if (seen[dims[i]]++)
             return ebb_error_set(EBB_ERR_ARG, "%s: dim %lld is listed twice", name,
                                  (long long)dims[i]);
     }
-    if (a[A_DIMS].set && n == 0)
+    if (a[A_DIMS].set && *n == 0)
         return ebb_error_set(EBB_ERR_ARG, "%s: dims=\"%s\" lists no dims", name, a[A_DIMS].s);
-    if (n == 0) /* every dim, listed so that keepdim is honoured */
-        for (; n < x.ndim; n++)
-            dims[n] = n;
-    return ebb_tensor_reduce(out, op, c->in[0], dims, n, a[A_KEEPDIM].i != 0);
+    if (*n == 0) /* every dim, listed so that keepdim is honoured */
+        for (; *n < x->ndim; (*n)++)
+            dims[*n] = *n;
+    return EBB_OK;
+}
+
+static ebb_status reduce(const ebb_op_call *c, ebb_reduce_op op, ebb_tensor **out) {
+    *out = NULL;
+    const char *name = c->op ? c->op->name : (op == EBB_REDUCE_SUM ? "sum" : "mean");
+    int64_t dims[EBB_MAX_DIMS];
+    int n = 0;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    ebb_status st = reduced_dims(name, c->attrs, &x, dims, &n);
+    if (st != EBB_OK)
+        return st;
+    return ebb_tensor_reduce(out, op, c->in[0], dims, n, c->attrs[A_KEEPDIM].i != 0);
+}
+
+/* The reduction's two-pass scratch (see ebb_ops_reduce_scratch). */
+static int64_t reduce_scratch(const char *name, const ebb_attr_value *a, const ebb_shape *x,
+                              ebb_dtype dt) {
+    int64_t dims[EBB_MAX_DIMS], kept = 1;
+    int n = 0, reduced[EBB_MAX_DIMS] = {0};
+    if (reduced_dims(name, a, x, dims, &n) != EBB_OK)
+        return 0; /* the dry run has reported it */
+    for (int i = 0; i < n; i++)
+        reduced[dims[i]] = 1;
+    for (int d = 0; d < x->ndim; d++)
+        kept *= reduced[d] ? 1 : x->dim[d];
+    return ebb_ops_reduce_scratch(ebb_shape_numel(x), kept, dt);
 }
 
 static ebb_status mean_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return reduce(c, EBB_REDUCE_MEAN, out);
+}
+
+/* libtorch's CPU mean is a sum into the output divided in place by the
+ * element count, an int64 Scalar (see ebb_ops_wrapped_scalar_bytes); the
+ * sum's own scratch is gone by then. */
+static int64_t mean_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                              ebb_dtype dt) {
+    (void)n_in;
+    int64_t scalar = ebb_ops_wrapped_scalar_bytes(EBB_INT64, dt);
+    int64_t sum = reduce_scratch("mean", a, &in[0], dt);
+    return scalar > sum ? scalar : sum;
+}
+
+static int64_t sum_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                             ebb_dtype dt) {
+    (void)n_in;
+    return reduce_scratch("sum", a, &in[0], dt);
 }
 
 static ebb_status sum_fwd(const ebb_op_call *c, ebb_tensor **out) {
@@ -61,10 +115,13 @@ static ebb_status sum_fwd(const ebb_op_call *c, ebb_tensor **out) {
 
 const ebb_op ebb_ops_math[] = {
     {.name = "scale", .min_inputs = 1, .max_inputs = 1, .attrs = scale_attrs,
-     .n_attrs = EBB_COUNT(scale_attrs), .forward = scale_fwd, .doc = "x * factor"},
+     .n_attrs = EBB_COUNT(scale_attrs), .forward = scale_fwd, .doc = "x * factor",
+     .workspace = scale_workspace},
     {.name = "mean", .min_inputs = 1, .max_inputs = 1, .attrs = reduce_attrs,
-     .n_attrs = EBB_COUNT(reduce_attrs), .forward = mean_fwd, .doc = "mean over dims"},
+     .n_attrs = EBB_COUNT(reduce_attrs), .forward = mean_fwd, .doc = "mean over dims",
+     .workspace = mean_workspace},
     {.name = "sum", .min_inputs = 1, .max_inputs = 1, .attrs = reduce_attrs,
-     .n_attrs = EBB_COUNT(reduce_attrs), .forward = sum_fwd, .doc = "sum over dims"},
+     .n_attrs = EBB_COUNT(reduce_attrs), .forward = sum_fwd, .doc = "sum over dims",
+     .workspace = sum_workspace},
 };
 const int ebb_ops_math_count = EBB_COUNT(ebb_ops_math);

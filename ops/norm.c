@@ -206,6 +206,35 @@ static ebb_status group_norm_fwd(const ebb_op_call *c, ebb_tensor **out) {
                                  c->n_params > 1 ? c->params[1] : NULL, c->attrs[GN_EPS].f);
 }
 
+/* group_norm's per-(sample, group) mean and rstd. */
+static int64_t group_norm_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                    ebb_dtype dt) {
+    (void)n_in;
+    return in[0].ndim >= 1 ? 2 * in[0].dim[0] * a[GN_GROUPS].i * stat_bytes(dt) : 0;
+}
+
+/* rms_norm is x * rsqrt(mean(x^2) + eps) in libtorch ops: x^2 (the input's
+ * size) stays alive until x * rsqrt(...) has been made beside it, with the
+ * per-row mean and its rsqrt; before that, the mean's scratch and its and
+ * eps's Scalar operands (see ebb_ops_wrapped_scalar_bytes) are the
+ * transient peak for tiny inputs. The product with the weight comes after
+ * the temporaries are gone. */
+static int64_t rms_norm_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                  ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    int64_t numel = ebb_shape_numel(&in[0]), d = in[0].ndim >= 1 ? in[0].dim[in[0].ndim - 1] : 0;
+    int64_t e = (int64_t)ebb_dtype_size(dt);
+    if (numel <= 0 || d == 0)
+        return 0;
+    int64_t x2 = numel * e, rows = numel / d * e;
+    int64_t mean_scalar = ebb_ops_wrapped_scalar_bytes(EBB_INT64, dt);
+    int64_t two_pass = ebb_ops_reduce_scratch(numel, numel / d, dt);
+    if (two_pass > mean_scalar)
+        mean_scalar = two_pass;
+    return rows + mean_scalar > x2 + 2 * rows ? rows + mean_scalar : x2 + 2 * rows;
+}
+
 const ebb_op ebb_ops_norm[] = {
     {.name = "layer_norm", .min_inputs = 1, .max_inputs = 1, .attrs = layer_norm_attrs, .n_attrs = 2,
      .params = layer_norm_params, .forward = layer_norm_fwd,
@@ -217,9 +246,11 @@ const ebb_op ebb_ops_norm[] = {
      .workspace = batch_norm_workspace},
     {.name = "rms_norm", .min_inputs = 1, .max_inputs = 1, .attrs = rms_norm_attrs,
      .n_attrs = EBB_COUNT(rms_norm_attrs), .params = rms_norm_params, .forward = rms_norm_fwd,
-     .doc = "x * rsqrt(mean(x^2 over the last dim) + eps) * weight"},
+     .doc = "x * rsqrt(mean(x^2 over the last dim) + eps) * weight",
+     .workspace = rms_norm_workspace},
     {.name = "group_norm", .min_inputs = 1, .max_inputs = 1, .attrs = group_norm_attrs,
      .n_attrs = EBB_COUNT(group_norm_attrs), .params = group_norm_params, .forward = group_norm_fwd,
-     .doc = "normalise groups of channels per sample, then scale and shift per channel"},
+     .doc = "normalise groups of channels per sample, then scale and shift per channel",
+     .workspace = group_norm_workspace},
 };
 const int ebb_ops_norm_count = EBB_COUNT(ebb_ops_norm);

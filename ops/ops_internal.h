@@ -39,6 +39,35 @@ ebb_status ebb_ops_parse_ints(const char *op, const char *attr, const char *text
  * *out; the error names the op and the input shape (ops/shape.c). */
 ebb_status ebb_ops_check_dim(const char *op, int64_t dim, const ebb_shape *x, int64_t *out);
 
+/* Non-zero for the floating dtypes. */
+static inline int ebb_ops_is_floating(ebb_dtype dt) {
+    return dt == EBB_FLOAT32 || dt == EBB_FLOAT64 || dt == EBB_FLOAT16 || dt == EBB_BFLOAT16;
+}
+
+/* CPU scratch of one Scalar operand (x * 0.5, x.add_(eps)): libtorch wraps
+ * the Scalar in an 8-byte tensor of `scalar` dtype (float64 for a floating
+ * Scalar, int64 for an integral one) and, when the op computes in another
+ * dtype `dt`, a cast copy of it; both live for the length of the call. */
+static inline int64_t ebb_ops_wrapped_scalar_bytes(ebb_dtype scalar, ebb_dtype dt) {
+    return 8 + (scalar == dt ? 0 : (int64_t)ebb_dtype_size(dt));
+}
+
+/* The same for a floating Scalar. */
+static inline int64_t ebb_ops_scalar_bytes(ebb_dtype dt) {
+    return ebb_ops_wrapped_scalar_bytes(EBB_FLOAT64, dt);
+}
+
+/* CPU scratch of a sum-like reduction of in_numel elements to out_numel:
+ * with several intra-op threads, libtorch reduces to a single element in
+ * two passes through one partial result per thread (at its grain size of
+ * 32768 elements and up). */
+static inline int64_t ebb_ops_reduce_scratch(int64_t in_numel, int64_t out_numel, ebb_dtype dt) {
+    int threads = ebb_tensor_num_threads();
+    if (out_numel != 1 || in_numel < 32768 || threads < 2)
+        return 0;
+    return (int64_t)threads * (int64_t)ebb_dtype_size(dt);
+}
+
 #define EBB_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 #endif

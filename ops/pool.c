@@ -47,6 +47,33 @@ static ebb_status avg_pool_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return pool_fwd(EBB_POOL_AVG, c, out);
 }
 
+/* PyTorch's pooling output size along one dim (pooling_output_shape). */
+static int64_t pooled_size(int64_t in, int64_t k, int64_t s, int64_t p, int ceil_mode) {
+    int64_t span = in + 2 * p - k + (ceil_mode ? s - 1 : 0);
+    int64_t out = (span >= 0 ? span / s : -((-span + s - 1) / s)) + 1;
+    if (ceil_mode && (out - 1) * s >= in + p)
+        out--;
+    return out;
+}
+
+/* libtorch's CPU max_pool2d is max_pool2d_with_indices: beside the output it
+ * fills an int64 index per output element, then drops it. */
+static int64_t max_pool_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                  ebb_dtype dt) {
+    (void)n_in;
+    (void)dt;
+    const ebb_shape *x = &in[0];
+    if (x->ndim != 3 && x->ndim != 4)
+        return 0;
+    int64_t k = a[A_KERNEL].i, s = a[A_STRIDE].set ? a[A_STRIDE].i : k, p = a[A_PADDING].i;
+    if (k < 1 || s < 1)
+        return 0;
+    int64_t oh = pooled_size(x->dim[x->ndim - 2], k, s, p, a[A_CEIL].i != 0);
+    int64_t ow = pooled_size(x->dim[x->ndim - 1], k, s, p, a[A_CEIL].i != 0);
+    int64_t planes = x->ndim == 4 ? x->dim[0] * x->dim[1] : x->dim[0];
+    return oh > 0 && ow > 0 ? planes * oh * ow * 8 : 0;
+}
+
 static const ebb_attr_spec adaptive_attrs[] = {
     {.name = "output_size", .type = EBB_ATTR_INT, .required = 1,
      .doc = "output height and width (square); 1 is global average pooling"},
@@ -61,15 +88,29 @@ static ebb_status adaptive_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return st;
 }
 
+/* An output of 1 x 1 is computed as the mean over H and W (see mean's
+ * workspace in math.c). */
+static int64_t adaptive_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                  ebb_dtype dt) {
+    (void)n_in;
+    if (a[0].i != 1 || (in[0].ndim != 3 && in[0].ndim != 4))
+        return 0;
+    int64_t scalar = ebb_ops_wrapped_scalar_bytes(EBB_INT64, dt);
+    int64_t planes = in[0].ndim == 4 ? in[0].dim[0] * in[0].dim[1] : in[0].dim[0];
+    int64_t sum = ebb_ops_reduce_scratch(ebb_shape_numel(&in[0]), planes, dt);
+    return scalar > sum ? scalar : sum;
+}
+
 const ebb_op ebb_ops_pool[] = {
     {.name = "max_pool2d", .min_inputs = 1, .max_inputs = 1, .attrs = max_pool_attrs,
      .n_attrs = EBB_COUNT(max_pool_attrs), .forward = max_pool_fwd,
-     .doc = "maximum over kernel x kernel windows"},
+     .doc = "maximum over kernel x kernel windows", .workspace = max_pool_workspace},
     {.name = "avg_pool2d", .min_inputs = 1, .max_inputs = 1, .attrs = avg_pool_attrs,
      .n_attrs = EBB_COUNT(avg_pool_attrs), .forward = avg_pool_fwd,
      .doc = "average over kernel x kernel windows"},
     {.name = "adaptive_avg_pool2d", .min_inputs = 1, .max_inputs = 1, .attrs = adaptive_attrs,
      .n_attrs = EBB_COUNT(adaptive_attrs), .forward = adaptive_fwd,
-     .doc = "average pooling to a fixed output_size x output_size"},
+     .doc = "average pooling to a fixed output_size x output_size",
+     .workspace = adaptive_workspace},
 };
 const int ebb_ops_pool_count = EBB_COUNT(ebb_ops_pool);

@@ -137,12 +137,40 @@ static ebb_status lstm_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return st;
 }
 
+/* libtorch's CPU cells compute the gates as two [B, G*H] projections, one
+ * of x and one of h, both alive at once. A GRU cell then holds its new-gate
+ * [B, H] beside them while making h'; an LSTM cell's later temporaries never
+ * outgrow the projections, and the cat of h' and c' into the state comes
+ * after they are gone. */
+static int64_t cell_workspace(int gates, const ebb_attr_value *a, const ebb_shape *in,
+                              ebb_dtype dt) {
+    if (in[0].ndim != 2)
+        return 0;
+    int64_t bh = in[0].dim[0] * a[A_HIDDEN].i, e = (int64_t)ebb_dtype_size(dt);
+    int64_t peak = gates == 3 ? (2 * 3 + 1 + 1) * bh : 2 * 4 * bh; /* with the output */
+    return (peak - (gates == 3 ? bh : 2 * bh)) * e;
+}
+
+static int64_t gru_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                             ebb_dtype dt) {
+    (void)n_in;
+    return cell_workspace(3, a, in, dt);
+}
+
+static int64_t lstm_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                              ebb_dtype dt) {
+    (void)n_in;
+    return cell_workspace(4, a, in, dt);
+}
+
 const ebb_op ebb_ops_recurrent[] = {
     {.name = "gru_cell", .min_inputs = 1, .max_inputs = 2, .attrs = cell_attrs,
      .n_attrs = EBB_COUNT(cell_attrs), .params = gru_params, .forward = gru_fwd,
-     .doc = "one GRU step on the state h [B, H] (x from `using`, else h)"},
+     .doc = "one GRU step on the state h [B, H] (x from `using`, else h)",
+     .workspace = gru_workspace},
     {.name = "lstm_cell", .min_inputs = 1, .max_inputs = 2, .attrs = cell_attrs,
      .n_attrs = EBB_COUNT(cell_attrs), .params = lstm_params, .forward = lstm_fwd,
-     .doc = "one LSTM step on the state cat(h, c) [B, 2H] (x from `using`, else h)"},
+     .doc = "one LSTM step on the state cat(h, c) [B, 2H] (x from `using`, else h)",
+     .workspace = lstm_workspace},
 };
 const int ebb_ops_recurrent_count = EBB_COUNT(ebb_ops_recurrent);

@@ -1,5 +1,7 @@
 /* Ops that serve routing and loops: halting conditions and the weighted
  * accumulation a dense gate lowers to. */
+#include <math.h>
+
 #include "ops_internal.h"
 
 static const ebb_attr_spec threshold_attrs[] = {
@@ -7,14 +9,28 @@ static const ebb_attr_spec threshold_attrs[] = {
      .doc = "the condition is true while max(x) > threshold"},
 };
 
+/* The maximum is reduced straight into the output and shifted there, so the
+ * output is the only tensor made. An empty input (a batch with no rows left)
+ * has no maximum, and its condition is false: -inf. */
 static ebb_status threshold_halt_fwd(const ebb_op_call *c, ebb_tensor **out) {
-    ebb_tensor *mx = NULL;
-    ebb_status st = ebb_tensor_reduce(&mx, EBB_REDUCE_MAX, c->in[0], NULL, 0, false);
-    if (st != EBB_OK)
-        return st;
-    st = ebb_tensor_affine(out, mx, 1.0, -c->attrs[0].f);
-    ebb_tensor_free(mx);
+    ebb_dtype dt = ebb_tensor_dtype(c->in[0]);
+    if (ebb_tensor_numel(c->in[0]) == 0 && ebb_ops_is_floating(dt)) {
+        ebb_shape scalar = {0};
+        return ebb_tensor_full(out, &scalar, -INFINITY, dt, ebb_tensor_device(c->in[0]));
+    }
+    ebb_status st = ebb_tensor_reduce(out, EBB_REDUCE_MAX, c->in[0], NULL, 0, false);
+    if (st == EBB_OK && (st = ebb_tensor_affine_(*out, 1.0, -c->attrs[0].f)) != EBB_OK) {
+        ebb_tensor_free(*out);
+        *out = NULL;
+    }
     return st;
+}
+
+/* The in-place shift passes libtorch a Scalar (see ebb_ops_scalar_bytes). */
+static int64_t threshold_halt_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                        ebb_dtype dt) {
+    (void)n_in;
+    return a[0].f != 0.0 && ebb_shape_numel(&in[0]) != 0 ? ebb_ops_scalar_bytes(dt) : 0;
 }
 
 /* _gate_mix(index=i): inputs (w, y) give w[:, i] * y; inputs (acc, w, y) give
@@ -53,7 +69,8 @@ static const ebb_attr_spec gate_mix_attrs[] = {
 
 const ebb_op ebb_ops_routing[] = {
     {.name = "threshold_halt", .min_inputs = 1, .max_inputs = 1, .attrs = threshold_attrs,
-     .n_attrs = 1, .forward = threshold_halt_fwd, .doc = "max(x) - threshold, a loop condition"},
+     .n_attrs = 1, .forward = threshold_halt_fwd, .doc = "max(x) - threshold, a loop condition",
+     .workspace = threshold_halt_workspace},
     {.name = "_gate_mix", .min_inputs = 2, .max_inputs = 3, .attrs = gate_mix_attrs, .n_attrs = 1,
      .forward = gate_mix_fwd, .doc = "internal: one expert's weighted term of a dense gate"},
 };

@@ -163,6 +163,17 @@ ebb_status ebb_tensor_addcmul(ebb_tensor **out, const ebb_tensor *acc, const ebb
                               const ebb_tensor *b);
 /* x * scale + shift. */
 ebb_status ebb_tensor_affine(ebb_tensor **out, const ebb_tensor *x, double scale, double shift);
+/* The same, in place: x := x * scale + shift. */
+ebb_status ebb_tensor_affine_(ebb_tensor *x, double scale, double shift);
+/* xs[0] OP xs[1] OP ... xs[n-1] (n >= 2), left to right, with broadcasting and
+ * libtorch's type promotion, accumulated in the output: the output is the only
+ * allocation, where a chain of binary ops would make a temporary per input
+ * after the second. */
+ebb_status ebb_tensor_fold(ebb_tensor **out, ebb_binary_op op, ebb_tensor *const *xs, int n);
+/* The elementwise mean of xs[0..n) (n >= 2): their sum accumulated in the
+ * output, then scaled there by 1/n. Integer inputs give the default float
+ * type (float32), as sum * (1/n) would. */
+ebb_status ebb_tensor_average(ebb_tensor **out, ebb_tensor *const *xs, int n);
 /* A boolean tensor: x OP value. */
 ebb_status ebb_tensor_compare(ebb_tensor **out, ebb_compare_op op, const ebb_tensor *x,
                               double value);
@@ -187,6 +198,10 @@ ebb_status ebb_tensor_topk(ebb_tensor **values, ebb_tensor **indices, const ebb_
 /* out = zeros_like(x) with out.scatter(dim, index, src). */
 ebb_status ebb_tensor_scatter(ebb_tensor **out, const ebb_tensor *x, int64_t dim,
                               const ebb_tensor *index, const ebb_tensor *src);
+
+/* libtorch's intra-op thread count on the CPU (at::get_num_threads()): some
+ * kernels size their scratch by it. */
+int ebb_tensor_num_threads(void);
 
 /* ---- joining and indexing ---------------------------------------------- */
 

@@ -9,6 +9,9 @@
 #include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ScalarOps.h>
+#include <ATen/Parallel.h>
+#include <ATen/native/TypeProperties.h>
 
 #include "shim.hpp"
 
@@ -423,7 +426,16 @@ ebb_status ebb_tensor_unary(ebb_tensor **out, ebb_unary_op op, const ebb_tensor 
         const at::Tensor &t = x->t;
         at::Tensor r;
         switch (op) {
-        case EBB_RELU: r = at::relu(t); break;
+        case EBB_RELU:
+            // aten::relu has no meta kernel in 1.13; on the CPU it is
+            // clamp_min(x, 0) after refusing bool, which the dry run mirrors
+            if (t.is_meta()) {
+                TORCH_CHECK(t.scalar_type() != at::kBool, "Boolean inputs not supported for relu");
+                r = at::clamp_min(t, 0);
+            } else {
+                r = at::relu(t);
+            }
+            break;
         case EBB_GELU: r = at::gelu(t); break;
         case EBB_TANH: r = at::tanh(t); break;
         case EBB_SIGMOID: r = at::sigmoid(t); break;
@@ -445,7 +457,14 @@ ebb_status ebb_tensor_unary_(ebb_tensor *x, ebb_unary_op op) {
     EBB_TRY("ebb_tensor_unary_", {
         at::Tensor &t = x->t;
         switch (op) {
-        case EBB_RELU: at::relu_(t); break;
+        case EBB_RELU:
+            if (t.is_meta()) {
+                TORCH_CHECK(t.scalar_type() != at::kBool, "Boolean inputs not supported for relu");
+                at::clamp_min_(t, 0);
+            } else {
+                at::relu_(t);
+            }
+            break;
         case EBB_GELU: at::gelu_out(t, t); break;
         case EBB_TANH: t.tanh_(); break;
         case EBB_SIGMOID: t.sigmoid_(); break;
@@ -503,12 +522,120 @@ ebb_status ebb_tensor_affine(ebb_tensor **out, const ebb_tensor *x, double scale
     EBB_OUT("ebb_tensor_affine", out);
     EBB_NEED("ebb_tensor_affine", x);
     EBB_TRY("ebb_tensor_affine", {
+        if (x->t.is_meta()) {
+            // The Scalar overloads wrap the number in a CPU tensor: real
+            // bytes in a dry run. Wrapped on the meta device, it promotes
+            // dtypes the same way.
+            at::Device dev = x->t.device();
+            at::Tensor r = scale == 1.0 ? x->t.clone()
+                                        : at::mul(x->t, at::native::wrapped_scalar_tensor(scale, dev));
+            if (shift != 0.0)
+                r.add_(at::native::wrapped_scalar_tensor(shift, dev));
+            *out = wrap(std::move(r));
+            return EBB_OK;
+        }
         at::Tensor r = scale == 1.0 ? x->t.clone() : at::mul(x->t, scale);
         if (shift != 0.0)
             r.add_(shift);
         *out = wrap(std::move(r));
     })
     return EBB_OK;
+}
+
+namespace {
+
+// t *= v and t += v in place. The Scalar overloads wrap v in a CPU tensor,
+// real bytes in a dry run, so on meta tensors v is wrapped there instead
+// (promoting dtypes the same way).
+void mul_scalar_(at::Tensor &t, double v) {
+    if (t.is_meta())
+        t.mul_(at::native::wrapped_scalar_tensor(v, t.device()));
+    else
+        t.mul_(v);
+}
+
+void add_scalar_(at::Tensor &t, double v) {
+    if (t.is_meta())
+        t.add_(at::native::wrapped_scalar_tensor(v, t.device()));
+    else
+        t.add_(v);
+}
+
+} // namespace
+
+ebb_status ebb_tensor_affine_(ebb_tensor *x, double scale, double shift) {
+    EBB_NEED("ebb_tensor_affine_", x);
+    EBB_TRY("ebb_tensor_affine_", {
+        if (scale != 1.0)
+            mul_scalar_(x->t, scale);
+        if (shift != 0.0)
+            add_scalar_(x->t, shift);
+    })
+    return EBB_OK;
+}
+
+namespace {
+
+// dst := a OP b, written into dst (which may be a or b itself).
+void binary_into(at::Tensor &dst, ebb_binary_op op, const at::Tensor &a, const at::Tensor &b) {
+    switch (op) {
+    case EBB_ADD: at::add_out(dst, a, b); return;
+    case EBB_SUB: at::sub_out(dst, a, b); return;
+    case EBB_MUL: at::mul_out(dst, a, b); return;
+    case EBB_DIV: at::div_out(dst, a, b); return;
+    case EBB_MAXIMUM: at::maximum_out(dst, a, b); return;
+    case EBB_MINIMUM: at::minimum_out(dst, a, b); return;
+    }
+    throw std::invalid_argument("unknown op " + std::to_string(static_cast<int>(op)));
+}
+
+// The fold of xs into one new tensor of their broadcast shape and promoted
+// dtype (`floating`: at least the default float type), the only allocation.
+at::Tensor fold_into_new(ebb_binary_op op, ebb_tensor *const *xs, int n, bool floating) {
+    std::vector<at::Tensor> ts = tensors_of(xs, n);
+    if (n < 2)
+        throw std::invalid_argument("needs at least 2 tensors, got " + std::to_string(n));
+    at::DimVector shape(ts[0].sizes().begin(), ts[0].sizes().end());
+    for (int i = 1; i < n; i++)
+        shape = at::infer_size_dimvector(shape, ts[static_cast<size_t>(i)].sizes());
+    at::ScalarType dt = at::native::result_type(ts);
+    if (floating && !at::isFloatingType(dt) && !at::isComplexType(dt))
+        dt = at::typeMetaToScalarType(at::get_default_dtype());
+    at::Tensor r = at::empty(shape, ts[0].options().dtype(dt));
+    // an out= op does not broadcast its inputs to the output's shape: the
+    // first input, expanded (a view), makes the first two fill all of r
+    binary_into(r, op, ts[0].expand(shape), ts[1]);
+    for (size_t i = 2; i < ts.size(); i++)
+        binary_into(r, op, r, ts[i]);
+    return r;
+}
+
+} // namespace
+
+ebb_status ebb_tensor_fold(ebb_tensor **out, ebb_binary_op op, ebb_tensor *const *xs, int n) {
+    EBB_OUT("ebb_tensor_fold", out);
+    EBB_NEED("ebb_tensor_fold", xs);
+    EBB_TRY("ebb_tensor_fold", *out = wrap(fold_into_new(op, xs, n, false));)
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_average(ebb_tensor **out, ebb_tensor *const *xs, int n) {
+    EBB_OUT("ebb_tensor_average", out);
+    EBB_NEED("ebb_tensor_average", xs);
+    EBB_TRY("ebb_tensor_average", {
+        at::Tensor r = fold_into_new(EBB_ADD, xs, n, true);
+        mul_scalar_(r, 1.0 / n);
+        *out = wrap(std::move(r));
+    })
+    return EBB_OK;
+}
+
+int ebb_tensor_num_threads(void) {
+    try {
+        return at::get_num_threads();
+    } catch (...) {
+        return 1;
+    }
 }
 
 ebb_status ebb_tensor_compare(ebb_tensor **out, ebb_compare_op op, const ebb_tensor *x,
@@ -583,6 +710,19 @@ ebb_status ebb_tensor_layer_norm(ebb_tensor **out, const ebb_tensor *x, int norm
             w = weight->t;
         if (bias)
             b = bias->t;
+        if (x->t.is_meta()) {
+            // at::layer_norm reaches aten::native_batch_norm on meta tensors,
+            // which has no meta kernel in 1.13. The CPU kernel checks these
+            // shapes and returns a contiguous tensor of the input's shape.
+            TORCH_CHECK(!w || w->sizes().equals(norm),
+                        "Expected weight to be of same shape as normalized_shape, but got weight "
+                        "of shape ", w->sizes(), " and normalized_shape = ", norm);
+            TORCH_CHECK(!b || b->sizes().equals(norm),
+                        "Expected bias to be of same shape as normalized_shape, but got bias of "
+                        "shape ", b->sizes(), " and normalized_shape = ", norm);
+            *out = wrap(at::empty(x->t.sizes(), x->t.options()));
+            return EBB_OK;
+        }
         *out = wrap(at::layer_norm(x->t, norm, w, b, eps));
     })
     return EBB_OK;
@@ -603,7 +743,14 @@ ebb_status ebb_tensor_reduce(ebb_tensor **out, ebb_reduce_op op, const ebb_tenso
             if (ndims > 1)
                 return ebb_error_set(EBB_ERR_ARG, "ebb_tensor_reduce: max/min take one dim, got %d",
                                      ndims);
-            if (op == EBB_REDUCE_MAX)
+            if (!ndims && x->t.is_meta()) {
+                // the full max and min have no meta kernels in 1.13; amax and
+                // amin give the same 0-dim result
+                TORCH_CHECK(x->t.numel() > 0, op == EBB_REDUCE_MAX ? "max" : "min",
+                            "(): Expected reduction dim to be specified for input.numel() == 0. "
+                            "Specify the reduction dim with the 'dim' argument.");
+                r = op == EBB_REDUCE_MAX ? at::amax(x->t) : at::amin(x->t);
+            } else if (op == EBB_REDUCE_MAX)
                 r = ndims ? std::get<0>(at::max(x->t, dims[0], keepdim)) : at::max(x->t);
             else
                 r = ndims ? std::get<0>(at::min(x->t, dims[0], keepdim)) : at::min(x->t);

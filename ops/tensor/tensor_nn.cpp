@@ -5,8 +5,9 @@
 //
 // Two things are added on top of ATen:
 //  - meta tensors: where libtorch 1.13 has no meta kernel (convolution,
-//    batch/group norm, embedding, adaptive pooling) the output shape is
-//    computed here, so the compiler's dry run needs no CPU fallback;
+//    batch/group norm, embedding, adaptive pooling), or its meta path would
+//    allocate on the CPU (rms_norm's scalar), the output shape is computed
+//    here, so the compiler's dry run allocates nothing real;
 //  - float16 on the CPU: libtorch 1.13 implements almost none of these for
 //    Half on the CPU. When it refuses, the call is repeated in float32 and the
 //    result cast back to float16.
@@ -366,6 +367,12 @@ ebb_status ebb_tensor_rms_norm(ebb_tensor **out, const ebb_tensor *x, const ebb_
                                  dims(weight).c_str(), dims(xt).c_str(), static_cast<long long>(d));
         if (!(eps >= 0.0))
             return ebb_error_set(EBB_ERR_ARG, "%s: eps must be >= 0, got %g", fn, eps);
+        if (is_meta(xt)) {
+            // add_(eps) would wrap eps in a CPU tensor, real bytes in a dry
+            // run; the result has the input's shape and dtype
+            *out = wrap(at::empty(xt.sizes(), xt.options()));
+            return EBB_OK;
+        }
         // As PyTorch's rms_norm: a 16-bit input is normalised and scaled in
         // float32, and the result has the input's dtype.
         at::ScalarType st = xt.scalar_type();
