@@ -225,9 +225,13 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
 
     if (ebb_pass_lower(&c, g, opts) != 0)
         goto fail;
-    for (int i = 0; i < p->n_steps; i++)
-        p->peak_is_bound |= p->steps[i].pub.kind == EBB_STEP_ROUTE ||
-                            p->steps[i].pub.kind == EBB_STEP_JUMP_IF;
+    /* routing and while/until loops depend on values; some kernels' scratch
+     * depends on the machine */
+    for (int i = 0; i < p->n_steps; i++) {
+        const plan_step *s = &p->steps[i];
+        p->peak_is_bound |= s->pub.kind == EBB_STEP_ROUTE || s->pub.kind == EBB_STEP_JUMP_IF ||
+                            (s->op && s->op->workspace_is_bound && s->workspace > 0);
+    }
     if (ebb_pass_liveness(&c) != 0)
         goto fail;
     /* keep_all is the figure without liveness, so without in-place steps too */

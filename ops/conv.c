@@ -318,9 +318,11 @@ static int64_t conv2d_workspace(const ebb_attr_value *a, const ebb_shape *in, in
 const ebb_op ebb_ops_conv[] = {
     {.name = "conv1d", .min_inputs = 1, .max_inputs = 1, .attrs = conv_attrs,
      .n_attrs = EBB_COUNT(conv_attrs), .params = conv1d_params, .forward = conv1d_fwd,
-     .doc = "1-D convolution over [N, C, L]", .workspace = conv1d_workspace},
+     .doc = "1-D convolution over [N, C, L]", .workspace = conv1d_workspace,
+     .workspace_is_bound = 1},
     {.name = "conv2d", .min_inputs = 1, .max_inputs = 1, .attrs = conv_attrs,
      .n_attrs = EBB_COUNT(conv_attrs), .params = conv2d_params, .forward = conv2d_fwd,
-     .doc = "2-D convolution over [N, C, H, W]", .workspace = conv2d_workspace},
+     .doc = "2-D convolution over [N, C, H, W]", .workspace = conv2d_workspace,
+     .workspace_is_bound = 1},
 };
 const int ebb_ops_conv_count = EBB_COUNT(ebb_ops_conv);

@@ -67,6 +67,6 @@ const ebb_op ebb_ops_embedding[] = {
     {.name = "embedding", .min_inputs = 1, .max_inputs = 1, .attrs = embedding_attrs,
      .n_attrs = EBB_COUNT(embedding_attrs), .params = embedding_params, .forward = embedding_fwd,
      .doc = "rows of weight picked by int64 indices: [*] -> [*, dim]",
-     .workspace = embedding_workspace},
+     .workspace = embedding_workspace, .workspace_is_bound = 1},
 };
 const int ebb_ops_embedding_count = EBB_COUNT(ebb_ops_embedding);

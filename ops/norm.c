@@ -98,7 +98,12 @@ static int64_t batch_norm_workspace(const ebb_attr_value *a, const ebb_shape *in
                                     ebb_dtype dt) {
     (void)a;
     (void)n_in;
-    return in[0].ndim >= 2 ? 2 * in[0].dim[1] * stat_bytes(dt) : 0;
+    if (in[0].ndim < 2)
+        return 0;
+    /* two per-channel vectors (the batch's mean and inverse std); an empty
+     * batch takes libtorch 1.13's separate path, measured at four */
+    int64_t vectors = ebb_shape_numel(&in[0]) == 0 ? 4 : 2;
+    return vectors * in[0].dim[1] * stat_bytes(dt);
 }
 
 static ebb_status batch_norm_fwd(const ebb_op_call *c, ebb_tensor **out) {

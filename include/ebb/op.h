@@ -90,6 +90,7 @@ typedef struct ebb_op_call {
     ebb_tensor *const *params; /* in the order params() listed them */
     int n_params;
     const char *node; /* node path, for error messages */
+    uint64_t seed;    /* training forward: this step's random seed (dropout) */
 } ebb_op_call;
 
 /* Computes the output into *out (a new handle). On failure returns a status
@@ -128,6 +129,76 @@ typedef ebb_status (*ebb_op_shape_fn)(const ebb_attr_value *attrs, const ebb_sha
                                       const ebb_dtype *in_dtypes, int n_in, ebb_shape *out_shape,
                                       ebb_dtype *out_dtype);
 
+/* ---- backward rules ------------------------------------------------------
+ *
+ * An op that can be trained through says how, in the manner of PyTorch's
+ * derivatives.yaml: what its backward reads (saved inputs, the output, small
+ * extras the training forward makes such as a dropout mask or pooling
+ * indices), which inputs get a gradient, and a function that computes those
+ * gradients from the output's, calling ATen's derivative kernels
+ * (threshold_backward, gelu_backward, native_layer_norm_backward,
+ * convolution_backward, ...) through the tensor layer. A training compile
+ * makes saved values ordinary plan values, so liveness keeps each exactly
+ * until its backward has read it. An op with no rule cannot be trained
+ * through: the compiler refuses it, naming the op and the node; it never
+ * treats it as having a zero gradient.
+ *
+ *     static ebb_status square_bwd(const ebb_op_grad_call *c, ebb_tensor **gin,
+ *                                  ebb_tensor **gparam) {
+ *         (void)gparam;            // d(x*x)/dx = 2x
+ *         ebb_tensor *two_x = NULL;
+ *         ebb_status st = ebb_tensor_affine(&two_x, c->in[0], 2.0, 0.0);
+ *         if (st == EBB_OK)
+ *             st = ebb_tensor_binary(&gin[0], EBB_MUL, two_x, c->grad_out);
+ *         ebb_tensor_free(two_x);
+ *         return st;
+ *     }
+ *     static const ebb_op_grad square_grad = {.backward = square_bwd,
+ *                                             .saves_inputs = 1u << 0,
+ *                                             .differentiable = 1u << 0};
+ *     // in the descriptor: .grad = &square_grad
+ */
+
+/* What a backward function receives. */
+typedef struct ebb_op_grad_call {
+    const ebb_op *op;
+    const ebb_attr_value *attrs; /* as the forward saw them */
+    ebb_tensor *const *in;       /* forward inputs: NULL where saves_inputs has no bit */
+    int n_in;
+    ebb_tensor *const *params;   /* the parameters, as the forward saw them */
+    int n_params;
+    const ebb_tensor *out;       /* the forward output if saves_output, else NULL */
+    ebb_tensor *const *saved;    /* the extras forward_train made, n_saved of them */
+    int n_saved;
+    const ebb_tensor *grad_out;  /* the loss's gradient with respect to the output */
+    const char *node;
+} ebb_op_grad_call;
+
+/* Writes a new tensor into grad_in[i] for every input whose differentiable
+ * bit is set (the caller has set all entries to NULL; leave the others), and
+ * into grad_params[j] for every parameter. Gradients have the shapes of what
+ * they differentiate. */
+typedef ebb_status (*ebb_op_backward_fn)(const ebb_op_grad_call *call, ebb_tensor **grad_in,
+                                         ebb_tensor **grad_params);
+
+/* The forward as training runs it, when that differs from inference (dropout
+ * drops, batch_norm uses the batch's statistics and updates its running
+ * ones) or when the backward needs extras: writes the output and n_saved
+ * tensors into saved[]. */
+typedef ebb_status (*ebb_op_forward_train_fn)(const ebb_op_call *call, ebb_tensor **out,
+                                              ebb_tensor **saved);
+
+typedef struct ebb_op_grad {
+    ebb_op_backward_fn backward;
+    ebb_op_forward_train_fn forward_train; /* NULL: training runs `forward` */
+    uint32_t saves_inputs;   /* bit i: the backward reads input i */
+    int saves_output;        /* the backward reads the output */
+    int n_saved;             /* extras forward_train makes (at most EBB_MAX_SAVED) */
+    uint32_t differentiable; /* bit i: input i gets a gradient (not integer indices) */
+} ebb_op_grad;
+
+#define EBB_MAX_SAVED 4
+
 struct ebb_op {
     const char *name;
     int min_inputs;
@@ -139,6 +210,10 @@ struct ebb_op {
     ebb_op_forward_fn forward;
     const char *doc;
     ebb_op_workspace_fn workspace; /* NULL: the output is the only allocation */
+    /* Set when `workspace` can only bound what the kernel takes (a library
+     * that picks its algorithm by machine, as oneDNN does for convolution):
+     * plans with such a step say their peak is an upper bound, not exact. */
+    int workspace_is_bound;
     /* Optional: computes the result into call->in[0] itself (an elementwise op
      * whose output has its input's shape and dtype). The compiler uses it when
      * the input dies at this step and shares its storage with nothing else,
@@ -147,6 +222,9 @@ struct ebb_op {
     /* Optional: the output's shape without running the forward, for ops that
      * cannot run on meta tensors (see ebb_op_shape_fn). */
     ebb_op_shape_fn shape;
+    /* How to differentiate the op (see "backward rules" above); NULL: it has
+     * no gradient and a training compile refuses it. */
+    const ebb_op_grad *grad;
 };
 
 /* Adds an op to the process-wide registry. The descriptor (and its strings)

@@ -29,8 +29,10 @@
  * Predicted bytes: for a plan whose control flow is fixed (straight line,
  * `for` loops) they are exact, to the byte on the CPU. Where rows are routed
  * by value (switch, top-k gate) or a loop runs until a test says stop
- * (while/until, at most `max` times), they are an upper bound that no routing
- * and no iteration count can exceed; ebb_plan_peak_is_bound() says which.
+ * (while/until, at most `max` times), or an op's scratch depends on the
+ * machine (convolution's oneDNN kernels), they are an upper bound that no
+ * routing, iteration count or kernel choice can exceed;
+ * ebb_plan_peak_is_bound() says which.
  */
 #ifndef EBB_PLAN_H
 #define EBB_PLAN_H
@@ -126,7 +128,8 @@ const char *ebb_plan_output_name(const ebb_plan *p, int i);
 /* Predicted peak of live intermediate bytes, and the step where it occurs. */
 int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step);
 /* Non-zero when the plan's predicted bytes are an upper bound rather than
- * exact: it routes rows by value or has a while/until loop. A run never
+ * exact: it routes rows by value, has a while/until loop, or has a step
+ * whose op declares its workspace as a bound (ebb_op.workspace_is_bound). A run never
  * exceeds either kind; an exact plan's run matches it (on the CPU, to the
  * byte). */
 int ebb_plan_peak_is_bound(const ebb_plan *p);
