@@ -17,7 +17,7 @@
 
 /* ---- growing the plan ------------------------------------------------------ */
 
-char *compiler_strdupf(const char *fmt, ...) {
+char *ebb_compiler_strdupf(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(NULL, 0, fmt, ap);
@@ -33,7 +33,7 @@ char *compiler_strdupf(const char *fmt, ...) {
     return s;
 }
 
-int *compiler_dup_ints(const int *v, int n) {
+int *ebb_compiler_dup_ints(const int *v, int n) {
     if (n == 0)
         return NULL;
     int *d = malloc((size_t)n * sizeof *d);
@@ -42,13 +42,13 @@ int *compiler_dup_ints(const int *v, int n) {
     return d;
 }
 
-int compiler_oom(compiler *c) {
+int ebb_compiler_oom(compiler *c) {
     c->status = ebb_error_set(EBB_ERR_NOMEM, "ebb_compile: out of memory");
     return -1;
 }
 
 /* A new slot whose shape comes from `meta` (ownership passes to the compiler). */
-int compiler_value_new(compiler *c, ebb_tensor *meta, ebb_value_kind kind, int producer,
+int ebb_compiler_value_new(compiler *c, ebb_tensor *meta, ebb_value_kind kind, int producer,
                      int alias_of) {
     ebb_plan *p = c->plan;
     if (p->n_values == c->cap_values) {
@@ -56,13 +56,13 @@ int compiler_value_new(compiler *c, ebb_tensor *meta, ebb_value_kind kind, int p
         ebb_plan_value *v = realloc(p->values, (size_t)cap * sizeof *v);
         if (!v) {
             ebb_tensor_free(meta);
-            return compiler_oom(c);
+            return ebb_compiler_oom(c);
         }
         p->values = v;
         ebb_tensor **m = realloc(c->meta, (size_t)cap * sizeof *m);
         if (!m) {
             ebb_tensor_free(meta);
-            return compiler_oom(c);
+            return ebb_compiler_oom(c);
         }
         c->meta = m;
         c->cap_values = cap;
@@ -82,7 +82,7 @@ int compiler_value_new(compiler *c, ebb_tensor *meta, ebb_value_kind kind, int p
     return slot;
 }
 
-plan_step *compiler_step_new(compiler *c, ebb_step_kind kind, const char *op_name,
+plan_step *ebb_compiler_step_new(compiler *c, ebb_step_kind kind, const char *op_name,
                            const char *path) {
     ebb_plan *p = c->plan;
     if (p->n_steps >= EBB_MAX_STEPS) {
@@ -94,7 +94,7 @@ plan_step *compiler_step_new(compiler *c, ebb_step_kind kind, const char *op_nam
         int cap = c->cap_steps ? 2 * c->cap_steps : 32;
         plan_step *s = realloc(p->steps, (size_t)cap * sizeof *s);
         if (!s) {
-            compiler_oom(c);
+            ebb_compiler_oom(c);
             return NULL;
         }
         p->steps = s;
@@ -105,33 +105,33 @@ plan_step *compiler_step_new(compiler *c, ebb_step_kind kind, const char *op_nam
     s->pub.kind = kind;
     s->pub.op = op_name;
     s->pub.jump = -1;
-    s->pub.node = compiler_strdupf("%s", path);
+    s->pub.node = ebb_compiler_strdupf("%s", path);
     if (!s->pub.node) {
-        compiler_oom(c);
+        ebb_compiler_oom(c);
         return NULL;
     }
     p->n_steps++;
     return s;
 }
 
-int compiler_step_set_slots(compiler *c, plan_step *s, const int *in, int n_in, const int *out,
+int ebb_compiler_step_set_slots(compiler *c, plan_step *s, const int *in, int n_in, const int *out,
                           int n_out) {
-    s->pub.in = compiler_dup_ints(in, n_in);
+    s->pub.in = ebb_compiler_dup_ints(in, n_in);
     s->pub.n_in = n_in;
-    s->pub.out = compiler_dup_ints(out, n_out);
+    s->pub.out = ebb_compiler_dup_ints(out, n_out);
     s->pub.n_out = n_out;
     if ((n_in && !s->pub.in) || (n_out && !s->pub.out))
-        return compiler_oom(c);
+        return ebb_compiler_oom(c);
     if (n_in > c->plan->max_in)
         c->plan->max_in = n_in;
     return 0;
 }
 
-int compiler_step_index(const compiler *c, const plan_step *s) {
+int ebb_compiler_step_index(const compiler *c, const plan_step *s) {
     return (int)(s - c->plan->steps);
 }
 
-ebb_tensor *compiler_meta_ref(compiler *c, int slot) {
+ebb_tensor *ebb_compiler_meta_ref(compiler *c, int slot) {
     ebb_tensor *t = NULL;
     if (ebb_tensor_ref(&t, c->meta[slot]) != EBB_OK) {
         c->status = ebb_errcode();
@@ -140,7 +140,7 @@ ebb_tensor *compiler_meta_ref(compiler *c, int slot) {
     return t;
 }
 
-ebb_tensor *compiler_meta_new(compiler *c, const ebb_shape *s, ebb_dtype dt) {
+ebb_tensor *ebb_compiler_meta_new(compiler *c, const ebb_shape *s, ebb_dtype dt) {
     ebb_tensor *t = NULL;
     if (ebb_tensor_empty(&t, s, dt, c->meta_device) != EBB_OK) {
         c->status = ebb_errcode();
@@ -218,7 +218,7 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
     p->outputs = calloc((size_t)p->n_outputs, sizeof *p->outputs);
     p->output_names = calloc((size_t)p->n_outputs, sizeof *p->output_names);
     if (!p->name || !p->inputs || !p->outputs || !p->output_names) {
-        compiler_oom(&c);
+        ebb_compiler_oom(&c);
         goto fail;
     }
     strcpy(p->name, g->name);

@@ -31,24 +31,24 @@ typedef struct compiler {
 
 /* ---- building the plan (graph/compile.c) --------------------------------- */
 
-int compiler_oom(compiler *c);
-char *compiler_strdupf(const char *fmt, ...)
+int ebb_compiler_oom(compiler *c);
+char *ebb_compiler_strdupf(const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 1, 2)))
 #endif
     ;
-int *compiler_dup_ints(const int *v, int n);
+int *ebb_compiler_dup_ints(const int *v, int n);
 /* A new slot whose shape comes from `meta` (ownership passes to the compiler). */
-int compiler_value_new(compiler *c, ebb_tensor *meta, ebb_value_kind kind, int producer,
+int ebb_compiler_value_new(compiler *c, ebb_tensor *meta, ebb_value_kind kind, int producer,
                        int alias_of);
-plan_step *compiler_step_new(compiler *c, ebb_step_kind kind, const char *op_name,
+plan_step *ebb_compiler_step_new(compiler *c, ebb_step_kind kind, const char *op_name,
                              const char *path);
-int compiler_step_set_slots(compiler *c, plan_step *s, const int *in, int n_in, const int *out,
+int ebb_compiler_step_set_slots(compiler *c, plan_step *s, const int *in, int n_in, const int *out,
                             int n_out);
-int compiler_step_index(const compiler *c, const plan_step *s);
+int ebb_compiler_step_index(const compiler *c, const plan_step *s);
 /* A new handle on a slot's meta tensor, and a new meta tensor. */
-ebb_tensor *compiler_meta_ref(compiler *c, int slot);
-ebb_tensor *compiler_meta_new(compiler *c, const ebb_shape *s, ebb_dtype dt);
+ebb_tensor *ebb_compiler_meta_ref(compiler *c, int slot);
+ebb_tensor *ebb_compiler_meta_new(compiler *c, const ebb_shape *s, ebb_dtype dt);
 
 /* ---- the passes, in the order ebb_compile runs them ------------------------ */
 

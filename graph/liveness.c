@@ -35,7 +35,7 @@ int ebb_pass_liveness(compiler *c) {
         free(live);
         free(keep);
         free(list);
-        return compiler_oom(c);
+        return ebb_compiler_oom(c);
     }
     for (int i = 0; i < p->n_inputs; i++)
         bit_set(keep, p->inputs[i]);
@@ -91,12 +91,12 @@ int ebb_pass_liveness(compiler *c) {
                 if (here && !bit_get(&live[(size_t)t * words], v) && !bit_get(keep, v))
                     list[count++] = v;
             }
-            int *copy = compiler_dup_ints(list, count);
+            int *copy = ebb_compiler_dup_ints(list, count);
             if (count && !copy) {
                 free(live);
                 free(keep);
                 free(list);
-                return compiler_oom(c);
+                return ebb_compiler_oom(c);
             }
             if (e == 0) {
                 s->pub.frees = copy;

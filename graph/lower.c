@@ -23,11 +23,11 @@ static int scope_bind(compiler *c, scope *sc, const char *name, int slot) {
         int cap = sc->cap ? 2 * sc->cap : 8;
         const char **names = realloc(sc->names, (size_t)cap * sizeof *names);
         if (!names)
-            return compiler_oom(c);
+            return ebb_compiler_oom(c);
         sc->names = names;
         int *slots = realloc(sc->slots, (size_t)cap * sizeof *slots);
         if (!slots)
-            return compiler_oom(c);
+            return ebb_compiler_oom(c);
         sc->slots = slots;
         sc->cap = cap;
     }
@@ -157,7 +157,7 @@ static ebb_status dry_forward(compiler *c, ebb_op_call *call, ebb_tensor **out, 
         /* ATen's first sentence names the kernel; the rest lists backends */
         const char *e = ebb_errmsg(), *stop = strstr(e, ". ");
         int len = stop ? (int)(stop - e) : (int)strlen(e);
-        meta_error = compiler_strdupf("%.*s", len < 300 ? len : 300, e);
+        meta_error = ebb_compiler_strdupf("%.*s", len < 300 ? len : 300, e);
     }
     /* CPU retry with zeros of the same shapes, if they are small. */
     int64_t in_bytes = bytes_of(call->in, call->n_in);
@@ -216,9 +216,9 @@ static ebb_status dry_forward(compiler *c, ebb_op_call *call, ebb_tensor **out, 
 static int add_param(compiler *c, const ebb_param_spec *spec, const char *prefix,
                      const char *path) {
     ebb_plan *p = c->plan;
-    char *full = compiler_strdupf("%s.%s", prefix, spec->name);
+    char *full = ebb_compiler_strdupf("%s.%s", prefix, spec->name);
     if (!full)
-        return compiler_oom(c);
+        return ebb_compiler_oom(c);
     for (int i = 0; i < p->n_params; i++)
         if (strcmp(p->params[i].full_name, full) == 0) {
             c->status = ebb_error_set(EBB_ERR_BUILD,
@@ -233,7 +233,7 @@ static int add_param(compiler *c, const ebb_param_spec *spec, const char *prefix
         plan_param *np = realloc(p->params, (size_t)cap * sizeof *np);
         if (!np) {
             free(full);
-            return compiler_oom(c);
+            return ebb_compiler_oom(c);
         }
         p->params = np;
         c->cap_params = cap;
@@ -241,10 +241,10 @@ static int add_param(compiler *c, const ebb_param_spec *spec, const char *prefix
     plan_param *pp = &p->params[p->n_params];
     pp->spec = *spec;
     pp->full_name = full;
-    pp->node = compiler_strdupf("%s", path);
+    pp->node = ebb_compiler_strdupf("%s", path);
     if (!pp->node) {
         free(full);
-        return compiler_oom(c);
+        return ebb_compiler_oom(c);
     }
     p->n_params++;
     return 0;
@@ -308,7 +308,7 @@ static int emit_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, c
         c->status = ebb_error_prefix("node %s (%s)", prefix, op->name);
         return -1;
     }
-    plan_step *s = compiler_step_new(c, EBB_STEP_OP, op->name, prefix);
+    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_OP, op->name, prefix);
     if (!s) {
         ebb_tensor_free(out);
         return -1;
@@ -321,9 +321,9 @@ static int emit_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, c
     s->n_params = np;
     /* a view op may still copy (reshape of a non-contiguous input), and an op
      * not flagged as a view may hand back its input: trust the dry run */
-    int slot = compiler_value_new(c, out, EBB_VALUE_INTERMEDIATE, compiler_step_index(c, s),
+    int slot = ebb_compiler_value_new(c, out, EBB_VALUE_INTERMEDIATE, ebb_compiler_step_index(c, s),
                          alias >= 0 ? in[alias] : -1);
-    if (slot < 0 || compiler_step_set_slots(c, s, in, n_in, &slot, 1) != 0)
+    if (slot < 0 || ebb_compiler_step_set_slots(c, s, in, n_in, &slot, 1) != 0)
         return -1;
     return slot;
 }
@@ -340,14 +340,14 @@ static void drop_metas(ebb_tensor **metas, int from, int n) {
 static plan_step *emit_control(compiler *c, ebb_step_kind kind, const char *name,
                                const char *path, const int *in, int n_in, int *out,
                                ebb_tensor **out_meta, const int *alias_of, int n_out) {
-    plan_step *s = compiler_step_new(c, kind, name, path);
+    plan_step *s = ebb_compiler_step_new(c, kind, name, path);
     if (!s) {
         drop_metas(out_meta, 0, n_out);
         return NULL;
     }
     for (int i = 0; i < n_out; i++) {
         if (out[i] < 0) {
-            out[i] = compiler_value_new(c, out_meta[i], EBB_VALUE_INTERMEDIATE, compiler_step_index(c, s),
+            out[i] = ebb_compiler_value_new(c, out_meta[i], EBB_VALUE_INTERMEDIATE, ebb_compiler_step_index(c, s),
                                alias_of ? alias_of[i] : -1);
             out_meta[i] = NULL;
             if (out[i] < 0) {
@@ -360,7 +360,7 @@ static plan_step *emit_control(compiler *c, ebb_step_kind kind, const char *name
             drop_metas(out_meta, i, i + 1);
         }
     }
-    if (compiler_step_set_slots(c, s, in, n_in, out, n_out) != 0)
+    if (ebb_compiler_step_set_slots(c, s, in, n_in, out, n_out) != 0)
         return NULL;
     return s;
 }
@@ -381,9 +381,9 @@ static int lower_node(compiler *c, const ebb_node *n, const char *path, const sc
     case NODE_SEQ: {
         int slot = -1;
         for (int j = 0; j < n->n_children; j++) {
-            char *cp = compiler_strdupf("%s.%d", path, j);
+            char *cp = ebb_compiler_strdupf("%s.%d", path, j);
             if (!cp)
-                return compiler_oom(c);
+                return ebb_compiler_oom(c);
             slot = j == 0 ? lower_node(c, n->children[0], cp, sc, in, n_in)
                           : lower_node(c, n->children[j], cp, sc, &slot, 1);
             free(cp);
@@ -440,7 +440,7 @@ static const char *merge_op_name(ebb_merge_op m) {
 static const ebb_attr_value *int_attr(compiler *c, int64_t value) {
     attr_block *a = calloc(1, sizeof *a);
     if (!a) {
-        compiler_oom(c);
+        ebb_compiler_oom(c);
         return NULL;
     }
     a->v[0].type = EBB_ATTR_INT;
@@ -476,14 +476,14 @@ static int lower_routed(compiler *c, const graph_step *st, const char *spath, co
             shape_text(&c->plan->values[x].shape, xb, sizeof xb));
         return -1;
     }
-    char *path = compiler_strdupf("%s.%s", spath, kind);
+    char *path = ebb_compiler_strdupf("%s.%s", spath, kind);
     if (!path)
-        return compiler_oom(c);
+        return ebb_compiler_oom(c);
     int result = -1;
     /* ROUTE: (scores) -> (route table, empty accumulator) */
     ebb_tensor *rm[2];
     ebb_shape rs = mode == EBB_ROUTE_SWITCH ? (ebb_shape){1, {batch}} : sv.shape;
-    rm[0] = compiler_meta_new(c, &rs, mode == EBB_ROUTE_SWITCH ? EBB_INT64 : sv.dtype);
+    rm[0] = ebb_compiler_meta_new(c, &rs, mode == EBB_ROUTE_SWITCH ? EBB_INT64 : sv.dtype);
     rm[1] = NULL;
     int rout[2] = {-1, -1};
     plan_step *route = rm[0] ? emit_control(c, EBB_STEP_ROUTE, "route", path, &scores, 1, rout, rm,
@@ -495,32 +495,32 @@ static int lower_routed(compiler *c, const graph_step *st, const char *spath, co
     route->n_branches = k;
     route->top_k = st->top_k;
     /* the accumulator slot starts empty at the route step */
-    int acc = compiler_value_new(c, NULL, EBB_VALUE_INTERMEDIATE, compiler_step_index(c, route), -1);
+    int acc = ebb_compiler_value_new(c, NULL, EBB_VALUE_INTERMEDIATE, ebb_compiler_step_index(c, route), -1);
     if (acc < 0)
         goto out;
     {
         int outs[2] = {rout[0], acc};
         free((void *)route->pub.out);
-        route->pub.out = compiler_dup_ints(outs, 2);
+        route->pub.out = ebb_compiler_dup_ints(outs, 2);
         route->pub.n_out = 2;
         if (!route->pub.out) {
-            compiler_oom(c);
+            ebb_compiler_oom(c);
             goto out;
         }
     }
     int acc_has_shape = 0;
     for (int j = 0; j < k; j++) {
-        char *bpath = compiler_strdupf("%s.%d", path, j);
+        char *bpath = ebb_compiler_strdupf("%s.%d", path, j);
         if (!bpath) {
-            compiler_oom(c);
+            ebb_compiler_oom(c);
             goto out;
         }
         /* ENTER j: (x, route) -> (rows, x_rows) */
         int ein[2] = {x, rout[0]};
         int eout[2] = {-1, -1};
-        ebb_tensor *em[2] = {NULL, compiler_meta_ref(c, x)};
+        ebb_tensor *em[2] = {NULL, ebb_compiler_meta_ref(c, x)};
         ebb_shape rows_shape = {1, {batch}};
-        em[0] = compiler_meta_new(c, &rows_shape, EBB_INT64);
+        em[0] = ebb_compiler_meta_new(c, &rows_shape, EBB_INT64);
         int alias[2] = {-1, x};
         plan_step *enter = (em[0] && em[1])
                                ? emit_control(c, EBB_STEP_ENTER, "enter", bpath, ein, 2, eout, em,
@@ -535,7 +535,7 @@ static int lower_routed(compiler *c, const graph_step *st, const char *spath, co
         }
         /* rows: no storage in the all-rows walk the prediction follows */
         c->plan->values[eout[0]].nbytes = 0;
-        int enter_index = compiler_step_index(c, enter);
+        int enter_index = ebb_compiler_step_index(c, enter);
         enter->mode = mode;
         enter->branch = j;
         int y = lower_node(c, st->nodes[j], bpath, sc, &eout[1], 1);
@@ -575,7 +575,7 @@ static int lower_routed(compiler *c, const graph_step *st, const char *spath, co
             av->shape = as;
             av->dtype = yv.dtype;
             av->nbytes = ebb_shape_numel(&as) * (int64_t)ebb_dtype_size(yv.dtype);
-            c->meta[acc] = compiler_meta_new(c, &as, yv.dtype);
+            c->meta[acc] = ebb_compiler_meta_new(c, &as, yv.dtype);
             if (!c->meta[acc])
                 goto out;
             acc_has_shape = 1;
@@ -599,32 +599,32 @@ static int emit_loop_test(compiler *c, const graph_step *st, const char *path,
     if (!j)
         return -1;
     j->sense = sense;
-    return compiler_step_index(c, j);
+    return ebb_compiler_step_index(c, j);
 }
 
 static int lower_loop(compiler *c, const graph_step *st, const char *spath, const scope *sc,
                       int x) {
-    char *path = compiler_strdupf("%s.loop", spath);
-    char *body_path = compiler_strdupf("%s.loop.body", spath);
-    char *cond_path = compiler_strdupf("%s.loop.cond", spath);
+    char *path = ebb_compiler_strdupf("%s.loop", spath);
+    char *body_path = ebb_compiler_strdupf("%s.loop.body", spath);
+    char *cond_path = ebb_compiler_strdupf("%s.loop.cond", spath);
     int result = -1;
     if (!path || !body_path || !cond_path) {
-        compiler_oom(c);
+        ebb_compiler_oom(c);
         goto out;
     }
     /* The state gets a slot of its own: the body redefines it each iteration. */
     int state[1] = {-1};
-    ebb_tensor *sm[1] = {compiler_meta_ref(c, x)};
+    ebb_tensor *sm[1] = {ebb_compiler_meta_ref(c, x)};
     int alias[1] = {x};
     if (!sm[0] || !emit_control(c, EBB_STEP_ALIAS, "alias", path, &x, 1, state, sm, alias, 1))
         goto out;
     int counter = c->plan->n_counters++;
-    plan_step *init = compiler_step_new(c, EBB_STEP_LOOP_INIT, "loop_init", path);
+    plan_step *init = ebb_compiler_step_new(c, EBB_STEP_LOOP_INIT, "loop_init", path);
     if (!init)
         goto out;
     init->counter = counter;
     init->limit = st->count; /* a limit of 0 jumps straight past the loop */
-    int init_index = compiler_step_index(c, init);
+    int init_index = ebb_compiler_step_index(c, init);
     int head = c->plan->n_steps;
     int cond_jump = -1;
     /* while: test before the body, leave when the condition is false */
@@ -643,14 +643,14 @@ static int lower_loop(compiler *c, const graph_step *st, const char *spath, cons
                                   shape_text(&ys, b, sizeof b));
         goto out;
     }
-    ebb_tensor *ym[1] = {compiler_meta_ref(c, y)};
+    ebb_tensor *ym[1] = {ebb_compiler_meta_ref(c, y)};
     int alias_y[1] = {y};
     if (!ym[0] || !emit_control(c, EBB_STEP_ALIAS, "alias", path, &y, 1, state, ym, alias_y, 1))
         goto out;
     /* until: test after the body, leave when the condition is true */
     if (st->loop == LOOP_UNTIL && (cond_jump = emit_loop_test(c, st, path, cond_path, sc, state[0], 1)) < 0)
         goto out;
-    plan_step *next = compiler_step_new(c, EBB_STEP_LOOP_NEXT, "loop_next", path);
+    plan_step *next = ebb_compiler_step_new(c, EBB_STEP_LOOP_NEXT, "loop_next", path);
     if (!next)
         goto out;
     next->counter = counter;
@@ -681,9 +681,9 @@ static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope
                                       "step %s.%d: at most 256 branches and 64 using tags", prefix, i);
             return -1;
         }
-        char *spath = compiler_strdupf("%s.%d", prefix, i);
+        char *spath = ebb_compiler_strdupf("%s.%d", prefix, i);
         if (!spath)
-            return compiler_oom(c);
+            return ebb_compiler_oom(c);
         int out = -1, ok = 1;
         switch (st->kind) {
         case STEP_FROM:
@@ -695,10 +695,10 @@ static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope
             break;
         }
         case STEP_ALSO: {
-            char *np = compiler_strdupf("%s.also", spath);
+            char *np = ebb_compiler_strdupf("%s.also", spath);
             if (!np) {
                 ok = 0;
-                compiler_oom(c);
+                ebb_compiler_oom(c);
                 break;
             }
             int y = lower_node(c, st->node, np, sc, &open[0], 1);
@@ -712,8 +712,8 @@ static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope
         case STEP_SPLIT: {
             int x = open[0];
             for (int j = 0; j < st->n_nodes && ok; j++) {
-                char *np = compiler_strdupf("%s.split.%d", spath, j);
-                open[j] = np ? lower_node(c, st->nodes[j], np, sc, &x, 1) : compiler_oom(c);
+                char *np = ebb_compiler_strdupf("%s.split.%d", spath, j);
+                open[j] = np ? lower_node(c, st->nodes[j], np, sc, &x, 1) : ebb_compiler_oom(c);
                 free(np);
                 ok = open[j] >= 0;
             }
@@ -722,7 +722,7 @@ static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope
             break;
         }
         case STEP_MERGE: {
-            char *np = compiler_strdupf("%s.merge", spath);
+            char *np = ebb_compiler_strdupf("%s.merge", spath);
             const ebb_op *op = ebb_op_find(merge_op_name(st->merge));
             const ebb_attr_value *attrs = NULL;
             if (st->merge == EBB_MERGE_CAT || st->merge == EBB_MERGE_STACK)
@@ -730,15 +730,15 @@ static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope
             if (np && (attrs || !(st->merge == EBB_MERGE_CAT || st->merge == EBB_MERGE_STACK)))
                 out = emit_op(c, op, attrs, np, np, open, n_open);
             else if (!np)
-                compiler_oom(c);
+                ebb_compiler_oom(c);
             free(np);
             n_open = 1;
             break;
         }
         case STEP_GATE: {
             int x = open[0];
-            char *rp = compiler_strdupf("%s.gate.router", spath);
-            int w = rp ? lower_node(c, st->aux, rp, sc, &x, 1) : compiler_oom(c);
+            char *rp = ebb_compiler_strdupf("%s.gate.router", spath);
+            int w = rp ? lower_node(c, st->aux, rp, sc, &x, 1) : ebb_compiler_oom(c);
             free(rp);
             if (w < 0)
                 break;
@@ -758,8 +758,8 @@ static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope
             }
             int acc = -1;
             for (int j = 0; j < st->n_nodes; j++) {
-                char *ep = compiler_strdupf("%s.gate.%d", spath, j);
-                int y = ep ? lower_node(c, st->nodes[j], ep, sc, &x, 1) : compiler_oom(c);
+                char *ep = ebb_compiler_strdupf("%s.gate.%d", spath, j);
+                int y = ep ? lower_node(c, st->nodes[j], ep, sc, &x, 1) : ebb_compiler_oom(c);
                 const ebb_attr_value *idx = y >= 0 ? int_attr(c, j) : NULL;
                 if (idx) {
                     int mix_in[3] = {acc, w, y};
@@ -777,8 +777,8 @@ static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope
         }
         case STEP_SWITCH: {
             int x = open[0];
-            char *sp = compiler_strdupf("%s.switch.selector", spath);
-            int sel = sp ? lower_node(c, st->aux, sp, sc, &x, 1) : compiler_oom(c);
+            char *sp = ebb_compiler_strdupf("%s.switch.selector", spath);
+            int sel = sp ? lower_node(c, st->aux, sp, sc, &x, 1) : ebb_compiler_oom(c);
             free(sp);
             if (sel >= 0)
                 out = lower_routed(c, st, spath, sc, x, sel, EBB_ROUTE_SWITCH);
@@ -833,10 +833,10 @@ int ebb_pass_lower(compiler *c, const ebb_graph *g, const ebb_compile_options *o
                                          g->inputs.items[i], ebb_shape_str(s, buf, sizeof buf));
                 goto fail;
             }
-        ebb_tensor *m = compiler_meta_new(c, s, opts->input_dtypes ? opts->input_dtypes[i] : p->dtype);
+        ebb_tensor *m = ebb_compiler_meta_new(c, s, opts->input_dtypes ? opts->input_dtypes[i] : p->dtype);
         if (!m)
             goto fail;
-        int slot = compiler_value_new(c, m, EBB_VALUE_INPUT, -1, -1);
+        int slot = ebb_compiler_value_new(c, m, EBB_VALUE_INPUT, -1, -1);
         if (slot < 0)
             goto fail;
         p->values[slot].name = g->inputs.items[i];

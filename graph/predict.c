@@ -177,7 +177,7 @@ int64_t ebb_pass_predict(compiler *c, int no_frees, int64_t granule, int *peak_s
     unsigned char *seen = calloc((size_t)n + 1, 1);
     int64_t result = -1;
     if (!w.cls || !visits || !seen) {
-        compiler_oom(c);
+        ebb_compiler_oom(c);
         goto out;
     }
     for (int v = 0; v < nv; v++)
@@ -197,7 +197,7 @@ int64_t ebb_pass_predict(compiler *c, int no_frees, int64_t granule, int *peak_s
         for (int k = 0; k < s->pub.n_out; k++)
             move_slot(&w, s->pub.out[k], output_class(&w, p, s, k));
         if (w.oom) {
-            compiler_oom(c);
+            ebb_compiler_oom(c);
             goto out;
         }
         int64_t during = w.live + rounded(&w, s->workspace) + routing_scratch(&w, p, s);

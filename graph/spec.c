@@ -103,6 +103,7 @@ typedef struct loader {
     const char *const *overrides; /* "name=number" from the caller */
     int n_overrides;
     int override_used[EBB_SPEC_MAX_OVERRIDES];
+    int64_t copy; /* the innermost repeat's copy index, -1 outside a repeat */
 } loader;
 
 /* ---- small strings ---------------------------------------------------------- */
@@ -606,6 +607,35 @@ static int attr_text_add(loader *ld, strbuf *text, const ebb_op *op, const ebb_a
     return fail_at(ld, v, "%s has an unknown type", what);
 }
 
+/* A node's name with "{i}" replaced by the enclosing repeat's copy index, as
+ * PyTorch numbers the layers of an nn.ModuleList ("layers.{i}.attn" gives
+ * layers.0.attn, layers.1.attn, ...). Returns v->text when there is none to
+ * replace, NULL (with the error set) for "{i}" outside a repeat. */
+static const char *copy_name(loader *ld, const ynode *v) {
+    const char *at = strstr(v->text, "{i}");
+    if (!at)
+        return v->text;
+    if (ld->copy < 0) {
+        fail_at(ld, v, "'{i}' in the node name '%.64s' stands for a repeat's copy index, but "
+                       "this node is not inside a repeat", v->text);
+        return NULL;
+    }
+    strbuf out = {0};
+    for (const char *p = v->text; *p;) {
+        if (strncmp(p, "{i}", 3) == 0) {
+            sb_printf(&out, "%lld", (long long)ld->copy);
+            p += 3;
+        } else {
+            sb_printf(&out, "%c", *p++);
+        }
+    }
+    char *name = ebb_arena_strdup(&ld->spec->mem, sb_str(&out));
+    free(out.s);
+    if (!name)
+        nomem(ld, v);
+    return name;
+}
+
 static int claim_name(loader *ld, const char *name, const ynode *at) {
     for (int i = 0; i < ld->n_names; i++)
         if (strcmp(ld->names[i].name, name) == 0 && ld->names[i].at == at)
@@ -649,7 +679,10 @@ static ebb_node *make_op(loader *ld, ebb_builder *b, const ebb_op *op, const yno
             size_t mark = sb_mark(&ld->kp);
             sb_printf(&ld->kp, ".%s.%s", op->name, k->text);
             if (strcmp(k->text, "name") == 0) {
-                if (!v || v->kind != Y_SCALAR || is_null(v) || !ebb_graph_valid_node_name(v->text)) {
+                const char *nm = v && v->kind == Y_SCALAR && !is_null(v) ? copy_name(ld, v) : NULL;
+                if (ld->failed)
+                    goto fail;
+                if (!nm || !ebb_graph_valid_node_name(nm)) {
                     fail_at(ld, v ? v : k,
                             "a node name is letters, digits, '_', '-' and inner '.', starting "
                             "with a letter or '_'; got %s%.64s%s",
@@ -658,7 +691,7 @@ static ebb_node *make_op(loader *ld, ebb_builder *b, const ebb_op *op, const yno
                             v && v->kind == Y_SCALAR ? "'" : "");
                     goto fail;
                 }
-                name = v->text;
+                name = nm;
                 name_at = v;
                 sb_reset(&ld->kp, mark);
                 continue;
@@ -1119,15 +1152,19 @@ static int step_repeat(loader *ld, ebb_builder *b, scope *sc, const ynode *step,
     ebb_node **copies = malloc((size_t)n * sizeof *copies);
     if (!copies)
         return nomem(ld, v);
+    int64_t outer = ld->copy;
     for (int64_t j = 0; j < n; j++) {
         char nps[32];
         snprintf(nps, sizeof nps, ".%lld", (long long)j);
+        ld->copy = j;
         copies[j] = make_node_at(ld, b, sc, body, 1, nps, ".repeat.body");
         if (!copies[j]) {
+            ld->copy = outer;
             free(copies);
             return -1;
         }
     }
+    ld->copy = outer;
     ebb_node *seq = ebb_node_seqv(b, copies, (int)n);
     free(copies);
     if (check_builder(ld, b, step) != 0)
@@ -1718,6 +1755,7 @@ ebb_status ebb_spec_load_string_ex(ebb_spec **out, const char *text, size_t len,
     }
     ld->spec = s;
     ld->file = s->file;
+    ld->copy = -1;
     if (opts) {
         ld->overrides = opts->params;
         ld->n_overrides = opts->n_params;

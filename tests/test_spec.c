@@ -614,6 +614,57 @@ static void test_limit_yaml_nodes(void **state) {
 }
 
 /* Blocks that double at every level: 2^14 copies from a few lines. */
+/* Inside a repeat, "{i}" in a name is the copy's index, so repeated layers can
+ * carry PyTorch's nn.ModuleList names; nested repeats number by the innermost. */
+static void test_repeat_copy_names(void **state) {
+    (void)state;
+    static const char text[] = "ebb: 1\n"
+                               "inputs:\n"
+                               "  x: [batch, 8]\n"
+                               "flow:\n"
+                               "  - from: {linear: {out: 8, name: embed}}\n"
+                               "  - repeat:\n"
+                               "      times: 3\n"
+                               "      body:\n"
+                               "        - {linear: {out: 8, name: \"layers.{i}.fc\"}}\n"
+                               "        - relu\n"
+                               "        - repeat:\n"
+                               "            times: 2\n"
+                               "            body: {layer_norm: {name: \"norms.{i}\"}}\n";
+    ebb_spec *s = NULL;
+    ebb_status st = ebb_spec_load_string(&s, text, sizeof text - 1, "names.yaml");
+    /* the inner repeat's copies reuse norms.0 and norms.1 in every outer copy */
+    assert_int_equal(st, EBB_ERR_SPEC);
+    assert_errmsg_contains("node name 'norms.0'");
+    static const char ok[] = "ebb: 1\n"
+                             "inputs:\n"
+                             "  x: [batch, 8]\n"
+                             "flow:\n"
+                             "  - from: {linear: {out: 8, name: embed}}\n"
+                             "  - repeat:\n"
+                             "      times: 3\n"
+                             "      body: [{linear: {out: 8, name: \"layers.{i}.fc\"}}, relu,\n"
+                             "             {layer_norm: {name: \"layers.{i}.norm\"}}]\n";
+    assert_ok(ebb_spec_load_string(&s, ok, sizeof ok - 1, "names.yaml"));
+    ebb_plan *p = NULL;
+    assert_ok(ebb_spec_compile(&p, s, NULL));
+    const char *want[] = {"embed.weight", "embed.bias",
+                          "layers.0.fc.weight", "layers.0.fc.bias",
+                          "layers.0.norm.weight", "layers.0.norm.bias",
+                          "layers.1.fc.weight", "layers.1.fc.bias",
+                          "layers.1.norm.weight", "layers.1.norm.bias",
+                          "layers.2.fc.weight", "layers.2.fc.bias",
+                          "layers.2.norm.weight", "layers.2.norm.bias"};
+    assert_int_equal(ebb_plan_param_count(p), 14);
+    for (int i = 0; i < 14; i++) {
+        const char *name = NULL;
+        ebb_plan_param_at(p, i, &name);
+        assert_string_equal(name, want[i]);
+    }
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+}
+
 static void test_limit_expansion(void **state) {
     (void)state;
     char text[4096];
@@ -862,6 +913,7 @@ int main(void) {
         EBB_TEST(test_limit_depth),
         EBB_TEST(test_limit_yaml_nodes),
         EBB_TEST(test_limit_expansion),
+        EBB_TEST(test_repeat_copy_names),
         EBB_TEST(test_limit_nesting),
         EBB_TEST(test_odd_inputs),
         EBB_TEST(test_load_file_errors),
