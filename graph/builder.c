@@ -423,6 +423,33 @@ static int merge_free_tags(ebb_builder *b, name_list *into, const name_list *fro
 static void node_arity(const ebb_node *n, int *min, int *max);
 static const char *node_label(const ebb_node *n);
 
+ebb_node *ebb_node_repeat(ebb_builder *b, int times,
+                          ebb_node *(*make)(ebb_builder *b, int i, void *user), void *user) {
+    if (failed(b))
+        return NULL;
+    if (times < 1 || !make) {
+        fail(b, "ebb_node_repeat: %s", !make ? "make is NULL" : "times must be at least 1");
+        return NULL;
+    }
+    ebb_node **copies = malloc((size_t)times * sizeof *copies);
+    if (!copies) {
+        fail(b, "ebb_node_repeat: out of memory");
+        return NULL;
+    }
+    int n = 0;
+    while (n < times && (copies[n] = make(b, n, user)) != NULL)
+        n++;
+    ebb_node *seq = NULL;
+    if (n < times) {
+        if (!failed(b))
+            fail(b, "ebb_node_repeat: make returned no node for copy %d", n);
+    } else {
+        seq = ebb_node_seqv(b, copies, n);
+    }
+    free(copies);
+    return seq;
+}
+
 ebb_node *ebb_node_seqv(ebb_builder *b, ebb_node *const *nodes, int count) {
     if (failed(b))
         return NULL;

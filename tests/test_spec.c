@@ -614,6 +614,15 @@ static void test_limit_yaml_nodes(void **state) {
 }
 
 /* Blocks that double at every level: 2^14 copies from a few lines. */
+static ebb_node *named_layer(ebb_builder *b, int i, void *user) {
+    (void)user;
+    char fc[64], norm[64];
+    snprintf(fc, sizeof fc, "out=8, name=layers.%d.fc", i);
+    snprintf(norm, sizeof norm, "name=layers.%d.norm", i);
+    return ebb_node_seq(b, ebb_node_op(b, "linear", fc), ebb_node_op(b, "relu", NULL),
+                        ebb_node_op(b, "layer_norm", norm), NULL);
+}
+
 /* Inside a repeat, "{i}" in a name is the copy's index, so repeated layers can
  * carry PyTorch's nn.ModuleList names; nested repeats number by the innermost. */
 static void test_repeat_copy_names(void **state) {
@@ -663,6 +672,32 @@ static void test_repeat_copy_names(void **state) {
     }
     ebb_plan_free(p);
     ebb_spec_free(s);
+
+    /* the C twin: ebb_node_repeat with the index in each copy's names */
+    ebb_builder *b = ebb_builder_new("names");
+    ebb_input(b, "x");
+    ebb_from(b, ebb_node_op(b, "linear", "out=8, name=embed"));
+    ebb_through(b, ebb_node_repeat(b, 3, named_layer, NULL));
+    ebb_graph *g = ebb_build(b);
+    ebb_builder_free(b);
+    assert_non_null(g);
+    ebb_shape x = {2, {1, 8}};
+    ebb_compile_options o = {.input_shapes = &x, .n_input_shapes = 1};
+    assert_ok(ebb_compile(&p, g, &o));
+    assert_int_equal(ebb_plan_param_count(p), 14);
+    for (int i = 0; i < 14; i++) {
+        const char *name = NULL;
+        ebb_plan_param_at(p, i, &name);
+        assert_string_equal(name, want[i]);
+    }
+    ebb_plan_free(p);
+    ebb_graph_free(g);
+    b = ebb_builder_new("bad");
+    ebb_input(b, "x");
+    ebb_from(b, ebb_node_repeat(b, 0, named_layer, NULL));
+    assert_null(ebb_build(b));
+    assert_errmsg_contains("ebb_node_repeat: times must be at least 1");
+    ebb_builder_free(b);
 }
 
 static void test_limit_expansion(void **state) {

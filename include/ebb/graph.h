@@ -107,6 +107,21 @@ ebb_node *ebb_node_op(ebb_builder *b, const char *op, const char *attrs);
 /* A chain of nodes, applied in order (NULL-terminated). */
 ebb_node *ebb_node_seq(ebb_builder *b, ebb_node *first, ...);
 ebb_node *ebb_node_seqv(ebb_builder *b, ebb_node *const *nodes, int n);
+/* `times` copies of a body, applied in order, each with its own weights:
+ * what a spec's `repeat` makes. make(b, i, user) builds copy i (0-based) and
+ * returns its node; give the copies' nodes names with the index in them, as
+ * PyTorch numbers an nn.ModuleList:
+ *
+ *     static ebb_node *layer(ebb_builder *b, int i, void *user) {
+ *         char a[64];
+ *         snprintf(a, sizeof a, "out=64, name=layers.%d.fc", i);
+ *         return ebb_node_seq(b, ebb_node_op(b, "linear", a), ebb_node_op(b, "gelu", NULL), NULL);
+ *     }
+ *     ebb_through(b, ebb_node_repeat(b, 4, layer, NULL));   // layers.0.fc.weight, ...
+ *
+ * Returns NULL after an error (times < 1, make NULL or returning NULL). */
+ebb_node *ebb_node_repeat(ebb_builder *b, int times,
+                          ebb_node *(*make)(ebb_builder *b, int i, void *user), void *user);
 /* A built graph used as a node. The node keeps its own reference to `g`. */
 ebb_node *ebb_node_graph(ebb_builder *b, const ebb_graph *g);
 /* Sets a node's name (the prefix of its parameters' names). */
