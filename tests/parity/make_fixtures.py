@@ -187,6 +187,16 @@ class Encoder(nn.Module):
         return self.norm2(x + self.linear2(F.gelu(self.linear1(x))))
 
 
+def transformer_stack():
+    """PyTorch's own nn.TransformerEncoder of 4 such layers: its state_dict
+    keys (layers.0.self_attn.in_proj_weight, ...) are what the spec's
+    `repeat` names its copies with "layers.{i}"."""
+    layer = nn.TransformerEncoderLayer(
+        32, 4, 64, dropout=0.0, activation="gelu", batch_first=True, norm_first=False
+    )
+    return nn.TransformerEncoder(layer, num_layers=4, enable_nested_tensor=False)
+
+
 class GRULoop(nn.Module):
     def __init__(self, features=12, hidden=16, steps=6, classes=5):
         super().__init__()
@@ -246,6 +256,7 @@ MODELS = {
     "gate8": (Gate8, (8, 16), 3),
     "conv_net": (ConvNet, (4, 3, 16, 16), 4),
     "transformer_encoder": (Encoder, (2, 5, 32), 5),
+    "transformer_stack": (transformer_stack, (2, 5, 32), 8),
     "gru_loop": (GRULoop, (6, 12), 6),
     "switch_routed": (SwitchRouted, (16, 16), 7),
 }
