@@ -352,6 +352,10 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
         }
     }
 
+    /* the figures count what the process holds already: model and inputs */
+    if (opts && opts->check_fits && ebb_plan_check_fits(plan, dev, model, 0, NULL) != EBB_OK)
+        return ebb_error_prefix("ebb_run");
+
     /* one allocation holds the run's state: slots, scratch, counters, flags */
     run_ctx r = {.plan = plan, .model = model};
     size_t n_ptr = (size_t)plan->n_values + (size_t)plan->max_in + (size_t)plan->max_params + 3;

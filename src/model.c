@@ -149,6 +149,10 @@ ebb_status ebb_model_save(const ebb_model *m, const char *path) {
 }
 
 ebb_status ebb_model_load(ebb_model *m, const char *path) {
+    return ebb_model_load_ex(m, path, NULL);
+}
+
+ebb_status ebb_model_load_ex(ebb_model *m, const char *path, const ebb_model_load_options *opts) {
     if (!m || !path)
         return ebb_error_set(EBB_ERR_ARG, "ebb_model_load: model and path are required");
     ebb_safetensors *st = NULL;
@@ -157,20 +161,24 @@ ebb_status ebb_model_load(ebb_model *m, const char *path) {
         return s;
     /* Check names first, so a wrong file changes nothing. */
     for (int i = 0; s == EBB_OK && i < m->n_params; i++) {
-        ebb_shape shape;
-        ebb_dtype dt;
-        if (ebb_safetensors_find(st, m->names[i], &dt, &shape) != EBB_OK) {
+        ebb_shape shape, want = ebb_tensor_shape(m->params[i]);
+        ebb_dtype dt, need = ebb_tensor_dtype(m->params[i]);
+        char a[96], b[96];
+        const char *file_dtype = ebb_safetensors_dtype_str(st, m->names[i]);
+        if (!file_dtype) {
             s = ebb_error_set(EBB_ERR_ARG, "%s: missing parameter '%s'", path, m->names[i]);
-            break;
-        }
-        ebb_shape want = ebb_tensor_shape(m->params[i]);
-        if (!ebb_shape_equal(&shape, &want) || dt != ebb_tensor_dtype(m->params[i])) {
-            char a[96], b[96];
+        } else if (ebb_safetensors_find(st, m->names[i], &dt, &shape) != EBB_OK) {
+            /* the tensor is there, in a dtype ebb has no tensors of */
+            s = ebb_error_set(EBB_ERR_SHAPE,
+                              "%s: parameter '%s' has dtype %s, which ebb does not support (the "
+                              "model needs %s %s)",
+                              path, m->names[i], file_dtype, ebb_dtype_name(need),
+                              ebb_shape_str(&want, b, sizeof b));
+        } else if (!ebb_shape_equal(&shape, &want) || dt != need) {
             s = ebb_error_set(EBB_ERR_SHAPE, "%s: parameter '%s' is %s %s in the file, the model "
                                              "needs %s %s",
                               path, m->names[i], ebb_dtype_name(dt), ebb_shape_str(&shape, a, sizeof a),
-                              ebb_dtype_name(ebb_tensor_dtype(m->params[i])),
-                              ebb_shape_str(&want, b, sizeof b));
+                              ebb_dtype_name(need), ebb_shape_str(&want, b, sizeof b));
         }
     }
     for (int i = 0; s == EBB_OK && i < ebb_safetensors_count(st); i++) {
@@ -180,8 +188,20 @@ ebb_status ebb_model_load(ebb_model *m, const char *path) {
                                            "parameter)",
                               path, name);
     }
-    for (int i = 0; s == EBB_OK && i < m->n_params; i++)
-        s = ebb_safetensors_load_into(st, m->names[i], m->params[i]);
+    int count = opts && (opts->strict_finite || opts->nonfinite);
+    for (int i = 0; s == EBB_OK && i < m->n_params; i++) {
+        int64_t bad = 0;
+        s = ebb_safetensors_load_into_ex(st, m->names[i], m->params[i], count ? &bad : NULL);
+        if (s != EBB_OK || bad == 0)
+            continue;
+        if (opts->strict_finite)
+            s = ebb_error_set(EBB_ERR_ARG,
+                              "%s: parameter '%s' holds %lld NaN or infinite values (of %lld)",
+                              path, m->names[i], (long long)bad,
+                              (long long)ebb_tensor_numel(m->params[i]));
+        else
+            opts->nonfinite(path, m->names[i], bad, ebb_tensor_numel(m->params[i]), opts->user);
+    }
     ebb_safetensors_close(st);
     return s;
 }

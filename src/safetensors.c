@@ -1,7 +1,9 @@
 /* safetensors: an 8-byte little-endian header length, a JSON header (parsed
- * with cJSON), then the raw data. The reader maps the file and validates the
- * whole header once at open, so a lookup or a load is a table search and one
- * copy from the mapping into the destination tensor. */
+ * with cJSON), then the raw data. The reader validates the whole header once
+ * at open and keeps only the descriptor: a load reads the tensor's bytes with
+ * pread, in chunks, into the destination tensor. Nothing is mapped, so a file
+ * that shrinks under a reader (truncated, or rewritten in place by cp) is a
+ * "truncated while reading" error instead of a SIGBUS. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
@@ -10,18 +12,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "ebb/safetensors.h"
+#include "fileio.h"
 
 /* The reference implementation's limit: a header this large is an attack. */
 #define MAX_HEADER_BYTES 100000000ull
 /* Integers in the JSON header are doubles to cJSON: exact up to 2^53. */
 #define MAX_JSON_INT 9007199254740992.0
+/* Bytes read per pread: large enough that the per-chunk cost (a syscall, a
+ * view of the destination) is lost in the copy, small enough to stay in the
+ * cache between the read and the copy into the tensor. */
+#define READ_CHUNK ((size_t)1 << 20)
 
 /* ---- dtypes ------------------------------------------------------------------ */
 
@@ -159,15 +165,15 @@ static char *build_header(const char *const *names, ebb_tensor *const *tensors,
     return text;
 }
 
-static ebb_status write_all(FILE *f, const void *data, size_t n, const char *tmp) {
+static ebb_status write_all(FILE *f, const void *data, size_t n, const char *path) {
     if (n && fwrite(data, 1, n, f) != n)
-        return ebb_error_set(EBB_ERR_IO, "ebb_safetensors_write: writing '%s': %s", tmp,
+        return ebb_error_set(EBB_ERR_IO, "ebb_safetensors_write: cannot write '%s': %s", path,
                              strerror(errno));
     return EBB_OK;
 }
 
-/* Writes header and data to the open temporary file. */
-static ebb_status write_body(FILE *f, const char *tmp, const char *const *names,
+/* Writes header and data into the writer's stream. */
+static ebb_status write_body(FILE *f, const char *path, const char *const *names,
                              ebb_tensor *const *tensors, const write_item *items, int n) {
     char *header = build_header(names, tensors, items, n);
     if (!header)
@@ -179,11 +185,11 @@ static ebb_status write_body(FILE *f, const char *tmp, const char *const *names,
     unsigned char len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (unsigned char)((unsigned long long)padded >> (8 * i));
-    ebb_status st = write_all(f, len8, 8, tmp);
+    ebb_status st = write_all(f, len8, 8, path);
     if (st == EBB_OK)
-        st = write_all(f, header, hlen, tmp);
+        st = write_all(f, header, hlen, path);
     for (size_t i = hlen; st == EBB_OK && i < padded; i++)
-        st = write_all(f, " ", 1, tmp);
+        st = write_all(f, " ", 1, path);
     free(header);
 
     void *buf = NULL;
@@ -207,7 +213,7 @@ static ebb_status write_body(FILE *f, const char *tmp, const char *const *names,
         if (st != EBB_OK)
             ebb_error_prefix("ebb_safetensors_write: tensor '%s'", names[items[i].index]);
         else
-            st = write_all(f, buf, nb, tmp);
+            st = write_all(f, buf, nb, path);
     }
     free(buf);
     return st;
@@ -243,44 +249,15 @@ ebb_status ebb_safetensors_write(const char *path, const char *const *names,
                                 ebb_tensor_nbytes(tensors[i])};
     }
     qsort(items, (size_t)n, sizeof *items, by_elsize_desc);
-
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
-    if (!tmp) {
-        free(items);
-        return ebb_error_set(EBB_ERR_NOMEM, "ebb_safetensors_write: out of memory");
+    ebb_file_out *w = NULL;
+    st = ebb_file_begin(&w, path, "ebb_safetensors_write");
+    if (st == EBB_OK) {
+        st = write_body(ebb_file_stream(w), path, names, tensors, items, n);
+        if (st == EBB_OK)
+            st = ebb_file_commit(w);
+        else
+            ebb_file_abort(w);
     }
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp.XXXXXX", 12);
-    int fd = mkstemp(tmp);
-    if (fd < 0) {
-        st = ebb_error_set(EBB_ERR_IO,
-                           "ebb_safetensors_write: cannot create a file next to '%s': %s", path,
-                           strerror(errno));
-        free(tmp);
-        free(items);
-        return st;
-    }
-    (void)fchmod(fd, 0644); /* mkstemp's 0600 would make the file private */
-    FILE *f = fdopen(fd, "wb");
-    if (!f) {
-        st = ebb_error_set(EBB_ERR_IO, "ebb_safetensors_write: '%s': %s", tmp, strerror(errno));
-        close(fd);
-    } else {
-        st = write_body(f, tmp, names, tensors, items, n);
-        if (st == EBB_OK && (fflush(f) != 0 || fsync(fileno(f)) != 0))
-            st = ebb_error_set(EBB_ERR_IO, "ebb_safetensors_write: writing '%s': %s", tmp,
-                               strerror(errno));
-        if (fclose(f) != 0 && st == EBB_OK)
-            st = ebb_error_set(EBB_ERR_IO, "ebb_safetensors_write: closing '%s': %s", tmp,
-                               strerror(errno));
-    }
-    if (st == EBB_OK && rename(tmp, path) != 0)
-        st = ebb_error_set(EBB_ERR_IO, "ebb_safetensors_write: cannot rename '%s' to '%s': %s", tmp,
-                           path, strerror(errno));
-    if (st != EBB_OK)
-        unlink(tmp);
-    free(tmp);
     free(items);
     return st;
 }
@@ -300,9 +277,8 @@ typedef struct st_meta {
 
 struct ebb_safetensors {
     char *path;
-    unsigned char *map;
-    size_t size;
-    const unsigned char *data; /* map + 8 + header length */
+    int fd;           /* kept open: a file renamed over the path keeps its old contents */
+    uint64_t data_at; /* 8 + header length: where the data section starts */
     uint64_t data_size;
     st_entry *entries; /* sorted by name */
     int n;
@@ -313,8 +289,8 @@ struct ebb_safetensors {
 void ebb_safetensors_close(ebb_safetensors *st) {
     if (!st)
         return;
-    if (st->map)
-        munmap(st->map, st->size);
+    if (st->fd >= 0)
+        close(st->fd);
     for (int i = 0; i < st->n; i++)
         free(st->entries[i].name);
     for (int i = 0; i < st->n_meta; i++) {
@@ -465,6 +441,47 @@ static ebb_status check_layout(ebb_safetensors *st) {
     return s;
 }
 
+/* JSON (RFC 8259) is UTF-8 text in which bytes below 0x20 appear only as the
+ * whitespace between tokens; inside strings they must be escaped. cJSON is
+ * more lenient (it stops at a NUL, for one), so the bytes are checked first. */
+static ebb_status check_json_bytes(const ebb_safetensors *st, const unsigned char *t, size_t len) {
+    int in_string = 0, escaped = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned c = t[i];
+        if (c == 0)
+            return BAD("ebb_safetensors_open: '%s': the header has a NUL byte at byte %zu of %zu",
+                       st->path, i, len);
+        if (c < 0x20 && (in_string || (c != ' ' && c != '\t' && c != '\n' && c != '\r')))
+            return BAD("ebb_safetensors_open: '%s': the header has control byte 0x%02x at byte "
+                       "%zu%s, which JSON does not allow",
+                       st->path, c, i, in_string ? " inside a string" : "");
+        if (c >= 0x80) {
+            /* one UTF-8 sequence: no overlong forms, no surrogates, <= U+10FFFF */
+            size_t n = c >= 0xf0 ? 3 : c >= 0xe0 ? 2 : c >= 0xc0 ? 1 : 0;
+            uint32_t cp = c & (0x3fu >> n);
+            int ok = n > 0 && c < 0xf5 && i + n < len;
+            for (size_t k = 1; ok && k <= n; k++) {
+                ok = (t[i + k] & 0xc0) == 0x80;
+                cp = (cp << 6) | (t[i + k] & 0x3fu);
+            }
+            static const uint32_t min_cp[4] = {0, 0x80, 0x800, 0x10000};
+            if (!ok || cp < min_cp[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+                return BAD("ebb_safetensors_open: '%s': the header is not valid UTF-8 at byte %zu",
+                           st->path, i);
+            i += n;
+            escaped = 0;
+            continue;
+        }
+        if (escaped)
+            escaped = 0;
+        else if (in_string && c == '\\')
+            escaped = 1;
+        else if (c == '"')
+            in_string = !in_string;
+    }
+    return EBB_OK;
+}
+
 static ebb_status parse_header(ebb_safetensors *st, const char *text, size_t len) {
     if (len < 2 || text[0] != '{')
         return BAD("ebb_safetensors_open: '%s': the header does not start with a JSON object",
@@ -511,64 +528,87 @@ static ebb_status parse_header(ebb_safetensors *st, const char *text, size_t len
     return check_layout(st);
 }
 
+/* Reads n bytes at `offset`; 0, or -1 with errno set (0 for an end of file
+ * before n bytes: the file is shorter than when it was opened). */
+static int read_at(int fd, void *buf, size_t n, uint64_t offset) {
+    size_t done = 0;
+    while (done < n) {
+        ssize_t got = pread(fd, (char *)buf + done, n - done, (off_t)(offset + done));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            if (got == 0)
+                errno = 0;
+            return -1;
+        }
+        done += (size_t)got;
+    }
+    return 0;
+}
+
+/* The message for a failed read_at: a read error, or the file shrank. */
+static ebb_status read_failed(const ebb_safetensors *st, const char *fn, const char *what,
+                              uint64_t end) {
+    if (errno)
+        return ebb_error_set(EBB_ERR_IO, "%s: '%s': reading %s: %s", fn, st->path, what,
+                             strerror(errno));
+    struct stat sb;
+    long long now = fstat(st->fd, &sb) == 0 ? (long long)sb.st_size : -1;
+    return ebb_error_set(EBB_ERR_IO,
+                         "%s: '%s' was truncated while reading %s: it is now %lld bytes, the data "
+                         "ends at byte %llu",
+                         fn, st->path, what, now, (unsigned long long)end);
+}
+
 ebb_status ebb_safetensors_open(ebb_safetensors **out, const char *path) {
+    static const char fn[] = "ebb_safetensors_open";
     if (!out)
-        return ebb_error_set(EBB_ERR_ARG, "ebb_safetensors_open: out is NULL");
+        return ebb_error_set(EBB_ERR_ARG, "%s: out is NULL", fn);
     *out = NULL;
     if (!path)
-        return ebb_error_set(EBB_ERR_ARG, "ebb_safetensors_open: path is NULL");
+        return ebb_error_set(EBB_ERR_ARG, "%s: path is NULL", fn);
     if (!host_is_little_endian())
-        return ebb_error_set(EBB_ERR_UNSUPPORTED,
-                             "ebb_safetensors_open: big-endian hosts are not supported");
+        return ebb_error_set(EBB_ERR_UNSUPPORTED, "%s: big-endian hosts are not supported", fn);
     ebb_safetensors *st = calloc(1, sizeof *st);
     if (!st || !(st->path = dup_str(path))) {
         free(st);
-        return ebb_error_set(EBB_ERR_NOMEM, "ebb_safetensors_open: out of memory");
+        return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
     }
-    int fd = open(path, O_RDONLY);
-    if (fd < 0) {
-        ebb_status s = ebb_error_set(EBB_ERR_IO, "ebb_safetensors_open: cannot open '%s': %s", path,
-                                     strerror(errno));
-        ebb_safetensors_close(st);
-        return s;
-    }
-    struct stat sb;
-    ebb_status s = EBB_OK;
-    if (fstat(fd, &sb) != 0)
-        s = ebb_error_set(EBB_ERR_IO, "ebb_safetensors_open: cannot stat '%s': %s", path,
-                          strerror(errno));
-    else if (!S_ISREG(sb.st_mode))
-        s = BAD("ebb_safetensors_open: '%s' is not a regular file", path);
-    else if (sb.st_size < 8)
-        s = BAD("ebb_safetensors_open: '%s' is %lld bytes, too short for the 8-byte header length",
-                path, (long long)sb.st_size);
+    int64_t size = 0;
+    ebb_status s = ebb_file_open_read(&st->fd, &size, path, fn);
+    if (s == EBB_OK && size < 8)
+        s = BAD("%s: '%s' is %lld bytes, too short for the 8-byte header length", fn, path,
+                (long long)size);
+    unsigned char len8[8];
+    if (s == EBB_OK && read_at(st->fd, len8, 8, 0) != 0)
+        s = read_failed(st, fn, "the header length", 8);
+    char *header = NULL;
+    uint64_t hlen = 0;
     if (s == EBB_OK) {
-        st->size = (size_t)sb.st_size;
-        void *m = mmap(NULL, st->size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED)
-            s = ebb_error_set(EBB_ERR_IO, "ebb_safetensors_open: cannot map '%s': %s", path,
-                              strerror(errno));
-        else
-            st->map = m;
-    }
-    close(fd);
-    if (s == EBB_OK && st->map) {
-        uint64_t hlen = 0;
         for (int i = 0; i < 8; i++)
-            hlen |= (uint64_t)st->map[i] << (8 * i);
+            hlen |= (uint64_t)len8[i] << (8 * i);
         if (hlen > MAX_HEADER_BYTES)
-            s = BAD("ebb_safetensors_open: '%s': header length %llu exceeds the %llu-byte limit",
-                    path, (unsigned long long)hlen, MAX_HEADER_BYTES);
-        else if (hlen > st->size - 8)
-            s = BAD("ebb_safetensors_open: '%s': header length %llu runs past the end of the file "
-                    "(%zu bytes; truncated?)",
-                    path, (unsigned long long)hlen, st->size);
-        else {
-            st->data = st->map + 8 + hlen;
-            st->data_size = st->size - 8 - hlen;
-            s = parse_header(st, (const char *)st->map + 8, (size_t)hlen);
-        }
+            s = BAD("%s: '%s': header length %llu exceeds the %llu-byte limit", fn, path,
+                    (unsigned long long)hlen, MAX_HEADER_BYTES);
+        else if (hlen > (uint64_t)size - 8)
+            s = BAD("%s: '%s': header length %llu runs past the end of the file (%lld bytes; "
+                    "truncated?)",
+                    fn, path, (unsigned long long)hlen, (long long)size);
+        else if (!(header = malloc((size_t)hlen + 1)))
+            s = ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory (a %llu-byte header)", fn,
+                              (unsigned long long)hlen);
+        else if (read_at(st->fd, header, (size_t)hlen, 8) != 0)
+            s = read_failed(st, fn, "the header", 8 + hlen);
     }
+    if (s == EBB_OK) {
+        header[hlen] = '\0';
+        st->data_at = 8 + hlen;
+        st->data_size = (uint64_t)size - 8 - hlen;
+        s = check_json_bytes(st, (const unsigned char *)header, (size_t)hlen);
+        if (s == EBB_OK)
+            s = parse_header(st, header, (size_t)hlen);
+    }
+    free(header);
     if (s != EBB_OK) {
         ebb_safetensors_close(st);
         return s;
@@ -592,6 +632,15 @@ const char *ebb_safetensors_metadata(const ebb_safetensors *st, const char *key)
         if (strcmp(st->meta[i].key, key) == 0)
             return st->meta[i].value;
     return NULL;
+}
+
+const char *ebb_safetensors_dtype_str(const ebb_safetensors *st, const char *name) {
+    if (!st || !name)
+        return NULL;
+    st_entry key = {.name = (char *)name};
+    const st_entry *e = bsearch(&key, st->entries, (size_t)st->n, sizeof *st->entries,
+                                by_entry_name);
+    return e ? e->dtype->name : NULL;
 }
 
 /* The entry for `name`, with a usable dtype, or NULL and an error. */
@@ -629,9 +678,99 @@ ebb_status ebb_safetensors_find(const ebb_safetensors *st, const char *name, ebb
     return EBB_OK;
 }
 
-ebb_status ebb_safetensors_load_into(const ebb_safetensors *st, const char *name,
-                                     ebb_tensor *dst) {
+/* NaN and infinities among the elements of a floating dtype: the exponent
+ * bits all set. Counted in fixed blocks with a narrow counter, a form the
+ * compiler vectorizes at -O2 (the plain loop runs 8x slower). */
+#define COUNT_EXP_ALL_SET(type, v, n, exp, out)                                                    \
+    do {                                                                                           \
+        size_t i_ = 0;                                                                             \
+        for (; i_ + 64 <= (n); i_ += 64) {                                                         \
+            uint32_t c_ = 0;                                                                       \
+            for (int k_ = 0; k_ < 64; k_++)                                                        \
+                c_ += (type)((v)[i_ + k_] & (exp)) == (type)(exp);                                 \
+            (out) += c_;                                                                           \
+        }                                                                                          \
+        for (; i_ < (n); i_++)                                                                     \
+            (out) += (type)((v)[i_] & (exp)) == (type)(exp);                                       \
+    } while (0)
+
+static int64_t count_nonfinite(const void *buf, size_t nbytes, ebb_dtype dt) {
+    int64_t bad = 0;
+    switch (dt) {
+    case EBB_FLOAT32: COUNT_EXP_ALL_SET(uint32_t, (const uint32_t *)buf, nbytes / 4, 0x7f800000u, bad); break;
+    case EBB_FLOAT64:
+        COUNT_EXP_ALL_SET(uint64_t, (const uint64_t *)buf, nbytes / 8, 0x7ff0000000000000ull, bad);
+        break;
+    case EBB_FLOAT16: COUNT_EXP_ALL_SET(uint16_t, (const uint16_t *)buf, nbytes / 2, 0x7c00u, bad); break;
+    case EBB_BFLOAT16: COUNT_EXP_ALL_SET(uint16_t, (const uint16_t *)buf, nbytes / 2, 0x7f80u, bad); break;
+    default: break;
+    }
+    return bad;
+}
+
+/* Reads e's bytes into dst (same dtype and shape, checked by the caller).
+ * A contiguous dst is filled chunk by chunk through views of it; any other
+ * takes one buffer of the whole tensor. */
+static ebb_status read_into(const ebb_safetensors *st, const st_entry *e, ebb_tensor *dst,
+                            int64_t *nonfinite, const char *fn) {
+    size_t nbytes = (size_t)(e->end - e->begin), elsize = e->dtype->size;
+    ebb_dtype dt = (ebb_dtype)e->dtype->ebb;
+    if (nonfinite)
+        *nonfinite = 0;
+    if (ebb_tensor_device(dst).type == EBB_DEVICE_META)
+        return ebb_error_set(EBB_ERR_ARG, "%s: tensor '%s' from '%s': the destination is on the "
+                                          "meta device (it has no storage)",
+                             fn, e->name, st->path);
+    if (nbytes == 0)
+        return EBB_OK;
+    ebb_tensor *flat = NULL;
+    ebb_status s = EBB_OK;
+    if (nbytes > READ_CHUNK) {
+        ebb_shape fs = {1, {(int64_t)(nbytes / elsize)}};
+        s = ebb_tensor_reshape(&flat, dst, &fs);
+        if (s == EBB_OK && !ebb_tensor_same_storage(flat, dst)) {
+            ebb_tensor_free(flat); /* reshape had to copy: dst is strided */
+            flat = NULL;
+        }
+    }
+    size_t chunk = flat ? READ_CHUNK : nbytes;
+    void *buf = s == EBB_OK ? malloc(chunk) : NULL;
+    if (s == EBB_OK && !buf)
+        s = ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory (%zu bytes for '%s')", fn, chunk,
+                          e->name);
+    for (size_t at = 0; s == EBB_OK && at < nbytes; at += chunk) {
+        size_t n = nbytes - at < chunk ? nbytes - at : chunk;
+        uint64_t off = st->data_at + e->begin + at;
+        if (read_at(st->fd, buf, n, off) != 0) {
+            char what[600];
+            snprintf(what, sizeof what, "tensor '%s'", e->name);
+            s = read_failed(st, fn, what, st->data_at + e->end);
+            break;
+        }
+        if (nonfinite)
+            *nonfinite += count_nonfinite(buf, n, dt);
+        if (!flat) {
+            s = ebb_tensor_copy_from_host(dst, buf, n);
+        } else {
+            ebb_tensor *part = NULL;
+            s = ebb_tensor_narrow(&part, flat, 0, (int64_t)(at / elsize), (int64_t)(n / elsize));
+            if (s == EBB_OK)
+                s = ebb_tensor_copy_from_host(part, buf, n);
+            ebb_tensor_free(part);
+        }
+        if (s != EBB_OK && ebb_errcode() != EBB_ERR_IO)
+            ebb_error_prefix("%s: tensor '%s' from '%s'", fn, e->name, st->path);
+    }
+    free(buf);
+    ebb_tensor_free(flat);
+    return s;
+}
+
+ebb_status ebb_safetensors_load_into_ex(const ebb_safetensors *st, const char *name,
+                                        ebb_tensor *dst, int64_t *nonfinite) {
     static const char fn[] = "ebb_safetensors_load_into";
+    if (nonfinite)
+        *nonfinite = 0;
     const st_entry *e = lookup(st, name, fn);
     if (!e)
         return ebb_errcode();
@@ -639,7 +778,8 @@ ebb_status ebb_safetensors_load_into(const ebb_safetensors *st, const char *name
         return ebb_error_set(EBB_ERR_ARG, "%s: dst is NULL", fn);
     ebb_dtype want = (ebb_dtype)e->dtype->ebb, have = ebb_tensor_dtype(dst);
     ebb_shape ds = ebb_tensor_shape(dst);
-    if (want != have || !ebb_shape_equal(&ds, &e->shape)) {
+    if (want != have || !ebb_shape_equal(&ds, &e->shape) ||
+        ebb_tensor_ndim(dst) != e->shape.ndim) {
         char a[128], b[128];
         return ebb_error_set(EBB_ERR_SHAPE,
                              "%s: tensor '%s' in '%s' is %s %s but the destination is %s %s", fn,
@@ -647,24 +787,43 @@ ebb_status ebb_safetensors_load_into(const ebb_safetensors *st, const char *name
                              ebb_shape_str(&e->shape, a, sizeof a), ebb_dtype_name(have),
                              ebb_shape_str(&ds, b, sizeof b));
     }
-    ebb_status s = ebb_tensor_copy_from_host(dst, st->data + e->begin, (size_t)(e->end - e->begin));
-    if (s != EBB_OK)
-        ebb_error_prefix("%s: tensor '%s' from '%s'", fn, name, st->path);
-    return s;
+    return read_into(st, e, dst, nonfinite, fn);
 }
 
-ebb_status ebb_safetensors_load(ebb_tensor **out, const ebb_safetensors *st, const char *name,
-                                ebb_device device) {
+ebb_status ebb_safetensors_load_into(const ebb_safetensors *st, const char *name,
+                                     ebb_tensor *dst) {
+    return ebb_safetensors_load_into_ex(st, name, dst, NULL);
+}
+
+ebb_status ebb_safetensors_load_ex(ebb_tensor **out, const ebb_safetensors *st, const char *name,
+                                   ebb_device device, int64_t *nonfinite) {
     static const char fn[] = "ebb_safetensors_load";
+    if (nonfinite)
+        *nonfinite = 0;
     if (!out)
         return ebb_error_set(EBB_ERR_ARG, "%s: out is NULL", fn);
     *out = NULL;
     const st_entry *e = lookup(st, name, fn);
     if (!e)
         return ebb_errcode();
-    ebb_status s = ebb_tensor_from_host(out, st->data + e->begin, (size_t)(e->end - e->begin),
-                                        &e->shape, (ebb_dtype)e->dtype->ebb, device);
+    if (device.type == EBB_DEVICE_META)
+        return ebb_error_set(EBB_ERR_ARG, "%s: tensor '%s' from '%s': the meta device has no "
+                                          "storage to load into",
+                             fn, name, st->path);
+    ebb_tensor *t = NULL;
+    ebb_status s = ebb_tensor_empty(&t, &e->shape, (ebb_dtype)e->dtype->ebb, device);
     if (s != EBB_OK)
-        ebb_error_prefix("%s: tensor '%s' from '%s'", fn, name, st->path);
-    return s;
+        return ebb_error_prefix("%s: tensor '%s' from '%s'", fn, name, st->path);
+    s = read_into(st, e, t, nonfinite, fn);
+    if (s != EBB_OK) {
+        ebb_tensor_free(t);
+        return s;
+    }
+    *out = t;
+    return EBB_OK;
+}
+
+ebb_status ebb_safetensors_load(ebb_tensor **out, const ebb_safetensors *st, const char *name,
+                                ebb_device device) {
+    return ebb_safetensors_load_ex(out, st, name, device, NULL);
 }

@@ -1,17 +1,23 @@
 /* The `ebb` command: golden listings, JSON and DOT; strict parsing of the JSON
  * plan and the JSONL trace; the trace's frees against the plan's last_use;
- * every exit code; weights, inputs and outputs files.
+ * every exit code; weights, inputs and outputs files; files that are not
+ * regular or hold what ebb cannot use, output paths of every kind, and runs
+ * refused before they start because the plan cannot fit.
  *
  * The binary is found next to the test's directory (build/tests/test_cli ->
  * build/ebb), or at $EBB_CLI. It runs with fork/exec, no shell, from the
  * source root so spec paths are "specs/x.yaml". Goldens live in tests/golden/;
  * EBB_UPDATE_GOLDEN=1 rewrites them. */
-#define _XOPEN_SOURCE 700
+#define _GNU_SOURCE /* nftw, unshare */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <math.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,6 +25,7 @@
 #include <cjson/cJSON.h>
 
 #include "ebb/safetensors.h"
+#include "ebb/spec.h"
 #include "test_util.h"
 
 extern char **environ;
@@ -89,6 +96,15 @@ static void tmp_path(char *buf, size_t size, const char *name) {
         fail_msg("temporary path too long: %s/%s", tmp_dir, name);
 }
 
+/* Set by a test for the next runs: called in the child just before exec,
+ * to lower a limit or mount something. A non-zero return makes the child
+ * exit 77 without running anything: the test skips. */
+static int (*child_hook)(void);
+
+/* Seconds a command may take before SIGALRM ends it: a command that hangs
+ * (on a FIFO, in an allocator that retries forever) fails the test. */
+#define CLI_ALARM_SECONDS 300
+
 /* Runs `prog` (cli_path when NULL) with args (NULL-terminated, without
  * argv[0]) from the source root. `path_env` replaces PATH when not NULL.
  * A child killed by a signal fails the test: the command must never crash. */
@@ -138,6 +154,9 @@ static void run_prog(cli_result *r, const char *prog, const char *path_env,
         if (chdir(EBB_SOURCE_DIR) != 0 || in_fd < 0 || dup2(in_fd, 0) < 0 ||
             dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
             _exit(126);
+        if (child_hook && child_hook() != 0)
+            _exit(77);
+        alarm(CLI_ALARM_SECONDS); /* survives exec */
         if (prog) {
             /* resolve prog through the (possibly replaced) PATH */
             const char *p = path_env ? path_env : getenv("PATH");
@@ -698,6 +717,29 @@ static void test_exit_codes(void **state) {
         {2, "positive integers", {"plan", "specs/mlp.yaml", "-i", "x=8,a"}},
         {2, "NAME=D0", {"plan", "specs/mlp.yaml", "-i", "x"}},
         {2, "bad device 'tpu'", {"run", "specs/mlp.yaml", "--device", "tpu"}},
+        /* -i takes digits and single commas, nothing else */
+        {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x=4,64,"}},
+        {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x=+4,64"}},
+        {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x= 4,64"}},
+        {2, "more than 8 dimensions (ebb's limit)",
+         {"plan", "specs/mlp.yaml", "-i", "x=1,1,1,1,1,1,1,1,1"}},
+        {2, "a symbolic dimension takes one positive integer",
+         {"plan", "specs/mlp.yaml", "-i", "batch=+3"}},
+        {2, "-i batch=8 contradicts -i x=4,64: dimension 0 of input 'x' is 'batch'",
+         {"plan", "specs/mlp.yaml", "-i", "x=4,64", "-i", "batch=8"}},
+        /* a directory is not a spec, and says so */
+        {1, "specs: is a directory, not a spec file", {"run", "specs"}},
+        {1, "specs: is a directory, not a spec file", {"check", "specs"}},
+        /* 3: outputs that cannot be written are found before the run */
+        {3, "--outputs: cannot write 'specs': it is a directory",
+         {"run", "specs/mlp.yaml", "--outputs", "specs"}},
+        {3, "--trace: cannot write 'no/such/t.jsonl': directory 'no/such': No such file",
+         {"run", "specs/mlp.yaml", "--trace", "no/such/t.jsonl"}},
+        {3, "--save-weights: cannot write", {"run", "specs/mlp.yaml", "--save-weights", "/"}},
+        {3, "-o: cannot write 'specs.dot/x/y.dot': directory 'specs.dot/x'",
+         {"dot", "specs/mlp.yaml", "-o", "specs.dot/x/y.dot"}},
+        /* 3: a plan that cannot fit is refused before anything runs */
+        {3, "this process can get", {"run", "specs/mlp.yaml", "-i", "batch=100000000"}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         cli_result r;
@@ -713,6 +755,9 @@ static void test_exit_codes(void **state) {
         /* a failure always says something */
         if (cases[c].code != 0 && r.err_len == 0)
             fail_msg("`%s` exited %d in silence", r.cmd, r.code);
+        /* a run refused for its files or its size printed no result */
+        if (cases[c].code == 3 && !strcmp(cases[c].args[0], "run") && strstr(r.out, "output "))
+            fail_msg("`%s` ran before failing:\n%s", r.cmd, r.out);
         cli_free(&r);
     }
 }
@@ -1607,6 +1652,441 @@ static void test_symbolic_default_note(void **state) {
     cli_free(&r);
 }
 
+/* ---- files that are not what they seem ------------------------------------ */
+
+/* specs/mlp.yaml compiled in-process for `bind`. */
+static ebb_plan *compile_mlp(const char *bind) {
+    ebb_spec *spec = NULL;
+    ebb_plan *p = NULL;
+    assert_ok(ebb_spec_load(&spec, EBB_SOURCE_DIR "/specs/mlp.yaml"));
+    ebb_shape shapes[4];
+    assert_ok(ebb_spec_resolve_shapes(spec, &bind, 1, shapes, 4));
+    ebb_compile_options co = {.input_shapes = shapes, .n_input_shapes = 1};
+    assert_ok(ebb_spec_compile(&p, spec, &co));
+    ebb_spec_free(spec);
+    return p;
+}
+
+/* A safetensors file written by hand, so it can hold what ebb would never
+ * write: tensors[i] is {name, dtype, element size, shape}; F32 data is 0.01
+ * with NaN at element 0 of `nan_name` and Inf at element 7 of it. */
+typedef struct raw_tensor {
+    const char *name, *dtype;
+    size_t elsize;
+    ebb_shape shape;
+} raw_tensor;
+
+static void write_raw_file(const char *path, const raw_tensor *ts, int n, const char *nan_name) {
+    char header[8192];
+    size_t at = (size_t)snprintf(header, sizeof header, "{");
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        size_t nb = (size_t)ebb_shape_numel(&ts[i].shape) * ts[i].elsize;
+        at += (size_t)snprintf(header + at, sizeof header - at,
+                               "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "", ts[i].name,
+                               ts[i].dtype);
+        for (int d = 0; d < ts[i].shape.ndim; d++)
+            at += (size_t)snprintf(header + at, sizeof header - at, "%s%lld", d ? "," : "",
+                                   (long long)ts[i].shape.dim[d]);
+        at += (size_t)snprintf(header + at, sizeof header - at, "],\"data_offsets\":[%zu,%zu]}",
+                               off, off + nb);
+        off += nb;
+    }
+    at += (size_t)snprintf(header + at, sizeof header - at, "}");
+    assert_true(at < sizeof header);
+    unsigned char *data = calloc(1, off + 1);
+    assert_non_null(data);
+    off = 0;
+    for (int i = 0; i < n; i++) {
+        size_t count = (size_t)ebb_shape_numel(&ts[i].shape);
+        if (!strcmp(ts[i].dtype, "F32")) {
+            float *f = (float *)(void *)(data + off);
+            for (size_t k = 0; k < count; k++)
+                f[k] = 0.01f;
+            if (nan_name && !strcmp(ts[i].name, nan_name)) {
+                f[0] = NAN;
+                f[7] = INFINITY;
+            }
+        }
+        off += count * ts[i].elsize;
+    }
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)at >> (8 * i));
+    assert_int_equal(fwrite(len8, 1, 8, f), 8);
+    assert_int_equal(fwrite(header, 1, at, f), at);
+    assert_int_equal(fwrite(data, 1, off, f), off);
+    assert_int_equal(fclose(f), 0);
+    free(data);
+}
+
+/* specs/mlp.yaml's parameters, F32 except `odd` (given that dtype). */
+static void write_mlp_weights(const char *path, const char *odd, const char *odd_dtype,
+                              size_t odd_elsize, const char *nan_name) {
+    ebb_plan *p = compile_mlp("batch=1");
+    raw_tensor ts[16];
+    int n = ebb_plan_param_count(p);
+    assert_true(n <= 16);
+    for (int i = 0; i < n; i++) {
+        const char *name = NULL;
+        const ebb_param_spec *ps = ebb_plan_param_at(p, i, &name);
+        int is_odd = odd && !strcmp(name, odd);
+        ts[i] = (raw_tensor){name, is_odd ? odd_dtype : "F32", is_odd ? odd_elsize : 4, ps->shape};
+    }
+    write_raw_file(path, ts, n, nan_name);
+    ebb_plan_free(p);
+}
+
+/* Inputs and weights files that are not regular files, hold a dtype ebb
+ * lacks, NaN, or a shape other than the one asked for: each a clear error
+ * (or a warning) naming the file, the tensor and both shapes; none a hang. */
+static void test_unusable_input_files(void **state) {
+    (void)state;
+    char fifo[PATH_MAX], x4[PATH_MAX], xi8[PATH_MAX], w[PATH_MAX], wi8[PATH_MAX], want[PATH_MAX + 128];
+    tmp_path(fifo, sizeof fifo, "in.fifo");
+    tmp_path(x4, sizeof x4, "x4.safetensors");
+    tmp_path(xi8, sizeof xi8, "xi8.safetensors");
+    tmp_path(w, sizeof w, "w_nan.safetensors");
+    tmp_path(wi8, sizeof wi8, "w_i8.safetensors");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    cli_result r;
+    /* a FIFO blocked open() forever; now it is refused at once */
+    EBB(&r, "run", "specs/mlp.yaml", "--weights", fifo);
+    expect_code(&r, 1);
+    FMT(want, "'%s' is a FIFO, not a regular file", fifo);
+    expect_contains("stderr", &r, r.err, want);
+    cli_free(&r);
+    EBB(&r, "run", "specs/mlp.yaml", "--inputs", fifo);
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, want);
+    cli_free(&r);
+    EBB(&r, "run", fifo);
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "is a FIFO, not a spec file");
+    cli_free(&r);
+
+    raw_tensor x = {"x", "F32", 4, EBB_SHAPE(4, 64)};
+    write_raw_file(x4, &x, 1, "x");
+    /* the file's [4, 64] against a plan compiled for 8 rows: an error naming both */
+    EBB(&r, "run", "specs/mlp.yaml", "--inputs", x4, "-i", "x=8,64");
+    expect_code(&r, 1);
+    FMT(want, "%s: input 'x' is [4, 64], but -i x=8,64 compiles the plan for [8, 64]", x4);
+    expect_contains("stderr", &r, r.err, want);
+    cli_free(&r);
+    EBB(&r, "run", "specs/mlp.yaml", "--inputs", x4, "-i", "batch=8");
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "input 'x' is [4, 64], but -i batch=8 compiles the plan for [8, 64]");
+    cli_free(&r);
+
+    /* NaN and Inf: a warning per tensor, or an error with --strict-finite */
+    write_mlp_weights(w, NULL, NULL, 0, "fc2.weight");
+    EBB(&r, "run", "specs/mlp.yaml", "--inputs", x4, "--weights", w);
+    expect_code(&r, 0);
+    FMT(want, "ebb: warning: %s: input 'x' holds 2 NaN or infinite values (of 256)", x4);
+    expect_contains("stderr", &r, r.err, want);
+    FMT(want, "ebb: warning: %s: parameter 'fc2.weight' holds 2 NaN or infinite values (of 16384)", w);
+    expect_contains("stderr", &r, r.err, want);
+    cli_free(&r);
+    EBB(&r, "run", "specs/mlp.yaml", "--inputs", x4, "--weights", w, "--strict-finite");
+    expect_code(&r, 1);
+    FMT(want, "ebb: %s: parameter 'fc2.weight' holds 2 NaN or infinite values", w);
+    expect_contains("stderr", &r, r.err, want);
+    if (strstr(r.out, "output "))
+        fail_msg("`%s` ran on NaN weights:\n%s", r.cmd, r.out);
+    cli_free(&r);
+
+    /* a tensor that is there in a dtype ebb lacks is not "missing" */
+    raw_tensor xq = {"x", "I8", 1, EBB_SHAPE(4, 64)};
+    write_raw_file(xi8, &xq, 1, NULL);
+    EBB(&r, "run", "specs/mlp.yaml", "--inputs", xi8);
+    expect_code(&r, 1);
+    FMT(want, "%s: input 'x' has dtype I8, which ebb does not support", xi8);
+    expect_contains("stderr", &r, r.err, want);
+    cli_free(&r);
+    write_mlp_weights(wi8, "fc1.bias", "I8", 1, NULL);
+    EBB(&r, "run", "specs/mlp.yaml", "--weights", wi8);
+    expect_code(&r, 1);
+    FMT(want, "%s: parameter 'fc1.bias' has dtype I8, which ebb does not support (the model "
+              "needs float32 [128])", wi8);
+    expect_contains("stderr", &r, r.err, want);
+    cli_free(&r);
+    unlink(fifo);
+}
+
+/* ---- output paths of every kind ------------------------------------------- */
+
+static char hook_dir[PATH_MAX]; /* what mount_readonly() mounts over */
+
+/* A read-only filesystem at hook_dir, in a mount namespace of the child's
+ * own (root or a user namespace); non-zero when that cannot be done. */
+static int mount_readonly(void) {
+    uid_t uid = geteuid();
+    gid_t gid = getegid();
+    if (uid == 0 ? unshare(CLONE_NEWNS) != 0 : unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0)
+        return -1;
+    if (uid != 0) {
+        static const char *const files[] = {"/proc/self/setgroups", "/proc/self/uid_map",
+                                            "/proc/self/gid_map"};
+        char text[3][64];
+        snprintf(text[0], sizeof text[0], "deny");
+        snprintf(text[1], sizeof text[1], "0 %u 1", (unsigned)uid);
+        snprintf(text[2], sizeof text[2], "0 %u 1", (unsigned)gid);
+        for (int i = 0; i < 3; i++) {
+            int fd = open(files[i], O_WRONLY);
+            ssize_t len = (ssize_t)strlen(text[i]);
+            int ok = fd >= 0 && write(fd, text[i], (size_t)len) == len;
+            if (fd >= 0)
+                close(fd);
+            if (!ok && i > 0)
+                return -1;
+        }
+    }
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+        return -1;
+    return mount("tmpfs", hook_dir, "tmpfs", MS_RDONLY, "size=64k");
+}
+
+static int is_mode(const char *path, mode_t type, mode_t perms) {
+    struct stat sb;
+    return lstat(path, &sb) == 0 && (sb.st_mode & S_IFMT) == type &&
+           (perms == 0 || (sb.st_mode & 07777) == perms);
+}
+
+static void test_output_targets(void **state) {
+    (void)state;
+    char real[PATH_MAX], link[PATH_MAX], wreal[PATH_MAX], treal[PATH_MAX], tlink[PATH_MAX],
+        fifo[PATH_MAX], dreal[PATH_MAX], dlink[PATH_MAX], ro[PATH_MAX], want[PATH_MAX + 64];
+    tmp_path(real, sizeof real, "y_real.safetensors");
+    tmp_path(link, sizeof link, "y_link.safetensors");
+    tmp_path(wreal, sizeof wreal, "w_0640.safetensors");
+    tmp_path(treal, sizeof treal, "t_real.jsonl");
+    tmp_path(tlink, sizeof tlink, "t_link.jsonl");
+    tmp_path(fifo, sizeof fifo, "out.fifo");
+    tmp_path(dreal, sizeof dreal, "d_real.dot");
+    tmp_path(dlink, sizeof dlink, "d_link.dot");
+    tmp_path(ro, sizeof ro, "readonly");
+    cli_result r;
+
+    /* /dev/full is written into, fails with its errno (exit 3), and stays a
+     * device: a rename over it replaced the node when run as root */
+    EBB(&r, "run", "specs/mlp.yaml", "-i", "batch=2", "--outputs", "/dev/full");
+    expect_code(&r, 3);
+    expect_contains("stderr", &r, r.err, "cannot write '/dev/full': No space left on device");
+    assert_true(is_mode("/dev/full", S_IFCHR, 0));
+    cli_free(&r);
+    /* through a link, since -o wants a .dot name */
+    char full_dot[PATH_MAX];
+    tmp_path(full_dot, sizeof full_dot, "full.dot");
+    assert_int_equal(symlink("/dev/full", full_dot), 0);
+    EBB(&r, "dot", "specs/mlp.yaml", "-o", full_dot);
+    expect_code(&r, 3);
+    FMT(want, "-o: cannot write '%s' (a link to '/dev/full'): No space left on device", full_dot);
+    expect_contains("stderr", &r, r.err, want);
+    assert_true(is_mode("/dev/full", S_IFCHR, 0) && is_mode(full_dot, S_IFLNK, 0));
+    cli_free(&r);
+
+    /* links are followed and the files they point to replaced, keeping
+     * their modes; the links stay links */
+    ebb_shape one = EBB_SHAPE(1);
+    ebb_tensor *t = host_tensor(&one, 1.0f);
+    const char *names[] = {"old"};
+    assert_ok(ebb_safetensors_write(real, names, &t, 1));
+    assert_ok(ebb_safetensors_write(wreal, names, &t, 1));
+    ebb_tensor_free(t);
+    assert_int_equal(write_file(treal, "old\n", 4), 0);
+    assert_int_equal(write_file(dreal, "old\n", 4), 0);
+    assert_int_equal(chmod(real, 0600), 0);
+    assert_int_equal(chmod(wreal, 0640), 0);
+    assert_int_equal(chmod(treal, 0600), 0);
+    assert_int_equal(chmod(dreal, 0600), 0);
+    assert_int_equal(symlink("y_real.safetensors", link), 0);
+    assert_int_equal(symlink(treal, tlink), 0); /* absolute this time */
+    assert_int_equal(symlink("d_real.dot", dlink), 0);
+    EBB(&r, "run", "specs/mlp.yaml", "-i", "batch=2", "--outputs", link, "--save-weights", wreal,
+        "--trace", tlink);
+    expect_code(&r, 0);
+    cli_free(&r);
+    EBB(&r, "dot", "specs/mlp.yaml", "-o", dlink);
+    expect_code(&r, 0);
+    cli_free(&r);
+    assert_true(is_mode(link, S_IFLNK, 0) && is_mode(tlink, S_IFLNK, 0) &&
+                is_mode(dlink, S_IFLNK, 0));
+    if (!is_mode(real, S_IFREG, 0600) || !is_mode(wreal, S_IFREG, 0640) ||
+        !is_mode(treal, S_IFREG, 0600) || !is_mode(dreal, S_IFREG, 0600))
+        fail_msg("an output lost its mode (0600, 0640, 0600, 0600 expected)");
+    ebb_shape ys;
+    float *y = read_floats(real, "y", &ys);
+    ebb_shape want_y = EBB_SHAPE(2, 10);
+    assert_true(ebb_shape_equal(&ys, &want_y));
+    free(y);
+    char *text = slurp(treal, NULL);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "{\"summary\": "));
+    free(text);
+    text = slurp(dreal, NULL);
+    assert_true(text && starts_with(text, "digraph"));
+    free(text);
+
+    /* /dev/stdout (here a regular file behind the descriptor) gets the
+     * bytes after the printed results */
+    EBB(&r, "run", "specs/mlp.yaml", "-i", "batch=2", "--outputs", "/dev/stdout");
+    expect_code(&r, 0);
+    const char *results = strstr(r.out, "time on cpu");
+    const char *hdr = memmem(r.out, r.out_len, "{\"__metadata__\"", 15);
+    if (!results || !hdr || hdr < results)
+        fail_msg("`%s` did not write the safetensors after the results", r.cmd);
+    cli_free(&r);
+
+    /* a FIFO that no process reads is an error, not a wait */
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    EBB(&r, "run", "specs/mlp.yaml", "-i", "batch=2", "--outputs", fifo);
+    expect_code(&r, 3);
+    expect_contains("stderr", &r, r.err, "is a FIFO that no process is reading");
+    cli_free(&r);
+    unlink(fifo);
+
+    /* a directory that takes no new files: refused before the run */
+    assert_int_equal(mkdir(ro, 0755), 0);
+    char out[PATH_MAX];
+    tmp_path(out, sizeof out, "readonly/y.safetensors");
+    if (geteuid() != 0) {
+        assert_int_equal(chmod(ro, 0555), 0);
+    } else {
+        snprintf(hook_dir, sizeof hook_dir, "%s", ro);
+        child_hook = mount_readonly;
+    }
+    EBB(&r, "run", "specs/mlp.yaml", "-i", "batch=2", "--outputs", out);
+    child_hook = NULL;
+    chmod(ro, 0755);
+    if (r.code == 77) {
+        fprintf(stderr, "skipped the read-only directory: as root, it needs a mount namespace "
+                        "and a tmpfs, which this process cannot make\n");
+        cli_free(&r);
+        return;
+    }
+    expect_code(&r, 3);
+    FMT(want, "--outputs: cannot write '%s': cannot create files in directory '%s'", out, ro);
+    expect_contains("stderr", &r, r.err, want);
+    if (strstr(r.out, "output "))
+        fail_msg("`%s` ran before refusing its output path:\n%s", r.cmd, r.out);
+    cli_free(&r);
+}
+
+/* ---- will it fit? --------------------------------------------------------- */
+
+static long long vm_size_bytes(void) {
+    FILE *f = fopen("/proc/self/statm", "r");
+    long long pages = 0;
+    if (!f || fscanf(f, "%lld", &pages) != 1)
+        fail_msg("cannot read /proc/self/statm");
+    fclose(f);
+    return pages * sysconf(_SC_PAGESIZE);
+}
+
+static rlim_t hook_as_limit;
+
+static int lower_address_space(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) != 0)
+        return -1;
+    rl.rlim_cur = hook_as_limit;
+    return setrlimit(RLIMIT_AS, &rl);
+}
+
+/* ebb_plan_check_fits from C, then `ebb run` under a lowered RLIMIT_AS: a
+ * plan that cannot fit is refused before any op runs, with both figures. */
+static void test_fit_check(void **state) {
+    (void)state;
+    ebb_plan *small = compile_mlp("batch=2"), *huge = compile_mlp("batch=100000000");
+    ebb_plan *gib = compile_mlp("batch=1048576"); /* 1 GiB of intermediates */
+    ebb_fit f;
+    int at = -1;
+    int64_t peak = ebb_plan_peak_bytes(small, &at);
+    assert_ok(ebb_plan_check_fits(small, ebb_device_cpu(), NULL, 512, &f));
+    assert_int_equal(f.peak_bytes, peak);
+    assert_int_equal(f.peak_step, at);
+    assert_int_equal(f.param_bytes, 26122 * 4);
+    assert_int_equal(f.input_bytes, 512);
+    assert_true(f.reserve_bytes > 0);
+    assert_int_equal(f.needed_bytes, f.peak_bytes + f.param_bytes + f.input_bytes + f.reserve_bytes);
+    assert_true(f.available_bytes > f.needed_bytes);
+    assert_non_null(f.limit);
+    ebb_model *m = NULL;
+    assert_ok(ebb_model_new(&m, small, ebb_device_cpu(), 0));
+    assert_ok(ebb_plan_check_fits(small, ebb_device_cpu(), m, 0, &f));
+    assert_int_equal(f.param_bytes, 0); /* held already, counted in what the process uses */
+    ebb_model_free(m);
+
+    assert_int_equal(ebb_plan_check_fits(huge, ebb_device_cpu(), NULL, 0, &f), EBB_ERR_NOMEM);
+    assert_errmsg_contains("plan mlp needs ");
+    assert_errmsg_contains(" at step 3 (fc2), this process can get ");
+    assert_errmsg_contains(f.limit);
+    assert_true(f.needed_bytes > f.available_bytes);
+
+    /* ebb_run_ex refuses it before any step: the model is small, and the
+     * input may be (sizes may differ from the compiled ones) */
+    assert_ok(ebb_model_new(&m, huge, ebb_device_cpu(), 0));
+    ebb_shape xs = EBB_SHAPE(2, 64);
+    ebb_tensor *x = host_tensor(&xs, 1.0f), *y = (ebb_tensor *)&y;
+    ebb_run_options ro = {.check_fits = 1};
+    assert_int_equal(ebb_run_ex(huge, m, &x, &y, &ro, NULL), EBB_ERR_NOMEM);
+    assert_errmsg_contains("ebb_run: plan mlp needs");
+    assert_null(y);
+    ebb_tensor_free(x);
+    ebb_model_free(m);
+
+    /* the limit that binds is named: RLIMIT_AS lowered to what this process
+     * maps plus 256 MiB */
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
+    low = old;
+    low.rlim_cur = (rlim_t)(vm_size_bytes() + (256LL << 20));
+    assert_int_equal(setrlimit(RLIMIT_AS, &low), 0);
+    ebb_status st = ebb_plan_check_fits(gib, ebb_device_cpu(), NULL, 0, &f);
+    assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);
+    assert_int_equal(st, EBB_ERR_NOMEM);
+    assert_string_equal(f.limit, "RLIMIT_AS");
+    assert_true(f.available_bytes <= (256LL << 20));
+    assert_errmsg_contains("(RLIMIT_AS)");
+
+    /* CUDA: no free-memory figure from the tensor layer yet, so no verdict */
+    assert_ok(ebb_plan_check_fits(huge, ebb_device_cuda(0), NULL, 0, &f));
+    assert_int_equal(f.available_bytes, -1);
+    assert_null(f.limit);
+    ebb_plan_free(small);
+    ebb_plan_free(huge);
+    ebb_plan_free(gib);
+
+    /* the command, in a child whose address space is capped at what this
+     * process maps plus 768 MiB: enough to run a small batch, not a plan
+     * of 1 GiB. Before the check, such limits sent OpenBLAS spinning. */
+    hook_as_limit = (rlim_t)(vm_size_bytes() + (768LL << 20));
+    child_hook = lower_address_space;
+    cli_result r;
+    EBB(&r, "run", "specs/mlp.yaml", "-i", "batch=1048576");
+    expect_code(&r, 3);
+    expect_contains("stderr", &r, r.err, "ebb: plan mlp needs ");
+    expect_contains("stderr", &r, r.err, " at step 3 (fc2), this process can get ");
+    expect_contains("stderr", &r, r.err, "(RLIMIT_AS)");
+    expect_contains("stderr", &r, r.err, "; --force runs it anyway");
+    if (r.out_len)
+        fail_msg("`%s` printed before refusing:\n%s", r.cmd, r.out);
+    cli_free(&r);
+    EBB(&r, "run", "specs/mlp.yaml", "-i", "batch=2");
+    expect_code(&r, 0);
+    cli_free(&r);
+    /* --force skips the check: the allocation itself fails, cleanly */
+    EBB(&r, "run", "specs/mlp.yaml", "-i", "batch=100000000", "--force");
+    expect_code(&r, 3);
+    expect_contains("stderr", &r, r.err, "out of memory");
+    if (strstr(r.err, "this process can get"))
+        fail_msg("`%s` checked the fit despite --force:\n%s", r.cmd, r.err);
+    cli_free(&r);
+    child_hook = NULL;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_help_and_version),
@@ -1625,6 +2105,9 @@ int main(void) {
         EBB_TEST(test_trace_control_flow),
         EBB_TEST(test_weights_and_io_files),
         EBB_TEST(test_symbolic_default_note),
+        EBB_TEST(test_unusable_input_files),
+        EBB_TEST(test_output_targets),
+        EBB_TEST(test_fit_check),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

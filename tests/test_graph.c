@@ -35,11 +35,16 @@ static void record(const ebb_trace_event *e, void *user) {
     v->step = e->step;
     v->kind = e->info->kind;
     v->n_in = e->info->n_in < MAX_SL ? e->info->n_in : MAX_SL;
-    memcpy(v->in, e->info->in, (size_t)v->n_in * sizeof(int));
+    /* the plan's arrays are NULL when empty, and memcpy(dst, NULL, 0) is
+     * undefined behaviour (UBSan reports it) */
+    if (v->n_in)
+        memcpy(v->in, e->info->in, (size_t)v->n_in * sizeof(int));
     v->n_out = e->info->n_out < MAX_SL ? e->info->n_out : MAX_SL;
-    memcpy(v->out, e->info->out, (size_t)v->n_out * sizeof(int));
+    if (v->n_out)
+        memcpy(v->out, e->info->out, (size_t)v->n_out * sizeof(int));
     v->n_freed = e->n_freed < 64 ? e->n_freed : 64;
-    memcpy(v->freed, e->freed, (size_t)v->n_freed * sizeof(int));
+    if (v->n_freed)
+        memcpy(v->freed, e->freed, (size_t)v->n_freed * sizeof(int));
     v->jumped = e->jumped;
     v->live = e->live_bytes;
 }

@@ -1,13 +1,26 @@
 /* safetensors: round trips in every supported dtype, the exact bytes written,
  * atomic replacement, and malformed files refused with clear errors (never a
- * crash), including every truncation of a valid file and mutated headers. */
-#define _POSIX_C_SOURCE 200809L
+ * crash), including every truncation of a valid file and mutated headers;
+ * files that are not regular, files that shrink under a reader, headers
+ * with bytes JSON forbids, NaN counts, and every kind of write target (a
+ * link, a 0600 file, /dev/full, a FIFO, a full or read-only filesystem). */
+#define _GNU_SOURCE /* unshare, CLONE_NEWNS */
 
 #include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ebb/safetensors.h"
+#include "ebb/spec.h"
 #include "test_util.h"
 
 static const ebb_device CPU = {EBB_DEVICE_CPU, 0};
@@ -31,7 +44,8 @@ static int remove_dir(void **state) {
         if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
             continue;
         snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
+        if (unlink(p) != 0)
+            rmdir(p);
     }
     closedir(d);
     rmdir(dir);
@@ -318,6 +332,10 @@ static void test_unsupported_dtype(void **state) {
     assert_int_equal(ebb_safetensors_find(st, "q", NULL, NULL), EBB_ERR_UNSUPPORTED);
     assert_errmsg_contains("I8");
     assert_errmsg_contains("'q'");
+    /* present in a dtype ebb lacks is told apart from absent */
+    assert_string_equal(ebb_safetensors_dtype_str(st, "q"), "I8");
+    assert_string_equal(ebb_safetensors_dtype_str(st, "x"), "U8");
+    assert_null(ebb_safetensors_dtype_str(st, "nope"));
     ebb_tensor *x = NULL;
     assert_ok(ebb_safetensors_load(&x, st, "x", CPU));
     unsigned char got[4];
@@ -386,10 +404,13 @@ static void test_write_errors_and_atomicity(void **state) {
     assert_int_equal(ebb_safetensors_write(bad, one, &a, 1), EBB_ERR_IO);
     assert_errmsg_contains(bad);
 
-    /* the written file is readable by others, as an ordinary file */
+    /* a new file gets the mode any new file gets (0666 less the umask) */
     struct stat sb;
-    assert_int_equal(stat(path, &sb), 0);
-    assert_int_equal(sb.st_mode & 0644, 0644);
+    mode_t mask = umask(022);
+    umask(mask);
+    assert_ok(ebb_safetensors_write(path_of("fresh.safetensors"), one, &a, 1));
+    assert_int_equal(stat(path_of("fresh.safetensors"), &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0666 & ~mask);
 
     /* zero tensors is a valid file */
     assert_ok(ebb_safetensors_write(path, NULL, NULL, 0));
@@ -578,6 +599,552 @@ static void test_mutated_headers(void **state) {
         ebb_tensor_free(ts[i]);
 }
 
+/* ---- files that are not regular, files that shrink ---------------------------------- */
+
+/* The header as given, with its exact length (it may hold NUL bytes). */
+static void write_bytes(const char *path, const char *header, size_t hlen, const void *data,
+                        size_t ndata) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    assert_int_equal(fwrite(len8, 1, 8, f), 8);
+    assert_int_equal(fwrite(header, 1, hlen, f), hlen);
+    if (ndata)
+        assert_int_equal(fwrite(data, 1, ndata, f), ndata);
+    fclose(f);
+}
+
+/* A FIFO would block open() forever; it, a directory and a device are
+ * refused before any read. SIGALRM ends the test if one blocks. */
+static void test_not_regular_files(void **state) {
+    (void)state;
+    char fifo[512];
+    snprintf(fifo, sizeof fifo, "%s", path_of("fifo.safetensors"));
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    alarm(20);
+    assert_refused(fifo, "is a FIFO, not a regular file");
+    assert_refused(dir, "is a directory, not a regular file");
+    assert_refused("/dev/null", "is a character device, not a regular file");
+    alarm(0);
+    unlink(fifo);
+}
+
+typedef struct truncator {
+    const char *path;
+    off_t to;
+} truncator;
+
+static void *truncate_soon(void *arg) {
+    const truncator *t = arg;
+    usleep(2000);
+    if (truncate(t->path, t->to) != 0)
+        perror("truncate");
+    return NULL;
+}
+
+/* A file that shrinks under an open reader (another process truncates it, or
+ * cp rewrites it in place): a mapped file killed the reader with SIGBUS; the
+ * pread reader names the tensor whose bytes went missing. */
+static void test_truncated_while_open(void **state) {
+    (void)state;
+    ebb_shape bs = EBB_SHAPE(768, 1024), ss = EBB_SHAPE(4); /* 3 MiB: several read chunks */
+    ebb_tensor *ts[2] = {NULL, NULL}, *dst = NULL, *t = (ebb_tensor *)&t;
+    assert_ok(ebb_tensor_randn(&ts[0], &bs, EBB_FLOAT32, CPU, 1));
+    assert_ok(ebb_tensor_randn(&ts[1], &ss, EBB_FLOAT64, CPU, 2));
+    const char *names[] = {"big", "small"};
+    char path[512];
+    snprintf(path, sizeof path, "%s", path_of("shrinks.safetensors"));
+    assert_ok(ebb_safetensors_write(path, names, ts, 2));
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_ok(ebb_tensor_zeros(&dst, &bs, EBB_FLOAT32, CPU));
+
+    /* between the header and the payload: "small" (8-byte elements, first in
+     * the data) still loads, "big" lost its second half */
+    ebb_safetensors *st = NULL;
+    assert_ok(ebb_safetensors_open(&st, path));
+    assert_int_equal(truncate(path, sb.st_size - (off_t)(3 << 19)), 0);
+    assert_int_equal(ebb_safetensors_load_into(st, "big", dst), EBB_ERR_IO);
+    assert_errmsg_contains("truncated while reading tensor 'big'");
+    assert_errmsg_contains(path);
+    assert_int_equal(ebb_safetensors_load(&t, st, "big", CPU), EBB_ERR_IO);
+    assert_null(t);
+    assert_ok(ebb_safetensors_load(&t, st, "small", CPU));
+    ebb_tensor_free(t);
+    assert_int_equal(truncate(path, 0), 0);
+    assert_int_equal(ebb_safetensors_load(&t, st, "small", CPU), EBB_ERR_IO);
+    assert_errmsg_contains("it is now 0 bytes");
+    ebb_safetensors_close(st);
+
+    /* a thread truncates while loads run: each load succeeds or says so */
+    assert_ok(ebb_safetensors_write(path, names, ts, 2));
+    assert_ok(ebb_safetensors_open(&st, path));
+    truncator tr = {path, 64};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, truncate_soon, &tr), 0);
+    int failed = 0;
+    for (int i = 0; i < 2000 && !failed; i++) {
+        ebb_status s = ebb_safetensors_load_into(st, "big", dst);
+        assert_true(s == EBB_OK || s == EBB_ERR_IO);
+        failed = s != EBB_OK;
+    }
+    pthread_join(th, NULL);
+    assert_int_equal(ebb_safetensors_load_into(st, "big", dst), EBB_ERR_IO);
+    assert_errmsg_contains("truncated while reading");
+    ebb_safetensors_close(st);
+    ebb_tensor_free(dst);
+    ebb_tensor_free(ts[0]);
+    ebb_tensor_free(ts[1]);
+}
+
+/* JSON allows bytes below 0x20 only as whitespace between tokens, and must
+ * be UTF-8; cJSON alone would take a NUL as the end of the text. */
+static void test_header_bytes(void **state) {
+    (void)state;
+    static const struct {
+        const char *hdr;
+        size_t len;
+        const char *needle;
+    } bad[] = {
+#define H(lit) lit, sizeof lit - 1
+        {H("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}\0   "),
+         "NUL byte at byte 53"},
+        {H("{\"a\0b\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}"), "NUL byte"},
+        {H("{\"a\x01\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}"),
+         "control byte 0x01 at byte 3 inside a string"},
+        {H("{\"a\tb\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}"),
+         "control byte 0x09"},
+        {H("{\"a\":\x0b{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}"),
+         "control byte 0x0b at byte 5,"},
+        {H("{\"a\xff\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}"),
+         "not valid UTF-8 at byte 3"},
+        {H("{\"a\xc0\x80\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}"),
+         "not valid UTF-8"},
+        {H("{\"a\xed\xa0\x80\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}"),
+         "not valid UTF-8"},
+        {H("{\"a\xe2\x82\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}"),
+         "not valid UTF-8"},
+    };
+    unsigned char one = 7;
+    char path[512];
+    snprintf(path, sizeof path, "%s", path_of("bytes.safetensors"));
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_bytes(path, bad[i].hdr, bad[i].len, &one, 1);
+        assert_refused(path, bad[i].needle);
+    }
+    /* UTF-8 names and whitespace between tokens are JSON */
+    static const char good[] =
+        "{\n\t\"caf\xc3\xa9 \xf0\x9f\x98\x80\\t\" : {\"dtype\":\"U8\",\r\n\"shape\":[1],"
+        "\"data_offsets\":[0,1]}}  ";
+    write_bytes(path, good, sizeof good - 1, &one, 1);
+    ebb_safetensors *st = NULL;
+    assert_ok(ebb_safetensors_open(&st, path));
+    assert_string_equal(ebb_safetensors_name_at(st, 0), "caf\xc3\xa9 \xf0\x9f\x98\x80\t");
+    ebb_safetensors_close(st);
+#undef H
+}
+
+/* NaN and infinities are counted from the bytes as they are read, in every
+ * floating dtype and across read chunks. */
+static void test_nonfinite_counts(void **state) {
+    (void)state;
+    float f32[6] = {1.0f, NAN, INFINITY, -INFINITY, 0.0f, 3.0e38f};
+    double f64[3] = {NAN, 1.0, 2.0};
+    uint16_t f16[4] = {0x7c00, 0x7e00, 0x3c00, 0xfc00}; /* inf, nan, 1, -inf */
+    uint16_t bf16[2] = {0x7fc0, 0x3f80};                /* nan, 1 */
+    int32_t i32[2] = {-1, 0x7fffffff};
+    ebb_shape s6 = EBB_SHAPE(6), s3 = EBB_SHAPE(3), s4 = EBB_SHAPE(4), s2 = EBB_SHAPE(2),
+              sbig = EBB_SHAPE(600000);
+    ebb_tensor *ts[6] = {NULL};
+    assert_ok(ebb_tensor_from_host(&ts[0], f32, sizeof f32, &s6, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_from_host(&ts[1], f64, sizeof f64, &s3, EBB_FLOAT64, CPU));
+    assert_ok(ebb_tensor_from_host(&ts[2], f16, sizeof f16, &s4, EBB_FLOAT16, CPU));
+    assert_ok(ebb_tensor_from_host(&ts[3], bf16, sizeof bf16, &s2, EBB_BFLOAT16, CPU));
+    assert_ok(ebb_tensor_from_host(&ts[4], i32, sizeof i32, &s2, EBB_INT32, CPU));
+    float *big = calloc(600000, sizeof *big);
+    assert_non_null(big);
+    big[10] = INFINITY;
+    big[500000] = NAN; /* in the third 1 MiB chunk */
+    assert_ok(ebb_tensor_from_host(&ts[5], big, 600000 * sizeof *big, &sbig, EBB_FLOAT32, CPU));
+    free(big);
+    const char *names[] = {"f32", "f64", "f16", "bf16", "i32", "big"};
+    const int64_t want[] = {3, 1, 3, 1, 0, 2};
+    char path[512];
+    snprintf(path, sizeof path, "%s", path_of("nonfinite.safetensors"));
+    assert_ok(ebb_safetensors_write(path, names, ts, 6));
+    ebb_safetensors *st = NULL;
+    assert_ok(ebb_safetensors_open(&st, path));
+    for (int i = 0; i < 6; i++) {
+        ebb_tensor *t = NULL;
+        int64_t n = -1;
+        assert_ok(ebb_safetensors_load_ex(&t, st, names[i], CPU, &n));
+        if (n != want[i])
+            fail_msg("tensor '%s': %lld non-finite values counted, expected %lld", names[i],
+                     (long long)n, (long long)want[i]);
+        n = -1;
+        assert_ok(ebb_safetensors_load_into_ex(st, names[i], t, &n));
+        assert_int_equal(n, want[i]);
+        ebb_tensor_free(t);
+    }
+    ebb_safetensors_close(st);
+    for (int i = 0; i < 6; i++)
+        ebb_tensor_free(ts[i]);
+}
+
+/* ---- loading a model ------------------------------------------------------------------ */
+
+static ebb_plan *mlp_plan(void) {
+    ebb_spec *spec = NULL;
+    ebb_plan *p = NULL;
+    assert_ok(ebb_spec_load(&spec, EBB_SOURCE_DIR "/specs/mlp.yaml"));
+    const char *bind[] = {"batch=2"};
+    ebb_shape shapes[4];
+    assert_ok(ebb_spec_resolve_shapes(spec, bind, 1, shapes, 4));
+    ebb_compile_options co = {.input_shapes = shapes, .n_input_shapes = 1};
+    assert_ok(ebb_spec_compile(&p, spec, &co));
+    ebb_spec_free(spec);
+    return p;
+}
+
+typedef struct seen {
+    char name[64];
+    int64_t count, numel;
+    int calls;
+} seen;
+
+static void note_nonfinite(const char *path, const char *name, int64_t count, int64_t numel,
+                           void *user) {
+    (void)path;
+    seen *s = user;
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->count = count;
+    s->numel = numel;
+    s->calls++;
+}
+
+/* A parameter present in a dtype ebb lacks is named as such, not "missing";
+ * NaN in a parameter is reported through the callback or refused. */
+static void test_model_load_dtype_and_finite(void **state) {
+    (void)state;
+    ebb_plan *p = mlp_plan();
+    ebb_model *m = NULL, *m2 = NULL;
+    assert_ok(ebb_model_new(&m, p, CPU, 1));
+    assert_ok(ebb_model_new(&m2, p, CPU, 2));
+    int n = ebb_model_param_count(m);
+
+    /* every parameter as F32, but fc1.bias as I8 */
+    char header[4096], path[512];
+    size_t at = (size_t)snprintf(header, sizeof header, "{");
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        const char *name = ebb_model_param_name(m, i);
+        ebb_shape sh = ebb_tensor_shape(ebb_model_param(m, name));
+        int i8 = !strcmp(name, "fc1.bias");
+        uint64_t nb = (uint64_t)ebb_shape_numel(&sh) * (i8 ? 1 : 4);
+        at += (size_t)snprintf(header + at, sizeof header - at,
+                               "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "", name,
+                               i8 ? "I8" : "F32");
+        for (int d = 0; d < sh.ndim; d++)
+            at += (size_t)snprintf(header + at, sizeof header - at, "%s%lld", d ? "," : "",
+                                   (long long)sh.dim[d]);
+        at += (size_t)snprintf(header + at, sizeof header - at, "],\"data_offsets\":[%llu,%llu]}",
+                               (unsigned long long)off, (unsigned long long)(off + nb));
+        off += nb;
+    }
+    at += (size_t)snprintf(header + at, sizeof header - at, "}");
+    assert_true(at < sizeof header);
+    void *zeros = calloc(1, (size_t)off);
+    snprintf(path, sizeof path, "%s", path_of("i8_bias.safetensors"));
+    write_bytes(path, header, at, zeros, (size_t)off);
+    free(zeros);
+    assert_int_equal(ebb_model_load(m2, path), EBB_ERR_SHAPE);
+    assert_errmsg_contains("parameter 'fc1.bias' has dtype I8, which ebb does not support");
+    assert_errmsg_contains("float32 [128]");
+    assert_errmsg_contains(path);
+    if (strstr(ebb_errmsg(), "missing"))
+        fail_msg("an I8 parameter was called missing: %s", ebb_errmsg());
+
+    /* one NaN in fc2.weight */
+    ebb_tensor *w = ebb_model_param(m, "fc2.weight");
+    int64_t numel = ebb_tensor_numel(w);
+    float *v = malloc((size_t)numel * sizeof *v);
+    assert_ok(ebb_tensor_to_host(w, v, (size_t)numel * sizeof *v));
+    v[5] = NAN;
+    ebb_tensor *nan_w = NULL;
+    ebb_shape ws = ebb_tensor_shape(w);
+    assert_ok(ebb_tensor_from_host(&nan_w, v, (size_t)numel * sizeof *v, &ws, EBB_FLOAT32, CPU));
+    free(v);
+    assert_ok(ebb_model_set_param(m, "fc2.weight", nan_w));
+    ebb_tensor_free(nan_w);
+    snprintf(path, sizeof path, "%s", path_of("nan.safetensors"));
+    assert_ok(ebb_model_save(m, path));
+    seen s = {{0}, 0, 0, 0};
+    ebb_model_load_options warn = {.nonfinite = note_nonfinite, .user = &s};
+    assert_ok(ebb_model_load_ex(m2, path, &warn));
+    assert_int_equal(s.calls, 1);
+    assert_string_equal(s.name, "fc2.weight");
+    assert_int_equal(s.count, 1);
+    assert_int_equal(s.numel, numel);
+    ebb_model_load_options strict = {.strict_finite = 1};
+    assert_int_equal(ebb_model_load_ex(m2, path, &strict), EBB_ERR_ARG);
+    assert_errmsg_contains("parameter 'fc2.weight' holds 1 NaN or infinite values");
+    assert_ok(ebb_model_load(m2, path)); /* no options: loads, silently */
+    ebb_model_free(m);
+    ebb_model_free(m2);
+    ebb_plan_free(p);
+}
+
+/* ---- write targets ------------------------------------------------------------------ */
+
+typedef struct drain {
+    const char *path;
+    size_t bytes;
+} drain;
+
+static void *drain_fifo(void *arg) {
+    drain *d = arg;
+    FILE *f = fopen(d->path, "rb");
+    char buf[4096];
+    size_t n;
+    while (f && (n = fread(buf, 1, sizeof buf, f)) > 0)
+        d->bytes += n;
+    if (f)
+        fclose(f);
+    return NULL;
+}
+
+static double first_value(const char *path, const char *name) {
+    ebb_safetensors *st = NULL;
+    ebb_tensor *t = NULL;
+    double v = -1;
+    assert_ok(ebb_safetensors_open(&st, path));
+    assert_ok(ebb_safetensors_load(&t, st, name, CPU));
+    ebb_tensor *e = NULL;
+    assert_ok(ebb_tensor_narrow(&e, t, 0, 0, 1));
+    assert_ok(ebb_tensor_item(e, &v));
+    ebb_tensor_free(e);
+    ebb_tensor_free(t);
+    ebb_safetensors_close(st);
+    return v;
+}
+
+/* Where a write lands, for each kind of thing at the path. */
+static void test_write_targets(void **state) {
+    (void)state;
+    ebb_shape s = EBB_SHAPE(4), sbig = EBB_SHAPE(16384);
+    ebb_tensor *a = NULL, *b = NULL, *big = NULL;
+    assert_ok(ebb_tensor_full(&a, &s, 1.0, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_full(&b, &s, 2.0, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_full(&big, &sbig, 3.0, EBB_FLOAT32, CPU));
+    const char *names[] = {"t"};
+    char real[512], link[512], made[512], dangling[512], sub[512], fifo[512];
+    snprintf(real, sizeof real, "%s", path_of("real.safetensors"));
+    snprintf(link, sizeof link, "%s", path_of("link.safetensors"));
+    snprintf(made, sizeof made, "%s", path_of("made.safetensors"));
+    snprintf(dangling, sizeof dangling, "%s", path_of("dangling.safetensors"));
+    snprintf(sub, sizeof sub, "%s", path_of("sub"));
+    snprintf(fifo, sizeof fifo, "%s", path_of("out.fifo"));
+    struct stat sb;
+
+    /* a link: the file it points to is replaced, keeping its 0600 mode; the
+     * link stays a link */
+    assert_ok(ebb_safetensors_write(real, names, &a, 1));
+    assert_int_equal(chmod(real, 0600), 0);
+    assert_int_equal(symlink("real.safetensors", link), 0);
+    assert_ok(ebb_safetensors_write(link, names, &b, 1));
+    assert_int_equal(lstat(link, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    assert_int_equal(stat(real, &sb), 0);
+    assert_int_equal(sb.st_mode & 07777, 0600);
+    assert_true(first_value(real, "t") == 2.0);
+    /* other modes survive too */
+    assert_int_equal(chmod(real, 0640), 0);
+    assert_ok(ebb_safetensors_write(real, names, &a, 1));
+    assert_int_equal(stat(real, &sb), 0);
+    assert_int_equal(sb.st_mode & 07777, 0640);
+    /* a dangling link: the file is made where it points */
+    assert_int_equal(symlink("made.safetensors", dangling), 0);
+    assert_ok(ebb_safetensors_write(dangling, names, &a, 1));
+    assert_int_equal(lstat(made, &sb), 0);
+    assert_true(S_ISREG(sb.st_mode));
+    assert_int_equal(lstat(dangling, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+
+    /* a directory is refused, and stays */
+    assert_int_equal(mkdir(sub, 0755), 0);
+    assert_int_equal(ebb_safetensors_write(sub, names, &a, 1), EBB_ERR_IO);
+    assert_errmsg_contains("it is a directory");
+    assert_errmsg_contains(sub);
+    assert_int_equal(stat(sub, &sb), 0);
+    assert_true(S_ISDIR(sb.st_mode));
+
+    /* devices are written into: /dev/full fails with its errno and remains a
+     * device (a rename would have replaced the node, as root) */
+    assert_ok(ebb_safetensors_write("/dev/null", names, &a, 1));
+    if (access("/dev/full", W_OK) == 0) {
+        assert_int_equal(ebb_safetensors_write("/dev/full", names, &big, 1), EBB_ERR_IO);
+        assert_errmsg_contains("'/dev/full'");
+        assert_errmsg_contains("No space left on device");
+        assert_int_equal(stat("/dev/full", &sb), 0);
+        assert_true(S_ISCHR(sb.st_mode));
+    } else {
+        fprintf(stderr, "skipped /dev/full: not writable here\n");
+    }
+
+    /* a FIFO nobody reads is an error at once; one with a reader gets the
+     * bytes a file would */
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    alarm(20);
+    assert_int_equal(ebb_safetensors_write(fifo, names, &a, 1), EBB_ERR_IO);
+    assert_errmsg_contains("FIFO that no process is reading");
+    drain d = {fifo, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, drain_fifo, &d), 0);
+    ebb_status ws = EBB_ERR_IO;
+    for (int tries = 0; tries < 2000 && ws != EBB_OK; tries++) { /* until the reader opened it */
+        ws = ebb_safetensors_write(fifo, names, &a, 1);
+        if (ws != EBB_OK)
+            usleep(1000);
+    }
+    assert_ok(ws);
+    pthread_join(th, NULL);
+    alarm(0);
+    assert_int_equal(stat(real, &sb), 0);
+    assert_int_equal(d.bytes, (size_t)sb.st_size);
+    unlink(fifo);
+
+    /* a write that fails part-way (a file-size limit, as a full disk would)
+     * leaves the old file and no temporary file */
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    low = old;
+    low.rlim_cur = 4096;
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &low), 0);
+    ebb_status st = ebb_safetensors_write(real, names, &big, 1);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, prev);
+    assert_int_equal(st, EBB_ERR_IO);
+    assert_errmsg_contains("File too large");
+    assert_true(first_value(real, "t") == 1.0);
+    assert_int_equal(count_files(".tmp."), 0);
+
+    unlink(link);
+    unlink(dangling);
+    unlink(made);
+    rmdir(sub);
+    ebb_tensor_free(a);
+    ebb_tensor_free(b);
+    ebb_tensor_free(big);
+}
+
+/* In a child with a mount namespace of its own: a 64 KiB tmpfs that fills
+ * up, and a read-only one. Exit codes: 0 passed, 77 cannot mount here,
+ * anything else a failure (said on stderr). */
+static int full_and_readonly_child(const char *small, const char *ro) {
+    uid_t uid = geteuid();
+    gid_t gid = getegid();
+    if (uid == 0 ? unshare(CLONE_NEWNS) != 0 : unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0)
+        return 77;
+    if (uid != 0) {
+        /* root of a user namespace of its own, which may mount a tmpfs */
+        static const char *const files[] = {"/proc/self/setgroups", "/proc/self/uid_map",
+                                            "/proc/self/gid_map"};
+        char text[3][64];
+        snprintf(text[0], sizeof text[0], "deny");
+        snprintf(text[1], sizeof text[1], "0 %u 1", (unsigned)uid);
+        snprintf(text[2], sizeof text[2], "0 %u 1", (unsigned)gid);
+        for (int i = 0; i < 3; i++) {
+            int fd = open(files[i], O_WRONLY);
+            ssize_t len = (ssize_t)strlen(text[i]);
+            int ok = fd >= 0 && write(fd, text[i], (size_t)len) == len;
+            if (fd >= 0)
+                close(fd);
+            if (!ok && i > 0)
+                return 77;
+        }
+    }
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+        mount("tmpfs", small, "tmpfs", 0, "size=64k") != 0 ||
+        mount("tmpfs", ro, "tmpfs", MS_RDONLY, "size=64k") != 0)
+        return 77;
+    ebb_shape s = EBB_SHAPE(4), sbig = EBB_SHAPE(65536);
+    ebb_tensor *a = NULL, *big = NULL;
+    if (ebb_tensor_full(&a, &s, 1.0, EBB_FLOAT32, CPU) != EBB_OK ||
+        ebb_tensor_full(&big, &sbig, 3.0, EBB_FLOAT32, CPU) != EBB_OK)
+        return 2;
+    char path[600];
+    snprintf(path, sizeof path, "%s/w.safetensors", small);
+    const char *names[] = {"t"};
+    if (ebb_safetensors_write(path, names, &a, 1) != EBB_OK) {
+        fprintf(stderr, "small write failed: %s\n", ebb_errmsg());
+        return 3;
+    }
+    if (ebb_safetensors_write(path, names, &big, 1) != EBB_ERR_IO ||
+        !strstr(ebb_errmsg(), "No space left on device")) {
+        fprintf(stderr, "a 256 KiB write to a 64 KiB tmpfs said: %s\n", ebb_errmsg());
+        return 4;
+    }
+    ebb_safetensors *st = NULL;
+    ebb_tensor *t = NULL;
+    int64_t n = -1;
+    if (ebb_safetensors_open(&st, path) != EBB_OK ||
+        ebb_safetensors_load_ex(&t, st, "t", CPU, &n) != EBB_OK || ebb_tensor_numel(t) != 4) {
+        fprintf(stderr, "the old file did not survive: %s\n", ebb_errmsg());
+        return 5;
+    }
+    ebb_tensor_free(t);
+    ebb_safetensors_close(st);
+    DIR *dd = opendir(small);
+    struct dirent *e;
+    while (dd && (e = readdir(dd)) != NULL)
+        if (strstr(e->d_name, ".tmp.")) {
+            fprintf(stderr, "a temporary file was left: %s\n", e->d_name);
+            return 6;
+        }
+    if (dd)
+        closedir(dd);
+    snprintf(path, sizeof path, "%s/w.safetensors", ro);
+    if (ebb_safetensors_write(path, names, &a, 1) != EBB_ERR_IO ||
+        !strstr(ebb_errmsg(), "Read-only file system")) {
+        fprintf(stderr, "a write to a read-only tmpfs said: %s\n", ebb_errmsg());
+        return 7;
+    }
+    ebb_tensor_free(a);
+    ebb_tensor_free(big);
+    return 0;
+}
+
+static void test_full_and_readonly_filesystems(void **state) {
+    (void)state;
+    char small[512], ro[512];
+    snprintf(small, sizeof small, "%s", path_of("small_fs"));
+    snprintf(ro, sizeof ro, "%s", path_of("ro_fs"));
+    assert_int_equal(mkdir(small, 0755), 0);
+    assert_int_equal(mkdir(ro, 0755), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(full_and_readonly_child(small, ro));
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    rmdir(small);
+    rmdir(ro);
+    assert_true(WIFEXITED(status));
+    if (WEXITSTATUS(status) == 77) {
+        fprintf(stderr, "skipped: this process cannot mount a tmpfs in a mount namespace "
+                        "(needs root or CAP_SYS_ADMIN)\n");
+        skip();
+    }
+    if (WEXITSTATUS(status) != 0)
+        fail_msg("the full/read-only filesystem child failed with %d (see stderr)",
+                 WEXITSTATUS(status));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_roundtrip_all_dtypes),
@@ -589,6 +1156,13 @@ int main(void) {
         EBB_TEST(test_malformed_files),
         EBB_TEST(test_every_truncation),
         EBB_TEST(test_mutated_headers),
+        EBB_TEST(test_not_regular_files),
+        EBB_TEST(test_truncated_while_open),
+        EBB_TEST(test_header_bytes),
+        EBB_TEST(test_nonfinite_counts),
+        EBB_TEST(test_model_load_dtype_and_finite),
+        EBB_TEST(test_write_targets),
+        EBB_TEST(test_full_and_readonly_filesystems),
     };
     return cmocka_run_group_tests_name("safetensors", tests, make_dir, remove_dir);
 }

@@ -15,6 +15,10 @@
  *
  * The counters are process-wide: two threads running at once see each other's
  * allocations.
+ *
+ * Whether a plan's run will fit in what the process can still get (address
+ * space and data limits, its cgroup, MemAvailable) is answered before running
+ * by ebb_plan_check_fits() in run.h.
  */
 #ifndef EBB_MEMORY_H
 #define EBB_MEMORY_H

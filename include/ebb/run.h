@@ -38,12 +38,32 @@ const char *ebb_model_param_name(const ebb_model *m, int i);
 /* The parameter tensor (borrowed: do not free), or NULL. */
 ebb_tensor *ebb_model_param(const ebb_model *m, const char *name);
 /* Reads every parameter from a safetensors file, by name. A missing, extra
- * or wrongly shaped tensor is an error naming it, both shapes and the file;
- * names and shapes are checked before any value changes. The file is mapped
- * and each tensor copied straight into its parameter. */
+ * or wrongly shaped tensor, or one in a dtype ebb does not support, is an
+ * error naming it, both shapes and the file; names, dtypes and shapes are
+ * checked before any value changes. Each tensor is read (pread) straight
+ * into its parameter. A file that shrinks during the load (truncated by
+ * another process) is an EBB_ERR_IO error, and the parameters read until
+ * then hold the file's values: discard or reload the model. */
 ebb_status ebb_model_load(ebb_model *m, const char *path);
-/* Writes every parameter to a safetensors file (atomically: a temporary file
- * renamed into place). */
+
+/* Called by ebb_model_load_ex() for each parameter that holds NaN or
+ * infinite values: the file, the parameter's name, how many and of how many. */
+typedef void (*ebb_nonfinite_fn)(const char *path, const char *name, int64_t count, int64_t numel,
+                                 void *user);
+typedef struct ebb_model_load_options {
+    int strict_finite;          /* a parameter holding NaN or Inf is an error (EBB_ERR_ARG) */
+    ebb_nonfinite_fn nonfinite; /* else, when not NULL, called for each such parameter */
+    void *user;                 /* passed to nonfinite */
+} ebb_model_load_options;
+/* ebb_model_load() with options (NULL: none). The NaN and Inf count is taken
+ * from the bytes as they are read, not in a second pass. With strict_finite
+ * the parameters before the offending one have been loaded when it fails. */
+ebb_status ebb_model_load_ex(ebb_model *m, const char *path, const ebb_model_load_options *opts);
+
+/* Writes every parameter to a safetensors file, as ebb_safetensors_write()
+ * does: a regular file is replaced atomically (a temporary file renamed into
+ * place, keeping the old file's permissions), a link is followed, a
+ * character device or pipe written into, anything else refused. */
 ebb_status ebb_model_save(const ebb_model *m, const char *path);
 /* Replaces a parameter's values (shape and dtype must match; copied). */
 ebb_status ebb_model_set_param(ebb_model *m, const char *name, const ebb_tensor *value);
@@ -75,6 +95,8 @@ typedef struct ebb_run_stats {
 typedef struct ebb_run_options {
     ebb_trace_fn trace; /* called after every step, or NULL */
     void *trace_user;
+    int check_fits;     /* refuse, before any step, a run that ebb_plan_check_fits()
+                           says cannot fit (EBB_ERR_NOMEM) */
 } ebb_run_options;
 
 /* Runs the plan. `inputs` holds one tensor per graph input (borrowed; never
@@ -88,6 +110,43 @@ ebb_status ebb_run(const ebb_plan *plan, const ebb_model *model, ebb_tensor *con
                    ebb_tensor **outputs, ebb_run_stats *stats);
 ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
                       ebb_tensor **outputs, const ebb_run_options *opts, ebb_run_stats *stats);
+
+/* ---- will it fit? ------------------------------------------------------ */
+
+/* A plan's needs against what the process can get (ebb_plan_check_fits). */
+typedef struct ebb_fit {
+    int64_t needed_bytes;    /* the sum of the four below */
+    int64_t peak_bytes;      /* ebb_plan_device_peak_bytes(plan, device) */
+    int64_t param_bytes;     /* the plan's parameters; 0 when a model holds them already */
+    int64_t input_bytes;     /* as passed: inputs (or anything else) not allocated yet */
+    int64_t reserve_bytes;   /* CPU: what running ops maps besides tensors (BLAS
+                                buffers, one stack per intra-op thread); 0 on CUDA */
+    int peak_step;           /* the step where the peak is */
+    int64_t available_bytes; /* what the process can still get; -1 when unknown */
+    const char *limit;       /* the limit that gives it: "RLIMIT_AS", "RLIMIT_DATA",
+                                "cgroup memory limit", "MemAvailable"; NULL if unknown */
+} ebb_fit;
+
+/* Compares what a run of `plan` on `device` needs with what this process can
+ * still get, before anything runs. On the CPU the process can get the least
+ * of: RLIMIT_AS minus its mapped address space, RLIMIT_DATA minus its data
+ * segment, its memory cgroup's limit minus usage (v1 or v2, every ancestor,
+ * reclaimable page cache counted as free), and the system's MemAvailable.
+ * On CUDA the tensor layer has no free-memory figure yet: the check passes
+ * with available_bytes -1.
+ *
+ * `model` is the model that will run it, or NULL when its parameters are not
+ * allocated yet (they are then counted); `input_bytes` adds inputs the caller
+ * has yet to allocate. `fit` (may be NULL) receives the figures either way.
+ * Returns EBB_OK when the run fits or nothing is known, and EBB_ERR_NOMEM
+ * when it cannot fit, with one line naming both figures:
+ *     plan mlp needs 2.1 GiB at step 3 (fc2), this process can get 1.2 GiB
+ *     (RLIMIT_AS): 2.0 GiB intermediates + 102.0 KiB parameters + ...
+ * A plan whose peak is a bound (routing, while loops) is held to the bound.
+ * Reading the limits costs a few /proc reads: call it once before a series
+ * of runs, not before each. */
+ebb_status ebb_plan_check_fits(const ebb_plan *plan, ebb_device device, const ebb_model *model,
+                               int64_t input_bytes, ebb_fit *fit);
 
 /* ---- CUDA graph replay ---------------------------------------------------- */
 

@@ -11,7 +11,7 @@
  *     ebb_tensor *ts[] = {w, b};
  *     if (ebb_safetensors_write("model.safetensors", names, ts, 2) != EBB_OK) ...
  *
- *     // read: the file is mapped, each tensor copied straight into place
+ *     // read: the header is checked at open; each load reads the tensor's bytes
  *     ebb_safetensors *st = NULL;
  *     if (ebb_safetensors_open(&st, "model.safetensors") != EBB_OK) ... ebb_errmsg() ...
  *     for (int i = 0; i < ebb_safetensors_count(st); i++)
@@ -21,10 +21,19 @@
  *
  * Supported dtypes: F32, F16, BF16, F64, I64, I32, U8, BOOL. A file may hold
  * tensors of other safetensors dtypes (I8, U16, F8_E4M3, ...): it opens, and
- * only looking those up fails, with EBB_ERR_UNSUPPORTED. Malformed files are
- * refused at open with EBB_ERR_IO and a message naming the file and the
- * problem (truncated, header length past the end, bad JSON, unknown dtype,
- * offsets out of range, overlapping or leaving gaps, duplicate names).
+ * only looking those up fails, with EBB_ERR_UNSUPPORTED and a message naming
+ * the tensor and its dtype. Malformed files are refused at open with
+ * EBB_ERR_IO and a message naming the file and the problem (not a regular
+ * file, truncated, header length past the end, a NUL or other byte JSON does
+ * not allow, bad JSON, unknown dtype, offsets out of range, overlapping or
+ * leaving gaps, duplicate names).
+ *
+ * Nothing is memory-mapped: a reader holds the open file and reads each
+ * tensor with pread(2) in 1 MiB chunks straight into the destination. A file
+ * truncated while a reader has it open is an EBB_ERR_IO "truncated while
+ * reading" error at the load that misses its bytes, never a crash; a file
+ * replaced by rename (as ebb_safetensors_write does) leaves the reader on the
+ * old contents.
  */
 #ifndef EBB_SAFETENSORS_H
 #define EBB_SAFETENSORS_H
@@ -38,20 +47,26 @@ extern "C" {
 /* Writes n tensors under the given names (unique, non-empty, not
  * "__metadata__") to `path`. The header carries {"format": "pt"} as
  * metadata; data is laid out by descending element size so every tensor is
- * aligned in a mapped file. The file is written to a temporary name in the
- * same directory, synced and renamed over `path`, so a failure leaves no
- * partial file and the old file, if any, intact. Tensors may be on any
- * device (they are copied to the host) but not on the meta device. */
+ * aligned in a mapped file. Tensors may be on any device (they are copied to
+ * the host) but not on the meta device.
+ *
+ * A regular file (or a new name) is written to a temporary file in the same
+ * directory, synced and renamed over `path`: a failure (a full disk, say)
+ * leaves no partial file and the old file intact, and the new file keeps the
+ * old one's permissions. A symbolic link is followed and the file it points
+ * to replaced. A character device (/dev/stdout) or a pipe is written into
+ * directly; a directory or any other kind of file is refused (EBB_ERR_IO). */
 ebb_status ebb_safetensors_write(const char *path, const char *const *names,
                                  ebb_tensor *const *tensors, int n);
 
 typedef struct ebb_safetensors ebb_safetensors;
 
-/* Maps `path` read-only and validates its header. On success *out is a new
- * reader (close with ebb_safetensors_close). The file must not be truncated
- * while open. A reader is immutable: several threads may load from it. */
+/* Opens `path` and validates its header. On success *out is a new reader
+ * (close with ebb_safetensors_close) holding the file open. Anything but a
+ * regular file (a directory, a FIFO, a device) is refused without blocking.
+ * A reader is immutable: several threads may load from it. */
 ebb_status ebb_safetensors_open(ebb_safetensors **out, const char *path);
-/* Unmaps the file and frees the reader (NULL is allowed). */
+/* Closes the file and frees the reader (NULL is allowed). */
 void ebb_safetensors_close(ebb_safetensors *st);
 
 /* The path the reader was opened with. */
@@ -66,18 +81,31 @@ const char *ebb_safetensors_name_at(const ebb_safetensors *st, int i);
  * EBB_ERR_UNSUPPORTED when its dtype has no ebb equivalent. */
 ebb_status ebb_safetensors_find(const ebb_safetensors *st, const char *name, ebb_dtype *dtype,
                                 ebb_shape *shape);
+/* The tensor's dtype as the file names it ("F32", "I8", ...), supported by
+ * ebb or not; NULL when the file has no such tensor. For messages that must
+ * tell "missing" from "there, in a dtype ebb cannot use". */
+const char *ebb_safetensors_dtype_str(const ebb_safetensors *st, const char *name);
 /* A "__metadata__" value, or NULL. Valid until the reader is closed. */
 const char *ebb_safetensors_metadata(const ebb_safetensors *st, const char *key);
 
-/* Copies the named tensor straight from the mapped file into dst, which must
- * have the same dtype and shape (EBB_ERR_SHAPE otherwise, naming the tensor,
- * both dtypes and shapes and the file). dst may be on any device except meta;
- * views of dst see the new values. */
+/* Reads the named tensor from the file into dst, which must have the same
+ * dtype and shape (EBB_ERR_SHAPE otherwise, naming the tensor, both dtypes
+ * and shapes and the file). dst may be on any device except meta; views of
+ * dst see the new values. If the file turns out shorter than its header said
+ * (it was truncated after open), EBB_ERR_IO says so; dst then holds part of
+ * the new values. */
 ebb_status ebb_safetensors_load_into(const ebb_safetensors *st, const char *name,
                                      ebb_tensor *dst);
 /* The named tensor as a new tensor on `device` (the caller frees it). */
 ebb_status ebb_safetensors_load(ebb_tensor **out, const ebb_safetensors *st, const char *name,
                                 ebb_device device);
+/* The same two, also counting the NaN and infinite elements met on the way
+ * into *nonfinite (0 for integer and bool dtypes; NULL to skip counting). The
+ * count costs a pass over bytes already in the cache, not a second read. */
+ebb_status ebb_safetensors_load_into_ex(const ebb_safetensors *st, const char *name,
+                                        ebb_tensor *dst, int64_t *nonfinite);
+ebb_status ebb_safetensors_load_ex(ebb_tensor **out, const ebb_safetensors *st, const char *name,
+                                   ebb_device device, int64_t *nonfinite);
 
 #ifdef __cplusplus
 }

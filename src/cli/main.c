@@ -4,11 +4,13 @@
  * error (including out of memory). */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -16,6 +18,8 @@
 #include "ebb/ebb.h"
 #include "ebb/safetensors.h"
 #include "ebb/spec.h"
+/* the library's file writer: every file the command writes goes through it */
+#include "../fileio.h"
 
 enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3 };
 
@@ -57,7 +61,8 @@ static const char *usage_run =
     "usage: ebb run SPEC [-i NAME=DIMS]... [-p PARAM=N]... [--device cpu|cuda[:N]] [--seed N]\n"
     "               [--weights W.safetensors] [--save-weights W.safetensors]\n"
     "               [--inputs X.safetensors] [--outputs Y.safetensors]\n"
-    "               [--trace T.jsonl] [--repeat N] [--keep-all] [--cuda-graph]\n"
+    "               [--trace T.jsonl] [--repeat N] [--keep-all] [--cuda-graph] [--force]\n"
+    "               [--strict-finite]\n"
     "\n"
     "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
@@ -70,14 +75,21 @@ static const char *usage_run =
     "  --trace FILE       one JSON object per executed step, then a summary\n"
     "  --repeat N         run N times and report the median time (default 1)\n"
     "  --keep-all         free nothing until the end, to compare\n"
-    "  --cuda-graph       capture the plan into a CUDA graph once, time its replays\n";
+    "  --cuda-graph       capture the plan into a CUDA graph once, time its replays\n"
+    "  --force            run even if the plan's peak does not fit in what this process\n"
+    "                     can get (RLIMIT_AS, RLIMIT_DATA, cgroup limit, MemAvailable)\n"
+    "  --strict-finite    NaN or Inf in --weights or --inputs is an error, not a warning\n"
+    "\n"
+    "Output files are replaced atomically (a link is followed); a device or pipe such\n"
+    "as /dev/stdout is written into. Errors writing them exit 3.\n";
 
 static const char *usage_dot = "usage: ebb dot SPEC [--plan] [-i NAME=DIMS]... [-p PARAM=N]... [-o FILE]\n"
                                "\n"
                                "  -p PARAM=N replace the value of one of the spec's params\n"
                                "  --plan     draw the plan (steps, values, bytes) instead of the graph\n"
-                               "  -o FILE    write to FILE; .svg and .png render through Graphviz\n"
-                               "             (default: DOT on stdout)\n";
+                               "  -o FILE    write to FILE: .dot or .gv get DOT text; .svg, .png, .pdf\n"
+                               "             render through Graphviz (default: DOT on stdout).\n"
+                               "             A file is replaced atomically, a device written into.\n";
 
 static int usage_error(const char *usage, const char *fmt, const char *arg) {
     fprintf(stderr, "ebb: ");
@@ -107,7 +119,7 @@ typedef struct options {
     int n_shapes;
     const char *params[MAX_BINDINGS];
     int n_params;
-    int json, keep_all, memory, plan_view, repeat, cuda_graph;
+    int json, keep_all, memory, plan_view, repeat, cuda_graph, force, strict_finite;
     uint64_t seed;
     const char *device, *weights, *save_weights, *inputs, *outputs, *trace, *out_file;
 } options;
@@ -158,6 +170,10 @@ static int parse_options(int argc, char **argv, const char *usage, const char *a
             o->plan_view = 1;
         } else if (TAKES("--cuda-graph")) {
             o->cuda_graph = 1;
+        } else if (TAKES("--force")) {
+            o->force = 1;
+        } else if (TAKES("--strict-finite")) {
+            o->strict_finite = 1;
         } else if (TAKES("--seed") || TAKES("--repeat")) {
             uint64_t v;
             if (!val || parse_u64(val, &v) != 0)
@@ -196,7 +212,72 @@ static int parse_options(int argc, char **argv, const char *usage, const char *a
     return 0;
 }
 
-/* Input shapes from the spec, -i options and (for run) an inputs file. */
+/* Dimensions written as the -i help says: positive decimal integers joined
+ * by single commas, nothing else (no sign, no space, no empty entry).
+ * Returns 0, 1 for malformed text, or 2 for more than EBB_MAX_DIMS. */
+static int parse_dims(const char *text, ebb_shape *out) {
+    memset(out, 0, sizeof *out);
+    const char *p = text;
+    for (;;) {
+        if (*p < '0' || *p > '9')
+            return 1;
+        int64_t v = 0;
+        for (; *p >= '0' && *p <= '9'; p++) {
+            if (v > (INT64_MAX - 9) / 10)
+                return 1;
+            v = v * 10 + (*p - '0');
+        }
+        if (v < 1)
+            return 1;
+        if (out->ndim == EBB_MAX_DIMS)
+            return 2;
+        out->dim[out->ndim++] = v;
+        if (!*p)
+            return 0;
+        if (*p != ',')
+            return 1;
+        p++;
+    }
+}
+
+/* "[batch, 64]": input i's shape as the spec declares it. */
+static const char *declared_shape(const ebb_spec *s, int i, char *buf, size_t size) {
+    size_t at = (size_t)snprintf(buf, size, "[");
+    for (int d = 0; d < ebb_spec_input_ndim(s, i) && at < size; d++) {
+        const char *sym = NULL;
+        int64_t v = ebb_spec_input_dim(s, i, d, &sym);
+        at += v >= 0 ? (size_t)snprintf(buf + at, size - at, "%s%lld", d ? ", " : "", (long long)v)
+                     : (size_t)snprintf(buf + at, size - at, "%s%s", d ? ", " : "", sym ? sym : "?");
+    }
+    if (at < size)
+        snprintf(buf + at, size - at, "]");
+    return buf;
+}
+
+/* The -i SYMBOL=N given for `sym`, or NULL. */
+static const char *binding_for(const char *const *bindings, int n, const char *sym) {
+    size_t len = strlen(sym);
+    for (int b = 0; b < n; b++)
+        if (!strncmp(bindings[b], sym, len) && bindings[b][len] == '=')
+            return bindings[b];
+    return NULL;
+}
+
+/* Whether name[0..len) is a symbolic dimension of one of the inputs. */
+static int is_symbol(const ebb_spec *s, const char *name, size_t len) {
+    for (int i = 0; i < ebb_spec_input_count(s); i++)
+        for (int d = 0; d < ebb_spec_input_ndim(s, i); d++) {
+            const char *sym = NULL;
+            if (ebb_spec_input_dim(s, i, d, &sym) < 0 && sym && strlen(sym) == len &&
+                !strncmp(sym, name, len))
+                return 1;
+        }
+    return 0;
+}
+
+/* Input shapes from the spec, -i options and (for run) an inputs file. A
+ * shape the user gave, directly or through a symbol, must agree with every
+ * other source; what the user left out comes from the file, else is 1. */
 static int resolve_shapes(const ebb_spec *s, const options *o, const ebb_safetensors *inputs,
                           ebb_shape *shapes, int quiet) {
     int n = ebb_spec_input_count(s);
@@ -206,6 +287,7 @@ static int resolve_shapes(const ebb_spec *s, const options *o, const ebb_safeten
     }
     const char *bindings[MAX_BINDINGS];
     int n_bind = 0, explicit_shape[MAX_INPUTS] = {0};
+    const char *explicit_arg[MAX_INPUTS] = {0};
     ebb_shape given[MAX_INPUTS];
     for (int k = 0; k < o->n_shapes; k++) {
         const char *arg = o->shapes[k], *eq = strchr(arg, '=');
@@ -226,23 +308,35 @@ static int resolve_shapes(const ebb_spec *s, const options *o, const ebb_safeten
             if (strlen(ebb_spec_input_name(s, i)) == (size_t)(eq - arg) &&
                 !strncmp(ebb_spec_input_name(s, i), arg, (size_t)(eq - arg)))
                 input = i;
+        ebb_shape sh;
+        int bad = parse_dims(eq + 1, &sh);
+        if (bad == 2) {
+            fprintf(stderr, "ebb: -i %s: more than %d dimensions (ebb's limit)\n", arg,
+                    EBB_MAX_DIMS);
+            return EXIT_USAGE;
+        }
+        if (input < 0 && (bad || sh.ndim != 1) && is_symbol(s, arg, (size_t)(eq - arg))) {
+            fprintf(stderr,
+                    "ebb: -i %s: a symbolic dimension takes one positive integer (no sign, "
+                    "space or comma)\n",
+                    arg);
+            return EXIT_USAGE;
+        }
+        if (input < 0 && !bad && sh.ndim != 1) {
+            fprintf(stderr, "ebb: -i %s: %s has no input named '%.*s'\n", arg, ebb_spec_file(s),
+                    (int)(eq - arg), arg);
+            return EXIT_USAGE;
+        }
+        if (bad) {
+            fprintf(stderr,
+                    "ebb: -i %s: dimensions must be positive integers separated by commas "
+                    "(no signs, spaces or empty entries)\n",
+                    arg);
+            return EXIT_USAGE;
+        }
         if (input < 0) {
             bindings[n_bind++] = arg; /* a symbolic dimension */
             continue;
-        }
-        ebb_shape sh = {0};
-        const char *p = eq + 1;
-        while (*p) {
-            char *end = NULL;
-            errno = 0;
-            long long d = strtoll(p, &end, 10);
-            if (end == p || errno || d < 1 || sh.ndim == EBB_MAX_DIMS ||
-                (*end && *end != ',')) {
-                fprintf(stderr, "ebb: -i %s: dimensions must be positive integers\n", arg);
-                return EXIT_USAGE;
-            }
-            sh.dim[sh.ndim++] = d;
-            p = *end ? end + 1 : end;
         }
         int want = ebb_spec_input_ndim(s, input);
         if (sh.ndim != want) {
@@ -260,6 +354,7 @@ static int resolve_shapes(const ebb_spec *s, const options *o, const ebb_safeten
         }
         given[input] = sh;
         explicit_shape[input] = 1;
+        explicit_arg[input] = arg;
     }
     ebb_status st = ebb_spec_resolve_shapes(s, bindings, n_bind, shapes, MAX_INPUTS);
     if (st != EBB_OK) {
@@ -268,32 +363,89 @@ static int resolve_shapes(const ebb_spec *s, const options *o, const ebb_safeten
     }
     for (int i = 0; i < n; i++) {
         const char *name = ebb_spec_input_name(s, i);
-        ebb_shape fs;
-        if (explicit_shape[i]) {
+        char a[128], b[128];
+        /* a symbol bound with -i must not be contradicted by a shape given
+         * for an input that uses it: one of the two would be ignored */
+        for (int d = 0; explicit_shape[i] && d < given[i].ndim; d++) {
+            const char *sym = NULL;
+            ebb_spec_input_dim(s, i, d, &sym);
+            const char *bind = sym ? binding_for(bindings, n_bind, sym) : NULL;
+            if (bind && given[i].dim[d] != shapes[i].dim[d]) {
+                fprintf(stderr,
+                        "ebb: -i %s contradicts -i %s: dimension %d of input '%s' is '%s'\n",
+                        bind, explicit_arg[i], d, name, sym);
+                return EXIT_USAGE;
+            }
+        }
+        if (explicit_shape[i])
             shapes[i] = given[i];
-        } else if (inputs && ebb_safetensors_find(inputs, name, NULL, &fs) == EBB_OK) {
+        const char *file_dtype = inputs ? ebb_safetensors_dtype_str(inputs, name) : NULL;
+        ebb_shape fs;
+        if (file_dtype && ebb_safetensors_find(inputs, name, NULL, &fs) != EBB_OK) {
+            fprintf(stderr, "ebb: %s: input '%s' has dtype %s, which ebb does not support\n",
+                    o->inputs, name, file_dtype);
+            return EXIT_SPEC;
+        }
+        if (file_dtype) {
+            int agrees = fs.ndim == ebb_spec_input_ndim(s, i);
+            for (int d = 0; agrees && d < fs.ndim; d++) {
+                int64_t fixed = ebb_spec_input_dim(s, i, d, NULL);
+                agrees = fixed < 0 || fixed == fs.dim[d];
+            }
+            if (!agrees) {
+                fprintf(stderr, "ebb: %s: input '%s' is %s, but %s declares it %s\n", o->inputs,
+                        name, ebb_shape_str(&fs, a, sizeof a), ebb_spec_file(s),
+                        declared_shape(s, i, b, sizeof b));
+                return EXIT_SPEC;
+            }
+            /* the file's shape is used unless the user asked for another */
+            const char *asked = explicit_arg[i];
+            for (int d = 0; !asked && d < fs.ndim; d++) {
+                const char *sym = NULL;
+                ebb_spec_input_dim(s, i, d, &sym);
+                if (sym && binding_for(bindings, n_bind, sym) && shapes[i].dim[d] != fs.dim[d])
+                    asked = binding_for(bindings, n_bind, sym);
+            }
+            if (asked && !ebb_shape_equal(&fs, &shapes[i])) {
+                fprintf(stderr, "ebb: %s: input '%s' is %s, but -i %s compiles the plan for %s\n",
+                        o->inputs, name, ebb_shape_str(&fs, a, sizeof a), asked,
+                        ebb_shape_str(&shapes[i], b, sizeof b));
+                return EXIT_SPEC;
+            }
             shapes[i] = fs;
-        } else if (!quiet) {
+        } else if (!explicit_shape[i] && !quiet) {
             for (int d = 0; d < ebb_spec_input_ndim(s, i); d++) {
                 const char *sym = NULL;
-                if (ebb_spec_input_dim(s, i, d, &sym) < 0 && sym) {
-                    int bound = 0;
-                    for (int b = 0; b < n_bind; b++)
-                        if (!strncmp(bindings[b], sym, strlen(sym)) && bindings[b][strlen(sym)] == '=')
-                            bound = 1;
-                    if (!bound)
-                        fprintf(stderr,
-                                "ebb: note: symbolic dimension '%s' of input '%s' defaults to 1 "
-                                "(set it with -i %s=N)\n",
-                                sym, name, sym);
-                }
+                if (ebb_spec_input_dim(s, i, d, &sym) < 0 && sym &&
+                    !binding_for(bindings, n_bind, sym))
+                    fprintf(stderr,
+                            "ebb: note: symbolic dimension '%s' of input '%s' defaults to 1 "
+                            "(set it with -i %s=N)\n",
+                            sym, name, sym);
             }
         }
     }
     return 0;
 }
 
+/* The spec must be a regular file: a FIFO would block its reader forever
+ * and a directory reads as an unhelpful error. Opened without blocking. */
+static int spec_file_ok(const char *path) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return 1; /* the loader says why, as for any file it cannot open */
+    struct stat sb;
+    int ok = fstat(fd, &sb) != 0 || S_ISREG(sb.st_mode);
+    close(fd);
+    if (!ok)
+        ebb_error_set(EBB_ERR_IO, "%s: is %s, not a spec file", path,
+                      ebb_file_kind_name(sb.st_mode));
+    return ok;
+}
+
 static ebb_status load_spec(const options *o, ebb_spec **spec) {
+    if (!spec_file_ok(o->spec))
+        return ebb_errcode();
     ebb_spec_options so = {.params = o->params, .n_params = o->n_params};
     return ebb_spec_load_ex(spec, o->spec, &so);
 }
@@ -348,7 +500,7 @@ static int cmd_check(int argc, char **argv) {
         n++;
         ebb_spec *s = NULL;
         ebb_plan *p = NULL;
-        ebb_status st = ebb_spec_load(&s, argv[i]);
+        ebb_status st = spec_file_ok(argv[i]) ? ebb_spec_load(&s, argv[i]) : ebb_errcode();
         if (st == EBB_OK)
             st = ebb_spec_compile(&p, s, NULL);
         if (st != EBB_OK) {
@@ -423,26 +575,18 @@ static int have_program(const char *name) {
     return 0;
 }
 
-/* Whether the directory that would hold `path` accepts new files. */
-static int dir_writable(const char *path) {
-    const char *slash = strrchr(path, '/');
-    if (!slash)
-        return access(".", W_OK) == 0;
-    if (slash == path)
-        return access("/", W_OK) == 0;
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-    return access(dir, W_OK) == 0;
+/* An output file could not be written: a runtime failure (exit 3), the
+ * command line being fine. */
+static int fail_write(void) {
+    fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+    return EXIT_RUNTIME;
 }
 
-/* Pipes DOT text through Graphviz's `dot -T<fmt> -o file`. */
-static int render(const char *dot_text, size_t len, const char *fmt, const char *file) {
-    if (!have_program("dot")) {
-        fprintf(stderr, "ebb: rendering %s needs Graphviz's `dot`, which is not installed "
-                        "(Debian: apt-get install graphviz); or write DOT with -o FILE.dot\n",
-                file);
-        return EXIT_SPEC;
-    }
+/* Pipes DOT text through Graphviz's `dot -T<fmt>`, whose output goes into
+ * the writer's file, so a render is replaced atomically like any output. */
+static int render(const char *dot_text, size_t len, const char *fmt, const char *file,
+                  ebb_file_out *w) {
+    int out_fd = ebb_file_fd(w);
     int fds[2];
     if (pipe(fds) != 0) {
         perror("ebb: pipe");
@@ -456,25 +600,29 @@ static int render(const char *dot_text, size_t len, const char *fmt, const char 
         return EXIT_RUNTIME;
     }
     if (pid == 0) {
-        dup2(fds[0], 0);
+        if (dup2(fds[0], 0) < 0 || dup2(out_fd, 1) < 0)
+            _exit(126);
         close(fds[0]);
         close(fds[1]);
         char tflag[16];
         snprintf(tflag, sizeof tflag, "-T%s", fmt);
-        execlp("dot", "dot", tflag, "-o", file, (char *)NULL);
+        execlp("dot", "dot", tflag, (char *)NULL);
         _exit(127);
     }
     close(fds[0]);
     size_t at = 0;
     while (at < len) {
-        ssize_t w = write(fds[1], dot_text + at, len - at);
-        if (w <= 0)
+        ssize_t n = write(fds[1], dot_text + at, len - at);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
             break;
-        at += (size_t)w;
+        at += (size_t)n;
     }
     close(fds[1]);
     int status = 0;
-    waitpid(pid, &status, 0);
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         fprintf(stderr, "ebb: dot failed to render %s\n", file);
         return EXIT_RUNTIME;
@@ -487,6 +635,24 @@ static int cmd_dot(int argc, char **argv) {
     int rc = parse_options(argc, argv, usage_dot, "-i -p --plan -o ", &o);
     if (rc)
         return rc < 0 ? 0 : rc;
+    const char *ext = o.out_file ? strrchr(o.out_file, '.') : NULL;
+    static const char *rendered[] = {".svg", ".png", ".pdf", ".jpg", ".jpeg", ".gif", ".ps", ".eps"};
+    int render_it = 0;
+    for (size_t k = 0; ext && k < sizeof rendered / sizeof rendered[0]; k++)
+        render_it |= !strcmp(ext, rendered[k]);
+    if (o.out_file && !render_it && !(ext && (!strcmp(ext, ".dot") || !strcmp(ext, ".gv"))))
+        return usage_error(usage_dot,
+                           "-o %s: use .dot or .gv for DOT text, or .svg, .png, .pdf, .jpg, .gif, "
+                           ".ps or .eps to render",
+                           o.out_file);
+    if (o.out_file && ebb_file_check_writable(o.out_file, "-o") != EBB_OK)
+        return fail_write();
+    if (render_it && !have_program("dot")) {
+        fprintf(stderr, "ebb: rendering %s needs Graphviz's `dot`, which is not installed "
+                        "(Debian: apt-get install graphviz); or write DOT with -o FILE.dot\n",
+                o.out_file);
+        return EXIT_SPEC;
+    }
     ebb_spec *s = NULL;
     ebb_plan *p = NULL;
     if (o.plan_view) {
@@ -495,50 +661,33 @@ static int cmd_dot(int argc, char **argv) {
         ebb_status st = load_spec(&o, &s);
         rc = st == EBB_OK ? 0 : fail_status(st);
     }
-    if (!rc) {
-        char *text = NULL;
-        size_t len = 0;
-        FILE *mem = open_memstream(&text, &len);
-        if (!mem) {
-            rc = EXIT_RUNTIME;
-        } else {
-            if (p)
-                ebb_plan_write_dot(p, mem);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mem = rc ? NULL : open_memstream(&text, &len);
+    if (!rc && !mem)
+        rc = fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+    if (mem) {
+        if (p)
+            ebb_plan_write_dot(p, mem);
+        else
+            ebb_graph_write_dot(ebb_spec_graph(s), mem);
+        fclose(mem);
+        ebb_file_out *w = NULL;
+        if (!o.out_file)
+            fwrite(text, 1, len, stdout);
+        else if (ebb_file_begin(&w, o.out_file, "-o") != EBB_OK)
+            rc = fail_write();
+        else {
+            if (render_it)
+                rc = render(text, len, ext + 1, o.out_file, w);
             else
-                ebb_graph_write_dot(ebb_spec_graph(s), mem);
-            fclose(mem);
-            const char *ext = o.out_file ? strrchr(o.out_file, '.') : NULL;
-            static const char *rendered[] = {".svg", ".png", ".pdf", ".jpg", ".jpeg", ".gif", ".ps", ".eps"};
-            int render_it = 0;
-            for (size_t k = 0; ext && k < sizeof rendered / sizeof rendered[0]; k++)
-                render_it |= !strcmp(ext, rendered[k]);
-            if (!o.out_file) {
-                fwrite(text, 1, len, stdout);
-            } else if (!render_it && !(ext && (!strcmp(ext, ".dot") || !strcmp(ext, ".gv")))) {
-                rc = usage_error(usage_dot,
-                                 "-o %s: use .dot or .gv for DOT text, or .svg, .png, .pdf, .jpg, "
-                                 ".gif, .ps or .eps to render",
-                                 o.out_file);
-            } else if (render_it) {
-                if (!dir_writable(o.out_file)) {
-                    fprintf(stderr, "ebb: cannot write %s: %s\n", o.out_file, strerror(errno));
-                    rc = EXIT_SPEC;
-                } else {
-                    rc = render(text, len, ext + 1, o.out_file);
-                }
-            } else {
-                FILE *f = fopen(o.out_file, "w");
-                if (!f || fwrite(text, 1, len, f) != len) {
-                    fprintf(stderr, "ebb: cannot write %s: %s\n", o.out_file, strerror(errno));
-                    rc = EXIT_SPEC;
-                }
-                if (f && fclose(f) != 0 && !rc) {
-                    fprintf(stderr, "ebb: cannot write %s: %s\n", o.out_file, strerror(errno));
-                    rc = EXIT_SPEC;
-                }
-            }
-            free(text);
+                fwrite(text, 1, len, ebb_file_stream(w));
+            if (rc)
+                ebb_file_abort(w);
+            else if (ebb_file_commit(w) != EBB_OK)
+                rc = fail_write();
         }
+        free(text);
     }
     ebb_plan_free(p);
     ebb_spec_free(s);
@@ -632,11 +781,31 @@ static void print_summary(const char *name, const ebb_tensor *t) {
     putchar('\n');
 }
 
+/* --weights and --inputs holding NaN or Inf: a warning naming the tensor, or
+ * with --strict-finite an error (the caller's choice). */
+static void warn_nonfinite(const char *path, const char *name, int64_t count, int64_t numel,
+                           void *user) {
+    fprintf(stderr,
+            "ebb: warning: %s: %s '%s' holds %lld NaN or infinite values (of %lld); "
+            "--strict-finite makes this an error\n",
+            path, (const char *)user, name, (long long)count, (long long)numel);
+}
+
+/* Bytes of the graph inputs the command will create or load. */
+static int64_t input_bytes(const ebb_plan *p) {
+    int64_t n = 0;
+    for (int i = 0; i < ebb_plan_input_count(p); i++) {
+        const ebb_plan_value *v = ebb_plan_value_at(p, ebb_plan_input_slot(p, i));
+        n += ebb_shape_numel(&v->shape) * (int64_t)ebb_dtype_size(v->dtype);
+    }
+    return n;
+}
+
 static int cmd_run(int argc, char **argv) {
     options o;
     int rc = parse_options(argc, argv, usage_run,
                            "-i -p --device --seed --weights --save-weights --inputs --outputs "
-                           "--trace --repeat --keep-all --cuda-graph ",
+                           "--trace --repeat --keep-all --cuda-graph --force --strict-finite ",
                            &o);
     if (rc)
         return rc < 0 ? 0 : rc;
@@ -646,6 +815,11 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, "ebb: %s\n", ebb_errmsg());
         return st == EBB_ERR_UNSUPPORTED ? EXIT_RUNTIME : EXIT_USAGE;
     }
+    /* a path that cannot be written is found now, not after the run */
+    if ((o.outputs && ebb_file_check_writable(o.outputs, "--outputs") != EBB_OK) ||
+        (o.save_weights && ebb_file_check_writable(o.save_weights, "--save-weights") != EBB_OK) ||
+        (o.trace && ebb_file_check_writable(o.trace, "--trace") != EBB_OK))
+        return fail_write();
     ebb_safetensors *in_file = NULL;
     if (o.inputs && (st = ebb_safetensors_open(&in_file, o.inputs)) != EBB_OK)
         return fail_status(st);
@@ -655,10 +829,16 @@ static int cmd_run(int argc, char **argv) {
     ebb_model *m = NULL;
     ebb_tensor *inputs[MAX_INPUTS] = {0}, **outputs = NULL;
     double *times = NULL;
-    FILE *tf = NULL;
+    ebb_file_out *tw = NULL;
     rc = load_and_compile(&o, in_file, &s, &p, 0);
     if (rc)
         goto done;
+    /* before anything large is allocated: parameters, inputs, the run */
+    if (!o.force && (st = ebb_plan_check_fits(p, dev, NULL, input_bytes(p), NULL)) != EBB_OK) {
+        fprintf(stderr, "ebb: %s; --force runs it anyway\n", ebb_errmsg());
+        rc = EXIT_RUNTIME;
+        goto done;
+    }
     int n_in = ebb_plan_input_count(p), n_out = ebb_plan_output_count(p);
     outputs = calloc((size_t)n_out, sizeof *outputs);
     times = calloc((size_t)o.repeat, sizeof *times);
@@ -666,20 +846,30 @@ static int cmd_run(int argc, char **argv) {
         rc = fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
         goto done;
     }
+    ebb_model_load_options lo = {.strict_finite = o.strict_finite, .nonfinite = warn_nonfinite,
+                                 .user = "parameter"};
     if ((st = ebb_model_new(&m, p, dev, o.seed)) != EBB_OK ||
-        (o.weights && (st = ebb_model_load(m, o.weights)) != EBB_OK)) {
+        (o.weights && (st = ebb_model_load_ex(m, o.weights, &lo)) != EBB_OK)) {
         rc = fail_status(st);
         goto done;
     }
     for (int i = 0; i < n_in; i++) {
         const ebb_plan_value *v = ebb_plan_value_at(p, ebb_plan_input_slot(p, i));
-        if (in_file && ebb_safetensors_find(in_file, v->name, NULL, NULL) == EBB_OK)
-            st = ebb_safetensors_load(&inputs[i], in_file, v->name, dev);
+        int64_t bad = 0;
+        if (in_file && ebb_safetensors_dtype_str(in_file, v->name))
+            st = ebb_safetensors_load_ex(&inputs[i], in_file, v->name, dev, &bad);
         else if (in_file)
             st = ebb_error_set(EBB_ERR_ARG, "%s: no tensor named '%s' (an input of %s)", o.inputs,
                                v->name, o.spec);
         else
             st = ebb_tensor_randn(&inputs[i], &v->shape, v->dtype, dev, o.seed + 1000 + (uint64_t)i);
+        if (st == EBB_OK && bad && o.strict_finite)
+            st = ebb_error_set(EBB_ERR_ARG, "%s: input '%s' holds %lld NaN or infinite values (of "
+                                            "%lld)",
+                               o.inputs, v->name, (long long)bad,
+                               (long long)ebb_tensor_numel(inputs[i]));
+        else if (st == EBB_OK && bad)
+            warn_nonfinite(o.inputs, v->name, bad, ebb_tensor_numel(inputs[i]), "input");
         if (st != EBB_OK) {
             rc = fail_status(st);
             goto done;
@@ -687,13 +877,11 @@ static int cmd_run(int argc, char **argv) {
     }
     trace_out to = {.plan = p};
     if (o.trace) {
-        tf = fopen(o.trace, "w");
-        if (!tf) {
-            fprintf(stderr, "ebb: cannot write %s: %s\n", o.trace, strerror(errno));
-            rc = EXIT_SPEC;
+        if (ebb_file_begin(&tw, o.trace, "--trace") != EBB_OK) {
+            rc = fail_write();
             goto done;
         }
-        to.f = tf;
+        to.f = ebb_file_stream(tw);
     }
     ebb_run_stats stats = {0};
     int64_t peak = 0;
@@ -702,7 +890,7 @@ static int cmd_run(int argc, char **argv) {
             ebb_tensor_free(outputs[k]);
             outputs[k] = NULL;
         }
-        ebb_run_options ro = {.trace = (tf && r == 0) ? trace_step : NULL, .trace_user = &to};
+        ebb_run_options ro = {.trace = (tw && r == 0) ? trace_step : NULL, .trace_user = &to};
         st = ebb_run_ex(p, m, inputs, outputs, &ro, &stats);
         if (st != EBB_OK) {
             rc = fail_status(st);
@@ -745,8 +933,8 @@ static int cmd_run(int argc, char **argv) {
                     "%lld allocated; cached blocks, not live tensors, hold the difference\n",
                     (long long)ms.reserved_bytes, (long long)ms.peak_bytes);
     }
-    if (tf)
-        fprintf(tf,
+    if (tw)
+        fprintf(to.f,
                 "{\"summary\": {\"steps\": %lld, \"peak_bytes\": %lld, \"planned_peak_bytes\": "
                 "%lld, \"peak_kind\": \"%s\", \"live_tensors_after\": %lld}}\n",
                 (long long)to.steps, (long long)peak, (long long)ebb_plan_device_peak_bytes(p, dev),
@@ -774,6 +962,16 @@ static int cmd_run(int argc, char **argv) {
     printf("time on %s%s: median %.3f ms over %d run%s (min %.3f, max %.3f)\n",
            ebb_device_str(dev, dn, sizeof dn), o.cuda_graph ? " (CUDA graph replay)" : "", times[o.repeat / 2] * 1e3, o.repeat,
            o.repeat == 1 ? "" : "s", times[0] * 1e3, times[o.repeat - 1] * 1e3);
+    /* what was printed goes out before a file that may be stdout itself */
+    fflush(stdout);
+    if (tw) {
+        st = ebb_file_commit(tw);
+        tw = NULL;
+        if (st != EBB_OK) {
+            rc = fail_write();
+            goto done;
+        }
+    }
     if (o.outputs) {
         const char **names = calloc((size_t)n_out, sizeof *names);
         if (!names) {
@@ -785,17 +983,14 @@ static int cmd_run(int argc, char **argv) {
         st = ebb_safetensors_write(o.outputs, names, outputs, n_out);
         free(names);
         if (st != EBB_OK) {
-            rc = fail_status(st);
+            rc = st == EBB_ERR_NOMEM ? fail_status(st) : fail_write();
             goto done;
         }
     }
     if (o.save_weights && (st = ebb_model_save(m, o.save_weights)) != EBB_OK)
-        rc = fail_status(st);
+        rc = st == EBB_ERR_NOMEM ? fail_status(st) : fail_write();
 done:
-    if (tf && fclose(tf) != 0 && !rc) {
-        fprintf(stderr, "ebb: cannot write %s: %s\n", o.trace, strerror(errno));
-        rc = EXIT_SPEC;
-    }
+    ebb_file_abort(tw); /* a failed run leaves the old trace, if any, as it was */
     for (int i = 0; i < MAX_INPUTS; i++)
         ebb_tensor_free(inputs[i]);
     if (outputs)
