@@ -28,6 +28,60 @@ static ebb_status log_softmax_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return ebb_tensor_log_softmax(out, c->in[0], c->attrs[0].i);
 }
 
+/* ---- backward rules ----------------------------------------------------------
+ * As derivatives.yaml: relu, tanh and sigmoid differentiate from their output
+ * (so an in-place forward loses nothing), gelu and silu from their input. */
+
+#define UNARY_GRAD(fn, kind, from_output)                                                          \
+    static ebb_status fn##_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {    \
+        (void)gp;                                                                                  \
+        return ebb_tensor_unary_backward(&gin[0], kind, c->grad_out,                               \
+                                         from_output ? c->out : c->in[0]);                         \
+    }                                                                                              \
+    static const ebb_op_grad fn##_grad = {.backward = fn##_bwd,                                    \
+                                          .saves_inputs = from_output ? 0u : 1u,                   \
+                                          .saves_output = from_output,                             \
+                                          .differentiable = 1u};
+UNARY_GRAD(relu, EBB_RELU, 1)
+UNARY_GRAD(gelu, EBB_GELU, 0)
+UNARY_GRAD(tanh, EBB_TANH, 1)
+UNARY_GRAD(sigmoid, EBB_SIGMOID, 1)
+UNARY_GRAD(silu, EBB_SILU, 0)
+
+/* identity passes the gradient through unchanged. */
+static ebb_status identity_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    return ebb_tensor_ref(&gin[0], c->grad_out);
+}
+static const ebb_op_grad identity_grad = {.backward = identity_bwd, .differentiable = 1u};
+
+/* Training dropout draws its mask from the step's seed and saves it. */
+static ebb_status dropout_train(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **saved) {
+    return ebb_tensor_dropout_train(out, &saved[0], c->in[0], c->attrs[0].f, c->seed);
+}
+static ebb_status dropout_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    if (c->n_saved < 1 || !c->saved[0])
+        return ebb_error_set(EBB_ERR_ARG, "dropout backward (%s): the mask was not saved",
+                             c->node ? c->node : "?");
+    return ebb_tensor_dropout_backward(&gin[0], c->grad_out, c->saved[0], c->attrs[0].f);
+}
+static const ebb_op_grad dropout_grad = {.backward = dropout_bwd, .forward_train = dropout_train,
+                                         .n_saved = 1, .differentiable = 1u};
+
+static ebb_status softmax_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    return ebb_tensor_softmax_backward(&gin[0], c->grad_out, c->out, c->attrs[0].i, false);
+}
+static ebb_status log_softmax_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    return ebb_tensor_softmax_backward(&gin[0], c->grad_out, c->out, c->attrs[0].i, true);
+}
+static const ebb_op_grad softmax_grad = {.backward = softmax_bwd, .saves_output = 1,
+                                         .differentiable = 1u};
+static const ebb_op_grad log_softmax_grad = {.backward = log_softmax_bwd, .saves_output = 1,
+                                             .differentiable = 1u};
+
 static const ebb_attr_spec softmax_attrs[] = {
     {.name = "dim", .type = EBB_ATTR_INT, .default_number = -1, .doc = "dimension to normalise"},
 };
@@ -35,23 +89,25 @@ static const ebb_attr_spec dropout_attrs[] = {
     {.name = "p", .type = EBB_ATTR_FLOAT, .default_number = 0.5, .doc = "drop probability (training only)"},
 };
 
-#define SIMPLE(n, f, d)                                                                            \
+#define SIMPLE(n, f, d, g)                                                                         \
     {.name = n, .min_inputs = 1, .max_inputs = 1, .forward = f, .doc = d,                         \
-     .forward_inplace = f##_inplace}
+     .forward_inplace = f##_inplace, .grad = &g}
 
 const ebb_op ebb_ops_activation[] = {
-    SIMPLE("relu", relu_fwd, "max(x, 0)"),
-    SIMPLE("gelu", gelu_fwd, "Gaussian error linear unit (erf form)"),
-    SIMPLE("tanh", tanh_fwd, "hyperbolic tangent"),
-    SIMPLE("sigmoid", sigmoid_fwd, "1 / (1 + exp(-x))"),
-    SIMPLE("silu", silu_fwd, "x * sigmoid(x)"),
+    SIMPLE("relu", relu_fwd, "max(x, 0)", relu_grad),
+    SIMPLE("gelu", gelu_fwd, "Gaussian error linear unit (erf form)", gelu_grad),
+    SIMPLE("tanh", tanh_fwd, "hyperbolic tangent", tanh_grad),
+    SIMPLE("sigmoid", sigmoid_fwd, "1 / (1 + exp(-x))", sigmoid_grad),
+    SIMPLE("silu", silu_fwd, "x * sigmoid(x)", silu_grad),
     {.name = "identity", .min_inputs = 1, .max_inputs = 1, .is_view = 1, .forward = identity_fwd,
-     .doc = "returns its input"},
+     .doc = "returns its input", .grad = &identity_grad},
     {.name = "dropout", .min_inputs = 1, .max_inputs = 1, .attrs = dropout_attrs, .n_attrs = 1,
-     .is_view = 1, .forward = identity_fwd, .doc = "identity at inference"},
+     .is_view = 1, .forward = identity_fwd, .doc = "identity at inference",
+     .grad = &dropout_grad},
     {.name = "softmax", .min_inputs = 1, .max_inputs = 1, .attrs = softmax_attrs, .n_attrs = 1,
-     .forward = softmax_fwd, .doc = "softmax along dim"},
+     .forward = softmax_fwd, .doc = "softmax along dim", .grad = &softmax_grad},
     {.name = "log_softmax", .min_inputs = 1, .max_inputs = 1, .attrs = softmax_attrs, .n_attrs = 1,
-     .forward = log_softmax_fwd, .doc = "log of softmax along dim"},
+     .forward = log_softmax_fwd, .doc = "log of softmax along dim",
+     .grad = &log_softmax_grad},
 };
 const int ebb_ops_activation_count = EBB_COUNT(ebb_ops_activation);

@@ -201,10 +201,30 @@ static int64_t mha_workspace(const ebb_attr_value *a, const ebb_shape *in, int n
     return peak - bte;
 }
 
+/* The backward reads the inputs and recomputes the projections and the
+ * attention probabilities from them rather than keeping B*H*T*S
+ * probabilities from the forward; every input and parameter gets a gradient
+ * (self-attention's one input collects its query, key and value parts). */
+static ebb_status mha_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    int bias = c->attrs[A_BIAS].i != 0;
+    if (c->n_params != (bias ? 4 : 2))
+        return ebb_error_set(EBB_ERR_ARG, "multi_head_attention backward: expected %d parameters, "
+                             "got %d", bias ? 4 : 2, c->n_params);
+    ebb_status st = ebb_tensor_multi_head_attention_backward(
+        gin, gp, c->grad_out, c->in, c->n_in, c->params[0], bias ? c->params[1] : NULL,
+        c->params[bias ? 2 : 1], bias ? c->params[3] : NULL, c->attrs[A_HEADS].i,
+        c->attrs[A_CAUSAL].i != 0);
+    if (st != EBB_OK)
+        ebb_error_prefix("multi_head_attention");
+    return st;
+}
+static const ebb_op_grad mha_grad = {.backward = mha_bwd, .saves_inputs = 0x7u,
+                                     .differentiable = 0x7u};
+
 const ebb_op ebb_ops_attention[] = {
     {.name = "multi_head_attention", .min_inputs = 1, .max_inputs = 3, .attrs = mha_attrs,
      .n_attrs = EBB_COUNT(mha_attrs), .params = mha_params, .forward = mha_fwd,
      .doc = "multi-head attention over [B, T, E] (self; or cross with `using` key[, value])",
-     .workspace = mha_workspace},
+     .workspace = mha_workspace, .grad = &mha_grad},
 };
 const int ebb_ops_attention_count = EBB_COUNT(ebb_ops_attention);

@@ -315,14 +315,33 @@ static int64_t conv2d_workspace(const ebb_attr_value *a, const ebb_shape *in, in
     return conv_workspace(2, a, in, dt);
 }
 
+/* ---- backward rule: convolution_backward, from the input and the weight --- */
+
+static ebb_status conv_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    const ebb_attr_value *a = c->attrs;
+    if (c->n_params < 1)
+        return ebb_error_set(EBB_ERR_ARG, "%s backward: no weight given", c->op->name);
+    int64_t stride[2] = {a[A_STRIDE].i, a[A_STRIDE].i};
+    int64_t padding[2] = {a[A_PADDING].i, a[A_PADDING].i};
+    int64_t dilation[2] = {a[A_DILATION].i, a[A_DILATION].i};
+    ebb_status st = ebb_tensor_conv_backward(&gin[0], &gp[0], c->n_params > 1 ? &gp[1] : NULL,
+                                             c->grad_out, c->in[0], c->params[0], stride, padding,
+                                             dilation, a[A_GROUPS].i);
+    if (st != EBB_OK)
+        ebb_error_prefix("%s", c->op->name);
+    return st;
+}
+static const ebb_op_grad conv_grad = {.backward = conv_bwd, .saves_inputs = 1u,
+                                      .differentiable = 1u};
+
 const ebb_op ebb_ops_conv[] = {
     {.name = "conv1d", .min_inputs = 1, .max_inputs = 1, .attrs = conv_attrs,
      .n_attrs = EBB_COUNT(conv_attrs), .params = conv1d_params, .forward = conv1d_fwd,
      .doc = "1-D convolution over [N, C, L]", .workspace = conv1d_workspace,
-     .workspace_is_bound = 1},
+     .workspace_is_bound = 1, .grad = &conv_grad},
     {.name = "conv2d", .min_inputs = 1, .max_inputs = 1, .attrs = conv_attrs,
      .n_attrs = EBB_COUNT(conv_attrs), .params = conv2d_params, .forward = conv2d_fwd,
      .doc = "2-D convolution over [N, C, H, W]", .workspace = conv2d_workspace,
-     .workspace_is_bound = 1},
+     .workspace_is_bound = 1, .grad = &conv_grad},
 };
 const int ebb_ops_conv_count = EBB_COUNT(ebb_ops_conv);

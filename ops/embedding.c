@@ -63,10 +63,22 @@ static int64_t embedding_workspace(const ebb_attr_value *a, const ebb_shape *in,
     return out_min < 16 ? 16 - out_min : 0;
 }
 
+/* The indices are integers: no gradient. The table's gradient scatters
+ * grad_out's rows back to the rows the indices picked. */
+static ebb_status embedding_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gin;
+    if (c->n_params < 1)
+        return ebb_error_set(EBB_ERR_ARG, "embedding backward: no weight given");
+    return ebb_tensor_embedding_backward(&gp[0], c->grad_out, c->in[0],
+                                         ebb_tensor_shape(c->params[0]).dim[0]);
+}
+static const ebb_op_grad embedding_grad = {.backward = embedding_bwd, .saves_inputs = 1u,
+                                           .differentiable = 0u};
+
 const ebb_op ebb_ops_embedding[] = {
     {.name = "embedding", .min_inputs = 1, .max_inputs = 1, .attrs = embedding_attrs,
      .n_attrs = EBB_COUNT(embedding_attrs), .params = embedding_params, .forward = embedding_fwd,
      .doc = "rows of weight picked by int64 indices: [*] -> [*, dim]",
-     .workspace = embedding_workspace, .workspace_is_bound = 1},
+     .workspace = embedding_workspace, .workspace_is_bound = 1, .grad = &embedding_grad},
 };
 const int ebb_ops_embedding_count = EBB_COUNT(ebb_ops_embedding);

@@ -66,11 +66,29 @@ static ebb_status halt_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return ebb_tensor_linear(out, c->in[0], c->params[0], c->params[1]);
 }
 
+/* The weight's gradient reads the input; the input's only the weight (a
+ * parameter, always at hand). learned_halt is linear(in, 1) and shares the
+ * rule: a loop condition is a hard decision (mean > 0) that passes no
+ * gradient, so when it only steers a loop the compiler never asks for one
+ * and its weights stay as they are, as with PyTorch's `if halt(x).mean() >
+ * 0`; read as a value, it differentiates as the linear map it is. */
+static ebb_status linear_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    if (c->n_params < 1)
+        return ebb_error_set(EBB_ERR_ARG, "%s backward (%s): no weight given", c->op->name,
+                             c->node ? c->node : "?");
+    return ebb_tensor_linear_backward(&gin[0], &gp[0], c->n_params > 1 ? &gp[1] : NULL,
+                                      c->grad_out, c->in[0], c->params[0]);
+}
+static const ebb_op_grad linear_grad = {.backward = linear_bwd, .saves_inputs = 1u,
+                                        .differentiable = 1u};
+
 const ebb_op ebb_ops_linear[] = {
     {.name = "linear", .min_inputs = 1, .max_inputs = 1, .attrs = linear_attrs, .n_attrs = 3,
-     .params = linear_params, .forward = linear_fwd, .doc = "x @ weight^T + bias"},
+     .params = linear_params, .forward = linear_fwd, .doc = "x @ weight^T + bias",
+     .grad = &linear_grad},
     {.name = "learned_halt", .min_inputs = 1, .max_inputs = 1, .attrs = halt_attrs, .n_attrs = 1,
      .params = halt_params, .forward = halt_fwd,
-     .doc = "linear(in, 1): a learned loop condition (true when its mean is > 0)"},
+     .doc = "linear(in, 1): a learned loop condition (true when its mean is > 0)",
+     .grad = &linear_grad},
 };
 const int ebb_ops_linear_count = EBB_COUNT(ebb_ops_linear);

@@ -113,15 +113,49 @@ static ebb_status sum_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return reduce(c, EBB_REDUCE_SUM, out);
 }
 
+/* ---- backward rules ---------------------------------------------------------- */
+
+static ebb_status scale_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    return ebb_tensor_affine(&gin[0], c->grad_out, c->attrs[0].f, 0.0);
+}
+static const ebb_op_grad scale_grad = {.backward = scale_bwd, .differentiable = 1u};
+
+/* The input is saved for its shape only: the gradient is grad_out spread
+ * back over the reduced dims. */
+static ebb_status reduce_bwd(const ebb_op_grad_call *c, bool mean, ebb_tensor **gin) {
+    int64_t dims[EBB_MAX_DIMS];
+    int n = 0;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    ebb_status st = reduced_dims(c->op->name, c->attrs, &x, dims, &n);
+    if (st != EBB_OK)
+        return st;
+    /* n == 0 (a scalar input) means "all", which is nothing to spread */
+    return ebb_tensor_reduce_backward(&gin[0], c->grad_out, &x, dims, n,
+                                      c->attrs[A_KEEPDIM].i != 0 || x.ndim == 0, mean);
+}
+static ebb_status mean_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    return reduce_bwd(c, true, gin);
+}
+static ebb_status sum_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    return reduce_bwd(c, false, gin);
+}
+static const ebb_op_grad mean_grad = {.backward = mean_bwd, .saves_inputs = 1u,
+                                      .differentiable = 1u};
+static const ebb_op_grad sum_grad = {.backward = sum_bwd, .saves_inputs = 1u,
+                                     .differentiable = 1u};
+
 const ebb_op ebb_ops_math[] = {
     {.name = "scale", .min_inputs = 1, .max_inputs = 1, .attrs = scale_attrs,
      .n_attrs = EBB_COUNT(scale_attrs), .forward = scale_fwd, .doc = "x * factor",
-     .workspace = scale_workspace},
+     .workspace = scale_workspace, .grad = &scale_grad},
     {.name = "mean", .min_inputs = 1, .max_inputs = 1, .attrs = reduce_attrs,
      .n_attrs = EBB_COUNT(reduce_attrs), .forward = mean_fwd, .doc = "mean over dims",
-     .workspace = mean_workspace},
+     .workspace = mean_workspace, .grad = &mean_grad},
     {.name = "sum", .min_inputs = 1, .max_inputs = 1, .attrs = reduce_attrs,
      .n_attrs = EBB_COUNT(reduce_attrs), .forward = sum_fwd, .doc = "sum over dims",
-     .workspace = sum_workspace},
+     .workspace = sum_workspace, .grad = &sum_grad},
 };
 const int ebb_ops_math_count = EBB_COUNT(ebb_ops_math);

@@ -146,13 +146,15 @@ static ebb_status rms_norm_params(const ebb_attr_value *a, const ebb_shape *in, 
     return EBB_OK;
 }
 
+/* PyTorch's default (eps=None) is the epsilon of the compute type, which
+ * is float32 for every floating dtype but float64. */
+static double rms_eps(const ebb_attr_value *a, ebb_dtype dt) {
+    return a[RMS_EPS].set ? a[RMS_EPS].f : dt == EBB_FLOAT64 ? DBL_EPSILON : (double)FLT_EPSILON;
+}
+
 static ebb_status rms_norm_fwd(const ebb_op_call *c, ebb_tensor **out) {
     *out = NULL;
-    /* PyTorch's default (eps=None) is the epsilon of the compute type, which
-     * is float32 for every floating dtype but float64. */
-    double eps = c->attrs[RMS_EPS].set ? c->attrs[RMS_EPS].f
-                 : ebb_tensor_dtype(c->in[0]) == EBB_FLOAT64 ? DBL_EPSILON
-                                                             : (double)FLT_EPSILON;
+    double eps = rms_eps(c->attrs, ebb_tensor_dtype(c->in[0]));
     return ebb_tensor_rms_norm(out, c->in[0], c->n_params > 0 ? c->params[0] : NULL, eps);
 }
 
@@ -240,22 +242,108 @@ static int64_t rms_norm_workspace(const ebb_attr_value *a, const ebb_shape *in, 
     return rows + mean_scalar > x2 + 2 * rows ? rows + mean_scalar : x2 + 2 * rows;
 }
 
+/* ---- backward rules ----------------------------------------------------------
+ * layer_norm, batch_norm and group_norm run their native_* kernels in
+ * training to keep the statistics the *_backward kernels read (saved[0] the
+ * mean, saved[1] the rstd or inverse std), and read the input. batch_norm's
+ * running_mean and running_var are buffers, not trained: training updates
+ * them in place (momentum, unbiased variance) and they get no gradient. */
+
+static ebb_status layer_norm_train(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **saved) {
+    const ebb_tensor *w = c->n_params > 0 ? c->params[0] : NULL;
+    const ebb_tensor *b = c->n_params > 1 ? c->params[1] : NULL;
+    return ebb_tensor_layer_norm_train(out, &saved[0], &saved[1], c->in[0], 1, w, b,
+                                       c->attrs[A_EPS].f);
+}
+static ebb_status layer_norm_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    const ebb_tensor *w = c->n_params > 0 ? c->params[0] : NULL;
+    const ebb_tensor *b = c->n_params > 1 ? c->params[1] : NULL;
+    if (c->n_saved < 2)
+        return ebb_error_set(EBB_ERR_ARG, "layer_norm backward: mean and rstd were not saved");
+    return ebb_tensor_layer_norm_backward(&gin[0], w ? &gp[0] : NULL, b ? &gp[1] : NULL,
+                                          c->grad_out, c->in[0], 1, c->saved[0], c->saved[1], w, b);
+}
+
+static ebb_status batch_norm_train(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **saved) {
+    *out = NULL;
+    int affine = c->attrs[BN_AFFINE].i != 0;
+    int64_t ch = 0;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    ebb_status st = channels("batch_norm", &c->attrs[BN_FEATURES], "num_features", &x, &ch);
+    if (st != EBB_OK)
+        return st;
+    if (c->n_params != (affine ? 4 : 2))
+        return ebb_error_set(EBB_ERR_ARG, "batch_norm: expected %d parameters, got %d",
+                             affine ? 4 : 2, c->n_params);
+    ebb_tensor *const *p = c->params;
+    return ebb_tensor_batch_norm_train(out, &saved[0], &saved[1], c->in[0], p[affine ? 2 : 0],
+                                       p[affine ? 3 : 1], affine ? p[0] : NULL,
+                                       affine ? p[1] : NULL, c->attrs[BN_MOMENTUM].f,
+                                       c->attrs[BN_EPS].f);
+}
+static ebb_status batch_norm_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    int affine = c->attrs[BN_AFFINE].i != 0;
+    if (c->n_saved < 2)
+        return ebb_error_set(EBB_ERR_ARG, "batch_norm backward: batch statistics were not saved");
+    return ebb_tensor_batch_norm_backward(&gin[0], affine ? &gp[0] : NULL, affine ? &gp[1] : NULL,
+                                          c->grad_out, c->in[0], affine ? c->params[0] : NULL,
+                                          c->saved[0], c->saved[1], c->attrs[BN_EPS].f);
+}
+
+static ebb_status rms_norm_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    const ebb_tensor *w = c->n_params > 0 ? c->params[0] : NULL;
+    return ebb_tensor_rms_norm_backward(&gin[0], w ? &gp[0] : NULL, c->grad_out, c->in[0], w,
+                                        rms_eps(c->attrs, ebb_tensor_dtype(c->in[0])));
+}
+
+static ebb_status group_norm_train(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **saved) {
+    *out = NULL;
+    int64_t ch = 0;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    ebb_status st = group_norm_check(c->attrs, &x, &ch);
+    if (st != EBB_OK)
+        return st;
+    return ebb_tensor_group_norm_train(out, &saved[0], &saved[1], c->in[0], c->attrs[GN_GROUPS].i,
+                                       c->n_params > 0 ? c->params[0] : NULL,
+                                       c->n_params > 1 ? c->params[1] : NULL, c->attrs[GN_EPS].f);
+}
+static ebb_status group_norm_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    const ebb_tensor *w = c->n_params > 0 ? c->params[0] : NULL;
+    if (c->n_saved < 2)
+        return ebb_error_set(EBB_ERR_ARG, "group_norm backward: mean and rstd were not saved");
+    return ebb_tensor_group_norm_backward(&gin[0], w ? &gp[0] : NULL, w ? &gp[1] : NULL,
+                                          c->grad_out, c->in[0], c->saved[0], c->saved[1], w,
+                                          c->attrs[GN_GROUPS].i);
+}
+
+static const ebb_op_grad layer_norm_grad = {.backward = layer_norm_bwd,
+                                            .forward_train = layer_norm_train, .n_saved = 2,
+                                            .saves_inputs = 1u, .differentiable = 1u};
+static const ebb_op_grad batch_norm_grad = {.backward = batch_norm_bwd,
+                                            .forward_train = batch_norm_train, .n_saved = 2,
+                                            .saves_inputs = 1u, .differentiable = 1u};
+static const ebb_op_grad rms_norm_grad = {.backward = rms_norm_bwd, .saves_inputs = 1u,
+                                          .differentiable = 1u};
+static const ebb_op_grad group_norm_grad = {.backward = group_norm_bwd,
+                                            .forward_train = group_norm_train, .n_saved = 2,
+                                            .saves_inputs = 1u, .differentiable = 1u};
+
 const ebb_op ebb_ops_norm[] = {
     {.name = "layer_norm", .min_inputs = 1, .max_inputs = 1, .attrs = layer_norm_attrs, .n_attrs = 2,
      .params = layer_norm_params, .forward = layer_norm_fwd,
      .doc = "normalise the last dimension, then scale and shift",
-     .workspace = layer_norm_workspace},
+     .workspace = layer_norm_workspace, .grad = &layer_norm_grad},
     {.name = "batch_norm", .min_inputs = 1, .max_inputs = 1, .attrs = batch_norm_attrs,
      .n_attrs = EBB_COUNT(batch_norm_attrs), .params = batch_norm_params, .forward = batch_norm_fwd,
      .doc = "inference batch norm over dim 1 with running statistics",
-     .workspace = batch_norm_workspace},
+     .workspace = batch_norm_workspace, .grad = &batch_norm_grad},
     {.name = "rms_norm", .min_inputs = 1, .max_inputs = 1, .attrs = rms_norm_attrs,
      .n_attrs = EBB_COUNT(rms_norm_attrs), .params = rms_norm_params, .forward = rms_norm_fwd,
      .doc = "x * rsqrt(mean(x^2 over the last dim) + eps) * weight",
-     .workspace = rms_norm_workspace},
+     .workspace = rms_norm_workspace, .grad = &rms_norm_grad},
     {.name = "group_norm", .min_inputs = 1, .max_inputs = 1, .attrs = group_norm_attrs,
      .n_attrs = EBB_COUNT(group_norm_attrs), .params = group_norm_params, .forward = group_norm_fwd,
      .doc = "normalise groups of channels per sample, then scale and shift per channel",
-     .workspace = group_norm_workspace},
+     .workspace = group_norm_workspace, .grad = &group_norm_grad},
 };
 const int ebb_ops_norm_count = EBB_COUNT(ebb_ops_norm);

@@ -101,16 +101,66 @@ static int64_t adaptive_workspace(const ebb_attr_value *a, const ebb_shape *in, 
     return scalar > sum ? scalar : sum;
 }
 
+/* ---- backward rules ---------------------------------------------------------- */
+
+static void pool_geometry(const ebb_attr_value *a, int64_t kernel[2], int64_t stride[2],
+                          int64_t padding[2]) {
+    int64_t k = a[A_KERNEL].i, s = a[A_STRIDE].set ? a[A_STRIDE].i : k, p = a[A_PADDING].i;
+    kernel[0] = kernel[1] = k;
+    stride[0] = stride[1] = s;
+    padding[0] = padding[1] = p;
+}
+
+/* Training max pooling keeps the argmax indices (int64, one per output
+ * element) that its backward scatters the gradient to. */
+static ebb_status max_pool_train(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **saved) {
+    int64_t k[2], s[2], p[2];
+    pool_geometry(c->attrs, k, s, p);
+    ebb_status st = ebb_tensor_max_pool2d_train(out, &saved[0], c->in[0], k, s, p,
+                                                c->attrs[A_CEIL].i != 0);
+    if (st != EBB_OK)
+        ebb_error_prefix("max_pool2d");
+    return st;
+}
+static ebb_status max_pool_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    int64_t k[2], s[2], p[2];
+    pool_geometry(c->attrs, k, s, p);
+    if (c->n_saved < 1 || !c->saved[0])
+        return ebb_error_set(EBB_ERR_ARG, "max_pool2d backward: the indices were not saved");
+    return ebb_tensor_max_pool2d_backward(&gin[0], c->grad_out, c->in[0], c->saved[0], k, s, p,
+                                          c->attrs[A_CEIL].i != 0);
+}
+/* avg_pool2d's and adaptive pooling's kernels read the input for its shape */
+static ebb_status avg_pool_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    int64_t k[2], s[2], p[2];
+    pool_geometry(c->attrs, k, s, p);
+    return ebb_tensor_avg_pool2d_backward(&gin[0], c->grad_out, c->in[0], k, s, p,
+                                          c->attrs[A_CEIL].i != 0, c->attrs[A_COUNT_PAD].i != 0);
+}
+static ebb_status adaptive_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    return ebb_tensor_adaptive_avg_pool2d_backward(&gin[0], c->grad_out, c->in[0]);
+}
+static const ebb_op_grad max_pool_grad = {.backward = max_pool_bwd, .forward_train = max_pool_train,
+                                          .n_saved = 1, .saves_inputs = 1u, .differentiable = 1u};
+static const ebb_op_grad avg_pool_grad = {.backward = avg_pool_bwd, .saves_inputs = 1u,
+                                          .differentiable = 1u};
+static const ebb_op_grad adaptive_grad = {.backward = adaptive_bwd, .saves_inputs = 1u,
+                                          .differentiable = 1u};
+
 const ebb_op ebb_ops_pool[] = {
     {.name = "max_pool2d", .min_inputs = 1, .max_inputs = 1, .attrs = max_pool_attrs,
      .n_attrs = EBB_COUNT(max_pool_attrs), .forward = max_pool_fwd,
-     .doc = "maximum over kernel x kernel windows", .workspace = max_pool_workspace},
+     .doc = "maximum over kernel x kernel windows", .workspace = max_pool_workspace,
+     .grad = &max_pool_grad},
     {.name = "avg_pool2d", .min_inputs = 1, .max_inputs = 1, .attrs = avg_pool_attrs,
      .n_attrs = EBB_COUNT(avg_pool_attrs), .forward = avg_pool_fwd,
-     .doc = "average over kernel x kernel windows"},
+     .doc = "average over kernel x kernel windows", .grad = &avg_pool_grad},
     {.name = "adaptive_avg_pool2d", .min_inputs = 1, .max_inputs = 1, .attrs = adaptive_attrs,
      .n_attrs = EBB_COUNT(adaptive_attrs), .forward = adaptive_fwd,
      .doc = "average pooling to a fixed output_size x output_size",
-     .workspace = adaptive_workspace},
+     .workspace = adaptive_workspace, .grad = &adaptive_grad},
 };
 const int ebb_ops_pool_count = EBB_COUNT(ebb_ops_pool);

@@ -163,14 +163,108 @@ static int64_t lstm_workspace(const ebb_attr_value *a, const ebb_shape *in, int 
     return cell_workspace(4, a, in, dt);
 }
 
+/* ---- backward rules ----------------------------------------------------------
+ * The gate projections are recomputed from the saved state and x, and
+ * _thnn_differentiable_{gru,lstm}_cell_backward differentiates the gates;
+ * the LSTM's also reads its new cell state, the right half of the output.
+ * Without a `using` x the cell reads its state twice, so the state's
+ * gradient collects both parts. */
+
+static ebb_status gru_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    int bias = c->attrs[A_BIAS].i != 0;
+    if (c->n_params != (bias ? 4 : 2))
+        return ebb_error_set(EBB_ERR_ARG, "gru_cell backward: expected %d parameters, got %d",
+                             bias ? 4 : 2, c->n_params);
+    const ebb_tensor *x = c->n_in > 1 ? c->in[1] : c->in[0];
+    ebb_tensor *gx = NULL, *gh = NULL;
+    ebb_status st = ebb_tensor_gru_cell_backward(&gx, &gh, gp, c->grad_out, x, c->in[0],
+                                                 c->params[0], c->params[1],
+                                                 bias ? c->params[2] : NULL,
+                                                 bias ? c->params[3] : NULL);
+    if (st == EBB_OK && c->n_in == 1)
+        st = ebb_tensor_add_(gh, gx);
+    if (st == EBB_OK) {
+        gin[0] = gh;
+        gh = NULL;
+        if (c->n_in > 1) {
+            gin[1] = gx;
+            gx = NULL;
+        }
+    }
+    ebb_tensor_free(gx);
+    ebb_tensor_free(gh);
+    if (st != EBB_OK) {
+        for (int i = 0; i < 4; i++) {
+            ebb_tensor_free(gp[i]);
+            gp[i] = NULL;
+        }
+        ebb_error_prefix("gru_cell");
+    }
+    return st;
+}
+
+static ebb_status lstm_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    int bias = c->attrs[A_BIAS].i != 0;
+    int64_t hidden = c->attrs[A_HIDDEN].i;
+    if (c->n_params != (bias ? 4 : 2))
+        return ebb_error_set(EBB_ERR_ARG, "lstm_cell backward: expected %d parameters, got %d",
+                             bias ? 4 : 2, c->n_params);
+    if (!c->out)
+        return ebb_error_set(EBB_ERR_ARG, "lstm_cell backward: the output was not saved");
+    ebb_tensor *h = NULL, *cs = NULL, *cy = NULL, *gh_out = NULL, *gc_out = NULL;
+    ebb_tensor *gx = NULL, *gh = NULL, *gc = NULL;
+    ebb_status st = ebb_tensor_narrow(&h, c->in[0], 1, 0, hidden);
+    if (st == EBB_OK)
+        st = ebb_tensor_narrow(&cs, c->in[0], 1, hidden, hidden);
+    if (st == EBB_OK)
+        st = ebb_tensor_narrow(&cy, c->out, 1, hidden, hidden);
+    if (st == EBB_OK)
+        st = ebb_tensor_narrow(&gh_out, c->grad_out, 1, 0, hidden);
+    if (st == EBB_OK)
+        st = ebb_tensor_narrow(&gc_out, c->grad_out, 1, hidden, hidden);
+    if (st == EBB_OK)
+        st = ebb_tensor_lstm_cell_backward(&gx, &gh, &gc, gp, gh_out, gc_out,
+                                           c->n_in > 1 ? c->in[1] : h, h, cs, cy, c->params[0],
+                                           c->params[1], bias ? c->params[2] : NULL,
+                                           bias ? c->params[3] : NULL);
+    if (st == EBB_OK && c->n_in == 1)
+        st = ebb_tensor_add_(gh, gx);
+    if (st == EBB_OK) {
+        ebb_tensor *parts[2] = {gh, gc};
+        st = ebb_tensor_cat(&gin[0], parts, 2, 1);
+    }
+    if (st == EBB_OK && c->n_in > 1) {
+        gin[1] = gx;
+        gx = NULL;
+    }
+    ebb_tensor *tmp[] = {h, cs, cy, gh_out, gc_out, gx, gh, gc};
+    for (int i = 0; i < EBB_COUNT(tmp); i++)
+        ebb_tensor_free(tmp[i]);
+    if (st != EBB_OK) {
+        ebb_tensor_free(gin[0]);
+        gin[0] = NULL;
+        for (int i = 0; i < 4; i++) {
+            ebb_tensor_free(gp[i]);
+            gp[i] = NULL;
+        }
+        ebb_error_prefix("lstm_cell");
+    }
+    return st;
+}
+
+static const ebb_op_grad gru_grad = {.backward = gru_bwd, .saves_inputs = 0x3u,
+                                     .differentiable = 0x3u};
+static const ebb_op_grad lstm_grad = {.backward = lstm_bwd, .saves_inputs = 0x3u,
+                                      .saves_output = 1, .differentiable = 0x3u};
+
 const ebb_op ebb_ops_recurrent[] = {
     {.name = "gru_cell", .min_inputs = 1, .max_inputs = 2, .attrs = cell_attrs,
      .n_attrs = EBB_COUNT(cell_attrs), .params = gru_params, .forward = gru_fwd,
      .doc = "one GRU step on the state h [B, H] (x from `using`, else h)",
-     .workspace = gru_workspace},
+     .workspace = gru_workspace, .grad = &gru_grad},
     {.name = "lstm_cell", .min_inputs = 1, .max_inputs = 2, .attrs = cell_attrs,
      .n_attrs = EBB_COUNT(cell_attrs), .params = lstm_params, .forward = lstm_fwd,
      .doc = "one LSTM step on the state cat(h, c) [B, 2H] (x from `using`, else h)",
-     .workspace = lstm_workspace},
+     .workspace = lstm_workspace, .grad = &lstm_grad},
 };
 const int ebb_ops_recurrent_count = EBB_COUNT(ebb_ops_recurrent);

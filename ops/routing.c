@@ -67,11 +67,84 @@ static const ebb_attr_spec gate_mix_attrs[] = {
     {.name = "index", .type = EBB_ATTR_INT, .required = 1, .doc = "expert index"},
 };
 
+/* ---- backward rules ----------------------------------------------------------
+ * threshold_halt as a loop condition is a hard decision (continue while > 0)
+ * and passes no gradient: a compile that only tests it never asks for one.
+ * Read as a value, max(x) - threshold differentiates as max does: the
+ * gradient goes to the maxima, shared evenly between ties. */
+static ebb_status threshold_halt_bwd(const ebb_op_grad_call *c, ebb_tensor **gin,
+                                     ebb_tensor **gp) {
+    (void)gp;
+    return ebb_tensor_max_all_backward(&gin[0], c->grad_out, c->in[0]);
+}
+static const ebb_op_grad threshold_halt_grad = {.backward = threshold_halt_bwd,
+                                                .saves_inputs = 1u, .differentiable = 1u};
+
+/* _gate_mix: [acc +] w[:, i] * y. The router weights w get the gradient of
+ * their column i (the sum of grad * y over y's feature dims); y gets grad
+ * scaled by the column; acc gets grad itself. */
+static ebb_status gate_mix_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    int wi = c->n_in - 2, yi = c->n_in - 1;
+    const ebb_tensor *w = c->in[wi], *y = c->in[yi];
+    int64_t i = c->attrs[0].i;
+    ebb_shape ws = ebb_tensor_shape(w), ys = ebb_tensor_shape(y), cs = ys;
+    if (ws.ndim != 2 || ys.ndim < 1 || i < 0 || i >= ws.dim[1])
+        return ebb_error_set(EBB_ERR_SHAPE, "_gate_mix backward: router output and expert output "
+                             "do not fit (index %lld)", (long long)i);
+    for (int d = 1; d < cs.ndim; d++)
+        cs.dim[d] = 1;
+    ebb_tensor *col = NULL, *wcol = NULL, *gy_w = NULL, *gcol = NULL, *gcol2 = NULL;
+    ebb_tensor *onehot = NULL, *zeros = NULL;
+    ebb_status st = ebb_tensor_narrow(&col, w, 1, i, 1);
+    if (st == EBB_OK)
+        st = ebb_tensor_reshape(&wcol, col, &cs);
+    if (st == EBB_OK)
+        st = ebb_tensor_binary(&gin[yi], EBB_MUL, c->grad_out, wcol);
+    if (st == EBB_OK)
+        st = ebb_tensor_binary(&gy_w, EBB_MUL, c->grad_out, y);
+    if (st == EBB_OK)
+        st = ebb_tensor_sum_to(&gcol, gy_w, &cs);
+    ebb_shape col_shape = EBB_SHAPE(ws.dim[0], 1);
+    if (st == EBB_OK)
+        st = ebb_tensor_reshape(&gcol2, gcol, &col_shape);
+    /* the column's gradient placed at column i of zeros: [B, 1] * one-hot [E] */
+    ebb_shape e = EBB_SHAPE(ws.dim[1]);
+    if (st == EBB_OK)
+        st = ebb_tensor_zeros(&zeros, &e, ebb_tensor_dtype(w), ebb_tensor_device(w));
+    if (st == EBB_OK) {
+        ebb_tensor *one = NULL;
+        st = ebb_tensor_narrow(&one, zeros, 0, i, 1);
+        if (st == EBB_OK)
+            st = ebb_tensor_affine_(one, 1.0, 1.0);
+        ebb_tensor_free(one);
+        onehot = zeros;
+        zeros = NULL;
+    }
+    if (st == EBB_OK)
+        st = ebb_tensor_binary(&gin[wi], EBB_MUL, gcol2, onehot);
+    if (st == EBB_OK && c->n_in == 3)
+        st = ebb_tensor_ref(&gin[0], c->grad_out);
+    ebb_tensor *tmp[] = {col, wcol, gy_w, gcol, gcol2, onehot, zeros};
+    for (int k = 0; k < EBB_COUNT(tmp); k++)
+        ebb_tensor_free(tmp[k]);
+    if (st != EBB_OK)
+        for (int k = 0; k < c->n_in; k++) {
+            ebb_tensor_free(gin[k]);
+            gin[k] = NULL;
+        }
+    return st;
+}
+/* bits for (w, y) and for (acc, w, y): w and y are the last two inputs */
+static const ebb_op_grad gate_mix_grad = {.backward = gate_mix_bwd, .saves_inputs = 0x7u,
+                                          .differentiable = 0x7u};
+
 const ebb_op ebb_ops_routing[] = {
     {.name = "threshold_halt", .min_inputs = 1, .max_inputs = 1, .attrs = threshold_attrs,
      .n_attrs = 1, .forward = threshold_halt_fwd, .doc = "max(x) - threshold, a loop condition",
-     .workspace = threshold_halt_workspace},
+     .workspace = threshold_halt_workspace, .grad = &threshold_halt_grad},
     {.name = "_gate_mix", .min_inputs = 2, .max_inputs = 3, .attrs = gate_mix_attrs, .n_attrs = 1,
-     .forward = gate_mix_fwd, .doc = "internal: one expert's weighted term of a dense gate"},
+     .forward = gate_mix_fwd, .doc = "internal: one expert's weighted term of a dense gate",
+     .grad = &gate_mix_grad},
 };
 const int ebb_ops_routing_count = EBB_COUNT(ebb_ops_routing);

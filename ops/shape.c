@@ -212,16 +212,72 @@ static ebb_status squeeze_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return ebb_tensor_reshape(out, c->in[0], &s);
 }
 
-#define VIEW_OP(n, a, f, d)                                                                        \
+/* ---- backward rules ----------------------------------------------------------
+ * A view's gradient is grad_out seen in the input's shape. flatten, reshape
+ * and squeeze read the input for that shape; the others invert themselves
+ * from their attributes alone. */
+
+static ebb_status as_input_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    return ebb_tensor_reshape(&gin[0], c->grad_out, &x);
+}
+
+static ebb_status permute_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    int64_t dims[EBB_MAX_DIMS], inverse[EBB_MAX_DIMS];
+    int n = 0;
+    ebb_shape g = ebb_tensor_shape(c->grad_out);
+    ebb_status st = ebb_ops_parse_ints("permute", "dims", c->attrs[0].s, dims, EBB_MAX_DIMS, &n);
+    if (st == EBB_OK && n != g.ndim)
+        st = ebb_error_set(EBB_ERR_SHAPE, "permute backward: dims=\"%s\" for a %d-D gradient",
+                           c->attrs[0].s, g.ndim);
+    for (int i = 0; st == EBB_OK && i < n; i++)
+        if ((st = ebb_ops_check_dim("permute", dims[i], &g, &dims[i])) == EBB_OK)
+            inverse[dims[i]] = i;
+    return st == EBB_OK ? ebb_tensor_permute(&gin[0], c->grad_out, inverse, n) : st;
+}
+
+static ebb_status transpose_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    ebb_shape g = ebb_tensor_shape(c->grad_out);
+    int64_t d0 = 0, d1 = 0;
+    ebb_status st = ebb_ops_check_dim("transpose", c->attrs[0].i, &g, &d0);
+    if (st == EBB_OK)
+        st = ebb_ops_check_dim("transpose", c->attrs[1].i, &g, &d1);
+    return st == EBB_OK ? ebb_tensor_transpose(&gin[0], c->grad_out, d0, d1) : st;
+}
+
+/* the inserted dim, counted in the output (grad_out) */
+static ebb_status unsqueeze_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    ebb_shape g = ebb_tensor_shape(c->grad_out);
+    int64_t d = 0;
+    ebb_status st = ebb_ops_check_dim("unsqueeze", c->attrs[0].i, &g, &d);
+    if (st == EBB_OK && g.dim[d] != 1)
+        st = ebb_error_set(EBB_ERR_SHAPE, "unsqueeze backward: gradient dim %lld has size %lld, "
+                           "not 1", (long long)d, (long long)g.dim[d]);
+    return st == EBB_OK ? ebb_tensor_squeeze(&gin[0], c->grad_out, d) : st;
+}
+
+static const ebb_op_grad as_input_grad = {.backward = as_input_bwd, .saves_inputs = 1u,
+                                          .differentiable = 1u};
+static const ebb_op_grad permute_grad = {.backward = permute_bwd, .differentiable = 1u};
+static const ebb_op_grad transpose_grad = {.backward = transpose_bwd, .differentiable = 1u};
+static const ebb_op_grad unsqueeze_grad = {.backward = unsqueeze_bwd, .differentiable = 1u};
+
+#define VIEW_OP(n, a, f, d, g)                                                                     \
     {.name = n, .min_inputs = 1, .max_inputs = 1, .attrs = a, .n_attrs = EBB_COUNT(a),            \
-     .is_view = 1, .forward = f, .doc = d}
+     .is_view = 1, .forward = f, .doc = d, .grad = &g}
 
 const ebb_op ebb_ops_shape[] = {
-    VIEW_OP("flatten", flatten_attrs, flatten_fwd, "merge dims start_dim..end_dim into one"),
-    VIEW_OP("reshape", reshape_attrs, reshape_fwd, "the same elements in a new shape"),
-    VIEW_OP("permute", permute_attrs, permute_fwd, "reorder the dims"),
-    VIEW_OP("transpose", transpose_attrs, transpose_fwd, "swap two dims"),
-    VIEW_OP("unsqueeze", unsqueeze_attrs, unsqueeze_fwd, "insert a size-1 dim"),
-    VIEW_OP("squeeze", squeeze_attrs, squeeze_fwd, "drop a size-1 dim (or all of them)"),
+    VIEW_OP("flatten", flatten_attrs, flatten_fwd, "merge dims start_dim..end_dim into one",
+            as_input_grad),
+    VIEW_OP("reshape", reshape_attrs, reshape_fwd, "the same elements in a new shape", as_input_grad),
+    VIEW_OP("permute", permute_attrs, permute_fwd, "reorder the dims", permute_grad),
+    VIEW_OP("transpose", transpose_attrs, transpose_fwd, "swap two dims", transpose_grad),
+    VIEW_OP("unsqueeze", unsqueeze_attrs, unsqueeze_fwd, "insert a size-1 dim", unsqueeze_grad),
+    VIEW_OP("squeeze", squeeze_attrs, squeeze_fwd, "drop a size-1 dim (or all of them)",
+            as_input_grad),
 };
 const int ebb_ops_shape_count = EBB_COUNT(ebb_ops_shape);

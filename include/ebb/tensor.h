@@ -315,6 +315,164 @@ ebb_status ebb_tensor_lstm_cell(ebb_tensor **h_out, ebb_tensor **c_out, const eb
                                 const ebb_tensor *w_hh, const ebb_tensor *b_ih,
                                 const ebb_tensor *b_hh);
 
+/* ---- derivatives (used by the ops' backward rules) ------------------------
+ *
+ * Each computes the gradient(s) of one forward with ATen's derivative kernel
+ * for it. Gradients come back as new handles with the shapes of what they
+ * differentiate; an out-pointer given as NULL is a gradient not wanted (not
+ * computed). On failure every out is NULL and ebb_errmsg() names the shapes. */
+
+/* relu, tanh and sigmoid take their OUTPUT as `saved`, gelu and silu their
+ * input (threshold_backward, tanh_backward, sigmoid_backward, gelu_backward,
+ * silu_backward). Other unary ops are EBB_ERR_UNSUPPORTED. */
+ebb_status ebb_tensor_unary_backward(ebb_tensor **grad_x, ebb_unary_op op, const ebb_tensor *grad,
+                                     const ebb_tensor *saved);
+/* From the (log_)softmax output: _(log_)softmax_backward_data. */
+ebb_status ebb_tensor_softmax_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                       const ebb_tensor *out, int64_t dim, bool log);
+/* grad summed over the dims where `shape` was broadcast to grad's. */
+ebb_status ebb_tensor_sum_to(ebb_tensor **out, const ebb_tensor *grad, const ebb_shape *shape);
+/* Of a sum (or mean) of an input of shape x over dims (all when ndims 0). */
+ebb_status ebb_tensor_reduce_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                      const ebb_shape *x, const int64_t *dims, int ndims,
+                                      bool keepdim, bool mean);
+/* Of max(x) over all elements: shared evenly by the maxima (zeros for an
+ * empty x). */
+ebb_status ebb_tensor_max_all_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                       const ebb_tensor *x);
+/* Of ebb_tensor_fold() (EBB_ADD, EBB_MUL, EBB_MAXIMUM; n >= 2) into
+ * grad_xs[0..n), each reduced to its input's shape. */
+ebb_status ebb_tensor_fold_backward(ebb_tensor **grad_xs, ebb_binary_op op, const ebb_tensor *grad,
+                                    ebb_tensor *const *xs, int n);
+/* Of x @ weight^T + bias: grad @ weight, grad^T x and grad summed over rows.
+ * x may be NULL when grad_weight is. */
+ebb_status ebb_tensor_linear_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+                                      ebb_tensor **grad_bias, const ebb_tensor *grad,
+                                      const ebb_tensor *x, const ebb_tensor *weight);
+/* Training dropout: keeps each element with probability 1-p (a bool mask
+ * drawn on the CPU from a generator seeded with `seed`, so a seed drops the
+ * same elements on every device) and scales the kept ones by 1/(1-p). */
+ebb_status ebb_tensor_dropout_train(ebb_tensor **out, ebb_tensor **mask, const ebb_tensor *x,
+                                    double p, uint64_t seed);
+ebb_status ebb_tensor_dropout_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                       const ebb_tensor *mask, double p);
+/* native_layer_norm: the output and the per-row mean and rstd its backward
+ * reads. */
+ebb_status ebb_tensor_layer_norm_train(ebb_tensor **out, ebb_tensor **mean, ebb_tensor **rstd,
+                                       const ebb_tensor *x, int normalized_ndim,
+                                       const ebb_tensor *weight, const ebb_tensor *bias,
+                                       double eps);
+ebb_status ebb_tensor_layer_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+                                          ebb_tensor **grad_bias, const ebb_tensor *grad,
+                                          const ebb_tensor *x, int normalized_ndim,
+                                          const ebb_tensor *mean, const ebb_tensor *rstd,
+                                          const ebb_tensor *weight, const ebb_tensor *bias);
+/* Training batch norm (native_batch_norm): normalises with the batch's
+ * statistics, returns the per-channel mean and inverse std its backward
+ * reads, and updates running_mean and running_var in place with `momentum`
+ * (the unbiased variance), as nn.BatchNorm does in training. */
+ebb_status ebb_tensor_batch_norm_train(ebb_tensor **out, ebb_tensor **save_mean,
+                                       ebb_tensor **save_invstd, const ebb_tensor *x,
+                                       ebb_tensor *running_mean, ebb_tensor *running_var,
+                                       const ebb_tensor *weight, const ebb_tensor *bias,
+                                       double momentum, double eps);
+/* grad_weight and grad_bias need weight (affine). */
+ebb_status ebb_tensor_batch_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+                                          ebb_tensor **grad_bias, const ebb_tensor *grad,
+                                          const ebb_tensor *x, const ebb_tensor *weight,
+                                          const ebb_tensor *save_mean,
+                                          const ebb_tensor *save_invstd, double eps);
+/* native_group_norm: the output and the per-(sample, group) mean and rstd. */
+ebb_status ebb_tensor_group_norm_train(ebb_tensor **out, ebb_tensor **mean, ebb_tensor **rstd,
+                                       const ebb_tensor *x, int64_t num_groups,
+                                       const ebb_tensor *weight, const ebb_tensor *bias,
+                                       double eps);
+ebb_status ebb_tensor_group_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+                                          ebb_tensor **grad_bias, const ebb_tensor *grad,
+                                          const ebb_tensor *x, const ebb_tensor *mean,
+                                          const ebb_tensor *rstd, const ebb_tensor *weight,
+                                          int64_t num_groups);
+/* Of ebb_tensor_rms_norm (libtorch 1.13 has no kernel: written out from the
+ * forward's ATen calls). */
+ebb_status ebb_tensor_rms_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+                                        const ebb_tensor *grad, const ebb_tensor *x,
+                                        const ebb_tensor *weight, double eps);
+/* Of ebb_tensor_conv (convolution_backward); grad_bias given means the
+ * forward had a bias. */
+ebb_status ebb_tensor_conv_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+                                    ebb_tensor **grad_bias, const ebb_tensor *grad,
+                                    const ebb_tensor *x, const ebb_tensor *weight,
+                                    const int64_t *stride, const int64_t *padding,
+                                    const int64_t *dilation, int64_t groups);
+/* max_pool2d_with_indices: the output and the int64 argmax per output
+ * element, which its backward scatters the gradient to. */
+ebb_status ebb_tensor_max_pool2d_train(ebb_tensor **out, ebb_tensor **indices, const ebb_tensor *x,
+                                       const int64_t kernel[2], const int64_t stride[2],
+                                       const int64_t padding[2], bool ceil_mode);
+ebb_status ebb_tensor_max_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                          const ebb_tensor *x, const ebb_tensor *indices,
+                                          const int64_t kernel[2], const int64_t stride[2],
+                                          const int64_t padding[2], bool ceil_mode);
+ebb_status ebb_tensor_avg_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                          const ebb_tensor *x, const int64_t kernel[2],
+                                          const int64_t stride[2], const int64_t padding[2],
+                                          bool ceil_mode, bool count_include_pad);
+ebb_status ebb_tensor_adaptive_avg_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                                   const ebb_tensor *x);
+/* The weight's gradient of an embedding lookup (embedding_dense_backward). */
+ebb_status ebb_tensor_embedding_backward(ebb_tensor **grad_weight, const ebb_tensor *grad,
+                                         const ebb_tensor *indices, int64_t num_weights);
+/* Of the multi_head_attention op (ops/attention.c): grad_in[0..n_in) for
+ * query[, key[, value]] and grad_params[] in the op's parameter order
+ * (in_proj_weight, [in_proj_bias,] out_proj.weight[, out_proj.bias]).
+ * Recomputes the attention probabilities from the inputs. */
+ebb_status ebb_tensor_multi_head_attention_backward(
+    ebb_tensor **grad_in, ebb_tensor **grad_params, const ebb_tensor *grad, ebb_tensor *const *in,
+    int n_in, const ebb_tensor *w_in, const ebb_tensor *b_in, const ebb_tensor *w_out,
+    const ebb_tensor *b_out, int64_t heads, bool causal);
+/* Of ebb_tensor_gru_cell: grad_w[4] for w_ih, w_hh, b_ih, b_hh (biases
+ * only when given). _thnn_differentiable_gru_cell_backward does the gates. */
+ebb_status ebb_tensor_gru_cell_backward(ebb_tensor **grad_x, ebb_tensor **grad_h,
+                                        ebb_tensor **grad_w, const ebb_tensor *grad,
+                                        const ebb_tensor *x, const ebb_tensor *h,
+                                        const ebb_tensor *w_ih, const ebb_tensor *w_hh,
+                                        const ebb_tensor *b_ih, const ebb_tensor *b_hh);
+/* Of ebb_tensor_lstm_cell, from the gradients of h' and c' and the new cell
+ * state cy (_thnn_differentiable_lstm_cell_backward). */
+ebb_status ebb_tensor_lstm_cell_backward(ebb_tensor **grad_x, ebb_tensor **grad_h,
+                                         ebb_tensor **grad_c, ebb_tensor **grad_w,
+                                         const ebb_tensor *grad_hy, const ebb_tensor *grad_cy,
+                                         const ebb_tensor *x, const ebb_tensor *h,
+                                         const ebb_tensor *c, const ebb_tensor *cy,
+                                         const ebb_tensor *w_ih, const ebb_tensor *w_hh,
+                                         const ebb_tensor *b_ih, const ebb_tensor *b_hh);
+
+/* ---- the autograd reference: a testing aid --------------------------------
+ *
+ * ebb computes gradients with the rules above; libtorch autograd is the
+ * reference they are checked against, never the mechanism. Between
+ * ebb_tensor_autograd_begin() and _end() (per thread, nestable) the tensor
+ * layer records autograd history instead of running in inference mode, so
+ * an op's ordinary forward, run on leaves, can be differentiated:
+ *
+ *     ebb_tensor_autograd_begin();
+ *     ebb_tensor_clone(&leaf, x);          // made inside: a leaf autograd sees
+ *     ebb_tensor_requires_grad_(leaf);
+ *     op->forward(&call_on_leaf, &y);
+ *     ebb_tensor_backward(y, grad_y);
+ *     ebb_tensor_grad(&gx, leaf);          // d<y, grad_y>/dx
+ *     ebb_tensor_autograd_end();
+ *
+ * Tensors made outside (inference tensors) cannot become leaves. */
+void ebb_tensor_autograd_begin(void);
+void ebb_tensor_autograd_end(void);
+/* Marks a floating tensor made under autograd as a leaf that gets a .grad. */
+ebb_status ebb_tensor_requires_grad_(ebb_tensor *t);
+/* Backpropagates grad_out (of out's shape) into the leaves' .grad. */
+ebb_status ebb_tensor_backward(const ebb_tensor *out, const ebb_tensor *grad_out);
+/* The accumulated gradient of a leaf; zeros when nothing reached it. */
+ebb_status ebb_tensor_grad(ebb_tensor **out, const ebb_tensor *t);
+
 #ifdef __cplusplus
 }
 #endif

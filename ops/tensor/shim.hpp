@@ -30,6 +30,11 @@ ebb_shape shape_of(const at::Tensor &t);
 // Turns the exception in flight into a status and message prefixed by `fn`.
 ebb_status fail_from_exception(const char *fn);
 
+// True between ebb_tensor_autograd_begin() and _end() on this thread (grad.cpp):
+// EBB_TRY then records autograd history instead of entering inference mode, so
+// tests can differentiate the very ATen calls an op makes.
+bool autograd_on();
+
 } // namespace ebb
 
 // Checks the out-pointer and clears it, so a failed call leaves *out NULL.
@@ -49,7 +54,7 @@ ebb_status fail_from_exception(const char *fn);
 
 #define EBB_TRY(fn, ...)                                                                           \
     try {                                                                                          \
-        c10::InferenceMode ebb_inference_guard_;                                                   \
+        c10::InferenceMode ebb_inference_guard_(!ebb::autograd_on());                              \
         __VA_ARGS__                                                                                \
     } catch (...) {                                                                                \
         return ebb::fail_from_exception(fn);                                                       \

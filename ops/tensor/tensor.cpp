@@ -566,6 +566,12 @@ void add_scalar_(at::Tensor &t, double v) {
 ebb_status ebb_tensor_affine_(ebb_tensor *x, double scale, double shift) {
     EBB_NEED("ebb_tensor_affine_", x);
     EBB_TRY("ebb_tensor_affine_", {
+        if (ebb::autograd_on() && x->t.requires_grad()) {
+            // autograd may need the old values (max's backward does): the
+            // reference rebinds the handle to a new tensor instead
+            x->t = x->t * scale + shift;
+            return EBB_OK;
+        }
         if (scale != 1.0)
             mul_scalar_(x->t, scale);
         if (shift != 0.0)
@@ -589,6 +595,18 @@ void binary_into(at::Tensor &dst, ebb_binary_op op, const at::Tensor &a, const a
     throw std::invalid_argument("unknown op " + std::to_string(static_cast<int>(op)));
 }
 
+at::Tensor binary_of(ebb_binary_op op, const at::Tensor &a, const at::Tensor &b) {
+    switch (op) {
+    case EBB_ADD: return at::add(a, b);
+    case EBB_SUB: return at::sub(a, b);
+    case EBB_MUL: return at::mul(a, b);
+    case EBB_DIV: return at::div(a, b);
+    case EBB_MAXIMUM: return at::maximum(a, b);
+    case EBB_MINIMUM: return at::minimum(a, b);
+    }
+    throw std::invalid_argument("unknown op " + std::to_string(static_cast<int>(op)));
+}
+
 // The fold of xs into one new tensor of their broadcast shape and promoted
 // dtype (`floating`: at least the default float type), the only allocation.
 at::Tensor fold_into_new(ebb_binary_op op, ebb_tensor *const *xs, int n, bool floating) {
@@ -601,6 +619,14 @@ at::Tensor fold_into_new(ebb_binary_op op, ebb_tensor *const *xs, int n, bool fl
     at::ScalarType dt = at::native::result_type(ts);
     if (floating && !at::isFloatingType(dt) && !at::isComplexType(dt))
         dt = at::typeMetaToScalarType(at::get_default_dtype());
+    if (ebb::autograd_on()) {
+        // out= kernels refuse autograd; the reference differentiates the
+        // same left-to-right chain, one functional op at a time
+        at::Tensor r = binary_of(op, ts[0], ts[1]);
+        for (size_t i = 2; i < ts.size(); i++)
+            r = binary_of(op, r, ts[i]);
+        return r.to(dt);
+    }
     at::Tensor r = at::empty(shape, ts[0].options().dtype(dt));
     // an out= op does not broadcast its inputs to the output's shape: the
     // first input, expanded (a view), makes the first two fill all of r

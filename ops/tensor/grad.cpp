@@ -1,0 +1,927 @@
+// Derivatives: the tensor layer's half of the backward rules (ops/*.c hold
+// the other half). Each function calls ATen's derivative kernel for its op
+// (threshold_backward, native_layer_norm_backward, convolution_backward, ...)
+// and adds only plain algebra around it (matrix products for linear maps,
+// sum_to for broadcasting). Where ATen has no kernel (rms_norm, the n-way
+// maximum, attention on libtorch 1.x) the derivative is written out from the
+// same ATen calls the forward makes.
+//
+// Also here: the autograd switch that lets tests differentiate an op's
+// forward with libtorch autograd, the reference the rules are checked
+// against (never the mechanism).
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <cmath>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/core/grad_mode.h>
+
+#include "shim.hpp"
+
+using ebb::wrap;
+
+namespace {
+
+thread_local int autograd_depth = 0;
+
+std::string dims(const at::Tensor &t) {
+    std::string s = "[";
+    for (int64_t i = 0; i < t.dim(); i++)
+        s += (i ? ", " : "") + std::to_string(t.size(i));
+    return s + "]";
+}
+
+c10::optional<at::Tensor> opt(const ebb_tensor *t) {
+    if (t)
+        return t->t;
+    return c10::nullopt;
+}
+
+// Hands several results out at once: every out slot given gets its tensor,
+// or none does (handles already made are freed when wrapping one fails).
+void hand_out(std::initializer_list<std::pair<ebb_tensor **, at::Tensor>> results) {
+    std::vector<ebb_tensor *> made;
+    try {
+        for (auto &r : results)
+            made.push_back(r.first && r.second.defined() ? wrap(r.second) : nullptr);
+    } catch (...) {
+        for (ebb_tensor *h : made)
+            ebb_tensor_free(h);
+        throw;
+    }
+    size_t i = 0;
+    for (auto &r : results) {
+        if (r.first)
+            *r.first = made[i];
+        i++;
+    }
+}
+
+void clear(std::initializer_list<ebb_tensor **> outs) {
+    for (ebb_tensor **o : outs)
+        if (o)
+            *o = nullptr;
+}
+
+// grad reshaped and summed to `shape` where the forward broadcast.
+at::Tensor reduce_to(const at::Tensor &g, at::IntArrayRef shape) {
+    if (g.sizes().equals(shape))
+        return g;
+    TORCH_CHECK(at::is_expandable_to(shape, g.sizes()), "gradient ", g.sizes(),
+                " cannot be reduced to the input's shape ", shape);
+    return at::sum_to(g, shape);
+}
+
+void check_same(const char *what, const at::Tensor &g, const at::Tensor &ref) {
+    TORCH_CHECK(g.sizes().equals(ref.sizes()), "gradient shape ", g.sizes(),
+                " does not match the ", what, "'s shape ", ref.sizes());
+}
+
+} // namespace
+
+namespace ebb {
+bool autograd_on() { return autograd_depth > 0; }
+} // namespace ebb
+
+extern "C" {
+
+/* ---- the autograd reference (tests) --------------------------------------- */
+
+void ebb_tensor_autograd_begin(void) { autograd_depth++; }
+
+void ebb_tensor_autograd_end(void) {
+    if (autograd_depth > 0)
+        autograd_depth--;
+}
+
+ebb_status ebb_tensor_requires_grad_(ebb_tensor *t) {
+    static const char fn[] = "ebb_tensor_requires_grad_";
+    EBB_NEED(fn, t);
+    if (!ebb::autograd_on())
+        return ebb_error_set(EBB_ERR_ARG, "%s: call ebb_tensor_autograd_begin() first", fn);
+    EBB_TRY(fn, {
+        if (t->t.is_inference())
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "%s: %s was made outside ebb_tensor_autograd_begin(); clone it "
+                                 "inside to get a leaf autograd can record",
+                                 fn, dims(t->t).c_str());
+        if (!at::isFloatingType(t->t.scalar_type()))
+            return ebb_error_set(EBB_ERR_ARG, "%s: %s is %s; only floating tensors have gradients",
+                                 fn, dims(t->t).c_str(),
+                                 ebb_dtype_name(ebb::from_aten(t->t.scalar_type())));
+        t->t.requires_grad_(true);
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_backward(const ebb_tensor *out, const ebb_tensor *grad_out) {
+    static const char fn[] = "ebb_tensor_backward";
+    EBB_NEED(fn, out);
+    EBB_NEED(fn, grad_out);
+    if (!ebb::autograd_on())
+        return ebb_error_set(EBB_ERR_ARG, "%s: call ebb_tensor_autograd_begin() first", fn);
+    EBB_TRY(fn, {
+        if (!out->t.requires_grad())
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "%s: output %s does not depend on any tensor that requires grad",
+                                 fn, dims(out->t).c_str());
+        check_same("output", grad_out->t, out->t);
+        out->t.backward(grad_out->t);
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_grad(ebb_tensor **out, const ebb_tensor *t) {
+    static const char fn[] = "ebb_tensor_grad";
+    EBB_OUT(fn, out);
+    EBB_NEED(fn, t);
+    EBB_TRY(fn, {
+        if (!t->t.requires_grad())
+            return ebb_error_set(EBB_ERR_ARG, "%s: %s does not require grad", fn,
+                                 dims(t->t).c_str());
+        at::Tensor g = t->t.grad();
+        *out = wrap(g.defined() ? g.detach() : at::zeros_like(t->t).detach());
+    })
+    return EBB_OK;
+}
+
+/* ---- elementwise ------------------------------------------------------------ */
+
+ebb_status ebb_tensor_unary_backward(ebb_tensor **grad_x, ebb_unary_op op, const ebb_tensor *grad,
+                                     const ebb_tensor *saved) {
+    static const char fn[] = "ebb_tensor_unary_backward";
+    EBB_OUT(fn, grad_x);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, saved);
+    EBB_TRY(fn, {
+        const at::Tensor &g = grad->t, &s = saved->t;
+        check_same("saved tensor", g, s);
+        at::Tensor r;
+        switch (op) {
+        case EBB_RELU: r = at::threshold_backward(g, s, 0); break; // s: the output
+        case EBB_GELU: r = at::gelu_backward(g, s); break;         // s: the input
+        case EBB_TANH: r = at::tanh_backward(g, s); break;         // s: the output
+        case EBB_SIGMOID: r = at::sigmoid_backward(g, s); break;   // s: the output
+        case EBB_SILU: r = at::silu_backward(g, s); break;         // s: the input
+        default:
+            return ebb_error_set(EBB_ERR_UNSUPPORTED, "%s: no derivative for unary op %d", fn,
+                                 static_cast<int>(op));
+        }
+        *grad_x = wrap(std::move(r));
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_softmax_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                       const ebb_tensor *out, int64_t dim, bool log) {
+    static const char fn[] = "ebb_tensor_softmax_backward";
+    EBB_OUT(fn, grad_x);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, out);
+    EBB_TRY(fn, {
+        const at::Tensor &g = grad->t, &y = out->t;
+        check_same("softmax output", g, y);
+        int64_t d = at::maybe_wrap_dim(dim, y.dim());
+        *grad_x = wrap(log ? at::_log_softmax_backward_data(g, y, d, y.scalar_type())
+                           : at::_softmax_backward_data(g, y, d, y.scalar_type()));
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_sum_to(ebb_tensor **out, const ebb_tensor *grad, const ebb_shape *shape) {
+    static const char fn[] = "ebb_tensor_sum_to";
+    EBB_OUT(fn, out);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, shape);
+    EBB_TRY(fn, *out = wrap(reduce_to(grad->t, ebb::dims_of(shape)));)
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_reduce_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                      const ebb_shape *x, const int64_t *dims_, int ndims,
+                                      bool keepdim, bool mean) {
+    static const char fn[] = "ebb_tensor_reduce_backward";
+    EBB_OUT(fn, grad_x);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, x);
+    EBB_TRY(fn, {
+        at::IntArrayRef xs = ebb::dims_of(x);
+        std::vector<bool> reduced(xs.size(), ndims == 0);
+        for (int i = 0; i < ndims; i++)
+            reduced[static_cast<size_t>(at::maybe_wrap_dim(dims_[i], x->ndim))] = true;
+        at::Tensor g = grad->t;
+        int64_t count = 1;
+        for (size_t d = 0; d < xs.size(); d++)
+            if (reduced[d]) {
+                count *= xs[d];
+                if (!keepdim)
+                    g = g.unsqueeze(static_cast<int64_t>(d));
+            }
+        TORCH_CHECK(at::is_expandable_to(g.sizes(), xs), "output gradient ", grad->t.sizes(),
+                    " does not fit a reduction of ", xs);
+        at::Tensor r = g.expand(xs);
+        r = mean ? r / static_cast<double>(count) : r.clone();
+        *grad_x = wrap(std::move(r));
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_max_all_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                       const ebb_tensor *x) {
+    static const char fn[] = "ebb_tensor_max_all_backward";
+    EBB_OUT(fn, grad_x);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, x);
+    EBB_TRY(fn, {
+        const at::Tensor &xt = x->t;
+        TORCH_CHECK(grad->t.numel() == 1, "output gradient ", grad->t.sizes(),
+                    " of a full max must have one element");
+        if (xt.numel() == 0) {
+            *grad_x = wrap(at::zeros_like(xt));
+            return EBB_OK;
+        }
+        // as max()'s derivative: the gradient is shared evenly by the ties
+        at::Tensor hit = xt == at::max(xt);
+        at::Tensor share = grad->t.reshape({}) / hit.sum();
+        *grad_x = wrap(at::where(hit, share, at::zeros({}, xt.options())));
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_fold_backward(ebb_tensor **grad_xs, ebb_binary_op op, const ebb_tensor *grad,
+                                    ebb_tensor *const *xs, int n) {
+    static const char fn[] = "ebb_tensor_fold_backward";
+    EBB_NEED(fn, grad_xs);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, xs);
+    for (int i = 0; i < n; i++)
+        grad_xs[i] = nullptr;
+    if (n < 2)
+        return ebb_error_set(EBB_ERR_ARG, "%s: needs at least 2 inputs, got %d", fn, n);
+    for (int i = 0; i < n; i++)
+        EBB_NEED(fn, xs[i]);
+    EBB_TRY(fn, {
+        std::vector<at::Tensor> x, gs(static_cast<size_t>(n));
+        for (int i = 0; i < n; i++)
+            x.push_back(xs[i]->t);
+        const at::Tensor &g = grad->t;
+        switch (op) {
+        case EBB_ADD:
+            for (int i = 0; i < n; i++)
+                gs[i] = reduce_to(g, x[i].sizes());
+            break;
+        case EBB_MUL:
+            for (int i = 0; i < n; i++) {
+                at::Tensor gi = g;
+                for (int j = 0; j < n; j++)
+                    if (j != i)
+                        gi = gi * x[j];
+                gs[i] = reduce_to(gi, x[i].sizes());
+            }
+            break;
+        case EBB_MAXIMUM: {
+            // the fold is max(max(max(x0, x1), x2), ...): walk it backwards,
+            // recomputing the prefixes; ties split evenly, as maximum's
+            // derivative does
+            std::vector<at::Tensor> prefix{x[0]};
+            for (int i = 1; i < n - 1; i++)
+                prefix.push_back(at::maximum(prefix.back(), x[i]));
+            at::Tensor gacc = g;
+            for (int i = n - 1; i >= 1; i--) {
+                const at::Tensor &a = prefix[static_cast<size_t>(i - 1)], &b = x[i];
+                at::Tensor half = gacc / 2;
+                at::Tensor ga = at::where(a == b, half, gacc).masked_fill(a < b, 0);
+                at::Tensor gb = at::where(a == b, half, gacc).masked_fill(b < a, 0);
+                gs[i] = reduce_to(gb, b.sizes());
+                gacc = reduce_to(ga, a.sizes());
+            }
+            gs[0] = gacc;
+            break;
+        }
+        default:
+            return ebb_error_set(EBB_ERR_UNSUPPORTED, "%s: no derivative for fold op %d", fn,
+                                 static_cast<int>(op));
+        }
+        std::vector<ebb_tensor *> made;
+        try {
+            for (auto &t : gs)
+                made.push_back(wrap(t.defined() && t.is_same(g) ? t.clone() : t));
+        } catch (...) {
+            for (ebb_tensor *h : made)
+                ebb_tensor_free(h);
+            throw;
+        }
+        for (int i = 0; i < n; i++)
+            grad_xs[i] = made[static_cast<size_t>(i)];
+    })
+    return EBB_OK;
+}
+
+/* ---- linear ------------------------------------------------------------------- */
+
+ebb_status ebb_tensor_linear_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+                                      ebb_tensor **grad_bias, const ebb_tensor *grad,
+                                      const ebb_tensor *x, const ebb_tensor *weight) {
+    static const char fn[] = "ebb_tensor_linear_backward";
+    clear({grad_x, grad_weight, grad_bias});
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, weight);
+    if (grad_weight && !x)
+        return ebb_error_set(EBB_ERR_ARG, "%s: the weight's gradient needs the input x", fn);
+    EBB_TRY(fn, {
+        const at::Tensor &g = grad->t, &w = weight->t;
+        TORCH_CHECK(w.dim() == 2 && g.dim() >= 1 && g.size(-1) == w.size(0), "output gradient ",
+                    g.sizes(), " does not fit weight ", w.sizes());
+        at::Tensor gx, gw, gb;
+        if (grad_x)
+            gx = at::matmul(g, w);
+        at::Tensor g2 = g.reshape({-1, w.size(0)});
+        if (grad_weight) {
+            TORCH_CHECK(x->t.dim() >= 1 && x->t.size(-1) == w.size(1), "input ", x->t.sizes(),
+                        " does not fit weight ", w.sizes());
+            gw = at::mm(g2.t(), x->t.reshape({-1, w.size(1)}));
+        }
+        if (grad_bias)
+            gb = g2.sum(0);
+        hand_out({{grad_x, gx}, {grad_weight, gw}, {grad_bias, gb}});
+    })
+    return EBB_OK;
+}
+
+/* ---- dropout ------------------------------------------------------------------ */
+
+ebb_status ebb_tensor_dropout_train(ebb_tensor **out, ebb_tensor **mask, const ebb_tensor *x,
+                                    double p, uint64_t seed) {
+    static const char fn[] = "ebb_tensor_dropout_train";
+    clear({out, mask});
+    EBB_NEED(fn, out);
+    EBB_NEED(fn, mask);
+    EBB_NEED(fn, x);
+    if (!(p >= 0.0 && p <= 1.0))
+        return ebb_error_set(EBB_ERR_ARG, "%s: p must be in [0, 1], got %g", fn, p);
+    EBB_TRY(fn, {
+        const at::Tensor &xt = x->t;
+        at::Tensor keep;
+        if (xt.is_meta()) {
+            keep = at::empty(xt.sizes(), xt.options().dtype(at::kBool));
+        } else {
+            // drawn on the CPU from a seeded generator, so a seed keeps the
+            // same elements on every device
+            at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+            at::Tensor u = at::empty(xt.sizes(), at::TensorOptions().dtype(at::kFloat));
+            u.uniform_(0.0, 1.0, gen);
+            keep = (u >= p).to(xt.device());
+        }
+        // native_dropout's convention: scale 1/(1-p), and 0 when all drop
+        double scale = p >= 1.0 ? 0.0 : 1.0 / (1.0 - p);
+        at::Tensor y = at::native_dropout_backward(xt, keep, scale);
+        hand_out({{out, y}, {mask, keep}});
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_dropout_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                       const ebb_tensor *mask, double p) {
+    static const char fn[] = "ebb_tensor_dropout_backward";
+    EBB_OUT(fn, grad_x);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, mask);
+    EBB_TRY(fn, {
+        check_same("dropout mask", grad->t, mask->t);
+        double scale = p >= 1.0 ? 0.0 : 1.0 / (1.0 - p);
+        *grad_x = wrap(at::native_dropout_backward(grad->t, mask->t.to(at::kBool), scale));
+    })
+    return EBB_OK;
+}
+
+/* ---- normalisation ------------------------------------------------------------- */
+
+ebb_status ebb_tensor_layer_norm_train(ebb_tensor **out, ebb_tensor **mean, ebb_tensor **rstd,
+                                       const ebb_tensor *x, int normalized_ndim,
+                                       const ebb_tensor *weight, const ebb_tensor *bias,
+                                       double eps) {
+    static const char fn[] = "ebb_tensor_layer_norm_train";
+    clear({out, mean, rstd});
+    EBB_NEED(fn, out);
+    EBB_NEED(fn, mean);
+    EBB_NEED(fn, rstd);
+    EBB_NEED(fn, x);
+    EBB_TRY(fn, {
+        int64_t nd = x->t.dim();
+        if (normalized_ndim < 1 || normalized_ndim > nd)
+            return ebb_error_set(EBB_ERR_SHAPE, "%s: cannot normalise %d dims of input %s", fn,
+                                 normalized_ndim, dims(x->t).c_str());
+        at::IntArrayRef norm = x->t.sizes().slice(static_cast<size_t>(nd - normalized_ndim));
+        auto r = at::native_layer_norm(x->t, norm, opt(weight), opt(bias), eps);
+        hand_out({{out, std::get<0>(r)}, {mean, std::get<1>(r)}, {rstd, std::get<2>(r)}});
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_layer_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+                                          ebb_tensor **grad_bias, const ebb_tensor *grad,
+                                          const ebb_tensor *x, int normalized_ndim,
+                                          const ebb_tensor *mean, const ebb_tensor *rstd,
+                                          const ebb_tensor *weight, const ebb_tensor *bias) {
+    static const char fn[] = "ebb_tensor_layer_norm_backward";
+    clear({grad_x, grad_weight, grad_bias});
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, x);
+    EBB_NEED(fn, mean);
+    EBB_NEED(fn, rstd);
+    EBB_TRY(fn, {
+        check_same("input", grad->t, x->t);
+        int64_t nd = x->t.dim();
+        if (normalized_ndim < 1 || normalized_ndim > nd)
+            return ebb_error_set(EBB_ERR_SHAPE, "%s: cannot normalise %d dims of input %s", fn,
+                                 normalized_ndim, dims(x->t).c_str());
+        at::IntArrayRef norm = x->t.sizes().slice(static_cast<size_t>(nd - normalized_ndim));
+        auto r = at::native_layer_norm_backward(
+            grad->t, x->t, norm, mean->t, rstd->t, opt(weight), opt(bias),
+            {grad_x != nullptr, grad_weight != nullptr && weight, grad_bias != nullptr && bias});
+        hand_out({{grad_x, std::get<0>(r)}, {grad_weight, std::get<1>(r)},
+                  {grad_bias, std::get<2>(r)}});
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_batch_norm_train(ebb_tensor **out, ebb_tensor **save_mean,
+                                       ebb_tensor **save_invstd, const ebb_tensor *x,
+                                       ebb_tensor *running_mean, ebb_tensor *running_var,
+                                       const ebb_tensor *weight, const ebb_tensor *bias,
+                                       double momentum, double eps) {
+    static const char fn[] = "ebb_tensor_batch_norm_train";
+    clear({out, save_mean, save_invstd});
+    EBB_NEED(fn, out);
+    EBB_NEED(fn, save_mean);
+    EBB_NEED(fn, save_invstd);
+    EBB_NEED(fn, x);
+    EBB_TRY(fn, {
+        const at::Tensor &xt = x->t;
+        if (xt.dim() < 2)
+            return ebb_error_set(EBB_ERR_SHAPE, "%s: input %s must be [N, C, ...]", fn,
+                                 dims(xt).c_str());
+        if (xt.numel() / xt.size(1) < 2)
+            return ebb_error_set(EBB_ERR_SHAPE,
+                                 "%s: input %s has one value per channel; training batch norm "
+                                 "needs more",
+                                 fn, dims(xt).c_str());
+        if (xt.is_meta()) {
+            int64_t c = xt.size(1);
+            hand_out({{out, at::empty(xt.sizes(), xt.options())},
+                      {save_mean, at::empty({c}, xt.options())},
+                      {save_invstd, at::empty({c}, xt.options())}});
+            return EBB_OK;
+        }
+        // updates the running statistics in place, as nn.BatchNorm's
+        // training forward does (unbiased variance)
+        auto r = at::native_batch_norm(xt, opt(weight), opt(bias), opt(running_mean),
+                                       opt(running_var), /*training=*/true, momentum, eps);
+        hand_out({{out, std::get<0>(r)}, {save_mean, std::get<1>(r)},
+                  {save_invstd, std::get<2>(r)}});
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_batch_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+                                          ebb_tensor **grad_bias, const ebb_tensor *grad,
+                                          const ebb_tensor *x, const ebb_tensor *weight,
+                                          const ebb_tensor *save_mean,
+                                          const ebb_tensor *save_invstd, double eps) {
+    static const char fn[] = "ebb_tensor_batch_norm_backward";
+    clear({grad_x, grad_weight, grad_bias});
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, x);
+    EBB_NEED(fn, save_mean);
+    EBB_NEED(fn, save_invstd);
+    EBB_TRY(fn, {
+        check_same("input", grad->t, x->t);
+        auto r = at::native_batch_norm_backward(
+            grad->t, x->t, opt(weight), c10::nullopt, c10::nullopt, save_mean->t, save_invstd->t,
+            /*train=*/true, eps,
+            {grad_x != nullptr, grad_weight != nullptr && weight, grad_bias != nullptr && weight});
+        hand_out({{grad_x, std::get<0>(r)}, {grad_weight, std::get<1>(r)},
+                  {grad_bias, std::get<2>(r)}});
+    })
+    return EBB_OK;
+}
+
+namespace {
+// N, C and H*W of a group norm input [N, C, *].
+std::array<int64_t, 3> group_dims(const at::Tensor &x, int64_t groups) {
+    TORCH_CHECK(x.dim() >= 2, "input ", x.sizes(), " must be [N, C, ...]");
+    TORCH_CHECK(groups >= 1 && x.size(1) % groups == 0, groups,
+                " groups do not divide the channels of input ", x.sizes());
+    int64_t n = x.size(0), c = x.size(1);
+    return {n, c, n * c == 0 ? 0 : x.numel() / (n * c)};
+}
+} // namespace
+
+ebb_status ebb_tensor_group_norm_train(ebb_tensor **out, ebb_tensor **mean, ebb_tensor **rstd,
+                                       const ebb_tensor *x, int64_t num_groups,
+                                       const ebb_tensor *weight, const ebb_tensor *bias,
+                                       double eps) {
+    static const char fn[] = "ebb_tensor_group_norm_train";
+    clear({out, mean, rstd});
+    EBB_NEED(fn, out);
+    EBB_NEED(fn, mean);
+    EBB_NEED(fn, rstd);
+    EBB_NEED(fn, x);
+    EBB_TRY(fn, {
+        const at::Tensor &xt = x->t;
+        auto d = group_dims(xt, num_groups);
+        if (xt.is_meta()) {
+            hand_out({{out, at::empty(xt.sizes(), xt.options())},
+                      {mean, at::empty({d[0], num_groups}, xt.options())},
+                      {rstd, at::empty({d[0], num_groups}, xt.options())}});
+            return EBB_OK;
+        }
+        auto r = at::native_group_norm(xt.contiguous(), opt(weight), opt(bias), d[0], d[1], d[2],
+                                       num_groups, eps);
+        hand_out({{out, std::get<0>(r).view(xt.sizes())}, {mean, std::get<1>(r)},
+                  {rstd, std::get<2>(r)}});
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_group_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+                                          ebb_tensor **grad_bias, const ebb_tensor *grad,
+                                          const ebb_tensor *x, const ebb_tensor *mean,
+                                          const ebb_tensor *rstd, const ebb_tensor *weight,
+                                          int64_t num_groups) {
+    static const char fn[] = "ebb_tensor_group_norm_backward";
+    clear({grad_x, grad_weight, grad_bias});
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, x);
+    EBB_NEED(fn, mean);
+    EBB_NEED(fn, rstd);
+    EBB_TRY(fn, {
+        check_same("input", grad->t, x->t);
+        auto d = group_dims(x->t, num_groups);
+        auto r = at::native_group_norm_backward(
+            grad->t.contiguous(), x->t.contiguous(), mean->t, rstd->t, opt(weight), d[0], d[1],
+            d[2], num_groups,
+            {grad_x != nullptr, grad_weight != nullptr && weight, grad_bias != nullptr && weight});
+        at::Tensor gx = std::get<0>(r);
+        if (gx.defined())
+            gx = gx.view(x->t.sizes());
+        hand_out({{grad_x, gx}, {grad_weight, std::get<1>(r)}, {grad_bias, std::get<2>(r)}});
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_rms_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+                                        const ebb_tensor *grad, const ebb_tensor *x,
+                                        const ebb_tensor *weight, double eps) {
+    static const char fn[] = "ebb_tensor_rms_norm_backward";
+    clear({grad_x, grad_weight});
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, x);
+    EBB_TRY(fn, {
+        check_same("input", grad->t, x->t);
+        // libtorch 1.13 has no rms_norm kernel; with r = rsqrt(mean(x^2) + eps)
+        // over the last dim and y = x r w:
+        //   dx = r (g w) - x r^3 mean(g w x),  dw = sum over rows of g x r
+        at::ScalarType st = x->t.scalar_type();
+        bool low = st == at::kHalf || st == at::kBFloat16;
+        at::Tensor xf = low ? x->t.to(at::kFloat) : x->t;
+        at::Tensor g = low ? grad->t.to(at::kFloat) : grad->t;
+        at::Tensor r = at::rsqrt(xf.pow(2).mean(-1, true).add(eps));
+        at::Tensor gx, gw;
+        if (grad_weight && weight)
+            gw = (g * xf * r).reshape({-1, xf.size(-1)}).sum(0).to(weight->t.scalar_type());
+        if (grad_x) {
+            at::Tensor gy = weight ? g * weight->t : g;
+            gx = gy * r - xf * r.pow(3) * (gy * xf).mean(-1, true);
+            gx = gx.to(st);
+        }
+        hand_out({{grad_x, gx}, {grad_weight, gw}});
+    })
+    return EBB_OK;
+}
+
+/* ---- convolution and pooling ---------------------------------------------------- */
+
+ebb_status ebb_tensor_conv_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+                                    ebb_tensor **grad_bias, const ebb_tensor *grad,
+                                    const ebb_tensor *x, const ebb_tensor *weight,
+                                    const int64_t *stride, const int64_t *padding,
+                                    const int64_t *dilation, int64_t groups) {
+    static const char fn[] = "ebb_tensor_conv_backward";
+    clear({grad_x, grad_weight, grad_bias});
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, x);
+    EBB_NEED(fn, weight);
+    EBB_NEED(fn, stride);
+    EBB_NEED(fn, padding);
+    EBB_NEED(fn, dilation);
+    EBB_TRY(fn, {
+        const at::Tensor &w = weight->t;
+        int64_t nsp = w.dim() - 2;
+        TORCH_CHECK(nsp >= 1 && nsp <= 3, "weight ", w.sizes(), " must have 1 to 3 spatial dims");
+        bool batched = x->t.dim() == nsp + 2;
+        TORCH_CHECK(batched || x->t.dim() == nsp + 1, "input ", x->t.sizes(),
+                    " does not fit weight ", w.sizes());
+        TORCH_CHECK(grad->t.dim() == x->t.dim(), "output gradient ", grad->t.sizes(),
+                    " does not fit input ", x->t.sizes());
+        at::Tensor xt = batched ? x->t : x->t.unsqueeze(0);
+        at::Tensor g = batched ? grad->t : grad->t.unsqueeze(0);
+        std::vector<int64_t> bias_sizes{w.size(0)}, out_pad(static_cast<size_t>(nsp), 0);
+        at::IntArrayRef s(stride, static_cast<size_t>(nsp)), p(padding, static_cast<size_t>(nsp)),
+            dl(dilation, static_cast<size_t>(nsp));
+        auto r = at::convolution_backward(
+            g, xt, w, grad_bias ? at::OptionalIntArrayRef(bias_sizes) : c10::nullopt, s, p, dl,
+            /*transposed=*/false, out_pad, groups,
+            {grad_x != nullptr, grad_weight != nullptr, grad_bias != nullptr});
+        at::Tensor gx = std::get<0>(r);
+        if (gx.defined() && !batched)
+            gx = gx.squeeze(0);
+        hand_out({{grad_x, gx}, {grad_weight, std::get<1>(r)}, {grad_bias, std::get<2>(r)}});
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_max_pool2d_train(ebb_tensor **out, ebb_tensor **indices, const ebb_tensor *x,
+                                       const int64_t kernel[2], const int64_t stride[2],
+                                       const int64_t padding[2], bool ceil_mode) {
+    static const char fn[] = "ebb_tensor_max_pool2d_train";
+    clear({out, indices});
+    EBB_NEED(fn, out);
+    EBB_NEED(fn, indices);
+    EBB_NEED(fn, x);
+    EBB_NEED(fn, kernel);
+    EBB_NEED(fn, stride);
+    EBB_NEED(fn, padding);
+    EBB_TRY(fn, {
+        TORCH_CHECK(x->t.dim() == 3 || x->t.dim() == 4, "input ", x->t.sizes(),
+                    " must be [N, C, H, W] or [C, H, W]");
+        auto r = at::max_pool2d_with_indices(x->t, {kernel[0], kernel[1]}, {stride[0], stride[1]},
+                                             {padding[0], padding[1]}, {1, 1}, ceil_mode);
+        hand_out({{out, std::get<0>(r)}, {indices, std::get<1>(r)}});
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_max_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                          const ebb_tensor *x, const ebb_tensor *indices,
+                                          const int64_t kernel[2], const int64_t stride[2],
+                                          const int64_t padding[2], bool ceil_mode) {
+    static const char fn[] = "ebb_tensor_max_pool2d_backward";
+    EBB_OUT(fn, grad_x);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, x);
+    EBB_NEED(fn, indices);
+    EBB_NEED(fn, kernel);
+    EBB_NEED(fn, stride);
+    EBB_NEED(fn, padding);
+    EBB_TRY(fn, {
+        check_same("pooling indices", grad->t, indices->t);
+        *grad_x = wrap(at::max_pool2d_with_indices_backward(
+            grad->t, x->t, {kernel[0], kernel[1]}, {stride[0], stride[1]},
+            {padding[0], padding[1]}, {1, 1}, ceil_mode, indices->t));
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_avg_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                          const ebb_tensor *x, const int64_t kernel[2],
+                                          const int64_t stride[2], const int64_t padding[2],
+                                          bool ceil_mode, bool count_include_pad) {
+    static const char fn[] = "ebb_tensor_avg_pool2d_backward";
+    EBB_OUT(fn, grad_x);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, x);
+    EBB_NEED(fn, kernel);
+    EBB_NEED(fn, stride);
+    EBB_NEED(fn, padding);
+    EBB_TRY(fn, {
+        *grad_x = wrap(at::avg_pool2d_backward(grad->t, x->t, {kernel[0], kernel[1]},
+                                               {stride[0], stride[1]}, {padding[0], padding[1]},
+                                               ceil_mode, count_include_pad, c10::nullopt));
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_adaptive_avg_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                                   const ebb_tensor *x) {
+    static const char fn[] = "ebb_tensor_adaptive_avg_pool2d_backward";
+    EBB_OUT(fn, grad_x);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, x);
+    EBB_TRY(fn, {
+        TORCH_CHECK(grad->t.dim() == x->t.dim() && (x->t.dim() == 3 || x->t.dim() == 4),
+                    "output gradient ", grad->t.sizes(), " does not fit input ", x->t.sizes());
+        *grad_x = wrap(at::_adaptive_avg_pool2d_backward(grad->t, x->t));
+    })
+    return EBB_OK;
+}
+
+/* ---- embedding ------------------------------------------------------------------ */
+
+ebb_status ebb_tensor_embedding_backward(ebb_tensor **grad_weight, const ebb_tensor *grad,
+                                         const ebb_tensor *indices, int64_t num_weights) {
+    static const char fn[] = "ebb_tensor_embedding_backward";
+    EBB_OUT(fn, grad_weight);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, indices);
+    EBB_TRY(fn, {
+        const at::Tensor &g = grad->t, &idx = indices->t;
+        TORCH_CHECK(g.dim() == idx.dim() + 1 && g.sizes().slice(0, idx.dim()).equals(idx.sizes()),
+                    "output gradient ", g.sizes(), " does not fit indices ", idx.sizes());
+        *grad_weight = wrap(at::embedding_dense_backward(g, idx, num_weights, /*padding_idx=*/-1,
+                                                         /*scale_grad_by_freq=*/false));
+    })
+    return EBB_OK;
+}
+
+/* ---- attention ------------------------------------------------------------------ */
+
+namespace {
+
+// [B, T, H*D] <-> [B, H, T, D]
+at::Tensor split_heads(const at::Tensor &x, int64_t heads) {
+    return x.reshape({x.size(0), x.size(1), heads, x.size(2) / heads}).transpose(1, 2);
+}
+at::Tensor merge_heads(const at::Tensor &x) {
+    at::Tensor t = x.transpose(1, 2);
+    return t.reshape({t.size(0), t.size(1), t.size(2) * t.size(3)});
+}
+
+} // namespace
+
+ebb_status ebb_tensor_multi_head_attention_backward(
+    ebb_tensor **grad_in, ebb_tensor **grad_params, const ebb_tensor *grad, ebb_tensor *const *in,
+    int n_in, const ebb_tensor *w_in, const ebb_tensor *b_in, const ebb_tensor *w_out,
+    const ebb_tensor *b_out, int64_t heads, bool causal) {
+    static const char fn[] = "ebb_tensor_multi_head_attention_backward";
+    EBB_NEED(fn, grad_in);
+    EBB_NEED(fn, grad_params);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, in);
+    EBB_NEED(fn, w_in);
+    EBB_NEED(fn, w_out);
+    if (n_in < 1 || n_in > 3)
+        return ebb_error_set(EBB_ERR_ARG, "%s: takes 1 to 3 inputs, got %d", fn, n_in);
+    int n_params = b_in ? 4 : 2;
+    for (int i = 0; i < n_in; i++) {
+        grad_in[i] = nullptr;
+        EBB_NEED(fn, in[i]);
+    }
+    for (int i = 0; i < n_params; i++)
+        grad_params[i] = nullptr;
+    EBB_TRY(fn, {
+        const at::Tensor &g = grad->t, &wi = w_in->t, &wo = w_out->t;
+        int64_t e = wo.size(0);
+        const at::Tensor &xq = in[0]->t, &xk = in[n_in > 1 ? 1 : 0]->t,
+                         &xv = in[n_in > 2 ? 2 : n_in - 1]->t;
+        TORCH_CHECK(xq.dim() == 3 && xq.size(2) == e && heads >= 1 && e % heads == 0,
+                    "query ", xq.sizes(), " does not fit ", heads, " heads of width ", e);
+        check_same("query", g, xq);
+        // the forward again, from the saved inputs: the probabilities are
+        // recomputed rather than kept (B*H*T*S of them)
+        at::Tensor wq = wi.narrow(0, 0, e), wk = wi.narrow(0, e, e), wv = wi.narrow(0, 2 * e, e);
+        c10::optional<at::Tensor> bq, bk, bv;
+        if (b_in) {
+            bq = b_in->t.narrow(0, 0, e);
+            bk = b_in->t.narrow(0, e, e);
+            bv = b_in->t.narrow(0, 2 * e, e);
+        }
+        at::Tensor q = split_heads(at::linear(xq, wq, bq), heads);
+        at::Tensor k = split_heads(at::linear(xk, wk, bk), heads);
+        at::Tensor v = split_heads(at::linear(xv, wv, bv), heads);
+        double scale = 1.0 / std::sqrt(static_cast<double>(e / heads));
+        at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
+        if (causal) {
+            at::Tensor above =
+                at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).triu_(1);
+            scores.masked_fill_(above, -std::numeric_limits<double>::infinity());
+        }
+        at::Tensor probs = at::softmax(scores, -1);
+        at::Tensor merged = merge_heads(at::matmul(probs, v));
+        // and back through it
+        at::Tensor g2 = g.reshape({-1, e});
+        at::Tensor g_wo = at::mm(g2.t(), merged.reshape({-1, e}));
+        at::Tensor g_bo = b_out ? g2.sum(0) : at::Tensor();
+        at::Tensor g_o = split_heads(at::matmul(g, wo), heads);
+        at::Tensor g_p = at::matmul(g_o, v.transpose(-2, -1));
+        at::Tensor g_v = at::matmul(probs.transpose(-2, -1), g_o);
+        at::Tensor g_s = at::_softmax_backward_data(g_p, probs, -1, probs.scalar_type()) * scale;
+        at::Tensor g_q = at::matmul(g_s, k), g_k = at::matmul(g_s.transpose(-2, -1), q);
+        at::Tensor proj[3] = {merge_heads(g_q), merge_heads(g_k), merge_heads(g_v)};
+        const at::Tensor *src[3] = {&xq, &xk, &xv};
+        const at::Tensor *w3[3] = {&wq, &wk, &wv};
+        std::vector<at::Tensor> g_w, g_b, g_x(static_cast<size_t>(n_in));
+        for (int j = 0; j < 3; j++) {
+            at::Tensor pj = proj[j].reshape({-1, e});
+            g_w.push_back(at::mm(pj.t(), src[j]->reshape({-1, e})));
+            if (b_in)
+                g_b.push_back(pj.sum(0));
+            at::Tensor gx = at::matmul(proj[j], *w3[j]);
+            // self-attention reads in[0] three times, cross-attention with
+            // one `using` tensor reads it as both key and value
+            size_t to = static_cast<size_t>(j == 0 ? 0 : std::min(j, n_in - 1));
+            g_x[to] = g_x[to].defined() ? g_x[to] + gx : gx;
+        }
+        at::Tensor g_wi = at::cat(g_w, 0), g_bi = b_in ? at::cat(g_b, 0) : at::Tensor();
+        std::vector<at::Tensor> outs = g_x;
+        outs.push_back(g_wi);
+        if (b_in)
+            outs.push_back(g_bi);
+        outs.push_back(g_wo);
+        if (b_in)
+            outs.push_back(g_bo);
+        std::vector<ebb_tensor *> made;
+        try {
+            for (auto &t : outs)
+                made.push_back(wrap(t));
+        } catch (...) {
+            for (ebb_tensor *h : made)
+                ebb_tensor_free(h);
+            throw;
+        }
+        for (int i = 0; i < n_in; i++)
+            grad_in[i] = made[static_cast<size_t>(i)];
+        for (int i = 0; i < n_params; i++)
+            grad_params[i] = made[static_cast<size_t>(n_in + i)];
+    })
+    return EBB_OK;
+}
+
+/* ---- recurrent cells --------------------------------------------------------------- */
+
+ebb_status ebb_tensor_gru_cell_backward(ebb_tensor **grad_x, ebb_tensor **grad_h,
+                                        ebb_tensor **grad_w, const ebb_tensor *grad,
+                                        const ebb_tensor *x, const ebb_tensor *h,
+                                        const ebb_tensor *w_ih, const ebb_tensor *w_hh,
+                                        const ebb_tensor *b_ih, const ebb_tensor *b_hh) {
+    static const char fn[] = "ebb_tensor_gru_cell_backward";
+    EBB_NEED(fn, grad_w);
+    clear({grad_x, grad_h, &grad_w[0], &grad_w[1], &grad_w[2], &grad_w[3]});
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, x);
+    EBB_NEED(fn, h);
+    EBB_NEED(fn, w_ih);
+    EBB_NEED(fn, w_hh);
+    EBB_TRY(fn, {
+        check_same("hidden state", grad->t, h->t);
+        const at::Tensor &wi = w_ih->t, &wh = w_hh->t;
+        at::Tensor ig = at::linear(x->t, wi), hg = at::linear(h->t, wh);
+        auto r = at::_thnn_differentiable_gru_cell_backward(grad->t, ig, hg, h->t, opt(b_ih),
+                                                            opt(b_hh));
+        const at::Tensor &g_ig = std::get<0>(r), &g_hg = std::get<1>(r);
+        at::Tensor gh = std::get<2>(r) + at::mm(g_hg, wh);
+        at::Tensor gx = at::mm(g_ig, wi);
+        hand_out({{grad_x, gx},
+                  {grad_h, gh},
+                  {&grad_w[0], at::mm(g_ig.t(), x->t)},
+                  {&grad_w[1], at::mm(g_hg.t(), h->t)},
+                  {b_ih ? &grad_w[2] : nullptr, std::get<3>(r)},
+                  {b_hh ? &grad_w[3] : nullptr, std::get<4>(r)}});
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_lstm_cell_backward(ebb_tensor **grad_x, ebb_tensor **grad_h,
+                                         ebb_tensor **grad_c, ebb_tensor **grad_w,
+                                         const ebb_tensor *grad_hy, const ebb_tensor *grad_cy,
+                                         const ebb_tensor *x, const ebb_tensor *h,
+                                         const ebb_tensor *c, const ebb_tensor *cy,
+                                         const ebb_tensor *w_ih, const ebb_tensor *w_hh,
+                                         const ebb_tensor *b_ih, const ebb_tensor *b_hh) {
+    static const char fn[] = "ebb_tensor_lstm_cell_backward";
+    EBB_NEED(fn, grad_w);
+    clear({grad_x, grad_h, grad_c, &grad_w[0], &grad_w[1], &grad_w[2], &grad_w[3]});
+    EBB_NEED(fn, grad_hy);
+    EBB_NEED(fn, grad_cy);
+    EBB_NEED(fn, x);
+    EBB_NEED(fn, h);
+    EBB_NEED(fn, c);
+    EBB_NEED(fn, cy);
+    EBB_NEED(fn, w_ih);
+    EBB_NEED(fn, w_hh);
+    EBB_TRY(fn, {
+        check_same("hidden state", grad_hy->t, h->t);
+        check_same("cell state", grad_cy->t, c->t);
+        const at::Tensor &wi = w_ih->t, &wh = w_hh->t;
+        at::Tensor ig = at::linear(x->t, wi), hg = at::linear(h->t, wh);
+        auto r = at::_thnn_differentiable_lstm_cell_backward(
+            grad_hy->t, grad_cy->t, ig, hg, opt(b_ih), opt(b_hh), c->t, cy->t);
+        // one gradient for both gate projections: they are summed
+        const at::Tensor &g_gates = std::get<0>(r);
+        hand_out({{grad_x, at::mm(g_gates, wi)},
+                  {grad_h, at::mm(g_gates, wh)},
+                  {grad_c, std::get<2>(r)},
+                  {&grad_w[0], at::mm(g_gates.t(), x->t)},
+                  {&grad_w[1], at::mm(g_gates.t(), h->t)},
+                  {b_ih ? &grad_w[2] : nullptr, std::get<3>(r)},
+                  {b_hh ? &grad_w[3] : nullptr, std::get<4>(r)}});
+    })
+    return EBB_OK;
+}
+
+} // extern "C"

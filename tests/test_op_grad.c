@@ -1,0 +1,664 @@
+/* Gradient parity: every op in the registry, present and future, has a
+ * backward rule, and that rule's gradients equal libtorch autograd's on the
+ * same inputs.
+ *
+ * For each op and each row of cases[] (looked up by op name), in float64
+ * with seeded random inputs, parameters and output gradient:
+ *   - the rule side runs forward_train (or forward), then the backward with
+ *     only what the rule declares saved (NULL for every other input, the
+ *     output only with saves_output), so an incomplete declaration fails;
+ *   - the reference side clones the same values as autograd leaves (under
+ *     ebb_tensor_autograd_begin), runs the same forward (the same seed, so
+ *     dropout draws the same mask) and backpropagates the same gradient;
+ *   - every differentiable input and every trained parameter must agree to
+ *     1e-10 relative, where relative means max|rule - ref| divided by
+ *     max(max|ref|, 1e-6): the largest error measured against the reference's
+ *     largest magnitude, with an absolute floor for gradients that are ~0;
+ *   - inputs without the differentiable bit must get no gradient at all;
+ *   - the two forward outputs, and batch_norm's updated running statistics,
+ *     must agree too; forward_train of an op whose training forward does not
+ *     differ (max_pool2d, layer_norm, group_norm) must give forward's bytes.
+ * An op without a rule, or without rows here, fails the suite by name. */
+#include "test_util.h"
+
+#define MAX_IN 4
+#define TOL 1e-10
+#define FLOOR 1e-6
+
+typedef struct grad_case {
+    const char *op;
+    int n_in; /* 0: every count the op accepts, up to MAX_IN */
+    ebb_shape in[MAX_IN];
+    const char *attrs;
+    int64_t indices; /* > 0: in[0] holds int64 indices in [0, indices) */
+} grad_case;
+
+#define SH(...) {(int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}}
+
+static const grad_case cases[] = {
+    /* activations */
+    {"relu", 1, {SH(4, 8)}, NULL, 0},
+    {"relu", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"gelu", 1, {SH(4, 8)}, NULL, 0},
+    {"gelu", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"tanh", 1, {SH(4, 8)}, NULL, 0},
+    {"tanh", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"sigmoid", 1, {SH(4, 8)}, NULL, 0},
+    {"sigmoid", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"silu", 1, {SH(4, 8)}, NULL, 0},
+    {"silu", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"identity", 1, {SH(4, 8)}, NULL, 0},
+    {"identity", 1, {SH(3, 1, 5)}, NULL, 0},
+    {"dropout", 1, {SH(4, 8)}, NULL, 0},
+    {"dropout", 1, {SH(2, 3, 5)}, "p=0.1", 0},
+    {"softmax", 1, {SH(4, 8)}, NULL, 0},
+    {"softmax", 1, {SH(2, 3, 5)}, "dim=0", 0},
+    {"log_softmax", 1, {SH(4, 8)}, NULL, 0},
+    {"log_softmax", 1, {SH(2, 3, 5)}, "dim=1", 0},
+    /* linear */
+    {"linear", 1, {SH(4, 8)}, "out=6", 0},
+    {"linear", 1, {SH(2, 3, 8)}, "out=5", 0},
+    {"linear", 1, {SH(2, 3, 8)}, "out=5, bias=false", 0},
+    {"linear", 1, {SH(7)}, "out=3", 0},
+    {"learned_halt", 1, {SH(4, 8)}, NULL, 0},
+    {"learned_halt", 1, {SH(2, 3, 6)}, NULL, 0},
+    /* convolution: batched and unbatched, strided, padded, dilated, grouped.
+     * float32 goes to oneDNN where libtorch's use_mkldnn() says so, and its
+     * scratch depends on the CPU: a bound there (0), exact on the
+     * native path (float64, and float32 elsewhere) */
+    {"conv1d", 1, {SH(2, 3, 10)}, "out=4, kernel=3", 0},
+    {"conv1d", 1, {SH(3, 12)}, "out=2, kernel=3, stride=2, padding=1, dilation=2", 0},
+    {"conv1d", 1, {SH(2, 4, 9)}, "out=6, kernel=3, padding=1, groups=2, bias=false", 0},
+    {"conv1d", 1, {SH(2, 4, 9)}, "out=5, kernel=1", 0},
+    {"conv2d", 1, {SH(2, 3, 8, 8)}, "out=4, kernel=3, padding=1", 0},
+    {"conv2d", 1, {SH(1, 4, 7, 9)}, "out=6, kernel=3, stride=2, dilation=2, groups=2", 0},
+    {"conv2d", 1, {SH(3, 6, 6)}, "out=2, kernel=2, bias=false", 0},
+    {"conv2d", 1, {SH(2, 4, 5, 5)}, "out=3, kernel=1", 0},
+    {"conv2d", 1, {SH(2, 4, 6, 6)}, "out=4, kernel=3, groups=4", 0},
+    /* pooling */
+    {"max_pool2d", 1, {SH(2, 3, 8, 8)}, "kernel=2", 0},
+    {"max_pool2d", 1, {SH(3, 7, 7)}, "kernel=3, stride=2, padding=1, ceil_mode=true", 0},
+    {"avg_pool2d", 1, {SH(2, 3, 8, 8)}, "kernel=2", 0},
+    {"avg_pool2d", 1, {SH(3, 7, 7)}, "kernel=3, stride=2, padding=1, count_include_pad=false", 0},
+    {"adaptive_avg_pool2d", 1, {SH(2, 3, 8, 8)}, "output_size=1", 0},
+    {"adaptive_avg_pool2d", 1, {SH(3, 7, 9)}, "output_size=3", 0},
+    /* normalisation */
+    {"layer_norm", 1, {SH(4, 8)}, NULL, 0},
+    {"layer_norm", 1, {SH(2, 3, 5)}, "affine=false", 0},
+    {"batch_norm", 1, {SH(4, 6)}, NULL, 0},
+    {"batch_norm", 1, {SH(2, 3, 5, 5)}, NULL, 0},
+    {"batch_norm", 1, {SH(2, 4, 7)}, "affine=false", 0},
+    {"rms_norm", 1, {SH(4, 8)}, NULL, 0},
+    {"rms_norm", 1, {SH(2, 3, 5)}, "affine=false", 0},
+    {"group_norm", 1, {SH(2, 6, 5)}, "num_groups=3", 0},
+    {"group_norm", 1, {SH(2, 4, 3, 3)}, "num_groups=2, affine=false", 0},
+    /* embedding: int64 indices */
+    {"embedding", 1, {SH(4, 5)}, "num=10, dim=6", 10},
+    {"embedding", 1, {SH(7)}, "num=3, dim=4", 3},
+    /* an output under 16 bytes: the index check's two int64s set the peak */
+    {"embedding", 1, {SH(1)}, "num=3, dim=1", 3},
+    /* attention: self, cross (key = value), and query/key/value */
+    {"multi_head_attention", 1, {SH(2, 5, 8)}, "num_heads=2", 0},
+    {"multi_head_attention", 1, {SH(1, 3, 6)}, "num_heads=3, causal=true, bias=false", 0},
+    {"multi_head_attention", 2, {SH(2, 5, 8), SH(2, 7, 8)}, "num_heads=2", 0},
+    {"multi_head_attention", 2, {SH(1, 4, 6), SH(1, 2, 6)}, "num_heads=1, bias=false", 0},
+    {"multi_head_attention", 3, {SH(2, 5, 8), SH(2, 7, 8), SH(2, 7, 8)}, "num_heads=4", 0},
+    {"multi_head_attention", 3, {SH(1, 3, 6), SH(1, 3, 6), SH(1, 3, 6)},
+     "num_heads=2, causal=true", 0},
+    /* recurrent cells: the state alone, or state and x */
+    {"gru_cell", 1, {SH(4, 6)}, "hidden=6", 0},
+    {"gru_cell", 1, {SH(2, 5)}, "hidden=5, bias=false", 0},
+    {"gru_cell", 2, {SH(4, 6), SH(4, 3)}, "hidden=6", 0},
+    {"gru_cell", 2, {SH(1, 5), SH(1, 7)}, "hidden=5, bias=false", 0},
+    {"lstm_cell", 1, {SH(4, 12)}, "hidden=6", 0},
+    {"lstm_cell", 1, {SH(2, 10)}, "hidden=5, bias=false", 0},
+    {"lstm_cell", 2, {SH(3, 10), SH(3, 4)}, "hidden=5", 0},
+    {"lstm_cell", 2, {SH(1, 8), SH(1, 9)}, "hidden=4, bias=false", 0},
+    /* shape */
+    {"flatten", 1, {SH(2, 3, 4)}, NULL, 0},
+    {"flatten", 1, {SH(2, 3, 4, 5)}, "start_dim=1, end_dim=2", 0},
+    {"reshape", 1, {SH(4, 6)}, "shape=\"-1,3\"", 0},
+    {"reshape", 1, {SH(2, 3, 4)}, "shape=\"6,4\"", 0},
+    {"permute", 1, {SH(2, 3, 4)}, "dims=\"2,0,1\"", 0},
+    {"permute", 1, {SH(4, 5)}, "dims=\"1,0\"", 0},
+    {"transpose", 1, {SH(2, 3, 4)}, "dim0=0, dim1=2", 0},
+    {"transpose", 1, {SH(4, 5)}, "dim0=0, dim1=1", 0},
+    {"unsqueeze", 1, {SH(2, 3)}, "dim=0", 0},
+    {"unsqueeze", 1, {SH(2, 3, 4)}, "dim=-1", 0},
+    {"squeeze", 1, {SH(2, 1, 3)}, "dim=1", 0},
+    {"squeeze", 1, {SH(1, 4, 1)}, NULL, 0},
+    /* math */
+    {"scale", 1, {SH(4, 8)}, "factor=2.5", 0},
+    {"scale", 1, {SH(2, 3, 5)}, "factor=-1", 0},
+    {"mean", 1, {SH(4, 8)}, "dim=1", 0},
+    {"mean", 1, {SH(2, 3, 5)}, "dims=\"0,2\", keepdim=true", 0},
+    {"mean", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"sum", 1, {SH(4, 8)}, "dim=0", 0},
+    {"sum", 1, {SH(2, 3, 5)}, "dims=\"1,2\"", 0},
+    {"sum", 1, {SH(2, 3, 5)}, "keepdim=true", 0},
+    /* combining: equal shapes, and shapes that broadcast (the output can be
+     * larger than the first two inputs) */
+    {"add", 0, {SH(4, 8)}, NULL, 0},
+    {"add", 0, {SH(2, 3, 5)}, NULL, 0},
+    {"add", 0, {SH(8), SH(1, 8), SH(4, 1), SH(4, 8)}, NULL, 0},
+    {"mul", 0, {SH(4, 8)}, NULL, 0},
+    {"mul", 0, {SH(2, 3, 5)}, NULL, 0},
+    {"mul", 0, {SH(8), SH(1, 8), SH(4, 1), SH(4, 8)}, NULL, 0},
+    {"average", 0, {SH(4, 8)}, NULL, 0},
+    {"average", 0, {SH(2, 3, 5)}, NULL, 0},
+    {"average", 0, {SH(8), SH(1, 8), SH(4, 1), SH(4, 8)}, NULL, 0},
+    {"maximum", 0, {SH(4, 8)}, NULL, 0},
+    {"maximum", 0, {SH(2, 3, 5)}, NULL, 0},
+    {"maximum", 0, {SH(8), SH(1, 8), SH(4, 1), SH(4, 8)}, NULL, 0},
+    {"cat", 0, {SH(4, 8)}, NULL, 0},
+    {"cat", 0, {SH(2, 3, 5), SH(2, 1, 5), SH(2, 4, 5), SH(2, 2, 5)}, NULL, 0},
+    {"cat", 0, {SH(2, 3)}, "dim=0", 0},
+    {"stack", 0, {SH(4, 8)}, NULL, 0},
+    {"stack", 0, {SH(2, 3, 5)}, "dim=0", 0},
+    /* routing */
+    {"threshold_halt", 1, {SH(4, 8)}, NULL, 0},
+    {"threshold_halt", 1, {SH(2, 3, 5)}, "threshold=0.1", 0},
+    {"_gate_mix", 2, {SH(4, 3), SH(4, 8)}, "index=1", 0},
+    {"_gate_mix", 2, {SH(2, 2), SH(2, 3, 5)}, "index=0", 0},
+    {"_gate_mix", 3, {SH(4, 8), SH(4, 3), SH(4, 8)}, "index=2", 0},
+    {"_gate_mix", 3, {SH(2, 3, 5), SH(2, 2), SH(2, 3, 5)}, "index=1", 0},
+    /* training-specific */
+    {"dropout", 1, {SH(6, 7)}, "p=0.0", 0},
+    {"dropout", 1, {SH(3, 4)}, "p=1.0", 0},
+    {"maximum", 2, {SH(3, 4), SH(4)}, NULL, 0},
+};
+
+/* Worst relative deviation seen per op family (by registry order), printed
+ * at the end so reports can quote it. */
+static double worst_dev;
+static char worst_op[64];
+
+/* ---- coverage -------------------------------------------------------------------- */
+
+static int max_count(const ebb_op *op) {
+    if (op->max_inputs < 0 || op->max_inputs > MAX_IN)
+        return op->min_inputs > MAX_IN ? op->min_inputs : MAX_IN;
+    return op->max_inputs;
+}
+
+static int case_fits(const grad_case *c, const ebb_op *op, int n_in) {
+    return strcmp(c->op, op->name) == 0 && (c->n_in == n_in || c->n_in == 0);
+}
+
+/* What the op lacks (a rule, rows for some input count) into msg; returns
+ * the number of gaps. */
+static int missing(const ebb_op *op, char *msg, size_t size) {
+    int gaps = 0;
+    msg[0] = '\0';
+    if (!op->grad || !op->grad->backward) {
+        snprintf(msg, size, "op '%s' has no backward rule (.grad in its descriptor)", op->name);
+        gaps++;
+    }
+    for (int n = op->min_inputs; n <= max_count(op); n++) {
+        int rows = 0;
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            rows += case_fits(&cases[i], op, n);
+        if (rows)
+            continue;
+        size_t len = strlen(msg);
+        snprintf(msg + len, size - len,
+                 "%sop '%s' has no gradient case for %d input(s): add a row to cases[] in "
+                 "tests/test_op_grad.c",
+                 gaps ? "; " : "", op->name, n);
+        gaps++;
+    }
+    return gaps;
+}
+
+static void test_every_op_has_rule_and_cases(void **state) {
+    (void)state;
+    assert_true(ebb_op_count() > 0);
+    int gaps = 0;
+    char msg[1024];
+    for (int i = 0; i < ebb_op_count(); i++)
+        if (missing(ebb_op_at(i), msg, sizeof msg)) {
+            print_error("%s\n", msg);
+            gaps++;
+        }
+    if (gaps)
+        fail_msg("%d registered op(s) lack a backward rule or gradient cases (listed above)", gaps);
+}
+
+static ebb_status newcomer_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    return ebb_tensor_ref(out, c->in[0]);
+}
+
+/* The check itself must name an op it has never seen, with or without a rule. */
+static void test_coverage_check_names_newcomers(void **state) {
+    (void)state;
+    char msg[1024];
+    const ebb_op bare = {.name = "grad_newcomer", .min_inputs = 1, .max_inputs = 1,
+                         .forward = newcomer_fwd};
+    assert_int_equal(missing(&bare, msg, sizeof msg), 2);
+    assert_non_null(strstr(msg, "op 'grad_newcomer' has no backward rule"));
+    assert_non_null(strstr(msg, "no gradient case for 1 input(s)"));
+    assert_int_equal(missing(ebb_op_find("relu"), msg, sizeof msg), 0);
+}
+
+/* ---- attributes -------------------------------------------------------------------- */
+
+/* Resolves "k=v, k2=\"s\"" against the op's schema, defaults filled in, as
+ * the builder would. Strings point into `buf`. */
+static void resolve_attrs(const ebb_op *op, const char *text, ebb_attr_value *v, char *buf,
+                          size_t size) {
+    for (int i = 0; i < op->n_attrs; i++) {
+        const ebb_attr_spec *s = &op->attrs[i];
+        v[i] = (ebb_attr_value){.type = s->type};
+        if (s->required || s->optional)
+            continue;
+        v[i].set = s->type != EBB_ATTR_STRING || s->default_string;
+        v[i].i = (int64_t)s->default_number;
+        v[i].f = s->default_number;
+        v[i].s = s->default_string;
+    }
+    if (!text)
+        return;
+    snprintf(buf, size, "%s", text);
+    char *p = buf;
+    while (*p) {
+        while (*p == ' ' || *p == ',')
+            p++;
+        if (!*p)
+            break;
+        char *key = p, *eq = strchr(p, '=');
+        assert_non_null(eq);
+        *eq = '\0';
+        char *val = eq + 1, *end;
+        if (*val == '"') {
+            val++;
+            end = strchr(val, '"');
+            assert_non_null(end);
+            *end++ = '\0';
+        } else {
+            end = val + strcspn(val, ",");
+            if (*end)
+                *end++ = '\0';
+        }
+        int idx = ebb_op_attr_index(op, key);
+        if (idx < 0)
+            fail_msg("op '%s' has no attribute '%s'", op->name, key);
+        ebb_attr_value *a = &v[idx];
+        a->set = 1;
+        switch (a->type) {
+        case EBB_ATTR_BOOL: a->i = strcmp(val, "true") == 0 || strcmp(val, "1") == 0; break;
+        case EBB_ATTR_INT: a->i = strtoll(val, NULL, 10); break;
+        case EBB_ATTR_FLOAT: a->f = strtod(val, NULL); break;
+        case EBB_ATTR_STRING: a->s = val; break;
+        }
+        p = end;
+    }
+}
+
+/* ---- comparison ---------------------------------------------------------------------- */
+
+static double max_abs(const ebb_tensor *t) {
+    if (ebb_tensor_numel(t) == 0)
+        return 0.0;
+    ebb_tensor *a = NULL, *m = NULL;
+    double v = 0.0;
+    assert_ok(ebb_tensor_unary(&a, EBB_ABS, t));
+    assert_ok(ebb_tensor_reduce(&m, EBB_REDUCE_MAX, a, NULL, 0, false));
+    assert_ok(ebb_tensor_item(m, &v));
+    ebb_tensor_free(a);
+    ebb_tensor_free(m);
+    return v;
+}
+
+/* max|got - want| / max(max|want|, FLOOR), failing on a shape mismatch. */
+static double rel_dev(const char *what, const ebb_tensor *got, const ebb_tensor *want) {
+    ebb_shape a = ebb_tensor_shape(got), b = ebb_tensor_shape(want);
+    if (!ebb_shape_equal(&a, &b)) {
+        char x[96], y[96];
+        fail_msg("%s: rule gives %s, autograd %s", what, ebb_shape_str(&a, x, sizeof x),
+                 ebb_shape_str(&b, y, sizeof y));
+    }
+    if (ebb_tensor_numel(want) == 0)
+        return 0.0;
+    double diff = 0.0, scale = max_abs(want);
+    assert_ok(ebb_tensor_max_abs_diff(got, want, &diff));
+    return diff / (scale > FLOOR ? scale : FLOOR);
+}
+
+static void expect_close(const char *op, const char *what, const ebb_tensor *got,
+                         const ebb_tensor *want) {
+    char label[160];
+    snprintf(label, sizeof label, "%s: %s", op, what);
+    double d = rel_dev(label, got, want);
+    if (d > worst_dev) {
+        worst_dev = d;
+        snprintf(worst_op, sizeof worst_op, "%s", op);
+    }
+    if (!(d <= TOL))
+        fail_msg("%s: relative deviation %.3g from autograd exceeds %.0e", label, d, TOL);
+}
+
+/* ---- one case ---------------------------------------------------------------------------- */
+
+typedef struct side {
+    ebb_tensor *in[MAX_IN], *params[EBB_MAX_PARAMS], *out, *saved[EBB_MAX_SAVED];
+    ebb_tensor *gin[MAX_IN], *gp[EBB_MAX_PARAMS];
+} side;
+
+static void side_free(side *s) {
+    for (int i = 0; i < MAX_IN; i++) {
+        ebb_tensor_free(s->in[i]);
+        ebb_tensor_free(s->gin[i]);
+    }
+    for (int i = 0; i < EBB_MAX_PARAMS; i++) {
+        ebb_tensor_free(s->params[i]);
+        ebb_tensor_free(s->gp[i]);
+    }
+    for (int i = 0; i < EBB_MAX_SAVED; i++)
+        ebb_tensor_free(s->saved[i]);
+    ebb_tensor_free(s->out);
+    memset(s, 0, sizeof *s);
+}
+
+static int is_buffer(const ebb_param_spec *p) { return strncmp(p->name, "running_", 8) == 0; }
+
+/* The forward as training runs it. */
+static void run_forward(const ebb_op *op, const ebb_attr_value *attrs, side *s, int n_in,
+                        int n_params, uint64_t seed) {
+    ebb_op_call call = {.op = op, .attrs = attrs, .in = s->in, .n_in = n_in,
+                        .params = s->params, .n_params = n_params, .node = op->name,
+                        .seed = seed};
+    if (op->grad->forward_train)
+        assert_ok(op->grad->forward_train(&call, &s->out, s->saved));
+    else
+        assert_ok(op->forward(&call, &s->out));
+}
+
+static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t seed) {
+    const ebb_device cpu = ebb_device_cpu();
+    const ebb_op_grad *g = op->grad;
+    char buf[256];
+    ebb_attr_value attrs[EBB_MAX_ATTRS];
+    resolve_attrs(op, gc->attrs, attrs, buf, sizeof buf);
+
+    /* inputs */
+    ebb_shape shapes[MAX_IN];
+    ebb_tensor *base_in[MAX_IN] = {NULL};
+    for (int i = 0; i < n_in; i++) {
+        shapes[i] = gc->in[i].ndim || i == 0 ? gc->in[i] : gc->in[0];
+        if (i == 0 && gc->indices > 0) {
+            ebb_tensor *u = NULL;
+            assert_ok(ebb_tensor_uniform(&u, &shapes[0], 0.0, (double)gc->indices, EBB_FLOAT64,
+                                         cpu, seed + 1));
+            assert_ok(ebb_tensor_cast(&base_in[0], u, EBB_INT64));
+            ebb_tensor_free(u);
+        } else {
+            assert_ok(ebb_tensor_randn(&base_in[i], &shapes[i], EBB_FLOAT64, cpu, seed + 1 + i));
+        }
+    }
+    /* parameters */
+    ebb_param_spec specs[EBB_MAX_PARAMS];
+    int n_params = 0;
+    ebb_tensor *base_p[EBB_MAX_PARAMS] = {NULL};
+    if (op->params)
+        assert_ok(op->params(attrs, shapes, n_in, specs, &n_params));
+    for (int j = 0; j < n_params; j++) {
+        if (strcmp(specs[j].name, "running_var") == 0)
+            assert_ok(ebb_tensor_uniform(&base_p[j], &specs[j].shape, 0.5, 1.5, EBB_FLOAT64, cpu,
+                                         seed + 20 + j));
+        else
+            assert_ok(ebb_tensor_randn(&base_p[j], &specs[j].shape, EBB_FLOAT64, cpu,
+                                       seed + 20 + j));
+    }
+
+    /* the rule */
+    side r = {0};
+    for (int i = 0; i < n_in; i++)
+        assert_ok(ebb_tensor_clone(&r.in[i], base_in[i]));
+    for (int j = 0; j < n_params; j++)
+        assert_ok(ebb_tensor_clone(&r.params[j], base_p[j]));
+    uint64_t drop_seed = seed * 7919 + 3;
+    run_forward(op, attrs, &r, n_in, n_params, drop_seed);
+    ebb_shape os = ebb_tensor_shape(r.out);
+    ebb_tensor *grad_out = NULL;
+    assert_ok(ebb_tensor_randn(&grad_out, &os, EBB_FLOAT64, cpu, seed + 50));
+    ebb_tensor *seen_in[MAX_IN] = {NULL};
+    for (int i = 0; i < n_in; i++)
+        seen_in[i] = (g->saves_inputs >> i) & 1u ? r.in[i] : NULL;
+    int n_saved = 0;
+    for (int k = 0; k < EBB_MAX_SAVED; k++)
+        if (r.saved[k])
+            n_saved = k + 1;
+    assert_true(n_saved <= g->n_saved);
+    ebb_op_grad_call gcall = {.op = op, .attrs = attrs, .in = seen_in, .n_in = n_in,
+                              .params = r.params, .n_params = n_params,
+                              .out = g->saves_output ? r.out : NULL, .saved = r.saved,
+                              .n_saved = g->n_saved, .grad_out = grad_out, .node = op->name};
+    ebb_status st = g->backward(&gcall, r.gin, r.gp);
+    if (st != EBB_OK)
+        fail_msg("%s (%s, %d inputs): backward -> %s: %s", op->name, gc->attrs ? gc->attrs : "",
+                 n_in, ebb_status_name(st), ebb_errmsg());
+
+    /* the reference: autograd through the same forward */
+    side a = {0};
+    ebb_tensor_autograd_begin();
+    for (int i = 0; i < n_in; i++) {
+        assert_ok(ebb_tensor_clone(&a.in[i], base_in[i]));
+        if (ebb_tensor_dtype(a.in[i]) == EBB_FLOAT64)
+            assert_ok(ebb_tensor_requires_grad_(a.in[i]));
+    }
+    for (int j = 0; j < n_params; j++) {
+        assert_ok(ebb_tensor_clone(&a.params[j], base_p[j]));
+        if (!is_buffer(&specs[j]))
+            assert_ok(ebb_tensor_requires_grad_(a.params[j]));
+    }
+    run_forward(op, attrs, &a, n_in, n_params, drop_seed);
+    ebb_tensor *ref_in[MAX_IN] = {NULL}, *ref_p[EBB_MAX_PARAMS] = {NULL};
+    int any = 0;
+    for (int i = 0; i < n_in; i++)
+        any |= ebb_tensor_dtype(a.in[i]) == EBB_FLOAT64;
+    any |= n_params > 0;
+    /* an output that depends on nothing trainable (dropout with p=1) has
+     * zero gradients everywhere */
+    if (any && ebb_tensor_backward(a.out, grad_out) != EBB_OK &&
+        !strstr(ebb_errmsg(), "does not depend"))
+        fail_msg("%s: autograd backward: %s", op->name, ebb_errmsg());
+    ebb_error_clear();
+    for (int i = 0; i < n_in; i++)
+        if (ebb_tensor_dtype(a.in[i]) == EBB_FLOAT64)
+            assert_ok(ebb_tensor_grad(&ref_in[i], a.in[i]));
+    for (int j = 0; j < n_params; j++)
+        if (!is_buffer(&specs[j]))
+            assert_ok(ebb_tensor_grad(&ref_p[j], a.params[j]));
+    ebb_tensor_autograd_end();
+
+    /* compare */
+    char what[64];
+    expect_close(op->name, "forward output", r.out, a.out);
+    for (int i = 0; i < n_in; i++) {
+        snprintf(what, sizeof what, "gradient of input %d", i);
+        if (!((g->differentiable >> i) & 1u)) {
+            if (r.gin[i])
+                fail_msg("%s: input %d is not differentiable but got a gradient", op->name, i);
+            continue;
+        }
+        if (!r.gin[i])
+            fail_msg("%s: no gradient for differentiable input %d", op->name, i);
+        expect_close(op->name, what, r.gin[i], ref_in[i]);
+    }
+    for (int j = 0; j < n_params; j++) {
+        snprintf(what, sizeof what, "gradient of parameter %s", specs[j].name);
+        if (is_buffer(&specs[j])) {
+            if (r.gp[j])
+                fail_msg("%s: buffer %s got a gradient", op->name, specs[j].name);
+            /* both runs updated their running statistics alike */
+            snprintf(what, sizeof what, "updated %s", specs[j].name);
+            expect_close(op->name, what, r.params[j], a.params[j]);
+            continue;
+        }
+        if (!r.gp[j])
+            fail_msg("%s: no gradient for parameter %s", op->name, specs[j].name);
+        expect_close(op->name, what, r.gp[j], ref_p[j]);
+    }
+
+    /* where training does not change the forward, forward_train gives its bytes */
+    if (g->forward_train && strcmp(op->name, "dropout") != 0 &&
+        strcmp(op->name, "batch_norm") != 0) {
+        ebb_tensor *plain = NULL;
+        ebb_op_call call = {.op = op, .attrs = attrs, .in = r.in, .n_in = n_in,
+                            .params = r.params, .n_params = n_params, .node = op->name};
+        assert_ok(op->forward(&call, &plain));
+        double d = -1.0;
+        assert_ok(ebb_tensor_max_abs_diff(plain, r.out, &d));
+        if (d != 0.0)
+            fail_msg("%s: forward_train's output differs from forward's by %g", op->name, d);
+        ebb_tensor_free(plain);
+    }
+
+    for (int i = 0; i < n_in; i++) {
+        ebb_tensor_free(base_in[i]);
+        ebb_tensor_free(ref_in[i]);
+    }
+    for (int j = 0; j < n_params; j++) {
+        ebb_tensor_free(base_p[j]);
+        ebb_tensor_free(ref_p[j]);
+    }
+    ebb_tensor_free(grad_out);
+    side_free(&r);
+    side_free(&a);
+}
+
+static void test_every_rule_matches_autograd(void **state) {
+    (void)state;
+    int ran = 0;
+    for (int i = 0; i < ebb_op_count(); i++) {
+        const ebb_op *op = ebb_op_at(i);
+        if (!op->grad || !op->grad->backward)
+            continue; /* test_every_op_has_rule_and_cases names it */
+        worst_dev = 0.0;
+        worst_op[0] = '\0';
+        for (int n = op->min_inputs; n <= max_count(op); n++)
+            for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+                if (case_fits(&cases[k], op, n)) {
+                    run_case(op, &cases[k], n, 1000 + k * 10 + (uint64_t)n);
+                    ran++;
+                }
+        print_message("%-22s max relative deviation %.2e\n", op->name, worst_dev);
+    }
+    assert_true(ran > 0);
+}
+
+/* ---- refusals and training behaviour -------------------------------------------------------- */
+
+/* A rule given a gradient of the wrong shape refuses, naming both shapes,
+ * and leaves nothing behind. */
+static void test_rules_refuse_bad_shapes(void **state) {
+    (void)state;
+    const ebb_device cpu = ebb_device_cpu();
+    ebb_shape xs = EBB_SHAPE(4, 8), bad = EBB_SHAPE(4, 5), ws = EBB_SHAPE(6, 8);
+    ebb_tensor *x = NULL, *g = NULL, *w = NULL, *gx = NULL, *gw = NULL, *gb = NULL;
+    assert_ok(ebb_tensor_randn(&x, &xs, EBB_FLOAT64, cpu, 1));
+    assert_ok(ebb_tensor_randn(&g, &bad, EBB_FLOAT64, cpu, 2));
+    assert_ok(ebb_tensor_randn(&w, &ws, EBB_FLOAT64, cpu, 3));
+    /* relu's rule from a mismatched output */
+    assert_int_equal(ebb_tensor_unary_backward(&gx, EBB_RELU, g, x), EBB_ERR_SHAPE);
+    assert_null(gx);
+    assert_errmsg_contains("[4, 5]");
+    assert_errmsg_contains("[4, 8]");
+    /* linear: gradient [4, 5] for a weight of 6 outputs */
+    assert_int_not_equal(ebb_tensor_linear_backward(&gx, &gw, &gb, g, x, w), EBB_OK);
+    assert_null(gx);
+    assert_null(gw);
+    assert_null(gb);
+    assert_errmsg_contains("[6, 8]");
+    /* the descriptor's rule for sum: a gradient that does not fit the input */
+    const ebb_op *sum = ebb_op_find("sum");
+    ebb_attr_value attrs[EBB_MAX_ATTRS];
+    char buf[64];
+    resolve_attrs(sum, "dim=0", attrs, buf, sizeof buf);
+    ebb_tensor *in[1] = {x}, *gin[1] = {NULL}, *gp[1] = {NULL};
+    ebb_op_grad_call c = {.op = sum, .attrs = attrs, .in = in, .n_in = 1, .grad_out = g,
+                          .node = "s"};
+    assert_int_not_equal(sum->grad->backward(&c, gin, gp), EBB_OK);
+    assert_null(gin[0]);
+    /* an op whose rule needs saved extras refuses without them */
+    const ebb_op *drop = ebb_op_find("dropout");
+    resolve_attrs(drop, NULL, attrs, buf, sizeof buf);
+    ebb_op_grad_call d = {.op = drop, .attrs = attrs, .in = in, .n_in = 1, .grad_out = x,
+                          .node = "d"};
+    assert_int_equal(drop->grad->backward(&d, gin, gp), EBB_ERR_ARG);
+    assert_errmsg_contains("mask");
+    assert_null(gin[0]);
+    ebb_tensor_free(x);
+    ebb_tensor_free(g);
+    ebb_tensor_free(w);
+}
+
+/* Dropout in training drops about p of the elements, scales the rest by
+ * 1/(1-p), and a seed always draws the same mask. */
+static void test_dropout_train_is_seeded(void **state) {
+    (void)state;
+    const ebb_op *drop = ebb_op_find("dropout");
+    ebb_attr_value attrs[EBB_MAX_ATTRS];
+    char buf[64];
+    resolve_attrs(drop, "p=0.25", attrs, buf, sizeof buf);
+    ebb_shape s = EBB_SHAPE(64, 64);
+    ebb_tensor *x = NULL, *y1 = NULL, *y2 = NULL, *y3 = NULL;
+    ebb_tensor *m1[EBB_MAX_SAVED] = {NULL}, *m2[EBB_MAX_SAVED] = {NULL}, *m3[EBB_MAX_SAVED] = {NULL};
+    assert_ok(ebb_tensor_ones(&x, &s, EBB_FLOAT64, ebb_device_cpu()));
+    ebb_tensor *in[1] = {x};
+    ebb_op_call c = {.op = drop, .attrs = attrs, .in = in, .n_in = 1, .seed = 42};
+    assert_ok(drop->grad->forward_train(&c, &y1, m1));
+    assert_ok(drop->grad->forward_train(&c, &y2, m2));
+    c.seed = 43;
+    assert_ok(drop->grad->forward_train(&c, &y3, m3));
+    double d = -1, mean = 0;
+    assert_ok(ebb_tensor_max_abs_diff(y1, y2, &d));
+    assert_true(d == 0.0);
+    assert_ok(ebb_tensor_max_abs_diff(y1, y3, &d));
+    assert_true(d > 0.0);
+    /* kept elements are 1/(1-p), so the mean stays near 1 */
+    assert_ok(ebb_tensor_mean_value(y1, &mean));
+    assert_true(mean > 0.9 && mean < 1.1);
+    assert_ok(ebb_tensor_max_abs_diff(y1, x, &d));
+    assert_true(d > 0.3); /* some element dropped */
+    ebb_tensor_free(x);
+    ebb_tensor_free(y1);
+    ebb_tensor_free(y2);
+    ebb_tensor_free(y3);
+    ebb_tensor_free(m1[0]);
+    ebb_tensor_free(m2[0]);
+    ebb_tensor_free(m3[0]);
+}
+
+/* The autograd switch is scoped: outside it, tensors cannot become leaves. */
+static void test_autograd_switch_is_scoped(void **state) {
+    (void)state;
+    ebb_shape s = EBB_SHAPE(3);
+    ebb_tensor *x = NULL;
+    assert_ok(ebb_tensor_ones(&x, &s, EBB_FLOAT64, ebb_device_cpu()));
+    assert_int_equal(ebb_tensor_requires_grad_(x), EBB_ERR_ARG);
+    assert_errmsg_contains("autograd_begin");
+    ebb_tensor *i = NULL, *y = NULL, *g = NULL;
+    ebb_tensor_autograd_begin();
+    assert_ok(ebb_tensor_cast(&i, x, EBB_INT64));
+    assert_int_equal(ebb_tensor_requires_grad_(i), EBB_ERR_ARG);
+    assert_errmsg_contains("only floating");
+    assert_ok(ebb_tensor_clone(&y, x));
+    assert_int_equal(ebb_tensor_grad(&g, y), EBB_ERR_ARG); /* not a leaf that requires grad */
+    ebb_tensor_autograd_end();
+    ebb_tensor_free(x);
+    ebb_tensor_free(i);
+    ebb_tensor_free(y);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        EBB_TEST(test_every_op_has_rule_and_cases),
+        EBB_TEST(test_coverage_check_names_newcomers),
+        EBB_TEST(test_every_rule_matches_autograd),
+        EBB_TEST(test_rules_refuse_bad_shapes),
+        EBB_TEST(test_dropout_train_is_seeded),
+        EBB_TEST(test_autograd_switch_is_scoped),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
