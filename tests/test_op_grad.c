@@ -422,8 +422,11 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
     ebb_tensor *grad_out = NULL;
     assert_ok(ebb_tensor_randn(&grad_out, &os, EBB_FLOAT64, cpu, seed + 50));
     ebb_tensor *seen_in[MAX_IN] = {NULL};
-    for (int i = 0; i < n_in; i++)
+    ebb_shape in_shapes[MAX_IN];
+    for (int i = 0; i < n_in; i++) {
         seen_in[i] = (g->saves_inputs >> i) & 1u ? r.in[i] : NULL;
+        in_shapes[i] = ebb_tensor_shape(r.in[i]);
+    }
     int n_saved = 0;
     for (int k = 0; k < EBB_MAX_SAVED; k++)
         if (r.saved[k])
@@ -432,7 +435,8 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
     ebb_op_grad_call gcall = {.op = op, .attrs = attrs, .in = seen_in, .n_in = n_in,
                               .params = r.params, .n_params = n_params,
                               .out = g->saves_output ? r.out : NULL, .saved = r.saved,
-                              .n_saved = g->n_saved, .grad_out = grad_out, .node = op->name};
+                              .n_saved = g->n_saved, .grad_out = grad_out, .node = op->name,
+                              .in_shapes = in_shapes};
     ebb_status st = g->backward(&gcall, r.gin, r.gp);
     if (st != EBB_OK)
         fail_msg("%s (%s, %d inputs): backward -> %s: %s", op->name, gc->attrs ? gc->attrs : "",
@@ -576,8 +580,9 @@ static void test_rules_refuse_bad_shapes(void **state) {
     char buf[64];
     resolve_attrs(sum, "dim=0", attrs, buf, sizeof buf);
     ebb_tensor *in[1] = {x}, *gin[1] = {NULL}, *gp[1] = {NULL};
+    ebb_shape x_shape = ebb_tensor_shape(x);
     ebb_op_grad_call c = {.op = sum, .attrs = attrs, .in = in, .n_in = 1, .grad_out = g,
-                          .node = "s"};
+                          .node = "s", .in_shapes = &x_shape};
     assert_int_not_equal(sum->grad->backward(&c, gin, gp), EBB_OK);
     assert_null(gin[0]);
     /* an op whose rule needs saved extras refuses without them */

@@ -74,6 +74,10 @@ typedef struct ebb_param_spec {
     ebb_shape shape;
     ebb_init_kind init;
     int64_t fan_in;
+    /* A buffer, not a trained parameter (batch_norm's running statistics):
+     * it gets no gradient and no optimizer state; a training forward may
+     * update it in place through ebb_op_call.params. */
+    int buffer;
 } ebb_param_spec;
 
 #define EBB_MAX_PARAMS 8
@@ -172,11 +176,14 @@ typedef struct ebb_op_grad_call {
     int n_saved;
     const ebb_tensor *grad_out;  /* the loss's gradient with respect to the output */
     const char *node;
+    const ebb_shape *in_shapes;  /* every input's shape, saved or not: a rule that needs
+                                    only an input's shape (add's broadcast, reshape, sum)
+                                    reads it here and need not keep the input alive */
 } ebb_op_grad_call;
 
 /* Writes a new tensor into grad_in[i] for every input whose differentiable
  * bit is set (the caller has set all entries to NULL; leave the others), and
- * into grad_params[j] for every parameter. Gradients have the shapes of what
+ * into grad_params[j] for every parameter that is not a buffer. Gradients have the shapes of what
  * they differentiate. */
 typedef ebb_status (*ebb_op_backward_fn)(const ebb_op_grad_call *call, ebb_tensor **grad_in,
                                          ebb_tensor **grad_params);
