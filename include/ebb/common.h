@@ -14,6 +14,21 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Marks the public API: libebb is built with hidden visibility, so only
+ * functions declared with EBB_API are exported from the shared library. */
+#if defined(__GNUC__) || defined(__clang__)
+#define EBB_API __attribute__((visibility("default")))
+#else
+#define EBB_API
+#endif
+
+/* Variadic builder calls end their node lists with NULL; the compiler checks. */
+#if defined(__GNUC__) || defined(__clang__)
+#define EBB_SENTINEL __attribute__((sentinel))
+#else
+#define EBB_SENTINEL
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -32,19 +47,19 @@ typedef enum ebb_status {
 } ebb_status;
 
 /* A short constant name for a status, e.g. "EBB_ERR_SHAPE". */
-const char *ebb_status_name(ebb_status status);
+EBB_API const char *ebb_status_name(ebb_status status);
 
 /* The message of the last error raised on this thread, or "" if none. The
  * pointer stays valid until the next failing ebb call on the same thread. */
-const char *ebb_errmsg(void);
+EBB_API const char *ebb_errmsg(void);
 
 /* The status of the last error raised on this thread (EBB_OK if none). */
-ebb_status ebb_errcode(void);
+EBB_API ebb_status ebb_errcode(void);
 
 /* Records `status` and a printf-style message as this thread's last error and
  * returns `status`. User-registered operators call it to report failures:
  *     return ebb_error_set(EBB_ERR_SHAPE, "myop: expected 2-D input, got %d-D", nd); */
-ebb_status ebb_error_set(ebb_status status, const char *fmt, ...)
+EBB_API ebb_status ebb_error_set(ebb_status status, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
@@ -52,25 +67,25 @@ ebb_status ebb_error_set(ebb_status status, const char *fmt, ...)
 
 /* Prefixes the current error message with "prefix: " (used to add context
  * such as a node path as an error travels up). Returns the current status. */
-ebb_status ebb_error_prefix(const char *fmt, ...)
+EBB_API ebb_status ebb_error_prefix(const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 1, 2)))
 #endif
     ;
 
 /* Clears this thread's last error. */
-void ebb_error_clear(void);
+EBB_API void ebb_error_clear(void);
 
 /* Initialises the library once per process: installs the accounting CPU
  * allocator and registers the built-in operators. Safe to call repeatedly
  * and from several threads; call it before any other ebb function. */
-ebb_status ebb_init(void);
+EBB_API ebb_status ebb_init(void);
 
 /* ebb's version, e.g. "0.1.0". */
-const char *ebb_version(void);
+EBB_API const char *ebb_version(void);
 
 /* The version of libtorch ebb was built against, e.g. "1.13.0". */
-const char *ebb_torch_version(void);
+EBB_API const char *ebb_torch_version(void);
 
 /* ---- dtypes ------------------------------------------------------------ */
 
@@ -86,11 +101,11 @@ typedef enum ebb_dtype {
 } ebb_dtype;
 
 /* "float32", "int64", ... */
-const char *ebb_dtype_name(ebb_dtype dtype);
+EBB_API const char *ebb_dtype_name(ebb_dtype dtype);
 /* Bytes per element. */
-size_t ebb_dtype_size(ebb_dtype dtype);
+EBB_API size_t ebb_dtype_size(ebb_dtype dtype);
 /* Parses a dtype name; returns EBB_ERR_ARG for an unknown one. */
-ebb_status ebb_dtype_parse(ebb_dtype *out, const char *name);
+EBB_API ebb_status ebb_dtype_parse(ebb_dtype *out, const char *name);
 
 /* ---- devices ----------------------------------------------------------- */
 
@@ -115,21 +130,21 @@ static inline ebb_device ebb_device_cuda(int index) {
 }
 
 /* Non-zero when this build has CUDA and a CUDA device is present. */
-int ebb_cuda_available(void);
+EBB_API int ebb_cuda_available(void);
 /* Number of CUDA devices (0 without CUDA). */
-int ebb_cuda_device_count(void);
+EBB_API int ebb_cuda_device_count(void);
 /* CUDA device 0 when available, else the CPU. */
-ebb_device ebb_device_default(void);
+EBB_API ebb_device ebb_device_default(void);
 /* Parses "cpu", "cuda" or "cuda:N". Fails for CUDA in a build without it. */
-ebb_status ebb_device_parse(ebb_device *out, const char *text);
+EBB_API ebb_status ebb_device_parse(ebb_device *out, const char *text);
 /* Writes "cpu" or "cuda:N" into buf (always NUL-terminated); returns buf. */
-const char *ebb_device_str(ebb_device device, char *buf, size_t size);
+EBB_API const char *ebb_device_str(ebb_device device, char *buf, size_t size);
 /* Waits for all queued work on the device (a no-op on CPU). Call it before
  * reading a clock. */
-ebb_status ebb_device_synchronize(ebb_device device);
+EBB_API ebb_status ebb_device_synchronize(ebb_device device);
 /* Allows or forbids TF32 in CUDA matmuls and convolutions (a no-op in a build
  * without CUDA). Comparisons against float32 CPU results need it off. */
-ebb_status ebb_cuda_set_tf32(int enabled);
+EBB_API ebb_status ebb_cuda_set_tf32(int enabled);
 
 #ifdef __cplusplus
 }

@@ -80,18 +80,18 @@ typedef enum ebb_merge_op {
 /* A new, empty builder. `name` (may be NULL) names the graph. Free it with
  * ebb_builder_free(). Calls ebb_init() if needed. Returns NULL only when out of
  * memory or when ebb_init() fails (see ebb_errmsg()). */
-ebb_builder *ebb_builder_new(const char *name);
+EBB_API ebb_builder *ebb_builder_new(const char *name);
 /* Frees the builder and every node it made that no built graph took. */
-void ebb_builder_free(ebb_builder *b);
+EBB_API void ebb_builder_free(ebb_builder *b);
 
 /* The builder's sticky status (EBB_OK until a call fails). */
-ebb_status ebb_builder_status(const ebb_builder *b);
+EBB_API ebb_status ebb_builder_status(const ebb_builder *b);
 /* The builder's first error message ("" when none). */
-const char *ebb_builder_errmsg(const ebb_builder *b);
+EBB_API const char *ebb_builder_errmsg(const ebb_builder *b);
 
 /* Records a builder error from outside (the YAML loader uses this to report
  * a spec position). Ignored if the builder already failed. */
-void ebb_builder_fail(ebb_builder *b, ebb_status status, const char *fmt, ...)
+EBB_API void ebb_builder_fail(ebb_builder *b, ebb_status status, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))
 #endif
@@ -103,10 +103,10 @@ void ebb_builder_fail(ebb_builder *b, ebb_status status, const char *fmt, ...)
  * spaces: "out=64, name=stem", "dim=-1", "bias=false". Values are checked
  * against the op's schema; the attribute `name` names the node (its
  * parameters become "<name>.weight", ...). Returns NULL after an error. */
-ebb_node *ebb_node_op(ebb_builder *b, const char *op, const char *attrs);
+EBB_API ebb_node *ebb_node_op(ebb_builder *b, const char *op, const char *attrs);
 /* A chain of nodes, applied in order (NULL-terminated). */
-ebb_node *ebb_node_seq(ebb_builder *b, ebb_node *first, ...);
-ebb_node *ebb_node_seqv(ebb_builder *b, ebb_node *const *nodes, int n);
+EBB_API ebb_node *ebb_node_seq(ebb_builder *b, ebb_node *first, ...) EBB_SENTINEL;
+EBB_API ebb_node *ebb_node_seqv(ebb_builder *b, ebb_node *const *nodes, int n);
 /* `times` copies of a body, applied in order, each with its own weights:
  * what a spec's `repeat` makes. make(b, i, user) builds copy i (0-based) and
  * returns its node; give the copies' nodes names with the index in them, as
@@ -120,12 +120,12 @@ ebb_node *ebb_node_seqv(ebb_builder *b, ebb_node *const *nodes, int n);
  *     ebb_through(b, ebb_node_repeat(b, 4, layer, NULL));   // layers.0.fc.weight, ...
  *
  * Returns NULL after an error (times < 1, make NULL or returning NULL). */
-ebb_node *ebb_node_repeat(ebb_builder *b, int times,
+EBB_API ebb_node *ebb_node_repeat(ebb_builder *b, int times,
                           ebb_node *(*make)(ebb_builder *b, int i, void *user), void *user);
 /* A built graph used as a node. The node keeps its own reference to `g`. */
-ebb_node *ebb_node_graph(ebb_builder *b, const ebb_graph *g);
+EBB_API ebb_node *ebb_node_graph(ebb_builder *b, const ebb_graph *g);
 /* Sets a node's name (the prefix of its parameters' names). */
-ebb_node *ebb_node_name(ebb_builder *b, ebb_node *n, const char *name);
+EBB_API ebb_node *ebb_node_name(ebb_builder *b, ebb_node *n, const char *name);
 
 /* An inline sub-flow: a builder whose single input is the stream it is
  * applied to, and which may read (`using`) the tags of the enclosing flow
@@ -139,67 +139,67 @@ ebb_node *ebb_node_name(ebb_builder *b, ebb_node *n, const char *name);
  *
  * The sub-flow starts with one open stream (no ebb_from). An error inside it
  * becomes the parent's sticky error. */
-ebb_builder *ebb_subflow_begin(ebb_builder *parent);
-ebb_node *ebb_subflow_end(ebb_builder *sub);
+EBB_API ebb_builder *ebb_subflow_begin(ebb_builder *parent);
+EBB_API ebb_node *ebb_subflow_end(ebb_builder *sub);
 
 /* ---- steps -------------------------------------------------------------- */
 
 /* Declares a graph input, in order. Without any, the graph has one input "x".
  * Each input is also a tag. */
-void ebb_input(ebb_builder *b, const char *name);
+EBB_API void ebb_input(ebb_builder *b, const char *name);
 /* Declares a tag as an extra graph output, after the final stream. The tag
  * must exist by the end of the flow. */
-void ebb_output(ebb_builder *b, const char *tag);
+EBB_API void ebb_output(ebb_builder *b, const char *tag);
 /* Names the final stream's output ("y" by default). */
-void ebb_output_final(ebb_builder *b, const char *name);
+EBB_API void ebb_output_final(ebb_builder *b, const char *name);
 
-void ebb_from(ebb_builder *b, ebb_node *n);
-void ebb_through(ebb_builder *b, ebb_node *n);
-void ebb_also(ebb_builder *b, ebb_node *n);
+EBB_API void ebb_from(ebb_builder *b, ebb_node *n);
+EBB_API void ebb_through(ebb_builder *b, ebb_node *n);
+EBB_API void ebb_also(ebb_builder *b, ebb_node *n);
 /* NULL-terminated branch nodes, at least 2. */
-void ebb_split(ebb_builder *b, ebb_node *first, ...);
-void ebb_splitv(ebb_builder *b, ebb_node *const *nodes, int n);
+EBB_API void ebb_split(ebb_builder *b, ebb_node *first, ...) EBB_SENTINEL;
+EBB_API void ebb_splitv(ebb_builder *b, ebb_node *const *nodes, int n);
 /* `dim` is used by EBB_MERGE_CAT and EBB_MERGE_STACK. */
-void ebb_merge(ebb_builder *b, ebb_merge_op op, int64_t dim);
+EBB_API void ebb_merge(ebb_builder *b, ebb_merge_op op, int64_t dim);
 /* top_k == 0: dense, every expert runs on every row. NULL-terminated experts. */
-void ebb_gate(ebb_builder *b, ebb_node *router, int top_k, ebb_node *first_expert, ...);
-void ebb_gatev(ebb_builder *b, ebb_node *router, int top_k, ebb_node *const *experts, int n);
+EBB_API void ebb_gate(ebb_builder *b, ebb_node *router, int top_k, ebb_node *first_expert, ...) EBB_SENTINEL;
+EBB_API void ebb_gatev(ebb_builder *b, ebb_node *router, int top_k, ebb_node *const *experts, int n);
 /* NULL-terminated branches, at least 2. */
-void ebb_switch(ebb_builder *b, ebb_node *selector, ebb_node *first_branch, ...);
-void ebb_switchv(ebb_builder *b, ebb_node *selector, ebb_node *const *branches, int n);
+EBB_API void ebb_switch(ebb_builder *b, ebb_node *selector, ebb_node *first_branch, ...) EBB_SENTINEL;
+EBB_API void ebb_switchv(ebb_builder *b, ebb_node *selector, ebb_node *const *branches, int n);
 /* The body runs exactly `times` times (0 is allowed). */
-void ebb_loop_for(ebb_builder *b, ebb_node *body, int64_t times);
+EBB_API void ebb_loop_for(ebb_builder *b, ebb_node *body, int64_t times);
 /* Checks cond(state) before each iteration; at most `max` iterations. */
-void ebb_loop_while(ebb_builder *b, ebb_node *body, ebb_node *cond, int64_t max);
+EBB_API void ebb_loop_while(ebb_builder *b, ebb_node *body, ebb_node *cond, int64_t max);
 /* Checks cond(state) after each iteration, stops when true; at most `max`. */
-void ebb_loop_until(ebb_builder *b, ebb_node *body, ebb_node *cond, int64_t max);
-void ebb_tag(ebb_builder *b, const char *name);
+EBB_API void ebb_loop_until(ebb_builder *b, ebb_node *body, ebb_node *cond, int64_t max);
+EBB_API void ebb_tag(ebb_builder *b, const char *name);
 /* NULL-terminated tag names, for the next from/through. */
-void ebb_using(ebb_builder *b, const char *first, ...);
-void ebb_usingv(ebb_builder *b, const char *const *names, int n);
+EBB_API void ebb_using(ebb_builder *b, const char *first, ...) EBB_SENTINEL;
+EBB_API void ebb_usingv(ebb_builder *b, const char *const *names, int n);
 
 /* Finishes the flow. Returns a new graph (free with ebb_graph_free) or NULL
  * with the builder's first error in ebb_errmsg(). The builder can be freed
  * right after; the graph does not depend on it. */
-ebb_graph *ebb_build(ebb_builder *b);
+EBB_API ebb_graph *ebb_build(ebb_builder *b);
 
 /* ---- graphs ------------------------------------------------------------- */
 
 /* Releases a graph (graphs are reference-counted; nodes that nest it keep it
  * alive). NULL is allowed. */
-void ebb_graph_free(ebb_graph *g);
-const char *ebb_graph_name(const ebb_graph *g);
-int ebb_graph_input_count(const ebb_graph *g);
-const char *ebb_graph_input_name(const ebb_graph *g, int i);
+EBB_API void ebb_graph_free(ebb_graph *g);
+EBB_API const char *ebb_graph_name(const ebb_graph *g);
+EBB_API int ebb_graph_input_count(const ebb_graph *g);
+EBB_API const char *ebb_graph_input_name(const ebb_graph *g, int i);
 /* Outputs: the final stream ("y" unless renamed), then ebb_output() tags. */
-int ebb_graph_output_count(const ebb_graph *g);
-const char *ebb_graph_output_name(const ebb_graph *g, int i);
+EBB_API int ebb_graph_output_count(const ebb_graph *g);
+EBB_API const char *ebb_graph_output_name(const ebb_graph *g, int i);
 /* Number of steps of the top-level flow. */
-int ebb_graph_step_count(const ebb_graph *g);
+EBB_API int ebb_graph_step_count(const ebb_graph *g);
 /* Writes the graph as Graphviz DOT: split/merge fan out and in, gate and
  * switch as diamonds with branches in clusters, loop bodies as clusters with
  * their back edge, `using` reads as dashed edges. */
-void ebb_graph_write_dot(const ebb_graph *g, FILE *f);
+EBB_API void ebb_graph_write_dot(const ebb_graph *g, FILE *f);
 
 #ifdef __cplusplus
 }

@@ -40,17 +40,17 @@ typedef struct ebb_memory_stats {
 
 /* Reads the counters of one device. EBB_ERR_UNSUPPORTED for CUDA in a build
  * without it. */
-ebb_status ebb_memory_stats_get(ebb_device device, ebb_memory_stats *out);
+EBB_API ebb_status ebb_memory_stats_get(ebb_device device, ebb_memory_stats *out);
 
 /* Bytes of tensor storage allocated on the device right now (0 on error). */
-int64_t ebb_memory_current(ebb_device device);
+EBB_API int64_t ebb_memory_current(ebb_device device);
 
 /* Sets the device's peak to its current bytes. */
-void ebb_memory_reset_peak(ebb_device device);
+EBB_API void ebb_memory_reset_peak(ebb_device device);
 
 /* Number of live ebb_tensor handles in the process. Every test checks that it
  * returns to zero. */
-int64_t ebb_tensor_live_count(void);
+EBB_API int64_t ebb_tensor_live_count(void);
 
 #ifdef __cplusplus
 }

@@ -238,17 +238,17 @@ struct ebb_op {
  * must outlive the process's use of ebb. Fails if the name is taken or the
  * descriptor is incomplete. Not thread-safe with concurrent lookups: register
  * ops at start-up, after ebb_init(). */
-ebb_status ebb_op_register(const ebb_op *op);
+EBB_API ebb_status ebb_op_register(const ebb_op *op);
 
 /* The op registered under `name`, or NULL. */
-const ebb_op *ebb_op_find(const char *name);
+EBB_API const ebb_op *ebb_op_find(const char *name);
 
 /* Number of registered ops, and the i-th (in registration order). */
-int ebb_op_count(void);
-const ebb_op *ebb_op_at(int i);
+EBB_API int ebb_op_count(void);
+EBB_API const ebb_op *ebb_op_at(int i);
 
 /* Index of attribute `name` in op's schema, or -1. */
-int ebb_op_attr_index(const ebb_op *op, const char *name);
+EBB_API int ebb_op_attr_index(const ebb_op *op, const char *name);
 
 #ifdef __cplusplus
 }

@@ -104,7 +104,7 @@ typedef struct ebb_optimizer_options {
  * filled and `complete` set, to adjust before ebb_optimizer_new(). Fields of
  * other kinds are 0. An unknown kind is returned as given, and
  * ebb_optimizer_new() refuses it. */
-ebb_optimizer_options ebb_optimizer_defaults(ebb_optimizer_kind kind, double lr);
+EBB_API ebb_optimizer_options ebb_optimizer_defaults(ebb_optimizer_kind kind, double lr);
 
 /* Creates an optimizer over every parameter of `model`, in the model's
  * parameter order, with no state yet. `opts` is read, not kept. On success
@@ -112,18 +112,18 @@ ebb_optimizer_options ebb_optimizer_defaults(ebb_optimizer_kind kind, double lr)
  * a NULL argument, an unknown kind, options torch.optim would refuse (the
  * message names the field and its value) or a parameter that is not a
  * floating-point tensor. */
-ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
+EBB_API ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
                              const ebb_optimizer_options *opts);
 /* Frees the optimizer and its state; the model is untouched (NULL is allowed). */
-void ebb_optimizer_free(ebb_optimizer *opt);
+EBB_API void ebb_optimizer_free(ebb_optimizer *opt);
 
 /* The options in force, with every default filled in and `complete` set
  * (zeros for a NULL optimizer). */
-ebb_optimizer_options ebb_optimizer_get_options(const ebb_optimizer *opt);
+EBB_API ebb_optimizer_options ebb_optimizer_get_options(const ebb_optimizer *opt);
 /* Sets the learning rate for the updates that follow (a schedule), as
  * assigning param_group['lr'] does. EBB_ERR_ARG for a negative or
  * non-finite lr or a NULL optimizer; the optimizer is then unchanged. */
-ebb_status ebb_optimizer_set_lr(ebb_optimizer *opt, double lr);
+EBB_API ebb_status ebb_optimizer_set_lr(ebb_optimizer *opt, double lr);
 
 /* Updates parameter `param_index` (the model's order) in place with its
  * gradient, and its state: one step of torch.optim for one parameter. This
@@ -135,7 +135,7 @@ ebb_status ebb_optimizer_set_lr(ebb_optimizer *opt, double lr);
  * unchanged. EBB_ERR_ARG for a NULL optimizer or gradient or an index out of
  * range. State is created here at the parameter's first update; if that
  * allocation fails (EBB_ERR_NOMEM) nothing has changed either. */
-ebb_status ebb_optimizer_update(ebb_optimizer *opt, int param_index, const ebb_tensor *grad);
+EBB_API ebb_status ebb_optimizer_update(ebb_optimizer *opt, int param_index, const ebb_tensor *grad);
 
 /* One optimizer step over all parameters: grads[i] is the gradient of
  * parameter i in the model's order (ebb_model_param_count() entries), and a
@@ -147,21 +147,21 @@ ebb_status ebb_optimizer_update(ebb_optimizer *opt, int param_index, const ebb_t
  * kernels themselves (which check nothing further and allocate at most one
  * scratch tensor each) could stop part-way; the message then names the
  * parameter, and the ones before it have been updated. */
-ebb_status ebb_optimizer_step(ebb_optimizer *opt, ebb_tensor *const *grads);
+EBB_API ebb_status ebb_optimizer_step(ebb_optimizer *opt, ebb_tensor *const *grads);
 
 /* The number of updates the most-updated parameter has had: the number of
  * steps taken when every step gives every parameter a gradient. 0 for NULL. */
-int64_t ebb_optimizer_step_count(const ebb_optimizer *opt);
+EBB_API int64_t ebb_optimizer_step_count(const ebb_optimizer *opt);
 /* The number of updates parameter `param_index` has had (Adam's `step`); -1
  * for a NULL optimizer or an index out of range. */
-int64_t ebb_optimizer_param_step_count(const ebb_optimizer *opt, int param_index);
+EBB_API int64_t ebb_optimizer_param_step_count(const ebb_optimizer *opt, int param_index);
 
 /* Bytes of tensor state the optimizer holds now; *most (when not NULL)
  * receives the bytes it will hold once every parameter has been updated:
  * per parameter, its size times 0 (SGD without momentum), 1 (SGD with
  * momentum), 2 (Adam, AdamW) or 3 (with amsgrad). The update counts are not
  * tensors and cost nothing here. 0 (and *most 0) for NULL. */
-int64_t ebb_optimizer_state_bytes(const ebb_optimizer *opt, int64_t *most);
+EBB_API int64_t ebb_optimizer_state_bytes(const ebb_optimizer *opt, int64_t *most);
 /* The tensor bytes the next update of parameter `param_index` allocates
  * beyond the state it keeps, all freed before it returns, so that a plan
  * can count them; exact on the CPU. One parameter-sized scratch tensor for
@@ -175,14 +175,14 @@ int64_t ebb_optimizer_state_bytes(const ebb_optimizer *opt, int64_t *most);
  * A parameter without state also gains its state at its next update: its
  * size times the factor ebb_optimizer_state_bytes() names. -1 for a NULL
  * optimizer or an index out of range. */
-int64_t ebb_optimizer_scratch_bytes(const ebb_optimizer *opt, int param_index);
+EBB_API int64_t ebb_optimizer_scratch_bytes(const ebb_optimizer *opt, int param_index);
 
 /* One state tensor of a parameter, borrowed (do not free it; updates change
  * it in place, ebb_optimizer_load() and ebb_optimizer_free() free it): `which` is
  * "momentum_buffer", "exp_avg", "exp_avg_sq" or "max_exp_avg_sq". NULL when
  * the parameter has no such state (not updated yet, or another kind), for an
  * unknown `which` or an index out of range. */
-ebb_tensor *ebb_optimizer_state_tensor(const ebb_optimizer *opt, int param_index,
+EBB_API ebb_tensor *ebb_optimizer_state_tensor(const ebb_optimizer *opt, int param_index,
                                        const char *which);
 
 /* Writes the state under the names above to a safetensors file, as
@@ -190,7 +190,7 @@ ebb_tensor *ebb_optimizer_state_tensor(const ebb_optimizer *opt, int param_index
  * Parameters without state have no entries. optim.options holds, as
  * float64: {format version 1, kind, lr, momentum, dampening, nesterov,
  * weight_decay, beta1, beta2, eps, amsgrad}. */
-ebb_status ebb_optimizer_save(const ebb_optimizer *opt, const char *path);
+EBB_API ebb_status ebb_optimizer_save(const ebb_optimizer *opt, const char *path);
 /* Reads the state (and the options) back from a safetensors file, replacing
  * the optimizer's; like torch.optim's load_state_dict, the options in the
  * file replace the optimizer's (call ebb_optimizer_set_lr() afterwards to
@@ -204,7 +204,7 @@ ebb_status ebb_optimizer_save(const ebb_optimizer *opt, const char *path);
  * parameter or the kind no state for, is an error (EBB_ERR_ARG, or
  * EBB_ERR_SHAPE for shapes and dtypes) naming the tensor and the file, and
  * the optimizer is left as it was. */
-ebb_status ebb_optimizer_load(ebb_optimizer *opt, const char *path);
+EBB_API ebb_status ebb_optimizer_load(ebb_optimizer *opt, const char *path);
 
 /* ---- update kernels (the tensor layer) ---------------------------------------
  * One in-place update of one parameter, used by the optimizer above and
@@ -219,13 +219,13 @@ ebb_status ebb_optimizer_load(ebb_optimizer *opt, const char *path);
 /* torch.optim.SGD's update. *momentum_buffer is the state: NULL before the
  * first update, when (with momentum) it receives a new handle holding the
  * buffer, which the caller frees; unused without momentum. */
-ebb_status ebb_tensor_sgd_update_(ebb_tensor *param, const ebb_tensor *grad,
+EBB_API ebb_status ebb_tensor_sgd_update_(ebb_tensor *param, const ebb_tensor *grad,
                                   ebb_tensor **momentum_buffer, const ebb_optimizer_options *opts);
 /* torch.optim.Adam's (or, for kind EBB_ADAMW, AdamW's) update. exp_avg and
  * exp_avg_sq are updated in place (zeros before the first update);
  * max_exp_avg_sq is required with amsgrad and ignored without. `step` is the
  * parameter's update count including this update (1 for the first). */
-ebb_status ebb_tensor_adam_update_(ebb_tensor *param, const ebb_tensor *grad, ebb_tensor *exp_avg,
+EBB_API ebb_status ebb_tensor_adam_update_(ebb_tensor *param, const ebb_tensor *grad, ebb_tensor *exp_avg,
                                    ebb_tensor *exp_avg_sq, ebb_tensor *max_exp_avg_sq, int64_t step,
                                    const ebb_optimizer_options *opts);
 

@@ -59,8 +59,8 @@ typedef struct ebb_compile_options {
  * every step (a dry run on libtorch's meta device, or the op's shape
  * function: no activation is allocated), so shape errors surface here,
  * naming the node. On success *out is a new plan (free with ebb_plan_free). */
-ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts);
-void ebb_plan_free(ebb_plan *p);
+EBB_API ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts);
+EBB_API void ebb_plan_free(ebb_plan *p);
 
 typedef enum ebb_step_kind {
     EBB_STEP_OP,        /* out = op(in...) */
@@ -115,53 +115,53 @@ typedef struct ebb_plan_value {
     int alias_of;     /* slot whose storage it shares, or -1 */
 } ebb_plan_value;
 
-int ebb_plan_step_count(const ebb_plan *p);
-const ebb_plan_step *ebb_plan_step_at(const ebb_plan *p, int i);
-int ebb_plan_value_count(const ebb_plan *p);
-const ebb_plan_value *ebb_plan_value_at(const ebb_plan *p, int slot);
+EBB_API int ebb_plan_step_count(const ebb_plan *p);
+EBB_API const ebb_plan_step *ebb_plan_step_at(const ebb_plan *p, int i);
+EBB_API int ebb_plan_value_count(const ebb_plan *p);
+EBB_API const ebb_plan_value *ebb_plan_value_at(const ebb_plan *p, int slot);
 /* The graph inputs' and outputs' slots, in order. */
-int ebb_plan_input_count(const ebb_plan *p);
-int ebb_plan_input_slot(const ebb_plan *p, int i);
-int ebb_plan_output_count(const ebb_plan *p);
-int ebb_plan_output_slot(const ebb_plan *p, int i);
-const char *ebb_plan_output_name(const ebb_plan *p, int i);
+EBB_API int ebb_plan_input_count(const ebb_plan *p);
+EBB_API int ebb_plan_input_slot(const ebb_plan *p, int i);
+EBB_API int ebb_plan_output_count(const ebb_plan *p);
+EBB_API int ebb_plan_output_slot(const ebb_plan *p, int i);
+EBB_API const char *ebb_plan_output_name(const ebb_plan *p, int i);
 /* Predicted peak of live intermediate bytes, and the step where it occurs. */
-int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step);
+EBB_API int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step);
 /* Non-zero when the plan's predicted bytes are an upper bound rather than
  * exact: it routes rows by value, has a while/until loop, or has a step
  * whose op declares its workspace as a bound (ebb_op.workspace_is_bound). A run never
  * exceeds either kind; an exact plan's run matches it (on the CPU, to the
  * byte). */
-int ebb_plan_peak_is_bound(const ebb_plan *p);
+EBB_API int ebb_plan_peak_is_bound(const ebb_plan *p);
 /* The predicted peak the same plan would have with keep_all (nothing freed
  * until the end): the figure liveness is compared against. */
-int64_t ebb_plan_keep_all_peak_bytes(const ebb_plan *p);
+EBB_API int64_t ebb_plan_keep_all_peak_bytes(const ebb_plan *p);
 /* The predicted peak as the device's allocator will count it: on CUDA every
  * block is rounded up to 512 bytes (small blocks are carved from 2 MiB
  * segments, which allocated-bytes statistics do not count); on the CPU it is
  * ebb_plan_peak_bytes(). */
-int64_t ebb_plan_device_peak_bytes(const ebb_plan *p, ebb_device device);
+EBB_API int64_t ebb_plan_device_peak_bytes(const ebb_plan *p, ebb_device device);
 /* Non-zero for a plan compiled with keep_all. */
-int ebb_plan_keep_all(const ebb_plan *p);
-const char *ebb_plan_name(const ebb_plan *p);
+EBB_API int ebb_plan_keep_all(const ebb_plan *p);
+EBB_API const char *ebb_plan_name(const ebb_plan *p);
 
 /* The parameters the plan's ops need, in a fixed order. */
-int ebb_plan_param_count(const ebb_plan *p);
-const ebb_param_spec *ebb_plan_param_at(const ebb_plan *p, int i, const char **full_name);
+EBB_API int ebb_plan_param_count(const ebb_plan *p);
+EBB_API const ebb_param_spec *ebb_plan_param_at(const ebb_plan *p, int i, const char **full_name);
 
 /* Writes the EXPLAIN listing: one row per step (index, op, node, inputs,
  * output, shape, values freed, predicted live bytes), then a summary. */
-void ebb_plan_print(const ebb_plan *p, FILE *f);
+EBB_API void ebb_plan_print(const ebb_plan *p, FILE *f);
 /* Writes the plan as one JSON object (the `ebb plan --json` format of
  * docs/cli.md: name, inputs, outputs, params, values, steps, peaks). */
-void ebb_plan_write_json(const ebb_plan *p, FILE *f);
+EBB_API void ebb_plan_write_json(const ebb_plan *p, FILE *f);
 /* Writes the plan as Graphviz DOT: steps top to bottom, data edges labelled
  * with value, shape and bytes, fill by live bytes, the peak outlined. */
-void ebb_plan_write_dot(const ebb_plan *p, FILE *f);
+EBB_API void ebb_plan_write_dot(const ebb_plan *p, FILE *f);
 /* The value's id in listings, JSON and traces: an input's name, else "vN". */
-void ebb_plan_value_id(const ebb_plan *p, int slot, char *buf, size_t size);
+EBB_API void ebb_plan_value_id(const ebb_plan *p, int slot, char *buf, size_t size);
 /* The last step (in listing order) that reads the value; its producer if none. */
-int ebb_plan_value_last_use(const ebb_plan *p, int slot);
+EBB_API int ebb_plan_value_last_use(const ebb_plan *p, int slot);
 
 #ifdef __cplusplus
 }

@@ -30,43 +30,79 @@ typedef struct ebb_model ebb_model;
  * do (nn.Linear: U(-1/sqrt(in), 1/sqrt(in)); LayerNorm: ones and zeros), from
  * a generator seeded with `seed` and the parameter's name. Names follow
  * PyTorch: "<node name or path>.<param>", e.g. "stem.weight". */
-ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device device, uint64_t seed);
-void ebb_model_free(ebb_model *m);
-ebb_device ebb_model_device(const ebb_model *m);
-int ebb_model_param_count(const ebb_model *m);
-const char *ebb_model_param_name(const ebb_model *m, int i);
+EBB_API ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device device, uint64_t seed);
+EBB_API void ebb_model_free(ebb_model *m);
+EBB_API ebb_device ebb_model_device(const ebb_model *m);
+EBB_API int ebb_model_param_count(const ebb_model *m);
+EBB_API const char *ebb_model_param_name(const ebb_model *m, int i);
 /* The parameter tensor (borrowed: do not free), or NULL. */
-ebb_tensor *ebb_model_param(const ebb_model *m, const char *name);
-/* Reads every parameter from a safetensors file, by name. A missing, extra
- * or wrongly shaped tensor, or one in a dtype ebb does not support, is an
- * error naming it, both shapes and the file; names, dtypes and shapes are
- * checked before any value changes. Each tensor is read (pread) straight
- * into its parameter. A file that shrinks during the load (truncated by
- * another process) is an EBB_ERR_IO error, and the parameters read until
- * then hold the file's values: discard or reload the model. */
-ebb_status ebb_model_load(ebb_model *m, const char *path);
+EBB_API ebb_tensor *ebb_model_param(const ebb_model *m, const char *name);
+/* Reads every parameter from a safetensors file, by name. Every name,
+ * dtype and shape is checked before any value changes; when anything does
+ * not match, the call fails (EBB_ERR_SHAPE when some tensor has the wrong
+ * dtype or shape, else EBB_ERR_ARG), leaves the model as it was, and its
+ * one message names the file and lists every problem, as PyTorch's
+ * load_state_dict does: the missing parameters, the unexpected tensors
+ * (names the model does not have, `*.num_batches_tracked` included), and
+ * each tensor of the wrong shape or dtype with both shapes:
+ *     w.safetensors: 4 tensors do not match the model (2 missing, 1
+ *     unexpected, 1 of the wrong dtype or shape): missing parameters
+ *     'fc1.weight', 'fc2.bias'; unexpected tensor 'head.weight' (the model
+ *     has no such parameter); parameter 'fc3.weight' is float32 [10, 64] in
+ *     the file, the model needs float32 [10, 128]
+ * A single problem reads "w.safetensors: missing parameter 'fc1.bias'". A
+ * tensor in a dtype ebb has no tensors of (I8, F8_E4M3) is listed with its
+ * dtype, not as missing. Past about 2 KiB the names are counted ("and 12
+ * more not listed"); ebb_model_load_ex() with non_strict and a mismatch
+ * callback gets the whole list. Each tensor is read (pread) straight into
+ * its parameter. A file that shrinks during the load (truncated by another
+ * process) is an EBB_ERR_IO error, and the parameters read until then hold
+ * the file's values: discard or reload the model. */
+EBB_API ebb_status ebb_model_load(ebb_model *m, const char *path);
 
 /* Called by ebb_model_load_ex() for each parameter that holds NaN or
  * infinite values: the file, the parameter's name, how many and of how many. */
 typedef void (*ebb_nonfinite_fn)(const char *path, const char *name, int64_t count, int64_t numel,
                                  void *user);
+
+/* What a non-strict load skipped (see ebb_model_load_options.non_strict). */
+typedef struct ebb_load_report {
+    const char *path;  /* the file */
+    const char *text;  /* the message a strict load fails with, every name listed */
+    int n_missing;     /* parameters the file lacks: they keep their values */
+    int n_unexpected;  /* tensors of the file the model has no parameter for: ignored */
+    int n_mismatched;  /* tensors of the wrong dtype or shape: not read, the parameter kept */
+    int n_loaded;      /* parameters read from the file */
+} ebb_load_report;
+typedef void (*ebb_load_mismatch_fn)(const ebb_load_report *report, void *user);
+
+/* Zero-initialised options give ebb_model_load()'s behaviour. */
 typedef struct ebb_model_load_options {
     int strict_finite;          /* a parameter holding NaN or Inf is an error (EBB_ERR_ARG) */
     ebb_nonfinite_fn nonfinite; /* else, when not NULL, called for each such parameter */
-    void *user;                 /* passed to nonfinite */
+    void *user;                 /* passed to nonfinite and mismatch */
+    /* Like load_state_dict(strict=False), and further: missing parameters,
+     * unexpected tensors and tensors of the wrong dtype or shape are not an
+     * error. The parameters that match are read; every other parameter
+     * keeps the value it had. */
+    int non_strict;
+    /* With non_strict, when not NULL: called once, before any value is
+     * read, when something does not match (never when all matches). */
+    ebb_load_mismatch_fn mismatch;
 } ebb_model_load_options;
-/* ebb_model_load() with options (NULL: none). The NaN and Inf count is taken
- * from the bytes as they are read, not in a second pass. With strict_finite
- * the parameters before the offending one have been loaded when it fails. */
-ebb_status ebb_model_load_ex(ebb_model *m, const char *path, const ebb_model_load_options *opts);
+/* ebb_model_load() with options (NULL: none, a strict load). The NaN and Inf
+ * count is taken from the bytes as they are read, not in a second pass. With
+ * strict_finite the parameters before the offending one have been loaded when
+ * it fails. */
+EBB_API ebb_status ebb_model_load_ex(ebb_model *m, const char *path, const ebb_model_load_options *opts);
 
 /* Writes every parameter to a safetensors file, as ebb_safetensors_write()
  * does: a regular file is replaced atomically (a temporary file renamed into
  * place, keeping the old file's permissions), a link is followed, a
  * character device or pipe written into, anything else refused. */
-ebb_status ebb_model_save(const ebb_model *m, const char *path);
+EBB_API ebb_status ebb_model_save(const ebb_model *m, const char *path);
 /* Replaces a parameter's values (shape and dtype must match; copied). */
-ebb_status ebb_model_set_param(ebb_model *m, const char *name, const ebb_tensor *value);
+EBB_API ebb_status ebb_model_set_param(ebb_model *m, const char *name, const ebb_tensor *value);
 
 /* What the trace callback sees for each executed step. */
 typedef struct ebb_trace_event {
@@ -106,9 +142,9 @@ typedef struct ebb_run_options {
  * new handle per graph output, which the caller frees. `stats` may be NULL.
  * Measured peak bytes are exact on the CPU when no other thread allocates
  * at the same time. */
-ebb_status ebb_run(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
+EBB_API ebb_status ebb_run(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
                    ebb_tensor **outputs, ebb_run_stats *stats);
-ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
+EBB_API ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
                       ebb_tensor **outputs, const ebb_run_options *opts, ebb_run_stats *stats);
 
 /* ---- will it fit? ------------------------------------------------------ */
@@ -145,7 +181,7 @@ typedef struct ebb_fit {
  * A plan whose peak is a bound (routing, while loops) is held to the bound.
  * Reading the limits costs a few /proc reads: call it once before a series
  * of runs, not before each. */
-ebb_status ebb_plan_check_fits(const ebb_plan *plan, ebb_device device, const ebb_model *model,
+EBB_API ebb_status ebb_plan_check_fits(const ebb_plan *plan, ebb_device device, const ebb_model *model,
                                int64_t input_bytes, ebb_fit *fit);
 
 /* ---- CUDA graph replay ---------------------------------------------------- */
@@ -159,13 +195,13 @@ typedef struct ebb_capture ebb_capture;
  * and the call says so (EBB_ERR_UNSUPPORTED, naming the step) instead of
  * capturing one path. `for` loops are fine. Needs a model on a CUDA device and
  * a build with CUDA. The capture keeps its own copies of the inputs. */
-ebb_status ebb_plan_capture(ebb_capture **out, const ebb_plan *plan, const ebb_model *model,
+EBB_API ebb_status ebb_plan_capture(ebb_capture **out, const ebb_plan *plan, const ebb_model *model,
                             ebb_tensor *const *inputs);
 /* Copies `inputs` (same shapes as at capture) into the graph's input buffers,
  * replays it, and returns new handles on the graph's output buffers: their
  * values are overwritten by the next replay. */
-ebb_status ebb_capture_replay(ebb_capture *c, ebb_tensor *const *inputs, ebb_tensor **outputs);
-void ebb_capture_free(ebb_capture *c);
+EBB_API ebb_status ebb_capture_replay(ebb_capture *c, ebb_tensor *const *inputs, ebb_tensor **outputs);
+EBB_API void ebb_capture_free(ebb_capture *c);
 
 #ifdef __cplusplus
 }

@@ -56,7 +56,7 @@ extern "C" {
  * old one's permissions. A symbolic link is followed and the file it points
  * to replaced. A character device (/dev/stdout) or a pipe is written into
  * directly; a directory or any other kind of file is refused (EBB_ERR_IO). */
-ebb_status ebb_safetensors_write(const char *path, const char *const *names,
+EBB_API ebb_status ebb_safetensors_write(const char *path, const char *const *names,
                                  ebb_tensor *const *tensors, int n);
 
 typedef struct ebb_safetensors ebb_safetensors;
@@ -65,28 +65,28 @@ typedef struct ebb_safetensors ebb_safetensors;
  * (close with ebb_safetensors_close) holding the file open. Anything but a
  * regular file (a directory, a FIFO, a device) is refused without blocking.
  * A reader is immutable: several threads may load from it. */
-ebb_status ebb_safetensors_open(ebb_safetensors **out, const char *path);
+EBB_API ebb_status ebb_safetensors_open(ebb_safetensors **out, const char *path);
 /* Closes the file and frees the reader (NULL is allowed). */
-void ebb_safetensors_close(ebb_safetensors *st);
+EBB_API void ebb_safetensors_close(ebb_safetensors *st);
 
 /* The path the reader was opened with. */
-const char *ebb_safetensors_path(const ebb_safetensors *st);
+EBB_API const char *ebb_safetensors_path(const ebb_safetensors *st);
 /* Number of tensors in the file. */
-int ebb_safetensors_count(const ebb_safetensors *st);
+EBB_API int ebb_safetensors_count(const ebb_safetensors *st);
 /* The i-th tensor name in byte order of the names (strcmp), or NULL when i is
  * out of range. Valid until the reader is closed. */
-const char *ebb_safetensors_name_at(const ebb_safetensors *st, int i);
+EBB_API const char *ebb_safetensors_name_at(const ebb_safetensors *st, int i);
 /* Looks a tensor up; dtype and shape (either may be NULL) receive its dtype
  * and shape. EBB_ERR_ARG when the file has no such tensor, and
  * EBB_ERR_UNSUPPORTED when its dtype has no ebb equivalent. */
-ebb_status ebb_safetensors_find(const ebb_safetensors *st, const char *name, ebb_dtype *dtype,
+EBB_API ebb_status ebb_safetensors_find(const ebb_safetensors *st, const char *name, ebb_dtype *dtype,
                                 ebb_shape *shape);
 /* The tensor's dtype as the file names it ("F32", "I8", ...), supported by
  * ebb or not; NULL when the file has no such tensor. For messages that must
  * tell "missing" from "there, in a dtype ebb cannot use". */
-const char *ebb_safetensors_dtype_str(const ebb_safetensors *st, const char *name);
+EBB_API const char *ebb_safetensors_dtype_str(const ebb_safetensors *st, const char *name);
 /* A "__metadata__" value, or NULL. Valid until the reader is closed. */
-const char *ebb_safetensors_metadata(const ebb_safetensors *st, const char *key);
+EBB_API const char *ebb_safetensors_metadata(const ebb_safetensors *st, const char *key);
 
 /* Reads the named tensor from the file into dst, which must have the same
  * dtype and shape (EBB_ERR_SHAPE otherwise, naming the tensor, both dtypes
@@ -94,17 +94,17 @@ const char *ebb_safetensors_metadata(const ebb_safetensors *st, const char *key)
  * dst see the new values. If the file turns out shorter than its header said
  * (it was truncated after open), EBB_ERR_IO says so; dst then holds part of
  * the new values. */
-ebb_status ebb_safetensors_load_into(const ebb_safetensors *st, const char *name,
+EBB_API ebb_status ebb_safetensors_load_into(const ebb_safetensors *st, const char *name,
                                      ebb_tensor *dst);
 /* The named tensor as a new tensor on `device` (the caller frees it). */
-ebb_status ebb_safetensors_load(ebb_tensor **out, const ebb_safetensors *st, const char *name,
+EBB_API ebb_status ebb_safetensors_load(ebb_tensor **out, const ebb_safetensors *st, const char *name,
                                 ebb_device device);
 /* The same two, also counting the NaN and infinite elements met on the way
  * into *nonfinite (0 for integer and bool dtypes; NULL to skip counting). The
  * count costs a pass over bytes already in the cache, not a second read. */
-ebb_status ebb_safetensors_load_into_ex(const ebb_safetensors *st, const char *name,
+EBB_API ebb_status ebb_safetensors_load_into_ex(const ebb_safetensors *st, const char *name,
                                         ebb_tensor *dst, int64_t *nonfinite);
-ebb_status ebb_safetensors_load_ex(ebb_tensor **out, const ebb_safetensors *st, const char *name,
+EBB_API ebb_status ebb_safetensors_load_ex(ebb_tensor **out, const ebb_safetensors *st, const char *name,
                                    ebb_device device, int64_t *nonfinite);
 
 #ifdef __cplusplus

@@ -51,12 +51,12 @@ typedef struct ebb_spec ebb_spec;
 /* Reads and loads the spec at `path`; errors name the file as `path`. On
  * success *out is a new spec (free with ebb_spec_free). EBB_ERR_IO when the
  * file cannot be read, EBB_ERR_SPEC for anything wrong inside it. */
-ebb_status ebb_spec_load(ebb_spec **out, const char *path);
+EBB_API ebb_status ebb_spec_load(ebb_spec **out, const char *path);
 
 /* Loads a spec from memory (`len` bytes; NUL bytes inside are an error).
  * `display_name` is the FILE of error messages and, without directory and
  * extension, the default graph name; NULL means "<string>". */
-ebb_status ebb_spec_load_string(ebb_spec **out, const char *text, size_t len,
+EBB_API ebb_status ebb_spec_load_string(ebb_spec **out, const char *text, size_t len,
                                 const char *display_name);
 
 #define EBB_SPEC_MAX_OVERRIDES 64
@@ -71,45 +71,45 @@ typedef struct ebb_spec_options {
 } ebb_spec_options;
 
 /* ebb_spec_load() and ebb_spec_load_string() with options (NULL: none). */
-ebb_status ebb_spec_load_ex(ebb_spec **out, const char *path, const ebb_spec_options *opts);
-ebb_status ebb_spec_load_string_ex(ebb_spec **out, const char *text, size_t len,
+EBB_API ebb_status ebb_spec_load_ex(ebb_spec **out, const char *path, const ebb_spec_options *opts);
+EBB_API ebb_status ebb_spec_load_string_ex(ebb_spec **out, const char *text, size_t len,
                                    const char *display_name, const ebb_spec_options *opts);
 
 /* Frees a spec and the graph it owns. NULL is allowed. */
-void ebb_spec_free(ebb_spec *s);
+EBB_API void ebb_spec_free(ebb_spec *s);
 
 /* The graph the spec declares, owned by the spec (valid until ebb_spec_free;
  * take a reference by nesting it with ebb_node_graph if it must outlive it). */
-const ebb_graph *ebb_spec_graph(const ebb_spec *s);
+EBB_API const ebb_graph *ebb_spec_graph(const ebb_spec *s);
 /* The graph name: the `name:` key, else the file name without extension. */
-const char *ebb_spec_name(const ebb_spec *s);
+EBB_API const char *ebb_spec_name(const ebb_spec *s);
 /* The FILE used in error messages. */
-const char *ebb_spec_file(const ebb_spec *s);
+EBB_API const char *ebb_spec_file(const ebb_spec *s);
 
 /* ---- inputs and their shapes --------------------------------------------- */
 
-int ebb_spec_input_count(const ebb_spec *s);
-const char *ebb_spec_input_name(const ebb_spec *s, int i);
-int ebb_spec_input_ndim(const ebb_spec *s, int i);
+EBB_API int ebb_spec_input_count(const ebb_spec *s);
+EBB_API const char *ebb_spec_input_name(const ebb_spec *s, int i);
+EBB_API int ebb_spec_input_ndim(const ebb_spec *s, int i);
 /* Dimension d of input i: its size, or -1 for a symbolic dimension, whose
  * name is then stored in *symbol (else *symbol is set to NULL; symbol may be
  * NULL). */
-int64_t ebb_spec_input_dim(const ebb_spec *s, int i, int d, const char **symbol);
+EBB_API int64_t ebb_spec_input_dim(const ebb_spec *s, int i, int d, const char **symbol);
 
 /* Resolves every input's shape into shapes[0..ebb_spec_input_count-1] (at
  * most `max_shapes`). `bindings` holds n strings "name=size" (size >= 1) for
  * symbolic dimensions; an unbound symbol is 1. Fails with EBB_ERR_ARG for a
  * malformed binding or one naming no symbolic dimension (with the nearest
  * symbol suggested). */
-ebb_status ebb_spec_resolve_shapes(const ebb_spec *s, const char *const *bindings, int n,
+EBB_API ebb_status ebb_spec_resolve_shapes(const ebb_spec *s, const char *const *bindings, int n,
                                    ebb_shape *shapes, int max_shapes);
 
 /* ---- params ---------------------------------------------------------------- */
 
 /* The `params:` map, in file order. */
-int ebb_spec_param_count(const ebb_spec *s);
-const char *ebb_spec_param_name(const ebb_spec *s, int i);
-double ebb_spec_param_value(const ebb_spec *s, int i);
+EBB_API int ebb_spec_param_count(const ebb_spec *s);
+EBB_API const char *ebb_spec_param_name(const ebb_spec *s, int i);
+EBB_API double ebb_spec_param_value(const ebb_spec *s, int i);
 
 /* ---- compiling and locating nodes ----------------------------------------- */
 
@@ -119,19 +119,19 @@ double ebb_spec_param_value(const ebb_spec *s, int i);
  * the spec, the message is rewritten to "FILE:LINE:COL: error: KEY.PATH:
  * <compiler message>" pointing at the YAML node that made it; the status
  * stays the compiler's (EBB_ERR_SHAPE for a shape contradiction). */
-ebb_status ebb_spec_compile(ebb_plan **out, const ebb_spec *s, const ebb_compile_options *opts);
+EBB_API ebb_status ebb_spec_compile(ebb_plan **out, const ebb_spec *s, const ebb_compile_options *opts);
 
 /* If this thread's last error names a node of the spec (a compile error, or
  * a run error from ebb_run on the spec's plan), rewrites it as "FILE:LINE:COL:
  * error: KEY.PATH: <message>"; otherwise leaves it. Returns `status`, so it
  * wraps a call: st = ebb_spec_annotate_error(s, ebb_run(...)). */
-ebb_status ebb_spec_annotate_error(const ebb_spec *s, ebb_status status);
+EBB_API ebb_status ebb_spec_annotate_error(const ebb_spec *s, ebb_status status);
 
 /* Finds the YAML position of a graph node path (as in plans and errors, e.g.
  * "flow.4.also.0", or a node's `name`). Returns 1 and fills the non-NULL out
  * arguments (1-based line and column, the key path such as
  * "flow[4].also[0]" or "blocks.ffn[0]", valid while s lives), or returns 0. */
-int ebb_spec_locate(const ebb_spec *s, const char *node_path, int *line, int *col,
+EBB_API int ebb_spec_locate(const ebb_spec *s, const char *node_path, int *line, int *col,
                     const char **key_path);
 
 #ifdef __cplusplus

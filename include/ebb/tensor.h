@@ -47,79 +47,79 @@ typedef struct ebb_shape {
 /* Number of elements of a shape (1 for a scalar); -1 for an invalid shape
  * (ndim outside 0..EBB_MAX_DIMS, a negative dimension, or more elements than
  * int64 holds). */
-int64_t ebb_shape_numel(const ebb_shape *shape);
+EBB_API int64_t ebb_shape_numel(const ebb_shape *shape);
 /* Non-zero when two shapes are equal. */
-int ebb_shape_equal(const ebb_shape *a, const ebb_shape *b);
+EBB_API int ebb_shape_equal(const ebb_shape *a, const ebb_shape *b);
 /* Writes "[8, 256]" into buf (always NUL-terminated); returns buf. */
-const char *ebb_shape_str(const ebb_shape *shape, char *buf, size_t size);
+EBB_API const char *ebb_shape_str(const ebb_shape *shape, char *buf, size_t size);
 
 /* ---- lifetime ---------------------------------------------------------- */
 
 /* Releases the handle's reference (NULL is allowed). Storage is freed when the
  * last handle or view on it goes. */
-void ebb_tensor_free(ebb_tensor *t);
+EBB_API void ebb_tensor_free(ebb_tensor *t);
 /* A second handle on the same tensor (same storage, no copy). */
-ebb_status ebb_tensor_ref(ebb_tensor **out, const ebb_tensor *t);
+EBB_API ebb_status ebb_tensor_ref(ebb_tensor **out, const ebb_tensor *t);
 /* A contiguous deep copy. */
-ebb_status ebb_tensor_clone(ebb_tensor **out, const ebb_tensor *t);
+EBB_API ebb_status ebb_tensor_clone(ebb_tensor **out, const ebb_tensor *t);
 
 /* ---- creation ---------------------------------------------------------- */
 
-ebb_status ebb_tensor_zeros(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
+EBB_API ebb_status ebb_tensor_zeros(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
                             ebb_device device);
-ebb_status ebb_tensor_ones(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
+EBB_API ebb_status ebb_tensor_ones(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
                            ebb_device device);
-ebb_status ebb_tensor_full(ebb_tensor **out, const ebb_shape *shape, double value,
+EBB_API ebb_status ebb_tensor_full(ebb_tensor **out, const ebb_shape *shape, double value,
                            ebb_dtype dtype, ebb_device device);
 /* Uninitialised storage (used for meta-device shape propagation). */
-ebb_status ebb_tensor_empty(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
+EBB_API ebb_status ebb_tensor_empty(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
                             ebb_device device);
 /* Standard normal values from a generator seeded with `seed`. Values are drawn
  * on the CPU and copied, so a seed gives the same numbers on every device. */
-ebb_status ebb_tensor_randn(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
+EBB_API ebb_status ebb_tensor_randn(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
                             ebb_device device, uint64_t seed);
 /* Uniform values in [lo, hi), seeded like ebb_tensor_randn(). */
-ebb_status ebb_tensor_uniform(ebb_tensor **out, const ebb_shape *shape, double lo, double hi,
+EBB_API ebb_status ebb_tensor_uniform(ebb_tensor **out, const ebb_shape *shape, double lo, double hi,
                               ebb_dtype dtype, ebb_device device, uint64_t seed);
 /* Copies `nbytes` of host memory laid out contiguously as `shape`/`dtype`.
  * nbytes must equal the tensor's size exactly. */
-ebb_status ebb_tensor_from_host(ebb_tensor **out, const void *data, size_t nbytes,
+EBB_API ebb_status ebb_tensor_from_host(ebb_tensor **out, const void *data, size_t nbytes,
                                 const ebb_shape *shape, ebb_dtype dtype, ebb_device device);
 /* Copies the tensor's values, contiguous and row-major, into host memory.
  * nbytes must equal ebb_tensor_nbytes(t). */
-ebb_status ebb_tensor_to_host(const ebb_tensor *t, void *data, size_t nbytes);
+EBB_API ebb_status ebb_tensor_to_host(const ebb_tensor *t, void *data, size_t nbytes);
 /* A copy on another device and/or dtype (a new handle on `t` if nothing
  * changes). */
-ebb_status ebb_tensor_to(ebb_tensor **out, const ebb_tensor *t, ebb_device device,
+EBB_API ebb_status ebb_tensor_to(ebb_tensor **out, const ebb_tensor *t, ebb_device device,
                          ebb_dtype dtype);
 
 /* ---- queries ----------------------------------------------------------- */
 
 /* The shape (ndim 0 and no dims for a tensor of more than EBB_MAX_DIMS
  * dimensions: check ebb_tensor_ndim() where that can happen). */
-ebb_shape ebb_tensor_shape(const ebb_tensor *t);
-int ebb_tensor_ndim(const ebb_tensor *t);
-ebb_dtype ebb_tensor_dtype(const ebb_tensor *t);
-ebb_device ebb_tensor_device(const ebb_tensor *t);
-int64_t ebb_tensor_numel(const ebb_tensor *t);
+EBB_API ebb_shape ebb_tensor_shape(const ebb_tensor *t);
+EBB_API int ebb_tensor_ndim(const ebb_tensor *t);
+EBB_API ebb_dtype ebb_tensor_dtype(const ebb_tensor *t);
+EBB_API ebb_device ebb_tensor_device(const ebb_tensor *t);
+EBB_API int64_t ebb_tensor_numel(const ebb_tensor *t);
 /* Bytes of the tensor's elements: numel * element size. */
-size_t ebb_tensor_nbytes(const ebb_tensor *t);
+EBB_API size_t ebb_tensor_nbytes(const ebb_tensor *t);
 /* Bytes of the storage the tensor looks at (larger than nbytes for a view of
  * part of a bigger tensor). */
-size_t ebb_tensor_storage_nbytes(const ebb_tensor *t);
+EBB_API size_t ebb_tensor_storage_nbytes(const ebb_tensor *t);
 /* Non-zero when a and b share storage (one is a view of the other). */
-int ebb_tensor_same_storage(const ebb_tensor *a, const ebb_tensor *b);
+EBB_API int ebb_tensor_same_storage(const ebb_tensor *a, const ebb_tensor *b);
 /* Non-zero when nothing else (another handle, a view, a tensor inside
  * libtorch) shares t's storage, so it may be overwritten in place. */
-int ebb_tensor_is_exclusive(const ebb_tensor *t);
+EBB_API int ebb_tensor_is_exclusive(const ebb_tensor *t);
 /* The value of a one-element tensor, as a double. */
-ebb_status ebb_tensor_item(const ebb_tensor *t, double *out);
+EBB_API ebb_status ebb_tensor_item(const ebb_tensor *t, double *out);
 /* Mean of all elements, as a double (loop conditions). */
-ebb_status ebb_tensor_mean_value(const ebb_tensor *t, double *out);
+EBB_API ebb_status ebb_tensor_mean_value(const ebb_tensor *t, double *out);
 /* Largest absolute elementwise difference, and whether shapes match; for tests. */
-ebb_status ebb_tensor_max_abs_diff(const ebb_tensor *a, const ebb_tensor *b, double *out);
+EBB_API ebb_status ebb_tensor_max_abs_diff(const ebb_tensor *a, const ebb_tensor *b, double *out);
 /* Non-zero when every |a-b| <= atol + rtol*|b| (shapes must match). */
-ebb_status ebb_tensor_allclose(const ebb_tensor *a, const ebb_tensor *b, double rtol, double atol,
+EBB_API ebb_status ebb_tensor_allclose(const ebb_tensor *a, const ebb_tensor *b, double rtol, double atol,
                                int *out);
 
 /* ---- arithmetic -------------------------------------------------------- */
@@ -150,100 +150,100 @@ typedef enum ebb_compare_op { EBB_EQ, EBB_NE, EBB_LT, EBB_LE, EBB_GT, EBB_GE } e
 
 typedef enum ebb_reduce_op { EBB_REDUCE_SUM, EBB_REDUCE_MEAN, EBB_REDUCE_MAX, EBB_REDUCE_MIN } ebb_reduce_op;
 
-ebb_status ebb_tensor_unary(ebb_tensor **out, ebb_unary_op op, const ebb_tensor *x);
+EBB_API ebb_status ebb_tensor_unary(ebb_tensor **out, ebb_unary_op op, const ebb_tensor *x);
 /* The same, in place: x := op(x). */
-ebb_status ebb_tensor_unary_(ebb_tensor *x, ebb_unary_op op);
+EBB_API ebb_status ebb_tensor_unary_(ebb_tensor *x, ebb_unary_op op);
 /* Elementwise with broadcasting. */
-ebb_status ebb_tensor_binary(ebb_tensor **out, ebb_binary_op op, const ebb_tensor *a,
+EBB_API ebb_status ebb_tensor_binary(ebb_tensor **out, ebb_binary_op op, const ebb_tensor *a,
                              const ebb_tensor *b);
 /* a += b in place (broadcasting b). */
-ebb_status ebb_tensor_add_(ebb_tensor *a, const ebb_tensor *b);
+EBB_API ebb_status ebb_tensor_add_(ebb_tensor *a, const ebb_tensor *b);
 /* acc + a * b (broadcasting), one allocation. */
-ebb_status ebb_tensor_addcmul(ebb_tensor **out, const ebb_tensor *acc, const ebb_tensor *a,
+EBB_API ebb_status ebb_tensor_addcmul(ebb_tensor **out, const ebb_tensor *acc, const ebb_tensor *a,
                               const ebb_tensor *b);
 /* x * scale + shift. */
-ebb_status ebb_tensor_affine(ebb_tensor **out, const ebb_tensor *x, double scale, double shift);
+EBB_API ebb_status ebb_tensor_affine(ebb_tensor **out, const ebb_tensor *x, double scale, double shift);
 /* The same, in place: x := x * scale + shift. */
-ebb_status ebb_tensor_affine_(ebb_tensor *x, double scale, double shift);
+EBB_API ebb_status ebb_tensor_affine_(ebb_tensor *x, double scale, double shift);
 /* xs[0] OP xs[1] OP ... xs[n-1] (n >= 2), left to right, with broadcasting and
  * libtorch's type promotion, accumulated in the output: the output is the only
  * allocation, where a chain of binary ops would make a temporary per input
  * after the second. */
-ebb_status ebb_tensor_fold(ebb_tensor **out, ebb_binary_op op, ebb_tensor *const *xs, int n);
+EBB_API ebb_status ebb_tensor_fold(ebb_tensor **out, ebb_binary_op op, ebb_tensor *const *xs, int n);
 /* The elementwise mean of xs[0..n) (n >= 2): their sum accumulated in the
  * output, then scaled there by 1/n. Integer inputs give the default float
  * type (float32), as sum * (1/n) would. */
-ebb_status ebb_tensor_average(ebb_tensor **out, ebb_tensor *const *xs, int n);
+EBB_API ebb_status ebb_tensor_average(ebb_tensor **out, ebb_tensor *const *xs, int n);
 /* A boolean tensor: x OP value. */
-ebb_status ebb_tensor_compare(ebb_tensor **out, ebb_compare_op op, const ebb_tensor *x,
+EBB_API ebb_status ebb_tensor_compare(ebb_tensor **out, ebb_compare_op op, const ebb_tensor *x,
                               double value);
 /* a @ b with libtorch's matmul broadcasting rules. */
-ebb_status ebb_tensor_matmul(ebb_tensor **out, const ebb_tensor *a, const ebb_tensor *b);
+EBB_API ebb_status ebb_tensor_matmul(ebb_tensor **out, const ebb_tensor *a, const ebb_tensor *b);
 /* x @ weight^T + bias, PyTorch's layout: weight [out, in], bias [out] or NULL. */
-ebb_status ebb_tensor_linear(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *weight,
+EBB_API ebb_status ebb_tensor_linear(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *weight,
                              const ebb_tensor *bias);
-ebb_status ebb_tensor_softmax(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
-ebb_status ebb_tensor_log_softmax(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
+EBB_API ebb_status ebb_tensor_softmax(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
+EBB_API ebb_status ebb_tensor_log_softmax(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
 /* Normalises over the last `normalized_ndim` dims; weight and bias may be NULL. */
-ebb_status ebb_tensor_layer_norm(ebb_tensor **out, const ebb_tensor *x, int normalized_ndim,
+EBB_API ebb_status ebb_tensor_layer_norm(ebb_tensor **out, const ebb_tensor *x, int normalized_ndim,
                                  const ebb_tensor *weight, const ebb_tensor *bias, double eps);
 /* Reduces over `dims` (all dims when ndims == 0). */
-ebb_status ebb_tensor_reduce(ebb_tensor **out, ebb_reduce_op op, const ebb_tensor *x,
+EBB_API ebb_status ebb_tensor_reduce(ebb_tensor **out, ebb_reduce_op op, const ebb_tensor *x,
                              const int64_t *dims, int ndims, bool keepdim);
 /* Index of the largest value along dim (int64). */
-ebb_status ebb_tensor_argmax(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
+EBB_API ebb_status ebb_tensor_argmax(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
 /* The k largest values along dim and their int64 indices. */
-ebb_status ebb_tensor_topk(ebb_tensor **values, ebb_tensor **indices, const ebb_tensor *x,
+EBB_API ebb_status ebb_tensor_topk(ebb_tensor **values, ebb_tensor **indices, const ebb_tensor *x,
                            int64_t k, int64_t dim);
 /* out = zeros_like(x) with out.scatter(dim, index, src). */
-ebb_status ebb_tensor_scatter(ebb_tensor **out, const ebb_tensor *x, int64_t dim,
+EBB_API ebb_status ebb_tensor_scatter(ebb_tensor **out, const ebb_tensor *x, int64_t dim,
                               const ebb_tensor *index, const ebb_tensor *src);
 
 /* libtorch's intra-op thread count on the CPU (at::get_num_threads()): some
  * kernels size their scratch by it. */
-int ebb_tensor_num_threads(void);
+EBB_API int ebb_tensor_num_threads(void);
 
 /* ---- joining and indexing ---------------------------------------------- */
 
 /* Copies src's values into dst (same shape; broadcasting and dtype or
  * device conversion as libtorch does), asynchronously on CUDA. */
-ebb_status ebb_tensor_copy_(ebb_tensor *dst, const ebb_tensor *src);
+EBB_API ebb_status ebb_tensor_copy_(ebb_tensor *dst, const ebb_tensor *src);
 
-ebb_status ebb_tensor_cat(ebb_tensor **out, ebb_tensor *const *xs, int n, int64_t dim);
-ebb_status ebb_tensor_stack(ebb_tensor **out, ebb_tensor *const *xs, int n, int64_t dim);
+EBB_API ebb_status ebb_tensor_cat(ebb_tensor **out, ebb_tensor *const *xs, int n, int64_t dim);
+EBB_API ebb_status ebb_tensor_stack(ebb_tensor **out, ebb_tensor *const *xs, int n, int64_t dim);
 /* Rows (along dim) picked by an int64 index tensor. */
-ebb_status ebb_tensor_index_select(ebb_tensor **out, const ebb_tensor *x, int64_t dim,
+EBB_API ebb_status ebb_tensor_index_select(ebb_tensor **out, const ebb_tensor *x, int64_t dim,
                                    const ebb_tensor *index);
 /* x[index[i]] = src[i] along dim, in place. */
-ebb_status ebb_tensor_index_copy_(ebb_tensor *x, int64_t dim, const ebb_tensor *index,
+EBB_API ebb_status ebb_tensor_index_copy_(ebb_tensor *x, int64_t dim, const ebb_tensor *index,
                                   const ebb_tensor *src);
 /* x[index[i]] += src[i] along dim, in place. */
-ebb_status ebb_tensor_index_add_(ebb_tensor *x, int64_t dim, const ebb_tensor *index,
+EBB_API ebb_status ebb_tensor_index_add_(ebb_tensor *x, int64_t dim, const ebb_tensor *index,
                                  const ebb_tensor *src);
 /* The int64 positions of the non-zero elements of a 1-D tensor. */
-ebb_status ebb_tensor_nonzero_1d(ebb_tensor **out, const ebb_tensor *x);
+EBB_API ebb_status ebb_tensor_nonzero_1d(ebb_tensor **out, const ebb_tensor *x);
 /* Converts to another dtype on the same device. */
-ebb_status ebb_tensor_cast(ebb_tensor **out, const ebb_tensor *x, ebb_dtype dtype);
+EBB_API ebb_status ebb_tensor_cast(ebb_tensor **out, const ebb_tensor *x, ebb_dtype dtype);
 
 /* ---- views (share storage with x) -------------------------------------- */
 
 /* -1 in one dim is inferred. Copies only if the layout requires it. */
-ebb_status ebb_tensor_reshape(ebb_tensor **out, const ebb_tensor *x, const ebb_shape *shape);
-ebb_status ebb_tensor_flatten(ebb_tensor **out, const ebb_tensor *x, int64_t start_dim,
+EBB_API ebb_status ebb_tensor_reshape(ebb_tensor **out, const ebb_tensor *x, const ebb_shape *shape);
+EBB_API ebb_status ebb_tensor_flatten(ebb_tensor **out, const ebb_tensor *x, int64_t start_dim,
                               int64_t end_dim);
-ebb_status ebb_tensor_permute(ebb_tensor **out, const ebb_tensor *x, const int64_t *dims,
+EBB_API ebb_status ebb_tensor_permute(ebb_tensor **out, const ebb_tensor *x, const int64_t *dims,
                               int ndims);
-ebb_status ebb_tensor_transpose(ebb_tensor **out, const ebb_tensor *x, int64_t dim0,
+EBB_API ebb_status ebb_tensor_transpose(ebb_tensor **out, const ebb_tensor *x, int64_t dim0,
                                 int64_t dim1);
-ebb_status ebb_tensor_unsqueeze(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
-ebb_status ebb_tensor_squeeze(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
+EBB_API ebb_status ebb_tensor_unsqueeze(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
+EBB_API ebb_status ebb_tensor_squeeze(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
 /* Elements [start, start+length) along dim. */
-ebb_status ebb_tensor_narrow(ebb_tensor **out, const ebb_tensor *x, int64_t dim, int64_t start,
+EBB_API ebb_status ebb_tensor_narrow(ebb_tensor **out, const ebb_tensor *x, int64_t dim, int64_t start,
                              int64_t length);
 /* The slice at `index` along dim, dim removed. */
-ebb_status ebb_tensor_select(ebb_tensor **out, const ebb_tensor *x, int64_t dim, int64_t index);
+EBB_API ebb_status ebb_tensor_select(ebb_tensor **out, const ebb_tensor *x, int64_t dim, int64_t index);
 /* A contiguous tensor (x itself, as a new handle, if already contiguous). */
-ebb_status ebb_tensor_contiguous(ebb_tensor **out, const ebb_tensor *x);
+EBB_API ebb_status ebb_tensor_contiguous(ebb_tensor **out, const ebb_tensor *x);
 
 /* ---- neural-network layers (used by ops/) ---- */
 
@@ -251,13 +251,13 @@ ebb_status ebb_tensor_contiguous(ebb_tensor **out, const ebb_tensor *x);
  * dtype, into the existing tensor dst (any device; a strided dst is filled in
  * its logical order). nbytes must equal ebb_tensor_nbytes(dst); `data` need
  * not be aligned. Views of dst see the new values. */
-ebb_status ebb_tensor_copy_from_host(ebb_tensor *dst, const void *data, size_t nbytes);
+EBB_API ebb_status ebb_tensor_copy_from_host(ebb_tensor *dst, const void *data, size_t nbytes);
 
 /* Convolution, PyTorch layout: x [N, C, *spatial] (or unbatched [C, *spatial]),
  * weight [out, C/groups, *kernel] with 1 to 3 spatial dims, bias [out] or NULL.
  * stride, padding and dilation hold one entry per spatial dim (weight's ndim
  * - 2). Works on meta tensors (shapes only). */
-ebb_status ebb_tensor_conv(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *weight,
+EBB_API ebb_status ebb_tensor_conv(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *weight,
                            const ebb_tensor *bias, const int64_t *stride, const int64_t *padding,
                            const int64_t *dilation, int64_t groups);
 
@@ -267,50 +267,50 @@ typedef enum ebb_pool_op { EBB_POOL_MAX, EBB_POOL_AVG } ebb_pool_op;
  * [C, H, W]. kernel, stride and padding are {h, w}; stride NULL means the
  * kernel, padding NULL means 0 (at most kernel/2). count_include_pad is read
  * for EBB_POOL_AVG only. */
-ebb_status ebb_tensor_pool2d(ebb_tensor **out, ebb_pool_op op, const ebb_tensor *x,
+EBB_API ebb_status ebb_tensor_pool2d(ebb_tensor **out, ebb_pool_op op, const ebb_tensor *x,
                              const int64_t kernel[2], const int64_t stride[2],
                              const int64_t padding[2], bool ceil_mode, bool count_include_pad);
 /* Average pooling to a fixed out_h x out_w output, PyTorch's bin edges. */
-ebb_status ebb_tensor_adaptive_avg_pool2d(ebb_tensor **out, const ebb_tensor *x, int64_t out_h,
+EBB_API ebb_status ebb_tensor_adaptive_avg_pool2d(ebb_tensor **out, const ebb_tensor *x, int64_t out_h,
                                           int64_t out_w);
 
 /* Inference batch norm over dim 1 of [N, C, ...] with running statistics:
  * (x - mean) / sqrt(var + eps) * weight + bias. weight and bias may be NULL. */
-ebb_status ebb_tensor_batch_norm(ebb_tensor **out, const ebb_tensor *x,
+EBB_API ebb_status ebb_tensor_batch_norm(ebb_tensor **out, const ebb_tensor *x,
                                  const ebb_tensor *running_mean, const ebb_tensor *running_var,
                                  const ebb_tensor *weight, const ebb_tensor *bias, double eps);
 /* Group norm of [N, C, ...]: statistics per sample over C/num_groups channels
  * and all spatial positions; weight and bias [C] may be NULL. */
-ebb_status ebb_tensor_group_norm(ebb_tensor **out, const ebb_tensor *x, int64_t num_groups,
+EBB_API ebb_status ebb_tensor_group_norm(ebb_tensor **out, const ebb_tensor *x, int64_t num_groups,
                                  const ebb_tensor *weight, const ebb_tensor *bias, double eps);
 /* x * rsqrt(mean(x^2 over the last dim) + eps) * weight; weight [D] may be
  * NULL. float16/bfloat16 inputs are computed in float32 (as PyTorch's
  * rms_norm); the output has the input's dtype. */
-ebb_status ebb_tensor_rms_norm(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *weight,
+EBB_API ebb_status ebb_tensor_rms_norm(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *weight,
                                double eps);
 
 /* Rows of weight [num, dim] picked by int64 (or int32) indices of any shape:
  * out is [*indices, dim]. An index outside [0, num) is an EBB_ERR_ARG naming
  * it (checked before the lookup, which costs a device sync on CUDA). */
-ebb_status ebb_tensor_embedding(ebb_tensor **out, const ebb_tensor *weight,
+EBB_API ebb_status ebb_tensor_embedding(ebb_tensor **out, const ebb_tensor *weight,
                                 const ebb_tensor *indices);
 
 /* softmax(q k^T / sqrt(E)) v over q [..., L, E], k [..., S, E], v [..., S, Ev]
  * (batch dims broadcast). causal masks key j > query i (top-left aligned, as
  * PyTorch's is_causal). Uses at::scaled_dot_product_attention on libtorch 2.x,
  * matmul and softmax on 1.x. */
-ebb_status ebb_tensor_attention(ebb_tensor **out, const ebb_tensor *q, const ebb_tensor *k,
+EBB_API ebb_status ebb_tensor_attention(ebb_tensor **out, const ebb_tensor *q, const ebb_tensor *k,
                                 const ebb_tensor *v, bool causal);
 
 /* One GRU step, nn.GRUCell's layout and gate order (r, z, n): x [B, in],
  * h [B, H], w_ih [3H, in], w_hh [3H, H], biases [3H] or NULL. out is h' [B, H]. */
-ebb_status ebb_tensor_gru_cell(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *h,
+EBB_API ebb_status ebb_tensor_gru_cell(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *h,
                                const ebb_tensor *w_ih, const ebb_tensor *w_hh,
                                const ebb_tensor *b_ih, const ebb_tensor *b_hh);
 /* One LSTM step, nn.LSTMCell's layout and gate order (i, f, g, o): x [B, in],
  * h and c [B, H], w_ih [4H, in], w_hh [4H, H], biases [4H] or NULL. Returns
  * h' and c' as two new handles (both NULL on failure). */
-ebb_status ebb_tensor_lstm_cell(ebb_tensor **h_out, ebb_tensor **c_out, const ebb_tensor *x,
+EBB_API ebb_status ebb_tensor_lstm_cell(ebb_tensor **h_out, ebb_tensor **c_out, const ebb_tensor *x,
                                 const ebb_tensor *h, const ebb_tensor *c, const ebb_tensor *w_ih,
                                 const ebb_tensor *w_hh, const ebb_tensor *b_ih,
                                 const ebb_tensor *b_hh);
@@ -325,44 +325,44 @@ ebb_status ebb_tensor_lstm_cell(ebb_tensor **h_out, ebb_tensor **c_out, const eb
 /* relu, tanh and sigmoid take their OUTPUT as `saved`, gelu and silu their
  * input (threshold_backward, tanh_backward, sigmoid_backward, gelu_backward,
  * silu_backward). Other unary ops are EBB_ERR_UNSUPPORTED. */
-ebb_status ebb_tensor_unary_backward(ebb_tensor **grad_x, ebb_unary_op op, const ebb_tensor *grad,
+EBB_API ebb_status ebb_tensor_unary_backward(ebb_tensor **grad_x, ebb_unary_op op, const ebb_tensor *grad,
                                      const ebb_tensor *saved);
 /* From the (log_)softmax output: _(log_)softmax_backward_data. */
-ebb_status ebb_tensor_softmax_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+EBB_API ebb_status ebb_tensor_softmax_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                        const ebb_tensor *out, int64_t dim, bool log);
 /* grad summed over the dims where `shape` was broadcast to grad's. */
-ebb_status ebb_tensor_sum_to(ebb_tensor **out, const ebb_tensor *grad, const ebb_shape *shape);
+EBB_API ebb_status ebb_tensor_sum_to(ebb_tensor **out, const ebb_tensor *grad, const ebb_shape *shape);
 /* Of a sum (or mean) of an input of shape x over dims (all when ndims 0). */
-ebb_status ebb_tensor_reduce_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+EBB_API ebb_status ebb_tensor_reduce_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                       const ebb_shape *x, const int64_t *dims, int ndims,
                                       bool keepdim, bool mean);
 /* Of max(x) over all elements: shared evenly by the maxima (zeros for an
  * empty x). */
-ebb_status ebb_tensor_max_all_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+EBB_API ebb_status ebb_tensor_max_all_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                        const ebb_tensor *x);
 /* Of ebb_tensor_fold() (EBB_ADD, EBB_MUL, EBB_MAXIMUM; n >= 2) into
  * grad_xs[0..n), each reduced to its input's shape. */
-ebb_status ebb_tensor_fold_backward(ebb_tensor **grad_xs, ebb_binary_op op, const ebb_tensor *grad,
+EBB_API ebb_status ebb_tensor_fold_backward(ebb_tensor **grad_xs, ebb_binary_op op, const ebb_tensor *grad,
                                     ebb_tensor *const *xs, int n);
 /* Of x @ weight^T + bias: grad @ weight, grad^T x and grad summed over rows.
  * x may be NULL when grad_weight is. */
-ebb_status ebb_tensor_linear_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+EBB_API ebb_status ebb_tensor_linear_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
                                       ebb_tensor **grad_bias, const ebb_tensor *grad,
                                       const ebb_tensor *x, const ebb_tensor *weight);
 /* Training dropout: keeps each element with probability 1-p (a bool mask
  * drawn on the CPU from a generator seeded with `seed`, so a seed drops the
  * same elements on every device) and scales the kept ones by 1/(1-p). */
-ebb_status ebb_tensor_dropout_train(ebb_tensor **out, ebb_tensor **mask, const ebb_tensor *x,
+EBB_API ebb_status ebb_tensor_dropout_train(ebb_tensor **out, ebb_tensor **mask, const ebb_tensor *x,
                                     double p, uint64_t seed);
-ebb_status ebb_tensor_dropout_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+EBB_API ebb_status ebb_tensor_dropout_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                        const ebb_tensor *mask, double p);
 /* native_layer_norm: the output and the per-row mean and rstd its backward
  * reads. */
-ebb_status ebb_tensor_layer_norm_train(ebb_tensor **out, ebb_tensor **mean, ebb_tensor **rstd,
+EBB_API ebb_status ebb_tensor_layer_norm_train(ebb_tensor **out, ebb_tensor **mean, ebb_tensor **rstd,
                                        const ebb_tensor *x, int normalized_ndim,
                                        const ebb_tensor *weight, const ebb_tensor *bias,
                                        double eps);
-ebb_status ebb_tensor_layer_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+EBB_API ebb_status ebb_tensor_layer_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
                                           ebb_tensor **grad_bias, const ebb_tensor *grad,
                                           const ebb_tensor *x, int normalized_ndim,
                                           const ebb_tensor *mean, const ebb_tensor *rstd,
@@ -371,75 +371,75 @@ ebb_status ebb_tensor_layer_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad
  * statistics, returns the per-channel mean and inverse std its backward
  * reads, and updates running_mean and running_var in place with `momentum`
  * (the unbiased variance), as nn.BatchNorm does in training. */
-ebb_status ebb_tensor_batch_norm_train(ebb_tensor **out, ebb_tensor **save_mean,
+EBB_API ebb_status ebb_tensor_batch_norm_train(ebb_tensor **out, ebb_tensor **save_mean,
                                        ebb_tensor **save_invstd, const ebb_tensor *x,
                                        ebb_tensor *running_mean, ebb_tensor *running_var,
                                        const ebb_tensor *weight, const ebb_tensor *bias,
                                        double momentum, double eps);
 /* grad_weight and grad_bias need weight (affine). */
-ebb_status ebb_tensor_batch_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+EBB_API ebb_status ebb_tensor_batch_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
                                           ebb_tensor **grad_bias, const ebb_tensor *grad,
                                           const ebb_tensor *x, const ebb_tensor *weight,
                                           const ebb_tensor *save_mean,
                                           const ebb_tensor *save_invstd, double eps);
 /* native_group_norm: the output and the per-(sample, group) mean and rstd. */
-ebb_status ebb_tensor_group_norm_train(ebb_tensor **out, ebb_tensor **mean, ebb_tensor **rstd,
+EBB_API ebb_status ebb_tensor_group_norm_train(ebb_tensor **out, ebb_tensor **mean, ebb_tensor **rstd,
                                        const ebb_tensor *x, int64_t num_groups,
                                        const ebb_tensor *weight, const ebb_tensor *bias,
                                        double eps);
-ebb_status ebb_tensor_group_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+EBB_API ebb_status ebb_tensor_group_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
                                           ebb_tensor **grad_bias, const ebb_tensor *grad,
                                           const ebb_tensor *x, const ebb_tensor *mean,
                                           const ebb_tensor *rstd, const ebb_tensor *weight,
                                           int64_t num_groups);
 /* Of ebb_tensor_rms_norm (libtorch 1.13 has no kernel: written out from the
  * forward's ATen calls). */
-ebb_status ebb_tensor_rms_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+EBB_API ebb_status ebb_tensor_rms_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
                                         const ebb_tensor *grad, const ebb_tensor *x,
                                         const ebb_tensor *weight, double eps);
 /* Of ebb_tensor_conv (convolution_backward); grad_bias given means the
  * forward had a bias. */
-ebb_status ebb_tensor_conv_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
+EBB_API ebb_status ebb_tensor_conv_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
                                     ebb_tensor **grad_bias, const ebb_tensor *grad,
                                     const ebb_tensor *x, const ebb_tensor *weight,
                                     const int64_t *stride, const int64_t *padding,
                                     const int64_t *dilation, int64_t groups);
 /* max_pool2d_with_indices: the output and the int64 argmax per output
  * element, which its backward scatters the gradient to. */
-ebb_status ebb_tensor_max_pool2d_train(ebb_tensor **out, ebb_tensor **indices, const ebb_tensor *x,
+EBB_API ebb_status ebb_tensor_max_pool2d_train(ebb_tensor **out, ebb_tensor **indices, const ebb_tensor *x,
                                        const int64_t kernel[2], const int64_t stride[2],
                                        const int64_t padding[2], bool ceil_mode);
-ebb_status ebb_tensor_max_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+EBB_API ebb_status ebb_tensor_max_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                           const ebb_tensor *x, const ebb_tensor *indices,
                                           const int64_t kernel[2], const int64_t stride[2],
                                           const int64_t padding[2], bool ceil_mode);
-ebb_status ebb_tensor_avg_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+EBB_API ebb_status ebb_tensor_avg_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                           const ebb_tensor *x, const int64_t kernel[2],
                                           const int64_t stride[2], const int64_t padding[2],
                                           bool ceil_mode, bool count_include_pad);
-ebb_status ebb_tensor_adaptive_avg_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+EBB_API ebb_status ebb_tensor_adaptive_avg_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                                    const ebb_tensor *x);
 /* The weight's gradient of an embedding lookup (embedding_dense_backward). */
-ebb_status ebb_tensor_embedding_backward(ebb_tensor **grad_weight, const ebb_tensor *grad,
+EBB_API ebb_status ebb_tensor_embedding_backward(ebb_tensor **grad_weight, const ebb_tensor *grad,
                                          const ebb_tensor *indices, int64_t num_weights);
 /* Of the multi_head_attention op (ops/attention.c): grad_in[0..n_in) for
  * query[, key[, value]] and grad_params[] in the op's parameter order
  * (in_proj_weight, [in_proj_bias,] out_proj.weight[, out_proj.bias]).
  * Recomputes the attention probabilities from the inputs. */
-ebb_status ebb_tensor_multi_head_attention_backward(
+EBB_API ebb_status ebb_tensor_multi_head_attention_backward(
     ebb_tensor **grad_in, ebb_tensor **grad_params, const ebb_tensor *grad, ebb_tensor *const *in,
     int n_in, const ebb_tensor *w_in, const ebb_tensor *b_in, const ebb_tensor *w_out,
     const ebb_tensor *b_out, int64_t heads, bool causal);
 /* Of ebb_tensor_gru_cell: grad_w[4] for w_ih, w_hh, b_ih, b_hh (biases
  * only when given). _thnn_differentiable_gru_cell_backward does the gates. */
-ebb_status ebb_tensor_gru_cell_backward(ebb_tensor **grad_x, ebb_tensor **grad_h,
+EBB_API ebb_status ebb_tensor_gru_cell_backward(ebb_tensor **grad_x, ebb_tensor **grad_h,
                                         ebb_tensor **grad_w, const ebb_tensor *grad,
                                         const ebb_tensor *x, const ebb_tensor *h,
                                         const ebb_tensor *w_ih, const ebb_tensor *w_hh,
                                         const ebb_tensor *b_ih, const ebb_tensor *b_hh);
 /* Of ebb_tensor_lstm_cell, from the gradients of h' and c' and the new cell
  * state cy (_thnn_differentiable_lstm_cell_backward). */
-ebb_status ebb_tensor_lstm_cell_backward(ebb_tensor **grad_x, ebb_tensor **grad_h,
+EBB_API ebb_status ebb_tensor_lstm_cell_backward(ebb_tensor **grad_x, ebb_tensor **grad_h,
                                          ebb_tensor **grad_c, ebb_tensor **grad_w,
                                          const ebb_tensor *grad_hy, const ebb_tensor *grad_cy,
                                          const ebb_tensor *x, const ebb_tensor *h,
@@ -464,14 +464,14 @@ ebb_status ebb_tensor_lstm_cell_backward(ebb_tensor **grad_x, ebb_tensor **grad_
  *     ebb_tensor_autograd_end();
  *
  * Tensors made outside (inference tensors) cannot become leaves. */
-void ebb_tensor_autograd_begin(void);
-void ebb_tensor_autograd_end(void);
+EBB_API void ebb_tensor_autograd_begin(void);
+EBB_API void ebb_tensor_autograd_end(void);
 /* Marks a floating tensor made under autograd as a leaf that gets a .grad. */
-ebb_status ebb_tensor_requires_grad_(ebb_tensor *t);
+EBB_API ebb_status ebb_tensor_requires_grad_(ebb_tensor *t);
 /* Backpropagates grad_out (of out's shape) into the leaves' .grad. */
-ebb_status ebb_tensor_backward(const ebb_tensor *out, const ebb_tensor *grad_out);
+EBB_API ebb_status ebb_tensor_backward(const ebb_tensor *out, const ebb_tensor *grad_out);
 /* The accumulated gradient of a leaf; zeros when nothing reached it. */
-ebb_status ebb_tensor_grad(ebb_tensor **out, const ebb_tensor *t);
+EBB_API ebb_status ebb_tensor_grad(ebb_tensor **out, const ebb_tensor *t);
 
 #ifdef __cplusplus
 }
