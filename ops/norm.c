@@ -106,8 +106,13 @@ static int64_t batch_norm_workspace(const ebb_attr_value *a, const ebb_shape *in
     return vectors * in[0].dim[1] * stat_bytes(dt);
 }
 
-static ebb_status batch_norm_fwd(const ebb_op_call *c, ebb_tensor **out) {
-    *out = NULL;
+/* batch_norm's parameters in the order params() lists them, checked against
+ * the input: [weight, bias,] running_mean, running_var. */
+typedef struct bn_params {
+    ebb_tensor *weight, *bias, *running_mean, *running_var;
+} bn_params;
+
+static ebb_status bn_params_of(const ebb_op_call *c, bn_params *bp) {
     int affine = c->attrs[BN_AFFINE].i != 0;
     int64_t ch = 0;
     ebb_shape x = ebb_tensor_shape(c->in[0]);
@@ -118,8 +123,19 @@ static ebb_status batch_norm_fwd(const ebb_op_call *c, ebb_tensor **out) {
         return ebb_error_set(EBB_ERR_ARG, "batch_norm: expected %d parameters, got %d",
                              affine ? 4 : 2, c->n_params);
     ebb_tensor *const *p = c->params;
-    return ebb_tensor_batch_norm(out, c->in[0], p[affine ? 2 : 0], p[affine ? 3 : 1],
-                                 affine ? p[0] : NULL, affine ? p[1] : NULL, c->attrs[BN_EPS].f);
+    *bp = (bn_params){affine ? p[0] : NULL, affine ? p[1] : NULL, p[affine ? 2 : 0],
+                      p[affine ? 3 : 1]};
+    return EBB_OK;
+}
+
+static ebb_status batch_norm_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    bn_params bp;
+    ebb_status st = bn_params_of(c, &bp);
+    if (st != EBB_OK)
+        return st;
+    return ebb_tensor_batch_norm(out, c->in[0], bp.running_mean, bp.running_var, bp.weight,
+                                 bp.bias, c->attrs[BN_EPS].f);
 }
 
 /* ---- rms_norm ---------------------------------------------------------------- */
@@ -266,21 +282,15 @@ static ebb_status layer_norm_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, eb
 
 static ebb_status batch_norm_train(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **saved) {
     *out = NULL;
-    int affine = c->attrs[BN_AFFINE].i != 0;
-    int64_t ch = 0;
-    ebb_shape x = ebb_tensor_shape(c->in[0]);
-    ebb_status st = channels("batch_norm", &c->attrs[BN_FEATURES], "num_features", &x, &ch);
+    bn_params bp;
+    ebb_status st = bn_params_of(c, &bp);
     if (st != EBB_OK)
         return st;
-    if (c->n_params != (affine ? 4 : 2))
-        return ebb_error_set(EBB_ERR_ARG, "batch_norm: expected %d parameters, got %d",
-                             affine ? 4 : 2, c->n_params);
-    ebb_tensor *const *p = c->params;
-    return ebb_tensor_batch_norm_train(out, &saved[0], &saved[1], c->in[0], p[affine ? 2 : 0],
-                                       p[affine ? 3 : 1], affine ? p[0] : NULL,
-                                       affine ? p[1] : NULL, c->attrs[BN_MOMENTUM].f,
-                                       c->attrs[BN_EPS].f);
+    return ebb_tensor_batch_norm_train(out, &saved[0], &saved[1], c->in[0], bp.running_mean,
+                                       bp.running_var, bp.weight, bp.bias,
+                                       c->attrs[BN_MOMENTUM].f, c->attrs[BN_EPS].f);
 }
+
 static ebb_status batch_norm_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
     int affine = c->attrs[BN_AFFINE].i != 0;
     if (c->n_saved < 2)
