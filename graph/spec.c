@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L
 /* The YAML spec loader (format 1): checks a parsed tree and turns it into
  * builder calls. It checks what it can see in the file itself (keys, types,
  * names, tags, open streams) so each error points at the right YAML node;
@@ -6,6 +7,9 @@
  * compiler raises later can be traced back to a FILE:LINE:COL. */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -1806,9 +1810,32 @@ ebb_status ebb_spec_load_ex(ebb_spec **out, const char *path, const ebb_spec_opt
     if (!out || !path)
         return ebb_error_set(EBB_ERR_ARG, "ebb_spec_load: %s is NULL", out ? "path" : "out");
     *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    /* non-blocking, so a FIFO cannot hang the open; only a regular file is read */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
         return ebb_error_set(EBB_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int err = errno;
+        close(fd);
+        return ebb_error_set(EBB_ERR_IO, "%s: cannot read: %s", path, strerror(err));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return ebb_error_set(EBB_ERR_IO, "%s is %s, not a spec file", path,
+                             S_ISDIR(sb.st_mode)    ? "a directory"
+                             : S_ISFIFO(sb.st_mode) ? "a FIFO"
+                             : S_ISCHR(sb.st_mode)  ? "a character device"
+                             : S_ISBLK(sb.st_mode)  ? "a block device"
+                             : S_ISSOCK(sb.st_mode) ? "a socket"
+                                                    : "not a regular file");
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        int err = errno;
+        close(fd);
+        return ebb_error_set(EBB_ERR_IO, "%s: cannot open: %s", path, strerror(err));
+    }
     size_t cap = 64 * 1024, len = 0;
     char *buf = malloc(cap);
     /* read one byte past the limit, to tell "too large" from "just fits" */

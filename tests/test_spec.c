@@ -4,6 +4,8 @@
  * line expects, the loader's limits, and the spec API. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "test_util.h"
 
@@ -700,6 +702,25 @@ static void test_repeat_copy_names(void **state) {
     ebb_builder_free(b);
 }
 
+/* ebb_spec_load reads only regular files: a FIFO must not block the open,
+ * and a directory is named as such. */
+static void test_load_not_a_file(void **state) {
+    (void)state;
+    char dir[] = "/tmp/ebb-spec-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char fifo[64];
+    snprintf(fifo, sizeof fifo, "%s/f.yaml", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    ebb_spec *s = NULL;
+    assert_int_equal(ebb_spec_load(&s, fifo), EBB_ERR_IO);
+    assert_errmsg_contains("is a FIFO, not a spec file");
+    assert_null(s);
+    assert_int_equal(ebb_spec_load(&s, dir), EBB_ERR_IO);
+    assert_errmsg_contains("is a directory, not a spec file");
+    unlink(fifo);
+    rmdir(dir);
+}
+
 static void test_limit_expansion(void **state) {
     (void)state;
     char text[4096];
@@ -949,6 +970,7 @@ int main(void) {
         EBB_TEST(test_limit_yaml_nodes),
         EBB_TEST(test_limit_expansion),
         EBB_TEST(test_repeat_copy_names),
+        EBB_TEST(test_load_not_a_file),
         EBB_TEST(test_limit_nesting),
         EBB_TEST(test_odd_inputs),
         EBB_TEST(test_load_file_errors),
