@@ -25,6 +25,12 @@ void ebb_json_string(FILE *f, const char *s) {
 }
 
 void ebb_plan_value_id(const ebb_plan *p, int slot, char *buf, size_t size) {
+    if (!buf || size == 0)
+        return;
+    if (!p || slot < 0 || slot >= p->n_values) {
+        buf[0] = '\0';
+        return;
+    }
     const ebb_plan_value *v = &p->values[slot];
     if (v->kind == EBB_VALUE_INPUT && v->name)
         snprintf(buf, size, "%s", v->name);

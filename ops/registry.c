@@ -41,6 +41,8 @@ int ebb_op_count(void) { return n_registered; }
 const ebb_op *ebb_op_at(int i) { return i >= 0 && i < n_registered ? registry[i] : NULL; }
 
 int ebb_op_attr_index(const ebb_op *op, const char *name) {
+    if (!op || !name)
+        return -1;
     for (int i = 0; i < op->n_attrs; i++)
         if (strcmp(op->attrs[i].name, name) == 0)
             return i;

@@ -46,7 +46,8 @@ typedef enum ebb_status {
     EBB_ERR_UNSUPPORTED, /* not available in this build or on this device */
 } ebb_status;
 
-/* A short constant name for a status, e.g. "EBB_ERR_SHAPE". */
+/* A short constant name for a status, e.g. "EBB_ERR_SHAPE" (a static string);
+ * "EBB_ERR_UNKNOWN" for a value outside the enum. */
 EBB_API const char *ebb_status_name(ebb_status status);
 
 /* The message of the last error raised on this thread, or "" if none. The
@@ -100,11 +101,11 @@ typedef enum ebb_dtype {
     EBB_BOOL,
 } ebb_dtype;
 
-/* "float32", "int64", ... */
+/* "float32", "int64", ... (a static string); "unknown" outside the enum. */
 EBB_API const char *ebb_dtype_name(ebb_dtype dtype);
-/* Bytes per element. */
+/* Bytes per element; 0 for a value outside the enum. */
 EBB_API size_t ebb_dtype_size(ebb_dtype dtype);
-/* Parses a dtype name; returns EBB_ERR_ARG for an unknown one. */
+/* Parses a dtype name; EBB_ERR_ARG for an unknown one or a NULL argument. */
 EBB_API ebb_status ebb_dtype_parse(ebb_dtype *out, const char *name);
 
 /* ---- devices ----------------------------------------------------------- */
@@ -135,7 +136,8 @@ EBB_API int ebb_cuda_available(void);
 EBB_API int ebb_cuda_device_count(void);
 /* CUDA device 0 when available, else the CPU. */
 EBB_API ebb_device ebb_device_default(void);
-/* Parses "cpu", "cuda" or "cuda:N". Fails for CUDA in a build without it. */
+/* Parses "cpu", "cuda" or "cuda:N". Fails for CUDA in a build without it;
+ * NULL out or text: EBB_ERR_ARG. */
 EBB_API ebb_status ebb_device_parse(ebb_device *out, const char *text);
 /* Writes "cpu" or "cuda:N" into buf (always NUL-terminated); returns buf. */
 EBB_API const char *ebb_device_str(ebb_device device, char *buf, size_t size);

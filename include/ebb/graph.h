@@ -84,9 +84,10 @@ EBB_API ebb_builder *ebb_builder_new(const char *name);
 /* Frees the builder and every node it made that no built graph took. */
 EBB_API void ebb_builder_free(ebb_builder *b);
 
-/* The builder's sticky status (EBB_OK until a call fails). */
+/* The builder's sticky status (EBB_OK until a call fails). NULL b: EBB_ERR_ARG. */
 EBB_API ebb_status ebb_builder_status(const ebb_builder *b);
-/* The builder's first error message ("" when none). */
+/* The builder's first error message ("" when none), owned by the builder.
+ * NULL b: "builder is NULL". */
 EBB_API const char *ebb_builder_errmsg(const ebb_builder *b);
 
 /* Records a builder error from outside (the YAML loader uses this to report
@@ -106,6 +107,8 @@ EBB_API void ebb_builder_fail(ebb_builder *b, ebb_status status, const char *fmt
 EBB_API ebb_node *ebb_node_op(ebb_builder *b, const char *op, const char *attrs);
 /* A chain of nodes, applied in order (NULL-terminated). */
 EBB_API ebb_node *ebb_node_seq(ebb_builder *b, ebb_node *first, ...) EBB_SENTINEL;
+/* ebb_node_seq() from an array of n nodes (n >= 1). NULL nodes or n < 1 is a
+ * builder error; returns NULL after an error. */
 EBB_API ebb_node *ebb_node_seqv(ebb_builder *b, ebb_node *const *nodes, int n);
 /* `times` copies of a body, applied in order, each with its own weights:
  * what a spec's `repeat` makes. make(b, i, user) builds copy i (0-based) and
@@ -140,6 +143,9 @@ EBB_API ebb_node *ebb_node_name(ebb_builder *b, ebb_node *n, const char *name);
  * The sub-flow starts with one open stream (no ebb_from). An error inside it
  * becomes the parent's sticky error. */
 EBB_API ebb_builder *ebb_subflow_begin(ebb_builder *parent);
+/* Ends a sub-flow from ebb_subflow_begin(): frees `sub` and returns the node
+ * for the parent (owned by the parent builder), or NULL after an error. NULL
+ * sub: NULL. */
 EBB_API ebb_node *ebb_subflow_end(ebb_builder *sub);
 
 /* ---- steps -------------------------------------------------------------- */
@@ -153,19 +159,30 @@ EBB_API void ebb_output(ebb_builder *b, const char *tag);
 /* Names the final stream's output ("y" by default). */
 EBB_API void ebb_output_final(ebb_builder *b, const char *name);
 
+/* Starts the flow: n receives the graph's first input. Only once, and not in
+ * a sub-flow. NULL n is a builder error. */
 EBB_API void ebb_from(ebb_builder *b, ebb_node *n);
+/* stream := n(stream), plus any pending ebb_using() tensors as n's next
+ * inputs. NULL n is a builder error. */
 EBB_API void ebb_through(ebb_builder *b, ebb_node *n);
+/* A residual step: stream := stream + n(stream). NULL n is a builder error. */
 EBB_API void ebb_also(ebb_builder *b, ebb_node *n);
 /* NULL-terminated branch nodes, at least 2. */
 EBB_API void ebb_split(ebb_builder *b, ebb_node *first, ...) EBB_SENTINEL;
+/* ebb_split() from an array of n branch nodes; NULL nodes or n < 2 is a
+ * builder error. */
 EBB_API void ebb_splitv(ebb_builder *b, ebb_node *const *nodes, int n);
 /* `dim` is used by EBB_MERGE_CAT and EBB_MERGE_STACK. */
 EBB_API void ebb_merge(ebb_builder *b, ebb_merge_op op, int64_t dim);
 /* top_k == 0: dense, every expert runs on every row. NULL-terminated experts. */
 EBB_API void ebb_gate(ebb_builder *b, ebb_node *router, int top_k, ebb_node *first_expert, ...) EBB_SENTINEL;
+/* ebb_gate() from an array of n experts (n >= 2); NULL router or experts, or
+ * top_k outside 0..n, is a builder error. */
 EBB_API void ebb_gatev(ebb_builder *b, ebb_node *router, int top_k, ebb_node *const *experts, int n);
 /* NULL-terminated branches, at least 2. */
 EBB_API void ebb_switch(ebb_builder *b, ebb_node *selector, ebb_node *first_branch, ...) EBB_SENTINEL;
+/* ebb_switch() from an array of n branches (n >= 2); NULL selector or
+ * branches is a builder error. */
 EBB_API void ebb_switchv(ebb_builder *b, ebb_node *selector, ebb_node *const *branches, int n);
 /* The body runs exactly `times` times (0 is allowed). */
 EBB_API void ebb_loop_for(ebb_builder *b, ebb_node *body, int64_t times);
@@ -173,9 +190,13 @@ EBB_API void ebb_loop_for(ebb_builder *b, ebb_node *body, int64_t times);
 EBB_API void ebb_loop_while(ebb_builder *b, ebb_node *body, ebb_node *cond, int64_t max);
 /* Checks cond(state) after each iteration, stops when true; at most `max`. */
 EBB_API void ebb_loop_until(ebb_builder *b, ebb_node *body, ebb_node *cond, int64_t max);
+/* Names the current stream so later ebb_using() calls can read it. A NULL,
+ * invalid or duplicate name is a builder error. */
 EBB_API void ebb_tag(ebb_builder *b, const char *name);
 /* NULL-terminated tag names, for the next from/through. */
 EBB_API void ebb_using(ebb_builder *b, const char *first, ...) EBB_SENTINEL;
+/* ebb_using() from an array of n tag names (n >= 1); NULL names, a NULL name
+ * or n < 1 is a builder error. */
 EBB_API void ebb_usingv(ebb_builder *b, const char *const *names, int n);
 
 /* Finishes the flow. Returns a new graph (free with ebb_graph_free) or NULL
@@ -188,17 +209,24 @@ EBB_API ebb_graph *ebb_build(ebb_builder *b);
 /* Releases a graph (graphs are reference-counted; nodes that nest it keep it
  * alive). NULL is allowed. */
 EBB_API void ebb_graph_free(ebb_graph *g);
+/* The graph's name, owned by the graph ("flow" when the builder had none).
+ * NULL g: NULL. */
 EBB_API const char *ebb_graph_name(const ebb_graph *g);
+/* Number of graph inputs (at least 1). NULL g: 0. */
 EBB_API int ebb_graph_input_count(const ebb_graph *g);
+/* Name of input i, owned by the graph. NULL g or i out of range: NULL. */
 EBB_API const char *ebb_graph_input_name(const ebb_graph *g, int i);
-/* Outputs: the final stream ("y" unless renamed), then ebb_output() tags. */
+/* Number of outputs: the final stream ("y" unless renamed), then the
+ * ebb_output() tags. NULL g: 0. */
 EBB_API int ebb_graph_output_count(const ebb_graph *g);
+/* Name of output i (0 is the final stream), owned by the graph. NULL g or i
+ * out of range: NULL. */
 EBB_API const char *ebb_graph_output_name(const ebb_graph *g, int i);
-/* Number of steps of the top-level flow. */
+/* Number of steps of the top-level flow. NULL g: 0. */
 EBB_API int ebb_graph_step_count(const ebb_graph *g);
 /* Writes the graph as Graphviz DOT: split/merge fan out and in, gate and
  * switch as diamonds with branches in clusters, loop bodies as clusters with
- * their back edge, `using` reads as dashed edges. */
+ * their back edge, `using` reads as dashed edges. NULL g or f: writes nothing. */
 EBB_API void ebb_graph_write_dot(const ebb_graph *g, FILE *f);
 
 #ifdef __cplusplus

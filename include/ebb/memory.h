@@ -39,7 +39,7 @@ typedef struct ebb_memory_stats {
 } ebb_memory_stats;
 
 /* Reads the counters of one device. EBB_ERR_UNSUPPORTED for CUDA in a build
- * without it. */
+ * without it; NULL out: EBB_ERR_ARG. */
 EBB_API ebb_status ebb_memory_stats_get(ebb_device device, ebb_memory_stats *out);
 
 /* Bytes of tensor storage allocated on the device right now (0 on error). */

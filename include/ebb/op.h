@@ -240,14 +240,16 @@ struct ebb_op {
  * ops at start-up, after ebb_init(). */
 EBB_API ebb_status ebb_op_register(const ebb_op *op);
 
-/* The op registered under `name`, or NULL. */
+/* The op registered under `name`, or NULL (also for a NULL name). */
 EBB_API const ebb_op *ebb_op_find(const char *name);
 
-/* Number of registered ops, and the i-th (in registration order). */
+/* Number of registered ops (the built-ins once ebb_init() has run). */
 EBB_API int ebb_op_count(void);
+/* The i-th registered op, in registration order; owned by the registry.
+ * i out of range: NULL. */
 EBB_API const ebb_op *ebb_op_at(int i);
 
-/* Index of attribute `name` in op's schema, or -1. */
+/* Index of attribute `name` in op's schema, or -1 (also for NULL op or name). */
 EBB_API int ebb_op_attr_index(const ebb_op *op, const char *name);
 
 #ifdef __cplusplus

@@ -60,6 +60,8 @@ typedef struct ebb_compile_options {
  * function: no activation is allocated), so shape errors surface here,
  * naming the node. On success *out is a new plan (free with ebb_plan_free). */
 EBB_API ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts);
+/* Frees a plan from ebb_compile() or ebb_compile_training(); NULL is allowed.
+ * Pointers from the getters below die with it. */
 EBB_API void ebb_plan_free(ebb_plan *p);
 
 typedef enum ebb_step_kind {
@@ -115,52 +117,70 @@ typedef struct ebb_plan_value {
     int alias_of;     /* slot whose storage it shares, or -1 */
 } ebb_plan_value;
 
+/* Number of steps. NULL p: 0. */
 EBB_API int ebb_plan_step_count(const ebb_plan *p);
+/* Step i (0-based), owned by the plan. NULL p or i out of range: NULL. */
 EBB_API const ebb_plan_step *ebb_plan_step_at(const ebb_plan *p, int i);
+/* Number of value slots. NULL p: 0. */
 EBB_API int ebb_plan_value_count(const ebb_plan *p);
+/* The value in `slot`, owned by the plan. NULL p or slot out of range: NULL. */
 EBB_API const ebb_plan_value *ebb_plan_value_at(const ebb_plan *p, int slot);
-/* The graph inputs' and outputs' slots, in order. */
+/* Number of graph inputs; their slots follow, in order. NULL p: 0. */
 EBB_API int ebb_plan_input_count(const ebb_plan *p);
+/* The slot of graph input i. NULL p or i out of range: -1. */
 EBB_API int ebb_plan_input_slot(const ebb_plan *p, int i);
+/* Number of graph outputs. NULL p: 0. */
 EBB_API int ebb_plan_output_count(const ebb_plan *p);
+/* The slot of output i. NULL p or i out of range: -1. */
 EBB_API int ebb_plan_output_slot(const ebb_plan *p, int i);
+/* The name of output i, owned by the plan. NULL p or i out of range: NULL. */
 EBB_API const char *ebb_plan_output_name(const ebb_plan *p, int i);
-/* Predicted peak of live intermediate bytes, and the step where it occurs. */
+/* Predicted peak of live intermediate bytes, and the step where it occurs
+ * (at_step may be NULL). NULL p: 0, *at_step -1. */
 EBB_API int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step);
 /* Non-zero when the plan's predicted bytes are an upper bound rather than
  * exact: it routes rows by value, has a while/until loop, or has a step
  * whose op declares its workspace as a bound (ebb_op.workspace_is_bound). A run never
  * exceeds either kind; an exact plan's run matches it (on the CPU, to the
- * byte). */
+ * byte). NULL p: 0. */
 EBB_API int ebb_plan_peak_is_bound(const ebb_plan *p);
 /* The predicted peak the same plan would have with keep_all (nothing freed
- * until the end): the figure liveness is compared against. */
+ * until the end): the figure liveness is compared against. NULL p: 0. */
 EBB_API int64_t ebb_plan_keep_all_peak_bytes(const ebb_plan *p);
 /* The predicted peak as the device's allocator will count it: on CUDA every
  * block is rounded up to 512 bytes (small blocks are carved from 2 MiB
  * segments, which allocated-bytes statistics do not count); on the CPU it is
- * ebb_plan_peak_bytes(). */
+ * ebb_plan_peak_bytes(). NULL p: 0. */
 EBB_API int64_t ebb_plan_device_peak_bytes(const ebb_plan *p, ebb_device device);
-/* Non-zero for a plan compiled with keep_all. */
+/* Non-zero for a plan compiled with keep_all. NULL p: 0. */
 EBB_API int ebb_plan_keep_all(const ebb_plan *p);
+/* The compiled graph's name, owned by the plan. NULL p: NULL. */
 EBB_API const char *ebb_plan_name(const ebb_plan *p);
 
-/* The parameters the plan's ops need, in a fixed order. */
+/* Number of parameters the plan's ops need, in a fixed order. NULL p: 0. */
 EBB_API int ebb_plan_param_count(const ebb_plan *p);
+/* Parameter i's spec, owned by the plan; its full name ("stem.weight") goes
+ * to *full_name when full_name is non-NULL. NULL p or i out of range: NULL,
+ * *full_name untouched. */
 EBB_API const ebb_param_spec *ebb_plan_param_at(const ebb_plan *p, int i, const char **full_name);
 
 /* Writes the EXPLAIN listing: one row per step (index, op, node, inputs,
- * output, shape, values freed, predicted live bytes), then a summary. */
+ * output, shape, values freed, predicted live bytes), then a summary. NULL p
+ * or f: writes nothing. */
 EBB_API void ebb_plan_print(const ebb_plan *p, FILE *f);
 /* Writes the plan as one JSON object (the `ebb plan --json` format of
- * docs/cli.md: name, inputs, outputs, params, values, steps, peaks). */
+ * docs/cli.md: name, inputs, outputs, params, values, steps, peaks). NULL p
+ * or f: writes nothing. */
 EBB_API void ebb_plan_write_json(const ebb_plan *p, FILE *f);
 /* Writes the plan as Graphviz DOT: steps top to bottom, data edges labelled
- * with value, shape and bytes, fill by live bytes, the peak outlined. */
+ * with value, shape and bytes, fill by live bytes, the peak outlined. NULL p
+ * or f: writes nothing. */
 EBB_API void ebb_plan_write_dot(const ebb_plan *p, FILE *f);
-/* The value's id in listings, JSON and traces: an input's name, else "vN". */
+/* The value's id in listings, JSON and traces: an input's name, else "vN",
+ * written into buf (NUL-terminated). NULL p or slot out of range: "". */
 EBB_API void ebb_plan_value_id(const ebb_plan *p, int slot, char *buf, size_t size);
-/* The last step (in listing order) that reads the value; its producer if none. */
+/* The last step (in listing order) that reads the value; its producer if none.
+ * NULL p or slot out of range: -1. */
 EBB_API int ebb_plan_value_last_use(const ebb_plan *p, int slot);
 
 #ifdef __cplusplus

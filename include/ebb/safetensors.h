@@ -69,9 +69,9 @@ EBB_API ebb_status ebb_safetensors_open(ebb_safetensors **out, const char *path)
 /* Closes the file and frees the reader (NULL is allowed). */
 EBB_API void ebb_safetensors_close(ebb_safetensors *st);
 
-/* The path the reader was opened with. */
+/* The path the reader was opened with, owned by it. NULL st: NULL. */
 EBB_API const char *ebb_safetensors_path(const ebb_safetensors *st);
-/* Number of tensors in the file. */
+/* Number of tensors in the file. NULL st: 0. */
 EBB_API int ebb_safetensors_count(const ebb_safetensors *st);
 /* The i-th tensor name in byte order of the names (strcmp), or NULL when i is
  * out of range. Valid until the reader is closed. */
@@ -99,11 +99,14 @@ EBB_API ebb_status ebb_safetensors_load_into(const ebb_safetensors *st, const ch
 /* The named tensor as a new tensor on `device` (the caller frees it). */
 EBB_API ebb_status ebb_safetensors_load(ebb_tensor **out, const ebb_safetensors *st, const char *name,
                                 ebb_device device);
-/* The same two, also counting the NaN and infinite elements met on the way
- * into *nonfinite (0 for integer and bool dtypes; NULL to skip counting). The
- * count costs a pass over bytes already in the cache, not a second read. */
+/* ebb_safetensors_load_into(), also counting the NaN and infinite elements
+ * met on the way into *nonfinite (0 for integer and bool dtypes; NULL to skip
+ * counting). The count costs a pass over bytes already in the cache, not a
+ * second read. NULL st, name or dst: EBB_ERR_ARG. */
 EBB_API ebb_status ebb_safetensors_load_into_ex(const ebb_safetensors *st, const char *name,
                                         ebb_tensor *dst, int64_t *nonfinite);
+/* ebb_safetensors_load(), counting non-finite elements into *nonfinite (NULL
+ * to skip). NULL out, st or name: EBB_ERR_ARG, *out NULL. */
 EBB_API ebb_status ebb_safetensors_load_ex(ebb_tensor **out, const ebb_safetensors *st, const char *name,
                                    ebb_device device, int64_t *nonfinite);
 

@@ -70,8 +70,11 @@ typedef struct ebb_spec_options {
     int n_params;
 } ebb_spec_options;
 
-/* ebb_spec_load() and ebb_spec_load_string() with options (NULL: none). */
+/* ebb_spec_load() with options (NULL: none). NULL out or path: EBB_ERR_ARG. */
 EBB_API ebb_status ebb_spec_load_ex(ebb_spec **out, const char *path, const ebb_spec_options *opts);
+/* ebb_spec_load_string() with options (NULL: none). On success *out is a new
+ * spec (free with ebb_spec_free). NULL out, or NULL text with len > 0:
+ * EBB_ERR_ARG. */
 EBB_API ebb_status ebb_spec_load_string_ex(ebb_spec **out, const char *text, size_t len,
                                    const char *display_name, const ebb_spec_options *opts);
 
@@ -79,21 +82,26 @@ EBB_API ebb_status ebb_spec_load_string_ex(ebb_spec **out, const char *text, siz
 EBB_API void ebb_spec_free(ebb_spec *s);
 
 /* The graph the spec declares, owned by the spec (valid until ebb_spec_free;
- * take a reference by nesting it with ebb_node_graph if it must outlive it). */
+ * take a reference by nesting it with ebb_node_graph if it must outlive it).
+ * NULL s: NULL. */
 EBB_API const ebb_graph *ebb_spec_graph(const ebb_spec *s);
-/* The graph name: the `name:` key, else the file name without extension. */
+/* The graph name: the `name:` key, else the file name without extension;
+ * owned by the spec. NULL s: NULL. */
 EBB_API const char *ebb_spec_name(const ebb_spec *s);
-/* The FILE used in error messages. */
+/* The FILE used in error messages, owned by the spec. NULL s: NULL. */
 EBB_API const char *ebb_spec_file(const ebb_spec *s);
 
 /* ---- inputs and their shapes --------------------------------------------- */
 
+/* Number of declared inputs. NULL s: 0. */
 EBB_API int ebb_spec_input_count(const ebb_spec *s);
+/* The name of input i, owned by the spec. NULL s or i out of range: NULL. */
 EBB_API const char *ebb_spec_input_name(const ebb_spec *s, int i);
+/* The number of dimensions of input i. NULL s or i out of range: -1. */
 EBB_API int ebb_spec_input_ndim(const ebb_spec *s, int i);
 /* Dimension d of input i: its size, or -1 for a symbolic dimension, whose
  * name is then stored in *symbol (else *symbol is set to NULL; symbol may be
- * NULL). */
+ * NULL). NULL s, i or d out of range: -1 (and *symbol NULL). */
 EBB_API int64_t ebb_spec_input_dim(const ebb_spec *s, int i, int d, const char **symbol);
 
 /* Resolves every input's shape into shapes[0..ebb_spec_input_count-1] (at
@@ -106,9 +114,11 @@ EBB_API ebb_status ebb_spec_resolve_shapes(const ebb_spec *s, const char *const 
 
 /* ---- params ---------------------------------------------------------------- */
 
-/* The `params:` map, in file order. */
+/* Number of entries of the `params:` map, kept in file order. NULL s: 0. */
 EBB_API int ebb_spec_param_count(const ebb_spec *s);
+/* The name of param i, owned by the spec. NULL s or i out of range: NULL. */
 EBB_API const char *ebb_spec_param_name(const ebb_spec *s, int i);
+/* The value of param i (after overrides). NULL s or i out of range: 0. */
 EBB_API double ebb_spec_param_value(const ebb_spec *s, int i);
 
 /* ---- compiling and locating nodes ----------------------------------------- */

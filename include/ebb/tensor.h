@@ -17,6 +17,10 @@
  *         fprintf(stderr, "%s\n", ebb_errmsg());  // ... (2x3 and 4x5)
  *     ebb_tensor_free(a); ebb_tensor_free(b);
  *
+ * Unless a function's comment says otherwise, a NULL `out` or a NULL tensor
+ * that is not marked optional is EBB_ERR_ARG; dims may be negative (counted
+ * from the end), and a dim out of range fails with libtorch's message.
+ *
  * All operations run under libtorch's inference mode: ebb never records
  * autograd history, so nothing keeps a tensor alive behind the caller's back.
  */
@@ -48,9 +52,10 @@ typedef struct ebb_shape {
  * (ndim outside 0..EBB_MAX_DIMS, a negative dimension, or more elements than
  * int64 holds). */
 EBB_API int64_t ebb_shape_numel(const ebb_shape *shape);
-/* Non-zero when two shapes are equal. */
+/* Non-zero when two shapes are equal. NULL or an invalid ndim: 0. */
 EBB_API int ebb_shape_equal(const ebb_shape *a, const ebb_shape *b);
-/* Writes "[8, 256]" into buf (always NUL-terminated); returns buf. */
+/* Writes "[8, 256]" into buf (always NUL-terminated); returns buf. NULL or
+ * invalid shape: "[invalid shape]". */
 EBB_API const char *ebb_shape_str(const ebb_shape *shape, char *buf, size_t size);
 
 /* ---- lifetime ---------------------------------------------------------- */
@@ -65,10 +70,15 @@ EBB_API ebb_status ebb_tensor_clone(ebb_tensor **out, const ebb_tensor *t);
 
 /* ---- creation ---------------------------------------------------------- */
 
+/* A new tensor of zeros (free with ebb_tensor_free). NULL out: EBB_ERR_ARG;
+ * NULL or invalid shape: EBB_ERR_ARG, *out NULL. */
 EBB_API ebb_status ebb_tensor_zeros(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
                             ebb_device device);
+/* A new tensor of ones; NULL and invalid arguments as ebb_tensor_zeros(). */
 EBB_API ebb_status ebb_tensor_ones(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
                            ebb_device device);
+/* A new tensor with every element `value` (converted to dtype); NULL and
+ * invalid arguments as ebb_tensor_zeros(). */
 EBB_API ebb_status ebb_tensor_full(ebb_tensor **out, const ebb_shape *shape, double value,
                            ebb_dtype dtype, ebb_device device);
 /* Uninitialised storage (used for meta-device shape propagation). */
@@ -96,21 +106,25 @@ EBB_API ebb_status ebb_tensor_to(ebb_tensor **out, const ebb_tensor *t, ebb_devi
 /* ---- queries ----------------------------------------------------------- */
 
 /* The shape (ndim 0 and no dims for a tensor of more than EBB_MAX_DIMS
- * dimensions: check ebb_tensor_ndim() where that can happen). */
+ * dimensions: check ebb_tensor_ndim() where that can happen). NULL t: ndim 0. */
 EBB_API ebb_shape ebb_tensor_shape(const ebb_tensor *t);
+/* Number of dimensions (0 for a scalar). NULL t: 0. */
 EBB_API int ebb_tensor_ndim(const ebb_tensor *t);
+/* The element type. NULL t: EBB_FLOAT32. */
 EBB_API ebb_dtype ebb_tensor_dtype(const ebb_tensor *t);
+/* The device the storage is on. NULL t: the CPU. */
 EBB_API ebb_device ebb_tensor_device(const ebb_tensor *t);
+/* Number of elements (1 for a scalar). NULL t: 0. */
 EBB_API int64_t ebb_tensor_numel(const ebb_tensor *t);
-/* Bytes of the tensor's elements: numel * element size. */
+/* Bytes of the tensor's elements: numel * element size. NULL t: 0. */
 EBB_API size_t ebb_tensor_nbytes(const ebb_tensor *t);
 /* Bytes of the storage the tensor looks at (larger than nbytes for a view of
- * part of a bigger tensor). */
+ * part of a bigger tensor). NULL t: 0. */
 EBB_API size_t ebb_tensor_storage_nbytes(const ebb_tensor *t);
-/* Non-zero when a and b share storage (one is a view of the other). */
+/* Non-zero when a and b share storage (one is a view of the other). NULL: 0. */
 EBB_API int ebb_tensor_same_storage(const ebb_tensor *a, const ebb_tensor *b);
 /* Non-zero when nothing else (another handle, a view, a tensor inside
- * libtorch) shares t's storage, so it may be overwritten in place. */
+ * libtorch) shares t's storage, so it may be overwritten in place. NULL t: 0. */
 EBB_API int ebb_tensor_is_exclusive(const ebb_tensor *t);
 /* The value of a one-element tensor, as a double. */
 EBB_API ebb_status ebb_tensor_item(const ebb_tensor *t, double *out);
@@ -150,6 +164,7 @@ typedef enum ebb_compare_op { EBB_EQ, EBB_NE, EBB_LT, EBB_LE, EBB_GT, EBB_GE } e
 
 typedef enum ebb_reduce_op { EBB_REDUCE_SUM, EBB_REDUCE_MEAN, EBB_REDUCE_MAX, EBB_REDUCE_MIN } ebb_reduce_op;
 
+/* A new tensor op(x), elementwise (relu, gelu, exp, ...). */
 EBB_API ebb_status ebb_tensor_unary(ebb_tensor **out, ebb_unary_op op, const ebb_tensor *x);
 /* The same, in place: x := op(x). */
 EBB_API ebb_status ebb_tensor_unary_(ebb_tensor *x, ebb_unary_op op);
@@ -182,7 +197,9 @@ EBB_API ebb_status ebb_tensor_matmul(ebb_tensor **out, const ebb_tensor *a, cons
 /* x @ weight^T + bias, PyTorch's layout: weight [out, in], bias [out] or NULL. */
 EBB_API ebb_status ebb_tensor_linear(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *weight,
                              const ebb_tensor *bias);
+/* Softmax along dim (negative counts from the end). dim out of range fails. */
 EBB_API ebb_status ebb_tensor_softmax(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
+/* log(softmax(x)) along dim, computed stably; dim as ebb_tensor_softmax(). */
 EBB_API ebb_status ebb_tensor_log_softmax(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
 /* Normalises over the last `normalized_ndim` dims; weight and bias may be NULL. */
 EBB_API ebb_status ebb_tensor_layer_norm(ebb_tensor **out, const ebb_tensor *x, int normalized_ndim,
@@ -209,7 +226,11 @@ EBB_API int ebb_tensor_num_threads(void);
  * device conversion as libtorch does), asynchronously on CUDA. */
 EBB_API ebb_status ebb_tensor_copy_(ebb_tensor *dst, const ebb_tensor *src);
 
+/* Joins xs[0..n) along an existing dim; shapes must match elsewhere. NULL xs
+ * or a NULL element: EBB_ERR_ARG. */
 EBB_API ebb_status ebb_tensor_cat(ebb_tensor **out, ebb_tensor *const *xs, int n, int64_t dim);
+/* Joins xs[0..n), all of one shape, along a new dim. NULL xs or a NULL
+ * element: EBB_ERR_ARG. */
 EBB_API ebb_status ebb_tensor_stack(ebb_tensor **out, ebb_tensor *const *xs, int n, int64_t dim);
 /* Rows (along dim) picked by an int64 index tensor. */
 EBB_API ebb_status ebb_tensor_index_select(ebb_tensor **out, const ebb_tensor *x, int64_t dim,
@@ -229,13 +250,21 @@ EBB_API ebb_status ebb_tensor_cast(ebb_tensor **out, const ebb_tensor *x, ebb_dt
 
 /* -1 in one dim is inferred. Copies only if the layout requires it. */
 EBB_API ebb_status ebb_tensor_reshape(ebb_tensor **out, const ebb_tensor *x, const ebb_shape *shape);
+/* A view with dims start_dim..end_dim (inclusive, negative from the end)
+ * merged into one. */
 EBB_API ebb_status ebb_tensor_flatten(ebb_tensor **out, const ebb_tensor *x, int64_t start_dim,
                               int64_t end_dim);
+/* A view with dims reordered: output dim i is input dim dims[i]; ndims must
+ * equal x's ndim. */
 EBB_API ebb_status ebb_tensor_permute(ebb_tensor **out, const ebb_tensor *x, const int64_t *dims,
                               int ndims);
+/* A view with dims dim0 and dim1 swapped. */
 EBB_API ebb_status ebb_tensor_transpose(ebb_tensor **out, const ebb_tensor *x, int64_t dim0,
                                 int64_t dim1);
+/* A view with a size-1 dim inserted at dim (-1: at the end). */
 EBB_API ebb_status ebb_tensor_unsqueeze(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
+/* A view with dim removed if its size is 1 (else a new handle on x, same
+ * shape). */
 EBB_API ebb_status ebb_tensor_squeeze(ebb_tensor **out, const ebb_tensor *x, int64_t dim);
 /* Elements [start, start+length) along dim. */
 EBB_API ebb_status ebb_tensor_narrow(ebb_tensor **out, const ebb_tensor *x, int64_t dim, int64_t start,
@@ -354,6 +383,8 @@ EBB_API ebb_status ebb_tensor_linear_backward(ebb_tensor **grad_x, ebb_tensor **
  * same elements on every device) and scales the kept ones by 1/(1-p). */
 EBB_API ebb_status ebb_tensor_dropout_train(ebb_tensor **out, ebb_tensor **mask, const ebb_tensor *x,
                                     double p, uint64_t seed);
+/* Of ebb_tensor_dropout_train(): grad * mask / (1-p). mask must have grad's
+ * shape. */
 EBB_API ebb_status ebb_tensor_dropout_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                        const ebb_tensor *mask, double p);
 /* native_layer_norm: the output and the per-row mean and rstd its backward
@@ -362,6 +393,8 @@ EBB_API ebb_status ebb_tensor_layer_norm_train(ebb_tensor **out, ebb_tensor **me
                                        const ebb_tensor *x, int normalized_ndim,
                                        const ebb_tensor *weight, const ebb_tensor *bias,
                                        double eps);
+/* Of ebb_tensor_layer_norm_train(), from its mean and rstd; weight and bias
+ * may be NULL (then no grad_weight or grad_bias). */
 EBB_API ebb_status ebb_tensor_layer_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
                                           ebb_tensor **grad_bias, const ebb_tensor *grad,
                                           const ebb_tensor *x, int normalized_ndim,
@@ -387,6 +420,8 @@ EBB_API ebb_status ebb_tensor_group_norm_train(ebb_tensor **out, ebb_tensor **me
                                        const ebb_tensor *x, int64_t num_groups,
                                        const ebb_tensor *weight, const ebb_tensor *bias,
                                        double eps);
+/* Of ebb_tensor_group_norm_train(), from its mean and rstd; weight may be
+ * NULL (then no grad_weight or grad_bias). */
 EBB_API ebb_status ebb_tensor_group_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
                                           ebb_tensor **grad_bias, const ebb_tensor *grad,
                                           const ebb_tensor *x, const ebb_tensor *mean,
@@ -409,14 +444,19 @@ EBB_API ebb_status ebb_tensor_conv_backward(ebb_tensor **grad_x, ebb_tensor **gr
 EBB_API ebb_status ebb_tensor_max_pool2d_train(ebb_tensor **out, ebb_tensor **indices, const ebb_tensor *x,
                                        const int64_t kernel[2], const int64_t stride[2],
                                        const int64_t padding[2], bool ceil_mode);
+/* Of ebb_tensor_max_pool2d_train(): grad scattered to the saved indices.
+ * NULL kernel, stride or padding: EBB_ERR_ARG. */
 EBB_API ebb_status ebb_tensor_max_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                           const ebb_tensor *x, const ebb_tensor *indices,
                                           const int64_t kernel[2], const int64_t stride[2],
                                           const int64_t padding[2], bool ceil_mode);
+/* Of average pooling with ebb_tensor_pool2d() (same arguments). NULL kernel,
+ * stride or padding: EBB_ERR_ARG. */
 EBB_API ebb_status ebb_tensor_avg_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                           const ebb_tensor *x, const int64_t kernel[2],
                                           const int64_t stride[2], const int64_t padding[2],
                                           bool ceil_mode, bool count_include_pad);
+/* Of ebb_tensor_adaptive_avg_pool2d(); x is the forward's 3-D or 4-D input. */
 EBB_API ebb_status ebb_tensor_adaptive_avg_pool2d_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                                    const ebb_tensor *x);
 /* The weight's gradient of an embedding lookup (embedding_dense_backward). */
@@ -464,7 +504,12 @@ EBB_API ebb_status ebb_tensor_lstm_cell_backward(ebb_tensor **grad_x, ebb_tensor
  *     ebb_tensor_autograd_end();
  *
  * Tensors made outside (inference tensors) cannot become leaves. */
+
+/* Starts recording autograd history on this thread (nestable: pair each call
+ * with ebb_tensor_autograd_end()). */
 EBB_API void ebb_tensor_autograd_begin(void);
+/* Ends the innermost ebb_tensor_autograd_begin() on this thread (extra calls
+ * do nothing). */
 EBB_API void ebb_tensor_autograd_end(void);
 /* Marks a floating tensor made under autograd as a leaf that gets a .grad. */
 EBB_API ebb_status ebb_tensor_requires_grad_(ebb_tensor *t);

@@ -162,7 +162,7 @@ int64_t ebb_shape_numel(const ebb_shape *shape) {
 }
 
 int ebb_shape_equal(const ebb_shape *a, const ebb_shape *b) {
-    if (a->ndim != b->ndim)
+    if (!a || !b || a->ndim != b->ndim || a->ndim < 0 || a->ndim > EBB_MAX_DIMS)
         return 0;
     for (int i = 0; i < a->ndim; i++)
         if (a->dim[i] != b->dim[i])
@@ -332,22 +332,28 @@ ebb_shape ebb_tensor_shape(const ebb_tensor *t) {
 
 int ebb_tensor_ndim(const ebb_tensor *t) { return t ? static_cast<int>(t->t.dim()) : 0; }
 
-ebb_dtype ebb_tensor_dtype(const ebb_tensor *t) { return ebb::from_aten(t->t.scalar_type()); }
+ebb_dtype ebb_tensor_dtype(const ebb_tensor *t) {
+    return t ? ebb::from_aten(t->t.scalar_type()) : EBB_FLOAT32;
+}
 
-ebb_device ebb_tensor_device(const ebb_tensor *t) { return ebb::from_aten(t->t.device()); }
+ebb_device ebb_tensor_device(const ebb_tensor *t) {
+    return t ? ebb::from_aten(t->t.device()) : ebb_device_cpu();
+}
 
-int64_t ebb_tensor_numel(const ebb_tensor *t) { return t->t.numel(); }
+int64_t ebb_tensor_numel(const ebb_tensor *t) { return t ? t->t.numel() : 0; }
 
 size_t ebb_tensor_nbytes(const ebb_tensor *t) {
+    if (!t)
+        return 0;
     return static_cast<size_t>(t->t.numel()) * t->t.element_size();
 }
 
 size_t ebb_tensor_storage_nbytes(const ebb_tensor *t) {
-    return t->t.has_storage() ? t->t.storage().nbytes() : 0;
+    return t && t->t.has_storage() ? t->t.storage().nbytes() : 0;
 }
 
 int ebb_tensor_same_storage(const ebb_tensor *a, const ebb_tensor *b) {
-    return a->t.has_storage() && b->t.has_storage() && a->t.storage().is_alias_of(b->t.storage());
+    return a && b && a->t.has_storage() && b->t.has_storage() && a->t.storage().is_alias_of(b->t.storage());
 }
 
 int ebb_tensor_is_exclusive(const ebb_tensor *t) {
@@ -389,6 +395,7 @@ ebb_status ebb_tensor_mean_value(const ebb_tensor *t, double *out) {
 ebb_status ebb_tensor_max_abs_diff(const ebb_tensor *a, const ebb_tensor *b, double *out) {
     EBB_NEED("ebb_tensor_max_abs_diff", a);
     EBB_NEED("ebb_tensor_max_abs_diff", b);
+    EBB_NEED("ebb_tensor_max_abs_diff", out);
     EBB_TRY("ebb_tensor_max_abs_diff", {
         if (!a->t.sizes().equals(b->t.sizes())) {
             char sa[128], sb[128];
