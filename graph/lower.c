@@ -288,7 +288,8 @@ static int emit_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, c
     ebb_tensor *params[EBB_MAX_PARAMS] = {0};
     ebb_status st = EBB_OK;
     for (int i = 0; st == EBB_OK && i < np; i++)
-        st = ebb_tensor_empty(&params[i], &specs[i].shape, c->plan->dtype, c->meta_device);
+        st = ebb_tensor_empty(&params[i], &specs[i].shape,
+                              specs[i].counter ? EBB_INT64 : c->plan->dtype, c->meta_device);
     ebb_tensor *out = NULL;
     int alias = -1;
     if (st == EBB_OK) {

@@ -120,7 +120,8 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
     }
     int64_t param_bytes = 0;
     for (int i = 0; i < p->n_params; i++)
-        param_bytes += ebb_shape_numel(&p->params[i].spec.shape) * (int64_t)ebb_dtype_size(p->dtype);
+        param_bytes += ebb_shape_numel(&p->params[i].spec.shape) *
+                       (int64_t)ebb_dtype_size(p->params[i].spec.counter ? EBB_INT64 : p->dtype);
     char pb[32], peak[32], keep[32];
     human_bytes(pb, sizeof pb, param_bytes);
     human_bytes(peak, sizeof peak, p->peak_bytes);

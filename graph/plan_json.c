@@ -100,8 +100,9 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
         ebb_json_string(f, pp->full_name);
         fputs(", \"shape\": ", f);
         shape_json(f, &pp->spec.shape);
-        fprintf(f, ", \"dtype\": \"%s\", \"bytes\": %lld}", ebb_dtype_name(p->dtype),
-                (long long)(ebb_shape_numel(&pp->spec.shape) * (int64_t)ebb_dtype_size(p->dtype)));
+        ebb_dtype dt = pp->spec.counter ? EBB_INT64 : p->dtype;
+        fprintf(f, ", \"dtype\": \"%s\", \"bytes\": %lld}", ebb_dtype_name(dt),
+                (long long)(ebb_shape_numel(&pp->spec.shape) * (int64_t)ebb_dtype_size(dt)));
     }
     fputs("],\n \"values\": [", f);
     for (int v = 0; v < p->n_values; v++) {

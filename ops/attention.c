@@ -59,12 +59,12 @@ static ebb_status mha_params(const ebb_attr_value *a, const ebb_shape *in, int n
     ebb_status st = mha_check(a, in, n_in, &e);
     if (st != EBB_OK)
         return st;
-    p[(*n)++] = (ebb_param_spec){"in_proj_weight", EBB_SHAPE(3 * e, e), EBB_INIT_UNIFORM_FAN_IN, e, 0};
+    p[(*n)++] = (ebb_param_spec){"in_proj_weight", EBB_SHAPE(3 * e, e), EBB_INIT_UNIFORM_FAN_IN, e, 0, 0};
     if (a[A_BIAS].i)
-        p[(*n)++] = (ebb_param_spec){"in_proj_bias", EBB_SHAPE(3 * e), EBB_INIT_ZEROS, e, 0};
-    p[(*n)++] = (ebb_param_spec){"out_proj.weight", EBB_SHAPE(e, e), EBB_INIT_UNIFORM_FAN_IN, e, 0};
+        p[(*n)++] = (ebb_param_spec){"in_proj_bias", EBB_SHAPE(3 * e), EBB_INIT_ZEROS, e, 0, 0};
+    p[(*n)++] = (ebb_param_spec){"out_proj.weight", EBB_SHAPE(e, e), EBB_INIT_UNIFORM_FAN_IN, e, 0, 0};
     if (a[A_BIAS].i)
-        p[(*n)++] = (ebb_param_spec){"out_proj.bias", EBB_SHAPE(e), EBB_INIT_ZEROS, e, 0};
+        p[(*n)++] = (ebb_param_spec){"out_proj.bias", EBB_SHAPE(e), EBB_INIT_ZEROS, e, 0, 0};
     return EBB_OK;
 }
 

@@ -25,7 +25,7 @@ static ebb_status embedding_params(const ebb_attr_value *a, const ebb_shape *in,
                              ebb_shape_str(&in[0], buf, sizeof buf));
     }
     p[0] = (ebb_param_spec){"weight", EBB_SHAPE(a[A_NUM].i, a[A_DIM].i), EBB_INIT_NORMAL,
-                            a[A_DIM].i, 0};
+                            a[A_DIM].i, 0, 0};
     *n = 1;
     return EBB_OK;
 }

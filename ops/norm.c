@@ -21,8 +21,8 @@ static ebb_status layer_norm_params(const ebb_attr_value *a, const ebb_shape *in
     if (!a[A_AFFINE].i)
         return EBB_OK;
     int64_t d = in[0].dim[in[0].ndim - 1];
-    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(d), EBB_INIT_ONES, d, 0};
-    p[1] = (ebb_param_spec){"bias", EBB_SHAPE(d), EBB_INIT_ZEROS, d, 0};
+    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(d), EBB_INIT_ONES, d, 0, 0};
+    p[1] = (ebb_param_spec){"bias", EBB_SHAPE(d), EBB_INIT_ZEROS, d, 0, 0};
     *n = 2;
     return EBB_OK;
 }
@@ -71,11 +71,13 @@ static ebb_status batch_norm_params(const ebb_attr_value *a, const ebb_shape *in
     if (st != EBB_OK)
         return st;
     if (a[BN_AFFINE].i) {
-        p[(*n)++] = (ebb_param_spec){"weight", EBB_SHAPE(c), EBB_INIT_ONES, c, 0};
-        p[(*n)++] = (ebb_param_spec){"bias", EBB_SHAPE(c), EBB_INIT_ZEROS, c, 0};
+        p[(*n)++] = (ebb_param_spec){"weight", EBB_SHAPE(c), EBB_INIT_ONES, c, 0, 0};
+        p[(*n)++] = (ebb_param_spec){"bias", EBB_SHAPE(c), EBB_INIT_ZEROS, c, 0, 0};
     }
     p[(*n)++] = (ebb_param_spec){"running_mean", EBB_SHAPE(c), EBB_INIT_ZEROS, c, .buffer = 1};
     p[(*n)++] = (ebb_param_spec){"running_var", EBB_SHAPE(c), EBB_INIT_ONES, c, .buffer = 1};
+    p[(*n)++] = (ebb_param_spec){"num_batches_tracked", {0, {0}}, EBB_INIT_ZEROS, 0, .buffer = 1,
+                                 .counter = 1};
     return EBB_OK;
 }
 
@@ -109,7 +111,7 @@ static int64_t batch_norm_workspace(const ebb_attr_value *a, const ebb_shape *in
 /* batch_norm's parameters in the order params() lists them, checked against
  * the input: [weight, bias,] running_mean, running_var. */
 typedef struct bn_params {
-    ebb_tensor *weight, *bias, *running_mean, *running_var;
+    ebb_tensor *weight, *bias, *running_mean, *running_var, *num_batches_tracked;
 } bn_params;
 
 static ebb_status bn_params_of(const ebb_op_call *c, bn_params *bp) {
@@ -119,12 +121,12 @@ static ebb_status bn_params_of(const ebb_op_call *c, bn_params *bp) {
     ebb_status st = channels("batch_norm", &c->attrs[BN_FEATURES], "num_features", &x, &ch);
     if (st != EBB_OK)
         return st;
-    if (c->n_params != (affine ? 4 : 2))
+    if (c->n_params != (affine ? 5 : 3))
         return ebb_error_set(EBB_ERR_ARG, "batch_norm: expected %d parameters, got %d",
-                             affine ? 4 : 2, c->n_params);
+                             affine ? 5 : 3, c->n_params);
     ebb_tensor *const *p = c->params;
     *bp = (bn_params){affine ? p[0] : NULL, affine ? p[1] : NULL, p[affine ? 2 : 0],
-                      p[affine ? 3 : 1]};
+                      p[affine ? 3 : 1], p[affine ? 4 : 2]};
     return EBB_OK;
 }
 
@@ -157,7 +159,7 @@ static ebb_status rms_norm_params(const ebb_attr_value *a, const ebb_shape *in, 
     if (!a[RMS_AFFINE].i)
         return EBB_OK;
     int64_t d = in[0].dim[in[0].ndim - 1];
-    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(d), EBB_INIT_ONES, d, 0};
+    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(d), EBB_INIT_ONES, d, 0, 0};
     *n = 1;
     return EBB_OK;
 }
@@ -211,8 +213,8 @@ static ebb_status group_norm_params(const ebb_attr_value *a, const ebb_shape *in
     ebb_status st = group_norm_check(a, &in[0], &c);
     if (st != EBB_OK || !a[GN_AFFINE].i)
         return st;
-    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(c), EBB_INIT_ONES, c, 0};
-    p[1] = (ebb_param_spec){"bias", EBB_SHAPE(c), EBB_INIT_ZEROS, c, 0};
+    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(c), EBB_INIT_ONES, c, 0, 0};
+    p[1] = (ebb_param_spec){"bias", EBB_SHAPE(c), EBB_INIT_ZEROS, c, 0, 0};
     *n = 2;
     return EBB_OK;
 }
@@ -286,9 +288,13 @@ static ebb_status batch_norm_train(const ebb_op_call *c, ebb_tensor **out, ebb_t
     ebb_status st = bn_params_of(c, &bp);
     if (st != EBB_OK)
         return st;
-    return ebb_tensor_batch_norm_train(out, &saved[0], &saved[1], c->in[0], bp.running_mean,
-                                       bp.running_var, bp.weight, bp.bias,
-                                       c->attrs[BN_MOMENTUM].f, c->attrs[BN_EPS].f);
+    st = ebb_tensor_batch_norm_train(out, &saved[0], &saved[1], c->in[0], bp.running_mean,
+                                     bp.running_var, bp.weight, bp.bias, c->attrs[BN_MOMENTUM].f,
+                                     c->attrs[BN_EPS].f);
+    /* PyTorch counts the batches a training forward has seen */
+    if (st == EBB_OK)
+        st = ebb_tensor_affine_(bp.num_batches_tracked, 1.0, 1.0);
+    return st;
 }
 
 static ebb_status batch_norm_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {

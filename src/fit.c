@@ -226,8 +226,9 @@ ebb_status ebb_plan_check_fits(const ebb_plan *plan, ebb_device device, const eb
     fit.peak_bytes = ebb_plan_device_peak_bytes(plan, device);
     if (!model) /* not allocated yet: the run will need them too */
         for (int i = 0; i < plan->n_params; i++)
-            fit.param_bytes += ebb_shape_numel(&plan->params[i].spec.shape) *
-                               (int64_t)ebb_dtype_size(plan->dtype);
+            fit.param_bytes +=
+                ebb_shape_numel(&plan->params[i].spec.shape) *
+                (int64_t)ebb_dtype_size(plan->params[i].spec.counter ? EBB_INT64 : plan->dtype);
     fit.input_bytes = input_bytes > 0 ? input_bytes : 0;
     if (device.type == EBB_DEVICE_CPU) {
         fit.reserve_bytes = RESERVE_FIXED + intra_op_threads() * thread_stack_bytes();

@@ -1,5 +1,7 @@
 /* Models: a plan's parameters instantiated on a device. */
 #include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -21,6 +23,8 @@ static uint64_t param_seed(uint64_t seed, const char *name) {
 
 static ebb_status init_param(ebb_tensor **out, const ebb_param_spec *s, ebb_dtype dt,
                              ebb_device dev, uint64_t seed) {
+    if (s->counter) /* a count, int64 as PyTorch keeps num_batches_tracked */
+        return ebb_tensor_zeros(out, &s->shape, EBB_INT64, dev);
     switch (s->init) {
     case EBB_INIT_ZEROS: return ebb_tensor_zeros(out, &s->shape, dt, dev);
     case EBB_INIT_ONES: return ebb_tensor_ones(out, &s->shape, dt, dev);
@@ -123,7 +127,7 @@ ebb_status ebb_model_set_param(ebb_model *m, const char *name, const ebb_tensor 
                              ebb_shape_str(&have, a, sizeof a), ebb_shape_str(&got, b, sizeof b));
     }
     ebb_tensor *copy = NULL;
-    ebb_status st = ebb_tensor_to(&copy, value, m->device, m->dtype);
+    ebb_status st = ebb_tensor_to(&copy, value, m->device, ebb_tensor_dtype(m->params[i]));
     if (st != EBB_OK)
         return ebb_error_prefix("ebb_model_set_param: %s", name);
     /* a fresh tensor, never a second handle on the caller's storage */
@@ -152,6 +156,133 @@ ebb_status ebb_model_load(ebb_model *m, const char *path) {
     return ebb_model_load_ex(m, path, NULL);
 }
 
+/* A growing string for the mismatch report: a model can miss hundreds of
+ * names, more than any fixed buffer holds. */
+typedef struct strbuf {
+    char *p;
+    size_t len, cap;
+    int oom;
+} strbuf;
+
+static void sb_add(strbuf *b, const char *fmt, ...) {
+    if (b->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->p && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap <= b->len + (size_t)n)
+            cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+}
+
+enum { PARAM_OK, PARAM_MISSING, PARAM_MISMATCH };
+
+/* What is wrong with parameter i in the file, in the words of one item. */
+static void describe_mismatch(strbuf *b, const ebb_model *m, const ebb_safetensors *st, int i) {
+    ebb_shape shape, want = ebb_tensor_shape(m->params[i]);
+    ebb_dtype dt, need = ebb_tensor_dtype(m->params[i]);
+    char x[96], y[96];
+    if (ebb_safetensors_find(st, m->names[i], &dt, &shape) != EBB_OK)
+        /* there, in a dtype ebb has no tensors of: not "missing" */
+        sb_add(b, "parameter '%s' has dtype %s, which ebb does not support (the model needs %s %s)",
+               m->names[i], ebb_safetensors_dtype_str(st, m->names[i]), ebb_dtype_name(need),
+               ebb_shape_str(&want, y, sizeof y));
+    else
+        sb_add(b, "parameter '%s' is %s %s in the file, the model needs %s %s", m->names[i],
+               ebb_dtype_name(dt), ebb_shape_str(&shape, x, sizeof x), ebb_dtype_name(need),
+               ebb_shape_str(&want, y, sizeof y));
+}
+
+/* Every problem in one text, as PyTorch's load_state_dict lists them:
+ * missing parameters, then unexpected tensors, then wrong dtypes or shapes.
+ * Past `limit` bytes names are counted instead of listed, so that the text
+ * fits the error buffer and still says how much it left out. */
+static char *describe_problems(const ebb_model *m, const ebb_safetensors *st, const char *path,
+                               const unsigned char *state, int n_missing, int n_unexpected,
+                               int n_mismatch, size_t limit) {
+    strbuf b = {0};
+    int total = n_missing + n_unexpected + n_mismatch, left_out = 0, group = 0;
+    if (total > 1) {
+        sb_add(&b, "%s: %d tensors do not match the model (", path, total);
+        const char *sep = "";
+        if (n_missing)
+            sb_add(&b, "%d missing", n_missing), sep = ", ";
+        if (n_unexpected)
+            sb_add(&b, "%s%d unexpected", sep, n_unexpected), sep = ", ";
+        if (n_mismatch)
+            sb_add(&b, "%s%d of the wrong dtype or shape", sep, n_mismatch);
+        sb_add(&b, "): ");
+    } else
+        sb_add(&b, "%s: ", path);
+    /* an item is listed when it leaves room for the tail */
+#define ROOM(extra) (b.len + (extra) + 64 < limit)
+    if (n_missing) {
+        sb_add(&b, "missing parameter%s ", n_missing > 1 ? "s" : "");
+        for (int i = 0, k = 0; i < m->n_params; i++) {
+            if (state[i] != PARAM_MISSING)
+                continue;
+            if (ROOM(strlen(m->names[i])))
+                sb_add(&b, "%s'%s'", k++ ? ", " : "", m->names[i]);
+            else
+                left_out++;
+        }
+        group++;
+    }
+    if (n_unexpected) {
+        sb_add(&b, "%sunexpected tensor%s ", group ? "; " : "", n_unexpected > 1 ? "s" : "");
+        for (int i = 0, k = 0; i < ebb_safetensors_count(st); i++) {
+            const char *name = ebb_safetensors_name_at(st, i);
+            if (ebb_model_param_index(m, name) >= 0)
+                continue;
+            if (ROOM(strlen(name)))
+                sb_add(&b, "%s'%s'", k++ ? ", " : "", name);
+            else
+                left_out++;
+        }
+        sb_add(&b, " (the model has no such parameter%s)", n_unexpected > 1 ? "s" : "");
+        group++;
+    }
+    for (int i = 0; i < m->n_params; i++) {
+        if (state[i] != PARAM_MISMATCH)
+            continue;
+        size_t at = b.len;
+        if (group++)
+            sb_add(&b, "; ");
+        describe_mismatch(&b, m, st, i);
+        if (!b.oom && !ROOM(0)) {
+            b.len = at; /* the item does not fit: take it back */
+            b.p[at] = '\0';
+            left_out++;
+        }
+    }
+#undef ROOM
+    if (left_out)
+        sb_add(&b, "; and %d more not listed", left_out);
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    return b.p;
+}
+
 ebb_status ebb_model_load_ex(ebb_model *m, const char *path, const ebb_model_load_options *opts) {
     if (!m || !path)
         return ebb_error_set(EBB_ERR_ARG, "ebb_model_load: model and path are required");
@@ -159,37 +290,51 @@ ebb_status ebb_model_load_ex(ebb_model *m, const char *path, const ebb_model_loa
     ebb_status s = ebb_safetensors_open(&st, path);
     if (s != EBB_OK)
         return s;
-    /* Check names first, so a wrong file changes nothing. */
-    for (int i = 0; s == EBB_OK && i < m->n_params; i++) {
-        ebb_shape shape, want = ebb_tensor_shape(m->params[i]);
-        ebb_dtype dt, need = ebb_tensor_dtype(m->params[i]);
-        char a[96], b[96];
-        const char *file_dtype = ebb_safetensors_dtype_str(st, m->names[i]);
-        if (!file_dtype) {
-            s = ebb_error_set(EBB_ERR_ARG, "%s: missing parameter '%s'", path, m->names[i]);
-        } else if (ebb_safetensors_find(st, m->names[i], &dt, &shape) != EBB_OK) {
-            /* the tensor is there, in a dtype ebb has no tensors of */
-            s = ebb_error_set(EBB_ERR_SHAPE,
-                              "%s: parameter '%s' has dtype %s, which ebb does not support (the "
-                              "model needs %s %s)",
-                              path, m->names[i], file_dtype, ebb_dtype_name(need),
-                              ebb_shape_str(&want, b, sizeof b));
-        } else if (!ebb_shape_equal(&shape, &want) || dt != need) {
-            s = ebb_error_set(EBB_ERR_SHAPE, "%s: parameter '%s' is %s %s in the file, the model "
-                                             "needs %s %s",
-                              path, m->names[i], ebb_dtype_name(dt), ebb_shape_str(&shape, a, sizeof a),
-                              ebb_dtype_name(need), ebb_shape_str(&want, b, sizeof b));
-        }
+    unsigned char *state = calloc((size_t)m->n_params + 1, 1);
+    if (!state) {
+        ebb_safetensors_close(st);
+        return ebb_error_set(EBB_ERR_NOMEM, "ebb_model_load: out of memory");
     }
-    for (int i = 0; s == EBB_OK && i < ebb_safetensors_count(st); i++) {
-        const char *name = ebb_safetensors_name_at(st, i);
-        if (ebb_model_param_index(m, name) < 0)
-            s = ebb_error_set(EBB_ERR_ARG, "%s: unexpected tensor '%s' (the model has no such "
-                                           "parameter)",
-                              path, name);
+    /* Every name, dtype and shape is checked before any value changes, so a
+     * wrong file in strict mode leaves the model as it was. */
+    int n_missing = 0, n_unexpected = 0, n_mismatch = 0;
+    for (int i = 0; i < m->n_params; i++) {
+        ebb_shape shape, want = ebb_tensor_shape(m->params[i]);
+        ebb_dtype dt;
+        if (!ebb_safetensors_dtype_str(st, m->names[i]))
+            state[i] = PARAM_MISSING;
+        else if (ebb_safetensors_find(st, m->names[i], &dt, &shape) != EBB_OK ||
+                 !ebb_shape_equal(&shape, &want) || dt != ebb_tensor_dtype(m->params[i]))
+            state[i] = PARAM_MISMATCH;
+        n_missing += state[i] == PARAM_MISSING;
+        n_mismatch += state[i] == PARAM_MISMATCH;
+    }
+    for (int i = 0; i < ebb_safetensors_count(st); i++)
+        n_unexpected += ebb_model_param_index(m, ebb_safetensors_name_at(st, i)) < 0;
+    int non_strict = opts && opts->non_strict;
+    if (n_missing + n_unexpected + n_mismatch) {
+        /* the error buffer holds about 2 KiB; a callback gets everything */
+        char *text = describe_problems(m, st, path, state, n_missing, n_unexpected, n_mismatch,
+                                       non_strict ? (size_t)-1 : 2000);
+        if (!text)
+            s = ebb_error_set(EBB_ERR_NOMEM, "ebb_model_load: out of memory");
+        else if (!non_strict)
+            s = ebb_error_set(n_mismatch ? EBB_ERR_SHAPE : EBB_ERR_ARG, "%s", text);
+        else if (opts->mismatch) {
+            ebb_load_report r = {.path = path,
+                                 .text = text,
+                                 .n_missing = n_missing,
+                                 .n_unexpected = n_unexpected,
+                                 .n_mismatched = n_mismatch,
+                                 .n_loaded = m->n_params - n_missing - n_mismatch};
+            opts->mismatch(&r, opts->user);
+        }
+        free(text);
     }
     int count = opts && (opts->strict_finite || opts->nonfinite);
     for (int i = 0; s == EBB_OK && i < m->n_params; i++) {
+        if (state[i] != PARAM_OK)
+            continue; /* non-strict: the model keeps its own values */
         int64_t bad = 0;
         s = ebb_safetensors_load_into_ex(st, m->names[i], m->params[i], count ? &bad : NULL);
         if (s != EBB_OK || bad == 0)
@@ -202,6 +347,7 @@ ebb_status ebb_model_load_ex(ebb_model *m, const char *path, const ebb_model_loa
         else
             opts->nonfinite(path, m->names[i], bad, ebb_tensor_numel(m->params[i]), opts->user);
     }
+    free(state);
     ebb_safetensors_close(st);
     return s;
 }

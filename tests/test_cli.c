@@ -1,8 +1,11 @@
 /* The `ebb` command: golden listings, JSON and DOT; strict parsing of the JSON
  * plan and the JSONL trace; the trace's frees against the plan's last_use;
  * every exit code; weights, inputs and outputs files; files that are not
- * regular or hold what ebb cannot use, output paths of every kind, and runs
- * refused before they start because the plan cannot fit.
+ * regular or hold what ebb cannot use, output paths of every kind, runs
+ * refused before they start because the plan cannot fit; git's option
+ * conventions (--opt=value, --, - for standard input, help CMD, -V), every
+ * option of the parser's table in its command's help, and write errors on
+ * stdout.
  *
  * The binary is found next to the test's directory (build/tests/test_cli ->
  * build/ebb), or at $EBB_CLI. It runs with fork/exec, no shell, from the
@@ -101,6 +104,35 @@ static void tmp_path(char *buf, size_t size, const char *name) {
  * exit 77 without running anything: the test skips. */
 static int (*child_hook)(void);
 
+/* Set by a test for the next runs: the child's standard input is this
+ * file (else /dev/null), through a pipe when stdin_pipe is set; its
+ * standard output is stdout_target (else a file the test reads), or a
+ * pipe whose reader has gone when stdout_closed_pipe is set. */
+static const char *stdin_file, *stdout_target;
+static int stdin_pipe, stdout_closed_pipe;
+
+/* In the child: a pipe that a grandchild fills with the file open on fd. */
+static int pipe_from(int fd) {
+    int p[2];
+    if (pipe(p) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        close(p[0]);
+        char buf[65536];
+        ssize_t n;
+        while ((n = read(fd, buf, sizeof buf)) > 0)
+            if (write(p[1], buf, (size_t)n) != n)
+                _exit(1);
+        _exit(0);
+    }
+    close(p[1]);
+    close(fd);
+    return p[0];
+}
+
 /* Seconds a command may take before SIGALRM ends it: a command that hangs
  * (on a FIFO, in an allocator that retries forever) fails the test. */
 #define CLI_ALARM_SECONDS 300
@@ -150,9 +182,17 @@ static void run_prog(cli_result *r, const char *prog, const char *path_env,
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        int in_fd = open("/dev/null", O_RDONLY);
-        if (chdir(EBB_SOURCE_DIR) != 0 || in_fd < 0 || dup2(in_fd, 0) < 0 ||
-            dup2(out_fd, 1) < 0 || dup2(err_fd, 2) < 0)
+        int in_fd = open(stdin_file ? stdin_file : "/dev/null", O_RDONLY);
+        if (stdin_pipe && in_fd >= 0)
+            in_fd = pipe_from(in_fd);
+        int to_fd = stdout_target ? open(stdout_target, O_WRONLY) : out_fd;
+        if (stdout_closed_pipe) {
+            int p[2] = {-1, -1};
+            to_fd = pipe(p) == 0 ? p[1] : -1;
+            close(p[0]);
+        }
+        if (chdir(EBB_SOURCE_DIR) != 0 || in_fd < 0 || to_fd < 0 || dup2(in_fd, 0) < 0 ||
+            dup2(to_fd, 1) < 0 || dup2(err_fd, 2) < 0)
             _exit(126);
         if (child_hook && child_hook() != 0)
             _exit(77);
@@ -629,9 +669,77 @@ static int group_teardown(void **state) {
 
 /* ---- help and version ---------------------------------------------------- */
 
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Whether `opt` ("-i", "--seed") is written in `text` as a word of its
+ * own: not inside a longer option ("-i" in "--inputs" or "-in"). */
+static int has_option_word(const char *text, const char *opt) {
+    size_t n = strlen(opt);
+    for (const char *at = strstr(text, opt); at; at = strstr(at + 1, opt)) {
+        char before = at == text ? ' ' : at[-1], after = at[n];
+        int word = (before == ' ' || before == '[' || before == '`' || before == '|' ||
+                    before == '\n' || before == '(') &&
+                   !(after == '-' || (after >= 'a' && after <= 'z') || (after >= '0' && after <= '9'));
+        if (word)
+            return 1;
+    }
+    return 0;
+}
+
+/* The extensions (".svg") written in text[0..len), in order of first
+ * appearance, joined by spaces: what a help line or a message says
+ * `dot -o` takes. */
+static void extensions_in(const char *text, size_t len, char *out, size_t size) {
+    out[0] = '\0';
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (text[i] != '.' || !(text[i + 1] >= 'a' && text[i + 1] <= 'z'))
+            continue;
+        char prev = i ? text[i - 1] : ' ';
+        if (!(prev == ' ' || prev == '`' || prev == 'E')) /* " .svg", "`.svg`", "FILE.svg" */
+            continue;
+        size_t k = i + 1;
+        while (k < len && text[k] >= 'a' && text[k] <= 'z')
+            k++;
+        char ext[16];
+        if (k - i >= sizeof ext)
+            continue;
+        memcpy(ext, text + i, k - i);
+        ext[k - i] = '\0';
+        char word[20];
+        snprintf(word, sizeof word, " %s ", ext);
+        char padded[512];
+        snprintf(padded, sizeof padded, " %s ", out);
+        if (!strstr(padded, word) && strlen(out) + strlen(ext) + 2 < size) {
+            if (out[0])
+                strcat(out, " ");
+            strcat(out, ext);
+        }
+    }
+}
+
+/* Sorted, so that sets compare as strings. */
+static void sort_words(char *list) {
+    char *words[64];
+    int n = 0;
+    char copy[512];
+    snprintf(copy, sizeof copy, "%s", list);
+    for (char *w = strtok(copy, " "); w && n < 64; w = strtok(NULL, " "))
+        words[n++] = w;
+    qsort(words, (size_t)n, sizeof *words, cmp_str);
+    char out[512] = "";
+    for (int i = 0; i < n; i++) {
+        if (i)
+            strcat(out, " ");
+        strcat(out, words[i]);
+    }
+    strcpy(list, out);
+}
+
 static void test_help_and_version(void **state) {
     (void)state;
-    cli_result r;
+    cli_result r, r2;
     EBB(&r, "--help");
     expect_code(&r, 0);
     assert_true(starts_with(r.out, "usage: ebb "));
@@ -645,28 +753,163 @@ static void test_help_and_version(void **state) {
     assert_int_equal(r.err_len, 0);
     cli_free(&r);
 
+    size_t doc_len = 0;
+    char *doc = slurp(EBB_SOURCE_DIR "/docs/cli.md", &doc_len);
+    assert_non_null(doc);
+    char dot_help_exts[512] = "";
     for (int i = 0; i < 4; i++) {
         char want[64];
-        snprintf(want, sizeof want, "usage: ebb %s SPEC", cmds[i]);
+        snprintf(want, sizeof want, "usage: ebb %s ", cmds[i]);
         run_prog(&r, NULL, NULL, ARGS(cmds[i], "--help"));
         expect_code(&r, 0);
         if (!starts_with(r.out, want))
             fail_msg("`%s` printed:\n%s", r.cmd, r.out);
         assert_int_equal(r.err_len, 0);
+        /* `ebb help CMD` is the same text, as git's */
+        run_prog(&r2, NULL, NULL, ARGS("help", cmds[i]));
+        expect_code(&r2, 0);
+        if (r2.out_len != r.out_len || memcmp(r.out, r2.out, r.out_len) != 0)
+            fail_msg("`%s` and `%s` differ:\n%s\n----\n%s", r.cmd, r2.cmd, r.out, r2.out);
+        cli_free(&r2);
+        /* every option the parser takes (its own table, printed by
+         * --completion-helper) is in the help and in docs/cli.md */
+        run_prog(&r2, NULL, NULL, ARGS(cmds[i], "--completion-helper"));
+        expect_code(&r2, 0);
+        int n_opts = 0;
+        for (char *line = strtok(r2.out, "\n"); line; line = strtok(NULL, "\n")) {
+            char opt[64];
+            snprintf(opt, sizeof opt, "%s", line);
+            char *eq = strchr(opt, '=');
+            if (eq)
+                *eq = '\0';
+            if (opt[0] != '-')
+                fail_msg("`%s` printed \"%s\", not an option", r2.cmd, line);
+            if (!has_option_word(r.out, opt))
+                fail_msg("`ebb %s` takes %s, which its --help does not mention:\n%s", cmds[i],
+                         opt, r.out);
+            if (opt[1] == '-' && !has_option_word(doc, opt))
+                fail_msg("`ebb %s` takes %s, which docs/cli.md does not mention", cmds[i], opt);
+            n_opts++;
+        }
+        if (n_opts < 3) /* -h, --help, --completion-helper at least */
+            fail_msg("`%s` listed %d options", r2.cmd, n_opts);
+        cli_free(&r2);
+        if (!strcmp(cmds[i], "dot")) {
+            const char *o = strstr(r.out, "  -o FILE");
+            assert_non_null(o);
+            const char *end = strstr(o, "\n  -");
+            extensions_in(o, end ? (size_t)(end - o) : strlen(o), dot_help_exts,
+                          sizeof dot_help_exts);
+        }
         cli_free(&r);
     }
+    /* `dot -o`: the help, the docs and the code's own list (its message for
+     * a name it does not take) agree */
+    EBB(&r, "dot", "specs/mlp.yaml", "-o", "x.txt");
+    expect_code(&r, 2);
+    char code_exts[512], doc_exts[512];
+    const char *msg = strstr(r.err, ": use ");
+    assert_non_null(msg);
+    extensions_in(msg, (size_t)(strchr(msg, '\n') - msg), code_exts, sizeof code_exts);
+    cli_free(&r);
+    const char *row = strstr(doc, "| `-o FILE` |");
+    assert_non_null(row);
+    extensions_in(row, (size_t)(strchr(row, '\n') - row), doc_exts, sizeof doc_exts);
+    sort_words(dot_help_exts);
+    sort_words(code_exts);
+    sort_words(doc_exts);
+    if (strcmp(dot_help_exts, code_exts) || strcmp(doc_exts, code_exts))
+        fail_msg("dot -o extensions disagree:\n  code: %s\n  help: %s\n  docs: %s", code_exts,
+                 dot_help_exts, doc_exts);
+    if (!strstr(code_exts, ".dot") || !strstr(code_exts, ".svg"))
+        fail_msg("dot -o extensions not found: %s", code_exts);
+    free(doc);
+
     /* help wins over a spec after it */
     EBB(&r, "plan", "specs/mlp.yaml", "--help");
     expect_code(&r, 0);
     assert_true(starts_with(r.out, "usage: ebb plan"));
     cli_free(&r);
 
-    EBB(&r, "--version");
-    expect_code(&r, 0);
     char want[128];
     snprintf(want, sizeof want, "ebb %s (libtorch %s, CUDA ", ebb_version(), ebb_torch_version());
-    if (!starts_with(r.out, want))
-        fail_msg("--version printed \"%s\", expected it to start with \"%s\"", r.out, want);
+    static const char *const version_args[] = {"--version", "-V", "version"};
+    for (int i = 0; i < 3; i++) {
+        run_prog(&r, NULL, NULL, ARGS(version_args[i]));
+        expect_code(&r, 0);
+        if (!starts_with(r.out, want))
+            fail_msg("`%s` printed \"%s\", expected it to start with \"%s\"", r.cmd, r.out, want);
+        cli_free(&r);
+    }
+}
+
+/* Options as git takes them: `--opt=value`, a short option's value
+ * attached, options after the SPEC, `--` before a SPEC; `-` for standard
+ * input, from a file or a pipe. */
+static void test_option_syntax_and_stdin(void **state) {
+    (void)state;
+    cli_result a, b;
+    EBB(&a, "run", "--device=cpu", "--seed=7", "-ibatch=3", "--repeat=2", "--", "specs/mlp.yaml");
+    expect_code(&a, 0);
+    EBB(&b, "run", "specs/mlp.yaml", "--device", "cpu", "--seed", "7", "-i", "batch=3",
+        "--repeat", "2");
+    expect_code(&b, 0);
+    /* the same seed and shapes: the same outputs line */
+    char *nl = strchr(a.out, '\n');
+    assert_non_null(nl);
+    if (strncmp(a.out, b.out, (size_t)(nl - a.out + 1)) != 0)
+        fail_msg("`%s` and `%s` differ:\n%s\n%s", a.cmd, b.cmd, a.out, b.out);
+    expect_contains("stdout", &a, a.out, "output y float32 [3, 10]");
+    expect_contains("stdout", &a, a.out, "over 2 runs");
+    cli_free(&a);
+    cli_free(&b);
+
+    /* a spec on standard input, through a pipe: named <stdin>, otherwise
+     * the golden listing */
+    stdin_file = EBB_SOURCE_DIR "/specs/mlp.yaml";
+    stdin_pipe = 1;
+    EBB(&a, "plan", "-", "-i", "batch=8");
+    expect_code(&a, 0);
+    size_t glen = 0;
+    char *golden = slurp(EBB_SOURCE_DIR "/tests/golden/mlp_batch8.plan.txt", &glen);
+    assert_non_null(golden);
+    assert_true(starts_with(a.out, "plan <stdin>\n"));
+    const char *g1 = strchr(golden, '\n'), *a1 = strchr(a.out, '\n');
+    if (strcmp(g1, a1) != 0)
+        fail_msg("`%s` < mlp.yaml differs from the golden listing:\n%s", a.cmd, a.out);
+    free(golden);
+    cli_free(&a);
+    /* check: standard input among files, each named */
+    stdin_pipe = 0;
+    EBB(&a, "check", "specs/through.yaml", "-", "specs/mlp.yaml");
+    expect_code(&a, 0);
+    expect_contains("stdout", &a, a.out,
+                    ")\n<stdin>: ok (7 steps, 26122 parameters)\nspecs/mlp.yaml: ok (7 steps, "
+                    "26122 parameters)\n");
+    assert_true(starts_with(a.out, "specs/through.yaml: ok ("));
+    cli_free(&a);
+    stdin_file = NULL;
+}
+
+/* Output that cannot be written is an error, "ebb: write error: ...";
+ * a reader that went away is not (git log | head). */
+static void test_write_errors(void **state) {
+    (void)state;
+    cli_result r;
+    stdout_target = "/dev/full";
+    EBB(&r, "plan", "specs/mlp.yaml", "--json");
+    stdout_target = NULL;
+    expect_code(&r, 3);
+    expect_contains("stderr", &r, r.err, "ebb: write error: No space left on device");
+    cli_free(&r);
+
+    /* more than a pipe holds, into a pipe nobody reads: no message */
+    stdout_closed_pipe = 1;
+    EBB(&r, "plan", "specs/transformer_encoder.yaml", "-i", "batch=64", "--json");
+    stdout_closed_pipe = 0;
+    if (r.code != 141 || r.err_len != 0)
+        fail_msg("`%s` into a closed pipe exited %d with stderr:\n%s\n(expected 141, in silence)",
+                 r.cmd, r.code, r.err);
     cli_free(&r);
 }
 
@@ -717,6 +960,14 @@ static void test_exit_codes(void **state) {
         {2, "positive integers", {"plan", "specs/mlp.yaml", "-i", "x=8,a"}},
         {2, "NAME=D0", {"plan", "specs/mlp.yaml", "-i", "x"}},
         {2, "bad device 'tpu'", {"run", "specs/mlp.yaml", "--device", "tpu"}},
+        /* options as git takes them */
+        {2, "option --json takes no value", {"plan", "specs/mlp.yaml", "--json=1"}},
+        {2, "--seed needs a non-negative integer", {"run", "specs/mlp.yaml", "--seed="}},
+        {2, "unexpected argument --json", {"plan", "--", "specs/mlp.yaml", "--json"}},
+        {2, "unknown option -x", {"dot", "-x", "specs/mlp.yaml"}},
+        {2, "unknown command 'frob'", {"help", "frob"}},
+        {2, "standard input (-) can be read once", {"run", "-", "--weights=-"}},
+        {2, "--non-strict applies to --weights", {"run", "specs/mlp.yaml", "--non-strict"}},
         /* -i takes digits and single commas, nothing else */
         {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x=4,64,"}},
         {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x=+4,64"}},
@@ -786,9 +1037,6 @@ static void test_exit_code_runtime(void **state) {
 
 /* ---- check --------------------------------------------------------------- */
 
-static int cmp_str(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
 
 /* The sorted *.yaml names in `dir` (relative to the source root). */
 static int list_yaml(const char *dir, char **names, int max) {
@@ -1577,6 +1825,71 @@ static void test_weights_and_io_files(void **state) {
     assert_true(ebb_shape_equal(&s2, &want));
     assert_memory_equal(v1, v2, 50 * sizeof(float));
     assert_memory_not_equal(v1, v3, 50 * sizeof(float));
+    free(v2);
+
+    /* --inputs from standard input (a regular file there): the same outputs */
+    stdin_file = x;
+    EBB(&r, "run", "specs/mlp.yaml", "--device", "cpu", "--seed", "99", "--inputs", "-",
+        "--weights", w, "--outputs", y2);
+    stdin_file = NULL;
+    expect_code(&r, 0);
+    cli_free(&r);
+    v2 = read_floats(y2, "y", &s2);
+    assert_memory_equal(v1, v2, 50 * sizeof(float));
+    free(v2);
+
+    /* weights without fc1.bias and with a BatchNorm counter the mlp lacks:
+     * strict names both; --non-strict (the file piped in) warns, loads the
+     * rest and keeps fc1.bias from the seed */
+    char wbad[PATH_MAX], want_msg[PATH_MAX + 256];
+    tmp_path(wbad, sizeof wbad, "w_bad.safetensors");
+    ebb_safetensors *ws = NULL;
+    assert_ok(ebb_safetensors_open(&ws, w));
+    const char *bad_names[16];
+    ebb_tensor *bad_ts[16] = {0};
+    int n_bad = 0;
+    for (int i = 0; i < ebb_safetensors_count(ws) && n_bad < 15; i++) {
+        const char *nm = ebb_safetensors_name_at(ws, i);
+        if (strcmp(nm, "fc1.bias") == 0)
+            continue;
+        bad_names[n_bad] = nm;
+        assert_ok(ebb_safetensors_load(&bad_ts[n_bad++], ws, nm, ebb_device_cpu()));
+    }
+    ebb_shape scalar = {0};
+    assert_ok(ebb_tensor_zeros(&bad_ts[n_bad], &scalar, EBB_INT64, ebb_device_cpu()));
+    bad_names[n_bad++] = "bn.num_batches_tracked";
+    assert_ok(ebb_safetensors_write(wbad, bad_names, bad_ts, n_bad));
+    for (int i = 0; i < n_bad; i++)
+        ebb_tensor_free(bad_ts[i]);
+    ebb_safetensors_close(ws);
+    EBB(&r, "run", "specs/mlp.yaml", "--device", "cpu", "--inputs", x, "--weights", wbad);
+    expect_code(&r, 1);
+    FMT(want_msg,
+        "ebb: %s: 2 tensors do not match the model (1 missing, 1 unexpected): missing parameter "
+        "'fc1.bias'; unexpected tensor 'bn.num_batches_tracked' (the model has no such parameter)",
+        wbad);
+    expect_contains("stderr", &r, r.err, want_msg);
+    if (strstr(r.out, "output "))
+        fail_msg("`%s` ran with weights that do not match:\n%s", r.cmd, r.out);
+    cli_free(&r);
+    stdin_file = wbad;
+    stdin_pipe = 1;
+    EBB(&r, "run", "specs/mlp.yaml", "--device=cpu", "--seed=99", "--inputs", x, "--weights=-",
+        "--non-strict", "--outputs", y2);
+    stdin_file = NULL;
+    stdin_pipe = 0;
+    expect_code(&r, 0);
+    expect_contains("stderr", &r, r.err,
+                    "ebb: warning: /dev/stdin: 2 tensors do not match the model (1 missing, 1 "
+                    "unexpected): missing parameter 'fc1.bias'; unexpected tensor "
+                    "'bn.num_batches_tracked'");
+    expect_contains("stderr", &r, r.err, "--non-strict: loaded the other 5 parameters");
+    cli_free(&r);
+    /* not the file's outputs (fc1.bias is seed 99's), nor seed 99's (the
+     * other five came from the file) */
+    v2 = read_floats(y2, "y", &s2);
+    assert_memory_not_equal(v1, v2, 50 * sizeof(float));
+    assert_memory_not_equal(v3, v2, 50 * sizeof(float));
     free(v1);
     free(v2);
     free(v3);
@@ -2090,6 +2403,8 @@ static void test_fit_check(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_help_and_version),
+        EBB_TEST(test_option_syntax_and_stdin),
+        EBB_TEST(test_write_errors),
         EBB_TEST(test_exit_codes),
         EBB_TEST(test_exit_code_runtime),
         EBB_TEST(test_check_all_specs),

@@ -359,7 +359,7 @@ static void side_free(side *s) {
     memset(s, 0, sizeof *s);
 }
 
-static int is_buffer(const ebb_param_spec *p) { return strncmp(p->name, "running_", 8) == 0; }
+static int is_buffer(const ebb_param_spec *p) { return p->buffer; }
 
 /* The forward as training runs it. */
 static void run_forward(const ebb_op *op, const ebb_attr_value *attrs, side *s, int n_in,
@@ -402,7 +402,9 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
     if (op->params)
         assert_ok(op->params(attrs, shapes, n_in, specs, &n_params));
     for (int j = 0; j < n_params; j++) {
-        if (strcmp(specs[j].name, "running_var") == 0)
+        if (specs[j].counter)
+            assert_ok(ebb_tensor_zeros(&base_p[j], &specs[j].shape, EBB_INT64, cpu));
+        else if (strcmp(specs[j].name, "running_var") == 0)
             assert_ok(ebb_tensor_uniform(&base_p[j], &specs[j].shape, 0.5, 1.5, EBB_FLOAT64, cpu,
                                          seed + 20 + j));
         else

@@ -107,7 +107,9 @@ static ebb_status opcall_params(opcall *c, ebb_tensor *const *in, int n_in, ebb_
             st = ebb_tensor_empty(t, &p->shape, dtype, dev);
         } else {
             switch (p->init) {
-            case EBB_INIT_ZEROS: st = ebb_tensor_zeros(t, &p->shape, dtype, dev); break;
+            case EBB_INIT_ZEROS:
+                st = ebb_tensor_zeros(t, &p->shape, p->counter ? EBB_INT64 : dtype, dev);
+                break;
             case EBB_INIT_ONES: st = ebb_tensor_ones(t, &p->shape, dtype, dev); break;
             case EBB_INIT_NORMAL: st = ebb_tensor_randn(t, &p->shape, dtype, dev, 100 + i); break;
             case EBB_INIT_UNIFORM_FAN_IN: {
@@ -523,7 +525,10 @@ static void check_batch_norm(ebb_shape s) {
     static const char *names[] = {"weight", "bias", "running_mean", "running_var"};
     static const ebb_init_kind inits[] = {EBB_INIT_ONES, EBB_INIT_ZEROS, EBB_INIT_ZEROS,
                                           EBB_INIT_ONES};
-    assert_int_equal(oc.n_params, 4);
+    /* ... and PyTorch's int64 batch counter, last */
+    assert_int_equal(oc.n_params, 5);
+    assert_string_equal(oc.spec[4].name, "num_batches_tracked");
+    assert_int_equal(ebb_tensor_dtype(oc.params[4]), EBB_INT64);
     for (int i = 0; i < 4; i++) {
         assert_string_equal(oc.spec[i].name, names[i]);
         assert_int_equal(oc.spec[i].init, inits[i]);
@@ -568,9 +573,12 @@ static void test_batch_norm(void **state) {
     opcall_init(&oc, "batch_norm", "affine=false");
     ebb_tensor *x = randn(EBB_SHAPE(2, 3, 4), 1);
     ebb_tensor *y = opcall_run(&oc, &x, 1);
-    assert_int_equal(oc.n_params, 2);
+    assert_int_equal(oc.n_params, 3);
     assert_string_equal(oc.spec[0].name, "running_mean");
     assert_string_equal(oc.spec[1].name, "running_var");
+    /* PyTorch's batch counter, an int64 buffer */
+    assert_string_equal(oc.spec[2].name, "num_batches_tracked");
+    assert_true(oc.spec[2].buffer && oc.spec[2].counter && oc.spec[2].shape.ndim == 0);
     assert_close(y, x, 1e-4, 1e-4); /* mean 0, var 1: x / sqrt(1 + eps) */
     ebb_tensor_free(y);
     opcall_done(&oc);

@@ -896,6 +896,160 @@ static void test_model_load_dtype_and_finite(void **state) {
     ebb_plan_free(p);
 }
 
+/* A parameter's values on the host (caller frees). */
+static float *param_values(const ebb_model *m, const char *name, int64_t *numel) {
+    const ebb_tensor *t = ebb_model_param(m, name);
+    assert_non_null(t);
+    *numel = ebb_tensor_numel(t);
+    float *v = malloc((size_t)*numel * sizeof *v);
+    assert_non_null(v);
+    assert_ok(ebb_tensor_to_host(t, v, (size_t)*numel * sizeof *v));
+    return v;
+}
+
+/* Whether parameter `name` of a holds the same bytes as that of b. */
+static int same_param(const ebb_model *a, const ebb_model *b, const char *name) {
+    int64_t na = 0, nb = 0;
+    float *va = param_values(a, name, &na), *vb = param_values(b, name, &nb);
+    int same = na == nb && memcmp(va, vb, (size_t)na * sizeof *va) == 0;
+    free(va);
+    free(vb);
+    return same;
+}
+
+typedef struct report_seen {
+    ebb_load_report r;
+    char text[8192];
+    int calls;
+} report_seen;
+
+static void note_mismatch(const ebb_load_report *r, void *user) {
+    report_seen *s = user;
+    s->r = *r;
+    snprintf(s->text, sizeof s->text, "%s", r->text);
+    s->r.text = s->text;
+    s->calls++;
+}
+
+/* As PyTorch's load_state_dict: every missing, unexpected and mis-shaped
+ * tensor named in one message, nothing changed; non-strict loads the
+ * tensors that match and leaves every other parameter as it was. */
+static void test_model_load_lists_every_problem(void **state) {
+    (void)state;
+    ebb_plan *p = mlp_plan();
+    ebb_model *src = NULL, *m = NULL, *before = NULL;
+    assert_ok(ebb_model_new(&src, p, CPU, 1));
+    assert_ok(ebb_model_new(&m, p, CPU, 2));
+    assert_ok(ebb_model_new(&before, p, CPU, 2));
+
+    /* fc1.bias and fc2.bias missing, fc3.weight one column short, and a
+     * BatchNorm counter the mlp has no parameter for */
+    ebb_shape short_shape = EBB_SHAPE(10, 127), scalar = {0};
+    ebb_tensor *short_w = NULL, *counter = NULL;
+    assert_ok(ebb_tensor_zeros(&short_w, &short_shape, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_zeros(&counter, &scalar, EBB_INT64, CPU));
+    const char *names[] = {"fc1.weight", "fc2.weight", "fc3.weight", "fc3.bias",
+                           "bn.num_batches_tracked"};
+    ebb_tensor *ts[] = {ebb_model_param(src, "fc1.weight"), ebb_model_param(src, "fc2.weight"),
+                        short_w, ebb_model_param(src, "fc3.bias"), counter};
+    char path[512];
+    snprintf(path, sizeof path, "%s", path_of("four_problems.safetensors"));
+    assert_ok(ebb_safetensors_write(path, names, ts, 5));
+    ebb_tensor_free(short_w);
+    ebb_tensor_free(counter);
+
+    assert_int_equal(ebb_model_load(m, path), EBB_ERR_SHAPE);
+    assert_errmsg_contains(path);
+    assert_errmsg_contains("4 tensors do not match the model (2 missing, 1 unexpected, 1 of the "
+                           "wrong dtype or shape)");
+    assert_errmsg_contains("missing parameters 'fc1.bias', 'fc2.bias'");
+    assert_errmsg_contains("unexpected tensor 'bn.num_batches_tracked'");
+    assert_errmsg_contains(
+        "parameter 'fc3.weight' is float32 [10, 127] in the file, the model needs float32 [10, 128]");
+    for (int i = 0; i < ebb_model_param_count(m); i++)
+        if (!same_param(m, before, ebb_model_param_name(m, i)))
+            fail_msg("a failed strict load changed %s", ebb_model_param_name(m, i));
+
+    /* the same error with options but no non_strict */
+    ebb_model_load_options strict = {0};
+    assert_int_equal(ebb_model_load_ex(m, path, &strict), EBB_ERR_SHAPE);
+
+    report_seen seen = {.calls = 0};
+    ebb_model_load_options lax = {.non_strict = 1, .mismatch = note_mismatch, .user = &seen};
+    assert_ok(ebb_model_load_ex(m, path, &lax));
+    assert_int_equal(seen.calls, 1);
+    assert_int_equal(seen.r.n_missing, 2);
+    assert_int_equal(seen.r.n_unexpected, 1);
+    assert_int_equal(seen.r.n_mismatched, 1);
+    assert_int_equal(seen.r.n_loaded, 3);
+    assert_string_equal(seen.r.path, path);
+    if (!strstr(seen.text, "'fc1.bias', 'fc2.bias'") || !strstr(seen.text, "bn.num_batches_tracked") ||
+        !strstr(seen.text, "[10, 127]"))
+        fail_msg("the non-strict report lacks a problem: %s", seen.text);
+    static const char *const loaded[] = {"fc1.weight", "fc2.weight", "fc3.bias"};
+    static const char *const kept[] = {"fc1.bias", "fc2.bias", "fc3.weight"};
+    for (int i = 0; i < 3; i++) {
+        if (!same_param(m, src, loaded[i]))
+            fail_msg("non-strict did not load %s", loaded[i]);
+        if (!same_param(m, before, kept[i]))
+            fail_msg("non-strict changed %s, which did not match", kept[i]);
+    }
+
+    /* a file that matches: no report, and non-strict changes nothing else */
+    snprintf(path, sizeof path, "%s", path_of("all_match.safetensors"));
+    assert_ok(ebb_model_save(src, path));
+    seen.calls = 0;
+    assert_ok(ebb_model_load_ex(m, path, &lax));
+    assert_int_equal(seen.calls, 0);
+    for (int i = 0; i < ebb_model_param_count(m); i++)
+        assert_true(same_param(m, src, ebb_model_param_name(m, i)));
+
+    /* more names than the error holds: counted, not cut mid-name; the
+     * non-strict report has them all */
+    enum { N_EXTRA = 300 };
+    const char *many_names[N_EXTRA + 6];
+    char many_buf[N_EXTRA][32];
+    ebb_tensor *many[N_EXTRA + 6];
+    ebb_shape one = EBB_SHAPE(1);
+    int n = 0;
+    for (int i = 0; i < ebb_model_param_count(src); i++) {
+        many_names[n] = ebb_model_param_name(src, i);
+        many[n] = ebb_model_param(src, many_names[n]);
+        n++;
+    }
+    ebb_tensor *tiny = NULL;
+    assert_ok(ebb_tensor_zeros(&tiny, &one, EBB_FLOAT32, CPU));
+    for (int i = 0; i < N_EXTRA; i++) {
+        snprintf(many_buf[i], sizeof many_buf[i], "layers.%03d.extra", i);
+        many_names[n] = many_buf[i];
+        many[n++] = tiny;
+    }
+    snprintf(path, sizeof path, "%s", path_of("many_extra.safetensors"));
+    assert_ok(ebb_safetensors_write(path, many_names, many, n));
+    ebb_tensor_free(tiny);
+    assert_int_equal(ebb_model_load(m, path), EBB_ERR_ARG);
+    assert_errmsg_contains("300 tensors do not match the model (300 unexpected): unexpected "
+                           "tensors 'layers.000.extra', 'layers.001.extra'");
+    assert_errmsg_contains("more not listed");
+    const char *msg = ebb_errmsg();
+    const char *tail = strstr(msg, "; and ");
+    assert_non_null(tail);
+    if (tail[-1] != ')' && tail[-1] != '\'')
+        fail_msg("the list was cut inside a name: %s", tail - 40);
+    seen.calls = 0;
+    assert_ok(ebb_model_load_ex(m, path, &lax));
+    assert_int_equal(seen.calls, 1);
+    assert_int_equal(seen.r.n_unexpected, N_EXTRA);
+    assert_int_equal(seen.r.n_loaded, ebb_model_param_count(m));
+    if (!strstr(seen.text, "'layers.299.extra'") || strstr(seen.text, "not listed"))
+        fail_msg("the non-strict report does not list every name");
+
+    ebb_model_free(src);
+    ebb_model_free(m);
+    ebb_model_free(before);
+    ebb_plan_free(p);
+}
+
 /* ---- write targets ------------------------------------------------------------------ */
 
 typedef struct drain {
@@ -1161,6 +1315,7 @@ int main(void) {
         EBB_TEST(test_header_bytes),
         EBB_TEST(test_nonfinite_counts),
         EBB_TEST(test_model_load_dtype_and_finite),
+        EBB_TEST(test_model_load_lists_every_problem),
         EBB_TEST(test_write_targets),
         EBB_TEST(test_full_and_readonly_filesystems),
     };

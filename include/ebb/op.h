@@ -78,6 +78,9 @@ typedef struct ebb_param_spec {
      * it gets no gradient and no optimizer state; a training forward may
      * update it in place through ebb_op_call.params. */
     int buffer;
+    /* An int64 count whatever the plan's dtype, initialised to 0 (batch_norm's
+     * num_batches_tracked, as PyTorch keeps it); always a buffer. */
+    int counter;
 } ebb_param_spec;
 
 #define EBB_MAX_PARAMS 8

@@ -31,9 +31,15 @@ typedef struct ebb_model ebb_model;
  * a generator seeded with `seed` and the parameter's name. Names follow
  * PyTorch: "<node name or path>.<param>", e.g. "stem.weight". */
 EBB_API ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device device, uint64_t seed);
+/* Frees the model and its parameter tensors (handles from ebb_model_param()
+ * die with it). NULL is allowed. */
 EBB_API void ebb_model_free(ebb_model *m);
+/* The device the parameters live on. NULL m: the CPU. */
 EBB_API ebb_device ebb_model_device(const ebb_model *m);
+/* Number of parameters. NULL m: 0. */
 EBB_API int ebb_model_param_count(const ebb_model *m);
+/* The full name of parameter i ("stem.weight"), owned by the model. NULL m or
+ * i out of range: NULL. */
 EBB_API const char *ebb_model_param_name(const ebb_model *m, int i);
 /* The parameter tensor (borrowed: do not free), or NULL. */
 EBB_API ebb_tensor *ebb_model_param(const ebb_model *m, const char *name);
@@ -43,7 +49,8 @@ EBB_API ebb_tensor *ebb_model_param(const ebb_model *m, const char *name);
  * dtype or shape, else EBB_ERR_ARG), leaves the model as it was, and its
  * one message names the file and lists every problem, as PyTorch's
  * load_state_dict does: the missing parameters, the unexpected tensors
- * (names the model does not have, `*.num_batches_tracked` included), and
+ * (names the model has no parameter for, such as the `num_batches_tracked`
+ * of a BatchNorm the model keeps no counter for), and
  * each tensor of the wrong shape or dtype with both shapes:
  *     w.safetensors: 4 tensors do not match the model (2 missing, 1
  *     unexpected, 1 of the wrong dtype or shape): missing parameters
@@ -144,6 +151,9 @@ typedef struct ebb_run_options {
  * at the same time. */
 EBB_API ebb_status ebb_run(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
                    ebb_tensor **outputs, ebb_run_stats *stats);
+/* ebb_run() with options (NULL: none): a per-step trace callback and the
+ * check_fits refusal. NULL plan, model or outputs, NULL inputs for a plan with
+ * inputs, or a NULL input tensor: EBB_ERR_ARG. */
 EBB_API ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
                       ebb_tensor **outputs, const ebb_run_options *opts, ebb_run_stats *stats);
 
@@ -201,6 +211,9 @@ EBB_API ebb_status ebb_plan_capture(ebb_capture **out, const ebb_plan *plan, con
  * replays it, and returns new handles on the graph's output buffers: their
  * values are overwritten by the next replay. */
 EBB_API ebb_status ebb_capture_replay(ebb_capture *c, ebb_tensor *const *inputs, ebb_tensor **outputs);
+/* Frees a capture from ebb_plan_capture(): its CUDA graph and its own input
+ * and output handles (the caller still frees handles it got from replays).
+ * NULL is allowed. */
 EBB_API void ebb_capture_free(ebb_capture *c);
 
 #ifdef __cplusplus

@@ -557,6 +557,8 @@ namespace {
 void mul_scalar_(at::Tensor &t, double v) {
     if (t.is_meta())
         t.mul_(at::native::wrapped_scalar_tensor(v, t.device()));
+    else if (!at::isFloatingType(t.scalar_type()) && v == static_cast<double>(static_cast<int64_t>(v)))
+        t.mul_(static_cast<int64_t>(v));
     else
         t.mul_(v);
 }
@@ -564,6 +566,8 @@ void mul_scalar_(at::Tensor &t, double v) {
 void add_scalar_(at::Tensor &t, double v) {
     if (t.is_meta())
         t.add_(at::native::wrapped_scalar_tensor(v, t.device()));
+    else if (!at::isFloatingType(t.scalar_type()) && v == static_cast<double>(static_cast<int64_t>(v)))
+        t.add_(static_cast<int64_t>(v)); // a count: a double would not cast back to int64
     else
         t.add_(v);
 }

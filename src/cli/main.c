@@ -1,15 +1,25 @@
 /* The `ebb` command: check, plan, run and dot for YAML specs.
  *
+ * Options follow git's conventions (getopt_long): `--opt=value` or
+ * `--opt value`, `-iVALUE` or `-i VALUE`, options and arguments in any
+ * order, `--` ends the options, and `-` names standard input where a file
+ * is read (a spec, --weights, --inputs).
+ *
  * Exit codes: 0 ok; 1 a spec or input error; 2 a usage error; 3 a runtime
- * error (including out of memory). */
-#define _POSIX_C_SOURCE 200809L
+ * error (including out of memory and output that cannot be written); 141
+ * when the reader of stdout went away (a closed pipe), quietly, as a shell
+ * reports `git log | head`. */
+#define _GNU_SOURCE /* getopt_long, memfd_create */
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
+#include <getopt.h>
 #include <math.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -26,8 +36,12 @@ enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3 };
 #define MAX_BINDINGS 64
 #define MAX_INPUTS 64
 
-static const char *usage_main =
-    "usage: ebb [--version] [--help] COMMAND [ARGS]\n"
+/* What `-` reads as: a name that says where the bytes came from. */
+#define STDIN_SPEC_NAME "<stdin>"
+#define STDIN_PATH "/dev/stdin"
+
+static const char usage_main[] =
+    "usage: ebb [-V | --version] [-h | --help] COMMAND [ARGS]\n"
     "\n"
     "Declare a graph in YAML, read its plan, run it.\n"
     "\n"
@@ -36,17 +50,30 @@ static const char *usage_main =
     "  plan SPEC [...]      print the plan listing: steps, frees, predicted live bytes\n"
     "  run SPEC [...]       run the plan and compare measured with planned memory\n"
     "  dot SPEC [...]       write Graphviz DOT of the graph or the plan\n"
+    "  help [COMMAND]       this help, or the command's (as `ebb COMMAND --help`)\n"
+    "  version              as --version: ebb's version, its libtorch and CUDA\n"
     "\n"
-    "`ebb COMMAND --help` describes each command.\n"
-    "exit codes: 0 ok, 1 spec or input error, 2 usage error, 3 runtime error\n";
+    "Options take their value as `--opt=value` or `--opt value`; `--` ends the\n"
+    "options; a SPEC, --weights or --inputs given as `-` is read from standard input.\n"
+    "exit codes: 0 ok, 1 spec or input error, 2 usage error, 3 runtime error,\n"
+    "            141 the reader of stdout went away\n";
 
-static const char *usage_check = "usage: ebb check SPEC...\n"
+/* Every command's help ends with these, which every command takes. */
+#define USAGE_COMMON                                                                               \
+    "  -h, --help         this help\n"                                                             \
+    "  --completion-helper\n"                                                                      \
+    "                     print the options above, one a line (for shell completion)\n"            \
+    "  --                 end of options: what follows is a SPEC even if it starts with -\n"
+
+static const char usage_check[] = "usage: ebb check [--] SPEC...\n"
                                  "\n"
                                  "Loads and compiles each spec (symbolic dimensions set to 1).\n"
                                  "Prints 'SPEC: ok (N steps, P parameters)' or\n"
-                                 "'SPEC:LINE:COL: error: ...' on stderr. Exit 1 on any error.\n";
+                                 "'SPEC:LINE:COL: error: ...' on stderr. Exit 1 on any error.\n"
+                                 "A SPEC of - is read from standard input.\n"
+                                 "\n" USAGE_COMMON;
 
-static const char *usage_plan =
+static const char usage_plan[] =
     "usage: ebb plan SPEC [-i NAME=D0,D1,...]... [-p PARAM=N]... [--json] [--keep-all]\n"
     "                [--memory]\n"
     "\n"
@@ -55,20 +82,25 @@ static const char *usage_plan =
     "  -p PARAM=N         replace the value of one of the spec's params\n"
     "  --json             the plan as JSON (see docs/cli.md)\n"
     "  --keep-all         compile without freeing, to compare\n"
-    "  --memory           draw predicted live bytes per step\n";
+    "  --memory           draw predicted live bytes per step\n" USAGE_COMMON
+    "\n"
+    "A SPEC of - is read from standard input.\n";
 
-static const char *usage_run =
+static const char usage_run[] =
     "usage: ebb run SPEC [-i NAME=DIMS]... [-p PARAM=N]... [--device cpu|cuda[:N]] [--seed N]\n"
-    "               [--weights W.safetensors] [--save-weights W.safetensors]\n"
+    "               [--weights W.safetensors [--non-strict]] [--save-weights W.safetensors]\n"
     "               [--inputs X.safetensors] [--outputs Y.safetensors]\n"
     "               [--trace T.jsonl] [--repeat N] [--keep-all] [--cuda-graph] [--force]\n"
     "               [--strict-finite]\n"
     "\n"
     "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
-    "  --device           cpu, cuda or cuda:N (default: cuda when available, else cpu)\n"
+    "  --device D         cpu, cuda or cuda:N (default: cuda when available, else cpu)\n"
     "  --seed N           seed for parameters and random inputs (default 0)\n"
-    "  --weights FILE     load parameters by name\n"
+    "  --weights FILE     load parameters by name; every missing, unexpected or\n"
+    "                     mis-shaped tensor is listed, and any is an error\n"
+    "  --non-strict       with --weights: list those on stderr as a warning, load the\n"
+    "                     parameters that match and keep the others' seeded values\n"
     "  --save-weights F   write the parameters\n"
     "  --inputs FILE      read inputs by name (default: seeded random normal)\n"
     "  --outputs FILE     write outputs by name\n"
@@ -78,18 +110,25 @@ static const char *usage_run =
     "  --cuda-graph       capture the plan into a CUDA graph once, time its replays\n"
     "  --force            run even if the plan's peak does not fit in what this process\n"
     "                     can get (RLIMIT_AS, RLIMIT_DATA, cgroup limit, MemAvailable)\n"
-    "  --strict-finite    NaN or Inf in --weights or --inputs is an error, not a warning\n"
+    "  --strict-finite    NaN or Inf in --weights or --inputs is an error, not a warning\n" USAGE_COMMON
     "\n"
-    "Output files are replaced atomically (a link is followed); a device or pipe such\n"
-    "as /dev/stdout is written into. Errors writing them exit 3.\n";
+    "SPEC, --weights or --inputs (one of them) may be -, standard input; a\n"
+    "safetensors file from a pipe is read into memory first. Output files are\n"
+    "replaced atomically (a link is followed); a device or pipe such as\n"
+    "/dev/stdout is written into. Errors writing them exit 3.\n";
 
-static const char *usage_dot = "usage: ebb dot SPEC [--plan] [-i NAME=DIMS]... [-p PARAM=N]... [-o FILE]\n"
-                               "\n"
-                               "  -p PARAM=N replace the value of one of the spec's params\n"
-                               "  --plan     draw the plan (steps, values, bytes) instead of the graph\n"
-                               "  -o FILE    write to FILE: .dot or .gv get DOT text; .svg, .png, .pdf\n"
-                               "             render through Graphviz (default: DOT on stdout).\n"
-                               "             A file is replaced atomically, a device written into.\n";
+static const char usage_dot[] =
+    "usage: ebb dot SPEC [--plan] [-i NAME=DIMS]... [-p PARAM=N]... [-o FILE]\n"
+    "\n"
+    "  -i NAME=DIMS       with --plan: input shape, or SYMBOL=N\n"
+    "  -p PARAM=N         replace the value of one of the spec's params\n"
+    "  --plan             draw the plan (steps, values, bytes) instead of the graph\n"
+    "  -o FILE            write to FILE (default: DOT on stdout): .dot or .gv get DOT\n"
+    "                     text; .svg, .png, .pdf, .jpg, .jpeg, .gif, .ps or .eps render\n"
+    "                     through Graphviz. A file is replaced atomically, a device\n"
+    "                     written into.\n" USAGE_COMMON
+    "\n"
+    "A SPEC of - is read from standard input.\n";
 
 static int usage_error(const char *usage, const char *fmt, const char *arg) {
     fprintf(stderr, "ebb: ");
@@ -111,15 +150,96 @@ static int fail_status(ebb_status st) {
     }
 }
 
-/* ---- shared options ------------------------------------------------------ */
+/* ---- the commands' options ------------------------------------------------ */
+
+/* Long-only options get values past any character, so that getopt's short
+ * option letters and these never meet. */
+enum {
+    OPT_JSON = 256,
+    OPT_KEEP_ALL,
+    OPT_MEMORY,
+    OPT_PLAN,
+    OPT_CUDA_GRAPH,
+    OPT_FORCE,
+    OPT_STRICT_FINITE,
+    OPT_NON_STRICT,
+    OPT_SEED,
+    OPT_REPEAT,
+    OPT_DEVICE,
+    OPT_WEIGHTS,
+    OPT_SAVE_WEIGHTS,
+    OPT_INPUTS,
+    OPT_OUTPUTS,
+    OPT_TRACE,
+    OPT_COMPLETION,
+};
+
+#define COMMON_OPTIONS                                                                             \
+    {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, OPT_COMPLETION }
+
+static const struct option check_options[] = {COMMON_OPTIONS, {NULL, 0, NULL, 0}};
+static const struct option plan_options[] = {
+    COMMON_OPTIONS,
+    {"json", no_argument, NULL, OPT_JSON},
+    {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
+    {"memory", no_argument, NULL, OPT_MEMORY},
+    {NULL, 0, NULL, 0},
+};
+static const struct option run_options[] = {
+    COMMON_OPTIONS,
+    {"device", required_argument, NULL, OPT_DEVICE},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"weights", required_argument, NULL, OPT_WEIGHTS},
+    {"non-strict", no_argument, NULL, OPT_NON_STRICT},
+    {"save-weights", required_argument, NULL, OPT_SAVE_WEIGHTS},
+    {"inputs", required_argument, NULL, OPT_INPUTS},
+    {"outputs", required_argument, NULL, OPT_OUTPUTS},
+    {"trace", required_argument, NULL, OPT_TRACE},
+    {"repeat", required_argument, NULL, OPT_REPEAT},
+    {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
+    {"cuda-graph", no_argument, NULL, OPT_CUDA_GRAPH},
+    {"force", no_argument, NULL, OPT_FORCE},
+    {"strict-finite", no_argument, NULL, OPT_STRICT_FINITE},
+    {NULL, 0, NULL, 0},
+};
+static const struct option dot_options[] = {
+    COMMON_OPTIONS,
+    {"plan", no_argument, NULL, OPT_PLAN},
+    {NULL, 0, NULL, 0},
+};
+
+typedef struct command {
+    const char *name;
+    const char *usage;
+    const char *shorts;           /* getopt's short options */
+    const struct option *longs;   /* the long ones: the parser's table */
+    int many;                     /* takes several SPECs, not one */
+} command;
+
+static const command commands[] = {
+    {"check", usage_check, "h", check_options, 1},
+    {"plan", usage_plan, "hi:p:", plan_options, 0},
+    {"run", usage_run, "hi:p:", run_options, 0},
+    {"dot", usage_dot, "hi:p:o:", dot_options, 0},
+};
+#define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
+
+static const command *find_command(const char *name) {
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(commands[i].name, name))
+            return &commands[i];
+    return NULL;
+}
 
 typedef struct options {
     const char *spec;
+    const char **specs; /* check: every SPEC, in order */
+    int n_specs;
     const char *shapes[MAX_BINDINGS];
     int n_shapes;
     const char *params[MAX_BINDINGS];
     int n_params;
-    int json, keep_all, memory, plan_view, repeat, cuda_graph, force, strict_finite;
+    int json, keep_all, memory, plan_view, repeat, cuda_graph, force, strict_finite, non_strict;
     uint64_t seed;
     const char *device, *weights, *save_weights, *inputs, *outputs, *trace, *out_file;
 } options;
@@ -134,81 +254,154 @@ static int parse_u64(const char *s, uint64_t *out) {
     return 0;
 }
 
-/* Parses the options `allowed` names; returns 0, or an exit code. */
-static int parse_options(int argc, char **argv, const char *usage, const char *allowed,
-                         options *o) {
+/* "-i" or "--seed": how the user spells the option with getopt value `val`. */
+static const char *option_name(const command *c, int val, char *buf, size_t size) {
+    if (val > 0 && val < 256 && val != 'h') {
+        snprintf(buf, size, "-%c", val);
+        return buf;
+    }
+    for (const struct option *lo = c->longs; lo->name; lo++)
+        if (lo->val == val) {
+            snprintf(buf, size, "--%s", lo->name);
+            return buf;
+        }
+    snprintf(buf, size, "-%c", val > 0 && val < 256 ? val : '?');
+    return buf;
+}
+
+/* The options the parser takes, one a line ("--seed=" when it takes a
+ * value), as git's --git-completion-helper prints them; the tests compare
+ * this list with the help text. */
+static void list_options(const command *c) {
+    for (const char *s = c->shorts; *s; s++)
+        if (*s != ':')
+            printf("-%c\n", *s);
+    for (const struct option *lo = c->longs; lo->name; lo++)
+        printf("--%s%s\n", lo->name, lo->has_arg == required_argument ? "=" : "");
+}
+
+static int add_spec(const command *c, options *o, const char *arg) {
+    if (c->many)
+        o->specs[o->n_specs++] = arg;
+    else if (o->spec)
+        return usage_error(c->usage, "unexpected argument %s", arg);
+    o->spec = o->spec ? o->spec : arg;
+    return 0;
+}
+
+/* Parses argv[1..] (argv[0] is the command's name); returns 0, -1 when help
+ * was printed, or an exit code. */
+static int parse_options(int argc, char **argv, const command *c, options *o) {
     memset(o, 0, sizeof *o);
     o->repeat = 1;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i];
-        const char *val = i + 1 < argc ? argv[i + 1] : NULL;
-#define TAKES(flag) (strcmp(a, flag) == 0 && strstr(allowed, flag " "))
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            fputs(usage, stdout);
-            return -1;
-        } else if (TAKES("-i")) {
-            if (!val)
-                return usage_error(usage, "%s needs NAME=D0,D1,...", a);
-            if (o->n_shapes == MAX_BINDINGS)
-                return usage_error(usage, "too many %s options", a);
-            o->shapes[o->n_shapes++] = val;
-            i++;
-        } else if (TAKES("-p")) {
-            if (!val)
-                return usage_error(usage, "%s needs NAME=NUMBER", a);
-            if (o->n_params == MAX_BINDINGS)
-                return usage_error(usage, "too many %s options", a);
-            o->params[o->n_params++] = val;
-            i++;
-        } else if (TAKES("--json")) {
-            o->json = 1;
-        } else if (TAKES("--keep-all")) {
-            o->keep_all = 1;
-        } else if (TAKES("--memory")) {
-            o->memory = 1;
-        } else if (TAKES("--plan")) {
-            o->plan_view = 1;
-        } else if (TAKES("--cuda-graph")) {
-            o->cuda_graph = 1;
-        } else if (TAKES("--force")) {
-            o->force = 1;
-        } else if (TAKES("--strict-finite")) {
-            o->strict_finite = 1;
-        } else if (TAKES("--seed") || TAKES("--repeat")) {
+    const char *usage = c->usage;
+    /* kept until exit: the command reads them to the end */
+    static const char **specs;
+    if (c->many && !(specs = calloc((size_t)argc + 1, sizeof *specs)))
+        return fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+    o->specs = specs;
+    /* '-' first: arguments come back in order (as 1) whatever POSIXLY_CORRECT
+     * says, so options may follow the SPEC; ':' next: a missing value is
+     * told apart from an unknown option */
+    char shorts[32];
+    snprintf(shorts, sizeof shorts, "-:%s", c->shorts);
+    opterr = 0;
+    optind = 0;
+    char name[64];
+    int opt, rc;
+    while ((opt = getopt_long(argc, argv, shorts, c->longs, NULL)) != -1) {
+        const char *val = optarg;
+        const char **slot = NULL;
+        switch (opt) {
+        case 1:
+            if ((rc = add_spec(c, o, val)))
+                return rc;
+            break;
+        case 'h': fputs(usage, stdout); return -1;
+        case OPT_COMPLETION: list_options(c); return -1;
+        case 'i':
+        case 'p':
+            if ((opt == 'i' ? o->n_shapes : o->n_params) == MAX_BINDINGS)
+                return usage_error(usage, "too many %s options", opt == 'i' ? "-i" : "-p");
+            if (opt == 'i')
+                o->shapes[o->n_shapes++] = val;
+            else
+                o->params[o->n_params++] = val;
+            break;
+        case OPT_JSON: o->json = 1; break;
+        case OPT_KEEP_ALL: o->keep_all = 1; break;
+        case OPT_MEMORY: o->memory = 1; break;
+        case OPT_PLAN: o->plan_view = 1; break;
+        case OPT_CUDA_GRAPH: o->cuda_graph = 1; break;
+        case OPT_FORCE: o->force = 1; break;
+        case OPT_STRICT_FINITE: o->strict_finite = 1; break;
+        case OPT_NON_STRICT: o->non_strict = 1; break;
+        case OPT_SEED:
+        case OPT_REPEAT: {
             uint64_t v;
-            if (!val || parse_u64(val, &v) != 0)
-                return usage_error(usage, "%s needs a non-negative integer", a);
-            if (!strcmp(a, "--seed"))
+            const char *n = opt == OPT_SEED ? "--seed" : "--repeat";
+            if (parse_u64(val, &v) != 0)
+                return usage_error(usage, "%s needs a non-negative integer", n);
+            if (opt == OPT_SEED)
                 o->seed = v;
             else if (v < 1 || v > 1000000)
-                return usage_error(usage, "%s must be between 1 and 1000000", a);
+                return usage_error(usage, "%s must be between 1 and 1000000", n);
             else
                 o->repeat = (int)v;
-            i++;
-        } else if (TAKES("--device") || TAKES("--weights") || TAKES("--save-weights") ||
-                   TAKES("--inputs") || TAKES("--outputs") || TAKES("--trace") || TAKES("-o")) {
-            if (!val)
-                return usage_error(usage, "%s needs a value", a);
-            const char **slot = !strcmp(a, "--device")         ? &o->device
-                                : !strcmp(a, "--weights")      ? &o->weights
-                                : !strcmp(a, "--save-weights") ? &o->save_weights
-                                : !strcmp(a, "--inputs")       ? &o->inputs
-                                : !strcmp(a, "--outputs")      ? &o->outputs
-                                : !strcmp(a, "--trace")        ? &o->trace
-                                                               : &o->out_file;
-            *slot = val;
-            i++;
-        } else if (a[0] == '-' && a[1]) {
-            return usage_error(usage, "unknown option %s", a);
-        } else if (!o->spec) {
-            o->spec = a;
-        } else {
-            return usage_error(usage, "unexpected argument %s", a);
+            break;
         }
-#undef TAKES
+        case OPT_DEVICE: slot = &o->device; break;
+        case OPT_WEIGHTS: slot = &o->weights; break;
+        case OPT_SAVE_WEIGHTS: slot = &o->save_weights; break;
+        case OPT_INPUTS: slot = &o->inputs; break;
+        case OPT_OUTPUTS: slot = &o->outputs; break;
+        case OPT_TRACE: slot = &o->trace; break;
+        case 'o': slot = &o->out_file; break;
+        case ':':
+            option_name(c, optopt, name, sizeof name);
+            if (optopt == 'i')
+                return usage_error(usage, "%s needs NAME=D0,D1,...", name);
+            if (optopt == 'p')
+                return usage_error(usage, "%s needs NAME=NUMBER", name);
+            if (optopt == OPT_SEED || optopt == OPT_REPEAT)
+                return usage_error(usage, "%s needs a non-negative integer", name);
+            return usage_error(usage, "%s needs a value", name);
+        default: /* '?' */
+            /* a known long option given a value it does not take */
+            for (const struct option *lo = c->longs; optopt && lo->name; lo++)
+                if (lo->val == optopt && lo->has_arg == no_argument &&
+                    !strncmp(argv[optind - 1], "--", 2)) {
+                    snprintf(name, sizeof name, "--%s", lo->name);
+                    return usage_error(usage, "option %s takes no value", name);
+                }
+            if (optopt > 0 && optopt < 256) {
+                snprintf(name, sizeof name, "-%c", optopt);
+                return usage_error(usage, "unknown option %s", name);
+            }
+            /* an unknown or ambiguous long option, as written */
+            return usage_error(usage, "unknown option %s", argv[optind - 1]);
+        }
+        if (slot) {
+            if (!*val)
+                return usage_error(usage, "%s needs a value", option_name(c, opt, name, sizeof name));
+            *slot = val;
+        }
     }
+    for (; optind < argc; optind++) /* after `--` */
+        if ((rc = add_spec(c, o, argv[optind])))
+            return rc;
     if (!o->spec)
         return usage_error(usage, "%s", "missing SPEC");
+    if (o->non_strict && !o->weights)
+        return usage_error(usage, "%s", "--non-strict applies to --weights, which is not given");
+    /* standard input can be read once */
+    int from_stdin = (o->inputs && !strcmp(o->inputs, "-")) + (o->weights && !strcmp(o->weights, "-"));
+    for (int i = 0; i < (c->many ? o->n_specs : 1); i++)
+        from_stdin += !strcmp(c->many ? o->specs[i] : o->spec, "-");
+    if (from_stdin > 1)
+        return usage_error(usage, "%s",
+                           "standard input (-) can be read once: give it to one SPEC, --weights "
+                           "or --inputs");
     return 0;
 }
 
@@ -443,11 +636,100 @@ static int spec_file_ok(const char *path) {
     return ok;
 }
 
-static ebb_status load_spec(const options *o, ebb_spec **spec) {
-    if (!spec_file_ok(o->spec))
-        return ebb_errcode();
+/* A spec given as `-`: standard input, read to its end (one byte past the
+ * loader's limit is enough for it to say the spec is too long). */
+static ebb_status load_spec_stdin(ebb_spec **spec, const ebb_spec_options *so) {
+    size_t cap = 4096, len = 0;
+    char *text = malloc(cap);
+    for (;;) {
+        if (!text)
+            return ebb_error_set(EBB_ERR_NOMEM, "out of memory reading standard input");
+        if (len == cap) {
+            char *more = cap > EBB_SPEC_MAX_BYTES ? NULL : realloc(text, cap * 2);
+            if (!more)
+                break; /* past the limit: the loader refuses it by its length */
+            text = more;
+            cap *= 2;
+        }
+        ssize_t n = read(0, text + len, cap - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int err = errno;
+            free(text);
+            return ebb_error_set(EBB_ERR_IO, "%s: cannot read standard input: %s",
+                                 STDIN_SPEC_NAME, strerror(err));
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    ebb_status st = ebb_spec_load_string_ex(spec, text, len, STDIN_SPEC_NAME, so);
+    free(text);
+    return st;
+}
+
+static ebb_status load_spec_path(const char *path, const options *o, ebb_spec **spec) {
     ebb_spec_options so = {.params = o->params, .n_params = o->n_params};
-    return ebb_spec_load_ex(spec, o->spec, &so);
+    if (!strcmp(path, "-"))
+        return load_spec_stdin(spec, &so);
+    if (!spec_file_ok(path))
+        return ebb_errcode();
+    return ebb_spec_load_ex(spec, path, &so);
+}
+
+static ebb_status load_spec(const options *o, ebb_spec **spec) {
+    return load_spec_path(o->spec, o, spec);
+}
+
+/* A safetensors file given as `-`. The reader needs a regular file (it
+ * reads each tensor at its offset), so a pipe is first copied into an
+ * anonymous file in memory, which then becomes standard input; either way
+ * the file is read as /dev/stdin, the name messages give it. */
+static int stdin_safetensors(const char **path) {
+    if (!*path || strcmp(*path, "-"))
+        return 0;
+    *path = STDIN_PATH;
+    struct stat sb;
+    if (fstat(0, &sb) == 0 && S_ISREG(sb.st_mode))
+        return 0;
+    int fd = memfd_create("ebb-stdin", MFD_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "ebb: cannot hold standard input in memory: %s\n", strerror(errno));
+        return EXIT_RUNTIME;
+    }
+    char buf[1 << 16];
+    for (;;) {
+        ssize_t n = read(0, buf, sizeof buf);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            fprintf(stderr, "ebb: cannot read standard input: %s\n", strerror(errno));
+            close(fd);
+            return EXIT_SPEC;
+        }
+        if (n == 0)
+            break;
+        for (ssize_t at = 0; at < n;) {
+            ssize_t w = write(fd, buf + at, (size_t)(n - at));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w < 0) {
+                fprintf(stderr, "ebb: cannot hold standard input in memory: %s\n",
+                        strerror(errno));
+                close(fd);
+                return EXIT_RUNTIME;
+            }
+            at += w;
+        }
+    }
+    int moved = dup2(fd, 0);
+    close(fd);
+    if (moved < 0) {
+        fprintf(stderr, "ebb: cannot replace standard input: %s\n", strerror(errno));
+        return EXIT_RUNTIME;
+    }
+    return 0;
 }
 
 static int load_and_compile(const options *o, const ebb_safetensors *inputs, ebb_spec **spec,
@@ -487,34 +769,28 @@ static void human(char *buf, size_t n, int64_t b) {
 /* ---- check --------------------------------------------------------------- */
 
 static int cmd_check(int argc, char **argv) {
-    int n = 0, failed = 0;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(usage_check, stdout);
-            return 0;
-        }
-        if (argv[i][0] == '-' && argv[i][1])
-            return usage_error(usage_check, "unknown option %s", argv[i]);
-    }
-    for (int i = 0; i < argc; i++) {
-        n++;
+    options o;
+    int rc = parse_options(argc, argv, find_command("check"), &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    int failed = 0;
+    for (int i = 0; i < o.n_specs; i++) {
+        const char *path = o.specs[i];
         ebb_spec *s = NULL;
         ebb_plan *p = NULL;
-        ebb_status st = spec_file_ok(argv[i]) ? ebb_spec_load(&s, argv[i]) : ebb_errcode();
+        ebb_status st = load_spec_path(path, &o, &s);
         if (st == EBB_OK)
             st = ebb_spec_compile(&p, s, NULL);
         if (st != EBB_OK) {
             fprintf(stderr, "%s\n", ebb_errmsg());
             failed = 1;
         } else {
-            printf("%s: ok (%d steps, %lld parameters)\n", argv[i], ebb_plan_step_count(p),
-                   (long long)param_elements(p));
+            printf("%s: ok (%d steps, %lld parameters)\n", ebb_spec_file(s),
+                   ebb_plan_step_count(p), (long long)param_elements(p));
         }
         ebb_plan_free(p);
         ebb_spec_free(s);
     }
-    if (n == 0)
-        return usage_error(usage_check, "%s", "missing SPEC");
     return failed ? EXIT_SPEC : 0;
 }
 
@@ -538,7 +814,7 @@ static void memory_chart(const ebb_plan *p) {
 
 static int cmd_plan(int argc, char **argv) {
     options o;
-    int rc = parse_options(argc, argv, usage_plan, "-i -p --json --keep-all --memory ", &o);
+    int rc = parse_options(argc, argv, find_command("plan"), &o);
     if (rc)
         return rc < 0 ? 0 : rc;
     ebb_spec *s = NULL;
@@ -630,21 +906,38 @@ static int render(const char *dot_text, size_t len, const char *fmt, const char 
     return 0;
 }
 
+/* What `dot -o` writes, by the file's extension; usage_dot and docs/cli.md
+ * list the same (tests/test_cli.c compares them). */
+static const char *const dot_text[] = {".dot", ".gv"};
+static const char *const dot_rendered[] = {".svg", ".png", ".pdf", ".jpg",
+                                           ".jpeg", ".gif", ".ps", ".eps"};
+
 static int cmd_dot(int argc, char **argv) {
     options o;
-    int rc = parse_options(argc, argv, usage_dot, "-i -p --plan -o ", &o);
+    int rc = parse_options(argc, argv, find_command("dot"), &o);
     if (rc)
         return rc < 0 ? 0 : rc;
     const char *ext = o.out_file ? strrchr(o.out_file, '.') : NULL;
-    static const char *rendered[] = {".svg", ".png", ".pdf", ".jpg", ".jpeg", ".gif", ".ps", ".eps"};
-    int render_it = 0;
-    for (size_t k = 0; ext && k < sizeof rendered / sizeof rendered[0]; k++)
-        render_it |= !strcmp(ext, rendered[k]);
-    if (o.out_file && !render_it && !(ext && (!strcmp(ext, ".dot") || !strcmp(ext, ".gv"))))
-        return usage_error(usage_dot,
-                           "-o %s: use .dot or .gv for DOT text, or .svg, .png, .pdf, .jpg, .gif, "
-                           ".ps or .eps to render",
-                           o.out_file);
+    int render_it = 0, text_it = 0;
+    for (size_t k = 0; ext && k < sizeof dot_rendered / sizeof dot_rendered[0]; k++)
+        render_it |= !strcmp(ext, dot_rendered[k]);
+    for (size_t k = 0; ext && k < sizeof dot_text / sizeof dot_text[0]; k++)
+        text_it |= !strcmp(ext, dot_text[k]);
+    if (o.out_file && !render_it && !text_it) {
+        /* the message lists the tables above, so it cannot disagree with them */
+        char list[256];
+        size_t at = (size_t)snprintf(list, sizeof list, "-o %%s: use");
+        for (size_t k = 0; k < sizeof dot_text / sizeof dot_text[0]; k++)
+            at += (size_t)snprintf(list + at, sizeof list - at, "%s %s", k ? " or" : "",
+                                   dot_text[k]);
+        at += (size_t)snprintf(list + at, sizeof list - at, " for DOT text, or");
+        size_t n = sizeof dot_rendered / sizeof dot_rendered[0];
+        for (size_t k = 0; k < n; k++)
+            at += (size_t)snprintf(list + at, sizeof list - at, "%s %s",
+                                   k == 0 ? "" : k + 1 == n ? " or" : ",", dot_rendered[k]);
+        snprintf(list + at, sizeof list - at, " to render");
+        return usage_error(usage_dot, list, o.out_file);
+    }
     if (o.out_file && ebb_file_check_writable(o.out_file, "-o") != EBB_OK)
         return fail_write();
     if (render_it && !have_program("dot")) {
@@ -791,6 +1084,15 @@ static void warn_nonfinite(const char *path, const char *name, int64_t count, in
             path, (const char *)user, name, (long long)count, (long long)numel);
 }
 
+/* --non-strict: what --weights did not match, said once, before the run. */
+static void warn_mismatch(const ebb_load_report *r, void *user) {
+    (void)user;
+    fprintf(stderr,
+            "ebb: warning: %s; --non-strict: loaded the other %d parameter%s, the rest keep their "
+            "seeded values\n",
+            r->text, r->n_loaded, r->n_loaded == 1 ? "" : "s");
+}
+
 /* Bytes of the graph inputs the command will create or load. */
 static int64_t input_bytes(const ebb_plan *p) {
     int64_t n = 0;
@@ -803,10 +1105,7 @@ static int64_t input_bytes(const ebb_plan *p) {
 
 static int cmd_run(int argc, char **argv) {
     options o;
-    int rc = parse_options(argc, argv, usage_run,
-                           "-i -p --device --seed --weights --save-weights --inputs --outputs "
-                           "--trace --repeat --keep-all --cuda-graph --force --strict-finite ",
-                           &o);
+    int rc = parse_options(argc, argv, find_command("run"), &o);
     if (rc)
         return rc < 0 ? 0 : rc;
     ebb_device dev = ebb_device_default();
@@ -820,6 +1119,8 @@ static int cmd_run(int argc, char **argv) {
         (o.save_weights && ebb_file_check_writable(o.save_weights, "--save-weights") != EBB_OK) ||
         (o.trace && ebb_file_check_writable(o.trace, "--trace") != EBB_OK))
         return fail_write();
+    if ((rc = stdin_safetensors(&o.inputs)) || (rc = stdin_safetensors(&o.weights)))
+        return rc;
     ebb_safetensors *in_file = NULL;
     if (o.inputs && (st = ebb_safetensors_open(&in_file, o.inputs)) != EBB_OK)
         return fail_status(st);
@@ -846,8 +1147,11 @@ static int cmd_run(int argc, char **argv) {
         rc = fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
         goto done;
     }
-    ebb_model_load_options lo = {.strict_finite = o.strict_finite, .nonfinite = warn_nonfinite,
-                                 .user = "parameter"};
+    ebb_model_load_options lo = {.strict_finite = o.strict_finite,
+                                 .nonfinite = warn_nonfinite,
+                                 .user = "parameter",
+                                 .non_strict = o.non_strict,
+                                 .mismatch = warn_mismatch};
     if ((st = ebb_model_new(&m, p, dev, o.seed)) != EBB_OK ||
         (o.weights && (st = ebb_model_load_ex(m, o.weights, &lo)) != EBB_OK)) {
         rc = fail_status(st);
@@ -1005,37 +1309,86 @@ done:
     return rc;
 }
 
-int main(int argc, char **argv) {
-    /* a renderer that exits early must not kill us mid-write: EPIPE is an error */
-    signal(SIGPIPE, SIG_IGN);
-    if (argc < 2)
-        return usage_error(usage_main, "%s", "missing COMMAND");
-    const char *cmd = argv[1];
-    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
-        fputs(usage_main, stdout);
-        return 0;
+/* What remains of stdout goes out now, so that a failure to write it is
+ * seen: "ebb: write error: ..." and exit 3, except a reader that went away
+ * (a closed pipe, `ebb plan --json | head -c 10`): the reader has what it
+ * wanted, so that exits 141 in silence, the status a shell reports for
+ * `git log | head`. */
+static int finish_stdout(int rc) {
+    int err = 0;
+    if (fflush(stdout) != 0)
+        err = errno;
+    else if (ferror(stdout)) {
+        /* an earlier write failed and its bytes are gone: ask the pipe */
+        struct pollfd pf = {.fd = 1, .events = 0};
+        err = poll(&pf, 1, 0) == 1 && (pf.revents & POLLERR) ? EPIPE : EIO;
     }
+    if (fclose(stdout) != 0 && !err)
+        err = errno;
+    if (!err)
+        return rc;
+    if (err == EPIPE)
+        return rc ? rc : 128 + SIGPIPE;
+    fprintf(stderr, "ebb: write error: %s\n", strerror(err));
+    return rc ? rc : EXIT_RUNTIME;
+}
+
+static int print_version(void) {
     if (ebb_init() != EBB_OK) {
         fprintf(stderr, "ebb: %s\n", ebb_errmsg());
         return EXIT_RUNTIME;
     }
-    if (!strcmp(cmd, "--version")) {
 #ifdef EBB_WITH_CUDA
-        const char *cuda = "compiled in";
+    const char *cuda = "compiled in";
 #else
-        const char *cuda = "not compiled in";
+    const char *cuda = "not compiled in";
 #endif
-        printf("ebb %s (libtorch %s, CUDA %s%s)\n", ebb_version(), ebb_torch_version(), cuda,
-               ebb_cuda_available() ? ", a device is available" : "");
+    printf("ebb %s (libtorch %s, CUDA %s%s)\n", ebb_version(), ebb_torch_version(), cuda,
+           ebb_cuda_available() ? ", a device is available" : "");
+    return 0;
+}
+
+static int dispatch(int argc, char **argv) {
+    if (argc < 2)
+        return usage_error(usage_main, "%s", "missing COMMAND");
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        /* `ebb help plan`, as git: that command's help */
+        if (argc > 3)
+            return usage_error(usage_main, "%s", "help takes one COMMAND");
+        const command *c = argc == 3 ? find_command(argv[2]) : NULL;
+        if (argc == 3 && !c)
+            return usage_error(usage_main, "unknown command '%s'", argv[2]);
+        fputs(c ? c->usage : usage_main, stdout);
         return 0;
     }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) {
+        if (argc > 2)
+            return usage_error(usage_main, "unexpected argument %s", argv[2]);
+        return print_version();
+    }
+    const command *c = find_command(cmd);
+    if (!c)
+        return usage_error(usage_main, cmd[0] == '-' ? "unknown option %s" : "unknown command '%s'",
+                           cmd);
+    if (ebb_init() != EBB_OK) {
+        fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+        return EXIT_RUNTIME;
+    }
+    /* the command's name is argv[0] to its parser, as a program's own */
     if (!strcmp(cmd, "check"))
-        return cmd_check(argc - 2, argv + 2);
+        return cmd_check(argc - 1, argv + 1);
     if (!strcmp(cmd, "plan"))
-        return cmd_plan(argc - 2, argv + 2);
+        return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "run"))
-        return cmd_run(argc - 2, argv + 2);
-    if (!strcmp(cmd, "dot"))
-        return cmd_dot(argc - 2, argv + 2);
-    return usage_error(usage_main, "unknown command '%s'", cmd);
+        return cmd_run(argc - 1, argv + 1);
+    return cmd_dot(argc - 1, argv + 1);
+}
+
+int main(int argc, char **argv) {
+    /* EPIPE instead of death by SIGPIPE: a renderer (`dot -T...`) that exits
+     * early is an error to report, and a closed stdout is told apart at the
+     * end (finish_stdout) */
+    signal(SIGPIPE, SIG_IGN);
+    return finish_stdout(dispatch(argc, argv));
 }

@@ -78,9 +78,9 @@ def _owner(module, name):
 
 
 def state(module):
-    """The state_dict as ebb names it: PyTorch's names, minus
-    num_batches_tracked (training-only, not an ebb parameter)."""
-    return {k: v for k, v in module.state_dict().items() if not k.endswith("num_batches_tracked")}
+    """The state_dict as ebb names it: PyTorch's own names, num_batches_tracked
+    included (an int64 buffer in both)."""
+    return dict(module.state_dict())
 
 
 # ---- the reference models ---------------------------------------------------
