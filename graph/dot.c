@@ -251,15 +251,6 @@ void ebb_graph_write_dot(const ebb_graph *g, FILE *f) {
 
 /* ---- plan view ---------------------------------------------------------------- */
 
-static void human(char *buf, size_t n, int64_t b) {
-    if (b < 1024)
-        snprintf(buf, n, "%lld B", (long long)b);
-    else if (b < 1024 * 1024)
-        snprintf(buf, n, "%.1f KiB", (double)b / 1024.0);
-    else
-        snprintf(buf, n, "%.1f MiB", (double)b / 1048576.0);
-}
-
 void ebb_plan_write_dot(const ebb_plan *p, FILE *f) {
     if (!p || !f)
         return;
@@ -279,7 +270,7 @@ void ebb_plan_write_dot(const ebb_plan *p, FILE *f) {
         const ebb_plan_step *s = &p->steps[i].pub;
         char label[1024];
         size_t at = (size_t)snprintf(label, sizeof label, "%d: %s\n%s", i, s->op, s->node);
-        human(hb, sizeof hb, s->live_bytes);
+        ebb_bytes_str(s->live_bytes, hb, sizeof hb);
         at += (size_t)snprintf(label + at, sizeof label - at, "\nlive %s", hb);
         if (s->n_frees && at < sizeof label) {
             at += (size_t)snprintf(label + at, sizeof label - at, "\nfrees");
@@ -311,7 +302,7 @@ void ebb_plan_write_dot(const ebb_plan *p, FILE *f) {
             const ebb_plan_value *val = &p->values[v];
             ebb_plan_value_id(p, v, id, sizeof id);
             ebb_shape_str(&val->shape, sb, sizeof sb);
-            human(hb, sizeof hb, val->nbytes);
+            ebb_bytes_str(val->nbytes, hb, sizeof hb);
             if (val->producer < 0)
                 fprintf(f, "  v%d -> s%d [label=\"%s %s\"];\n", v, i, id, sb);
             else

@@ -69,17 +69,6 @@ static void slots_text(const ebb_plan *p, char *buf, size_t size, const int *slo
         snprintf(buf, size, "-");
 }
 
-static void human_bytes(char *buf, size_t size, int64_t b) {
-    if (b < 1024)
-        snprintf(buf, size, "%lld B", (long long)b);
-    else if (b < 1024 * 1024)
-        snprintf(buf, size, "%.1f KiB", (double)b / 1024.0);
-    else if (b < 1024LL * 1024 * 1024)
-        snprintf(buf, size, "%.1f MiB", (double)b / (1024.0 * 1024.0));
-    else
-        snprintf(buf, size, "%.2f GiB", (double)b / (1024.0 * 1024.0 * 1024.0));
-}
-
 void ebb_plan_print(const ebb_plan *p, FILE *f) {
     if (!p || !f)
         return;
@@ -123,9 +112,9 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
         param_bytes += ebb_shape_numel(&p->params[i].spec.shape) *
                        (int64_t)ebb_dtype_size(p->params[i].spec.counter ? EBB_INT64 : p->dtype);
     char pb[32], peak[32], keep[32];
-    human_bytes(pb, sizeof pb, param_bytes);
-    human_bytes(peak, sizeof peak, p->peak_bytes);
-    human_bytes(keep, sizeof keep, p->keep_all_peak_bytes);
+    ebb_bytes_str(param_bytes, pb, sizeof pb);
+    ebb_bytes_str(p->peak_bytes, peak, sizeof peak);
+    ebb_bytes_str(p->keep_all_peak_bytes, keep, sizeof keep);
     fprintf(f, "%d steps, %d values, %d parameter tensors (%s)\n", p->n_steps, p->n_values,
             p->n_params, pb);
     int n_in_place = 0;

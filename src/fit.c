@@ -201,17 +201,6 @@ static void consider(ebb_fit *fit, int64_t avail, const char *name) {
     }
 }
 
-static void human(char *buf, size_t n, int64_t b) {
-    if (b < 1024)
-        snprintf(buf, n, "%lld B", (long long)b);
-    else if (b < 1048576)
-        snprintf(buf, n, "%.1f KiB", (double)b / 1024.0);
-    else if (b < 1073741824LL)
-        snprintf(buf, n, "%.1f MiB", (double)b / 1048576.0);
-    else
-        snprintf(buf, n, "%.1f GiB", (double)b / 1073741824.0);
-}
-
 ebb_status ebb_plan_check_fits(const ebb_plan *plan, ebb_device device, const ebb_model *model,
                                int64_t input_bytes, ebb_fit *out) {
     ebb_fit fit = {.peak_step = -1, .available_bytes = -1};
@@ -262,12 +251,12 @@ ebb_status ebb_plan_check_fits(const ebb_plan *plan, ebb_device device, const eb
     if (fit.available_bytes < 0 || fit.needed_bytes <= fit.available_bytes)
         return EBB_OK;
     char need[32], have[32], peak[32], params[32], extra[32], reserve[32];
-    human(need, sizeof need, fit.needed_bytes);
-    human(have, sizeof have, fit.available_bytes);
-    human(peak, sizeof peak, fit.peak_bytes);
-    human(params, sizeof params, fit.param_bytes);
-    human(extra, sizeof extra, fit.input_bytes);
-    human(reserve, sizeof reserve, fit.reserve_bytes);
+    ebb_bytes_str(fit.needed_bytes, need, sizeof need);
+    ebb_bytes_str(fit.available_bytes, have, sizeof have);
+    ebb_bytes_str(fit.peak_bytes, peak, sizeof peak);
+    ebb_bytes_str(fit.param_bytes, params, sizeof params);
+    ebb_bytes_str(fit.input_bytes, extra, sizeof extra);
+    ebb_bytes_str(fit.reserve_bytes, reserve, sizeof reserve);
     const ebb_plan_step *s = fit.peak_step >= 0 ? ebb_plan_step_at(plan, fit.peak_step) : NULL;
     return ebb_error_set(EBB_ERR_NOMEM,
                          "plan %s needs %s at step %d (%s), this process can get %s (%s): "

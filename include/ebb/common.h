@@ -141,6 +141,9 @@ EBB_API ebb_device ebb_device_default(void);
 EBB_API ebb_status ebb_device_parse(ebb_device *out, const char *text);
 /* Writes "cpu" or "cuda:N" into buf (always NUL-terminated); returns buf. */
 EBB_API const char *ebb_device_str(ebb_device device, char *buf, size_t size);
+/* Writes a byte count for people into buf ("512 B", "8.0 KiB", "1.4 MiB",
+ * "2.25 GiB"; always NUL-terminated unless size is 0); returns buf. */
+EBB_API const char *ebb_bytes_str(int64_t bytes, char *buf, size_t size);
 /* Waits for all queued work on the device (a no-op on CPU). Call it before
  * reading a clock. */
 EBB_API ebb_status ebb_device_synchronize(ebb_device device);

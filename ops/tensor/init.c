@@ -114,6 +114,20 @@ ebb_status ebb_device_parse(ebb_device *out, const char *text) {
     return ebb_error_set(EBB_ERR_ARG, "bad device '%s' (expected cpu, cuda or cuda:N)", text);
 }
 
+const char *ebb_bytes_str(int64_t b, char *buf, size_t size) {
+    if (!buf || size == 0)
+        return buf;
+    if (b < 1024)
+        snprintf(buf, size, "%lld B", (long long)b);
+    else if (b < 1024 * 1024)
+        snprintf(buf, size, "%.1f KiB", (double)b / 1024.0);
+    else if (b < 1024LL * 1024 * 1024)
+        snprintf(buf, size, "%.1f MiB", (double)b / (1024.0 * 1024.0));
+    else
+        snprintf(buf, size, "%.2f GiB", (double)b / (1024.0 * 1024.0 * 1024.0));
+    return buf;
+}
+
 const char *ebb_device_str(ebb_device device, char *buf, size_t size) {
     switch (device.type) {
     case EBB_DEVICE_CPU: snprintf(buf, size, "cpu"); break;

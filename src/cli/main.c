@@ -755,17 +755,6 @@ static int64_t param_elements(const ebb_plan *p) {
     return n;
 }
 
-static void human(char *buf, size_t n, int64_t b) {
-    if (b < 1024)
-        snprintf(buf, n, "%lld B", (long long)b);
-    else if (b < 1048576)
-        snprintf(buf, n, "%.1f KiB", (double)b / 1024.0);
-    else if (b < 1073741824LL)
-        snprintf(buf, n, "%.1f MiB", (double)b / 1048576.0);
-    else
-        snprintf(buf, n, "%.2f GiB", (double)b / 1073741824.0);
-}
-
 /* ---- check --------------------------------------------------------------- */
 
 static int cmd_check(int argc, char **argv) {
@@ -804,7 +793,7 @@ static void memory_chart(const ebb_plan *p) {
         const ebb_plan_step *s = ebb_plan_step_at(p, i);
         int width = peak > 0 ? (int)((50.0 * (double)s->peak_bytes) / (double)peak + 0.5) : 0;
         char hb[32];
-        human(hb, sizeof hb, s->peak_bytes);
+        ebb_bytes_str(s->peak_bytes, hb, sizeof hb);
         printf("%4d %-10.10s |", i, s->op);
         for (int k = 0; k < width; k++)
             fputs(i == at ? "#" : "=", stdout);
@@ -1248,9 +1237,9 @@ static int cmd_run(int argc, char **argv) {
         print_summary(ebb_plan_output_name(p, k), outputs[k]);
     qsort(times, (size_t)o.repeat, sizeof *times, cmp_double);
     char mb[32], pb[32], kb[32], dn[32];
-    human(mb, sizeof mb, peak);
-    human(pb, sizeof pb, ebb_plan_device_peak_bytes(p, dev));
-    human(kb, sizeof kb, ebb_plan_keep_all_peak_bytes(p));
+    ebb_bytes_str(peak, mb, sizeof mb);
+    ebb_bytes_str(ebb_plan_device_peak_bytes(p, dev), pb, sizeof pb);
+    ebb_bytes_str(ebb_plan_keep_all_peak_bytes(p), kb, sizeof kb);
     int bound = ebb_plan_peak_is_bound(p);
     printf("peak intermediate bytes: measured %lld (%s), planned %lld (%s, %s), keep_all %lld "
            "(%s)\n",
