@@ -511,6 +511,8 @@ ebb_status ebb_tensor_batch_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad
     return EBB_OK;
 }
 
+} // extern "C"
+
 namespace {
 // N, C and H*W of a group norm input [N, C, *].
 std::array<int64_t, 3> group_dims(const at::Tensor &x, int64_t groups) {
@@ -521,6 +523,8 @@ std::array<int64_t, 3> group_dims(const at::Tensor &x, int64_t groups) {
     return {n, c, n * c == 0 ? 0 : x.numel() / (n * c)};
 }
 } // namespace
+
+extern "C" {
 
 ebb_status ebb_tensor_group_norm_train(ebb_tensor **out, ebb_tensor **mean, ebb_tensor **rstd,
                                        const ebb_tensor *x, int64_t num_groups,
@@ -741,6 +745,8 @@ ebb_status ebb_tensor_embedding_backward(ebb_tensor **grad_weight, const ebb_ten
 
 /* ---- attention ------------------------------------------------------------------ */
 
+} // extern "C"
+
 namespace {
 
 // [B, T, H*D] <-> [B, H, T, D]
@@ -753,6 +759,8 @@ at::Tensor merge_heads(const at::Tensor &x) {
 }
 
 } // namespace
+
+extern "C" {
 
 ebb_status ebb_tensor_multi_head_attention_backward(
     ebb_tensor **grad_in, ebb_tensor **grad_params, const ebb_tensor *grad, ebb_tensor *const *in,

@@ -549,6 +549,8 @@ ebb_status ebb_tensor_affine(ebb_tensor **out, const ebb_tensor *x, double scale
     return EBB_OK;
 }
 
+} // extern "C"
+
 namespace {
 
 // t *= v and t += v in place. The Scalar overloads wrap v in a CPU tensor,
@@ -574,6 +576,8 @@ void add_scalar_(at::Tensor &t, double v) {
 
 } // namespace
 
+extern "C" {
+
 ebb_status ebb_tensor_affine_(ebb_tensor *x, double scale, double shift) {
     EBB_NEED("ebb_tensor_affine_", x);
     EBB_TRY("ebb_tensor_affine_", {
@@ -590,6 +594,8 @@ ebb_status ebb_tensor_affine_(ebb_tensor *x, double scale, double shift) {
     })
     return EBB_OK;
 }
+
+} // extern "C"
 
 namespace {
 
@@ -648,6 +654,8 @@ at::Tensor fold_into_new(ebb_binary_op op, ebb_tensor *const *xs, int n, bool fl
 }
 
 } // namespace
+
+extern "C" {
 
 ebb_status ebb_tensor_fold(ebb_tensor **out, ebb_binary_op op, ebb_tensor *const *xs, int n) {
     EBB_OUT("ebb_tensor_fold", out);

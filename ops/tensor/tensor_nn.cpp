@@ -473,6 +473,8 @@ ebb_status ebb_tensor_attention(ebb_tensor **out, const ebb_tensor *q, const ebb
 
 /* ---- recurrent cells ------------------------------------------------------ */
 
+} // extern "C"
+
 namespace {
 
 // Checks x [B, I], h [B, H], w_ih [G*H, I], w_hh [G*H, H], biases [G*H].
@@ -500,6 +502,8 @@ ebb_status check_cell(const char *fn, int gates, const ebb_tensor *x, const ebb_
 }
 
 } // namespace
+
+extern "C" {
 
 ebb_status ebb_tensor_gru_cell(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *h,
                                const ebb_tensor *w_ih, const ebb_tensor *w_hh,
