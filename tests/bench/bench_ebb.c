@@ -167,9 +167,16 @@ ebb_shape bench_ebb_param_shape(const bench_ebb *b, int i) {
     return ebb_tensor_shape(ebb_model_param(b->model, bench_ebb_param_name(b, i)));
 }
 
+/* As float32 whatever the parameter's dtype (batch_norm's num_batches_tracked
+ * is an int64 count). */
 ebb_status bench_ebb_param_host(const bench_ebb *b, int i, float *dst, size_t n) {
-    return ebb_tensor_to_host(ebb_model_param(b->model, bench_ebb_param_name(b, i)), dst,
-                              n * sizeof(float));
+    ebb_tensor *f = NULL;
+    ebb_status st = ebb_tensor_to(&f, ebb_model_param(b->model, bench_ebb_param_name(b, i)),
+                                  ebb_device_cpu(), EBB_FLOAT32);
+    if (st == EBB_OK)
+        st = ebb_tensor_to_host(f, dst, n * sizeof(float));
+    ebb_tensor_free(f);
+    return st;
 }
 
 ebb_shape bench_ebb_input_shape(const bench_ebb *b) { return b->xs; }

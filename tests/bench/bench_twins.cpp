@@ -247,6 +247,7 @@ Forward convnet(Cursor &c) {
         s.bb = c.next("bias");
         s.rm = c.next("running_mean");
         s.rv = c.next("running_var");
+        c.next("num_batches_tracked"); // counted in training only
         s.pool = i < 2;
         stages.push_back(s);
     }

@@ -170,7 +170,8 @@ class ConvNet(nn.Module):
         ps = []
         for i in (0, 4, 8):
             conv, bn = self.net[i], self.net[i + 1]
-            ps += _lin(conv) + [bn.weight, bn.bias, bn.running_mean, bn.running_var]
+            ps += _lin(conv) + [bn.weight, bn.bias, bn.running_mean, bn.running_var,
+                                   bn.num_batches_tracked]
         return ps + _lin(self.net[13])
 
 
