@@ -98,10 +98,8 @@ static ebb_status average_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_t
     (void)gp;
     ebb_tensor *scaled = NULL;
     ebb_status st = ebb_tensor_affine(&scaled, c->grad_out, 1.0 / c->n_in, 0.0);
-    for (int i = 0; st == EBB_OK && i < c->n_in; i++) {
-        ebb_shape s = ebb_tensor_shape(c->in[i]);
-        st = ebb_tensor_sum_to(&gin[i], scaled, &s);
-    }
+    for (int i = 0; st == EBB_OK && i < c->n_in; i++)
+        st = ebb_tensor_sum_to(&gin[i], scaled, &c->in_shapes[i]);
     ebb_tensor_free(scaled);
     if (st != EBB_OK)
         for (int i = 0; i < c->n_in; i++) {
@@ -118,7 +116,7 @@ static ebb_status cat_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tenso
     int64_t dim = 0, at = 0;
     ebb_status st = ebb_ops_check_dim("cat", c->attrs[0].i, &g, &dim);
     for (int i = 0; st == EBB_OK && i < c->n_in; i++) {
-        ebb_shape s = ebb_tensor_shape(c->in[i]);
+        ebb_shape s = c->in_shapes[i];
         if (s.ndim != g.ndim)
             st = ebb_error_set(EBB_ERR_SHAPE, "cat backward: input %d has %d dims, the gradient %d",
                                i, s.ndim, g.ndim);
@@ -160,12 +158,11 @@ static const ebb_op_grad add_grad = {.backward = add_bwd, .saves_inputs = ALL_IN
                                      .differentiable = ALL_INPUTS};
 static const ebb_op_grad mul_grad = {.backward = mul_bwd, .saves_inputs = ALL_INPUTS,
                                      .differentiable = ALL_INPUTS};
-static const ebb_op_grad average_grad = {.backward = average_bwd, .saves_inputs = ALL_INPUTS,
-                                         .differentiable = ALL_INPUTS};
+/* average and cat read only their inputs' shapes (ebb_op_grad_call.in_shapes) */
+static const ebb_op_grad average_grad = {.backward = average_bwd, .differentiable = ALL_INPUTS};
 static const ebb_op_grad max_grad = {.backward = max_bwd, .saves_inputs = ALL_INPUTS,
                                      .differentiable = ALL_INPUTS};
-static const ebb_op_grad cat_grad = {.backward = cat_bwd, .saves_inputs = ALL_INPUTS,
-                                     .differentiable = ALL_INPUTS};
+static const ebb_op_grad cat_grad = {.backward = cat_bwd, .differentiable = ALL_INPUTS};
 static const ebb_op_grad stack_grad = {.backward = stack_bwd, .differentiable = ALL_INPUTS};
 
 static const ebb_attr_spec dim_attr[] = {

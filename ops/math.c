@@ -121,12 +121,12 @@ static ebb_status scale_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_ten
 }
 static const ebb_op_grad scale_grad = {.backward = scale_bwd, .differentiable = 1u};
 
-/* The input is saved for its shape only: the gradient is grad_out spread
- * back over the reduced dims. */
+/* The gradient is grad_out spread back over the reduced dims: only the
+ * input's shape is needed, so the input is not saved. */
 static ebb_status reduce_bwd(const ebb_op_grad_call *c, bool mean, ebb_tensor **gin) {
     int64_t dims[EBB_MAX_DIMS];
     int n = 0;
-    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    ebb_shape x = c->in_shapes[0];
     ebb_status st = reduced_dims(c->op->name, c->attrs, &x, dims, &n);
     if (st != EBB_OK)
         return st;
@@ -142,10 +142,8 @@ static ebb_status sum_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tenso
     (void)gp;
     return reduce_bwd(c, false, gin);
 }
-static const ebb_op_grad mean_grad = {.backward = mean_bwd, .saves_inputs = 1u,
-                                      .differentiable = 1u};
-static const ebb_op_grad sum_grad = {.backward = sum_bwd, .saves_inputs = 1u,
-                                     .differentiable = 1u};
+static const ebb_op_grad mean_grad = {.backward = mean_bwd, .differentiable = 1u};
+static const ebb_op_grad sum_grad = {.backward = sum_bwd, .differentiable = 1u};
 
 const ebb_op ebb_ops_math[] = {
     {.name = "scale", .min_inputs = 1, .max_inputs = 1, .attrs = scale_attrs,

@@ -219,8 +219,7 @@ static ebb_status squeeze_fwd(const ebb_op_call *c, ebb_tensor **out) {
 
 static ebb_status as_input_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
     (void)gp;
-    ebb_shape x = ebb_tensor_shape(c->in[0]);
-    return ebb_tensor_reshape(&gin[0], c->grad_out, &x);
+    return ebb_tensor_reshape(&gin[0], c->grad_out, &c->in_shapes[0]);
 }
 
 static ebb_status permute_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
@@ -260,8 +259,8 @@ static ebb_status unsqueeze_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb
     return st == EBB_OK ? ebb_tensor_squeeze(&gin[0], c->grad_out, d) : st;
 }
 
-static const ebb_op_grad as_input_grad = {.backward = as_input_bwd, .saves_inputs = 1u,
-                                          .differentiable = 1u};
+/* reshape, flatten, squeeze: the input's shape is all the backward needs */
+static const ebb_op_grad as_input_grad = {.backward = as_input_bwd, .differentiable = 1u};
 static const ebb_op_grad permute_grad = {.backward = permute_bwd, .differentiable = 1u};
 static const ebb_op_grad transpose_grad = {.backward = transpose_bwd, .differentiable = 1u};
 static const ebb_op_grad unsqueeze_grad = {.backward = unsqueeze_bwd, .differentiable = 1u};
