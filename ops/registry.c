@@ -18,6 +18,16 @@ ebb_status ebb_op_register(const ebb_op *op) {
     if (op->n_attrs < 0 || op->n_attrs > EBB_MAX_ATTRS || (op->n_attrs && !op->attrs))
         return ebb_error_set(EBB_ERR_ARG, "ebb_op_register: op '%s' has %d attributes (at most %d)",
                              op->name, op->n_attrs, EBB_MAX_ATTRS);
+    if (op->grad && !op->grad->backward)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_op_register: op '%s' has a backward rule without a "
+                                          "backward function",
+                             op->name);
+    if (op->grad && (op->grad->n_saved < 0 || op->grad->n_saved > EBB_MAX_SAVED ||
+                     (op->grad->n_saved > 0 && !op->grad->forward_train)))
+        return ebb_error_set(EBB_ERR_ARG,
+                             "ebb_op_register: op '%s' saves %d extras; extras (at most %d) come "
+                             "from a forward_train function",
+                             op->name, op->grad->n_saved, EBB_MAX_SAVED);
     if (ebb_op_find(op->name))
         return ebb_error_set(EBB_ERR_ARG, "ebb_op_register: an op named '%s' is already registered",
                              op->name);

@@ -658,6 +658,33 @@ static void test_autograd_switch_is_scoped(void **state) {
     ebb_tensor_free(y);
 }
 
+/* A user's op registers with a rule only if the rule is complete. */
+static ebb_status ident_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    return ebb_tensor_ref(out, c->in[0]);
+}
+
+static ebb_status ident_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    return ebb_tensor_ref(&gin[0], c->grad_out);
+}
+
+static void test_register_checks_rules(void **state) {
+    (void)state;
+    static const ebb_op_grad no_backward = {.differentiable = 1u};
+    static const ebb_op bad1 = {.name = "test_rule_no_backward", .min_inputs = 1,
+                                .max_inputs = 1, .forward = ident_fwd, .grad = &no_backward};
+    assert_int_equal(ebb_op_register(&bad1), EBB_ERR_ARG);
+    assert_errmsg_contains("'test_rule_no_backward' has a backward rule without a backward");
+    assert_null(ebb_op_find("test_rule_no_backward"));
+    /* extras come from a training forward, which this rule lacks */
+    static const ebb_op_grad extras = {.backward = ident_bwd, .n_saved = 1, .differentiable = 1u};
+    static const ebb_op bad2 = {.name = "test_rule_extras", .min_inputs = 1, .max_inputs = 1,
+                                .forward = ident_fwd, .grad = &extras};
+    assert_int_equal(ebb_op_register(&bad2), EBB_ERR_ARG);
+    assert_errmsg_contains("extras (at most 4) come from a forward_train function");
+    assert_null(ebb_op_find("test_rule_extras"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_every_op_has_rule_and_cases),
@@ -666,6 +693,7 @@ int main(void) {
         EBB_TEST(test_rules_refuse_bad_shapes),
         EBB_TEST(test_dropout_train_is_seeded),
         EBB_TEST(test_autograd_switch_is_scoped),
+        EBB_TEST(test_register_checks_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

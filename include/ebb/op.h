@@ -238,9 +238,11 @@ struct ebb_op {
 };
 
 /* Adds an op to the process-wide registry. The descriptor (and its strings)
- * must outlive the process's use of ebb. Fails if the name is taken or the
- * descriptor is incomplete. Not thread-safe with concurrent lookups: register
- * ops at start-up, after ebb_init(). */
+ * must outlive the process's use of ebb. Fails (EBB_ERR_ARG) if the name is
+ * taken or the descriptor is incomplete: no forward, bad input counts, a
+ * backward rule without a backward function, or extras (n_saved) without a
+ * forward_train to make them. Not thread-safe with concurrent lookups:
+ * register ops at start-up, after ebb_init(). */
 EBB_API ebb_status ebb_op_register(const ebb_op *op);
 
 /* The op registered under `name`, or NULL (also for a NULL name). */
