@@ -29,6 +29,7 @@
 
 #include "ebb/safetensors.h"
 #include "ebb/spec.h"
+#include "test_mounts.h"
 #include "test_util.h"
 
 extern char **environ;
@@ -2135,28 +2136,7 @@ static char hook_dir[PATH_MAX]; /* what mount_readonly() mounts over */
 /* A read-only filesystem at hook_dir, in a mount namespace of the child's
  * own (root or a user namespace); non-zero when that cannot be done. */
 static int mount_readonly(void) {
-    uid_t uid = geteuid();
-    gid_t gid = getegid();
-    if (uid == 0 ? unshare(CLONE_NEWNS) != 0 : unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0)
-        return -1;
-    if (uid != 0) {
-        static const char *const files[] = {"/proc/self/setgroups", "/proc/self/uid_map",
-                                            "/proc/self/gid_map"};
-        char text[3][64];
-        snprintf(text[0], sizeof text[0], "deny");
-        snprintf(text[1], sizeof text[1], "0 %u 1", (unsigned)uid);
-        snprintf(text[2], sizeof text[2], "0 %u 1", (unsigned)gid);
-        for (int i = 0; i < 3; i++) {
-            int fd = open(files[i], O_WRONLY);
-            ssize_t len = (ssize_t)strlen(text[i]);
-            int ok = fd >= 0 && write(fd, text[i], (size_t)len) == len;
-            if (fd >= 0)
-                close(fd);
-            if (!ok && i > 0)
-                return -1;
-        }
-    }
-    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+    if (ebb_test_private_mounts() != 0)
         return -1;
     return mount("tmpfs", hook_dir, "tmpfs", MS_RDONLY, "size=64k");
 }
