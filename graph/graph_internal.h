@@ -69,6 +69,10 @@ struct ebb_graph {
     name_list inputs;
     char *final_name;  /* name of the final stream's output */
     name_list outputs; /* extra outputs: tags */
+    name_list targets; /* training targets (ebb_target), bound after the inputs */
+    const ebb_op *loss; /* the declared loss (ebb_loss), or NULL */
+    ebb_attr_value loss_attrs[EBB_MAX_ATTRS]; /* resolved, schema order */
+    char *loss_attr_text; /* owns the loss's STRING attribute values */
     graph_step *steps;
     int n_steps;
     int is_subflow;
@@ -77,6 +81,12 @@ struct ebb_graph {
 };
 
 const char *ebb_graph_step_kind_name(step_kind k);
+/* Resolves "key=value, ..." attribute text (NULL: none) against op's schema
+ * into out[0..op->n_attrs), defaults filled, as ebb_node_op() does. STRING
+ * values point into *owned (a copy of the text the caller frees; NULL when
+ * there is none). On error returns a status with ebb_error_set() naming the
+ * op and the attribute, *owned NULL. (graph/builder.c) */
+ebb_status ebb_attrs_resolve(const ebb_op *op, const char *text, ebb_attr_value *out, char **owned);
 /* The rule for node names: letters, digits, '_', '-' and inner dots, not
  * starting with a digit (the builder's, and the YAML loader's). */
 int ebb_graph_valid_node_name(const char *s);

@@ -11,6 +11,7 @@
  *   plan.h    compiling graphs to static plans; reading plans
  *   run.h     models (parameters) and running plans
  *   optim.h   optimizers (SGD, Adam, AdamW) and their saved state
+ *   train.h   training steps: forward, loss, backward and update as one plan
  *   spec.h    graphs declared in YAML
  *   safetensors.h  weights and tensors in the safetensors format
  */
@@ -27,5 +28,6 @@
 #include "safetensors.h"
 #include "spec.h"
 #include "tensor.h"
+#include "train.h"
 
 #endif

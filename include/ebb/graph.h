@@ -159,6 +159,20 @@ EBB_API void ebb_output(ebb_builder *b, const char *tag);
 /* Names the final stream's output ("y" by default). */
 EBB_API void ebb_output_final(ebb_builder *b, const char *name);
 
+/* Declares a training target, in order (a class index or a regression
+ * target that the loss compares the final stream with). Targets are not
+ * inputs of the forward: only a training compile binds them, after the
+ * inputs. A NULL, invalid or duplicate name (inputs included) is a builder
+ * error. */
+EBB_API void ebb_target(ebb_builder *b, const char *name);
+/* Declares the graph's loss: `op` is a loss op of the registry
+ * ("cross_entropy", "mse", "bce_with_logits", "nll"), applied to the final
+ * stream and the targets in order; `attrs` as for ebb_node_op()
+ * ("label_smoothing=0.1") or NULL. At most once; an unknown op or bad
+ * attribute is a builder error. A training compile uses it unless its
+ * options name another loss. */
+EBB_API void ebb_loss(ebb_builder *b, const char *op, const char *attrs);
+
 /* Starts the flow: n receives the graph's first input. Only once, and not in
  * a sub-flow. NULL n is a builder error. */
 EBB_API void ebb_from(ebb_builder *b, ebb_node *n);
@@ -222,6 +236,13 @@ EBB_API int ebb_graph_output_count(const ebb_graph *g);
 /* Name of output i (0 is the final stream), owned by the graph. NULL g or i
  * out of range: NULL. */
 EBB_API const char *ebb_graph_output_name(const ebb_graph *g, int i);
+/* Number of declared training targets. NULL g: 0. */
+EBB_API int ebb_graph_target_count(const ebb_graph *g);
+/* Name of target i, owned by the graph. NULL g or i out of range: NULL. */
+EBB_API const char *ebb_graph_target_name(const ebb_graph *g, int i);
+/* The declared loss op's name, or NULL when the graph declares none (also
+ * for NULL g). */
+EBB_API const char *ebb_graph_loss(const ebb_graph *g);
 /* Number of steps of the top-level flow. NULL g: 0. */
 EBB_API int ebb_graph_step_count(const ebb_graph *g);
 /* Writes the graph as Graphviz DOT: split/merge fan out and in, gate and

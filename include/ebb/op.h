@@ -205,6 +205,14 @@ typedef struct ebb_op_grad {
     int saves_output;        /* the backward reads the output */
     int n_saved;             /* extras forward_train makes (at most EBB_MAX_SAVED) */
     uint32_t differentiable; /* bit i: input i gets a gradient (not integer indices) */
+    /* Bytes of scratch the backward allocates and releases inside one call,
+     * beyond the gradients it returns (the forward's ebb_op.workspace, for
+     * the backward): a training plan adds them to the backward step's peak.
+     * `in_shapes` and `dtype` are the forward's inputs'. NULL: none. */
+    ebb_op_workspace_fn workspace;
+    /* Set when `workspace` can only bound the backward's scratch (a kernel
+     * chosen per machine): the training plan's peak is then a bound. */
+    int workspace_is_bound;
 } ebb_op_grad;
 
 #define EBB_MAX_SAVED 4

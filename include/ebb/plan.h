@@ -40,6 +40,7 @@
 #include <stdio.h>
 
 #include "graph.h"
+#include "optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -47,12 +48,35 @@ extern "C" {
 
 typedef struct ebb_plan ebb_plan;
 
+/* A training step: what ebb_compile() appends to the forward when
+ * ebb_compile_options.train is set (see ebb/train.h). */
+typedef struct ebb_train_options {
+    const ebb_shape *target_shapes; /* one per declared target, in order (required) */
+    int n_target_shapes;
+    const ebb_dtype *target_dtypes; /* per target (int64 class indices), or NULL: `dtype` */
+    const char *loss;       /* a loss op's name; NULL: the graph's (ebb_loss, `loss:`) */
+    const char *loss_attrs; /* with `loss`: its attributes ("label_smoothing=0.1"), or NULL */
+    /* The parameters trained: full names ("fc1.weight") or node names ("fc1",
+     * all of its parameters); NULL: every parameter that is not a buffer.
+     * A name that matches nothing is an error. */
+    const char *const *trained;
+    int n_trained;
+    /* What the update steps will run, so the plan counts their scratch
+     * exactly; ebb_train_step() refuses an optimizer of another kind or
+     * with another momentum / nesterov / weight-decay shape. */
+    ebb_optimizer_options optimizer;
+    /* No update steps: the gradients become plan outputs, one per trained
+     * parameter, for ebb_grad(). */
+    int grads_only;
+} ebb_train_options;
+
 typedef struct ebb_compile_options {
     const ebb_shape *input_shapes; /* one per graph input, in order (required) */
     int n_input_shapes;
     ebb_dtype dtype;               /* of parameters, and of inputs unless given; 0 is float32 */
     const ebb_dtype *input_dtypes; /* per input (e.g. int64 indices), or NULL: `dtype` */
     int keep_all;                  /* free nothing until the run ends (to compare) */
+    const ebb_train_options *train; /* NULL: an inference plan; else a training step */
 } ebb_compile_options;
 
 /* Compiles `g` for the given input shapes. Shapes are propagated through
@@ -60,7 +84,7 @@ typedef struct ebb_compile_options {
  * function: no activation is allocated), so shape errors surface here,
  * naming the node. On success *out is a new plan (free with ebb_plan_free). */
 EBB_API ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts);
-/* Frees a plan from ebb_compile() or ebb_compile_training(); NULL is allowed.
+/* Frees a plan from ebb_compile(); NULL is allowed.
  * Pointers from the getters below die with it. */
 EBB_API void ebb_plan_free(ebb_plan *p);
 
@@ -73,7 +97,18 @@ typedef enum ebb_step_kind {
     EBB_STEP_LOOP_INIT, /* counter := 0; jumps past the loop when its limit is 0 */
     EBB_STEP_LOOP_NEXT, /* counter += 1; jumps back while counter < limit */
     EBB_STEP_JUMP_IF,   /* jumps when (mean(in) > 0) == sense */
+    EBB_STEP_BACKWARD,  /* (saved..., grad_out) -> gradients of an op's inputs and parameters */
+    EBB_STEP_ACCUM,     /* out = a + b: a second gradient reaching the same value */
+    EBB_STEP_UPDATE,    /* the optimizer updates one parameter from its gradient */
 } ebb_step_kind;
+
+/* Which part of a training step a step belongs to (inference: all forward). */
+typedef enum ebb_step_phase {
+    EBB_PHASE_FORWARD,
+    EBB_PHASE_LOSS,
+    EBB_PHASE_BACKWARD,
+    EBB_PHASE_UPDATE,
+} ebb_step_phase;
 
 typedef enum ebb_route_mode {
     EBB_ROUTE_SWITCH, /* table: int64 [B], the branch of each row */
@@ -98,6 +133,8 @@ typedef struct ebb_plan_step {
     int64_t live_bytes; /* predicted live intermediate bytes after the step */
     int64_t peak_bytes; /* predicted live bytes during the step: before its frees,
                            with the op's internal scratch (ebb_op.workspace) */
+    ebb_step_phase phase;
+    int param;          /* UPDATE: the parameter it updates; else -1 */
 } ebb_plan_step;
 
 typedef enum ebb_value_kind {

@@ -140,6 +140,7 @@ typedef struct ebb_run_options {
     void *trace_user;
     int check_fits;     /* refuse, before any step, a run that ebb_plan_check_fits()
                            says cannot fit (EBB_ERR_NOMEM) */
+    uint64_t seed;      /* training plans: the seed dropout's masks are drawn from */
 } ebb_run_options;
 
 /* Runs the plan. `inputs` holds one tensor per graph input (borrowed; never

@@ -1,0 +1,105 @@
+/*
+ * ebb/train.h - training steps: forward, loss, backward and update as one
+ * static plan.
+ *
+ * A training compile (ebb_compile_options.train) appends to the forward the
+ * loss, one backward step per op in reverse order (each op's backward rule,
+ * ebb/op.h), a sum wherever a value's gradient arrives from several readers,
+ * and one update step per trained parameter. One liveness analysis covers it
+ * all: an activation the backward needs is an ordinary plan value that lives
+ * until its last backward read, everything else dies in the forward, and
+ * the step's peak is predicted before it runs, like any plan's.
+ *
+ *     ebb_shape x = EBB_SHAPE(32, 784), y = EBB_SHAPE(32);
+ *     ebb_dtype y_dtype = EBB_INT64;
+ *     ebb_train_options t = {.target_shapes = &y, .n_target_shapes = 1,
+ *                            .target_dtypes = &y_dtype, .loss = "cross_entropy",
+ *                            .optimizer = {.kind = EBB_ADAMW, .lr = 1e-3}};
+ *     ebb_compile_options o = {.input_shapes = &x, .n_input_shapes = 1, .train = &t};
+ *     ebb_plan *plan = NULL;
+ *     ebb_compile(&plan, graph, &o);                  // ebb_plan_print(): the whole step
+ *     ebb_model *model = NULL;
+ *     ebb_model_new(&model, plan, ebb_device_cpu(), 42);
+ *     ebb_optimizer *opt = NULL;
+ *     ebb_optimizer_new(&opt, model, &t.optimizer);
+ *     for (...) {
+ *         double loss;
+ *         if (ebb_train_step(plan, model, opt, &images, &labels, &loss, NULL) != EBB_OK)
+ *             ... ebb_errmsg() ...                    // the model is as it was
+ *     }
+ *     ebb_optimizer_free(opt);
+ *     ebb_model_free(model);
+ *
+ * The steps of a training plan carry their phase (ebb_plan_step.phase):
+ * forward, loss, backward, update. Backward steps are listed as
+ * "<op>.backward" under the forward node's path.
+ *
+ * What a failed step leaves: every intermediate is freed, and the update
+ * steps come after the whole backward, so an error in the forward, the loss
+ * or the backward leaves the parameters and the optimizer state unchanged;
+ * batch_norm's running statistics, which its training forward updates, are
+ * restored too.
+ *
+ * Not yet trainable: plans that route rows (switch, top-k gate) or loop
+ * (for, while, until) are refused by ebb_compile() with EBB_ERR_UNSUPPORTED
+ * naming the node. Dense gates, split/merge, also, tag/using, repeat and
+ * nested flows train.
+ */
+#ifndef EBB_TRAIN_H
+#define EBB_TRAIN_H
+
+#include "optim.h"
+#include "run.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Non-zero for a plan compiled with ebb_compile_options.train. NULL p: 0. */
+EBB_API int ebb_plan_is_training(const ebb_plan *p);
+/* Number of targets a training plan binds after its inputs (ebb_run's
+ * inputs do not include them). NULL p or an inference plan: 0. */
+EBB_API int ebb_plan_target_count(const ebb_plan *p);
+/* Non-zero when parameter i (the plan's order) gets a gradient in this
+ * training plan. NULL p, i out of range or an inference plan: 0. */
+EBB_API int ebb_plan_param_trained(const ebb_plan *p, int i);
+
+/* One training step: runs the plan's forward, loss and backward on `inputs`
+ * (one per graph input) and `targets` (one per target), then updates every
+ * trained parameter with `opt`. The plan must be a training plan with update
+ * steps (not grads_only), and `opt` an optimizer over `model` of the kind the
+ * plan was compiled for (its ebb_train_options.optimizer). *loss (may be
+ * NULL) receives the loss; `stats` (may be NULL) the measured and planned
+ * peak, as for ebb_run(). On failure nothing has changed (see the top of
+ * this file) and the message names the step and the node. */
+EBB_API ebb_status ebb_train_step(const ebb_plan *plan, ebb_model *model, ebb_optimizer *opt,
+                                  ebb_tensor *const *inputs, ebb_tensor *const *targets,
+                                  double *loss, ebb_run_stats *stats);
+/* ebb_train_step() with run options (NULL: none): a per-step trace, the
+ * check_fits refusal, and the seed of dropout's masks (each step of a run
+ * draws from the seed and its step index; ebb_train_step() uses the
+ * optimizer's step count, so every step draws new masks). */
+EBB_API ebb_status ebb_train_step_ex(const ebb_plan *plan, ebb_model *model, ebb_optimizer *opt,
+                                     ebb_tensor *const *inputs, ebb_tensor *const *targets,
+                                     double *loss, const ebb_run_options *opts,
+                                     ebb_run_stats *stats);
+
+/* The loss and the gradient of every trained parameter, updating nothing:
+ * `plan` must be compiled with ebb_train_options.grads_only. grads has
+ * ebb_model_param_count(model) entries; grads[i] receives a new handle on the
+ * gradient of parameter i, or NULL for a parameter that is not trained (a
+ * buffer, or one left out of ebb_train_options.trained). On failure every
+ * entry is NULL. */
+EBB_API ebb_status ebb_grad(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
+                            ebb_tensor *const *targets, double *loss, ebb_tensor **grads,
+                            ebb_run_stats *stats);
+/* ebb_grad() with run options (NULL: none), as ebb_train_step_ex(). */
+EBB_API ebb_status ebb_grad_ex(const ebb_plan *plan, const ebb_model *model,
+                               ebb_tensor *const *inputs, ebb_tensor *const *targets, double *loss,
+                               ebb_tensor **grads, const ebb_run_options *opts,
+                               ebb_run_stats *stats);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_TRAIN_H */
