@@ -105,6 +105,7 @@ plan_step *ebb_compiler_step_new(compiler *c, ebb_step_kind kind, const char *op
     s->pub.kind = kind;
     s->pub.op = op_name;
     s->pub.jump = -1;
+    s->pub.param = -1;
     s->pub.node = ebb_compiler_strdupf("%s", path);
     if (!s->pub.node) {
         ebb_compiler_oom(c);
@@ -161,12 +162,15 @@ void ebb_plan_free(ebb_plan *p) {
         free((int *)s->pub.out);
         free((int *)s->pub.frees);
         free((int *)s->pub.jump_frees);
+        free(s->op_owned);
     }
     free(p->steps);
     free(p->values);
     free(p->inputs);
     free(p->outputs);
     free(p->output_names);
+    free(p->trained);
+    free(p->out_param);
     for (int i = 0; i < p->n_params; i++) {
         free(p->params[i].full_name);
         free(p->params[i].node);
@@ -225,12 +229,17 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
 
     if (ebb_pass_lower(&c, g, opts) != 0)
         goto fail;
+    if (opts->train && ebb_pass_autodiff(&c, g, opts) != 0)
+        goto fail;
     /* routing and while/until loops depend on values; some kernels' scratch
      * depends on the machine */
     for (int i = 0; i < p->n_steps; i++) {
         const plan_step *s = &p->steps[i];
+        int bound_scratch = s->pub.kind == EBB_STEP_BACKWARD
+                                ? s->op->grad->workspace_is_bound
+                                : s->op && s->op->workspace_is_bound;
         p->peak_is_bound |= s->pub.kind == EBB_STEP_ROUTE || s->pub.kind == EBB_STEP_JUMP_IF ||
-                            (s->op && s->op->workspace_is_bound && s->workspace > 0);
+                            (bound_scratch && s->workspace > 0);
     }
     if (ebb_pass_liveness(&c) != 0)
         goto fail;

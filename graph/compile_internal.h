@@ -56,6 +56,13 @@ ebb_tensor *ebb_compiler_meta_new(compiler *c, const ebb_shape *s, ebb_dtype dt)
  * steps over value slots (dry-running each op for its output's shape), and
  * marks the outputs. */
 int ebb_pass_lower(compiler *c, const ebb_graph *g, const ebb_compile_options *opts);
+/* graph/lower.c: emits one op step reading `in` (dry-running it for its
+ * output's shape); returns the output slot or -1. */
+int ebb_lower_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, const char *prefix,
+                 const char *path, const int *in, int n_in);
+/* graph/autodiff.c: a training compile's loss, backward and update steps
+ * after the lowered forward (see the file's comment). */
+int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options *opts);
 /* graph/liveness.c: the free lists on every control-flow edge. */
 int ebb_pass_liveness(compiler *c);
 /* graph/liveness.c: marks elementwise steps whose input dies there as in

@@ -115,36 +115,62 @@ int ebb_pass_liveness(compiler *c) {
 
 /* ---- in-place steps ---------------------------------------------------- */
 
-/* An elementwise op may overwrite its input when that input dies at this
- * step and owns its storage outright: made by an op (not a view or alias of
- * anything) and looked at by no other value. The executor re-checks at run
- * time that nothing else holds the storage. */
+/* Whether step s may write its output into input slot x: x dies at s and
+ * owns its storage outright (made by a step, not a view or alias of
+ * anything, looked at by no other value, written by no other step). The
+ * executor re-checks at run time that nothing else holds the storage. */
+static int may_overwrite(const ebb_plan *p, const plan_step *s, int x) {
+    int y = s->pub.out[0];
+    const ebb_plan_value *xv = &p->values[x], *yv = &p->values[y];
+    if (xv->kind != EBB_VALUE_INTERMEDIATE || xv->alias_of >= 0 || xv->nbytes <= 0 ||
+        yv->alias_of >= 0 || yv->dtype != xv->dtype || !ebb_shape_equal(&yv->shape, &xv->shape))
+        return 0;
+    int dies = 0;
+    for (int k = 0; k < s->pub.n_frees; k++)
+        dies |= s->pub.frees[k] == x;
+    if (!dies)
+        return 0;
+    for (int v = 0; v < p->n_values; v++)
+        if (v != y && p->values[v].alias_of == x)
+            return 0;
+    /* the slot must not be written again elsewhere (loop state, accumulator) */
+    for (int j = 0; j < p->n_steps; j++)
+        for (int k = 0; k < p->steps[j].pub.n_out; k++)
+            if (j != xv->producer && p->steps[j].pub.out[k] == x)
+                return 0;
+    return 1;
+}
+
+/* Elementwise ops with an in-place form, and gradient sums, overwrite an
+ * input that dies at the step. A sum may take either addend: the second is
+ * swapped to the front when only it can be overwritten. */
 void ebb_pass_in_place(compiler *c) {
     ebb_plan *p = c->plan;
     if (p->keep_all)
         return;
     for (int i = 0; i < p->n_steps; i++) {
         plan_step *s = &p->steps[i];
-        if (s->pub.kind != EBB_STEP_OP || !s->op->forward_inplace || s->pub.n_in != 1)
+        int x;
+        if (s->pub.kind == EBB_STEP_OP && s->op->forward_inplace && s->pub.n_in == 1 && !s->train &&
+            s->pub.n_out == 1) {
+            x = s->pub.in[0];
+            if (!may_overwrite(p, s, x))
+                continue;
+        } else if (s->pub.kind == EBB_STEP_ACCUM && s->pub.in[0] != s->pub.in[1]) {
+            int *in = (int *)s->pub.in;
+            if (!may_overwrite(p, s, in[0])) {
+                if (!may_overwrite(p, s, in[1]))
+                    continue;
+                int t = in[0];
+                in[0] = in[1];
+                in[1] = t;
+            }
+            x = in[0];
+        } else {
             continue;
-        int x = s->pub.in[0], y = s->pub.out[0];
-        const ebb_plan_value *xv = &p->values[x], *yv = &p->values[y];
-        if (xv->kind != EBB_VALUE_INTERMEDIATE || xv->alias_of >= 0 || xv->nbytes <= 0 ||
-            yv->alias_of >= 0 || yv->dtype != xv->dtype || !ebb_shape_equal(&yv->shape, &xv->shape))
-            continue;
-        int dies = 0, shared = 0;
-        for (int k = 0; k < s->pub.n_frees; k++)
-            dies |= s->pub.frees[k] == x;
-        for (int v = 0; v < p->n_values && !shared; v++)
-            shared = v != y && p->values[v].alias_of == x;
-        /* the slot must not be written again elsewhere (loop state, accumulator) */
-        for (int j = 0; j < p->n_steps && !shared; j++)
-            for (int k = 0; k < p->steps[j].pub.n_out; k++)
-                shared |= j != xv->producer && p->steps[j].pub.out[k] == x;
-        if (!dies || shared)
-            continue;
+        }
         s->pub.in_place = 1;
-        p->values[y].alias_of = x;
-        p->values[y].nbytes = 0;
+        p->values[s->pub.out[0]].alias_of = x;
+        p->values[s->pub.out[0]].nbytes = 0;
     }
 }

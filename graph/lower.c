@@ -251,7 +251,7 @@ static int add_param(compiler *c, const ebb_param_spec *spec, const char *prefix
 }
 
 /* Emits one op step reading `in`; returns the output slot or -1. */
-static int emit_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, const char *prefix,
+int ebb_lower_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, const char *prefix,
                    const char *path, const int *in, int n_in) {
     ebb_shape shapes[64];
     ebb_tensor *ins[64];
@@ -378,7 +378,7 @@ static int lower_node(compiler *c, const ebb_node *n, const char *path, const sc
                       const int *in, int n_in) {
     switch (n->kind) {
     case NODE_OP:
-        return emit_op(c, n->op, n->attrs, n->name ? n->name : path, path, in, n_in);
+        return ebb_lower_op(c, n->op, n->attrs, n->name ? n->name : path, path, in, n_in);
     case NODE_SEQ: {
         int slot = -1;
         for (int j = 0; j < n->n_children; j++) {
@@ -706,7 +706,7 @@ static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope
             free(np);
             if (y >= 0) {
                 int pair[2] = {open[0], y};
-                out = emit_op(c, ebb_op_find("add"), NULL, spath, spath, pair, 2);
+                out = ebb_lower_op(c, ebb_op_find("add"), NULL, spath, spath, pair, 2);
             }
             break;
         }
@@ -729,7 +729,7 @@ static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope
             if (st->merge == EBB_MERGE_CAT || st->merge == EBB_MERGE_STACK)
                 attrs = int_attr(c, st->dim);
             if (np && (attrs || !(st->merge == EBB_MERGE_CAT || st->merge == EBB_MERGE_STACK)))
-                out = emit_op(c, op, attrs, np, np, open, n_open);
+                out = ebb_lower_op(c, op, attrs, np, np, open, n_open);
             else if (!np)
                 ebb_compiler_oom(c);
             free(np);
@@ -764,8 +764,8 @@ static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope
                 const ebb_attr_value *idx = y >= 0 ? int_attr(c, j) : NULL;
                 if (idx) {
                     int mix_in[3] = {acc, w, y};
-                    acc = acc < 0 ? emit_op(c, ebb_op_find("_gate_mix"), idx, ep, ep, mix_in + 1, 2)
-                                  : emit_op(c, ebb_op_find("_gate_mix"), idx, ep, ep, mix_in, 3);
+                    acc = acc < 0 ? ebb_lower_op(c, ebb_op_find("_gate_mix"), idx, ep, ep, mix_in + 1, 2)
+                                  : ebb_lower_op(c, ebb_op_find("_gate_mix"), idx, ep, ep, mix_in, 3);
                 } else {
                     acc = -1;
                 }

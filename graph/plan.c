@@ -2,6 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ebb/train.h"
 #include "plan_internal.h"
 
 int ebb_plan_step_count(const ebb_plan *p) { return p ? p->n_steps : 0; }
@@ -42,6 +43,12 @@ int64_t ebb_plan_device_peak_bytes(const ebb_plan *p, ebb_device device) {
     if (!p)
         return 0;
     return device.type == EBB_DEVICE_CUDA ? p->cuda_peak_bytes : p->peak_bytes;
+}
+
+int ebb_plan_is_training(const ebb_plan *p) { return p ? p->training : 0; }
+int ebb_plan_target_count(const ebb_plan *p) { return p ? p->n_targets : 0; }
+int ebb_plan_param_trained(const ebb_plan *p, int i) {
+    return p && p->trained && i >= 0 && i < p->n_params ? p->trained[i] : 0;
 }
 
 int ebb_plan_keep_all(const ebb_plan *p) { return p ? p->keep_all : 0; }

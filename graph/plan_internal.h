@@ -20,6 +20,18 @@ typedef struct plan_step {
     int counter;         /* LOOP_INIT, LOOP_NEXT */
     int64_t limit;       /* LOOP_NEXT */
     int sense;           /* JUMP_IF: jump when (mean > 0) == sense */
+    /* training */
+    int train;           /* OP: runs the rule's forward_train; pub.out[1..] are its extras */
+    int fwd_step;        /* BACKWARD: the forward step it differentiates */
+    int n_fwd_in;        /* BACKWARD: the forward step's input count */
+    uint32_t saved_in;   /* BACKWARD: forward inputs in pub.in, in order; then the
+                            output (saves_out), the extras, and grad_out (unless seed) */
+    int saves_out;
+    int n_saved;
+    int seed;            /* BACKWARD: grad_out is the loss's seed, 1 */
+    uint32_t grad_in;    /* BACKWARD: inputs whose gradients lead pub.out, in order;
+                            the parameters' (buffers excepted) follow */
+    char *op_owned;      /* pub.op when the compiler made the name ("linear.backward") */
 } plan_step;
 
 typedef struct plan_param {
@@ -53,6 +65,13 @@ struct ebb_plan {
     int peak_is_bound; /* routing or a data-dependent loop: the peaks are upper bounds */
     int64_t keep_all_peak_bytes; /* the same graph's peak with nothing freed */
     int64_t cuda_peak_bytes;     /* peak_bytes with CUDA's 512-byte block rounding */
+    /* training plans (ebb_compile_options.train) */
+    int training;
+    int n_targets;     /* the last n_targets of inputs[] */
+    int grads_only;    /* outputs 1.. are gradients, no update steps */
+    unsigned char *trained;  /* per parameter */
+    int *out_param;    /* per output: the parameter whose gradient it is, or -1 */
+    ebb_optimizer_options optimizer; /* what the update steps' scratch was counted for */
     void *attrs; /* attribute values of compiler-made ops (a list) */
 };
 

@@ -11,6 +11,7 @@
 #include "ebb/run.h"
 #include "model_internal.h"
 #include "plan_internal.h"
+#include "run_internal.h"
 
 /* Per-run state: the plan is shared, this is not. */
 typedef struct run_ctx {
@@ -21,6 +22,12 @@ typedef struct run_ctx {
     int64_t *counters;
     ebb_tensor **args;   /* scratch: one step's inputs */
     ebb_tensor **params; /* scratch: one step's parameters */
+    /* training */
+    ebb_shape *shapes;   /* per slot: the shape last stored there (backward's in_shapes) */
+    ebb_optimizer *opt;  /* the update steps' optimizer (ebb_train_step) */
+    ebb_tensor *one;     /* the loss's gradient with respect to itself */
+    uint64_t seed;       /* dropout's masks: mixed with the step index */
+    int64_t base;        /* allocator bytes that are not the plan's: grows with optimizer state */
 } run_ctx;
 
 static void slot_set(run_ctx *r, int slot, ebb_tensor *t) {
@@ -28,6 +35,8 @@ static void slot_set(run_ctx *r, int slot, ebb_tensor *t) {
         ebb_tensor_free(r->slots[slot]);
     r->borrowed[slot] = 0;
     r->slots[slot] = t;
+    if (t && r->shapes)
+        r->shapes[slot] = ebb_tensor_shape(t);
 }
 
 static void slot_release(run_ctx *r, int slot) {
@@ -201,6 +210,133 @@ static ebb_status exit_branch(run_ctx *r, const plan_step *s) {
     return st;
 }
 
+/* ---- training steps -------------------------------------------------------- */
+
+/* A step's own seed: the run's, mixed with the step index (splitmix64). */
+static uint64_t step_seed(const run_ctx *r, const plan_step *s) {
+    uint64_t z = r->seed + 0x9e3779b97f4a7c15ull * (uint64_t)(s - r->plan->steps + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The rule's training forward: the output, then the extras its backward reads. */
+static ebb_status forward_train(run_ctx *r, const plan_step *s, ebb_op_call *call) {
+    const ebb_op_grad *g = s->op->grad;
+    ebb_tensor *out = NULL, *saved[EBB_MAX_SAVED] = {0};
+    call->seed = step_seed(r, s);
+    ebb_status st = g->forward_train(call, &out, saved);
+    for (int k = 0; st == EBB_OK && k < g->n_saved; k++)
+        if (!saved[k])
+            st = ebb_error_set(EBB_ERR_RUNTIME, "op %s: its training forward made no extra %d",
+                               s->op->name, k);
+    if (st == EBB_OK && !out)
+        st = ebb_error_set(EBB_ERR_RUNTIME, "op %s returned no tensor", s->op->name);
+    if (st != EBB_OK) {
+        ebb_tensor_free(out);
+        for (int k = 0; k < EBB_MAX_SAVED; k++)
+            ebb_tensor_free(saved[k]);
+        return st;
+    }
+    slot_set(r, s->pub.out[0], out);
+    for (int k = 0; k < g->n_saved; k++)
+        slot_set(r, s->pub.out[1 + k], saved[k]);
+    return EBB_OK;
+}
+
+/* The rule's backward, reading what it saved; its gradients go to the
+ * step's outputs in order (inputs', then parameters'). */
+static ebb_status backward(run_ctx *r, const plan_step *s) {
+    const ebb_plan_step *ps = &s->pub;
+    const plan_step *f = &r->plan->steps[s->fwd_step];
+    ebb_tensor *ins[32] = {0}, *extras[EBB_MAX_SAVED] = {0};
+    ebb_tensor *gin[32] = {0}, *gparam[EBB_MAX_PARAMS] = {0};
+    ebb_shape in_shapes[32];
+    int k = 0;
+    for (int i = 0; i < s->n_fwd_in; i++) {
+        in_shapes[i] = r->shapes[f->pub.in[i]];
+        if (s->saved_in >> i & 1)
+            ins[i] = r->slots[ps->in[k++]];
+    }
+    const ebb_tensor *out = s->saves_out ? r->slots[ps->in[k++]] : NULL;
+    for (int j = 0; j < s->n_saved; j++)
+        extras[j] = r->slots[ps->in[k++]];
+    const ebb_tensor *grad_out = s->seed ? r->one : r->slots[ps->in[k++]];
+    for (int i = 0; i < k; i++)
+        if (!r->slots[ps->in[i]]) {
+            char id[64];
+            ebb_plan_value_id(r->plan, ps->in[i], id, sizeof id);
+            return ebb_error_set(EBB_ERR_RUNTIME, "input %s is empty", id);
+        }
+    for (int j = 0; j < s->n_params; j++)
+        r->params[j] = r->model->params[s->param_first + j];
+    ebb_op_grad_call gc = {.op = s->op, .attrs = s->attrs, .in = ins, .n_in = s->n_fwd_in,
+                           .params = r->params, .n_params = s->n_params, .out = out,
+                           .saved = extras, .n_saved = s->n_saved, .grad_out = grad_out,
+                           .node = ps->node, .in_shapes = in_shapes};
+    ebb_status st = s->op->grad->backward(&gc, gin, gparam);
+    int o = 0;
+    for (int i = 0; i < s->n_fwd_in; i++) {
+        if (!(s->grad_in >> i & 1)) {
+            ebb_tensor_free(gin[i]);
+            continue;
+        }
+        if (st == EBB_OK && !gin[i])
+            st = ebb_error_set(EBB_ERR_RUNTIME, "op %s: its backward gave no gradient for input %d",
+                               s->op->name, i);
+        if (st == EBB_OK)
+            slot_set(r, ps->out[o], gin[i]);
+        else
+            ebb_tensor_free(gin[i]);
+        o++;
+    }
+    for (int j = 0; j < s->n_params; j++) {
+        if (!gparam[j])
+            continue;
+        if (st == EBB_OK && o < ps->n_out)
+            slot_set(r, ps->out[o++], gparam[j]);
+        else
+            ebb_tensor_free(gparam[j]);
+    }
+    return st;
+}
+
+/* A second gradient for the same value: added into the first where it dies
+ * here and nothing else holds its storage. */
+static ebb_status accumulate(run_ctx *r, const plan_step *s) {
+    const ebb_plan_step *ps = &s->pub;
+    ebb_tensor *a = r->slots[ps->in[0]], *b = r->slots[ps->in[1]];
+    if (!a || !b)
+        return ebb_error_set(EBB_ERR_RUNTIME, "a gradient to sum is empty");
+    if (ps->in_place && !r->borrowed[ps->in[0]] && ebb_tensor_is_exclusive(a)) {
+        ebb_status st = ebb_tensor_add_(a, b);
+        if (st != EBB_OK)
+            return st;
+        r->slots[ps->in[0]] = NULL;
+        slot_set(r, ps->out[0], a);
+        return EBB_OK;
+    }
+    ebb_tensor *sum = NULL;
+    ebb_status st = ebb_tensor_binary(&sum, EBB_ADD, a, b);
+    if (st == EBB_OK)
+        slot_set(r, ps->out[0], sum);
+    return st;
+}
+
+/* The optimizer's update of one parameter. State it creates belongs to the
+ * model, not the plan: the baseline moves up by it. */
+static ebb_status update(run_ctx *r, const plan_step *s) {
+    ebb_tensor *g = r->slots[s->pub.in[0]];
+    if (!r->opt)
+        return ebb_error_set(EBB_ERR_ARG, "an update step needs an optimizer (ebb_train_step)");
+    if (!g)
+        return EBB_OK; /* no gradient reached it: torch.optim skips such a parameter */
+    int64_t before = ebb_optimizer_state_bytes(r->opt, NULL);
+    ebb_status st = ebb_optimizer_update(r->opt, s->pub.param, g);
+    r->base += ebb_optimizer_state_bytes(r->opt, NULL) - before;
+    return st;
+}
+
 /* ---- one step ------------------------------------------------------------- */
 
 static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
@@ -230,6 +366,8 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
             return EBB_OK;
         }
         ebb_tensor *out = NULL;
+        if (s->train)
+            return forward_train(r, s, &call);
         ebb_status st = s->op->forward(&call, &out);
         if (st != EBB_OK)
             return st;
@@ -238,6 +376,9 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
         slot_set(r, ps->out[0], out);
         return EBB_OK;
     }
+    case EBB_STEP_BACKWARD: return backward(r, s);
+    case EBB_STEP_ACCUM: return accumulate(r, s);
+    case EBB_STEP_UPDATE: return update(r, s);
     case EBB_STEP_ALIAS: {
         ebb_tensor *t = NULL;
         ebb_status st = ebb_tensor_ref(&t, r->slots[ps->in[0]]);
@@ -327,6 +468,17 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
                       ebb_tensor **outputs, const ebb_run_options *opts, ebb_run_stats *stats) {
     if (!plan || !model || !outputs || (plan->n_inputs && !inputs))
         return ebb_error_set(EBB_ERR_ARG, "ebb_run: plan, model, inputs and outputs are required");
+    if (plan->training)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "ebb_run: plan %s is a training step; run it with ebb_train_step() "
+                             "or ebb_grad()",
+                             plan->name);
+    return ebb_run_plan(plan, model, inputs, outputs, opts, stats, NULL);
+}
+
+ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
+                        ebb_tensor **outputs, const ebb_run_options *opts, ebb_run_stats *stats,
+                        ebb_optimizer *opt) {
     for (int i = 0; i < plan->n_outputs; i++)
         outputs[i] = NULL;
     ebb_status st = check_model(plan, model);
@@ -357,7 +509,20 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
         return ebb_error_prefix("ebb_run");
 
     /* one allocation holds the run's state: slots, scratch, counters, flags */
-    run_ctx r = {.plan = plan, .model = model};
+    run_ctx r = {.plan = plan, .model = model, .opt = opt, .seed = opts ? opts->seed : 0};
+    if (plan->training) {
+        /* made before the baseline is taken: the run's figures are the plan's */
+        ebb_shape scalar = {0};
+        const ebb_plan_value *loss = &plan->values[plan->outputs[0]];
+        r.shapes = calloc((size_t)plan->n_values + 1, sizeof *r.shapes);
+        if (!r.shapes)
+            return ebb_error_set(EBB_ERR_NOMEM, "ebb_run: out of memory");
+        st = ebb_tensor_ones(&r.one, &scalar, loss->dtype, dev);
+        if (st != EBB_OK) {
+            free(r.shapes);
+            return st;
+        }
+    }
     size_t n_ptr = (size_t)plan->n_values + (size_t)plan->max_in + (size_t)plan->max_params + 3;
     void *block = calloc(1, n_ptr * sizeof(ebb_tensor *) +
                                 ((size_t)plan->n_counters + 1) * sizeof(int64_t) +
@@ -374,24 +539,28 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
     for (int i = 0; i < plan->n_inputs; i++) {
         r.slots[plan->inputs[i]] = inputs[i];
         r.borrowed[plan->inputs[i]] = 1;
+        if (r.shapes)
+            r.shapes[plan->inputs[i]] = ebb_tensor_shape(inputs[i]);
     }
 
     ebb_memory_reset_peak(dev);
-    int64_t base = ebb_memory_current(dev);
+    r.base = ebb_memory_current(dev);
     double t0 = now_seconds();
     int64_t executed = 0;
     ebb_trace_fn trace = opts ? opts->trace : NULL;
     /* A traced run measures each step's own high-water mark: the allocator's
-     * peak is reset before every step, so the run's peak is kept here. */
+     * peak is reset before every step, so the run's peak is kept here. So is
+     * an update step's, whose optimizer state moves the baseline. */
     int64_t run_peak = 0;
     double step_t0 = 0.0;
     for (int pc = 0; pc < plan->n_steps;) {
         const plan_step *s = &plan->steps[pc];
         int jump = 0;
-        if (trace) {
+        int own_peak = trace || s->pub.kind == EBB_STEP_UPDATE;
+        if (own_peak) {
             ebb_memory_stats ms;
-            if (ebb_memory_stats_get(dev, &ms) == EBB_OK && ms.peak_bytes - base > run_peak)
-                run_peak = ms.peak_bytes - base;
+            if (ebb_memory_stats_get(dev, &ms) == EBB_OK && ms.peak_bytes - r.base > run_peak)
+                run_peak = ms.peak_bytes - r.base;
             ebb_memory_reset_peak(dev);
             step_t0 = now_seconds();
         }
@@ -409,13 +578,18 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
             ebb_memory_stats ms;
             ebb_device_synchronize(dev);
             ebb_trace_event ev = {.step = pc, .info = &s->pub, .freed = freed, .n_freed = n_freed,
-                                  .jumped = jump, .live_bytes = ebb_memory_current(dev) - base,
+                                  .jumped = jump, .live_bytes = ebb_memory_current(dev) - r.base,
                                   .peak_bytes = -1, .seconds = now_seconds() - step_t0};
             if (ebb_memory_stats_get(dev, &ms) == EBB_OK)
-                ev.peak_bytes = ms.peak_bytes - base;
+                ev.peak_bytes = ms.peak_bytes - r.base;
             if (ev.peak_bytes > run_peak)
                 run_peak = ev.peak_bytes;
             trace(&ev, opts->trace_user);
+        } else if (own_peak) {
+            ebb_memory_stats ms;
+            if (ebb_memory_stats_get(dev, &ms) == EBB_OK && ms.peak_bytes - r.base > run_peak)
+                run_peak = ms.peak_bytes - r.base;
+            ebb_memory_reset_peak(dev);
         }
         pc = jump ? s->pub.jump : pc + 1;
     }
@@ -432,8 +606,8 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
         ebb_device_synchronize(dev);
         stats->seconds = now_seconds() - t0;
         stats->measured_peak_bytes =
-            ebb_memory_stats_get(dev, &ms) == EBB_OK ? ms.peak_bytes - base : -1;
-        if (trace && stats->measured_peak_bytes >= 0 && run_peak > stats->measured_peak_bytes)
+            ebb_memory_stats_get(dev, &ms) == EBB_OK ? ms.peak_bytes - r.base : -1;
+        if (stats->measured_peak_bytes >= 0 && run_peak > stats->measured_peak_bytes)
             stats->measured_peak_bytes = run_peak;
         stats->planned_peak_bytes = ebb_plan_device_peak_bytes(plan, dev);
         stats->steps_executed = executed;
@@ -449,5 +623,7 @@ done:
             if (r.slots[v])
                 slot_release(&r, v);
     free(r.slots);
+    free(r.shapes);
+    ebb_tensor_free(r.one);
     return st;
 }

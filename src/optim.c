@@ -354,34 +354,15 @@ int64_t ebb_optimizer_state_bytes(const ebb_optimizer *opt, int64_t *most) {
     return now;
 }
 
-/* libtorch wraps a floating Scalar operand (x.mul_(0.9)) in an 8-byte
- * float64 CPU tensor and, for a tensor of another dtype, a copy in that
- * dtype; both live for the length of the call. */
-static int64_t wrapped_scalar_bytes(ebb_dtype dt) {
-    return 8 + (dt == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dt));
-}
-
-/* Mirrors the kernels' allocations (ops/tensor/optim.cpp): what each
- * allocates before its first write, and whether it then calls an in-place op
- * with a Scalar operand (mul_, div_, add_ of a number), which libtorch wraps
- * in a small CPU tensor for the length of the call. */
+/* The kernels' own allocations are described beside them
+ * (ops/tensor/optim.cpp). */
 int64_t ebb_optimizer_scratch_bytes(const ebb_optimizer *opt, int param_index) {
     if (!opt || param_index < 0 || param_index >= opt->n) return -1;
-    const ebb_optimizer_options *o = &opt->o;
     const ebb_tensor *p = param_of(opt, param_index);
-    int tensor = 1, scalar = 1;
-    if (o->kind == EBB_SGD) {
-        int decay = o->weight_decay != 0;
-        int first = o->momentum != 0 && !opt->state[param_index].slot[SLOT_MOMENTUM];
-        /* a first update without Nesterov keeps the decayed gradient as its buffer */
-        tensor = (decay || o->nesterov) && !(first && decay && !o->nesterov);
-        /* only buf.mul_(momentum) takes a Scalar operand */
-        scalar = o->momentum != 0 && !first;
-    }
-    int64_t bytes = tensor ? (int64_t)ebb_tensor_nbytes(p) : 0;
-    if (scalar && ebb_tensor_device(p).type == EBB_DEVICE_CPU)
-        bytes += wrapped_scalar_bytes(ebb_tensor_dtype(p));
-    return bytes;
+    int has_state = opt->o.kind != EBB_SGD || opt->o.momentum == 0 ||
+                    opt->state[param_index].slot[SLOT_MOMENTUM] != NULL;
+    return ebb_optimizer_update_scratch_bytes(&opt->o, ebb_tensor_dtype(p), ebb_tensor_numel(p),
+                                              ebb_tensor_device(p), has_state);
 }
 
 ebb_tensor *ebb_optimizer_state_tensor(const ebb_optimizer *opt, int param_index,

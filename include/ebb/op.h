@@ -213,6 +213,10 @@ typedef struct ebb_op_grad {
     /* Set when `workspace` can only bound the backward's scratch (a kernel
      * chosen per machine): the training plan's peak is then a bound. */
     int workspace_is_bound;
+    /* Scratch of forward_train beyond its output and its extras (which the
+     * plan counts as values), where it has one; NULL: none. A training plan
+     * counts this, not ebb_op.workspace, for a step that runs forward_train. */
+    ebb_op_workspace_fn train_workspace;
 } ebb_op_grad;
 
 #define EBB_MAX_SAVED 4

@@ -177,6 +177,15 @@ EBB_API int64_t ebb_optimizer_state_bytes(const ebb_optimizer *opt, int64_t *mos
  * optimizer or an index out of range. */
 EBB_API int64_t ebb_optimizer_scratch_bytes(const ebb_optimizer *opt, int param_index);
 
+/* ebb_optimizer_scratch_bytes() before any optimizer exists: the bytes one
+ * update of a parameter of `numel` elements of `dtype` on `device`
+ * allocates beyond its state, for options `o` (0 fields meaning their
+ * defaults, as for ebb_optimizer_new()), once the parameter has state
+ * (has_state non-zero) or at its first update. What a training plan counts
+ * for its update steps. -1 for NULL o or a negative numel. */
+EBB_API int64_t ebb_optimizer_update_scratch_bytes(const ebb_optimizer_options *o, ebb_dtype dtype,
+                                                   int64_t numel, ebb_device device, int has_state);
+
 /* One state tensor of a parameter, borrowed (do not free it; updates change
  * it in place, ebb_optimizer_load() and ebb_optimizer_free() free it): `which` is
  * "momentum_buffer", "exp_avg", "exp_avg_sq" or "max_exp_avg_sq". NULL when

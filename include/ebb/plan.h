@@ -213,6 +213,39 @@ EBB_API void ebb_plan_write_json(const ebb_plan *p, FILE *f);
  * with value, shape and bytes, fill by live bytes, the peak outlined. NULL p
  * or f: writes nothing. */
 EBB_API void ebb_plan_write_dot(const ebb_plan *p, FILE *f);
+
+/* One executed step of a run as measured: a line of `ebb run --trace`
+ * (ebb_trace_event holds the same figures). */
+typedef struct ebb_chart_sample {
+    int step;           /* the plan step's index */
+    int64_t live_bytes; /* measured after the step, its frees included */
+    int64_t peak_bytes; /* measured high-water mark during the step */
+} ebb_chart_sample;
+
+/* A measured run to draw over a chart: its samples in execution order (a
+ * step inside a loop appears once per iteration, a skipped branch's steps
+ * not at all). */
+typedef struct ebb_chart_trace {
+    const ebb_chart_sample *samples;
+    int n_samples;
+    ebb_device device; /* where it ran: on CUDA each block is rounded up to 512
+                          bytes, which the comparison with the plan allows for */
+} ebb_chart_trace;
+
+/* Writes the plan's memory over time as a standalone SVG: the x axis is the
+ * steps, the y axis bytes; each value that owns storage is a band from the
+ * step that makes it to the step that frees it, stacked, as tall as its
+ * bytes and coloured by its op; views and in-place outputs continue their
+ * source's band. The planned peak is a labelled line, op workspace a band
+ * at its step, and a training plan's phases are shaded. With `trace` (may be
+ * NULL) the measured live bytes after each step are a line over the bands,
+ * the measured in-step peaks ticks, and a step that measured more than the
+ * plan promised is marked red. Past a few hundred steps, bands thinner than
+ * a pixel are merged into one "other" band. Hovering over a band or a step
+ * shows what it is (SVG <title>). NULL p or f, or a sample naming a step
+ * the plan lacks: EBB_ERR_ARG; a failed write: EBB_ERR_IO. */
+EBB_API ebb_status ebb_plan_chart_svg(const ebb_plan *p, const ebb_chart_trace *trace, FILE *f);
+
 /* The value's id in listings, JSON and traces: an input's name, else "vN",
  * written into buf (NUL-terminated). NULL p or slot out of range: "". */
 EBB_API void ebb_plan_value_id(const ebb_plan *p, int slot, char *buf, size_t size);

@@ -172,4 +172,27 @@ ebb_status ebb_tensor_adam_update_(ebb_tensor *param, const ebb_tensor *grad, eb
     return EBB_OK;
 }
 
+// What the kernels above allocate beside the state they keep, all freed
+// before they return: the one scratch tensor, and libtorch's CPU wrapper of
+// a floating Scalar operand (x.mul_(0.9): an 8-byte float64 tensor, and a
+// copy in the parameter's dtype unless that is float64).
+int64_t ebb_optimizer_update_scratch_bytes(const ebb_optimizer_options *o, ebb_dtype dtype,
+                                           int64_t numel, ebb_device device, int has_state) {
+    if (!o || numel < 0) return -1;
+    // AdamW's weight decay defaults to 0.01 when the options are not complete
+    bool decay = o->weight_decay != 0 || (o->kind == EBB_ADAMW && !o->complete);
+    bool tensor = true, scalar = true;
+    if (o->kind == EBB_SGD) {
+        bool first = o->momentum != 0 && !has_state;
+        // a first update without Nesterov keeps the decayed gradient as its buffer
+        tensor = (decay || o->nesterov) && !(first && decay && !o->nesterov);
+        // only buf.mul_(momentum) takes a Scalar operand
+        scalar = o->momentum != 0 && !first;
+    }
+    int64_t bytes = tensor ? numel * (int64_t)ebb_dtype_size(dtype) : 0;
+    if (scalar && device.type == EBB_DEVICE_CPU)
+        bytes += 8 + (dtype == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dtype));
+    return bytes;
+}
+
 } // extern "C"

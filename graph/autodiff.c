@@ -1,0 +1,833 @@
+/* The autodiff pass: a training compile turns the lowered forward into one
+ * training step, still a flat list of steps over value slots.
+ *
+ *   1. targets become inputs after the graph's, and the forward's outputs
+ *      become ordinary intermediates;
+ *   2. op steps whose rule has a training forward (dropout's mask, pooling's
+ *      indices, the norms' batch statistics) write its extras as further
+ *      outputs, so the backward reads them like any value;
+ *   3. the loss step reads the final stream and the targets;
+ *   4. walking the forward backwards, each op step that a gradient reaches
+ *      gets a BACKWARD step reading what its rule saves and the output's
+ *      gradient, writing the gradients of its inputs and parameters. Where a
+ *      value's gradient arrives a second time an ACCUM step adds it in (in
+ *      place when the first dies there: liveness.c decides);
+ *   5. one UPDATE step per trained parameter, after the whole backward, so a
+ *      failure anywhere before leaves the model as it was (grads_only: the
+ *      gradients are outputs instead).
+ *
+ * Liveness, in-place marking and the byte count then run over the joint
+ * step unchanged. Every backward step is dry-run on the meta device like a
+ * forward step, which shapes the gradients and says which of them are views
+ * of another value (a reshape's gradient is a view of its output's). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile_internal.h"
+
+#define SEED (-2) /* the loss's own gradient: 1, supplied by the executor */
+
+typedef struct ad {
+    compiler *c;
+    const ebb_train_options *t;
+    unsigned char *req; /* per forward slot: depends on a trained parameter */
+    int *grad;          /* per forward slot: its gradient's slot, SEED or -1 */
+    int n_grad;
+    int *pgrad; /* per parameter */
+} ad;
+
+static int fail(compiler *c, ebb_status st) {
+    c->status = st;
+    return -1;
+}
+
+/* ---- control flow and names -------------------------------------------------- */
+
+static int refuse_control_flow(compiler *c) {
+    const ebb_plan *p = c->plan;
+    for (int i = 0; i < p->n_steps; i++) {
+        const ebb_plan_step *s = &p->steps[i].pub;
+        const char *what = NULL;
+        switch (s->kind) {
+        case EBB_STEP_ROUTE:
+        case EBB_STEP_ENTER:
+        case EBB_STEP_EXIT:
+            what = p->steps[i].mode == EBB_ROUTE_SWITCH ? "a switch" : "a top-k gate";
+            break;
+        case EBB_STEP_LOOP_INIT:
+        case EBB_STEP_LOOP_NEXT:
+        case EBB_STEP_JUMP_IF: what = "a loop"; break;
+        default: break;
+        }
+        if (what)
+            return fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                         "node %s: training through %s is not supported yet; "
+                                         "dense gates, split/merge, also, tag/using and repeat "
+                                         "train",
+                                         s->node, what));
+    }
+    return 0;
+}
+
+/* "fc1.weight" is named by "fc1.weight" and by "fc1". */
+static int names_param(const char *name, const char *full) {
+    size_t n = strlen(name);
+    return strncmp(full, name, n) == 0 && (full[n] == '\0' || full[n] == '.');
+}
+
+static int choose_trained(compiler *c, const ebb_train_options *t) {
+    ebb_plan *p = c->plan;
+    p->trained = calloc((size_t)p->n_params + 1, 1);
+    if (!p->trained)
+        return ebb_compiler_oom(c);
+    if (t->n_trained > 0 && !t->trained)
+        return fail(c, ebb_error_set(EBB_ERR_ARG, "ebb_compile: ebb_train_options.trained is NULL "
+                                                  "with n_trained %d",
+                                     t->n_trained));
+    for (int i = 0; i < p->n_params; i++)
+        p->trained[i] = !p->params[i].spec.buffer && !p->params[i].spec.counter && !t->trained;
+    for (int k = 0; k < t->n_trained; k++) {
+        const char *name = t->trained[k];
+        int hits = 0;
+        for (int i = 0; name && i < p->n_params; i++)
+            if (names_param(name, p->params[i].full_name)) {
+                if (p->params[i].spec.buffer || p->params[i].spec.counter)
+                    return fail(c, ebb_error_set(EBB_ERR_ARG,
+                                                 "ebb_compile: '%s' is a buffer, not a trained "
+                                                 "parameter",
+                                                 p->params[i].full_name));
+                p->trained[i] = 1;
+                hits++;
+            }
+        if (!hits)
+            return fail(c, ebb_error_set(EBB_ERR_ARG,
+                                         "ebb_compile: ebb_train_options.trained names '%s', "
+                                         "which is no parameter or node of plan %s",
+                                         name ? name : "(null)", p->name));
+    }
+    return 0;
+}
+
+/* ---- targets and the loss ------------------------------------------------------ */
+
+static int bind_targets(compiler *c, const ebb_graph *g, const ebb_train_options *t) {
+    ebb_plan *p = c->plan;
+    int n = t->n_target_shapes;
+    if (n > 15)
+        return fail(c, ebb_error_set(EBB_ERR_ARG, "ebb_compile: %d targets; a loss takes at most 15",
+                                     n));
+    if (n < 1 || !t->target_shapes)
+        return fail(c, ebb_error_set(EBB_ERR_ARG,
+                                     "ebb_compile: a training compile needs the targets' shapes "
+                                     "(ebb_train_options.target_shapes)"));
+    if (g->targets.n && n != g->targets.n)
+        return fail(c, ebb_error_set(EBB_ERR_ARG,
+                                     "ebb_compile: graph '%s' declares %d target(s), %d shape(s) "
+                                     "given",
+                                     g->name, g->targets.n, n));
+    int *inputs = realloc(p->inputs, (size_t)(p->n_inputs + n) * sizeof *inputs);
+    if (!inputs)
+        return ebb_compiler_oom(c);
+    p->inputs = inputs;
+    for (int i = 0; i < n; i++) {
+        const ebb_shape *s = &t->target_shapes[i];
+        const char *name = g->targets.n ? g->targets.items[i] : n == 1 ? "y" : NULL;
+        char buf[96];
+        int ok = s->ndim >= 0 && s->ndim <= EBB_MAX_DIMS;
+        for (int d = 0; ok && d < s->ndim; d++)
+            ok = s->dim[d] >= 0 && s->dim[d] <= ((int64_t)1 << 40);
+        if (!ok)
+            return fail(c, ebb_error_set(EBB_ERR_SHAPE, "ebb_compile: target %d has shape %s", i,
+                                         ebb_shape_str(s, buf, sizeof buf)));
+        ebb_tensor *m =
+            ebb_compiler_meta_new(c, s, t->target_dtypes ? t->target_dtypes[i] : p->dtype);
+        if (!m)
+            return -1;
+        int slot = ebb_compiler_value_new(c, m, EBB_VALUE_INPUT, -1, -1);
+        if (slot < 0)
+            return -1;
+        p->values[slot].name = name ? name : "y";
+        p->inputs[p->n_inputs++] = slot;
+        p->n_targets++;
+    }
+    return 0;
+}
+
+/* The loss op and its attributes: the options', else the graph's. Values
+ * resolved from the options' text live in the plan's attribute list. */
+static int choose_loss(compiler *c, const ebb_graph *g, const ebb_train_options *t,
+                       const ebb_op **op, const ebb_attr_value **attrs) {
+    if (!t->loss) {
+        if (!g->loss)
+            return fail(c, ebb_error_set(EBB_ERR_ARG,
+                                         "ebb_compile: graph '%s' declares no loss; give one "
+                                         "(ebb_loss(), a spec's `loss:`, or "
+                                         "ebb_train_options.loss)",
+                                         g->name));
+        *op = g->loss;
+        *attrs = g->loss_attrs;
+        return 0;
+    }
+    *op = ebb_op_find(t->loss);
+    if (!*op)
+        return fail(c, ebb_error_set(EBB_ERR_ARG, "ebb_compile: unknown loss op '%s'", t->loss));
+    char *owned = NULL;
+    ebb_attr_value v[EBB_MAX_ATTRS];
+    ebb_status st = ebb_attrs_resolve(*op, t->loss_attrs, v, &owned);
+    if (st != EBB_OK)
+        return fail(c, st);
+    size_t text = owned ? strlen(owned) + 1 : 0;
+    attr_block *a = calloc(1, sizeof *a + EBB_MAX_ATTRS * sizeof(ebb_attr_value) + text);
+    if (!a) {
+        free(owned);
+        return ebb_compiler_oom(c);
+    }
+    char *copy = (char *)(a->v + EBB_MAX_ATTRS + 1);
+    if (owned)
+        memcpy(copy, owned, text);
+    for (int i = 0; i < (*op)->n_attrs; i++) {
+        a->v[i] = v[i];
+        if (v[i].type == EBB_ATTR_STRING && v[i].s && owned && v[i].s >= owned &&
+            v[i].s < owned + text)
+            a->v[i].s = copy + (v[i].s - owned);
+    }
+    free(owned);
+    a->next = c->attrs;
+    c->attrs = a;
+    *attrs = a->v;
+    return 0;
+}
+
+/* ---- dry runs ----------------------------------------------------------------- */
+
+static ebb_tensor *meta_param(compiler *c, const plan_param *pp) {
+    return ebb_compiler_meta_new(c, &pp->spec.shape, pp->spec.counter ? EBB_INT64 : c->plan->dtype);
+}
+
+/* What the CPU stand-ins of one dry run may take, as lower.c allows its
+ * last-resort dry run: planning never allocates a graph's activations. */
+#define STANDIN_LIMIT ((int64_t)64 << 20)
+
+/* CPU zeros shaped like each non-NULL meta tensor; NULL stays NULL. Fails
+ * (EBB_ERR_UNSUPPORTED) past *budget bytes, which it lowers. */
+static ebb_status standins(ebb_tensor *const *meta, int n, ebb_tensor **cpu, int64_t *budget) {
+    for (int i = 0; i < n; i++) {
+        cpu[i] = NULL;
+        if (!meta[i])
+            continue;
+        int64_t b = (int64_t)ebb_tensor_nbytes(meta[i]);
+        if (b > *budget)
+            return ebb_error_set(EBB_ERR_UNSUPPORTED, "its CPU stand-ins would exceed %lld MiB",
+                                 (long long)(STANDIN_LIMIT >> 20));
+        *budget -= b;
+        ebb_shape sh = ebb_tensor_shape(meta[i]);
+        ebb_status st = ebb_tensor_zeros(&cpu[i], &sh, ebb_tensor_dtype(meta[i]),
+                                         ebb_device_cpu());
+        if (st != EBB_OK)
+            return st;
+    }
+    return EBB_OK;
+}
+
+static void free_all(ebb_tensor **ts, int n) {
+    for (int i = 0; i < n; i++) {
+        ebb_tensor_free(ts[i]);
+        ts[i] = NULL;
+    }
+}
+
+/* A meta tensor shaped like t, replacing t. */
+static ebb_status to_meta(compiler *c, ebb_tensor **t) {
+    if (!*t)
+        return EBB_OK;
+    ebb_shape sh = ebb_tensor_shape(*t);
+    ebb_tensor *m = NULL;
+    ebb_status st = ebb_tensor_empty(&m, &sh, ebb_tensor_dtype(*t), c->meta_device);
+    ebb_tensor_free(*t);
+    *t = m;
+    return st;
+}
+
+/* A training forward on meta tensors, else on CPU stand-ins (ATen has no
+ * meta kernel for some training forwards, native_batch_norm's among them). */
+static ebb_status dry_forward_train(compiler *c, const ebb_op_call *call, ebb_tensor **out,
+                                    ebb_tensor **saved) {
+    const ebb_op_grad *r = call->op->grad;
+    ebb_status st = r->forward_train(call, out, saved);
+    if (st == EBB_OK || st == EBB_ERR_SHAPE || st == EBB_ERR_ARG || st == EBB_ERR_NOMEM)
+        return st;
+    ebb_tensor_free(*out);
+    *out = NULL;
+    free_all(saved, EBB_MAX_SAVED);
+    ebb_tensor *ins[64] = {0}, *params[EBB_MAX_PARAMS] = {0};
+    int64_t budget = STANDIN_LIMIT;
+    st = standins(call->in, call->n_in, ins, &budget);
+    if (st == EBB_OK)
+        st = standins(call->params, call->n_params, params, &budget);
+    if (st == EBB_OK) {
+        ebb_op_call cc = *call;
+        cc.in = ins;
+        cc.params = params;
+        st = r->forward_train(&cc, out, saved);
+    }
+    free_all(ins, call->n_in);
+    free_all(params, call->n_params);
+    if (st == EBB_OK)
+        st = to_meta(c, out);
+    for (int k = 0; st == EBB_OK && k < r->n_saved; k++)
+        st = to_meta(c, &saved[k]);
+    return st;
+}
+
+/* A training forward's extras: forward_train on meta tensors, appended to
+ * the step's outputs as fresh values. */
+static int add_extras(compiler *c, int si) {
+    ebb_plan *p = c->plan;
+    plan_step *s = &p->steps[si];
+    const ebb_op_grad *r = s->op->grad;
+    ebb_tensor *params[EBB_MAX_PARAMS] = {0};
+    ebb_tensor *ins[64];
+    ebb_status st = EBB_OK;
+    for (int i = 0; i < s->pub.n_in; i++)
+        ins[i] = c->meta[s->pub.in[i]];
+    for (int j = 0; j < s->n_params; j++)
+        if (!(params[j] = meta_param(c, &p->params[s->param_first + j])))
+            st = c->status;
+    ebb_tensor *out = NULL, *saved[EBB_MAX_SAVED] = {0};
+    if (st == EBB_OK) {
+        ebb_op_call call = {.op = s->op, .attrs = s->attrs, .in = ins, .n_in = s->pub.n_in,
+                            .params = params, .n_params = s->n_params, .node = s->pub.node};
+        st = dry_forward_train(c, &call, &out, saved);
+    }
+    for (int j = 0; j < s->n_params; j++)
+        ebb_tensor_free(params[j]);
+    ebb_tensor_free(out);
+    for (int k = 0; st == EBB_OK && k < r->n_saved; k++)
+        if (!saved[k])
+            st = ebb_error_set(EBB_ERR_ARG, "its training forward made %d of %d extras", k,
+                               r->n_saved);
+    if (st != EBB_OK) {
+        for (int k = 0; k < EBB_MAX_SAVED; k++)
+            ebb_tensor_free(saved[k]);
+        return fail(c, ebb_error_prefix("node %s (%s, training forward)", s->pub.node,
+                                        s->op->name));
+    }
+    int outs[1 + EBB_MAX_SAVED];
+    outs[0] = s->pub.out[0];
+    for (int k = 0; k < r->n_saved; k++) {
+        outs[1 + k] = ebb_compiler_value_new(c, saved[k], EBB_VALUE_INTERMEDIATE, si, -1);
+        saved[k] = NULL;
+        if (outs[1 + k] < 0) {
+            for (int m = k + 1; m < r->n_saved; m++)
+                ebb_tensor_free(saved[m]);
+            return -1;
+        }
+    }
+    s = &p->steps[si];
+    int *o = ebb_compiler_dup_ints(outs, 1 + r->n_saved);
+    if (!o)
+        return ebb_compiler_oom(c);
+    free((int *)s->pub.out);
+    s->pub.out = o;
+    s->pub.n_out = 1 + r->n_saved;
+    s->train = 1;
+    /* the training forward's scratch replaces the forward's */
+    s->workspace = 0;
+    if (r->train_workspace && s->pub.n_in > 0) {
+        ebb_shape shapes[64];
+        for (int i = 0; i < s->pub.n_in && i < 64; i++)
+            shapes[i] = p->values[s->pub.in[i]].shape;
+        s->workspace = r->train_workspace(s->attrs, shapes, s->pub.n_in,
+                                          p->values[s->pub.in[0]].dtype);
+    }
+    return 0;
+}
+
+/* ---- gradients ---------------------------------------------------------------- */
+
+static int accumulate(ad *a, int *into, int g, const char *node) {
+    compiler *c = a->c;
+    if (*into == -1) {
+        *into = g;
+        return 0;
+    }
+    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ACCUM, "accumulate", node);
+    if (!s)
+        return -1;
+    s->pub.phase = EBB_PHASE_BACKWARD;
+    int si = ebb_compiler_step_index(c, s);
+    ebb_tensor *m = ebb_compiler_meta_ref(c, *into);
+    int out = m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, si, -1) : -1;
+    int in[2] = {*into, g};
+    if (out < 0 || ebb_compiler_step_set_slots(c, &c->plan->steps[si], in, 2, &out, 1) != 0)
+        return -1;
+    *into = out;
+    return 0;
+}
+
+/* The dry run of a backward: the gradients' shapes, and which of them share
+ * storage with a value the step reads (alias[] gets the index into reads,
+ * or -1). On meta tensors, else on CPU stand-ins; when those would be too
+ * large, fresh tensors of the shapes the rule promises. */
+static ebb_status dry_backward(compiler *c, const plan_step *f, const ebb_op_grad_call *gc,
+                               ebb_tensor *const *reads, int n_reads, ebb_tensor **gin,
+                               ebb_tensor **gparam) {
+    const ebb_op_grad *r = f->op->grad;
+    ebb_status st = r->backward(gc, gin, gparam);
+    if (st == EBB_OK || st == EBB_ERR_SHAPE || st == EBB_ERR_ARG || st == EBB_ERR_NOMEM)
+        return st;
+    free_all(gin, gc->n_in);
+    free_all(gparam, gc->n_params);
+    (void)reads;
+    (void)n_reads;
+    /* CPU stand-ins of everything the rule reads */
+    ebb_tensor *ins[32] = {0}, *params[EBB_MAX_PARAMS] = {0}, *extras[EBB_MAX_SAVED] = {0};
+    ebb_tensor *out = NULL, *grad_out = NULL;
+    int64_t budget = STANDIN_LIMIT;
+    st = standins(gc->in, gc->n_in, ins, &budget);
+    if (st == EBB_OK)
+        st = standins(gc->params, gc->n_params, params, &budget);
+    if (st == EBB_OK)
+        st = standins(gc->saved, gc->n_saved, extras, &budget);
+    if (st == EBB_OK && gc->out)
+        st = standins((ebb_tensor *const *)&gc->out, 1, &out, &budget);
+    if (st == EBB_OK)
+        st = standins((ebb_tensor *const *)&gc->grad_out, 1, &grad_out, &budget);
+    int ran = 0;
+    if (st == EBB_OK) {
+        ebb_op_grad_call cc = *gc;
+        cc.in = ins;
+        cc.params = params;
+        cc.saved = extras;
+        cc.out = out;
+        cc.grad_out = grad_out;
+        st = r->backward(&cc, gin, gparam);
+        ran = 1;
+        /* which gradients are views of what the step reads */
+        for (int i = 0; st == EBB_OK && i < gc->n_in; i++)
+            if (gin[i] && grad_out && ebb_tensor_same_storage(gin[i], grad_out)) {
+                ebb_tensor *v = NULL;
+                st = ebb_tensor_ref(&v, gc->grad_out); /* marks the alias for the caller */
+                ebb_tensor_free(gin[i]);
+                gin[i] = v;
+            }
+    }
+    free_all(ins, gc->n_in);
+    free_all(params, gc->n_params);
+    free_all(extras, gc->n_saved);
+    ebb_tensor_free(out);
+    ebb_tensor_free(grad_out);
+    if (ran && st != EBB_OK && st != EBB_ERR_UNSUPPORTED && st != EBB_ERR_TORCH)
+        return st;
+    if (ran && st == EBB_OK) {
+        for (int i = 0; st == EBB_OK && i < gc->n_in; i++)
+            if (gin[i] && ebb_tensor_device(gin[i]).type != EBB_DEVICE_META)
+                st = to_meta(c, &gin[i]);
+        for (int j = 0; st == EBB_OK && j < gc->n_params; j++)
+            st = to_meta(c, &gparam[j]);
+        return st;
+    }
+    /* what the rule promises, as fresh storage */
+    const ebb_plan *p = c->plan;
+    free_all(gin, gc->n_in);
+    free_all(gparam, gc->n_params);
+    st = EBB_OK;
+    for (int i = 0; st == EBB_OK && i < gc->n_in; i++)
+        if (r->differentiable >> i & 1) {
+            const ebb_plan_value *v = &p->values[f->pub.in[i]];
+            st = ebb_tensor_empty(&gin[i], &v->shape, v->dtype, c->meta_device);
+        }
+    for (int j = 0; st == EBB_OK && j < gc->n_params; j++) {
+        const plan_param *pp = &p->params[f->param_first + j];
+        if (!pp->spec.buffer && !pp->spec.counter)
+            st = ebb_tensor_empty(&gparam[j], &pp->spec.shape, p->dtype, c->meta_device);
+    }
+    return st;
+}
+
+/* The slot whose storage t shares among the step's reads, or -1. */
+static int alias_among(const ebb_tensor *t, ebb_tensor *const *metas, const int *slots, int n) {
+    for (int k = 0; k < n; k++)
+        if (metas[k] && ebb_tensor_same_storage(t, metas[k]))
+            return slots[k];
+    return -1;
+}
+
+static int emit_backward(ad *a, int fi) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    const plan_step *f = &p->steps[fi];
+    const ebb_op_grad *r = f->op->grad;
+    int n_in = f->pub.n_in, y = f->pub.out[0], gy = a->grad[y];
+    if (n_in > 32)
+        return fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                     "node %s: %s has %d inputs; a backward step takes at most 32",
+                                     f->pub.node, f->op->name, n_in));
+    uint32_t all = n_in == 32 ? 0xffffffffu : ((1u << n_in) - 1);
+    uint32_t saved = r->saves_inputs & all, diff = r->differentiable & all;
+
+    /* what the step reads: saved inputs, the output, the extras, grad_out */
+    int reads[32 + 2 + EBB_MAX_SAVED], n_reads = 0;
+    ebb_tensor *read_meta[32 + 2 + EBB_MAX_SAVED];
+    ebb_tensor *ins[32] = {0}, *params[EBB_MAX_PARAMS] = {0}, *extras[EBB_MAX_SAVED] = {0};
+    ebb_shape in_shapes[32];
+    for (int i = 0; i < n_in; i++) {
+        in_shapes[i] = p->values[f->pub.in[i]].shape;
+        if (saved >> i & 1) {
+            ins[i] = c->meta[f->pub.in[i]];
+            read_meta[n_reads] = ins[i];
+            reads[n_reads++] = f->pub.in[i];
+        }
+    }
+    if (r->saves_output) {
+        read_meta[n_reads] = c->meta[y];
+        reads[n_reads++] = y;
+    }
+    for (int k = 0; k < r->n_saved; k++) {
+        extras[k] = c->meta[f->pub.out[1 + k]];
+        read_meta[n_reads] = extras[k];
+        reads[n_reads++] = f->pub.out[1 + k];
+    }
+    ebb_tensor *seed = NULL;
+    if (gy == SEED) {
+        ebb_shape scalar = {0};
+        if (!(seed = ebb_compiler_meta_new(c, &scalar, p->values[y].dtype)))
+            return -1;
+    } else {
+        read_meta[n_reads] = c->meta[gy];
+        reads[n_reads++] = gy;
+    }
+    ebb_status st = EBB_OK;
+    for (int j = 0; j < f->n_params; j++)
+        if (!(params[j] = meta_param(c, &p->params[f->param_first + j])))
+            st = c->status;
+    ebb_tensor *gin[32] = {0}, *gparam[EBB_MAX_PARAMS] = {0};
+    if (st == EBB_OK) {
+        ebb_op_grad_call gc = {.op = f->op, .attrs = f->attrs, .in = ins, .n_in = n_in,
+                               .params = params, .n_params = f->n_params,
+                               .out = r->saves_output ? c->meta[y] : NULL, .saved = extras,
+                               .n_saved = r->n_saved, .grad_out = seed ? seed : c->meta[gy],
+                               .node = f->pub.node, .in_shapes = in_shapes};
+        st = dry_backward(c, f, &gc, read_meta, n_reads, gin, gparam);
+    }
+    /* every promised gradient, of the promised shape; nothing else */
+    char sa[96], sb[96];
+    for (int i = 0; st == EBB_OK && i < n_in; i++) {
+        const ebb_plan_value *v = &p->values[f->pub.in[i]];
+        if (!(diff >> i & 1)) {
+            if (gin[i])
+                st = ebb_error_set(EBB_ERR_ARG, "the rule gave input %d, marked not "
+                                                "differentiable, a gradient", i);
+        } else if (!gin[i]) {
+            st = ebb_error_set(EBB_ERR_ARG, "the rule gave no gradient for input %d", i);
+        } else {
+            ebb_shape gs = ebb_tensor_shape(gin[i]);
+            if (!ebb_shape_equal(&gs, &v->shape))
+                st = ebb_error_set(EBB_ERR_SHAPE, "the gradient of input %d is %s, the input %s",
+                                   i, ebb_shape_str(&gs, sa, sizeof sa),
+                                   ebb_shape_str(&v->shape, sb, sizeof sb));
+        }
+    }
+    for (int j = 0; st == EBB_OK && j < f->n_params; j++) {
+        const plan_param *pp = &p->params[f->param_first + j];
+        int want = !pp->spec.buffer && !pp->spec.counter;
+        if (want != (gparam[j] != NULL))
+            st = ebb_error_set(EBB_ERR_ARG, "the rule %s a gradient for %s '%s'",
+                               want ? "gave no" : "gave", want ? "parameter" : "buffer",
+                               pp->full_name);
+        else if (want) {
+            ebb_shape gs = ebb_tensor_shape(gparam[j]);
+            if (!ebb_shape_equal(&gs, &pp->spec.shape))
+                st = ebb_error_set(EBB_ERR_SHAPE, "the gradient of '%s' is %s, the parameter %s",
+                                   pp->full_name, ebb_shape_str(&gs, sa, sizeof sa),
+                                   ebb_shape_str(&pp->spec.shape, sb, sizeof sb));
+        }
+    }
+    for (int j = 0; j < f->n_params; j++)
+        ebb_tensor_free(params[j]);
+    if (st != EBB_OK) {
+        ebb_tensor_free(seed);
+        for (int i = 0; i < 32; i++)
+            ebb_tensor_free(gin[i]);
+        for (int j = 0; j < EBB_MAX_PARAMS; j++)
+            ebb_tensor_free(gparam[j]);
+        return fail(c, ebb_error_prefix("node %s (%s.backward)", f->pub.node, f->op->name));
+    }
+
+    /* the step, then one value per gradient */
+    char *name = ebb_compiler_strdupf("%s.backward", f->op->name);
+    plan_step *b = name ? ebb_compiler_step_new(c, EBB_STEP_BACKWARD, name, f->pub.node) : NULL;
+    if (!b) {
+        free(name);
+        ebb_tensor_free(seed);
+        for (int i = 0; i < 32; i++)
+            ebb_tensor_free(gin[i]);
+        for (int j = 0; j < EBB_MAX_PARAMS; j++)
+            ebb_tensor_free(gparam[j]);
+        return name ? -1 : ebb_compiler_oom(c);
+    }
+    f = &p->steps[fi]; /* the step list may have moved */
+    b->op_owned = name;
+    b->op = f->op;
+    b->attrs = f->attrs;
+    b->param_first = f->param_first;
+    b->n_params = f->n_params;
+    b->fwd_step = fi;
+    b->n_fwd_in = n_in;
+    b->saved_in = saved;
+    b->saves_out = r->saves_output;
+    b->n_saved = r->n_saved;
+    b->seed = gy == SEED;
+    b->grad_in = diff;
+    b->pub.phase = EBB_PHASE_BACKWARD;
+    if (r->workspace && n_in > 0)
+        b->workspace = r->workspace(f->attrs, in_shapes, n_in, p->values[f->pub.in[0]].dtype);
+    int bi = ebb_compiler_step_index(c, b);
+    int outs[32 + EBB_MAX_PARAMS], n_outs = 0, gin_slot[32], gp_slot[EBB_MAX_PARAMS];
+    int failed = 0;
+    for (int i = 0; i < n_in; i++) {
+        gin_slot[i] = -1;
+        if (!gin[i])
+            continue;
+        int al = failed ? -1 : alias_among(gin[i], read_meta, reads, n_reads);
+        if (al < 0 && seed && ebb_tensor_same_storage(gin[i], seed))
+            al = -2; /* a view of the seed: storage the executor owns */
+        gin_slot[i] = failed ? -1
+                             : ebb_compiler_value_new(c, gin[i], EBB_VALUE_INTERMEDIATE, bi,
+                                                      al >= 0 ? al : -1);
+        if (!failed && al == -2)
+            p->values[gin_slot[i]].nbytes = 0;
+        if (failed)
+            ebb_tensor_free(gin[i]);
+        gin[i] = NULL;
+        failed |= gin_slot[i] < 0;
+        outs[n_outs++] = gin_slot[i];
+    }
+    for (int j = 0; j < f->n_params; j++) {
+        gp_slot[j] = -1;
+        if (!gparam[j])
+            continue;
+        int al = failed ? -1 : alias_among(gparam[j], read_meta, reads, n_reads);
+        gp_slot[j] = failed ? -1
+                            : ebb_compiler_value_new(c, gparam[j], EBB_VALUE_INTERMEDIATE, bi, al);
+        if (failed)
+            ebb_tensor_free(gparam[j]);
+        gparam[j] = NULL;
+        failed |= gp_slot[j] < 0;
+        outs[n_outs++] = gp_slot[j];
+    }
+    ebb_tensor_free(seed);
+    if (failed || ebb_compiler_step_set_slots(c, &p->steps[bi], reads, n_reads, outs, n_outs) != 0)
+        return -1;
+
+    /* hand the gradients on */
+    char *node = ebb_compiler_strdupf("%s", p->steps[fi].pub.node);
+    if (!node)
+        return ebb_compiler_oom(c);
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < n_in; i++) {
+        int x = p->steps[fi].pub.in[i];
+        if (gin_slot[i] >= 0 && x < a->n_grad && a->req[x])
+            rc = accumulate(a, &a->grad[x], gin_slot[i], node);
+    }
+    for (int j = 0; rc == 0 && j < p->steps[fi].n_params; j++) {
+        int pi = p->steps[fi].param_first + j;
+        if (gp_slot[j] >= 0 && p->trained[pi])
+            rc = accumulate(a, &a->pgrad[pi], gp_slot[j], node);
+    }
+    free(node);
+    return rc;
+}
+
+/* ---- the pass --------------------------------------------------------------------- */
+
+static int finish(ad *a, int loss) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    int n_out = 1;
+    for (int i = 0; i < p->n_params; i++)
+        n_out += a->t->grads_only && a->pgrad[i] >= 0;
+    int *outputs = calloc((size_t)n_out, sizeof *outputs);
+    char **names = calloc((size_t)n_out, sizeof *names);
+    int *out_param = calloc((size_t)n_out, sizeof *out_param);
+    if (!outputs || !names || !out_param) {
+        free(outputs);
+        free(names);
+        free(out_param);
+        return ebb_compiler_oom(c);
+    }
+    free(p->outputs);
+    free(p->output_names);
+    p->outputs = outputs;
+    p->output_names = names;
+    p->out_param = out_param;
+    p->n_outputs = n_out;
+    outputs[0] = loss;
+    names[0] = (char *)"loss";
+    out_param[0] = -1;
+    p->values[loss].kind = EBB_VALUE_OUTPUT;
+    int k = 1;
+    for (int i = 0; i < p->n_params; i++) {
+        int g = a->pgrad[i];
+        if (g < 0)
+            continue;
+        if (a->t->grads_only) {
+            outputs[k] = g;
+            names[k] = p->params[i].full_name;
+            out_param[k++] = i;
+            p->values[g].kind = EBB_VALUE_OUTPUT;
+            continue;
+        }
+        plan_step *u = ebb_compiler_step_new(c, EBB_STEP_UPDATE, "update", p->params[i].full_name);
+        if (!u || ebb_compiler_step_set_slots(c, u, &g, 1, NULL, 0) != 0)
+            return -1;
+        u->pub.phase = EBB_PHASE_UPDATE;
+        u->pub.param = i;
+        const ebb_plan_value *gv = &p->values[g];
+        u->workspace = ebb_optimizer_update_scratch_bytes(&a->t->optimizer, gv->dtype,
+                                                          ebb_shape_numel(&gv->shape),
+                                                          (ebb_device){EBB_DEVICE_CPU, 0}, 1);
+        if (u->workspace < 0)
+            return fail(c, ebb_errcode());
+    }
+    return 0;
+}
+
+int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options *opts) {
+    ebb_plan *p = c->plan;
+    const ebb_train_options *t = opts->train;
+    if (refuse_control_flow(c) != 0 || choose_trained(c, t) != 0 || bind_targets(c, g, t) != 0)
+        return -1;
+    p->training = 1;
+    p->grads_only = t->grads_only;
+    p->optimizer = t->optimizer;
+    const ebb_op *loss_op = NULL;
+    const ebb_attr_value *loss_attrs = NULL;
+    if (choose_loss(c, g, t, &loss_op, &loss_attrs) != 0)
+        return -1;
+
+    /* the forward's outputs are the loss's business now */
+    int final = p->outputs[0];
+    for (int i = 0; i < p->n_outputs; i++)
+        if (p->values[p->outputs[i]].kind == EBB_VALUE_OUTPUT)
+            p->values[p->outputs[i]].kind = EBB_VALUE_INTERMEDIATE;
+
+    int n_fwd = p->n_steps;
+    for (int i = 0; i < n_fwd; i++)
+        if (p->steps[i].pub.kind == EBB_STEP_OP && p->steps[i].op->grad &&
+            p->steps[i].op->grad->forward_train && add_extras(c, i) != 0)
+            return -1;
+
+    ad a = {.c = c, .t = t};
+    int rc = -1;
+    a.n_grad = p->n_values + 1;
+    a.req = calloc((size_t)a.n_grad, 1);
+    a.grad = malloc((size_t)a.n_grad * sizeof *a.grad);
+    a.pgrad = malloc(((size_t)p->n_params + 1) * sizeof *a.pgrad);
+    if (!a.req || !a.grad || !a.pgrad) {
+        ebb_compiler_oom(c);
+        goto out;
+    }
+    for (int v = 0; v < a.n_grad; v++)
+        a.grad[v] = -1;
+    for (int i = 0; i < p->n_params; i++)
+        a.pgrad[i] = -1;
+    /* which values depend on a trained parameter */
+    for (int i = 0; i < n_fwd; i++) {
+        const plan_step *s = &p->steps[i];
+        int r = 0;
+        if (s->pub.kind == EBB_STEP_ALIAS) {
+            r = a.req[s->pub.in[0]];
+        } else if (s->pub.kind == EBB_STEP_OP) {
+            uint32_t diff = s->op->grad ? s->op->grad->differentiable : 0xffffffffu;
+            for (int k = 0; k < s->pub.n_in; k++)
+                r |= a.req[s->pub.in[k]] && (k >= 32 || (diff >> k & 1));
+            for (int j = 0; j < s->n_params; j++)
+                r |= p->trained[s->param_first + j];
+        }
+        a.req[s->pub.out[0]] = (unsigned char)r;
+    }
+    if (!a.req[final]) {
+        fail(c, ebb_error_set(EBB_ERR_ARG,
+                              "ebb_compile: the output of graph '%s' does not depend on any "
+                              "trained parameter, so the loss has no gradient",
+                              g->name));
+        goto out;
+    }
+
+    int loss_in[1 + 16] = {final};
+    int n_loss_in = 1 + p->n_targets;
+    for (int i = 0; i < p->n_targets && i < 16; i++)
+        loss_in[1 + i] = p->inputs[p->n_inputs - p->n_targets + i];
+    int loss = ebb_lower_op(c, loss_op, loss_attrs, "loss", "loss", loss_in, n_loss_in);
+    if (loss < 0)
+        goto out;
+    int loss_step = p->n_steps - 1;
+    p->steps[loss_step].pub.phase = EBB_PHASE_LOSS;
+    if (loss_op->grad && loss_op->grad->forward_train && add_extras(c, loss_step) != 0)
+        goto out;
+    if (p->values[loss].shape.ndim != 0) {
+        char sb[96];
+        fail(c, ebb_error_set(EBB_ERR_SHAPE, "loss %s gives %s; a loss must be a scalar",
+                              loss_op->name, ebb_shape_str(&p->values[loss].shape, sb, sizeof sb)));
+        goto out;
+    }
+    if (!loss_op->grad) {
+        fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED, "loss %s has no backward rule",
+                              loss_op->name));
+        goto out;
+    }
+    /* the loss and every forward value are below n_grad */
+    if (loss >= a.n_grad) {
+        int *g2 = realloc(a.grad, ((size_t)loss + 1) * sizeof *g2);
+        unsigned char *r2 = g2 ? realloc(a.req, (size_t)loss + 1) : NULL;
+        if (g2)
+            a.grad = g2;
+        if (r2)
+            a.req = r2;
+        if (!g2 || !r2) {
+            ebb_compiler_oom(c);
+            goto out;
+        }
+        for (int v = a.n_grad; v <= loss; v++) {
+            a.grad[v] = -1;
+            a.req[v] = 0;
+        }
+        a.n_grad = loss + 1;
+    }
+    a.req[loss] = 1;
+    a.grad[loss] = SEED;
+
+    /* the loss step, then the forward from its end */
+    for (int k = -1; k < n_fwd; k++) {
+        int i = k < 0 ? loss_step : n_fwd - 1 - k;
+        const plan_step *s = &p->steps[i];
+        int y = s->pub.out[0];
+        if (a.grad[y] == -1 || !a.req[y])
+            continue;
+        if (s->pub.kind == EBB_STEP_ALIAS) {
+            char *node = ebb_compiler_strdupf("%s", s->pub.node);
+            int x = s->pub.in[0];
+            int r2 = node ? accumulate(&a, &a.grad[x], a.grad[y], node) : ebb_compiler_oom(c);
+            free(node);
+            if (r2 != 0)
+                goto out;
+            continue;
+        }
+        if (!s->op->grad) {
+            fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                  "node %s: op %s has no backward rule (ebb_op.grad), so it "
+                                  "cannot be trained through",
+                                  s->pub.node, s->op->name));
+            goto out;
+        }
+        if (emit_backward(&a, i) != 0)
+            goto out;
+    }
+    rc = finish(&a, loss);
+out:
+    free(a.req);
+    free(a.grad);
+    free(a.pgrad);
+    return rc;
+}
