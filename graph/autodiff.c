@@ -250,10 +250,20 @@ static ebb_status to_meta(compiler *c, ebb_tensor **t) {
 
 /* A training forward on meta tensors, else on CPU stand-ins (ATen has no
  * meta kernel for some training forwards, native_batch_norm's among them). */
+static int shares_input(const ebb_tensor *t, ebb_tensor *const *in, int n) {
+    for (int i = 0; t && i < n; i++)
+        if (in[i] && ebb_tensor_same_storage(t, in[i]))
+            return i;
+    return -1;
+}
+
+/* *alias: the input the output shares storage with, or -1 (dropout's
+ * training output is fresh where its inference output is its input). */
 static ebb_status dry_forward_train(compiler *c, const ebb_op_call *call, ebb_tensor **out,
-                                    ebb_tensor **saved) {
+                                    ebb_tensor **saved, int *alias) {
     const ebb_op_grad *r = call->op->grad;
     ebb_status st = r->forward_train(call, out, saved);
+    *alias = st == EBB_OK ? shares_input(*out, call->in, call->n_in) : -1;
     if (st == EBB_OK || st == EBB_ERR_SHAPE || st == EBB_ERR_ARG || st == EBB_ERR_NOMEM)
         return st;
     ebb_tensor_free(*out);
@@ -269,6 +279,8 @@ static ebb_status dry_forward_train(compiler *c, const ebb_op_call *call, ebb_te
         cc.in = ins;
         cc.params = params;
         st = r->forward_train(&cc, out, saved);
+        if (st == EBB_OK)
+            *alias = shares_input(*out, ins, call->n_in);
     }
     free_all(ins, call->n_in);
     free_all(params, call->n_params);
@@ -294,10 +306,11 @@ static int add_extras(compiler *c, int si) {
         if (!(params[j] = meta_param(c, &p->params[s->param_first + j])))
             st = c->status;
     ebb_tensor *out = NULL, *saved[EBB_MAX_SAVED] = {0};
+    int alias = -1;
     if (st == EBB_OK) {
         ebb_op_call call = {.op = s->op, .attrs = s->attrs, .in = ins, .n_in = s->pub.n_in,
                             .params = params, .n_params = s->n_params, .node = s->pub.node};
-        st = dry_forward_train(c, &call, &out, saved);
+        st = dry_forward_train(c, &call, &out, saved, &alias);
     }
     for (int j = 0; j < s->n_params; j++)
         ebb_tensor_free(params[j]);
@@ -331,6 +344,10 @@ static int add_extras(compiler *c, int si) {
     s->pub.out = o;
     s->pub.n_out = 1 + r->n_saved;
     s->train = 1;
+    /* the training output is a view exactly when the dry run says so */
+    ebb_plan_value *y = &p->values[s->pub.out[0]];
+    y->alias_of = alias >= 0 ? s->pub.in[alias] : -1;
+    y->nbytes = alias >= 0 ? 0 : ebb_shape_numel(&y->shape) * (int64_t)ebb_dtype_size(y->dtype);
     /* the training forward's scratch replaces the forward's */
     s->workspace = 0;
     if (r->train_workspace && s->pub.n_in > 0) {
@@ -666,8 +683,26 @@ static int finish(ad *a, int loss) {
     names[0] = (char *)"loss";
     out_param[0] = -1;
     p->values[loss].kind = EBB_VALUE_OUTPUT;
-    int k = 1;
+    /* Updates run smallest gradient first: each frees its gradient, and the
+     * scratch of the next (about a parameter's size for Adam) then lands on
+     * less; largest first would add the biggest scratch to every gradient. */
+    int *order = malloc(((size_t)p->n_params + 1) * sizeof *order);
+    if (!order)
+        return ebb_compiler_oom(c);
     for (int i = 0; i < p->n_params; i++) {
+        int j = i;
+        int64_t b = a->pgrad[i] >= 0 ? p->values[a->pgrad[i]].nbytes : 0;
+        for (; j > 0 && !a->t->grads_only; j--) {
+            int q = order[j - 1];
+            if ((a->pgrad[q] >= 0 ? p->values[a->pgrad[q]].nbytes : 0) <= b)
+                break;
+            order[j] = q;
+        }
+        order[j] = i;
+    }
+    int k = 1;
+    for (int n = 0; n < p->n_params; n++) {
+        int i = order[n];
         int g = a->pgrad[i];
         if (g < 0)
             continue;
@@ -679,17 +714,22 @@ static int finish(ad *a, int loss) {
             continue;
         }
         plan_step *u = ebb_compiler_step_new(c, EBB_STEP_UPDATE, "update", p->params[i].full_name);
-        if (!u || ebb_compiler_step_set_slots(c, u, &g, 1, NULL, 0) != 0)
+        if (!u || ebb_compiler_step_set_slots(c, u, &g, 1, NULL, 0) != 0) {
+            free(order);
             return -1;
+        }
         u->pub.phase = EBB_PHASE_UPDATE;
         u->pub.param = i;
         const ebb_plan_value *gv = &p->values[g];
         u->workspace = ebb_optimizer_update_scratch_bytes(&a->t->optimizer, gv->dtype,
                                                           ebb_shape_numel(&gv->shape),
                                                           (ebb_device){EBB_DEVICE_CPU, 0}, 1);
-        if (u->workspace < 0)
+        if (u->workspace < 0) {
+            free(order);
             return fail(c, ebb_errcode());
+        }
     }
+    free(order);
     return 0;
 }
 

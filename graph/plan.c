@@ -64,6 +64,31 @@ const ebb_param_spec *ebb_plan_param_at(const ebb_plan *p, int i, const char **f
     return &p->params[i].spec;
 }
 
+const char *ebb_plan_phase_name(ebb_step_phase phase) {
+    switch (phase) {
+    case EBB_PHASE_FORWARD: return "forward";
+    case EBB_PHASE_LOSS: return "loss";
+    case EBB_PHASE_BACKWARD: return "backward";
+    case EBB_PHASE_UPDATE: return "update";
+    }
+    return "forward";
+}
+
+int ebb_plan_value_saved(const ebb_plan *p, int slot) {
+    if (!p || !p->training || slot < 0 || slot >= p->n_values)
+        return 0;
+    int made = p->values[slot].producer;
+    if (made >= 0 && p->steps[made].pub.phase == EBB_PHASE_BACKWARD)
+        return 0;
+    for (int i = 0; i < p->n_steps; i++)
+        if (p->steps[i].pub.kind == EBB_STEP_BACKWARD)
+            for (int k = 0; k < p->steps[i].pub.n_in; k++)
+                if (p->steps[i].pub.in[k] == slot && p->values[slot].kind != EBB_VALUE_INPUT &&
+                    (made < 0 || p->steps[made].pub.phase != EBB_PHASE_BACKWARD))
+                    return 1;
+    return 0;
+}
+
 static void slots_text(const ebb_plan *p, char *buf, size_t size, const int *slots, int n) {
     size_t at = 0;
     char id[64];
@@ -91,6 +116,8 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
     for (int i = 0; i < p->n_steps; i++) {
         const ebb_plan_step *s = &p->steps[i].pub;
         char in[128], out[64], frees[256], shape[128] = "-", jf[192];
+        if (p->training && (i == 0 || s->phase != p->steps[i - 1].pub.phase))
+            fprintf(f, "      -- %s --\n", ebb_plan_phase_name(s->phase));
         slots_text(p, in, sizeof in, s->in, s->n_in);
         slots_text(p, out, sizeof out, s->out, s->n_out);
         slots_text(p, frees, sizeof frees, s->frees, s->n_frees);
@@ -124,6 +151,46 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
     ebb_bytes_str(p->keep_all_peak_bytes, keep, sizeof keep);
     fprintf(f, "%d steps, %d values, %d parameter tensors (%s)\n", p->n_steps, p->n_values,
             p->n_params, pb);
+    if (p->training) {
+        /* what the backward keeps from the forward, and until when */
+        int n_saved = 0;
+        int64_t saved_bytes = 0;
+        for (int v = 0; v < p->n_values; v++)
+            if (ebb_plan_value_saved(p, v)) {
+                char id[64], sb[32];
+                int last = ebb_plan_value_last_use(p, v), made = p->values[v].producer;
+                ebb_plan_value_id(p, v, id, sizeof id);
+                ebb_bytes_str(p->values[v].nbytes, sb, sizeof sb);
+                fprintf(f, n_saved++ ? "\n  " : "saved for the backward:\n  ");
+                int root = v;
+                while (p->values[root].alias_of >= 0)
+                    root = p->values[root].alias_of;
+                char of[80] = "";
+                if (root != v) {
+                    char rid[64];
+                    ebb_plan_value_id(p, root, rid, sizeof rid);
+                    snprintf(of, sizeof of, " of %s's storage", rid);
+                }
+                ebb_bytes_str(p->values[root].nbytes, sb, sizeof sb);
+                fprintf(f, "%s (%s%s, %s) from step %d (%s) to step %d (%s)", id, sb, of,
+                        p->steps[made].pub.op, made, p->steps[made].pub.node, last,
+                        p->steps[last].pub.op);
+                saved_bytes += p->values[root].nbytes;
+            }
+        if (n_saved) {
+            char tb[32];
+            ebb_bytes_str(saved_bytes, tb, sizeof tb);
+            fprintf(f, "\n%d values (%s) cross from the forward into the backward; every other "
+                       "forward value dies in the forward\n",
+                    n_saved, tb);
+        }
+        int trained = 0;
+        for (int i = 0; i < p->n_params; i++)
+            trained += p->trained[i];
+        fprintf(f, "training step: %d target(s), %d of %d parameter tensors trained, %s\n",
+                p->n_targets, trained, p->n_params,
+                p->grads_only ? "gradients handed out (no updates)" : "updated after the backward");
+    }
     int n_in_place = 0;
     for (int i = 0; i < p->n_steps; i++)
         if (p->steps[i].pub.in_place)

@@ -75,6 +75,12 @@ struct ebb_plan {
     void *attrs; /* attribute values of compiler-made ops (a list) */
 };
 
+/* Non-zero when a training plan's backward reads the value, made in the
+ * forward (an activation kept for the backward). */
+int ebb_plan_value_saved(const ebb_plan *p, int slot);
+/* "forward", "loss", "backward", "update". */
+const char *ebb_plan_phase_name(ebb_step_phase phase);
+
 /* Writes s as a JSON (and DOT) string literal, quotes included. */
 void ebb_json_string(FILE *f, const char *s);
 

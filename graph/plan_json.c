@@ -123,6 +123,8 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
         } else {
             fputs("null", f);
         }
+        if (p->training)
+            fprintf(f, ", \"saved\": %s", ebb_plan_value_saved(p, v) ? "true" : "false");
         fputs(", \"tag\": ", f);
         if (val->name && val->kind != EBB_VALUE_INPUT)
             ebb_json_string(f, val->name);
@@ -150,6 +152,9 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
         ids_json(f, p, s->out, s->n_out);
         fputs(", \"frees\": ", f);
         ids_json(f, p, s->frees, s->n_frees);
+        fprintf(f, ", \"phase\": \"%s\"", ebb_plan_phase_name(s->phase));
+        if (s->kind == EBB_STEP_UPDATE)
+            fprintf(f, ", \"param\": %d", s->param);
         fprintf(f, ", \"live_bytes\": %lld, \"peak_bytes\": %lld, \"in_place\": %s",
                 (long long)s->live_bytes, (long long)s->peak_bytes,
                 p->steps[i].pub.in_place ? "true" : "false");
@@ -161,7 +166,7 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
     }
     fprintf(f,
             "],\n \"peak_bytes\": %lld, \"peak_kind\": \"%s\", \"peak_step\": %d, "
-            "\"keep_all_peak_bytes\": %lld}\n",
+            "\"keep_all_peak_bytes\": %lld, \"training\": %s, \"targets\": %d}\n",
             (long long)p->peak_bytes, p->peak_is_bound ? "bound" : "exact", p->peak_step,
-            (long long)p->keep_all_peak_bytes);
+            (long long)p->keep_all_peak_bytes, p->training ? "true" : "false", p->n_targets);
 }
