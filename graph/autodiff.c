@@ -609,6 +609,9 @@ static int emit_backward(ad *a, int fi) {
         int al = failed ? -1 : alias_among(gin[i], read_meta, reads, n_reads);
         if (al < 0 && seed && ebb_tensor_same_storage(gin[i], seed))
             al = -2; /* a view of the seed: storage the executor owns */
+        for (int k = 0; al == -1 && k < i; k++) /* one tensor for several inputs */
+            if (gin_slot[k] >= 0 && ebb_tensor_same_storage(gin[i], c->meta[gin_slot[k]]))
+                al = gin_slot[k];
         gin_slot[i] = failed ? -1
                              : ebb_compiler_value_new(c, gin[i], EBB_VALUE_INTERMEDIATE, bi,
                                                       al >= 0 ? al : -1);

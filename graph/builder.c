@@ -31,6 +31,10 @@ struct ebb_builder {
     name_list pending_using;
     int has_pending_using;
     name_list free_tags;
+    name_list targets;
+    const ebb_op *loss;
+    ebb_attr_value loss_attrs[EBB_MAX_ATTRS];
+    char *loss_attr_text;
     ebb_node *owned;
 };
 
@@ -200,6 +204,8 @@ void ebb_builder_free(ebb_builder *b) {
     names_free(&b->tags);
     names_free(&b->pending_using);
     names_free(&b->free_tags);
+    names_free(&b->targets);
+    free(b->loss_attr_text);
     nodes_free(b->owned);
     free(b);
 }
@@ -271,40 +277,49 @@ static const char *attr_type_name(ebb_attr_type t) {
     return "?";
 }
 
-/* Fills n->attrs from "k=v, k=v" text: checks names and types against the
- * schema, applies defaults, requires required ones. */
-static int node_parse_attrs(ebb_builder *b, ebb_node *n, const char *text) {
-    const ebb_op *op = n->op;
-    char known[512] = "";
+/* Writes the schema's attribute names into known as "a, b, ...": those with
+ * a default first, then the required ones, for "(known: ...)" messages. */
+static void known_attrs(const ebb_op *op, char *known, size_t size) {
+    known[0] = '\0';
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < op->n_attrs; i++) {
+            if (!!op->attrs[i].required != pass)
+                continue;
+            size_t k = strlen(known);
+            snprintf(known + k, size - k, "%s%s", k ? ", " : "", op->attrs[i].name);
+        }
+}
+
+/* ebb_attrs_resolve(), and for ebb_node_op() the extra key `name`, which is
+ * not an attribute of the op: with name_out non-NULL it is accepted, checked
+ * and returned pointing into *owned. */
+static ebb_status attrs_parse(const ebb_op *op, const char *text, ebb_attr_value *out,
+                              char **owned, const char **name_out) {
+    *owned = NULL;
+    if (name_out)
+        *name_out = NULL;
     for (int i = 0; i < op->n_attrs; i++) {
         const ebb_attr_spec *a = &op->attrs[i];
-        n->attrs[i].type = a->type;
+        memset(&out[i], 0, sizeof out[i]);
+        out[i].type = a->type;
         if (a->required)
             continue;
         if (a->type == EBB_ATTR_STRING) {
-            n->attrs[i].s = a->default_string;
-            n->attrs[i].set = a->default_string != NULL;
+            out[i].s = a->default_string;
+            out[i].set = a->default_string != NULL;
         } else {
-            n->attrs[i].i = (int64_t)a->default_number;
-            n->attrs[i].f = a->default_number;
-            n->attrs[i].set = !a->optional;
-        }
-        size_t k = strlen(known);
-        snprintf(known + k, sizeof known - k, "%s%s", k ? ", " : "", a->name);
-    }
-    for (int i = 0; i < op->n_attrs; i++) {
-        if (op->attrs[i].required) {
-            size_t k = strlen(known);
-            snprintf(known + k, sizeof known - k, "%s%s", k ? ", " : "", op->attrs[i].name);
+            out[i].i = (int64_t)a->default_number;
+            out[i].f = a->default_number;
+            out[i].set = !a->optional;
         }
     }
+    ebb_status st = EBB_OK;
+    char *copy = NULL;
     if (text) {
-        n->attr_text = dup_str(text);
-        if (!n->attr_text) {
-            nomem(b, "ebb_node_op");
-            return -1;
-        }
-        char *p = n->attr_text;
+        copy = dup_str(text);
+        if (!copy)
+            return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", op->name);
+        char *p = copy;
         int given[EBB_MAX_ATTRS] = {0};
         for (;;) {
             while (*p == ',' || isspace((unsigned char)*p))
@@ -315,9 +330,10 @@ static int node_parse_attrs(ebb_builder *b, ebb_node *n, const char *text) {
             while (*p && *p != '=' && *p != ',' && !isspace((unsigned char)*p))
                 p++;
             if (*p != '=') {
-                fail(b, "ebb_node_op: %s: attribute '%.*s' has no value (expected key=value)",
-                     op->name, (int)(p - key), key);
-                return -1;
+                st = ebb_error_set(EBB_ERR_ARG,
+                                   "%s: attribute '%.*s' has no value (expected key=value)",
+                                   op->name, (int)(p - key), key);
+                goto fail;
             }
             *p++ = '\0';
             char *val = p;
@@ -326,8 +342,9 @@ static int node_parse_attrs(ebb_builder *b, ebb_node *n, const char *text) {
                 while (*p && *p != '"')
                     p++;
                 if (*p != '"') {
-                    fail(b, "ebb_node_op: %s: unterminated quote in attribute '%s'", op->name, key);
-                    return -1;
+                    st = ebb_error_set(EBB_ERR_ARG, "%s: unterminated quote in attribute '%s'",
+                                       op->name, key);
+                    goto fail;
                 }
             } else {
                 while (*p && *p != ',' && !isspace((unsigned char)*p))
@@ -335,43 +352,71 @@ static int node_parse_attrs(ebb_builder *b, ebb_node *n, const char *text) {
             }
             if (*p)
                 *p++ = '\0';
-            if (strcmp(key, "name") == 0) {
+            if (name_out && strcmp(key, "name") == 0) {
                 if (!ebb_graph_valid_node_name(val)) {
-                    fail(b, "ebb_node_op: %s: invalid node name '%s'", op->name, val);
-                    return -1;
+                    st = ebb_error_set(EBB_ERR_ARG, "%s: invalid node name '%s'", op->name, val);
+                    goto fail;
                 }
-                free(n->name);
-                n->name = dup_str(val);
-                if (!n->name) {
-                    nomem(b, "ebb_node_op");
-                    return -1;
-                }
+                *name_out = val;
                 continue;
             }
             int ai = ebb_op_attr_index(op, key);
             if (ai < 0) {
-                fail(b, "ebb_node_op: %s has no attribute '%s' (known: %s%sname)", op->name, key,
-                     known, known[0] ? ", " : "");
-                return -1;
+                char known[512];
+                known_attrs(op, known, sizeof known);
+                if (name_out)
+                    st = ebb_error_set(EBB_ERR_ARG, "%s has no attribute '%s' (known: %s%sname)",
+                                       op->name, key, known, known[0] ? ", " : "");
+                else if (known[0])
+                    st = ebb_error_set(EBB_ERR_ARG, "%s has no attribute '%s' (known: %s)",
+                                       op->name, key, known);
+                else
+                    st = ebb_error_set(EBB_ERR_ARG, "%s has no attribute '%s' (it takes none)",
+                                       op->name, key);
+                goto fail;
             }
             if (given[ai]) {
-                fail(b, "ebb_node_op: %s: attribute '%s' given twice", op->name, key);
-                return -1;
+                st = ebb_error_set(EBB_ERR_ARG, "%s: attribute '%s' given twice", op->name, key);
+                goto fail;
             }
             given[ai] = 1;
-            if (parse_attr_value(&op->attrs[ai], val, &n->attrs[ai]) != 0) {
-                fail(b, "ebb_node_op: %s: attribute '%s' must be %s, got '%s'", op->name, key,
-                     attr_type_name(op->attrs[ai].type), val);
-                return -1;
+            if (parse_attr_value(&op->attrs[ai], val, &out[ai]) != 0) {
+                st = ebb_error_set(EBB_ERR_ARG, "%s: attribute '%s' must be %s, got '%s'",
+                                   op->name, key, attr_type_name(op->attrs[ai].type), val);
+                goto fail;
             }
         }
     }
     for (int i = 0; i < op->n_attrs; i++)
-        if (op->attrs[i].required && !n->attrs[i].set) {
-            fail(b, "ebb_node_op: %s needs attribute '%s'", op->name, op->attrs[i].name);
-            return -1;
+        if (op->attrs[i].required && !out[i].set) {
+            st = ebb_error_set(EBB_ERR_ARG, "%s needs attribute '%s'", op->name,
+                               op->attrs[i].name);
+            goto fail;
         }
-    return 0;
+    *owned = copy;
+    return EBB_OK;
+fail:
+    free(copy);
+    if (name_out)
+        *name_out = NULL;
+    return st;
+}
+
+ebb_status ebb_attrs_resolve(const ebb_op *op, const char *text, ebb_attr_value *out,
+                             char **owned) {
+    if (owned)
+        *owned = NULL;
+    if (!op || !out || !owned)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_attrs_resolve: NULL argument");
+    return attrs_parse(op, text, out, owned, NULL);
+}
+
+/* A failed ebb_attrs_resolve() becomes the builder's error, under `call`. */
+static void fail_attrs(ebb_builder *b, ebb_status st, const char *call) {
+    if (st == EBB_ERR_NOMEM)
+        nomem(b, call);
+    else
+        fail(b, "%s: %s", call, ebb_errmsg());
 }
 
 ebb_node *ebb_node_op(ebb_builder *b, const char *op_name, const char *attrs) {
@@ -386,8 +431,16 @@ ebb_node *ebb_node_op(ebb_builder *b, const char *op_name, const char *attrs) {
     if (!n)
         return NULL;
     n->op = op;
-    if (node_parse_attrs(b, n, attrs) != 0)
+    const char *name = NULL;
+    ebb_status st = attrs_parse(op, attrs, n->attrs, &n->attr_text, &name);
+    if (st != EBB_OK) {
+        fail_attrs(b, st, "ebb_node_op");
         return NULL;
+    }
+    if (name && !(n->name = dup_str(name))) {
+        nomem(b, "ebb_node_op");
+        return NULL;
+    }
     return n;
 }
 
@@ -676,8 +729,64 @@ void ebb_input(ebb_builder *b, const char *name) {
         fail(b, "ebb_input: duplicate input '%s'", name);
         return;
     }
+    if (names_find(&b->targets, name) >= 0) {
+        fail(b, "ebb_input: '%s' is already a target", name);
+        return;
+    }
     if (names_add(&b->inputs, name) != 0 || names_add(&b->tags, name) != 0)
         nomem(b, "ebb_input");
+}
+
+void ebb_target(ebb_builder *b, const char *name) {
+    if (failed(b))
+        return;
+    if (b->parent) {
+        fail(b, "ebb_target: a sub-flow cannot declare targets (only the top-level flow has a "
+                "loss)");
+        return;
+    }
+    if (!valid_name(name)) {
+        fail(b, "ebb_target: invalid target name '%s'", name ? name : "(null)");
+        return;
+    }
+    if (names_find(&b->targets, name) >= 0) {
+        fail(b, "ebb_target: duplicate target '%s'", name);
+        return;
+    }
+    if (names_find(&b->inputs, name) >= 0) {
+        fail(b, "ebb_target: '%s' is already an input", name);
+        return;
+    }
+    if (names_find(&b->tags, name) >= 0) {
+        fail(b, "ebb_target: '%s' is already a tag", name);
+        return;
+    }
+    if (names_add(&b->targets, name) != 0)
+        nomem(b, "ebb_target");
+}
+
+void ebb_loss(ebb_builder *b, const char *op_name, const char *attrs) {
+    if (failed(b))
+        return;
+    if (b->parent) {
+        fail(b, "ebb_loss: a sub-flow cannot declare a loss (only the top-level flow has one)");
+        return;
+    }
+    if (b->loss) {
+        fail(b, "ebb_loss: the graph already has a loss (%s)", b->loss->name);
+        return;
+    }
+    const ebb_op *op = ebb_op_find(op_name);
+    if (!op) {
+        fail(b, "ebb_loss: unknown op '%s'", op_name ? op_name : "(null)");
+        return;
+    }
+    ebb_status st = ebb_attrs_resolve(op, attrs, b->loss_attrs, &b->loss_attr_text);
+    if (st != EBB_OK) {
+        fail_attrs(b, st, "ebb_loss");
+        return;
+    }
+    b->loss = op;
 }
 
 void ebb_output(ebb_builder *b, const char *tag) {
@@ -948,6 +1057,10 @@ void ebb_tag(ebb_builder *b, const char *name) {
         fail(b, "ebb_tag: duplicate tag '%s'", name);
         return;
     }
+    if (names_find(&b->targets, name) >= 0) {
+        fail(b, "ebb_tag: '%s' is already a target", name);
+        return;
+    }
     graph_step *s = step_add(b, STEP_TAG, "ebb_tag");
     if (!s)
         return;
@@ -974,6 +1087,10 @@ void ebb_usingv(ebb_builder *b, const char *const *names, int n) {
             return;
         }
         if (names_find(&b->tags, t) < 0) {
+            if (names_find(&b->targets, t) >= 0) {
+                fail(b, "ebb_using: '%s' is a target, which only the loss reads", t);
+                return;
+            }
             if (!b->parent) {
                 fail(b, "ebb_using: undefined tag '%s'", t);
                 return;
@@ -1026,6 +1143,21 @@ ebb_graph *ebb_build(ebb_builder *b) {
         for (int i = 0; b->status == EBB_OK && i < b->outputs.n; i++)
             if (names_find(&b->tags, b->outputs.items[i]) < 0)
                 fail(b, "ebb_build: output '%s' is not a tag of the flow", b->outputs.items[i]);
+        /* the loss reads the final stream, then the targets in order */
+        if (b->status == EBB_OK && b->loss) {
+            int n = 1 + b->targets.n, min = b->loss->min_inputs, max = b->loss->max_inputs;
+            char want[64];
+            if (min == max)
+                snprintf(want, sizeof want, "%d input%s", min, min == 1 ? "" : "s");
+            else if (max < 0)
+                snprintf(want, sizeof want, "at least %d inputs", min);
+            else
+                snprintf(want, sizeof want, "%d to %d inputs", min, max);
+            if (n < min || (max >= 0 && n > max))
+                fail(b, "ebb_build: loss %s takes %s (the final stream, then the targets), but "
+                        "the graph declares %d target%s",
+                     b->loss->name, want, b->targets.n, b->targets.n == 1 ? "" : "s");
+        }
     }
     if (b->status != EBB_OK) {
         ebb_error_set(b->status, "%s", b->err);
@@ -1052,6 +1184,13 @@ ebb_graph *ebb_build(ebb_builder *b) {
     g->is_subflow = b->parent != NULL;
     g->free_tags = b->free_tags;
     memset(&b->free_tags, 0, sizeof b->free_tags);
+    g->targets = b->targets;
+    memset(&b->targets, 0, sizeof b->targets);
+    g->loss = b->loss;
+    memcpy(g->loss_attrs, b->loss_attrs, sizeof g->loss_attrs);
+    g->loss_attr_text = b->loss_attr_text;
+    b->loss_attr_text = NULL;
+    b->loss = NULL;
     g->owned = b->owned;
     b->owned = NULL;
     /* what remains is the consumed builder: make further calls fail clearly */
@@ -1129,6 +1268,8 @@ void ebb_graph_free(ebb_graph *g) {
     names_free(&g->outputs);
     steps_free(g->steps, g->n_steps);
     names_free(&g->free_tags);
+    names_free(&g->targets);
+    free(g->loss_attr_text);
     nodes_free(g->owned);
     free(g);
 }
@@ -1144,4 +1285,9 @@ const char *ebb_graph_output_name(const ebb_graph *g, int i) {
         return NULL;
     return i == 0 ? g->final_name : g->outputs.items[i - 1];
 }
+int ebb_graph_target_count(const ebb_graph *g) { return g ? g->targets.n : 0; }
+const char *ebb_graph_target_name(const ebb_graph *g, int i) {
+    return g && i >= 0 && i < g->targets.n ? g->targets.items[i] : NULL;
+}
+const char *ebb_graph_loss(const ebb_graph *g) { return g && g->loss ? g->loss->name : NULL; }
 int ebb_graph_step_count(const ebb_graph *g) { return g ? g->n_steps : 0; }

@@ -3,9 +3,10 @@
  * Graph view: op nodes are boxes; split fans out and merge fans in; gate and
  * switch are diamonds with each branch in a cluster; a loop body is a cluster
  * with a dashed back edge; `using` reads are dashed edges from the tagged
- * value. Plan view: one node per step, top to bottom in step order, data
- * edges labelled with value, shape and bytes, fill by predicted live bytes,
- * the peak step outlined. */
+ * value. Plan view: one node per step, in columns of steps read top to
+ * bottom, each naming the value it makes and its live bytes, fill by
+ * predicted bytes, the peak step outlined with the peak figure; edges only
+ * between nearby steps, farther reads named on the reader. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -251,34 +252,123 @@ void ebb_graph_write_dot(const ebb_graph *g, FILE *f) {
 
 /* ---- plan view ---------------------------------------------------------------- */
 
+/* Steps run top to bottom in columns, left to right, so that a long plan is
+ * a page rather than a strip. Each step names the value it makes, so edges
+ * need only the value's id. An edge is drawn only from a producer at most
+ * NEAR_STEPS above in the same column; a value read from further away (a
+ * graph input, a routing table, a residual, a tag read far below) is named
+ * in its reader's label instead ("reads v3 from 2"), so no edge crosses
+ * the drawing. */
+#define NEAR_STEPS 2
+#define COLUMN_STEPS 10 /* at most, before another column */
+
+static int plan_rows(int n) {
+    int cols = (n + COLUMN_STEPS - 1) / COLUMN_STEPS;
+    if (cols < 1)
+        cols = 1;
+    return n > 0 ? (n + cols - 1) / cols : 1;
+}
+
+/* Appends to label[*at..size) without overrunning it. */
+static void label_add(char *label, size_t size, size_t *at, const char *fmt, const char *a,
+                      int b) {
+    if (*at >= size)
+        return;
+    int n = snprintf(label + *at, size - *at, fmt, a, b);
+    *at += n > 0 ? (size_t)n : 0;
+}
+
+/* Whether step i reads slot v from near enough to draw the edge. */
+static int near_read(const ebb_plan *p, int rows, int v, int i) {
+    int prod = p->values[v].producer;
+    if (prod < 0) /* a graph input, drawn above the first column */
+        return i / rows == 0 && i < NEAR_STEPS;
+    return prod / rows == i / rows && i - prod <= NEAR_STEPS && i > prod;
+}
+
 void ebb_plan_write_dot(const ebb_plan *p, FILE *f) {
     if (!p || !f)
         return;
+    int rows = plan_rows(p->n_steps);
+    char id[64], sb[96], hb[32], pb[32], label[1024];
     fputs("digraph ", f);
     q(f, p->name);
-    fputs(" {\n  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10, shape=box, "
-          "style=\"rounded,filled\"];\n  edge [fontname=\"Helvetica\", fontsize=9];\n",
+    ebb_bytes_str(p->peak_bytes, pb, sizeof pb);
+    if (p->peak_step >= 0)
+        snprintf(label, sizeof label, "plan %s: %d steps, %speak %s at step %d (%s)", p->name,
+                 p->n_steps, p->peak_is_bound ? "upper bound of the " : "", pb, p->peak_step,
+                 p->steps[p->peak_step].pub.node);
+    else
+        snprintf(label, sizeof label, "plan %s: %d steps", p->name, p->n_steps);
+    fputs(" {\n  rankdir=TB;\n  newrank=true;\n  graph [fontname=\"Helvetica\", fontsize=14, "
+          "labelloc=t, nodesep=0.25, ranksep=0.3, label=",
           f);
-    char id[64], sb[96], hb[32];
+    q(f, label);
+    fputs("];\n  node [fontname=\"Helvetica\", fontsize=11, shape=box, "
+          "style=\"rounded,filled\", margin=\"0.1,0.04\"];\n  edge [fontname=\"Helvetica\", "
+          "fontsize=9, color=gray35, arrowsize=0.6];\n",
+          f);
     for (int i = 0; i < p->n_inputs; i++) {
+        const ebb_plan_value *v = &p->values[p->inputs[i]];
+        snprintf(label, sizeof label, "%s %s", v->name ? v->name : "?",
+                 ebb_shape_str(&v->shape, sb, sizeof sb));
         fprintf(f, "  v%d [shape=ellipse, fillcolor=\"#dde8f5\", label=", p->inputs[i]);
-        q(f, p->values[p->inputs[i]].name);
+        q(f, label);
         fputs("];\n", f);
     }
     int64_t peak = p->peak_bytes > 0 ? p->peak_bytes : 1;
     for (int i = 0; i < p->n_steps; i++) {
         const ebb_plan_step *s = &p->steps[i].pub;
-        char label[1024];
-        size_t at = (size_t)snprintf(label, sizeof label, "%d: %s\n%s", i, s->op, s->node);
-        ebb_bytes_str(s->live_bytes, hb, sizeof hb);
-        at += (size_t)snprintf(label + at, sizeof label - at, "\nlive %s", hb);
-        if (s->n_frees && at < sizeof label) {
-            at += (size_t)snprintf(label + at, sizeof label - at, "\nfrees");
-            for (int k = 0; k < s->n_frees && at < sizeof label; k++) {
-                ebb_plan_value_id(p, s->frees[k], id, sizeof id);
-                at += (size_t)snprintf(label + at, sizeof label - at, " %s", id);
-            }
+        size_t at = 0;
+        label_add(label, sizeof label, &at, "%s%d: ", "", i);
+        label_add(label, sizeof label, &at, "%s", s->op, 0);
+        if (strcmp(s->node, s->op))
+            label_add(label, sizeof label, &at, "\n%s", s->node, 0);
+        /* the value it makes */
+        if (s->n_out > 0) {
+            int v = s->out[s->kind == EBB_STEP_ENTER ? 1 : 0];
+            const ebb_plan_value *val = &p->values[v];
+            ebb_plan_value_id(p, v, id, sizeof id);
+            ebb_shape_str(&val->shape, sb, sizeof sb);
+            label_add(label, sizeof label, &at, "\n%s ", id, 0);
+            label_add(label, sizeof label, &at, "%s", sb, 0);
+            if (val->nbytes > 0)
+                label_add(label, sizeof label, &at, " %s", ebb_bytes_str(val->nbytes, hb, sizeof hb),
+                          0);
+            else if (s->in_place)
+                label_add(label, sizeof label, &at, "%s", " in place", 0);
+            else if (val->alias_of >= 0)
+                label_add(label, sizeof label, &at, "%s", " view", 0);
         }
+        ebb_bytes_str(s->live_bytes, hb, sizeof hb);
+        if (i == p->peak_step) {
+            label_add(label, sizeof label, &at, "\npeak %s", pb, 0);
+            label_add(label, sizeof label, &at, ", live %s after", hb, 0);
+        } else {
+            label_add(label, sizeof label, &at, "\nlive %s", hb, 0);
+        }
+        for (int k = 0; k < s->n_frees; k++) {
+            ebb_plan_value_id(p, s->frees[k], id, sizeof id);
+            label_add(label, sizeof label, &at, k == 0 ? "\nfrees %s" : k % 5 ? " %s" : "\n%s", id,
+                      0);
+        }
+        /* the far reads, named rather than drawn */
+        int far = 0;
+        for (int k = 0; k < s->n_in; k++) {
+            int v = s->in[k], dup = 0;
+            for (int j = 0; j < k; j++)
+                dup |= s->in[j] == v;
+            if (dup || near_read(p, rows, v, i))
+                continue;
+            ebb_plan_value_id(p, v, id, sizeof id);
+            label_add(label, sizeof label, &at, far == 0 ? "\nreads %s" : far % 2 ? ", %s" : ",\n%s",
+                      id, 0);
+            if (p->values[v].producer >= 0)
+                label_add(label, sizeof label, &at, "%s from %d", "", p->values[v].producer);
+            far++;
+        }
+        if (s->jump >= 0)
+            label_add(label, sizeof label, &at, "%sjumps to %d", "\n", s->jump);
         /* heat: white at 0 bytes to saturated orange at the peak */
         double heat = (double)s->peak_bytes / (double)peak;
         if (heat > 1)
@@ -289,36 +379,59 @@ void ebb_plan_write_dot(const ebb_plan *p, FILE *f) {
         if (i == p->peak_step)
             fputs(", color=red, penwidth=3, xlabel=\"peak\"", f);
         if (s->kind != EBB_STEP_OP)
-            fputs(", shape=diamond", f);
+            fputs(", style=\"filled,diagonals\"", f);
         fputs("];\n", f);
     }
-    /* keep step order top to bottom */
+    /* columns: steps chained top to bottom; rows: one rank, in column order */
     for (int i = 0; i + 1 < p->n_steps; i++)
-        fprintf(f, "  s%d -> s%d [style=invis, weight=10];\n", i, i + 1);
+        if ((i + 1) % rows)
+            fprintf(f, "  s%d -> s%d [style=invis, weight=10];\n", i, i + 1);
+    for (int r = 0; r < rows && r + rows < p->n_steps; r++) {
+        fprintf(f, "  { rank=same; s%d", r);
+        for (int i = r + rows; i < p->n_steps; i += rows)
+            fprintf(f, " -> s%d", i);
+        fputs(" [style=invis]; }\n", f);
+    }
+    /* inputs above the first column, drawn there even when read far away */
+    for (int i = 0; i < p->n_inputs && p->n_steps > 0; i++) {
+        int read_first = 0;
+        for (int k = 0; k < p->steps[0].pub.n_in; k++)
+            read_first |= p->steps[0].pub.in[k] == p->inputs[i];
+        if (!read_first)
+            fprintf(f, "  v%d -> s0 [style=invis];\n", p->inputs[i]);
+    }
     for (int i = 0; i < p->n_steps; i++) {
         const ebb_plan_step *s = &p->steps[i].pub;
         for (int k = 0; k < s->n_in; k++) {
-            int v = s->in[k];
-            const ebb_plan_value *val = &p->values[v];
+            int v = s->in[k], dup = 0;
+            for (int j = 0; j < k; j++)
+                dup |= s->in[j] == v;
+            if (dup || !near_read(p, rows, v, i))
+                continue;
+            int prod = p->values[v].producer;
             ebb_plan_value_id(p, v, id, sizeof id);
-            ebb_shape_str(&val->shape, sb, sizeof sb);
-            ebb_bytes_str(val->nbytes, hb, sizeof hb);
-            if (val->producer < 0)
-                fprintf(f, "  v%d -> s%d [label=\"%s %s\"];\n", v, i, id, sb);
+            if (prod < 0)
+                fprintf(f, "  v%d -> s%d [label=\"%s\"];\n", v, i, id);
             else
-                fprintf(f, "  s%d -> s%d [label=\"%s %s %s\"];\n", val->producer, i, id, sb, hb);
+                fprintf(f, "  s%d -> s%d [label=\"%s\"%s];\n", prod, i, id,
+                        i - prod > 1 ? ", constraint=false" : "");
         }
-        if (s->jump >= 0)
-            fprintf(f, "  s%d -> s%d [style=dashed, color=gray40, label=\"jump\", constraint=false];\n",
-                    i, s->jump);
     }
     for (int i = 0; i < p->n_outputs; i++) {
         int v = p->outputs[i];
+        snprintf(label, sizeof label, "%s %s", p->output_names[i],
+                 ebb_shape_str(&p->values[v].shape, sb, sizeof sb));
         fprintf(f, "  out%d [shape=ellipse, fillcolor=\"#e3f2d9\", label=", i);
-        q(f, p->output_names[i]);
+        q(f, label);
         fputs("];\n", f);
-        if (p->values[v].producer >= 0)
-            fprintf(f, "  s%d -> out%d;\n", p->values[v].producer, i);
+        /* from the step that writes it last (a loop's state is written again) */
+        int last = -1;
+        for (int j = 0; j < p->n_steps; j++)
+            for (int k = 0; k < p->steps[j].pub.n_out; k++)
+                if (p->steps[j].pub.out[k] == v)
+                    last = j;
+        if (last >= 0)
+            fprintf(f, "  s%d -> out%d;\n", last, i);
         else
             fprintf(f, "  v%d -> out%d;\n", v, i);
     }

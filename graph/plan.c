@@ -111,7 +111,12 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
         fprintf(f, "input  %s %s %s\n", v->name, ebb_dtype_name(v->dtype),
                 ebb_shape_str(&v->shape, sb, sizeof sb));
     }
-    fprintf(f, "%4s  %-12s %-28s %-14s %-10s %-16s %-18s %s\n", "step", "op", "node", "in", "out",
+    /* the op column fits the longest name ("layer_norm.backward") */
+    int opw = 12;
+    for (int i = 0; i < p->n_steps; i++)
+        if ((int)strlen(p->steps[i].pub.op) > opw)
+            opw = (int)strlen(p->steps[i].pub.op);
+    fprintf(f, "%4s  %-*s %-28s %-14s %-10s %-16s %-18s %s\n", "step", opw, "op", "node", "in", "out",
             "shape", "frees", "live");
     for (int i = 0; i < p->n_steps; i++) {
         const ebb_plan_step *s = &p->steps[i].pub;
@@ -125,7 +130,7 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
             int v = s->out[s->kind == EBB_STEP_ENTER ? 1 : 0];
             ebb_shape_str(&p->values[v].shape, shape, sizeof shape);
         }
-        fprintf(f, "%4d  %-12s %-28s %-14s %-10s %-16s %-18s %lld", i, s->op, s->node, in, out,
+        fprintf(f, "%4d  %-*s %-28s %-14s %-10s %-16s %-18s %lld", i, opw, s->op, s->node, in, out,
                 shape, frees, (long long)s->live_bytes);
         if (s->jump >= 0) {
             slots_text(p, jf, sizeof jf, s->jump_frees, s->n_jump_frees);

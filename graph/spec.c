@@ -23,11 +23,15 @@
 
 /* ---- the loaded spec ---------------------------------------------------- */
 
+/* An input or a target: its name, shape and, if the spec says, dtype. */
 typedef struct spec_input {
     const char *name;
+    const ynode *at; /* its key in the file */
     int ndim;
     int64_t dim[EBB_MAX_DIMS];   /* -1: symbolic */
     const char *sym[EBB_MAX_DIMS];
+    int has_dtype;
+    ebb_dtype dtype;
 } spec_input;
 
 typedef struct spec_param {
@@ -52,10 +56,13 @@ struct ebb_spec {
     ebb_graph *graph;
     spec_input *inputs;
     int n_inputs;
+    spec_input *targets;
+    int n_targets;
     spec_param *params;
     int n_params;
     spec_loc *locs;
     int n_locs, cap_locs;
+    int loss_loc; /* the loc of the loss step ("loss"), or -1 */
 };
 
 /* ---- loader state ----------------------------------------------------------- */
@@ -512,6 +519,7 @@ static int scope_add(loader *ld, scope *sc, const char *name, const ynode *at) {
 /* ---- nodes ---------------------------------------------------------------------------- */
 
 static ebb_node *make_node(loader *ld, ebb_builder *b, scope *sc, const ynode *y, int n_inputs);
+static const spec_input *find_target(const ebb_spec *s, const char *name);
 static int build_flow(loader *ld, ebb_builder *b, scope *sc, const ynode *steps, int is_main);
 
 static const char *const STEP_KEYS[] = {"from", "through", "also", "split",  "merge", "gate",
@@ -663,6 +671,74 @@ static int claim_name(loader *ld, const char *name, const ynode *at) {
     return 0;
 }
 
+/* Reads an op's attribute map (NULL or null: none) into the builder's
+ * "k=v, k=v" text, checking names, types and required attributes against
+ * the schema; `y` is where the op is written. With name non-NULL (an op
+ * node) the key `name`, which is not an attribute of the op, is accepted and
+ * returned in *name and *name_at; with name NULL (a loss) it is refused. */
+static int read_op_attrs(loader *ld, const ebb_op *op, const ynode *y, const ynode *attrs,
+                         strbuf *text, const char **name, const ynode **name_at) {
+    int given[EBB_MAX_ATTRS] = {0};
+    if (attrs && !is_null(attrs)) {
+        if (attrs->kind != Y_MAP)
+            return fail_at(ld, attrs, "the attributes of %s must be a map {key: value}, got %s",
+                           op->name, describe(ld, attrs));
+        for (int i = 0; i < attrs->n; i++) {
+            const ynode *k = ymap_key(attrs, i), *v = ymap_value(attrs, i);
+            size_t mark = sb_mark(&ld->kp);
+            sb_printf(&ld->kp, ".%s.%s", op->name, k->text);
+            if (name && strcmp(k->text, "name") == 0) {
+                const char *nm = v && v->kind == Y_SCALAR && !is_null(v) ? copy_name(ld, v) : NULL;
+                if (ld->failed)
+                    return -1;
+                if (!nm || !ebb_graph_valid_node_name(nm))
+                    return fail_at(ld, v ? v : k,
+                                   "a node name is letters, digits, '_', '-' and inner '.', "
+                                   "starting with a letter or '_'; got %s%.64s%s",
+                                   v && v->kind == Y_SCALAR ? "'" : "",
+                                   v && v->kind == Y_SCALAR ? v->text : describe(ld, v),
+                                   v && v->kind == Y_SCALAR ? "'" : "");
+                *name = nm;
+                *name_at = v;
+                sb_reset(&ld->kp, mark);
+                continue;
+            }
+            int ai = ebb_op_attr_index(op, k->text);
+            if (ai < 0) {
+                char known[512] = "";
+                size_t kl = 0;
+                for (int j = 0; j < op->n_attrs && kl < sizeof known; j++)
+                    kl += (size_t)snprintf(known + kl, sizeof known - kl, "%s%s",
+                                           j ? ", " : "", op->attrs[j].name);
+                if (name && kl < sizeof known)
+                    snprintf(known + kl, sizeof known - kl, "%sname", kl ? ", " : "");
+                /* only a node has a name; a loss is not one */
+                if (!name && strcmp(k->text, "name") == 0)
+                    return fail_at(ld, k, "a loss has no name, only attributes (%s takes %s%s)",
+                                   op->name, known[0] ? "" : "none", known);
+                suggest s = {.word = k->text};
+                for (int j = 0; j < op->n_attrs; j++)
+                    suggest_try(&s, op->attrs[j].name);
+                if (name)
+                    suggest_try(&s, "name");
+                char sb[128];
+                return fail_at(ld, k, "%s has no attribute '%.64s'%s (%s%s)", op->name,
+                               k->text, suggest_text(&s, sb, sizeof sb, ""),
+                               known[0] ? "known: " : "it takes none", known);
+            }
+            given[ai] = 1;
+            if (attr_text_add(ld, text, op, &op->attrs[ai], k, v) != 0)
+                return -1;
+            sb_reset(&ld->kp, mark);
+        }
+    }
+    for (int i = 0; i < op->n_attrs; i++)
+        if (op->attrs[i].required && !given[i])
+            return fail_at(ld, y, "%s needs attribute '%s' (%s)", op->name, op->attrs[i].name,
+                           op->attrs[i].doc ? op->attrs[i].doc : "required");
+    return 0;
+}
+
 /* An op node: `op` bare, or {op: {attrs}}. `y` is where it is written. */
 static ebb_node *make_op(loader *ld, ebb_builder *b, const ebb_op *op, const ynode *y,
                          const ynode *attrs, int n_inputs) {
@@ -671,65 +747,8 @@ static ebb_node *make_op(loader *ld, ebb_builder *b, const ebb_op *op, const yno
     strbuf text = {0};
     const char *name = NULL;
     const ynode *name_at = NULL;
-    int given[EBB_MAX_ATTRS] = {0};
-    if (attrs && !is_null(attrs)) {
-        if (attrs->kind != Y_MAP) {
-            fail_at(ld, attrs, "the attributes of %s must be a map {key: value}, got %s",
-                    op->name, describe(ld, attrs));
-            goto fail;
-        }
-        for (int i = 0; i < attrs->n; i++) {
-            const ynode *k = ymap_key(attrs, i), *v = ymap_value(attrs, i);
-            size_t mark = sb_mark(&ld->kp);
-            sb_printf(&ld->kp, ".%s.%s", op->name, k->text);
-            if (strcmp(k->text, "name") == 0) {
-                const char *nm = v && v->kind == Y_SCALAR && !is_null(v) ? copy_name(ld, v) : NULL;
-                if (ld->failed)
-                    goto fail;
-                if (!nm || !ebb_graph_valid_node_name(nm)) {
-                    fail_at(ld, v ? v : k,
-                            "a node name is letters, digits, '_', '-' and inner '.', starting "
-                            "with a letter or '_'; got %s%.64s%s",
-                            v && v->kind == Y_SCALAR ? "'" : "",
-                            v && v->kind == Y_SCALAR ? v->text : describe(ld, v),
-                            v && v->kind == Y_SCALAR ? "'" : "");
-                    goto fail;
-                }
-                name = nm;
-                name_at = v;
-                sb_reset(&ld->kp, mark);
-                continue;
-            }
-            int ai = ebb_op_attr_index(op, k->text);
-            if (ai < 0) {
-                suggest s = {.word = k->text};
-                for (int j = 0; j < op->n_attrs; j++)
-                    suggest_try(&s, op->attrs[j].name);
-                suggest_try(&s, "name");
-                char known[512] = "";
-                size_t kl = 0;
-                for (int j = 0; j < op->n_attrs && kl < sizeof known; j++)
-                    kl += (size_t)snprintf(known + kl, sizeof known - kl, "%s, ",
-                                           op->attrs[j].name);
-                if (kl < sizeof known)
-                    snprintf(known + kl, sizeof known - kl, "name");
-                char sb[128];
-                fail_at(ld, k, "%s has no attribute '%.64s'%s (known: %s)", op->name, k->text,
-                        suggest_text(&s, sb, sizeof sb, ""), known);
-                goto fail;
-            }
-            given[ai] = 1;
-            if (attr_text_add(ld, &text, op, &op->attrs[ai], k, v) != 0)
-                goto fail;
-            sb_reset(&ld->kp, mark);
-        }
-    }
-    for (int i = 0; i < op->n_attrs; i++)
-        if (op->attrs[i].required && !given[i]) {
-            fail_at(ld, y, "%s needs attribute '%s' (%s)", op->name, op->attrs[i].name,
-                    op->attrs[i].doc ? op->attrs[i].doc : "required");
-            goto fail;
-        }
+    if (read_op_attrs(ld, op, y, attrs, &text, &name, &name_at) != 0)
+        goto fail;
     if (name) {
         if (claim_name(ld, name, name_at) != 0)
             goto fail;
@@ -1205,6 +1224,12 @@ static int read_using(loader *ld, const scope *sc, const ynode *steps, const yno
             free(names);
             return fail_at(ld, t ? t : u, "using takes tag names, got %s", describe(ld, t));
         }
+        if (!scope_find(sc, t->text) && find_target(ld->spec, t->text)) {
+            free(names);
+            return fail_at(ld, t, "'%.64s' is a target, which only the loss reads; the flow "
+                                  "cannot use it",
+                           t->text);
+        }
         if (!scope_find(sc, t->text)) {
             /* defined later in this flow? */
             for (int j = 0; steps && j < steps->n; j++) {
@@ -1348,6 +1373,7 @@ static int build_step(loader *ld, ebb_builder *b, scope *sc, const ynode *steps,
             sb_printf(&ld->kp, ".tag");
         if (!ld->failed && read_name(ld, v, "a tag", &name) == 0) {
             const tagdef *old = scope_find(sc, name);
+            const spec_input *target = find_target(ld->spec, name);
             if (!is_tag_name(name))
                 rc = fail_at(ld, v, "a tag name is letters, digits, '_' and '-', starting with "
                                     "a letter or '_'; got '%.64s'",
@@ -1355,6 +1381,9 @@ static int build_step(loader *ld, ebb_builder *b, scope *sc, const ynode *steps,
             else if (old)
                 rc = fail_at(ld, v, "tag '%s' is already defined at line %d, column %d", name,
                              old->at->line, old->at->col);
+            else if (target)
+                rc = fail_at(ld, v, "tag '%s' has the name of the target at line %d, column %d",
+                             name, target->at->line, target->at->col);
             else if (scope_add(ld, sc, name, v) == 0) {
                 sb_reset(&ld->kp, kp);
                 ebb_tag(b, name);
@@ -1401,8 +1430,8 @@ static int build_flow(loader *ld, ebb_builder *b, scope *sc, const ynode *steps,
 
 /* ---- top level ------------------------------------------------------------------------------- */
 
-static const char *const TOP_KEYS[] = {"ebb",    "name", "params", "inputs",
-                                       "outputs", "blocks", "flow", NULL};
+static const char *const TOP_KEYS[] = {"ebb",    "name",   "params", "inputs", "targets",
+                                       "loss",   "outputs", "blocks", "flow",   NULL};
 
 static int read_params(loader *ld, const ynode *p) {
     ebb_spec *s = ld->spec;
@@ -1447,64 +1476,232 @@ static int read_params(loader *ld, const ynode *p) {
     return 0;
 }
 
-static int read_inputs(loader *ld, const ynode *in, scope *sc) {
+/* The dtype a spec names: "float32", "int64", ... as ebb_dtype_name() writes
+ * them. */
+static int read_dtype(loader *ld, const ynode *v, const char *what, const char *name,
+                      ebb_dtype *out) {
+    if (!v || v->kind != Y_SCALAR || is_null(v))
+        return fail_at(ld, v, "the dtype of %s '%s' must be a name like int64, got %s", what,
+                       name, describe(ld, v));
+    /* PyTorch's other names for them, suggested, not accepted */
+    static const char *const aliases[][2] = {{"long", "int64"},   {"int", "int32"},
+                                             {"float", "float32"}, {"double", "float64"},
+                                             {"half", "float16"}};
+    char known[160] = "";
+    size_t kl = 0;
+    suggest s = {.word = v->text};
+    for (size_t a = 0; a < sizeof aliases / sizeof aliases[0]; a++)
+        if (strcmp(v->text, aliases[a][0]) == 0) {
+            s.best = aliases[a][1];
+            s.dist = 0;
+        }
+    for (int d = EBB_FLOAT32; d <= EBB_BOOL; d++) {
+        const char *dn = ebb_dtype_name((ebb_dtype)d);
+        if (strcmp(dn, v->text) == 0) {
+            *out = (ebb_dtype)d;
+            return 0;
+        }
+        suggest_try(&s, dn);
+        if (kl < sizeof known)
+            kl += (size_t)snprintf(known + kl, sizeof known - kl, "%s%s", kl ? ", " : "", dn);
+    }
+    char sb[128];
+    return fail_at(ld, v, "unknown dtype '%.64s'%s (known: %s)", v->text,
+                   suggest_text(&s, sb, sizeof sb, ""), known);
+}
+
+/* The dimensions of one input or target: a list of sizes, $params and
+ * symbolic names. */
+static int read_dims(loader *ld, const ynode *v, const char *what, spec_input *x) {
+    if (v->n > EBB_MAX_DIMS)
+        return fail_at(ld, v, "%s '%s' has %d dimensions; at most %d are supported", what,
+                       x->name, v->n, EBB_MAX_DIMS);
+    x->ndim = v->n;
+    for (int d = 0; d < v->n; d++) {
+        const ynode *dn = v->items[d];
+        size_t dm = sb_mark(&ld->kp);
+        sb_printf(&ld->kp, "[%d]", d);
+        if (dn->kind == Y_SCALAR && !is_null(dn) && dn->text[0] != '$' &&
+            number_form(dn->text) == NUM_NONE) {
+            if (!is_ident(dn->text))
+                return fail_at(ld, dn, "a dimension is a number, a $param or a symbolic name "
+                                       "like batch; got '%.64s'",
+                               dn->text);
+            x->dim[d] = -1;
+            x->sym[d] = dn->text;
+        } else {
+            if (dn->kind == Y_SCALAR && !dn->plain)
+                return fail_at(ld, dn, "a dimension is a number, a $param or a symbolic name; "
+                                       "got the string \"%.64s\"",
+                               dn->text);
+            if (read_int_range(ld, dn, "a dimension", 1, INT64_MAX / 1024, &x->dim[d]) != 0)
+                return -1;
+            x->sym[d] = NULL;
+        }
+        sb_reset(&ld->kp, dm);
+    }
+    return 0;
+}
+
+/* Reads `inputs` or `targets` (`key`; `what` is "input" or "target"): an
+ * ordered map of names to a shape [dims] or {shape: [dims], dtype: NAME}. */
+static int read_decls(loader *ld, const ynode *in, const char *key, const char *what,
+                      spec_input **out, int *count) {
     ebb_spec *s = ld->spec;
-    sb_printf(&ld->kp, "inputs");
+    sb_printf(&ld->kp, "%s", key);
     if (in->kind != Y_MAP || in->n == 0)
-        return fail_at(ld, in, "inputs must be a map {name: [dims]} with at least one input, "
-                               "got %s",
-                       in->kind == Y_MAP ? "an empty map" : describe(ld, in));
-    s->inputs = ebb_arena_alloc(&s->mem, (size_t)in->n * sizeof *s->inputs);
-    if (!s->inputs)
+        return fail_at(ld, in, "%s must be a map {name: [dims]} with at least one %s, got %s",
+                       key, what, in->kind == Y_MAP ? "an empty map" : describe(ld, in));
+    spec_input *list = ebb_arena_alloc(&s->mem, (size_t)in->n * sizeof *list);
+    if (!list)
         return nomem(ld, in);
+    *out = list;
     for (int i = 0; i < in->n; i++) {
         const ynode *k = ymap_key(in, i), *v = ymap_value(in, i);
         size_t m = sb_mark(&ld->kp);
         sb_printf(&ld->kp, ".%s", k->text);
         if (!is_tag_name(k->text))
-            return fail_at(ld, k, "an input name is letters, digits, '_' and '-', starting with "
+            return fail_at(ld, k, "%s %s name is letters, digits, '_' and '-', starting with "
                                   "a letter or '_'; got '%.64s'",
-                           k->text);
-        if (!v || v->kind != Y_SEQ)
-            return fail_at(ld, v, "the shape of input '%s' must be a list of dimensions like "
-                                  "[batch, 64], got %s",
-                           k->text, describe(ld, v));
-        if (v->n > EBB_MAX_DIMS)
-            return fail_at(ld, v, "input '%s' has %d dimensions; at most %d are supported",
-                           k->text, v->n, EBB_MAX_DIMS);
-        spec_input *x = &s->inputs[s->n_inputs];
+                           what[0] == 'i' ? "an" : "a", what, k->text);
+        spec_input *x = &list[*count];
         x->name = k->text;
-        x->ndim = v->n;
-        for (int d = 0; d < v->n; d++) {
-            const ynode *dn = v->items[d];
-            size_t dm = sb_mark(&ld->kp);
-            sb_printf(&ld->kp, "[%d]", d);
-            if (dn->kind == Y_SCALAR && !is_null(dn) && dn->text[0] != '$' &&
-                number_form(dn->text) == NUM_NONE) {
-                if (!is_ident(dn->text))
-                    return fail_at(ld, dn, "a dimension is a number, a $param or a symbolic name "
-                                           "like batch; got '%.64s'",
-                                   dn->text);
-                x->dim[d] = -1;
-                x->sym[d] = dn->text;
-            } else {
-                if (dn->kind == Y_SCALAR && !dn->plain)
-                    return fail_at(ld, dn, "a dimension is a number, a $param or a symbolic name; "
-                                           "got the string \"%.64s\"",
-                                   dn->text);
-                if (read_int_range(ld, dn, "a dimension", 1, INT64_MAX / 1024, &x->dim[d]) != 0)
-                    return -1;
-                x->sym[d] = NULL;
-            }
-            sb_reset(&ld->kp, dm);
+        x->at = k;
+        const ynode *shape = v, *dt = NULL;
+        if (v && v->kind == Y_MAP) {
+            static const char *const keys[] = {"shape", "dtype", NULL};
+            char in_what[96];
+            snprintf(in_what, sizeof in_what, "%s '%.64s'", what, k->text);
+            if (check_keys(ld, v, in_what, keys) != 0)
+                return -1;
+            shape = ebb_ymap_get(v, "shape");
+            dt = ebb_ymap_get(v, "dtype");
+            if (!shape)
+                return fail_at(ld, v, "%s '%s' needs a shape: {shape: [dims], dtype: NAME}", what,
+                               k->text);
+            sb_printf(&ld->kp, ".shape");
+            if (shape->kind != Y_SEQ)
+                return fail_at(ld, shape, "the shape of %s '%s' must be a list of dimensions "
+                                          "like [batch, 64], got %s",
+                               what, k->text, describe(ld, shape));
+        } else if (!v || v->kind != Y_SEQ) {
+            return fail_at(ld, v, "the shape of %s '%s' must be a list of dimensions like "
+                                  "[batch, 64] (or {shape: [batch, 64], dtype: int64}), got %s",
+                           what, k->text, describe(ld, v));
         }
-        if (scope_add(ld, sc, k->text, k) != 0)
+        if (read_dims(ld, shape, what, x) != 0)
             return -1;
-        s->n_inputs++;
+        if (dt) {
+            sb_reset(&ld->kp, m);
+            sb_printf(&ld->kp, ".%s.dtype", k->text);
+            if (read_dtype(ld, dt, what, k->text, &x->dtype) != 0)
+                return -1;
+            x->has_dtype = 1;
+        }
+        (*count)++;
         sb_reset(&ld->kp, m);
     }
     sb_reset(&ld->kp, 0);
     return 0;
+}
+
+static int read_inputs(loader *ld, const ynode *in, scope *sc) {
+    ebb_spec *s = ld->spec;
+    if (read_decls(ld, in, "inputs", "input", &s->inputs, &s->n_inputs) != 0)
+        return -1;
+    for (int i = 0; i < s->n_inputs; i++)
+        if (scope_add(ld, sc, s->inputs[i].name, s->inputs[i].at) != 0)
+            return -1;
+    return 0;
+}
+
+static const spec_input *find_target(const ebb_spec *s, const char *name) {
+    for (int i = 0; i < s->n_targets; i++)
+        if (strcmp(s->targets[i].name, name) == 0)
+            return &s->targets[i];
+    return NULL;
+}
+
+/* Reads `targets` (after the inputs): like inputs, but no target may have
+ * an input's name. */
+static int read_targets(loader *ld, const ynode *tg) {
+    ebb_spec *s = ld->spec;
+    if (read_decls(ld, tg, "targets", "target", &s->targets, &s->n_targets) != 0)
+        return -1;
+    for (int i = 0; i < s->n_targets; i++)
+        for (int j = 0; j < s->n_inputs; j++)
+            if (strcmp(s->targets[i].name, s->inputs[j].name) == 0) {
+                sb_printf(&ld->kp, "targets.%s", s->targets[i].name);
+                return fail_at(ld, s->targets[i].at,
+                               "target '%s' has the name of the input at line %d, column %d",
+                               s->targets[i].name, s->inputs[j].at->line,
+                               s->inputs[j].at->col);
+            }
+    return 0;
+}
+
+/* Reads `loss`: an op name, or {op: {attributes}}. `key` is the `loss` key,
+ * where a loss without targets is reported. */
+static int read_loss(loader *ld, ebb_builder *b, const ynode *key, const ynode *v) {
+    ebb_spec *s = ld->spec;
+    sb_printf(&ld->kp, "loss");
+    if (s->n_targets == 0)
+        return fail_at(ld, key, "a loss compares the final stream with targets, and the spec "
+                                "declares none; add `targets:` (e.g. {y: {shape: [batch], "
+                                "dtype: int64}})");
+    const ynode *opn = v, *attrs = NULL;
+    if (v && v->kind == Y_MAP) {
+        if (v->n != 1)
+            return fail_at(ld, v, "a loss map has exactly one key, the op name: {op: "
+                                  "{attributes}}; this one has %d",
+                           v->n);
+        opn = ymap_key(v, 0);
+        attrs = ymap_value(v, 0);
+    }
+    if (!opn || opn->kind != Y_SCALAR || is_null(opn))
+        return fail_at(ld, v ? v : key, "loss takes a loss op (cross_entropy, mse, "
+                                        "bce_with_logits, nll), or {op: {attributes}}, got %s",
+                       describe(ld, v));
+    const ebb_op *op = ebb_op_find(opn->text);
+    if (!op || opn->text[0] == '_') {
+        suggest sg = {.word = opn->text};
+        suggest_ops(&sg);
+        char sb[128];
+        return fail_at(ld, opn, "unknown loss op '%.64s'%s", opn->text,
+                       suggest_text(&sg, sb, sizeof sb, ""));
+    }
+    int n = 1 + s->n_targets, min = op->min_inputs, max = op->max_inputs;
+    if (n < min || (max >= 0 && n > max)) {
+        char want[64];
+        if (min == max)
+            snprintf(want, sizeof want, "%d input%s", min, min == 1 ? "" : "s");
+        else if (max < 0)
+            snprintf(want, sizeof want, "at least %d inputs", min);
+        else
+            snprintf(want, sizeof want, "%d to %d inputs", min, max);
+        return fail_at(ld, opn, "%s takes %s (the final stream, then the targets), but the "
+                                "spec declares %d target%s",
+                       op->name, want, s->n_targets, s->n_targets == 1 ? "" : "s");
+    }
+    strbuf text = {0};
+    int rc = read_op_attrs(ld, op, opn, attrs, &text, NULL, NULL);
+    if (rc == 0 && text.oom)
+        rc = nomem(ld, v);
+    if (rc == 0) {
+        ebb_loss(b, op->name, text.len ? text.s : NULL);
+        rc = check_builder(ld, b, opn);
+    }
+    /* a training plan's loss step has the node path "loss" */
+    if (rc == 0) {
+        sb_reset(&ld->kp, 0);
+        sb_printf(&ld->kp, "loss");
+        ld->spec->loss_loc = ld->spec->n_locs;
+        rc = add_loc(ld, "loss", opn);
+    }
+    free(text.s);
+    if (rc == 0)
+        sb_reset(&ld->kp, 0);
+    return rc;
 }
 
 static int read_blocks(loader *ld, const ynode *bl) {
@@ -1653,6 +1850,16 @@ static int load_tree(loader *ld, const ynode *root) {
         ebb_input(b, s->inputs[i].name);
         rc = check_builder(ld, b, ymap_key(inputs, i));
     }
+    const ynode *targets = ebb_ymap_get(root, "targets");
+    if (rc == 0 && targets)
+        rc = read_targets(ld, targets);
+    for (int i = 0; rc == 0 && i < s->n_targets; i++) {
+        ebb_target(b, s->targets[i].name);
+        rc = check_builder(ld, b, s->targets[i].at);
+    }
+    for (int i = 0; rc == 0 && i < root->n; i++)
+        if (strcmp(ymap_key(root, i)->text, "loss") == 0)
+            rc = read_loss(ld, b, ymap_key(root, i), ymap_value(root, i));
     const ynode *outputs = ebb_ymap_get(root, "outputs");
     if (rc == 0 && outputs)
         rc = read_outputs(ld, b, outputs);
@@ -1747,6 +1954,7 @@ ebb_status ebb_spec_load_string_ex(ebb_spec **out, const char *text, size_t len,
     ebb_spec *s = calloc(1, sizeof *s);
     if (!s)
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_spec_load_string: out of memory");
+    s->loss_loc = -1;
     s->file = ebb_arena_strdup(&s->mem, file);
     if (!s->file) {
         ebb_spec_free(s);
@@ -1911,14 +2119,68 @@ double ebb_spec_param_value(const ebb_spec *s, int i) {
     return s && i >= 0 && i < s->n_params ? s->params[i].value : 0.0;
 }
 
-ebb_status ebb_spec_resolve_shapes(const ebb_spec *s, const char *const *bindings, int n,
-                                   ebb_shape *shapes, int max_shapes) {
+int ebb_spec_input_dtype(const ebb_spec *s, int i, ebb_dtype *dtype) {
+    if (!s || i < 0 || i >= s->n_inputs || !s->inputs[i].has_dtype)
+        return 0;
+    if (dtype)
+        *dtype = s->inputs[i].dtype;
+    return 1;
+}
+
+int ebb_spec_target_count(const ebb_spec *s) { return s ? s->n_targets : 0; }
+
+const char *ebb_spec_target_name(const ebb_spec *s, int i) {
+    return s && i >= 0 && i < s->n_targets ? s->targets[i].name : NULL;
+}
+
+int ebb_spec_target_ndim(const ebb_spec *s, int i) {
+    return s && i >= 0 && i < s->n_targets ? s->targets[i].ndim : -1;
+}
+
+int64_t ebb_spec_target_dim(const ebb_spec *s, int i, int d, const char **symbol) {
+    if (symbol)
+        *symbol = NULL;
+    if (!s || i < 0 || i >= s->n_targets || d < 0 || d >= s->targets[i].ndim)
+        return -1;
+    if (symbol)
+        *symbol = s->targets[i].sym[d];
+    return s->targets[i].dim[d];
+}
+
+int ebb_spec_target_dtype(const ebb_spec *s, int i, ebb_dtype *dtype) {
+    if (!s || i < 0 || i >= s->n_targets || !s->targets[i].has_dtype)
+        return 0;
+    if (dtype)
+        *dtype = s->targets[i].dtype;
+    return 1;
+}
+
+/* Whether any input or target has the symbolic dimension bnd[0..nl). */
+static int has_symbol(const spec_input *list, int count, const char *bnd, size_t nl,
+                      suggest *sg) {
+    int found = 0;
+    for (int i = 0; i < count; i++)
+        for (int d = 0; d < list[i].ndim; d++) {
+            const char *sym = list[i].sym[d];
+            if (!sym)
+                continue;
+            if (strlen(sym) == nl && strncmp(sym, bnd, nl) == 0)
+                found = 1;
+            suggest_try(sg, sym);
+        }
+    return found;
+}
+
+/* ebb_spec_resolve_shapes() for `list` (the inputs or the targets); the
+ * bindings may name a symbol of either, as they share their symbols. */
+static ebb_status resolve_shapes(const ebb_spec *s, const spec_input *list, int count,
+                                 const char *call, const char *what, const char *const *bindings,
+                                 int n, ebb_shape *shapes, int max_shapes) {
     if (!s || !shapes || (n > 0 && !bindings))
-        return ebb_error_set(EBB_ERR_ARG, "ebb_spec_resolve_shapes: NULL argument");
-    if (max_shapes < s->n_inputs)
-        return ebb_error_set(EBB_ERR_ARG,
-                             "ebb_spec_resolve_shapes: room for %d shapes, the spec has %d inputs",
-                             max_shapes, s->n_inputs);
+        return ebb_error_set(EBB_ERR_ARG, "%s: NULL argument", call);
+    if (max_shapes < count)
+        return ebb_error_set(EBB_ERR_ARG, "%s: room for %d shapes, the spec has %d %s", call,
+                             max_shapes, count, what);
     /* check every binding first: a typo should not pass silently */
     for (int j = 0; j < n; j++) {
         const char *bnd = bindings[j];
@@ -1933,28 +2195,21 @@ ebb_status ebb_spec_resolve_shapes(const ebb_spec *s, const char *const *binding
             return ebb_error_set(EBB_ERR_ARG, "%s: binding '%s': the size must be an integer >= 1",
                                  s->file, bnd);
         size_t nl = (size_t)(eq - bnd);
-        int found = 0;
         suggest sg = {0};
         char word[65];
         snprintf(word, sizeof word, "%.*s", (int)(nl < 64 ? nl : 64), bnd);
         sg.word = word;
-        for (int i = 0; i < s->n_inputs; i++)
-            for (int d = 0; d < s->inputs[i].ndim; d++) {
-                const char *sym = s->inputs[i].sym[d];
-                if (!sym)
-                    continue;
-                if (strlen(sym) == nl && strncmp(sym, bnd, nl) == 0)
-                    found = 1;
-                suggest_try(&sg, sym);
-            }
+        int found = has_symbol(s->inputs, s->n_inputs, bnd, nl, &sg);
+        found |= has_symbol(s->targets, s->n_targets, bnd, nl, &sg);
         if (!found) {
             char sb[128];
-            return ebb_error_set(EBB_ERR_ARG, "%s: no input has a symbolic dimension '%s'%s",
-                                 s->file, word, suggest_text(&sg, sb, sizeof sb, ""));
+            return ebb_error_set(EBB_ERR_ARG, "%s: no input%s has a symbolic dimension '%s'%s",
+                                 s->file, s->n_targets ? " or target" : "", word,
+                                 suggest_text(&sg, sb, sizeof sb, ""));
         }
     }
-    for (int i = 0; i < s->n_inputs; i++) {
-        const spec_input *x = &s->inputs[i];
+    for (int i = 0; i < count; i++) {
+        const spec_input *x = &list[i];
         shapes[i].ndim = x->ndim;
         for (int d = 0; d < x->ndim; d++) {
             int64_t v = x->dim[d];
@@ -1969,6 +2224,19 @@ ebb_status ebb_spec_resolve_shapes(const ebb_spec *s, const char *const *binding
         }
     }
     return EBB_OK;
+}
+
+ebb_status ebb_spec_resolve_shapes(const ebb_spec *s, const char *const *bindings, int n,
+                                   ebb_shape *shapes, int max_shapes) {
+    return resolve_shapes(s, s ? s->inputs : NULL, s ? s->n_inputs : 0, "ebb_spec_resolve_shapes",
+                          "inputs", bindings, n, shapes, max_shapes);
+}
+
+ebb_status ebb_spec_resolve_target_shapes(const ebb_spec *s, const char *const *bindings, int n,
+                                          ebb_shape *shapes, int max_shapes) {
+    return resolve_shapes(s, s ? s->targets : NULL, s ? s->n_targets : 0,
+                          "ebb_spec_resolve_target_shapes", "targets", bindings, n, shapes,
+                          max_shapes);
 }
 
 static int path_boundary_ok(const char *msg, const char *at, size_t len) {
@@ -1986,11 +2254,13 @@ static int path_boundary_ok(const char *msg, const char *at, size_t len) {
 }
 
 /* The location whose path is the longest one named in msg, or NULL. */
-static const spec_loc *find_loc_in(const ebb_spec *s, const char *msg) {
+static const spec_loc *find_loc_in(const ebb_spec *s, const char *msg, int skip) {
     const spec_loc *best = NULL;
     size_t best_len = 0;
     for (int i = 0; i < s->n_locs; i++) {
         const spec_loc *l = &s->locs[i];
+        if (i == skip)
+            continue;
         size_t len = strlen(l->path);
         if (len < best_len) /* on a tie the later entry, the node, beats its step */
             continue;
@@ -2021,13 +2291,14 @@ int ebb_spec_locate(const ebb_spec *s, const char *node_path, int *line, int *co
     return 0;
 }
 
-ebb_status ebb_spec_annotate_error(const ebb_spec *s, ebb_status status) {
+/* ebb_spec_annotate_error(), with locs[skip] left out (-1: none). */
+static ebb_status annotate(const ebb_spec *s, ebb_status status, int skip) {
     if (!s || status == EBB_OK)
         return status;
     const char *msg = ebb_errmsg();
     if (strncmp(msg, s->file, strlen(s->file)) == 0 && msg[strlen(s->file)] == ':')
         return status; /* already points into the file */
-    const spec_loc *l = find_loc_in(s, msg);
+    const spec_loc *l = find_loc_in(s, msg, skip);
     if (!l)
         return status;
     size_t n = strlen(msg) + 1;
@@ -2040,6 +2311,30 @@ ebb_status ebb_spec_annotate_error(const ebb_spec *s, ebb_status status) {
                   l->note ? ")" : "");
     free(copy);
     return status;
+}
+
+ebb_status ebb_spec_annotate_error(const ebb_spec *s, ebb_status status) {
+    return annotate(s, status, -1);
+}
+
+/* The dtypes a spec declares for `list`, the others `fallback`; NULL (and
+ * *st EBB_OK) when it declares none. */
+static ebb_dtype *spec_dtypes(const spec_input *list, int count, ebb_dtype fallback,
+                              ebb_status *st) {
+    *st = EBB_OK;
+    int any = 0;
+    for (int i = 0; i < count; i++)
+        any |= list[i].has_dtype;
+    if (!any)
+        return NULL;
+    ebb_dtype *dt = malloc((size_t)count * sizeof *dt);
+    if (!dt) {
+        *st = ebb_error_set(EBB_ERR_NOMEM, "ebb_spec_compile: out of memory");
+        return NULL;
+    }
+    for (int i = 0; i < count; i++)
+        dt[i] = list[i].has_dtype ? list[i].dtype : fallback;
+    return dt;
 }
 
 ebb_status ebb_spec_compile(ebb_plan **out, const ebb_spec *s, const ebb_compile_options *opts) {
@@ -2059,5 +2354,37 @@ ebb_status ebb_spec_compile(ebb_plan **out, const ebb_spec *s, const ebb_compile
         o.input_shapes = shapes;
         o.n_input_shapes = s->n_inputs;
     }
-    return ebb_spec_annotate_error(s, ebb_compile(out, s->graph, &o));
+    ebb_status st = EBB_OK;
+    ebb_dtype *input_dtypes = NULL, *target_dtypes = NULL;
+    ebb_shape *target_shapes = NULL;
+    ebb_train_options t;
+    if (!o.input_dtypes) {
+        input_dtypes = spec_dtypes(s->inputs, s->n_inputs, o.dtype, &st);
+        o.input_dtypes = input_dtypes;
+    }
+    if (st == EBB_OK && o.train) {
+        t = *o.train;
+        if (!t.target_shapes && s->n_targets > 0) {
+            target_shapes = malloc((size_t)s->n_targets * sizeof *target_shapes);
+            if (!target_shapes)
+                st = ebb_error_set(EBB_ERR_NOMEM, "ebb_spec_compile: out of memory");
+            else
+                st = ebb_spec_resolve_target_shapes(s, NULL, 0, target_shapes, s->n_targets);
+            t.target_shapes = target_shapes;
+            t.n_target_shapes = s->n_targets;
+        }
+        if (st == EBB_OK && !t.target_dtypes) {
+            target_dtypes = spec_dtypes(s->targets, s->n_targets, o.dtype, &st);
+            t.target_dtypes = target_dtypes;
+        }
+        o.train = &t;
+    }
+    /* a loss the options name is not the one the file declares */
+    if (st == EBB_OK)
+        st = annotate(s, ebb_compile(out, s->graph, &o),
+                      o.train && o.train->loss ? s->loss_loc : -1);
+    free(input_dtypes);
+    free(target_dtypes);
+    free(target_shapes);
+    return st;
 }

@@ -66,8 +66,28 @@ static ebb_status dropout_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_t
                              c->node ? c->node : "?");
     return ebb_tensor_dropout_backward(&gin[0], c->grad_out, c->saved[0], c->attrs[0].f);
 }
+/* native_dropout_backward is grad * mask * scale: the product with the mask
+ * is a temporary of the input's size, alive while the Scalar operand (see
+ * ebb_ops_scalar_bytes) and the gradient are made. */
+static int64_t dropout_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                     ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    return ebb_shape_numel(&in[0]) * (int64_t)ebb_dtype_size(dt) + ebb_ops_scalar_bytes(dt);
+}
+/* The training forward draws a float32 uniform of the input's size on the
+ * CPU, compares it into the mask (an extra the plan counts), and scales by a
+ * Scalar operand. */
+static int64_t dropout_train_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                       ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    return ebb_shape_numel(&in[0]) * 4 + ebb_ops_scalar_bytes(dt);
+}
 static const ebb_op_grad dropout_grad = {.backward = dropout_bwd, .forward_train = dropout_train,
-                                         .n_saved = 1, .differentiable = 1u};
+                                         .n_saved = 1, .differentiable = 1u,
+                                         .workspace = dropout_bwd_workspace,
+                                         .train_workspace = dropout_train_workspace};
 
 static ebb_status softmax_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
     (void)gp;

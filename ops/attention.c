@@ -218,8 +218,69 @@ static ebb_status mha_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tenso
         ebb_error_prefix("multi_head_attention");
     return st;
 }
+/* The backward's scratch, followed through ebb_tensor_multi_head_attention_
+ * backward on libtorch 1.13's CPU path (contiguous inputs). Every named
+ * tensor there lives to the end of the call, so the live bytes only grow,
+ * with transients on top: matmul's copies of head-split operands (as in the
+ * forward: one per [B, H, L, D] operand unless B, H or L is 1), its product
+ * before a head merge copies it (unless H or L is 1), the Scalar operand of
+ * each scaling, the causal mask, and the sum of a gradient into the one an
+ * input already has (self- and key=value attention). With Q = B*T*E,
+ * K = B*S*E and P = B*H*T*S the call keeps q, k, v, the scores and
+ * probabilities, the merged heads, grad_out's projection, g_p, g_v, g_s,
+ * g_q, g_k, the merged copies of the last three, and per projection its
+ * weight (E*E) and bias (E) gradients before they are concatenated. */
+static int64_t mha_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                 ebb_dtype dt) {
+    if (in[0].ndim != 3 || a[A_HEADS].i < 1 || n_in < 1 || n_in > 3)
+        return 0;
+    int64_t b = in[0].dim[0], t = in[0].dim[1], e = in[0].dim[2], h = a[A_HEADS].i;
+    int64_t s = n_in > 1 && in[1].ndim == 3 ? in[1].dim[1] : t, size = (int64_t)ebb_dtype_size(dt);
+    int64_t q = b * t * e * size, k = b * s * e * size, p = b * h * t * s * size;
+    int64_t ee = e * e * size, eb = a[A_BIAS].i ? e * size : 0;
+    int64_t cq = b > 1 && h > 1 && t > 1 ? q : 0, ck = b > 1 && h > 1 && s > 1 ? k : 0;
+    int64_t mq = h > 1 && t > 1 ? q : 0, mk = h > 1 && s > 1 ? k : 0;
+    int64_t scalar = ebb_ops_scalar_bytes(dt), mask = a[A_CAUSAL].i ? t * s : 0;
+    int64_t live = q + 2 * k, peak = 0;
+#define PEAK(x) peak = (x) > peak ? (x) : peak
+    PEAK(live + cq + ck + p); /* q k^T */
+    live += p;
+    PEAK(live + (scalar > mask ? scalar : mask));
+    live += p;                /* probabilities */
+    PEAK(live + ck + q);      /* p v */
+    PEAK(live + q + mq);      /* ... its heads merged */
+    live += q + ee + eb;      /* merged; out_proj's gradients */
+    live += q;                /* grad_out's projection */
+    PEAK(live + cq + ck + p); /* g_p */
+    live += p;
+    PEAK(live + cq + k); /* g_v */
+    live += k;
+    PEAK(live + 2 * p + scalar); /* g_s and its scaling */
+    live += p;
+    PEAK(live + ck + q); /* g_q */
+    live += q;
+    PEAK(live + cq + k); /* g_k */
+    live += k + mq + 2 * mk;
+    int64_t grads[3] = {0, 0, 0};
+    for (int j = 0; j < 3; j++) {
+        int64_t size_j = j == 0 ? q : k;
+        int to = j == 0 ? 0 : (j < n_in - 1 ? j : n_in - 1);
+        live += ee + eb;
+        if (grads[to]) {
+            PEAK(live + 2 * size_j); /* the product, then its sum with the first */
+        } else {
+            grads[to] = size_j;
+            live += size_j;
+        }
+        PEAK(live);
+    }
+    live += 3 * ee + 3 * eb; /* in_proj's gradients concatenated */
+    PEAK(live);
+#undef PEAK
+    return peak - (grads[0] + grads[1] + grads[2] + 4 * ee + 4 * eb);
+}
 static const ebb_op_grad mha_grad = {.backward = mha_bwd, .saves_inputs = 0x7u,
-                                     .differentiable = 0x7u};
+                                     .differentiable = 0x7u, .workspace = mha_bwd_workspace};
 
 const ebb_op ebb_ops_attention[] = {
     {.name = "multi_head_attention", .min_inputs = 1, .max_inputs = 3, .attrs = mha_attrs,

@@ -19,6 +19,7 @@ ebb_status ebb_ops_register_builtin(void) {
         {ebb_ops_recurrent, ebb_ops_recurrent_count},
         {ebb_ops_shape, ebb_ops_shape_count},
         {ebb_ops_math, ebb_ops_math_count},
+        {ebb_ops_loss, ebb_ops_loss_count},
     };
     for (int f = 0; f < EBB_COUNT(families); f++)
         for (int i = 0; i < families[f].n; i++) {

@@ -26,22 +26,27 @@ static ebb_status average_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return ebb_tensor_average(out, c->in, c->n_in);
 }
 
-/* Elements of the inputs' broadcast shape (the output's). */
-static int64_t broadcast_numel(const ebb_shape *in, int n_in) {
-    int ndim = 0;
+/* The inputs' broadcast shape (the output's). */
+static ebb_shape broadcast_shape(const ebb_shape *in, int n_in) {
+    ebb_shape s = {0};
     for (int i = 0; i < n_in; i++)
-        ndim = in[i].ndim > ndim ? in[i].ndim : ndim;
-    int64_t numel = 1;
-    for (int d = 0; d < ndim; d++) {
+        s.ndim = in[i].ndim > s.ndim ? in[i].ndim : s.ndim;
+    for (int d = 0; d < s.ndim; d++) {
         int64_t size = 1;
         for (int i = 0; i < n_in; i++) {
-            int at = d - (ndim - in[i].ndim);
+            int at = d - (s.ndim - in[i].ndim);
             if (at >= 0 && in[i].dim[at] != 1)
                 size = in[i].dim[at];
         }
-        numel *= size;
+        s.dim[d] = size;
     }
-    return numel;
+    return s;
+}
+
+/* Elements of the inputs' broadcast shape. */
+static int64_t broadcast_numel(const ebb_shape *in, int n_in) {
+    ebb_shape s = broadcast_shape(in, n_in);
+    return ebb_shape_numel(&s);
 }
 
 /* Scaling by 1/N in place passes libtorch a Scalar, which it wraps in a CPU
@@ -154,14 +159,146 @@ static ebb_status stack_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_ten
     return st;
 }
 
+/* ---- backward workspace -------------------------------------------------------
+ * Followed allocation by allocation through ebb_tensor_fold_backward and
+ * average_bwd (libtorch 1.13, CPU). An input's gradient is the output's
+ * gradient summed to its shape (at::sum_to): a new tensor unless the shapes
+ * are equal, when it is the unsummed tensor itself. Each sum may add the
+ * two-pass scratch of ebb_ops_reduce_scratch, counted at its largest as a
+ * bound (it is 0 with one thread). */
+
+/* Bytes of one element of the gradients: the forward's dtype, float32 for
+ * integer inputs (their floating output's). */
+static int64_t grad_elem(ebb_dtype dt) {
+    return (int64_t)ebb_dtype_size(ebb_ops_is_floating(dt) ? dt : EBB_FLOAT32);
+}
+
+/* The largest two-pass scratch of summing the output's gradient to an input. */
+static int64_t sum_to_scratch(const ebb_shape *in, int n_in, ebb_dtype dt) {
+    int64_t out = broadcast_numel(in, n_in), most = 0;
+    for (int i = 0; i < n_in; i++) {
+        int64_t s = ebb_ops_reduce_scratch(out, ebb_shape_numel(&in[i]), dt);
+        most = s > most ? s : most;
+    }
+    return most;
+}
+
+/* add: each gradient is a sum or a copy of grad_out: nothing beside them. */
+static int64_t add_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                 ebb_dtype dt) {
+    (void)a;
+    return sum_to_scratch(in, n_in, dt);
+}
+
+/* mul: input i's gradient is grad_out times every other input, a chain of
+ * products of the output's size (the previous one alive while the next is
+ * made), then summed to input i's shape; the gradients made so far stay. */
+static int64_t mul_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                 ebb_dtype dt) {
+    (void)a;
+    ebb_shape out = broadcast_shape(in, n_in);
+    int64_t e = grad_elem(dt), o = ebb_shape_numel(&out) * e;
+    int64_t live = 0, peak = 0, chain = n_in > 2 ? 2 * o : o;
+    for (int i = 0; i < n_in; i++) {
+        peak = live + chain > peak ? live + chain : peak;
+        if (ebb_shape_equal(&in[i], &out)) {
+            live += o;
+            continue;
+        }
+        int64_t r = ebb_shape_numel(&in[i]) * e;
+        int64_t sum = live + o + r + ebb_ops_reduce_scratch(o / e, r / e, dt);
+        peak = sum > peak ? sum : peak;
+        live += r;
+    }
+    return peak - live;
+}
+
+/* average: grad_out / N (a Scalar operand, then a tensor of the output's
+ * size) is summed to every input; inputs of the output's shape all get that
+ * one tensor, so it is scratch only when none has that shape. */
+static int64_t average_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                     ebb_dtype dt) {
+    (void)a;
+    ebb_shape out = broadcast_shape(in, n_in);
+    int64_t e = grad_elem(dt), o = ebb_shape_numel(&out) * e, summed = 0;
+    int shared = 0;
+    for (int i = 0; i < n_in; i++) {
+        if (ebb_shape_equal(&in[i], &out))
+            shared = 1;
+        else
+            summed += ebb_shape_numel(&in[i]) * e;
+    }
+    int64_t scale = o + ebb_ops_scalar_bytes(ebb_ops_is_floating(dt) ? dt : EBB_FLOAT32);
+    int64_t sums = o + summed + sum_to_scratch(in, n_in, dt);
+    int64_t peak = scale > sums ? scale : sums;
+    return peak - summed - (shared ? o : 0);
+}
+
+/* maximum: the fold max(max(x0, x1), x2)... is walked backwards from its
+ * last input, with the prefixes p_k = max(x0..xk) recomputed first (kept to
+ * the end; p_0 is x0 itself). Step i (from n-1 down to 1), with the running
+ * gradient g_i of p_i's shape, makes half = g_i / 2 (an int64 Scalar
+ * operand), then each of the two sides' gradients as
+ * where(a == b, half, g_i).masked_fill(a < b, 0): two bool masks, the
+ * where() and the result, all of p_i's shape; input i keeps its side (summed
+ * to its shape), and the other side, summed to p_(i-1)'s shape, is the next
+ * running gradient. */
+static int64_t max_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                 ebb_dtype dt) {
+    (void)a;
+    if (n_in < 2 || n_in > 64)
+        return 0;
+    ebb_shape p[64];
+    int64_t e = grad_elem(dt), live = 0, peak = 0, kept = 0, run = 0;
+    p[0] = in[0];
+    for (int k = 1; k < n_in; k++) {
+        ebb_shape two[2] = {p[k - 1], in[k]};
+        p[k] = broadcast_shape(two, 2);
+        if (k < n_in - 1)
+            live += ebb_shape_numel(&p[k]) * e; /* the prefixes */
+    }
+    peak = live;
+    int64_t scalar = ebb_ops_wrapped_scalar_bytes(EBB_INT64, dt);
+    for (int i = n_in - 1; i >= 1; i--) {
+        int64_t pe = ebb_shape_numel(&p[i]), h = pe * e;
+        int64_t base = live + kept + run; /* prefixes, gradients so far, g_i */
+#define PEAK(x) peak = (x) > peak ? (x) : peak
+        PEAK(base + scalar + h);         /* half */
+        PEAK(base + 3 * h + 2 * pe);     /* the first side: half, masks, where, result */
+        PEAK(base + 4 * h + 2 * pe);     /* the second side beside the first */
+        int64_t now = base + 3 * h;      /* half and both sides */
+        if (ebb_shape_equal(&in[i], &p[i])) {
+            kept += h;
+        } else {
+            int64_t r = ebb_shape_numel(&in[i]) * e;
+            PEAK(now + r + ebb_ops_reduce_scratch(pe, r / e, dt));
+            now += r;
+            kept += r;
+        }
+        if (ebb_shape_equal(&p[i - 1], &p[i])) {
+            run = h; /* the first side is the next running gradient */
+        } else {
+            int64_t r = ebb_shape_numel(&p[i - 1]) * e;
+            PEAK(now + r + ebb_ops_reduce_scratch(pe, r / e, dt));
+            run = r;
+        }
+#undef PEAK
+    }
+    return peak - kept - run; /* the last running gradient is input 0's */
+}
+
 static const ebb_op_grad add_grad = {.backward = add_bwd, .saves_inputs = ALL_INPUTS,
-                                     .differentiable = ALL_INPUTS};
+                                     .differentiable = ALL_INPUTS,
+                                     .workspace = add_bwd_workspace};
 static const ebb_op_grad mul_grad = {.backward = mul_bwd, .saves_inputs = ALL_INPUTS,
-                                     .differentiable = ALL_INPUTS};
+                                     .differentiable = ALL_INPUTS,
+                                     .workspace = mul_bwd_workspace};
 /* average and cat read only their inputs' shapes (ebb_op_grad_call.in_shapes) */
-static const ebb_op_grad average_grad = {.backward = average_bwd, .differentiable = ALL_INPUTS};
+static const ebb_op_grad average_grad = {.backward = average_bwd, .differentiable = ALL_INPUTS,
+                                         .workspace = average_bwd_workspace};
 static const ebb_op_grad max_grad = {.backward = max_bwd, .saves_inputs = ALL_INPUTS,
-                                     .differentiable = ALL_INPUTS};
+                                     .differentiable = ALL_INPUTS,
+                                     .workspace = max_bwd_workspace};
 static const ebb_op_grad cat_grad = {.backward = cat_bwd, .differentiable = ALL_INPUTS};
 static const ebb_op_grad stack_grad = {.backward = stack_bwd, .differentiable = ALL_INPUTS};
 

@@ -331,17 +331,143 @@ static ebb_status conv_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tens
         ebb_error_prefix("%s", c->op->name);
     return st;
 }
-static const ebb_op_grad conv_grad = {.backward = conv_bwd, .saves_inputs = 1u,
-                                      .differentiable = 1u};
+/* ---- backward workspace ----------------------------------------------------------
+ *
+ * What libtorch 1.13's convolution_backward allocates on the CPU beside the
+ * three gradients it returns, on the same paths as the forward.
+ *
+ * The native path is exact. Per group (the whole convolution when groups is
+ * 1):
+ *  - without dilation (slow_conv2d), the weight's gradient unfolds the
+ *    whole batch's input into columns, N x C/g*K x output positions (none
+ *    for a 1x1 kernel with stride 1 and no padding); the input's gradient
+ *    folds one sample's columns at a time, which is never more;
+ *  - with dilation (slow_conv_dilated2d), one sample's columns, and per
+ *    sample the bias's partial sum (out/g);
+ *  - with groups > 1, each group's slices of grad_out and of the input are
+ *    copied when the batch has more than one sample; every group's three
+ *    gradients are kept until they are concatenated into the results, so
+ *    the concatenation holds the gradients twice.
+ *
+ * float32 through oneDNN is bounded, as the forward is: the backward of
+ * the input computes a blocked input gradient from blocked copies of
+ * grad_out and the weights, then copies it out; the backward of the weights
+ * reads blocked copies of the input and grad_out, and accumulates the
+ * weights' (and bias's) gradients in blocked buffers, one set per thread.
+ * Outside plain_layer() a kernel may work through one sample's columns per
+ * thread, and a strided 1x1 gathers its strided input per thread: measured
+ * at up to 36 floats per input position, counted as 64. */
+
+/* Scratch of one native convolution without groups (d->g == 1), or of one
+ * group of it, beside its gradients. */
+static int64_t native_bwd_group(const conv_dims *d, int64_t e) {
+    int64_t cg = d->c / d->g, og = d->o / d->g;
+    if (d->dilated)
+        return (cg * d->k_numel * d->sp_out + (d->bias ? og : 0)) * e;
+    if (d->k_numel == 1 && !d->strided && !d->padded)
+        return 0;
+    return d->n * cg * d->k_numel * d->sp_out * e;
+}
+
+static int64_t native_bwd_workspace(const conv_dims *d, int64_t e) {
+    int64_t group = native_bwd_group(d, e);
+    if (d->g == 1)
+        return group;
+    int64_t cg = d->c / d->g, og = d->o / d->g;
+    int64_t copies = d->n > 1 ? d->n * (cg * d->sp_in + og * d->sp_out) * e : 0;
+    int64_t grads = (d->n * d->c * d->sp_in + d->o * cg * d->k_numel + (d->bias ? d->o : 0)) * e;
+    return copies + group > grads ? copies + group : grads;
+}
+
+static int64_t mkldnn_bwd_workspace_bound(const conv_dims *d, int threads) {
+    const int64_t e = 4, align = 128, blk = onednn_block();
+    int64_t cg = d->c / d->g, og = d->o / d->g;
+    int depthwise = d->g > 1 && cg == 1;
+    int64_t src, wts, dst, bias;
+    if (depthwise) {
+        src = d->n * round_up(d->c, blk) * d->sp_in;
+        wts = round_up(d->g, blk) * og * d->k_numel;
+        dst = d->n * round_up(d->o, blk) * d->sp_out;
+        bias = d->bias ? round_up(d->o, blk) : 0;
+    } else {
+        src = d->n * d->g * round_up(cg, blk) * d->sp_in;
+        wts = d->g * round_up(cg, blk) * round_up(og, blk) * d->k_numel;
+        dst = d->n * d->g * round_up(og, blk) * d->sp_out;
+        bias = d->bias ? d->g * round_up(og, blk) : 0;
+    }
+    int64_t per_thread = 0;
+    if (!plain_layer(d)) {
+        int64_t cols = round_up(cg, blk) * d->k_numel * d->sp_out;
+        int64_t gather = d->k_numel == 1 && d->strided ? 64 * d->sp_in : 0;
+        per_thread = threads * ((cols > gather ? cols : gather) * e + align);
+    }
+    int64_t gx = d->n * d->c * d->sp_in * e, gw = d->o * cg * d->k_numel * e;
+    int64_t gb = d->bias ? d->o * e : 0;
+    int64_t phases[] = {
+        (src + dst + wts) * e + per_thread,                   /* the input's gradient */
+        src * e + gx,                                         /* ... copied out */
+        gx + (src + dst + wts + bias) * e + per_thread +      /* the weights' */
+            (int64_t)(threads - 1) * (wts + bias) * e,
+        gx + (wts + bias) * e + gw + gb,                      /* ... copied out */
+    };
+    int64_t peak = 0;
+    for (int i = 0; i < EBB_COUNT(phases); i++)
+        peak = phases[i] > peak ? phases[i] : peak;
+    return peak - gx - gw - gb;
+}
+
+static int64_t conv_bwd_workspace_of(int nsp, const ebb_attr_value *a, const ebb_shape *in,
+                                     ebb_dtype dt) {
+    conv_dims d;
+    if (conv_dims_of(nsp, a, &in[0], &d) != 0 || d.c % d.g != 0 || d.o % d.g != 0)
+        return 0;
+    int threads = ebb_tensor_num_threads();
+    if (threads < 1)
+        threads = 1;
+    switch (dt) {
+    case EBB_FLOAT64: return native_bwd_workspace(&d, 8);
+    case EBB_FLOAT32:
+        return uses_mkldnn(&d, threads) ? mkldnn_bwd_workspace_bound(&d, threads)
+                                        : native_bwd_workspace(&d, 4);
+    default: {
+        /* bfloat16 takes either path (see conv_workspace); float16 has no
+         * CPU kernels in libtorch 1.13 */
+        int64_t native = native_bwd_workspace(&d, (int64_t)ebb_dtype_size(dt));
+        int64_t mk = mkldnn_bwd_workspace_bound(&d, threads);
+        return native > mk ? native : mk;
+    }
+    }
+}
+
+/* One rule per op: an unbatched conv2d input [C, H, W] has a batched
+ * conv1d's rank, so the rule must know which op it serves. */
+static int64_t conv1d_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                    ebb_dtype dt) {
+    (void)n_in;
+    return conv_bwd_workspace_of(1, a, in, dt);
+}
+
+static int64_t conv2d_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                    ebb_dtype dt) {
+    (void)n_in;
+    return conv_bwd_workspace_of(2, a, in, dt);
+}
+
+static const ebb_op_grad conv1d_grad = {.backward = conv_bwd, .saves_inputs = 1u,
+                                        .differentiable = 1u, .workspace = conv1d_bwd_workspace,
+                                        .workspace_is_bound = 1};
+static const ebb_op_grad conv2d_grad = {.backward = conv_bwd, .saves_inputs = 1u,
+                                        .differentiable = 1u, .workspace = conv2d_bwd_workspace,
+                                        .workspace_is_bound = 1};
 
 const ebb_op ebb_ops_conv[] = {
     {.name = "conv1d", .min_inputs = 1, .max_inputs = 1, .attrs = conv_attrs,
      .n_attrs = EBB_COUNT(conv_attrs), .params = conv1d_params, .forward = conv1d_fwd,
      .doc = "1-D convolution over [N, C, L]", .workspace = conv1d_workspace,
-     .workspace_is_bound = 1, .grad = &conv_grad},
+     .workspace_is_bound = 1, .grad = &conv1d_grad},
     {.name = "conv2d", .min_inputs = 1, .max_inputs = 1, .attrs = conv_attrs,
      .n_attrs = EBB_COUNT(conv_attrs), .params = conv2d_params, .forward = conv2d_fwd,
      .doc = "2-D convolution over [N, C, H, W]", .workspace = conv2d_workspace,
-     .workspace_is_bound = 1, .grad = &conv_grad},
+     .workspace_is_bound = 1, .grad = &conv2d_grad},
 };
 const int ebb_ops_conv_count = EBB_COUNT(ebb_ops_conv);

@@ -332,17 +332,78 @@ static ebb_status group_norm_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, eb
                                           c->attrs[GN_GROUPS].i);
 }
 
+/* ---- backward workspace -------------------------------------------------------
+ * What libtorch 1.13's CPU kernels allocate beyond the gradients, for a
+ * contiguous input (as the plan's values are):
+ *  - native_layer_norm_backward sums the weight's and bias's gradients
+ *    through a buffer of {2, threads, N} in the input's dtype;
+ *  - native_batch_norm_backward makes the input's gradient twice and drops
+ *    the first (the contiguous path allocates it again);
+ *  - native_group_norm_backward keeps two per-(sample, channel) sums;
+ *  - rms_norm's derivative is libtorch ops (ebb_tensor_rms_norm_backward):
+ *    the largest moment is the input gradient's expression, whose
+ *    temporaries all live until it is complete. */
+
+static int64_t layer_norm_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                        ebb_dtype dt) {
+    (void)n_in;
+    if (!a[A_AFFINE].i || in[0].ndim < 1)
+        return 0;
+    int threads = ebb_tensor_num_threads();
+    return 2 * (int64_t)(threads > 1 ? threads : 1) * in[0].dim[in[0].ndim - 1] *
+           (int64_t)ebb_dtype_size(dt);
+}
+
+static int64_t batch_norm_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                        ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    return ebb_shape_numel(&in[0]) * (int64_t)ebb_dtype_size(dt);
+}
+
+static int64_t group_norm_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                        ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    return in[0].ndim >= 2 ? 2 * in[0].dim[0] * in[0].dim[1] * stat_bytes(dt) : 0;
+}
+
+/* With r = rsqrt(mean(x^2) + eps) per row (rows R) and N elements:
+ *   gx = gy r - x r^3 mean(gy x),  gy = g w (or g itself)
+ * keeps r, gy (with a weight), and the expression's seven tensors: gy x,
+ * its mean, r^3, x r^3, their product, gy r and gx: 4N + 3R of scratch
+ * beside gx, plus gy. The weight's gradient comes first, with two
+ * temporaries of N, and never exceeds that; so do the Scalar operands of
+ * the means and of eps. Half types compute in float32 copies of the input
+ * and the gradient (counted here, but not measured). */
+static int64_t rms_norm_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                      ebb_dtype dt) {
+    (void)n_in;
+    int64_t n = ebb_shape_numel(&in[0]), d = in[0].ndim >= 1 ? in[0].dim[in[0].ndim - 1] : 1;
+    if (n <= 0 || d <= 0)
+        return 0;
+    int64_t rows = n / d, gy = a[RMS_AFFINE].i ? n : 0;
+    if (dt == EBB_FLOAT32 || dt == EBB_FLOAT64)
+        return (4 * n + 3 * rows + gy) * (int64_t)ebb_dtype_size(dt);
+    /* float32 copies of x and grad, the float32 gx before its cast back */
+    return (2 * n + 5 * n + 3 * rows + gy + d) * 4;
+}
+
 static const ebb_op_grad layer_norm_grad = {.backward = layer_norm_bwd,
                                             .forward_train = layer_norm_train, .n_saved = 2,
-                                            .saves_inputs = 1u, .differentiable = 1u};
+                                            .saves_inputs = 1u, .differentiable = 1u,
+                                            .workspace = layer_norm_bwd_workspace};
 static const ebb_op_grad batch_norm_grad = {.backward = batch_norm_bwd,
                                             .forward_train = batch_norm_train, .n_saved = 2,
-                                            .saves_inputs = 1u, .differentiable = 1u};
+                                            .saves_inputs = 1u, .differentiable = 1u,
+                                            .workspace = batch_norm_bwd_workspace};
 static const ebb_op_grad rms_norm_grad = {.backward = rms_norm_bwd, .saves_inputs = 1u,
-                                          .differentiable = 1u};
+                                          .differentiable = 1u,
+                                          .workspace = rms_norm_bwd_workspace};
 static const ebb_op_grad group_norm_grad = {.backward = group_norm_bwd,
                                             .forward_train = group_norm_train, .n_saved = 2,
-                                            .saves_inputs = 1u, .differentiable = 1u};
+                                            .saves_inputs = 1u, .differentiable = 1u,
+                                            .workspace = group_norm_bwd_workspace};
 
 const ebb_op ebb_ops_norm[] = {
     {.name = "layer_norm", .min_inputs = 1, .max_inputs = 1, .attrs = layer_norm_attrs, .n_attrs = 2,

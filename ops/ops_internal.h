@@ -29,6 +29,8 @@ extern const ebb_op ebb_ops_shape[];
 extern const int ebb_ops_shape_count;
 extern const ebb_op ebb_ops_math[];
 extern const int ebb_ops_math_count;
+extern const ebb_op ebb_ops_loss[];
+extern const int ebb_ops_loss_count;
 
 /* Parses a STRING attribute holding a list of integers ("-1,64", "0 2 1",
  * "[1, 2]") into out[max]; *n gets the count. Errors name the op and the

@@ -252,10 +252,62 @@ static ebb_status lstm_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tens
     return st;
 }
 
+/* The backward's scratch on libtorch 1.13's CPU path, with u = B*H, the
+ * input size I (H without a `using` x) and G the gates per unit:
+ *  - the gate projections of x and h are recomputed (2*G*u) and live to
+ *    the end of ebb_tensor_{gru,lstm}_cell_backward;
+ *  - inside _thnn_differentiable_gru_cell_backward, at its end: the biased
+ *    gates (6u, with biases), r, z, n, h's gradient, five gate gradients
+ *    and the two concatenated [B, 3H] gate gradients (14u), the biases'
+ *    gradients (3H each); the LSTM's holds its gates (4u), their
+ *    activations (4u), the cell's gradient, four gate gradients and their
+ *    concatenation (9u), one bias gradient (4H) that both biases share;
+ *  - then the products with the weights: x's gradient [B, I], h's (the GRU
+ *    adds one [B, H] temporary), and the weights' [G*H, I] and [G*H, H];
+ *  - the LSTM's state gradient is cat(h's, c's) [B, 2H], made last.
+ * Without a `using` x, x's gradient is added into h's and freed: scratch. */
+static int64_t cell_bwd_workspace(int gates, const ebb_attr_value *a, const ebb_shape *in,
+                                  int n_in, ebb_dtype dt) {
+    if (in[0].ndim != 2)
+        return 0;
+    int64_t b = in[0].dim[0], hid = a[A_HIDDEN].i, size = (int64_t)ebb_dtype_size(dt);
+    int64_t x_in = n_in > 1 && in[1].ndim == 2 ? in[1].dim[1] : hid;
+    int64_t u = b * hid, gh = gates * hid, bias = a[A_BIAS].i != 0;
+    int64_t weights = gh * x_in + gh * hid, gx = b * x_in;
+    int64_t peak, ret;
+    if (gates == 3) {
+        int64_t inner = 6 * u + (bias ? 6 * u + 2 * gh : 0) + 14 * u;
+        int64_t h_grad = 6 * u + 7 * u + (bias ? 2 * gh : 0) + 2 * u;
+        int64_t outer = 6 * u + 7 * u + (bias ? 2 * gh : 0) + u + gx + weights;
+        peak = inner > h_grad ? inner : h_grad;
+        peak = outer > peak ? outer : peak;
+        ret = u + (n_in > 1 ? gx : 0) + weights + (bias ? 2 * gh : 0);
+    } else {
+        int64_t inner = 8 * u + 17 * u + (bias ? gh : 0);
+        int64_t outer = 13 * u + (bias ? gh : 0) + gx + u + weights;
+        int64_t state = gx + 4 * u + weights + (bias ? gh : 0);
+        peak = inner > outer ? inner : outer;
+        peak = state > peak ? state : peak;
+        ret = 2 * u + (n_in > 1 ? gx : 0) + weights + (bias ? gh : 0);
+    }
+    return (peak - ret) * size;
+}
+
+static int64_t gru_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                 ebb_dtype dt) {
+    return cell_bwd_workspace(3, a, in, n_in, dt);
+}
+
+static int64_t lstm_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                  ebb_dtype dt) {
+    return cell_bwd_workspace(4, a, in, n_in, dt);
+}
+
 static const ebb_op_grad gru_grad = {.backward = gru_bwd, .saves_inputs = 0x3u,
-                                     .differentiable = 0x3u};
+                                     .differentiable = 0x3u, .workspace = gru_bwd_workspace};
 static const ebb_op_grad lstm_grad = {.backward = lstm_bwd, .saves_inputs = 0x3u,
-                                      .saves_output = 1, .differentiable = 0x3u};
+                                      .saves_output = 1, .differentiable = 0x3u,
+                                      .workspace = lstm_bwd_workspace};
 
 const ebb_op ebb_ops_recurrent[] = {
     {.name = "gru_cell", .min_inputs = 1, .max_inputs = 2, .attrs = cell_attrs,

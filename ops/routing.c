@@ -77,8 +77,24 @@ static ebb_status threshold_halt_bwd(const ebb_op_grad_call *c, ebb_tensor **gin
     (void)gp;
     return ebb_tensor_max_all_backward(&gin[0], c->grad_out, c->in[0]);
 }
+/* ebb_tensor_max_all_backward on the CPU: the mask x == max(x) (one bool per
+ * element) stays to the end; counting its hits sums the bools as int64
+ * through an int64 copy of the mask; then the share and a zero (one
+ * element each) sit beside the gradient. */
+static int64_t threshold_halt_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in,
+                                            int n_in, ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    int64_t n = ebb_shape_numel(&in[0]), e = (int64_t)ebb_dtype_size(dt);
+    if (n <= 0)
+        return 0;
+    int64_t count = n + 8 * n + 8 + ebb_ops_reduce_scratch(n, 1, EBB_INT64);
+    int64_t spread = n + 2 * e + n * e;
+    return (count > spread ? count : spread) - n * e;
+}
 static const ebb_op_grad threshold_halt_grad = {.backward = threshold_halt_bwd,
-                                                .saves_inputs = 1u, .differentiable = 1u};
+                                                .saves_inputs = 1u, .differentiable = 1u,
+                                                .workspace = threshold_halt_bwd_workspace};
 
 /* _gate_mix: [acc +] w[:, i] * y. The router weights w get the gradient of
  * their column i (the sum of grad * y over y's feature dims); y gets grad
@@ -135,9 +151,33 @@ static ebb_status gate_mix_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_
         }
     return st;
 }
+/* In gate_mix_bwd's order: y's gradient (kept), grad * y (Y elements), its
+ * sum per row (B, none when y is [B]), the one-hot [E] (made by adding a
+ * Scalar to a zero, see ebb_ops_scalar_bytes) and w's gradient [B, E]
+ * (kept); acc's gradient is grad_out itself. */
+static int64_t gate_mix_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                      ebb_dtype dt) {
+    (void)a;
+    const ebb_shape *w = &in[n_in - 2], *y = &in[n_in - 1];
+    if (n_in < 2 || w->ndim != 2 || y->ndim < 1)
+        return 0;
+    int64_t e = (int64_t)ebb_dtype_size(dt), b = w->dim[0], experts = w->dim[1];
+    int64_t ny = ebb_shape_numel(y), bw = b * experts * e;
+    int summed = 0; /* the per-row sum is a new tensor unless y is [B, 1, ...] */
+    for (int d = 1; d < y->ndim; d++)
+        summed |= y->dim[d] != 1;
+    int64_t sums = summed ? b * e : 0;
+    int64_t sum_peak = 2 * ny * e + sums + (sums ? ebb_ops_reduce_scratch(ny, b, dt) : 0);
+    int64_t onehot = 2 * ny * e + sums + experts * e + ebb_ops_scalar_bytes(dt);
+    int64_t last = 2 * ny * e + sums + experts * e + bw;
+    int64_t peak = sum_peak > onehot ? sum_peak : onehot;
+    peak = last > peak ? last : peak;
+    return peak - ny * e - bw;
+}
 /* bits for (w, y) and for (acc, w, y): w and y are the last two inputs */
 static const ebb_op_grad gate_mix_grad = {.backward = gate_mix_bwd, .saves_inputs = 0x7u,
-                                          .differentiable = 0x7u};
+                                          .differentiable = 0x7u,
+                                          .workspace = gate_mix_bwd_workspace};
 
 const ebb_op ebb_ops_routing[] = {
     {.name = "threshold_halt", .min_inputs = 1, .max_inputs = 1, .attrs = threshold_attrs,

@@ -31,6 +31,7 @@
 #include "ebb/spec.h"
 #include "test_mounts.h"
 #include "test_util.h"
+#include "test_xml.h"
 
 extern char **environ;
 
@@ -744,8 +745,9 @@ static void test_help_and_version(void **state) {
     EBB(&r, "--help");
     expect_code(&r, 0);
     assert_true(starts_with(r.out, "usage: ebb "));
-    static const char *const cmds[] = {"check", "plan", "run", "dot"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const cmds[] = {"check", "plan", "run", "dot", "chart"};
+    const int n_cmds = (int)(sizeof cmds / sizeof cmds[0]);
+    for (int i = 0; i < n_cmds; i++) {
         char needle[32];
         snprintf(needle, sizeof needle, "  %s SPEC", cmds[i]);
         expect_contains("stdout", &r, r.out, needle);
@@ -758,7 +760,7 @@ static void test_help_and_version(void **state) {
     char *doc = slurp(EBB_SOURCE_DIR "/docs/cli.md", &doc_len);
     assert_non_null(doc);
     char dot_help_exts[512] = "";
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < n_cmds; i++) {
         char want[64];
         snprintf(want, sizeof want, "usage: ebb %s ", cmds[i]);
         run_prog(&r, NULL, NULL, ARGS(cmds[i], "--help"));
@@ -1737,6 +1739,87 @@ static void test_trace_control_flow(void **state) {
     }
 }
 
+/* ---- chart --------------------------------------------------------------- */
+
+/* `ebb chart` draws a run's trace over its plan: well-formed SVG whose
+ * measured points are the trace's live bytes and whose peak label is the
+ * plan's; a trace of the same spec run with other shapes is refused; where
+ * rsvg-convert is installed (Debian's librsvg2-bin) the SVG renders. */
+static void test_chart_command(void **state) {
+    (void)state;
+    char trace_path[PATH_MAX], svg_path[PATH_MAX], png_path[PATH_MAX];
+    tmp_path(trace_path, sizeof trace_path, "chart.jsonl");
+    tmp_path(svg_path, sizeof svg_path, "chart.svg");
+    tmp_path(png_path, sizeof png_path, "chart.png");
+    cli_result r;
+    EBB(&r, "run", "specs/mlp.yaml", "-i", "batch=8", "--device", "cpu", "--trace", trace_path);
+    expect_code(&r, 0);
+    cli_free(&r);
+    EBB(&r, "chart", "specs/mlp.yaml", "-i", "batch=8", "--trace", trace_path, "-o", svg_path);
+    expect_code(&r, 0);
+    assert_int_equal(r.out_len, 0);
+    cli_free(&r);
+    size_t n = 0;
+    char *svg = slurp(svg_path, &n);
+    assert_non_null(svg);
+    const char *bad = xml_check(svg, n);
+    if (bad)
+        fail_msg("ebb chart wrote SVG that is not well-formed: %s", bad);
+
+    /* the trace's step lines, in order, are the overlay's points */
+    char *jsonl = slurp(trace_path, NULL);
+    assert_non_null(jsonl);
+    char want[4096] = "", steps[1024] = "";
+    size_t at = 0, st_at = 0;
+    long long planned_peak = -1;
+    for (char *line = strtok(jsonl, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = json_strict(line, strlen(line), "trace");
+        const cJSON *summary = cJSON_GetObjectItemCaseSensitive(j, "summary");
+        if (summary) {
+            planned_peak = int_field(summary, "planned_peak_bytes", "summary");
+            assert_string_equal(str_field(summary, "device", "summary"), "cpu");
+        } else {
+            at += (size_t)snprintf(want + at, sizeof want - at, "%s%lld", at ? " " : "",
+                                   int_field(j, "live_bytes", "trace"));
+            st_at += (size_t)snprintf(steps + st_at, sizeof steps - st_at, "%s%lld",
+                                      st_at ? " " : "", int_field(j, "step", "trace"));
+        }
+        cJSON_Delete(j);
+    }
+    free(jsonl);
+    char needle[4200];
+    FMT(needle, "data-steps=\"%s\" data-live-bytes=\"%s\"", steps, want);
+    if (!strstr(svg, needle))
+        fail_msg("the chart lacks the trace's points %s", needle);
+    /* the plan's peak (on the CPU, the trace's planned peak), labelled */
+    FMT(needle, "<g id=\"peak\" data-bytes=\"%lld\"", planned_peak);
+    assert_non_null(strstr(svg, needle));
+    FMT(needle, "(%lld bytes) at step 3", planned_peak);
+    assert_non_null(strstr(svg, needle));
+    assert_null(strstr(svg, "class=\"over\""));
+    free(svg);
+
+    /* the trace was planned for batch 8: charting it over batch 4 is refused */
+    EBB(&r, "chart", "specs/mlp.yaml", "-i", "batch=4", "--trace", trace_path);
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "the run was planned for a peak of");
+    assert_int_equal(r.out_len, 0);
+    cli_free(&r);
+
+    run_prog(&r, "rsvg-convert", NULL, ARGS(svg_path, "-o", png_path));
+    if (r.code == 127) {
+        fprintf(stderr, "note: rsvg-convert is not installed (librsvg2-bin); the chart is not "
+                        "rendered\n");
+    } else {
+        expect_code(&r, 0);
+        char *png = slurp(png_path, &n);
+        if (!png || n < 1000 || memcmp(png, "\x89PNG\r\n\x1a\n", 8) != 0)
+            fail_msg("rsvg-convert wrote no PNG of the chart (%zu bytes)", png ? n : 0);
+        free(png);
+    }
+    cli_free(&r);
+}
+
 /* ---- run: files ---------------------------------------------------------- */
 
 static ebb_tensor *host_tensor(const ebb_shape *s, float scale) {
@@ -2398,6 +2481,7 @@ int main(void) {
         EBB_TEST(test_trace_straight_line),
         EBB_TEST(test_trace_loop_iterations),
         EBB_TEST(test_trace_control_flow),
+        EBB_TEST(test_chart_command),
         EBB_TEST(test_weights_and_io_files),
         EBB_TEST(test_symbolic_default_note),
         EBB_TEST(test_unusable_input_files),

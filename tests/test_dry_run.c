@@ -99,6 +99,11 @@ static const op_case cases[] = {
     {"mean", "dim=1", 1, {S(4, 8)}, {0}},
     {"mean", NULL, 1, {S(4, 8)}, {0}},
     {"sum", "dims=\"0,1\", keepdim=true", 1, {S(2, 3, 4)}, {0}},
+    /* losses: in[1] is the target */
+    {"cross_entropy", "label_smoothing=0.1", 2, {S(4, 10), S(4)}, {0, EBB_INT64}},
+    {"nll", NULL, 2, {S(4, 10), S(4)}, {0, EBB_INT64}},
+    {"mse", NULL, 2, {S(4, 8), S(4, 8)}, {0}},
+    {"bce_with_logits", NULL, 2, {S(4, 8), S(4, 8)}, {0}},
 };
 #undef S
 

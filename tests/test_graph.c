@@ -228,9 +228,24 @@ static ebb_status fail_neg_fwd(const ebb_op_call *c, ebb_tensor **out) {
 static const ebb_op fail_neg_op = {.name = "test_fail_negative", .min_inputs = 1, .max_inputs = 1,
                                    .is_view = 1, .forward = fail_neg_fwd};
 
+/* A stand-in loss for the builder's checks (never run): two inputs, the
+ * final stream and one target, and attributes of two types. */
+static const ebb_attr_spec pair_loss_attrs[] = {
+    {.name = "scale", .type = EBB_ATTR_FLOAT, .default_number = 1.0},
+    {.name = "reduction", .type = EBB_ATTR_STRING, .default_string = "mean"},
+};
+static ebb_status pair_loss_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    return ebb_tensor_ref(out, c->in[0]);
+}
+static const ebb_op pair_loss_op = {.name = "test_pair_loss", .min_inputs = 2, .max_inputs = 2,
+                                    .attrs = pair_loss_attrs, .n_attrs = 2,
+                                    .forward = pair_loss_fwd};
+
 static int register_test_ops(void **state) {
     (void)state;
     if (ebb_init() != EBB_OK)
+        return -1;
+    if (!ebb_op_find("test_pair_loss") && ebb_op_register(&pair_loss_op) != EBB_OK)
         return -1;
     if (!ebb_op_find("test_first_col") && ebb_op_register(&first_col_op) != EBB_OK)
         return -1;
@@ -349,6 +364,168 @@ static void test_builder_sticky_errors(void **state) {
     assert_errmsg_contains("in=5");
     assert_errmsg_contains("[2, 4]");
     ebb_graph_free(g);
+}
+
+/* ---- targets and the loss ------------------------------------------------- */
+
+/* A builder error, read exactly, then through ebb_build. */
+static void expect_exact_build_error(ebb_builder *b, const char *msg) {
+    assert_int_equal(ebb_builder_status(b), EBB_ERR_BUILD);
+    assert_string_equal(ebb_builder_errmsg(b), msg);
+    expect_build_error(b, msg);
+}
+
+static void test_builder_targets_and_loss(void **state) {
+    (void)state;
+    /* targets and a loss travel into the graph; the forward ignores them */
+    ebb_builder *b = ebb_builder_new("trained");
+    ebb_input(b, "x");
+    ebb_target(b, "label");
+    ebb_loss(b, "test_pair_loss", "scale=0.5, reduction=\"sum\"");
+    ebb_from(b, ebb_node_op(b, "linear", "out=3, name=head"));
+    ebb_graph *g = build_or_fail(b);
+    assert_int_equal(ebb_graph_input_count(g), 1);
+    assert_int_equal(ebb_graph_target_count(g), 1);
+    assert_string_equal(ebb_graph_target_name(g, 0), "label");
+    assert_null(ebb_graph_target_name(g, 1));
+    assert_null(ebb_graph_target_name(g, -1));
+    assert_string_equal(ebb_graph_loss(g), "test_pair_loss");
+    ebb_plan *p = compile(g, 4, 5, 0);
+    assert_int_equal(ebb_plan_input_count(p), 1);
+    assert_int_equal(ebb_plan_output_count(p), 1);
+    ebb_plan_free(p);
+    ebb_graph_free(g);
+
+    /* a target may come after the flow; none and no loss is the default */
+    b = ebb_builder_new("plain");
+    ebb_from(b, ebb_node_op(b, "relu", NULL));
+    g = build_or_fail(b);
+    assert_int_equal(ebb_graph_target_count(g), 0);
+    assert_null(ebb_graph_loss(g));
+    ebb_graph_free(g);
+    b = ebb_builder_new("late");
+    ebb_from(b, ebb_node_op(b, "relu", NULL));
+    ebb_target(b, "y");
+    ebb_loss(b, "test_pair_loss", NULL);
+    g = build_or_fail(b);
+    assert_string_equal(ebb_graph_target_name(g, 0), "y");
+    ebb_graph_free(g);
+    assert_int_equal(ebb_graph_target_count(NULL), 0);
+    assert_null(ebb_graph_target_name(NULL, 0));
+    assert_null(ebb_graph_loss(NULL));
+
+    /* names: valid, and not an input, tag or target already */
+    b = ebb_builder_new("bad");
+    ebb_target(b, NULL);
+    ebb_target(b, "y"); /* sticky: ignored */
+    expect_exact_build_error(b, "ebb_target: invalid target name '(null)'");
+    b = ebb_builder_new("bad");
+    ebb_target(b, "1y");
+    expect_exact_build_error(b, "ebb_target: invalid target name '1y'");
+    b = ebb_builder_new("bad");
+    ebb_target(b, "y");
+    ebb_target(b, "y");
+    expect_exact_build_error(b, "ebb_target: duplicate target 'y'");
+    b = ebb_builder_new("bad");
+    ebb_input(b, "x");
+    ebb_target(b, "x");
+    expect_exact_build_error(b, "ebb_target: 'x' is already an input");
+    b = ebb_builder_new("bad");
+    ebb_from(b, ebb_node_op(b, "relu", NULL));
+    ebb_tag(b, "h");
+    ebb_target(b, "h");
+    expect_exact_build_error(b, "ebb_target: 'h' is already a tag");
+    b = ebb_builder_new("bad");
+    ebb_target(b, "y");
+    ebb_input(b, "y");
+    expect_exact_build_error(b, "ebb_input: 'y' is already a target");
+    b = ebb_builder_new("bad");
+    ebb_target(b, "y");
+    ebb_from(b, ebb_node_op(b, "relu", NULL));
+    ebb_tag(b, "y");
+    expect_exact_build_error(b, "ebb_tag: 'y' is already a target");
+    b = ebb_builder_new("bad");
+    ebb_target(b, "y");
+    ebb_from(b, ebb_node_op(b, "relu", NULL));
+    ebb_using(b, "y", NULL);
+    expect_exact_build_error(b, "ebb_using: 'y' is a target, which only the loss reads");
+
+    /* the loss: a registered op, once, with attributes its schema accepts
+     * (ebb_attrs_resolve's errors, under the call's name) */
+    static const struct {
+        const char *op, *attrs, *msg;
+    } bad_loss[] = {
+        {"cross_entropyy", NULL, "ebb_loss: unknown op 'cross_entropyy'"},
+        {NULL, NULL, "ebb_loss: unknown op '(null)'"},
+        {"test_pair_loss", "scal=2",
+         "ebb_loss: test_pair_loss has no attribute 'scal' (known: scale, reduction)"},
+        {"test_pair_loss", "name=l",
+         "ebb_loss: test_pair_loss has no attribute 'name' (known: scale, reduction)"},
+        {"test_pair_loss", "scale=big",
+         "ebb_loss: test_pair_loss: attribute 'scale' must be a number, got 'big'"},
+        {"test_pair_loss", "scale=1 scale=2",
+         "ebb_loss: test_pair_loss: attribute 'scale' given twice"},
+        {"test_pair_loss", "scale",
+         "ebb_loss: test_pair_loss: attribute 'scale' has no value (expected key=value)"},
+        {"test_pair_loss", "reduction=\"sum",
+         "ebb_loss: test_pair_loss: unterminated quote in attribute 'reduction'"},
+        {"relu", "x=1", "ebb_loss: relu has no attribute 'x' (it takes none)"},
+        {"linear", NULL, "ebb_loss: linear needs attribute 'out'"},
+    };
+    for (size_t i = 0; i < sizeof bad_loss / sizeof bad_loss[0]; i++) {
+        b = ebb_builder_new("bad");
+        ebb_target(b, "y");
+        ebb_loss(b, bad_loss[i].op, bad_loss[i].attrs);
+        ebb_loss(b, "test_pair_loss", NULL); /* sticky: the first error stays */
+        expect_exact_build_error(b, bad_loss[i].msg);
+    }
+    b = ebb_builder_new("bad");
+    ebb_target(b, "y");
+    ebb_loss(b, "test_pair_loss", "scale=2");
+    ebb_loss(b, "test_pair_loss", "scale=3");
+    expect_exact_build_error(b, "ebb_loss: the graph already has a loss (test_pair_loss)");
+
+    /* the loss reads the final stream and every target */
+    b = ebb_builder_new("bad");
+    ebb_loss(b, "test_pair_loss", NULL);
+    ebb_from(b, ebb_node_op(b, "relu", NULL));
+    assert_int_equal(ebb_builder_status(b), EBB_OK);
+    expect_build_error(b, "ebb_build: loss test_pair_loss takes 2 inputs (the final stream, then "
+                          "the targets), but the graph declares 0 targets");
+    b = ebb_builder_new("bad");
+    ebb_target(b, "y");
+    ebb_target(b, "w");
+    ebb_loss(b, "test_pair_loss", NULL);
+    ebb_from(b, ebb_node_op(b, "relu", NULL));
+    expect_build_error(b, "but the graph declares 2 targets");
+
+    /* sub-flows have neither */
+    b = ebb_builder_new("bad");
+    ebb_from(b, ebb_node_op(b, "relu", NULL));
+    ebb_builder *s = ebb_subflow_begin(b);
+    ebb_target(s, "y");
+    ebb_through(b, ebb_subflow_end(s));
+    expect_exact_build_error(b, "ebb_target: a sub-flow cannot declare targets (only the "
+                                "top-level flow has a loss)");
+    b = ebb_builder_new("bad");
+    ebb_from(b, ebb_node_op(b, "relu", NULL));
+    s = ebb_subflow_begin(b);
+    ebb_loss(s, "test_pair_loss", NULL);
+    ebb_through(b, ebb_subflow_end(s));
+    expect_exact_build_error(b, "ebb_loss: a sub-flow cannot declare a loss (only the top-level "
+                                "flow has one)");
+
+    /* ebb_node_op shares the attribute reader; `name` stays its own key */
+    b = ebb_builder_new("bad");
+    ebb_from(b, ebb_node_op(b, "relu", "x=1"));
+    expect_exact_build_error(b, "ebb_node_op: relu has no attribute 'x' (known: name)");
+    b = ebb_builder_new("bad");
+    ebb_from(b, ebb_node_op(b, "linear", "out=2, name=1a"));
+    expect_exact_build_error(b, "ebb_node_op: linear: invalid node name '1a'");
+    b = ebb_builder_new("bad");
+    ebb_from(b, ebb_node_op(b, "linear", "bias=maybe, out=2"));
+    expect_exact_build_error(b, "ebb_node_op: linear: attribute 'bias' must be true or false, "
+                                "got 'maybe'");
 }
 
 /* ---- straight line: memory measured == planned ---------------------------- */
@@ -1022,6 +1199,7 @@ static void test_capture_refuses_data_dependent_plans(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_builder_sticky_errors),
+        EBB_TEST(test_builder_targets_and_loss),
         EBB_TEST(test_straight_line_peak_matches),
         EBB_TEST(test_in_place_only_when_safe),
         EBB_TEST(test_split_merge_using),

@@ -35,6 +35,15 @@ typedef struct conf_case {
     unsigned bound;
 } conf_case;
 
+/* A loss's target, in[1]: int64 class indices in [0, C) for cross_entropy
+ * and nll (returns C, in[0]'s last dim), probabilities in [0, 1) for
+ * bce_with_logits (-1); 0 for other ops. */
+static int64_t target_classes(const conf_case *c) {
+    if (strcmp(c->op, "cross_entropy") == 0 || strcmp(c->op, "nll") == 0)
+        return c->in[0].dim[c->in[0].ndim - 1];
+    return strcmp(c->op, "bce_with_logits") == 0 ? -1 : 0;
+}
+
 enum { BOUND_F32 = 1, BOUND_F64 = 2 };
 
 /* A shape usable in a static initializer. */
@@ -169,6 +178,17 @@ static const conf_case cases[] = {
     {"_gate_mix", 2, {SH(2, 2), SH(2, 3, 5)}, "index=0", 0, 0},
     {"_gate_mix", 3, {SH(4, 8), SH(4, 3), SH(4, 8)}, "index=2", 0, 0},
     {"_gate_mix", 3, {SH(2, 3, 5), SH(2, 2), SH(2, 3, 5)}, "index=1", 0, 0},
+    /* losses: in[1] is the target */
+    {"cross_entropy", 2, {SH(4, 10), SH(4)}, NULL, 0, 0},
+    {"cross_entropy", 2, {SH(6, 5), SH(6)}, "label_smoothing=0.2", 0, 0},
+    {"cross_entropy", 2, {SH(7), {0, {0}}}, "label_smoothing=0.1", 0, 0},
+    {"cross_entropy", 2, {SH(3), {0, {0}}}, NULL, 0, 0},
+    {"nll", 2, {SH(4, 10), SH(4)}, NULL, 0, 0},
+    {"nll", 2, {SH(6), {0, {0}}}, "ignore_index=2", 0, 0},
+    {"mse", 2, {SH(4, 8), SH(4, 8)}, NULL, 0, 0},
+    {"mse", 2, {SH(2, 3, 5), SH(2, 3, 5)}, NULL, 0, 0},
+    {"bce_with_logits", 2, {SH(4, 8), SH(4, 8)}, NULL, 0, 0},
+    {"bce_with_logits", 2, {SH(2, 3, 5), SH(2, 3, 5)}, NULL, 0, 0},
 };
 
 static const ebb_dtype float_dtypes[] = {EBB_FLOAT32, EBB_FLOAT64};
@@ -279,7 +299,8 @@ static void case_shapes(const conf_case *c, int n_in, ebb_shape *shapes, ebb_dty
                         ebb_dtype dt) {
     for (int i = 0; i < n_in; i++) {
         shapes[i] = c->n_in == 0 && c->in[i].ndim == 0 ? c->in[0] : c->in[i];
-        dtypes[i] = i == 0 && c->indices ? EBB_INT64 : dt;
+        int ints = (i == 0 && c->indices) || (i == 1 && target_classes(c) > 0);
+        dtypes[i] = ints ? EBB_INT64 : dt;
     }
 }
 
@@ -311,11 +332,14 @@ static ebb_status make_inputs(const conf_case *c, int n_in, const ebb_shape *sha
     for (int i = 0; st == EBB_OK && i < n_in; i++) {
         if (dtypes[i] == EBB_INT64) {
             ebb_tensor *u = NULL;
-            st = ebb_tensor_uniform(&u, &shapes[i], 0.0, (double)c->indices, EBB_FLOAT64, CPU,
+            int64_t hi = i ? target_classes(c) : c->indices;
+            st = ebb_tensor_uniform(&u, &shapes[i], 0.0, (double)hi, EBB_FLOAT64, CPU,
                                     11 + (uint64_t)i);
             if (st == EBB_OK)
                 st = ebb_tensor_cast(&in[i], u, EBB_INT64);
             ebb_tensor_free(u);
+        } else if (i == 1 && target_classes(c) < 0) {
+            st = ebb_tensor_uniform(&in[i], &shapes[i], 0.0, 1.0, dtypes[i], CPU, 12);
         } else {
             st = ebb_tensor_randn(&in[i], &shapes[i], dtypes[i], CPU, 11 + (uint64_t)i);
         }

@@ -17,12 +17,22 @@
  *   - inputs without the differentiable bit must get no gradient at all;
  *   - the two forward outputs, and batch_norm's updated running statistics,
  *     must agree too; forward_train of an op whose training forward does not
- *     differ (max_pool2d, layer_norm, group_norm) must give forward's bytes.
+ *     differ (max_pool2d, layer_norm, group_norm) must give forward's bytes;
+ *   - the rule's backward call is measured with the CPU's accounting
+ *     allocator: its peak above what was live before it, less the gradients
+ *     it returns, is its scratch, which must equal the rule's declared
+ *     workspace to the byte (at most it, where the rule says the figure is a
+ *     bound), and the call must keep nothing beyond those gradients.
+ * The same runs in float32, against autograd to 1e-4 relative, with the
+ * same byte checks. Separately, every rule must run on meta tensors (the
+ * compiler's dry run) and give gradients of its inputs' and parameters'
+ * shapes and dtypes.
  * An op without a rule, or without rows here, fails the suite by name. */
 #include "test_util.h"
 
 #define MAX_IN 4
 #define TOL 1e-10
+#define TOL32 1e-4 /* float32 runs */
 #define FLOOR 1e-6
 
 typedef struct grad_case {
@@ -32,6 +42,15 @@ typedef struct grad_case {
     const char *attrs;
     int64_t indices; /* > 0: in[0] holds int64 indices in [0, indices) */
 } grad_case;
+
+/* A loss's target, in[1], shaped as its row says (0-dim included): int64
+ * class indices in [0, C) for cross_entropy and nll (returns C, in[0]'s last
+ * dim), probabilities in [0, 1) for bce_with_logits (-1); 0 for other ops. */
+static int64_t target_classes(const grad_case *gc) {
+    if (strcmp(gc->op, "cross_entropy") == 0 || strcmp(gc->op, "nll") == 0)
+        return gc->in[0].dim[gc->in[0].ndim - 1];
+    return strcmp(gc->op, "bce_with_logits") == 0 ? -1 : 0;
+}
 
 #define SH(...) {(int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}}
 
@@ -166,12 +185,26 @@ static const grad_case cases[] = {
     {"dropout", 1, {SH(6, 7)}, "p=0.0", 0},
     {"dropout", 1, {SH(3, 4)}, "p=1.0", 0},
     {"maximum", 2, {SH(3, 4), SH(4)}, NULL, 0},
+    /* losses: in[1] is the target */
+    {"cross_entropy", 2, {SH(4, 10), SH(4)}, NULL, 0},
+    {"cross_entropy", 2, {SH(6, 5), SH(6)}, "label_smoothing=0.2", 0},
+    {"cross_entropy", 2, {SH(7), {0, {0}}}, "label_smoothing=0.1", 0},
+    {"cross_entropy", 2, {SH(8, 3), SH(8)}, "label_smoothing=0.3, ignore_index=1", 0},
+    {"nll", 2, {SH(4, 10), SH(4)}, NULL, 0},
+    {"nll", 2, {SH(6), {0, {0}}}, NULL, 0},
+    {"nll", 2, {SH(8, 3), SH(8)}, "ignore_index=0", 0},
+    {"mse", 2, {SH(4, 8), SH(4, 8)}, NULL, 0},
+    {"mse", 2, {SH(2, 3, 5), SH(2, 3, 5)}, NULL, 0},
+    {"bce_with_logits", 2, {SH(4, 8), SH(4, 8)}, NULL, 0},
+    {"bce_with_logits", 2, {SH(2, 3, 5), SH(2, 3, 5)}, NULL, 0},
 };
 
 /* Worst relative deviation seen per op family (by registry order), printed
  * at the end so reports can quote it. */
-static double worst_dev;
+static double worst_dev, worst_dev32;
 static char worst_op[64];
+/* the tolerance of the run in progress: TOL in float64, TOL32 in float32 */
+static double tol = TOL;
 
 /* ---- coverage -------------------------------------------------------------------- */
 
@@ -329,12 +362,14 @@ static void expect_close(const char *op, const char *what, const ebb_tensor *got
     char label[160];
     snprintf(label, sizeof label, "%s: %s", op, what);
     double d = rel_dev(label, got, want);
-    if (d > worst_dev) {
+    if (tol != TOL) {
+        worst_dev32 = d > worst_dev32 ? d : worst_dev32;
+    } else if (d > worst_dev) {
         worst_dev = d;
         snprintf(worst_op, sizeof worst_op, "%s", op);
     }
-    if (!(d <= TOL))
-        fail_msg("%s: relative deviation %.3g from autograd exceeds %.0e", label, d, TOL);
+    if (!(d <= tol))
+        fail_msg("%s: relative deviation %.3g from autograd exceeds %.0e", label, d, tol);
 }
 
 /* ---- one case ---------------------------------------------------------------------------- */
@@ -373,7 +408,87 @@ static void run_forward(const ebb_op *op, const ebb_attr_value *attrs, side *s, 
         assert_ok(op->forward(&call, &s->out));
 }
 
-static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t seed) {
+/* ---- backward scratch ------------------------------------------------------------------ */
+
+/* A training plan predicts a backward step's peak as the bytes live before
+ * it, plus the new gradients it returns, plus the rule's workspace: it takes
+ * every returned gradient to be alive beside the scratch at the call's
+ * highest moment. So the scratch measured here is the call's peak above
+ * what was live before it, less those gradients, and the prediction must
+ * never fall below it. A gradient that is a view of grad_out or of an input
+ * (identity, reshape, cat's slices) adds no bytes and is not counted. */
+static int bytes_failures;
+
+/* Element bytes of the returned gradients whose storage the call made. */
+static int64_t new_gradient_bytes(const ebb_op_grad_call *c, const side *r, int n_params) {
+    const ebb_tensor *grads[MAX_IN + EBB_MAX_PARAMS];
+    int n = 0;
+    for (int i = 0; i < c->n_in; i++)
+        if (r->gin[i])
+            grads[n++] = r->gin[i];
+    for (int j = 0; j < n_params; j++)
+        if (r->gp[j])
+            grads[n++] = r->gp[j];
+    int64_t bytes = 0;
+    for (int k = 0; k < n; k++) {
+        int old = ebb_tensor_same_storage(grads[k], c->grad_out);
+        for (int i = 0; i < c->n_in; i++)
+            old |= ebb_tensor_same_storage(grads[k], r->in[i]);
+        for (int m = 0; m < k; m++)
+            old |= ebb_tensor_same_storage(grads[k], grads[m]);
+        if (!old)
+            bytes += (int64_t)ebb_tensor_nbytes(grads[k]);
+    }
+    return bytes;
+}
+
+/* "conv2d, 1 input(s) [2, 3, 8, 8], float32, attrs '...'" */
+static void describe_case(char *buf, size_t size, const ebb_op *op, const grad_case *gc,
+                          const ebb_shape *shapes, int n_in, ebb_dtype dt) {
+    int len = snprintf(buf, size, "%s, %d input(s)", op->name, n_in);
+    for (int i = 0; i < n_in && len > 0 && (size_t)len < size; i++) {
+        char sh[96];
+        len += snprintf(buf + len, size - (size_t)len, " %s",
+                        ebb_shape_str(&shapes[i], sh, sizeof sh));
+    }
+    if (len > 0 && (size_t)len < size)
+        snprintf(buf + len, size - (size_t)len, ", %s, attrs '%s'", ebb_dtype_name(dt),
+                 gc->attrs ? gc->attrs : "");
+}
+
+/* Compares what one backward call took (peak and kept: bytes above the
+ * baseline at its highest and after it) with what its rule declares; exact
+ * with one intra-op thread unless the rule's figure is a bound, as in
+ * test_op_conformance. Failures are listed and counted, not fatal, so one
+ * run names every case that is off. */
+static void check_backward_bytes(const ebb_op *op, const grad_case *gc, ebb_dtype dt,
+                                 const ebb_op_grad_call *c, const side *r, int n_params,
+                                 int64_t peak, int64_t kept) {
+    const ebb_op_grad *g = op->grad;
+    char what[512];
+    describe_case(what, sizeof what, op, gc, c->in_shapes, c->n_in, dt);
+    int64_t returned = new_gradient_bytes(c, r, n_params);
+    int64_t measured = peak - returned;
+    int64_t declared =
+        g->workspace ? g->workspace(c->attrs, c->in_shapes, c->n_in, ebb_tensor_dtype(r->in[0]))
+                     : 0;
+    int exact = !g->workspace_is_bound && ebb_tensor_num_threads() == 1;
+    if (kept != returned) {
+        print_error("[%s] backward keeps %lld B after the call; its new gradients are %lld B\n",
+                    what, (long long)kept, (long long)returned);
+        bytes_failures++;
+    }
+    if (exact ? measured != declared : measured > declared) {
+        print_error("[%s] backward scratch measured %lld B (peak %lld B above the baseline, "
+                    "less %lld B of new gradients), the rule declares %lld B%s\n",
+                    what, (long long)measured, (long long)peak, (long long)returned,
+                    (long long)declared, exact ? "" : " as an upper bound");
+        bytes_failures++;
+    }
+}
+
+static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t seed,
+                     ebb_dtype dt) {
     const ebb_device cpu = ebb_device_cpu();
     const ebb_op_grad *g = op->grad;
     char buf[256];
@@ -384,15 +499,25 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
     ebb_shape shapes[MAX_IN];
     ebb_tensor *base_in[MAX_IN] = {NULL};
     for (int i = 0; i < n_in; i++) {
-        shapes[i] = gc->in[i].ndim || i == 0 ? gc->in[i] : gc->in[0];
-        if (i == 0 && gc->indices > 0) {
+        int64_t classes = target_classes(gc);
+        shapes[i] = gc->in[i].ndim || i == 0 || classes ? gc->in[i] : gc->in[0];
+        if (i == 1 && classes) {
+            assert_ok(ebb_tensor_uniform(&base_in[1], &shapes[1], 0.0,
+                                         classes > 0 ? (double)classes : 1.0,
+                                         classes > 0 ? EBB_FLOAT64 : dt, cpu, seed + 2));
+            ebb_tensor *u = base_in[1];
+            if (classes > 0) {
+                assert_ok(ebb_tensor_cast(&base_in[1], u, EBB_INT64));
+                ebb_tensor_free(u);
+            }
+        } else if (i == 0 && gc->indices > 0) {
             ebb_tensor *u = NULL;
-            assert_ok(ebb_tensor_uniform(&u, &shapes[0], 0.0, (double)gc->indices, EBB_FLOAT64,
-                                         cpu, seed + 1));
+            assert_ok(ebb_tensor_uniform(&u, &shapes[0], 0.0, (double)gc->indices, dt, cpu,
+                                         seed + 1));
             assert_ok(ebb_tensor_cast(&base_in[0], u, EBB_INT64));
             ebb_tensor_free(u);
         } else {
-            assert_ok(ebb_tensor_randn(&base_in[i], &shapes[i], EBB_FLOAT64, cpu, seed + 1 + i));
+            assert_ok(ebb_tensor_randn(&base_in[i], &shapes[i], dt, cpu, seed + 1 + i));
         }
     }
     /* parameters */
@@ -405,11 +530,10 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
         if (specs[j].counter)
             assert_ok(ebb_tensor_zeros(&base_p[j], &specs[j].shape, EBB_INT64, cpu));
         else if (strcmp(specs[j].name, "running_var") == 0)
-            assert_ok(ebb_tensor_uniform(&base_p[j], &specs[j].shape, 0.5, 1.5, EBB_FLOAT64, cpu,
+            assert_ok(ebb_tensor_uniform(&base_p[j], &specs[j].shape, 0.5, 1.5, dt, cpu,
                                          seed + 20 + j));
         else
-            assert_ok(ebb_tensor_randn(&base_p[j], &specs[j].shape, EBB_FLOAT64, cpu,
-                                       seed + 20 + j));
+            assert_ok(ebb_tensor_randn(&base_p[j], &specs[j].shape, dt, cpu, seed + 20 + j));
     }
 
     /* the rule */
@@ -422,7 +546,7 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
     run_forward(op, attrs, &r, n_in, n_params, drop_seed);
     ebb_shape os = ebb_tensor_shape(r.out);
     ebb_tensor *grad_out = NULL;
-    assert_ok(ebb_tensor_randn(&grad_out, &os, EBB_FLOAT64, cpu, seed + 50));
+    assert_ok(ebb_tensor_randn(&grad_out, &os, dt, cpu, seed + 50));
     ebb_tensor *seen_in[MAX_IN] = {NULL};
     ebb_shape in_shapes[MAX_IN];
     for (int i = 0; i < n_in; i++) {
@@ -439,17 +563,25 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
                               .out = g->saves_output ? r.out : NULL, .saved = r.saved,
                               .n_saved = g->n_saved, .grad_out = grad_out, .node = op->name,
                               .in_shapes = in_shapes};
+    /* what the call allocates, against the same baseline as the plan */
+    int64_t baseline = ebb_memory_current(cpu);
+    ebb_memory_reset_peak(cpu);
     ebb_status st = g->backward(&gcall, r.gin, r.gp);
+    ebb_memory_stats ms;
+    assert_ok(ebb_memory_stats_get(cpu, &ms));
     if (st != EBB_OK)
-        fail_msg("%s (%s, %d inputs): backward -> %s: %s", op->name, gc->attrs ? gc->attrs : "",
-                 n_in, ebb_status_name(st), ebb_errmsg());
+        fail_msg("%s (%s, %d inputs, %s): backward -> %s: %s", op->name,
+                 gc->attrs ? gc->attrs : "", n_in, ebb_dtype_name(dt), ebb_status_name(st),
+                 ebb_errmsg());
+    check_backward_bytes(op, gc, dt, &gcall, &r, n_params, ms.peak_bytes - baseline,
+                         ms.current_bytes - baseline);
 
     /* the reference: autograd through the same forward */
     side a = {0};
     ebb_tensor_autograd_begin();
     for (int i = 0; i < n_in; i++) {
         assert_ok(ebb_tensor_clone(&a.in[i], base_in[i]));
-        if (ebb_tensor_dtype(a.in[i]) == EBB_FLOAT64)
+        if (ebb_tensor_dtype(a.in[i]) == dt)
             assert_ok(ebb_tensor_requires_grad_(a.in[i]));
     }
     for (int j = 0; j < n_params; j++) {
@@ -461,7 +593,7 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
     ebb_tensor *ref_in[MAX_IN] = {NULL}, *ref_p[EBB_MAX_PARAMS] = {NULL};
     int any = 0;
     for (int i = 0; i < n_in; i++)
-        any |= ebb_tensor_dtype(a.in[i]) == EBB_FLOAT64;
+        any |= ebb_tensor_dtype(a.in[i]) == dt;
     any |= n_params > 0;
     /* an output that depends on nothing trainable (dropout with p=1) has
      * zero gradients everywhere */
@@ -470,7 +602,7 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
         fail_msg("%s: autograd backward: %s", op->name, ebb_errmsg());
     ebb_error_clear();
     for (int i = 0; i < n_in; i++)
-        if (ebb_tensor_dtype(a.in[i]) == EBB_FLOAT64)
+        if (ebb_tensor_dtype(a.in[i]) == dt)
             assert_ok(ebb_tensor_grad(&ref_in[i], a.in[i]));
     for (int j = 0; j < n_params; j++)
         if (!is_buffer(&specs[j]))
@@ -540,17 +672,129 @@ static void test_every_rule_matches_autograd(void **state) {
         const ebb_op *op = ebb_op_at(i);
         if (!op->grad || !op->grad->backward)
             continue; /* test_every_op_has_rule_and_cases names it */
-        worst_dev = 0.0;
+        worst_dev = worst_dev32 = 0.0;
         worst_op[0] = '\0';
         for (int n = op->min_inputs; n <= max_count(op); n++)
             for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
                 if (case_fits(&cases[k], op, n)) {
-                    run_case(op, &cases[k], n, 1000 + k * 10 + (uint64_t)n);
+                    uint64_t seed = 1000 + k * 10 + (uint64_t)n;
+                    tol = TOL;
+                    run_case(op, &cases[k], n, seed, EBB_FLOAT64);
+                    tol = TOL32;
+                    run_case(op, &cases[k], n, seed, EBB_FLOAT32);
+                    tol = TOL;
                     ran++;
                 }
-        print_message("%-22s max relative deviation %.2e\n", op->name, worst_dev);
+        print_message("%-22s max relative deviation %.2e (float32 %.2e)\n", op->name, worst_dev,
+                      worst_dev32);
     }
     assert_true(ran > 0);
+    if (bytes_failures)
+        fail_msg("%d backward call(s) took other scratch than their rule declares (listed "
+                 "above)", bytes_failures);
+}
+
+/* ---- the dry run on meta tensors -------------------------------------------------------------- */
+
+/* A training compile learns each gradient's shape, and whether it is a view
+ * of grad_out, by running the rule on meta tensors (shapes without storage),
+ * after the training forward has run there. Returns 0 when the rule ran and
+ * every gradient has the shape and dtype of what it differentiates; else
+ * prints why and returns 1. */
+static int meta_case(const ebb_op *op, const grad_case *gc, int n_in) {
+    const ebb_device meta = {EBB_DEVICE_META, 0};
+    const ebb_dtype dt = EBB_FLOAT32;
+    const ebb_op_grad *g = op->grad;
+    char buf[256], what[512], a[96], b[96];
+    ebb_attr_value attrs[EBB_MAX_ATTRS];
+    resolve_attrs(op, gc->attrs, attrs, buf, sizeof buf);
+    ebb_shape shapes[MAX_IN];
+    side r = {0};
+    ebb_tensor *grad_out = NULL;
+    int bad = 0;
+    for (int i = 0; i < n_in; i++) {
+        int64_t classes = target_classes(gc);
+        shapes[i] = gc->in[i].ndim || i == 0 || classes ? gc->in[i] : gc->in[0];
+        int ints = (i == 0 && gc->indices > 0) || (i == 1 && classes > 0);
+        assert_ok(ebb_tensor_empty(&r.in[i], &shapes[i], ints ? EBB_INT64 : dt, meta));
+    }
+    describe_case(what, sizeof what, op, gc, shapes, n_in, dt);
+    ebb_param_spec specs[EBB_MAX_PARAMS];
+    int n_params = 0;
+    if (op->params)
+        assert_ok(op->params(attrs, shapes, n_in, specs, &n_params));
+    for (int j = 0; j < n_params; j++)
+        assert_ok(ebb_tensor_empty(&r.params[j], &specs[j].shape,
+                                   specs[j].counter ? EBB_INT64 : dt, meta));
+    ebb_op_call call = {.op = op, .attrs = attrs, .in = r.in, .n_in = n_in, .params = r.params,
+                        .n_params = n_params, .node = op->name, .seed = 1};
+    ebb_status st = g->forward_train ? g->forward_train(&call, &r.out, r.saved)
+                                     : op->forward(&call, &r.out);
+    if (st != EBB_OK) {
+        print_error("[%s] on meta: the training forward -> %s: %s\n", what, ebb_status_name(st),
+                    ebb_errmsg());
+        bad = 1;
+        goto done;
+    }
+    ebb_shape os = ebb_tensor_shape(r.out);
+    assert_ok(ebb_tensor_empty(&grad_out, &os, ebb_tensor_dtype(r.out), meta));
+    ebb_tensor *seen_in[MAX_IN] = {NULL};
+    for (int i = 0; i < n_in; i++)
+        seen_in[i] = (g->saves_inputs >> i) & 1u ? r.in[i] : NULL;
+    ebb_op_grad_call gcall = {.op = op, .attrs = attrs, .in = seen_in, .n_in = n_in,
+                              .params = r.params, .n_params = n_params,
+                              .out = g->saves_output ? r.out : NULL, .saved = r.saved,
+                              .n_saved = g->n_saved, .grad_out = grad_out, .node = op->name,
+                              .in_shapes = shapes};
+    st = g->backward(&gcall, r.gin, r.gp);
+    if (st != EBB_OK) {
+        print_error("[%s] on meta: backward -> %s: %s\n", what, ebb_status_name(st),
+                    ebb_errmsg());
+        bad = 1;
+        goto done;
+    }
+    for (int k = 0; k < n_in + n_params; k++) {
+        int is_in = k < n_in, j = k - n_in;
+        const ebb_tensor *grad = is_in ? r.gin[k] : r.gp[j];
+        const ebb_tensor *of = is_in ? r.in[k] : r.params[j];
+        int wanted = is_in ? (int)((g->differentiable >> k) & 1u) : !specs[j].buffer;
+        if (!wanted || (is_in && ebb_tensor_dtype(of) == EBB_INT64))
+            continue;
+        ebb_shape gs = ebb_tensor_shape(grad), want = ebb_tensor_shape(of);
+        if (!grad || !ebb_shape_equal(&gs, &want) || ebb_tensor_dtype(grad) != dt ||
+            ebb_tensor_device(grad).type != EBB_DEVICE_META) {
+            print_error("[%s] on meta: the gradient of %s %s is %s %s, expected float32 %s\n",
+                        what, is_in ? "input" : "parameter", is_in ? "" : specs[j].name,
+                        grad ? ebb_dtype_name(ebb_tensor_dtype(grad)) : "missing",
+                        grad ? ebb_shape_str(&gs, a, sizeof a) : "",
+                        ebb_shape_str(&want, b, sizeof b));
+            bad = 1;
+        }
+    }
+done:
+    ebb_tensor_free(grad_out);
+    side_free(&r);
+    ebb_error_clear();
+    return bad;
+}
+
+static void test_every_rule_runs_on_meta(void **state) {
+    (void)state;
+    int failures = 0, ran = 0;
+    for (int i = 0; i < ebb_op_count(); i++) {
+        const ebb_op *op = ebb_op_at(i);
+        if (!op->grad || !op->grad->backward)
+            continue;
+        for (int n = op->min_inputs; n <= max_count(op); n++)
+            for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+                if (case_fits(&cases[k], op, n)) {
+                    failures += meta_case(op, &cases[k], n);
+                    ran++;
+                }
+    }
+    assert_true(ran > 0);
+    if (failures)
+        fail_msg("%d backward rule case(s) do not run on meta tensors (listed above)", failures);
 }
 
 /* ---- refusals and training behaviour -------------------------------------------------------- */
@@ -690,6 +934,7 @@ int main(void) {
         EBB_TEST(test_every_op_has_rule_and_cases),
         EBB_TEST(test_coverage_check_names_newcomers),
         EBB_TEST(test_every_rule_matches_autograd),
+        EBB_TEST(test_every_rule_runs_on_meta),
         EBB_TEST(test_rules_refuse_bad_shapes),
         EBB_TEST(test_dropout_train_is_seeded),
         EBB_TEST(test_autograd_switch_is_scoped),

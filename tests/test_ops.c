@@ -1447,6 +1447,137 @@ static void test_attention_primitive(void **state) {
     ebb_tensor_free(v);
 }
 
+/* ---- losses -------------------------------------------------------------------------- */
+
+static ebb_tensor *f64_of(const double *v, ebb_shape s) {
+    ebb_tensor *t = NULL;
+    assert_ok(ebb_tensor_from_host(&t, v, sizeof(double) * (size_t)ebb_shape_numel(&s), &s,
+                                   EBB_FLOAT64, CPU));
+    return t;
+}
+
+static ebb_tensor *i64_of(const int64_t *v, ebb_shape s) {
+    ebb_tensor *t = NULL;
+    assert_ok(ebb_tensor_from_host(&t, v, sizeof(int64_t) * (size_t)ebb_shape_numel(&s), &s,
+                                   EBB_INT64, CPU));
+    return t;
+}
+
+/* Runs a loss on (x, t) and checks its value against PyTorch's. */
+static void expect_loss(const char *op, const char *attrs, ebb_tensor *x, ebb_tensor *t,
+                        double want) {
+    opcall oc;
+    opcall_init(&oc, op, attrs);
+    ebb_tensor *in[2] = {x, t}, *y = NULL;
+    assert_ok(opcall_forward(&oc, in, 2, &y));
+    assert_int_equal(ebb_tensor_ndim(y), 0);
+    assert_int_equal(ebb_tensor_dtype(y), ebb_tensor_dtype(x));
+    double v = 0;
+    assert_ok(ebb_tensor_item(y, &v));
+    ebb_tensor_free(y);
+    if (!(fabs(v - want) <= 1e-14 * fabs(want)))
+        fail_msg("%s(%s) = %.17g, PyTorch gives %.17g", op, attrs ? attrs : "", v, want);
+}
+
+/* A loss that must fail with `status`; returns with its message in ebb_errmsg(). */
+static void expect_loss_error(const char *op, const char *attrs, ebb_tensor *x, ebb_tensor *t,
+                              ebb_status status) {
+    opcall oc;
+    opcall_init(&oc, op, attrs);
+    ebb_tensor *in[2] = {x, t}, *y = NULL;
+    assert_int_equal(opcall_forward(&oc, in, 2, &y), status);
+    assert_null(y);
+}
+
+/* The four losses give torch.nn.functional's values (PyTorch 1.13, float64):
+ *   x = [[0.5, -1.25, 2, 0.125], [1.5, 0.25, -0.75, -2], [-0.5, 3, 0, 1]]
+ *   y = [[0, 1, 0.25, 0.5], [1, 0.75, 0, 0.125], [0.5, 0.5, 1, 0]]
+ *   F.cross_entropy(x, [1, 0, 3])                              2.048151876210923
+ *   F.cross_entropy(x, [1, 0, 3], label_smoothing=0.2)         2.066901876210923
+ *   F.cross_entropy(x, [1, -100, 3])                           2.896159994185325
+ *   F.cross_entropy(x, [1, -100, 3], label_smoothing=0.2)      2.749284994185325
+ *   F.cross_entropy(x, [1, 0, 3], ignore_index=3)              1.974724215029588
+ *   F.cross_entropy(x[2], 1, label_smoothing=0.1)              0.40750719857359397
+ *   F.nll_loss(x, [1, 0, 3])                                   -0.4166666666666667
+ *   F.nll_loss(x, [1, -100, 3])                                0.125
+ *   F.mse_loss(x, y)                                           1.9453125
+ *   F.binary_cross_entropy_with_logits(x, y)                   0.8900631692280921
+ * (equal to the bit with the libtorch that made them; 1e-14 relative leaves
+ * room for other CPUs' vector kernels), and refuse what PyTorch refuses,
+ * naming the op and both inputs. */
+static void test_losses(void **state) {
+    (void)state;
+    const double xv[] = {0.5, -1.25, 2, 0.125, 1.5, 0.25, -0.75, -2, -0.5, 3, 0, 1};
+    const double yv[] = {0, 1, 0.25, 0.5, 1, 0.75, 0, 0.125, 0.5, 0.5, 1, 0};
+    ebb_tensor *x = f64_of(xv, EBB_SHAPE(3, 4)), *y = f64_of(yv, EBB_SHAPE(3, 4));
+    ebb_tensor *t = i64_of((int64_t[]){1, 0, 3}, EBB_SHAPE(3));
+    ebb_tensor *ti = i64_of((int64_t[]){1, -100, 3}, EBB_SHAPE(3));
+    ebb_tensor *x1 = f64_of(xv + 8, EBB_SHAPE(4)), *t1 = i64_of((int64_t[]){1}, (ebb_shape){0});
+    expect_loss("cross_entropy", NULL, x, t, 2.048151876210923);
+    expect_loss("cross_entropy", "label_smoothing=0.2", x, t, 2.066901876210923);
+    expect_loss("cross_entropy", NULL, x, ti, 2.896159994185325);
+    expect_loss("cross_entropy", "label_smoothing=0.2", x, ti, 2.749284994185325);
+    expect_loss("cross_entropy", "ignore_index=3", x, t, 1.974724215029588);
+    expect_loss("cross_entropy", "label_smoothing=0.1", x1, t1, 0.40750719857359397);
+    expect_loss("nll", NULL, x, t, -0.4166666666666667);
+    expect_loss("nll", NULL, x, ti, 0.125);
+    expect_loss("mse", NULL, x, y, 1.9453125);
+    expect_loss("bce_with_logits", NULL, x, y, 0.8900631692280921);
+
+    /* a float target: cross_entropy wants class indices */
+    ebb_tensor *tf = f64_of((double[]){1, 0, 3}, EBB_SHAPE(3));
+    expect_loss_error("cross_entropy", NULL, x, tf, EBB_ERR_ARG);
+    assert_errmsg_contains("cross_entropy: target is float64 [3]; it needs int64 class indices");
+    assert_errmsg_contains("logits float64 [3, 4]");
+    /* a target that does not fit the batch */
+    ebb_tensor *t2 = i64_of((int64_t[]){1, 0}, EBB_SHAPE(2));
+    expect_loss_error("nll", NULL, x, t2, EBB_ERR_SHAPE);
+    assert_errmsg_contains("nll: target [2] does not fit log_probs [3, 4]: expected [3]");
+    /* a class index out of range, as ATen reports it */
+    ebb_tensor *t7 = i64_of((int64_t[]){1, 7, 3}, EBB_SHAPE(3));
+    expect_loss_error("cross_entropy", NULL, x, t7, EBB_ERR_TORCH);
+    assert_errmsg_contains("cross_entropy (logits float64 [3, 4], target int64 [3])");
+    assert_errmsg_contains("Target 7 is out of bounds");
+    expect_loss_error("cross_entropy", "label_smoothing=1.5", x, t, EBB_ERR_ARG);
+    assert_errmsg_contains("label_smoothing must be in [0, 1], got 1.5");
+    expect_loss_error("cross_entropy", "label_smoothing=-0.1", x, t, EBB_ERR_ARG);
+    /* regression losses: one shape, one dtype */
+    expect_loss_error("mse", NULL, x, x1, EBB_ERR_SHAPE);
+    assert_errmsg_contains("mse: pred [3, 4] and target [4] differ in shape");
+    ebb_tensor *y32 = NULL;
+    assert_ok(ebb_tensor_cast(&y32, y, EBB_FLOAT32));
+    expect_loss_error("bce_with_logits", NULL, x, y32, EBB_ERR_ARG);
+    assert_errmsg_contains("logits float64 [3, 4] and target float32 [3, 4]");
+
+    /* the compiler asks the shape function, which refuses the same */
+    ebb_builder *b = ebb_builder_new("loss");
+    ebb_input(b, "x");
+    ebb_input(b, "t");
+    const char *using_t[] = {"t"};
+    ebb_usingv(b, using_t, 1);
+    ebb_from(b, ebb_node_op(b, "cross_entropy", NULL));
+    ebb_graph *g = ebb_build(b);
+    ebb_builder_free(b);
+    assert_non_null(g);
+    ebb_shape shapes[2] = {EBB_SHAPE(8, 5), EBB_SHAPE(8)};
+    ebb_dtype dts[2] = {EBB_FLOAT32, EBB_FLOAT32};
+    ebb_compile_options o = {.input_shapes = shapes, .n_input_shapes = 2, .input_dtypes = dts};
+    ebb_plan *p = NULL;
+    assert_int_equal(ebb_compile(&p, g, &o), EBB_ERR_ARG);
+    assert_errmsg_contains("target is float32 [8]; it needs int64 class indices");
+    dts[1] = EBB_INT64;
+    assert_ok(ebb_compile(&p, g, &o));
+    const ebb_plan_value *v = ebb_plan_value_at(p, ebb_plan_output_slot(p, 0));
+    assert_int_equal(v->shape.ndim, 0);
+    assert_int_equal(v->dtype, EBB_FLOAT32);
+    ebb_plan_free(p);
+    ebb_graph_free(g);
+
+    ebb_tensor *all[] = {x, y, t, ti, x1, t1, tf, t2, t7, y32};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        ebb_tensor_free(all[i]);
+}
+
 /* docs/ops.md documents every registered op and each of its attributes. */
 static void test_docs_cover_every_op(void **state) {
     (void)state;
@@ -1514,6 +1645,7 @@ int main(void) {
         EBB_TEST(test_meta_shapes),
         EBB_TEST(test_copy_from_host),
         EBB_TEST(test_attention_primitive),
+        EBB_TEST(test_losses),
         EBB_TEST(test_docs_cover_every_op),
     };
     return cmocka_run_group_tests_name("ops", tests, NULL, NULL);

@@ -835,7 +835,8 @@ static void test_resolve_shapes(void **state) {
     assert_int_equal(sh[0].dim[1], 9); /* the last binding wins */
     const char *typo[] = {"bacth=3"};
     assert_int_equal(ebb_spec_resolve_shapes(s, typo, 1, sh, 2), EBB_ERR_ARG);
-    assert_errmsg_contains("no input has a symbolic dimension 'bacth'; did you mean 'batch'?");
+    /* "no input has ..." or, in a spec with targets, "no input or target has ..." */
+    assert_errmsg_contains("has a symbolic dimension 'bacth'; did you mean 'batch'?");
     const char *zero[] = {"batch=0"};
     assert_int_equal(ebb_spec_resolve_shapes(s, zero, 1, sh, 2), EBB_ERR_ARG);
     assert_errmsg_contains("binding 'batch=0': the size must be an integer >= 1");
@@ -955,6 +956,347 @@ static void test_param_overrides(void **state) {
     assert_null(s);
 }
 
+/* ---- dtypes, targets and the loss --------------------------------------------------- */
+
+/* A stand-in loss op (the final stream and one target), so these tests need
+ * none of the registry's losses. */
+static const ebb_attr_spec pair_loss_attrs[] = {
+    {.name = "scale", .type = EBB_ATTR_FLOAT, .default_number = 1.0},
+    {.name = "reduction", .type = EBB_ATTR_STRING, .default_string = "mean"},
+};
+static ebb_status pair_loss_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    return ebb_tensor_ref(out, c->in[0]);
+}
+static const ebb_op pair_loss_op = {.name = "test_pair_loss", .min_inputs = 2, .max_inputs = 2,
+                                    .attrs = pair_loss_attrs, .n_attrs = 2,
+                                    .forward = pair_loss_fwd};
+
+static void register_pair_loss(void) {
+    if (!ebb_op_find("test_pair_loss"))
+        assert_ok(ebb_op_register(&pair_loss_op));
+}
+
+static void test_dtypes_targets_loss(void **state) {
+    (void)state;
+    register_pair_loss();
+    static const char text[] = "ebb: 1\n"
+                               "inputs:\n"
+                               "  ids: {shape: [batch, 4], dtype: int64}\n"
+                               "  x: [batch, 4, 8]\n"
+                               "targets:\n"
+                               "  label: {shape: [batch], dtype: int64}\n"
+                               "  mask: [batch, classes]\n"
+                               "loss: {test_pair_loss: {scale: 0.5, reduction: sum}}\n"
+                               "flow:\n"
+                               "  - from: {embedding: {num: 10, dim: 8}}\n"
+                               "  - {through: add, using: [x]}\n";
+    ebb_spec *s = NULL;
+    /* two targets and a two-input loss do not fit */
+    assert_int_equal(ebb_spec_load_string(&s, text, sizeof text - 1, "t.yaml"), EBB_ERR_SPEC);
+    assert_string_equal(ebb_errmsg(), "t.yaml:8:8: error: loss: test_pair_loss takes 2 inputs (the "
+                                      "final stream, then the targets), but the spec declares 2 "
+                                      "targets");
+    /* the same spec with an op that takes them all (add: 2 or more inputs) */
+    static const char fits[] = "ebb: 1\n"
+                               "inputs:\n"
+                               "  ids: {shape: [batch, 4], dtype: int64}\n"
+                               "  x: [batch, 4, 8]\n"
+                               "targets:\n"
+                               "  label: {shape: [batch], dtype: int64}\n"
+                               "  mask: [batch, classes]\n"
+                               "loss: add\n"
+                               "flow:\n"
+                               "  - from: {embedding: {num: 10, dim: 8}}\n"
+                               "  - {through: add, using: [x]}\n";
+    assert_ok(ebb_spec_load_string(&s, fits, sizeof fits - 1, "t.yaml"));
+
+    ebb_dtype dt = EBB_BOOL;
+    assert_int_equal(ebb_spec_input_dtype(s, 0, &dt), 1);
+    assert_int_equal(dt, EBB_INT64);
+    dt = EBB_BOOL;
+    assert_int_equal(ebb_spec_input_dtype(s, 1, &dt), 0); /* not declared: untouched */
+    assert_int_equal(dt, EBB_BOOL);
+    assert_int_equal(ebb_spec_input_dtype(s, 2, &dt), 0);
+    assert_int_equal(ebb_spec_input_dtype(NULL, 0, &dt), 0);
+    assert_int_equal(ebb_spec_input_dtype(s, 0, NULL), 1);
+    assert_int_equal(ebb_spec_input_ndim(s, 0), 2); /* the map form's shape */
+    assert_int_equal(ebb_spec_input_dim(s, 0, 1, NULL), 4);
+
+    assert_int_equal(ebb_spec_target_count(s), 2);
+    assert_string_equal(ebb_spec_target_name(s, 0), "label");
+    assert_string_equal(ebb_spec_target_name(s, 1), "mask");
+    assert_null(ebb_spec_target_name(s, 2));
+    assert_null(ebb_spec_target_name(s, -1));
+    assert_int_equal(ebb_spec_target_ndim(s, 0), 1);
+    assert_int_equal(ebb_spec_target_ndim(s, 1), 2);
+    assert_int_equal(ebb_spec_target_ndim(s, 2), -1);
+    const char *sym = NULL;
+    assert_int_equal(ebb_spec_target_dim(s, 1, 1, &sym), -1);
+    assert_string_equal(sym, "classes");
+    assert_int_equal(ebb_spec_target_dim(s, 1, 2, &sym), -1);
+    assert_null(sym);
+    assert_int_equal(ebb_spec_target_dtype(s, 0, &dt), 1);
+    assert_int_equal(dt, EBB_INT64);
+    assert_int_equal(ebb_spec_target_dtype(s, 1, &dt), 0);
+    assert_int_equal(ebb_spec_target_dtype(s, 5, &dt), 0);
+    assert_int_equal(ebb_spec_target_count(NULL), 0);
+    assert_int_equal(ebb_spec_target_ndim(NULL, 0), -1);
+
+    /* the graph carries them; targets are not inputs */
+    const ebb_graph *g = ebb_spec_graph(s);
+    assert_int_equal(ebb_graph_input_count(g), 2);
+    assert_int_equal(ebb_graph_target_count(g), 2);
+    assert_string_equal(ebb_graph_target_name(g, 1), "mask");
+    assert_string_equal(ebb_graph_loss(g), "add");
+
+    /* symbols are shared: `classes` appears only in a target, `batch` in both */
+    ebb_shape sh[2];
+    const char *bind[] = {"batch=5", "classes=3"};
+    assert_ok(ebb_spec_resolve_target_shapes(s, bind, 2, sh, 2));
+    assert_int_equal(sh[0].ndim, 1);
+    assert_int_equal(sh[0].dim[0], 5);
+    assert_int_equal(sh[1].dim[0], 5);
+    assert_int_equal(sh[1].dim[1], 3);
+    assert_ok(ebb_spec_resolve_shapes(s, bind, 2, sh, 2));
+    assert_int_equal(sh[0].dim[0], 5);
+    assert_int_equal(sh[1].dim[2], 8);
+    assert_ok(ebb_spec_resolve_target_shapes(s, NULL, 0, sh, 2));
+    assert_int_equal(sh[1].dim[0], 1);
+    assert_int_equal(sh[1].dim[1], 1);
+    const char *typo[] = {"clases=3"};
+    assert_int_equal(ebb_spec_resolve_target_shapes(s, typo, 1, sh, 2), EBB_ERR_ARG);
+    assert_string_equal(ebb_errmsg(), "t.yaml: no input or target has a symbolic dimension "
+                                      "'clases'; did you mean 'classes'?");
+    assert_int_equal(ebb_spec_resolve_target_shapes(s, NULL, 0, sh, 1), EBB_ERR_ARG);
+    assert_string_equal(ebb_errmsg(), "ebb_spec_resolve_target_shapes: room for 1 shapes, the "
+                                      "spec has 2 targets");
+    assert_int_equal(ebb_spec_resolve_target_shapes(NULL, NULL, 0, sh, 2), EBB_ERR_ARG);
+
+    /* declared dtypes reach the plan; the others take opts->dtype */
+    ebb_plan *p = NULL;
+    assert_ok(ebb_spec_compile(&p, s, NULL));
+    assert_int_equal(ebb_plan_value_at(p, ebb_plan_input_slot(p, 0))->dtype, EBB_INT64);
+    assert_int_equal(ebb_plan_value_at(p, ebb_plan_input_slot(p, 1))->dtype, EBB_FLOAT32);
+    assert_int_equal(ebb_plan_value_at(p, ebb_plan_output_slot(p, 0))->dtype, EBB_FLOAT32);
+    ebb_plan_free(p);
+    ebb_compile_options o = {.dtype = EBB_FLOAT64};
+    assert_ok(ebb_spec_compile(&p, s, &o));
+    assert_int_equal(ebb_plan_value_at(p, ebb_plan_input_slot(p, 0))->dtype, EBB_INT64);
+    assert_int_equal(ebb_plan_value_at(p, ebb_plan_input_slot(p, 1))->dtype, EBB_FLOAT64);
+    ebb_plan_free(p);
+    /* the caller's dtypes win over the spec's */
+    ebb_dtype mine[2] = {EBB_INT32, EBB_FLOAT32};
+    o = (ebb_compile_options){.input_dtypes = mine};
+    assert_ok(ebb_spec_compile(&p, s, &o));
+    assert_int_equal(ebb_plan_value_at(p, ebb_plan_input_slot(p, 0))->dtype, EBB_INT32);
+    ebb_plan_free(p);
+    /* an error in the compile still points into the file */
+    mine[0] = EBB_FLOAT32;
+    assert_int_not_equal(ebb_spec_compile(&p, s, &o), EBB_OK);
+    assert_null(p);
+    assert_errmsg_contains("t.yaml:10:11: error: flow[0].from: ");
+    ebb_spec_free(s);
+
+    /* the bare forms: `loss: NAME`, a target as a plain shape */
+    static const char bare[] = "ebb: 1\n"
+                               "inputs: {x: [batch, 3]}\n"
+                               "targets: {y: [batch, 3]}\n"
+                               "loss: test_pair_loss\n"
+                               "flow: [{from: relu}]\n";
+    assert_ok(ebb_spec_load_string(&s, bare, sizeof bare - 1, "bare.yaml"));
+    assert_string_equal(ebb_graph_loss(ebb_spec_graph(s)), "test_pair_loss");
+    assert_int_equal(ebb_spec_target_dtype(s, 0, &dt), 0);
+    assert_int_equal(ebb_spec_input_dtype(s, 0, &dt), 0);
+    /* no dtypes declared: nothing changes for inference */
+    assert_ok(ebb_spec_compile(&p, s, NULL));
+    assert_int_equal(ebb_plan_value_at(p, ebb_plan_input_slot(p, 0))->dtype, EBB_FLOAT32);
+    ebb_plan_free(p);
+    const char *one[] = {"batch=2"};
+    assert_ok(ebb_spec_resolve_target_shapes(s, one, 1, sh, 1));
+    assert_int_equal(sh[0].dim[0], 2);
+    assert_int_equal(sh[0].dim[1], 3);
+    assert_int_equal(ebb_spec_resolve_shapes(s, typo, 1, sh, 1), EBB_ERR_ARG);
+    assert_errmsg_contains("no input or target has a symbolic dimension 'clases'");
+    ebb_spec_free(s);
+    /* targets without a loss are fine: a training compile can name one */
+    static const char no_loss[] = "ebb: 1\n"
+                                  "inputs: {x: [batch, 3]}\n"
+                                  "targets: {y: {shape: [batch], dtype: int64}}\n"
+                                  "flow: [{from: relu}]\n";
+    assert_ok(ebb_spec_load_string(&s, no_loss, sizeof no_loss - 1, "t.yaml"));
+    assert_null(ebb_graph_loss(ebb_spec_graph(s)));
+    assert_int_equal(ebb_graph_target_count(ebb_spec_graph(s)), 1);
+    ebb_spec_free(s);
+}
+
+/* The plan value of the input or target named `name`, or NULL. */
+static const ebb_plan_value *plan_input_named(const ebb_plan *p, const char *name) {
+    for (int i = 0; i < ebb_plan_value_count(p); i++) {
+        const ebb_plan_value *v = ebb_plan_value_at(p, i);
+        if (v->kind == EBB_VALUE_INPUT && v->name && strcmp(v->name, name) == 0)
+            return v;
+    }
+    return NULL;
+}
+
+/* A training compile of a spec takes the targets' shapes and dtypes, and the
+ * loss, from the file where the options leave them out. */
+static void test_train_compile_uses_targets(void **state) {
+    (void)state;
+    if (!ebb_op_find("mse"))
+        skip(); /* the registry's losses are not built in */
+    static const char text[] = "ebb: 1\n"
+                               "inputs:\n"
+                               "  x: [batch, 8]\n"
+                               "targets:\n"
+                               "  want: {shape: [batch, 4], dtype: float64}\n"
+                               "loss: mse\n"
+                               "flow:\n"
+                               "  - from: {linear: {out: 4, name: head}}\n";
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load_string(&s, text, sizeof text - 1, "train.yaml"));
+    ebb_train_options t = {.grads_only = 1};
+    ebb_compile_options o = {.dtype = EBB_FLOAT64, .train = &t};
+    ebb_plan *p = NULL;
+    assert_ok(ebb_spec_compile(&p, s, &o));
+    assert_int_equal(ebb_plan_target_count(p), 1);
+    const ebb_plan_value *want = plan_input_named(p, "want");
+    assert_non_null(want);
+    assert_int_equal(want->dtype, EBB_FLOAT64);
+    assert_int_equal(want->shape.ndim, 2);
+    assert_int_equal(want->shape.dim[0], 1); /* batch: 1 */
+    assert_int_equal(want->shape.dim[1], 4);
+    ebb_plan_free(p);
+    /* the caller's shapes, with the spec's dtypes */
+    ebb_shape x = EBB_SHAPE(3, 8), y[1];
+    const char *bind[] = {"batch=3"};
+    assert_ok(ebb_spec_resolve_target_shapes(s, bind, 1, y, 1));
+    t.target_shapes = y;
+    t.n_target_shapes = 1;
+    o.input_shapes = &x;
+    o.n_input_shapes = 1;
+    assert_ok(ebb_spec_compile(&p, s, &o));
+    want = plan_input_named(p, "want");
+    assert_non_null(want);
+    assert_int_equal(want->shape.dim[0], 3);
+    assert_int_equal(want->dtype, EBB_FLOAT64);
+    ebb_plan_free(p);
+    /* the caller's dtypes win; a mismatch the loss refuses points at `loss:` */
+    ebb_dtype i64 = EBB_INT64;
+    t.target_dtypes = &i64;
+    assert_int_not_equal(ebb_spec_compile(&p, s, &o), EBB_OK);
+    assert_null(p);
+    assert_errmsg_contains("train.yaml:6:7: error: loss: ");
+    assert_errmsg_contains("int64");
+    int line = 0;
+    assert_true(ebb_spec_locate(s, "loss", &line, NULL, NULL));
+    assert_int_equal(line, 6);
+    /* ... but not when the options name the loss: the file's is not used */
+    t.loss = "mse";
+    assert_int_not_equal(ebb_spec_compile(&p, s, &o), EBB_OK);
+    assert_true(strncmp(ebb_errmsg(), "train.yaml", 10) != 0);
+    assert_errmsg_contains("int64");
+    ebb_spec_free(s);
+}
+
+/* Every new error of the loader, at its position, with its message. */
+static void test_dtype_target_loss_errors(void **state) {
+    (void)state;
+    register_pair_loss();
+    static const struct {
+        const char *text, *msg;
+    } cases[] = {
+        {"ebb: 1\ninputs:\n  ids: {shape: [batch, 4], dtype: int46}\nflow: [{from: relu}]\n",
+         "gen.yaml:3:35: error: inputs.ids.dtype: unknown dtype 'int46'; did you mean 'int64'? "
+         "(known: float32, float16, bfloat16, float64, int64, int32, uint8, bool)"},
+        {"ebb: 1\ninputs:\n  ids: {shape: [4], dtype: [int64]}\nflow: [{from: relu}]\n",
+         "gen.yaml:3:28: error: inputs.ids.dtype: the dtype of input 'ids' must be a name like "
+         "int64, got a list"},
+        {"ebb: 1\ninputs:\n  ids: {shape: [4], dtyp: int64}\nflow: [{from: relu}]\n",
+         "gen.yaml:3:21: error: inputs.ids: unknown key 'dtyp' in input 'ids'; did you mean "
+         "'dtype'?"},
+        {"ebb: 1\ninputs:\n  ids: {dtype: int64}\nflow: [{from: relu}]\n",
+         "gen.yaml:3:8: error: inputs.ids: input 'ids' needs a shape: {shape: [dims], dtype: "
+         "NAME}"},
+        {"ebb: 1\ninputs:\n  ids: {shape: 4}\nflow: [{from: relu}]\n",
+         "gen.yaml:3:16: error: inputs.ids.shape: the shape of input 'ids' must be a list of "
+         "dimensions like [batch, 64], got '4'"},
+        {"ebb: 1\ninputs:\n  ids: {shape: [batch, \"4\"], dtype: int64}\nflow: [{from: relu}]\n",
+         "gen.yaml:3:24: error: inputs.ids.shape[1]: a dimension is a number, a $param or a "
+         "symbolic name; got the string \"4\""},
+        {"ebb: 1\ninputs:\n  x: 16\nflow: [{from: relu}]\n",
+         "gen.yaml:3:6: error: inputs.x: the shape of input 'x' must be a list of dimensions like "
+         "[batch, 64] (or {shape: [batch, 64], dtype: int64}), got '16'"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {}\nflow: [{from: relu}]\n",
+         "gen.yaml:3:10: error: targets: targets must be a map {name: [dims]} with at least one "
+         "target, got an empty map"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: [y]\nflow: [{from: relu}]\n",
+         "gen.yaml:3:10: error: targets: targets must be a map {name: [dims]} with at least one "
+         "target, got a list"},
+        {"ebb: 1\ninputs:\n  x: [4]\ntargets:\n  x: [4]\nflow: [{from: relu}]\n",
+         "gen.yaml:5:3: error: targets.x: target 'x' has the name of the input at line 3, "
+         "column 3"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y.z: [4]}\nflow: [{from: relu}]\n",
+         "gen.yaml:3:11: error: targets.y.z: a target name is letters, digits, '_' and '-', "
+         "starting with a letter or '_'; got 'y.z'"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y: {shape: [4], dtype: float8}}\n"
+         "flow: [{from: relu}]\n",
+         "gen.yaml:3:34: error: targets.y.dtype: unknown dtype 'float8'; did you mean "
+         "'float32'? (known: float32, float16, bfloat16, float64, int64, int32, uint8, bool)"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y: {shape: [4, 1, 2, 3, 4, 5, 6, 7, 8]}}\n"
+         "flow: [{from: relu}]\n",
+         "gen.yaml:3:22: error: targets.y.shape: target 'y' has 9 dimensions; at most 8 are "
+         "supported"},
+        {"ebb: 1\ninputs: {x: [4]}\nloss: test_pair_loss\nflow: [{from: relu}]\n",
+         "gen.yaml:3:1: error: loss: a loss compares the final stream with targets, and the spec "
+         "declares none; add `targets:` (e.g. {y: {shape: [batch], dtype: int64}})"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y: [4]}\nloss: test_pair_los\n"
+         "flow: [{from: relu}]\n",
+         "gen.yaml:4:7: error: loss: unknown loss op 'test_pair_los'; did you mean "
+         "'test_pair_loss'?"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y: [4]}\nloss:\nflow: [{from: relu}]\n",
+         "gen.yaml:4:6: error: loss: loss takes a loss op (cross_entropy, mse, bce_with_logits, "
+         "nll), or {op: {attributes}}, got nothing"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y: [4]}\nloss: [test_pair_loss]\n"
+         "flow: [{from: relu}]\n",
+         "gen.yaml:4:7: error: loss: loss takes a loss op (cross_entropy, mse, bce_with_logits, "
+         "nll), or {op: {attributes}}, got a list"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y: [4]}\nloss: {test_pair_loss: {}, mse: {}}\n"
+         "flow: [{from: relu}]\n",
+         "gen.yaml:4:7: error: loss: a loss map has exactly one key, the op name: {op: "
+         "{attributes}}; this one has 2"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y: [4]}\nloss: {test_pair_loss: {scal: 2}}\n"
+         "flow: [{from: relu}]\n",
+         "gen.yaml:4:25: error: loss.test_pair_loss.scal: test_pair_loss has no attribute "
+         "'scal'; did you mean 'scale'? (known: scale, reduction)"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y: [4]}\nloss: {test_pair_loss: {name: l}}\n"
+         "flow: [{from: relu}]\n",
+         "gen.yaml:4:25: error: loss.test_pair_loss.name: a loss has no name, only attributes "
+         "(test_pair_loss takes scale, reduction)"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y: [4]}\nloss: {test_pair_loss: {scale: big}}\n"
+         "flow: [{from: relu}]\n",
+         "gen.yaml:4:32: error: loss.test_pair_loss.scale: attribute 'scale' of test_pair_loss "
+         "must be a number, got 'big'"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y: [4]}\nloss: {test_pair_loss: 3}\n"
+         "flow: [{from: relu}]\n",
+         "gen.yaml:4:24: error: loss: the attributes of test_pair_loss must be a map {key: "
+         "value}, got '3'"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y: [4]}\nloss: {relu: {x: 1}}\n"
+         "flow: [{from: relu}]\n",
+         "gen.yaml:4:8: error: loss: relu takes 1 input (the final stream, then the targets), "
+         "but the spec declares 1 target"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y: [4]}\nflow:\n  - from: relu\n  - tag: y\n",
+         "gen.yaml:6:10: error: flow[1].tag: tag 'y' has the name of the target at line 3, "
+         "column 11"},
+        {"ebb: 1\ninputs: {x: [4]}\ntargets: {y: [4]}\nflow:\n  - from: relu\n"
+         "  - {through: add, using: [y]}\n",
+         "gen.yaml:6:28: error: flow[1].using[0]: 'y' is a target, which only the loss reads; "
+         "the flow cannot use it"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_load_error(cases[i].text, strlen(cases[i].text), cases[i].msg);
+}
+
 /* ---- main --------------------------------------------------------------------------- */
 
 static int cmp_str(const void *a, const void *b) {
@@ -980,6 +1322,9 @@ int main(void) {
         EBB_TEST(test_locate),
         EBB_TEST(test_compile_error_passthrough),
         EBB_TEST(test_param_overrides),
+        EBB_TEST(test_dtypes_targets_loss),
+        EBB_TEST(test_dtype_target_loss_errors),
+        EBB_TEST(test_train_compile_uses_targets),
     };
     int n_fixed = (int)(sizeof fixed / sizeof fixed[0]);
 

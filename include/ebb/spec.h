@@ -111,6 +111,30 @@ EBB_API int64_t ebb_spec_input_dim(const ebb_spec *s, int i, int d, const char *
  * symbol suggested). */
 EBB_API ebb_status ebb_spec_resolve_shapes(const ebb_spec *s, const char *const *bindings, int n,
                                    ebb_shape *shapes, int max_shapes);
+/* The dtype declared for input i ({shape: [...], dtype: int64}): returns 1
+ * and stores it in *dtype (dtype may be NULL), or returns 0 when the spec
+ * declares none for it (NULL s or i out of range: 0, *dtype untouched). */
+EBB_API int ebb_spec_input_dtype(const ebb_spec *s, int i, ebb_dtype *dtype);
+
+/* ---- training targets and the loss ---------------------------------------- */
+
+/* Number of declared training targets (`targets:`). NULL s: 0. */
+EBB_API int ebb_spec_target_count(const ebb_spec *s);
+/* The name of target i, owned by the spec. NULL s or i out of range: NULL. */
+EBB_API const char *ebb_spec_target_name(const ebb_spec *s, int i);
+/* The number of dimensions of target i. NULL s or i out of range: -1. */
+EBB_API int ebb_spec_target_ndim(const ebb_spec *s, int i);
+/* Dimension d of target i, as ebb_spec_input_dim() gives an input's. */
+EBB_API int64_t ebb_spec_target_dim(const ebb_spec *s, int i, int d, const char **symbol);
+/* The dtype declared for target i, as ebb_spec_input_dtype() gives an
+ * input's: 1 and *dtype, or 0 when the spec declares none. */
+EBB_API int ebb_spec_target_dtype(const ebb_spec *s, int i, ebb_dtype *dtype);
+/* Resolves every target's shape into shapes[0..ebb_spec_target_count-1], with
+ * the binding rules of ebb_spec_resolve_shapes(). Inputs and targets share
+ * their symbols: "batch=32" sizes `batch` wherever it appears, and a binding
+ * is valid when an input or a target has that symbol. */
+EBB_API ebb_status ebb_spec_resolve_target_shapes(const ebb_spec *s, const char *const *bindings,
+                                                  int n, ebb_shape *shapes, int max_shapes);
 
 /* ---- params ---------------------------------------------------------------- */
 
@@ -125,10 +149,15 @@ EBB_API double ebb_spec_param_value(const ebb_spec *s, int i);
 
 /* ebb_compile() on the spec's graph. With opts NULL or opts->input_shapes
  * NULL, the inputs get the spec's shapes with every symbol 1 (the other
- * options from opts, if given). When the compiler's error names a node of
- * the spec, the message is rewritten to "FILE:LINE:COL: error: KEY.PATH:
- * <compiler message>" pointing at the YAML node that made it; the status
- * stays the compiler's (EBB_ERR_SHAPE for a shape contradiction). */
+ * options from opts, if given). With opts->input_dtypes NULL, inputs with a
+ * declared dtype get it and the others opts->dtype. For a training compile
+ * (opts->train) the same holds for targets: target_shapes NULL takes the
+ * spec's with every symbol 1, target_dtypes NULL the declared dtypes; the
+ * spec's `loss:` is the graph's loss. When the compiler's error names a node
+ * of the spec, the message is rewritten to "FILE:LINE:COL: error: KEY.PATH:
+ * <compiler message>" pointing at the YAML node that made it (the loss step,
+ * node "loss", points at `loss:` unless opts->train names another loss); the
+ * status stays the compiler's (EBB_ERR_SHAPE for a shape contradiction). */
 EBB_API ebb_status ebb_spec_compile(ebb_plan **out, const ebb_spec *s, const ebb_compile_options *opts);
 
 /* If this thread's last error names a node of the spec (a compile error, or

@@ -344,6 +344,38 @@ EBB_API ebb_status ebb_tensor_lstm_cell(ebb_tensor **h_out, ebb_tensor **c_out, 
                                 const ebb_tensor *w_hh, const ebb_tensor *b_ih,
                                 const ebb_tensor *b_hh);
 
+/* ---- losses (mean reduction, PyTorch's default; each out is 0-dim) ---- */
+
+/* torch.nn.functional.cross_entropy: logits [B, C] (or one sample's [C])
+ * against int64 class indices target [B] (or 0-dim), through log_softmax
+ * over the classes and nll_loss. A target equal to ignore_index counts for
+ * nothing (PyTorch's default is -100); label_smoothing, in [0, 1], mixes
+ * that share of the uniform distribution into the targets. log_probs and
+ * total_weight (each may be NULL) receive the log_softmax and the number of
+ * counted targets (0-dim, the logits' dtype) that
+ * ebb_tensor_cross_entropy_backward() reads. A float target is EBB_ERR_ARG
+ * (it needs class indices); a class index outside [0, C) is an error naming
+ * it. */
+EBB_API ebb_status ebb_tensor_cross_entropy(ebb_tensor **out, ebb_tensor **log_probs,
+                                            ebb_tensor **total_weight, const ebb_tensor *logits,
+                                            const ebb_tensor *target, int64_t ignore_index,
+                                            double label_smoothing);
+/* torch.nn.functional.nll_loss of log-probabilities [B, C] (or [C]) and
+ * int64 class indices [B] (or 0-dim), targets and ignore_index as
+ * ebb_tensor_cross_entropy(); total_weight (may be NULL) as there. */
+EBB_API ebb_status ebb_tensor_nll_loss(ebb_tensor **out, ebb_tensor **total_weight,
+                                       const ebb_tensor *log_probs, const ebb_tensor *target,
+                                       int64_t ignore_index);
+/* torch.nn.functional.mse_loss: mean((pred - target)^2); pred and target of
+ * one shape and one floating dtype. */
+EBB_API ebb_status ebb_tensor_mse_loss(ebb_tensor **out, const ebb_tensor *pred,
+                                       const ebb_tensor *target);
+/* torch.nn.functional.binary_cross_entropy_with_logits: the mean of
+ * -[t log sigmoid(x) + (1 - t) log(1 - sigmoid(x))], computed stably from the
+ * logits; logits and float targets (probabilities) of one shape and dtype. */
+EBB_API ebb_status ebb_tensor_bce_with_logits(ebb_tensor **out, const ebb_tensor *logits,
+                                              const ebb_tensor *target);
+
 /* ---- derivatives (used by the ops' backward rules) ------------------------
  *
  * Each computes the gradient(s) of one forward with ATen's derivative kernel
@@ -486,6 +518,32 @@ EBB_API ebb_status ebb_tensor_lstm_cell_backward(ebb_tensor **grad_x, ebb_tensor
                                          const ebb_tensor *c, const ebb_tensor *cy,
                                          const ebb_tensor *w_ih, const ebb_tensor *w_hh,
                                          const ebb_tensor *b_ih, const ebb_tensor *b_hh);
+/* Of ebb_tensor_cross_entropy(), from its log_probs and total_weight
+ * (nll_loss_backward, then _log_softmax_backward_data); grad has one
+ * element. */
+EBB_API ebb_status ebb_tensor_cross_entropy_backward(ebb_tensor **grad_logits,
+                                                     const ebb_tensor *grad,
+                                                     const ebb_tensor *log_probs,
+                                                     const ebb_tensor *target,
+                                                     const ebb_tensor *total_weight,
+                                                     int64_t ignore_index,
+                                                     double label_smoothing);
+/* Of ebb_tensor_nll_loss() (nll_loss_backward), from the input's shape x,
+ * the targets and total_weight alone: the gradient does not depend on the
+ * log-probabilities' values. */
+EBB_API ebb_status ebb_tensor_nll_loss_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                                const ebb_shape *x, const ebb_tensor *target,
+                                                const ebb_tensor *total_weight,
+                                                int64_t ignore_index);
+/* Of ebb_tensor_mse_loss() with respect to pred (mse_loss_backward). */
+EBB_API ebb_status ebb_tensor_mse_loss_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                                const ebb_tensor *pred, const ebb_tensor *target);
+/* Of ebb_tensor_bce_with_logits() with respect to the logits:
+ * (sigmoid(x) - target) * grad / numel, autograd's formula (libtorch 1.13
+ * has no kernel for it). */
+EBB_API ebb_status ebb_tensor_bce_with_logits_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                                       const ebb_tensor *logits,
+                                                       const ebb_tensor *target);
 
 /* ---- the autograd reference: a testing aid --------------------------------
  *

@@ -1,4 +1,4 @@
-/* The `ebb` command: check, plan, run and dot for YAML specs.
+/* The `ebb` command: check, plan, run, dot and chart for YAML specs.
  *
  * Options follow git's conventions (getopt_long): `--opt=value` or
  * `--opt value`, `-iVALUE` or `-i VALUE`, options and arguments in any
@@ -25,6 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
 #include "ebb/ebb.h"
 #include "ebb/safetensors.h"
 #include "ebb/spec.h"
@@ -49,7 +51,9 @@ static const char usage_main[] =
     "  check SPEC...        validate specs (structure and shapes)\n"
     "  plan SPEC [...]      print the plan listing: steps, frees, predicted live bytes\n"
     "  run SPEC [...]       run the plan and compare measured with planned memory\n"
+    "  grad SPEC [...]      the loss and every parameter's gradient, from a training plan\n"
     "  dot SPEC [...]       write Graphviz DOT of the graph or the plan\n"
+    "  chart SPEC [...]     draw the plan's memory over its steps as SVG (and a run's trace)\n"
     "  help [COMMAND]       this help, or the command's (as `ebb COMMAND --help`)\n"
     "  version              as --version: ebb's version, its libtorch and CUDA\n"
     "\n"
@@ -75,16 +79,39 @@ static const char usage_check[] = "usage: ebb check [--] SPEC...\n"
 
 static const char usage_plan[] =
     "usage: ebb plan SPEC [-i NAME=D0,D1,...]... [-p PARAM=N]... [--json] [--keep-all]\n"
-    "                [--memory]\n"
+    "                [--memory] [--train [--loss NAME] [--optimizer sgd|adam|adamw]]\n"
     "\n"
     "  -i NAME=D0,D1,...  the shape of input NAME; or -i SYMBOL=N for a symbolic dim\n"
     "                     (symbolic dimensions not given are 1)\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
     "  --json             the plan as JSON (see docs/cli.md)\n"
     "  --keep-all         compile without freeing, to compare\n"
-    "  --memory           draw predicted live bytes per step\n" USAGE_COMMON
+    "  --memory           draw predicted live bytes per step\n"
+    "  --train            plan a training step: forward, the spec's loss against its\n"
+    "                     targets, backward and one update per parameter\n"
+    "  --loss NAME        with --train: this loss op instead of the spec's `loss:`\n"
+    "  --optimizer KIND   with --train: the updates to count (default adamw)\n" USAGE_COMMON
     "\n"
     "A SPEC of - is read from standard input.\n";
+
+static const char usage_grad[] =
+    "usage: ebb grad SPEC --inputs X.safetensors --grads G.safetensors [--weights W.safetensors]\n"
+    "                [-i NAME=DIMS]... [-p PARAM=N]... [--loss NAME] [--trace T.jsonl]\n"
+    "                [--device cpu|cuda[:N]] [--seed N]\n"
+    "\n"
+    "Runs the spec's training step without updating anything: the forward, the loss\n"
+    "against the targets, and the backward. Writes one gradient per trained parameter,\n"
+    "named like the parameter, and prints the loss and the measured and planned peak.\n"
+    "\n"
+    "  --inputs FILE      the inputs and the targets, by name (required)\n"
+    "  --grads FILE       where the gradients go (required)\n"
+    "  --weights FILE     load parameters by name (default: seeded initialisation)\n"
+    "  -i NAME=DIMS       input shape, or SYMBOL=N, when the file does not give it\n"
+    "  -p PARAM=N         replace the value of one of the spec's params\n"
+    "  --loss NAME        this loss op instead of the spec's `loss:`\n"
+    "  --trace FILE       one JSON object per executed step, backward steps included\n"
+    "  --device D         cpu, cuda or cuda:N (default: cuda when available, else cpu)\n"
+    "  --seed N           seed for parameters and dropout (default 0)\n" USAGE_COMMON;
 
 static const char usage_run[] =
     "usage: ebb run SPEC [-i NAME=DIMS]... [-p PARAM=N]... [--device cpu|cuda[:N]] [--seed N]\n"
@@ -130,6 +157,26 @@ static const char usage_dot[] =
     "\n"
     "A SPEC of - is read from standard input.\n";
 
+static const char usage_chart[] =
+    "usage: ebb chart SPEC [-i NAME=DIMS]... [-p PARAM=N]... [--keep-all] [--trace T.jsonl]\n"
+    "                 [--train [--loss NAME] [--optimizer sgd|adam|adamw]] [-o FILE.svg]\n"
+    "\n"
+    "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
+    "  -p PARAM=N         replace the value of one of the spec's params\n"
+    "  --keep-all         chart the plan compiled without freeing, to compare\n"
+    "  --train            chart a training step: forward, loss, backward and updates,\n"
+    "                     each shaded; the activations kept for the backward outlined\n"
+    "  --loss NAME        with --train: this loss op instead of the spec's `loss:`\n"
+    "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
+    "  --trace FILE       draw the measured bytes of `ebb run --trace FILE` over the plan\n"
+    "                     (run with the same -i, -p and --keep-all)\n"
+    "  -o FILE            write the SVG to FILE (default: stdout); replaced atomically,\n"
+    "                     a device written into\n" USAGE_COMMON
+    "\n"
+    "Each value is a band from the step that makes it to the step that frees it, as\n"
+    "tall as its bytes; the planned peak is a labelled line. A SPEC of - is read\n"
+    "from standard input.\n";
+
 static int usage_error(const char *usage, const char *fmt, const char *arg) {
     fprintf(stderr, "ebb: ");
     fprintf(stderr, fmt, arg);
@@ -172,6 +219,10 @@ enum {
     OPT_OUTPUTS,
     OPT_TRACE,
     OPT_COMPLETION,
+    OPT_TRAIN,
+    OPT_LOSS,
+    OPT_OPTIMIZER,
+    OPT_GRADS,
 };
 
 #define COMMON_OPTIONS                                                                             \
@@ -183,6 +234,20 @@ static const struct option plan_options[] = {
     {"json", no_argument, NULL, OPT_JSON},
     {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
     {"memory", no_argument, NULL, OPT_MEMORY},
+    {"train", no_argument, NULL, OPT_TRAIN},
+    {"loss", required_argument, NULL, OPT_LOSS},
+    {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
+    {NULL, 0, NULL, 0},
+};
+static const struct option grad_options[] = {
+    COMMON_OPTIONS,
+    {"inputs", required_argument, NULL, OPT_INPUTS},
+    {"grads", required_argument, NULL, OPT_GRADS},
+    {"weights", required_argument, NULL, OPT_WEIGHTS},
+    {"loss", required_argument, NULL, OPT_LOSS},
+    {"trace", required_argument, NULL, OPT_TRACE},
+    {"device", required_argument, NULL, OPT_DEVICE},
+    {"seed", required_argument, NULL, OPT_SEED},
     {NULL, 0, NULL, 0},
 };
 static const struct option run_options[] = {
@@ -207,6 +272,15 @@ static const struct option dot_options[] = {
     {"plan", no_argument, NULL, OPT_PLAN},
     {NULL, 0, NULL, 0},
 };
+static const struct option chart_options[] = {
+    COMMON_OPTIONS,
+    {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
+    {"trace", required_argument, NULL, OPT_TRACE},
+    {"train", no_argument, NULL, OPT_TRAIN},
+    {"loss", required_argument, NULL, OPT_LOSS},
+    {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
+    {NULL, 0, NULL, 0},
+};
 
 typedef struct command {
     const char *name;
@@ -220,7 +294,9 @@ static const command commands[] = {
     {"check", usage_check, "h", check_options, 1},
     {"plan", usage_plan, "hi:p:", plan_options, 0},
     {"run", usage_run, "hi:p:", run_options, 0},
+    {"grad", usage_grad, "hi:p:", grad_options, 0},
     {"dot", usage_dot, "hi:p:o:", dot_options, 0},
+    {"chart", usage_chart, "hi:p:o:", chart_options, 0},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 
@@ -240,8 +316,10 @@ typedef struct options {
     const char *params[MAX_BINDINGS];
     int n_params;
     int json, keep_all, memory, plan_view, repeat, cuda_graph, force, strict_finite, non_strict;
+    int train, grads_only;
     uint64_t seed;
     const char *device, *weights, *save_weights, *inputs, *outputs, *trace, *out_file;
+    const char *loss, *optimizer, *grads;
 } options;
 
 static int parse_u64(const char *s, uint64_t *out) {
@@ -336,6 +414,10 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
         case OPT_FORCE: o->force = 1; break;
         case OPT_STRICT_FINITE: o->strict_finite = 1; break;
         case OPT_NON_STRICT: o->non_strict = 1; break;
+        case OPT_TRAIN: o->train = 1; break;
+        case OPT_LOSS: slot = &o->loss; break;
+        case OPT_OPTIMIZER: slot = &o->optimizer; break;
+        case OPT_GRADS: slot = &o->grads; break;
         case OPT_SEED:
         case OPT_REPEAT: {
             uint64_t v;
@@ -394,6 +476,11 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
         return usage_error(usage, "%s", "missing SPEC");
     if (o->non_strict && !o->weights)
         return usage_error(usage, "%s", "--non-strict applies to --weights, which is not given");
+    if ((o->loss || o->optimizer) && !o->train && strcmp(c->name, "grad") != 0)
+        return usage_error(usage, "%s", "--loss and --optimizer apply to --train, which is not given");
+    if (o->optimizer && strcmp(o->optimizer, "sgd") && strcmp(o->optimizer, "adam") &&
+        strcmp(o->optimizer, "adamw"))
+        return usage_error(usage, "--optimizer %s: expected sgd, adam or adamw", o->optimizer);
     /* standard input can be read once */
     int from_stdin = (o->inputs && !strcmp(o->inputs, "-")) + (o->weights && !strcmp(o->weights, "-"));
     for (int i = 0; i < (c->many ? o->n_specs : 1); i++)
@@ -732,6 +819,57 @@ static int stdin_safetensors(const char **path) {
     return 0;
 }
 
+/* A training compile's options: the targets' shapes and dtypes from the
+ * inputs file where it has them, else from the spec with the -i bindings;
+ * the loss and the optimizer from the command line. */
+static int train_options(const ebb_spec *s, const options *o, const ebb_safetensors *inputs,
+                         ebb_shape *shapes, ebb_dtype *dtypes, ebb_train_options *t) {
+    int n = ebb_spec_target_count(s);
+    if (n == 0) {
+        fprintf(stderr,
+                "ebb: %s declares no `targets:`; a training step compares the output with "
+                "them (see docs/spec-format.md)\n",
+                ebb_spec_file(s));
+        return EXIT_SPEC;
+    }
+    if (n > MAX_INPUTS) {
+        fprintf(stderr, "ebb: %s has %d targets (at most %d)\n", ebb_spec_file(s), n, MAX_INPUTS);
+        return EXIT_SPEC;
+    }
+    /* -i arguments that name no input are symbol bindings */
+    const char *bindings[MAX_BINDINGS];
+    int n_bind = 0;
+    for (int k = 0; k < o->n_shapes; k++) {
+        const char *arg = o->shapes[k], *eq = strchr(arg, '=');
+        int input = 0;
+        for (int i = 0; eq && i < ebb_spec_input_count(s); i++)
+            input |= strlen(ebb_spec_input_name(s, i)) == (size_t)(eq - arg) &&
+                     !strncmp(ebb_spec_input_name(s, i), arg, (size_t)(eq - arg));
+        if (eq && !input)
+            bindings[n_bind++] = arg;
+    }
+    ebb_status st = ebb_spec_resolve_target_shapes(s, bindings, n_bind, shapes, MAX_INPUTS);
+    if (st != EBB_OK)
+        return fail_status(st);
+    for (int i = 0; i < n; i++) {
+        ebb_dtype dt = EBB_FLOAT32;
+        if (!ebb_spec_target_dtype(s, i, &dt))
+            dt = EBB_FLOAT32;
+        dtypes[i] = dt;
+        if (inputs && ebb_safetensors_dtype_str(inputs, ebb_spec_target_name(s, i))) {
+            st = ebb_safetensors_find(inputs, ebb_spec_target_name(s, i), &dtypes[i], &shapes[i]);
+            if (st != EBB_OK)
+                return fail_status(st);
+        }
+    }
+    const char *kind = o->optimizer ? o->optimizer : "adamw";
+    *t = (ebb_train_options){.target_shapes = shapes, .n_target_shapes = n,
+                             .target_dtypes = dtypes, .loss = o->loss,
+                             .grads_only = o->grads_only};
+    t->optimizer.kind = !strcmp(kind, "sgd") ? EBB_SGD : !strcmp(kind, "adam") ? EBB_ADAM : EBB_ADAMW;
+    return 0;
+}
+
 static int load_and_compile(const options *o, const ebb_safetensors *inputs, ebb_spec **spec,
                             ebb_plan **plan, int quiet) {
     ebb_status st = load_spec(o, spec);
@@ -744,6 +882,13 @@ static int load_and_compile(const options *o, const ebb_safetensors *inputs, ebb
     ebb_compile_options co = {.input_shapes = shapes,
                               .n_input_shapes = ebb_spec_input_count(*spec),
                               .keep_all = o->keep_all};
+    ebb_shape target_shapes[MAX_INPUTS];
+    ebb_dtype target_dtypes[MAX_INPUTS];
+    ebb_train_options to = {0};
+    if (o->train && (rc = train_options(*spec, o, inputs, target_shapes, target_dtypes, &to)))
+        return rc;
+    if (o->train)
+        co.train = &to;
     st = ebb_spec_compile(plan, *spec, &co);
     return st == EBB_OK ? 0 : fail_status(st);
 }
@@ -976,6 +1121,203 @@ static int cmd_dot(int argc, char **argv) {
     return rc;
 }
 
+/* ---- chart --------------------------------------------------------------- */
+
+/* A whole-number field of a trace line. */
+static int trace_int(const cJSON *line, const char *key, int64_t *out) {
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(line, key);
+    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) ||
+        fabs(it->valuedouble) > 9007199254740992.0)
+        return -1;
+    *out = (int64_t)it->valuedouble;
+    return 0;
+}
+
+/* Reads what `ebb run --trace` wrote for plan p into tr (its samples are
+ * new, the caller frees them). Each step line must be the plan's step of
+ * that index, and the summary's planned peak the plan's, so that a trace of
+ * another plan, or of this spec run with other shapes, is refused rather
+ * than drawn over the wrong chart. */
+static ebb_status read_trace(const char *path, const ebb_plan *p, ebb_chart_trace *tr) {
+    memset(tr, 0, sizeof *tr);
+    tr->device = ebb_device_cpu();
+    int fd = -1;
+    int64_t size = 0;
+    ebb_status st = ebb_file_open_read(&fd, &size, path, "--trace");
+    if (st != EBB_OK)
+        return st;
+    size_t cap = (size_t)size + 1, len = 0;
+    char *text = malloc(cap);
+    for (;;) {
+        if (!text) {
+            close(fd);
+            return ebb_error_set(EBB_ERR_NOMEM, "--trace: out of memory reading '%s'", path);
+        }
+        if (len + 1 == cap) { /* the file grew while being read */
+            char *more = realloc(text, cap * 2);
+            if (!more)
+                free(text);
+            text = more;
+            cap *= 2;
+            continue;
+        }
+        ssize_t n = read(fd, text + len, cap - 1 - len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            int err = errno;
+            free(text);
+            close(fd);
+            return ebb_error_set(EBB_ERR_IO, "--trace: cannot read '%s': %s", path, strerror(err));
+        }
+        if (n == 0)
+            break;
+        len += (size_t)n;
+    }
+    close(fd);
+    text[len] = '\0';
+    ebb_chart_sample *samples = NULL;
+    int n_samples = 0, cap_samples = 0, line_no = 0, have_summary = 0, cuda = 0;
+    int64_t planned = 0;
+    st = EBB_OK;
+    for (char *line = text; line < text + len && st == EBB_OK;) {
+        char *end = memchr(line, '\n', (size_t)(text + len - line));
+        size_t ll = end ? (size_t)(end - line) : (size_t)(text + len - line);
+        char *next = line + ll + 1;
+        line_no++;
+        if (ll == 0) {
+            line = next;
+            continue;
+        }
+        cJSON *j = cJSON_ParseWithLength(line, ll);
+        const cJSON *summary = cJSON_GetObjectItemCaseSensitive(j, "summary");
+        int64_t step = 0, live = 0, peak = 0;
+        if (!cJSON_IsObject(j)) {
+            st = ebb_error_set(EBB_ERR_ARG, "%s:%d: not a JSON object (a trace from `ebb run "
+                                            "--trace` has one per line)", path, line_no);
+        } else if (have_summary) {
+            st = ebb_error_set(EBB_ERR_ARG, "%s:%d: a line after the summary", path, line_no);
+        } else if (summary) {
+            const cJSON *dev = cJSON_GetObjectItemCaseSensitive(summary, "device");
+            have_summary = 1;
+            if (trace_int(summary, "planned_peak_bytes", &planned) != 0)
+                st = ebb_error_set(EBB_ERR_ARG, "%s:%d: the summary has no planned_peak_bytes",
+                                   path, line_no);
+            /* traces written before the summary named the device: CUDA is
+             * told by its rounded planned peak */
+            cuda = cJSON_IsString(dev) ? !strncmp(dev->valuestring, "cuda", 4)
+                                       : planned != ebb_plan_peak_bytes(p, NULL) &&
+                                             planned == ebb_plan_device_peak_bytes(
+                                                            p, ebb_device_cuda(0));
+        } else if (trace_int(j, "step", &step) != 0 || trace_int(j, "live_bytes", &live) != 0 ||
+                   trace_int(j, "peak_bytes", &peak) != 0) {
+            st = ebb_error_set(EBB_ERR_ARG, "%s:%d: a step line needs whole-number step, "
+                                            "live_bytes and peak_bytes", path, line_no);
+        } else if (step < 0 || step >= ebb_plan_step_count(p)) {
+            st = ebb_error_set(EBB_ERR_ARG, "%s:%d: step %lld, but plan %s has %d steps: a trace "
+                                            "of another plan?", path, line_no, (long long)step,
+                               ebb_plan_name(p), ebb_plan_step_count(p));
+        } else {
+            const ebb_plan_step *ps = ebb_plan_step_at(p, (int)step);
+            const cJSON *op = cJSON_GetObjectItemCaseSensitive(j, "op");
+            const cJSON *node = cJSON_GetObjectItemCaseSensitive(j, "node");
+            if (!cJSON_IsString(op) || !cJSON_IsString(node) || strcmp(op->valuestring, ps->op) ||
+                strcmp(node->valuestring, ps->node)) {
+                st = ebb_error_set(EBB_ERR_ARG, "%s:%d: step %lld is %s %s in the plan, %s %s in "
+                                                "the trace: a trace of another plan?",
+                                   path, line_no, (long long)step, ps->op, ps->node,
+                                   cJSON_IsString(op) ? op->valuestring : "(no op)",
+                                   cJSON_IsString(node) ? node->valuestring : "(no node)");
+            } else if (n_samples == INT32_MAX) {
+                st = ebb_error_set(EBB_ERR_ARG, "%s: more than %d step lines", path, INT32_MAX);
+            } else {
+                if (n_samples == cap_samples) {
+                    int nc = cap_samples ? (cap_samples > INT32_MAX / 2 ? INT32_MAX : 2 * cap_samples)
+                                         : 256;
+                    ebb_chart_sample *m = realloc(samples, (size_t)nc * sizeof *m);
+                    if (!m)
+                        st = ebb_error_set(EBB_ERR_NOMEM, "--trace: out of memory reading '%s'",
+                                           path);
+                    else {
+                        samples = m;
+                        cap_samples = nc;
+                    }
+                }
+                if (st == EBB_OK)
+                    samples[n_samples++] = (ebb_chart_sample){(int)step, live, peak};
+            }
+        }
+        cJSON_Delete(j);
+        line = next;
+    }
+    free(text);
+    if (st == EBB_OK && n_samples == 0)
+        st = ebb_error_set(EBB_ERR_ARG, "%s: no step lines (write one with `ebb run SPEC --trace "
+                                        "%s`)", path, path);
+    if (st == EBB_OK && have_summary) {
+        ebb_device dev = cuda ? ebb_device_cuda(0) : ebb_device_cpu();
+        int64_t mine = ebb_plan_device_peak_bytes(p, dev);
+        if (planned != mine)
+            st = ebb_error_set(EBB_ERR_ARG, "%s: the run was planned for a peak of %lld bytes, "
+                                            "this plan's is %lld: chart with the -i, -p and "
+                                            "--keep-all of the run", path, (long long)planned,
+                               (long long)mine);
+        tr->device = dev;
+    }
+    if (st != EBB_OK) {
+        free(samples);
+        return st;
+    }
+    tr->samples = samples;
+    tr->n_samples = n_samples;
+    return EBB_OK;
+}
+
+static int cmd_chart(int argc, char **argv) {
+    options o;
+    int rc = parse_options(argc, argv, find_command("chart"), &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    /* the chart is SVG whatever the name says; a name that says otherwise
+     * is a mistake */
+    const char *base = o.out_file ? strrchr(o.out_file, '/') : NULL;
+    const char *ext = o.out_file ? strrchr(base ? base : o.out_file, '.') : NULL;
+    if (ext && strcmp(ext, ".svg"))
+        return usage_error(usage_chart,
+                           "-o %s: the chart is SVG; name it .svg (rsvg-convert makes a PNG of it)",
+                           o.out_file);
+    if (o.out_file && ebb_file_check_writable(o.out_file, "-o") != EBB_OK)
+        return fail_write();
+    ebb_spec *s = NULL;
+    ebb_plan *p = NULL;
+    ebb_chart_trace tr = {0};
+    ebb_file_out *w = NULL;
+    rc = load_and_compile(&o, NULL, &s, &p, 1);
+    ebb_status st;
+    if (!rc && o.trace && (st = read_trace(o.trace, p, &tr)) != EBB_OK)
+        rc = fail_status(st);
+    if (!rc && o.out_file && ebb_file_begin(&w, o.out_file, "-o") != EBB_OK)
+        rc = fail_write();
+    if (!rc) {
+        st = ebb_plan_chart_svg(p, o.trace ? &tr : NULL, w ? ebb_file_stream(w) : stdout);
+        /* a write error on stdout is finish_stdout's to report (quietly for
+         * a reader that went away); on a file, the writer's commit says it */
+        if (st != EBB_OK && st != EBB_ERR_IO)
+            rc = fail_status(st);
+        else if (w) {
+            st = ebb_file_commit(w);
+            w = NULL;
+            if (st != EBB_OK)
+                rc = fail_write();
+        }
+    }
+    ebb_file_abort(w);
+    free((void *)tr.samples);
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+    return rc;
+}
+
 /* ---- run ----------------------------------------------------------------- */
 
 typedef struct trace_out {
@@ -1154,8 +1496,11 @@ static int cmd_run(int argc, char **argv) {
         else if (in_file)
             st = ebb_error_set(EBB_ERR_ARG, "%s: no tensor named '%s' (an input of %s)", o.inputs,
                                v->name, o.spec);
-        else
+        else if (v->dtype == EBB_FLOAT32 || v->dtype == EBB_FLOAT64 || v->dtype == EBB_FLOAT16 ||
+                 v->dtype == EBB_BFLOAT16)
             st = ebb_tensor_randn(&inputs[i], &v->shape, v->dtype, dev, o.seed + 1000 + (uint64_t)i);
+        else /* indices: 0 is valid for every embedding and every loss */
+            st = ebb_tensor_zeros(&inputs[i], &v->shape, v->dtype, dev);
         if (st == EBB_OK && bad && o.strict_finite)
             st = ebb_error_set(EBB_ERR_ARG, "%s: input '%s' holds %lld NaN or infinite values (of "
                                             "%lld)",
@@ -1226,13 +1571,15 @@ static int cmd_run(int argc, char **argv) {
                     "%lld allocated; cached blocks, not live tensors, hold the difference\n",
                     (long long)ms.reserved_bytes, (long long)ms.peak_bytes);
     }
+    char dn_trace[32];
     if (tw)
         fprintf(to.f,
                 "{\"summary\": {\"steps\": %lld, \"peak_bytes\": %lld, \"planned_peak_bytes\": "
-                "%lld, \"peak_kind\": \"%s\", \"live_tensors_after\": %lld}}\n",
+                "%lld, \"peak_kind\": \"%s\", \"live_tensors_after\": %lld, \"device\": \"%s\"}}\n",
                 (long long)to.steps, (long long)peak, (long long)ebb_plan_device_peak_bytes(p, dev),
                 ebb_plan_peak_is_bound(p) ? "bound" : "exact",
-                (long long)(ebb_tensor_live_count() - n_in - n_out - ebb_model_param_count(m)));
+                (long long)(ebb_tensor_live_count() - n_in - n_out - ebb_model_param_count(m)),
+                ebb_device_str(dev, dn_trace, sizeof dn_trace));
     for (int k = 0; k < n_out; k++)
         print_summary(ebb_plan_output_name(p, k), outputs[k]);
     qsort(times, (size_t)o.repeat, sizeof *times, cmp_double);
@@ -1291,6 +1638,144 @@ done:
             ebb_tensor_free(outputs[k]);
     free(outputs);
     free(times);
+    ebb_model_free(m);
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+    ebb_safetensors_close(in_file);
+    return rc;
+}
+
+/* ---- grad ---------------------------------------------------------------- */
+
+static int cmd_grad(int argc, char **argv) {
+    options o;
+    int rc = parse_options(argc, argv, find_command("grad"), &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    if (!o.inputs || !o.grads)
+        return usage_error(usage_grad, "%s", !o.inputs ? "--inputs is required (the inputs and "
+                                                         "the targets, by name)"
+                                                       : "--grads is required");
+    o.train = 1;
+    o.grads_only = 1;
+    ebb_device dev = ebb_device_default();
+    ebb_status st;
+    if (o.device && (st = ebb_device_parse(&dev, o.device)) != EBB_OK) {
+        fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+        return st == EBB_ERR_UNSUPPORTED ? EXIT_RUNTIME : EXIT_USAGE;
+    }
+    if (ebb_file_check_writable(o.grads, "--grads") != EBB_OK ||
+        (o.trace && ebb_file_check_writable(o.trace, "--trace") != EBB_OK))
+        return fail_write();
+    if ((rc = stdin_safetensors(&o.inputs)) || (rc = stdin_safetensors(&o.weights)))
+        return rc;
+    ebb_safetensors *in_file = NULL;
+    if ((st = ebb_safetensors_open(&in_file, o.inputs)) != EBB_OK)
+        return fail_status(st);
+    ebb_spec *s = NULL;
+    ebb_plan *p = NULL;
+    ebb_model *m = NULL;
+    ebb_tensor *inputs[MAX_INPUTS] = {0}, **grads = NULL;
+    ebb_file_out *tw = NULL;
+    rc = load_and_compile(&o, in_file, &s, &p, 1);
+    if (rc)
+        goto done;
+    int n_in = ebb_plan_input_count(p);
+    if ((st = ebb_model_new(&m, p, dev, o.seed)) != EBB_OK ||
+        (o.weights && (st = ebb_model_load(m, o.weights)) != EBB_OK)) {
+        rc = fail_status(st);
+        goto done;
+    }
+    /* the inputs, then the targets: every one from the file */
+    for (int i = 0; i < n_in && i < MAX_INPUTS; i++) {
+        const ebb_plan_value *v = ebb_plan_value_at(p, ebb_plan_input_slot(p, i));
+        st = ebb_safetensors_dtype_str(in_file, v->name)
+                 ? ebb_safetensors_load(&inputs[i], in_file, v->name, dev)
+                 : ebb_error_set(EBB_ERR_ARG, "%s: no tensor named '%s' (%s of %s)", o.inputs,
+                                 v->name,
+                                 i < n_in - ebb_plan_target_count(p) ? "an input" : "a target",
+                                 o.spec);
+        if (st != EBB_OK) {
+            rc = fail_status(st);
+            goto done;
+        }
+    }
+    int n_params = ebb_model_param_count(m);
+    grads = calloc((size_t)n_params + 1, sizeof *grads);
+    if (!grads) {
+        rc = fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+        goto done;
+    }
+    trace_out to = {.plan = p};
+    if (o.trace) {
+        if (ebb_file_begin(&tw, o.trace, "--trace") != EBB_OK) {
+            rc = fail_write();
+            goto done;
+        }
+        to.f = ebb_file_stream(tw);
+    }
+    int n_targets = ebb_plan_target_count(p);
+    ebb_run_options ro = {.trace = tw ? trace_step : NULL, .trace_user = &to, .seed = o.seed};
+    ebb_run_stats stats = {0};
+    double loss = 0;
+    st = ebb_grad_ex(p, m, inputs, inputs + (n_in - n_targets), &loss, grads, &ro, &stats);
+    if (st != EBB_OK) {
+        rc = fail_status(ebb_spec_annotate_error(s, st));
+        goto done;
+    }
+    int64_t planned = ebb_plan_device_peak_bytes(p, dev);
+    char dn[32];
+    if (tw)
+        fprintf(to.f,
+                "{\"summary\": {\"steps\": %lld, \"peak_bytes\": %lld, \"planned_peak_bytes\": "
+                "%lld, \"peak_kind\": \"%s\", \"loss\": %.9g, \"device\": \"%s\"}}\n",
+                (long long)to.steps, (long long)stats.measured_peak_bytes, (long long)planned,
+                ebb_plan_peak_is_bound(p) ? "bound" : "exact", loss,
+                ebb_device_str(dev, dn, sizeof dn));
+    /* the gradients, named like their parameters */
+    const char **names = calloc((size_t)n_params + 1, sizeof *names);
+    ebb_tensor **ts = calloc((size_t)n_params + 1, sizeof *ts);
+    int n = 0;
+    for (int i = 0; names && ts && i < n_params; i++)
+        if (grads[i]) {
+            names[n] = ebb_model_param_name(m, i);
+            ts[n++] = grads[i];
+        }
+    if (!names || !ts)
+        st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    else
+        st = ebb_safetensors_write(o.grads, names, ts, n);
+    free(names);
+    free(ts);
+    if (st != EBB_OK) {
+        rc = st == EBB_ERR_NOMEM ? fail_status(st) : fail_write();
+        goto done;
+    }
+    char mb[32], pb[32];
+    ebb_bytes_str(stats.measured_peak_bytes, mb, sizeof mb);
+    ebb_bytes_str(planned, pb, sizeof pb);
+    printf("loss %.6g\n", loss);
+    printf("%d gradients written to %s\n", n, o.grads);
+    printf("peak intermediate bytes: measured %lld (%s), planned %lld (%s, %s)\n",
+           (long long)stats.measured_peak_bytes, mb, (long long)planned, pb,
+           ebb_plan_peak_is_bound(p) ? "upper bound" : "exact");
+    if (stats.measured_peak_bytes > planned)
+        fprintf(stderr, "ebb: warning: the run measured more than the plan promised; this is a "
+                        "bug in ebb, please report it with the spec\n");
+    fflush(stdout);
+    if (tw) {
+        st = ebb_file_commit(tw);
+        tw = NULL;
+        if (st != EBB_OK)
+            rc = fail_write();
+    }
+done:
+    ebb_file_abort(tw);
+    for (int i = 0; i < MAX_INPUTS; i++)
+        ebb_tensor_free(inputs[i]);
+    for (int i = 0; grads && i < ebb_model_param_count(m); i++)
+        ebb_tensor_free(grads[i]);
+    free(grads);
     ebb_model_free(m);
     ebb_plan_free(p);
     ebb_spec_free(s);
@@ -1371,6 +1856,10 @@ static int dispatch(int argc, char **argv) {
         return cmd_plan(argc - 1, argv + 1);
     if (!strcmp(cmd, "run"))
         return cmd_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "chart"))
+        return cmd_chart(argc - 1, argv + 1);
+    if (!strcmp(cmd, "grad"))
+        return cmd_grad(argc - 1, argv + 1);
     return cmd_dot(argc - 1, argv + 1);
 }
 

@@ -1,7 +1,9 @@
 #define _POSIX_C_SOURCE 200809L
 /* The ebb side of the benchmark: only the public C API, as a user would
  * call it (ebb_spec_load_ex with the configuration's params ->
- * ebb_spec_compile -> ebb_model_new -> ebb_run). */
+ * ebb_spec_compile -> ebb_model_new -> ebb_run; for training, the same
+ * spec compiled with ebb_train_options -> ebb_optimizer_new ->
+ * ebb_train_step). */
 #include "bench_ebb.h"
 
 #include <stdio.h>
@@ -19,6 +21,13 @@ struct bench_ebb {
     ebb_device dev;
     ebb_compile_options opts;
     ebb_shape shapes[MAX_BIND];
+    /* training only: the step's options, optimizer and target */
+    int training;
+    ebb_train_options train;
+    ebb_optimizer *opt;
+    ebb_tensor *y;
+    ebb_shape ys;
+    ebb_dtype y_dtype;
 };
 
 /* Splits a comma list into at most `max` pointers into `buf`. */
@@ -47,8 +56,38 @@ static ebb_status fill_param(bench_ebb *b, const char *assign) {
     return st;
 }
 
-ebb_status bench_ebb_setup(bench_ebb **out, const char *spec_path, const char *params_csv,
-                           const char *bind_csv, const char *fills_csv, uint64_t seed) {
+/* A seeded target for the forward's output `out`: class indices in [0, C)
+ * for cross_entropy on [B, C], else randn of the output's shape. */
+static ebb_status make_target(bench_ebb *b, const ebb_plan_value *out, const char *loss,
+                              uint64_t seed) {
+    if (strcmp(loss, "cross_entropy") == 0) {
+        if (out->shape.ndim != 2)
+            return ebb_error_set(EBB_ERR_ARG, "bench: cross_entropy needs a [B, C] output");
+        int64_t n = out->shape.dim[0], classes = out->shape.dim[1];
+        int64_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+        if (!v)
+            return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+        uint64_t r = seed * 6364136223846793005ull + 1442695040888963407ull;
+        for (int64_t i = 0; i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            v[i] = (int64_t)((r >> 33) % (uint64_t)classes);
+        }
+        b->ys = (ebb_shape){.ndim = 1, .dim = {n}};
+        b->y_dtype = EBB_INT64;
+        ebb_status st =
+            ebb_tensor_from_host(&b->y, v, (size_t)n * sizeof *v, &b->ys, EBB_INT64, b->dev);
+        free(v);
+        return st;
+    }
+    b->ys = out->shape;
+    b->y_dtype = EBB_FLOAT32;
+    return ebb_tensor_randn(&b->y, &b->ys, EBB_FLOAT32, b->dev, seed);
+}
+
+/* `loss` NULL: an inference plan; else a training step with that loss. */
+static ebb_status setup(bench_ebb **out, const char *spec_path, const char *params_csv,
+                        const char *bind_csv, const char *fills_csv, const char *loss,
+                        uint64_t seed) {
     *out = NULL;
     bench_ebb *b = calloc(1, sizeof *b);
     if (!b)
@@ -79,6 +118,20 @@ ebb_status bench_ebb_setup(bench_ebb **out, const char *spec_path, const char *p
         b->opts.n_input_shapes = ebb_spec_input_count(b->spec);
         st = ebb_spec_compile(&b->plan, b->spec, &b->opts);
     }
+    if (st == EBB_OK && loss) {
+        /* the inference plan gives the output's shape, the target's */
+        const ebb_plan_value *y = ebb_plan_value_at(b->plan, ebb_plan_output_slot(b->plan, 0));
+        st = make_target(b, y, loss, seed + 2);
+        ebb_plan_free(b->plan);
+        b->plan = NULL;
+        b->training = 1;
+        b->train = (ebb_train_options){.target_shapes = &b->ys, .n_target_shapes = 1,
+                                       .target_dtypes = &b->y_dtype, .loss = loss,
+                                       .optimizer = {.kind = EBB_ADAMW, .lr = 1e-3}};
+        b->opts.train = &b->train;
+        if (st == EBB_OK)
+            st = ebb_spec_compile(&b->plan, b->spec, &b->opts);
+    }
     if (st == EBB_OK)
         st = ebb_model_new(&b->model, b->plan, b->dev, seed);
     if (st == EBB_OK && fills_csv && *fills_csv) {
@@ -89,6 +142,8 @@ ebb_status bench_ebb_setup(bench_ebb **out, const char *spec_path, const char *p
         for (int i = 0; st == EBB_OK && i < nf; i++)
             st = fill_param(b, fills[i]);
     }
+    if (st == EBB_OK && loss)
+        st = ebb_optimizer_new(&b->opt, b->model, &b->train.optimizer);
     if (st == EBB_OK) {
         b->xs = b->shapes[0];
         st = ebb_tensor_randn(&b->x, &b->xs, EBB_FLOAT32, b->dev, seed + 1);
@@ -101,10 +156,57 @@ ebb_status bench_ebb_setup(bench_ebb **out, const char *spec_path, const char *p
     return EBB_OK;
 }
 
+ebb_status bench_ebb_setup(bench_ebb **out, const char *spec_path, const char *params_csv,
+                           const char *bind_csv, const char *fills_csv, uint64_t seed) {
+    return setup(out, spec_path, params_csv, bind_csv, fills_csv, NULL, seed);
+}
+
+ebb_status bench_ebb_setup_train(bench_ebb **out, const char *spec_path, const char *params_csv,
+                                 const char *bind_csv, const char *fills_csv, const char *loss,
+                                 uint64_t seed) {
+    if (!loss)
+        return ebb_error_set(EBB_ERR_ARG, "bench: a training step needs a loss");
+    return setup(out, spec_path, params_csv, bind_csv, fills_csv, loss, seed);
+}
+
+int bench_ebb_is_training(const bench_ebb *b) { return b->training; }
+
+ebb_status bench_ebb_train_step(bench_ebb *b, double *loss, ebb_run_stats *stats) {
+    return ebb_train_step(b->plan, b->model, b->opt, &b->x, &b->y, loss, stats);
+}
+
+int bench_ebb_param_trained(const bench_ebb *b, int i) {
+    return b->training && ebb_plan_param_trained(b->plan, i);
+}
+
+ebb_shape bench_ebb_target_shape(const bench_ebb *b) { return b->ys; }
+
+int bench_ebb_target_is_class(const bench_ebb *b) { return b->y_dtype == EBB_INT64; }
+
+ebb_status bench_ebb_target_host(const bench_ebb *b, float *dst, size_t n) {
+    ebb_tensor *f = NULL;
+    ebb_status st = ebb_tensor_to(&f, b->y, ebb_device_cpu(), EBB_FLOAT32);
+    if (st == EBB_OK)
+        st = ebb_tensor_to_host(f, dst, n * sizeof(float));
+    ebb_tensor_free(f);
+    return st;
+}
+
+void bench_ebb_phase_counts(const bench_ebb *b, int counts[4]) {
+    counts[0] = counts[1] = counts[2] = counts[3] = 0;
+    for (int i = 0; i < ebb_plan_step_count(b->plan); i++) {
+        ebb_step_phase ph = ebb_plan_step_at(b->plan, i)->phase;
+        if ((int)ph >= 0 && (int)ph < 4)
+            counts[ph]++;
+    }
+}
+
 void bench_ebb_free(bench_ebb *b) {
     if (!b)
         return;
     ebb_tensor_free(b->x);
+    ebb_tensor_free(b->y);
+    ebb_optimizer_free(b->opt); /* before the model it borrows */
     ebb_model_free(b->model);
     ebb_plan_free(b->plan);
     ebb_spec_free(b->spec);
@@ -249,7 +351,14 @@ ebb_status bench_ebb_export(bench_ebb *b, const char *prefix) {
             st = export_one(js, bin, &first, &offset, "input:x", &b->xs, buf);
         free(buf);
     }
-    if (st == EBB_OK) {
+    if (st == EBB_OK && b->training) {
+        size_t n = (size_t)ebb_shape_numel(&b->ys);
+        float *buf = malloc((n ? n : 1) * sizeof *buf);
+        st = buf ? bench_ebb_target_host(b, buf, n) : ebb_error_set(EBB_ERR_NOMEM, "oom");
+        if (st == EBB_OK)
+            st = export_one(js, bin, &first, &offset, "target:y", &b->ys, buf);
+        free(buf);
+    } else if (st == EBB_OK) {
         ebb_shape ys;
         float *buf = NULL;
         st = bench_ebb_output_host(b, &ys, &buf);

@@ -1,7 +1,8 @@
 /*
  * The ebb side of the benchmark, in C over the public API only: a spec is
  * loaded (with its `params:` line replaced for the configuration), compiled
- * for the bound symbolic dimensions, given a model and an input, and run.
+ * for the bound symbolic dimensions, given a model and an input, and run;
+ * or compiled as a training step (bench_ebb_setup_train) and stepped.
  * bench_main.cpp drives it next to the hand-written libtorch twins.
  */
 #ifndef EBB_BENCH_EBB_H
@@ -43,6 +44,32 @@ ebb_status bench_ebb_forward(bench_ebb *b);
 
 /* Runs once with stats, then compiles and runs the keep_all twin. */
 ebb_status bench_ebb_measure(bench_ebb *b, bench_ebb_memory *m);
+
+/* A training step instead of a forward: the same spec compiled with
+ * ebb_compile_options.train (loss `loss` against a seeded target: for
+ * "cross_entropy" int64 classes in [0, C) for an output [B, C], else a randn
+ * tensor of the output's shape), an AdamW optimizer (lr 1e-3, torch's
+ * defaults), the model seeded as bench_ebb_setup's. A spec ebb cannot train
+ * yet (routing, loops) fails with EBB_ERR_UNSUPPORTED and the compiler's
+ * message. The parameter and input getters below work on it too; its export
+ * holds "target:y" (as float32) instead of "output:y". */
+ebb_status bench_ebb_setup_train(bench_ebb **out, const char *spec_path, const char *params_csv,
+                                 const char *bind_csv, const char *fills_csv, const char *loss,
+                                 uint64_t seed);
+/* Non-zero for a bench set up with bench_ebb_setup_train. */
+int bench_ebb_is_training(const bench_ebb *b);
+/* One training step (ebb_train_step); *loss (may be NULL) receives the loss,
+ * stats (may be NULL) the measured and planned peak. */
+ebb_status bench_ebb_train_step(bench_ebb *b, double *loss, ebb_run_stats *stats);
+/* Whether parameter i gets a gradient (not a buffer). */
+int bench_ebb_param_trained(const bench_ebb *b, int i);
+/* The target's shape, and whether it holds class indices (int64). */
+ebb_shape bench_ebb_target_shape(const bench_ebb *b);
+int bench_ebb_target_is_class(const bench_ebb *b);
+/* The target as float32 (class indices are small whole numbers). */
+ebb_status bench_ebb_target_host(const bench_ebb *b, float *dst, size_t n);
+/* Steps of the training plan by phase: forward, loss, backward, update. */
+void bench_ebb_phase_counts(const bench_ebb *b, int counts[4]);
 
 /* The EXPLAIN listing of the compiled plan. */
 void bench_ebb_explain(const bench_ebb *b, FILE *f);

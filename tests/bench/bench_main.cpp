@@ -9,18 +9,27 @@
 //   measure            peak bytes: ebb measured/planned/keep_all, C++ twin
 //   round N            N forwards of each, alternating; times in ms
 //   has_op NAME        whether ebb has the op (the driver skips workloads without)
+//   train_setup WORKLOAD SPEC EXPORT_PREFIX PARAMS_CSV BIND_CSV FILLS_CSV LOSS
+//                      a training step instead (ebb_train_step and the C++
+//                      autograd twin), checked by running two steps of each;
+//                      {"skipped": why} when ebb cannot train the workload
+//   train_measure      peak bytes of one step: ebb measured/planned, C++ twin
+//   train_round N      N training steps of each, alternating; times in ms
 //   teardown
 //   quit
 // `ebb_bench explain SPEC PARAMS_CSV BIND_CSV` prints the plan instead, and
 // `ebb_bench profile WORKLOAD SPEC PARAMS_CSV BIND_CSV FILLS_CSV N ebb|cxx`
 // runs N forwards of one side only, for a profiler:
 //   valgrind --tool=callgrind --toggle-collect='*bench_forward_*' ebb_bench profile ...
+// `ebb_bench profile-train WORKLOAD SPEC PARAMS_CSV BIND_CSV FILLS_CSV LOSS N ebb|cxx`
+// does the same for training steps (collect '*bench_train_*').
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -76,17 +85,151 @@ double now_ms() {
     return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
 
+// ebb's parameter values, copied through the host, in plan order.
+bool copy_params(bench_ebb *ebb, bench::NamedParams &named, std::vector<bool> &trained) {
+    for (int i = 0; i < bench_ebb_param_count(ebb); i++) {
+        ebb_shape s = bench_ebb_param_shape(ebb, i);
+        std::vector<float> host(static_cast<size_t>(ebb_shape_numel(&s)));
+        if (bench_ebb_param_host(ebb, i, host.data(), host.size()) != EBB_OK)
+            return false;
+        named.emplace_back(bench_ebb_param_name(ebb, i), from_host(host, s));
+        trained.push_back(bench_ebb_param_trained(ebb, i) != 0);
+    }
+    return true;
+}
+
+std::string json_list(const std::vector<double> &v) {
+    std::string s = "[";
+    char buf[40];
+    for (size_t i = 0; i < v.size(); i++) {
+        std::snprintf(buf, sizeof buf, i ? ", %.9g" : "%.9g", v[i]);
+        s += buf;
+    }
+    return s + "]";
+}
+
 struct Session {
     bench_ebb *ebb = nullptr;
     bench::Forward twin;
+    std::unique_ptr<bench::TrainTwin> train_twin;
     at::Tensor x;
     std::string workload;
 
     void clear() {
         twin = nullptr;
+        train_twin.reset();
         x = at::Tensor();
         bench_ebb_free(ebb);
         ebb = nullptr;
+    }
+
+    // Loss checks: two steps of each from the same parameters. The second
+    // step's loss shows the first update was the same.
+    static constexpr int kCheckSteps = 2;
+
+    void train_setup(std::istringstream &in) {
+        std::string spec, prefix, params, bind, fills, loss;
+        in >> workload >> spec >> prefix >> params >> bind >> fills >> loss;
+        clear();
+        ebb_status st = bench_ebb_setup_train(&ebb, spec.c_str(), arg(params).c_str(),
+                                              arg(bind).c_str(), arg(fills).c_str(),
+                                              loss.c_str(), 42);
+        if (st == EBB_ERR_UNSUPPORTED) {
+            std::printf("{\"skipped\": \"%s\"}\n", json_escape(ebb_errmsg()).c_str());
+            std::fflush(stdout);
+            return;
+        }
+        if (st != EBB_OK)
+            return reply_error(ebb_errmsg());
+        bench::NamedParams named;
+        std::vector<bool> trained;
+        if (!copy_params(ebb, named, trained))
+            return reply_error(ebb_errmsg());
+        ebb_shape xs = bench_ebb_input_shape(ebb), ys = bench_ebb_target_shape(ebb);
+        std::vector<float> xh(static_cast<size_t>(ebb_shape_numel(&xs)));
+        std::vector<float> yh(static_cast<size_t>(ebb_shape_numel(&ys)));
+        if (bench_ebb_input_host(ebb, xh.data(), xh.size()) != EBB_OK ||
+            bench_ebb_target_host(ebb, yh.data(), yh.size()) != EBB_OK)
+            return reply_error(ebb_errmsg());
+        x = from_host(xh, xs);
+        if (!prefix.empty() && prefix != "-" && bench_ebb_export(ebb, prefix.c_str()) != EBB_OK)
+            return reply_error(ebb_errmsg());
+        std::vector<double> le, lc;
+        try {
+            train_twin.reset(new bench::TrainTwin(workload, named, trained, parse_cfg(arg(params)),
+                                                  x, from_host(yh, ys), loss));
+            for (int i = 0; i < kCheckSteps; i++)
+                lc.push_back(train_twin->step(true));
+        } catch (const std::exception &e) {
+            return reply_error(workload + ": C++ training twin: " + e.what());
+        }
+        for (int i = 0; i < kCheckSteps; i++) {
+            double l = 0;
+            if (bench_ebb_train_step(ebb, &l, nullptr) != EBB_OK)
+                return reply_error(ebb_errmsg());
+            le.push_back(l);
+        }
+        int phases[4];
+        bench_ebb_phase_counts(ebb, phases);
+        int n_trained = 0;
+        for (bool t : trained)
+            n_trained += t;
+        std::printf("{\"ok\": 1, \"params\": %d, \"trained\": %d, \"ebb_loss\": %s, "
+                    "\"cxx_loss\": %s, \"phases\": [%d, %d, %d, %d]}\n",
+                    bench_ebb_param_count(ebb), n_trained, json_list(le).c_str(),
+                    json_list(lc).c_str(), phases[0], phases[1], phases[2], phases[3]);
+        std::fflush(stdout);
+    }
+
+    void train_measure() {
+        if (!ebb || !train_twin)
+            return reply_error("train_measure: no training workload set up");
+        ebb_run_stats rs;
+        if (bench_ebb_train_step(ebb, nullptr, &rs) != EBB_OK)
+            return reply_error(ebb_errmsg());
+        // The twin's peak through the same counting allocator, above the same
+        // baseline: parameters, optimizer state, input and target, with the
+        // last step's gradients dropped (ebb's die inside its step).
+        ebb_device cpu = ebb_device_cpu();
+        train_twin->drop_grads();
+        int64_t base = ebb_memory_current(cpu);
+        ebb_memory_reset_peak(cpu);
+        try {
+            train_twin->step(false);
+        } catch (const std::exception &e) {
+            return reply_error(workload + ": C++ training twin: " + e.what());
+        }
+        ebb_memory_stats ms;
+        ebb_memory_stats_get(cpu, &ms);
+        std::printf("{\"ebb_measured\": %lld, \"ebb_planned\": %lld, \"cxx_peak\": %lld}\n",
+                    (long long)rs.measured_peak_bytes, (long long)rs.planned_peak_bytes,
+                    (long long)(ms.peak_bytes - base));
+        std::fflush(stdout);
+    }
+
+    // A B A B: one ebb step, one C++ step, n times. The loss is not read back
+    // by either (nor by PyTorch's round).
+    void train_round(int n) {
+        if (!ebb || !train_twin)
+            return reply_error("train_round: no training workload set up");
+        std::vector<double> te, tc;
+        try {
+            for (int i = 0; i < n; i++) {
+                double t0 = now_ms();
+                if (bench_ebb_train_step(ebb, nullptr, nullptr) != EBB_OK)
+                    return reply_error(ebb_errmsg());
+                double t1 = now_ms();
+                train_twin->step(false);
+                double t2 = now_ms();
+                te.push_back(t1 - t0);
+                tc.push_back(t2 - t1);
+            }
+        } catch (const std::exception &e) {
+            return reply_error(workload + ": C++ training twin: " + e.what());
+        }
+        std::printf("{\"ebb\": %s, \"cxx\": %s}\n", json_list(te).c_str(),
+                    json_list(tc).c_str());
+        std::fflush(stdout);
     }
 
     void setup(std::istringstream &in) {
@@ -98,13 +241,9 @@ struct Session {
             return reply_error(ebb_errmsg());
         // The twin gets ebb's parameter values, copied through the host.
         bench::NamedParams named;
-        for (int i = 0; i < bench_ebb_param_count(ebb); i++) {
-            ebb_shape s = bench_ebb_param_shape(ebb, i);
-            std::vector<float> host(static_cast<size_t>(ebb_shape_numel(&s)));
-            if (bench_ebb_param_host(ebb, i, host.data(), host.size()) != EBB_OK)
-                return reply_error(ebb_errmsg());
-            named.emplace_back(bench_ebb_param_name(ebb, i), from_host(host, s));
-        }
+        std::vector<bool> trained;
+        if (!copy_params(ebb, named, trained))
+            return reply_error(ebb_errmsg());
         ebb_shape xs = bench_ebb_input_shape(ebb);
         std::vector<float> xh(static_cast<size_t>(ebb_shape_numel(&xs)));
         if (bench_ebb_input_host(ebb, xh.data(), xh.size()) != EBB_OK)
@@ -184,16 +323,8 @@ struct Session {
             te.push_back(t1 - t0);
             tc.push_back(t2 - t1);
         }
-        auto list = [](const std::vector<double> &v) {
-            std::string s = "[";
-            char buf[32];
-            for (size_t i = 0; i < v.size(); i++) {
-                std::snprintf(buf, sizeof buf, i ? ", %.6f" : "%.6f", v[i]);
-                s += buf;
-            }
-            return s + "]";
-        };
-        std::printf("{\"ebb\": %s, \"cxx\": %s}\n", list(te).c_str(), list(tc).c_str());
+        std::printf("{\"ebb\": %s, \"cxx\": %s}\n", json_list(te).c_str(),
+                    json_list(tc).c_str());
         std::fflush(stdout);
     }
 };
@@ -211,6 +342,45 @@ __attribute__((noinline)) void bench_forward_cxx(const bench::Forward &f, const 
         c10::InferenceMode guard;
         at::Tensor y = f(x);
     }
+}
+
+__attribute__((noinline)) void bench_train_ebb(bench_ebb *b, int n) {
+    for (int i = 0; i < n; i++)
+        if (bench_ebb_train_step(b, nullptr, nullptr) != EBB_OK)
+            std::fprintf(stderr, "%s\n", ebb_errmsg());
+}
+
+__attribute__((noinline)) void bench_train_cxx(bench::TrainTwin &t, int n) {
+    for (int i = 0; i < n; i++)
+        t.step(false);
+}
+
+int profile_train(int argc, char **argv) {
+    if (argc < 10) {
+        std::fprintf(stderr, "usage: ebb_bench profile-train WORKLOAD SPEC PARAMS_CSV BIND_CSV "
+                             "FILLS_CSV LOSS N ebb|cxx\n");
+        return 2;
+    }
+    Session s;
+    std::istringstream in(std::string(argv[2]) + " " + argv[3] + " - " + argv[4] + " " + argv[5] +
+                          " " + argv[6] + " " + argv[7]);
+    s.train_setup(in);
+    if (!s.ebb || !s.train_twin)
+        return 1;
+    int n = std::atoi(argv[8]);
+    bool ebb = std::strcmp(argv[9], "ebb") == 0;
+    for (int pass = 0; pass < 2; pass++) { // warm-up, then the profiled pass
+        double t0 = now_ms();
+        if (ebb)
+            bench_train_ebb(s.ebb, pass ? n : 10);
+        else
+            bench_train_cxx(*s.train_twin, pass ? n : 10);
+        if (pass)
+            std::fprintf(stderr, "%s: %d training steps, %.4f ms each\n", argv[9], n,
+                         (now_ms() - t0) / n);
+    }
+    s.clear();
+    return 0;
 }
 
 int profile(int argc, char **argv) {
@@ -277,6 +447,8 @@ int main(int argc, char **argv) {
         return explain(argc, argv);
     if (argc > 1 && std::strcmp(argv[1], "profile") == 0)
         return profile(argc, argv);
+    if (argc > 1 && std::strcmp(argv[1], "profile-train") == 0)
+        return profile_train(argc, argv);
 
     std::printf("{\"ready\": 1, \"libtorch\": \"%s\", \"ebb\": \"%s\", \"threads\": %d}\n",
                 ebb_torch_version(), ebb_version(), at::get_num_threads());
@@ -295,6 +467,14 @@ int main(int argc, char **argv) {
             int n = 0;
             in >> n;
             s.round(n);
+        } else if (cmd == "train_setup") {
+            s.train_setup(in);
+        } else if (cmd == "train_measure") {
+            s.train_measure();
+        } else if (cmd == "train_round") {
+            int n = 0;
+            in >> n;
+            s.train_round(n);
         } else if (cmd == "has_op") {
             std::string op;
             in >> op;

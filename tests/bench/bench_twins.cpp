@@ -180,7 +180,9 @@ Forward feedback(Cursor &c) {
 // transformer: embed; 2 post-norm encoder layers. Attention as ebb's
 // multi_head_attention: one qkv projection, head split by reshape/permute,
 // softmax(q k^T / sqrt(D)) v with matmul on libtorch 1.x, SDPA on 2.x.
-Forward transformer(Cursor &c, long heads) {
+// Training adds ebb's spec's two dropouts (p 0.1): on the attention's output
+// and after the feed-forward's relu.
+Forward transformer(Cursor &c, long heads, bool train) {
     struct Layer {
         at::Tensor in_w, in_b, out_w, out_b;
         LayerNorm ln1;
@@ -197,7 +199,7 @@ Forward transformer(Cursor &c, long heads) {
         LayerNorm ln2(c);
         layers.push_back({in_w, in_b, out_w, out_b, ln1, ff1, ff2, ln2});
     }
-    return [embed, layers, heads](const at::Tensor &x) {
+    return [embed, layers, heads, train](const at::Tensor &x) {
         at::Tensor h = embed(x);
         const int64_t B = h.size(0), T = h.size(1), E = h.size(2), H = heads, D = E / heads;
         for (const Layer &l : layers) {
@@ -217,11 +219,15 @@ Forward transformer(Cursor &c, long heads) {
             o = o.transpose(1, 2).reshape({B, T, E});
             at::Tensor a = at::linear(o, l.out_w, l.out_b);
             o = at::Tensor();
+            if (train)
+                a = at::dropout(a, 0.1, true);
             h = at::add(h, a);
             a = at::Tensor();
             h = l.ln1(h);
             at::Tensor f = l.ff1(h);
             f = at::relu(f);
+            if (train)
+                f = at::dropout(f, 0.1, true);
             f = l.ff2(f);
             h = at::add(h, f);
             f = at::Tensor();
@@ -232,10 +238,12 @@ Forward transformer(Cursor &c, long heads) {
 }
 
 // convnet: 3 x (conv2d 3x3 pad 1 -> batch_norm -> relu), max_pool 2 after the
-// first two, adaptive_avg_pool2d(1), flatten, linear.
-Forward convnet(Cursor &c) {
+// first two, adaptive_avg_pool2d(1), flatten, linear. Training normalises by
+// the batch's statistics and updates the running ones (momentum 0.1) and the
+// batch count, as nn.BatchNorm2d does.
+Forward convnet(Cursor &c, bool train) {
     struct Stage {
-        at::Tensor cw, cb, bw, bb, rm, rv;
+        at::Tensor cw, cb, bw, bb, rm, rv, nbt;
         bool pool;
     };
     std::vector<Stage> stages;
@@ -247,16 +255,18 @@ Forward convnet(Cursor &c) {
         s.bb = c.next("bias");
         s.rm = c.next("running_mean");
         s.rv = c.next("running_var");
-        c.next("num_batches_tracked"); // counted in training only
+        s.nbt = c.next("num_batches_tracked"); // counted in training only
         s.pool = i < 2;
         stages.push_back(s);
     }
     Linear head(c);
-    return [stages, head](const at::Tensor &x) {
+    return [stages, head, train](const at::Tensor &x) {
         at::Tensor h = x;
         for (const Stage &s : stages) {
             h = at::conv2d(h, s.cw, s.cb, {1, 1}, {1, 1}, {1, 1}, 1);
-            h = at::batch_norm(h, s.bw, s.bb, s.rm, s.rv, false, 0.0, 1e-5, true);
+            if (train)
+                s.nbt.add_(1);
+            h = at::batch_norm(h, s.bw, s.bb, s.rm, s.rv, train, train ? 0.1 : 0.0, 1e-5, true);
             h = at::relu(h);
             if (s.pool)
                 h = at::max_pool2d(h, {2, 2}, {2, 2}, {0, 0}, {1, 1}, false);
@@ -270,7 +280,7 @@ Forward convnet(Cursor &c) {
 } // namespace
 
 Forward make_twin(const std::string &workload, const NamedParams &params,
-                  const std::map<std::string, long> &cfg) {
+                  const std::map<std::string, long> &cfg, bool train) {
     Cursor c(params);
     Forward f;
     if (workload == "mlp")
@@ -284,9 +294,9 @@ Forward make_twin(const std::string &workload, const NamedParams &params,
     else if (workload == "feedback")
         f = feedback(c);
     else if (workload == "transformer")
-        f = transformer(c, cfg_get(cfg, "heads", 4));
+        f = transformer(c, cfg_get(cfg, "heads", 4), train);
     else if (workload == "convnet")
-        f = convnet(c);
+        f = convnet(c, train);
     else
         throw std::runtime_error("no C++ twin for workload '" + workload + "'");
     c.done();

@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """ebb's benchmark driver (issue 7): ebb, hand-written libtorch C++ and
-PyTorch eager, side by side in one run, on time and peak tensor bytes.
+PyTorch eager, side by side in one run, on time and peak tensor bytes, for
+forwards and (issue 12) training steps.
 
 ebb and its C++ twin run in one process (ebb_bench), interleaved forward by
 forward (A B A B). PyTorch eager runs here, in this process. The two
@@ -74,6 +75,22 @@ NEEDS = {"transformer": ["multi_head_attention", "layer_norm"],
 
 TARGET_CXX = 1.05  # ebb <= 1.05 x C++, dispatch-bound
 TARGET_PYT = 4.0   # ebb >= 4 x faster than PyTorch eager, dispatch-bound
+
+# Training steps (forward, loss, backward, AdamW update): the loss per
+# workload, cross_entropy on class targets where the output is a classifier's
+# [B, 10], mse on the output's shape otherwise. Workloads ebb cannot train
+# yet (loops, routing) are found by ebb_compile refusing them, and skipped.
+TRAIN_LOSS = {"mlp": "mse", "residual_tower": "cross_entropy",
+              "gated_routing": "cross_entropy", "iterative_refine": "cross_entropy",
+              "feedback": "cross_entropy", "transformer": "mse", "convnet": "cross_entropy"}
+# Workloads whose steps draw random numbers: their losses agree only roughly.
+TRAIN_RANDOM = {"transformer": "dropout masks are drawn independently"}
+TRAIN_TIMING = {
+    "dispatch": {"warmup": 20, "rounds": 10, "per_round": 20},
+    "compute": {"warmup": 1, "rounds": 4, "per_round": 2},
+}
+TARGET_TRAIN_CXX = 1.0   # ebb's step <= the C++ twin's, dispatch-bound
+TARGET_TRAIN_PYT = 0.85  # ebb's step <= 0.85 x PyTorch eager's, dispatch-bound
 
 
 def csv(d):
@@ -161,11 +178,19 @@ def torch_peak(model, x):
     """Peak tensor bytes of one forward from the profiler's memory events:
     the running sum of allocations and frees, above what was live before (the
     input and the parameters)."""
+    def forward():
+        y = model(x)
+        del y
     with torch.inference_mode():
         model(x)
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            y = model(x)
-            del y
+        return profiled_peak(forward)
+
+
+def profiled_peak(fn):
+    """Runs fn() once under the profiler and returns the peak of the running
+    sum of its allocation and free events, in time order."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
     sizes = []
     try:
         nodes, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
@@ -185,6 +210,55 @@ def torch_peak(model, x):
         live += s
         peak = max(peak, live)
     return peak
+
+
+def torch_train_twin(workload, params, prefix, loss):
+    """The PyTorch module in training mode with ebb's initial parameter
+    values (buffers too), the input and target ebb drew, and an AdamW."""
+    tensors = load_export(prefix)
+    named = [t for t in tensors if not t[0].startswith(("input:", "target:"))]
+    x, y = dict(tensors)["input:x"], dict(tensors)["target:y"]
+    model = torch_models.build(workload, params, train=True).train()
+    order = model.ebb_order()
+    if len(order) != len(named):
+        raise RuntimeError("%s: PyTorch twin has %d parameters, ebb's plan %d"
+                           % (workload, len(order), len(named)))
+    with torch.no_grad():
+        for p, (name, v) in zip(order, named):
+            if tuple(p.shape) != tuple(v.shape):
+                raise RuntimeError("%s: %s is %s in ebb, %s in PyTorch"
+                                   % (workload, name, tuple(v.shape), tuple(p.shape)))
+            p.copy_(v)
+    if loss == "cross_entropy":
+        y, loss_fn = y.long(), torch.nn.functional.cross_entropy
+    else:
+        loss_fn = torch.nn.functional.mse_loss
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss
+    return model, opt, step
+
+
+def torch_train_round(step, n):
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def torch_train_peak(opt, step):
+    """Peak tensor bytes of one training step, above what was live before it:
+    parameters, optimizer state, input and target (the last step's gradients
+    dropped first, as the step itself would)."""
+    opt.zero_grad(set_to_none=True)
+    return profiled_peak(step)
 
 
 def stats(ts):
@@ -224,6 +298,102 @@ def run_one(ebb, export_dir, workload, config, params, binds, fills, log):
     log("  %-16s %-8s ebb %8.3f ms  C++ %8.3f ms  PyTorch %8.3f ms" %
         (workload, config, tm["ebb"]["median"], tm["cxx"]["median"], tm["pytorch"]["median"]))
     return row
+
+
+def run_train_one(ebb, export_dir, workload, config, params, binds, fills, log):
+    spec = os.path.join(ROOT, "specs", "bench", workload + ".yaml")
+    prefix = os.path.join(export_dir, "train_%s_%s" % (workload, config))
+    loss = TRAIN_LOSS[workload]
+    setup = ebb.ask("train_setup", workload, spec, prefix, csv(params), csv(binds), fills or "-",
+                    loss)
+    if "skipped" in setup:
+        log("  %-16s %-8s training skipped: %s" % (workload, config, setup["skipped"]))
+        return {"workload": workload, "config": config, "skipped": setup["skipped"]}
+    model, opt, step = torch_train_twin(workload, params, prefix, loss)
+    pyt_loss = [float(step().item()) for _ in setup["ebb_loss"]]
+    mem = ebb.ask("train_measure")
+    mem["pytorch_peak"] = torch_train_peak(opt, step)
+
+    plan = TRAIN_TIMING[config]
+    ebb.ask("train_round", plan["warmup"])
+    torch_train_round(step, plan["warmup"])
+    t = {"ebb": [], "cxx": [], "pytorch": []}
+    for r in range(plan["rounds"]):
+        sides = ["ebb", "pytorch"] if r % 2 == 0 else ["pytorch", "ebb"]
+        for side in sides:
+            if side == "ebb":
+                res = ebb.ask("train_round", plan["per_round"])
+                t["ebb"] += res["ebb"]
+                t["cxx"] += res["cxx"]
+            else:
+                t["pytorch"] += torch_train_round(step, plan["per_round"])
+    del model, opt, step
+    live = ebb.ask("teardown")["live_handles"]
+    row = {"workload": workload, "config": config, "params": params, "binds": binds,
+           "loss": loss, "phases": setup["phases"], "trained_params": setup["trained"],
+           "time_ms": {k: stats(v) for k, v in t.items()}, "memory": mem,
+           "check": {"ebb_loss": setup["ebb_loss"], "cxx_loss": setup["cxx_loss"],
+                     "pytorch_loss": pyt_loss, "random": TRAIN_RANDOM.get(workload),
+                     "live_handles_after": live}}
+    tm = row["time_ms"]
+    row["ratio_ebb_cxx"] = tm["ebb"]["median"] / tm["cxx"]["median"]
+    row["ratio_ebb_pytorch"] = tm["ebb"]["median"] / tm["pytorch"]["median"]
+    row["targets"] = judge_train(row)
+    log("  %-16s %-8s train: ebb %8.3f ms  C++ %8.3f ms  PyTorch %8.3f ms" %
+        (workload, config, tm["ebb"]["median"], tm["cxx"]["median"], tm["pytorch"]["median"]))
+    return row
+
+
+def rel_diff(a, b):
+    return max(abs(x - y) / max(abs(x), abs(y), 1e-12) for x, y in zip(a, b))
+
+
+def judge_train(row):
+    """The training targets: 'ok', 'MISSED: why', or None where one does not
+    apply."""
+    m, tg = row["memory"], {}
+    if row["config"] == "dispatch":
+        r = row["ratio_ebb_cxx"]
+        tg["time_vs_cxx"] = ("ok" if r <= TARGET_TRAIN_CXX else
+                             "MISSED: ebb/C++ = %.3f > %.2f" % (r, TARGET_TRAIN_CXX))
+        r = row["ratio_ebb_pytorch"]
+        tg["time_vs_pytorch"] = ("ok" if r <= TARGET_TRAIN_PYT else
+                                 "MISSED: ebb/PyTorch = %.3f > %.2f" % (r, TARGET_TRAIN_PYT))
+    tg["peak_le_pytorch"] = ("ok" if m["ebb_measured"] <= m["pytorch_peak"] else
+                             "MISSED: measured %d > PyTorch %d" % (m["ebb_measured"],
+                                                                   m["pytorch_peak"]))
+    c = row["check"]
+    # Same parameters, same input and target: the first step's loss is the
+    # forward's, the second's shows the first update was the same. Dropout
+    # draws different masks in each engine, so there only a rough match.
+    tol_cxx, tol_pyt = (0.05, 0.05) if c["random"] else (1e-4, 1e-3)
+    c["cxx_loss_rel_diff"] = rel_diff(c["ebb_loss"], c["cxx_loss"])
+    c["pytorch_loss_rel_diff"] = rel_diff(c["ebb_loss"], c["pytorch_loss"])
+    tg["same_losses"] = ("ok" if c["cxx_loss_rel_diff"] <= tol_cxx and
+                         c["pytorch_loss_rel_diff"] <= tol_pyt and
+                         c["live_handles_after"] == 0 else "FAILED")
+    return tg
+
+
+def train_table(rows):
+    head = ["workload", "config", "loss", "ebb ms med [min, max]", "C++ ms med [min, max]",
+            "PyTorch ms med [min, max]", "ebb/C++", "ebb/PyT", "ebb measured B",
+            "ebb planned B", "C++ B", "PyTorch B", "S1 <=C++", "S2 <=0.85 PyT", "S3 <=PyT B",
+            "check"]
+    body = []
+    for r in rows:
+        if "skipped" in r:
+            body.append([r["workload"], r["config"], "skipped: " + r["skipped"]] +
+                        [""] * (len(head) - 3))
+            continue
+        tm, m, tg = r["time_ms"], r["memory"], r["targets"]
+        body.append([r["workload"], r["config"], r["loss"], fmt_t(tm["ebb"]), fmt_t(tm["cxx"]),
+                     fmt_t(tm["pytorch"]), "%.3f" % r["ratio_ebb_cxx"],
+                     "%.3f" % r["ratio_ebb_pytorch"], str(m["ebb_measured"]),
+                     str(m["ebb_planned"]), str(m["cxx_peak"]), str(m["pytorch_peak"]),
+                     short(tg.get("time_vs_cxx")), short(tg.get("time_vs_pytorch")),
+                     short(tg["peak_le_pytorch"]), short(tg["same_losses"])])
+    return head, body
 
 
 def judge(row):
@@ -281,8 +451,8 @@ def table(rows):
 
 
 def render_text(head, body):
-    w = [max(len(str(x[i])) for x in [head] + [b for b in body if len(b) == len(head)])
-         for i in range(len(head))]
+    rows = [b for b in body if not b[2].startswith("skipped")]
+    w = [max(len(str(x[i])) for x in [head] + rows) for i in range(len(head))]
     lines = ["  ".join(str(c).ljust(w[i]) if i < 2 else str(c).rjust(w[i])
                        for i, c in enumerate(head))]
     lines.append("  ".join("-" * x for x in w))
@@ -332,6 +502,8 @@ def main():
     ap.add_argument("--bin", help="the ebb_bench binary (default: BUILD/tests/bench/ebb_bench)")
     ap.add_argument("--only", action="append", help="workload(s) to run (repeatable)")
     ap.add_argument("--config", choices=["dispatch", "compute"], help="one configuration only")
+    ap.add_argument("--no-train", action="store_true", help="forwards only, no training rows")
+    ap.add_argument("--train-only", action="store_true", help="training rows only")
     args = ap.parse_args()
 
     binary = args.bin or os.path.join(args.build, "tests", "bench", "ebb_bench")
@@ -348,22 +520,26 @@ def main():
     log("bench: %d threads, libtorch %s, PyTorch %s, %s x %s" %
         (threads, info["libtorch"], info["pytorch"], info["nproc"], info["cpu"]))
 
-    rows = []
+    rows, train_rows = [], []
     load_before = loadavg()
     t0 = time.time()
     try:
-        for workload, config, params, binds, fills in SUITE:
-            if args.only and workload not in args.only:
-                continue
-            if args.config and config != args.config:
-                continue
+        suite = [w for w in SUITE if (not args.only or w[0] in args.only) and
+                 (not args.config or w[1] == args.config)]
+        for workload, config, params, binds, fills in suite:
             missing = [op for op in NEEDS.get(workload, []) if not ebb_has_op(ebb, op)]
             if missing:
-                rows.append({"workload": workload, "config": config,
-                             "skipped": "ebb has no op " + ", ".join(missing)})
+                skip = {"workload": workload, "config": config,
+                        "skipped": "ebb has no op " + ", ".join(missing)}
+                rows.append(skip)
+                train_rows.append(dict(skip))
                 log("  %-16s %-8s skipped: no op %s" % (workload, config, ", ".join(missing)))
                 continue
-            rows.append(run_one(ebb, out_dir, workload, config, params, binds, fills, log))
+            if not args.train_only:
+                rows.append(run_one(ebb, out_dir, workload, config, params, binds, fills, log))
+            if not args.no_train:
+                train_rows.append(run_train_one(ebb, out_dir, workload, config, params, binds,
+                                                fills, log))
     finally:
         ebb.close()
     elapsed = time.time() - t0
@@ -371,21 +547,36 @@ def main():
 
     head, body = table(rows)
     text = render_text(head, body)
+    thead, tbody = train_table(train_rows)
     misses = []
-    for r in rows:
-        for k, v in r.get("targets", {}).items():
-            if v and v != "ok":
-                misses.append("%s/%s %s: %s" % (r["workload"], r["config"], k, v))
+    for kind, rs in (("", rows), ("training ", train_rows)):
+        for r in rs:
+            for k, v in r.get("targets", {}).items():
+                if v and v != "ok":
+                    misses.append("%s%s/%s %s: %s" % (kind, r["workload"], r["config"], k, v))
     print()
-    print("ebb bench: times in ms over %s; peaks in bytes above the input and parameters"
-          % ", ".join("%s %d runs" % (c, p["rounds"] * p["per_round"]) for c, p in TIMING.items()))
     print("machine: %(nproc)s x %(cpu)s; libtorch %(libtorch)s; PyTorch %(pytorch)s; "
           "threads %(threads)s (intra-op, all three); load average %(loadavg_before)s before, "
           "%(loadavg_after)s after" % info)
-    print(text)
-    print("T1: ebb <= %.2f x C++ (dispatch)  T2: ebb >= %.0fx faster than PyTorch (dispatch)  "
-          "T3: ebb measured == planned  T4: ebb measured and planned <= PyTorch  "
-          "check: outputs agree, no handle leaked" % (TARGET_CXX, TARGET_PYT))
+    if rows:
+        print()
+        print("ebb bench, forwards: times in ms over %s; peaks in bytes above the input and "
+              "parameters" % ", ".join("%s %d runs" % (c, p["rounds"] * p["per_round"])
+                                       for c, p in TIMING.items()))
+        print(text)
+        print("T1: ebb <= %.2f x C++ (dispatch)  T2: ebb >= %.0fx faster than PyTorch (dispatch)  "
+              "T3: ebb measured == planned  T4: ebb measured and planned <= PyTorch  "
+              "check: outputs agree, no handle leaked" % (TARGET_CXX, TARGET_PYT))
+    if train_rows:
+        print()
+        print("ebb bench, training steps (forward, loss, backward, AdamW lr 1e-3): times in ms "
+              "over %s; peaks in bytes above the parameters, optimizer state, input and target"
+              % ", ".join("%s %d steps" % (c, p["rounds"] * p["per_round"])
+                          for c, p in TRAIN_TIMING.items()))
+        print(render_text(thead, tbody))
+        print("S1: ebb <= %.2f x C++ (dispatch)  S2: ebb <= %.2f x PyTorch (dispatch)  "
+              "S3: ebb measured <= PyTorch  check: the first two steps' losses agree, no handle "
+              "leaked" % (TARGET_TRAIN_CXX, TARGET_TRAIN_PYT))
     if misses:
         print("targets missed:")
         for m in misses:
@@ -395,10 +586,14 @@ def main():
     print("(%.0f s; results in %s/results.json and results.md)" % (elapsed, out_dir))
 
     with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump({"machine": info, "timing": TIMING, "rows": rows, "seconds": elapsed}, f,
-                  indent=1)
+        json.dump({"machine": info, "timing": TIMING, "rows": rows,
+                   "train_timing": TRAIN_TIMING, "train_rows": train_rows, "seconds": elapsed},
+                  f, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(render_md(head, body) + "\n")
+        if rows:
+            f.write(render_md(head, body) + "\n")
+        if train_rows:
+            f.write("\nTraining steps:\n\n" + render_md(thead, tbody) + "\n")
     return 0
 
 

@@ -127,14 +127,23 @@ class Feedback(nn.Module):
 
 
 class Transformer(nn.Module):
-    """embed; 2 x nn.TransformerEncoderLayer (post-norm, relu, batch_first)."""
+    """embed; 2 x nn.TransformerEncoderLayer (post-norm, relu, batch_first).
 
-    def __init__(self, d, heads, ff):
+    For training (ebb_dropouts) the layers drop what ebb's spec drops and no
+    more: the attention's output and the feed-forward's hidden units, p 0.1.
+    nn.TransformerEncoderLayer would also drop the attention probabilities
+    and the feed-forward's output, work the other two engines do not do."""
+
+    def __init__(self, d, heads, ff, ebb_dropouts=False):
         super().__init__()
         self.embed = nn.Linear(d, d)
         self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(d, heads, ff, dropout=0.1, batch_first=True)
             for _ in range(2))
+        if ebb_dropouts:
+            for layer in self.layers:
+                layer.self_attn.dropout = 0.0
+                layer.dropout2 = nn.Identity()
 
     def forward(self, x):
         h = self.embed(x)
@@ -175,8 +184,9 @@ class ConvNet(nn.Module):
         return ps + _lin(self.net[13])
 
 
-def build(workload, params):
-    """The module for a workload, given the spec's params ({'d': 64, ...})."""
+def build(workload, params, train=False):
+    """The module for a workload, given the spec's params ({'d': 64, ...});
+    with train, the form whose training step matches ebb's spec."""
     p = params
     if workload == "mlp":
         return MLP(p["d"])
@@ -189,7 +199,7 @@ def build(workload, params):
     if workload == "feedback":
         return Feedback(p["d"])
     if workload == "transformer":
-        return Transformer(p["d"], p["heads"], p["ff"])
+        return Transformer(p["d"], p["heads"], p["ff"], ebb_dropouts=train)
     if workload == "convnet":
         return ConvNet(p["c"], p["c2"])
     raise ValueError("no PyTorch twin for " + workload)

@@ -1,0 +1,401 @@
+/* Training losses, as torch.nn.functional computes them with its default
+ * mean reduction: cross_entropy, nll, mse and bce_with_logits. Each takes
+ * the prediction (input 0, the stream) and the target (input 1) and gives a
+ * 0-dim loss in the prediction's dtype. A training plan appends one after
+ * the forward; the backward rule then starts from the seed gradient 1.
+ *
+ * The target never gets a gradient: class indices are integers, and a
+ * regression or probability target is data. */
+#include "ops_internal.h"
+
+enum { CE_LABEL_SMOOTHING, CE_IGNORE_INDEX };
+enum { NLL_IGNORE_INDEX };
+
+static const ebb_attr_spec cross_entropy_attrs[] = {
+    {.name = "label_smoothing", .type = EBB_ATTR_FLOAT, .default_number = 0,
+     .doc = "share of the uniform distribution mixed into the targets, in [0, 1]"},
+    {.name = "ignore_index", .type = EBB_ATTR_INT, .default_number = -100,
+     .doc = "a target with this value counts for nothing"},
+};
+
+static const ebb_attr_spec nll_attrs[] = {
+    {.name = "ignore_index", .type = EBB_ATTR_INT, .default_number = -100,
+     .doc = "a target with this value counts for nothing"},
+};
+
+/* ---- checks, shared by the shape functions and the forwards ----------------- */
+
+/* Scores [B, C] with int64 class indices [B], or [C] with a 0-dim index. */
+static ebb_status check_classes(const char *op, const char *what, const ebb_shape *in,
+                                const ebb_dtype *dt) {
+    char xs[96], ts[96];
+    ebb_shape_str(&in[0], xs, sizeof xs);
+    ebb_shape_str(&in[1], ts, sizeof ts);
+    if (!ebb_ops_is_floating(dt[0]))
+        return ebb_error_set(EBB_ERR_ARG, "%s: %s are %s %s; expected a floating dtype", op, what,
+                             ebb_dtype_name(dt[0]), xs);
+    if (in[0].ndim != 1 && in[0].ndim != 2)
+        return ebb_error_set(EBB_ERR_SHAPE, "%s: %s %s must be [B, C] or [C]", op, what, xs);
+    if (dt[1] != EBB_INT64)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s: target is %s %s; it needs int64 class indices (%s %s %s)", op,
+                             ebb_dtype_name(dt[1]), ts, what, ebb_dtype_name(dt[0]), xs);
+    int fits = in[0].ndim == 1 ? in[1].ndim == 0 : in[1].ndim == 1 && in[1].dim[0] == in[0].dim[0];
+    if (!fits) {
+        ebb_shape want = in[0].ndim == 1 ? (ebb_shape){0, {0}} : EBB_SHAPE(in[0].dim[0]);
+        char ws[96];
+        return ebb_error_set(EBB_ERR_SHAPE, "%s: target %s does not fit %s %s: expected %s", op,
+                             ts, what, xs, ebb_shape_str(&want, ws, sizeof ws));
+    }
+    return EBB_OK;
+}
+
+/* A prediction and a target of one shape and one floating dtype. */
+static ebb_status check_pair(const char *op, const char *what, const ebb_shape *in,
+                             const ebb_dtype *dt) {
+    char xs[96], ts[96];
+    ebb_shape_str(&in[0], xs, sizeof xs);
+    ebb_shape_str(&in[1], ts, sizeof ts);
+    if (!ebb_shape_equal(&in[0], &in[1]))
+        return ebb_error_set(EBB_ERR_SHAPE, "%s: %s %s and target %s differ in shape", op, what,
+                             xs, ts);
+    if (!ebb_ops_is_floating(dt[0]) || dt[1] != dt[0])
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s: %s %s %s and target %s %s must have one floating dtype", op,
+                             what, ebb_dtype_name(dt[0]), xs, ebb_dtype_name(dt[1]), ts);
+    return EBB_OK;
+}
+
+static ebb_status check_smoothing(double ls) {
+    if (!(ls >= 0.0 && ls <= 1.0))
+        return ebb_error_set(EBB_ERR_ARG,
+                             "cross_entropy: label_smoothing must be in [0, 1], got %g", ls);
+    return EBB_OK;
+}
+
+/* The inputs' shapes and dtypes, as the shape functions see them. */
+static void describe(const ebb_op_call *c, ebb_shape *in, ebb_dtype *dt) {
+    for (int i = 0; i < 2; i++) {
+        in[i] = ebb_tensor_shape(c->in[i]);
+        dt[i] = ebb_tensor_dtype(c->in[i]);
+    }
+}
+
+/* A failure inside the tensor layer (ATen's "Target 7 is out of bounds."),
+ * told with the op and both inputs. */
+static ebb_status blame(ebb_status st, const char *op, const char *what, const ebb_shape *in,
+                        const ebb_dtype *dt) {
+    if (st == EBB_OK)
+        return st;
+    char xs[96], ts[96];
+    return ebb_error_prefix("%s (%s %s %s, target %s %s)", op, what, ebb_dtype_name(dt[0]),
+                            ebb_shape_str(&in[0], xs, sizeof xs), ebb_dtype_name(dt[1]),
+                            ebb_shape_str(&in[1], ts, sizeof ts));
+}
+
+/* ---- shapes: a 0-dim loss in the prediction's dtype ------------------------- */
+
+static ebb_status scalar_out(ebb_shape *out, ebb_dtype *out_dtype, ebb_dtype dt) {
+    *out = (ebb_shape){0, {0}};
+    *out_dtype = dt;
+    return EBB_OK;
+}
+
+static ebb_status cross_entropy_shape(const ebb_attr_value *a, const ebb_shape *in,
+                                      const ebb_dtype *dt, int n_in, ebb_shape *out,
+                                      ebb_dtype *out_dtype) {
+    (void)n_in;
+    ebb_status st = check_smoothing(a[CE_LABEL_SMOOTHING].f);
+    if (st == EBB_OK)
+        st = check_classes("cross_entropy", "logits", in, dt);
+    return st == EBB_OK ? scalar_out(out, out_dtype, dt[0]) : st;
+}
+
+static ebb_status nll_shape(const ebb_attr_value *a, const ebb_shape *in, const ebb_dtype *dt,
+                            int n_in, ebb_shape *out, ebb_dtype *out_dtype) {
+    (void)a;
+    (void)n_in;
+    ebb_status st = check_classes("nll", "log_probs", in, dt);
+    return st == EBB_OK ? scalar_out(out, out_dtype, dt[0]) : st;
+}
+
+static ebb_status mse_shape(const ebb_attr_value *a, const ebb_shape *in, const ebb_dtype *dt,
+                            int n_in, ebb_shape *out, ebb_dtype *out_dtype) {
+    (void)a;
+    (void)n_in;
+    ebb_status st = check_pair("mse", "pred", in, dt);
+    return st == EBB_OK ? scalar_out(out, out_dtype, dt[0]) : st;
+}
+
+static ebb_status bce_shape(const ebb_attr_value *a, const ebb_shape *in, const ebb_dtype *dt,
+                            int n_in, ebb_shape *out, ebb_dtype *out_dtype) {
+    (void)a;
+    (void)n_in;
+    ebb_status st = check_pair("bce_with_logits", "logits", in, dt);
+    return st == EBB_OK ? scalar_out(out, out_dtype, dt[0]) : st;
+}
+
+/* ---- forwards ------------------------------------------------------------------ */
+
+/* cross_entropy's forward and training forward: the latter keeps the
+ * log-probabilities and the count of counted targets for the backward. */
+static ebb_status cross_entropy_run(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **saved) {
+    *out = NULL;
+    ebb_shape in[2];
+    ebb_dtype dt[2];
+    describe(c, in, dt);
+    ebb_status st = cross_entropy_shape(c->attrs, in, dt, 2, &(ebb_shape){0}, &(ebb_dtype){0});
+    if (st != EBB_OK)
+        return st;
+    st = ebb_tensor_cross_entropy(out, saved ? &saved[0] : NULL, saved ? &saved[1] : NULL,
+                                  c->in[0], c->in[1], c->attrs[CE_IGNORE_INDEX].i,
+                                  c->attrs[CE_LABEL_SMOOTHING].f);
+    return blame(st, "cross_entropy", "logits", in, dt);
+}
+
+static ebb_status cross_entropy_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    return cross_entropy_run(c, out, NULL);
+}
+
+static ebb_status cross_entropy_train(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **saved) {
+    return cross_entropy_run(c, out, saved);
+}
+
+static ebb_status nll_run(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **saved) {
+    *out = NULL;
+    ebb_shape in[2];
+    ebb_dtype dt[2];
+    describe(c, in, dt);
+    ebb_status st = check_classes("nll", "log_probs", in, dt);
+    if (st != EBB_OK)
+        return st;
+    st = ebb_tensor_nll_loss(out, saved ? &saved[0] : NULL, c->in[0], c->in[1],
+                             c->attrs[NLL_IGNORE_INDEX].i);
+    return blame(st, "nll", "log_probs", in, dt);
+}
+
+static ebb_status nll_fwd(const ebb_op_call *c, ebb_tensor **out) { return nll_run(c, out, NULL); }
+
+static ebb_status nll_train(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **saved) {
+    return nll_run(c, out, saved);
+}
+
+static ebb_status mse_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_shape in[2];
+    ebb_dtype dt[2];
+    describe(c, in, dt);
+    ebb_status st = check_pair("mse", "pred", in, dt);
+    if (st != EBB_OK)
+        return st;
+    return blame(ebb_tensor_mse_loss(out, c->in[0], c->in[1]), "mse", "pred", in, dt);
+}
+
+static ebb_status bce_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_shape in[2];
+    ebb_dtype dt[2];
+    describe(c, in, dt);
+    ebb_status st = check_pair("bce_with_logits", "logits", in, dt);
+    if (st != EBB_OK)
+        return st;
+    return blame(ebb_tensor_bce_with_logits(out, c->in[0], c->in[1]), "bce_with_logits", "logits",
+                 in, dt);
+}
+
+/* ---- workspace ---------------------------------------------------------------------
+ * What libtorch 1.13's CPU kernels allocate inside one call, beyond the
+ * output (forward) or the gradient (backward); e is the element size, S a
+ * Scalar operand (see ebb_ops_scalar_bytes). */
+
+static int64_t elem(ebb_dtype dt) { return (int64_t)ebb_dtype_size(dt); }
+
+/* cross_entropy's and nll's rows: B of [B, C], 1 for one sample's [C]. */
+static int64_t rows_of(const ebb_shape *x) { return x->ndim == 2 ? x->dim[0] : 1; }
+
+/* The label-smoothing term in the forward: the per-row sums of the
+ * log-probabilities beside the bool mask of ignored targets and the int64
+ * Scalar of the comparison, or later its 0-dim sum beside the Scalar that
+ * scales it. */
+static int64_t smoothing_scratch(const ebb_shape *x, ebb_dtype dt) {
+    int64_t e = elem(dt), b = rows_of(x);
+    int64_t sums = b * e + b + 8, scale = e + ebb_ops_scalar_bytes(dt);
+    return sums > scale ? sums : scale;
+}
+
+/* log_softmax's output and nll's total_weight (which a training forward
+ * keeps as its two extras), plus the smoothing term's scratch. */
+static int64_t cross_entropy_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                       ebb_dtype dt) {
+    (void)n_in;
+    int64_t e = elem(dt);
+    int64_t w = ebb_shape_numel(&in[0]) * e + e;
+    return a[CE_LABEL_SMOOTHING].f > 0 ? w + smoothing_scratch(&in[0], dt) : w;
+}
+
+/* A training forward keeps log_softmax's output and total_weight as its
+ * extras, which the plan counts as values: the smoothing term's scratch is
+ * all that is left. */
+static int64_t cross_entropy_train_workspace(const ebb_attr_value *a, const ebb_shape *in,
+                                             int n_in, ebb_dtype dt) {
+    (void)n_in;
+    return a[CE_LABEL_SMOOTHING].f > 0 ? smoothing_scratch(&in[0], dt) : 0;
+}
+
+/* nll_loss_forward's total_weight, beside the output (the training
+ * forward's extra, so a training forward has no scratch). */
+static int64_t nll_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                             ebb_dtype dt) {
+    (void)a;
+    (void)in;
+    (void)n_in;
+    return elem(dt);
+}
+
+/* mse_loss makes the elementwise loss and, as the 0-dim result's storage,
+ * another tensor of the input's size (one element at least), then divides
+ * the sum in place by the element count (an int64 Scalar); the result is
+ * copied out of that storage. */
+static int64_t mse_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                             ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    int64_t n = ebb_shape_numel(&in[0]), e = elem(dt);
+    int64_t mean = ebb_ops_wrapped_scalar_bytes(EBB_INT64, dt);
+    int64_t two_pass = ebb_ops_reduce_scratch(n, 1, dt);
+    if (two_pass > mean)
+        mean = two_pass;
+    return n * e + (n > 0 ? n : 1) * e + mean - e;
+}
+
+/* binary_cross_entropy_with_logits is written in libtorch as one expression
+ * with five input-sized temporaries alive at its end; the mean then reads
+ * the loss beside one of them. */
+static int64_t bce_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                             ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    int64_t n = ebb_shape_numel(&in[0]), e = elem(dt);
+    int64_t mean = ebb_ops_wrapped_scalar_bytes(EBB_INT64, dt);
+    int64_t two_pass = ebb_ops_reduce_scratch(n, 1, dt);
+    if (two_pass > mean)
+        mean = two_pass;
+    int64_t expr = 5 * n * e, reduce = 2 * n * e + e + mean;
+    return (expr > reduce ? expr : reduce) - e;
+}
+
+/* nll_loss_backward's gradient of the log-probabilities, which
+ * _log_softmax_backward_data then reads; with label smoothing, before that,
+ * the Scalars that scale it and the smoothing share, and the mask of
+ * ignored rows. */
+static int64_t cross_entropy_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in,
+                                           int n_in, ebb_dtype dt) {
+    (void)n_in;
+    int64_t e = elem(dt), g = ebb_shape_numel(&in[0]) * e;
+    if (!(a[CE_LABEL_SMOOTHING].f > 0))
+        return g;
+    int64_t share = e + ebb_ops_scalar_bytes(dt), mask = rows_of(&in[0]) + 8;
+    int64_t most = share > mask ? share : mask;
+    return g > most ? g : most;
+}
+
+/* mse_loss_backward and nll_loss_backward write the gradient directly;
+ * bce_with_logits divides it in place by the element count, an int64
+ * Scalar. */
+static int64_t bce_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                 ebb_dtype dt) {
+    (void)a;
+    (void)in;
+    (void)n_in;
+    return ebb_ops_wrapped_scalar_bytes(EBB_INT64, dt);
+}
+
+/* ---- backward rules ----------------------------------------------------------------
+ * cross_entropy reads the log-probabilities its training forward kept
+ * (saved[0]) and the count of counted targets (saved[1], nll_loss's
+ * total_weight), not the logits; nll reads only the targets and that count,
+ * since its gradient does not depend on the log-probabilities' values (their
+ * shape comes from in_shapes); mse and bce_with_logits read both inputs. */
+
+static ebb_status need_target(const ebb_op_grad_call *c, const char *op) {
+    if (c->n_in < 2 || !c->in[1])
+        return ebb_error_set(EBB_ERR_ARG, "%s backward (%s): the target was not saved", op,
+                             c->node ? c->node : "?");
+    return EBB_OK;
+}
+
+static ebb_status cross_entropy_bwd(const ebb_op_grad_call *c, ebb_tensor **gin,
+                                    ebb_tensor **gp) {
+    (void)gp;
+    ebb_status st = need_target(c, "cross_entropy");
+    if (st != EBB_OK)
+        return st;
+    if (c->n_saved < 2 || !c->saved[0] || !c->saved[1])
+        return ebb_error_set(EBB_ERR_ARG,
+                             "cross_entropy backward (%s): log_probs and total_weight were not "
+                             "saved",
+                             c->node ? c->node : "?");
+    return ebb_tensor_cross_entropy_backward(&gin[0], c->grad_out, c->saved[0], c->in[1],
+                                             c->saved[1], c->attrs[CE_IGNORE_INDEX].i,
+                                             c->attrs[CE_LABEL_SMOOTHING].f);
+}
+
+static ebb_status nll_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    ebb_status st = need_target(c, "nll");
+    if (st != EBB_OK)
+        return st;
+    if (c->n_saved < 1 || !c->saved[0] || !c->in_shapes)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "nll backward (%s): total_weight was not saved or in_shapes not given",
+                             c->node ? c->node : "?");
+    return ebb_tensor_nll_loss_backward(&gin[0], c->grad_out, &c->in_shapes[0], c->in[1],
+                                        c->saved[0], c->attrs[NLL_IGNORE_INDEX].i);
+}
+
+static ebb_status mse_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    ebb_status st = need_target(c, "mse");
+    if (st != EBB_OK)
+        return st;
+    return ebb_tensor_mse_loss_backward(&gin[0], c->grad_out, c->in[0], c->in[1]);
+}
+
+static ebb_status bce_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    ebb_status st = need_target(c, "bce_with_logits");
+    if (st != EBB_OK)
+        return st;
+    return ebb_tensor_bce_with_logits_backward(&gin[0], c->grad_out, c->in[0], c->in[1]);
+}
+
+static const ebb_op_grad cross_entropy_grad = {
+    .backward = cross_entropy_bwd, .forward_train = cross_entropy_train, .n_saved = 2,
+    .saves_inputs = 1u << 1, .differentiable = 1u, .workspace = cross_entropy_bwd_workspace,
+    .train_workspace = cross_entropy_train_workspace};
+static const ebb_op_grad nll_grad = {.backward = nll_bwd, .forward_train = nll_train,
+                                     .n_saved = 1, .saves_inputs = 1u << 1,
+                                     .differentiable = 1u};
+static const ebb_op_grad mse_grad = {.backward = mse_bwd, .saves_inputs = 3u,
+                                     .differentiable = 1u};
+static const ebb_op_grad bce_grad = {.backward = bce_bwd, .saves_inputs = 3u,
+                                     .differentiable = 1u, .workspace = bce_bwd_workspace};
+
+const ebb_op ebb_ops_loss[] = {
+    {.name = "cross_entropy", .min_inputs = 2, .max_inputs = 2, .attrs = cross_entropy_attrs,
+     .n_attrs = EBB_COUNT(cross_entropy_attrs), .forward = cross_entropy_fwd,
+     .doc = "mean cross entropy of logits [B, C] and int64 class indices [B]",
+     .workspace = cross_entropy_workspace, .shape = cross_entropy_shape,
+     .grad = &cross_entropy_grad},
+    {.name = "nll", .min_inputs = 2, .max_inputs = 2, .attrs = nll_attrs,
+     .n_attrs = EBB_COUNT(nll_attrs), .forward = nll_fwd,
+     .doc = "mean negative log likelihood of log-probabilities [B, C] and int64 class indices [B]",
+     .workspace = nll_workspace, .shape = nll_shape, .grad = &nll_grad},
+    {.name = "mse", .min_inputs = 2, .max_inputs = 2, .forward = mse_fwd,
+     .doc = "mean squared error of a prediction and a target of one shape",
+     .workspace = mse_workspace, .shape = mse_shape, .grad = &mse_grad},
+    {.name = "bce_with_logits", .min_inputs = 2, .max_inputs = 2, .forward = bce_fwd,
+     .doc = "mean binary cross entropy of logits and probability targets of one shape",
+     .workspace = bce_workspace, .shape = bce_shape, .grad = &bce_grad},
+};
+const int ebb_ops_loss_count = EBB_COUNT(ebb_ops_loss);

@@ -1,0 +1,1299 @@
+/* Training plans against PyTorch autograd and torch.optim.
+ * tests/parity/make_grad_fixtures.py wrote, under tests/parity/fixtures/:
+ *
+ *   grad_<model>.safetensors   for every parity model (specs/parity/<model>.yaml):
+ *                              the weights, the input x, the target y, the loss
+ *                              and grad.<param> from autograd in training mode;
+ *                              the loss op in the header's metadata;
+ *   grad_steps_mlp.safetensors ten steps of an 8 -> 16 -> 4 MLP under SGD with
+ *                              momentum, Adam and AdamW: the data of each step,
+ *                              every loss and the parameters after ten steps;
+ *   grad_steps_bn.safetensors  the same with a batch_norm (running statistics
+ *                              included), SGD with momentum.
+ *
+ * The error measure, for gradients and parameters alike:
+ *     rel = max_i |ebb_i - torch_i| / max(max_i |torch_i|, 1e-6)
+ * at most 1e-5 for gradients and the loss, 1e-6 for parameters after ten
+ * steps. A gradient that is zero in exact arithmetic (the fixture's
+ * "zero_grads": a conv bias under a training batch_norm) is float32 noise on
+ * both sides; it must stay below 1e-5 of the model's largest gradient.
+ *
+ * Besides the numbers:
+ *   - memory: each run's measured peak against the planned one, and every
+ *     step's measured live and in-step peak bytes against the plan's (equal,
+ *     to the byte, when the plan says it is exact; never above it for a
+ *     bound; the first training step, whose updates make the optimizer
+ *     state, need only stay within the plan), and the training plan's peak
+ *     below its keep_all peak; a keep_all plan computes the same gradients
+ *     bitwise;
+ *   - liveness from the trace: every value a step writes, forward and
+ *     backward, freed once, right after its last reader
+ *     (ebb_plan_value_last_use), never an input, target or output;
+ *   - the plan's shape: phases in order, an update per trained parameter;
+ *   - failures: a target of the wrong shape or dtype, or a class out of
+ *     range, leaves the parameters, batch_norm's running statistics and the
+ *     optimizer state bitwise as they were, and no handle behind; the API's
+ *     refusals (a grads_only plan to ebb_train_step, an optimizer of another
+ *     kind, ebb_grad on a plan with updates or an inference plan) too;
+ *   - gru_loop and switch_routed are refused for training by name (train.h)
+ *     until they are trainable; then their gradients are checked like the
+ *     others'.
+ * The parity specs get their target and loss through ebb_train_options; the
+ * step models declare theirs in the spec (`targets:`, `loss:`). Each test
+ * collects its problems and reports them all at its end. Every test ends
+ * with no ebb_tensor handle alive.
+ *
+ * The parity "mlp" has a dropout (p 0.1); ebb draws its masks from its own
+ * seed, which PyTorch cannot follow, so both sides run it with p 0. */
+
+#include <math.h>
+
+#include "test_util.h"
+
+#define GRAD_RTOL 1e-5
+#define LOSS_RTOL 1e-5
+#define STEP_RTOL 1e-6
+#define ZERO_GRAD_TOL 1e-5
+#define STEPS 10
+#define N_STATE 4
+
+static const ebb_device CPU = {EBB_DEVICE_CPU, 0};
+static const char *const STATE_NAMES[N_STATE] = {"momentum_buffer", "exp_avg", "exp_avg_sq",
+                                                 "max_exp_avg_sq"};
+
+/* ---- fixtures and tensors ------------------------------------------------------- */
+
+static ebb_safetensors *open_fixture(const char *file) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/parity/fixtures/%s.safetensors", EBB_SOURCE_DIR, file);
+    ebb_safetensors *st = NULL;
+    assert_ok(ebb_safetensors_open(&st, path));
+    return st;
+}
+
+static int fx_has(const ebb_safetensors *st, const char *name) {
+    return ebb_safetensors_find(st, name, NULL, NULL) == EBB_OK;
+}
+
+/* The named tensor as a new CPU tensor; failing the test when it is missing. */
+static ebb_tensor *fx_load(const ebb_safetensors *st, const char *name) {
+    ebb_tensor *t = NULL;
+    if (ebb_safetensors_load(&t, st, name, CPU) != EBB_OK)
+        fail_msg("%s: '%s': %s", ebb_safetensors_path(st), name, ebb_errmsg());
+    return t;
+}
+
+static double fx_scalar(const ebb_safetensors *st, const char *name) {
+    ebb_tensor *t = fx_load(st, name);
+    double v = 0;
+    assert_ok(ebb_tensor_item(t, &v));
+    ebb_tensor_free(t);
+    return v;
+}
+
+/* The tensor's values as float64 on the host (free() them); *n the count. */
+static double *host_f64(const ebb_tensor *t, size_t *n) {
+    ebb_tensor *d = NULL;
+    assert_ok(ebb_tensor_to(&d, t, CPU, EBB_FLOAT64));
+    *n = (size_t)ebb_tensor_numel(d);
+    double *h = malloc(*n * sizeof *h + 1);
+    assert_non_null(h);
+    assert_ok(ebb_tensor_to_host(d, h, *n * sizeof *h));
+    ebb_tensor_free(d);
+    return h;
+}
+
+static void check_same_shape(const ebb_tensor *a, const ebb_tensor *b, const char *what) {
+    ebb_shape sa = ebb_tensor_shape(a), sb = ebb_tensor_shape(b);
+    if (!ebb_shape_equal(&sa, &sb) || ebb_tensor_dtype(a) != ebb_tensor_dtype(b)) {
+        char ba[128], bb[128];
+        fail_msg("%s: ebb gives %s %s, the reference is %s %s", what,
+                 ebb_dtype_name(ebb_tensor_dtype(a)), ebb_shape_str(&sa, ba, sizeof ba),
+                 ebb_dtype_name(ebb_tensor_dtype(b)), ebb_shape_str(&sb, bb, sizeof bb));
+    }
+}
+
+/* max|a - b| / max(max|b|, 1e-6); *max_abs (may be NULL) gets max|a - b|.
+ * NaN anywhere gives NaN, which fails every "<= tol". */
+static double rel_error(const ebb_tensor *a, const ebb_tensor *b, const char *what,
+                        double *max_abs) {
+    check_same_shape(a, b, what);
+    size_t n = 0, m = 0;
+    double *ha = host_f64(a, &n), *hb = host_f64(b, &m);
+    double diff = 0, scale = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs(ha[i] - hb[i]);
+        if (!(d <= diff)) diff = d;
+        if (fabs(hb[i]) > scale) scale = fabs(hb[i]);
+    }
+    free(ha);
+    free(hb);
+    if (max_abs) *max_abs = diff;
+    return diff / fmax(scale, 1e-6);
+}
+
+static double max_abs_of(const ebb_tensor *t) {
+    size_t n = 0;
+    double *h = host_f64(t, &n), m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs(h[i]) <= m)) m = fabs(h[i]);
+    free(h);
+    return m;
+}
+
+/* Non-zero when a and b have one dtype and shape and the same bytes. */
+static int same_bits(const ebb_tensor *a, const ebb_tensor *b) {
+    ebb_shape sa = ebb_tensor_shape(a), sb = ebb_tensor_shape(b);
+    if (!ebb_shape_equal(&sa, &sb) || ebb_tensor_dtype(a) != ebb_tensor_dtype(b)) return 0;
+    size_t n = ebb_tensor_nbytes(a);
+    unsigned char *ha = malloc(n + 1), *hb = malloc(n + 1);
+    assert_non_null(ha);
+    assert_non_null(hb);
+    assert_ok(ebb_tensor_to_host(a, ha, n));
+    assert_ok(ebb_tensor_to_host(b, hb, n));
+    int same = memcmp(ha, hb, n) == 0;
+    free(ha);
+    free(hb);
+    return same;
+}
+
+static double rel_scalar(double a, double b) { return fabs(a - b) / fmax(fabs(b), 1e-6); }
+
+/* What went wrong in one test, collected so that one run reports every
+ * problem (and frees what it holds) before failing. */
+typedef struct problems {
+    char text[16384];
+    size_t len;
+    int n;
+} problems;
+
+static void problem(problems *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void problem(problems *p, const char *fmt, ...) {
+    p->n++;
+    if (p->len + 2 >= sizeof p->text) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int w = vsnprintf(p->text + p->len, sizeof p->text - p->len - 1, fmt, ap);
+    va_end(ap);
+    if (w < 0) return;
+    p->len += (size_t)w;
+    if (p->len > sizeof p->text - 2) p->len = sizeof p->text - 2;
+    p->text[p->len++] = '\n';
+    p->text[p->len] = '\0';
+}
+
+static void fail_on_problems(const problems *p, const char *what) {
+    if (p->n) fail_msg("%s: %d problem(s):\n%s", what, p->n, p->text);
+}
+
+/* Sets every parameter of m from `<prefix><name>` in st. */
+static void load_params(ebb_model *m, const ebb_safetensors *st, const char *prefix) {
+    for (int i = 0; i < ebb_model_param_count(m); i++) {
+        char key[512];
+        snprintf(key, sizeof key, "%s%s", prefix, ebb_model_param_name(m, i));
+        ebb_tensor *t = fx_load(st, key);
+        ebb_status s = ebb_model_set_param(m, ebb_model_param_name(m, i), t);
+        ebb_tensor_free(t);
+        if (s != EBB_OK) fail_msg("%s: %s", key, ebb_errmsg());
+    }
+}
+
+static int param_is_buffer(const ebb_plan *plan, int i) {
+    const ebb_param_spec *ps = ebb_plan_param_at(plan, i, NULL);
+    assert_non_null(ps);
+    return ps->buffer;
+}
+
+/* ---- the trace ---------------------------------------------------------------- */
+
+typedef struct trace_event_copy {
+    int step;
+    int *freed;
+    int n_freed;
+    int jumped;
+    int64_t live, peak;
+} trace_event_copy;
+
+typedef struct trace_log {
+    trace_event_copy *ev;
+    int n, cap;
+} trace_log;
+
+static void record(const ebb_trace_event *ev, void *user) {
+    trace_log *log = user;
+    if (log->n == log->cap) {
+        log->cap = log->cap ? 2 * log->cap : 64;
+        log->ev = realloc(log->ev, (size_t)log->cap * sizeof *log->ev);
+        if (!log->ev) abort();
+    }
+    trace_event_copy *c = &log->ev[log->n++];
+    c->step = ev->step;
+    c->n_freed = ev->n_freed;
+    c->freed = malloc((size_t)ev->n_freed * sizeof *c->freed + 1);
+    if (!c->freed) abort();
+    if (ev->n_freed) memcpy(c->freed, ev->freed, (size_t)ev->n_freed * sizeof *c->freed);
+    c->jumped = ev->jumped;
+    c->live = ev->live_bytes;
+    c->peak = ev->peak_bytes;
+}
+
+static void log_clear(trace_log *log) {
+    for (int i = 0; i < log->n; i++) free(log->ev[i].freed);
+    free(log->ev);
+    *log = (trace_log){0};
+}
+
+static const char *phase_name(ebb_step_phase ph) {
+    switch (ph) {
+    case EBB_PHASE_FORWARD: return "forward";
+    case EBB_PHASE_LOSS: return "loss";
+    case EBB_PHASE_BACKWARD: return "backward";
+    case EBB_PHASE_UPDATE: return "update";
+    }
+    return "?";
+}
+
+static int step_reads(const ebb_plan_step *s, int v) {
+    for (int k = 0; k < s->n_in; k++)
+        if (s->in[k] == v) return 1;
+    return 0;
+}
+
+static int step_writes(const ebb_plan_step *s, int v) {
+    for (int k = 0; k < s->n_out; k++)
+        if (s->out[k] == v) return 1;
+    return 0;
+}
+
+/* At most this many lines per check; the rest are counted. */
+#define MAX_LINES 8
+#define REPORT(p, count, ...)                                                                      \
+    do {                                                                                           \
+        if ((count)++ < MAX_LINES) problem((p), __VA_ARGS__);                                      \
+    } while (0)
+
+/* Liveness as the run did it, for a straight-line plan: the trace visits every
+ * step once, in order, and frees what the plan lists; every value a step
+ * writes is freed exactly once, right after its last reader
+ * (ebb_plan_value_last_use, which must agree with the steps' inputs) and
+ * never before; inputs, targets and outputs are never freed. Counts the
+ * values checked per phase of the step that wrote them. */
+static void check_liveness(const ebb_plan *plan, const trace_log *log, const char *what,
+                           int per_phase[4], problems *pr) {
+    int n_steps = ebb_plan_step_count(plan), n_values = ebb_plan_value_count(plan);
+    if (log->n != n_steps) {
+        problem(pr, "%s: the trace has %d events for a plan of %d steps", what, log->n, n_steps);
+        return;
+    }
+    int count = 0;
+    int *freed_at = malloc((size_t)n_values * sizeof *freed_at + 1);
+    assert_non_null(freed_at);
+    for (int v = 0; v < n_values; v++) freed_at[v] = -1;
+    for (int e = 0; e < log->n; e++) {
+        const trace_event_copy *ev = &log->ev[e];
+        if (ev->step != e || ev->jumped) {
+            problem(pr, "%s: trace event %d is step %d%s: not a straight line", what, e, ev->step,
+                    ev->jumped ? " (jumped)" : "");
+            free(freed_at);
+            return;
+        }
+        const ebb_plan_step *s = ebb_plan_step_at(plan, e);
+        int same = ev->n_freed == s->n_frees;
+        for (int k = 0; same && k < ev->n_freed; k++) same = s->frees[k] == ev->freed[k];
+        if (!same)
+            REPORT(pr, count, "%s: step %d (%s %s) freed %d values, not the %d the plan lists",
+                   what, e, s->op, s->node, ev->n_freed, s->n_frees);
+        for (int k = 0; k < ev->n_freed; k++) {
+            int v = ev->freed[k];
+            if (v < 0 || v >= n_values) {
+                REPORT(pr, count, "%s: step %d freed slot %d", what, e, v);
+                continue;
+            }
+            const ebb_plan_value *pv = ebb_plan_value_at(plan, v);
+            char id[64];
+            ebb_plan_value_id(plan, v, id, sizeof id);
+            if (pv->kind != EBB_VALUE_INTERMEDIATE)
+                REPORT(pr, count, "%s: step %d (%s %s) freed %s, a%s", what, e, s->op, s->node, id,
+                       pv->kind == EBB_VALUE_INPUT ? "n input or target" : "n output");
+            if (freed_at[v] >= 0)
+                REPORT(pr, count, "%s: %s freed twice, after steps %d and %d", what, id,
+                       freed_at[v], e);
+            freed_at[v] = e;
+        }
+    }
+    for (int i = 0; i < n_steps; i++) {
+        const ebb_plan_step *s = ebb_plan_step_at(plan, i);
+        for (int k = 0; k < s->n_out; k++) {
+            int v = s->out[k];
+            const ebb_plan_value *pv = ebb_plan_value_at(plan, v);
+            if (pv->kind != EBB_VALUE_INTERMEDIATE) continue;
+            /* the last step that reads this definition of v */
+            int last = i, redefined = 0;
+            for (int j = i + 1; j < n_steps && !redefined; j++) {
+                const ebb_plan_step *r = ebb_plan_step_at(plan, j);
+                if (step_reads(r, v)) last = j;
+                redefined = step_writes(r, v);
+            }
+            char id[64];
+            ebb_plan_value_id(plan, v, id, sizeof id);
+            if (redefined) {
+                /* overwritten in place, not freed: only "not before" holds */
+                if (freed_at[v] >= 0 && freed_at[v] < last)
+                    REPORT(pr, count,
+                           "%s: %s (written by step %d, %s %s) freed after step %d, but step %d "
+                           "reads it",
+                           what, id, i, s->op, s->node, freed_at[v], last);
+                continue;
+            }
+            int planned = ebb_plan_value_last_use(plan, v);
+            if (planned != last)
+                REPORT(pr, count,
+                       "%s: %s (written by step %d, %s %s): ebb_plan_value_last_use says step %d, "
+                       "the steps' inputs say %d",
+                       what, id, i, s->op, s->node, planned, last);
+            if (freed_at[v] != last) {
+                const ebb_plan_step *l = ebb_plan_step_at(plan, last);
+                if (freed_at[v] < 0)
+                    REPORT(pr, count,
+                           "%s: %s (%s, written by step %d %s %s, last read by step %d %s %s) "
+                           "was never freed",
+                           what, id, phase_name(s->phase), i, s->op, s->node, last, l->op,
+                           l->node);
+                else
+                    REPORT(pr, count,
+                           "%s: %s (%s, written by step %d %s %s, last read by step %d %s %s) "
+                           "was freed after step %d",
+                           what, id, phase_name(s->phase), i, s->op, s->node, last, l->op,
+                           l->node, freed_at[v]);
+            }
+            per_phase[s->phase]++;
+        }
+    }
+    if (count > MAX_LINES) problem(pr, "%s: and %d more liveness problems", what, count - MAX_LINES);
+    free(freed_at);
+}
+
+/* Every step's measured bytes against the plan's: equal for a plan whose
+ * peak is exact, at most the plan's for a bound or when `at_most` is set. */
+static void compare_steps(const ebb_plan *plan, const trace_log *log, const char *what,
+                          int at_most, problems *pr) {
+    int bound = ebb_plan_peak_is_bound(plan) || at_most, count = 0;
+    for (int e = 0; e < log->n; e++) {
+        const trace_event_copy *ev = &log->ev[e];
+        const ebb_plan_step *s = ebb_plan_step_at(plan, ev->step);
+        int ok = bound ? ev->live <= s->live_bytes && ev->peak <= s->peak_bytes
+                       : ev->live == s->live_bytes && ev->peak == s->peak_bytes;
+        if (!ok)
+            REPORT(pr, count,
+                   "%s: step %d (%s %s, %s): live bytes measured %lld, planned %lld; peak "
+                   "measured %lld, planned %lld (%s)",
+                   what, ev->step, s->op, s->node, phase_name(s->phase), (long long)ev->live,
+                   (long long)s->live_bytes, (long long)ev->peak, (long long)s->peak_bytes,
+                   ebb_plan_peak_is_bound(plan) ? "bound" : at_most ? "at most" : "exact");
+    }
+    if (count > MAX_LINES) problem(pr, "%s: and %d more steps", what, count - MAX_LINES);
+}
+
+/* The shape of a training plan: phases in order (forward, loss, backward,
+ * update: the updates come after the whole backward, train.h), at least one
+ * loss and one backward step, every parameter but the buffers trained, and
+ * one update step per trained parameter unless grads_only. */
+static void check_plan_shape(const ebb_plan *plan, int grads_only, const char *what,
+                             problems *pr) {
+    if (!ebb_plan_is_training(plan)) problem(pr, "%s: not a training plan", what);
+    if (ebb_plan_target_count(plan) != 1)
+        problem(pr, "%s: %d targets, expected 1", what, ebb_plan_target_count(plan));
+    int n = ebb_plan_step_count(plan), n_params = ebb_plan_param_count(plan), count = 0;
+    int per_phase[4] = {0};
+    int *updates = calloc((size_t)n_params + 1, sizeof *updates);
+    assert_non_null(updates);
+    ebb_step_phase prev = EBB_PHASE_FORWARD;
+    for (int i = 0; i < n; i++) {
+        const ebb_plan_step *s = ebb_plan_step_at(plan, i);
+        if (s->phase < prev)
+            REPORT(pr, count, "%s: step %d (%s %s) is in the %s phase, after a %s step", what, i,
+                   s->op, s->node, phase_name(s->phase), phase_name(prev));
+        prev = s->phase;
+        per_phase[s->phase]++;
+        if (s->kind == EBB_STEP_UPDATE) {
+            if (s->param < 0 || s->param >= n_params)
+                REPORT(pr, count, "%s: update step %d names parameter %d", what, i, s->param);
+            else
+                updates[s->param]++;
+        }
+    }
+    if (!per_phase[EBB_PHASE_FORWARD] || !per_phase[EBB_PHASE_LOSS] ||
+        !per_phase[EBB_PHASE_BACKWARD])
+        problem(pr, "%s: %d forward, %d loss, %d backward steps", what, per_phase[0],
+                per_phase[1], per_phase[2]);
+    for (int i = 0; i < n_params; i++) {
+        const char *name = NULL;
+        const ebb_param_spec *ps = ebb_plan_param_at(plan, i, &name);
+        int trained = ebb_plan_param_trained(plan, i) != 0;
+        if (trained == ps->buffer)
+            REPORT(pr, count, "%s: parameter %s is %s and %s", what, name,
+                   ps->buffer ? "a buffer" : "no buffer", trained ? "trained" : "not trained");
+        int want = grads_only ? 0 : trained;
+        if (updates[i] != want)
+            REPORT(pr, count, "%s: %d update steps for %s, expected %d", what, updates[i], name,
+                   want);
+    }
+    free(updates);
+}
+
+/* ---- gradients of the parity models --------------------------------------------- */
+
+typedef struct grad_case {
+    const char *name;
+    /* the plan's peak must be exact (no routing, no machine-chosen kernels) */
+    int exact;
+    /* what ebb_compile() refuses for training today (train.h), by the word that
+     * names the node kind in the message; when it accepts the model, the
+     * gradients are checked like any other's */
+    const char *refused_as;
+} grad_case;
+
+/* The parity spec, as test_parity.c compiles it; the mlp's dropout at p 0. */
+static ebb_spec *load_spec(const char *model) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/specs/parity/%s.yaml", EBB_SOURCE_DIR, model);
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    static char text[1 << 16];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = '\0';
+    if (strcmp(model, "mlp") == 0) {
+        static const char from[] = "{dropout: {p: 0.1}}", to[] = "{dropout: {p: 0.0}}";
+        char *at = strstr(text, from);
+        if (!at) fail_msg("%s no longer has '%s'", path, from);
+        memcpy(at, to, sizeof to - 1);
+    }
+    ebb_spec *spec = NULL;
+    assert_ok(ebb_spec_load_string(&spec, text, len, path));
+    return spec;
+}
+
+/* Training options for the fixture's target and loss (metadata). */
+static ebb_train_options fixture_train_options(const ebb_safetensors *st, ebb_shape *y_shape,
+                                               ebb_dtype *y_dtype) {
+    assert_ok(ebb_safetensors_find(st, "y", y_dtype, y_shape));
+    const char *loss = ebb_safetensors_metadata(st, "loss");
+    const char *attrs = ebb_safetensors_metadata(st, "loss_attrs");
+    assert_non_null(loss);
+    return (ebb_train_options){.target_shapes = y_shape, .n_target_shapes = 1,
+                               .target_dtypes = y_dtype, .loss = loss,
+                               .loss_attrs = attrs && *attrs ? attrs : NULL, .grads_only = 1};
+}
+
+/* Is `name` in the comma-separated list? */
+static int in_list(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = list; p && *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return 1;
+        p = comma ? comma + 1 : NULL;
+    }
+    return 0;
+}
+
+/* The gradients against the fixture's. */
+static void check_grads(const ebb_plan *plan, const ebb_model *m, ebb_tensor *const *grads,
+                        const ebb_safetensors *st, const char *what, problems *pr) {
+    int n = ebb_model_param_count(m);
+    const char *zero = ebb_safetensors_metadata(st, "zero_grads");
+    double top = 0, worst = 0;
+    const char *worst_name = "-";
+    for (int i = 0; i < n; i++) {
+        char key[512];
+        snprintf(key, sizeof key, "grad.%s", ebb_model_param_name(m, i));
+        if (fx_has(st, key)) {
+            ebb_tensor *want = fx_load(st, key);
+            top = fmax(top, max_abs_of(want));
+            ebb_tensor_free(want);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        const char *pn = ebb_model_param_name(m, i);
+        char key[512];
+        snprintf(key, sizeof key, "grad.%s", pn);
+        if (param_is_buffer(plan, i) || !fx_has(st, key)) {
+            if (grads[i]) problem(pr, "%s: ebb_grad gives %s a gradient", what, pn);
+            if (!param_is_buffer(plan, i)) problem(pr, "%s: the fixture lacks %s", what, key);
+            continue;
+        }
+        if (!grads[i]) {
+            problem(pr, "%s: no gradient for %s", what, pn);
+            continue;
+        }
+        ebb_tensor *want = fx_load(st, key);
+        if (in_list(zero, pn)) {
+            check_same_shape(grads[i], want, key);
+            double a = max_abs_of(grads[i]);
+            if (!(a <= ZERO_GRAD_TOL * top))
+                problem(pr,
+                        "%s: %s is zero in exact arithmetic; ebb gives up to %.3g (the largest "
+                        "gradient is %.3g)",
+                        what, key, a, top);
+        } else {
+            double abs_diff = 0, r = rel_error(grads[i], want, key, &abs_diff);
+            if (!(r <= GRAD_RTOL))
+                problem(pr, "%s: %s: relative error %.3g > %g (max |diff| %.3g, max |torch| %.3g)",
+                        what, key, r, GRAD_RTOL, abs_diff, max_abs_of(want));
+            if (r > worst) {
+                worst = r;
+                worst_name = pn;
+            }
+        }
+        ebb_tensor_free(want);
+    }
+    printf("[ grad     ] %-20s worst gradient rel. error %.2e (%s)%s\n", what, worst, worst_name,
+           zero && *zero ? "; zero gradients within tolerance" : "");
+}
+
+static void run_grad_case(const grad_case *gc) {
+    char file[128];
+    snprintf(file, sizeof file, "grad_%s", gc->name);
+    ebb_safetensors *st = open_fixture(file);
+    ebb_spec *spec = load_spec(gc->name);
+    assert_int_equal(ebb_spec_input_count(spec), 1);
+
+    ebb_tensor *x = fx_load(st, "x"), *y = fx_load(st, "y");
+    ebb_shape x_shape = ebb_tensor_shape(x), y_shape;
+    ebb_dtype y_dtype;
+    ebb_train_options t = fixture_train_options(st, &y_shape, &y_dtype);
+    ebb_compile_options o = {.input_shapes = &x_shape, .n_input_shapes = 1, .train = &t};
+    ebb_plan *plan = NULL;
+    ebb_status s = ebb_spec_compile(&plan, spec, &o);
+    if (s != EBB_OK) {
+        ebb_tensor_free(x);
+        ebb_tensor_free(y);
+        ebb_spec_free(spec);
+        ebb_safetensors_close(st);
+        if (!gc->refused_as)
+            fail_msg("%s: compile: %s: %s", gc->name, ebb_status_name(s), ebb_errmsg());
+        /* train.h: routing and loops are refused, naming the node */
+        if (s != EBB_ERR_UNSUPPORTED)
+            fail_msg("%s: refused with %s, not EBB_ERR_UNSUPPORTED: %s", gc->name,
+                     ebb_status_name(s), ebb_errmsg());
+        assert_errmsg_contains(gc->refused_as);
+        printf("[ grad     ] %-20s refused for training: %s\n", gc->name, ebb_errmsg());
+        return;
+    }
+    problems pr = {0};
+    check_plan_shape(plan, 1, gc->name, &pr);
+
+    ebb_model *m = NULL;
+    assert_ok(ebb_model_new(&m, plan, CPU, 0));
+    load_params(m, st, "");
+    int n = ebb_model_param_count(m);
+    /* the fixture holds the weights, x, y, loss and one grad.<param> per trained one */
+    int n_trained = 0;
+    for (int i = 0; i < n; i++) n_trained += !param_is_buffer(plan, i);
+    assert_int_equal(ebb_safetensors_count(st), n + 3 + n_trained);
+
+    ebb_tensor **grads = calloc((size_t)n, sizeof *grads);
+    assert_non_null(grads);
+    double loss = NAN;
+    trace_log log = {0};
+    ebb_run_options ro = {.trace = record, .trace_user = &log};
+    ebb_run_stats stats = {0};
+    int64_t live_before = ebb_tensor_live_count();
+    s = ebb_spec_annotate_error(spec, ebb_grad_ex(plan, m, &x, &y, &loss, grads, &ro, &stats));
+    if (s != EBB_OK) {
+        problem(&pr, "%s: ebb_grad: %s: %s", gc->name, ebb_status_name(s), ebb_errmsg());
+    } else {
+        check_grads(plan, m, grads, st, gc->name, &pr);
+        double want_loss = fx_scalar(st, "loss"), loss_rel = rel_scalar(loss, want_loss);
+        if (!(loss_rel <= LOSS_RTOL))
+            problem(&pr, "%s: loss %.9g, torch %.9g (relative error %.3g)", gc->name, loss,
+                    want_loss, loss_rel);
+
+        /* ebb_grad changes nothing in the model, batch_norm's running
+         * statistics included */
+        for (int i = 0; i < n; i++) {
+            const char *pn = ebb_model_param_name(m, i);
+            ebb_tensor *was = fx_load(st, pn);
+            if (!same_bits(ebb_model_param(m, pn), was))
+                problem(&pr, "%s: ebb_grad changed parameter %s", gc->name, pn);
+            ebb_tensor_free(was);
+        }
+
+        /* memory: the run against the plan, the plan against keep_all */
+        int64_t planned = stats.planned_peak_bytes, measured = stats.measured_peak_bytes;
+        int64_t peak = ebb_plan_peak_bytes(plan, NULL);
+        int64_t keep_all = ebb_plan_keep_all_peak_bytes(plan);
+        int bound = ebb_plan_peak_is_bound(plan);
+        printf("[ grad     ] %-20s loss %.6f (torch %.6f); peak bytes measured %lld, planned "
+               "%lld (%s), keep_all %lld\n",
+               gc->name, loss, want_loss, (long long)measured, (long long)planned,
+               bound ? "bound" : "exact", (long long)keep_all);
+        if (planned != peak)
+            problem(&pr, "%s: stats say planned %lld, ebb_plan_peak_bytes %lld", gc->name,
+                    (long long)planned, (long long)peak);
+        if (gc->exact && bound)
+            problem(&pr, "%s: the training plan says its peak is only a bound", gc->name);
+        if (!bound && measured != planned)
+            problem(&pr, "%s: measured peak %lld != planned %lld (an exact plan)", gc->name,
+                    (long long)measured, (long long)planned);
+        if (bound && measured > planned)
+            problem(&pr, "%s: measured peak %lld > planned %lld (a bound)", gc->name,
+                    (long long)measured, (long long)planned);
+        compare_steps(plan, &log, gc->name, 0, &pr);
+        if (!(peak < keep_all))
+            problem(&pr, "%s: training peak %lld is not below the keep_all peak %lld", gc->name,
+                    (long long)peak, (long long)keep_all);
+
+        /* liveness, forward and backward */
+        int per_phase[4] = {0};
+        check_liveness(plan, &log, gc->name, per_phase, &pr);
+        printf("[ liveness ] %-20s %d forward, %d loss, %d backward values checked\n", gc->name,
+               per_phase[EBB_PHASE_FORWARD], per_phase[EBB_PHASE_LOSS],
+               per_phase[EBB_PHASE_BACKWARD]);
+        if (!per_phase[EBB_PHASE_FORWARD] || !per_phase[EBB_PHASE_BACKWARD])
+            problem(&pr, "%s: values checked: %d forward, %d backward", gc->name,
+                    per_phase[EBB_PHASE_FORWARD], per_phase[EBB_PHASE_BACKWARD]);
+    }
+    for (int i = 0; i < n; i++) {
+        if (s != EBB_OK && grads[i])
+            problem(&pr, "%s: grads[%d] is set after a failure", gc->name, i);
+        ebb_tensor_free(grads[i]);
+    }
+    free(grads);
+    if (ebb_tensor_live_count() != live_before)
+        problem(&pr, "%s: %lld handles left by the run", gc->name,
+                (long long)(ebb_tensor_live_count() - live_before));
+    log_clear(&log);
+    ebb_model_free(m);
+    ebb_plan_free(plan);
+    ebb_tensor_free(x);
+    ebb_tensor_free(y);
+    ebb_spec_free(spec);
+    ebb_safetensors_close(st);
+    fail_on_problems(&pr, gc->name);
+}
+
+static void test_grad(void **state) { run_grad_case(*state); }
+
+static const grad_case GRAD_CASES[] = {
+    {.name = "mlp", .exact = 1},
+    {.name = "residual_tower", .exact = 1},
+    {.name = "gate8", .exact = 1},
+    {.name = "conv_net"}, /* oneDNN picks convolution kernels per machine: a bound */
+    {.name = "transformer_encoder", .exact = 1},
+    {.name = "transformer_stack", .exact = 1},
+    {.name = "gru_loop", .refused_as = "loop"},
+    {.name = "switch_routed", .refused_as = "switch"},
+};
+
+/* keep_all frees nothing and computes the same: its gradients are bitwise
+ * the liveness plan's, its peak is the figure the liveness plan reports as
+ * its keep_all peak, and its run measures what it plans. */
+static void test_keep_all(void **state) {
+    (void)state;
+    const char *models[] = {"mlp", "residual_tower"};
+    problems pr = {0};
+    for (size_t k = 0; k < sizeof models / sizeof *models; k++) {
+        const char *name = models[k];
+        char file[128];
+        snprintf(file, sizeof file, "grad_%s", name);
+        ebb_safetensors *st = open_fixture(file);
+        ebb_spec *spec = load_spec(name);
+        ebb_tensor *x = fx_load(st, "x"), *y = fx_load(st, "y");
+        ebb_shape xs = ebb_tensor_shape(x), ys;
+        ebb_dtype yd;
+        ebb_train_options t = fixture_train_options(st, &ys, &yd);
+        ebb_plan *plans[2] = {NULL, NULL};
+        for (int ka = 0; ka < 2; ka++) {
+            ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t,
+                                     .keep_all = ka};
+            assert_ok(ebb_spec_compile(&plans[ka], spec, &o));
+        }
+        assert_true(ebb_plan_keep_all(plans[1]));
+        if (ebb_plan_peak_bytes(plans[1], NULL) != ebb_plan_keep_all_peak_bytes(plans[0]))
+            problem(&pr, "%s: the keep_all plan's peak is %lld, the liveness plan says %lld", name,
+                    (long long)ebb_plan_peak_bytes(plans[1], NULL),
+                    (long long)ebb_plan_keep_all_peak_bytes(plans[0]));
+        ebb_model *m = NULL;
+        assert_ok(ebb_model_new(&m, plans[0], CPU, 0));
+        load_params(m, st, "");
+        int n = ebb_model_param_count(m);
+        ebb_tensor **g[2];
+        double loss[2];
+        ebb_run_stats stats[2];
+        trace_log log = {0};
+        for (int ka = 0; ka < 2; ka++) {
+            g[ka] = calloc((size_t)n, sizeof *g[ka]);
+            assert_non_null(g[ka]);
+            ebb_run_options ro = {.trace = record, .trace_user = &log};
+            assert_ok(ebb_grad_ex(plans[ka], m, &x, &y, &loss[ka], g[ka], ka ? &ro : NULL,
+                                  &stats[ka]));
+        }
+        printf("[ keep_all ] %-20s peak bytes measured %lld, planned %lld; with liveness "
+               "measured %lld, planned %lld\n",
+               name, (long long)stats[1].measured_peak_bytes,
+               (long long)stats[1].planned_peak_bytes, (long long)stats[0].measured_peak_bytes,
+               (long long)stats[0].planned_peak_bytes);
+        if (loss[0] != loss[1])
+            problem(&pr, "%s: keep_all gives the loss %.9g, liveness %.9g", name, loss[1],
+                    loss[0]);
+        for (int i = 0; i < n; i++) {
+            if (!g[0][i] != !g[1][i])
+                problem(&pr, "%s: %s: a gradient from one plan only", name,
+                        ebb_model_param_name(m, i));
+            else if (g[0][i] && !same_bits(g[0][i], g[1][i]))
+                problem(&pr, "%s: %s: keep_all gives another gradient", name,
+                        ebb_model_param_name(m, i));
+        }
+        char what[128];
+        snprintf(what, sizeof what, "%s keep_all", name);
+        if (!ebb_plan_peak_is_bound(plans[1]) &&
+            stats[1].measured_peak_bytes != stats[1].planned_peak_bytes)
+            problem(&pr, "%s: measured peak %lld != planned %lld", what,
+                    (long long)stats[1].measured_peak_bytes,
+                    (long long)stats[1].planned_peak_bytes);
+        compare_steps(plans[1], &log, what, 0, &pr);
+        /* the liveness check can fail: a plan that frees nothing fails it */
+        problems none = {0};
+        int per_phase[4] = {0};
+        check_liveness(plans[1], &log, what, per_phase, &none);
+        if (!none.n || !strstr(none.text, "was never freed"))
+            problem(&pr, "%s: the liveness check passes a plan that frees nothing", what);
+        /* nothing but outputs is freed */
+        for (int e = 0; e < log.n; e++)
+            if (log.ev[e].n_freed)
+                problem(&pr, "%s: step %d frees %d values", what, log.ev[e].step,
+                        log.ev[e].n_freed);
+        if (!(stats[0].measured_peak_bytes < stats[1].measured_peak_bytes))
+            problem(&pr, "%s: liveness measures %lld, keep_all %lld", name,
+                    (long long)stats[0].measured_peak_bytes,
+                    (long long)stats[1].measured_peak_bytes);
+        log_clear(&log);
+        for (int ka = 0; ka < 2; ka++) {
+            for (int i = 0; i < n; i++) ebb_tensor_free(g[ka][i]);
+            free(g[ka]);
+            ebb_plan_free(plans[ka]);
+        }
+        ebb_model_free(m);
+        ebb_tensor_free(x);
+        ebb_tensor_free(y);
+        ebb_spec_free(spec);
+        ebb_safetensors_close(st);
+    }
+    fail_on_problems(&pr, "keep_all");
+}
+
+/* ---- ten training steps ----------------------------------------------------------- */
+
+/* The step models declare their target and loss in the spec. */
+
+static const char MLP_YAML[] = "ebb: 1\n"
+                               "name: train_mlp\n"
+                               "inputs:\n"
+                               "  x: [batch, 8]\n"
+                               "targets:\n"
+                               "  y: {shape: [batch], dtype: int64}\n"
+                               "loss: cross_entropy\n"
+                               "flow:\n"
+                               "  - from: {linear: {in: 8, out: 16, name: fc1}}\n"
+                               "  - relu\n"
+                               "  - {linear: {out: 4, name: fc2}}\n";
+
+static const char BN_YAML[] = "ebb: 1\n"
+                              "name: train_bn\n"
+                              "inputs:\n"
+                              "  x: [batch, 8]\n"
+                              "targets:\n"
+                              "  y: {shape: [batch], dtype: int64}\n"
+                              "loss: cross_entropy\n"
+                              "flow:\n"
+                              "  - from: {linear: {in: 8, out: 16, name: fc1}}\n"
+                              "  - {batch_norm: {name: bn1}}\n"
+                              "  - relu\n"
+                              "  - {linear: {out: 4, name: fc2}}\n";
+
+/* The case's options as torch.optim resolved them. */
+static ebb_optimizer_options case_options(const ebb_safetensors *st, const char *c) {
+    char k[10][128];
+    const char *names[10] = {"kind",         "lr",    "momentum", "dampening", "nesterov",
+                             "weight_decay", "beta1", "beta2",    "eps",       "amsgrad"};
+    for (int i = 0; i < 10; i++) snprintf(k[i], sizeof k[i], "%s.hp.%s", c, names[i]);
+    return (ebb_optimizer_options){
+        .kind = (ebb_optimizer_kind)fx_scalar(st, k[0]),
+        .lr = fx_scalar(st, k[1]),
+        .momentum = fx_scalar(st, k[2]),
+        .dampening = fx_scalar(st, k[3]),
+        .nesterov = fx_scalar(st, k[4]) != 0,
+        .weight_decay = fx_scalar(st, k[5]),
+        .beta1 = fx_scalar(st, k[6]),
+        .beta2 = fx_scalar(st, k[7]),
+        .eps = fx_scalar(st, k[8]),
+        .amsgrad = fx_scalar(st, k[9]) != 0,
+        .complete = 1,
+    };
+}
+
+typedef struct trainer {
+    ebb_safetensors *st;
+    ebb_spec *spec;
+    ebb_plan *plan;
+    ebb_model *model;
+    ebb_optimizer *opt;
+    ebb_optimizer_options oo;
+    ebb_tensor *x[STEPS], *y[STEPS];
+    const char *name; /* for messages */
+} trainer;
+
+static void trainer_close(trainer *tr) {
+    ebb_optimizer_free(tr->opt);
+    ebb_model_free(tr->model);
+    ebb_plan_free(tr->plan);
+    for (int t = 0; t < STEPS; t++) {
+        ebb_tensor_free(tr->x[t]);
+        ebb_tensor_free(tr->y[t]);
+    }
+    ebb_spec_free(tr->spec);
+    ebb_safetensors_close(tr->st);
+    *tr = (trainer){0};
+}
+
+/* Compiles the step model for the fixture's case c, with the fixture's
+ * initial parameters and an optimizer of the case's options. */
+static void trainer_open(trainer *tr, const char *fixture, const char *yaml, const char *c,
+                         int grads_only, problems *pr) {
+    *tr = (trainer){.name = c};
+    tr->st = open_fixture(fixture);
+    assert_ok(ebb_spec_load_string(&tr->spec, yaml, strlen(yaml), fixture));
+    for (int t = 0; t < STEPS; t++) {
+        char k[32];
+        snprintf(k, sizeof k, "x.%d", t);
+        tr->x[t] = fx_load(tr->st, k);
+        snprintf(k, sizeof k, "y.%d", t);
+        tr->y[t] = fx_load(tr->st, k);
+    }
+    tr->oo = case_options(tr->st, c);
+    ebb_shape xs = ebb_tensor_shape(tr->x[0]), ys = ebb_tensor_shape(tr->y[0]);
+    /* the target's dtype and the loss come from the spec's `targets:` and
+     * `loss:`; its shape from the data (the spec's `batch` would be 1) */
+    ebb_train_options t = {.target_shapes = &ys, .n_target_shapes = 1, .optimizer = tr->oo,
+                           .grads_only = grads_only};
+    ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
+    assert_ok(ebb_spec_compile(&tr->plan, tr->spec, &o));
+    check_plan_shape(tr->plan, grads_only, fixture, pr);
+    assert_ok(ebb_model_new(&tr->model, tr->plan, CPU, 0));
+    load_params(tr->model, tr->st, "init.");
+    ebb_status s = ebb_optimizer_new(&tr->opt, tr->model, &tr->oo);
+    if (s != EBB_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ebb_errmsg());
+        trainer_close(tr);
+        fail_msg("%s %s: ebb_optimizer_new: %s: %s", fixture, c, ebb_status_name(s), msg);
+    }
+}
+
+/* Handles the optimizer holds (its state tensors). */
+static int64_t state_handles(const ebb_optimizer *opt, int n) {
+    int64_t h = 0;
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < N_STATE; k++) h += ebb_optimizer_state_tensor(opt, i, STATE_NAMES[k]) != NULL;
+    return h;
+}
+
+/* One good step t: the loss is torch's, the run within its plan, its values
+ * freed right after their last readers (the gradients at their updates), and
+ * no handle left but new optimizer state. Returns 0 when the step failed. */
+static int good_step(trainer *tr, int t, problems *pr) {
+    trace_log log = {0};
+    ebb_run_options ro = {.trace = record, .trace_user = &log};
+    ebb_run_stats stats = {0};
+    double loss = NAN;
+    int n = ebb_model_param_count(tr->model);
+    int64_t live_before = ebb_tensor_live_count() - state_handles(tr->opt, n);
+    ebb_status s = ebb_train_step_ex(tr->plan, tr->model, tr->opt, &tr->x[t], &tr->y[t], &loss,
+                                     &ro, &stats);
+    char what[96];
+    snprintf(what, sizeof what, "%s step %d", tr->name, t);
+    if (s != EBB_OK) {
+        problem(pr, "%s: %s: %s", what, ebb_status_name(s), ebb_errmsg());
+        log_clear(&log);
+        return 0;
+    }
+    if (ebb_tensor_live_count() - state_handles(tr->opt, n) != live_before)
+        problem(pr, "%s: %lld handles left behind", what,
+                (long long)(ebb_tensor_live_count() - state_handles(tr->opt, n) - live_before));
+    char k[64];
+    snprintf(k, sizeof k, "%s.loss.%d", tr->name, t);
+    double want = fx_scalar(tr->st, k);
+    if (!(rel_scalar(loss, want) <= LOSS_RTOL))
+        problem(pr, "%s: loss %.9g, torch %.9g", what, loss, want);
+    int bound = ebb_plan_peak_is_bound(tr->plan);
+    if (t == 0 || t == STEPS - 1)
+        printf("[ steps    ] %-14s step %d: loss %.6f (torch %.6f); peak bytes measured %lld, "
+               "planned %lld (%s)\n",
+               tr->name, t, loss, want, (long long)stats.measured_peak_bytes,
+               (long long)stats.planned_peak_bytes, bound ? "bound" : "exact");
+    /* an update's scratch differs between a parameter's first update (which
+     * makes its state) and the later ones (ebb_optimizer_scratch_bytes): a
+     * plan can be exact for one of them, so the first step need only stay
+     * within it */
+    if (bound || t == 0 ? stats.measured_peak_bytes > stats.planned_peak_bytes
+                       : stats.measured_peak_bytes != stats.planned_peak_bytes)
+        problem(pr, "%s: measured peak %lld, planned %lld (%s)", what,
+                (long long)stats.measured_peak_bytes, (long long)stats.planned_peak_bytes,
+                bound ? "bound" : t == 0 ? "at most" : "exact");
+    compare_steps(tr->plan, &log, what, t == 0, pr);
+    int per_phase[4] = {0};
+    check_liveness(tr->plan, &log, what, per_phase, pr);
+    if (!per_phase[EBB_PHASE_FORWARD] || !per_phase[EBB_PHASE_BACKWARD])
+        problem(pr, "%s: values checked: %d forward, %d backward", what, per_phase[0],
+                per_phase[2]);
+    log_clear(&log);
+    return 1;
+}
+
+/* The parameters (buffers too) after ten steps against torch's. */
+static void check_final(const trainer *tr, problems *pr) {
+    double worst = 0;
+    const char *worst_name = "-";
+    for (int i = 0; i < ebb_model_param_count(tr->model); i++) {
+        const char *pn = ebb_model_param_name(tr->model, i);
+        char k[256];
+        snprintf(k, sizeof k, "%s.final.%s", tr->name, pn);
+        ebb_tensor *want = fx_load(tr->st, k);
+        const ebb_tensor *have = ebb_model_param(tr->model, pn);
+        if (ebb_tensor_dtype(want) == EBB_INT64) {
+            if (!same_bits(have, want)) problem(pr, "%s: %s differs from torch's", tr->name, pn);
+        } else {
+            double abs_diff = 0, r = rel_error(have, want, k, &abs_diff);
+            if (!(r <= STEP_RTOL))
+                problem(pr, "%s: %s after %d steps: relative error %.3g > %g (max |diff| %.3g)",
+                        tr->name, pn, STEPS, r, STEP_RTOL, abs_diff);
+            if (r > worst) {
+                worst = r;
+                worst_name = pn;
+            }
+        }
+        ebb_tensor_free(want);
+        int64_t updates = ebb_optimizer_param_step_count(tr->opt, i);
+        if (updates != (param_is_buffer(tr->plan, i) ? 0 : STEPS))
+            problem(pr, "%s: %s was updated %lld times", tr->name, pn, (long long)updates);
+    }
+    if (ebb_optimizer_step_count(tr->opt) != STEPS)
+        problem(pr, "%s: the optimizer counts %lld steps", tr->name,
+                (long long)ebb_optimizer_step_count(tr->opt));
+    printf("[ steps    ] %-14s after %d steps: worst parameter rel. error %.2e (%s)\n", tr->name,
+           STEPS, worst, worst_name);
+}
+
+static void run_steps(const char *fixture, const char *yaml, const char *c) {
+    problems pr = {0};
+    trainer tr;
+    trainer_open(&tr, fixture, yaml, c, 0, &pr);
+    int t = 0;
+    while (t < STEPS && good_step(&tr, t, &pr)) t++;
+    if (t == STEPS) check_final(&tr, &pr);
+    trainer_close(&tr);
+    fail_on_problems(&pr, c);
+}
+
+static void test_steps(void **state) { run_steps("grad_steps_mlp", MLP_YAML, *state); }
+
+/* batch_norm in training mode: batch statistics forward, running statistics
+ * and num_batches_tracked updated as torch does. */
+static void test_steps_batch_norm(void **state) {
+    (void)state;
+    run_steps("grad_steps_bn", BN_YAML, "sgd_momentum");
+}
+
+/* ---- failed steps change nothing -------------------------------------------------- */
+
+typedef struct snapshot {
+    int n;
+    ebb_tensor **params;
+    ebb_tensor **state; /* n * N_STATE, NULL where there is none */
+    int64_t *counts;
+    int64_t steps, state_bytes;
+} snapshot;
+
+static void snap_take(snapshot *sn, const trainer *tr) {
+    int n = ebb_model_param_count(tr->model);
+    sn->n = n;
+    sn->params = calloc((size_t)n, sizeof *sn->params);
+    sn->state = calloc((size_t)n * N_STATE, sizeof *sn->state);
+    sn->counts = calloc((size_t)n, sizeof *sn->counts);
+    assert_true(sn->params && sn->state && sn->counts);
+    for (int i = 0; i < n; i++) {
+        assert_ok(ebb_tensor_clone(&sn->params[i],
+                                   ebb_model_param(tr->model, ebb_model_param_name(tr->model, i))));
+        for (int k = 0; k < N_STATE; k++) {
+            const ebb_tensor *s = ebb_optimizer_state_tensor(tr->opt, i, STATE_NAMES[k]);
+            if (s) assert_ok(ebb_tensor_clone(&sn->state[i * N_STATE + k], s));
+        }
+        sn->counts[i] = ebb_optimizer_param_step_count(tr->opt, i);
+    }
+    sn->steps = ebb_optimizer_step_count(tr->opt);
+    sn->state_bytes = ebb_optimizer_state_bytes(tr->opt, NULL);
+}
+
+/* Everything bitwise as in the snapshot. */
+static void snap_check(const snapshot *sn, const trainer *tr, const char *what, problems *pr) {
+    for (int i = 0; i < sn->n; i++) {
+        const char *pn = ebb_model_param_name(tr->model, i);
+        if (!same_bits(ebb_model_param(tr->model, pn), sn->params[i]))
+            problem(pr, "%s: parameter %s changed", what, pn);
+        for (int k = 0; k < N_STATE; k++) {
+            const ebb_tensor *s = ebb_optimizer_state_tensor(tr->opt, i, STATE_NAMES[k]);
+            const ebb_tensor *was = sn->state[i * N_STATE + k];
+            if (!s != !was || (s && !same_bits(s, was)))
+                problem(pr, "%s: optimizer state %s of %s changed", what, STATE_NAMES[k], pn);
+        }
+        if (ebb_optimizer_param_step_count(tr->opt, i) != sn->counts[i])
+            problem(pr, "%s: the update count of %s changed", what, pn);
+    }
+    if (ebb_optimizer_step_count(tr->opt) != sn->steps)
+        problem(pr, "%s: the optimizer's step count changed", what);
+    if (ebb_optimizer_state_bytes(tr->opt, NULL) != sn->state_bytes)
+        problem(pr, "%s: the optimizer's state bytes changed", what);
+}
+
+static void snap_free(snapshot *sn) {
+    for (int i = 0; i < sn->n; i++) {
+        ebb_tensor_free(sn->params[i]);
+        for (int k = 0; k < N_STATE; k++) ebb_tensor_free(sn->state[i * N_STATE + k]);
+    }
+    free(sn->params);
+    free(sn->state);
+    free(sn->counts);
+    *sn = (snapshot){0};
+}
+
+/* A step given `x` and `target` (and `opt`, or the trainer's) must fail with
+ * a message (containing `needle` when given), leave everything bitwise as it
+ * was and no handle behind. */
+static void failing_step(trainer *tr, ebb_tensor *x, ebb_tensor *target, ebb_optimizer *opt,
+                         const char *what, const char *needle, problems *pr) {
+    snapshot sn = {0};
+    snap_take(&sn, tr);
+    int64_t live = ebb_tensor_live_count();
+    double loss = 12345.0;
+    ebb_run_stats stats;
+    ebb_error_clear();
+    ebb_status s = ebb_train_step(tr->plan, tr->model, opt ? opt : tr->opt, &x, &target, &loss,
+                                  &stats);
+    if (s == EBB_OK) {
+        problem(pr, "%s: the step succeeded", what);
+    } else {
+        printf("[ failure  ] %s: %s: %s\n", what, ebb_status_name(s), ebb_errmsg());
+        if (!*ebb_errmsg()) problem(pr, "%s: no message", what);
+        if (needle && !strstr(ebb_errmsg(), needle))
+            problem(pr, "%s: the message lacks \"%s\"", what, needle);
+    }
+    if (ebb_tensor_live_count() != live)
+        problem(pr, "%s: %lld handles left behind", what,
+                (long long)(ebb_tensor_live_count() - live));
+    snap_check(&sn, tr, what, pr);
+    snap_free(&sn);
+}
+
+static ebb_tensor *int64_tensor(const int64_t *v, int64_t n) {
+    ebb_tensor *t = NULL;
+    ebb_shape s = EBB_SHAPE(n);
+    assert_ok(ebb_tensor_from_host(&t, v, (size_t)n * sizeof *v, &s, EBB_INT64, CPU));
+    return t;
+}
+
+/* Adam on the MLP, with failed steps before the first good one (no state
+ * yet) and between good ones: each changes nothing, so the ten good steps
+ * still end where torch.optim's do. */
+static void test_failed_steps_change_nothing(void **state) {
+    (void)state;
+    problems pr = {0};
+    trainer tr;
+    trainer_open(&tr, "grad_steps_mlp", MLP_YAML, "adam", 0, &pr);
+    int64_t short_y[5] = {0, 1, 2, 3, 0};
+    int64_t bad_class[6] = {0, 1, 2, 4, 0, 1}; /* 4 classes: 4 is out of range */
+    ebb_tensor *wrong_shape = int64_tensor(short_y, 5), *out_of_range = int64_tensor(bad_class, 6);
+    ebb_tensor *float_y = NULL;
+    assert_ok(ebb_tensor_cast(&float_y, tr.y[0], EBB_FLOAT32));
+
+    failing_step(&tr, tr.x[0], out_of_range, NULL, "class 4 of 4 before any step", NULL, &pr);
+    if (ebb_optimizer_state_bytes(tr.opt, NULL) != 0)
+        problem(&pr, "a failed first step left optimizer state");
+    int t = 0;
+    for (; t < STEPS; t++) {
+        if (t == 2)
+            failing_step(&tr, tr.x[t], wrong_shape, NULL, "target [5] for a batch of 6", NULL,
+                         &pr);
+        if (t == 3)
+            failing_step(&tr, tr.x[t], out_of_range, NULL, "class 4 of 4 after 3 steps",
+                         "cross_entropy", &pr);
+        if (t == 5)
+            failing_step(&tr, tr.x[t], float_y, NULL, "float32 target for int64 classes", NULL,
+                         &pr);
+        if (!good_step(&tr, t, &pr)) break;
+    }
+    if (t == STEPS) check_final(&tr, &pr);
+    ebb_tensor_free(wrong_shape);
+    ebb_tensor_free(out_of_range);
+    ebb_tensor_free(float_y);
+    trainer_close(&tr);
+    fail_on_problems(&pr, "failed steps");
+}
+
+/* batch_norm's training forward updates its running statistics before the
+ * loss fails: they are restored, and num_batches_tracked too. */
+static void test_failed_step_restores_batch_norm(void **state) {
+    (void)state;
+    problems pr = {0};
+    trainer tr;
+    trainer_open(&tr, "grad_steps_bn", BN_YAML, "sgd_momentum", 0, &pr);
+    int64_t bad_class[6] = {0, 1, 2, 3, 0, 7};
+    ebb_tensor *out_of_range = int64_tensor(bad_class, 6);
+    int t = 0;
+    for (; t < STEPS; t++) {
+        if (t == 0 || t == 4)
+            failing_step(&tr, tr.x[t], out_of_range, NULL, "bn: class 7 of 4", NULL, &pr);
+        if (!good_step(&tr, t, &pr)) break;
+    }
+    if (t == STEPS) check_final(&tr, &pr);
+    ebb_tensor_free(out_of_range);
+    trainer_close(&tr);
+    fail_on_problems(&pr, "failed batch_norm steps");
+}
+
+/* A failed ebb_grad leaves every entry NULL and no handle behind, and the
+ * plan still works. */
+static void test_failed_grad(void **state) {
+    (void)state;
+    ebb_safetensors *st = open_fixture("grad_residual_tower");
+    ebb_spec *spec = load_spec("residual_tower");
+    ebb_tensor *x = fx_load(st, "x"), *y = fx_load(st, "y");
+    ebb_shape xs = ebb_tensor_shape(x), ys;
+    ebb_dtype yd;
+    ebb_train_options t = fixture_train_options(st, &ys, &yd);
+    ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
+    ebb_plan *plan = NULL;
+    assert_ok(ebb_spec_compile(&plan, spec, &o));
+    ebb_model *m = NULL;
+    assert_ok(ebb_model_new(&m, plan, CPU, 0));
+    load_params(m, st, "");
+    int n = ebb_model_param_count(m);
+    ebb_tensor **grads = calloc((size_t)n, sizeof *grads);
+    assert_non_null(grads);
+    int64_t classes[8] = {0, 1, 2, 3, 4, 5, 6, 8}; /* 8 classes: 8 is out of range */
+    ebb_tensor *bad = int64_tensor(classes, 8);
+    problems pr = {0};
+    int64_t live = ebb_tensor_live_count();
+    double loss = 0;
+    ebb_status s = ebb_grad(plan, m, &x, &bad, &loss, grads, NULL);
+    if (s == EBB_OK) problem(&pr, "ebb_grad with class 8 of 8 succeeded");
+    printf("[ failure  ] ebb_grad, class 8 of 8: %s: %s\n", ebb_status_name(s), ebb_errmsg());
+    for (int i = 0; i < n; i++) {
+        if (grads[i]) problem(&pr, "grads[%d] (%s) is set after a failure", i, ebb_model_param_name(m, i));
+        ebb_tensor_free(grads[i]);
+        grads[i] = NULL;
+    }
+    if (ebb_tensor_live_count() != live)
+        problem(&pr, "a failed ebb_grad left %lld handles", (long long)(ebb_tensor_live_count() - live));
+    s = ebb_grad(plan, m, &x, &y, &loss, grads, NULL);
+    if (s != EBB_OK) problem(&pr, "ebb_grad after a failure: %s", ebb_errmsg());
+    for (int i = 0; i < n; i++) ebb_tensor_free(grads[i]);
+    free(grads);
+    ebb_tensor_free(bad);
+    ebb_model_free(m);
+    ebb_plan_free(plan);
+    ebb_tensor_free(x);
+    ebb_tensor_free(y);
+    ebb_spec_free(spec);
+    ebb_safetensors_close(st);
+    fail_on_problems(&pr, "failed ebb_grad");
+}
+
+/* What the API refuses, changing nothing: ebb_train_step on a grads_only plan
+ * or with an optimizer of another kind, ebb_grad on a plan with updates or on
+ * an inference plan. */
+static void test_refusals(void **state) {
+    (void)state;
+    problems pr = {0};
+    trainer tr, go;
+    trainer_open(&tr, "grad_steps_mlp", MLP_YAML, "adam", 0, &pr);
+    trainer_open(&go, "grad_steps_mlp", MLP_YAML, "adam", 1, &pr);
+
+    failing_step(&go, go.x[0], go.y[0], NULL, "ebb_train_step on a grads_only plan", NULL, &pr);
+
+    ebb_optimizer *sgd = NULL;
+    ebb_optimizer_options so = ebb_optimizer_defaults(EBB_SGD, 0.1);
+    assert_ok(ebb_optimizer_new(&sgd, tr.model, &so));
+    failing_step(&tr, tr.x[0], tr.y[0], sgd, "an SGD optimizer for an Adam plan", NULL, &pr);
+    if (ebb_optimizer_state_bytes(sgd, NULL) != 0 || ebb_optimizer_step_count(sgd) != 0)
+        problem(&pr, "the refused SGD optimizer has state");
+    ebb_optimizer_free(sgd);
+
+    int n = ebb_model_param_count(tr.model);
+    ebb_tensor **grads = calloc((size_t)n, sizeof *grads);
+    assert_non_null(grads);
+    int64_t live = ebb_tensor_live_count();
+    double loss = 0;
+    if (ebb_grad(tr.plan, tr.model, &tr.x[0], &tr.y[0], &loss, grads, NULL) == EBB_OK)
+        problem(&pr, "ebb_grad on a plan with updates succeeded");
+    printf("[ failure  ] ebb_grad on a plan with updates: %s\n", ebb_errmsg());
+
+    ebb_shape xs = ebb_tensor_shape(tr.x[0]);
+    ebb_compile_options io = {.input_shapes = &xs, .n_input_shapes = 1};
+    ebb_plan *inference = NULL;
+    assert_ok(ebb_spec_compile(&inference, tr.spec, &io));
+    if (ebb_plan_is_training(inference) || ebb_plan_target_count(inference) != 0)
+        problem(&pr, "an inference plan says it trains");
+    if (ebb_grad(inference, tr.model, &tr.x[0], &tr.y[0], &loss, grads, NULL) == EBB_OK)
+        problem(&pr, "ebb_grad on an inference plan succeeded");
+    printf("[ failure  ] ebb_grad on an inference plan: %s\n", ebb_errmsg());
+    for (int i = 0; i < n; i++) {
+        if (grads[i]) problem(&pr, "grads[%d] is set after a refusal", i);
+        ebb_tensor_free(grads[i]);
+    }
+    if (ebb_tensor_live_count() != live)
+        problem(&pr, "refused ebb_grad calls left %lld handles",
+                (long long)(ebb_tensor_live_count() - live));
+    ebb_plan_free(inference);
+    free(grads);
+
+    /* the plan was not harmed */
+    good_step(&tr, 0, &pr);
+    trainer_close(&go);
+    trainer_close(&tr);
+    fail_on_problems(&pr, "refusals");
+}
+
+/* A test per case, named after it (cmocka's macros would name them all
+ * after the function). */
+static struct CMUnitTest named_test(const char *name, CMUnitTestFunction fn, void *state) {
+    return (struct CMUnitTest){.name = name, .test_func = fn, .setup_func = ebb_test_setup,
+                               .teardown_func = ebb_test_teardown, .initial_state = state};
+}
+
+int main(void) {
+    static const char *const grad_names[] = {
+        "grad_mlp",          "grad_residual_tower",     "grad_gate8",
+        "grad_conv_net",     "grad_transformer_encoder", "grad_transformer_stack",
+        "grad_gru_loop",     "grad_switch_routed",
+    };
+    struct CMUnitTest tests[17];
+    int n = 0;
+    for (size_t i = 0; i < sizeof GRAD_CASES / sizeof *GRAD_CASES; i++)
+        tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_keep_all);
+    tests[n++] = named_test("steps_sgd_momentum", test_steps, (void *)"sgd_momentum");
+    tests[n++] = named_test("steps_adam", test_steps, (void *)"adam");
+    tests[n++] = named_test("steps_adamw", test_steps, (void *)"adamw");
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_steps_batch_norm);
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_steps_change_nothing);
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_step_restores_batch_norm);
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_grad);
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_refusals);
+    if (n != (int)(sizeof tests / sizeof *tests)) {
+        fprintf(stderr, "test_train: %d tests for a table of %zu\n", n, sizeof tests / sizeof *tests);
+        return 1;
+    }
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
