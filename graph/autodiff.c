@@ -56,14 +56,14 @@ static int refuse_control_flow(compiler *c) {
             break;
         case EBB_STEP_LOOP_INIT:
         case EBB_STEP_LOOP_NEXT:
-        case EBB_STEP_JUMP_IF: what = "a loop"; break;
+        case EBB_STEP_JUMP_IF: what = "a while or until loop"; break;
         default: break;
         }
         if (what)
             return fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
                                          "node %s: training through %s is not supported yet; "
-                                         "dense gates, split/merge, also, tag/using and repeat "
-                                         "train",
+                                         "dense gates, split/merge, also, tag/using, repeat and "
+                                         "`for` loops train",
                                          s->node, what));
     }
     return 0;

@@ -204,7 +204,7 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
     if (st != EBB_OK)
         return st;
 
-    compiler c = {.meta_device = {EBB_DEVICE_META, 0}};
+    compiler c = {.meta_device = {EBB_DEVICE_META, 0}, .training = opts->train != NULL};
     ebb_plan *p = calloc(1, sizeof *p);
     if (!p)
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_compile: out of memory");

@@ -22,6 +22,8 @@ typedef struct compiler {
     attr_block *attrs;
     const ebb_op *no_meta[64]; /* ops seen failing on the meta device */
     int n_no_meta;
+    int training; /* a training compile: `for` loops are unrolled */
+    int repeating; /* lowering a later iteration of an unrolled loop: reuse its parameters */
     int cap_steps, cap_values, cap_params;
     ebb_tensor **meta; /* per slot: a shape-only tensor from the dry run */
     int cap_meta;

@@ -278,8 +278,20 @@ int ebb_lower_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, con
             return -1;
         }
     }
-    int param_first = c->plan->n_params;
-    for (int i = 0; i < np; i++)
+    int param_first = c->plan->n_params, reused = 0;
+    if (np > 0 && c->repeating) {
+        /* a later iteration of an unrolled loop: the first one's weights */
+        char *full = ebb_compiler_strdupf("%s.%s", prefix, specs[0].name);
+        if (!full)
+            return ebb_compiler_oom(c);
+        for (int i = 0; i + np <= c->plan->n_params && !reused; i++)
+            if (strcmp(c->plan->params[i].full_name, full) == 0) {
+                param_first = i;
+                reused = 1;
+            }
+        free(full);
+    }
+    for (int i = 0; i < np && !reused; i++)
         if (add_param(c, &specs[i], prefix, path) != 0)
             return -1;
     if (np > c->plan->max_params)
@@ -603,8 +615,47 @@ static int emit_loop_test(compiler *c, const graph_step *st, const char *path,
     return ebb_compiler_step_index(c, j);
 }
 
+/* A training compile unrolls a `for` loop: each iteration's values are
+ * values of their own, so what each iteration's backward reads is simply
+ * kept, as a stack of iterations would keep it, and the weights every
+ * iteration shares get one gradient per iteration, summed. The steps keep
+ * the body's node paths, so errors and parameters name the loop's nodes. */
+static int unroll_for(compiler *c, const graph_step *st, const char *spath, const scope *sc,
+                      int x) {
+    int state = x;
+    char *body = ebb_compiler_strdupf("%s.loop.body", spath);
+    if (!body)
+        return ebb_compiler_oom(c);
+    for (int64_t k = 0; k < st->count; k++) {
+        c->repeating += k == 1;
+        int y = lower_node(c, st->node, body, sc, &state, 1);
+        ebb_shape ys = y >= 0 ? c->plan->values[y].shape : (ebb_shape){0};
+        ebb_shape ss = c->plan->values[state].shape;
+        if (y >= 0 && !ebb_shape_equal(&ys, &ss)) {
+            char a[96], b[96];
+            c->status = ebb_error_set(EBB_ERR_SHAPE,
+                                      "node %s: the loop body maps state %s to %s; a loop body "
+                                      "must keep the state's shape",
+                                      body, shape_text(&ss, a, sizeof a),
+                                      shape_text(&ys, b, sizeof b));
+            y = -1;
+        }
+        if (y < 0) {
+            c->repeating -= k >= 1;
+            free(body);
+            return -1;
+        }
+        state = y;
+    }
+    c->repeating -= st->count >= 2;
+    free(body);
+    return state;
+}
+
 static int lower_loop(compiler *c, const graph_step *st, const char *spath, const scope *sc,
                       int x) {
+    if (c->training && st->loop == LOOP_FOR)
+        return unroll_for(c, st, spath, sc, x);
     char *path = ebb_compiler_strdupf("%s.loop", spath);
     char *body_path = ebb_compiler_strdupf("%s.loop.body", spath);
     char *cond_path = ebb_compiler_strdupf("%s.loop.cond", spath);

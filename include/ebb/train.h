@@ -40,10 +40,11 @@
  * batch_norm's running statistics, which its training forward updates, are
  * restored too.
  *
- * Not yet trainable: plans that route rows (switch, top-k gate) or loop
- * (for, while, until) are refused by ebb_compile() with EBB_ERR_UNSUPPORTED
- * naming the node. Dense gates, split/merge, also, tag/using, repeat and
- * nested flows train.
+ * Dense gates, split/merge, also, tag/using, repeat, nested flows and `for`
+ * loops (unrolled: one set of weights, one gradient per iteration, summed)
+ * train. Not yet trainable: plans that route rows (switch, top-k gate) or
+ * loop while/until a test says stop are refused by ebb_compile() with
+ * EBB_ERR_UNSUPPORTED naming the node.
  */
 #ifndef EBB_TRAIN_H
 #define EBB_TRAIN_H
