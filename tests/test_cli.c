@@ -1851,6 +1851,132 @@ static float *read_floats(const char *path, const char *name, ebb_shape *shape) 
     return v;
 }
 
+/* Training from the shell: `ebb plan --train` lists the joint step phase by
+ * phase, and `ebb grad` writes the gradients the library computes, with a
+ * trace of every step, backward steps included. */
+static void test_train_plan_and_grad(void **state) {
+    (void)state;
+    cli_result r;
+    EBB(&r, "plan", "specs/mlp.yaml", "--train", "-i", "batch=8", "--json");
+    expect_code(&r, 0);
+    cJSON *plan = json_strict(r.out, r.out_len, r.cmd);
+    cli_free(&r);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(plan, "training")));
+    static const char *const phases[] = {"forward", "loss", "backward", "update"};
+    int last = 0, seen[4] = {0}, n_saved = 0;
+    const cJSON *st;
+    cJSON_ArrayForEach(st, cJSON_GetObjectItemCaseSensitive(plan, "steps")) {
+        const char *ph = str_field(st, "phase", "plan"), *op = str_field(st, "op", "plan");
+        int k = 0;
+        while (k < 4 && strcmp(phases[k], ph) != 0)
+            k++;
+        if (k == 4 || k < last)
+            fail_msg("step %lld: phase %s after %s", int_field(st, "index", "plan"), ph,
+                     phases[last]);
+        last = k;
+        seen[k]++;
+        size_t n = strlen(op);
+        if ((k == 2) != (n > 9 && !strcmp(op + n - 9, ".backward")) && strcmp(op, "accumulate"))
+            fail_msg("step %lld: op %s in phase %s", int_field(st, "index", "plan"), op, ph);
+    }
+    const cJSON *v;
+    cJSON_ArrayForEach(v, cJSON_GetObjectItemCaseSensitive(plan, "values"))
+        n_saved += cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(v, "saved"));
+    /* three linear layers: forward, nll, a backward per op, six updates */
+    assert_int_equal(seen[1], 1);
+    assert_int_equal(seen[3], 6);
+    assert_true(seen[2] >= 7);
+    assert_true(n_saved >= 4);
+    cJSON_Delete(plan);
+
+    EBB(&r, "plan", "specs/mlp.yaml", "--train", "-i", "batch=8");
+    expect_code(&r, 0);
+    golden_check("mlp_train.plan.txt", r.out, r.out_len);
+    cli_free(&r);
+
+    /* the inputs file: x and the class targets y */
+    char in_path[PATH_MAX], g_path[PATH_MAX], t_path[PATH_MAX];
+    tmp_path(in_path, sizeof in_path, "xy.safetensors");
+    tmp_path(g_path, sizeof g_path, "grads.safetensors");
+    tmp_path(t_path, sizeof t_path, "grad.jsonl");
+    ebb_shape xs = {2, {8, 64}}, ys = {1, {8}};
+    ebb_tensor *x = NULL, *y = NULL;
+    int64_t labels[8] = {0, 1, 2, 3, 4, 5, 6, 9};
+    assert_ok(ebb_tensor_randn(&x, &xs, EBB_FLOAT32, ebb_device_cpu(), 11));
+    assert_ok(ebb_tensor_from_host(&y, labels, sizeof labels, &ys, EBB_INT64, ebb_device_cpu()));
+    const char *names[2] = {"x", "y"};
+    ebb_tensor *ts[2] = {x, y};
+    assert_ok(ebb_safetensors_write(in_path, names, ts, 2));
+    EBB(&r, "grad", "specs/mlp.yaml", "--inputs", in_path, "--grads", g_path, "--trace", t_path,
+        "--device", "cpu");
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "6 gradients written to");
+    expect_contains("stdout", &r, r.out, "exact)");
+    double cli_loss = 0;
+    assert_int_equal(sscanf(r.out, "loss %lf", &cli_loss), 1);
+    cli_free(&r);
+
+    /* the same gradients as the library's, bit for bit (seed 0 both ways) */
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load(&s, EBB_SOURCE_DIR "/specs/mlp.yaml"));
+    ebb_train_options t = {.target_shapes = &ys, .n_target_shapes = 1, .grads_only = 1};
+    ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
+    ebb_plan *p = NULL;
+    assert_ok(ebb_spec_compile(&p, s, &o));
+    ebb_model *m = NULL;
+    assert_ok(ebb_model_new(&m, p, ebb_device_cpu(), 0));
+    ebb_tensor *grads[8] = {0};
+    double loss = 0;
+    assert_ok(ebb_grad(p, m, &x, &y, &loss, grads, NULL));
+    assert_true(fabs(loss - cli_loss) <= 1e-5 * fabs(loss));
+    ebb_safetensors *g = NULL;
+    assert_ok(ebb_safetensors_open(&g, g_path));
+    assert_int_equal(ebb_safetensors_count(g), 6);
+    for (int i = 0; i < ebb_model_param_count(m); i++) {
+        ebb_tensor *got = NULL;
+        assert_ok(ebb_safetensors_load(&got, g, ebb_model_param_name(m, i), ebb_device_cpu()));
+        double dev = 1;
+        assert_ok(ebb_tensor_max_abs_diff(got, grads[i], &dev));
+        if (dev != 0)
+            fail_msg("gradient %s: the command's differs from ebb_grad's by %g",
+                     ebb_model_param_name(m, i), dev);
+        ebb_tensor_free(got);
+        ebb_tensor_free(grads[i]);
+    }
+    ebb_safetensors_close(g);
+    ebb_model_free(m);
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+    ebb_tensor_free(x);
+    ebb_tensor_free(y);
+
+    /* the trace: backward steps named after their op, under the forward node,
+     * every value they write listed; measured == planned */
+    size_t len = 0;
+    char *text = slurp(t_path, &len);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "\"op\": \"linear.backward\", \"node\": \"fc1\""));
+    assert_non_null(strstr(text, "\"outputs\": [\"v"));
+    const char *sum = strstr(text, "{\"summary\"");
+    assert_non_null(sum);
+    cJSON *js = json_strict(sum, strlen(sum), "grad trace summary");
+    const cJSON *js_s = cJSON_GetObjectItemCaseSensitive(js, "summary");
+    assert_int_equal(int_field(js_s, "peak_bytes", "summary"),
+                     int_field(js_s, "planned_peak_bytes", "summary"));
+    cJSON_Delete(js);
+    free(text);
+
+    /* what cannot train says so */
+    EBB(&r, "plan", "specs/switch.yaml", "--train");
+    expect_code(&r, 3);
+    expect_contains("stderr", &r, r.err, "training through a switch is not supported yet");
+    cli_free(&r);
+    EBB(&r, "grad", "specs/mlp.yaml", "--grads", g_path);
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--inputs is required");
+    cli_free(&r);
+}
+
 static void test_weights_and_io_files(void **state) {
     (void)state;
     char x[PATH_MAX], w[PATH_MAX], y1[PATH_MAX], y2[PATH_MAX], y3[PATH_MAX];
@@ -2482,6 +2608,7 @@ int main(void) {
         EBB_TEST(test_trace_loop_iterations),
         EBB_TEST(test_trace_control_flow),
         EBB_TEST(test_chart_command),
+        EBB_TEST(test_train_plan_and_grad),
         EBB_TEST(test_weights_and_io_files),
         EBB_TEST(test_symbolic_default_note),
         EBB_TEST(test_unusable_input_files),
