@@ -34,6 +34,8 @@ typedef struct ad {
     int *grad;          /* per forward slot: its gradient's slot, SEED or -1 */
     int n_grad;
     int *pgrad; /* per parameter */
+    struct region *regions; /* routed regions being walked back through, innermost last */
+    int depth;
 } ad;
 
 static int fail(compiler *c, ebb_status st) {
@@ -49,11 +51,6 @@ static int refuse_control_flow(compiler *c) {
         const ebb_plan_step *s = &p->steps[i].pub;
         const char *what = NULL;
         switch (s->kind) {
-        case EBB_STEP_ROUTE:
-        case EBB_STEP_ENTER:
-        case EBB_STEP_EXIT:
-            what = p->steps[i].mode == EBB_ROUTE_SWITCH ? "a switch" : "a top-k gate";
-            break;
         case EBB_STEP_LOOP_INIT:
         case EBB_STEP_LOOP_NEXT:
         case EBB_STEP_JUMP_IF: what = "a while or until loop"; break;
@@ -62,8 +59,8 @@ static int refuse_control_flow(compiler *c) {
         if (what)
             return fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
                                          "node %s: training through %s is not supported yet; "
-                                         "dense gates, split/merge, also, tag/using, repeat and "
-                                         "`for` loops train",
+                                         "switches, gates, split/merge, also, tag/using, repeat "
+                                         "and `for` loops train",
                                          s->node, what));
     }
     return 0;
@@ -659,6 +656,150 @@ static int emit_backward(ad *a, int fi) {
     return rc;
 }
 
+/* ---- switches and top-k gates ------------------------------------------------------- *
+ *
+ * Walking backwards, a routed region is met at its last exit and left at its
+ * route. At the last exit, zero accumulators are made for x's gradient (and
+ * for a top-k gate the table's); then per branch, last first: a skip step
+ * that jumps past the branch's backward when its forward did not run (the
+ * rows were never written), the exit's backward (the branch's rows of the
+ * gradient, weighted for top-k, the weights' gradient into the table's
+ * column), the branch body's ordinary backward steps, and the enter's
+ * backward (the rows added into x's gradient). At the route, x's gradient is
+ * handed on, and for top-k the router's, through the renormalisation. */
+
+#define MAX_REGIONS 16
+
+typedef struct region {
+    int route, x, table, scores; /* forward slots and step */
+    int gx, gtable;              /* gradient accumulators, -1 when not wanted */
+    int mode;
+    int skip[256];               /* per branch: its skip step, -1 */
+} region;
+
+static int new_zeros(ad *a, int like, const char *node) {
+    compiler *c = a->c;
+    plan_step *z = ebb_compiler_step_new(c, EBB_STEP_ZEROS, "zeros", node);
+    if (!z)
+        return -1;
+    z->pub.phase = EBB_PHASE_BACKWARD;
+    z->shape_of = like;
+    int zi = ebb_compiler_step_index(c, z);
+    ebb_tensor *m = ebb_compiler_meta_ref(c, like);
+    int out = m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, zi, -1) : -1;
+    if (out < 0 || ebb_compiler_step_set_slots(c, &c->plan->steps[zi], NULL, 0, &out, 1) != 0)
+        return -1;
+    return out;
+}
+
+static plan_step *control(ad *a, ebb_step_kind kind, const char *name, const char *node,
+                          const int *in, int n_in, const int *out, int n_out) {
+    compiler *c = a->c;
+    plan_step *st = ebb_compiler_step_new(c, kind, name, node);
+    if (!st)
+        return NULL;
+    st->pub.phase = EBB_PHASE_BACKWARD;
+    int si = ebb_compiler_step_index(c, st);
+    if (ebb_compiler_step_set_slots(c, st, in, n_in, out, n_out) != 0)
+        return NULL;
+    return &c->plan->steps[si];
+}
+
+static int routed_backward(ad *a, int i) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    const plan_step *s = &p->steps[i];
+    region *regions = a->regions;
+    char *node = ebb_compiler_strdupf("%s", s->pub.node);
+    if (!node)
+        return ebb_compiler_oom(c);
+    int rc = 0;
+    if (s->pub.kind == EBB_STEP_EXIT) {
+        int acc = s->pub.out[0], j = s->branch;
+        const plan_step *enter = &p->steps[p->values[s->pub.in[1]].producer];
+        int x = enter->pub.in[0], table = enter->pub.in[1];
+        if (j == s->n_branches - 1 || a->depth == 0 || regions[a->depth - 1].table != table) {
+            /* entering the region from its end */
+            if (a->depth == MAX_REGIONS) {
+                free(node);
+                return fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                             "node %s: routed regions nest more than 16 deep",
+                                             s->pub.node));
+            }
+            region *rg = &regions[a->depth++];
+            const plan_step *route = &p->steps[p->values[table].producer];
+            *rg = (region){.route = p->values[table].producer, .x = x, .table = table,
+                           .scores = route->pub.in[0], .gx = -1, .gtable = -1, .mode = s->mode};
+            for (int b = 0; b < 256; b++)
+                rg->skip[b] = -1;
+            if (a->grad[acc] >= 0 && a->req[x])
+                rg->gx = new_zeros(a, x, node);
+            if (rc == 0 && a->grad[acc] >= 0 && s->mode == EBB_ROUTE_TOPK && a->req[table])
+                rg->gtable = new_zeros(a, table, node);
+            if ((a->req[x] && rg->gx < 0 && a->grad[acc] >= 0) ||
+                (s->mode == EBB_ROUTE_TOPK && a->req[table] && a->grad[acc] >= 0 &&
+                 rg->gtable < 0))
+                rc = -1;
+        }
+        region *rg = &regions[a->depth - 1];
+        int y = s->pub.in[0], rows = s->pub.in[1];
+        if (rc == 0 && a->grad[acc] >= 0 && (a->req[y] || rg->gtable >= 0)) {
+            plan_step *sk = control(a, EBB_STEP_SKIP, "skip", node, &rows, 1, NULL, 0);
+            rc = sk ? 0 : -1;
+            if (sk)
+                rg->skip[j] = ebb_compiler_step_index(c, sk);
+            int in[5] = {a->grad[acc], rows, table, y, rg->gtable};
+            int gy = -1;
+            if (rc == 0) {
+                plan_step *eb = NULL;
+                ebb_tensor *m = ebb_compiler_meta_ref(c, y);
+                int bi = p->n_steps;
+                gy = m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, bi, -1) : -1;
+                int out[2] = {gy, rg->gtable};
+                int topk = rg->gtable >= 0;
+                if (gy >= 0)
+                    eb = control(a, EBB_STEP_EXIT_BACKWARD, "exit.backward", node, in,
+                                 topk ? 5 : 3, out, topk ? 2 : 1);
+                if (eb) {
+                    eb->mode = topk ? EBB_ROUTE_TOPK : EBB_ROUTE_SWITCH;
+                    eb->branch = j;
+                }
+                rc = eb ? 0 : -1;
+            }
+            if (rc == 0 && a->req[y])
+                rc = accumulate(a, &a->grad[y], gy, node);
+        }
+    } else if (s->pub.kind == EBB_STEP_ENTER && a->depth > 0) {
+        region *rg = &regions[a->depth - 1];
+        int j = s->branch, xr = s->pub.out[1], rows = s->pub.out[0];
+        if (rg->gx >= 0 && a->grad[xr] >= 0) {
+            int in[3] = {a->grad[xr], rows, rg->gx};
+            rc = control(a, EBB_STEP_ENTER_BACKWARD, "enter.backward", node, in, 3, &rg->gx, 1)
+                     ? 0
+                     : -1;
+        }
+        if (rc == 0 && rg->skip[j] >= 0)
+            p->steps[rg->skip[j]].pub.jump = p->n_steps;
+    } else if (s->pub.kind == EBB_STEP_ROUTE && a->depth > 0) {
+        region rg = regions[--a->depth];
+        if (rg.gx >= 0)
+            rc = accumulate(a, &a->grad[rg.x], rg.gx, node);
+        if (rc == 0 && rg.gtable >= 0 && a->req[rg.scores]) {
+            ebb_tensor *m = ebb_compiler_meta_ref(c, rg.scores);
+            int gs = m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, p->n_steps, -1) : -1;
+            int in[3] = {rg.scores, rg.table, rg.gtable};
+            rc = gs >= 0 && control(a, EBB_STEP_ROUTE_BACKWARD, "route.backward", node, in, 3,
+                                    &gs, 1)
+                     ? 0
+                     : -1;
+            if (rc == 0)
+                rc = accumulate(a, &a->grad[rg.scores], gs, node);
+        }
+    }
+    free(node);
+    return rc;
+}
+
 /* ---- the pass --------------------------------------------------------------------- */
 
 static int finish(ad *a, int loss) {
@@ -767,7 +908,8 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
     a.req = calloc((size_t)a.n_grad, 1);
     a.grad = malloc((size_t)a.n_grad * sizeof *a.grad);
     a.pgrad = malloc(((size_t)p->n_params + 1) * sizeof *a.pgrad);
-    if (!a.req || !a.grad || !a.pgrad) {
+    a.regions = malloc(MAX_REGIONS * sizeof *a.regions);
+    if (!a.req || !a.grad || !a.pgrad || !a.regions) {
         ebb_compiler_oom(c);
         goto out;
     }
@@ -779,7 +921,18 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
     for (int i = 0; i < n_fwd; i++) {
         const plan_step *s = &p->steps[i];
         int r = 0;
-        if (s->pub.kind == EBB_STEP_ALIAS) {
+        if (s->pub.kind == EBB_STEP_ROUTE) {
+            /* a top-k table passes gradients to the router; a switch's
+             * choice is a hard one and passes none */
+            a.req[s->pub.out[0]] = s->mode == EBB_ROUTE_TOPK && a.req[s->pub.in[0]];
+            continue;
+        } else if (s->pub.kind == EBB_STEP_ENTER) {
+            a.req[s->pub.out[1]] = a.req[s->pub.in[0]];
+            continue;
+        } else if (s->pub.kind == EBB_STEP_EXIT) {
+            a.req[s->pub.out[0]] |= a.req[s->pub.in[0]] || a.req[s->pub.in[2]];
+            continue;
+        } else if (s->pub.kind == EBB_STEP_ALIAS) {
             r = a.req[s->pub.in[0]];
         } else if (s->pub.kind == EBB_STEP_OP) {
             uint32_t diff = s->op->grad ? s->op->grad->differentiable : 0xffffffffu;
@@ -845,6 +998,12 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
     for (int k = -1; k < n_fwd; k++) {
         int i = k < 0 ? loss_step : n_fwd - 1 - k;
         const plan_step *s = &p->steps[i];
+        if (s->pub.kind == EBB_STEP_EXIT || s->pub.kind == EBB_STEP_ENTER ||
+            s->pub.kind == EBB_STEP_ROUTE) {
+            if (routed_backward(&a, i) != 0)
+                goto out;
+            continue;
+        }
         int y = s->pub.out[0];
         if (a.grad[y] == -1 || !a.req[y])
             continue;
@@ -872,5 +1031,6 @@ out:
     free(a.req);
     free(a.grad);
     free(a.pgrad);
+    free(a.regions);
     return rc;
 }

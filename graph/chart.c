@@ -356,7 +356,7 @@ static void band_title(const chart *c, const band *b) {
     fputs("\nlast read by ", f);
     xml_text(f, st);
     if (b->held)
-        fputs("\nheld to the end (an output)", f);
+        fputs(c->p->keep_all ? "\nheld to the end (keep_all)" : "\nheld to the end (an output)", f);
     else
         fprintf(f, "\nfreed after step %d", b->death);
     if (b->saved) fputs("\nsaved for the backward", f);
@@ -745,7 +745,7 @@ static void draw_peak(chart *c) {
                  bytes_text(p->peak_bytes, hb, sizeof hb), (long long)p->peak_bytes, at);
         /* beside the mark where it fits, else from the left edge */
         double w = 6.6 * (double)strlen(label), right_edge = LEFT + c->plot_w;
-        double ly = y - 10 < c->top + 12 ? y + 16 : y - 10;
+        double ly = y - 12 < c->top + 12 ? y + 16 : y - 12;
         if (x + 8 + w <= right_edge)
             draw_text(f, x + 8, ly, "class=\"peaklabel\"", label);
         else if (x - 8 - w >= LEFT)
@@ -1131,7 +1131,7 @@ ebb_status ebb_plan_chart_svg(const ebb_plan *p, const ebb_chart_trace *trace, F
     }
     draw_legend(&c, items, n_items, legend_y, width, 1);
     fputs("</svg>\n", f);
-    if (fflush(f) != 0 || ferror(f))
+    if (ferror(f)) /* the caller flushes; what failed so far is known */
         st = ebb_error_set(EBB_ERR_IO, "ebb_plan_chart_svg: cannot write the chart of plan %s",
                            p->name);
 out:

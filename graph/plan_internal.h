@@ -32,6 +32,7 @@ typedef struct plan_step {
     uint32_t grad_in;    /* BACKWARD: inputs whose gradients lead pub.out, in order;
                             the parameters' (buffers excepted) follow */
     char *op_owned;      /* pub.op when the compiler made the name ("linear.backward") */
+    int shape_of;        /* ZEROS: the slot whose run-time shape it takes */
 } plan_step;
 
 typedef struct plan_param {

@@ -123,6 +123,28 @@ static int64_t routing_scratch(const walk *w, const ebb_plan *p, const plan_step
         }
         return n;
     }
+    case EBB_STEP_EXIT_BACKWARD: {
+        /* the gathered gradient rows (the output itself); for top-k the
+         * weighted copy, the product with y and its row sums, and the
+         * gathered weights */
+        if (s->mode != EBB_ROUTE_TOPK)
+            return 0;
+        const ebb_plan_value *gy = &p->values[ps->out[0]];
+        const ebb_plan_value *t = &p->values[ps->in[2]];
+        int64_t rows = route_batch(p, ps->in[2]) * (int64_t)ebb_dtype_size(t->dtype);
+        return 2 * rounded(w, value_full_bytes(gy)) + 3 * rounded(w, rows) +
+               rounded(w, NONZERO_SCRATCH);
+    }
+    case EBB_STEP_ENTER_BACKWARD: return rounded(w, NONZERO_SCRATCH);
+    case EBB_STEP_ROUTE_BACKWARD: {
+        /* the chosen mask, masked weights, g·table, g − dot, the quotient, and
+         * the boolean mask promoted twice; row sums of two; all held to the
+         * end (a bound: the plan routes, so nothing here is exact anyway) */
+        const ebb_plan_value *t = &p->values[ps->in[1]];
+        int64_t table = value_full_bytes(t), rows = route_batch(p, ps->in[1]) *
+                                                    (int64_t)ebb_dtype_size(t->dtype);
+        return 7 * rounded(w, table) + 3 * rounded(w, rows);
+    }
     default: return 0;
     }
 }
@@ -135,6 +157,12 @@ static int output_class(walk *w, const ebb_plan *p, const plan_step *s, int k) {
     case EBB_STEP_EXIT:
         /* the first exit to run makes the accumulator, later ones add into it */
         return w->cls[v] >= 0 ? w->cls[v] : new_class(w, val->nbytes);
+    case EBB_STEP_ENTER_BACKWARD:
+        return w->cls[v]; /* added into in place */
+    case EBB_STEP_EXIT_BACKWARD:
+        if (k == 1)
+            return w->cls[v]; /* the route's gradient, added into in place */
+        return new_class(w, value_full_bytes(val));
     case EBB_STEP_ROUTE:
         return k == 1 ? -1 : new_class(w, val->nbytes); /* the accumulator starts empty */
     case EBB_STEP_ENTER:

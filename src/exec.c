@@ -24,6 +24,7 @@ typedef struct run_ctx {
     ebb_tensor **params; /* scratch: one step's parameters */
     /* training */
     ebb_shape *shapes;   /* per slot: the shape last stored there (backward's in_shapes) */
+    unsigned char *written; /* per slot: stored this run (a branch's rows: the branch ran) */
     ebb_optimizer *opt;  /* the update steps' optimizer (ebb_train_step) */
     ebb_tensor *one;     /* the loss's gradient with respect to itself */
     uint64_t seed;       /* dropout's masks: mixed with the step index */
@@ -37,6 +38,8 @@ static void slot_set(run_ctx *r, int slot, ebb_tensor *t) {
     r->slots[slot] = t;
     if (t && r->shapes)
         r->shapes[slot] = ebb_tensor_shape(t);
+    if (r->written)
+        r->written[slot] = 1;
 }
 
 static void slot_release(run_ctx *r, int slot) {
@@ -262,6 +265,8 @@ static ebb_status backward(run_ctx *r, const plan_step *s) {
     for (int j = 0; j < s->n_saved; j++)
         extras[j] = r->slots[ps->in[k++]];
     const ebb_tensor *grad_out = s->seed ? r->one : r->slots[ps->in[k++]];
+    if (!grad_out)
+        return EBB_OK; /* no gradient reached it: only skipped branches read its output */
     for (int i = 0; i < k; i++)
         if (!r->slots[ps->in[i]]) {
             char id[64];
@@ -306,8 +311,14 @@ static ebb_status backward(run_ctx *r, const plan_step *s) {
 static ebb_status accumulate(run_ctx *r, const plan_step *s) {
     const ebb_plan_step *ps = &s->pub;
     ebb_tensor *a = r->slots[ps->in[0]], *b = r->slots[ps->in[1]];
-    if (!a || !b)
-        return ebb_error_set(EBB_ERR_RUNTIME, "a gradient to sum is empty");
+    if (!a || !b) {
+        /* one of them came from a branch that did not run */
+        ebb_tensor *t = NULL;
+        ebb_status st = a || b ? ebb_tensor_ref(&t, a ? a : b) : EBB_OK;
+        if (st == EBB_OK)
+            slot_set(r, ps->out[0], t);
+        return st;
+    }
     if (ps->in_place && !r->borrowed[ps->in[0]] && ebb_tensor_is_exclusive(a)) {
         ebb_status st = ebb_tensor_add_(a, b);
         if (st != EBB_OK)
@@ -334,6 +345,117 @@ static ebb_status update(run_ctx *r, const plan_step *s) {
     int64_t before = ebb_optimizer_state_bytes(r->opt, NULL);
     ebb_status st = ebb_optimizer_update(r->opt, s->pub.param, g);
     r->base += ebb_optimizer_state_bytes(r->opt, NULL) - before;
+    return st;
+}
+
+/* ---- routed regions in the backward ---------------------------------------- */
+
+/* EXIT's backward: the branch's rows of the accumulator's gradient, weighted
+ * for a top-k gate, whose weights' gradient goes into the route's column. */
+static ebb_status exit_backward(run_ctx *r, const plan_step *s) {
+    const ebb_plan_step *ps = &s->pub;
+    ebb_tensor *g = r->slots[ps->in[0]], *rows = r->slots[ps->in[1]];
+    ebb_tensor *route = r->slots[ps->in[2]];
+    if (!g)
+        return EBB_OK;
+    ebb_tensor *gy = NULL;
+    ebb_status st = rows ? ebb_tensor_index_select(&gy, g, 0, rows) : ebb_tensor_ref(&gy, g);
+    if (st != EBB_OK || s->mode != EBB_ROUTE_TOPK) {
+        if (st == EBB_OK)
+            slot_set(r, ps->out[0], gy);
+        return st;
+    }
+    ebb_tensor *y = r->slots[ps->in[3]], *gt = r->slots[ps->in[4]];
+    ebb_tensor *col = NULL, *w = NULL, *wr = NULL, *gw = NULL, *prod = NULL, *dw = NULL,
+               *gcol = NULL;
+    ebb_shape ws = ebb_tensor_shape(gy);
+    for (int d = 1; d < ws.ndim; d++)
+        ws.dim[d] = 1;
+    int64_t dims[EBB_MAX_DIMS];
+    int nd = 0;
+    for (int d = 1; d < ws.ndim; d++)
+        dims[nd++] = d;
+    st = ebb_tensor_select(&col, route, 1, s->branch);
+    if (st == EBB_OK)
+        st = rows ? ebb_tensor_index_select(&w, col, 0, rows) : ebb_tensor_ref(&w, col);
+    if (st == EBB_OK)
+        st = ebb_tensor_reshape(&wr, w, &ws);
+    if (st == EBB_OK)
+        st = ebb_tensor_binary(&gw, EBB_MUL, gy, wr);
+    /* d loss / d weight of each row: <grad rows, y> */
+    if (st == EBB_OK)
+        st = ebb_tensor_binary(&prod, EBB_MUL, gy, y);
+    if (st == EBB_OK)
+        st = nd ? ebb_tensor_reduce(&dw, EBB_REDUCE_SUM, prod, dims, nd, false)
+                : ebb_tensor_ref(&dw, prod);
+    if (st == EBB_OK)
+        st = ebb_tensor_select(&gcol, gt, 1, s->branch);
+    if (st == EBB_OK)
+        st = rows ? ebb_tensor_index_add_(gcol, 0, rows, dw) : ebb_tensor_add_(gcol, dw);
+    ebb_tensor_free(gy);
+    ebb_tensor_free(col);
+    ebb_tensor_free(w);
+    ebb_tensor_free(wr);
+    ebb_tensor_free(prod);
+    ebb_tensor_free(dw);
+    ebb_tensor_free(gcol);
+    if (st != EBB_OK) {
+        ebb_tensor_free(gw);
+        return st;
+    }
+    slot_set(r, ps->out[0], gw);
+    return EBB_OK;
+}
+
+/* ENTER's backward: the branch input's gradient, added into x's by row. */
+static ebb_status enter_backward(run_ctx *r, const plan_step *s) {
+    const ebb_plan_step *ps = &s->pub;
+    ebb_tensor *g = r->slots[ps->in[0]], *rows = r->slots[ps->in[1]];
+    ebb_tensor *acc = r->slots[ps->in[2]];
+    if (!g)
+        return EBB_OK;
+    return rows ? ebb_tensor_index_add_(acc, 0, rows, g) : ebb_tensor_add_(acc, g);
+}
+
+/* The top-k route's backward: the table holds w_i / S for the chosen
+ * experts (S their sum) and 0 elsewhere, so d table_i / d w_j is
+ * (δij − table_i) / S over the chosen ones:
+ *     grad_w = chosen · (g − Σ_i g_i·table_i) / S. */
+static ebb_status route_backward(run_ctx *r, const plan_step *s) {
+    const ebb_plan_step *ps = &s->pub;
+    ebb_tensor *w = r->slots[ps->in[0]], *t = r->slots[ps->in[1]], *g = r->slots[ps->in[2]];
+    ebb_tensor *mask = NULL, *wm = NULL, *sum = NULL, *gt = NULL, *dot = NULL, *diff = NULL,
+               *q = NULL, *out = NULL;
+    int64_t dim1 = 1;
+    ebb_status st = ebb_tensor_compare(&mask, EBB_NE, t, 0.0);
+    if (st == EBB_OK)
+        st = ebb_tensor_binary(&wm, EBB_MUL, w, mask);
+    if (st == EBB_OK)
+        st = ebb_tensor_reduce(&sum, EBB_REDUCE_SUM, wm, &dim1, 1, true);
+    if (st == EBB_OK)
+        st = ebb_tensor_binary(&gt, EBB_MUL, g, t);
+    if (st == EBB_OK)
+        st = ebb_tensor_reduce(&dot, EBB_REDUCE_SUM, gt, &dim1, 1, true);
+    if (st == EBB_OK)
+        st = ebb_tensor_binary(&diff, EBB_SUB, g, dot);
+    if (st == EBB_OK)
+        st = ebb_tensor_binary(&q, EBB_DIV, diff, sum);
+    if (st == EBB_OK)
+        st = ebb_tensor_binary(&out, EBB_MUL, q, mask);
+    ebb_tensor *tmp[] = {mask, wm, sum, gt, dot, diff, q};
+    for (size_t i = 0; i < sizeof tmp / sizeof tmp[0]; i++)
+        ebb_tensor_free(tmp[i]);
+    if (st == EBB_OK)
+        slot_set(r, ps->out[0], out);
+    return st;
+}
+
+static ebb_status zeros(run_ctx *r, const plan_step *s) {
+    const ebb_plan_value *v = &r->plan->values[s->pub.out[0]];
+    ebb_tensor *z = NULL;
+    ebb_status st = ebb_tensor_zeros(&z, &r->shapes[s->shape_of], v->dtype, r->model->device);
+    if (st == EBB_OK)
+        slot_set(r, s->pub.out[0], z);
     return st;
 }
 
@@ -379,6 +501,13 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
     case EBB_STEP_BACKWARD: return backward(r, s);
     case EBB_STEP_ACCUM: return accumulate(r, s);
     case EBB_STEP_UPDATE: return update(r, s);
+    case EBB_STEP_ZEROS: return zeros(r, s);
+    case EBB_STEP_SKIP:
+        *jump = !r->written[ps->in[0]];
+        return EBB_OK;
+    case EBB_STEP_EXIT_BACKWARD: return exit_backward(r, s);
+    case EBB_STEP_ENTER_BACKWARD: return enter_backward(r, s);
+    case EBB_STEP_ROUTE_BACKWARD: return route_backward(r, s);
     case EBB_STEP_ALIAS: {
         ebb_tensor *t = NULL;
         ebb_status st = ebb_tensor_ref(&t, r->slots[ps->in[0]]);
@@ -515,11 +644,16 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
         ebb_shape scalar = {0};
         const ebb_plan_value *loss = &plan->values[plan->outputs[0]];
         r.shapes = calloc((size_t)plan->n_values + 1, sizeof *r.shapes);
-        if (!r.shapes)
+        r.written = calloc((size_t)plan->n_values + 1, 1);
+        if (!r.shapes || !r.written) {
+            free(r.shapes);
+            free(r.written);
             return ebb_error_set(EBB_ERR_NOMEM, "ebb_run: out of memory");
+        }
         st = ebb_tensor_ones(&r.one, &scalar, loss->dtype, dev);
         if (st != EBB_OK) {
             free(r.shapes);
+            free(r.written);
             return st;
         }
     }
@@ -624,6 +758,7 @@ done:
                 slot_release(&r, v);
     free(r.slots);
     free(r.shapes);
+    free(r.written);
     ebb_tensor_free(r.one);
     return st;
 }

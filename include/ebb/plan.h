@@ -100,6 +100,11 @@ typedef enum ebb_step_kind {
     EBB_STEP_BACKWARD,  /* (saved..., grad_out) -> gradients of an op's inputs and parameters */
     EBB_STEP_ACCUM,     /* out = a + b: a second gradient reaching the same value */
     EBB_STEP_UPDATE,    /* the optimizer updates one parameter from its gradient */
+    EBB_STEP_ZEROS,     /* out = zeros: a routed region's gradient accumulator */
+    EBB_STEP_SKIP,      /* jumps past a branch's backward when its forward did not run */
+    EBB_STEP_EXIT_BACKWARD,  /* (grad_acc, rows, route[, y, grad_route]) -> grad_y[, grad_route] */
+    EBB_STEP_ENTER_BACKWARD, /* (grad_rows_input, rows, grad_x) -> grad_x, added by row */
+    EBB_STEP_ROUTE_BACKWARD, /* top-k: (router output, route, grad_route) -> grad of the router output */
 } ebb_step_kind;
 
 /* Which part of a training step a step belongs to (inference: all forward). */
@@ -209,9 +214,11 @@ EBB_API void ebb_plan_print(const ebb_plan *p, FILE *f);
  * docs/cli.md: name, inputs, outputs, params, values, steps, peaks). NULL p
  * or f: writes nothing. */
 EBB_API void ebb_plan_write_json(const ebb_plan *p, FILE *f);
-/* Writes the plan as Graphviz DOT: steps top to bottom, data edges labelled
- * with value, shape and bytes, fill by live bytes, the peak outlined. NULL p
- * or f: writes nothing. */
+/* Writes the plan as Graphviz DOT: steps in columns of at most ten, each
+ * naming the value it makes (shape, bytes) and its live bytes, fill by
+ * bytes, the peak step outlined with the peak figure. Edges join only steps
+ * a short way apart in one column; a value read from further away is named
+ * on its reader ("reads v3 from 2"). NULL p or f: writes nothing. */
 EBB_API void ebb_plan_write_dot(const ebb_plan *p, FILE *f);
 
 /* One executed step of a run as measured: a line of `ebb run --trace`

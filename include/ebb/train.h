@@ -40,11 +40,17 @@
  * batch_norm's running statistics, which its training forward updates, are
  * restored too.
  *
- * Dense gates, split/merge, also, tag/using, repeat, nested flows and `for`
- * loops (unrolled: one set of weights, one gradient per iteration, summed)
- * train. Not yet trainable: plans that route rows (switch, top-k gate) or
- * loop while/until a test says stop are refused by ebb_compile() with
- * EBB_ERR_UNSUPPORTED naming the node.
+ * Switches (each branch's gradient rows scattered back; the selector's
+ * choice is hard and gets no gradient, as argmax gets none in PyTorch),
+ * gates dense and top-k (the router's gradient flows through the
+ * renormalised weights, as autograd computes it for topk and a gather),
+ * split/merge, also, tag/using, repeat, nested flows and `for` loops
+ * (unrolled: one set of weights, one gradient per iteration, summed) train.
+ * A branch no row chose is skipped in the backward too, and its parameters
+ * get no gradient and no update, as torch.optim skips a parameter whose
+ * .grad is None. Not yet trainable: loops that run while/until a test says
+ * stop are refused by ebb_compile() with EBB_ERR_UNSUPPORTED naming the
+ * node.
  */
 #ifndef EBB_TRAIN_H
 #define EBB_TRAIN_H
