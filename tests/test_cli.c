@@ -1,6 +1,6 @@
 /* The `ebb` command: golden listings, JSON and DOT; strict parsing of the JSON
  * plan and the JSONL trace; the trace's frees against the plan's last_use;
- * every exit code; weights, inputs and outputs files; files that are not
+ * the memory chart with a run's trace drawn over it; every exit code; weights, inputs and outputs files; files that are not
  * regular or hold what ebb cannot use, output paths of every kind, runs
  * refused before they start because the plan cannot fit; git's option
  * conventions (--opt=value, --, - for standard input, help CMD, -V), every
@@ -1967,9 +1967,10 @@ static void test_train_plan_and_grad(void **state) {
     free(text);
 
     /* what cannot train says so */
-    EBB(&r, "plan", "specs/switch.yaml", "--train");
+    EBB(&r, "plan", "specs/loop_while.yaml", "--train");
     expect_code(&r, 3);
-    expect_contains("stderr", &r, r.err, "training through a switch is not supported yet");
+    expect_contains("stderr", &r, r.err, "training through a while or until loop is not "
+                                         "supported yet");
     cli_free(&r);
     EBB(&r, "grad", "specs/mlp.yaml", "--grads", g_path);
     expect_code(&r, 2);
