@@ -10,7 +10,7 @@ CMAKE_FLAGS ?=
 # Debian packages the build and the tests need. libopenblas0-pthread matters:
 # Debian's libtorch falls back to the reference BLAS without it (25x slower).
 DEB_PACKAGES := cmake g++ make pkg-config libtorch-dev libopenblas0-pthread \
-                libyaml-dev libcjson-dev libcmocka-dev graphviz
+                libyaml-dev libcjson-dev libcmocka-dev graphviz librsvg2-bin
 
 .PHONY: all build deps fuzz-deps demo test bench fuzz clean
 
@@ -49,14 +49,16 @@ build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j$(JOBS)
 
 # The C example, then a spec through the command: its plan with a memory
-# chart, a run (measured next to planned bytes), and the plan drawn as SVG.
+# chart, a run (measured next to planned bytes, traced), the plan drawn as
+# SVG, and its memory over the steps with the run's trace drawn over it.
 DEMO_SPEC ?= specs/switch_routed.yaml
 demo: build
 	./$(BUILD)/examples/residual_mlp
 	./$(BUILD)/ebb plan $(DEMO_SPEC) -i batch=16 --memory
-	./$(BUILD)/ebb run $(DEMO_SPEC) -i batch=16 --repeat 20
+	./$(BUILD)/ebb run $(DEMO_SPEC) -i batch=16 --repeat 20 --trace $(BUILD)/demo-trace.jsonl
 	./$(BUILD)/ebb dot $(DEMO_SPEC) --plan -i batch=16 -o $(BUILD)/demo-plan.svg
-	@echo "plan drawn in $(BUILD)/demo-plan.svg"
+	./$(BUILD)/ebb chart $(DEMO_SPEC) -i batch=16 --trace $(BUILD)/demo-trace.jsonl -o $(BUILD)/demo-chart.svg
+	@echo "plan drawn in $(BUILD)/demo-plan.svg, its memory over the steps with the run's trace in $(BUILD)/demo-chart.svg"
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)

@@ -806,8 +806,12 @@ static int finish(ad *a, int loss) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
     int n_out = 1;
-    for (int i = 0; i < p->n_params; i++)
+    for (int i = 0; i < p->n_params; i++) {
+        /* a parameter no gradient reaches (a switch's selector) is not trained */
+        if (a->pgrad[i] < 0)
+            p->trained[i] = 0;
         n_out += a->t->grads_only && a->pgrad[i] >= 0;
+    }
     int *outputs = calloc((size_t)n_out, sizeof *outputs);
     char **names = calloc((size_t)n_out, sizeof *names);
     int *out_param = calloc((size_t)n_out, sizeof *out_param);

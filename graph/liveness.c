@@ -71,8 +71,48 @@ int ebb_pass_liveness(compiler *c) {
             }
         }
     }
+    /* Which slots may hold a value on entry to each step: a forward dataflow
+     * (union over incoming edges) from the inputs. A slot no path has
+     * written yet is never freed: a training plan's backward of a branch
+     * that may have been skipped makes such slots live on paths the run
+     * never takes. */
+    word *wr = calloc((size_t)(n + 1) * (size_t)words, sizeof *wr);
+    if (!wr) {
+        free(live);
+        free(keep);
+        free(list);
+        return ebb_compiler_oom(c);
+    }
+    for (int w = 0; w < words; w++)
+        wr[w] = keep[w];
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = 0; i < n; i++) {
+            const plan_step *s = &p->steps[i];
+            int fall, jump;
+            successors(p, i, &fall, &jump);
+            for (int e = 0; e < 2; e++) {
+                int t = e == 0 ? fall : jump;
+                if (t < 0)
+                    continue;
+                int writes = !(e == 1 && s->pub.kind == EBB_STEP_ENTER);
+                for (int w = 0; w < words; w++) {
+                    word out = wr[(size_t)i * words + w];
+                    for (int k = 0; writes && k < s->pub.n_out; k++)
+                        if (s->pub.out[k] / WBITS == w)
+                            out |= (word)1 << (s->pub.out[k] % WBITS);
+                    word *to = &wr[(size_t)t * words + w];
+                    if ((*to | out) != *to) {
+                        *to |= out;
+                        changed = 1;
+                    }
+                }
+            }
+        }
+    }
     /* frees on an edge i -> t: (live_in(i) | def(i)) & ~live_in(t), minus
-     * the caller's inputs. keep_all: nothing. */
+     * the caller's inputs, and only what may have been written. keep_all:
+     * nothing. */
     for (int i = 0; i < n && !p->keep_all; i++) {
         plan_step *s = &p->steps[i];
         int fall, jump;
@@ -83,7 +123,7 @@ int ebb_pass_liveness(compiler *c) {
                 continue;
             int count = 0;
             for (int v = 0; v < nv; v++) {
-                int here = bit_get(&live[(size_t)i * words], v);
+                int here = bit_get(&live[(size_t)i * words], v) && bit_get(&wr[(size_t)i * words], v);
                 /* an enter that jumps (its branch got no rows) writes nothing */
                 int writes = !(e == 1 && s->pub.kind == EBB_STEP_ENTER);
                 for (int k = 0; !here && writes && k < s->pub.n_out; k++)
@@ -93,6 +133,7 @@ int ebb_pass_liveness(compiler *c) {
             }
             int *copy = ebb_compiler_dup_ints(list, count);
             if (count && !copy) {
+                free(wr);
                 free(live);
                 free(keep);
                 free(list);
@@ -107,6 +148,7 @@ int ebb_pass_liveness(compiler *c) {
             }
         }
     }
+    free(wr);
     free(live);
     free(keep);
     free(list);

@@ -183,11 +183,24 @@ static int64_t sum_to_scratch(const ebb_shape *in, int n_in, ebb_dtype dt) {
     return most;
 }
 
-/* add: each gradient is a sum or a copy of grad_out: nothing beside them. */
+/* add: each gradient is a sum of grad_out or, made after the sums, a copy
+ * of it: nothing beside them but the sums' two-pass scratch. */
 static int64_t add_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                  ebb_dtype dt) {
     (void)a;
-    return sum_to_scratch(in, n_in, dt);
+    ebb_shape out = broadcast_shape(in, n_in);
+    int64_t e = grad_elem(dt), o = ebb_shape_numel(&out), live = 0, peak = 0;
+    for (int i = 0; i < n_in; i++) {
+        if (ebb_shape_equal(&in[i], &out))
+            continue;
+        int64_t r = ebb_shape_numel(&in[i]);
+        int64_t now = live + r * e + ebb_ops_reduce_scratch(o, r, dt);
+        peak = now > peak ? now : peak;
+        live += r * e;
+    }
+    for (int i = 0; i < n_in; i++)
+        live += ebb_shape_equal(&in[i], &out) ? o * e : 0;
+    return peak > live ? peak - live : 0;
 }
 
 /* mul: input i's gradient is grad_out times every other input, a chain of

@@ -79,8 +79,29 @@ static ebb_status linear_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_te
     return ebb_tensor_linear_backward(&gin[0], &gp[0], c->n_params > 1 ? &gp[1] : NULL,
                                       c->grad_out, c->in[0], c->params[0]);
 }
+/* Matrix products straight into the gradients; the bias's is a sum over the
+ * rows, which takes ebb_ops_reduce_scratch's two passes when it has one
+ * element (learned_halt's, or linear's with out=1). */
+static int64_t bias_sum_scratch(const ebb_shape *x, int64_t out, ebb_dtype dt) {
+    if (x->ndim < 1 || x->dim[x->ndim - 1] == 0)
+        return 0;
+    return ebb_ops_reduce_scratch(ebb_shape_numel(x) / x->dim[x->ndim - 1] * out, out, dt);
+}
+static int64_t linear_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                    ebb_dtype dt) {
+    (void)n_in;
+    return a[A_BIAS].i ? bias_sum_scratch(&in[0], a[A_OUT].i, dt) : 0;
+}
+static int64_t halt_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                  ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    return bias_sum_scratch(&in[0], 1, dt);
+}
 static const ebb_op_grad linear_grad = {.backward = linear_bwd, .saves_inputs = 1u,
-                                        .differentiable = 1u};
+                                        .differentiable = 1u, .workspace = linear_bwd_workspace};
+static const ebb_op_grad halt_grad = {.backward = linear_bwd, .saves_inputs = 1u,
+                                      .differentiable = 1u, .workspace = halt_bwd_workspace};
 
 const ebb_op ebb_ops_linear[] = {
     {.name = "linear", .min_inputs = 1, .max_inputs = 1, .attrs = linear_attrs, .n_attrs = 3,
@@ -89,6 +110,6 @@ const ebb_op ebb_ops_linear[] = {
     {.name = "learned_halt", .min_inputs = 1, .max_inputs = 1, .attrs = halt_attrs, .n_attrs = 1,
      .params = halt_params, .forward = halt_fwd,
      .doc = "linear(in, 1): a learned loop condition (true when its mean is > 0)",
-     .grad = &linear_grad},
+     .grad = &halt_grad},
 };
 const int ebb_ops_linear_count = EBB_COUNT(ebb_ops_linear);

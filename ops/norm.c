@@ -334,11 +334,16 @@ static ebb_status group_norm_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, eb
 
 /* ---- backward workspace -------------------------------------------------------
  * What libtorch 1.13's CPU kernels allocate beyond the gradients, for a
- * contiguous input (as the plan's values are):
+ * contiguous input (a view such as transpose's output may take other
+ * paths):
  *  - native_layer_norm_backward sums the weight's and bias's gradients
  *    through a buffer of {2, threads, N} in the input's dtype;
  *  - native_batch_norm_backward makes the input's gradient twice and drops
- *    the first (the contiguous path allocates it again);
+ *    the first (the contiguous path allocates it again); an input with one
+ *    value per channel and sample ([N, C], [N, C, 1, 1]) or a 4-D one with
+ *    one channel takes the channels-last kernel, which sums through
+ *    {2, threads, C} (and a C of ones for a missing weight) once the first
+ *    is gone;
  *  - native_group_norm_backward keeps two per-(sample, channel) sums;
  *  - rms_norm's derivative is libtorch ops (ebb_tensor_rms_norm_backward):
  *    the largest moment is the input gradient's expression, whose
@@ -356,9 +361,16 @@ static int64_t layer_norm_bwd_workspace(const ebb_attr_value *a, const ebb_shape
 
 static int64_t batch_norm_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                         ebb_dtype dt) {
-    (void)a;
     (void)n_in;
-    return ebb_shape_numel(&in[0]) * (int64_t)ebb_dtype_size(dt);
+    int64_t numel = ebb_shape_numel(&in[0]), e = (int64_t)ebb_dtype_size(dt);
+    if (in[0].ndim < 2 || numel <= 0)
+        return 0;
+    int64_t n = in[0].dim[0], c = in[0].dim[1], twice = numel * e;
+    if (numel / (n * c) != 1 && !(c == 1 && in[0].ndim == 4))
+        return twice;
+    int threads = ebb_tensor_num_threads();
+    int64_t sums = (2 * (int64_t)(threads > 1 ? threads : 1) * c + (a[BN_AFFINE].i ? 0 : c)) * e;
+    return sums > twice ? sums : twice;
 }
 
 static int64_t group_norm_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
@@ -393,10 +405,20 @@ static const ebb_op_grad layer_norm_grad = {.backward = layer_norm_bwd,
                                             .forward_train = layer_norm_train, .n_saved = 2,
                                             .saves_inputs = 1u, .differentiable = 1u,
                                             .workspace = layer_norm_bwd_workspace};
+/* The training forward's batch statistics come out as the two extras; the
+ * CPU kernel also holds two per-channel temporaries while it updates the
+ * running statistics (measured: 2 x channels x the element size). */
+static int64_t batch_norm_train_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                          ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    return in[0].ndim >= 2 ? 2 * in[0].dim[1] * (int64_t)ebb_dtype_size(dt) : 0;
+}
 static const ebb_op_grad batch_norm_grad = {.backward = batch_norm_bwd,
                                             .forward_train = batch_norm_train, .n_saved = 2,
                                             .saves_inputs = 1u, .differentiable = 1u,
-                                            .workspace = batch_norm_bwd_workspace};
+                                            .workspace = batch_norm_bwd_workspace,
+                                            .train_workspace = batch_norm_train_workspace};
 static const ebb_op_grad rms_norm_grad = {.backward = rms_norm_bwd, .saves_inputs = 1u,
                                           .differentiable = 1u,
                                           .workspace = rms_norm_bwd_workspace};

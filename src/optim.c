@@ -189,14 +189,8 @@ ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
     ebb_optimizer_options o;
     ebb_status st = resolve(&o, opts, fn);
     if (st != EBB_OK) return st;
-    for (int i = 0; i < model->n_params; i++) {
-        ebb_dtype dt = ebb_tensor_dtype(model->params[i]);
-        if (!is_float(dt))
-            return ebb_error_set(
-                EBB_ERR_ARG,
-                "%s: parameter '%s' is %s; optimizers update floating-point parameters only", fn,
-                model->names[i], ebb_dtype_name(dt));
-    }
+    /* integer tensors (batch_norm's num_batches_tracked) are counters, never
+     * updated: ebb_optimizer_update() refuses them */
     ebb_optimizer *opt = calloc(1, sizeof *opt);
     if (opt) opt->state = calloc((size_t)model->n_params + 1, sizeof *opt->state);
     if (!opt || !opt->state) {
@@ -250,6 +244,11 @@ static ebb_status check_grad(const ebb_optimizer *opt, int i, const ebb_tensor *
     ebb_shape ps = ebb_tensor_shape(p), gs = ebb_tensor_shape(grad);
     ebb_dtype pd = ebb_tensor_dtype(p), gd = ebb_tensor_dtype(grad);
     char a[128], b[128];
+    if (!is_float(pd))
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s: parameter '%s' is %s, a counter; optimizers update "
+                             "floating-point parameters only",
+                             fn, opt->model->names[i], ebb_dtype_name(pd));
     if (!ebb_shape_equal(&ps, &gs) || ebb_tensor_ndim(p) != ebb_tensor_ndim(grad) || pd != gd)
         return ebb_error_set(
             EBB_ERR_SHAPE, "%s: parameter '%s': the gradient is %s %s, the parameter is %s %s", fn,

@@ -1,7 +1,8 @@
 /* Memory lifetime charts (ebb_plan_chart_svg): the SVG is well-formed XML,
  * holds one band per value that owns storage, labels the plan's peak, draws
  * a measured trace point for point and marks a step that measured more than
- * planned; a 5,000-step plan's chart stays small; every spec in specs/
+ * planned; a training step's phases are shaded and its saved activations
+ * outlined; a 5,000-step plan's chart stays small; every spec in specs/
  * charts. */
 #define _GNU_SOURCE /* open_memstream */
 #include <dirent.h>
@@ -72,6 +73,28 @@ static int storage_values(const ebb_plan *p) {
         const ebb_plan_value *val = ebb_plan_value_at(p, v);
         n += val->producer >= 0 && val->nbytes > 0;
     }
+    return n;
+}
+
+/* Writes that make new storage, one band each: every write of a value that
+ * owns storage, except the route's empty accumulator (its first exit fills
+ * it, later exits add into it). A slot written again by an op (a backward
+ * scattering into a gradient) holds new storage, as the plan counts it. */
+static int storage_writes(const ebb_plan *p) {
+    int n = 0, nv = ebb_plan_value_count(p);
+    unsigned char *filled = calloc((size_t)nv + 1, 1);
+    assert_non_null(filled);
+    for (int i = 0; i < ebb_plan_step_count(p); i++) {
+        const ebb_plan_step *s = ebb_plan_step_at(p, i);
+        for (int k = 0; k < s->n_out; k++) {
+            const ebb_plan_value *val = ebb_plan_value_at(p, s->out[k]);
+            if (val->nbytes <= 0 || val->alias_of >= 0 || (s->kind == EBB_STEP_ROUTE && k == 1))
+                continue;
+            if (s->kind == EBB_STEP_EXIT && filled[s->out[k]]++) continue;
+            n++;
+        }
+    }
+    free(filled);
     return n;
 }
 
@@ -231,6 +254,114 @@ static void test_chart_trace_overlay(void **state) {
     ebb_graph_free(g);
 }
 
+/* ---- a training step ------------------------------------------------------- */
+
+/* The class attribute of the band of value `slot`. */
+static void band_class(const char *svg, int slot, char *out, size_t size) {
+    char needle[64];
+    snprintf(needle, sizeof needle, "data-value=\"v%d\"", slot);
+    const char *a = strstr(svg, needle);
+    if (!a) fail_msg("no band of v%d", slot);
+    const char *tag = a;
+    while (tag > svg && *tag != '<')
+        tag--;
+    const char *c = strstr(tag, "class=\"");
+    assert_true(c && c < a);
+    c += 7;
+    snprintf(out, size, "%.*s", (int)(strchr(c, '"') - c), c);
+}
+
+/* x [4, 8] -> linear a (16) -> relu (in place) -> linear head (3), cross
+ * entropy against int64 targets, SGD. */
+static void test_chart_training_step(void **state) {
+    (void)state;
+    ebb_builder *b = ebb_builder_new("step");
+    ebb_input(b, "x");
+    ebb_target(b, "y");
+    ebb_from(b, ebb_node_op(b, "linear", "out=16, name=a"));
+    ebb_through(b, ebb_node_op(b, "relu", NULL));
+    ebb_through(b, ebb_node_op(b, "linear", "out=3, name=head"));
+    ebb_loss(b, "cross_entropy", NULL);
+    ebb_graph *g = build_or_fail(b);
+    ebb_shape xs = EBB_SHAPE(4, 8), ys = EBB_SHAPE(4);
+    ebb_dtype yd = EBB_INT64;
+    ebb_train_options t = {.target_shapes = &ys,
+                           .n_target_shapes = 1,
+                           .target_dtypes = &yd,
+                           .optimizer = ebb_optimizer_defaults(EBB_SGD, 0.1)};
+    ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
+    ebb_plan *p = NULL;
+    assert_ok(ebb_compile(&p, g, &o));
+    char *svg = chart(p, NULL, NULL);
+
+    /* one shaded, labelled area per run of a phase, in order */
+    static const char *const names[] = {"forward", "loss", "backward", "update"};
+    const char *at = svg;
+    int runs = 0;
+    for (int i = 0; i < ebb_plan_step_count(p); i++) {
+        int ph = (int)ebb_plan_step_at(p, i)->phase;
+        if (i > 0 && ph == (int)ebb_plan_step_at(p, i - 1)->phase) continue;
+        char needle[64];
+        snprintf(needle, sizeof needle, "class=\"phase\" data-phase=\"%s\"", names[ph]);
+        at = strstr(at, needle);
+        if (!at) fail_msg("no %s phase shaded after step %d", names[ph], i);
+        runs++;
+    }
+    assert_int_equal(runs, 4); /* forward, loss, backward, update */
+    assert_int_equal(xml_count(svg, "class=\"phase\""), runs);
+    assert_int_equal(xml_count(svg, "class=\"phlabel\""), runs);
+
+    /* the relu's output (in place over a's) is kept for the backward: its
+     * band crosses into it, outlined */
+    int a = ebb_plan_step_at(p, 0)->out[0];
+    char cls[64];
+    band_class(svg, a, cls, sizeof cls);
+    if (!strstr(cls, " s"))
+        fail_msg("the band of v%d (a's output, saved for relu's backward) is \"%s\"", a, cls);
+    /* bands made by the loss, backward and update steps are the lighter ones */
+    int backward = 0;
+    for (int v = 0; v < ebb_plan_value_count(p); v++) {
+        const ebb_plan_value *val = ebb_plan_value_at(p, v);
+        backward += val->producer >= 0 && val->nbytes > 0 &&
+                    ebb_plan_step_at(p, val->producer)->phase != EBB_PHASE_FORWARD;
+    }
+    assert_true(backward > 0);
+    assert_int_equal(xml_count(svg, " g\" data-value") + xml_count(svg, " g s\" data-value"),
+                     backward);
+    assert_int_equal(xml_count(svg, "<path class=\"b "), storage_values(p));
+    assert_int_equal(attr_after(svg, "id=\"peak\"", "data-bytes"), ebb_plan_peak_bytes(p, NULL));
+    free(svg);
+
+    /* a traced step on the CPU measures what was planned, step by step */
+    ebb_model *m = NULL;
+    ebb_optimizer *opt = NULL;
+    assert_ok(ebb_model_new(&m, p, CPU, 1));
+    assert_ok(ebb_optimizer_new(&opt, m, &t.optimizer));
+    ebb_tensor *x = NULL, *y = NULL;
+    assert_ok(ebb_tensor_randn(&x, &xs, EBB_FLOAT32, CPU, 2));
+    int64_t labels[4] = {0, 2, 1, 2};
+    assert_ok(ebb_tensor_from_host(&y, labels, sizeof labels, &ys, EBB_INT64, CPU));
+    samples tr = {0};
+    ebb_run_options ro = {.trace = record, .trace_user = &tr};
+    double loss = 0;
+    assert_ok(ebb_train_step_ex(p, m, opt, &x, &y, &loss, &ro, NULL));
+    assert_int_equal(tr.n, ebb_plan_step_count(p));
+    ebb_chart_trace ct = {.samples = tr.s, .n_samples = tr.n, .device = CPU};
+    svg = chart(p, &ct, NULL);
+    long long live[64];
+    assert_int_equal(numbers_in(svg, "data-live-bytes", live, 64), tr.n);
+    for (int i = 0; i < tr.n; i++)
+        assert_int_equal(live[i], tr.s[i].live_bytes);
+    assert_int_equal(xml_count(svg, "class=\"over\""), 0);
+    free(svg);
+    ebb_tensor_free(x);
+    ebb_tensor_free(y);
+    ebb_optimizer_free(opt);
+    ebb_model_free(m);
+    ebb_plan_free(p);
+    ebb_graph_free(g);
+}
+
 /* ---- scale -------------------------------------------------------------------- */
 
 /* n steps of linear and gelu, alternating, the stream 32 wide; every
@@ -320,7 +451,7 @@ static void test_chart_every_spec(void **state) {
     DIR *d = opendir(EBB_SOURCE_DIR "/specs");
     assert_non_null(d);
     char *names[256];
-    int n = 0;
+    int n = 0, trained = 0, untrainable = 0;
     struct dirent *e;
     while ((e = readdir(d)) && n < 256) {
         size_t len = strlen(e->d_name);
@@ -341,19 +472,56 @@ static void test_chart_every_spec(void **state) {
                          ebb_plan_peak_bytes(p, NULL));
         assert_int_equal(xml_count(svg, "<path class=\"b ") +
                              attr_after(svg, "<svg ", "data-other"),
-                         storage_values(p));
+                         storage_writes(p));
         free(svg);
         ebb_plan_free(p);
+        p = NULL;
+        /* its training step, where the spec declares targets and the plan
+         * is trainable (routing and loops are refused for now) */
+        int n_t = ebb_spec_target_count(s);
+        ebb_shape xs[16], ts[16];
+        ebb_dtype td[16];
+        assert_true(n_t <= 16 && ebb_spec_input_count(s) <= 16);
+        if (n_t > 0) {
+            assert_ok(ebb_spec_resolve_shapes(s, NULL, 0, xs, 16));
+            assert_ok(ebb_spec_resolve_target_shapes(s, NULL, 0, ts, 16));
+            for (int k = 0; k < n_t; k++)
+                if (!ebb_spec_target_dtype(s, k, &td[k])) td[k] = EBB_FLOAT32;
+            ebb_train_options t = {.target_shapes = ts,
+                                   .n_target_shapes = n_t,
+                                   .target_dtypes = td,
+                                   .optimizer = ebb_optimizer_defaults(EBB_ADAMW, 1e-3)};
+            ebb_compile_options o = {
+                .input_shapes = xs, .n_input_shapes = ebb_spec_input_count(s), .train = &t};
+            ebb_status st = ebb_spec_compile(&p, s, &o);
+            if (st == EBB_ERR_UNSUPPORTED) {
+                untrainable++;
+            } else {
+                assert_ok(st);
+                svg = chart(p, NULL, NULL);
+                assert_non_null(strstr(svg, "data-phase=\"backward\""));
+                assert_int_equal(attr_after(svg, "id=\"peak\"", "data-bytes"),
+                                 ebb_plan_peak_bytes(p, NULL));
+                assert_int_equal(xml_count(svg, "<path class=\"b ") +
+                                     attr_after(svg, "<svg ", "data-other"),
+                                 storage_writes(p));
+                free(svg);
+                trained++;
+            }
+            ebb_plan_free(p);
+        }
         ebb_spec_free(s);
         free(names[i]);
     }
+    fprintf(stderr, "charted %d training steps (%d specs not trainable yet)\n", trained,
+            untrainable);
+    assert_true(trained >= 4);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        EBB_TEST(test_chart_bands_and_peak),
-        EBB_TEST(test_chart_trace_overlay),
-        EBB_TEST(test_chart_long_plan_stays_small),
+        EBB_TEST(test_chart_bands_and_peak), EBB_TEST(test_chart_trace_overlay),
+        EBB_TEST(test_chart_training_step),  EBB_TEST(test_chart_long_plan_stays_small),
         EBB_TEST(test_chart_every_spec),
     };
     return cmocka_run_group_tests_name("chart", tests, NULL, NULL);

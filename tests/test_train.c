@@ -16,7 +16,10 @@
  * at most 1e-5 for gradients and the loss, 1e-6 for parameters after ten
  * steps. A gradient that is zero in exact arithmetic (the fixture's
  * "zero_grads": a conv bias under a training batch_norm) is float32 noise on
- * both sides; it must stay below 1e-5 of the model's largest gradient.
+ * both sides; it must stay below 1e-5 of the model's largest gradient. One
+ * that autograd leaves None ("none_grads": switch_routed's selector, read
+ * only by an argmax) ebb may instead leave untrained, saying so
+ * (ebb_plan_param_trained) and handing out no gradient.
  *
  * Besides the numbers:
  *   - memory: each run's measured peak against the planned one, and every
@@ -204,6 +207,18 @@ static int param_is_buffer(const ebb_plan *plan, int i) {
     return ps->buffer;
 }
 
+/* Is `name` in the comma-separated list? */
+static int in_list(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = list; p && *p;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return 1;
+        p = comma ? comma + 1 : NULL;
+    }
+    return 0;
+}
+
 /* ---- the trace ---------------------------------------------------------------- */
 
 typedef struct trace_event_copy {
@@ -287,17 +302,21 @@ static void check_liveness(const ebb_plan *plan, const trace_log *log, const cha
     }
     int count = 0;
     int *freed_at = malloc((size_t)n_values * sizeof *freed_at + 1);
+    char *written = calloc((size_t)n_values + 1, 1);
     assert_non_null(freed_at);
+    assert_non_null(written);
     for (int v = 0; v < n_values; v++) freed_at[v] = -1;
     for (int e = 0; e < log->n; e++) {
         const trace_event_copy *ev = &log->ev[e];
         if (ev->step != e || ev->jumped) {
-            problem(pr, "%s: trace event %d is step %d%s: not a straight line", what, e, ev->step,
-                    ev->jumped ? " (jumped)" : "");
+            problem(pr, "%s: trace event %d is step %d%s: this check follows straight-line "
+                    "runs only", what, e, ev->step, ev->jumped ? " (jumped)" : "");
             free(freed_at);
+            free(written);
             return;
         }
         const ebb_plan_step *s = ebb_plan_step_at(plan, e);
+        for (int k = 0; k < s->n_out; k++) written[s->out[k]] = 1;
         int same = ev->n_freed == s->n_frees;
         for (int k = 0; same && k < ev->n_freed; k++) same = s->frees[k] == ev->freed[k];
         if (!same)
@@ -312,6 +331,12 @@ static void check_liveness(const ebb_plan *plan, const trace_log *log, const cha
             const ebb_plan_value *pv = ebb_plan_value_at(plan, v);
             char id[64];
             ebb_plan_value_id(plan, v, id, sizeof id);
+            if (!written[v] && pv->kind != EBB_VALUE_INPUT) {
+                REPORT(pr, count, "%s: step %d (%s %s) freed %s%s, which no step has written yet",
+                       what, e, s->op, s->node, id,
+                       pv->kind == EBB_VALUE_OUTPUT ? " (an output)" : "");
+                continue;
+            }
             if (pv->kind != EBB_VALUE_INTERMEDIATE)
                 REPORT(pr, count, "%s: step %d (%s %s) freed %s, a%s", what, e, s->op, s->node, id,
                        pv->kind == EBB_VALUE_INPUT ? "n input or target" : "n output");
@@ -371,6 +396,7 @@ static void check_liveness(const ebb_plan *plan, const trace_log *log, const cha
     }
     if (count > MAX_LINES) problem(pr, "%s: and %d more liveness problems", what, count - MAX_LINES);
     free(freed_at);
+    free(written);
 }
 
 /* Every step's measured bytes against the plan's: equal for a plan whose
@@ -396,10 +422,12 @@ static void compare_steps(const ebb_plan *plan, const trace_log *log, const char
 
 /* The shape of a training plan: phases in order (forward, loss, backward,
  * update: the updates come after the whole backward, train.h), at least one
- * loss and one backward step, every parameter but the buffers trained, and
- * one update step per trained parameter unless grads_only. */
-static void check_plan_shape(const ebb_plan *plan, int grads_only, const char *what,
-                             problems *pr) {
+ * loss and one backward step, every parameter but the buffers trained (or
+ * left untrained, for those in `may_be_untrained`: no path from the loss
+ * reaches them), and one update step per trained parameter unless
+ * grads_only. */
+static void check_plan_shape(const ebb_plan *plan, int grads_only, const char *may_be_untrained,
+                             const char *what, problems *pr) {
     if (!ebb_plan_is_training(plan)) problem(pr, "%s: not a training plan", what);
     if (ebb_plan_target_count(plan) != 1)
         problem(pr, "%s: %d targets, expected 1", what, ebb_plan_target_count(plan));
@@ -430,7 +458,7 @@ static void check_plan_shape(const ebb_plan *plan, int grads_only, const char *w
         const char *name = NULL;
         const ebb_param_spec *ps = ebb_plan_param_at(plan, i, &name);
         int trained = ebb_plan_param_trained(plan, i) != 0;
-        if (trained == ps->buffer)
+        if (trained == ps->buffer && !(!trained && in_list(may_be_untrained, name)))
             REPORT(pr, count, "%s: parameter %s is %s and %s", what, name,
                    ps->buffer ? "a buffer" : "no buffer", trained ? "trained" : "not trained");
         int want = grads_only ? 0 : trained;
@@ -486,23 +514,12 @@ static ebb_train_options fixture_train_options(const ebb_safetensors *st, ebb_sh
                                .loss_attrs = attrs && *attrs ? attrs : NULL, .grads_only = 1};
 }
 
-/* Is `name` in the comma-separated list? */
-static int in_list(const char *list, const char *name) {
-    size_t n = strlen(name);
-    for (const char *p = list; p && *p;) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        if (len == n && strncmp(p, name, n) == 0) return 1;
-        p = comma ? comma + 1 : NULL;
-    }
-    return 0;
-}
-
 /* The gradients against the fixture's. */
 static void check_grads(const ebb_plan *plan, const ebb_model *m, ebb_tensor *const *grads,
                         const ebb_safetensors *st, const char *what, problems *pr) {
     int n = ebb_model_param_count(m);
     const char *zero = ebb_safetensors_metadata(st, "zero_grads");
+    const char *none = ebb_safetensors_metadata(st, "none_grads");
     double top = 0, worst = 0;
     const char *worst_name = "-";
     for (int i = 0; i < n; i++) {
@@ -524,7 +541,11 @@ static void check_grads(const ebb_plan *plan, const ebb_model *m, ebb_tensor *co
             continue;
         }
         if (!grads[i]) {
-            problem(pr, "%s: no gradient for %s", what, pn);
+            /* autograd's None: ebb may leave it untrained, and then says so */
+            if (!in_list(none, pn))
+                problem(pr, "%s: no gradient for %s", what, pn);
+            else if (ebb_plan_param_trained(plan, i))
+                problem(pr, "%s: no gradient for %s, which the plan says it trains", what, pn);
             continue;
         }
         ebb_tensor *want = fx_load(st, key);
@@ -582,7 +603,7 @@ static void run_grad_case(const grad_case *gc) {
         return;
     }
     problems pr = {0};
-    check_plan_shape(plan, 1, gc->name, &pr);
+    check_plan_shape(plan, 1, ebb_safetensors_metadata(st, "none_grads"), gc->name, &pr);
 
     ebb_model *m = NULL;
     assert_ok(ebb_model_new(&m, plan, CPU, 0));
@@ -880,7 +901,7 @@ static void trainer_open(trainer *tr, const char *fixture, const char *yaml, con
                            .grads_only = grads_only};
     ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
     assert_ok(ebb_spec_compile(&tr->plan, tr->spec, &o));
-    check_plan_shape(tr->plan, grads_only, fixture, pr);
+    check_plan_shape(tr->plan, grads_only, NULL, fixture, pr);
     assert_ok(ebb_model_new(&tr->model, tr->plan, CPU, 0));
     load_params(tr->model, tr->st, "init.");
     ebb_status s = ebb_optimizer_new(&tr->opt, tr->model, &tr->oo);

@@ -109,9 +109,10 @@ EBB_API ebb_optimizer_options ebb_optimizer_defaults(ebb_optimizer_kind kind, do
 /* Creates an optimizer over every parameter of `model`, in the model's
  * parameter order, with no state yet. `opts` is read, not kept. On success
  * *out is a new optimizer, freed with ebb_optimizer_free(). EBB_ERR_ARG for
- * a NULL argument, an unknown kind, options torch.optim would refuse (the
- * message names the field and its value) or a parameter that is not a
- * floating-point tensor. */
+ * a NULL argument, an unknown kind, or options torch.optim would refuse (the
+ * message names the field and its value). Integer tensors among the
+ * parameters (batch_norm's num_batches_tracked) are counters the optimizer
+ * never updates: ebb_optimizer_update() refuses them. */
 EBB_API ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
                              const ebb_optimizer_options *opts);
 /* Frees the optimizer and its state; the model is untouched (NULL is allowed). */

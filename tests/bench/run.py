@@ -85,9 +85,12 @@ TRAIN_LOSS = {"mlp": "mse", "residual_tower": "cross_entropy",
               "feedback": "cross_entropy", "transformer": "mse", "convnet": "cross_entropy"}
 # Workloads whose steps draw random numbers: their losses agree only roughly.
 TRAIN_RANDOM = {"transformer": "dropout masks are drawn independently"}
+# The two checked steps and the measured one come first and warm up; the
+# compute-bound steps take 0.1-1 s each, so few of them are timed (no time
+# target applies there).
 TRAIN_TIMING = {
-    "dispatch": {"warmup": 20, "rounds": 10, "per_round": 20},
-    "compute": {"warmup": 1, "rounds": 4, "per_round": 2},
+    "dispatch": {"warmup": 15, "rounds": 10, "per_round": 15},
+    "compute": {"warmup": 0, "rounds": 4, "per_round": 1},
 }
 TARGET_TRAIN_CXX = 1.0   # ebb's step <= the C++ twin's, dispatch-bound
 TARGET_TRAIN_PYT = 0.85  # ebb's step <= 0.85 x PyTorch eager's, dispatch-bound
@@ -304,11 +307,20 @@ def run_train_one(ebb, export_dir, workload, config, params, binds, fills, log):
     spec = os.path.join(ROOT, "specs", "bench", workload + ".yaml")
     prefix = os.path.join(export_dir, "train_%s_%s" % (workload, config))
     loss = TRAIN_LOSS[workload]
-    setup = ebb.ask("train_setup", workload, spec, prefix, csv(params), csv(binds), fills or "-",
-                    loss)
+    try:
+        setup = ebb.ask("train_setup", workload, spec, prefix, csv(params), csv(binds),
+                        fills or "-", loss)
+    except RuntimeError as e:  # an ebb error: reported in the table, the rest still runs
+        log("  %-16s %-8s training FAILED: %s" % (workload, config, e))
+        ebb.ask("teardown")
+        return {"workload": workload, "config": config, "failed": str(e),
+                "targets": {"runs": "FAILED: %s" % e}}
     if "skipped" in setup:
-        log("  %-16s %-8s training skipped: %s" % (workload, config, setup["skipped"]))
-        return {"workload": workload, "config": config, "skipped": setup["skipped"]}
+        # ebb_compile's refusal, "SPEC:LINE:COL: error: KEY: node PATH: why; ...": the why
+        why = setup["skipped"].split("error: ", 1)[-1].split(";")[0]
+        log("  %-16s %-8s training skipped: %s" % (workload, config, why))
+        return {"workload": workload, "config": config, "skipped": why,
+                "message": setup["skipped"]}
     model, opt, step = torch_train_twin(workload, params, prefix, loss)
     pyt_loss = [float(step().item()) for _ in setup["ebb_loss"]]
     mem = ebb.ask("train_measure")
@@ -366,7 +378,7 @@ def judge_train(row):
     # Same parameters, same input and target: the first step's loss is the
     # forward's, the second's shows the first update was the same. Dropout
     # draws different masks in each engine, so there only a rough match.
-    tol_cxx, tol_pyt = (0.05, 0.05) if c["random"] else (1e-4, 1e-3)
+    tol_cxx, tol_pyt = (0.01, 0.01) if c["random"] else (1e-4, 1e-3)
     c["cxx_loss_rel_diff"] = rel_diff(c["ebb_loss"], c["cxx_loss"])
     c["pytorch_loss_rel_diff"] = rel_diff(c["ebb_loss"], c["pytorch_loss"])
     tg["same_losses"] = ("ok" if c["cxx_loss_rel_diff"] <= tol_cxx and
@@ -382,9 +394,9 @@ def train_table(rows):
             "check"]
     body = []
     for r in rows:
-        if "skipped" in r:
-            body.append([r["workload"], r["config"], "skipped: " + r["skipped"]] +
-                        [""] * (len(head) - 3))
+        if "skipped" in r or "failed" in r:
+            what = "skipped: " + r["skipped"] if "skipped" in r else "FAILED: " + r["failed"]
+            body.append([r["workload"], r["config"], what] + [""] * (len(head) - 3))
             continue
         tm, m, tg = r["time_ms"], r["memory"], r["targets"]
         body.append([r["workload"], r["config"], r["loss"], fmt_t(tm["ebb"]), fmt_t(tm["cxx"]),
@@ -451,13 +463,13 @@ def table(rows):
 
 
 def render_text(head, body):
-    rows = [b for b in body if not b[2].startswith("skipped")]
+    rows = [b for b in body if not b[2].startswith(("skipped", "FAILED"))]
     w = [max(len(str(x[i])) for x in [head] + rows) for i in range(len(head))]
     lines = ["  ".join(str(c).ljust(w[i]) if i < 2 else str(c).rjust(w[i])
                        for i, c in enumerate(head))]
     lines.append("  ".join("-" * x for x in w))
     for b in body:
-        if b[2].startswith("skipped"):
+        if b[2].startswith(("skipped", "FAILED")):
             lines.append("%s  %s  %s" % (b[0].ljust(w[0]), b[1].ljust(w[1]), b[2]))
         else:
             lines.append("  ".join(str(c).ljust(w[i]) if i < 2 else str(c).rjust(w[i])

@@ -25,7 +25,10 @@ Under tests/parity/fixtures/ this writes:
                             float32 gradients are rounding noise (a conv bias
                             before a training batch_norm, which subtracts the
                             batch mean; a selector read only by argmax), so no
-                            relative error means anything for them.
+                            relative error means anything for them; and, when
+                            there are any, "none_grads": those among them that
+                            autograd leaves None (no path from the loss at all:
+                            the selector), which ebb may leave untrained.
 
   grad_steps_mlp.safetensors  ten training steps of an 8 -> 16 -> 4 MLP (relu,
                             cross_entropy, batch 6, new data each step) for three
@@ -120,11 +123,14 @@ def rel(a, b):
 
 
 def grads_of(m, x, y, loss_fn, kw):
+    """The loss, every parameter's gradient (zeros where autograd has
+    None) and the names of those that autograd left None."""
     m.zero_grad(set_to_none=True)
     loss = loss_fn(m(x), y, **kw)
     loss.backward()
+    none = [n for n, p in m.named_parameters() if p.grad is None]
     return loss.detach(), {n: (p.grad if p.grad is not None else torch.zeros_like(p)).detach().clone()
-                           for n, p in m.named_parameters()}
+                           for n, p in m.named_parameters()}, none
 
 
 def model_fixture(name):
@@ -143,7 +149,7 @@ def model_fixture(name):
         y = torch.randint(0, out.shape[-1], out.shape[:1], generator=g)
     else:
         y = torch.randn(out.shape, generator=g)
-    loss, grads = grads_of(m, x, y, loss_fn, kw)
+    loss, grads, none = grads_of(m, x, y, loss_fn, kw)
 
     # float64: for scale, and to tell gradients that are zero in exact arithmetic
     if name == "switch_routed":
@@ -151,7 +157,7 @@ def model_fixture(name):
     m64 = copy.deepcopy(m)
     m64.load_state_dict(weights)
     m64.double()
-    loss64, grads64 = grads_of(m64, x.double(), y if y.dtype == torch.int64 else y.double(), loss_fn, kw)
+    loss64, grads64, _ = grads_of(m64, x.double(), y if y.dtype == torch.int64 else y.double(), loss_fn, kw)
     top64 = max(v.abs().max().item() for v in grads64.values())
     zero = [n for n, v in grads64.items() if v.abs().max().item() <= 1e-12 * top64]
     floor = max(rel(grads[n], grads64[n]) for n in grads if n not in zero)
@@ -160,7 +166,10 @@ def model_fixture(name):
     tensors.update({"x": x, "y": y, "loss": loss.float()})
     tensors.update({f"grad.{n}": v for n, v in grads.items()})
     path = os.path.join(OUT, f"grad_{name}.safetensors")
-    write(path, tensors, {"loss": op, "loss_attrs": attrs, "zero_grads": ",".join(zero)})
+    meta = {"loss": op, "loss_attrs": attrs, "zero_grads": ",".join(zero)}
+    if none:
+        meta["none_grads"] = ",".join(none)
+    write(path, tensors, meta)
     print(f"grad_{name}: {op}{'(' + attrs + ')' if attrs else ''} loss {loss.item():.6g}, "
           f"{len(grads)} gradients, float32 vs float64 rel. error {floor:.2e} (loss "
           f"{abs(loss.item() - loss64.item()) / abs(loss64.item()):.1e}), {os.path.getsize(path)} bytes"
