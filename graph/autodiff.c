@@ -36,6 +36,8 @@ typedef struct ad {
     int *pgrad; /* per parameter */
     struct region *regions; /* routed regions being walked back through, innermost last */
     int depth;
+    struct loop_back *loops; /* unrolled while/until loops being walked back, innermost last */
+    int n_loops;
 } ad;
 
 static int fail(compiler *c, ebb_status st) {
@@ -43,28 +45,7 @@ static int fail(compiler *c, ebb_status st) {
     return -1;
 }
 
-/* ---- control flow and names -------------------------------------------------- */
-
-static int refuse_control_flow(compiler *c) {
-    const ebb_plan *p = c->plan;
-    for (int i = 0; i < p->n_steps; i++) {
-        const ebb_plan_step *s = &p->steps[i].pub;
-        const char *what = NULL;
-        switch (s->kind) {
-        case EBB_STEP_LOOP_INIT:
-        case EBB_STEP_LOOP_NEXT:
-        case EBB_STEP_JUMP_IF: what = "a while or until loop"; break;
-        default: break;
-        }
-        if (what)
-            return fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
-                                         "node %s: training through %s is not supported yet; "
-                                         "switches, gates, split/merge, also, tag/using, repeat "
-                                         "and `for` loops train",
-                                         s->node, what));
-    }
-    return 0;
-}
+/* ---- names -------------------------------------------------------------------- */
 
 /* "fc1.weight" is named by "fc1.weight" and by "fc1". */
 static int names_param(const char *name, const char *full) {
@@ -379,21 +360,20 @@ static int accumulate(ad *a, int *into, int g, const char *node) {
     return 0;
 }
 
-/* The dry run of a backward: the gradients' shapes, and which of them share
- * storage with a value the step reads (alias[] gets the index into reads,
- * or -1). On meta tensors, else on CPU stand-ins; when those would be too
- * large, fresh tensors of the shapes the rule promises. */
+/* The dry run of a backward, for the gradients' shapes and which of them
+ * share storage with what the step reads (the caller compares storages).
+ * On meta tensors; else on CPU stand-ins, where a gradient that is a view of
+ * grad_out comes back as a handle on the meta grad_out, so the caller sees
+ * the view; when stand-ins would be too large, fresh tensors of the shapes
+ * the rule promises. */
 static ebb_status dry_backward(compiler *c, const plan_step *f, const ebb_op_grad_call *gc,
-                               ebb_tensor *const *reads, int n_reads, ebb_tensor **gin,
-                               ebb_tensor **gparam) {
+                               ebb_tensor **gin, ebb_tensor **gparam) {
     const ebb_op_grad *r = f->op->grad;
     ebb_status st = r->backward(gc, gin, gparam);
     if (st == EBB_OK || st == EBB_ERR_SHAPE || st == EBB_ERR_ARG || st == EBB_ERR_NOMEM)
         return st;
     free_all(gin, gc->n_in);
     free_all(gparam, gc->n_params);
-    (void)reads;
-    (void)n_reads;
     /* CPU stand-ins of everything the rule reads */
     ebb_tensor *ins[32] = {0}, *params[EBB_MAX_PARAMS] = {0}, *extras[EBB_MAX_SAVED] = {0};
     ebb_tensor *out = NULL, *grad_out = NULL;
@@ -522,7 +502,7 @@ static int emit_backward(ad *a, int fi) {
                                .out = r->saves_output ? c->meta[y] : NULL, .saved = extras,
                                .n_saved = r->n_saved, .grad_out = seed ? seed : c->meta[gy],
                                .node = f->pub.node, .in_shapes = in_shapes};
-        st = dry_backward(c, f, &gc, read_meta, n_reads, gin, gparam);
+        st = dry_backward(c, f, &gc, gin, gparam);
     }
     /* every promised gradient, of the promised shape; nothing else */
     char sa[96], sb[96];
@@ -800,6 +780,101 @@ static int routed_backward(ad *a, int i) {
     return rc;
 }
 
+/* ---- while/until loops -------------------------------------------------------------- *
+ *
+ * lower.c unrolls them for training: s0 := x, R := s0, then per iteration k
+ * the test, y_k = body(s_k), R := y_k (so R ends as the last iteration's
+ * output). Walking back, G holds the gradient of the state after the
+ * iteration being walked: first R's, then, per iteration that ran, the
+ * gradient its body gives its input. An iteration that did not run is
+ * skipped (its body's output was never written), which leaves G as it was:
+ * the result's gradient belongs to the last iteration that ran. The tests
+ * are hard decisions, as a switch's, and get no gradient. */
+
+typedef struct loop_back {
+    int loop;    /* the loop's id (plan_step.counter) */
+    int g;       /* G's slot; -1 before the first iteration is met */
+    int skip;    /* the skip step of the iteration being walked, -1 */
+    int dead;    /* no gradient reaches the result */
+} loop_back;
+
+#define MAX_LOOPS 16
+
+/* G := g, or a new G slot viewing g. */
+static int move_into(ad *a, int g, int *G, const char *node) {
+    compiler *c = a->c;
+    int out = *G;
+    ebb_tensor *m = NULL;
+    if (out < 0) {
+        m = ebb_compiler_meta_ref(c, g);
+        if (!m)
+            return -1;
+    }
+    plan_step *al = ebb_compiler_step_new(c, EBB_STEP_ALIAS, "alias", node);
+    if (!al) {
+        ebb_tensor_free(m);
+        return -1;
+    }
+    al->pub.phase = EBB_PHASE_BACKWARD;
+    int ai = ebb_compiler_step_index(c, al);
+    if (out < 0 && (out = ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, ai, g)) < 0)
+        return -1;
+    *G = out;
+    return ebb_compiler_step_set_slots(c, &c->plan->steps[ai], &g, 1, &out, 1);
+}
+
+static int loop_backward(ad *a, int i) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    const plan_step *s = &p->steps[i];
+    int loop = s->counter, result = s->pub.out[0], in = s->pub.in[0];
+    loop_back *lb = a->n_loops ? &a->loops[a->n_loops - 1] : NULL;
+    if (!lb || lb->loop != loop) {
+        if (s->unrolled == 2) /* no iteration at all: R is x */
+            return accumulate(a, &a->grad[in], a->grad[result], s->pub.node);
+        if (a->n_loops == MAX_LOOPS)
+            return fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                         "node %s: loops nest more than %d deep", s->pub.node,
+                                         MAX_LOOPS));
+        lb = &a->loops[a->n_loops++];
+        *lb = (loop_back){.loop = loop, .g = -1, .skip = -1, .dead = a->grad[result] < 0};
+    }
+    char *node = ebb_compiler_strdupf("%s", s->pub.node);
+    if (!node)
+        return ebb_compiler_oom(c);
+    int rc = 0;
+    if (!lb->dead) {
+        if (lb->g < 0) {
+            rc = move_into(a, a->grad[result], &lb->g, node); /* the last iteration: G := R's */
+        } else if (a->grad[in] < 0) {
+            rc = fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                       "node %s: the loop body's output does not depend on its "
+                                       "state, so no gradient reaches earlier iterations",
+                                       node));
+        } else {
+            /* close the iteration after this one: G := what its body gave its input */
+            rc = move_into(a, a->grad[in], &lb->g, node);
+            if (rc == 0)
+                p->steps[lb->skip].pub.jump = p->n_steps;
+        }
+        if (rc == 0 && s->unrolled == 1) {
+            plan_step *sk = ebb_compiler_step_new(c, EBB_STEP_SKIP, "skip", node);
+            rc = sk && ebb_compiler_step_set_slots(c, sk, &in, 1, NULL, 0) == 0 ? 0 : -1;
+            if (rc == 0) {
+                sk->pub.phase = EBB_PHASE_BACKWARD;
+                lb->skip = ebb_compiler_step_index(c, sk);
+            }
+        }
+        /* the iteration's output (or, at the head, the loop's input) has G */
+        if (rc == 0)
+            a->grad[in] = lb->g;
+    }
+    if (s->unrolled == 2)
+        a->n_loops--;
+    free(node);
+    return rc;
+}
+
 /* ---- the pass --------------------------------------------------------------------- */
 
 static int finish(ad *a, int loss) {
@@ -884,7 +959,7 @@ static int finish(ad *a, int loss) {
 int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options *opts) {
     ebb_plan *p = c->plan;
     const ebb_train_options *t = opts->train;
-    if (refuse_control_flow(c) != 0 || choose_trained(c, t) != 0 || bind_targets(c, g, t) != 0)
+    if (choose_trained(c, t) != 0 || bind_targets(c, g, t) != 0)
         return -1;
     p->training = 1;
     p->grads_only = t->grads_only;
@@ -913,7 +988,8 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
     a.grad = malloc((size_t)a.n_grad * sizeof *a.grad);
     a.pgrad = malloc(((size_t)p->n_params + 1) * sizeof *a.pgrad);
     a.regions = malloc(MAX_REGIONS * sizeof *a.regions);
-    if (!a.req || !a.grad || !a.pgrad || !a.regions) {
+    a.loops = malloc(MAX_LOOPS * sizeof *a.loops);
+    if (!a.req || !a.grad || !a.pgrad || !a.regions || !a.loops) {
         ebb_compiler_oom(c);
         goto out;
     }
@@ -925,6 +1001,8 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
     for (int i = 0; i < n_fwd; i++) {
         const plan_step *s = &p->steps[i];
         int r = 0;
+        if (s->pub.n_out == 0)
+            continue; /* a loop's test */
         if (s->pub.kind == EBB_STEP_ROUTE) {
             /* a top-k table passes gradients to the router; a switch's
              * choice is a hard one and passes none */
@@ -937,7 +1015,7 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
             a.req[s->pub.out[0]] |= a.req[s->pub.in[0]] || a.req[s->pub.in[2]];
             continue;
         } else if (s->pub.kind == EBB_STEP_ALIAS) {
-            r = a.req[s->pub.in[0]];
+            r = a.req[s->pub.in[0]] || a.req[s->pub.out[0]]; /* a loop's result, rewritten */
         } else if (s->pub.kind == EBB_STEP_OP) {
             uint32_t diff = s->op->grad ? s->op->grad->differentiable : 0xffffffffu;
             for (int k = 0; k < s->pub.n_in; k++)
@@ -1008,6 +1086,19 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
                 goto out;
             continue;
         }
+        if (s->pub.kind == EBB_STEP_JUMP_IF)
+            continue; /* a loop's test: a hard decision, no gradient */
+        if (s->pub.kind == EBB_STEP_ALIAS && s->unrolled) {
+            if (loop_backward(&a, i) != 0)
+                goto out;
+            continue;
+        }
+        if (s->pub.kind != EBB_STEP_OP && s->pub.kind != EBB_STEP_ALIAS) {
+            fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED, "node %s: training through a %s step is "
+                                                        "not supported",
+                                  s->pub.node, s->pub.op));
+            goto out;
+        }
         int y = s->pub.out[0];
         if (a.grad[y] == -1 || !a.req[y])
             continue;
@@ -1036,5 +1127,6 @@ out:
     free(a.grad);
     free(a.pgrad);
     free(a.regions);
+    free(a.loops);
     return rc;
 }

@@ -333,8 +333,8 @@ void ebb_plan_write_dot(const ebb_plan *p, FILE *f) {
             label_add(label, sizeof label, &at, "\n%s ", id, 0);
             label_add(label, sizeof label, &at, "%s", sb, 0);
             if (val->nbytes > 0)
-                label_add(label, sizeof label, &at, " %s", ebb_bytes_str(val->nbytes, hb, sizeof hb),
-                          0);
+                label_add(label, sizeof label, &at, " %s",
+                          ebb_bytes_str(val->nbytes, hb, sizeof hb), 0);
             else if (s->in_place)
                 label_add(label, sizeof label, &at, "%s", " in place", 0);
             else if (val->alias_of >= 0)
@@ -361,8 +361,8 @@ void ebb_plan_write_dot(const ebb_plan *p, FILE *f) {
             if (dup || near_read(p, rows, v, i))
                 continue;
             ebb_plan_value_id(p, v, id, sizeof id);
-            label_add(label, sizeof label, &at, far == 0 ? "\nreads %s" : far % 2 ? ", %s" : ",\n%s",
-                      id, 0);
+            const char *fmt = far == 0 ? "\nreads %s" : far % 2 ? ", %s" : ",\n%s";
+            label_add(label, sizeof label, &at, fmt, id, 0);
             if (p->values[v].producer >= 0)
                 label_add(label, sizeof label, &at, "%s from %d", "", p->values[v].producer);
             far++;

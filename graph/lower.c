@@ -652,10 +652,103 @@ static int unroll_for(compiler *c, const graph_step *st, const char *spath, cons
     return state;
 }
 
+/* A training compile unrolls a while/until loop to its `max` iterations,
+ * each test jumping past all the rest: every iteration's values are its
+ * own, and the loop's result is a slot each iteration's output is aliased
+ * into (the last one run is the result). autodiff.c walks it back,
+ * skipping the iterations that did not run. */
+#define MAX_UNROLLED 256
+
+static int unroll_while(compiler *c, const graph_step *st, const char *spath, const scope *sc,
+                        int x) {
+    if (st->count > MAX_UNROLLED) {
+        c->status = ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                  "node %s.loop: training through a while or until loop of at most "
+                                  "%lld iterations is not supported (at most %d)",
+                                  spath, (long long)st->count, MAX_UNROLLED);
+        return -1;
+    }
+    char *path = ebb_compiler_strdupf("%s.loop", spath);
+    char *body = ebb_compiler_strdupf("%s.loop.body", spath);
+    char *cond = ebb_compiler_strdupf("%s.loop.cond", spath);
+    int *exits = calloc((size_t)st->count + 1, sizeof *exits);
+    int result = -1, n_exits = 0, loop = c->plan->n_counters++;
+    if (!path || !body || !cond || !exits) {
+        ebb_compiler_oom(c);
+        goto out;
+    }
+    /* s0 := x (the body's own input slot), R := s0 (the result) */
+    int s0[1] = {-1}, res[1] = {-1};
+    ebb_tensor *m0[1] = {ebb_compiler_meta_ref(c, x)};
+    int a0[1] = {x};
+    if (!m0[0] || !emit_control(c, EBB_STEP_ALIAS, "alias", path, &x, 1, s0, m0, a0, 1))
+        goto out;
+    ebb_tensor *mr[1] = {ebb_compiler_meta_ref(c, s0[0])};
+    int ar[1] = {s0[0]};
+    plan_step *head = mr[0] ? emit_control(c, EBB_STEP_ALIAS, "alias", path, s0, 1, res, mr, ar, 1)
+                            : NULL;
+    if (!head)
+        goto out;
+    head->unrolled = 2;
+    head->counter = loop;
+    int state = s0[0];
+    for (int64_t k = 0; k < st->count; k++) {
+        c->repeating += k == 1;
+        int j = -1;
+        if (st->loop == LOOP_WHILE && (j = emit_loop_test(c, st, path, cond, sc, state, 0)) < 0)
+            goto fail_iter;
+        if (j >= 0)
+            exits[n_exits++] = j;
+        int y = lower_node(c, st->node, body, sc, &state, 1);
+        if (y < 0)
+            goto fail_iter;
+        ebb_shape ys = c->plan->values[y].shape, ss = c->plan->values[state].shape;
+        if (!ebb_shape_equal(&ys, &ss)) {
+            char a[96], b[96];
+            c->status = ebb_error_set(EBB_ERR_SHAPE,
+                                      "node %s: the loop body maps state %s to %s; a loop body "
+                                      "must keep the state's shape",
+                                      body, shape_text(&ss, a, sizeof a),
+                                      shape_text(&ys, b, sizeof b));
+            goto fail_iter;
+        }
+        ebb_tensor *my[1] = {ebb_compiler_meta_ref(c, y)};
+        int ay[1] = {y};
+        plan_step *al = my[0] ? emit_control(c, EBB_STEP_ALIAS, "alias", path, &y, 1, res, my, ay, 1)
+                              : NULL;
+        if (!al)
+            goto fail_iter;
+        al->unrolled = 1;
+        al->counter = loop;
+        al->branch = (int)k;
+        if (st->loop == LOOP_UNTIL && (j = emit_loop_test(c, st, path, cond, sc, y, 1)) < 0)
+            goto fail_iter;
+        if (st->loop == LOOP_UNTIL)
+            exits[n_exits++] = j;
+        state = y;
+        continue;
+    fail_iter:
+        c->repeating -= k >= 1;
+        goto out;
+    }
+    c->repeating -= st->count >= 2;
+    for (int i = 0; i < n_exits; i++)
+        c->plan->steps[exits[i]].pub.jump = c->plan->n_steps;
+    result = res[0];
+out:
+    free(path);
+    free(body);
+    free(cond);
+    free(exits);
+    return result;
+}
+
 static int lower_loop(compiler *c, const graph_step *st, const char *spath, const scope *sc,
                       int x) {
     if (c->training && st->loop == LOOP_FOR)
         return unroll_for(c, st, spath, sc, x);
+    if (c->training)
+        return unroll_while(c, st, spath, sc, x);
     char *path = ebb_compiler_strdupf("%s.loop", spath);
     char *body_path = ebb_compiler_strdupf("%s.loop.body", spath);
     char *cond_path = ebb_compiler_strdupf("%s.loop.cond", spath);

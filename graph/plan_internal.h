@@ -33,6 +33,10 @@ typedef struct plan_step {
                             the parameters' (buffers excepted) follow */
     char *op_owned;      /* pub.op when the compiler made the name ("linear.backward") */
     int shape_of;        /* ZEROS: the slot whose run-time shape it takes */
+    /* ALIAS in a training compile's unrolled while/until loop: 1 writes the
+     * loop's result from iteration `branch` (its body's output), 2 starts
+     * the result as the loop's input; `counter` names the loop. */
+    int unrolled;
 } plan_step;
 
 typedef struct plan_param {

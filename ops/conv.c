@@ -407,12 +407,16 @@ static int64_t mkldnn_bwd_workspace_bound(const conv_dims *d, int threads) {
     }
     /* partial weight gradients of the threads beyond the first */
     int64_t partial = (wts + bias) * e > 32768 ? (wts + bias) * e : 32768;
+    /* a bias whose channels do not fill the blocks is padded in scratch */
+    int64_t pad_bias = d->bias && (og % blk != 0 || d->o % blk != 0)
+                           ? d->g * round_up(og, blk) * e + align
+                           : 0;
     int64_t gx = d->n * d->c * d->sp_in * e, gw = d->o * cg * d->k_numel * e;
     int64_t gb = d->bias ? d->o * e : 0;
     int64_t phases[] = {
         (src + dst + wts) * e + per_thread,                   /* the input's gradient */
         src * e + gx,                                         /* ... copied out */
-        gx + (src + dst + wts + bias) * e + per_thread +      /* the weights' */
+        gx + (src + dst + wts + bias) * e + per_thread + pad_bias + /* the weights' */
             (int64_t)(threads - 1) * partial,
         gx + (wts + bias) * e + gw + gb,                      /* ... copied out */
     };

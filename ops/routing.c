@@ -158,8 +158,10 @@ static ebb_status gate_mix_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_
 static int64_t gate_mix_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                       ebb_dtype dt) {
     (void)a;
+    if (n_in < 2)
+        return 0;
     const ebb_shape *w = &in[n_in - 2], *y = &in[n_in - 1];
-    if (n_in < 2 || w->ndim != 2 || y->ndim < 1)
+    if (w->ndim != 2 || y->ndim < 1)
         return 0;
     int64_t e = (int64_t)ebb_dtype_size(dt), b = w->dim[0], experts = w->dim[1];
     int64_t ny = ebb_shape_numel(y), bw = b * experts * e;

@@ -510,6 +510,11 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
     case EBB_STEP_ROUTE_BACKWARD: return route_backward(r, s);
     case EBB_STEP_ALIAS: {
         ebb_tensor *t = NULL;
+        if (!r->slots[ps->in[0]]) {
+            /* a gradient only a skipped branch or iteration would have given */
+            slot_set(r, ps->out[0], NULL);
+            return EBB_OK;
+        }
         ebb_status st = ebb_tensor_ref(&t, r->slots[ps->in[0]]);
         if (st == EBB_OK)
             slot_set(r, ps->out[0], t);

@@ -46,11 +46,11 @@
  * renormalised weights, as autograd computes it for topk and a gather),
  * split/merge, also, tag/using, repeat, nested flows and `for` loops
  * (unrolled: one set of weights, one gradient per iteration, summed) train.
- * A branch no row chose is skipped in the backward too, and its parameters
- * get no gradient and no update, as torch.optim skips a parameter whose
- * .grad is None. Not yet trainable: loops that run while/until a test says
- * stop are refused by ebb_compile() with EBB_ERR_UNSUPPORTED naming the
- * node.
+ * and while/until loops (unrolled to their `max`; the iterations that did
+ * not run are skipped in the backward, and the test, a hard decision, gets
+ * no gradient). A branch no row chose is skipped in the backward too, and
+ * its parameters get no gradient and no update, as torch.optim skips a
+ * parameter whose .grad is None.
  */
 #ifndef EBB_TRAIN_H
 #define EBB_TRAIN_H

@@ -535,6 +535,7 @@ def main():
     rows, train_rows = [], []
     load_before = loadavg()
     t0 = time.time()
+    spent = {"forward": 0.0, "train": 0.0}  # seconds in each kind of row
     try:
         suite = [w for w in SUITE if (not args.only or w[0] in args.only) and
                  (not args.config or w[1] == args.config)]
@@ -548,10 +549,14 @@ def main():
                 log("  %-16s %-8s skipped: no op %s" % (workload, config, ", ".join(missing)))
                 continue
             if not args.train_only:
+                t1 = time.time()
                 rows.append(run_one(ebb, out_dir, workload, config, params, binds, fills, log))
+                spent["forward"] += time.time() - t1
             if not args.no_train:
+                t1 = time.time()
                 train_rows.append(run_train_one(ebb, out_dir, workload, config, params, binds,
                                                 fills, log))
+                spent["train"] += time.time() - t1
     finally:
         ebb.close()
     elapsed = time.time() - t0
@@ -595,11 +600,13 @@ def main():
             print("  " + m)
     else:
         print("every target met")
-    print("(%.0f s; results in %s/results.json and results.md)" % (elapsed, out_dir))
+    print("(%.0f s: forward rows %.0f s, training rows %.0f s; results in %s/results.json and "
+          "results.md)" % (elapsed, spent["forward"], spent["train"], out_dir))
 
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"machine": info, "timing": TIMING, "rows": rows,
-                   "train_timing": TRAIN_TIMING, "train_rows": train_rows, "seconds": elapsed},
+                   "train_timing": TRAIN_TIMING, "train_rows": train_rows, "seconds": elapsed,
+                   "seconds_by_kind": spent},
                   f, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         if rows:
