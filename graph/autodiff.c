@@ -605,6 +605,13 @@ static int emit_backward(ad *a, int fi) {
         if (!gparam[j])
             continue;
         int al = failed ? -1 : alias_among(gparam[j], read_meta, reads, n_reads);
+        /* one tensor for several gradients (lstm_cell's two biases) */
+        for (int k = 0; !failed && al < 0 && k < j; k++)
+            if (gp_slot[k] >= 0 && ebb_tensor_same_storage(gparam[j], c->meta[gp_slot[k]]))
+                al = gp_slot[k];
+        for (int k = 0; !failed && al < 0 && k < n_in; k++)
+            if (gin_slot[k] >= 0 && ebb_tensor_same_storage(gparam[j], c->meta[gin_slot[k]]))
+                al = gin_slot[k];
         gp_slot[j] = failed ? -1
                             : ebb_compiler_value_new(c, gparam[j], EBB_VALUE_INTERMEDIATE, bi, al);
         if (failed)

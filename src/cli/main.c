@@ -159,7 +159,8 @@ static const char usage_dot[] =
 
 static const char usage_chart[] =
     "usage: ebb chart SPEC [-i NAME=DIMS]... [-p PARAM=N]... [--keep-all] [--trace T.jsonl]\n"
-    "                 [--train [--loss NAME] [--optimizer sgd|adam|adamw]] [-o FILE.svg]\n"
+    "                 [--train [--loss NAME] [--optimizer sgd|adam|adamw] [--grads-only]]\n"
+    "                 [-o FILE.svg]\n"
     "\n"
     "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
@@ -168,8 +169,11 @@ static const char usage_chart[] =
     "                     each shaded; the activations kept for the backward outlined\n"
     "  --loss NAME        with --train: this loss op instead of the spec's `loss:`\n"
     "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
-    "  --trace FILE       draw the measured bytes of `ebb run --trace FILE` over the plan\n"
-    "                     (run with the same -i, -p and --keep-all)\n"
+    "  --grads-only       with --train: the step `ebb grad` runs (gradients handed out,\n"
+    "                     no updates), to chart `ebb grad --trace`\n"
+    "  --trace FILE       draw the measured bytes of `ebb run --trace FILE` (or `ebb grad\n"
+    "                     --trace FILE`) over the plan (run with the same -i, -p and\n"
+    "                     --keep-all)\n"
     "  -o FILE            write the SVG to FILE (default: stdout); replaced atomically,\n"
     "                     a device written into\n" USAGE_COMMON
     "\n"
@@ -223,6 +227,7 @@ enum {
     OPT_LOSS,
     OPT_OPTIMIZER,
     OPT_GRADS,
+    OPT_GRADS_ONLY,
 };
 
 #define COMMON_OPTIONS                                                                             \
@@ -279,6 +284,7 @@ static const struct option chart_options[] = {
     {"train", no_argument, NULL, OPT_TRAIN},
     {"loss", required_argument, NULL, OPT_LOSS},
     {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
+    {"grads-only", no_argument, NULL, OPT_GRADS_ONLY},
     {NULL, 0, NULL, 0},
 };
 
@@ -415,6 +421,7 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
         case OPT_STRICT_FINITE: o->strict_finite = 1; break;
         case OPT_NON_STRICT: o->non_strict = 1; break;
         case OPT_TRAIN: o->train = 1; break;
+        case OPT_GRADS_ONLY: o->grads_only = 1; break;
         case OPT_LOSS: slot = &o->loss; break;
         case OPT_OPTIMIZER: slot = &o->optimizer; break;
         case OPT_GRADS: slot = &o->grads; break;
@@ -476,8 +483,10 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
         return usage_error(usage, "%s", "missing SPEC");
     if (o->non_strict && !o->weights)
         return usage_error(usage, "%s", "--non-strict applies to --weights, which is not given");
-    if ((o->loss || o->optimizer) && !o->train && strcmp(c->name, "grad") != 0)
-        return usage_error(usage, "%s", "--loss and --optimizer apply to --train, which is not given");
+    if ((o->loss || o->optimizer || o->grads_only) && !o->train && strcmp(c->name, "grad") != 0)
+        return usage_error(usage, "%s",
+                           "--loss, --optimizer and --grads-only apply to --train, which is not "
+                           "given");
     if (o->optimizer && strcmp(o->optimizer, "sgd") && strcmp(o->optimizer, "adam") &&
         strcmp(o->optimizer, "adamw"))
         return usage_error(usage, "--optimizer %s: expected sgd, adam or adamw", o->optimizer);
