@@ -615,7 +615,8 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
     char what[64];
     expect_close(op->name, "forward output", r.out, a.out);
     for (int i = 0; i < n_in; i++) {
-        snprintf(what, sizeof what, "gradient of input %d", i);
+        snprintf(what, sizeof what, "gradient of input %d (attributes %s, %s)", i,
+                 gc->attrs ? gc->attrs : "none", ebb_dtype_name(dt));
         if (!((g->differentiable >> i) & 1u)) {
             if (r.gin[i])
                 fail_msg("%s: input %d is not differentiable but got a gradient", op->name, i);
