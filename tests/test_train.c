@@ -5,6 +5,13 @@
  *                              the weights, the input x, the target y, the loss
  *                              and grad.<param> from autograd in training mode;
  *                              the loss op in the header's metadata;
+ *   grad_<spec>.safetensors    the same for specs/switch.yaml, gate_topk.yaml,
+ *                              loop_while.yaml, loop_until.yaml, repeat.yaml
+ *                              and tag_using.yaml, whose path is the metadata's
+ *                              "spec": routed rows (two branches; three experts
+ *                              of four, the fourth chosen by no row), loops
+ *                              that stop before their max (3 of 6 and 3 of 5
+ *                              iterations), copies, tags;
  *   grad_steps_mlp.safetensors ten steps of an 8 -> 16 -> 4 MLP under SGD with
  *                              momentum, Adam and AdamW: the data of each step,
  *                              every loss and the parameters after ten steps;
@@ -19,7 +26,11 @@
  * both sides; it must stay below 1e-5 of the model's largest gradient. One
  * that autograd leaves None ("none_grads": switch_routed's selector, read
  * only by an argmax) ebb may instead leave untrained, saying so
- * (ebb_plan_param_trained) and handing out no gradient.
+ * (ebb_plan_param_trained) and handing out no gradient. The fixtures of
+ * specs/ are stricter ("untrained" in their metadata): for a None ebb_grad
+ * must hand out no gradient, and the plan must leave untrained those that
+ * only a hard decision reads (a selector, a loop's learned test); a branch
+ * no row chose is trained in the plan but gets no gradient in this run.
  *
  * Besides the numbers:
  *   - memory: each run's measured peak against the planned one, and every
@@ -29,9 +40,12 @@
  *     state, need only stay within the plan), and the training plan's peak
  *     below its keep_all peak; a keep_all plan computes the same gradients
  *     bitwise;
- *   - liveness from the trace: every value a step writes, forward and
- *     backward, freed once, right after its last reader
- *     (ebb_plan_value_last_use), never an input, target or output;
+ *   - liveness from the trace: the run follows the plan's control flow
+ *     (jumps past branches no row chose and iterations that did not run
+ *     included); every value a step writes, forward and backward, is freed
+ *     once, on the edge where it stops being live (right after its last
+ *     reader on a straight line; ebb_plan_value_last_use), never while a
+ *     step may still read it, never an input, target or output;
  *   - the plan's shape: phases in order, an update per trained parameter;
  *   - failures: a target of the wrong shape or dtype, or a class out of
  *     range, leaves the parameters, batch_norm's running statistics and the
@@ -42,9 +56,10 @@
  *     until they are trainable; then their gradients are checked like the
  *     others'.
  * The parity specs get their target and loss through ebb_train_options; the
- * step models declare theirs in the spec (`targets:`, `loss:`). Each test
- * collects its problems and reports them all at its end. Every test ends
- * with no ebb_tensor handle alive.
+ * specs of specs/ and the step models declare theirs (`targets:`, `loss:`),
+ * and the plan's loss must be the fixture's. Each test collects its problems
+ * and reports them all at its end. Every test ends with no ebb_tensor handle
+ * alive.
  *
  * The parity "mlp" has a dropout (p 0.1); ebb draws its masks from its own
  * seed, which PyTorch cannot follow, so both sides run it with p 0. */
@@ -287,116 +302,225 @@ static int step_writes(const ebb_plan_step *s, int v) {
         if ((count)++ < MAX_LINES) problem((p), __VA_ARGS__);                                      \
     } while (0)
 
-/* Liveness as the run did it, for a straight-line plan: the trace visits every
- * step once, in order, and frees what the plan lists; every value a step
- * writes is freed exactly once, right after its last reader
- * (ebb_plan_value_last_use, which must agree with the steps' inputs) and
- * never before; inputs, targets and outputs are never freed. Counts the
- * values checked per phase of the step that wrote them. */
+/* Which values are live where each step begins, worked out here from the
+ * steps' inputs and outputs alone, independently of the compiler: the
+ * textbook backward dataflow over the plan's control flow (each step goes on
+ * to the next, and to its jump target when it has one; after the last step
+ * nothing is live), live_in(s) = reads(s) + (live_out(s) - writes(s)). Row
+ * n_steps is the run's end. Only intermediates are tracked. */
+typedef struct liveness {
+    int n_steps, words;
+    uint64_t *in; /* n_steps + 1 rows of `words` */
+} liveness;
+
+static int live_at(const liveness *lv, int step, int v) {
+    return (int)(lv->in[(size_t)step * (size_t)lv->words + (size_t)(v / 64)] >> (v % 64) & 1u);
+}
+
+static int is_intermediate(const ebb_plan *plan, int v) {
+    const ebb_plan_value *pv = ebb_plan_value_at(plan, v);
+    return pv && pv->kind == EBB_VALUE_INTERMEDIATE;
+}
+
+/* 0 when a jump leads outside the plan (reported). */
+static int liveness_compute(liveness *lv, const ebb_plan *plan, const char *what,
+                            problems *pr) {
+    int n = ebb_plan_step_count(plan), n_values = ebb_plan_value_count(plan);
+    int words = (n_values + 63) / 64;
+    *lv = (liveness){.n_steps = n, .words = words};
+    lv->in = calloc((size_t)(n + 1) * (size_t)words + 1, sizeof *lv->in);
+    uint64_t *row = calloc((size_t)words + 1, sizeof *row);
+    assert_non_null(lv->in);
+    assert_non_null(row);
+    for (int s = 0; s < n; s++) {
+        int j = ebb_plan_step_at(plan, s)->jump;
+        if (j < -1 || j > n) {
+            problem(pr, "%s: step %d jumps to step %d of %d", what, s, j, n);
+            free(row);
+            return 0;
+        }
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int s = n - 1; s >= 0; s--) {
+            const ebb_plan_step *st = ebb_plan_step_at(plan, s);
+            const uint64_t *next = lv->in + (size_t)(s + 1) * (size_t)words;
+            const uint64_t *target =
+                st->jump >= 0 ? lv->in + (size_t)st->jump * (size_t)words : NULL;
+            for (int w = 0; w < words; w++) row[w] = next[w] | (target ? target[w] : 0);
+            for (int k = 0; k < st->n_out; k++)
+                if (is_intermediate(plan, st->out[k]))
+                    row[st->out[k] / 64] &= ~((uint64_t)1 << (st->out[k] % 64));
+            for (int k = 0; k < st->n_in; k++)
+                if (is_intermediate(plan, st->in[k]))
+                    row[st->in[k] / 64] |= (uint64_t)1 << (st->in[k] % 64);
+            uint64_t *in = lv->in + (size_t)s * (size_t)words;
+            if (memcmp(in, row, (size_t)words * sizeof *row) != 0) {
+                memcpy(in, row, (size_t)words * sizeof *row);
+                changed = 1;
+            }
+        }
+    }
+    free(row);
+    return 1;
+}
+
+/* Liveness as the run did it. The trace must follow the plan's control flow
+ * (from step 0, each step to the next or, when it says it jumped, to its
+ * jump target, and on to the end) and free after each step what the plan
+ * lists for the edge taken. Following it, a value is held from the step that
+ * writes it until it is freed, and:
+ *   - no step reads a value it does not hold, but a skip (whose read asks
+ *     whether a branch or an iteration ran) and a read of a value whose
+ *     writers the run jumped past: an absent gradient, which sums and
+ *     backward steps take as none (a branch no row chose, an iteration that
+ *     did not run);
+ *   - nothing is freed where it is still live (liveness_compute) or freed
+ *     twice; a value whose writer did not run may be listed, as a jump past a
+ *     branch lists what the branch would have made;
+ *   - every value held where it stops being live is freed on that very edge:
+ *     right after its last reader on a straight line, on the jump when a jump
+ *     passes its remaining readers, at the end of the run at the latest;
+ *   - inputs, targets and outputs are never freed.
+ * ebb_plan_value_last_use must name each intermediate's last reader in
+ * listing order (its producer when none reads it). Counts the values written,
+ * per phase of the step that wrote them, the jumps taken and the absent
+ * values read. */
 static void check_liveness(const ebb_plan *plan, const trace_log *log, const char *what,
-                           int per_phase[4], problems *pr) {
-    int n_steps = ebb_plan_step_count(plan), n_values = ebb_plan_value_count(plan);
-    if (log->n != n_steps) {
-        problem(pr, "%s: the trace has %d events for a plan of %d steps", what, log->n, n_steps);
+                           int per_phase[4], int *jumps, int *absent, problems *pr) {
+    int n_steps = ebb_plan_step_count(plan), n_values = ebb_plan_value_count(plan), count = 0;
+    liveness lv;
+    if (!liveness_compute(&lv, plan, what, pr)) {
+        free(lv.in);
         return;
     }
-    int count = 0;
-    int *freed_at = malloc((size_t)n_values * sizeof *freed_at + 1);
-    char *written = calloc((size_t)n_values + 1, 1);
-    assert_non_null(freed_at);
-    assert_non_null(written);
-    for (int v = 0; v < n_values; v++) freed_at[v] = -1;
-    for (int e = 0; e < log->n; e++) {
+    char *held = calloc((size_t)n_values + 1, 1), *told = calloc((size_t)n_values + 1, 1);
+    int *written_by = malloc((size_t)n_values * sizeof *written_by + 1);
+    int *freed_after = malloc((size_t)n_values * sizeof *freed_after + 1);
+    char *wrote = calloc((size_t)n_steps + 1, 1); /* the step ran and did not jump */
+    assert_non_null(wrote);
+    assert_non_null(held);
+    assert_non_null(told);
+    assert_non_null(written_by);
+    assert_non_null(freed_after);
+    for (int v = 0; v < n_values; v++) written_by[v] = freed_after[v] = -1;
+    *jumps = *absent = 0;
+    int at = 0, e = 0; /* where the control flow leads, the event that should be there */
+    for (; e < log->n && at < n_steps; e++) {
         const trace_event_copy *ev = &log->ev[e];
-        if (ev->step != e || ev->jumped) {
-            problem(pr, "%s: trace event %d is step %d%s: this check follows straight-line "
-                    "runs only", what, e, ev->step, ev->jumped ? " (jumped)" : "");
-            free(freed_at);
-            free(written);
-            return;
+        if (ev->step != at) {
+            problem(pr, "%s: trace event %d is step %d; the plan's control flow leads to step %d",
+                    what, e, ev->step, at);
+            at = -1;
+            break;
         }
-        const ebb_plan_step *s = ebb_plan_step_at(plan, e);
-        for (int k = 0; k < s->n_out; k++) written[s->out[k]] = 1;
-        int same = ev->n_freed == s->n_frees;
-        for (int k = 0; same && k < ev->n_freed; k++) same = s->frees[k] == ev->freed[k];
+        const ebb_plan_step *s = ebb_plan_step_at(plan, at);
+        if (ev->jumped && s->jump < 0) {
+            problem(pr, "%s: step %d (%s %s) jumped, but it has no jump", what, at, s->op, s->node);
+            at = -1;
+            break;
+        }
+        char id[64];
+        if (s->kind != EBB_STEP_SKIP)
+            for (int k = 0; k < s->n_in; k++) {
+                int v = s->in[k];
+                if (!is_intermediate(plan, v) || held[v]) continue;
+                ebb_plan_value_id(plan, v, id, sizeof id);
+                int skipped_writer = 0;
+                for (int i = 0; i < at && !skipped_writer; i++)
+                    skipped_writer = !wrote[i] && step_writes(ebb_plan_step_at(plan, i), v);
+                if (written_by[v] < 0 && skipped_writer)
+                    ++*absent;
+                else if (written_by[v] < 0)
+                    REPORT(pr, count, "%s: step %d (%s %s) reads %s, which no step has written",
+                           what, at, s->op, s->node, id);
+                else
+                    REPORT(pr, count, "%s: step %d (%s %s) reads %s, freed after step %d", what,
+                           at, s->op, s->node, id, freed_after[v]);
+            }
+        wrote[at] = !ev->jumped;
+        if (!ev->jumped)
+            for (int k = 0; k < s->n_out; k++) {
+                int v = s->out[k];
+                if (!is_intermediate(plan, v)) continue;
+                held[v] = 1;
+                told[v] = 0;
+                written_by[v] = at;
+                per_phase[s->phase]++;
+            }
+        int to = ev->jumped ? s->jump : at + 1;
+        *jumps += ev->jumped != 0;
+        const int *list = ev->jumped ? s->jump_frees : s->frees;
+        int n_list = ev->jumped ? s->n_jump_frees : s->n_frees;
+        int same = ev->n_freed == n_list;
+        for (int k = 0; same && k < n_list; k++) same = list[k] == ev->freed[k];
         if (!same)
-            REPORT(pr, count, "%s: step %d (%s %s) freed %d values, not the %d the plan lists",
-                   what, e, s->op, s->node, ev->n_freed, s->n_frees);
+            REPORT(pr, count, "%s: step %d (%s %s) freed %d values, not the %d the plan lists for "
+                   "its edge to step %d", what, at, s->op, s->node, ev->n_freed, n_list, to);
         for (int k = 0; k < ev->n_freed; k++) {
             int v = ev->freed[k];
             if (v < 0 || v >= n_values) {
-                REPORT(pr, count, "%s: step %d freed slot %d", what, e, v);
+                REPORT(pr, count, "%s: step %d freed slot %d", what, at, v);
                 continue;
             }
             const ebb_plan_value *pv = ebb_plan_value_at(plan, v);
-            char id[64];
             ebb_plan_value_id(plan, v, id, sizeof id);
-            if (!written[v] && pv->kind != EBB_VALUE_INPUT) {
-                REPORT(pr, count, "%s: step %d (%s %s) freed %s%s, which no step has written yet",
-                       what, e, s->op, s->node, id,
-                       pv->kind == EBB_VALUE_OUTPUT ? " (an output)" : "");
+            if (pv->kind != EBB_VALUE_INTERMEDIATE) {
+                REPORT(pr, count, "%s: step %d (%s %s) freed %s, a%s", what, at, s->op, s->node,
+                       id, pv->kind == EBB_VALUE_INPUT ? "n input or target" : "n output");
                 continue;
             }
-            if (pv->kind != EBB_VALUE_INTERMEDIATE)
-                REPORT(pr, count, "%s: step %d (%s %s) freed %s, a%s", what, e, s->op, s->node, id,
-                       pv->kind == EBB_VALUE_INPUT ? "n input or target" : "n output");
-            if (freed_at[v] >= 0)
-                REPORT(pr, count, "%s: %s freed twice, after steps %d and %d", what, id,
-                       freed_at[v], e);
-            freed_at[v] = e;
+            if (to < n_steps && live_at(&lv, to, v))
+                REPORT(pr, count, "%s: step %d (%s %s) frees %s on its edge to step %d, where "
+                       "it is still live", what, at, s->op, s->node, id, to);
+            if (held[v]) {
+                held[v] = 0;
+                freed_after[v] = at;
+            } else if (written_by[v] >= 0) {
+                REPORT(pr, count, "%s: step %d (%s %s) frees %s, already freed after step %d",
+                       what, at, s->op, s->node, id, freed_after[v]);
+            }
         }
+        for (int v = 0; v < n_values; v++) {
+            if (!held[v] || told[v] || live_at(&lv, to, v)) continue;
+            told[v] = 1;
+            const ebb_plan_step *w = ebb_plan_step_at(plan, written_by[v]);
+            ebb_plan_value_id(plan, v, id, sizeof id);
+            if (to == n_steps)
+                REPORT(pr, count, "%s: %s (%s, written by step %d %s %s) was never freed", what,
+                       id, phase_name(w->phase), written_by[v], w->op, w->node);
+            else
+                REPORT(pr, count, "%s: %s (%s, written by step %d %s %s) was not freed after "
+                       "step %d (%s %s), on its edge to step %d, where it is no longer live",
+                       what, id, phase_name(w->phase), written_by[v], w->op, w->node, at, s->op,
+                       s->node, to);
+        }
+        at = to;
     }
-    for (int i = 0; i < n_steps; i++) {
-        const ebb_plan_step *s = ebb_plan_step_at(plan, i);
-        for (int k = 0; k < s->n_out; k++) {
-            int v = s->out[k];
-            const ebb_plan_value *pv = ebb_plan_value_at(plan, v);
-            if (pv->kind != EBB_VALUE_INTERMEDIATE) continue;
-            /* the last step that reads this definition of v */
-            int last = i, redefined = 0;
-            for (int j = i + 1; j < n_steps && !redefined; j++) {
-                const ebb_plan_step *r = ebb_plan_step_at(plan, j);
-                if (step_reads(r, v)) last = j;
-                redefined = step_writes(r, v);
-            }
+    if (at >= 0 && at != n_steps)
+        problem(pr, "%s: the trace ends at step %d of %d", what, at, n_steps);
+    else if (at == n_steps && e != log->n)
+        problem(pr, "%s: the trace goes on for %d events past the plan's end", what, log->n - e);
+    for (int v = 0; v < n_values; v++) {
+        if (!is_intermediate(plan, v)) continue;
+        int last = ebb_plan_value_at(plan, v)->producer;
+        for (int i = 0; i < n_steps; i++)
+            if (step_reads(ebb_plan_step_at(plan, i), v)) last = i;
+        int planned = ebb_plan_value_last_use(plan, v);
+        if (planned != last) {
             char id[64];
             ebb_plan_value_id(plan, v, id, sizeof id);
-            if (redefined) {
-                /* overwritten in place, not freed: only "not before" holds */
-                if (freed_at[v] >= 0 && freed_at[v] < last)
-                    REPORT(pr, count,
-                           "%s: %s (written by step %d, %s %s) freed after step %d, but step %d "
-                           "reads it",
-                           what, id, i, s->op, s->node, freed_at[v], last);
-                continue;
-            }
-            int planned = ebb_plan_value_last_use(plan, v);
-            if (planned != last)
-                REPORT(pr, count,
-                       "%s: %s (written by step %d, %s %s): ebb_plan_value_last_use says step %d, "
-                       "the steps' inputs say %d",
-                       what, id, i, s->op, s->node, planned, last);
-            if (freed_at[v] != last) {
-                const ebb_plan_step *l = ebb_plan_step_at(plan, last);
-                if (freed_at[v] < 0)
-                    REPORT(pr, count,
-                           "%s: %s (%s, written by step %d %s %s, last read by step %d %s %s) "
-                           "was never freed",
-                           what, id, phase_name(s->phase), i, s->op, s->node, last, l->op,
-                           l->node);
-                else
-                    REPORT(pr, count,
-                           "%s: %s (%s, written by step %d %s %s, last read by step %d %s %s) "
-                           "was freed after step %d",
-                           what, id, phase_name(s->phase), i, s->op, s->node, last, l->op,
-                           l->node, freed_at[v]);
-            }
-            per_phase[s->phase]++;
+            REPORT(pr, count, "%s: %s: ebb_plan_value_last_use says step %d, the steps' inputs "
+                   "say %d", what, id, planned, last);
         }
     }
     if (count > MAX_LINES) problem(pr, "%s: and %d more liveness problems", what, count - MAX_LINES);
-    free(freed_at);
-    free(written);
+    free(lv.in);
+    free(held);
+    free(told);
+    free(written_by);
+    free(freed_after);
+    free(wrote);
 }
 
 /* Every step's measured bytes against the plan's: equal for a plan whose
@@ -475,6 +599,9 @@ typedef struct grad_case {
     const char *name;
     /* the plan's peak must be exact (no routing, no machine-chosen kernels) */
     int exact;
+    /* the run must take a jump: past a branch no row chose, or past the
+     * iterations of a loop that stopped before its max */
+    int jumps;
     /* what ebb_compile() refuses for training today (train.h), by the word that
      * names the node kind in the message; when it accepts the model, the
      * gradients are checked like any other's */
@@ -502,6 +629,25 @@ static ebb_spec *load_spec(const char *model) {
     return spec;
 }
 
+/* A spec of specs/ as it is (the fixture's "spec", relative to the source
+ * tree): it declares its target and its loss. */
+static ebb_spec *load_spec_file(const char *relative) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", EBB_SOURCE_DIR, relative);
+    ebb_spec *spec = NULL;
+    if (ebb_spec_load(&spec, path) != EBB_OK) fail_msg("%s: %s", path, ebb_errmsg());
+    return spec;
+}
+
+/* The op of the plan's loss step, or "" when it has none. */
+static const char *plan_loss_op(const ebb_plan *plan) {
+    for (int i = 0; i < ebb_plan_step_count(plan); i++) {
+        const ebb_plan_step *s = ebb_plan_step_at(plan, i);
+        if (s->phase == EBB_PHASE_LOSS && s->kind == EBB_STEP_OP) return s->op;
+    }
+    return "";
+}
+
 /* Training options for the fixture's target and loss (metadata). */
 static ebb_train_options fixture_train_options(const ebb_safetensors *st, ebb_shape *y_shape,
                                                ebb_dtype *y_dtype) {
@@ -520,7 +666,11 @@ static void check_grads(const ebb_plan *plan, const ebb_model *m, ebb_tensor *co
     int n = ebb_model_param_count(m);
     const char *zero = ebb_safetensors_metadata(st, "zero_grads");
     const char *none = ebb_safetensors_metadata(st, "none_grads");
+    /* with "untrained" (the fixtures of specs/), autograd's None means no
+     * gradient from ebb either */
+    const char *untrained = ebb_safetensors_metadata(st, "untrained");
     double top = 0, worst = 0;
+    int n_zero = 0;
     const char *worst_name = "-";
     for (int i = 0; i < n; i++) {
         char key[512];
@@ -540,6 +690,15 @@ static void check_grads(const ebb_plan *plan, const ebb_model *m, ebb_tensor *co
             if (!param_is_buffer(plan, i)) problem(pr, "%s: the fixture lacks %s", what, key);
             continue;
         }
+        if (untrained && in_list(none, pn)) {
+            int hard = in_list(untrained, pn);
+            if (grads[i])
+                problem(pr, "%s: ebb_grad gives %s a gradient; autograd gives None (%s)", what,
+                        pn, hard ? "only a hard decision reads it" : "no row chose its branch");
+            if (hard && ebb_plan_param_trained(plan, i))
+                problem(pr, "%s: the plan trains %s, which only a hard decision reads", what, pn);
+            continue;
+        }
         if (!grads[i]) {
             /* autograd's None: ebb may leave it untrained, and then says so */
             if (!in_list(none, pn))
@@ -550,6 +709,7 @@ static void check_grads(const ebb_plan *plan, const ebb_model *m, ebb_tensor *co
         }
         ebb_tensor *want = fx_load(st, key);
         if (in_list(zero, pn)) {
+            n_zero++;
             check_same_shape(grads[i], want, key);
             double a = max_abs_of(grads[i]);
             if (!(a <= ZERO_GRAD_TOL * top))
@@ -569,21 +729,31 @@ static void check_grads(const ebb_plan *plan, const ebb_model *m, ebb_tensor *co
         }
         ebb_tensor_free(want);
     }
-    printf("[ grad     ] %-20s worst gradient rel. error %.2e (%s)%s\n", what, worst, worst_name,
-           zero && *zero ? "; zero gradients within tolerance" : "");
+    printf("[ grad     ] %-20s worst gradient rel. error %.2e (%s)%s%s\n", what, worst,
+           worst_name, n_zero ? "; zero gradients within tolerance" : "",
+           untrained && none && *none ? "; none where autograd has None" : "");
 }
 
 static void run_grad_case(const grad_case *gc) {
     char file[128];
     snprintf(file, sizeof file, "grad_%s", gc->name);
     ebb_safetensors *st = open_fixture(file);
-    ebb_spec *spec = load_spec(gc->name);
+    /* a fixture of specs/ names its spec, which declares its target and loss */
+    const char *spec_file = ebb_safetensors_metadata(st, "spec");
+    ebb_spec *spec = spec_file ? load_spec_file(spec_file) : load_spec(gc->name);
     assert_int_equal(ebb_spec_input_count(spec), 1);
 
     ebb_tensor *x = fx_load(st, "x"), *y = fx_load(st, "y");
     ebb_shape x_shape = ebb_tensor_shape(x), y_shape;
     ebb_dtype y_dtype;
     ebb_train_options t = fixture_train_options(st, &y_shape, &y_dtype);
+    if (spec_file) {
+        /* the spec's dtype and loss; the shape from the data (the spec's
+         * `batch` would be 1) */
+        assert_int_equal(ebb_spec_target_count(spec), 1);
+        t.target_dtypes = NULL;
+        t.loss = t.loss_attrs = NULL;
+    }
     ebb_compile_options o = {.input_shapes = &x_shape, .n_input_shapes = 1, .train = &t};
     ebb_plan *plan = NULL;
     ebb_status s = ebb_spec_compile(&plan, spec, &o);
@@ -603,7 +773,12 @@ static void run_grad_case(const grad_case *gc) {
         return;
     }
     problems pr = {0};
-    check_plan_shape(plan, 1, ebb_safetensors_metadata(st, "none_grads"), gc->name, &pr);
+    const char *untrained = ebb_safetensors_metadata(st, "untrained");
+    check_plan_shape(plan, 1, untrained ? untrained : ebb_safetensors_metadata(st, "none_grads"),
+                     gc->name, &pr);
+    if (strcmp(plan_loss_op(plan), ebb_safetensors_metadata(st, "loss")) != 0)
+        problem(&pr, "%s: the plan's loss is '%s', torch's %s", gc->name, plan_loss_op(plan),
+                ebb_safetensors_metadata(st, "loss"));
 
     ebb_model *m = NULL;
     assert_ok(ebb_model_new(&m, plan, CPU, 0));
@@ -667,11 +842,14 @@ static void run_grad_case(const grad_case *gc) {
                     (long long)peak, (long long)keep_all);
 
         /* liveness, forward and backward */
-        int per_phase[4] = {0};
-        check_liveness(plan, &log, gc->name, per_phase, &pr);
-        printf("[ liveness ] %-20s %d forward, %d loss, %d backward values checked\n", gc->name,
-               per_phase[EBB_PHASE_FORWARD], per_phase[EBB_PHASE_LOSS],
-               per_phase[EBB_PHASE_BACKWARD]);
+        int per_phase[4] = {0}, jumps = 0, absent = 0;
+        check_liveness(plan, &log, gc->name, per_phase, &jumps, &absent, &pr);
+        printf("[ liveness ] %-20s %d forward, %d loss, %d backward values checked; %d of %d "
+               "steps ran, %d jumps, %d absent gradients read\n",
+               gc->name, per_phase[EBB_PHASE_FORWARD], per_phase[EBB_PHASE_LOSS],
+               per_phase[EBB_PHASE_BACKWARD], log.n, ebb_plan_step_count(plan), jumps, absent);
+        if (gc->jumps && !jumps)
+            problem(&pr, "%s: no step jumped: the fixture skips nothing", gc->name);
         if (!per_phase[EBB_PHASE_FORWARD] || !per_phase[EBB_PHASE_BACKWARD])
             problem(&pr, "%s: values checked: %d forward, %d backward", gc->name,
                     per_phase[EBB_PHASE_FORWARD], per_phase[EBB_PHASE_BACKWARD]);
@@ -706,6 +884,13 @@ static const grad_case GRAD_CASES[] = {
     {.name = "transformer_stack", .exact = 1},
     {.name = "gru_loop", .refused_as = "loop"},
     {.name = "switch_routed", .refused_as = "switch"},
+    /* specs/: one per node kind that routes, loops, repeats or tags */
+    {.name = "switch"},
+    {.name = "gate_topk", .jumps = 1},
+    {.name = "loop_while", .jumps = 1},
+    {.name = "loop_until", .jumps = 1},
+    {.name = "repeat", .exact = 1},
+    {.name = "tag_using", .exact = 1},
 };
 
 /* keep_all frees nothing and computes the same: its gradients are bitwise
@@ -777,9 +962,9 @@ static void test_keep_all(void **state) {
         compare_steps(plans[1], &log, what, 0, &pr);
         /* the liveness check can fail: a plan that frees nothing fails it */
         problems none = {0};
-        int per_phase[4] = {0};
-        check_liveness(plans[1], &log, what, per_phase, &none);
-        if (!none.n || !strstr(none.text, "was never freed"))
+        int per_phase[4] = {0}, jumps = 0, absent = 0;
+        check_liveness(plans[1], &log, what, per_phase, &jumps, &absent, &none);
+        if (!none.n || !strstr(none.text, "was not freed after step"))
             problem(&pr, "%s: the liveness check passes a plan that frees nothing", what);
         /* nothing but outputs is freed */
         for (int e = 0; e < log.n; e++)
@@ -964,8 +1149,8 @@ static int good_step(trainer *tr, int t, problems *pr) {
                 (long long)stats.measured_peak_bytes, (long long)stats.planned_peak_bytes,
                 bound ? "bound" : t == 0 ? "at most" : "exact");
     compare_steps(tr->plan, &log, what, t == 0, pr);
-    int per_phase[4] = {0};
-    check_liveness(tr->plan, &log, what, per_phase, pr);
+    int per_phase[4] = {0}, jumps = 0, absent = 0;
+    check_liveness(tr->plan, &log, what, per_phase, &jumps, &absent, pr);
     if (!per_phase[EBB_PHASE_FORWARD] || !per_phase[EBB_PHASE_BACKWARD])
         problem(pr, "%s: values checked: %d forward, %d backward", what, per_phase[0],
                 per_phase[2]);
@@ -1297,9 +1482,11 @@ int main(void) {
     static const char *const grad_names[] = {
         "grad_mlp",          "grad_residual_tower",     "grad_gate8",
         "grad_conv_net",     "grad_transformer_encoder", "grad_transformer_stack",
-        "grad_gru_loop",     "grad_switch_routed",
+        "grad_gru_loop",     "grad_switch_routed",      "grad_switch",
+        "grad_gate_topk",    "grad_loop_while",         "grad_loop_until",
+        "grad_repeat",       "grad_tag_using",
     };
-    struct CMUnitTest tests[17];
+    struct CMUnitTest tests[23];
     int n = 0;
     for (size_t i = 0; i < sizeof GRAD_CASES / sizeof *GRAD_CASES; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);

@@ -95,8 +95,10 @@ EBB_API ebb_status ebb_train_step_ex(const ebb_plan *plan, ebb_model *model, ebb
  * `plan` must be compiled with ebb_train_options.grads_only. grads has
  * ebb_model_param_count(model) entries; grads[i] receives a new handle on the
  * gradient of parameter i, or NULL for a parameter that is not trained (a
- * buffer, or one left out of ebb_train_options.trained). On failure every
- * entry is NULL. */
+ * buffer, one left out of ebb_train_options.trained, one no gradient can
+ * reach) or that this run gave no gradient (it belongs to a branch no row
+ * chose, or to loop iterations that did not run: PyTorch's .grad is None
+ * there too). On failure every entry is NULL. */
 EBB_API ebb_status ebb_grad(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
                             ebb_tensor *const *targets, double *loss, ebb_tensor **grads,
                             ebb_run_stats *stats);

@@ -30,6 +30,28 @@ Under tests/parity/fixtures/ this writes:
                             autograd leaves None (no path from the loss at all:
                             the selector), which ebb may leave untrained.
 
+  grad_<spec>.safetensors   for specs/switch.yaml, gate_topk.yaml, loop_while.yaml,
+                            loop_until.yaml, repeat.yaml and tag_using.yaml (one
+                            spec per node kind that routes, loops, repeats or
+                            tags), written out here with the functional API under
+                            ebb's parameter names: the same tensors and metadata
+                            (loss "mse", the specs' `loss:`), batch 8, weights
+                            from nn.Linear's distribution, plus "spec" (the spec's
+                            path in the source tree, which declares the target
+                            and the loss) and, where autograd leaves parameters
+                            None, "untrained": those among them that only a hard
+                            decision reads (a switch's selector, a loop's
+                            learned test), which no gradient reaches in any run.
+                            The others in "none_grads" belong to a branch no row
+                            chose in this run. The inputs make the decisions
+                            matter: the switch sends 4 rows to each branch; the
+                            top-k gate's router gives expert 3 a bias of -4, so
+                            no row chooses it and the others get 6, 6 and 4
+                            rows; the while loop runs 3 of its 6 iterations; the
+                            until loop's test gets the bias that stops it after
+                            3 of 5. The script checks all that, and that no
+                            decision is within 1e-3 of flipping, before writing.
+
   grad_steps_mlp.safetensors  ten training steps of an 8 -> 16 -> 4 MLP (relu,
                             cross_entropy, batch 6, new data each step) for three
                             optimizers:
@@ -56,6 +78,7 @@ Run with Debian's python3-torch:
 
     /usr/bin/python3 tests/parity/make_grad_fixtures.py            # everything
     /usr/bin/python3 tests/parity/make_grad_fixtures.py conv_net   # one model
+    /usr/bin/python3 tests/parity/make_grad_fixtures.py loop_while # one spec of specs/
     /usr/bin/python3 tests/parity/make_grad_fixtures.py steps      # the step fixtures
 
 Everything is seeded and float32, so rerunning rewrites the same bytes on the
@@ -177,6 +200,216 @@ def model_fixture(name):
              f"{max(grads[n].abs().max().item() for n in zero):.1e})" if zero else ""))
 
 
+# ---- the specs in specs/ that route, loop, repeat or tag ------------------------
+#
+# One spec per node kind, written out with the functional API over a dict of
+# ebb's parameter names (`ebb plan SPEC --json`'s "params"). Each returns the
+# output and what it decided (the rows each branch got, the iterations that
+# ran) with the smallest margin of those decisions, so that float32 noise on
+# either side cannot flip one. Branches and experts run on their own rows
+# only, as ebb runs them; one no row chooses never runs, and autograd leaves
+# its parameters None, as it does a selector's or a loop test's.
+
+SPEC_BATCH = 8
+
+
+def lin(w, name, x):
+    return F.linear(x, w[name + ".weight"], w[name + ".bias"])
+
+
+def spec_switch(w, x):
+    """specs/switch.yaml: argmax(selector(h)) picks [gelu, linear] or
+    [tanh, linear] per row."""
+    h = lin(w, "flow.0", x)
+    scores = lin(w, "flow.1.switch.selector", h)  # read only by the argmax
+    top = scores.detach().topk(2, dim=1).values
+    choice = scores.detach().argmax(1)
+    out = h.new_zeros(h.shape[0], 8)
+    rows_of = []
+    for b, act in enumerate((F.gelu, torch.tanh)):
+        rows = (choice == b).nonzero().flatten()
+        rows_of.append(len(rows))
+        if len(rows):
+            yb = lin(w, f"flow.1.switch.{b}.1", act(h.index_select(0, rows)))
+            out = out.index_copy(0, rows, yb)
+    return out, {"rows per branch": rows_of}, (top[:, 0] - top[:, 1]).min().item()
+
+
+def spec_gate_topk(w, x):
+    """specs/gate_topk.yaml: each row runs its two best experts of four,
+    weighted by their softmax scores renormalised over the two."""
+    h = lin(w, "flow.0", x)
+    probs = torch.softmax(lin(w, "flow.1.gate.router.0", h), -1)
+    v, idx = probs.topk(2, dim=1)
+    weights = v / v.sum(1, keepdim=True)
+    ranked = probs.detach().sort(1, descending=True).values
+    out = torch.zeros_like(h)
+    rows_of = []
+    for e in range(4):
+        hit = idx == e
+        rows = hit.any(1).nonzero().flatten()
+        rows_of.append(len(rows))
+        if len(rows):
+            we = (weights * hit).sum(1).index_select(0, rows)
+            ye = lin(w, f"flow.1.gate.{e}", h.index_select(0, rows))
+            out = out.index_add(0, rows, we[:, None] * ye)
+    return out, {"rows per expert": rows_of}, (ranked[:, 1] - ranked[:, 2]).min().item()
+
+
+def spec_loop_while(w, x):
+    """specs/loop_while.yaml: while max(s) - 0.5 > 0 (threshold_halt), at most
+    6 times: s = tanh(linear(s))."""
+    s = lin(w, "flow.0", x)
+    n, margin = 0, float("inf")
+    for _ in range(6):
+        test = (s.detach().max() - 0.5).item()
+        margin = min(margin, abs(test))
+        if not test > 0:
+            break
+        s = torch.tanh(lin(w, "flow.1.loop.body.0", s))
+        n += 1
+    return s, {"iterations": n}, margin
+
+
+def spec_loop_until(w, x):
+    """specs/loop_until.yaml: s = gelu(linear(s)), at most 5 times, until the
+    mean of learned_halt(s) (linear to 1, read only by the test) is > 0."""
+    s = lin(w, "flow.0", x)
+    n, margin = 0, float("inf")
+    for _ in range(5):
+        s = F.gelu(lin(w, "flow.1.loop.body.0", s))
+        n += 1
+        test = lin(w, "flow.1.loop.cond", s.detach()).mean().item()
+        margin = min(margin, abs(test))
+        if test > 0:
+            break
+    return s, {"iterations": n}, margin
+
+
+def spec_repeat(w, x):
+    """specs/repeat.yaml: three copies of [linear, relu], then two linears."""
+    s = lin(w, "flow.0", x)
+    for j in range(3):
+        s = F.relu(lin(w, f"flow.1.{j}.0", s))
+    for j in range(2):
+        s = lin(w, f"flow.2.{j}", s)
+    return s, {}, None
+
+
+def spec_tag_using(w, x):
+    """specs/tag_using.yaml: h = linear(x) (tag h); linear(relu(h)) + h; then
+    cat(stream, h, x) on dim 1. The loss reads the final stream (the spec's
+    first output; h, its second, is not compared)."""
+    h = lin(w, "flow.0", x)
+    s = lin(w, "flow.3", F.relu(h)) + h
+    return torch.cat([s, h, x], 1), {}, None
+
+
+def init_linears(g, shapes):
+    """nn.Linear's default initialisation, U(-1/sqrt(in), 1/sqrt(in)) for
+    weight and bias alike, drawn in ebb's parameter order."""
+    w = {}
+    for name, (out, inp) in shapes.items():
+        bound = 1.0 / inp ** 0.5
+        w[name + ".weight"] = (torch.rand(out, inp, generator=g) * 2 - 1) * bound
+        w[name + ".bias"] = (torch.rand(out, generator=g) * 2 - 1) * bound
+    return w
+
+
+def set_until_bias(w, x):
+    """With its bias at zero, the learned test's mean after each of the five
+    iterations; the third must exceed the first two, and the bias is set
+    midway between the larger of those and the third, so that the test first
+    turns true after iteration 3 and the loop stops there."""
+    w["flow.1.loop.cond.bias"].zero_()
+    s, means = lin(w, "flow.0", x), []
+    for _ in range(5):
+        s = F.gelu(lin(w, "flow.1.loop.body.0", s))
+        means.append(lin(w, "flow.1.loop.cond", s).mean().item())
+    assert means[2] > max(means[:2]), means
+    w["flow.1.loop.cond.bias"].fill_(-(max(means[:2]) + means[2]) / 2)
+
+
+H = (16, 16)
+# spec -> (forward, seed, {linear: (out, in)} in ebb's parameter order, the
+# parameters only a hard decision reads, what the fixture must show)
+SPECS = {
+    "switch": (spec_switch, 20, {"flow.0": H, "flow.1.switch.selector": (2, 16),
+                                 "flow.1.switch.0.1": (8, 16), "flow.1.switch.1.1": (8, 16)},
+               ["flow.1.switch.selector.weight", "flow.1.switch.selector.bias"],
+               lambda f: min(f["rows per branch"]) >= 2),
+    "gate_topk": (spec_gate_topk, 35, {"flow.0": H, "flow.1.gate.router.0": (4, 16),
+                                       **{f"flow.1.gate.{e}": H for e in range(4)}},
+                  [], lambda f: f["rows per expert"][3] == 0
+                  and min(f["rows per expert"][:3]) >= 2),
+    "loop_while": (spec_loop_while, 23, {"flow.0": H, "flow.1.loop.body.0": H}, [],
+                   lambda f: 2 <= f["iterations"] < 6),
+    "loop_until": (spec_loop_until, 37, {"flow.0": H, "flow.1.loop.body.0": H,
+                                         "flow.1.loop.cond": (1, 16)},
+                   ["flow.1.loop.cond.weight", "flow.1.loop.cond.bias"],
+                   lambda f: 2 <= f["iterations"] < 5),
+    "repeat": (spec_repeat, 25, {"flow.0": H, **{f"flow.1.{j}.0": H for j in range(3)},
+                                 **{f"flow.2.{j}": H for j in range(2)}}, [], None),
+    "tag_using": (spec_tag_using, 26, {"flow.0": H, "flow.3": H}, [], None),
+}
+
+
+def spec_grads(fwd, weights, x, y):
+    w = {k: v.clone().requires_grad_() for k, v in weights.items()}
+    out, facts, margin = fwd(w, x)
+    loss = F.mse_loss(out, y)
+    loss.backward()
+    none = [k for k, v in w.items() if v.grad is None]
+    return loss.detach(), {k: (v.grad if v.grad is not None else torch.zeros_like(v)).detach()
+                           for k, v in w.items()}, none, facts, margin
+
+
+def spec_fixture(name):
+    fwd, seed, shapes, untrained, wanted = SPECS[name]
+    g = torch.Generator().manual_seed(seed)
+    weights = init_linears(g, shapes)
+    x = torch.randn(SPEC_BATCH, 16, generator=g)
+    if name == "gate_topk":  # expert 3 is nobody's choice: its backward is skipped
+        weights["flow.1.gate.router.0.bias"][3] = -4.0
+    if name == "loop_until":
+        set_until_bias(weights, x)
+    with torch.no_grad():
+        out, _, _ = fwd(weights, x)
+    y = torch.randn(out.shape, generator=torch.Generator().manual_seed(1000 + seed))
+    loss, grads, none, facts, margin = spec_grads(fwd, weights, x, y)
+    if wanted and not wanted(facts):
+        sys.exit(f"grad_{name}: {facts} does not exercise what the fixture is for")
+    if margin is not None and not margin > 1e-3:
+        sys.exit(f"grad_{name}: a decision within {margin:.2g} of flipping")
+    if not set(untrained) <= set(none):
+        sys.exit(f"grad_{name}: autograd gives {set(untrained) - set(none)} a gradient")
+
+    w64 = {k: v.double() for k, v in weights.items()}
+    loss64, grads64, none64, facts64, _ = spec_grads(fwd, w64, x.double(), y.double())
+    assert facts64 == facts and none64 == none, (facts64, facts)
+    top64 = max(v.abs().max().item() for v in grads64.values())
+    zero = [n for n, v in grads64.items() if v.abs().max().item() <= 1e-12 * top64]
+    floor = max(rel(grads[n], grads64[n]) for n in grads if n not in zero)
+
+    tensors = dict(weights)
+    tensors.update({"x": x, "y": y, "loss": loss.float()})
+    tensors.update({f"grad.{n}": v for n, v in grads.items()})
+    path = os.path.join(OUT, f"grad_{name}.safetensors")
+    meta = {"spec": f"specs/{name}.yaml", "loss": "mse", "loss_attrs": "",
+            "zero_grads": ",".join(zero)}
+    if none:
+        meta["none_grads"] = ",".join(none)
+        meta["untrained"] = ",".join(untrained)
+    write(path, tensors, meta)
+    told = "; ".join(f"{k} {v}" for k, v in facts.items())
+    loss_err = abs(loss.item() - loss64.item()) / abs(loss64.item())
+    print(f"grad_{name}: mse loss {loss.item():.6g}, {len(grads)} gradients, float32 vs float64 "
+          f"rel. error {floor:.2e} (loss {loss_err:.1e}), {os.path.getsize(path)} bytes"
+          + (f"; {told}" if told else "")
+          + (f" (closest decision {margin:.3g})" if margin is not None else "")
+          + (f"; None in autograd: {', '.join(none)}" if none else ""))
+
+
 # ---- ten training steps ----------------------------------------------------------
 
 STEPS, BATCH = 10, 6
@@ -247,7 +480,7 @@ def steps_fixture(fname, bn, cases, seed):
 
 def main():
     os.makedirs(OUT, exist_ok=True)
-    names = sys.argv[1:] or list(mf.MODELS) + ["steps"]
+    names = sys.argv[1:] or list(mf.MODELS) + list(SPECS) + ["steps"]
     for name in names:
         if name == "steps":
             steps_fixture("grad_steps_mlp", False, {
@@ -260,8 +493,11 @@ def main():
             }, seed=12)
         elif name in mf.MODELS:
             model_fixture(name)
+        elif name in SPECS:
+            spec_fixture(name)
         else:
-            sys.exit(f"unknown fixture '{name}': one of {', '.join(list(mf.MODELS) + ['steps'])}")
+            sys.exit(f"unknown fixture '{name}': one of "
+                     f"{', '.join(list(mf.MODELS) + list(SPECS) + ['steps'])}")
 
 
 if __name__ == "__main__":
