@@ -615,6 +615,25 @@ static int emit_loop_test(compiler *c, const graph_step *st, const char *path,
     return ebb_compiler_step_index(c, j);
 }
 
+/* One pass of a loop's body over `state`; returns its output, which must
+ * have the state's shape, or -1. */
+static int lower_body(compiler *c, const graph_step *st, const char *body, const scope *sc,
+                      int state) {
+    int y = lower_node(c, st->node, body, sc, &state, 1);
+    if (y < 0)
+        return -1;
+    ebb_shape ys = c->plan->values[y].shape, ss = c->plan->values[state].shape;
+    if (!ebb_shape_equal(&ys, &ss)) {
+        char a[96], b[96];
+        c->status = ebb_error_set(EBB_ERR_SHAPE,
+                                  "node %s: the loop body maps state %s to %s; a loop body must "
+                                  "keep the state's shape",
+                                  body, shape_text(&ss, a, sizeof a), shape_text(&ys, b, sizeof b));
+        return -1;
+    }
+    return y;
+}
+
 /* A training compile unrolls a `for` loop: each iteration's values are
  * values of their own, so what each iteration's backward reads is simply
  * kept, as a stack of iterations would keep it, and the weights every
@@ -628,18 +647,7 @@ static int unroll_for(compiler *c, const graph_step *st, const char *spath, cons
         return ebb_compiler_oom(c);
     for (int64_t k = 0; k < st->count; k++) {
         c->repeating += k == 1;
-        int y = lower_node(c, st->node, body, sc, &state, 1);
-        ebb_shape ys = y >= 0 ? c->plan->values[y].shape : (ebb_shape){0};
-        ebb_shape ss = c->plan->values[state].shape;
-        if (y >= 0 && !ebb_shape_equal(&ys, &ss)) {
-            char a[96], b[96];
-            c->status = ebb_error_set(EBB_ERR_SHAPE,
-                                      "node %s: the loop body maps state %s to %s; a loop body "
-                                      "must keep the state's shape",
-                                      body, shape_text(&ss, a, sizeof a),
-                                      shape_text(&ys, b, sizeof b));
-            y = -1;
-        }
+        int y = lower_body(c, st, body, sc, state);
         if (y < 0) {
             c->repeating -= k >= 1;
             free(body);
@@ -699,19 +707,9 @@ static int unroll_while(compiler *c, const graph_step *st, const char *spath, co
             goto fail_iter;
         if (j >= 0)
             exits[n_exits++] = j;
-        int y = lower_node(c, st->node, body, sc, &state, 1);
+        int y = lower_body(c, st, body, sc, state);
         if (y < 0)
             goto fail_iter;
-        ebb_shape ys = c->plan->values[y].shape, ss = c->plan->values[state].shape;
-        if (!ebb_shape_equal(&ys, &ss)) {
-            char a[96], b[96];
-            c->status = ebb_error_set(EBB_ERR_SHAPE,
-                                      "node %s: the loop body maps state %s to %s; a loop body "
-                                      "must keep the state's shape",
-                                      body, shape_text(&ss, a, sizeof a),
-                                      shape_text(&ys, b, sizeof b));
-            goto fail_iter;
-        }
         ebb_tensor *my[1] = {ebb_compiler_meta_ref(c, y)};
         int ay[1] = {y};
         plan_step *al = my[0] ? emit_control(c, EBB_STEP_ALIAS, "alias", path, &y, 1, res, my, ay, 1)
@@ -775,19 +773,9 @@ static int lower_loop(compiler *c, const graph_step *st, const char *spath, cons
     /* while: test before the body, leave when the condition is false */
     if (st->loop == LOOP_WHILE && (cond_jump = emit_loop_test(c, st, path, cond_path, sc, state[0], 0)) < 0)
         goto out;
-    int y = lower_node(c, st->node, body_path, sc, state, 1);
+    int y = lower_body(c, st, body_path, sc, state[0]);
     if (y < 0)
         goto out;
-    ebb_shape ys = c->plan->values[y].shape, ss = c->plan->values[state[0]].shape;
-    if (!ebb_shape_equal(&ys, &ss)) {
-        char a[96], b[96];
-        c->status = ebb_error_set(EBB_ERR_SHAPE,
-                                  "node %s: the loop body maps state %s to %s; a loop body must "
-                                  "keep the state's shape",
-                                  body_path, shape_text(&ss, a, sizeof a),
-                                  shape_text(&ys, b, sizeof b));
-        goto out;
-    }
     ebb_tensor *ym[1] = {ebb_compiler_meta_ref(c, y)};
     int alias_y[1] = {y};
     if (!ym[0] || !emit_control(c, EBB_STEP_ALIAS, "alias", path, &y, 1, state, ym, alias_y, 1))
