@@ -10,7 +10,8 @@ CMAKE_FLAGS ?=
 # Debian packages the build and the tests need. libopenblas0-pthread matters:
 # Debian's libtorch falls back to the reference BLAS without it (25x slower).
 DEB_PACKAGES := cmake g++ make pkg-config libtorch-dev libopenblas0-pthread \
-                libyaml-dev libcjson-dev libcmocka-dev graphviz librsvg2-bin
+                libyaml-dev libcjson-dev zlib1g-dev libcmocka-dev graphviz librsvg2-bin \
+                dataset-fashion-mnist
 
 .PHONY: all build deps fuzz-deps demo test bench fuzz clean
 

@@ -2,6 +2,8 @@
 # a CUDA build points CMAKE_PREFIX_PATH or Torch_DIR at a CUDA libtorch.
 
 find_package(Threads REQUIRED)
+# zlib reads gzip-compressed IDX datasets (src/data.c)
+find_package(ZLIB REQUIRED)
 
 # libtorch: Debian's libtorch-dev (1.13) on CPU, or any libtorch 2.x, for
 # example the one in a pip install:

@@ -342,9 +342,13 @@ static ebb_status update(run_ctx *r, const plan_step *s) {
         return ebb_error_set(EBB_ERR_ARG, "an update step needs an optimizer (ebb_train_step)");
     if (!g)
         return EBB_OK; /* no gradient reached it: torch.optim skips such a parameter */
-    int64_t before = ebb_optimizer_state_bytes(r->opt, NULL);
+    /* state is made at a parameter's first update only; counting it walks
+     * every parameter, so only then */
+    int first = ebb_optimizer_param_step_count(r->opt, s->pub.param) == 0;
+    int64_t before = first ? ebb_optimizer_state_bytes(r->opt, NULL) : 0;
     ebb_status st = ebb_optimizer_update(r->opt, s->pub.param, g);
-    r->base += ebb_optimizer_state_bytes(r->opt, NULL) - before;
+    if (first)
+        r->base += ebb_optimizer_state_bytes(r->opt, NULL) - before;
     return st;
 }
 

@@ -136,11 +136,13 @@ static int add_int(cJSON *array, unsigned long long v) {
 
 /* Builds the JSON header for items in data order; NULL when out of memory. */
 static char *build_header(const char *const *names, ebb_tensor *const *tensors,
-                          const write_item *items, int n) {
+                          const write_item *items, int n, const char *const *kv, int n_kv) {
     cJSON *root = cJSON_CreateObject();
     int ok = root != NULL;
     cJSON *meta = ok ? cJSON_AddObjectToObject(root, "__metadata__") : NULL;
     ok = ok && meta && cJSON_AddStringToObject(meta, "format", "pt");
+    for (int i = 0; ok && i < n_kv; i++)
+        ok = cJSON_AddStringToObject(meta, kv[2 * i], kv[2 * i + 1]) != NULL;
     unsigned long long offset = 0;
     for (int i = 0; ok && i < n; i++) {
         const ebb_tensor *t = tensors[items[i].index];
@@ -174,8 +176,9 @@ static ebb_status write_all(FILE *f, const void *data, size_t n, const char *pat
 
 /* Writes header and data into the writer's stream. */
 static ebb_status write_body(FILE *f, const char *path, const char *const *names,
-                             ebb_tensor *const *tensors, const write_item *items, int n) {
-    char *header = build_header(names, tensors, items, n);
+                             ebb_tensor *const *tensors, const write_item *items, int n,
+                             const char *const *kv, int n_kv) {
+    char *header = build_header(names, tensors, items, n, kv, n_kv);
     if (!header)
         return ebb_error_set(EBB_ERR_NOMEM,
                              "ebb_safetensors_write: out of memory building the header");
@@ -221,6 +224,22 @@ static ebb_status write_body(FILE *f, const char *path, const char *const *names
 
 ebb_status ebb_safetensors_write(const char *path, const char *const *names,
                                  ebb_tensor *const *tensors, int n) {
+    return ebb_safetensors_write_meta(path, names, tensors, n, NULL, 0);
+}
+
+ebb_status ebb_safetensors_write_meta(const char *path, const char *const *names,
+                                      ebb_tensor *const *tensors, int n,
+                                      const char *const *metadata, int n_metadata) {
+    if (n_metadata < 0 || (n_metadata > 0 && !metadata))
+        return ebb_error_set(EBB_ERR_ARG, "ebb_safetensors_write: %d metadata pairs and no array",
+                             n_metadata);
+    for (int i = 0; i < n_metadata; i++)
+        if (!metadata[2 * i] || !metadata[2 * i + 1] || !metadata[2 * i][0] ||
+            !strcmp(metadata[2 * i], "format"))
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "ebb_safetensors_write: metadata key %d is NULL, empty or "
+                                 "\"format\" (reserved), or its value is NULL",
+                                 i);
     if (!path || !path[0] || n < 0 || (n > 0 && (!names || !tensors)))
         return ebb_error_set(EBB_ERR_ARG,
                              "ebb_safetensors_write: needs a path and %d names and tensors", n);
@@ -252,7 +271,8 @@ ebb_status ebb_safetensors_write(const char *path, const char *const *names,
     ebb_file_out *w = NULL;
     st = ebb_file_begin(&w, path, "ebb_safetensors_write");
     if (st == EBB_OK) {
-        st = write_body(ebb_file_stream(w), path, names, tensors, items, n);
+        st = write_body(ebb_file_stream(w), path, names, tensors, items, n, metadata,
+                        n_metadata);
         if (st == EBB_OK)
             st = ebb_file_commit(w);
         else

@@ -745,7 +745,7 @@ static void test_help_and_version(void **state) {
     EBB(&r, "--help");
     expect_code(&r, 0);
     assert_true(starts_with(r.out, "usage: ebb "));
-    static const char *const cmds[] = {"check", "plan", "run", "dot", "chart"};
+    static const char *const cmds[] = {"check", "plan", "run", "dot", "chart", "train", "eval"};
     const int n_cmds = (int)(sizeof cmds / sizeof cmds[0]);
     for (int i = 0; i < n_cmds; i++) {
         char needle[32];
@@ -2589,6 +2589,112 @@ static void test_fit_check(void **state) {
     child_hook = NULL;
 }
 
+/* `ebb train` on a small safetensors dataset: the loss falls, a resumed run
+ * ends bit for bit where an uninterrupted one does, and `ebb eval` prints
+ * its line. */
+static void test_train_and_eval(void **state) {
+    (void)state;
+    char data[PATH_MAX], wa[PATH_MAX], wb[PATH_MAX], ck[PATH_MAX];
+    tmp_path(data, sizeof data, "train.safetensors");
+    tmp_path(wa, sizeof wa, "wa.safetensors");
+    tmp_path(wb, sizeof wb, "wb.safetensors");
+    tmp_path(ck, sizeof ck, "ckpt.safetensors");
+    /* 96 samples of 64 features, class c lifting features 6c..6c+5 */
+    enum { N = 96, F = 64 };
+    ebb_shape xs = {2, {N, F}}, ys = {1, {N}};
+    ebb_tensor *x = NULL, *y = NULL;
+    assert_ok(ebb_tensor_randn(&x, &xs, EBB_FLOAT32, ebb_device_cpu(), 5));
+    static float xv[N * F];
+    int64_t yv[N];
+    assert_ok(ebb_tensor_to_host(x, xv, sizeof xv));
+    ebb_tensor_free(x);
+    for (int i = 0; i < N; i++) {
+        yv[i] = i % 10;
+        for (int k = 0; k < 6; k++)
+            xv[i * F + yv[i] * 6 + k] += 2.0f;
+    }
+    assert_ok(ebb_tensor_from_host(&x, xv, sizeof xv, &xs, EBB_FLOAT32, ebb_device_cpu()));
+    assert_ok(ebb_tensor_from_host(&y, yv, sizeof yv, &ys, EBB_INT64, ebb_device_cpu()));
+    const char *names[2] = {"x", "y"};
+    ebb_tensor *ts[2] = {x, y};
+    assert_ok(ebb_safetensors_write(data, names, ts, 2));
+    ebb_tensor_free(x);
+    ebb_tensor_free(y);
+
+    /* 3 epochs of 6 steps, every line JSON; the loss falls epoch by epoch */
+    cli_result r;
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--eval-data", data, "--steps", "18",
+        "--batch", "16", "--lr", "0.01", "--json", "--log-every", "6", "--save-weights", wa);
+    expect_code(&r, 0);
+    double epoch_loss[3] = {0};
+    int n_epochs = 0, n_steps = 0;
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        if (!j)
+            fail_msg("not JSON: %s", line);
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
+        const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss");
+        assert_true(cJSON_IsString(type) && cJSON_IsNumber(loss));
+        if (!strcmp(type->valuestring, "epoch")) {
+            assert_true(n_epochs < 3);
+            assert_true(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "eval_accuracy")));
+            epoch_loss[n_epochs++] = loss->valuedouble;
+        } else {
+            assert_string_equal(type->valuestring, "step");
+            n_steps++;
+        }
+        cJSON_Delete(j);
+    }
+    assert_int_equal(n_epochs, 3);
+    assert_int_equal(n_steps, 3);
+    if (!(epoch_loss[2] < epoch_loss[1] && epoch_loss[1] < epoch_loss[0]))
+        fail_msg("the loss did not fall: %g %g %g", epoch_loss[0], epoch_loss[1], epoch_loss[2]);
+    cli_free(&r);
+
+    /* stopped after 7 steps (mid-epoch), resumed to 18: the same weights */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "7", "--batch", "16", "--lr",
+        "0.01", "--checkpoint-every", "7", "--checkpoint", ck);
+    expect_code(&r, 0);
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "18", "--resume", ck,
+        "--save-weights", wb);
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "resumed from");
+    cli_free(&r);
+    size_t la = 0, lb = 0;
+    char *a = slurp(wa, &la), *b = slurp(wb, &lb);
+    assert_non_null(a);
+    assert_non_null(b);
+    if (la != lb || memcmp(a, b, la) != 0)
+        fail_msg("the resumed run's weights differ from the uninterrupted run's");
+    free(a);
+    free(b);
+
+    /* eval: "accuracy A loss L on N samples" */
+    EBB(&r, "eval", "specs/mlp.yaml", "--weights", wa, "--data", data, "--batch", "40");
+    expect_code(&r, 0);
+    double acc = -1, loss = -1;
+    int n = 0, used = 0;
+    if (sscanf(r.out, "accuracy %lf loss %lf on %d samples\n%n", &acc, &loss, &n, &used) != 3 ||
+        (size_t)used != r.out_len)
+        fail_msg("`ebb eval` printed: %s", r.out);
+    assert_int_equal(n, N);
+    assert_true(acc > 0.5 && acc <= 1 && loss > 0);
+    cli_free(&r);
+    /* a label out of range for the spec's 10 classes */
+    yv[3] = 10;
+    assert_ok(ebb_tensor_from_host(&x, xv, sizeof xv, &xs, EBB_FLOAT32, ebb_device_cpu()));
+    assert_ok(ebb_tensor_from_host(&y, yv, sizeof yv, &ys, EBB_INT64, ebb_device_cpu()));
+    ts[0] = x, ts[1] = y;
+    assert_ok(ebb_safetensors_write(data, names, ts, 2));
+    ebb_tensor_free(x);
+    ebb_tensor_free(y);
+    EBB(&r, "eval", "specs/mlp.yaml", "--weights", wa, "--data", data);
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "label 10 of sample 3 is out of range for 10 classes");
+    cli_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_help_and_version),
@@ -2614,6 +2720,7 @@ int main(void) {
         EBB_TEST(test_unusable_input_files),
         EBB_TEST(test_output_targets),
         EBB_TEST(test_fit_check),
+        EBB_TEST(test_train_and_eval),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

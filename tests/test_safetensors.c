@@ -19,6 +19,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
+#include "ebb/data.h"
 #include "ebb/safetensors.h"
 #include "ebb/spec.h"
 #include "test_mounts.h"
@@ -1279,6 +1282,215 @@ static void test_full_and_readonly_filesystems(void **state) {
                  WEXITSTATUS(status));
 }
 
+/* ---- datasets (ebb/data.h) ------------------------------------------------ */
+
+/* An IDX file: magic 00 00 TYPE NDIM, big-endian dims, then `data`. gzip
+ * when gz is set; `cut` bytes are dropped from the end of what is written. */
+static void write_idx(const char *path, int type, int ndim, const uint32_t *dims,
+                      const void *data, size_t nbytes, int gz, size_t cut) {
+    unsigned char buf[4096];
+    size_t n = 0;
+    buf[n++] = 0, buf[n++] = 0, buf[n++] = (unsigned char)type, buf[n++] = (unsigned char)ndim;
+    for (int d = 0; d < ndim; d++)
+        for (int k = 3; k >= 0; k--)
+            buf[n++] = (unsigned char)(dims[d] >> (8 * k));
+    assert_true(n + nbytes <= sizeof buf);
+    memcpy(buf + n, data, nbytes);
+    n += nbytes;
+    if (gz) {
+        unsigned char z[8192];
+        uLongf zn = sizeof z;
+        z_stream s = {0};
+        assert_int_equal(deflateInit2(&s, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
+        s.next_in = buf, s.avail_in = (uInt)n, s.next_out = z, s.avail_out = (uInt)zn;
+        assert_int_equal(deflate(&s, Z_FINISH), Z_STREAM_END);
+        zn = s.total_out;
+        deflateEnd(&s);
+        assert_true(cut <= zn);
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        assert_int_equal(fwrite(z, 1, zn - cut, f), zn - cut);
+        fclose(f);
+        return;
+    }
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(buf, 1, n - cut, f), n - cut);
+    fclose(f);
+}
+
+static void test_idx_datasets(void **state) {
+    (void)state;
+    /* 5 images of 2x3 (uint8, plain), 5 labels (uint8, gzip) */
+    unsigned char img[30], lab[5] = {3, 0, 2, 1, 4};
+    for (int i = 0; i < 30; i++)
+        img[i] = (unsigned char)(i * 8);
+    uint32_t idims[3] = {5, 2, 3}, ldims[1] = {5};
+    char ip[512], lp[512], desc[1100];
+    snprintf(ip, sizeof ip, "%s", path_of("img-idx3-ubyte"));
+    snprintf(lp, sizeof lp, "%s", path_of("lab-idx1-ubyte.gz"));
+    write_idx(ip, 0x08, 3, idims, img, sizeof img, 0, 0);
+    write_idx(lp, 0x08, 1, ldims, lab, sizeof lab, 1, 0);
+
+    ebb_tensor *t = NULL;
+    assert_ok(ebb_idx_read(&t, lp));
+    ebb_shape sh = ebb_tensor_shape(t);
+    assert_int_equal(sh.ndim, 1);
+    assert_int_equal(sh.dim[0], 5);
+    assert_int_equal(ebb_tensor_dtype(t), EBB_UINT8);
+    ebb_tensor_free(t);
+    /* int32 big-endian elements become host values */
+    int32_t be[2];
+    unsigned char raw[8] = {0, 0, 1, 2, 0xff, 0xff, 0xff, 0xfe};
+    memcpy(be, raw, sizeof raw);
+    uint32_t d2[1] = {2};
+    write_idx(path_of("i32.idx"), 0x0C, 1, d2, be, sizeof be, 1, 0);
+    assert_ok(ebb_idx_read(&t, path_of("i32.idx")));
+    int32_t got32[2];
+    assert_ok(ebb_tensor_to_host(t, got32, sizeof got32));
+    assert_int_equal(got32[0], 258);
+    assert_int_equal(got32[1], -2);
+    ebb_tensor_free(t);
+
+    const char *names[2] = {"x", "y"};
+    snprintf(desc, sizeof desc, "%s,%s", ip, lp);
+    ebb_dataset *d = NULL;
+    assert_ok(ebb_dataset_open(&d, desc, names, 2));
+    assert_int_equal(ebb_dataset_size(d), 5);
+    assert_int_equal(ebb_dataset_field_count(d), 2);
+    assert_string_equal(ebb_dataset_field_name(d, 1), "y");
+    assert_int_equal(ebb_dataset_field_shape(d, 0).dim[2], 3);
+    int64_t idx[2] = {4, 1};
+    ebb_tensor *x = NULL, *y = NULL;
+    ebb_shape xs = {4, {2, 1, 2, 3}}, ys = {1, {2}};
+    assert_ok(ebb_dataset_batch(&x, d, 0, idx, 2, &xs, EBB_FLOAT32, CPU));
+    assert_ok(ebb_dataset_batch(&y, d, 1, idx, 2, &ys, EBB_INT64, CPU));
+    float xv[12];
+    int64_t yv[2];
+    assert_ok(ebb_tensor_to_host(x, xv, sizeof xv));
+    assert_ok(ebb_tensor_to_host(y, yv, sizeof yv));
+    assert_true(xv[0] == (float)(24 * 8 / 255.0) && xv[11] == (float)(11 * 8 / 255.0));
+    assert_int_equal(yv[0], 4);
+    assert_int_equal(yv[1], 0);
+    ebb_tensor_free(x);
+    /* normalised, and a shape whose samples do not fit */
+    assert_ok(ebb_dataset_set_normalize(d, 0, 0.5, 0.25));
+    assert_ok(ebb_dataset_batch(&x, d, 0, idx, 2, &xs, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_to_host(x, xv, sizeof xv));
+    assert_true(fabs(xv[0] - (24 * 8 / 255.0 - 0.5) / 0.25) < 1e-6);
+    ebb_tensor_free(x);
+    ebb_tensor_free(y);
+    assert_int_equal(ebb_dataset_set_normalize(d, 0, 0, 0), EBB_ERR_ARG);
+    ebb_shape bad = {2, {2, 5}};
+    assert_int_equal(ebb_dataset_batch(&x, d, 0, idx, 2, &bad, EBB_FLOAT32, CPU), EBB_ERR_SHAPE);
+    assert_null(x);
+    assert_ok(ebb_dataset_check_classes(d, 1, 5));
+    assert_int_equal(ebb_dataset_check_classes(d, 1, 4), EBB_ERR_ARG);
+    assert_errmsg_contains("label 4 of sample 4 is out of range for 4 classes");
+    assert_errmsg_contains(lp);
+    ebb_dataset_free(d);
+
+    /* every malformed file, each named in its error */
+    static const struct {
+        int type, ndim, gz;
+        size_t cut;
+        const char *needle;
+    } bad_files[] = {
+        {0x07, 3, 0, 0, "bad magic number"},
+        {0x08, 0, 0, 0, "bad magic number"},
+        {0x08, 3, 0, 1, "truncated: 29 bytes of data where its header declares 30"},
+        {0x08, 3, 1, 9, "truncated"},
+        {0x08, 3, 0, 30 + 12, "truncated in its header"},
+        {0x08, 3, 0, 30 + 14, "shorter than an IDX header"},
+    };
+    for (size_t c = 0; c < sizeof bad_files / sizeof bad_files[0]; c++) {
+        const char *p = path_of("bad.idx");
+        write_idx(p, bad_files[c].type, bad_files[c].ndim, idims, img, sizeof img,
+                  bad_files[c].gz, bad_files[c].cut);
+        t = NULL;
+        if (ebb_idx_read(&t, p) != EBB_ERR_IO)
+            fail_msg("case %zu: %s", c, ebb_errmsg());
+        assert_null(t);
+        assert_errmsg_contains(bad_files[c].needle);
+        assert_errmsg_contains(p);
+    }
+    /* more bytes than declared: a wrong element type, say */
+    uint32_t fewer[3] = {4, 2, 3};
+    write_idx(path_of("long.idx"), 0x08, 3, fewer, img, sizeof img, 0, 0);
+    assert_int_equal(ebb_idx_read(&t, path_of("long.idx")), EBB_ERR_IO);
+    assert_errmsg_contains("more bytes than its header declares");
+    /* counts that differ */
+    snprintf(desc, sizeof desc, "%s,%s", path_of("long.idx"), lp);
+    write_idx(path_of("long.idx"), 0x08, 3, fewer, img, 24, 0, 0);
+    assert_int_equal(ebb_dataset_open(&d, desc, names, 2), EBB_ERR_ARG);
+    assert_null(d);
+    assert_errmsg_contains("5 labels, but");
+    assert_int_equal(ebb_dataset_open(&d, "/nonexistent-dir:test", names, 2), EBB_ERR_IO);
+    assert_int_equal(ebb_dataset_open(&d, "/nonexistent.safetensors", names, 2), EBB_ERR_IO);
+
+    /* a safetensors dataset: tensors named like the fields, samples first */
+    float fx[6 * 4];
+    int64_t fy[6] = {0, 1, 2, 0, 1, 2};
+    for (int i = 0; i < 24; i++)
+        fx[i] = (float)i;
+    ebb_shape fxs = {2, {6, 4}}, fys = {1, {6}}, fy5 = {1, {5}};
+    assert_ok(ebb_tensor_from_host(&x, fx, sizeof fx, &fxs, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_from_host(&y, fy, sizeof fy, &fys, EBB_INT64, CPU));
+    ebb_tensor *ts[2] = {x, y};
+    assert_ok(ebb_safetensors_write(path_of("ds.safetensors"), names, ts, 2));
+    ebb_tensor_free(y);
+    assert_ok(ebb_dataset_open(&d, path_of("ds.safetensors"), names, 2));
+    assert_int_equal(ebb_dataset_size(d), 6);
+    int64_t one = 5;
+    ebb_shape bs = {1, {1}}, bx = {2, {1, 4}};
+    assert_ok(ebb_dataset_batch(&y, d, 1, &one, 1, &bs, EBB_INT64, CPU));
+    assert_ok(ebb_tensor_to_host(y, yv, sizeof yv[0]));
+    assert_int_equal(yv[0], 2);
+    ebb_tensor_free(y);
+    assert_ok(ebb_dataset_batch(&y, d, 0, &one, 1, &bx, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_to_host(y, xv, 4 * sizeof xv[0]));
+    assert_true(xv[0] == 20.0f && xv[3] == 23.0f); /* floats are not scaled */
+    ebb_tensor_free(y);
+    ebb_dataset_free(d);
+    assert_ok(ebb_tensor_from_host(&y, fy, 5 * sizeof fy[0], &fy5, EBB_INT64, CPU));
+    ts[1] = y;
+    assert_ok(ebb_safetensors_write(path_of("ds5.safetensors"), names, ts, 2));
+    assert_int_equal(ebb_dataset_open(&d, path_of("ds5.safetensors"), names, 2), EBB_ERR_ARG);
+    assert_errmsg_contains("tensor 'y' has 5 samples, but 'x' has 6");
+    const char *missing[2] = {"x", "labels"};
+    assert_int_equal(ebb_dataset_open(&d, path_of("ds5.safetensors"), missing, 2), EBB_ERR_ARG);
+    assert_errmsg_contains("no tensor named 'labels'");
+    assert_null(d);
+    ebb_tensor_free(x);
+    ebb_tensor_free(y);
+
+    /* seeded shuffles: a permutation, the same for the same seed */
+    int64_t a[100], b[100], seen[100] = {0};
+    ebb_dataset_order(a, 100, 7, 1);
+    ebb_dataset_order(b, 100, 7, 1);
+    assert_memory_equal(a, b, sizeof a);
+    for (int i = 0; i < 100; i++)
+        seen[a[i]]++;
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(seen[i], 1);
+    ebb_dataset_order(b, 100, 8, 1);
+    assert_true(memcmp(a, b, sizeof a) != 0);
+    ebb_dataset_order(b, 100, 7, 0);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(b[i], i);
+
+    /* Fashion-MNIST's test split, where the Debian package is installed */
+    if (access(EBB_FASHION_MNIST_DIR "/t10k-labels-idx1-ubyte.gz", R_OK) == 0) {
+        assert_ok(ebb_dataset_open(&d, "fashion-mnist:test", names, 2));
+        assert_int_equal(ebb_dataset_size(d), 10000);
+        ebb_shape is = ebb_dataset_field_shape(d, 0);
+        assert_int_equal(is.ndim, 3);
+        assert_int_equal(is.dim[1] * is.dim[2], 784);
+        assert_ok(ebb_dataset_check_classes(d, 1, 10));
+        ebb_dataset_free(d);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_roundtrip_all_dtypes),
@@ -1298,6 +1510,7 @@ int main(void) {
         EBB_TEST(test_model_load_lists_every_problem),
         EBB_TEST(test_write_targets),
         EBB_TEST(test_full_and_readonly_filesystems),
+        EBB_TEST(test_idx_datasets),
     };
     return cmocka_run_group_tests_name("safetensors", tests, make_dir, remove_dir);
 }

@@ -268,6 +268,37 @@ static ebb_graph *twin_mlp(void) {
     return finish(b);
 }
 
+static ebb_graph *twin_fashion_mlp(void) {
+    ebb_builder *b = ebb_builder_new("fashion_mlp");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "in=784, out=256, name=fc1"));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "linear", "out=128, name=fc2"));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "linear", "out=100, name=fc3"));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "linear", "out=10, name=out"));
+    return finish(b);
+}
+
+static ebb_graph *twin_fashion_cnn(void) {
+    ebb_builder *b = ebb_builder_new("fashion_cnn");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "conv2d", "in=1, out=16, kernel=3, padding=1, name=conv1"));
+    ebb_through(b, op(b, "batch_norm", NULL));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "max_pool2d", "kernel=2"));
+    ebb_through(b, op(b, "conv2d", "out=32, kernel=3, padding=1, name=conv2"));
+    ebb_through(b, op(b, "batch_norm", NULL));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "max_pool2d", "kernel=2"));
+    ebb_through(b, op(b, "flatten", NULL));
+    ebb_through(b, op(b, "linear", "out=128, name=fc1"));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "linear", "out=10, name=out"));
+    return finish(b);
+}
+
 static ebb_graph *twin_gated_routing(void) {
     ebb_builder *b = ebb_builder_new("gated_routing");
     ebb_input(b, "x");
@@ -367,6 +398,8 @@ static const twin TWINS[] = {
     {"params.yaml", twin_params, {"batch=4"}},
     {"residual_tower.yaml", twin_residual_tower, {"batch=8"}},
     {"mlp.yaml", twin_mlp, {"batch=8"}},
+    {"fashion_mlp.yaml", twin_fashion_mlp, {"batch=4"}},
+    {"fashion_cnn.yaml", twin_fashion_cnn, {"batch=4"}},
     {"gated_routing.yaml", twin_gated_routing, {"batch=16"}},
     {"iterative_refine.yaml", twin_iterative_refine, {"batch=4"}},
     {"feedback.yaml", twin_feedback, {"batch=4"}},

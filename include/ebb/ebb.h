@@ -19,6 +19,7 @@
 #define EBB_H
 
 #include "common.h"
+#include "data.h"
 #include "graph.h"
 #include "memory.h"
 #include "op.h"

@@ -58,6 +58,13 @@ extern "C" {
  * directly; a directory or any other kind of file is refused (EBB_ERR_IO). */
 EBB_API ebb_status ebb_safetensors_write(const char *path, const char *const *names,
                                  ebb_tensor *const *tensors, int n);
+/* ebb_safetensors_write() with string metadata besides {"format": "pt"}:
+ * metadata holds n_metadata key/value pairs, key then value (2 * n_metadata
+ * strings), read back with ebb_safetensors_metadata(). A NULL or empty key,
+ * a NULL value, or the key "format" is EBB_ERR_ARG. Keys are unique. */
+EBB_API ebb_status ebb_safetensors_write_meta(const char *path, const char *const *names,
+                                              ebb_tensor *const *tensors, int n,
+                                              const char *const *metadata, int n_metadata);
 
 typedef struct ebb_safetensors ebb_safetensors;
 

@@ -32,6 +32,8 @@
 #include "ebb/spec.h"
 /* the library's file writer: every file the command writes goes through it */
 #include "../fileio.h"
+/* ebb train and ebb eval */
+#include "train.h"
 
 enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3 };
 
@@ -52,6 +54,8 @@ static const char usage_main[] =
     "  plan SPEC [...]      print the plan listing: steps, frees, predicted live bytes\n"
     "  run SPEC [...]       run the plan and compare measured with planned memory\n"
     "  grad SPEC [...]      the loss and every parameter's gradient, from a training plan\n"
+    "  train SPEC [...]     train on a dataset: progress, evaluation, checkpoints\n"
+    "  eval SPEC [...]      a trained model's loss and accuracy on a dataset\n"
     "  dot SPEC [...]       write Graphviz DOT of the graph or the plan\n"
     "  chart SPEC [...]     draw the plan's memory over its steps as SVG (and a run's trace)\n"
     "  help [COMMAND]       this help, or the command's (as `ebb COMMAND --help`)\n"
@@ -303,6 +307,8 @@ static const command commands[] = {
     {"grad", usage_grad, "hi:p:", grad_options, 0},
     {"dot", usage_dot, "hi:p:o:", dot_options, 0},
     {"chart", usage_chart, "hi:p:o:", chart_options, 0},
+    {"train", ebb_cli_usage_train, EBB_CLI_TRAIN_SHORTS, ebb_cli_train_options, 0},
+    {"eval", ebb_cli_usage_eval, EBB_CLI_TRAIN_SHORTS, ebb_cli_eval_options, 0},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 
@@ -1869,6 +1875,10 @@ static int dispatch(int argc, char **argv) {
         return cmd_chart(argc - 1, argv + 1);
     if (!strcmp(cmd, "grad"))
         return cmd_grad(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train"))
+        return ebb_cli_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval"))
+        return ebb_cli_eval(argc - 1, argv + 1);
     return cmd_dot(argc - 1, argv + 1);
 }
 

@@ -306,6 +306,12 @@ ebb_status bench_ebb_output_host(bench_ebb *b, ebb_shape *shape, float **dst) {
     return st;
 }
 
+const ebb_plan_step *bench_ebb_peak_step(const bench_ebb *b) {
+    int at = -1;
+    ebb_plan_peak_bytes(b->plan, &at);
+    return ebb_plan_step_at(b->plan, at);
+}
+
 /* One tensor of the export: its manifest entry and its values. */
 static ebb_status export_one(FILE *js, FILE *bin, int *first, long long *offset, const char *name,
                              const ebb_shape *s, const float *data) {

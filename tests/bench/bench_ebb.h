@@ -70,6 +70,8 @@ int bench_ebb_target_is_class(const bench_ebb *b);
 ebb_status bench_ebb_target_host(const bench_ebb *b, float *dst, size_t n);
 /* Steps of the training plan by phase: forward, loss, backward, update. */
 void bench_ebb_phase_counts(const bench_ebb *b, int counts[4]);
+/* The step where the plan predicts its peak (owned by the plan). */
+const ebb_plan_step *bench_ebb_peak_step(const bench_ebb *b);
 
 /* The EXPLAIN listing of the compiled plan. */
 void bench_ebb_explain(const bench_ebb *b, FILE *f);

@@ -201,9 +201,15 @@ struct Session {
         }
         ebb_memory_stats ms;
         ebb_memory_stats_get(cpu, &ms);
-        std::printf("{\"ebb_measured\": %lld, \"ebb_planned\": %lld, \"cxx_peak\": %lld}\n",
+        static const char *const phase[] = {"forward", "loss", "backward", "update"};
+        const ebb_plan_step *at = bench_ebb_peak_step(ebb);
+        std::printf("{\"ebb_measured\": %lld, \"ebb_planned\": %lld, \"cxx_peak\": %lld, "
+                    "\"ebb_peak_at\": \"%s %s (%s)\"}\n",
                     (long long)rs.measured_peak_bytes, (long long)rs.planned_peak_bytes,
-                    (long long)(ms.peak_bytes - base));
+                    (long long)(ms.peak_bytes - base),
+                    at && (int)at->phase >= 0 && (int)at->phase < 4 ? phase[at->phase] : "?",
+                    at && at->op ? at->op : "?",
+                    at && at->node ? json_escape(at->node).c_str() : "?");
         std::fflush(stdout);
     }
 

@@ -90,7 +90,7 @@ TRAIN_RANDOM = {"transformer": "dropout masks are drawn independently"}
 # target applies there).
 TRAIN_TIMING = {
     "dispatch": {"warmup": 15, "rounds": 10, "per_round": 15},
-    "compute": {"warmup": 0, "rounds": 4, "per_round": 1},
+    "compute": {"warmup": 0, "rounds": 3, "per_round": 1},
 }
 TARGET_TRAIN_CXX = 1.0   # ebb's step <= the C++ twin's, dispatch-bound
 TARGET_TRAIN_PYT = 0.85  # ebb's step <= 0.85 x PyTorch eager's, dispatch-bound

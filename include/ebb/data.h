@@ -1,0 +1,128 @@
+/*
+ * ebb/data.h - datasets for training and evaluation: IDX files (MNIST's
+ * format, gzip-compressed or not) and safetensors files whose first
+ * dimension is the sample axis, read into host memory and handed out in
+ * batches shaped as a plan's inputs and targets.
+ *
+ *     ebb_dataset *d = NULL;
+ *     const char *names[] = {"x", "y"};               // the spec's input, then target
+ *     if (ebb_dataset_open(&d, "fashion-mnist", names, 2) != EBB_OK) ... ebb_errmsg() ...
+ *     int64_t n = ebb_dataset_size(d), *order = malloc(n * sizeof *order);
+ *     ebb_dataset_order(order, n, seed, 1);           // a seeded shuffle
+ *     for (int64_t at = 0; at + 32 <= n; at += 32) {  // drop the last partial batch
+ *         ebb_tensor *x = NULL, *y = NULL;
+ *         ebb_dataset_batch(&x, d, 0, order + at, 32, &(ebb_shape){2, {32, 784}},
+ *                           EBB_FLOAT32, ebb_device_cpu());
+ *         ebb_dataset_batch(&y, d, 1, order + at, 32, &(ebb_shape){1, {32}},
+ *                           EBB_INT64, ebb_device_cpu());
+ *         ...
+ *     }
+ *     ebb_dataset_free(d);
+ *
+ * A dataset is a set of fields (tensors) of the same number of samples, each
+ * named: an IDX pair's images take the first name and its labels the second;
+ * a safetensors dataset's fields are the file's tensors of those names.
+ * Each field keeps its stored dtype; a batch converts to the dtype asked
+ * for. uint8 values asked for as a floating dtype are images: they scale to
+ * [0, 1], then, when ebb_dataset_set_normalize() was called for the field,
+ * become (v - mean) / std. A batch's shape is any shape with the batch's
+ * sample count first and a sample's element count after it: [32, 784] and
+ * [32, 1, 28, 28] both take 28x28 images.
+ *
+ * Errors name the file and what is wrong with it (a bad magic number, a file
+ * shorter than its header says, label and image counts that differ, a label
+ * out of range) and leave nothing allocated.
+ */
+#ifndef EBB_DATA_H
+#define EBB_DATA_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ebb_dataset ebb_dataset;
+
+/* The directory the Debian package dataset-fashion-mnist installs, which
+ * `fashion-mnist` stands for in ebb_dataset_open(). */
+#define EBB_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+
+/* Reads one IDX file (gzip-compressed or not: zlib tells them apart) into a
+ * new tensor on the CPU, in the file's element type (uint8, int8 as int32,
+ * int16 as int32, int32, float32, float64), its dimensions the tensor's.
+ * EBB_ERR_IO for a file that cannot be read, a bad magic number, more than
+ * EBB_MAX_DIMS dimensions, or fewer bytes than its dimensions declare; the
+ * message names the file. */
+EBB_API ebb_status ebb_idx_read(ebb_tensor **out, const char *path);
+
+/* A dataset from an IDX pair: `images` (N samples of any shape) and
+ * `labels` (N values, one dimension). The images become the field named
+ * names[0], the labels names[1]. EBB_ERR_IO for an unreadable file,
+ * EBB_ERR_ARG when the counts differ or labels has more than one dimension. */
+EBB_API ebb_status ebb_dataset_open_idx(ebb_dataset **out, const char *images, const char *labels,
+                                        const char *const names[2]);
+
+/* A dataset from a safetensors file: one field per name, each the file's
+ * tensor of that name, all with the same first dimension (the samples).
+ * EBB_ERR_ARG naming the file and the tensor when one is missing, a scalar,
+ * or of another sample count. */
+EBB_API ebb_status ebb_dataset_open_safetensors(ebb_dataset **out, const char *path,
+                                                const char *const *names, int n);
+
+/* A dataset from a command line's description:
+ *   fashion-mnist, fashion-mnist:train   the training split under EBB_FASHION_MNIST_DIR
+ *   fashion-mnist:test                   its test split (t10k)
+ *   DIR, DIR:train, DIR:test             the same file names in another directory
+ *   IMAGES,LABELS                        two IDX files
+ *   FILE                                 a safetensors file
+ * IDX datasets take two names (images, labels); a safetensors dataset one
+ * field per name. Errors as the calls above. */
+EBB_API ebb_status ebb_dataset_open(ebb_dataset **out, const char *desc, const char *const *names,
+                                    int n);
+
+/* Frees the dataset (NULL is allowed). */
+EBB_API void ebb_dataset_free(ebb_dataset *d);
+
+/* Number of samples; 0 for NULL. */
+EBB_API int64_t ebb_dataset_size(const ebb_dataset *d);
+/* Number of fields; 0 for NULL. */
+EBB_API int ebb_dataset_field_count(const ebb_dataset *d);
+/* Field i's name, or NULL when i is out of range. */
+EBB_API const char *ebb_dataset_field_name(const ebb_dataset *d, int i);
+/* Field i's stored dtype (EBB_FLOAT32 when i is out of range). */
+EBB_API ebb_dtype ebb_dataset_field_dtype(const ebb_dataset *d, int i);
+/* Field i's shape as stored, samples first (ndim 0 when i is out of range). */
+EBB_API ebb_shape ebb_dataset_field_shape(const ebb_dataset *d, int i);
+/* The file field i was read from, or NULL when i is out of range. */
+EBB_API const char *ebb_dataset_field_file(const ebb_dataset *d, int i);
+
+/* From now on, batches of field i in a floating dtype are (v - mean) / std,
+ * after uint8's scaling to [0, 1]. EBB_ERR_ARG for a std that is not
+ * positive and finite, a mean that is not finite, or i out of range. */
+EBB_API ebb_status ebb_dataset_set_normalize(ebb_dataset *d, int i, double mean, double std);
+
+/* Checks that every value of field i is a whole number in [0, classes): what
+ * cross_entropy and nll take as class indices. EBB_ERR_ARG otherwise,
+ * naming the file, the sample and the value. */
+EBB_API ebb_status ebb_dataset_check_classes(const ebb_dataset *d, int i, int64_t classes);
+
+/* order[0..n) receives 0..n-1, shuffled (Fisher-Yates with a generator
+ * seeded by `seed`, the same order for the same seed on every machine) when
+ * `shuffle` is non-zero, else in order. */
+EBB_API void ebb_dataset_order(int64_t *order, int64_t n, uint64_t seed, int shuffle);
+
+/* A new tensor of `shape` and `dtype` on `device` holding field i of the
+ * samples index[0..count): shape->dim[0] must be count, and the rest of the
+ * shape must hold as many elements as one sample has. The values convert to
+ * `dtype` (float32, float64, int64 or int32; see the top of this file for
+ * uint8 images). EBB_ERR_SHAPE for a shape that does not fit, EBB_ERR_ARG
+ * for an index out of range or an unsupported dtype. */
+EBB_API ebb_status ebb_dataset_batch(ebb_tensor **out, const ebb_dataset *d, int i,
+                                     const int64_t *index, int64_t count, const ebb_shape *shape,
+                                     ebb_dtype dtype, ebb_device device);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_DATA_H */
