@@ -427,7 +427,7 @@ static ebb_status dry_backward(compiler *c, const plan_step *f, const ebb_op_gra
     free_all(gparam, gc->n_params);
     st = EBB_OK;
     for (int i = 0; st == EBB_OK && i < gc->n_in; i++)
-        if (r->differentiable >> i & 1) {
+        if ((r->differentiable >> i & 1) && !(gc->skip_input_grad >> i & 1)) {
             const ebb_plan_value *v = &p->values[f->pub.in[i]];
             st = ebb_tensor_empty(&gin[i], &v->shape, v->dtype, c->meta_device);
         }
@@ -459,6 +459,13 @@ static int emit_backward(ad *a, int fi) {
                                      f->pub.node, f->op->name, n_in));
     uint32_t all = n_in == 32 ? 0xffffffffu : ((1u << n_in) - 1);
     uint32_t saved = r->saves_inputs & all, diff = r->differentiable & all;
+    /* inputs whose gradient nothing needs: the rule may skip them */
+    uint32_t skip = 0;
+    for (int i = 0; i < n_in; i++) {
+        int x = f->pub.in[i];
+        if ((diff >> i & 1) && !(x < a->n_grad && a->req[x]))
+            skip |= 1u << i;
+    }
 
     /* what the step reads: saved inputs, the output, the extras, grad_out */
     int reads[32 + 2 + EBB_MAX_SAVED], n_reads = 0;
@@ -501,7 +508,8 @@ static int emit_backward(ad *a, int fi) {
                                .params = params, .n_params = f->n_params,
                                .out = r->saves_output ? c->meta[y] : NULL, .saved = extras,
                                .n_saved = r->n_saved, .grad_out = seed ? seed : c->meta[gy],
-                               .node = f->pub.node, .in_shapes = in_shapes};
+                               .node = f->pub.node, .in_shapes = in_shapes,
+                               .skip_input_grad = skip};
         st = dry_backward(c, f, &gc, gin, gparam);
     }
     /* every promised gradient, of the promised shape; nothing else */
@@ -513,7 +521,8 @@ static int emit_backward(ad *a, int fi) {
                 st = ebb_error_set(EBB_ERR_ARG, "the rule gave input %d, marked not "
                                                 "differentiable, a gradient", i);
         } else if (!gin[i]) {
-            st = ebb_error_set(EBB_ERR_ARG, "the rule gave no gradient for input %d", i);
+            if (!(skip >> i & 1))
+                st = ebb_error_set(EBB_ERR_ARG, "the rule gave no gradient for input %d", i);
         } else {
             ebb_shape gs = ebb_tensor_shape(gin[i]);
             if (!ebb_shape_equal(&gs, &v->shape))
@@ -572,7 +581,11 @@ static int emit_backward(ad *a, int fi) {
     b->saves_out = r->saves_output;
     b->n_saved = r->n_saved;
     b->seed = gy == SEED;
-    b->grad_in = diff;
+    b->skip_in = skip;
+    b->grad_in = 0; /* the gradients the dry run gave, in input order */
+    for (int i = 0; i < n_in; i++)
+        if (gin[i])
+            b->grad_in |= 1u << i;
     b->pub.phase = EBB_PHASE_BACKWARD;
     if (r->workspace && n_in > 0)
         b->workspace = r->workspace(f->attrs, in_shapes, n_in, p->values[f->pub.in[0]].dtype);

@@ -31,6 +31,7 @@ typedef struct plan_step {
     int seed;            /* BACKWARD: grad_out is the loss's seed, 1 */
     uint32_t grad_in;    /* BACKWARD: inputs whose gradients lead pub.out, in order;
                             the parameters' (buffers excepted) follow */
+    uint32_t skip_in;    /* BACKWARD: ebb_op_grad_call.skip_input_grad */
     char *op_owned;      /* pub.op when the compiler made the name ("linear.backward") */
     int shape_of;        /* ZEROS: the slot whose run-time shape it takes */
     /* ALIAS in a training compile's unrolled while/until loop: 1 writes the

@@ -76,8 +76,11 @@ static ebb_status linear_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_te
     if (c->n_params < 1)
         return ebb_error_set(EBB_ERR_ARG, "%s backward (%s): no weight given", c->op->name,
                              c->node ? c->node : "?");
-    return ebb_tensor_linear_backward(&gin[0], &gp[0], c->n_params > 1 ? &gp[1] : NULL,
-                                      c->grad_out, c->in[0], c->params[0]);
+    /* the input's gradient is one matrix product PyTorch skips when nothing
+     * needs it (the first layer's input) */
+    return ebb_tensor_linear_backward(c->skip_input_grad & 1u ? NULL : &gin[0], &gp[0],
+                                      c->n_params > 1 ? &gp[1] : NULL, c->grad_out, c->in[0],
+                                      c->params[0]);
 }
 /* Matrix products straight into the gradients; the bias's is a sum over the
  * rows, which takes ebb_ops_reduce_scratch's two passes when it has one

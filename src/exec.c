@@ -278,7 +278,8 @@ static ebb_status backward(run_ctx *r, const plan_step *s) {
     ebb_op_grad_call gc = {.op = s->op, .attrs = s->attrs, .in = ins, .n_in = s->n_fwd_in,
                            .params = r->params, .n_params = s->n_params, .out = out,
                            .saved = extras, .n_saved = s->n_saved, .grad_out = grad_out,
-                           .node = ps->node, .in_shapes = in_shapes};
+                           .node = ps->node, .in_shapes = in_shapes,
+                           .skip_input_grad = s->skip_in};
     ebb_status st = s->op->grad->backward(&gc, gin, gparam);
     int o = 0;
     for (int i = 0; i < s->n_fwd_in; i++) {

@@ -182,6 +182,11 @@ typedef struct ebb_op_grad_call {
     const ebb_shape *in_shapes;  /* every input's shape, saved or not: a rule that needs
                                     only an input's shape (add's broadcast, reshape, sum)
                                     reads it here and need not keep the input alive */
+    /* Bit i: nothing needs input i's gradient (a graph input, say), so the
+     * rule may leave grad_in[i] NULL and save the work, as PyTorch's
+     * needs_input_grad lets a backward do. Deterministic: a training plan's
+     * dry run sees what the rule does with the same bits. 0: give them all. */
+    uint32_t skip_input_grad;
 } ebb_op_grad_call;
 
 /* Writes a new tensor into grad_in[i] for every input whose differentiable
