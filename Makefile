@@ -1,5 +1,5 @@
 # ebb: two commands do everything on a fresh Debian machine.
-#   make demo   installs what is missing, builds, runs the main example
+#   make demo   installs what is missing, builds, trains a model on Fashion-MNIST
 #   make test   installs what is missing, builds, runs every test through ctest
 # Other targets: build, deps, bench, fuzz, clean.
 
@@ -49,17 +49,23 @@ $(BUILD)/CMakeCache.txt: | deps
 build: deps $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j$(JOBS)
 
-# The C example, then a spec through the command: its plan with a memory
-# chart, a run (measured next to planned bytes, traced), the plan drawn as
-# SVG, and its memory over the steps with the run's trace drawn over it.
-DEMO_SPEC ?= specs/switch_routed.yaml
+# First a model learning: specs/fashion_mlp.yaml trained for one epoch on
+# Fashion-MNIST (progress on a terminal, a line every 200 steps otherwise),
+# evaluated on the test split, its training plan drawn with its memory over
+# the steps. Then the C example, and a spec with a switch through the
+# command: a run measured next to planned bytes and traced, its plan drawn.
+TRAIN_SPEC ?= specs/fashion_mlp.yaml
+DEMO_SPEC  ?= specs/switch_routed.yaml
 demo: build
-	./$(BUILD)/examples/residual_mlp
-	./$(BUILD)/ebb plan $(DEMO_SPEC) -i batch=16 --memory
-	./$(BUILD)/ebb run $(DEMO_SPEC) -i batch=16 --repeat 20 --trace $(BUILD)/demo-trace.jsonl
-	./$(BUILD)/ebb dot $(DEMO_SPEC) --plan -i batch=16 -o $(BUILD)/demo-plan.svg
-	./$(BUILD)/ebb chart $(DEMO_SPEC) -i batch=16 --trace $(BUILD)/demo-trace.jsonl -o $(BUILD)/demo-chart.svg
-	@echo "plan drawn in $(BUILD)/demo-plan.svg, its memory over the steps with the run's trace in $(BUILD)/demo-chart.svg"
+	$(BUILD)/ebb train $(TRAIN_SPEC) --data fashion-mnist --eval-data fashion-mnist:test \
+	  --epochs 1 --log-every 200 --save-weights $(BUILD)/demo-weights.safetensors
+	$(BUILD)/ebb eval $(TRAIN_SPEC) --weights $(BUILD)/demo-weights.safetensors --data fashion-mnist:test
+	$(BUILD)/ebb chart $(TRAIN_SPEC) --train -i batch=64 -o $(BUILD)/demo-train-chart.svg
+	$(BUILD)/examples/residual_mlp
+	$(BUILD)/ebb run $(DEMO_SPEC) -i batch=16 --repeat 20 --trace $(BUILD)/demo-trace.jsonl
+	$(BUILD)/ebb dot $(DEMO_SPEC) --plan -i batch=16 -o $(BUILD)/demo-plan.svg
+	$(BUILD)/ebb chart $(DEMO_SPEC) -i batch=16 --trace $(BUILD)/demo-trace.jsonl -o $(BUILD)/demo-chart.svg
+	@echo "training plan drawn in $(BUILD)/demo-train-chart.svg; $(DEMO_SPEC)'s plan in $(BUILD)/demo-plan.svg, its memory with the run's trace in $(BUILD)/demo-chart.svg"
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)

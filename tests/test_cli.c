@@ -19,6 +19,7 @@
 #include <limits.h>
 #include <math.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -2695,6 +2696,99 @@ static void test_train_and_eval(void **state) {
     cli_free(&r);
 }
 
+/* Ctrl-C: `ebb train` finishes the step under way, writes a checkpoint and
+ * exits 130; `--resume` goes on from that checkpoint. */
+static void test_train_sigint_checkpoint(void **state) {
+    (void)state;
+    char data[PATH_MAX], ck[PATH_MAX], err_name[PATH_MAX];
+    tmp_path(data, sizeof data, "sigint.safetensors");
+    tmp_path(ck, sizeof ck, "sigint-ckpt.safetensors");
+    tmp_path(err_name, sizeof err_name, "sigint-stderr.XXXXXX");
+    enum { N = 64, F = 64 };
+    ebb_shape xs = {2, {N, F}}, ys = {1, {N}};
+    ebb_tensor *x = NULL, *y = NULL;
+    int64_t yv[N];
+    for (int i = 0; i < N; i++)
+        yv[i] = i % 10;
+    assert_ok(ebb_tensor_randn(&x, &xs, EBB_FLOAT32, ebb_device_cpu(), 7));
+    assert_ok(ebb_tensor_from_host(&y, yv, sizeof yv, &ys, EBB_INT64, ebb_device_cpu()));
+    const char *names[2] = {"x", "y"};
+    ebb_tensor *ts[2] = {x, y};
+    assert_ok(ebb_safetensors_write(data, names, ts, 2));
+    ebb_tensor_free(x);
+    ebb_tensor_free(y);
+
+    /* a run of a million steps, its stdout through a pipe */
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    int err_fd = mkstemp(err_name);
+    assert_true(err_fd >= 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int in_fd = open("/dev/null", O_RDONLY);
+        if (chdir(EBB_SOURCE_DIR) != 0 || in_fd < 0 || dup2(in_fd, 0) < 0 || dup2(p[1], 1) < 0 ||
+            dup2(err_fd, 2) < 0)
+            _exit(126);
+        close(p[0]);
+        alarm(60); /* survives exec */
+        execl(cli_path, "ebb", "train", "specs/mlp.yaml", "--data", data, "--steps", "1000000",
+              "--batch", "16", "--log-every", "1", "--checkpoint", ck, (char *)NULL);
+        _exit(127);
+    }
+    close(p[1]);
+    close(err_fd);
+    /* SIGINT after the first progress line; then read to the end */
+    static char out[1 << 16];
+    size_t len = 0;
+    int sent = 0;
+    ssize_t n;
+    while (len < sizeof out - 1 && (n = read(p[0], out + len, sizeof out - 1 - len)) != 0) {
+        if (n < 0) {
+            assert_int_equal(errno, EINTR);
+            continue;
+        }
+        len += (size_t)n;
+        out[len] = 0;
+        if (!sent && strstr(out, "\nepoch 1 step ")) {
+            assert_int_equal(kill(pid, SIGINT), 0);
+            sent = 1;
+        }
+    }
+    if (!sent)
+        kill(pid, SIGKILL);
+    close(p[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    size_t err_len = 0;
+    char *err = slurp(err_name, &err_len);
+    unlink(err_name);
+    assert_non_null(err);
+    if (!sent)
+        fail_msg("no progress line from `ebb train`:\n%s\nstderr:\n%s", out, err);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 130)
+        fail_msg("`ebb train` interrupted: status %d, not exit 130\nstderr:\n%s", status, err);
+    long long at = 0;
+    const char *msg = strstr(err, "ebb: interrupted after step ");
+    if (!msg || sscanf(msg, "ebb: interrupted after step %lld;", &at) != 1 || at < 1 ||
+        !strstr(err, "checkpoint written to"))
+        fail_msg("`ebb train` interrupted said:\n%s", err);
+    free(err);
+
+    /* the checkpoint resumes: three steps more */
+    char steps[32];
+    FMT(steps, "%lld", at + 3);
+    cli_result r;
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", steps, "--resume", ck);
+    expect_code(&r, 0);
+    char resumed[PATH_MAX + 64];
+    FMT(resumed, "resumed from %s at step %lld", ck, at);
+    expect_contains("stdout", &r, r.out, resumed);
+    cli_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_help_and_version),
@@ -2721,6 +2815,7 @@ int main(void) {
         EBB_TEST(test_output_targets),
         EBB_TEST(test_fit_check),
         EBB_TEST(test_train_and_eval),
+        EBB_TEST(test_train_sigint_checkpoint),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -897,6 +897,7 @@ int ebb_cli_train(int argc, char **argv) {
                        (long long)step, (long long)total, run_loss / (double)run_n, rate);
             run_loss = 0;
             run_n = 0;
+            fflush(stdout); /* a log read as it is written (a pipe, tail -f) */
         }
         if (tty && (t - last_draw > 0.2 || step == total)) {
             char eta[32], mb[32], pb[32];
