@@ -78,13 +78,13 @@ int ebb_plan_value_saved(const ebb_plan *p, int slot) {
     if (!p || !p->training || slot < 0 || slot >= p->n_values)
         return 0;
     int made = p->values[slot].producer;
-    if (made >= 0 && p->steps[made].pub.phase == EBB_PHASE_BACKWARD)
+    if (p->values[slot].kind == EBB_VALUE_INPUT ||
+        (made >= 0 && p->steps[made].pub.phase == EBB_PHASE_BACKWARD))
         return 0;
     for (int i = 0; i < p->n_steps; i++)
         if (p->steps[i].pub.kind == EBB_STEP_BACKWARD)
             for (int k = 0; k < p->steps[i].pub.n_in; k++)
-                if (p->steps[i].pub.in[k] == slot && p->values[slot].kind != EBB_VALUE_INPUT &&
-                    (made < 0 || p->steps[made].pub.phase != EBB_PHASE_BACKWARD))
+                if (p->steps[i].pub.in[k] == slot)
                     return 1;
     return 0;
 }

@@ -23,49 +23,19 @@
 
 #include "shim.hpp"
 
+using ebb::clear;
+using ebb::dims;
+using ebb::hand_out;
 using ebb::wrap;
 
 namespace {
 
 thread_local int autograd_depth = 0;
 
-std::string dims(const at::Tensor &t) {
-    std::string s = "[";
-    for (int64_t i = 0; i < t.dim(); i++)
-        s += (i ? ", " : "") + std::to_string(t.size(i));
-    return s + "]";
-}
-
 c10::optional<at::Tensor> opt(const ebb_tensor *t) {
     if (t)
         return t->t;
     return c10::nullopt;
-}
-
-// Hands several results out at once: every out slot given gets its tensor,
-// or none does (handles already made are freed when wrapping one fails).
-void hand_out(std::initializer_list<std::pair<ebb_tensor **, at::Tensor>> results) {
-    std::vector<ebb_tensor *> made;
-    try {
-        for (auto &r : results)
-            made.push_back(r.first && r.second.defined() ? wrap(r.second) : nullptr);
-    } catch (...) {
-        for (ebb_tensor *h : made)
-            ebb_tensor_free(h);
-        throw;
-    }
-    size_t i = 0;
-    for (auto &r : results) {
-        if (r.first)
-            *r.first = made[i];
-        i++;
-    }
-}
-
-void clear(std::initializer_list<ebb_tensor **> outs) {
-    for (ebb_tensor **o : outs)
-        if (o)
-            *o = nullptr;
 }
 
 // grad reshaped and summed to `shape` where the forward broadcast.

@@ -19,16 +19,12 @@
 
 #include "shim.hpp"
 
+using ebb::clear;
+using ebb::dims;
+using ebb::hand_out;
 using ebb::wrap;
 
 namespace {
-
-std::string dims(const at::Tensor &t) {
-    std::string s = "[";
-    for (int64_t i = 0; i < t.dim(); i++)
-        s += (i ? ", " : "") + std::to_string(t.size(i));
-    return s + "]";
-}
 
 const char *dtype_name(const at::Tensor &t) {
     return ebb_dtype_name(ebb::from_aten(t.scalar_type()));
@@ -38,31 +34,6 @@ bool is_meta(const at::Tensor &t) { return t.device().type() == at::kMeta; }
 
 // The class dim: scores [B, C] or a single sample's [C].
 int64_t class_dim(const at::Tensor &x) { return x.dim() == 1 ? 0 : 1; }
-
-void clear(std::initializer_list<ebb_tensor **> outs) {
-    for (ebb_tensor **o : outs)
-        if (o)
-            *o = nullptr;
-}
-
-// Every out slot given gets its tensor, or none does.
-void hand_out(std::initializer_list<std::pair<ebb_tensor **, at::Tensor>> results) {
-    std::vector<ebb_tensor *> made;
-    try {
-        for (auto &r : results)
-            made.push_back(r.first ? wrap(r.second) : nullptr);
-    } catch (...) {
-        for (ebb_tensor *h : made)
-            ebb_tensor_free(h);
-        throw;
-    }
-    size_t i = 0;
-    for (auto &r : results) {
-        if (r.first)
-            *r.first = made[i];
-        i++;
-    }
-}
 
 // Scores [B, C] with int64 targets [B], or [C] with a 0-dim target.
 ebb_status check_classes(const char *fn, const char *what, const at::Tensor &x,

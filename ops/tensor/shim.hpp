@@ -4,6 +4,10 @@
 // becomes an ebb_status plus a message, so no exception crosses into C.
 #pragma once
 
+#include <initializer_list>
+#include <string>
+#include <utility>
+
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
@@ -26,6 +30,17 @@ at::Device to_aten(ebb_device device);
 ebb_device from_aten(const at::Device &device);
 at::IntArrayRef dims_of(const ebb_shape *shape);
 ebb_shape shape_of(const at::Tensor &t);
+
+// "[2, 3, 4]": a tensor's dimensions, for messages.
+std::string dims(const at::Tensor &t);
+
+// Sets every given out-pointer to NULL.
+void clear(std::initializer_list<ebb_tensor **> outs);
+
+// Hands several results out at once: every out slot given gets its tensor
+// (NULL for an undefined one), or none does (handles already made are freed
+// when wrapping one fails).
+void hand_out(std::initializer_list<std::pair<ebb_tensor **, at::Tensor>> results);
 
 // Turns the exception in flight into a status and message prefixed by `fn`.
 ebb_status fail_from_exception(const char *fn);

@@ -114,6 +114,37 @@ ebb_status fail_from_exception(const char *fn) {
     }
 }
 
+std::string dims(const at::Tensor &t) {
+    std::string s = "[";
+    for (int64_t i = 0; i < t.dim(); i++)
+        s += (i ? ", " : "") + std::to_string(t.size(i));
+    return s + "]";
+}
+
+void clear(std::initializer_list<ebb_tensor **> outs) {
+    for (ebb_tensor **o : outs)
+        if (o)
+            *o = nullptr;
+}
+
+void hand_out(std::initializer_list<std::pair<ebb_tensor **, at::Tensor>> results) {
+    std::vector<ebb_tensor *> made;
+    try {
+        for (auto &r : results)
+            made.push_back(r.first && r.second.defined() ? wrap(r.second) : nullptr);
+    } catch (...) {
+        for (ebb_tensor *h : made)
+            ebb_tensor_free(h);
+        throw;
+    }
+    size_t i = 0;
+    for (auto &r : results) {
+        if (r.first)
+            *r.first = made[i];
+        i++;
+    }
+}
+
 } // namespace ebb
 
 using ebb::wrap;

@@ -28,17 +28,7 @@ using ebb::wrap;
 namespace {
 
 
-// "[2, 3, 4]" for any number of dims.
-std::string dims(const at::Tensor &t) {
-    std::string s = "[";
-    for (int64_t i = 0; i < t.dim(); i++) {
-        if (i)
-            s += ", ";
-        s += std::to_string(t.size(i));
-    }
-    return s + "]";
-}
-
+using ebb::dims;
 std::string dims(const ebb_tensor *t) { return t ? dims(t->t) : std::string("(none)"); }
 
 bool is_meta(const at::Tensor &t) { return t.device().type() == at::kMeta; }
