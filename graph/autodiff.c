@@ -12,9 +12,14 @@
  *      gradient, writing the gradients of its inputs and parameters. Where a
  *      value's gradient arrives a second time an ACCUM step adds it in (in
  *      place when the first dies there: liveness.c decides);
- *   5. one UPDATE step per trained parameter, after the whole backward, so a
- *      failure anywhere before leaves the model as it was (grads_only: the
- *      gradients are outputs instead).
+ *   5. one UPDATE step per trained parameter, right after the backward step
+ *      that makes its gradient final, so the gradient dies there; or all of
+ *      them after the whole backward (updates_after_backward), so a failure
+ *      anywhere before leaves the model as it was (grads_only: the gradients
+ *      are outputs instead).
+ *
+ * Under a memory budget, forward values graph/remat.c chose not to keep are
+ * recomputed just before the backward step that first reads them (below).
  *
  * Liveness, in-place marking and the byte count then run over the joint
  * step unchanged. Every backward step is dry-run on the meta device like a
@@ -38,6 +43,10 @@ typedef struct ad {
     int depth;
     struct loop_back *loops; /* unrolled while/until loops being walked back, innermost last */
     int n_loops;
+    int *copy;      /* per forward slot under c->drop: its recomputed copy, or -1 */
+    int n_copy;
+    int *first_use; /* per parameter: the first forward step that reads it */
+    unsigned char *updated; /* per parameter: its update step is emitted */
 } ad;
 
 static int fail(compiler *c, ebb_status st) {
@@ -237,16 +246,31 @@ static int shares_input(const ebb_tensor *t, ebb_tensor *const *in, int n) {
 
 /* *alias: the input the output shares storage with, or -1 (dropout's
  * training output is fresh where its inference output is its input). */
+/* Ops whose rule failed on the meta device once: it fails again, and
+ * raising is slow (libtorch's errors collect a backtrace). */
+static int seen_failing(const ebb_op *const *list, int n, const ebb_op *op) {
+    for (int i = 0; i < n; i++)
+        if (list[i] == op)
+            return 1;
+    return 0;
+}
+
 static ebb_status dry_forward_train(compiler *c, const ebb_op_call *call, ebb_tensor **out,
                                     ebb_tensor **saved, int *alias) {
     const ebb_op_grad *r = call->op->grad;
-    ebb_status st = r->forward_train(call, out, saved);
-    *alias = st == EBB_OK ? shares_input(*out, call->in, call->n_in) : -1;
-    if (st == EBB_OK || st == EBB_ERR_SHAPE || st == EBB_ERR_ARG || st == EBB_ERR_NOMEM)
-        return st;
-    ebb_tensor_free(*out);
-    *out = NULL;
-    free_all(saved, EBB_MAX_SAVED);
+    int known_no_meta = seen_failing(c->no_meta_train, c->n_no_meta_train, call->op);
+    ebb_status st = EBB_OK;
+    if (!known_no_meta) {
+        st = r->forward_train(call, out, saved);
+        *alias = st == EBB_OK ? shares_input(*out, call->in, call->n_in) : -1;
+        if (st == EBB_OK || st == EBB_ERR_SHAPE || st == EBB_ERR_ARG || st == EBB_ERR_NOMEM)
+            return st;
+        if (c->n_no_meta_train < (int)(sizeof c->no_meta_train / sizeof c->no_meta_train[0]))
+            c->no_meta_train[c->n_no_meta_train++] = call->op;
+        ebb_tensor_free(*out);
+        *out = NULL;
+        free_all(saved, EBB_MAX_SAVED);
+    }
     ebb_tensor *ins[64] = {0}, *params[EBB_MAX_PARAMS] = {0};
     int64_t budget = STANDIN_LIMIT;
     st = standins(call->in, call->n_in, ins, &budget);
@@ -259,6 +283,12 @@ static ebb_status dry_forward_train(compiler *c, const ebb_op_call *call, ebb_te
         st = r->forward_train(&cc, out, saved);
         if (st == EBB_OK)
             *alias = shares_input(*out, ins, call->n_in);
+    } else if (known_no_meta) { /* too large for stand-ins: meta after all */
+        free_all(ins, call->n_in);
+        free_all(params, call->n_params);
+        st = r->forward_train(call, out, saved);
+        *alias = st == EBB_OK ? shares_input(*out, call->in, call->n_in) : -1;
+        return st;
     }
     free_all(ins, call->n_in);
     free_all(params, call->n_params);
@@ -338,6 +368,78 @@ static int add_extras(compiler *c, int si) {
     return 0;
 }
 
+/* ---- recomputation ------------------------------------------------------------ *
+ *
+ * Under a memory budget some forward values are not kept for the backward
+ * (c->drop, chosen by graph/remat.c). Where a backward step reads one, the
+ * forward step that made it runs again just before, reading what it read
+ * then: kept values, or values recomputed the same way. A copy lives until
+ * its last backward read, as the kept value would have, so the values
+ * dropped between two kept ones are rebuilt once, from the nearer, when the
+ * backward reaches them. remat.c drops only what an OP step made where no
+ * jump can skip it, and no op whose training forward draws random numbers or
+ * updates a buffer, so running it again gives the same bits. */
+static int backward_read(ad *a, int v) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    if (v >= c->n_drop || v >= a->n_copy || !c->drop[v])
+        return v;
+    if (a->copy[v] >= 0)
+        return a->copy[v];
+    int fi = p->values[v].producer;
+    int n_in = p->steps[fi].pub.n_in, n_out = p->steps[fi].pub.n_out;
+    int *in = malloc(((size_t)n_in + (size_t)n_out + 1) * sizeof *in);
+    if (!in)
+        return ebb_compiler_oom(c);
+    int *out = in + n_in;
+    for (int k = 0; k < n_in; k++)
+        if ((in[k] = backward_read(a, p->steps[fi].pub.in[k])) < 0) {
+            free(in);
+            return -1;
+        }
+    char *name = ebb_compiler_strdupf("%s.recompute", p->steps[fi].op->name);
+    plan_step *r = name ? ebb_compiler_step_new(c, EBB_STEP_OP, name, p->steps[fi].pub.node) : NULL;
+    if (!r) {
+        free(in);
+        if (!name)
+            return ebb_compiler_oom(c);
+        free(name);
+        return -1;
+    }
+    r->op_owned = name;
+    const plan_step *f = &p->steps[fi];
+    r->op = f->op;
+    r->attrs = f->attrs;
+    r->workspace = f->workspace;
+    r->param_first = f->param_first;
+    r->n_params = f->n_params;
+    r->train = f->train;
+    r->pub.phase = EBB_PHASE_BACKWARD;
+    r->pub.recompute = 1;
+    int ri = ebb_compiler_step_index(c, r);
+    for (int k = 0; k < n_out; k++) {
+        int o = p->steps[fi].pub.out[k], al = p->values[o].alias_of;
+        /* a view of what the step read is a view of what the copy reads */
+        int cal = -1;
+        for (int j = 0; al >= 0 && cal < 0 && j < n_in; j++)
+            if (p->steps[fi].pub.in[j] == al)
+                cal = in[j];
+        ebb_tensor *m = ebb_compiler_meta_ref(c, o);
+        out[k] = m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, ri, cal) : -1;
+        if (out[k] < 0) {
+            free(in);
+            return -1;
+        }
+        if (al >= 0 && cal < 0) /* shares storage with something it did not read: own it */
+            p->values[out[k]].nbytes =
+                ebb_shape_numel(&p->values[o].shape) * (int64_t)ebb_dtype_size(p->values[o].dtype);
+        a->copy[o] = out[k];
+    }
+    int rc = ebb_compiler_step_set_slots(c, &p->steps[ri], in, n_in, out, n_out);
+    free(in);
+    return rc != 0 ? -1 : a->copy[v];
+}
+
 /* ---- gradients ---------------------------------------------------------------- */
 
 static int accumulate(ad *a, int *into, int g, const char *node) {
@@ -369,9 +471,15 @@ static int accumulate(ad *a, int *into, int g, const char *node) {
 static ebb_status dry_backward(compiler *c, const plan_step *f, const ebb_op_grad_call *gc,
                                ebb_tensor **gin, ebb_tensor **gparam) {
     const ebb_op_grad *r = f->op->grad;
-    ebb_status st = r->backward(gc, gin, gparam);
-    if (st == EBB_OK || st == EBB_ERR_SHAPE || st == EBB_ERR_ARG || st == EBB_ERR_NOMEM)
-        return st;
+    int known_no_meta = seen_failing(c->no_meta_bwd, c->n_no_meta_bwd, f->op);
+    ebb_status st = EBB_OK;
+    if (!known_no_meta) {
+        st = r->backward(gc, gin, gparam);
+        if (st == EBB_OK || st == EBB_ERR_SHAPE || st == EBB_ERR_ARG || st == EBB_ERR_NOMEM)
+            return st;
+        if (c->n_no_meta_bwd < (int)(sizeof c->no_meta_bwd / sizeof c->no_meta_bwd[0]))
+            c->no_meta_bwd[c->n_no_meta_bwd++] = f->op;
+    }
     free_all(gin, gc->n_in);
     free_all(gparam, gc->n_params);
     /* CPU stand-ins of everything the rule reads */
@@ -421,6 +529,11 @@ static ebb_status dry_backward(compiler *c, const plan_step *f, const ebb_op_gra
             st = to_meta(c, &gparam[j]);
         return st;
     }
+    if (!ran && known_no_meta) { /* too large for stand-ins: meta after all */
+        st = r->backward(gc, gin, gparam);
+        if (st == EBB_OK || st == EBB_ERR_SHAPE || st == EBB_ERR_ARG || st == EBB_ERR_NOMEM)
+            return st;
+    }
     /* what the rule promises, as fresh storage */
     const ebb_plan *p = c->plan;
     free_all(gin, gc->n_in);
@@ -450,15 +563,25 @@ static int alias_among(const ebb_tensor *t, ebb_tensor *const *metas, const int 
 static int emit_backward(ad *a, int fi) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
-    const plan_step *f = &p->steps[fi];
-    const ebb_op_grad *r = f->op->grad;
-    int n_in = f->pub.n_in, y = f->pub.out[0], gy = a->grad[y];
+    const ebb_op_grad *r = p->steps[fi].op->grad;
+    int n_in = p->steps[fi].pub.n_in, y = p->steps[fi].pub.out[0], gy = a->grad[y];
     if (n_in > 32)
         return fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
                                      "node %s: %s has %d inputs; a backward step takes at most 32",
-                                     f->pub.node, f->op->name, n_in));
+                                     p->steps[fi].pub.node, p->steps[fi].op->name, n_in));
     uint32_t all = n_in == 32 ? 0xffffffffu : ((1u << n_in) - 1);
     uint32_t saved = r->saves_inputs & all, diff = r->differentiable & all;
+    /* the slots it reads the saved values from: kept, or recomputed here */
+    int src_in[32], src_y = y, src_x[EBB_MAX_SAVED];
+    for (int i = 0; i < n_in; i++)
+        if ((saved >> i & 1) && (src_in[i] = backward_read(a, p->steps[fi].pub.in[i])) < 0)
+            return -1;
+    if (r->saves_output && (src_y = backward_read(a, y)) < 0)
+        return -1;
+    for (int k = 0; k < r->n_saved; k++)
+        if ((src_x[k] = backward_read(a, p->steps[fi].pub.out[1 + k])) < 0)
+            return -1;
+    const plan_step *f = &p->steps[fi]; /* after the recompute steps: the list may have moved */
     /* inputs whose gradient nothing needs: the rule may skip them */
     uint32_t skip = 0;
     for (int i = 0; i < n_in; i++) {
@@ -475,19 +598,19 @@ static int emit_backward(ad *a, int fi) {
     for (int i = 0; i < n_in; i++) {
         in_shapes[i] = p->values[f->pub.in[i]].shape;
         if (saved >> i & 1) {
-            ins[i] = c->meta[f->pub.in[i]];
+            ins[i] = c->meta[src_in[i]];
             read_meta[n_reads] = ins[i];
-            reads[n_reads++] = f->pub.in[i];
+            reads[n_reads++] = src_in[i];
         }
     }
     if (r->saves_output) {
-        read_meta[n_reads] = c->meta[y];
-        reads[n_reads++] = y;
+        read_meta[n_reads] = c->meta[src_y];
+        reads[n_reads++] = src_y;
     }
     for (int k = 0; k < r->n_saved; k++) {
-        extras[k] = c->meta[f->pub.out[1 + k]];
+        extras[k] = c->meta[src_x[k]];
         read_meta[n_reads] = extras[k];
-        reads[n_reads++] = f->pub.out[1 + k];
+        reads[n_reads++] = src_x[k];
     }
     ebb_tensor *seed = NULL;
     if (gy == SEED) {
@@ -506,7 +629,7 @@ static int emit_backward(ad *a, int fi) {
     if (st == EBB_OK) {
         ebb_op_grad_call gc = {.op = f->op, .attrs = f->attrs, .in = ins, .n_in = n_in,
                                .params = params, .n_params = f->n_params,
-                               .out = r->saves_output ? c->meta[y] : NULL, .saved = extras,
+                               .out = r->saves_output ? c->meta[src_y] : NULL, .saved = extras,
                                .n_saved = r->n_saved, .grad_out = seed ? seed : c->meta[gy],
                                .node = f->pub.node, .in_shapes = in_shapes,
                                .skip_input_grad = skip};
@@ -897,6 +1020,67 @@ static int loop_backward(ad *a, int i) {
 
 /* ---- the pass --------------------------------------------------------------------- */
 
+/* One update step: the optimizer reads the parameter's final gradient. */
+static int emit_update(ad *a, int i) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    int g = a->pgrad[i];
+    plan_step *u = ebb_compiler_step_new(c, EBB_STEP_UPDATE, "update", p->params[i].full_name);
+    if (!u || ebb_compiler_step_set_slots(c, u, &g, 1, NULL, 0) != 0)
+        return -1;
+    u->pub.phase = EBB_PHASE_UPDATE;
+    u->pub.param = i;
+    const ebb_plan_value *gv = &p->values[g];
+    u->workspace = ebb_optimizer_update_scratch_bytes(&a->t->optimizer, gv->dtype,
+                                                      ebb_shape_numel(&gv->shape),
+                                                      (ebb_device){EBB_DEVICE_CPU, 0}, 1);
+    if (u->workspace < 0)
+        return fail(c, ebb_errcode());
+    a->updated[i] = 1;
+    return 0;
+}
+
+/* Updates the parameters in `which` (n of them) whose gradient is final,
+ * smallest gradient first: each frees its gradient, and the scratch of the
+ * next (about a parameter's size for Adam) then lands on less; largest
+ * first would add the biggest scratch to every gradient. */
+static int emit_updates(ad *a, const int *which, int n) {
+    ebb_plan *p = a->c->plan;
+    for (;;) {
+        int best = -1;
+        int64_t best_bytes = 0;
+        for (int k = 0; k < n; k++) {
+            int i = which[k];
+            if (a->updated[i] || a->pgrad[i] < 0 || !p->trained[i])
+                continue;
+            int64_t b = p->values[a->pgrad[i]].nbytes;
+            if (best < 0 || b < best_bytes)
+                best = i, best_bytes = b;
+        }
+        if (best < 0)
+            return 0;
+        if (emit_update(a, best) != 0)
+            return -1;
+    }
+}
+
+/* After the backward step of forward step fi: the parameters it was the
+ * first reader of have their final gradient now. Inside a routed region or
+ * an unrolled loop the update waits for the end, where no skip can jump
+ * over it. */
+static int updates_after_step(ad *a, int fi) {
+    ebb_plan *p = a->c->plan;
+    if (a->t->grads_only || a->t->updates_after_backward || a->depth > 0 || a->n_loops > 0)
+        return 0;
+    int which[EBB_MAX_PARAMS], n = 0;
+    for (int j = 0; j < p->steps[fi].n_params && n < EBB_MAX_PARAMS; j++) {
+        int i = p->steps[fi].param_first + j;
+        if (a->first_use[i] == fi)
+            which[n++] = i;
+    }
+    return emit_updates(a, which, n);
+}
+
 static int finish(ad *a, int loss) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
@@ -926,54 +1110,33 @@ static int finish(ad *a, int loss) {
     names[0] = (char *)"loss";
     out_param[0] = -1;
     p->values[loss].kind = EBB_VALUE_OUTPUT;
-    /* Updates run smallest gradient first: each frees its gradient, and the
-     * scratch of the next (about a parameter's size for Adam) then lands on
-     * less; largest first would add the biggest scratch to every gradient. */
-    int *order = malloc(((size_t)p->n_params + 1) * sizeof *order);
-    if (!order)
-        return ebb_compiler_oom(c);
-    for (int i = 0; i < p->n_params; i++) {
-        int j = i;
-        int64_t b = a->pgrad[i] >= 0 ? p->values[a->pgrad[i]].nbytes : 0;
-        for (; j > 0 && !a->t->grads_only; j--) {
-            int q = order[j - 1];
-            if ((a->pgrad[q] >= 0 ? p->values[a->pgrad[q]].nbytes : 0) <= b)
-                break;
-            order[j] = q;
-        }
-        order[j] = i;
-    }
-    int k = 1;
-    for (int n = 0; n < p->n_params; n++) {
-        int i = order[n];
-        int g = a->pgrad[i];
-        if (g < 0)
-            continue;
-        if (a->t->grads_only) {
+    if (a->t->grads_only) {
+        for (int i = 0, k = 1; i < p->n_params; i++) {
+            int g = a->pgrad[i];
+            if (g < 0)
+                continue;
             outputs[k] = g;
             names[k] = p->params[i].full_name;
             out_param[k++] = i;
             p->values[g].kind = EBB_VALUE_OUTPUT;
-            continue;
         }
-        plan_step *u = ebb_compiler_step_new(c, EBB_STEP_UPDATE, "update", p->params[i].full_name);
-        if (!u || ebb_compiler_step_set_slots(c, u, &g, 1, NULL, 0) != 0) {
-            free(order);
-            return -1;
-        }
-        u->pub.phase = EBB_PHASE_UPDATE;
-        u->pub.param = i;
-        const ebb_plan_value *gv = &p->values[g];
-        u->workspace = ebb_optimizer_update_scratch_bytes(&a->t->optimizer, gv->dtype,
-                                                          ebb_shape_numel(&gv->shape),
-                                                          (ebb_device){EBB_DEVICE_CPU, 0}, 1);
-        if (u->workspace < 0) {
-            free(order);
-            return fail(c, ebb_errcode());
-        }
+        return 0;
     }
-    free(order);
-    return 0;
+    /* what no backward step has updated yet */
+    int *all = malloc(((size_t)p->n_params + 1) * sizeof *all);
+    if (!all)
+        return ebb_compiler_oom(c);
+    for (int i = 0; i < p->n_params; i++)
+        all[i] = i;
+    int rc = emit_updates(a, all, p->n_params);
+    free(all);
+    /* the plan says whether any update runs before the backward ends */
+    for (int i = 0, seen = 0; rc == 0 && i < p->n_steps; i++) {
+        if (seen && p->steps[i].pub.phase == EBB_PHASE_BACKWARD)
+            p->updates_in_backward = 1;
+        seen |= p->steps[i].pub.kind == EBB_STEP_UPDATE;
+    }
+    return rc;
 }
 
 int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options *opts) {
@@ -1009,10 +1172,22 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
     a.pgrad = malloc(((size_t)p->n_params + 1) * sizeof *a.pgrad);
     a.regions = malloc(MAX_REGIONS * sizeof *a.regions);
     a.loops = malloc(MAX_LOOPS * sizeof *a.loops);
-    if (!a.req || !a.grad || !a.pgrad || !a.regions || !a.loops) {
+    a.copy = malloc((size_t)a.n_grad * sizeof *a.copy);
+    a.first_use = malloc(((size_t)p->n_params + 1) * sizeof *a.first_use);
+    a.updated = calloc((size_t)p->n_params + 1, 1);
+    if (!a.req || !a.grad || !a.pgrad || !a.regions || !a.loops || !a.copy || !a.first_use ||
+        !a.updated) {
         ebb_compiler_oom(c);
         goto out;
     }
+    a.n_copy = a.n_grad;
+    for (int v = 0; v < a.n_copy; v++)
+        a.copy[v] = -1;
+    for (int i = 0; i < p->n_params; i++)
+        a.first_use[i] = -1;
+    for (int i = n_fwd - 1; i >= 0; i--)
+        for (int j = 0; p->steps[i].pub.kind == EBB_STEP_OP && j < p->steps[i].n_params; j++)
+            a.first_use[p->steps[i].param_first + j] = i;
     for (int v = 0; v < a.n_grad; v++)
         a.grad[v] = -1;
     for (int i = 0; i < p->n_params; i++)
@@ -1138,7 +1313,7 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
                                   s->pub.node, s->op->name));
             goto out;
         }
-        if (emit_backward(&a, i) != 0)
+        if (emit_backward(&a, i) != 0 || updates_after_step(&a, i) != 0)
             goto out;
     }
     rc = finish(&a, loss);
@@ -1148,5 +1323,8 @@ out:
     free(a.pgrad);
     free(a.regions);
     free(a.loops);
+    free(a.copy);
+    free(a.first_use);
+    free(a.updated);
     return rc;
 }

@@ -200,11 +200,28 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
         return ebb_error_set(EBB_ERR_ARG,
                              "ebb_compile: graph '%s' has %d input(s), %d shape(s) given", g->name,
                              g->inputs.n, opts->n_input_shapes);
+    if (opts->memory_budget < 0 && opts->memory_budget != EBB_MEMORY_BUDGET_LEAST)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "ebb_compile: memory_budget is %lld; give bytes, 0 for none or "
+                             "EBB_MEMORY_BUDGET_LEAST",
+                             (long long)opts->memory_budget);
     ebb_status st = ebb_init();
     if (st != EBB_OK)
         return st;
+    ebb_plan *p = NULL;
+    st = ebb_compile_once(&p, g, opts, NULL, 0);
+    if (st == EBB_OK && opts->memory_budget != 0)
+        st = ebb_remat_fit(&p, g, opts);
+    *out = p;
+    return st;
+}
 
-    compiler c = {.meta_device = {EBB_DEVICE_META, 0}, .training = opts->train != NULL};
+ebb_status ebb_compile_once(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
+                            const unsigned char *drop, int n_drop) {
+    ebb_status st = EBB_OK;
+    *out = NULL;
+    compiler c = {.meta_device = {EBB_DEVICE_META, 0}, .training = opts->train != NULL,
+                  .drop = drop, .n_drop = drop ? n_drop : 0};
     ebb_plan *p = calloc(1, sizeof *p);
     if (!p)
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_compile: out of memory");
@@ -251,6 +268,11 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
     p->cuda_peak_bytes = ebb_pass_predict(&c, p->keep_all, 512, NULL);
     if (p->peak_bytes < 0 || p->keep_all_peak_bytes < 0 || p->cuda_peak_bytes < 0)
         goto fail;
+    p->no_recompute_peak_bytes = p->cuda_peak_bytes;
+    for (int i = 0; i < p->n_steps; i++) {
+        int64_t fl = ebb_step_flops(p, &p->steps[i]);
+        *(p->steps[i].pub.recompute ? &p->recompute_flops : &p->flops) += fl;
+    }
     p->attrs = c.attrs;
     for (int v = 0; v < p->n_values; v++)
         ebb_tensor_free(c.meta[v]);

@@ -22,12 +22,20 @@ typedef struct compiler {
     attr_block *attrs;
     const ebb_op *no_meta[64]; /* ops seen failing on the meta device */
     int n_no_meta;
+    const ebb_op *no_meta_bwd[64]; /* backward rules seen failing there */
+    int n_no_meta_bwd;
+    const ebb_op *no_meta_train[64]; /* training forwards seen failing there */
+    int n_no_meta_train;
     int training; /* a training compile: `for` loops are unrolled */
     int repeating; /* lowering a later iteration of an unrolled loop: reuse its parameters */
     int cap_steps, cap_values, cap_params;
     ebb_tensor **meta; /* per slot: a shape-only tensor from the dry run */
     int cap_meta;
     ebb_device meta_device;
+    /* per forward slot: the backward recomputes it rather than reading it
+     * (graph/remat.c chooses; NULL: every value is kept) */
+    const unsigned char *drop;
+    int n_drop;
     ebb_status status;
 } compiler;
 
@@ -52,6 +60,12 @@ int ebb_compiler_step_index(const compiler *c, const plan_step *s);
 ebb_tensor *ebb_compiler_meta_ref(compiler *c, int slot);
 ebb_tensor *ebb_compiler_meta_new(compiler *c, const ebb_shape *s, ebb_dtype dt);
 
+/* One compile, with the forward values in `drop` (n_drop slots; NULL: none)
+ * recomputed in the backward rather than kept: ebb_compile() without the
+ * budget search. */
+ebb_status ebb_compile_once(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
+                            const unsigned char *drop, int n_drop);
+
 /* ---- the passes, in the order ebb_compile runs them ------------------------ */
 
 /* graph/lower.c: binds the inputs, lowers the nested flow to a flat list of
@@ -65,6 +79,12 @@ int ebb_lower_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, con
 /* graph/autodiff.c: a training compile's loss, backward and update steps
  * after the lowered forward (see the file's comment). */
 int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options *opts);
+/* graph/remat.c: under opts->memory_budget, replaces *plan (compiled
+ * keeping every value) with the cheapest plan whose peak fits, or fails
+ * naming the least peak reached. */
+ebb_status ebb_remat_fit(ebb_plan **plan, const ebb_graph *g, const ebb_compile_options *opts);
+/* graph/remat.c: estimated floating-point operations of one step. */
+int64_t ebb_step_flops(const ebb_plan *p, const plan_step *s);
 /* graph/liveness.c: the free lists on every control-flow edge. */
 int ebb_pass_liveness(compiler *c);
 /* graph/liveness.c: marks elementwise steps whose input dies there as in

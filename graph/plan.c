@@ -82,7 +82,7 @@ int ebb_plan_value_saved(const ebb_plan *p, int slot) {
         (made >= 0 && p->steps[made].pub.phase == EBB_PHASE_BACKWARD))
         return 0;
     for (int i = 0; i < p->n_steps; i++)
-        if (p->steps[i].pub.kind == EBB_STEP_BACKWARD)
+        if (p->steps[i].pub.kind == EBB_STEP_BACKWARD || p->steps[i].pub.recompute)
             for (int k = 0; k < p->steps[i].pub.n_in; k++)
                 if (p->steps[i].pub.in[k] == slot)
                     return 1;
@@ -99,6 +99,47 @@ static void slots_text(const ebb_plan *p, char *buf, size_t size, const int *slo
     }
     if (n == 0)
         snprintf(buf, size, "-");
+}
+
+/* The trade a memory budget made: what is recomputed where, from what. */
+static void print_remat(const ebb_plan *p, FILE *f) {
+    if (!p->memory_budget)
+        return;
+    char bb[32], pb[32], nb[32];
+    ebb_bytes_str(p->memory_budget, bb, sizeof bb);
+    ebb_bytes_str(p->cuda_peak_bytes, pb, sizeof pb);
+    ebb_bytes_str(p->no_recompute_peak_bytes, nb, sizeof nb);
+    int n_re = 0;
+    for (int i = 0; i < p->n_steps; i++) {
+        const ebb_plan_step *s = &p->steps[i].pub;
+        if (!s->recompute)
+            continue;
+        /* the first step after it that reads what it makes */
+        int user = -1;
+        for (int j = i + 1; j < p->n_steps && user < 0; j++)
+            for (int k = 0; k < p->steps[j].pub.n_in && user < 0; k++)
+                if (p->steps[j].pub.in[k] == s->out[0])
+                    user = j;
+        char id[64];
+        ebb_plan_value_id(p, s->out[0], id, sizeof id);
+        fprintf(f, n_re++ ? "\n  " : "recomputed in the backward:\n  ");
+        fprintf(f, "step %d makes %s again (%s) for step %d (%s)", i, id, s->node, user,
+                user >= 0 ? p->steps[user].pub.op : "-");
+    }
+    if (n_re)
+        fputc('\n', f);
+    double pct = p->flops > 0 ? 100.0 * (double)p->recompute_flops / (double)p->flops : 0.0;
+    fprintf(f, "memory budget %s%s: peak %s (as CUDA rounds) against %s keeping every value",
+            p->budget_least ? "least, " : "", bb, pb, nb);
+    if (p->cuda_peak_bytes > 0 && n_re)
+        fprintf(f, " (%.2fx less); %d steps recomputed, checkpoints every %d cut point%s, "
+                   "+%.3g GFLOP (%.0f%% more compute)",
+                (double)p->no_recompute_peak_bytes / (double)p->cuda_peak_bytes, n_re,
+                p->remat_segment, p->remat_segment == 1 ? "" : "s",
+                (double)p->recompute_flops / 1e9, pct);
+    else
+        fputs("; nothing recomputed", f);
+    fputc('\n', f);
 }
 
 void ebb_plan_print(const ebb_plan *p, FILE *f) {
@@ -194,7 +235,11 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
             trained += p->trained[i];
         fprintf(f, "training step: %d target(s), %d of %d parameter tensors trained, %s\n",
                 p->n_targets, trained, p->n_params,
-                p->grads_only ? "gradients handed out (no updates)" : "updated after the backward");
+                p->grads_only            ? "gradients handed out (no updates)"
+                : p->updates_in_backward ? "each updated as soon as its gradient is final, which "
+                                           "frees the gradient"
+                                         : "updated after the backward");
+        print_remat(p, f);
     }
     int n_in_place = 0;
     for (int i = 0; i < p->n_steps; i++)

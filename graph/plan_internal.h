@@ -78,6 +78,14 @@ struct ebb_plan {
     unsigned char *trained;  /* per parameter */
     int *out_param;    /* per output: the parameter whose gradient it is, or -1 */
     ebb_optimizer_options optimizer; /* what the update steps' scratch was counted for */
+    int updates_in_backward; /* each update follows its gradient's last backward step */
+    /* a memory budget (graph/remat.c) */
+    int64_t memory_budget;           /* EBB_MEMORY_BUDGET_LEAST: the peak it reached */
+    int budget_least;                /* compiled for EBB_MEMORY_BUDGET_LEAST */
+    int64_t no_recompute_peak_bytes; /* the device-rounded peak with every value kept */
+    int64_t flops;                   /* estimated: every step but the recompute steps */
+    int64_t recompute_flops;
+    int remat_segment;               /* the checkpoint spacing chosen; 0: none */
     void *attrs; /* attribute values of compiler-made ops (a list) */
 };
 

@@ -87,7 +87,8 @@ static int64_t dropout_train_workspace(const ebb_attr_value *a, const ebb_shape 
 static const ebb_op_grad dropout_grad = {.backward = dropout_bwd, .forward_train = dropout_train,
                                          .n_saved = 1, .differentiable = 1u,
                                          .workspace = dropout_bwd_workspace,
-                                         .train_workspace = dropout_train_workspace};
+                                         .train_workspace = dropout_train_workspace,
+                                         .no_recompute = 1};
 
 static ebb_status softmax_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
     (void)gp;

@@ -74,8 +74,8 @@ static ebb_status stack_fwd(const ebb_op_call *c, ebb_tensor **out) {
 
 /* ---- backward rules ----------------------------------------------------------
  * Every input of a merge is differentiable; each gets the gradient summed
- * back to its own shape where it was broadcast. add and average read their
- * inputs for those shapes only; mul reads the other factors, maximum which
+ * back to its own shape where it was broadcast. add and average need their
+ * inputs' shapes only (ebb_op_grad_call.in_shapes), not the inputs; mul reads the other factors, maximum which
  * input won (ties split the gradient evenly, as PyTorch's maximum). */
 
 #define ALL_INPUTS 0xffffffffu
@@ -85,9 +85,19 @@ static ebb_status fold_bwd(const ebb_op_grad_call *c, ebb_binary_op op, ebb_tens
         return ebb_tensor_ref(&gin[0], c->grad_out);
     return ebb_tensor_fold_backward(gin, op, c->grad_out, c->in, c->n_in);
 }
+/* add needs its inputs' shapes only, so it keeps none of them alive. */
 static ebb_status add_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
     (void)gp;
-    return fold_bwd(c, EBB_ADD, gin);
+    ebb_status st = EBB_OK;
+    for (int i = 0; st == EBB_OK && i < c->n_in; i++)
+        if (!(c->skip_input_grad >> i & 1))
+            st = ebb_tensor_sum_to(&gin[i], c->grad_out, &c->in_shapes[i]);
+    if (st != EBB_OK)
+        for (int i = 0; i < c->n_in; i++) {
+            ebb_tensor_free(gin[i]);
+            gin[i] = NULL;
+        }
+    return st;
 }
 static ebb_status mul_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
     (void)gp;
@@ -300,7 +310,7 @@ static int64_t max_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, i
     return peak - kept - run; /* the last running gradient is input 0's */
 }
 
-static const ebb_op_grad add_grad = {.backward = add_bwd, .saves_inputs = ALL_INPUTS,
+static const ebb_op_grad add_grad = {.backward = add_bwd,
                                      .differentiable = ALL_INPUTS,
                                      .workspace = add_bwd_workspace};
 static const ebb_op_grad mul_grad = {.backward = mul_bwd, .saves_inputs = ALL_INPUTS,

@@ -418,7 +418,8 @@ static const ebb_op_grad batch_norm_grad = {.backward = batch_norm_bwd,
                                             .forward_train = batch_norm_train, .n_saved = 2,
                                             .saves_inputs = 1u, .differentiable = 1u,
                                             .workspace = batch_norm_bwd_workspace,
-                                            .train_workspace = batch_norm_train_workspace};
+                                            .train_workspace = batch_norm_train_workspace,
+                                            .no_recompute = 1};
 static const ebb_op_grad rms_norm_grad = {.backward = rms_norm_bwd, .saves_inputs = 1u,
                                           .differentiable = 1u,
                                           .workspace = rms_norm_bwd_workspace};

@@ -108,6 +108,7 @@ typedef struct check {
     int exact;        /* the plan's figures must be met to the byte */
     int64_t *peak, *live; /* per step: the most measured over its visits, -1 if never run */
     ebb_optimizer *opt;   /* a training plan with update steps: ebb_train_step */
+    double loss;
     char first[512];  /* the first step that broke its promise */
 } check;
 
@@ -153,6 +154,7 @@ static int64_t traced_run(const ebb_plan *p, const ebb_model *m, ebb_tensor *con
                     : ebb_grad_ex(p, m, in, in + n_in, &loss, grads, &ro, &st);
         for (int k = 0; k < 64; k++)
             ebb_tensor_free(grads[k]);
+        c->loss = loss;
         if (rs == EBB_OK && !isfinite(loss))
             BROKEN("%s (%s): the loss is %g", c->spec, c->scenario, loss);
     } else {
@@ -426,6 +428,176 @@ static void every_spec_trains_as_planned(void **state) {
     assert_true(n_trained >= 21);
 }
 
+/* ---- memory budgets ---------------------------------------------------- *
+ *
+ * Every spec's training step compiled under budgets from the least peak
+ * recomputation reaches up to just below the peak keeping everything: a
+ * plan that fits measures within the budget (exactly what it planned, when
+ * exact) and takes the step the plan keeping everything takes, loss and
+ * parameters to the bit; a budget below the least is refused, naming it. */
+
+/* One SGD step of `p` on a fresh model (seed 3), checked against the plan;
+ * the model comes back for comparing its parameters. */
+static ebb_model *one_step(const ebb_plan *p, const ebb_optimizer_options *oo, ebb_tensor **in,
+                           check *c, int64_t *measured) {
+    ebb_model *m = NULL;
+    assert_ok(ebb_model_new(&m, p, CPU, 3));
+    ebb_optimizer *opt = NULL;
+    assert_ok(ebb_optimizer_new(&opt, m, oo));
+    c->opt = opt;
+    c->exact = !ebb_plan_peak_is_bound(p);
+    *measured = traced_run(p, m, in, c);
+    ebb_optimizer_free(opt);
+    return m;
+}
+
+static void budget_spec(const char *path, int *n_fit, int *n_recomputed, int *n_refused) {
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load(&s, path));
+    int nt = ebb_spec_target_count(s);
+    if (nt == 0) {
+        ebb_spec_free(s);
+        return;
+    }
+    ebb_shape in_shapes[8], t_shapes[8];
+    spec_shapes(s, BATCH, in_shapes);
+    assert_ok(ebb_spec_resolve_target_shapes(s, NULL, 0, t_shapes, 8));
+    for (int i = 0; i < nt; i++)
+        for (int d = 0; d < t_shapes[i].ndim; d++) {
+            const char *sym = NULL;
+            if (ebb_spec_target_dim(s, i, d, &sym) < 0 && sym)
+                t_shapes[i].dim[d] = strcmp(sym, "batch") == 0 ? BATCH : 8;
+        }
+    ebb_train_options t = {.target_shapes = t_shapes, .n_target_shapes = nt,
+                           .optimizer = ebb_optimizer_defaults(EBB_SGD, 0.1)};
+    ebb_compile_options o = {.input_shapes = in_shapes,
+                             .n_input_shapes = ebb_spec_input_count(s), .train = &t};
+    ebb_plan *p0 = NULL;
+    if (ebb_spec_compile(&p0, s, &o) != EBB_OK)
+        fail_msg("%s: training compile failed: %s", path, ebb_errmsg());
+    ebb_remat_stats r0, rl;
+    assert_ok(ebb_plan_remat_stats(p0, &r0));
+    assert_int_equal(r0.peak_bytes, r0.no_recompute_peak_bytes);
+    assert_int_equal(r0.n_recompute_steps, 0);
+    ebb_tensor *in[16] = {0};
+    assert_true(ebb_plan_input_count(p0) <= 16);
+    make_inputs(p0, 7, 1.0, in);
+    int64_t measured = 0;
+    check c0 = {.spec = path, .scenario = "no budget"};
+    ebb_model *m0 = one_step(p0, &t.optimizer, in, &c0, &measured);
+
+    /* the least the search reaches, then budgets from there up to just
+     * below the plan keeping everything */
+    o.memory_budget = EBB_MEMORY_BUDGET_LEAST;
+    ebb_plan *pl = NULL;
+    if (ebb_spec_compile(&pl, s, &o) != EBB_OK)
+        fail_msg("%s: compile for the least peak failed: %s", path, ebb_errmsg());
+    assert_ok(ebb_plan_remat_stats(pl, &rl));
+    ebb_plan_free(pl);
+    assert_true(rl.peak_bytes <= r0.peak_bytes);
+    int64_t least = rl.peak_bytes, budgets[3] = {EBB_MEMORY_BUDGET_LEAST,
+                                                  (least + r0.peak_bytes) / 2,
+                                                  r0.peak_bytes - 1};
+    for (int k = 0; least < r0.peak_bytes && k < 3; k++) {
+        o.memory_budget = budgets[k];
+        ebb_plan *p = NULL;
+        char scenario[96];
+        snprintf(scenario, sizeof scenario, "budget %lld (least %lld, keeping all %lld)",
+                 (long long)budgets[k], (long long)least, (long long)r0.peak_bytes);
+        if (ebb_spec_compile(&p, s, &o) != EBB_OK)
+            fail_msg("%s (%s): compile failed: %s", path, scenario, ebb_errmsg());
+        int64_t limit = budgets[k] == EBB_MEMORY_BUDGET_LEAST ? least : budgets[k];
+        ebb_remat_stats r;
+        assert_ok(ebb_plan_remat_stats(p, &r));
+        if (r.peak_bytes > limit || ebb_plan_peak_bytes(p, NULL) > limit)
+            BROKEN("%s (%s): the plan's peak %lld is over the budget", path, scenario,
+                   (long long)r.peak_bytes);
+        assert_int_equal(r.budget, budgets[k]);
+        assert_int_equal(r.no_recompute_peak_bytes, r0.peak_bytes);
+        check c = {.spec = path, .scenario = scenario};
+        ebb_model *m = one_step(p, &t.optimizer, in, &c, &measured);
+        if (measured > limit)
+            BROKEN("%s (%s): measured %lld bytes", path, scenario, (long long)measured);
+        /* recomputing runs the same kernels on the same values: the same
+         * loss and the same update, to the bit */
+        if (memcmp(&c.loss, &c0.loss, sizeof c.loss) != 0)
+            BROKEN("%s (%s): loss %.17g, keeping everything %.17g", path, scenario, c.loss,
+                   c0.loss);
+        for (int j = 0; j < ebb_model_param_count(m); j++) {
+            const char *name = ebb_model_param_name(m, j);
+            double diff = 0;
+            if (ebb_tensor_max_abs_diff(ebb_model_param(m, name), ebb_model_param(m0, name),
+                                        &diff) != EBB_OK ||
+                diff != 0)
+                BROKEN("%s (%s): %s after the step differs by %g", path, scenario, name, diff);
+        }
+        ebb_model_free(m);
+        (*n_fit)++;
+        *n_recomputed += r.n_recompute_steps > 0;
+        ebb_plan_free(p);
+    }
+    if (least > 0) { /* below the least: refused, naming it */
+        o.memory_budget = least - 1;
+        ebb_plan *p = (ebb_plan *)&o;
+        assert_int_equal(ebb_spec_compile(&p, s, &o), EBB_ERR_NOMEM);
+        assert_null(p);
+        assert_errmsg_contains(least < r0.peak_bytes ? "at the least recomputing"
+                                                     : "at the least");
+        (*n_refused)++;
+    }
+    free_inputs(in, ebb_plan_input_count(p0));
+    ebb_model_free(m0);
+    ebb_plan_free(p0);
+    ebb_spec_free(s);
+}
+
+static void every_spec_trains_under_budgets(void **state) {
+    (void)state;
+    spec_list l = {0};
+    list_specs(&l, EBB_SOURCE_DIR "/specs");
+    qsort(l.paths, (size_t)l.n, sizeof *l.paths, cmp_str);
+    int n_fit = 0, n_recomputed = 0, n_refused = 0;
+    n_broken = 0;
+    for (int i = 0; i < l.n; i++)
+        budget_spec(l.paths[i], &n_fit, &n_recomputed, &n_refused);
+    free_specs(&l);
+    if (n_broken)
+        fail_msg("%d runs under a budget broke a promise (listed above)", n_broken);
+    printf("  %d budgeted plans fit (%d of them recomputing), %d budgets refused\n", n_fit,
+           n_recomputed, n_refused);
+    /* the budgets bite: most specs recompute to fit them */
+    assert_true(n_recomputed >= 30);
+    assert_true(n_refused >= 20);
+}
+
+/* The budget search ends in a clear refusal below what it can reach, and an
+ * inference plan, which cannot recompute, is refused over its peak. */
+static void budget_refusals_name_the_peak(void **state) {
+    (void)state;
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load(&s, EBB_SOURCE_DIR "/specs/mlp.yaml"));
+    ebb_shape x[4], y[4];
+    spec_shapes(s, BATCH, x);
+    assert_ok(ebb_spec_resolve_target_shapes(s, NULL, 0, y, 4));
+    y[0].dim[0] = BATCH;
+    ebb_compile_options o = {.input_shapes = x, .n_input_shapes = ebb_spec_input_count(s),
+                             .memory_budget = 1};
+    ebb_plan *p = (ebb_plan *)&o; /* must come back NULL */
+    assert_int_equal(ebb_spec_compile(&p, s, &o), EBB_ERR_NOMEM);
+    assert_null(p);
+    assert_errmsg_contains("over the memory budget of 1 B");
+    ebb_train_options t = {.target_shapes = y, .n_target_shapes = 1};
+    o.train = &t;
+    assert_int_equal(ebb_spec_compile(&p, s, &o), EBB_ERR_NOMEM);
+    assert_null(p);
+    assert_errmsg_contains("at the least recomputing");
+    assert_errmsg_contains("the memory budget is 1 B");
+    o.memory_budget = -5;
+    assert_int_equal(ebb_spec_compile(&p, s, &o), EBB_ERR_ARG);
+    assert_errmsg_contains("memory_budget is -5");
+    ebb_spec_free(s);
+}
+
 /* A loop that starts from a graph input: its first iteration has one state
  * fewer to hold than the rest, so a plan that walked the body once would
  * promise too little from the second iteration on. */
@@ -467,6 +639,8 @@ int main(void) {
         EBB_TEST(every_spec_keeps_its_promise),
         EBB_TEST(loop_from_input_is_exact),
         EBB_TEST(every_spec_trains_as_planned),
+        EBB_TEST(every_spec_trains_under_budgets),
+        EBB_TEST(budget_refusals_name_the_peak),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -545,7 +545,9 @@ static void compare_steps(const ebb_plan *plan, const trace_log *log, const char
 }
 
 /* The shape of a training plan: phases in order (forward, loss, backward,
- * update: the updates come after the whole backward, train.h), at least one
+ * update; by default an update follows the backward step that makes its
+ * gradient final, and the backward goes on after it), each update the last
+ * step to touch its gradient, at least one
  * loss and one backward step, every parameter but the buffers trained (or
  * left untrained, for those in `may_be_untrained`: no path from the loss
  * reaches them), and one update step per trained parameter unless
@@ -562,11 +564,21 @@ static void check_plan_shape(const ebb_plan *plan, int grads_only, const char *m
     ebb_step_phase prev = EBB_PHASE_FORWARD;
     for (int i = 0; i < n; i++) {
         const ebb_plan_step *s = ebb_plan_step_at(plan, i);
-        if (s->phase < prev)
+        int interleaved = prev == EBB_PHASE_UPDATE && s->phase == EBB_PHASE_BACKWARD &&
+                          ebb_plan_updates_in_backward(plan);
+        if (s->phase < prev && !interleaved)
             REPORT(pr, count, "%s: step %d (%s %s) is in the %s phase, after a %s step", what, i,
                    s->op, s->node, phase_name(s->phase), phase_name(prev));
         prev = s->phase;
         per_phase[s->phase]++;
+        for (int j = i + 1; s->kind == EBB_STEP_UPDATE && j < n; j++) {
+            const ebb_plan_step *t = ebb_plan_step_at(plan, j);
+            for (int k = 0; k < t->n_in + t->n_out; k++)
+                if ((k < t->n_in ? t->in[k] : t->out[k - t->n_in]) == s->in[0])
+                    REPORT(pr, count, "%s: step %d (%s %s) touches the gradient update step %d "
+                                      "has read",
+                           what, j, t->op, t->node, i);
+        }
         if (s->kind == EBB_STEP_UPDATE) {
             if (s->param < 0 || s->param >= n_params)
                 REPORT(pr, count, "%s: update step %d names parameter %d", what, i, s->param);
@@ -606,6 +618,9 @@ typedef struct grad_case {
      * names the node kind in the message; when it accepts the model, the
      * gradients are checked like any other's */
     const char *refused_as;
+    /* compiled with EBB_MEMORY_BUDGET_LEAST: the same gradients and the same
+     * liveness promises, with forward values recomputed in the backward */
+    int least;
 } grad_case;
 
 /* The parity spec, as test_parity.c compiles it; the mlp's dropout at p 0. */
@@ -754,7 +769,8 @@ static void run_grad_case(const grad_case *gc) {
         t.target_dtypes = NULL;
         t.loss = t.loss_attrs = NULL;
     }
-    ebb_compile_options o = {.input_shapes = &x_shape, .n_input_shapes = 1, .train = &t};
+    ebb_compile_options o = {.input_shapes = &x_shape, .n_input_shapes = 1, .train = &t,
+                             .memory_budget = gc->least ? EBB_MEMORY_BUDGET_LEAST : 0};
     ebb_plan *plan = NULL;
     ebb_status s = ebb_spec_compile(&plan, spec, &o);
     if (s != EBB_OK) {
@@ -848,6 +864,20 @@ static void run_grad_case(const grad_case *gc) {
                "steps ran, %d jumps, %d absent gradients read\n",
                gc->name, per_phase[EBB_PHASE_FORWARD], per_phase[EBB_PHASE_LOSS],
                per_phase[EBB_PHASE_BACKWARD], log.n, ebb_plan_step_count(plan), jumps, absent);
+        if (gc->least) {
+            ebb_remat_stats r;
+            assert_ok(ebb_plan_remat_stats(plan, &r));
+            printf("[ least    ] %-20s peak %lld, keeping everything %lld: %d steps recomputed "
+                   "from %d checkpoints\n",
+                   gc->name, (long long)r.peak_bytes, (long long)r.no_recompute_peak_bytes,
+                   r.n_recompute_steps, r.n_checkpoints);
+            if (r.peak_bytes > r.no_recompute_peak_bytes ||
+                (r.n_recompute_steps > 0) != (r.peak_bytes < r.no_recompute_peak_bytes))
+                problem(&pr, "%s: least peak %lld against %lld keeping everything, with %d "
+                             "recompute steps",
+                        gc->name, (long long)r.peak_bytes, (long long)r.no_recompute_peak_bytes,
+                        r.n_recompute_steps);
+        }
         if (gc->jumps && !jumps)
             problem(&pr, "%s: no step jumped: the fixture skips nothing", gc->name);
         if (!per_phase[EBB_PHASE_FORWARD] || !per_phase[EBB_PHASE_BACKWARD])
@@ -1486,10 +1516,20 @@ int main(void) {
         "grad_gate_topk",    "grad_loop_while",         "grad_loop_until",
         "grad_repeat",       "grad_tag_using",
     };
-    struct CMUnitTest tests[23];
+    enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
+    static grad_case least[N_GRAD];
+    static char least_names[N_GRAD][64];
+    struct CMUnitTest tests[23 + N_GRAD];
     int n = 0;
-    for (size_t i = 0; i < sizeof GRAD_CASES / sizeof *GRAD_CASES; i++)
+    for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
+    /* the same cases under the least memory budget */
+    for (size_t i = 0; i < N_GRAD; i++) {
+        least[i] = GRAD_CASES[i];
+        least[i].least = 1;
+        snprintf(least_names[i], sizeof least_names[i], "%s_least_memory", grad_names[i]);
+        tests[n++] = named_test(least_names[i], test_grad, &least[i]);
+    }
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_keep_all);
     tests[n++] = named_test("steps_sgd_momentum", test_steps, (void *)"sgd_momentum");
     tests[n++] = named_test("steps_adam", test_steps, (void *)"adam");

@@ -144,6 +144,12 @@ EBB_API const char *ebb_device_str(ebb_device device, char *buf, size_t size);
 /* Writes a byte count for people into buf ("512 B", "8.0 KiB", "1.4 MiB",
  * "2.25 GiB"; always NUL-terminated unless size is 0); returns buf. */
 EBB_API const char *ebb_bytes_str(int64_t bytes, char *buf, size_t size);
+/* Reads a byte count as people write it: a number, a decimal fraction
+ * allowed, then nothing (bytes) or a unit B, KiB, MiB, GiB, TiB (powers of
+ * 1024) or kB, KB, MB, GB, TB (powers of 1000), with no space: "64MiB",
+ * "1.5GiB", "300000". EBB_ERR_ARG, naming the text, for anything else,
+ * a negative count or one past 2^62; *out is then untouched. */
+EBB_API ebb_status ebb_bytes_parse(const char *text, int64_t *out);
 /* Waits for all queued work on the device (a no-op on CPU). Call it before
  * reading a clock. */
 EBB_API ebb_status ebb_device_synchronize(ebb_device device);

@@ -222,6 +222,11 @@ typedef struct ebb_op_grad {
      * plan counts as values), where it has one; NULL: none. A training plan
      * counts this, not ebb_op.workspace, for a step that runs forward_train. */
     ebb_op_workspace_fn train_workspace;
+    /* Set when running forward_train twice would not repeat it: it draws
+     * random numbers (dropout) or updates a buffer (batch_norm's running
+     * statistics). Under a memory budget its output is then always kept,
+     * never recomputed in the backward. */
+    int no_recompute;
 } ebb_op_grad;
 
 #define EBB_MAX_SAVED 4

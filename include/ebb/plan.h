@@ -68,6 +68,13 @@ typedef struct ebb_train_options {
     /* No update steps: the gradients become plan outputs, one per trained
      * parameter, for ebb_grad(). */
     int grads_only;
+    /* Run every update after the whole backward, as torch.optim's step()
+     * does. By default a parameter is updated as soon as its gradient is
+     * final, in the middle of the backward, and the gradient dies there
+     * rather than living to the end of the backward; but a step that then
+     * fails in the backward has updated the parameters it reached. Set this
+     * for all-or-nothing steps, or where every gradient must exist at once. */
+    int updates_after_backward;
 } ebb_train_options;
 
 typedef struct ebb_compile_options {
@@ -77,7 +84,20 @@ typedef struct ebb_compile_options {
     const ebb_dtype *input_dtypes; /* per input (e.g. int64 indices), or NULL: `dtype` */
     int keep_all;                  /* free nothing until the run ends (to compare) */
     const ebb_train_options *train; /* NULL: an inference plan; else a training step */
+    /* Bytes the step may take at its peak (the plan's peak, rounded as CUDA
+     * rounds; parameters and optimizer state are not in it); 0: no limit.
+     * A training plan that would take more recomputes forward values in the
+     * backward instead of keeping them (rematerialization: docs/plans.md),
+     * choosing the least predicted extra compute that fits; a plan that
+     * cannot fit, inference or training, fails with EBB_ERR_NOMEM naming
+     * the least peak it can reach. EBB_MEMORY_BUDGET_LEAST asks for that
+     * least peak, whatever it costs. See ebb_plan_remat_stats(). */
+    int64_t memory_budget;
 } ebb_compile_options;
+
+/* ebb_compile_options.memory_budget: as little memory as recomputing can
+ * reach, at the least extra compute that reaches it. */
+#define EBB_MEMORY_BUDGET_LEAST ((int64_t)-1)
 
 /* Compiles `g` for the given input shapes. Shapes are propagated through
  * every step (a dry run on libtorch's meta device, or the op's shape
@@ -140,6 +160,8 @@ typedef struct ebb_plan_step {
                            with the op's internal scratch (ebb_op.workspace) */
     ebb_step_phase phase;
     int param;          /* UPDATE: the parameter it updates; else -1 */
+    int recompute;      /* OP in the backward: a forward step run again because
+                           its output was not kept (ebb_compile_options.memory_budget) */
 } ebb_plan_step;
 
 typedef enum ebb_value_kind {

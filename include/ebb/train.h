@@ -71,6 +71,31 @@ EBB_API int ebb_plan_target_count(const ebb_plan *p);
  * training plan. NULL p, i out of range or an inference plan: 0. */
 EBB_API int ebb_plan_param_trained(const ebb_plan *p, int i);
 
+/* Non-zero when the plan updates each parameter as soon as its gradient is
+ * final, inside the backward (the default; see
+ * ebb_train_options.updates_after_backward). NULL p, an inference plan or a
+ * grads_only plan: 0. */
+EBB_API int ebb_plan_updates_in_backward(const ebb_plan *p);
+
+/* What a memory budget traded (ebb_compile_options.memory_budget). */
+typedef struct ebb_remat_stats {
+    int64_t budget;          /* the budget compiled for; 0: none; or EBB_MEMORY_BUDGET_LEAST */
+    int64_t peak_bytes;      /* the plan's peak, as compared with the budget */
+    int64_t no_recompute_peak_bytes; /* the same step's peak keeping every value */
+    int64_t flops;           /* predicted compute of the step without recomputation */
+    int64_t recompute_flops; /* predicted extra compute: the recompute steps' */
+    int n_recompute_steps;   /* forward steps run again in the backward */
+    int n_checkpoints;       /* values kept for recomputing from */
+    int segment;             /* checkpoint spacing the search chose (docs/plans.md); 0: none */
+} ebb_remat_stats;
+
+/* Fills *out for plan p. FLOPs are estimates (a multiply-add is 2; matrix
+ * products and convolutions from their shapes, elementwise ops one per
+ * element), good for comparing choices, not for timing. A plan without a
+ * budget reports its peak twice and no recomputation. EBB_ERR_ARG for a
+ * NULL argument. */
+EBB_API ebb_status ebb_plan_remat_stats(const ebb_plan *p, ebb_remat_stats *out);
+
 /* One training step: runs the plan's forward, loss and backward on `inputs`
  * (one per graph input) and `targets` (one per target), then updates every
  * trained parameter with `opt`. The plan must be a training plan with update

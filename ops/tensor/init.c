@@ -128,6 +128,40 @@ const char *ebb_bytes_str(int64_t b, char *buf, size_t size) {
     return buf;
 }
 
+ebb_status ebb_bytes_parse(const char *text, int64_t *out) {
+    static const struct {
+        const char *name;
+        double scale;
+    } units[] = {{"", 1},      {"B", 1},      {"KiB", 0x1p10}, {"MiB", 0x1p20}, {"GiB", 0x1p30},
+                 {"TiB", 0x1p40}, {"kB", 1e3}, {"KB", 1e3},   {"MB", 1e6},     {"GB", 1e9},
+                 {"TB", 1e12}};
+    if (!text || !out)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_bytes_parse: text and out are required");
+    const char *p = text;
+    double v = 0;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9'; p++, digits++)
+        v = v * 10 + (*p - '0');
+    if (*p == '.') /* a fraction, as in 1.5GiB */
+        for (double f = 0.1; *++p >= '0' && *p <= '9'; f /= 10, digits++)
+            v += f * (*p - '0');
+    for (size_t i = 0; digits && i < sizeof units / sizeof units[0]; i++)
+        if (!strcmp(p, units[i].name)) {
+            double b = v * units[i].scale;
+            if (b > 0x1p62)
+                break;
+            /* a fraction of a byte is not a byte: 1.5B is an error */
+            if (b != (double)(int64_t)b && units[i].scale == 1)
+                break;
+            *out = (int64_t)b;
+            return EBB_OK;
+        }
+    return ebb_error_set(EBB_ERR_ARG,
+                         "bad byte count '%s' (expected a number with B, KiB, MiB, GiB, TiB, kB, "
+                         "MB, GB or TB after it, like 64MiB)",
+                         text);
+}
+
 const char *ebb_device_str(ebb_device device, char *buf, size_t size) {
     switch (device.type) {
     case EBB_DEVICE_CPU: snprintf(buf, size, "cpu"); break;

@@ -84,6 +84,7 @@ static const char usage_check[] = "usage: ebb check [--] SPEC...\n"
 static const char usage_plan[] =
     "usage: ebb plan SPEC [-i NAME=D0,D1,...]... [-p PARAM=N]... [--json] [--keep-all]\n"
     "                [--memory] [--train [--loss NAME] [--optimizer sgd|adam|adamw]]\n"
+    "                [--memory-budget SIZE]\n"
     "\n"
     "  -i NAME=D0,D1,...  the shape of input NAME; or -i SYMBOL=N for a symbolic dim\n"
     "                     (symbolic dimensions not given are 1)\n"
@@ -94,14 +95,19 @@ static const char usage_plan[] =
     "  --train            plan a training step: forward, the spec's loss against its\n"
     "                     targets, backward and one update per parameter\n"
     "  --loss NAME        with --train: this loss op instead of the spec's `loss:`\n"
-    "  --optimizer KIND   with --train: the updates to count (default adamw)\n" USAGE_COMMON
+    "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
+    "  --memory-budget SIZE\n"
+    "                     the most the step may take at its peak (64MiB, 1.5GB, bytes,\n"
+    "                     or `least`):\n"
+    "                     a training plan recomputes forward values in the backward to\n"
+    "                     fit, and the listing shows what it recomputes and what it costs\n" USAGE_COMMON
     "\n"
     "A SPEC of - is read from standard input.\n";
 
 static const char usage_grad[] =
     "usage: ebb grad SPEC --inputs X.safetensors --grads G.safetensors [--weights W.safetensors]\n"
     "                [-i NAME=DIMS]... [-p PARAM=N]... [--loss NAME] [--trace T.jsonl]\n"
-    "                [--device cpu|cuda[:N]] [--seed N]\n"
+    "                [--device cpu|cuda[:N]] [--seed N] [--memory-budget SIZE]\n"
     "\n"
     "Runs the spec's training step without updating anything: the forward, the loss\n"
     "against the targets, and the backward. Writes one gradient per trained parameter,\n"
@@ -115,7 +121,11 @@ static const char usage_grad[] =
     "  --loss NAME        this loss op instead of the spec's `loss:`\n"
     "  --trace FILE       one JSON object per executed step, backward steps included\n"
     "  --device D         cpu, cuda or cuda:N (default: cuda when available, else cpu)\n"
-    "  --seed N           seed for parameters and dropout (default 0)\n" USAGE_COMMON;
+    "  --seed N           seed for parameters and dropout (default 0)\n"
+    "  --memory-budget SIZE\n"
+    "                     recompute forward values in the backward to fit SIZE (64MiB,\n"
+    "                     or `least`);\n"
+    "                     the gradients are the same\n" USAGE_COMMON;
 
 static const char usage_run[] =
     "usage: ebb run SPEC [-i NAME=DIMS]... [-p PARAM=N]... [--device cpu|cuda[:N]] [--seed N]\n"
@@ -164,7 +174,7 @@ static const char usage_dot[] =
 static const char usage_chart[] =
     "usage: ebb chart SPEC [-i NAME=DIMS]... [-p PARAM=N]... [--keep-all] [--trace T.jsonl]\n"
     "                 [--train [--loss NAME] [--optimizer sgd|adam|adamw] [--grads-only]]\n"
-    "                 [-o FILE.svg]\n"
+    "                 [--memory-budget SIZE] [-o FILE.svg]\n"
     "\n"
     "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
@@ -175,6 +185,8 @@ static const char usage_chart[] =
     "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
     "  --grads-only       with --train: the step `ebb grad` runs (gradients handed out,\n"
     "                     no updates), to chart `ebb grad --trace`\n"
+    "  --memory-budget SIZE\n"
+    "                     chart the step that fits SIZE by recomputing (64MiB)\n"
     "  --trace FILE       draw the measured bytes of `ebb run --trace FILE` (or `ebb grad\n"
     "                     --trace FILE`) over the plan (run with the same -i, -p and\n"
     "                     --keep-all)\n"
@@ -232,6 +244,7 @@ enum {
     OPT_OPTIMIZER,
     OPT_GRADS,
     OPT_GRADS_ONLY,
+    OPT_MEMORY_BUDGET,
 };
 
 #define COMMON_OPTIONS                                                                             \
@@ -246,6 +259,7 @@ static const struct option plan_options[] = {
     {"train", no_argument, NULL, OPT_TRAIN},
     {"loss", required_argument, NULL, OPT_LOSS},
     {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
+    {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
     {NULL, 0, NULL, 0},
 };
 static const struct option grad_options[] = {
@@ -257,6 +271,7 @@ static const struct option grad_options[] = {
     {"trace", required_argument, NULL, OPT_TRACE},
     {"device", required_argument, NULL, OPT_DEVICE},
     {"seed", required_argument, NULL, OPT_SEED},
+    {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
     {NULL, 0, NULL, 0},
 };
 static const struct option run_options[] = {
@@ -289,6 +304,7 @@ static const struct option chart_options[] = {
     {"loss", required_argument, NULL, OPT_LOSS},
     {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
     {"grads-only", no_argument, NULL, OPT_GRADS_ONLY},
+    {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
     {NULL, 0, NULL, 0},
 };
 
@@ -332,6 +348,7 @@ typedef struct options {
     uint64_t seed;
     const char *device, *weights, *save_weights, *inputs, *outputs, *trace, *out_file;
     const char *loss, *optimizer, *grads;
+    int64_t memory_budget; /* 0: none */
 } options;
 
 static int parse_u64(const char *s, uint64_t *out) {
@@ -431,6 +448,14 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
         case OPT_LOSS: slot = &o->loss; break;
         case OPT_OPTIMIZER: slot = &o->optimizer; break;
         case OPT_GRADS: slot = &o->grads; break;
+        case OPT_MEMORY_BUDGET:
+            if (!strcmp(val, "least"))
+                o->memory_budget = EBB_MEMORY_BUDGET_LEAST;
+            else if (ebb_bytes_parse(val, &o->memory_budget) != EBB_OK || o->memory_budget == 0)
+                return usage_error(usage, "--memory-budget %s: expected a byte count above 0, "
+                                          "like 64MiB or 1.5GB, or `least`",
+                                   val);
+            break;
         case OPT_SEED:
         case OPT_REPEAT: {
             uint64_t v;
@@ -896,7 +921,8 @@ static int load_and_compile(const options *o, const ebb_safetensors *inputs, ebb
         return rc;
     ebb_compile_options co = {.input_shapes = shapes,
                               .n_input_shapes = ebb_spec_input_count(*spec),
-                              .keep_all = o->keep_all};
+                              .keep_all = o->keep_all,
+                              .memory_budget = o->memory_budget};
     ebb_shape target_shapes[MAX_INPUTS];
     ebb_dtype target_dtypes[MAX_INPUTS];
     ebb_train_options to = {0};
