@@ -268,7 +268,8 @@ ebb_status ebb_compile_once(ebb_plan **out, const ebb_graph *g, const ebb_compil
     p->cuda_peak_bytes = ebb_pass_predict(&c, p->keep_all, 512, NULL);
     if (p->peak_bytes < 0 || p->keep_all_peak_bytes < 0 || p->cuda_peak_bytes < 0)
         goto fail;
-    p->no_recompute_peak_bytes = p->cuda_peak_bytes;
+    p->budget_peak_bytes = p->cuda_peak_bytes > p->peak_bytes ? p->cuda_peak_bytes : p->peak_bytes;
+    p->no_recompute_peak_bytes = p->budget_peak_bytes;
     for (int i = 0; i < p->n_steps; i++) {
         int64_t fl = ebb_step_flops(p, &p->steps[i]);
         *(p->steps[i].pub.recompute ? &p->recompute_flops : &p->flops) += fl;

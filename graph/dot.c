@@ -380,6 +380,10 @@ void ebb_plan_write_dot(const ebb_plan *p, FILE *f) {
             fputs(", color=red, penwidth=3, xlabel=\"peak\"", f);
         if (s->kind != EBB_STEP_OP)
             fputs(", style=\"filled,diagonals\"", f);
+        if (s->recompute) /* the trade a memory budget made: drawn apart */
+            fputs(", style=\"rounded,filled,dashed\", color=\"#2b6cb0\", penwidth=2, "
+                  "fontcolor=\"#2b6cb0\"",
+                  f);
         fputs("];\n", f);
     }
     /* columns: steps chained top to bottom; rows: one rank, in column order */

@@ -107,7 +107,7 @@ static void print_remat(const ebb_plan *p, FILE *f) {
         return;
     char bb[32], pb[32], nb[32];
     ebb_bytes_str(p->memory_budget, bb, sizeof bb);
-    ebb_bytes_str(p->cuda_peak_bytes, pb, sizeof pb);
+    ebb_bytes_str(p->budget_peak_bytes, pb, sizeof pb);
     ebb_bytes_str(p->no_recompute_peak_bytes, nb, sizeof nb);
     int n_re = 0;
     for (int i = 0; i < p->n_steps; i++) {
@@ -129,12 +129,12 @@ static void print_remat(const ebb_plan *p, FILE *f) {
     if (n_re)
         fputc('\n', f);
     double pct = p->flops > 0 ? 100.0 * (double)p->recompute_flops / (double)p->flops : 0.0;
-    fprintf(f, "memory budget %s%s: peak %s (as CUDA rounds) against %s keeping every value",
+    fprintf(f, "memory budget %s%s: peak %s (the larger of the CPU and CUDA counts) against %s keeping every value",
             p->budget_least ? "least, " : "", bb, pb, nb);
-    if (p->cuda_peak_bytes > 0 && n_re)
+    if (p->budget_peak_bytes > 0 && n_re)
         fprintf(f, " (%.2fx less); %d steps recomputed, checkpoints every %d cut point%s, "
                    "+%.3g GFLOP (%.0f%% more compute)",
-                (double)p->no_recompute_peak_bytes / (double)p->cuda_peak_bytes, n_re,
+                (double)p->no_recompute_peak_bytes / (double)p->budget_peak_bytes, n_re,
                 p->remat_segment, p->remat_segment == 1 ? "" : "s",
                 (double)p->recompute_flops / 1e9, pct);
     else

@@ -82,7 +82,8 @@ struct ebb_plan {
     /* a memory budget (graph/remat.c) */
     int64_t memory_budget;           /* EBB_MEMORY_BUDGET_LEAST: the peak it reached */
     int budget_least;                /* compiled for EBB_MEMORY_BUDGET_LEAST */
-    int64_t no_recompute_peak_bytes; /* the device-rounded peak with every value kept */
+    int64_t budget_peak_bytes;       /* what a budget bounds: the larger of the CPU and CUDA peaks */
+    int64_t no_recompute_peak_bytes; /* budget_peak_bytes with every value kept */
     int64_t flops;                   /* estimated: every step but the recompute steps */
     int64_t recompute_flops;
     int remat_segment;               /* the checkpoint spacing chosen; 0: none */

@@ -155,6 +155,8 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
         fprintf(f, ", \"phase\": \"%s\"", ebb_plan_phase_name(s->phase));
         if (s->kind == EBB_STEP_UPDATE)
             fprintf(f, ", \"param\": %d", s->param);
+        if (s->recompute)
+            fputs(", \"recompute\": true", f);
         fprintf(f, ", \"live_bytes\": %lld, \"peak_bytes\": %lld, \"in_place\": %s",
                 (long long)s->live_bytes, (long long)s->peak_bytes,
                 p->steps[i].pub.in_place ? "true" : "false");
@@ -166,7 +168,23 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
     }
     fprintf(f,
             "],\n \"peak_bytes\": %lld, \"peak_kind\": \"%s\", \"peak_step\": %d, "
-            "\"keep_all_peak_bytes\": %lld, \"training\": %s, \"targets\": %d}\n",
+            "\"keep_all_peak_bytes\": %lld, \"training\": %s, \"targets\": %d",
             (long long)p->peak_bytes, p->peak_is_bound ? "bound" : "exact", p->peak_step,
             (long long)p->keep_all_peak_bytes, p->training ? "true" : "false", p->n_targets);
+    if (p->training)
+        fprintf(f, ", \"updates_in_backward\": %s", p->updates_in_backward ? "true" : "false");
+    if (p->memory_budget) {
+        int n_re = 0;
+        for (int i = 0; i < p->n_steps; i++)
+            n_re += p->steps[i].pub.recompute;
+        fprintf(f,
+                ",\n \"memory_budget\": {\"budget_bytes\": %lld, \"least\": %s, "
+                "\"peak_bytes\": %lld, \"no_recompute_peak_bytes\": %lld, "
+                "\"recompute_steps\": %d, \"segment\": %d, \"flops\": %lld, "
+                "\"recompute_flops\": %lld}",
+                (long long)p->memory_budget, p->budget_least ? "true" : "false",
+                (long long)p->budget_peak_bytes, (long long)p->no_recompute_peak_bytes, n_re,
+                p->remat_segment, (long long)p->flops, (long long)p->recompute_flops);
+    }
+    fputs("}\n", f);
 }

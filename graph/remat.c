@@ -221,7 +221,7 @@ static ebb_status try_policy(const remat *r, const ebb_graph *g, const ebb_compi
     ebb_status st = ebb_compile_once(&t->plan, g, opts, drop, r->p->n_values);
     if (st != EBB_OK)
         return st;
-    t->peak = t->plan->cuda_peak_bytes;
+    t->peak = t->plan->budget_peak_bytes;
     t->extra = t->plan->recompute_flops;
     t->s = s;
     t->d = d;
@@ -251,14 +251,14 @@ ebb_status ebb_remat_fit(ebb_plan **plan, const ebb_graph *g, const ebb_compile_
     ebb_plan *p0 = *plan;
     int least = opts->memory_budget == EBB_MEMORY_BUDGET_LEAST;
     int64_t budget = least ? 0 : opts->memory_budget; /* least: nothing fits, the least wins */
-    p0->memory_budget = least ? p0->cuda_peak_bytes : budget;
+    p0->memory_budget = least ? p0->budget_peak_bytes : budget;
     p0->budget_least = least;
-    if (p0->cuda_peak_bytes <= budget || (least && !p0->training))
+    if (p0->budget_peak_bytes <= budget || (least && !p0->training))
         return EBB_OK;
     char sb[32], pb[32];
     ebb_bytes_str(budget, sb, sizeof sb);
     if (!p0->training) {
-        ebb_bytes_str(p0->cuda_peak_bytes, pb, sizeof pb);
+        ebb_bytes_str(p0->budget_peak_bytes, pb, sizeof pb);
         ebb_status st = ebb_error_set(EBB_ERR_NOMEM,
                                       "ebb_compile: plan %s needs %s at its peak, over the memory "
                                       "budget of %s (only a training plan can recompute to fit)",
@@ -317,7 +317,7 @@ ebb_status ebb_remat_fit(ebb_plan **plan, const ebb_graph *g, const ebb_compile_
         ebb_plan_free(best.plan);
         goto done;
     }
-    if (least && best.plan && best.peak >= p0->cuda_peak_bytes) {
+    if (least && best.plan && best.peak >= p0->budget_peak_bytes) {
         ebb_plan_free(best.plan); /* recomputing gains nothing here */
         best.plan = NULL;
         goto done;
@@ -325,9 +325,9 @@ ebb_status ebb_remat_fit(ebb_plan **plan, const ebb_graph *g, const ebb_compile_
     if (least && best.plan)
         budget = best.peak;
     if (!best.plan || best.peak > budget) {
-        ebb_bytes_str(p0->cuda_peak_bytes, pb, sizeof pb);
+        ebb_bytes_str(p0->budget_peak_bytes, pb, sizeof pb);
         char lb[32];
-        ebb_bytes_str(best.plan ? best.plan->cuda_peak_bytes : p0->cuda_peak_bytes, lb, sizeof lb);
+        ebb_bytes_str(best.plan ? best.plan->budget_peak_bytes : p0->budget_peak_bytes, lb, sizeof lb);
         st = ebb_error_set(EBB_ERR_NOMEM,
                            "ebb_compile: plan %s needs %s at its peak keeping every value, and "
                            "%s at the least recomputing (checkpoints every %d of %d cut points); "
@@ -338,7 +338,7 @@ ebb_status ebb_remat_fit(ebb_plan **plan, const ebb_graph *g, const ebb_compile_
     }
     best.plan->memory_budget = budget;
     best.plan->budget_least = least;
-    best.plan->no_recompute_peak_bytes = p0->cuda_peak_bytes;
+    best.plan->no_recompute_peak_bytes = p0->budget_peak_bytes;
     best.plan->remat_segment = best.s;
     ebb_plan_free(p0);
     *plan = best.plan;
@@ -364,7 +364,7 @@ ebb_status ebb_plan_remat_stats(const ebb_plan *p, ebb_remat_stats *out) {
         return ebb_error_set(EBB_ERR_ARG, "ebb_plan_remat_stats: plan and out are required");
     memset(out, 0, sizeof *out);
     out->budget = p->budget_least ? EBB_MEMORY_BUDGET_LEAST : p->memory_budget;
-    out->peak_bytes = p->cuda_peak_bytes;
+    out->peak_bytes = p->budget_peak_bytes;
     out->no_recompute_peak_bytes = p->no_recompute_peak_bytes;
     out->flops = p->flops;
     out->recompute_flops = p->recompute_flops;

@@ -84,8 +84,9 @@ typedef struct ebb_compile_options {
     const ebb_dtype *input_dtypes; /* per input (e.g. int64 indices), or NULL: `dtype` */
     int keep_all;                  /* free nothing until the run ends (to compare) */
     const ebb_train_options *train; /* NULL: an inference plan; else a training step */
-    /* Bytes the step may take at its peak (the plan's peak, rounded as CUDA
-     * rounds; parameters and optimizer state are not in it); 0: no limit.
+    /* Bytes the step may take at its peak (the plan's peak as the CPU or
+     * CUDA counts it, whichever is larger, so it holds on both; parameters
+     * and optimizer state are not in it); 0: no limit.
      * A training plan that would take more recomputes forward values in the
      * backward instead of keeping them (rematerialization: docs/plans.md),
      * choosing the least predicted extra compute that fits; a plan that

@@ -5,7 +5,9 @@
  * A training compile (ebb_compile_options.train) appends to the forward the
  * loss, one backward step per op in reverse order (each op's backward rule,
  * ebb/op.h), a sum wherever a value's gradient arrives from several readers,
- * and one update step per trained parameter. One liveness analysis covers it
+ * and one update step per trained parameter, placed right after the backward
+ * step that makes its gradient final, so the gradient dies there rather than
+ * living to the end of the backward. One liveness analysis covers it
  * all: an activation the backward needs is an ordinary plan value that lives
  * until its last backward read, everything else dies in the forward, and
  * the step's peak is predicted before it runs, like any plan's.
@@ -34,11 +36,20 @@
  * forward, loss, backward, update. Backward steps are listed as
  * "<op>.backward" under the forward node's path.
  *
- * What a failed step leaves: every intermediate is freed, and the update
- * steps come after the whole backward, so an error in the forward, the loss
- * or the backward leaves the parameters and the optimizer state unchanged;
- * batch_norm's running statistics, which its training forward updates, are
- * restored too.
+ * What a failed step leaves: every intermediate is freed; an error in the
+ * forward or the loss leaves the parameters and the optimizer state
+ * unchanged, and batch_norm's running statistics, which its training forward
+ * updates, are restored. An error in the backward, after updates have begun
+ * there, leaves the parameters already updated changed; compile with
+ * ebb_train_options.updates_after_backward for steps that change nothing
+ * unless they succeed (every gradient then lives until the backward ends).
+ *
+ * Under a memory budget (ebb_compile_options.memory_budget) the plan keeps
+ * fewer activations and recomputes the others in the backward, from kept
+ * checkpoints; the gradients are the same to the bit, and the listing shows
+ * what is recomputed where, the peak against the peak keeping everything,
+ * and the extra compute (ebb_plan_remat_stats()). docs/plans.md says how the
+ * compiler chooses.
  *
  * Switches (each branch's gradient rows scattered back; the selector's
  * choice is hard and gets no gradient, as argmax gets none in PyTorch),
@@ -80,7 +91,8 @@ EBB_API int ebb_plan_updates_in_backward(const ebb_plan *p);
 /* What a memory budget traded (ebb_compile_options.memory_budget). */
 typedef struct ebb_remat_stats {
     int64_t budget;          /* the budget compiled for; 0: none; or EBB_MEMORY_BUDGET_LEAST */
-    int64_t peak_bytes;      /* the plan's peak, as compared with the budget */
+    int64_t peak_bytes;      /* the plan's peak as compared with the budget: the larger
+                                of ebb_plan_peak_bytes() and its CUDA-rounded figure */
     int64_t no_recompute_peak_bytes; /* the same step's peak keeping every value */
     int64_t flops;           /* predicted compute of the step without recomputation */
     int64_t recompute_flops; /* predicted extra compute: the recompute steps' */
@@ -102,8 +114,10 @@ EBB_API ebb_status ebb_plan_remat_stats(const ebb_plan *p, ebb_remat_stats *out)
  * steps (not grads_only), and `opt` an optimizer over `model` of the kind the
  * plan was compiled for (its ebb_train_options.optimizer). *loss (may be
  * NULL) receives the loss; `stats` (may be NULL) the measured and planned
- * peak, as for ebb_run(). On failure nothing has changed (see the top of
- * this file) and the message names the step and the node. */
+ * peak, as for ebb_run(). On failure every intermediate is freed, the model
+ * is as it was unless the failure came after the first update inside the
+ * backward (see the top of this file), and the message names the step and
+ * the node. */
 EBB_API ebb_status ebb_train_step(const ebb_plan *plan, ebb_model *model, ebb_optimizer *opt,
                                   ebb_tensor *const *inputs, ebb_tensor *const *targets,
                                   double *loss, ebb_run_stats *stats);

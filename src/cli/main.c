@@ -159,11 +159,18 @@ static const char usage_run[] =
     "/dev/stdout is written into. Errors writing them exit 3.\n";
 
 static const char usage_dot[] =
-    "usage: ebb dot SPEC [--plan] [-i NAME=DIMS]... [-p PARAM=N]... [-o FILE]\n"
+    "usage: ebb dot SPEC [--plan [--train [--loss NAME] [--optimizer sgd|adam|adamw]]\n"
+    "               [--memory-budget SIZE]] [-i NAME=DIMS]... [-p PARAM=N]... [-o FILE]\n"
     "\n"
     "  -i NAME=DIMS       with --plan: input shape, or SYMBOL=N\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
     "  --plan             draw the plan (steps, values, bytes) instead of the graph\n"
+    "  --train            with --plan: draw the training step\n"
+    "  --loss NAME        with --train: this loss op instead of the spec's `loss:`\n"
+    "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
+    "  --memory-budget SIZE\n"
+    "                     with --plan: the step that fits SIZE (64MiB, or `least`);\n"
+    "                     recomputed steps are drawn dashed, in blue\n"
     "  -o FILE            write to FILE (default: DOT on stdout): .dot or .gv get DOT\n"
     "                     text; .svg, .png, .pdf, .jpg, .jpeg, .gif, .ps or .eps render\n"
     "                     through Graphviz. A file is replaced atomically, a device\n"
@@ -294,6 +301,10 @@ static const struct option run_options[] = {
 static const struct option dot_options[] = {
     COMMON_OPTIONS,
     {"plan", no_argument, NULL, OPT_PLAN},
+    {"train", no_argument, NULL, OPT_TRAIN},
+    {"loss", required_argument, NULL, OPT_LOSS},
+    {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
+    {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
     {NULL, 0, NULL, 0},
 };
 static const struct option chart_options[] = {
@@ -1113,6 +1124,9 @@ static int cmd_dot(int argc, char **argv) {
         snprintf(list + at, sizeof list - at, " to render");
         return usage_error(usage_dot, list, o.out_file);
     }
+    if ((o.train || o.memory_budget) && !o.plan_view)
+        return usage_error(usage_dot, "%s", "--train and --memory-budget apply to --plan, which "
+                                            "is not given");
     if (o.out_file && ebb_file_check_writable(o.out_file, "-o") != EBB_OK)
         return fail_write();
     if (render_it && !have_program("dot")) {
