@@ -356,28 +356,39 @@ static void every_spec_keeps_its_promise(void **state) {
 
 /* ---- training steps -------------------------------------------------------- */
 
+/* A spec that declares targets, with its inputs' and targets' shapes for a
+ * batch of BATCH (other symbols 8); NULL for one without targets. */
+static ebb_spec *load_trainable(const char *path, ebb_shape *in_shapes, ebb_shape *t_shapes,
+                                int *nt) {
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load(&s, path));
+    *nt = ebb_spec_target_count(s);
+    if (*nt == 0) {
+        ebb_spec_free(s);
+        return NULL;
+    }
+    spec_shapes(s, BATCH, in_shapes);
+    assert_ok(ebb_spec_resolve_target_shapes(s, NULL, 0, t_shapes, 8));
+    for (int i = 0; i < *nt; i++)
+        for (int d = 0; d < t_shapes[i].ndim; d++) {
+            const char *sym = NULL;
+            if (ebb_spec_target_dim(s, i, d, &sym) < 0 && sym)
+                t_shapes[i].dim[d] = strcmp(sym, "batch") == 0 ? BATCH : 8;
+        }
+    return s;
+}
+
 /* Every spec that declares targets and a loss, planned as a training step
  * and run, traced: the gradients alone (ebb_grad) and two AdamW steps (the
  * first makes the optimizer's state, the second runs with it). Straight-line
  * specs match their plan to the byte at every step, forward, backward and
  * update; specs that route rows or loop by value never above their bound. */
 static void train_spec(const char *path, int *n_trained) {
-    ebb_spec *s = NULL;
-    assert_ok(ebb_spec_load(&s, path));
-    int nt = ebb_spec_target_count(s);
-    if (nt == 0) {
-        ebb_spec_free(s);
-        return;
-    }
     ebb_shape in_shapes[8], t_shapes[8];
-    spec_shapes(s, BATCH, in_shapes);
-    assert_ok(ebb_spec_resolve_target_shapes(s, NULL, 0, t_shapes, 8));
-    for (int i = 0; i < nt; i++)
-        for (int d = 0; d < t_shapes[i].ndim; d++) {
-            const char *sym = NULL;
-            if (ebb_spec_target_dim(s, i, d, &sym) < 0 && sym)
-                t_shapes[i].dim[d] = strcmp(sym, "batch") == 0 ? BATCH : 8;
-        }
+    int nt = 0;
+    ebb_spec *s = load_trainable(path, in_shapes, t_shapes, &nt);
+    if (!s)
+        return;
     for (int grads_only = 1; grads_only >= 0; grads_only--) {
         ebb_train_options t = {.target_shapes = t_shapes, .n_target_shapes = nt,
                                .grads_only = grads_only,
@@ -452,22 +463,11 @@ static ebb_model *one_step(const ebb_plan *p, const ebb_optimizer_options *oo, e
 }
 
 static void budget_spec(const char *path, int *n_fit, int *n_recomputed, int *n_refused) {
-    ebb_spec *s = NULL;
-    assert_ok(ebb_spec_load(&s, path));
-    int nt = ebb_spec_target_count(s);
-    if (nt == 0) {
-        ebb_spec_free(s);
-        return;
-    }
     ebb_shape in_shapes[8], t_shapes[8];
-    spec_shapes(s, BATCH, in_shapes);
-    assert_ok(ebb_spec_resolve_target_shapes(s, NULL, 0, t_shapes, 8));
-    for (int i = 0; i < nt; i++)
-        for (int d = 0; d < t_shapes[i].ndim; d++) {
-            const char *sym = NULL;
-            if (ebb_spec_target_dim(s, i, d, &sym) < 0 && sym)
-                t_shapes[i].dim[d] = strcmp(sym, "batch") == 0 ? BATCH : 8;
-        }
+    int nt = 0;
+    ebb_spec *s = load_trainable(path, in_shapes, t_shapes, &nt);
+    if (!s)
+        return;
     ebb_train_options t = {.target_shapes = t_shapes, .n_target_shapes = nt,
                            .optimizer = ebb_optimizer_defaults(EBB_SGD, 0.1)};
     ebb_compile_options o = {.input_shapes = in_shapes,
