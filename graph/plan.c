@@ -123,8 +123,8 @@ static void print_remat(const ebb_plan *p, FILE *f) {
         char id[64];
         ebb_plan_value_id(p, s->out[0], id, sizeof id);
         fprintf(f, n_re++ ? "\n  " : "recomputed in the backward:\n  ");
-        fprintf(f, "step %d makes %s again (%s) for step %d (%s)", i, id, s->node, user,
-                user >= 0 ? p->steps[user].pub.op : "-");
+        fprintf(f, "step %d (%s, %s) makes %s again for step %d (%s)", i, s->op, s->node, id,
+                user, user >= 0 ? p->steps[user].pub.op : "-");
     }
     if (n_re)
         fputc('\n', f);
