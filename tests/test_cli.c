@@ -2593,13 +2593,59 @@ static void test_fit_check(void **state) {
     child_hook = NULL;
 }
 
+/* The points of the SVG element whose id is `id` (its points="x,y x,y"
+ * attribute), at most `max` of them into x[] and y[]; returns how many. */
+static int svg_points(const char *svg, const char *id, double *x, double *y, int max) {
+    char needle[128];
+    FMT(needle, "id=\"%s\"", id);
+    const char *at = strstr(svg, needle);
+    if (!at)
+        fail_msg("the SVG has no element with id=\"%s\"", id);
+    const char *end = strchr(at, '>'), *p = strstr(at, " points=\"");
+    if (!end || !p || p > end)
+        fail_msg("the SVG's element %s has no points", id);
+    p += strlen(" points=\"");
+    int n = 0;
+    while (*p != '"') {
+        char *e1 = NULL, *e2 = NULL;
+        double px = strtod(p, &e1);
+        if (e1 == p || *e1 != ',')
+            fail_msg("%s: a point that is not x,y: %.40s", id, p);
+        double py = strtod(e1 + 1, &e2);
+        if (e2 == e1 + 1 || (*e2 != ' ' && *e2 != '"'))
+            fail_msg("%s: a point that is not x,y: %.40s", id, p);
+        if (n < max) {
+            x[n] = px;
+            y[n] = py;
+        }
+        n++;
+        p = *e2 == ' ' ? e2 + 1 : e2;
+    }
+    return n;
+}
+
+/* Drawn values and their y (SVG's y grows downwards): a larger value never
+ * lower on the picture, equal values at the same height. */
+static void expect_drawn_in_order(const char *what, const double *v, const double *y, int n) {
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < n; k++)
+            if ((v[i] > v[k] && !(y[i] < y[k])) || (v[i] == v[k] && fabs(y[i] - y[k]) > 0.05))
+                fail_msg("%s: %g is drawn at y %g, %g at y %g", what, v[i], y[i], v[k], y[k]);
+}
+
 /* `ebb train` on a small safetensors dataset: the loss falls, a resumed run
  * ends bit for bit where an uninterrupted one does, and `ebb eval` prints
- * its line. */
+ * its line. The same runs draw their learning curves (--curve), checked
+ * against the JSON lines, and trace a training step (--trace) that `ebb
+ * chart --train` draws over the training plan. */
 static void test_train_and_eval(void **state) {
     (void)state;
-    char data[PATH_MAX], wa[PATH_MAX], wb[PATH_MAX], ck[PATH_MAX];
+    char data[PATH_MAX], wa[PATH_MAX], wb[PATH_MAX], ck[PATH_MAX], curve[PATH_MAX];
+    char trace[PATH_MAX], chart[PATH_MAX];
     tmp_path(data, sizeof data, "train.safetensors");
+    tmp_path(curve, sizeof curve, "train-curve.svg");
+    tmp_path(trace, sizeof trace, "train-trace.jsonl");
+    tmp_path(chart, sizeof chart, "train-chart.svg");
     tmp_path(wa, sizeof wa, "wa.safetensors");
     tmp_path(wb, sizeof wb, "wb.safetensors");
     tmp_path(ck, sizeof ck, "ckpt.safetensors");
@@ -2628,9 +2674,10 @@ static void test_train_and_eval(void **state) {
     /* 3 epochs of 6 steps, every line JSON; the loss falls epoch by epoch */
     cli_result r;
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--eval-data", data, "--steps", "18",
-        "--batch", "16", "--lr", "0.01", "--json", "--log-every", "6", "--save-weights", wa);
+        "--batch", "16", "--lr", "0.01", "--json", "--log-every", "6", "--save-weights", wa,
+        "--curve", curve, "--trace", trace);
     expect_code(&r, 0);
-    double epoch_loss[3] = {0};
+    double epoch_loss[3] = {0}, eval_loss[3] = {0}, eval_acc[3] = {0};
     int n_epochs = 0, n_steps = 0;
     for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *j = cJSON_Parse(line);
@@ -2641,7 +2688,11 @@ static void test_train_and_eval(void **state) {
         assert_true(cJSON_IsString(type) && cJSON_IsNumber(loss));
         if (!strcmp(type->valuestring, "epoch")) {
             assert_true(n_epochs < 3);
-            assert_true(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(j, "eval_accuracy")));
+            const cJSON *acc = cJSON_GetObjectItemCaseSensitive(j, "eval_accuracy");
+            const cJSON *el = cJSON_GetObjectItemCaseSensitive(j, "eval_loss");
+            assert_true(cJSON_IsNumber(acc) && cJSON_IsNumber(el));
+            eval_acc[n_epochs] = acc->valuedouble;
+            eval_loss[n_epochs] = el->valuedouble;
             epoch_loss[n_epochs++] = loss->valuedouble;
         } else {
             assert_string_equal(type->valuestring, "step");
@@ -2655,16 +2706,112 @@ static void test_train_and_eval(void **state) {
         fail_msg("the loss did not fall: %g %g %g", epoch_loss[0], epoch_loss[1], epoch_loss[2]);
     cli_free(&r);
 
-    /* stopped after 7 steps (mid-epoch), resumed to 18: the same weights */
-    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "7", "--batch", "16", "--lr",
-        "0.01", "--checkpoint-every", "7", "--checkpoint", ck);
+    /* the curves: a training-loss point per logged step, a test loss and
+     * accuracy per epoch, drawn where the JSON lines put them */
+    size_t len = 0;
+    char *svg = slurp(curve, &len);
+    assert_non_null(svg);
+    const char *bad = xml_check(svg, len);
+    if (bad)
+        fail_msg("--curve wrote SVG that is not well-formed: %s", bad);
+    double tx[8], ty[8], lx[8], ly[8], ax[8], ay[8];
+    assert_int_equal(svg_points(svg, "train-loss", tx, ty, 8), n_steps);
+    assert_int_equal(svg_points(svg, "test-loss", lx, ly, 8), n_epochs);
+    assert_int_equal(svg_points(svg, "test-accuracy", ax, ay, 8), n_epochs);
+    for (int i = 0; i < n_epochs; i++) {
+        /* one step logged per epoch here: each at its epoch's end */
+        assert_true(fabs(tx[i] - lx[i]) < 0.05 && fabs(ax[i] - lx[i]) < 0.05);
+        assert_true(i == 0 || lx[i] > lx[i - 1]);
+    }
+    expect_drawn_in_order("test accuracy", eval_acc, ay, n_epochs);
+    expect_drawn_in_order("test loss", eval_loss, ly, n_epochs);
+    char label[160];
+    FMT(label, "epoch 3 of 3: test accuracy %.4f", eval_acc[2]);
+    static const char *const labels[] = {">mlp: training loss, test loss and test accuracy</text>",
+                                         ">epoch</text>", ">loss</text>", ">test accuracy</text>",
+                                         ">training loss (mean of every 6 steps)</text>",
+                                         ">test accuracy (right axis)</text>"};
+    for (size_t i = 0; i < sizeof labels / sizeof labels[0] + 1; i++) {
+        const char *want = i < sizeof labels / sizeof labels[0] ? labels[i] : label;
+        if (!strstr(svg, want))
+            fail_msg("the learning curves lack \"%s\"", want);
+    }
+    free(svg);
+
+    /* the trace: the first step in `ebb run --trace`'s format, every plan
+     * step measured within its planned peak, then a summary */
+    char *jsonl = slurp(trace, &len);
+    assert_non_null(jsonl);
+    int step_lines = 0, summaries = 0, backward = 0, updates = 0;
+    for (char *line = strtok(jsonl, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = json_strict(line, strlen(line), "ebb train --trace");
+        const cJSON *summary = cJSON_GetObjectItemCaseSensitive(j, "summary");
+        if (summary) {
+            summaries++;
+            assert_int_equal(int_field(summary, "steps", "summary"), step_lines);
+            assert_int_equal(int_field(summary, "training_step", "summary"), 1);
+            assert_true(int_field(summary, "peak_bytes", "summary") <=
+                        int_field(summary, "planned_peak_bytes", "summary"));
+            assert_string_equal(str_field(summary, "device", "summary"), "cpu");
+        } else {
+            assert_int_equal(summaries, 0);
+            long long peak = int_field(j, "peak_bytes", "trace"),
+                      planned = int_field(j, "planned_peak_bytes", "trace");
+            if (peak > planned)
+                fail_msg("trace line %d: step %lld (%s) measured %lld bytes, planned %lld",
+                         step_lines + 1, int_field(j, "step", "trace"), str_field(j, "op", "trace"),
+                         peak, planned);
+            assert_true(int_field(j, "live_bytes", "trace") >= 0);
+            backward += strstr(str_field(j, "op", "trace"), ".backward") != NULL;
+            updates += !strcmp(str_field(j, "op", "trace"), "update");
+            step_lines++;
+        }
+        cJSON_Delete(j);
+    }
+    free(jsonl);
+    assert_int_equal(summaries, 1);
+    assert_true(backward > 0);
+    assert_int_equal(updates, 6); /* specs/mlp.yaml's three weights and biases */
+    /* `ebb chart --train` draws it over the training plan, nothing over */
+    EBB(&r, "chart", "specs/mlp.yaml", "--train", "-i", "batch=16", "--trace", trace, "-o",
+        chart);
     expect_code(&r, 0);
+    cli_free(&r);
+    svg = slurp(chart, &len);
+    assert_non_null(svg);
+    if ((bad = xml_check(svg, len)))
+        fail_msg("ebb chart wrote SVG that is not well-formed: %s", bad);
+    assert_non_null(strstr(svg, "id=\"measured-live\""));
+    assert_null(strstr(svg, "class=\"over\""));
+    free(svg);
+
+    /* stopped after 7 steps (mid-epoch), resumed to 18: the same weights;
+     * the first 7 under the least memory budget, recomputing activations,
+     * which changes no bit of the updates */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "7", "--batch", "16", "--lr",
+        "0.01", "--checkpoint-every", "7", "--checkpoint", ck, "--memory-budget", "least");
+    expect_code(&r, 0);
+    const char *mb = strstr(r.out, "memory budget least: ");
+    int n_recomputed = 0;
+    if (!mb || !strstr(mb, " steps recomputed") ||
+        sscanf(strstr(mb, "activation; ") ? strstr(mb, "activation; ") + 12 : "", "%d",
+               &n_recomputed) != 1 ||
+        n_recomputed < 1)
+        fail_msg("`%s` printed no recomputation:\n%s", r.cmd, r.out);
     cli_free(&r);
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "18", "--resume", ck,
-        "--save-weights", wb);
+        "--save-weights", wb, "--trace", trace, "--trace-step", "10");
     expect_code(&r, 0);
     expect_contains("stdout", &r, r.out, "resumed from");
+    char said[2 * PATH_MAX + 200];
+    FMT(said, "trace of step 10 written to %s; draw it with: ebb chart specs/mlp.yaml --train -i "
+        "batch=16 --trace %s -o chart.svg\n", trace, trace);
+    expect_contains("stdout", &r, r.out, said);
     cli_free(&r);
+    jsonl = slurp(trace, &len);
+    assert_non_null(jsonl);
+    assert_non_null(strstr(jsonl, "\"training_step\": 10,"));
+    free(jsonl);
     size_t la = 0, lb = 0;
     char *a = slurp(wa, &la), *b = slurp(wb, &lb);
     assert_non_null(a);
@@ -2700,11 +2847,13 @@ static void test_train_and_eval(void **state) {
 }
 
 /* Ctrl-C: `ebb train` finishes the step under way, writes a checkpoint and
- * exits 130; `--resume` goes on from that checkpoint. */
+ * its learning curves, and exits 130; `--resume` goes on from that
+ * checkpoint. */
 static void test_train_sigint_checkpoint(void **state) {
     (void)state;
-    char data[PATH_MAX], ck[PATH_MAX], err_name[PATH_MAX];
+    char data[PATH_MAX], ck[PATH_MAX], err_name[PATH_MAX], curve[PATH_MAX];
     tmp_path(data, sizeof data, "sigint.safetensors");
+    tmp_path(curve, sizeof curve, "sigint-curve.svg");
     tmp_path(ck, sizeof ck, "sigint-ckpt.safetensors");
     tmp_path(err_name, sizeof err_name, "sigint-stderr.XXXXXX");
     enum { N = 64, F = 64 };
@@ -2737,7 +2886,8 @@ static void test_train_sigint_checkpoint(void **state) {
         close(p[0]);
         alarm(60); /* survives exec */
         execl(cli_path, "ebb", "train", "specs/mlp.yaml", "--data", data, "--steps", "1000000",
-              "--batch", "16", "--log-every", "1", "--checkpoint", ck, (char *)NULL);
+              "--batch", "16", "--log-every", "1", "--checkpoint", ck, "--curve", curve,
+              (char *)NULL);
         _exit(127);
     }
     close(p[1]);
@@ -2779,6 +2929,17 @@ static void test_train_sigint_checkpoint(void **state) {
         !strstr(err, "checkpoint written to"))
         fail_msg("`ebb train` interrupted said:\n%s", err);
     free(err);
+    /* the picture of the steps it took, one point each (--log-every 1) */
+    size_t svg_len = 0;
+    char *svg = slurp(curve, &svg_len);
+    if (!svg)
+        fail_msg("the interrupted run left no learning curves at %s", curve);
+    const char *bad = xml_check(svg, svg_len);
+    if (bad)
+        fail_msg("the interrupted run's curves are not well-formed SVG: %s", bad);
+    double px[1], py[1];
+    assert_int_equal(svg_points(svg, "train-loss", px, py, 1), at);
+    free(svg);
 
     /* the checkpoint resumes: three steps more */
     char steps[32];

@@ -20,6 +20,7 @@
 #include "ebb/safetensors.h"
 #include "ebb/spec.h"
 #include "../fileio.h"
+#include "curve.h"
 #include "train.h"
 
 enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3, EXIT_INTERRUPTED = 130 };
@@ -41,8 +42,9 @@ const char ebb_cli_usage_train[] =
     "                 [--optimizer sgd|adam|adamw] [--lr X] [--momentum X] [--weight-decay X]\n"
     "                 [--seed N] [--no-shuffle] [--drop-last] [--normalize MEAN,STD]\n"
     "                 [--weights W] [--save-weights W] [--checkpoint FILE]\n"
-    "                 [--checkpoint-every N] [--resume CKPT] [--log-every N] [--trace T]\n"
-    "                 [--device DEV] [--json] [-p NAME=VALUE]...\n"
+    "                 [--checkpoint-every N] [--resume CKPT] [--log-every N]\n"
+    "                 [--curve FILE.svg] [--trace T.jsonl [--trace-step N]]\n"
+    "                 [--memory-budget SIZE] [--device DEV] [--json] [-p NAME=VALUE]...\n"
     "\n"
     "Trains the spec on a dataset with its training plan: forward, the spec's loss\n"
     "against its targets, backward and optimizer update, one static plan per step.\n"
@@ -72,7 +74,16 @@ const char ebb_cli_usage_train[] =
     "                     write a checkpoint every N steps and at the end\n"
     "  --resume CKPT      continue from a checkpoint: weights, optimizer state, step\n"
     "  --log-every N      a line every N steps (default: one per epoch)\n"
-    "  --trace T          one JSON line per step: loss, measured and planned peak bytes\n" USAGE_COMMON
+    "  --curve FILE.svg   draw the training loss (a point per --log-every N steps, else\n"
+    "                     about 200 over the run) and, with --eval-data, the test loss\n"
+    "                     and accuracy per epoch; rewritten after every epoch\n"
+    "  --trace T          one training step's trace in `ebb run --trace`'s format, one\n"
+    "                     JSON line per plan step: `ebb chart SPEC --train -i batch=B\n"
+    "                     --trace T` draws it over the training plan\n"
+    "  --trace-step N     the step --trace traces (default: the run's first)\n"
+    "  --memory-budget SIZE\n"
+    "                     plan the step to fit SIZE (64MiB, 1.5GB, or `least`) by\n"
+    "                     recomputing activations in the backward; same updates\n" USAGE_COMMON
     "\n"
     "Ctrl-C finishes the step under way, writes a checkpoint and exits 130.\n";
 
@@ -111,6 +122,9 @@ enum {
     O_RESUME,
     O_LOG_EVERY,
     O_TRACE,
+    O_TRACE_STEP,
+    O_CURVE,
+    O_MEMORY_BUDGET,
     O_DEVICE,
     O_JSON,
     O_COMPLETION,
@@ -141,6 +155,9 @@ const struct option ebb_cli_train_options[] = {
     {"resume", required_argument, NULL, O_RESUME},
     {"log-every", required_argument, NULL, O_LOG_EVERY},
     {"trace", required_argument, NULL, O_TRACE},
+    {"trace-step", required_argument, NULL, O_TRACE_STEP},
+    {"curve", required_argument, NULL, O_CURVE},
+    {"memory-budget", required_argument, NULL, O_MEMORY_BUDGET},
     {NULL, 0, NULL, 0},
 };
 
@@ -148,13 +165,14 @@ const struct option ebb_cli_eval_options[] = {COMMON_LONGS, {NULL, 0, NULL, 0}};
 
 typedef struct topts {
     const char *spec, *data, *eval_data, *optimizer, *weights, *save_weights, *checkpoint;
-    const char *resume, *trace, *device;
+    const char *resume, *trace, *device, *curve;
     const char *params[MAX_PARAMS];
     int n_params;
-    int64_t epochs, steps, batch, checkpoint_every, log_every;
+    int64_t epochs, steps, batch, checkpoint_every, log_every, trace_step;
     double lr, momentum, weight_decay, norm_mean, norm_std;
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
     uint64_t seed;
+    int64_t memory_budget; /* 0: none */
 } topts;
 
 static int usage_error(const char *usage, const char *fmt, const char *arg) {
@@ -241,6 +259,15 @@ static int parse(int argc, char **argv, int train, topts *o) {
         case O_CHECKPOINT: o->checkpoint = v; break;
         case O_RESUME: o->resume = v; break;
         case O_TRACE: o->trace = v; break;
+        case O_CURVE: o->curve = v; break;
+        case O_MEMORY_BUDGET:
+            if (!strcmp(v, "least"))
+                o->memory_budget = EBB_MEMORY_BUDGET_LEAST;
+            else if (ebb_bytes_parse(v, &o->memory_budget) != EBB_OK || o->memory_budget == 0)
+                return usage_error(usage, "--memory-budget %s: expected a byte count above 0, "
+                                          "like 64MiB or 1.5GB, or `least`",
+                                   v);
+            break;
         case O_DEVICE: o->device = v; break;
         case O_JSON: o->json = 1; break;
         case O_NO_SHUFFLE: o->no_shuffle = 1; break;
@@ -250,13 +277,15 @@ static int parse(int argc, char **argv, int train, topts *o) {
         case O_BATCH:
         case O_CHECKPOINT_EVERY:
         case O_LOG_EVERY:
+        case O_TRACE_STEP:
             if (parse_i64(v, 1, &n) != 0 || n > 1000000000)
                 return usage_error(usage, "%s needs a positive integer",
-                                   opt == O_EPOCHS     ? "--epochs"
-                                   : opt == O_STEPS    ? "--steps"
-                                   : opt == O_BATCH    ? "--batch"
-                                   : opt == O_LOG_EVERY ? "--log-every"
-                                                       : "--checkpoint-every");
+                                   opt == O_EPOCHS       ? "--epochs"
+                                   : opt == O_STEPS      ? "--steps"
+                                   : opt == O_BATCH      ? "--batch"
+                                   : opt == O_LOG_EVERY  ? "--log-every"
+                                   : opt == O_TRACE_STEP ? "--trace-step"
+                                                         : "--checkpoint-every");
             if (opt == O_EPOCHS)
                 o->epochs = n;
             else if (opt == O_STEPS)
@@ -265,6 +294,8 @@ static int parse(int argc, char **argv, int train, topts *o) {
                 o->batch = n, o->batch_set = 1;
             else if (opt == O_LOG_EVERY)
                 o->log_every = n;
+            else if (opt == O_TRACE_STEP)
+                o->trace_step = n;
             else
                 o->checkpoint_every = n;
             break;
@@ -338,6 +369,17 @@ static int parse(int argc, char **argv, int train, topts *o) {
         return usage_error(usage, "%s", "--momentum applies to --optimizer sgd (default adamw)");
     if (train && o->optimizer && !strcmp(o->optimizer, "sgd") && !o->lr_set && !o->resume)
         return usage_error(usage, "%s", "--optimizer sgd needs --lr");
+    if (train && o->trace_step && !o->trace)
+        return usage_error(usage, "%s", "--trace-step needs --trace T.jsonl, the file it writes");
+    /* the picture is SVG whatever the name says; a name that says otherwise
+     * is a mistake (as for `ebb chart -o`) */
+    const char *base = o->curve ? strrchr(o->curve, '/') : NULL;
+    const char *ext = o->curve ? strrchr(base ? base : o->curve, '.') : NULL;
+    if (ext && strcmp(ext, ".svg"))
+        return usage_error(usage,
+                           "--curve %s: the curves are SVG; name it .svg (rsvg-convert makes a "
+                           "PNG of it)",
+                           o->curve);
     return 0;
 }
 
@@ -436,8 +478,10 @@ static int batch_shapes(const job *j, int64_t batch, ebb_shape *in, ebb_shape *t
     return 0;
 }
 
+/* The training plan when `optim` is given (under `budget`, 0: none), else
+ * the inference plan. */
 static int compile_plan(const job *j, int64_t batch, const ebb_optimizer_options *optim,
-                        ebb_plan **out) {
+                        int64_t budget, ebb_plan **out) {
     ebb_shape in[MAX_FIELDS], tg[MAX_FIELDS];
     int rc = batch_shapes(j, batch, in, optim ? tg : NULL);
     if (rc)
@@ -450,6 +494,7 @@ static int compile_plan(const job *j, int64_t batch, const ebb_optimizer_options
                                  .target_dtypes = j->dtypes + j->n_in,
                                  .optimizer = *optim};
         co.train = &to;
+        co.memory_budget = budget;
     }
     ebb_status st = ebb_spec_compile(out, j->spec, &co);
     return st == EBB_OK ? 0 : fail_status(st);
@@ -742,6 +787,63 @@ static void on_sigint(int sig) {
     signal(SIGINT, SIG_DFL); /* a second Ctrl-C stops at once */
 }
 
+/* One training step traced in the format of `ebb run --trace` (src/cli/main.c,
+ * docs/cli.md): a line per executed plan step, then a summary, so that
+ * `ebb chart --train --trace` draws it over the training plan and refuses
+ * it for another plan. One step, not every step: the plan is the same for
+ * each, and a line per plan step per training step would grow without use. */
+typedef struct step_trace {
+    FILE *f;
+    const ebb_plan *plan;
+    int64_t lines;
+} step_trace;
+
+static void trace_ids(FILE *f, const ebb_plan *p, const int *slots, int n) {
+    char id[64];
+    fputc('[', f);
+    for (int i = 0; i < n; i++) {
+        ebb_plan_value_id(p, slots[i], id, sizeof id);
+        fprintf(f, "%s\"%s\"", i ? ", " : "", id);
+    }
+    fputc(']', f);
+}
+
+static void trace_line(const ebb_trace_event *e, void *user) {
+    step_trace *t = user;
+    FILE *f = t->f;
+    char id[64];
+    t->lines++;
+    /* node paths and names are identifiers and dots: no escaping needed */
+    fprintf(f, "{\"step\": %d, \"op\": \"%s\", \"node\": \"%s\", \"inputs\": ", e->step,
+            e->info->op, e->info->node);
+    trace_ids(f, t->plan, e->info->in, e->info->n_in);
+    int skipped = e->jumped && e->info->kind == EBB_STEP_ENTER; /* a branch with no rows */
+    fputs(", \"output\": ", f);
+    if (e->info->n_out && !skipped) {
+        ebb_plan_value_id(t->plan, e->info->out[e->info->kind == EBB_STEP_ENTER ? 1 : 0], id,
+                          sizeof id);
+        fprintf(f, "\"%s\"", id);
+    } else {
+        fputs("null", f);
+    }
+    fputs(", \"outputs\": ", f);
+    trace_ids(f, t->plan, e->info->out, skipped ? 0 : e->info->n_out);
+    fputs(", \"freed\": ", f);
+    trace_ids(f, t->plan, e->freed, e->n_freed);
+    fprintf(f,
+            ", \"jumped\": %s, \"live_bytes\": %lld, \"peak_bytes\": %lld, "
+            "\"planned_peak_bytes\": %lld, \"seconds\": %.9f}\n",
+            e->jumped ? "true" : "false", (long long)e->live_bytes, (long long)e->peak_bytes,
+            (long long)e->info->peak_bytes, e->seconds);
+}
+
+/* Samples seen after `step` steps: whole epochs, then the batches of the
+ * epoch under way (the last one partial unless --drop-last). */
+static int64_t samples_at(int64_t step, int64_t per_epoch, int64_t epoch_samples, int64_t batch) {
+    int64_t in_epoch = (step % per_epoch) * batch;
+    return step / per_epoch * epoch_samples + (in_epoch < epoch_samples ? in_epoch : epoch_samples);
+}
+
 static void fmt_eta(double s, char *buf, size_t size) {
     if (!(s >= 0) || s > 1e7)
         snprintf(buf, size, "?");
@@ -759,6 +861,7 @@ int ebb_cli_train(int argc, char **argv) {
     const char *ckpt_path = o.checkpoint ? o.checkpoint : DEFAULT_CHECKPOINT;
     if ((o.save_weights && ebb_file_check_writable(o.save_weights, "--save-weights") != EBB_OK) ||
         (o.trace && ebb_file_check_writable(o.trace, "--trace") != EBB_OK) ||
+        (o.curve && ebb_file_check_writable(o.curve, "--curve") != EBB_OK) ||
         (o.checkpoint && ebb_file_check_writable(o.checkpoint, "--checkpoint") != EBB_OK)) {
         fprintf(stderr, "ebb: %s\n", ebb_errmsg());
         return EXIT_RUNTIME;
@@ -770,6 +873,8 @@ int ebb_cli_train(int argc, char **argv) {
     ebb_dataset *train = NULL, *test = NULL;
     int64_t *order = NULL;
     ebb_file_out *tw = NULL;
+    step_trace trace = {0};
+    ebb_cli_curve *curve = NULL;
     ebb_tensor *ts[MAX_FIELDS] = {0};
     ebb_status st;
     ckpt_info ci = {0};
@@ -803,7 +908,8 @@ int ebb_cli_train(int argc, char **argv) {
         o.drop_last = ci.drop_last;
         oo = ci.optim;
     }
-    if ((rc = compile_plan(&j, o.batch, &oo, &plan)) || (rc = compile_plan(&j, o.batch, NULL, &infer)))
+    if ((rc = compile_plan(&j, o.batch, &oo, o.memory_budget, &plan)) ||
+        (rc = compile_plan(&j, o.batch, NULL, 0, &infer)))
         goto done;
     if ((rc = open_data(&j, &o, o.data, infer, &train)) ||
         (o.eval_data && (rc = open_data(&j, &o, o.eval_data, infer, &test))))
@@ -826,6 +932,14 @@ int ebb_cli_train(int argc, char **argv) {
     int64_t per_epoch = o.drop_last ? n / o.batch : (n + o.batch - 1) / o.batch;
     int64_t total = o.steps ? o.steps : o.epochs * per_epoch;
     int64_t step = ci.step, epochs = (total + per_epoch - 1) / per_epoch;
+    /* the step --trace traces, counted as the log counts them (from 1) */
+    int64_t trace_at = o.trace_step ? o.trace_step : step + 1;
+    if (o.trace && (trace_at <= step || trace_at > total)) {
+        fprintf(stderr, "ebb: --trace-step %lld: this run takes steps %lld to %lld\n",
+                (long long)trace_at, (long long)step + 1, (long long)total);
+        rc = EXIT_USAGE;
+        goto done;
+    }
     if (!(order = malloc(sizeof *order * (size_t)n))) {
         rc = fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
         goto done;
@@ -836,6 +950,33 @@ int ebb_cli_train(int argc, char **argv) {
             rc = EXIT_RUNTIME;
             goto done;
         }
+        trace = (step_trace){.f = ebb_file_stream(tw), .plan = plan};
+    }
+    /* --curve: a training-loss point per logged window, else about 200
+     * points over the run, which a picture 700 px wide still shows apart */
+    int64_t epoch_samples = o.drop_last ? per_epoch * o.batch : n;
+    int64_t window = o.log_every ? o.log_every : (total - step + 199) / 200;
+    if (window < 1)
+        window = 1;
+    if (o.curve) {
+        char context[1024];
+        snprintf(context, sizeof context, "%s on %s, batch %lld, %s lr %g", ebb_spec_file(j.spec),
+                 o.data, (long long)o.batch, kind, ebb_optimizer_get_options(opt).lr);
+        const char *name = ebb_spec_name(j.spec);
+        ebb_cli_curve_info info = {
+            .name = name && *name ? name : ebb_spec_file(j.spec),
+            .context = context,
+            .samples_per_epoch = epoch_samples,
+            .first_samples = samples_at(step, per_epoch, epoch_samples, o.batch),
+            .last_samples = samples_at(total, per_epoch, epoch_samples, o.batch),
+            .window = window,
+            .eval = test != NULL,
+            .accuracy = test && j.classify,
+        };
+        if ((st = ebb_cli_curve_new(&curve, &info)) != EBB_OK) {
+            rc = fail_status(st);
+            goto done;
+        }
     }
     int tty = !o.json && isatty(1);
     int64_t planned = ebb_plan_device_peak_bytes(plan, j.dev), measured = 0;
@@ -843,14 +984,26 @@ int ebb_cli_train(int argc, char **argv) {
         printf("training %s on %s: %lld samples, batch %lld, %lld steps per epoch, %s lr %g\n",
                ebb_spec_file(j.spec), o.data, (long long)n, (long long)o.batch,
                (long long)per_epoch, kind, ebb_optimizer_get_options(opt).lr);
+    if (o.memory_budget && !o.json) {
+        ebb_remat_stats rs;
+        char bb[32], pk[32], nb[32];
+        if (ebb_plan_remat_stats(plan, &rs) == EBB_OK)
+            printf("memory budget %s: the step's peak %s, %s keeping every activation; %d "
+                   "steps recomputed, %.0f%% more compute\n",
+                   rs.budget == EBB_MEMORY_BUDGET_LEAST ? "least"
+                                                        : ebb_bytes_str(rs.budget, bb, sizeof bb),
+                   ebb_bytes_str(rs.peak_bytes, pk, sizeof pk),
+                   ebb_bytes_str(rs.no_recompute_peak_bytes, nb, sizeof nb), rs.n_recompute_steps,
+                   rs.flops ? 100.0 * (double)rs.recompute_flops / (double)rs.flops : 0.0);
+    }
     if (step > 0 && !o.json)
         printf("resumed from %s at step %lld\n", o.resume, (long long)step);
     fflush(stdout);
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sig_installed = sigaction(SIGINT, &sa, &old_sa) == 0;
-    double t0 = now_s(), t_epoch = t0, last_draw = 0, run_loss = 0, epoch_loss = 0;
-    int64_t run_n = 0, epoch_steps = 0, done_steps = 0, last_ckpt = -1;
+    double t0 = now_s(), t_epoch = t0, last_draw = 0, run_loss = 0, epoch_loss = 0, curve_loss = 0;
+    int64_t run_n = 0, epoch_steps = 0, done_steps = 0, last_ckpt = -1, curve_n = 0;
     int64_t shuffled_epoch = -1;
     while (step < total) {
         int64_t e = step / per_epoch, kstep = step % per_epoch;
@@ -860,9 +1013,11 @@ int ebb_cli_train(int argc, char **argv) {
             shuffled_epoch = e;
         }
         int64_t at = kstep * o.batch, cnt = n - at < o.batch ? n - at : o.batch;
-        double loss = 0, ts0 = now_s();
+        double loss = 0;
         ebb_run_stats stats = {0};
-        ebb_run_options ro = {.seed = o.seed};
+        int traced = tw && step + 1 == trace_at;
+        ebb_run_options ro = {.seed = o.seed, .trace = traced ? trace_line : NULL,
+                              .trace_user = &trace};
         st = make_batch(&j, train, order + at, cnt, ts);
         if (st == EBB_OK)
             st = ebb_train_step_ex(plan, m, opt, ts, ts + j.n_in, &loss, &ro, &stats);
@@ -879,12 +1034,59 @@ int ebb_cli_train(int argc, char **argv) {
         run_n++;
         epoch_loss += loss;
         epoch_steps++;
-        if (tw)
-            fprintf(ebb_file_stream(tw),
-                    "{\"step\": %lld, \"epoch\": %lld, \"loss\": %.9g, \"peak_bytes\": %lld, "
-                    "\"planned_peak_bytes\": %lld, \"seconds\": %.6f}\n",
-                    (long long)step, (long long)e + 1, loss, (long long)stats.measured_peak_bytes,
-                    (long long)planned, now_s() - ts0);
+        curve_loss += loss;
+        curve_n++;
+        if (traced) {
+            char dn[32];
+            fprintf(trace.f,
+                    "{\"summary\": {\"steps\": %lld, \"peak_bytes\": %lld, "
+                    "\"planned_peak_bytes\": %lld, \"peak_kind\": \"%s\", \"training_step\": %lld, "
+                    "\"epoch\": %lld, \"loss\": %.9g, \"device\": \"%s\"}}\n",
+                    (long long)trace.lines, (long long)stats.measured_peak_bytes,
+                    (long long)planned, ebb_plan_peak_is_bound(plan) ? "bound" : "exact",
+                    (long long)step, (long long)e + 1, loss,
+                    ebb_device_str(j.dev, dn, sizeof dn));
+            /* written now, not at the end: a long run's trace is there to
+             * look at while it trains */
+            st = ebb_file_commit(tw);
+            tw = NULL;
+            if (st != EBB_OK) {
+                fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+                rc = EXIT_RUNTIME;
+                goto done;
+            }
+            if (!o.json) {
+                const char *sym = NULL;
+                if (tty)
+                    printf("\n");
+                ebb_spec_input_dim(j.spec, 0, 0, &sym);
+                printf("trace of step %lld written to %s; draw it with: ebb chart %s --train -i "
+                       "%s=%lld",
+                       (long long)step, o.trace, ebb_spec_file(j.spec), sym ? sym : "batch",
+                       (long long)o.batch);
+                for (int i = 0; i < o.n_params; i++)
+                    printf(" -p %s", o.params[i]);
+                if (strcmp(kind, "adamw"))
+                    printf(" --optimizer %s", kind);
+                if (o.memory_budget == EBB_MEMORY_BUDGET_LEAST)
+                    printf(" --memory-budget least");
+                else if (o.memory_budget)
+                    printf(" --memory-budget %lld", (long long)o.memory_budget);
+                printf(" --trace %s -o chart.svg\n", o.trace);
+                fflush(stdout);
+            }
+        }
+        if (curve && (step % window == 0 || step == total || interrupted)) {
+            st = ebb_cli_curve_step(curve, step,
+                                    samples_at(step, per_epoch, epoch_samples, o.batch),
+                                    curve_loss / (double)curve_n);
+            curve_loss = 0;
+            curve_n = 0;
+            if (st != EBB_OK) {
+                rc = fail_status(st);
+                goto done;
+            }
+        }
         double t = now_s(), rate = (double)(done_steps * o.batch) / (t - t0 > 1e-9 ? t - t0 : 1e-9);
         if (o.log_every && step % o.log_every == 0) {
             if (o.json)
@@ -944,6 +1146,17 @@ int ebb_cli_train(int argc, char **argv) {
                            (long long)ebb_dataset_size(test));
             }
             fflush(stdout);
+            /* the picture after every epoch: a run stopped later still has it */
+            if (curve &&
+                ((st = ebb_cli_curve_epoch(curve, e + 1,
+                                           samples_at(step, per_epoch, epoch_samples, o.batch),
+                                           epoch_loss / (double)epoch_steps, test ? el : NAN,
+                                           test && j.classify ? acc : NAN)) != EBB_OK ||
+                 (st = ebb_cli_curve_save(curve, o.curve, "--curve")) != EBB_OK)) {
+                fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+                rc = EXIT_RUNTIME;
+                goto done;
+            }
             epoch_loss = 0;
             epoch_steps = 0;
             t_epoch = now_s();
@@ -960,6 +1173,11 @@ int ebb_cli_train(int argc, char **argv) {
             if (tty)
                 printf("\n");
             fflush(stdout);
+            if (curve && !epoch_end && (st = ebb_cli_curve_save(curve, o.curve, "--curve")) != EBB_OK)
+                fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+            if (tw)
+                fprintf(stderr, "ebb: --trace: step %lld was not reached; %s is left as it was\n",
+                        (long long)trace_at, o.trace);
             fprintf(stderr, "ebb: interrupted after step %lld; checkpoint written to %s (resume "
                     "with --resume %s)\n", (long long)step, ckpt_path, ckpt_path);
             rc = EXIT_INTERRUPTED;
@@ -981,18 +1199,13 @@ int ebb_cli_train(int argc, char **argv) {
         if (!o.json)
             printf("weights written to %s\n", o.save_weights);
     }
-    if (tw) {
-        st = ebb_file_commit(tw);
-        tw = NULL;
-        if (st != EBB_OK) {
-            fprintf(stderr, "ebb: %s\n", ebb_errmsg());
-            rc = EXIT_RUNTIME;
-        }
-    }
+    if (curve && !o.json)
+        printf("learning curves drawn in %s\n", o.curve);
 done:
     if (sig_installed)
         sigaction(SIGINT, &old_sa, NULL);
     ebb_file_abort(tw);
+    ebb_cli_curve_free(curve);
     free_batch(ts, MAX_FIELDS);
     free(order);
     ebb_optimizer_free(opt);
@@ -1017,7 +1230,7 @@ int ebb_cli_eval(int argc, char **argv) {
     ebb_model *m = NULL;
     ebb_dataset *d = NULL;
     ebb_status st;
-    if ((rc = load_job(&j, &o)) || (rc = compile_plan(&j, o.batch, NULL, &plan)) ||
+    if ((rc = load_job(&j, &o)) || (rc = compile_plan(&j, o.batch, NULL, 0, &plan)) ||
         (rc = open_data(&j, &o, o.data, plan, &d)))
         goto done;
     if ((st = ebb_model_new(&m, plan, j.dev, 0)) != EBB_OK ||
