@@ -1,5 +1,8 @@
 /* Process-wide initialisation, dtypes and device names. */
 #include <pthread.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +14,28 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static ebb_status init_status = EBB_OK;
 static char init_errmsg[512];
 
+/* A plan frees most of a step's bytes by its end and the next step asks for
+ * them again. glibc's default gives such memory back to the kernel (trims
+ * the heap, unmaps large blocks) and the next step faults every page in
+ * anew: a Fashion-MNIST CNN step spent 28% of its time there (39 ms against
+ * 28 ms). Freed memory stays in the process instead, as PyTorch's callers
+ * get from its allocator. A process that configured malloc itself
+ * (GLIBC_TUNABLES, MALLOC_*_ variables) keeps its settings. */
+static void keep_freed_memory(void) {
+#if defined(__GLIBC__)
+    static const char *const vars[] = {"GLIBC_TUNABLES", "MALLOC_TRIM_THRESHOLD_",
+                                       "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_",
+                                       "MALLOC_MMAP_MAX_"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
+        if (getenv(vars[i]))
+            return;
+    mallopt(M_MMAP_THRESHOLD, 32 << 20); /* glibc's largest: blocks below it are reused */
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+#endif
+}
+
 static void init_process(void) {
+    keep_freed_memory();
     init_status = ebb_tensor_layer_init();
     if (init_status == EBB_OK)
         init_status = ebb_ops_register_builtin();
