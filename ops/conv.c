@@ -324,7 +324,10 @@ static ebb_status conv_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tens
     int64_t stride[2] = {a[A_STRIDE].i, a[A_STRIDE].i};
     int64_t padding[2] = {a[A_PADDING].i, a[A_PADDING].i};
     int64_t dilation[2] = {a[A_DILATION].i, a[A_DILATION].i};
-    ebb_status st = ebb_tensor_conv_backward(&gin[0], &gp[0], c->n_params > 1 ? &gp[1] : NULL,
+    /* the first layer's input gradient (the images') nothing reads: skipped,
+     * as PyTorch skips it; the scratch figure above stays a bound */
+    ebb_tensor **gx = (c->skip_input_grad & 1u) ? NULL : &gin[0];
+    ebb_status st = ebb_tensor_conv_backward(gx, &gp[0], c->n_params > 1 ? &gp[1] : NULL,
                                              c->grad_out, c->in[0], c->params[0], stride, padding,
                                              dilation, a[A_GROUPS].i);
     if (st != EBB_OK)
