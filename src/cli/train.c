@@ -907,6 +907,8 @@ int ebb_cli_train(int argc, char **argv) {
         o.no_shuffle = !ci.shuffle;
         o.drop_last = ci.drop_last;
         oo = ci.optim;
+        /* the checkpoint's optimizer, for what is printed and drawn */
+        kind = oo.kind == EBB_SGD ? "sgd" : oo.kind == EBB_ADAM ? "adam" : "adamw";
     }
     if ((rc = compile_plan(&j, o.batch, &oo, o.memory_budget, &plan)) ||
         (rc = compile_plan(&j, o.batch, NULL, 0, &infer)))
@@ -1173,7 +1175,8 @@ int ebb_cli_train(int argc, char **argv) {
             if (tty)
                 printf("\n");
             fflush(stdout);
-            if (curve && !epoch_end && (st = ebb_cli_curve_save(curve, o.curve, "--curve")) != EBB_OK)
+            if (curve && !epoch_end &&
+                (st = ebb_cli_curve_save(curve, o.curve, "--curve")) != EBB_OK)
                 fprintf(stderr, "ebb: %s\n", ebb_errmsg());
             if (tw)
                 fprintf(stderr, "ebb: --trace: step %lld was not reached; %s is left as it was\n",
