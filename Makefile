@@ -58,14 +58,15 @@ TRAIN_SPEC ?= specs/fashion_mlp.yaml
 DEMO_SPEC  ?= specs/switch_routed.yaml
 demo: build
 	$(BUILD)/ebb train $(TRAIN_SPEC) --data fashion-mnist --eval-data fashion-mnist:test \
-	  --epochs 1 --log-every 200 --save-weights $(BUILD)/demo-weights.safetensors
+	  --epochs 1 --log-every 200 --save-weights $(BUILD)/demo-weights.safetensors \
+	  --curve $(BUILD)/demo-curve.svg
 	$(BUILD)/ebb eval $(TRAIN_SPEC) --weights $(BUILD)/demo-weights.safetensors --data fashion-mnist:test
 	$(BUILD)/ebb chart $(TRAIN_SPEC) --train -i batch=64 -o $(BUILD)/demo-train-chart.svg
 	$(BUILD)/examples/residual_mlp
 	$(BUILD)/ebb run $(DEMO_SPEC) -i batch=16 --repeat 20 --trace $(BUILD)/demo-trace.jsonl
 	$(BUILD)/ebb dot $(DEMO_SPEC) --plan -i batch=16 -o $(BUILD)/demo-plan.svg
 	$(BUILD)/ebb chart $(DEMO_SPEC) -i batch=16 --trace $(BUILD)/demo-trace.jsonl -o $(BUILD)/demo-chart.svg
-	@echo "training plan drawn in $(BUILD)/demo-train-chart.svg; $(DEMO_SPEC)'s plan in $(BUILD)/demo-plan.svg, its memory with the run's trace in $(BUILD)/demo-chart.svg"
+	@echo "learning curve in $(BUILD)/demo-curve.svg; training plan drawn in $(BUILD)/demo-train-chart.svg; $(DEMO_SPEC)'s plan in $(BUILD)/demo-plan.svg, its memory with the run's trace in $(BUILD)/demo-chart.svg"
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
@@ -76,7 +77,7 @@ BENCH_PACKAGES := python3-torch
 bench: deps
 	$(call install_missing,$(BENCH_PACKAGES))
 	cmake -S . -B $(BUILD) -DEBB_BUILD_BENCH=ON $(CMAKE_FLAGS)
-	cmake --build $(BUILD) -j$(JOBS) --target ebb_bench
+	cmake --build $(BUILD) -j$(JOBS) --target ebb_bench ebb_fashion_bench ebb_remat_bench
 	bash tests/bench/run.sh $(BUILD)
 
 # A libFuzzer run over the YAML loader and the compiler (ASan + UBSan). The
