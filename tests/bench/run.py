@@ -516,6 +516,14 @@ def main():
     ap.add_argument("--config", choices=["dispatch", "compute"], help="one configuration only")
     ap.add_argument("--no-train", action="store_true", help="forwards only, no training rows")
     ap.add_argument("--train-only", action="store_true", help="training rows only")
+    ap.add_argument("--no-fashion", action="store_true",
+                    help="without the Fashion-MNIST epochs against PyTorch (--only fashion: "
+                         "those alone)")
+    ap.add_argument("--no-remat", action="store_true",
+                    help="without training under memory budgets (--only remat: those alone)")
+    ap.add_argument("--fashion-full", action="store_true",
+                    help="time whole Fashion-MNIST epochs for every model (default: part of "
+                         "the CNN's)")
     args = ap.parse_args()
 
     binary = args.bin or os.path.join(args.build, "tests", "bench", "ebb_bench")
@@ -532,10 +540,14 @@ def main():
     log("bench: %d threads, libtorch %s, PyTorch %s, %s x %s" %
         (threads, info["libtorch"], info["pytorch"], info["nproc"], info["cpu"]))
 
-    rows, train_rows = [], []
+    rows, train_rows, fashion_rows, remat_rows = [], [], [], []
+    remat = (not args.no_remat and not args.no_train and not args.config and
+             (not args.only or "remat" in args.only))
+    fashion = (not args.no_fashion and not args.no_train and not args.config and
+               (not args.only or "fashion" in args.only))
     load_before = loadavg()
     t0 = time.time()
-    spent = {"forward": 0.0, "train": 0.0}  # seconds in each kind of row
+    spent = {"forward": 0.0, "train": 0.0, "fashion": 0.0, "remat": 0.0}  # seconds per kind
     try:
         suite = [w for w in SUITE if (not args.only or w[0] in args.only) and
                  (not args.config or w[1] == args.config)]
@@ -557,6 +569,16 @@ def main():
                 train_rows.append(run_train_one(ebb, out_dir, workload, config, params, binds,
                                                 fills, log))
                 spent["train"] += time.time() - t1
+        if fashion:
+            import fashion as fashion_bench  # imports this file as `run`
+            t1 = time.time()
+            fashion_rows = fashion_bench.run_all(args.build, out_dir, args.fashion_full, log)
+            spent["fashion"] += time.time() - t1
+        if remat:
+            import remat as remat_bench  # imports this file as `run`
+            t1 = time.time()
+            remat_rows = remat_bench.run_all(args.build, out_dir, log)
+            spent["remat"] += time.time() - t1
     finally:
         ebb.close()
     elapsed = time.time() - t0
@@ -566,11 +588,13 @@ def main():
     text = render_text(head, body)
     thead, tbody = train_table(train_rows)
     misses = []
-    for kind, rs in (("", rows), ("training ", train_rows)):
+    for kind, rs in (("", rows), ("training ", train_rows), ("", fashion_rows),
+                     ("memory budget ", remat_rows)):
         for r in rs:
             for k, v in r.get("targets", {}).items():
                 if v and v != "ok":
-                    misses.append("%s%s/%s %s: %s" % (kind, r["workload"], r["config"], k, v))
+                    misses.append("%s%s %s: %s" % (kind, r.get("model") or "%s/%s" % (
+                        r["workload"], r["config"]), k, v))
     print()
     print("machine: %(nproc)s x %(cpu)s; libtorch %(libtorch)s; PyTorch %(pytorch)s; "
           "threads %(threads)s (intra-op, all three); load average %(loadavg_before)s before, "
@@ -594,18 +618,35 @@ def main():
         print("S1: ebb <= %.2f x C++ (dispatch)  S2: ebb <= %.2f x PyTorch (dispatch)  "
               "S3: ebb measured <= PyTorch  check: the first two steps' losses agree, no handle "
               "leaked" % (TARGET_TRAIN_CXX, TARGET_TRAIN_PYT))
+    if fashion_rows:
+        fhead, fbody = fashion_bench.table(fashion_rows)
+        print()
+        print("ebb bench, Fashion-MNIST training against PyTorch eager (batch %d, AdamW lr 1e-3, "
+              "the same order and initial weights)" % fashion_bench.BATCH)
+        print(render_text(fhead, fbody))
+        print(fashion_bench.LEGEND)
+    if remat_rows:
+        print()
+        print("ebb bench, training under a memory budget (AdamW lr 1e-3; ebb_compile_options."
+              "memory_budget against torch.utils.checkpoint): step times in ms, peaks in bytes "
+              "above the parameters, optimizer state, input and target")
+        print(remat_bench.render(remat_rows))
+        print(remat_bench.LEGEND)
     if misses:
         print("targets missed:")
         for m in misses:
             print("  " + m)
     else:
         print("every target met")
-    print("(%.0f s: forward rows %.0f s, training rows %.0f s; results in %s/results.json and "
-          "results.md)" % (elapsed, spent["forward"], spent["train"], out_dir))
+    print("(%.0f s: forward rows %.0f s, training rows %.0f s, Fashion-MNIST %.0f s, memory "
+          "budgets %.0f s; results in %s/results.json and results.md)" % (
+              elapsed, spent["forward"], spent["train"], spent["fashion"], spent["remat"],
+              out_dir))
 
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"machine": info, "timing": TIMING, "rows": rows,
-                   "train_timing": TRAIN_TIMING, "train_rows": train_rows, "seconds": elapsed,
+                   "train_timing": TRAIN_TIMING, "train_rows": train_rows,
+                   "fashion_rows": fashion_rows, "remat_rows": remat_rows, "seconds": elapsed,
                    "seconds_by_kind": spent},
                   f, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
@@ -613,6 +654,12 @@ def main():
             f.write(render_md(head, body) + "\n")
         if train_rows:
             f.write("\nTraining steps:\n\n" + render_md(thead, tbody) + "\n")
+        if fashion_rows:
+            f.write("\nFashion-MNIST training against PyTorch eager:\n\n" +
+                    render_md(fhead, fbody) + "\n")
+        if remat_rows:
+            f.write("\nTraining under a memory budget:\n\n" +
+                    render_md(*remat_bench.table(remat_rows)) + "\n")
     return 0
 
 

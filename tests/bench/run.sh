@@ -4,6 +4,8 @@
 # one table. PyTorch eager runs on Debian's python3-torch, so this uses
 # /usr/bin/python3 whatever `python3` is first on PATH.
 #   bash tests/bench/run.sh [BUILD] [run.py options: --only mlp --config dispatch]
+#   bash tests/bench/run.sh [BUILD] --only fashion    Fashion-MNIST epochs against PyTorch
+#   bash tests/bench/run.sh [BUILD] --only remat      training under memory budgets
 # EBB_BENCH_THREADS sets the intra-op thread count of all three (default 1).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
