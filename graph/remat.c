@@ -330,9 +330,12 @@ ebb_status ebb_remat_fit(ebb_plan **plan, const ebb_graph *g, const ebb_compile_
         ebb_bytes_str(best.plan ? best.plan->budget_peak_bytes : p0->budget_peak_bytes, lb, sizeof lb);
         st = ebb_error_set(EBB_ERR_NOMEM,
                            "ebb_compile: plan %s needs %s at its peak keeping every value, and "
-                           "%s at the least recomputing (checkpoints every %d of %d cut points); "
-                           "the memory budget is %s",
-                           p0->name, pb, lb, best.plan ? best.s : 0, r.n_art, sb);
+                           "%s (%lld bytes) at the least recomputing (checkpoints every %d of %d "
+                           "cut points); the memory budget is %s",
+                           p0->name, pb, lb,
+                           (long long)(best.plan ? best.plan->budget_peak_bytes
+                                                 : p0->budget_peak_bytes),
+                           best.plan ? best.s : 0, r.n_art, sb);
         ebb_plan_free(best.plan);
         goto done;
     }

@@ -358,7 +358,8 @@ def table(rows):
     for r in rows:
         for p in r["plans"]:
             eng = "ebb" + (" (updates after backward)" if p["after"] else "")
-            bud = "none" if not p["budget"] else "%s = %s" % (p["label"], fmt_b(p["budget"]))
+            bud = "none" if not p["budget"] else "%s = %s" % (
+                p["label"].replace(", updates after", ""), fmt_b(p["budget"]))
             if p["label"].startswith("none"):
                 bud = "none"
             if p.get("also"):
@@ -411,6 +412,8 @@ def render(rows):
         else:
             lines.append("  ".join(str(c).ljust(w[i]) if i < 3 else str(c).rjust(w[i])
                                    for i, c in enumerate(b)))
+    if rows and rows[0].get("malloc"):
+        lines.append("glibc malloc: %s (see tests/bench/remat.py)" % rows[0]["malloc"])
     return "\n".join(lines)
 
 
