@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "plan_internal.h"
+#include "svg_write.h"
 
 /* Past this many bands (or steps), bands too small to see merge into "other". */
 #define MERGE_BANDS 300
@@ -96,43 +97,7 @@ typedef struct chart {
     int oom;
 } chart;
 
-/* ---- writing ----------------------------------------------------------------- */
-
-static void xml_text(FILE *f, const char *s) {
-    for (; s && *s; s++) {
-        switch (*s) {
-        case '&':
-            fputs("&amp;", f);
-            break;
-        case '<':
-            fputs("&lt;", f);
-            break;
-        case '>':
-            fputs("&gt;", f);
-            break;
-        case '"':
-            fputs("&quot;", f);
-            break;
-        default:
-            /* control characters are not allowed in XML 1.0 */
-            fputc((unsigned char)*s < 0x20 && *s != '\n' && *s != '\t' ? ' ' : *s, f);
-        }
-    }
-}
-
-/* A coordinate with the fewest digits that still place it: "12", "12.5". */
-static void num(FILE *f, double v, int decimals) {
-    char buf[32];
-    snprintf(buf, sizeof buf, "%.*f", decimals, v);
-    char *dot = strchr(buf, '.');
-    if (dot) {
-        char *end = buf + strlen(buf) - 1;
-        while (end > dot && *end == '0')
-            *end-- = '\0';
-        if (end == dot) *end = '\0';
-    }
-    fputs(strcmp(buf, "-0") ? buf : "0", f);
-}
+/* ---- writing (escaping, numbers and text: svg_write.h) ------------------------ */
 
 static double xs(const chart *c, int col) {
     return LEFT + c->dx * col;
@@ -155,16 +120,6 @@ static void put_xy(const chart *c, char cmd, int col, int64_t bytes) {
 
 static const char *bytes_text(int64_t n, char *buf, size_t size) {
     return ebb_bytes_str(n, buf, size);
-}
-
-static void draw_text(FILE *f, double x, double y, const char *attrs, const char *text) {
-    fputs("<text x=\"", f);
-    num(f, x, 1);
-    fputs("\" y=\"", f);
-    num(f, y, 1);
-    fprintf(f, "\"%s%s>", attrs ? " " : "", attrs ? attrs : "");
-    xml_text(f, text);
-    fputs("</text>\n", f);
 }
 
 /* ---- the walk ------------------------------------------------------------------- */
