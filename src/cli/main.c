@@ -1375,11 +1375,6 @@ static int cmd_chart(int argc, char **argv) {
 
 /* ---- run ----------------------------------------------------------------- */
 
-typedef struct trace_out {
-    FILE *f;
-    const ebb_plan *plan;
-    int64_t steps;
-} trace_out;
 
 static void ids(FILE *f, const ebb_plan *p, const int *slots, int n) {
     char id[64];
@@ -1391,8 +1386,8 @@ static void ids(FILE *f, const ebb_plan *p, const int *slots, int n) {
     fputc(']', f);
 }
 
-static void trace_step(const ebb_trace_event *e, void *user) {
-    trace_out *t = user;
+void ebb_cli_trace_step(const ebb_trace_event *e, void *user) {
+    ebb_cli_trace *t = user;
     FILE *f = t->f;
     char id[64];
     t->steps++;
@@ -1568,7 +1563,7 @@ static int cmd_run(int argc, char **argv) {
             goto done;
         }
     }
-    trace_out to = {.plan = p};
+    ebb_cli_trace to = {.plan = p};
     if (o.trace) {
         if (ebb_file_begin(&tw, o.trace, "--trace") != EBB_OK) {
             rc = fail_write();
@@ -1583,7 +1578,8 @@ static int cmd_run(int argc, char **argv) {
             ebb_tensor_free(outputs[k]);
             outputs[k] = NULL;
         }
-        ebb_run_options ro = {.trace = (tw && r == 0) ? trace_step : NULL, .trace_user = &to};
+        ebb_run_options ro = {.trace = (tw && r == 0) ? ebb_cli_trace_step : NULL,
+                              .trace_user = &to};
         st = ebb_run_ex(p, m, inputs, outputs, &ro, &stats);
         if (st != EBB_OK) {
             rc = fail_status(st);
@@ -1761,7 +1757,7 @@ static int cmd_grad(int argc, char **argv) {
         rc = fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
         goto done;
     }
-    trace_out to = {.plan = p};
+    ebb_cli_trace to = {.plan = p};
     if (o.trace) {
         if (ebb_file_begin(&tw, o.trace, "--trace") != EBB_OK) {
             rc = fail_write();
@@ -1770,7 +1766,8 @@ static int cmd_grad(int argc, char **argv) {
         to.f = ebb_file_stream(tw);
     }
     int n_targets = ebb_plan_target_count(p);
-    ebb_run_options ro = {.trace = tw ? trace_step : NULL, .trace_user = &to, .seed = o.seed};
+    ebb_run_options ro = {.trace = tw ? ebb_cli_trace_step : NULL, .trace_user = &to,
+                          .seed = o.seed};
     ebb_run_stats stats = {0};
     double loss = 0;
     st = ebb_grad_ex(p, m, inputs, inputs + (n_in - n_targets), &loss, grads, &ro, &stats);

@@ -787,56 +787,6 @@ static void on_sigint(int sig) {
     signal(SIGINT, SIG_DFL); /* a second Ctrl-C stops at once */
 }
 
-/* One training step traced in the format of `ebb run --trace` (src/cli/main.c,
- * docs/cli.md): a line per executed plan step, then a summary, so that
- * `ebb chart --train --trace` draws it over the training plan and refuses
- * it for another plan. One step, not every step: the plan is the same for
- * each, and a line per plan step per training step would grow without use. */
-typedef struct step_trace {
-    FILE *f;
-    const ebb_plan *plan;
-    int64_t lines;
-} step_trace;
-
-static void trace_ids(FILE *f, const ebb_plan *p, const int *slots, int n) {
-    char id[64];
-    fputc('[', f);
-    for (int i = 0; i < n; i++) {
-        ebb_plan_value_id(p, slots[i], id, sizeof id);
-        fprintf(f, "%s\"%s\"", i ? ", " : "", id);
-    }
-    fputc(']', f);
-}
-
-static void trace_line(const ebb_trace_event *e, void *user) {
-    step_trace *t = user;
-    FILE *f = t->f;
-    char id[64];
-    t->lines++;
-    /* node paths and names are identifiers and dots: no escaping needed */
-    fprintf(f, "{\"step\": %d, \"op\": \"%s\", \"node\": \"%s\", \"inputs\": ", e->step,
-            e->info->op, e->info->node);
-    trace_ids(f, t->plan, e->info->in, e->info->n_in);
-    int skipped = e->jumped && e->info->kind == EBB_STEP_ENTER; /* a branch with no rows */
-    fputs(", \"output\": ", f);
-    if (e->info->n_out && !skipped) {
-        ebb_plan_value_id(t->plan, e->info->out[e->info->kind == EBB_STEP_ENTER ? 1 : 0], id,
-                          sizeof id);
-        fprintf(f, "\"%s\"", id);
-    } else {
-        fputs("null", f);
-    }
-    fputs(", \"outputs\": ", f);
-    trace_ids(f, t->plan, e->info->out, skipped ? 0 : e->info->n_out);
-    fputs(", \"freed\": ", f);
-    trace_ids(f, t->plan, e->freed, e->n_freed);
-    fprintf(f,
-            ", \"jumped\": %s, \"live_bytes\": %lld, \"peak_bytes\": %lld, "
-            "\"planned_peak_bytes\": %lld, \"seconds\": %.9f}\n",
-            e->jumped ? "true" : "false", (long long)e->live_bytes, (long long)e->peak_bytes,
-            (long long)e->info->peak_bytes, e->seconds);
-}
-
 /* Samples seen after `step` steps: whole epochs, then the batches of the
  * epoch under way (the last one partial unless --drop-last). */
 static int64_t samples_at(int64_t step, int64_t per_epoch, int64_t epoch_samples, int64_t batch) {
@@ -873,7 +823,10 @@ int ebb_cli_train(int argc, char **argv) {
     ebb_dataset *train = NULL, *test = NULL;
     int64_t *order = NULL;
     ebb_file_out *tw = NULL;
-    step_trace trace = {0};
+    /* --trace: one training step in the format of `ebb run --trace`
+     * (docs/cli.md), so that `ebb chart --train --trace` draws it over the
+     * training plan; one step, as the plan is the same for each */
+    ebb_cli_trace trace = {0};
     ebb_cli_curve *curve = NULL;
     ebb_tensor *ts[MAX_FIELDS] = {0};
     ebb_status st;
@@ -952,7 +905,7 @@ int ebb_cli_train(int argc, char **argv) {
             rc = EXIT_RUNTIME;
             goto done;
         }
-        trace = (step_trace){.f = ebb_file_stream(tw), .plan = plan};
+        trace = (ebb_cli_trace){.f = ebb_file_stream(tw), .plan = plan};
     }
     /* --curve: a training-loss point per logged window, else about 200
      * points over the run, which a picture 700 px wide still shows apart */
@@ -1018,7 +971,7 @@ int ebb_cli_train(int argc, char **argv) {
         double loss = 0;
         ebb_run_stats stats = {0};
         int traced = tw && step + 1 == trace_at;
-        ebb_run_options ro = {.seed = o.seed, .trace = traced ? trace_line : NULL,
+        ebb_run_options ro = {.seed = o.seed, .trace = traced ? ebb_cli_trace_step : NULL,
                               .trace_user = &trace};
         st = make_batch(&j, train, order + at, cnt, ts);
         if (st == EBB_OK)
@@ -1044,7 +997,7 @@ int ebb_cli_train(int argc, char **argv) {
                     "{\"summary\": {\"steps\": %lld, \"peak_bytes\": %lld, "
                     "\"planned_peak_bytes\": %lld, \"peak_kind\": \"%s\", \"training_step\": %lld, "
                     "\"epoch\": %lld, \"loss\": %.9g, \"device\": \"%s\"}}\n",
-                    (long long)trace.lines, (long long)stats.measured_peak_bytes,
+                    (long long)trace.steps, (long long)stats.measured_peak_bytes,
                     (long long)planned, ebb_plan_peak_is_bound(plan) ? "bound" : "exact",
                     (long long)step, (long long)e + 1, loss,
                     ebb_device_str(j.dev, dn, sizeof dn));

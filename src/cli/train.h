@@ -5,6 +5,9 @@
 #define EBB_CLI_TRAIN_H
 
 #include <getopt.h>
+#include <stdio.h>
+
+#include "ebb/ebb.h"
 
 extern const char ebb_cli_usage_train[];
 extern const char ebb_cli_usage_eval[];
@@ -12,6 +15,16 @@ extern const struct option ebb_cli_train_options[];
 extern const struct option ebb_cli_eval_options[];
 /* getopt's short options of both commands */
 #define EBB_CLI_TRAIN_SHORTS "hp:"
+
+/* The JSONL trace of `ebb run --trace` (docs/cli.md), written by
+ * ebb_cli_trace_step as an ebb_run_options.trace callback with an
+ * ebb_cli_trace as its user pointer (src/cli/main.c). */
+typedef struct ebb_cli_trace {
+    FILE *f;
+    const ebb_plan *plan;
+    int64_t steps; /* lines written */
+} ebb_cli_trace;
+void ebb_cli_trace_step(const ebb_trace_event *e, void *user);
 
 int ebb_cli_train(int argc, char **argv);
 int ebb_cli_eval(int argc, char **argv);
