@@ -386,6 +386,12 @@ static int backward_read(ad *a, int v) {
         return v;
     if (a->copy[v] >= 0)
         return a->copy[v];
+    if (a->depth > 0 || a->n_loops > 0) {
+        /* a skip may jump over this point: a copy made here might never be
+         * written, so the forward's value is kept instead */
+        a->copy[v] = v;
+        return v;
+    }
     int fi = p->values[v].producer;
     int n_in = p->steps[fi].pub.n_in, n_out = p->steps[fi].pub.n_out;
     int *in = malloc(((size_t)n_in + (size_t)n_out + 1) * sizeof *in);
