@@ -204,15 +204,14 @@ static const char usage_chart[] =
     "tall as its bytes; the planned peak is a labelled line. A SPEC of - is read\n"
     "from standard input.\n";
 
-static int usage_error(const char *usage, const char *fmt, const char *arg) {
+int ebb_cli_usage_error(const char *usage, const char *fmt, const char *arg) {
     fprintf(stderr, "ebb: ");
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\n%s", usage);
     return EXIT_USAGE;
 }
 
-/* A runtime failure (exit 3) unless the status says the input was at fault. */
-static int fail_status(ebb_status st) {
+int ebb_cli_fail_status(ebb_status st) {
     fprintf(stderr, "ebb: %s\n", ebb_errmsg());
     switch (st) {
     case EBB_ERR_SPEC:
@@ -402,7 +401,7 @@ static int add_spec(const command *c, options *o, const char *arg) {
     if (c->many)
         o->specs[o->n_specs++] = arg;
     else if (o->spec)
-        return usage_error(c->usage, "unexpected argument %s", arg);
+        return ebb_cli_usage_error(c->usage, "unexpected argument %s", arg);
     o->spec = o->spec ? o->spec : arg;
     return 0;
 }
@@ -416,7 +415,7 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
     /* kept until exit: the command reads them to the end */
     static const char **specs;
     if (c->many && !(specs = calloc((size_t)argc + 1, sizeof *specs)))
-        return fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+        return ebb_cli_fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
     o->specs = specs;
     /* '-' first: arguments come back in order (as 1) whatever POSIXLY_CORRECT
      * says, so options may follow the SPEC; ':' next: a missing value is
@@ -440,7 +439,7 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
         case 'i':
         case 'p':
             if ((opt == 'i' ? o->n_shapes : o->n_params) == MAX_BINDINGS)
-                return usage_error(usage, "too many %s options", opt == 'i' ? "-i" : "-p");
+                return ebb_cli_usage_error(usage, "too many %s options", opt == 'i' ? "-i" : "-p");
             if (opt == 'i')
                 o->shapes[o->n_shapes++] = val;
             else
@@ -463,7 +462,7 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
             if (!strcmp(val, "least"))
                 o->memory_budget = EBB_MEMORY_BUDGET_LEAST;
             else if (ebb_bytes_parse(val, &o->memory_budget) != EBB_OK || o->memory_budget == 0)
-                return usage_error(usage, "--memory-budget %s: expected a byte count above 0, "
+                return ebb_cli_usage_error(usage, "--memory-budget %s: expected a byte count above 0, "
                                           "like 64MiB or 1.5GB, or `least`",
                                    val);
             break;
@@ -472,11 +471,11 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
             uint64_t v;
             const char *n = opt == OPT_SEED ? "--seed" : "--repeat";
             if (parse_u64(val, &v) != 0)
-                return usage_error(usage, "%s needs a non-negative integer", n);
+                return ebb_cli_usage_error(usage, "%s needs a non-negative integer", n);
             if (opt == OPT_SEED)
                 o->seed = v;
             else if (v < 1 || v > 1000000)
-                return usage_error(usage, "%s must be between 1 and 1000000", n);
+                return ebb_cli_usage_error(usage, "%s must be between 1 and 1000000", n);
             else
                 o->repeat = (int)v;
             break;
@@ -491,30 +490,30 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
         case ':':
             option_name(c, optopt, name, sizeof name);
             if (optopt == 'i')
-                return usage_error(usage, "%s needs NAME=D0,D1,...", name);
+                return ebb_cli_usage_error(usage, "%s needs NAME=D0,D1,...", name);
             if (optopt == 'p')
-                return usage_error(usage, "%s needs NAME=NUMBER", name);
+                return ebb_cli_usage_error(usage, "%s needs NAME=NUMBER", name);
             if (optopt == OPT_SEED || optopt == OPT_REPEAT)
-                return usage_error(usage, "%s needs a non-negative integer", name);
-            return usage_error(usage, "%s needs a value", name);
+                return ebb_cli_usage_error(usage, "%s needs a non-negative integer", name);
+            return ebb_cli_usage_error(usage, "%s needs a value", name);
         default: /* '?' */
             /* a known long option given a value it does not take */
             for (const struct option *lo = c->longs; optopt && lo->name; lo++)
                 if (lo->val == optopt && lo->has_arg == no_argument &&
                     !strncmp(argv[optind - 1], "--", 2)) {
                     snprintf(name, sizeof name, "--%s", lo->name);
-                    return usage_error(usage, "option %s takes no value", name);
+                    return ebb_cli_usage_error(usage, "option %s takes no value", name);
                 }
             if (optopt > 0 && optopt < 256) {
                 snprintf(name, sizeof name, "-%c", optopt);
-                return usage_error(usage, "unknown option %s", name);
+                return ebb_cli_usage_error(usage, "unknown option %s", name);
             }
             /* an unknown or ambiguous long option, as written */
-            return usage_error(usage, "unknown option %s", argv[optind - 1]);
+            return ebb_cli_usage_error(usage, "unknown option %s", argv[optind - 1]);
         }
         if (slot) {
             if (!*val)
-                return usage_error(usage, "%s needs a value", option_name(c, opt, name, sizeof name));
+                return ebb_cli_usage_error(usage, "%s needs a value", option_name(c, opt, name, sizeof name));
             *slot = val;
         }
     }
@@ -522,22 +521,22 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
         if ((rc = add_spec(c, o, argv[optind])))
             return rc;
     if (!o->spec)
-        return usage_error(usage, "%s", "missing SPEC");
+        return ebb_cli_usage_error(usage, "%s", "missing SPEC");
     if (o->non_strict && !o->weights)
-        return usage_error(usage, "%s", "--non-strict applies to --weights, which is not given");
+        return ebb_cli_usage_error(usage, "%s", "--non-strict applies to --weights, which is not given");
     if ((o->loss || o->optimizer || o->grads_only) && !o->train && strcmp(c->name, "grad") != 0)
-        return usage_error(usage, "%s",
+        return ebb_cli_usage_error(usage, "%s",
                            "--loss, --optimizer and --grads-only apply to --train, which is not "
                            "given");
     if (o->optimizer && strcmp(o->optimizer, "sgd") && strcmp(o->optimizer, "adam") &&
         strcmp(o->optimizer, "adamw"))
-        return usage_error(usage, "--optimizer %s: expected sgd, adam or adamw", o->optimizer);
+        return ebb_cli_usage_error(usage, "--optimizer %s: expected sgd, adam or adamw", o->optimizer);
     /* standard input can be read once */
     int from_stdin = (o->inputs && !strcmp(o->inputs, "-")) + (o->weights && !strcmp(o->weights, "-"));
     for (int i = 0; i < (c->many ? o->n_specs : 1); i++)
         from_stdin += !strcmp(c->many ? o->specs[i] : o->spec, "-");
     if (from_stdin > 1)
-        return usage_error(usage, "%s",
+        return ebb_cli_usage_error(usage, "%s",
                            "standard input (-) can be read once: give it to one SPEC, --weights "
                            "or --inputs");
     return 0;
@@ -901,7 +900,7 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
     }
     ebb_status st = ebb_spec_resolve_target_shapes(s, bindings, n_bind, shapes, MAX_INPUTS);
     if (st != EBB_OK)
-        return fail_status(st);
+        return ebb_cli_fail_status(st);
     for (int i = 0; i < n; i++) {
         ebb_dtype dt = EBB_FLOAT32;
         if (!ebb_spec_target_dtype(s, i, &dt))
@@ -910,7 +909,7 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
         if (inputs && ebb_safetensors_dtype_str(inputs, ebb_spec_target_name(s, i))) {
             st = ebb_safetensors_find(inputs, ebb_spec_target_name(s, i), &dtypes[i], &shapes[i]);
             if (st != EBB_OK)
-                return fail_status(st);
+                return ebb_cli_fail_status(st);
         }
     }
     const char *kind = o->optimizer ? o->optimizer : "adamw";
@@ -925,7 +924,7 @@ static int load_and_compile(const options *o, const ebb_safetensors *inputs, ebb
                             ebb_plan **plan, int quiet) {
     ebb_status st = load_spec(o, spec);
     if (st != EBB_OK)
-        return fail_status(st);
+        return ebb_cli_fail_status(st);
     ebb_shape shapes[MAX_INPUTS];
     int rc = resolve_shapes(*spec, o, inputs, shapes, quiet);
     if (rc)
@@ -942,7 +941,7 @@ static int load_and_compile(const options *o, const ebb_safetensors *inputs, ebb
     if (o->train)
         co.train = &to;
     st = ebb_spec_compile(plan, *spec, &co);
-    return st == EBB_OK ? 0 : fail_status(st);
+    return st == EBB_OK ? 0 : ebb_cli_fail_status(st);
 }
 
 static int64_t param_elements(const ebb_plan *p) {
@@ -1122,10 +1121,10 @@ static int cmd_dot(int argc, char **argv) {
             at += (size_t)snprintf(list + at, sizeof list - at, "%s %s",
                                    k == 0 ? "" : k + 1 == n ? " or" : ",", dot_rendered[k]);
         snprintf(list + at, sizeof list - at, " to render");
-        return usage_error(usage_dot, list, o.out_file);
+        return ebb_cli_usage_error(usage_dot, list, o.out_file);
     }
     if ((o.train || o.memory_budget) && !o.plan_view)
-        return usage_error(usage_dot, "%s", "--train and --memory-budget apply to --plan, which "
+        return ebb_cli_usage_error(usage_dot, "%s", "--train and --memory-budget apply to --plan, which "
                                             "is not given");
     if (o.out_file && ebb_file_check_writable(o.out_file, "-o") != EBB_OK)
         return fail_write();
@@ -1141,13 +1140,13 @@ static int cmd_dot(int argc, char **argv) {
         rc = load_and_compile(&o, NULL, &s, &p, 1);
     } else {
         ebb_status st = load_spec(&o, &s);
-        rc = st == EBB_OK ? 0 : fail_status(st);
+        rc = st == EBB_OK ? 0 : ebb_cli_fail_status(st);
     }
     char *text = NULL;
     size_t len = 0;
     FILE *mem = rc ? NULL : open_memstream(&text, &len);
     if (!rc && !mem)
-        rc = fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+        rc = ebb_cli_fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
     if (mem) {
         if (p)
             ebb_plan_write_dot(p, mem);
@@ -1338,7 +1337,7 @@ static int cmd_chart(int argc, char **argv) {
     const char *base = o.out_file ? strrchr(o.out_file, '/') : NULL;
     const char *ext = o.out_file ? strrchr(base ? base : o.out_file, '.') : NULL;
     if (ext && strcmp(ext, ".svg"))
-        return usage_error(usage_chart,
+        return ebb_cli_usage_error(usage_chart,
                            "-o %s: the chart is SVG; name it .svg (rsvg-convert makes a PNG of it)",
                            o.out_file);
     if (o.out_file && ebb_file_check_writable(o.out_file, "-o") != EBB_OK)
@@ -1350,7 +1349,7 @@ static int cmd_chart(int argc, char **argv) {
     rc = load_and_compile(&o, NULL, &s, &p, 1);
     ebb_status st;
     if (!rc && o.trace && (st = read_trace(o.trace, p, &tr)) != EBB_OK)
-        rc = fail_status(st);
+        rc = ebb_cli_fail_status(st);
     if (!rc && o.out_file && ebb_file_begin(&w, o.out_file, "-o") != EBB_OK)
         rc = fail_write();
     if (!rc) {
@@ -1358,7 +1357,7 @@ static int cmd_chart(int argc, char **argv) {
         /* a write error on stdout is finish_stdout's to report (quietly for
          * a reader that went away); on a file, the writer's commit says it */
         if (st != EBB_OK && st != EBB_ERR_IO)
-            rc = fail_status(st);
+            rc = ebb_cli_fail_status(st);
         else if (w) {
             st = ebb_file_commit(w);
             w = NULL;
@@ -1504,7 +1503,7 @@ static int cmd_run(int argc, char **argv) {
         return rc;
     ebb_safetensors *in_file = NULL;
     if (o.inputs && (st = ebb_safetensors_open(&in_file, o.inputs)) != EBB_OK)
-        return fail_status(st);
+        return ebb_cli_fail_status(st);
 
     ebb_spec *s = NULL;
     ebb_plan *p = NULL;
@@ -1525,7 +1524,7 @@ static int cmd_run(int argc, char **argv) {
     outputs = calloc((size_t)n_out, sizeof *outputs);
     times = calloc((size_t)o.repeat, sizeof *times);
     if (!outputs || !times) {
-        rc = fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+        rc = ebb_cli_fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
         goto done;
     }
     ebb_model_load_options lo = {.strict_finite = o.strict_finite,
@@ -1535,7 +1534,7 @@ static int cmd_run(int argc, char **argv) {
                                  .mismatch = warn_mismatch};
     if ((st = ebb_model_new(&m, p, dev, o.seed)) != EBB_OK ||
         (o.weights && (st = ebb_model_load_ex(m, o.weights, &lo)) != EBB_OK)) {
-        rc = fail_status(st);
+        rc = ebb_cli_fail_status(st);
         goto done;
     }
     for (int i = 0; i < n_in; i++) {
@@ -1559,7 +1558,7 @@ static int cmd_run(int argc, char **argv) {
         else if (st == EBB_OK && bad)
             warn_nonfinite(o.inputs, v->name, bad, ebb_tensor_numel(inputs[i]), "input");
         if (st != EBB_OK) {
-            rc = fail_status(st);
+            rc = ebb_cli_fail_status(st);
             goto done;
         }
     }
@@ -1582,7 +1581,7 @@ static int cmd_run(int argc, char **argv) {
                               .trace_user = &to};
         st = ebb_run_ex(p, m, inputs, outputs, &ro, &stats);
         if (st != EBB_OK) {
-            rc = fail_status(st);
+            rc = ebb_cli_fail_status(st);
             goto done;
         }
         times[r] = stats.seconds;
@@ -1593,7 +1592,7 @@ static int cmd_run(int argc, char **argv) {
         /* the eager run above gave the trace and memory figures; now time replays */
         ebb_capture *cap = NULL;
         if ((st = ebb_plan_capture(&cap, p, m, inputs)) != EBB_OK) {
-            rc = fail_status(st);
+            rc = ebb_cli_fail_status(st);
             goto done;
         }
         for (int r = 0; r < o.repeat && st == EBB_OK; r++) {
@@ -1609,7 +1608,7 @@ static int cmd_run(int argc, char **argv) {
         }
         ebb_capture_free(cap);
         if (st != EBB_OK) {
-            rc = fail_status(st);
+            rc = ebb_cli_fail_status(st);
             goto done;
         }
     }
@@ -1666,7 +1665,7 @@ static int cmd_run(int argc, char **argv) {
     if (o.outputs) {
         const char **names = calloc((size_t)n_out, sizeof *names);
         if (!names) {
-            rc = fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+            rc = ebb_cli_fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
             goto done;
         }
         for (int k = 0; k < n_out; k++)
@@ -1674,12 +1673,12 @@ static int cmd_run(int argc, char **argv) {
         st = ebb_safetensors_write(o.outputs, names, outputs, n_out);
         free(names);
         if (st != EBB_OK) {
-            rc = st == EBB_ERR_NOMEM ? fail_status(st) : fail_write();
+            rc = st == EBB_ERR_NOMEM ? ebb_cli_fail_status(st) : fail_write();
             goto done;
         }
     }
     if (o.save_weights && (st = ebb_model_save(m, o.save_weights)) != EBB_OK)
-        rc = st == EBB_ERR_NOMEM ? fail_status(st) : fail_write();
+        rc = st == EBB_ERR_NOMEM ? ebb_cli_fail_status(st) : fail_write();
 done:
     ebb_file_abort(tw); /* a failed run leaves the old trace, if any, as it was */
     for (int i = 0; i < MAX_INPUTS; i++)
@@ -1704,7 +1703,7 @@ static int cmd_grad(int argc, char **argv) {
     if (rc)
         return rc < 0 ? 0 : rc;
     if (!o.inputs || !o.grads)
-        return usage_error(usage_grad, "%s", !o.inputs ? "--inputs is required (the inputs and "
+        return ebb_cli_usage_error(usage_grad, "%s", !o.inputs ? "--inputs is required (the inputs and "
                                                          "the targets, by name)"
                                                        : "--grads is required");
     o.train = 1;
@@ -1722,7 +1721,7 @@ static int cmd_grad(int argc, char **argv) {
         return rc;
     ebb_safetensors *in_file = NULL;
     if ((st = ebb_safetensors_open(&in_file, o.inputs)) != EBB_OK)
-        return fail_status(st);
+        return ebb_cli_fail_status(st);
     ebb_spec *s = NULL;
     ebb_plan *p = NULL;
     ebb_model *m = NULL;
@@ -1734,7 +1733,7 @@ static int cmd_grad(int argc, char **argv) {
     int n_in = ebb_plan_input_count(p);
     if ((st = ebb_model_new(&m, p, dev, o.seed)) != EBB_OK ||
         (o.weights && (st = ebb_model_load(m, o.weights)) != EBB_OK)) {
-        rc = fail_status(st);
+        rc = ebb_cli_fail_status(st);
         goto done;
     }
     /* the inputs, then the targets: every one from the file */
@@ -1747,14 +1746,14 @@ static int cmd_grad(int argc, char **argv) {
                                  i < n_in - ebb_plan_target_count(p) ? "an input" : "a target",
                                  o.spec);
         if (st != EBB_OK) {
-            rc = fail_status(st);
+            rc = ebb_cli_fail_status(st);
             goto done;
         }
     }
     int n_params = ebb_model_param_count(m);
     grads = calloc((size_t)n_params + 1, sizeof *grads);
     if (!grads) {
-        rc = fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+        rc = ebb_cli_fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
         goto done;
     }
     ebb_cli_trace to = {.plan = p};
@@ -1772,7 +1771,7 @@ static int cmd_grad(int argc, char **argv) {
     double loss = 0;
     st = ebb_grad_ex(p, m, inputs, inputs + (n_in - n_targets), &loss, grads, &ro, &stats);
     if (st != EBB_OK) {
-        rc = fail_status(ebb_spec_annotate_error(s, st));
+        rc = ebb_cli_fail_status(ebb_spec_annotate_error(s, st));
         goto done;
     }
     int64_t planned = ebb_plan_device_peak_bytes(p, dev);
@@ -1800,7 +1799,7 @@ static int cmd_grad(int argc, char **argv) {
     free(names);
     free(ts);
     if (st != EBB_OK) {
-        rc = st == EBB_ERR_NOMEM ? fail_status(st) : fail_write();
+        rc = st == EBB_ERR_NOMEM ? ebb_cli_fail_status(st) : fail_write();
         goto done;
     }
     char mb[32], pb[32];
@@ -1876,26 +1875,26 @@ static int print_version(void) {
 
 static int dispatch(int argc, char **argv) {
     if (argc < 2)
-        return usage_error(usage_main, "%s", "missing COMMAND");
+        return ebb_cli_usage_error(usage_main, "%s", "missing COMMAND");
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         /* `ebb help plan`, as git: that command's help */
         if (argc > 3)
-            return usage_error(usage_main, "%s", "help takes one COMMAND");
+            return ebb_cli_usage_error(usage_main, "%s", "help takes one COMMAND");
         const command *c = argc == 3 ? find_command(argv[2]) : NULL;
         if (argc == 3 && !c)
-            return usage_error(usage_main, "unknown command '%s'", argv[2]);
+            return ebb_cli_usage_error(usage_main, "unknown command '%s'", argv[2]);
         fputs(c ? c->usage : usage_main, stdout);
         return 0;
     }
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) {
         if (argc > 2)
-            return usage_error(usage_main, "unexpected argument %s", argv[2]);
+            return ebb_cli_usage_error(usage_main, "unexpected argument %s", argv[2]);
         return print_version();
     }
     const command *c = find_command(cmd);
     if (!c)
-        return usage_error(usage_main, cmd[0] == '-' ? "unknown option %s" : "unknown command '%s'",
+        return ebb_cli_usage_error(usage_main, cmd[0] == '-' ? "unknown option %s" : "unknown command '%s'",
                            cmd);
     if (ebb_init() != EBB_OK) {
         fprintf(stderr, "ebb: %s\n", ebb_errmsg());

@@ -175,25 +175,6 @@ typedef struct topts {
     int64_t memory_budget; /* 0: none */
 } topts;
 
-static int usage_error(const char *usage, const char *fmt, const char *arg) {
-    fprintf(stderr, "ebb: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n%s", usage);
-    return EXIT_USAGE;
-}
-
-static int fail_status(ebb_status st) {
-    fprintf(stderr, "ebb: %s\n", ebb_errmsg());
-    switch (st) {
-    case EBB_ERR_SPEC:
-    case EBB_ERR_BUILD:
-    case EBB_ERR_SHAPE:
-    case EBB_ERR_ARG:
-    case EBB_ERR_IO: return EXIT_SPEC;
-    default: return EXIT_RUNTIME;
-    }
-}
-
 static int parse_i64(const char *s, int64_t lo, int64_t *out) {
     char *end = NULL;
     errno = 0;
@@ -231,7 +212,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
         switch (opt) {
         case 1:
             if (o->spec)
-                return usage_error(usage, "unexpected argument %s", v);
+                return ebb_cli_usage_error(usage, "unexpected argument %s", v);
             o->spec = v;
             break;
         case 'h': fputs(usage, stdout); return -1;
@@ -244,14 +225,14 @@ static int parse(int argc, char **argv, int train, topts *o) {
             return -1;
         case 'p':
             if (o->n_params == MAX_PARAMS)
-                return usage_error(usage, "%s", "too many -p options");
+                return ebb_cli_usage_error(usage, "%s", "too many -p options");
             o->params[o->n_params++] = v;
             break;
         case O_DATA: o->data = v; break;
         case O_EVAL_DATA: o->eval_data = v; break;
         case O_OPTIMIZER:
             if (strcmp(v, "sgd") && strcmp(v, "adam") && strcmp(v, "adamw"))
-                return usage_error(usage, "--optimizer %s: expected sgd, adam or adamw", v);
+                return ebb_cli_usage_error(usage, "--optimizer %s: expected sgd, adam or adamw", v);
             o->optimizer = v;
             break;
         case O_WEIGHTS: o->weights = v; break;
@@ -264,7 +245,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
             if (!strcmp(v, "least"))
                 o->memory_budget = EBB_MEMORY_BUDGET_LEAST;
             else if (ebb_bytes_parse(v, &o->memory_budget) != EBB_OK || o->memory_budget == 0)
-                return usage_error(usage, "--memory-budget %s: expected a byte count above 0, "
+                return ebb_cli_usage_error(usage, "--memory-budget %s: expected a byte count above 0, "
                                           "like 64MiB or 1.5GB, or `least`",
                                    v);
             break;
@@ -279,7 +260,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
         case O_LOG_EVERY:
         case O_TRACE_STEP:
             if (parse_i64(v, 1, &n) != 0 || n > 1000000000)
-                return usage_error(usage, "%s needs a positive integer",
+                return ebb_cli_usage_error(usage, "%s needs a positive integer",
                                    opt == O_EPOCHS       ? "--epochs"
                                    : opt == O_STEPS      ? "--steps"
                                    : opt == O_BATCH      ? "--batch"
@@ -304,7 +285,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
             errno = 0;
             unsigned long long s = strtoull(v, &end, 10);
             if (!*v || *end || errno || *v == '-')
-                return usage_error(usage, "%s", "--seed needs a non-negative integer");
+                return ebb_cli_usage_error(usage, "%s", "--seed needs a non-negative integer");
             o->seed = s;
             o->seed_set = 1;
             break;
@@ -315,7 +296,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
             double d;
             const char *nm = opt == O_LR ? "--lr" : opt == O_MOMENTUM ? "--momentum" : "--weight-decay";
             if (parse_double(v, &d) != 0)
-                return usage_error(usage, "%s needs a non-negative number", nm);
+                return ebb_cli_usage_error(usage, "%s needs a non-negative number", nm);
             if (opt == O_LR)
                 o->lr = d, o->lr_set = 1;
             else if (opt == O_MOMENTUM)
@@ -328,55 +309,55 @@ static int parse(int argc, char **argv, int train, topts *o) {
             char *end = NULL;
             o->norm_mean = strtod(v, &end);
             if (end == v || *end != ',')
-                return usage_error(usage, "--normalize %s: expected MEAN,STD", v);
+                return ebb_cli_usage_error(usage, "--normalize %s: expected MEAN,STD", v);
             const char *s2 = end + 1;
             o->norm_std = strtod(s2, &end);
             if (end == s2 || *end || !isfinite(o->norm_mean) || !(o->norm_std > 0) ||
                 !isfinite(o->norm_std))
-                return usage_error(usage, "--normalize %s: expected MEAN,STD with STD > 0", v);
+                return ebb_cli_usage_error(usage, "--normalize %s: expected MEAN,STD with STD > 0", v);
             o->normalize = 1;
             break;
         }
         case ':':
             if (optopt == 'p')
-                return usage_error(usage, "%s", "-p needs NAME=VALUE");
+                return ebb_cli_usage_error(usage, "%s", "-p needs NAME=VALUE");
             snprintf(name, sizeof name, "%s", argv[optind - 1]);
-            return usage_error(usage, "%s needs a value", name);
+            return ebb_cli_usage_error(usage, "%s needs a value", name);
         default:
             if (optopt > 0 && optopt < 256) {
                 snprintf(name, sizeof name, "-%c", optopt);
-                return usage_error(usage, "unknown option %s", name);
+                return ebb_cli_usage_error(usage, "unknown option %s", name);
             }
-            return usage_error(usage, "unknown option %s", argv[optind - 1]);
+            return ebb_cli_usage_error(usage, "unknown option %s", argv[optind - 1]);
         }
     }
     for (; optind < argc; optind++) {
         if (o->spec)
-            return usage_error(usage, "unexpected argument %s", argv[optind]);
+            return ebb_cli_usage_error(usage, "unexpected argument %s", argv[optind]);
         o->spec = argv[optind];
     }
     if (!o->spec)
-        return usage_error(usage, "%s", "missing SPEC");
+        return ebb_cli_usage_error(usage, "%s", "missing SPEC");
     if (!o->data)
-        return usage_error(usage, "%s", "--data is required");
+        return ebb_cli_usage_error(usage, "%s", "--data is required");
     if (!train && !o->weights)
-        return usage_error(usage, "%s", "--weights is required (the trained weights)");
+        return ebb_cli_usage_error(usage, "%s", "--weights is required (the trained weights)");
     if (train && o->weights && o->resume)
-        return usage_error(usage, "%s", "--weights and --resume both give the weights: pick one");
+        return ebb_cli_usage_error(usage, "%s", "--weights and --resume both give the weights: pick one");
     if (train && o->momentum_set && o->optimizer && strcmp(o->optimizer, "sgd"))
-        return usage_error(usage, "%s", "--momentum applies to --optimizer sgd");
+        return ebb_cli_usage_error(usage, "%s", "--momentum applies to --optimizer sgd");
     if (train && o->momentum_set && !o->optimizer)
-        return usage_error(usage, "%s", "--momentum applies to --optimizer sgd (default adamw)");
+        return ebb_cli_usage_error(usage, "%s", "--momentum applies to --optimizer sgd (default adamw)");
     if (train && o->optimizer && !strcmp(o->optimizer, "sgd") && !o->lr_set && !o->resume)
-        return usage_error(usage, "%s", "--optimizer sgd needs --lr");
+        return ebb_cli_usage_error(usage, "%s", "--optimizer sgd needs --lr");
     if (train && o->trace_step && !o->trace)
-        return usage_error(usage, "%s", "--trace-step needs --trace T.jsonl, the file it writes");
+        return ebb_cli_usage_error(usage, "%s", "--trace-step needs --trace T.jsonl, the file it writes");
     /* the picture is SVG whatever the name says; a name that says otherwise
      * is a mistake (as for `ebb chart -o`) */
     const char *base = o->curve ? strrchr(o->curve, '/') : NULL;
     const char *ext = o->curve ? strrchr(base ? base : o->curve, '.') : NULL;
     if (ext && strcmp(ext, ".svg"))
-        return usage_error(usage,
+        return ebb_cli_usage_error(usage,
                            "--curve %s: the curves are SVG; name it .svg (rsvg-convert makes a "
                            "PNG of it)",
                            o->curve);
@@ -405,7 +386,7 @@ static int load_job(job *j, const topts *o) {
     }
     ebb_spec_options so = {.params = o->params, .n_params = o->n_params};
     if ((st = ebb_spec_load_ex(&j->spec, o->spec, &so)) != EBB_OK)
-        return fail_status(st);
+        return ebb_cli_fail_status(st);
     j->n_in = ebb_spec_input_count(j->spec);
     j->n_tg = ebb_spec_target_count(j->spec);
     if (j->n_tg == 0) {
@@ -464,7 +445,7 @@ static int batch_shapes(const job *j, int64_t batch, ebb_shape *in, ebb_shape *t
     if (st == EBB_OK && tg)
         st = ebb_spec_resolve_target_shapes(j->spec, bind, nb, tg, MAX_FIELDS);
     if (st != EBB_OK)
-        return fail_status(st);
+        return ebb_cli_fail_status(st);
     for (int i = 0; i < j->n_in + (tg ? j->n_tg : 0); i++) {
         const ebb_shape *s = i < j->n_in ? &in[i] : &tg[i - j->n_in];
         if (s->ndim < 1 || s->dim[0] != batch) {
@@ -497,7 +478,7 @@ static int compile_plan(const job *j, int64_t batch, const ebb_optimizer_options
         co.memory_budget = budget;
     }
     ebb_status st = ebb_spec_compile(out, j->spec, &co);
-    return st == EBB_OK ? 0 : fail_status(st);
+    return st == EBB_OK ? 0 : ebb_cli_fail_status(st);
 }
 
 static int open_data(const job *j, const topts *o, const char *desc, const ebb_plan *infer,
@@ -515,7 +496,7 @@ static int open_data(const job *j, const topts *o, const char *desc, const ebb_p
     if (st != EBB_OK) {
         ebb_dataset_free(*out);
         *out = NULL;
-        return fail_status(st);
+        return ebb_cli_fail_status(st);
     }
     return 0;
 }
@@ -845,7 +826,7 @@ int ebb_cli_train(int argc, char **argv) {
         oo.weight_decay = o.weight_decay;
     if (o.resume) {
         if ((st = read_checkpoint_info(o.resume, &ci)) != EBB_OK) {
-            rc = fail_status(st);
+            rc = ebb_cli_fail_status(st);
             goto done;
         }
         if ((o.seed_set && o.seed != ci.seed) || (o.batch_set && o.batch != ci.batch)) {
@@ -874,7 +855,7 @@ int ebb_cli_train(int argc, char **argv) {
         (st = ebb_optimizer_new(&opt, m, &oo)) != EBB_OK ||
         (o.resume && (st = load_checkpoint_weights(o.resume, m)) != EBB_OK) ||
         (o.resume && (st = ebb_optimizer_load(opt, o.resume)) != EBB_OK)) {
-        rc = fail_status(st);
+        rc = ebb_cli_fail_status(st);
         goto done;
     }
     int64_t n = ebb_dataset_size(train);
@@ -896,7 +877,7 @@ int ebb_cli_train(int argc, char **argv) {
         goto done;
     }
     if (!(order = malloc(sizeof *order * (size_t)n))) {
-        rc = fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+        rc = ebb_cli_fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
         goto done;
     }
     if (o.trace) {
@@ -929,7 +910,7 @@ int ebb_cli_train(int argc, char **argv) {
             .accuracy = test && j.classify,
         };
         if ((st = ebb_cli_curve_new(&curve, &info)) != EBB_OK) {
-            rc = fail_status(st);
+            rc = ebb_cli_fail_status(st);
             goto done;
         }
     }
@@ -978,7 +959,7 @@ int ebb_cli_train(int argc, char **argv) {
             st = ebb_train_step_ex(plan, m, opt, ts, ts + j.n_in, &loss, &ro, &stats);
         free_batch(ts, j.n_fields);
         if (st != EBB_OK) {
-            rc = fail_status(ebb_spec_annotate_error(j.spec, st));
+            rc = ebb_cli_fail_status(ebb_spec_annotate_error(j.spec, st));
             goto done;
         }
         if (stats.measured_peak_bytes > measured)
@@ -1038,7 +1019,7 @@ int ebb_cli_train(int argc, char **argv) {
             curve_loss = 0;
             curve_n = 0;
             if (st != EBB_OK) {
-                rc = fail_status(st);
+                rc = ebb_cli_fail_status(st);
                 goto done;
             }
         }
@@ -1073,7 +1054,7 @@ int ebb_cli_train(int argc, char **argv) {
             if (test && (st = evaluate(&j, infer, m, test, o.batch, &el, &acc)) != EBB_OK) {
                 if (tty)
                     printf("\n");
-                rc = fail_status(st);
+                rc = ebb_cli_fail_status(st);
                 goto done;
             }
             double secs = t - t_epoch;
@@ -1191,12 +1172,12 @@ int ebb_cli_eval(int argc, char **argv) {
         goto done;
     if ((st = ebb_model_new(&m, plan, j.dev, 0)) != EBB_OK ||
         (st = ebb_model_load(m, o.weights)) != EBB_OK) {
-        rc = fail_status(st);
+        rc = ebb_cli_fail_status(st);
         goto done;
     }
     double loss = 0, acc = 0;
     if ((st = evaluate(&j, plan, m, d, o.batch, &loss, &acc)) != EBB_OK) {
-        rc = fail_status(ebb_spec_annotate_error(j.spec, st));
+        rc = ebb_cli_fail_status(ebb_spec_annotate_error(j.spec, st));
         goto done;
     }
     long long n = (long long)ebb_dataset_size(d);

@@ -16,6 +16,13 @@ extern const struct option ebb_cli_eval_options[];
 /* getopt's short options of both commands */
 #define EBB_CLI_TRAIN_SHORTS "hp:"
 
+/* Prints "ebb: " and fmt (with arg), then the usage text, to stderr;
+ * returns the usage exit code (2). */
+int ebb_cli_usage_error(const char *usage, const char *fmt, const char *arg);
+/* Prints ebb_errmsg(); returns exit 1 when the status says the input was at
+ * fault (spec, shape, argument, file), else 3, a runtime failure. */
+int ebb_cli_fail_status(ebb_status st);
+
 /* The JSONL trace of `ebb run --trace` (docs/cli.md), written by
  * ebb_cli_trace_step as an ebb_run_options.trace callback with an
  * ebb_cli_trace as its user pointer (src/cli/main.c). */
