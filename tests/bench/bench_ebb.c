@@ -5,6 +5,7 @@
  * spec compiled with ebb_train_options -> ebb_optimizer_new ->
  * ebb_train_step). */
 #include "bench_ebb.h"
+#include "bench_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,32 +57,10 @@ static ebb_status fill_param(bench_ebb *b, const char *assign) {
     return st;
 }
 
-/* A seeded target for the forward's output `out`: class indices in [0, C)
- * for cross_entropy on [B, C], else randn of the output's shape. */
+/* A seeded target for the forward's output `out` (bench_seeded_target). */
 static ebb_status make_target(bench_ebb *b, const ebb_plan_value *out, const char *loss,
                               uint64_t seed) {
-    if (strcmp(loss, "cross_entropy") == 0) {
-        if (out->shape.ndim != 2)
-            return ebb_error_set(EBB_ERR_ARG, "bench: cross_entropy needs a [B, C] output");
-        int64_t n = out->shape.dim[0], classes = out->shape.dim[1];
-        int64_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
-        if (!v)
-            return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-        uint64_t r = seed * 6364136223846793005ull + 1442695040888963407ull;
-        for (int64_t i = 0; i < n; i++) {
-            r = r * 6364136223846793005ull + 1442695040888963407ull;
-            v[i] = (int64_t)((r >> 33) % (uint64_t)classes);
-        }
-        b->ys = (ebb_shape){.ndim = 1, .dim = {n}};
-        b->y_dtype = EBB_INT64;
-        ebb_status st =
-            ebb_tensor_from_host(&b->y, v, (size_t)n * sizeof *v, &b->ys, EBB_INT64, b->dev);
-        free(v);
-        return st;
-    }
-    b->ys = out->shape;
-    b->y_dtype = EBB_FLOAT32;
-    return ebb_tensor_randn(&b->y, &b->ys, EBB_FLOAT32, b->dev, seed);
+    return bench_seeded_target(loss, &out->shape, seed, b->dev, &b->y, &b->ys, &b->y_dtype);
 }
 
 /* `loss` NULL: an inference plan; else a training step with that loss. */
@@ -312,20 +291,6 @@ const ebb_plan_step *bench_ebb_peak_step(const bench_ebb *b) {
     return ebb_plan_step_at(b->plan, at);
 }
 
-/* One tensor of the export: its manifest entry and its values. */
-static ebb_status export_one(FILE *js, FILE *bin, int *first, long long *offset, const char *name,
-                             const ebb_shape *s, const float *data) {
-    size_t n = (size_t)ebb_shape_numel(s);
-    fprintf(js, "%s\n  {\"name\": \"%s\", \"shape\": [", *first ? "" : ",", name);
-    for (int d = 0; d < s->ndim; d++)
-        fprintf(js, d ? ", %lld" : "%lld", (long long)s->dim[d]);
-    fprintf(js, "], \"offset\": %lld}", *offset);
-    *first = 0;
-    *offset += (long long)n;
-    if (fwrite(data, sizeof(float), n, bin) != n)
-        return ebb_error_set(EBB_ERR_IO, "bench: short write exporting %s", name);
-    return EBB_OK;
-}
 
 ebb_status bench_ebb_export(bench_ebb *b, const char *prefix) {
     char path[1024];
@@ -346,7 +311,7 @@ ebb_status bench_ebb_export(bench_ebb *b, const char *prefix) {
         float *buf = malloc((n ? n : 1) * sizeof *buf);
         st = buf ? bench_ebb_param_host(b, i, buf, n) : ebb_error_set(EBB_ERR_NOMEM, "oom");
         if (st == EBB_OK)
-            st = export_one(js, bin, &first, &offset, bench_ebb_param_name(b, i), &s, buf);
+            st = bench_export_floats(js, bin, &first, &offset, bench_ebb_param_name(b, i), &s, buf);
         free(buf);
     }
     if (st == EBB_OK) {
@@ -354,7 +319,7 @@ ebb_status bench_ebb_export(bench_ebb *b, const char *prefix) {
         float *buf = malloc(n * sizeof *buf);
         st = buf ? bench_ebb_input_host(b, buf, n) : ebb_error_set(EBB_ERR_NOMEM, "oom");
         if (st == EBB_OK)
-            st = export_one(js, bin, &first, &offset, "input:x", &b->xs, buf);
+            st = bench_export_floats(js, bin, &first, &offset, "input:x", &b->xs, buf);
         free(buf);
     }
     if (st == EBB_OK && b->training) {
@@ -362,14 +327,14 @@ ebb_status bench_ebb_export(bench_ebb *b, const char *prefix) {
         float *buf = malloc((n ? n : 1) * sizeof *buf);
         st = buf ? bench_ebb_target_host(b, buf, n) : ebb_error_set(EBB_ERR_NOMEM, "oom");
         if (st == EBB_OK)
-            st = export_one(js, bin, &first, &offset, "target:y", &b->ys, buf);
+            st = bench_export_floats(js, bin, &first, &offset, "target:y", &b->ys, buf);
         free(buf);
     } else if (st == EBB_OK) {
         ebb_shape ys;
         float *buf = NULL;
         st = bench_ebb_output_host(b, &ys, &buf);
         if (st == EBB_OK)
-            st = export_one(js, bin, &first, &offset, "output:y", &ys, buf);
+            st = bench_export_floats(js, bin, &first, &offset, "output:y", &ys, buf);
         free(buf);
     }
     if (st == EBB_OK)

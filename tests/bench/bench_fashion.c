@@ -41,6 +41,8 @@
 #include "ebb/ebb.h"
 #include "ebb/spec.h"
 
+#include "bench_util.h"
+
 typedef struct fbench {
     ebb_spec *spec;
     ebb_plan *plan;
@@ -106,30 +108,10 @@ static ebb_status export_params(const fbench *b, const char *prefix) {
     long long offset = 0;
     if (st == EBB_OK)
         fprintf(js, "{\"tensors\": [");
+    int first = 1;
     for (int i = 0; st == EBB_OK && i < ebb_model_param_count(b->model); i++) {
         const char *name = ebb_model_param_name(b->model, i);
-        ebb_tensor *f = NULL;
-        st = ebb_tensor_to(&f, ebb_model_param(b->model, name), ebb_device_cpu(), EBB_FLOAT32);
-        ebb_shape s = {0};
-        if (st == EBB_OK)
-            s = ebb_tensor_shape(f);
-        size_t n = (size_t)ebb_shape_numel(&s);
-        float *buf = st == EBB_OK ? malloc((n ? n : 1) * sizeof *buf) : NULL;
-        if (st == EBB_OK && !buf)
-            st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-        if (st == EBB_OK)
-            st = ebb_tensor_to_host(f, buf, n * sizeof *buf);
-        if (st == EBB_OK) {
-            fprintf(js, "%s\n  {\"name\": \"%s\", \"shape\": [", i ? "," : "", name);
-            for (int d = 0; d < s.ndim; d++)
-                fprintf(js, d ? ", %lld" : "%lld", (long long)s.dim[d]);
-            fprintf(js, "], \"offset\": %lld}", offset);
-            offset += (long long)n;
-            if (fwrite(buf, sizeof *buf, n, bin) != n)
-                st = ebb_error_set(EBB_ERR_IO, "short write exporting %s", name);
-        }
-        free(buf);
-        ebb_tensor_free(f);
+        st = bench_export_tensor(js, bin, &first, &offset, name, ebb_model_param(b->model, name));
     }
     if (st == EBB_OK)
         fprintf(js, "\n]}\n");

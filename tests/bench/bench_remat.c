@@ -40,6 +40,8 @@
 #include "ebb/ebb.h"
 #include "ebb/spec.h"
 
+#include "bench_util.h"
+
 #define MAX_PLANS 32
 #define MAX_BIND 8
 
@@ -108,62 +110,11 @@ static void rbench_free(rbench *b) {
     memset(b, 0, sizeof *b);
 }
 
-/* A seeded target for the forward's output: class indices for
- * cross_entropy on [B, C], else randn of the output's shape (as bench_ebb.c
- * draws it). */
+/* A seeded target for the forward's output, as bench_ebb.c draws it. */
 static ebb_status make_target(rbench *b, const ebb_shape *out, uint64_t seed) {
-    ebb_device cpu = ebb_device_cpu();
-    if (strcmp(b->loss, "cross_entropy") == 0) {
-        if (out->ndim != 2)
-            return ebb_error_set(EBB_ERR_ARG, "bench: cross_entropy needs a [B, C] output");
-        int64_t n = out->dim[0], classes = out->dim[1];
-        int64_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
-        if (!v)
-            return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-        uint64_t r = seed * 6364136223846793005ull + 1442695040888963407ull;
-        for (int64_t i = 0; i < n; i++) {
-            r = r * 6364136223846793005ull + 1442695040888963407ull;
-            v[i] = (int64_t)((r >> 33) % (uint64_t)classes);
-        }
-        b->ys = (ebb_shape){.ndim = 1, .dim = {n}};
-        b->y_dtype = EBB_INT64;
-        ebb_status st = ebb_tensor_from_host(&b->y, v, (size_t)n * sizeof *v, &b->ys, EBB_INT64, cpu);
-        free(v);
-        return st;
-    }
-    b->ys = *out;
-    b->y_dtype = EBB_FLOAT32;
-    return ebb_tensor_randn(&b->y, &b->ys, EBB_FLOAT32, cpu, seed);
+    return bench_seeded_target(b->loss, out, seed, ebb_device_cpu(), &b->y, &b->ys, &b->y_dtype);
 }
 
-/* One tensor of the export, as float32, in run.py's load_export format. */
-static ebb_status export_one(FILE *js, FILE *bin, int *first, long long *offset, const char *name,
-                             const ebb_tensor *t) {
-    ebb_tensor *f = NULL;
-    ebb_status st = ebb_tensor_to(&f, t, ebb_device_cpu(), EBB_FLOAT32);
-    ebb_shape s = {0};
-    if (st == EBB_OK)
-        s = ebb_tensor_shape(f);
-    size_t n = (size_t)ebb_shape_numel(&s);
-    float *buf = st == EBB_OK ? malloc((n ? n : 1) * sizeof *buf) : NULL;
-    if (st == EBB_OK && !buf)
-        st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-    if (st == EBB_OK)
-        st = ebb_tensor_to_host(f, buf, n * sizeof *buf);
-    if (st == EBB_OK) {
-        fprintf(js, "%s\n  {\"name\": \"%s\", \"shape\": [", *first ? "" : ",", name);
-        for (int d = 0; d < s.ndim; d++)
-            fprintf(js, d ? ", %lld" : "%lld", (long long)s.dim[d]);
-        fprintf(js, "], \"offset\": %lld}", *offset);
-        *first = 0;
-        *offset += (long long)n;
-        if (fwrite(buf, sizeof *buf, n, bin) != n)
-            st = ebb_error_set(EBB_ERR_IO, "bench: short write exporting %s", name);
-    }
-    free(buf);
-    ebb_tensor_free(f);
-    return st;
-}
 
 /* Parameters in plan order, then the input and the target. */
 static ebb_status export_all(const rbench *b, const char *prefix) {
@@ -180,12 +131,12 @@ static ebb_status export_all(const rbench *b, const char *prefix) {
     for (int i = 0; st == EBB_OK && i < ebb_plan_param_count(b->plans[0]); i++) {
         const char *name = NULL;
         ebb_plan_param_at(b->plans[0], i, &name);
-        st = export_one(js, bin, &first, &offset, name, ebb_model_param(b->model, name));
+        st = bench_export_tensor(js, bin, &first, &offset, name, ebb_model_param(b->model, name));
     }
     if (st == EBB_OK)
-        st = export_one(js, bin, &first, &offset, "input:x", b->x);
+        st = bench_export_tensor(js, bin, &first, &offset, "input:x", b->x);
     if (st == EBB_OK)
-        st = export_one(js, bin, &first, &offset, "target:y", b->y);
+        st = bench_export_tensor(js, bin, &first, &offset, "target:y", b->y);
     if (st == EBB_OK)
         fprintf(js, "\n]}\n");
     if (js)

@@ -1,0 +1,64 @@
+/* See bench_util.h. */
+#include "bench_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+ebb_status bench_export_floats(FILE *js, FILE *bin, int *first, long long *offset,
+                               const char *name, const ebb_shape *s, const float *data) {
+    size_t n = (size_t)ebb_shape_numel(s);
+    fprintf(js, "%s\n  {\"name\": \"%s\", \"shape\": [", *first ? "" : ",", name);
+    for (int d = 0; d < s->ndim; d++)
+        fprintf(js, d ? ", %lld" : "%lld", (long long)s->dim[d]);
+    fprintf(js, "], \"offset\": %lld}", *offset);
+    *first = 0;
+    *offset += (long long)n;
+    if (fwrite(data, sizeof(float), n, bin) != n)
+        return ebb_error_set(EBB_ERR_IO, "bench: short write exporting %s", name);
+    return EBB_OK;
+}
+
+ebb_status bench_export_tensor(FILE *js, FILE *bin, int *first, long long *offset,
+                               const char *name, const ebb_tensor *t) {
+    ebb_tensor *f = NULL;
+    ebb_status st = ebb_tensor_to(&f, t, ebb_device_cpu(), EBB_FLOAT32);
+    ebb_shape s = {0};
+    if (st == EBB_OK)
+        s = ebb_tensor_shape(f);
+    size_t n = (size_t)ebb_shape_numel(&s);
+    float *buf = st == EBB_OK ? malloc((n ? n : 1) * sizeof *buf) : NULL;
+    if (st == EBB_OK && !buf)
+        st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    if (st == EBB_OK)
+        st = ebb_tensor_to_host(f, buf, n * sizeof *buf);
+    if (st == EBB_OK)
+        st = bench_export_floats(js, bin, first, offset, name, &s, buf);
+    free(buf);
+    ebb_tensor_free(f);
+    return st;
+}
+
+ebb_status bench_seeded_target(const char *loss, const ebb_shape *out, uint64_t seed,
+                               ebb_device dev, ebb_tensor **y, ebb_shape *ys, ebb_dtype *dtype) {
+    if (loss && strcmp(loss, "cross_entropy") == 0) {
+        if (out->ndim != 2)
+            return ebb_error_set(EBB_ERR_ARG, "bench: cross_entropy needs a [B, C] output");
+        int64_t n = out->dim[0], classes = out->dim[1];
+        int64_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+        if (!v)
+            return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+        uint64_t r = seed * 6364136223846793005ull + 1442695040888963407ull;
+        for (int64_t i = 0; i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            v[i] = (int64_t)((r >> 33) % (uint64_t)classes);
+        }
+        *ys = (ebb_shape){.ndim = 1, .dim = {n}};
+        *dtype = EBB_INT64;
+        ebb_status st = ebb_tensor_from_host(y, v, (size_t)n * sizeof *v, ys, EBB_INT64, dev);
+        free(v);
+        return st;
+    }
+    *ys = *out;
+    *dtype = EBB_FLOAT32;
+    return ebb_tensor_randn(y, ys, EBB_FLOAT32, dev, seed);
+}

@@ -1,0 +1,33 @@
+/* Pieces the bench programs share (bench_ebb.c, bench_fashion.c,
+ * bench_remat.c): the export run.py's load_export reads (a JSON manifest of
+ * float32 tensors and one .bin of their values), and the seeded targets. */
+#ifndef EBB_BENCH_UTIL_H
+#define EBB_BENCH_UTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ebb/ebb.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One tensor of the export: its manifest entry (comma-separated after the
+ * first; *first is cleared) and its n float32 values at *offset (advanced). */
+ebb_status bench_export_floats(FILE *js, FILE *bin, int *first, long long *offset,
+                               const char *name, const ebb_shape *s, const float *data);
+/* The same for a tensor of any device and dtype, converted to float32. */
+ebb_status bench_export_tensor(FILE *js, FILE *bin, int *first, long long *offset,
+                               const char *name, const ebb_tensor *t);
+
+/* The target a bench trains against: for "cross_entropy" on an output
+ * [B, C], int64 classes in [0, C) from a seeded LCG (*dtype EBB_INT64, *ys
+ * [B]); for any other loss a seeded randn of the output's shape. */
+ebb_status bench_seeded_target(const char *loss, const ebb_shape *out, uint64_t seed,
+                               ebb_device dev, ebb_tensor **y, ebb_shape *ys, ebb_dtype *dtype);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
