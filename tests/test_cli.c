@@ -80,6 +80,18 @@ static char *slurp(const char *path, size_t *len) {
     return buf;
 }
 
+/* An SVG the command wrote: read whole and parsed, failing with `what`
+ * when it is missing or not well-formed XML. Free it. */
+static char *slurp_svg(const char *path, const char *what, size_t *len) {
+    char *svg = slurp(path, len);
+    if (!svg)
+        fail_msg("%s: no file at %s", what, path);
+    const char *bad = xml_check(svg, *len);
+    if (bad)
+        fail_msg("%s: not well-formed SVG: %s", what, bad);
+    return svg;
+}
+
 static int write_file(const char *path, const char *text, size_t len) {
     FILE *f = fopen(path, "wb");
     if (!f)
@@ -1761,11 +1773,7 @@ static void test_chart_command(void **state) {
     assert_int_equal(r.out_len, 0);
     cli_free(&r);
     size_t n = 0;
-    char *svg = slurp(svg_path, &n);
-    assert_non_null(svg);
-    const char *bad = xml_check(svg, n);
-    if (bad)
-        fail_msg("ebb chart wrote SVG that is not well-formed: %s", bad);
+    char *svg = slurp_svg(svg_path, "ebb chart", &n);
 
     /* the trace's step lines, in order, are the overlay's points */
     char *jsonl = slurp(trace_path, NULL);
@@ -2709,11 +2717,7 @@ static void test_train_and_eval(void **state) {
     /* the curves: a training-loss point per logged step, a test loss and
      * accuracy per epoch, drawn where the JSON lines put them */
     size_t len = 0;
-    char *svg = slurp(curve, &len);
-    assert_non_null(svg);
-    const char *bad = xml_check(svg, len);
-    if (bad)
-        fail_msg("--curve wrote SVG that is not well-formed: %s", bad);
+    char *svg = slurp_svg(curve, "--curve", &len);
     double tx[8], ty[8], lx[8], ly[8], ax[8], ay[8];
     assert_int_equal(svg_points(svg, "train-loss", tx, ty, 8), n_steps);
     assert_int_equal(svg_points(svg, "test-loss", lx, ly, 8), n_epochs);
@@ -2777,10 +2781,7 @@ static void test_train_and_eval(void **state) {
         chart);
     expect_code(&r, 0);
     cli_free(&r);
-    svg = slurp(chart, &len);
-    assert_non_null(svg);
-    if ((bad = xml_check(svg, len)))
-        fail_msg("ebb chart wrote SVG that is not well-formed: %s", bad);
+    svg = slurp_svg(chart, "ebb chart --trace", &len);
     assert_non_null(strstr(svg, "id=\"measured-live\""));
     assert_null(strstr(svg, "class=\"over\""));
     free(svg);
@@ -2931,12 +2932,7 @@ static void test_train_sigint_checkpoint(void **state) {
     free(err);
     /* the picture of the steps it took, one point each (--log-every 1) */
     size_t svg_len = 0;
-    char *svg = slurp(curve, &svg_len);
-    if (!svg)
-        fail_msg("the interrupted run left no learning curves at %s", curve);
-    const char *bad = xml_check(svg, svg_len);
-    if (bad)
-        fail_msg("the interrupted run's curves are not well-formed SVG: %s", bad);
+    char *svg = slurp_svg(curve, "the interrupted run's learning curves", &svg_len);
     double px[1], py[1];
     assert_int_equal(svg_points(svg, "train-loss", px, py, 1), at);
     free(svg);
