@@ -115,6 +115,7 @@ typedef struct bn_params {
 } bn_params;
 
 static ebb_status bn_params_of(const ebb_op_call *c, bn_params *bp) {
+    *bp = (bn_params){0};
     int affine = c->attrs[BN_AFFINE].i != 0;
     int64_t ch = 0;
     ebb_shape x = ebb_tensor_shape(c->in[0]);
