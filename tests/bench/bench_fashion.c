@@ -96,6 +96,21 @@ static ebb_status shapes_for(const fbench *b, int64_t count, ebb_shape *in, ebb_
     return st;
 }
 
+/* Batch `k` of the epoch (the last one may be short), gathered from the
+ * dataset in memory in the shuffled order, as `ebb train`'s loop does. */
+static ebb_status batch_at(const fbench *b, int64_t k, ebb_tensor **x, ebb_tensor **y) {
+    int64_t at = k * b->batch, cnt = b->n - at < b->batch ? b->n - at : b->batch;
+    ebb_shape in, tg;
+    ebb_status st = shapes_for(b, cnt, &in, &tg);
+    if (st == EBB_OK)
+        st = ebb_dataset_batch(x, b->data, 0, b->order + at, cnt, &in, b->dtypes[0],
+                               ebb_device_cpu());
+    if (st == EBB_OK)
+        st = ebb_dataset_batch(y, b->data, 1, b->order + at, cnt, &tg, b->dtypes[1],
+                               ebb_device_cpu());
+    return st;
+}
+
 /* Parameters as float32 (num_batches_tracked is an int64 count), in the
  * manifest format run.py's load_export reads. */
 static ebb_status export_params(const fbench *b, const char *prefix) {
@@ -238,17 +253,9 @@ static ebb_status profile(fbench *b, int64_t count) {
     ebb_status st = EBB_OK;
     double total = 0;
     for (int64_t k = 0; st == EBB_OK && k < count; k++) {
-        int64_t at = k * b->batch, cnt = b->n - at < b->batch ? b->n - at : b->batch;
-        ebb_shape in, tg;
         ebb_tensor *x = NULL, *y = NULL;
         double loss = 0;
-        st = shapes_for(b, cnt, &in, &tg);
-        if (st == EBB_OK)
-            st = ebb_dataset_batch(&x, b->data, 0, b->order + at, cnt, &in, b->dtypes[0],
-                                   ebb_device_cpu());
-        if (st == EBB_OK)
-            st = ebb_dataset_batch(&y, b->data, 1, b->order + at, cnt, &tg, b->dtypes[1],
-                                   ebb_device_cpu());
+        st = batch_at(b, k, &x, &y);
         double ts = now_s();
         if (st == EBB_OK)
             st = ebb_train_step_ex(b->plan, b->model, b->opt, &x, &y, &loss, &ro, NULL);
@@ -295,20 +302,12 @@ static ebb_status steps(fbench *b, int64_t from, int64_t count, int traced) {
     ebb_run_options ro = {.seed = b->seed};
     double step_s = 0, t0 = now_s();
     for (int64_t k = 0; st == EBB_OK && k < count; k++) {
-        int64_t at = (from + k) * b->batch, cnt = b->n - at < b->batch ? b->n - at : b->batch;
-        ebb_shape in, tg;
         ebb_tensor *x = NULL, *y = NULL;
         ebb_run_stats rs = {0};
         total_peak tp = {.opt = b->opt, .state0 = ebb_optimizer_state_bytes(b->opt, NULL)};
         if (traced)
             ro.trace = on_step, ro.trace_user = &tp;
-        st = shapes_for(b, cnt, &in, &tg);
-        if (st == EBB_OK)
-            st = ebb_dataset_batch(&x, b->data, 0, b->order + at, cnt, &in, b->dtypes[0],
-                                   ebb_device_cpu());
-        if (st == EBB_OK)
-            st = ebb_dataset_batch(&y, b->data, 1, b->order + at, cnt, &tg, b->dtypes[1],
-                                   ebb_device_cpu());
+        st = batch_at(b, from + k, &x, &y);
         double ts = now_s();
         if (st == EBB_OK)
             st = ebb_train_step_ex(b->plan, b->model, b->opt, &x, &y, &loss[k], &ro, &rs);
