@@ -1,11 +1,37 @@
 # ebb: two commands do everything on a fresh Debian machine.
 #   make demo   installs what is missing, builds, trains a model on Fashion-MNIST
 #   make test   installs what is missing, builds, runs every test through ctest
-# Other targets: build, deps, bench, fuzz, clean.
+# Other targets: build, deps, torch-pip, bench, fuzz, gpu-check, clean.
+#
+# TORCH picks the libtorch: `debian` (the default, libtorch-dev 1.13, CPU) or
+# `pip` (pip's CUDA build of torch TORCH_PIP_VERSION, installed into the
+# virtual environment TORCH_VENV; its build folder is build-pip):
+#   make test TORCH=pip
 
-BUILD    ?= build
+TORCH    ?= debian
 JOBS     ?= 2
 CMAKE_FLAGS ?=
+
+# The pip torch: the version the GPU machine's python carries, so that what CI
+# compiles is what the device compiles. A newer one: TORCH_PIP_VERSION=2.12.0.
+TORCH_PIP_VERSION ?= 2.11.0
+TORCH_VENV  ?= $(HOME)/.cache/ebb/torch-$(TORCH_PIP_VERSION)
+TORCH_PY    := $(TORCH_VENV)/bin/python
+# the interpreter that makes the virtual environment (pip's, first on PATH)
+PIP_PYTHON  ?= python3
+
+ifeq ($(TORCH),pip)
+BUILD    ?= build-pip
+TORCH_DEPS := torch-pip
+TORCH_CMAKE_FLAGS = -DCMAKE_PREFIX_PATH="$$($(TORCH_PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+                    -DEBB_TORCH_PYTHON=$(TORCH_PY)
+else ifeq ($(TORCH),debian)
+BUILD    ?= build
+TORCH_DEPS :=
+TORCH_CMAKE_FLAGS :=
+else
+$(error TORCH=$(TORCH): use TORCH=debian (libtorch-dev 1.13) or TORCH=pip (pip torch $(TORCH_PIP_VERSION)))
+endif
 
 # Debian packages the build and the tests need. libopenblas0-pthread matters:
 # Debian's libtorch falls back to the reference BLAS without it (25x slower).
@@ -13,7 +39,7 @@ DEB_PACKAGES := cmake g++ make pkg-config libtorch-dev libopenblas0-pthread \
                 libyaml-dev libcjson-dev zlib1g-dev libcmocka-dev graphviz librsvg2-bin \
                 dataset-fashion-mnist
 
-.PHONY: all build deps fuzz-deps demo test bench fuzz clean
+.PHONY: all build deps torch-pip fuzz-deps demo test bench fuzz gpu-check clean
 
 all: build
 
@@ -43,10 +69,22 @@ FUZZ_PACKAGES := clang libclang-rt-14-dev
 fuzz-deps: deps
 	$(call install_missing,$(FUZZ_PACKAGES))
 
-$(BUILD)/CMakeCache.txt: | deps
-	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+# pip's torch in a virtual environment of its own, made once (about 4.6 GB:
+# torch with its CUDA libraries, which libtorch_cuda.so loads even on a
+# machine without a GPU). numpy quiets torch's import warning.
+TORCH_STAMP := $(TORCH_VENV)/.ebb-installed
+torch-pip: $(TORCH_STAMP)
+$(TORCH_STAMP):
+	@command -v $(PIP_PYTHON) >/dev/null || { echo "ebb: $(PIP_PYTHON) not found; set PIP_PYTHON to a python3 that has venv and pip"; exit 1; }
+	$(PIP_PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_PY) -m pip install --quiet --progress-bar off torch==$(TORCH_PIP_VERSION) numpy
+	$(TORCH_PY) -c 'import torch; print("ebb: pip torch", torch.__version__, "at", torch.utils.cmake_prefix_path)'
+	touch $@
 
-build: deps $(BUILD)/CMakeCache.txt
+$(BUILD)/CMakeCache.txt: | deps $(TORCH_DEPS)
+	cmake -S . -B $(BUILD) $(TORCH_CMAKE_FLAGS) $(CMAKE_FLAGS)
+
+build: deps $(TORCH_DEPS) $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j$(JOBS)
 
 # First a model learning: specs/fashion_mlp.yaml trained for one epoch on
@@ -72,13 +110,30 @@ test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 
 # ebb against hand-written libtorch C++ and PyTorch eager, side by side
-# (tests/bench/, docs/benchmarks.md). Not part of `make test`.
+# (tests/bench/, docs/benchmarks.md). Not part of `make test`. PyTorch is the
+# one of the libtorch built against: Debian's python3-torch 1.13, or with
+# TORCH=pip the virtual environment's torch 2.x, which adds torch.compile.
+ifeq ($(TORCH),pip)
+BENCH_PACKAGES :=
+BENCH_PY := $(TORCH_PY)
+else
 BENCH_PACKAGES := python3-torch
-bench: deps
+BENCH_PY := /usr/bin/python3
+endif
+bench: deps $(TORCH_DEPS)
 	$(call install_missing,$(BENCH_PACKAGES))
-	cmake -S . -B $(BUILD) -DEBB_BUILD_BENCH=ON $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -DEBB_BUILD_BENCH=ON $(TORCH_CMAKE_FLAGS) $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j$(JOBS) --target ebb_bench ebb_fashion_bench ebb_remat_bench
-	bash tests/bench/run.sh $(BUILD)
+	EBB_BENCH_PYTHON=$(BENCH_PY) bash tests/bench/run.sh $(BUILD)
+
+# On a machine with an NVIDIA GPU and a CUDA libtorch (../shared/device):
+# a Release build, ctest on the GPU, planned against measured device bytes,
+# CUDA-graph replay against eager, one table last (tests/gpu/run.sh).
+# `make gpu-check GPU_CHECK_FLAGS=--dry-run` configures, compiles and lists
+# what it would run, on any machine; CI runs that against the pip torch.
+GPU_CHECK_FLAGS ?=
+gpu-check:
+	bash tests/gpu/run.sh $(GPU_CHECK_FLAGS)
 
 # A libFuzzer run over the YAML loader and the compiler (ASan + UBSan). The
 # compiler's dry run allocates no activations, so every input compiles within

@@ -9,6 +9,23 @@ find_package(ZLIB REQUIRED)
 # example the one in a pip install:
 #   cmake -DCMAKE_PREFIX_PATH="$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')"
 find_package(Torch REQUIRED)
+# TorchConfig finds libtorch.so and libc10.so with the system's folders first,
+# so a pip libtorch on a machine that also has Debian's would link Debian's
+# libc10 beside its own libtorch_cpu. Look again in its own folder only, then
+# let TorchConfig build its lists from those.
+set(EBB_TORCH_LIBDIR "${TORCH_INSTALL_PREFIX}/lib")
+foreach(var c10_LIBRARY TORCH_LIBRARY)
+  if(${var} AND NOT ${var} MATCHES "^${EBB_TORCH_LIBDIR}/")
+    set(EBB_TORCH_REFIND ON)
+  endif()
+endforeach()
+if(EBB_TORCH_REFIND)
+  unset(c10_LIBRARY CACHE)
+  unset(TORCH_LIBRARY CACHE)
+  find_library(c10_LIBRARY c10 PATHS "${EBB_TORCH_LIBDIR}" NO_DEFAULT_PATH)
+  find_library(TORCH_LIBRARY torch PATHS "${EBB_TORCH_LIBDIR}" NO_DEFAULT_PATH)
+  find_package(Torch REQUIRED)
+endif()
 # TORCH_CXX_FLAGS carries the C++ ABI define; keep it off the C sources.
 separate_arguments(EBB_TORCH_CXX_FLAGS UNIX_COMMAND "${TORCH_CXX_FLAGS}")
 
@@ -18,6 +35,11 @@ if(TARGET torch_cuda OR TARGET c10_cuda OR TORCH_CUDA_LIBRARIES)
   set(EBB_WITH_CUDA ON)
 endif()
 message(STATUS "ebb: libtorch ${Torch_VERSION} at ${TORCH_INSTALL_PREFIX}, CUDA ${EBB_WITH_CUDA}")
+
+# A python whose torch is the libtorch built against (`make TORCH=pip` sets
+# the virtual environment's): tests then check the committed PyTorch fixtures
+# against that torch too.
+set(EBB_TORCH_PYTHON "" CACHE FILEPATH "python with the torch matching this libtorch (optional)")
 
 # C libraries: pkg-config when present, else a plain search (the GPU machine
 # carries unpacked Debian packages and may have no pkg-config). Each becomes

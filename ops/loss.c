@@ -268,9 +268,9 @@ static int64_t mse_workspace(const ebb_attr_value *a, const ebb_shape *in, int n
     return n * e + (n > 0 ? n : 1) * e + mean - e;
 }
 
-/* binary_cross_entropy_with_logits is written in libtorch as one expression
- * with five input-sized temporaries alive at its end; the mean then reads
- * the loss beside one of them. */
+/* ebb_tensor_bce_with_logits makes the elementwise loss in one input-sized
+ * tensor (softplus, then t*x taken off in place), whose mean then needs the
+ * reduction's scratch. */
 static int64_t bce_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                              ebb_dtype dt) {
     (void)a;
@@ -280,8 +280,7 @@ static int64_t bce_workspace(const ebb_attr_value *a, const ebb_shape *in, int n
     int64_t two_pass = ebb_ops_reduce_scratch(n, 1, dt);
     if (two_pass > mean)
         mean = two_pass;
-    int64_t expr = 5 * n * e, reduce = 2 * n * e + e + mean;
-    return (expr > reduce ? expr : reduce) - e;
+    return n * e + mean;
 }
 
 /* nll_loss_backward's gradient of the log-probabilities, which

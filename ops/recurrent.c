@@ -256,14 +256,17 @@ static ebb_status lstm_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tens
  * input size I (H without a `using` x) and G the gates per unit:
  *  - the gate projections of x and h are recomputed (2*G*u) and live to
  *    the end of ebb_tensor_{gru,lstm}_cell_backward;
- *  - inside _thnn_differentiable_gru_cell_backward, at its end: the biased
- *    gates (6u, with biases), r, z, n, h's gradient, five gate gradients
- *    and the two concatenated [B, 3H] gate gradients (14u), the biases'
- *    gradients (3H each); the LSTM's holds its gates (4u), their
- *    activations (4u), the cell's gradient, four gate gradients and their
- *    concatenation (9u), one bias gradient (4H) that both biases share;
+ *  - the GRU's, written out in the tensor layer, adds the biases in place,
+ *    then holds r, z, n, the two [B, 3H] gate gradients and h's direct
+ *    gradient (10u) beside them; the projections and r, z, n are freed
+ *    before the biases' gradients (3H each);
+ *  - inside _thnn_differentiable_lstm_cell_backward, at its end: the LSTM's
+ *    gates (4u), their activations (4u), the cell's gradient, four gate
+ *    gradients and their concatenation (9u), one bias gradient (4H) that
+ *    both biases share;
  *  - then the products with the weights: x's gradient [B, I], h's (the GRU
- *    adds one [B, H] temporary), and the weights' [G*H, I] and [G*H, H];
+ *    adds its product in place; the LSTM's is new), and the weights'
+ *    [G*H, I] and [G*H, H];
  *  - the LSTM's state gradient is cat(h's, c's) [B, 2H], made last.
  * Without a `using` x, x's gradient is added into h's and freed: scratch. */
 static int64_t cell_bwd_workspace(int gates, const ebb_attr_value *a, const ebb_shape *in,
@@ -276,11 +279,9 @@ static int64_t cell_bwd_workspace(int gates, const ebb_attr_value *a, const ebb_
     int64_t weights = gh * x_in + gh * hid, gx = b * x_in;
     int64_t peak, ret;
     if (gates == 3) {
-        int64_t inner = 6 * u + (bias ? 6 * u + 2 * gh : 0) + 14 * u;
-        int64_t h_grad = 6 * u + 7 * u + (bias ? 2 * gh : 0) + 2 * u;
-        int64_t outer = 6 * u + 7 * u + (bias ? 2 * gh : 0) + u + gx + weights;
-        peak = inner > h_grad ? inner : h_grad;
-        peak = outer > peak ? outer : peak;
+        int64_t inner = 6 * u + 10 * u;
+        int64_t outer = 7 * u + (bias ? 2 * gh : 0) + gx + weights;
+        peak = inner > outer ? inner : outer;
         ret = u + (n_in > 1 ? gx : 0) + weights + (bias ? 2 * gh : 0);
     } else {
         int64_t inner = 8 * u + 17 * u + (bias ? gh : 0);

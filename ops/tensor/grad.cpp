@@ -847,19 +847,50 @@ ebb_status ebb_tensor_gru_cell_backward(ebb_tensor **grad_x, ebb_tensor **grad_h
     EBB_NEED(fn, w_hh);
     EBB_TRY(fn, {
         check_same("hidden state", grad->t, h->t);
-        const at::Tensor &wi = w_ih->t, &wh = w_hh->t;
-        at::Tensor ig = at::linear(x->t, wi), hg = at::linear(h->t, wh);
-        auto r = at::_thnn_differentiable_gru_cell_backward(grad->t, ig, hg, h->t, opt(b_ih),
-                                                            opt(b_hh));
-        const at::Tensor &g_ig = std::get<0>(r), &g_hg = std::get<1>(r);
-        at::Tensor gh = std::get<2>(r) + at::mm(g_hg, wh);
+        const at::Tensor &wi = w_ih->t, &wh = w_hh->t, &g = grad->t, &hx = h->t;
+        // The gates again, from x and h. Written out rather than through
+        // _thnn_differentiable_gru_cell_backward, whose temporaries differ
+        // between libtorch versions: here every gate gradient is written in
+        // place into the two [B, 3H] gradients, so the scratch is the same
+        // on each (ops/recurrent.c counts it).
+        at::Tensor ig = at::linear(x->t, wi), hg = at::linear(hx, wh);
+        if (b_ih)
+            ig.add_(b_ih->t);
+        if (b_hh)
+            hg.add_(b_hh->t);
+        at::Tensor g_ig = at::empty_like(ig), g_hg = at::empty_like(hg), gh;
+        {
+            // r = s(i_r + h_r), z = s(i_z + h_z), n = tanh(i_n + r*h_n),
+            // h' = n + z*(h - n)
+            auto ic = ig.chunk(3, 1), hc = hg.chunk(3, 1);
+            auto gi = g_ig.chunk(3, 1), gw = g_hg.chunk(3, 1);
+            at::Tensor r = at::add(ic[0], hc[0]).sigmoid_();
+            at::Tensor z = at::add(ic[1], hc[1]).sigmoid_();
+            at::Tensor n = at::mul(r, hc[2]).add_(ic[2]).tanh_();
+            gh = at::mul(g, z);
+            at::sub_out(gi[2], g, gh); // g*(1 - z), into n's pre-activation
+            at::tanh_backward_out(gi[2], gi[2], n);
+            at::mul_out(gw[2], gi[2], r);
+            at::sub_out(gi[1], hx, n); // g*(h - n), into z's
+            gi[1].mul_(g);
+            at::sigmoid_backward_out(gi[1], gi[1], z);
+            at::mul_out(gi[0], gi[2], hc[2]); // through r*h_n, into r's
+            at::sigmoid_backward_out(gi[0], gi[0], r);
+            gw[0].copy_(gi[0]);
+            gw[1].copy_(gi[1]);
+        }
+        ig.reset();
+        hg.reset();
+        at::Tensor gb_ih = b_ih ? g_ig.sum(0) : at::Tensor();
+        at::Tensor gb_hh = b_hh ? g_hg.sum(0) : at::Tensor();
         at::Tensor gx = at::mm(g_ig, wi);
+        gh.addmm_(g_hg, wh);
         hand_out({{grad_x, gx},
                   {grad_h, gh},
                   {&grad_w[0], at::mm(g_ig.t(), x->t)},
-                  {&grad_w[1], at::mm(g_hg.t(), h->t)},
-                  {b_ih ? &grad_w[2] : nullptr, std::get<3>(r)},
-                  {b_hh ? &grad_w[3] : nullptr, std::get<4>(r)}});
+                  {&grad_w[1], at::mm(g_hg.t(), hx)},
+                  {b_ih ? &grad_w[2] : nullptr, gb_ih},
+                  {b_hh ? &grad_w[3] : nullptr, gb_hh}});
     })
     return EBB_OK;
 }

@@ -209,7 +209,13 @@ ebb_status ebb_tensor_bce_with_logits(ebb_tensor **out, const ebb_tensor *logits
             *out = wrap(at::empty({}, x.options()));
             return EBB_OK;
         }
-        *out = wrap(at::binary_cross_entropy_with_logits(x, t, {}, {}, at::Reduction::Mean));
+        // softplus(x) - t*x, the mean of (1-t)*x - log(sigmoid(x)) in one
+        // input-sized temporary: libtorch's own binary_cross_entropy_with_logits
+        // keeps five (1.13) or three (2.x), so its scratch would depend on
+        // the version
+        at::Tensor loss = at::softplus(x, 1, 20);
+        loss.addcmul_(t, x, -1);
+        *out = wrap(loss.mean());
     })
     return EBB_OK;
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `make bench`: runs the benchmark suite (tests/bench/run.py) against the
 # ebb_bench built in BUILD (configured with -DEBB_BUILD_BENCH=ON) and prints
-# one table. PyTorch eager runs on Debian's python3-torch, so this uses
-# /usr/bin/python3 whatever `python3` is first on PATH.
+# one table. PyTorch eager runs on the torch that matches the libtorch built
+# against: EBB_BENCH_PYTHON (`make bench TORCH=pip` sets the virtual
+# environment's), else Debian's python3-torch at /usr/bin/python3, whatever
+# `python3` is first on PATH.
 #   bash tests/bench/run.sh [BUILD] [run.py options: --only mlp --config dispatch]
 #   bash tests/bench/run.sh [BUILD] --only fashion    Fashion-MNIST epochs against PyTorch
 #   bash tests/bench/run.sh [BUILD] --only remat      training under memory budgets
@@ -11,10 +13,11 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build="${1:-build}"
 shift || true
-py=/usr/bin/python3
+py="${EBB_BENCH_PYTHON:-/usr/bin/python3}"
 if ! "$py" -c 'import torch' 2>/dev/null; then
-  echo "ebb bench: $py cannot import torch; install Debian's python3-torch:" >&2
-  echo "  sudo apt-get install -y --no-install-recommends python3-torch" >&2
+  echo "ebb bench: $py cannot import torch; install Debian's python3-torch" >&2
+  echo "  (sudo apt-get install -y --no-install-recommends python3-torch)," >&2
+  echo "  or set EBB_BENCH_PYTHON to a python whose torch matches the build" >&2
   exit 1
 fi
 if [ ! -x "$build/tests/bench/ebb_bench" ]; then
