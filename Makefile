@@ -131,9 +131,11 @@ bench: deps $(TORCH_DEPS)
 # CUDA-graph replay against eager, one table last (tests/gpu/run.sh).
 # `make gpu-check GPU_CHECK_FLAGS=--dry-run` configures, compiles and lists
 # what it would run, on any machine; CI runs that against the pip torch.
+# The GPU machine has its own pip torch and no package archive: it runs plain
+# `make gpu-check`; TORCH=pip here builds against the virtual environment's.
 GPU_CHECK_FLAGS ?=
-gpu-check:
-	bash tests/gpu/run.sh $(GPU_CHECK_FLAGS)
+gpu-check: $(TORCH_DEPS)
+	$(if $(filter pip,$(TORCH)),EBB_TORCH_PYTHON=$(TORCH_PY)) bash tests/gpu/run.sh $(GPU_CHECK_FLAGS)
 
 # A libFuzzer run over the YAML loader and the compiler (ASan + UBSan). The
 # compiler's dry run allocates no activations, so every input compiles within

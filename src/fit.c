@@ -243,8 +243,15 @@ ebb_status ebb_plan_check_fits(const ebb_plan *plan, ebb_device device, const eb
         consider(&fit, cgroup_available(), "cgroup memory limit");
         consider(&fit, proc_kb("/proc/meminfo", "MemAvailable"), "MemAvailable");
     }
-    /* CUDA: the tensor layer reports no free-memory figure yet, so the check
-     * has nothing to compare with and passes (available_bytes stays -1). */
+    if (device.type == EBB_DEVICE_CUDA) {
+        /* the driver's free bytes and the caching allocator's unused blocks;
+         * a build without CUDA has no figure, and the run itself will say so */
+        int64_t avail = -1;
+        if (ebb_device_memory_available(device, &avail, NULL) == EBB_OK)
+            consider(&fit, avail, "free CUDA memory");
+        else
+            ebb_error_clear();
+    }
     fit.needed_bytes = fit.peak_bytes + fit.param_bytes + fit.input_bytes + fit.reserve_bytes;
     if (out)
         *out = fit;

@@ -193,6 +193,21 @@ static void test_errors_and_devices(void **state) {
         assert_errmsg_contains("cuda:0");
         assert_int_equal(ebb_device_default().type, EBB_DEVICE_CPU);
     }
+    /* free device memory: a CUDA figure, never a CPU one (the fit check has
+     * the CPU's limits) */
+    int64_t avail = 0, total = 0;
+    assert_int_equal(ebb_device_memory_available(ebb_device_cpu(), &avail, &total),
+                     EBB_ERR_UNSUPPORTED);
+    assert_errmsg_contains("cpu");
+    assert_int_equal(avail, -1);
+    assert_int_equal(ebb_device_memory_available(ebb_device_cpu(), NULL, NULL), EBB_ERR_ARG);
+    if (ebb_cuda_available()) {
+        assert_ok(ebb_device_memory_available(ebb_device_cuda(0), &avail, &total));
+        assert_true(avail > 0 && avail <= total);
+    } else {
+        assert_int_not_equal(ebb_device_memory_available(ebb_device_cuda(0), &avail, NULL),
+                             EBB_OK);
+    }
     char buf[16];
     assert_string_equal(ebb_device_str(ebb_device_cuda(3), buf, sizeof buf), "cuda:3");
     ebb_dtype dt;

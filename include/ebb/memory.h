@@ -48,6 +48,15 @@ EBB_API int64_t ebb_memory_current(ebb_device device);
 /* Sets the device's peak to its current bytes. */
 EBB_API void ebb_memory_reset_peak(ebb_device device);
 
+/* What a CUDA device can still give this process: the driver's free bytes
+ * (cudaMemGetInfo) plus what the caching allocator holds unallocated, which
+ * it hands out again before asking the driver; `total` (may be NULL) gets
+ * the device's size. EBB_ERR_UNSUPPORTED for the CPU (see
+ * ebb_plan_check_fits() for its limits) and for CUDA in a build without it;
+ * a CUDA error (no such device) is EBB_ERR_TORCH. */
+EBB_API ebb_status ebb_device_memory_available(ebb_device device, int64_t *available,
+                                               int64_t *total);
+
 /* Number of live ebb_tensor handles in the process. Every test checks that it
  * returns to zero. */
 EBB_API int64_t ebb_tensor_live_count(void);

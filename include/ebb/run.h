@@ -171,7 +171,8 @@ typedef struct ebb_fit {
     int peak_step;           /* the step where the peak is */
     int64_t available_bytes; /* what the process can still get; -1 when unknown */
     const char *limit;       /* the limit that gives it: "RLIMIT_AS", "RLIMIT_DATA",
-                                "cgroup memory limit", "MemAvailable"; NULL if unknown */
+                                "cgroup memory limit", "MemAvailable", "free CUDA
+                                memory"; NULL if unknown */
 } ebb_fit;
 
 /* Compares what a run of `plan` on `device` needs with what this process can
@@ -179,8 +180,9 @@ typedef struct ebb_fit {
  * of: RLIMIT_AS minus its mapped address space, RLIMIT_DATA minus its data
  * segment, its memory cgroup's limit minus usage (v1 or v2, every ancestor,
  * reclaimable page cache counted as free), and the system's MemAvailable.
- * On CUDA the tensor layer has no free-memory figure yet: the check passes
- * with available_bytes -1.
+ * On CUDA it can get the driver's free bytes plus the caching allocator's
+ * unused blocks (ebb_device_memory_available()); a build without CUDA has no
+ * figure, and the check passes with available_bytes -1.
  *
  * `model` is the model that will run it, or NULL when its parameters are not
  * allocated yet (they are then counted); `input_bytes` adds inputs the caller

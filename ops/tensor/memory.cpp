@@ -143,6 +143,37 @@ ebb_status ebb_memory_stats_get(ebb_device device, ebb_memory_stats *out) {
                          ebb_device_str(device, buf, sizeof buf));
 }
 
+ebb_status ebb_device_memory_available(ebb_device device, int64_t *available, int64_t *total) {
+    static const char fn[] = "ebb_device_memory_available";
+    if (!available)
+        return ebb_error_set(EBB_ERR_ARG, "%s: available is NULL", fn);
+    *available = -1;
+    if (total)
+        *total = -1;
+#ifdef EBB_WITH_CUDA
+    if (device.type == EBB_DEVICE_CUDA) {
+        try {
+            c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device.index));
+            size_t free_b = 0, total_b = 0;
+            C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+            auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+                static_cast<c10::DeviceIndex>(device.index));
+            int64_t cached = stats.reserved_bytes[0].current - stats.allocated_bytes[0].current;
+            *available = static_cast<int64_t>(free_b) + (cached > 0 ? cached : 0);
+            if (total)
+                *total = static_cast<int64_t>(total_b);
+            return EBB_OK;
+        } catch (...) {
+            return ebb::fail_from_exception(fn);
+        }
+    }
+#endif
+    char buf[32];
+    return ebb_error_set(EBB_ERR_UNSUPPORTED, "%s: no free-memory figure for device %s%s", fn,
+                         ebb_device_str(device, buf, sizeof buf),
+                         device.type == EBB_DEVICE_CUDA ? " (this build has no CUDA)" : "");
+}
+
 int64_t ebb_memory_current(ebb_device device) {
     if (device.type == EBB_DEVICE_CPU)
         return cpu.current.load(std::memory_order_relaxed);
