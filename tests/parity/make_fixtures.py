@@ -18,6 +18,15 @@ usually has no torch):
 Everything is seeded, so rerunning rewrites the same bytes on the same
 PyTorch build. The safetensors writer is written here so that the
 `safetensors` package is not needed.
+
+The three fixture scripts share two options (tests/parity/check_fixtures.py
+uses them to check the committed fixtures against another torch):
+
+    --out DIR     write into DIR instead of fixtures/
+    --replay DIR  take the inputs, weights and targets from the fixtures in DIR
+                  (by name, same shapes and dtypes) instead of drawing them
+                  from the seeded generators, so that only the outputs,
+                  losses, gradients and optimizer results are computed here
 """
 
 import json
@@ -31,6 +40,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "fixtures")
+REPLAY = None  # --replay DIR: the fixtures whose inputs and weights replace the seeded ones
 
 _DTYPES = {torch.float32: ("F32", "<f4"), torch.float64: ("F64", "<f8"), torch.int64: ("I64", "<i8")}
 
@@ -54,6 +64,48 @@ def save_safetensors(path, tensors):
         f.write(text)
         for b in blobs:
             f.write(b)
+
+
+_TORCH = {code: (dt, npdt) for dt, (code, npdt) in _DTYPES.items()}
+
+
+def load_safetensors(path):
+    """The tensors of a safetensors file written by save_safetensors, as
+    {name: tensor}, and its __metadata__."""
+    import numpy as np
+
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + n])
+    meta = header.pop("__metadata__", {})
+    tensors = {}
+    for name, h in header.items():
+        dt, npdt = _TORCH[h["dtype"]]
+        lo, hi = h["data_offsets"]
+        a = np.frombuffer(blob[8 + n + lo : 8 + n + hi], dtype=npdt).reshape(h["shape"])
+        tensors[name] = torch.from_numpy(a.copy()).to(dt)
+    return tensors, meta
+
+
+def replayed(fname, tensors):
+    """{name: tensor} as drawn from the seeds; with --replay DIR, the tensors
+    of the same names in DIR/fname instead, which must have the same shapes
+    and dtypes."""
+    if REPLAY is None:
+        return tensors
+    path = os.path.join(REPLAY, fname)
+    saved, _ = load_safetensors(path)
+    out = {}
+    for name, t in tensors.items():
+        if name not in saved:
+            sys.exit(f"--replay: {path} has no tensor '{name}'")
+        s = saved[name]
+        if s.dtype != t.dtype or s.shape != t.shape:
+            sys.exit(f"--replay: {path}: '{name}' is {s.dtype} {list(s.shape)}, "
+                     f"the script makes {t.dtype} {list(t.shape)}")
+        out[name] = s
+    return out
 
 
 def randomize_(module, gen_scale=0.5):
@@ -299,11 +351,33 @@ def check_reference(name, m, x, y):
         assert margin > 1e-3, "an argmax near a tie could flip under rounding"
 
 
+def parse_args(argv):
+    """[--out DIR] [--replay DIR] [NAME ...] -> (out, names): the folder to
+    write into (default fixtures/ next to this script) and the fixtures to
+    make (empty: all). Sets REPLAY. The three fixture scripts share it."""
+    global REPLAY
+    args, opts = list(argv), {"--out": os.path.join(HERE, "fixtures"), "--replay": None}
+    for opt in opts:
+        if opt in args:
+            i = args.index(opt)
+            if i + 1 >= len(args):
+                sys.exit(f"{opt} needs a folder")
+            opts[opt] = os.path.abspath(args[i + 1])
+            del args[i : i + 2]
+    REPLAY = opts["--replay"]
+    return opts["--out"], args
+
+
 def main():
+    global OUT
+    OUT, names = parse_args(sys.argv[1:])
     os.makedirs(OUT, exist_ok=True)
-    names = sys.argv[1:] or list(MODELS)
+    names = names or list(MODELS)
     for name in names:
         m, x = build(name)
+        if REPLAY:
+            m.load_state_dict(replayed(f"{name}.weights.safetensors", state(m)))
+            x = replayed(f"{name}.input.safetensors", {"x": x})["x"]
         with torch.no_grad():
             y = m(x)
             check_reference(name, m, x, y)

@@ -82,7 +82,9 @@ Run with Debian's python3-torch:
     /usr/bin/python3 tests/parity/make_grad_fixtures.py steps      # the step fixtures
 
 Everything is seeded and float32, so rerunning rewrites the same bytes on the
-same PyTorch build. Each model's line reports how far the float32 gradients
+same PyTorch build. --out DIR and --replay DIR work as in make_fixtures.py
+(--replay takes the weights, x, y, init.*, x.<t> and y.<t> from DIR's
+fixtures of the same names). Each model's line reports how far the float32 gradients
 are from a float64 run of the same model, for scale.
 """
 
@@ -160,6 +162,10 @@ def model_fixture(name):
     m, x = mf.build(name)  # seeded as the forward fixtures: the same weights and x
     if name == "mlp":
         m.drop.p = 0.0
+    fname = f"grad_{name}.safetensors"
+    if mf.REPLAY:
+        m.load_state_dict(mf.replayed(fname, m.state_dict()))
+        x = mf.replayed(fname, {"x": x})["x"]
     weights = {k: v.detach().clone() for k, v in m.state_dict().items()}
     op, attrs, kw = LOSSES[name]
     loss_fn = TORCH_LOSS[op]
@@ -172,6 +178,7 @@ def model_fixture(name):
         y = torch.randint(0, out.shape[-1], out.shape[:1], generator=g)
     else:
         y = torch.randn(out.shape, generator=g)
+    y = mf.replayed(fname, {"y": y})["y"]
     loss, grads, none = grads_of(m, x, y, loss_fn, kw)
 
     # float64: for scale, and to tell gradients that are zero in exact arithmetic
@@ -188,7 +195,7 @@ def model_fixture(name):
     tensors = dict(weights)
     tensors.update({"x": x, "y": y, "loss": loss.float()})
     tensors.update({f"grad.{n}": v for n, v in grads.items()})
-    path = os.path.join(OUT, f"grad_{name}.safetensors")
+    path = os.path.join(OUT, fname)
     meta = {"loss": op, "loss_attrs": attrs, "zero_grads": ",".join(zero)}
     if none:
         meta["none_grads"] = ",".join(none)
@@ -373,9 +380,13 @@ def spec_fixture(name):
         weights["flow.1.gate.router.0.bias"][3] = -4.0
     if name == "loop_until":
         set_until_bias(weights, x)
+    fname = f"grad_{name}.safetensors"
+    weights = mf.replayed(fname, weights)
+    x = mf.replayed(fname, {"x": x})["x"]
     with torch.no_grad():
         out, _, _ = fwd(weights, x)
     y = torch.randn(out.shape, generator=torch.Generator().manual_seed(1000 + seed))
+    y = mf.replayed(fname, {"y": y})["y"]
     loss, grads, none, facts, margin = spec_grads(fwd, weights, x, y)
     if wanted and not wanted(facts):
         sys.exit(f"grad_{name}: {facts} does not exercise what the fixture is for")
@@ -394,7 +405,7 @@ def spec_fixture(name):
     tensors = dict(weights)
     tensors.update({"x": x, "y": y, "loss": loss.float()})
     tensors.update({f"grad.{n}": v for n, v in grads.items()})
-    path = os.path.join(OUT, f"grad_{name}.safetensors")
+    path = os.path.join(OUT, fname)
     meta = {"spec": f"specs/{name}.yaml", "loss": "mse", "loss_attrs": "",
             "zero_grads": ",".join(zero)}
     if none:
@@ -452,6 +463,12 @@ def steps_fixture(fname, bn, cases, seed):
     g = torch.Generator().manual_seed(seed + 1)
     data = [(torch.randn(BATCH, 8, generator=g), torch.randint(0, 4, (BATCH,), generator=g))
             for _ in range(STEPS)]
+    if mf.REPLAY:
+        saved = mf.replayed(f"{fname}.safetensors", {f"init.{k}": v for k, v in init.items()})
+        init = {k: saved[f"init.{k}"] for k in init}
+        for t, (x, y) in enumerate(data):
+            saved = mf.replayed(f"{fname}.safetensors", {f"x.{t}": x, f"y.{t}": y})
+            data[t] = (saved[f"x.{t}"], saved[f"y.{t}"])
     out = {f"init.{k}": v for k, v in init.items()}
     for t, (x, y) in enumerate(data):
         out[f"x.{t}"], out[f"y.{t}"] = x, y
@@ -479,8 +496,10 @@ def steps_fixture(fname, bn, cases, seed):
 
 
 def main():
+    global OUT
+    OUT, names = mf.parse_args(sys.argv[1:])
     os.makedirs(OUT, exist_ok=True)
-    names = sys.argv[1:] or list(mf.MODELS) + list(SPECS) + ["steps"]
+    names = names or list(mf.MODELS) + list(SPECS) + ["steps"]
     for name in names:
         if name == "steps":
             steps_fixture("grad_steps_mlp", False, {

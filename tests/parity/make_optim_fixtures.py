@@ -24,7 +24,9 @@ usually has no torch):
     /usr/bin/python3 tests/parity/make_optim_fixtures.py
 
 Everything is seeded, so rerunning rewrites the same bytes on the same
-PyTorch build. foreach=False pins torch.optim's single-tensor code paths,
+PyTorch build. --out DIR and --replay DIR work as in make_fixtures.py
+(--replay takes the initial parameters and the gradients from DIR's
+optim_mlp.*.safetensors). foreach=False pins torch.optim's single-tensor code paths,
 which are the ones ebb follows.
 """
 
@@ -37,6 +39,7 @@ import torch.nn as nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "fixtures")
 sys.path.insert(0, HERE)
+import make_fixtures as mf  # noqa: E402
 from make_fixtures import save_safetensors  # noqa: E402
 
 STEPS = 10
@@ -128,12 +131,14 @@ def run_case(kind, kw, init, grads):
         dtype=torch.float64)
     for n, p in params.items():
         st = opt.state.get(p, {})
-        if not st:
+        if not updates[n]:  # never updated: no state in ebb either
+            assert not st, (n, st)
             continue
         for key in ("momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
             if st.get(key) is not None:
                 out[f"optim.{n}.{key}"] = st[key].detach().clone()
-        # SGD keeps no step of its own; ebb counts updates for every kind.
+        # SGD keeps no step of its own (and torch 2.x's SGD without momentum
+        # no state at all); ebb counts updates for every kind.
         step = float(st["step"]) if "step" in st else float(updates[n])
         assert step == updates[n], (n, step, updates[n])
         out[f"optim.{n}.step"] = torch.tensor(step, dtype=torch.float64)
@@ -141,9 +146,17 @@ def run_case(kind, kw, init, grads):
 
 
 def main():
+    global OUT
+    OUT, extra = mf.parse_args(sys.argv[1:])
+    if extra:
+        sys.exit(f"make_optim_fixtures.py takes only --out DIR and --replay DIR, not {' '.join(extra)}")
     os.makedirs(OUT, exist_ok=True)
-    init = initial_params()
+    init = mf.replayed("optim_mlp.params.safetensors", initial_params())
     grads = gradients(init)
+    if mf.REPLAY:
+        saved = mf.replayed("optim_mlp.grads.safetensors",
+                            {f"grad.{t}.{n}": g for t, step in enumerate(grads) for n, g in step.items()})
+        grads = [{n: saved[f"grad.{t}.{n}"] for n in step} for t, step in enumerate(grads)]
     save_safetensors(os.path.join(OUT, "optim_mlp.params.safetensors"), init)
     save_safetensors(os.path.join(OUT, "optim_mlp.grads.safetensors"),
                      {f"grad.{t}.{n}": g for t, step in enumerate(grads) for n, g in step.items()})
