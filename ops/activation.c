@@ -76,13 +76,17 @@ static int64_t dropout_bwd_workspace(const ebb_attr_value *a, const ebb_shape *i
     return ebb_shape_numel(&in[0]) * (int64_t)ebb_dtype_size(dt) + ebb_ops_scalar_bytes(dt);
 }
 /* The training forward draws a float32 uniform of the input's size on the
- * CPU, compares it into the mask (an extra the plan counts), and scales by a
- * Scalar operand. */
+ * CPU and compares it with a Scalar into the mask (an extra the plan
+ * counts); once the uniform is gone, the output is x * mask, a temporary of
+ * the input's size and dtype, times the scale, a Scalar operand. */
 static int64_t dropout_train_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                        ebb_dtype dt) {
     (void)a;
     (void)n_in;
-    return ebb_shape_numel(&in[0]) * 4 + ebb_ops_scalar_bytes(dt);
+    int64_t n = ebb_shape_numel(&in[0]);
+    int64_t draw = n * 4 + ebb_ops_scalar_bytes(EBB_FLOAT32);
+    int64_t scale = n * (int64_t)ebb_dtype_size(dt) + ebb_ops_scalar_bytes(dt);
+    return draw > scale ? draw : scale;
 }
 static const ebb_op_grad dropout_grad = {.backward = dropout_bwd, .forward_train = dropout_train,
                                          .n_saved = 1, .differentiable = 1u,

@@ -4,6 +4,7 @@
  *   out_proj.weight [E, E], out_proj.bias [E].
  * One input is self-attention; `using` tensors give the key (and value) for
  * cross-attention. Every intermediate is freed as soon as it has been used. */
+#include "internal.h"
 #include "ops_internal.h"
 
 enum { A_EMBED, A_HEADS, A_CAUSAL, A_BIAS };
@@ -158,10 +159,16 @@ static ebb_status mha_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return st;
 }
 
-/* Scratch beyond the output on libtorch 1.13's CPU path (matmul + softmax;
- * 2.x's fused attention allocates otherwise), from the order mha_fwd frees
- * things. With q/k/v the projections (self-attention: one [B, T, 3E] tensor
- * they are views of) and B*H*T*S scores, the candidates for the peak are:
+/* Scratch beyond the output, from the order mha_fwd frees things, with q/k/v
+ * the projections (self-attention: one [B, T, 3E] tensor they are views of).
+ *
+ * With fused attention (libtorch 2.x on the CPU), the kernel makes its output,
+ * laid out [B, T, H, D], beside its log-sum-exp and per-thread blocks, which
+ * it frees; merging the heads of that output is a view, so after the
+ * projections die only the output and its projection are ever alive.
+ *
+ * Otherwise (matmul + softmax) the B*H*T*S scores are made, and the
+ * candidates for the peak are:
  *   q k^T:   q, k, v + copies of q and k made to fold [B, H] into one batch
  *            dim + the scores;
  *   * 1/sqrt(D), masking: q, k, v + scores + the Scalar's tensors, or the
@@ -182,6 +189,12 @@ static int64_t mha_workspace(const ebb_attr_value *a, const ebb_shape *in, int n
     int64_t bte = b * t * e * size, bse = b * s * e * size, scores = b * h * t * s * size;
     int split = b > 1 && h > 1;
     int64_t qkv = self ? 3 * bte : bte + 2 * bse;
+    if (ebb_attention_fused(dt, e / h, e / h, t, s)) {
+        ebb_attention_fused_bytes fb;
+        ebb_attention_fused_bytes_get(b, h, t, s, e / h, dt, ebb_tensor_num_threads(), &fb);
+        int64_t kernel = qkv + bte + fb.lse + fb.forward;
+        return (kernel > 2 * bte ? kernel : 2 * bte) - bte;
+    }
     int64_t q_copy = split && (self || t > 1) ? bte : 0;
     int64_t kv_copy = split && (self || s > 1) ? bse : 0;
     int64_t merge_copy = h > 1 && t > 1 ? bte : 0;
@@ -219,37 +232,80 @@ static ebb_status mha_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tenso
     return st;
 }
 /* The backward's scratch, followed through ebb_tensor_multi_head_attention_
- * backward on libtorch 1.13's CPU path (contiguous inputs). Every named
- * tensor there lives to the end of the call, so the live bytes only grow,
- * with transients on top: matmul's copies of head-split operands (as in the
- * forward: one per [B, H, L, D] operand unless B, H or L is 1), its product
- * before a head merge copies it (unless H or L is 1), the Scalar operand of
- * each scaling, the causal mask, and the sum of a gradient into the one an
- * input already has (self- and key=value attention). With Q = B*T*E,
- * K = B*S*E and P = B*H*T*S the call keeps q, k, v, the scores and
- * probabilities, the merged heads, grad_out's projection, g_p, g_v, g_s,
- * g_q, g_k, the merged copies of the last three, and per projection its
- * weight (E*E) and bias (E) gradients before they are concatenated. */
-static int64_t mha_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
-                                 ebb_dtype dt) {
-    if (in[0].ndim != 3 || a[A_HEADS].i < 1 || n_in < 1 || n_in > 3)
-        return 0;
-    int64_t b = in[0].dim[0], t = in[0].dim[1], e = in[0].dim[2], h = a[A_HEADS].i;
-    int64_t s = n_in > 1 && in[1].ndim == 3 ? in[1].dim[1] : t, size = (int64_t)ebb_dtype_size(dt);
-    int64_t q = b * t * e * size, k = b * s * e * size, p = b * h * t * s * size;
-    int64_t ee = e * e * size, eb = a[A_BIAS].i ? e * size : 0;
+ * backward (contiguous inputs), with Q = B*T*E, K = B*S*E and P = B*H*T*S
+ * elements. Both ways through it recompute the projections q, k, v and end
+ * the same way (mha_bwd_tail); in between:
+ *
+ * With fused attention (libtorch 2.x on the CPU), the forward kernel's output
+ * and log-sum-exp, out_proj's gradients, grad_out's projection, then the
+ * backward kernel's gradients of q, k and v beside its per-thread blocks.
+ * Its results are laid out [B, L, H, D], so no head merge copies; everything
+ * but those gradients dies before the tail.
+ *
+ * Otherwise (matmul + softmax, libtorch 1.13's CPU path) every named tensor
+ * lives to the end of the call, so the live bytes only grow, with transients
+ * on top: matmul's copies of head-split operands (as in the forward: one per
+ * [B, H, L, D] operand unless B, H or L is 1), its product before a head
+ * merge copies it (unless H or L is 1), the Scalar operand of each scaling,
+ * the causal mask. The call keeps q, k, v, the scores and probabilities, the
+ * merged heads, grad_out's projection, g_p, g_v, g_s, g_q, g_k and the
+ * merged copies of the last three.
+ *
+ * The tail: per projection its weight (E*E) and bias (E) gradients, its
+ * input's gradient, summed into the one an input already has (self- and
+ * key=value attention), then in_proj's gradients concatenated. */
+typedef struct mha_bwd_sizes {
+    int64_t q, k, ee, eb; /* bytes: Q, K, one E*E weight, one E bias (0 without) */
+    int n_in;
+} mha_bwd_sizes;
+
+#define PEAK(x) peak = (x) > peak ? (x) : peak
+
+/* From `live` bytes before the tail to the call's peak beyond what it returns. */
+static int64_t mha_bwd_tail(const mha_bwd_sizes *z, int64_t live, int64_t peak) {
+    int64_t grads[3] = {0, 0, 0};
+    for (int j = 0; j < 3; j++) {
+        int64_t size_j = j == 0 ? z->q : z->k;
+        int to = j == 0 ? 0 : (j < z->n_in - 1 ? j : z->n_in - 1);
+        live += z->ee + z->eb;
+        if (grads[to]) {
+            PEAK(live + 2 * size_j); /* the product, then its sum with the first */
+        } else {
+            grads[to] = size_j;
+            live += size_j;
+        }
+        PEAK(live);
+    }
+    live += 3 * z->ee + 3 * z->eb; /* in_proj's gradients concatenated */
+    PEAK(live);
+    return peak - (grads[0] + grads[1] + grads[2] + 4 * z->ee + 4 * z->eb);
+}
+
+static int64_t mha_bwd_fused(const mha_bwd_sizes *z, const ebb_attention_fused_bytes *fb) {
+    int64_t q = z->q, k = z->k, live = q + 2 * k, peak = 0;
+    PEAK(live + q + fb->lse + fb->forward); /* the forward kernel */
+    live += q + fb->lse + z->ee + z->eb;    /* its output and log-sum-exp; out_proj's gradients */
+    live += q;                              /* grad_out's projection */
+    PEAK(live + q + 2 * k + fb->backward);  /* the backward kernel */
+    live += q + 2 * k;
+    live -= (q + 2 * k) + q + fb->lse + q; /* q, k, v, the output, its log-sum-exp, g_o */
+    return mha_bwd_tail(z, live, peak);
+}
+
+static int64_t mha_bwd_composite(const mha_bwd_sizes *z, int64_t b, int64_t t, int64_t s,
+                                 int64_t h, int causal, ebb_dtype dt) {
+    int64_t q = z->q, k = z->k, p = b * h * t * s * (int64_t)ebb_dtype_size(dt);
     int64_t cq = b > 1 && h > 1 && t > 1 ? q : 0, ck = b > 1 && h > 1 && s > 1 ? k : 0;
     int64_t mq = h > 1 && t > 1 ? q : 0, mk = h > 1 && s > 1 ? k : 0;
-    int64_t scalar = ebb_ops_scalar_bytes(dt), mask = a[A_CAUSAL].i ? t * s : 0;
+    int64_t scalar = ebb_ops_scalar_bytes(dt), mask = causal ? t * s : 0;
     int64_t live = q + 2 * k, peak = 0;
-#define PEAK(x) peak = (x) > peak ? (x) : peak
     PEAK(live + cq + ck + p); /* q k^T */
     live += p;
     PEAK(live + (scalar > mask ? scalar : mask));
     live += p;                /* probabilities */
     PEAK(live + ck + q);      /* p v */
     PEAK(live + q + mq);      /* ... its heads merged */
-    live += q + ee + eb;      /* merged; out_proj's gradients */
+    live += q + z->ee + z->eb; /* merged; out_proj's gradients */
     live += q;                /* grad_out's projection */
     PEAK(live + cq + ck + p); /* g_p */
     live += p;
@@ -261,23 +317,24 @@ static int64_t mha_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, i
     live += q;
     PEAK(live + cq + k); /* g_k */
     live += k + mq + 2 * mk;
-    int64_t grads[3] = {0, 0, 0};
-    for (int j = 0; j < 3; j++) {
-        int64_t size_j = j == 0 ? q : k;
-        int to = j == 0 ? 0 : (j < n_in - 1 ? j : n_in - 1);
-        live += ee + eb;
-        if (grads[to]) {
-            PEAK(live + 2 * size_j); /* the product, then its sum with the first */
-        } else {
-            grads[to] = size_j;
-            live += size_j;
-        }
-        PEAK(live);
-    }
-    live += 3 * ee + 3 * eb; /* in_proj's gradients concatenated */
-    PEAK(live);
+    return mha_bwd_tail(z, live, peak);
+}
 #undef PEAK
-    return peak - (grads[0] + grads[1] + grads[2] + 4 * ee + 4 * eb);
+
+static int64_t mha_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                 ebb_dtype dt) {
+    if (in[0].ndim != 3 || a[A_HEADS].i < 1 || n_in < 1 || n_in > 3)
+        return 0;
+    int64_t b = in[0].dim[0], t = in[0].dim[1], e = in[0].dim[2], h = a[A_HEADS].i;
+    int64_t s = n_in > 1 && in[1].ndim == 3 ? in[1].dim[1] : t, size = (int64_t)ebb_dtype_size(dt);
+    mha_bwd_sizes z = {.q = b * t * e * size, .k = b * s * e * size, .ee = e * e * size,
+                       .eb = a[A_BIAS].i ? e * size : 0, .n_in = n_in};
+    if (ebb_attention_fused(dt, e / h, e / h, t, s)) {
+        ebb_attention_fused_bytes fb;
+        ebb_attention_fused_bytes_get(b, h, t, s, e / h, dt, ebb_tensor_num_threads(), &fb);
+        return mha_bwd_fused(&z, &fb);
+    }
+    return mha_bwd_composite(&z, b, t, s, h, a[A_CAUSAL].i != 0, dt);
 }
 static const ebb_op_grad mha_grad = {.backward = mha_bwd, .saves_inputs = 0x7u,
                                      .differentiable = 0x7u, .workspace = mha_bwd_workspace};

@@ -3,6 +3,7 @@
  * group_norm over the channel dim 1. */
 #include <float.h>
 
+#include "internal.h"
 #include "ops_internal.h"
 
 enum { A_EPS, A_AFFINE };
@@ -407,13 +408,13 @@ static const ebb_op_grad layer_norm_grad = {.backward = layer_norm_bwd,
                                             .saves_inputs = 1u, .differentiable = 1u,
                                             .workspace = layer_norm_bwd_workspace};
 /* The training forward's batch statistics come out as the two extras; the
- * CPU kernel also holds two per-channel temporaries while it updates the
- * running statistics (measured: 2 x channels x the element size). */
+ * CPU kernel also holds per-channel temporaries while it updates the
+ * running statistics, as many as the tensor layer says. */
 static int64_t batch_norm_train_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                           ebb_dtype dt) {
     (void)a;
     (void)n_in;
-    return in[0].ndim >= 2 ? 2 * in[0].dim[1] * (int64_t)ebb_dtype_size(dt) : 0;
+    return ebb_batch_norm_train_scratch(&in[0], dt);
 }
 static const ebb_op_grad batch_norm_grad = {.backward = batch_norm_bwd,
                                             .forward_train = batch_norm_train, .n_saved = 2,

@@ -489,6 +489,44 @@ static void check_backward_bytes(const ebb_op *op, const grad_case *gc, ebb_dtyp
     }
 }
 
+/* A training plan counts a step that runs forward_train as its output and
+ * extras (plan values) plus train_workspace; one without forward_train as
+ * its forward, which test_op_conformance checks. */
+static void check_train_forward_bytes(const ebb_op *op, const grad_case *gc, ebb_dtype dt,
+                                      const ebb_attr_value *attrs, const side *r, int n_in,
+                                      int64_t peak) {
+    const ebb_op_grad *g = op->grad;
+    if (!g->forward_train)
+        return;
+    ebb_shape shapes[MAX_IN];
+    for (int i = 0; i < n_in; i++)
+        shapes[i] = ebb_tensor_shape(r->in[i]);
+    int64_t made = 0;
+    const ebb_tensor *results[1 + EBB_MAX_SAVED] = {r->out};
+    for (int k = 0; k < EBB_MAX_SAVED; k++)
+        results[1 + k] = r->saved[k];
+    for (int k = 0; k < 1 + EBB_MAX_SAVED; k++) {
+        int old = !results[k];
+        for (int i = 0; i < n_in && !old; i++)
+            old = ebb_tensor_same_storage(results[k], r->in[i]);
+        for (int m = 0; m < k && !old; m++)
+            old = results[m] && ebb_tensor_same_storage(results[k], results[m]);
+        if (!old)
+            made += (int64_t)ebb_tensor_nbytes(results[k]);
+    }
+    int64_t declared = g->train_workspace ? g->train_workspace(attrs, shapes, n_in, dt) : 0;
+    int exact = ebb_tensor_num_threads() == 1;
+    if (exact ? peak - made != declared : peak - made > declared) {
+        char what[512];
+        describe_case(what, sizeof what, op, gc, shapes, n_in, dt);
+        print_error("[%s] training forward scratch measured %lld B (peak %lld B less %lld B "
+                    "of output and extras), train_workspace declares %lld B%s\n",
+                    what, (long long)(peak - made), (long long)peak, (long long)made,
+                    (long long)declared, exact ? "" : " as an upper bound");
+        bytes_failures++;
+    }
+}
+
 static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t seed,
                      ebb_dtype dt) {
     const ebb_device cpu = ebb_device_cpu();
@@ -545,7 +583,14 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
     for (int j = 0; j < n_params; j++)
         assert_ok(ebb_tensor_clone(&r.params[j], base_p[j]));
     uint64_t drop_seed = seed * 7919 + 3;
-    run_forward(op, attrs, &r, n_in, n_params, drop_seed);
+    {
+        int64_t fwd_base = ebb_memory_current(cpu);
+        ebb_memory_reset_peak(cpu);
+        run_forward(op, attrs, &r, n_in, n_params, drop_seed);
+        ebb_memory_stats fs;
+        assert_ok(ebb_memory_stats_get(cpu, &fs));
+        check_train_forward_bytes(op, gc, dt, attrs, &r, n_in, fs.peak_bytes - fwd_base);
+    }
     ebb_shape os = ebb_tensor_shape(r.out);
     ebb_tensor *grad_out = NULL;
     assert_ok(ebb_tensor_randn(&grad_out, &os, dt, cpu, seed + 50));

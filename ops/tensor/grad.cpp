@@ -21,6 +21,7 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/core/grad_mode.h>
 
+#include "internal.h"
 #include "shim.hpp"
 
 using ebb::clear;
@@ -420,6 +421,22 @@ ebb_status ebb_tensor_layer_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad
     return EBB_OK;
 }
 
+// Measured with a counting allocator: 1.13 holds two [C] temporaries; 2.x
+// holds three on its channels-last path ([N, C] or [N, C, 1, 1]: one value
+// per channel and sample), two otherwise.
+int64_t ebb_batch_norm_train_scratch(const ebb_shape *x, ebb_dtype dtype) {
+    if (x->ndim < 2)
+        return 0;
+    int64_t numel = ebb_shape_numel(x), per_channel = 2;
+#if TORCH_VERSION_MAJOR >= 2
+    if (x->dim[0] * x->dim[1] > 0 && numel / (x->dim[0] * x->dim[1]) == 1)
+        per_channel = 3;
+#else
+    (void)numel;
+#endif
+    return per_channel * x->dim[1] * static_cast<int64_t>(ebb_dtype_size(dtype));
+}
+
 ebb_status ebb_tensor_batch_norm_train(ebb_tensor **out, ebb_tensor **save_mean,
                                        ebb_tensor **save_invstd, const ebb_tensor *x,
                                        ebb_tensor *running_mean, ebb_tensor *running_var,
@@ -728,6 +745,118 @@ at::Tensor merge_heads(const at::Tensor &x) {
     return t.reshape({t.size(0), t.size(1), t.size(2) * t.size(3)});
 }
 
+// What both ways through multi-head attention's backward read.
+struct MhaArgs {
+    const at::Tensor &g, *x[3]; // grad_out; query, key and value inputs
+    int n_in;                   // 1: self-attention, 2: key = value, 3
+    at::Tensor w[3];            // in_proj_weight's query, key and value rows
+    c10::optional<at::Tensor> b[3];
+    const at::Tensor &wo;
+    bool out_bias, causal;
+    int64_t heads, e;
+};
+
+// The projections again, from the saved inputs: [B, H, L, D] each.
+void project(const MhaArgs &a, at::Tensor qkv[3]) {
+    for (int j = 0; j < 3; j++)
+        qkv[j] = split_heads(at::linear(*a.x[j], a.w[j], a.b[j]), a.heads);
+}
+
+// From the gradients of q, k and v ([B, H, L, D] each) to those of the
+// inputs and of in_proj: appended to `outs` as the inputs' gradients, then
+// in_proj's weight and bias. Self-attention reads its one input three times
+// and cross-attention with one `using` tensor reads it as key and value: their
+// parts are summed.
+void project_back(const MhaArgs &a, const at::Tensor g_qkv[3], std::vector<at::Tensor> &outs) {
+    at::Tensor proj[3] = {merge_heads(g_qkv[0]), merge_heads(g_qkv[1]), merge_heads(g_qkv[2])};
+    std::vector<at::Tensor> g_w, g_b, g_x(static_cast<size_t>(a.n_in));
+    for (int j = 0; j < 3; j++) {
+        at::Tensor pj = proj[j].reshape({-1, a.e});
+        g_w.push_back(at::mm(pj.t(), a.x[j]->reshape({-1, a.e})));
+        if (a.b[j])
+            g_b.push_back(pj.sum(0));
+        at::Tensor gx = at::matmul(proj[j], a.w[j]);
+        size_t to = static_cast<size_t>(j == 0 ? 0 : std::min(j, a.n_in - 1));
+        g_x[to] = g_x[to].defined() ? g_x[to] + gx : gx;
+    }
+    outs.insert(outs.end(), g_x.begin(), g_x.end());
+    outs.push_back(at::cat(g_w, 0));
+    if (a.b[0])
+        outs.push_back(at::cat(g_b, 0));
+}
+
+// out_proj's weight and bias gradients, from the heads merged [B, T, E].
+void out_proj_back(const MhaArgs &a, const at::Tensor &merged, at::Tensor &g_wo,
+                   at::Tensor &g_bo) {
+    at::Tensor g2 = a.g.reshape({-1, a.e});
+    g_wo = at::mm(g2.t(), merged.reshape({-1, a.e}));
+    if (a.out_bias)
+        g_bo = g2.sum(0);
+}
+
+// Through matmul and softmax, the probabilities recomputed rather than kept
+// from the forward (B*H*T*S of them). Every named tensor lives to the end:
+// ops/attention.c's composite formula counts them so.
+std::vector<at::Tensor> mha_backward_composite(const MhaArgs &a) {
+    at::Tensor qkv[3];
+    project(a, qkv);
+    const at::Tensor &q = qkv[0], &k = qkv[1], &v = qkv[2];
+    double scale = 1.0 / std::sqrt(static_cast<double>(a.e / a.heads));
+    at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
+    if (a.causal) {
+        at::Tensor above =
+            at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).triu_(1);
+        scores.masked_fill_(above, -std::numeric_limits<double>::infinity());
+    }
+    at::Tensor probs = at::softmax(scores, -1);
+    at::Tensor merged = merge_heads(at::matmul(probs, v));
+    at::Tensor g_wo, g_bo;
+    out_proj_back(a, merged, g_wo, g_bo);
+    at::Tensor g_o = split_heads(at::matmul(a.g, a.wo), a.heads);
+    at::Tensor g_p = at::matmul(g_o, v.transpose(-2, -1));
+    at::Tensor g_v = at::matmul(probs.transpose(-2, -1), g_o);
+    at::Tensor g_s = at::_softmax_backward_data(g_p, probs, -1, probs.scalar_type()) * scale;
+    at::Tensor g_qkv[3] = {at::matmul(g_s, k), at::matmul(g_s.transpose(-2, -1), q), g_v};
+    std::vector<at::Tensor> outs;
+    project_back(a, g_qkv, outs);
+    outs.push_back(g_wo);
+    if (a.out_bias)
+        outs.push_back(g_bo);
+    return outs;
+}
+
+#if EBB_FLASH_ATTENTION
+// Through libtorch's flash-attention CPU kernels: the forward again for its
+// output and log-sum-exp, then its backward, which recomputes the
+// probabilities block by block. Their results are laid out [B, L, H, D], so
+// merging heads copies nothing; each is released once read.
+std::vector<at::Tensor> mha_backward_fused(const MhaArgs &a) {
+    at::Tensor qkv[3];
+    project(a, qkv);
+    auto fwd = at::_scaled_dot_product_flash_attention_for_cpu(qkv[0], qkv[1], qkv[2], 0.0,
+                                                               a.causal);
+    at::Tensor o = std::move(std::get<0>(fwd)), lse = std::move(std::get<1>(fwd));
+    at::Tensor g_wo, g_bo;
+    out_proj_back(a, merge_heads(o), g_wo, g_bo);
+    at::Tensor g_o = split_heads(at::matmul(a.g, a.wo), a.heads);
+    auto bwd = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        g_o, qkv[0], qkv[1], qkv[2], o, lse, 0.0, a.causal);
+    for (auto &t : qkv)
+        t.reset();
+    o.reset();
+    lse.reset();
+    g_o.reset();
+    at::Tensor g_qkv[3] = {std::move(std::get<0>(bwd)), std::move(std::get<1>(bwd)),
+                           std::move(std::get<2>(bwd))};
+    std::vector<at::Tensor> outs;
+    project_back(a, g_qkv, outs);
+    outs.push_back(g_wo);
+    if (a.out_bias)
+        outs.push_back(g_bo);
+    return outs;
+}
+#endif
+
 } // namespace
 
 extern "C" {
@@ -760,59 +889,23 @@ ebb_status ebb_tensor_multi_head_attention_backward(
         TORCH_CHECK(xq.dim() == 3 && xq.size(2) == e && heads >= 1 && e % heads == 0,
                     "query ", xq.sizes(), " does not fit ", heads, " heads of width ", e);
         check_same("query", g, xq);
-        // the forward again, from the saved inputs: the probabilities are
-        // recomputed rather than kept (B*H*T*S of them)
-        at::Tensor wq = wi.narrow(0, 0, e), wk = wi.narrow(0, e, e), wv = wi.narrow(0, 2 * e, e);
-        c10::optional<at::Tensor> bq, bk, bv;
-        if (b_in) {
-            bq = b_in->t.narrow(0, 0, e);
-            bk = b_in->t.narrow(0, e, e);
-            bv = b_in->t.narrow(0, 2 * e, e);
-        }
-        at::Tensor q = split_heads(at::linear(xq, wq, bq), heads);
-        at::Tensor k = split_heads(at::linear(xk, wk, bk), heads);
-        at::Tensor v = split_heads(at::linear(xv, wv, bv), heads);
-        double scale = 1.0 / std::sqrt(static_cast<double>(e / heads));
-        at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
-        if (causal) {
-            at::Tensor above =
-                at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).triu_(1);
-            scores.masked_fill_(above, -std::numeric_limits<double>::infinity());
-        }
-        at::Tensor probs = at::softmax(scores, -1);
-        at::Tensor merged = merge_heads(at::matmul(probs, v));
-        // and back through it
-        at::Tensor g2 = g.reshape({-1, e});
-        at::Tensor g_wo = at::mm(g2.t(), merged.reshape({-1, e}));
-        at::Tensor g_bo = b_out ? g2.sum(0) : at::Tensor();
-        at::Tensor g_o = split_heads(at::matmul(g, wo), heads);
-        at::Tensor g_p = at::matmul(g_o, v.transpose(-2, -1));
-        at::Tensor g_v = at::matmul(probs.transpose(-2, -1), g_o);
-        at::Tensor g_s = at::_softmax_backward_data(g_p, probs, -1, probs.scalar_type()) * scale;
-        at::Tensor g_q = at::matmul(g_s, k), g_k = at::matmul(g_s.transpose(-2, -1), q);
-        at::Tensor proj[3] = {merge_heads(g_q), merge_heads(g_k), merge_heads(g_v)};
-        const at::Tensor *src[3] = {&xq, &xk, &xv};
-        const at::Tensor *w3[3] = {&wq, &wk, &wv};
-        std::vector<at::Tensor> g_w, g_b, g_x(static_cast<size_t>(n_in));
+        MhaArgs a{g, {&xq, &xk, &xv}, n_in, {}, {}, wo, b_out != nullptr, causal, heads, e};
         for (int j = 0; j < 3; j++) {
-            at::Tensor pj = proj[j].reshape({-1, e});
-            g_w.push_back(at::mm(pj.t(), src[j]->reshape({-1, e})));
+            a.w[j] = wi.narrow(0, j * e, e);
             if (b_in)
-                g_b.push_back(pj.sum(0));
-            at::Tensor gx = at::matmul(proj[j], *w3[j]);
-            // self-attention reads in[0] three times, cross-attention with
-            // one `using` tensor reads it as both key and value
-            size_t to = static_cast<size_t>(j == 0 ? 0 : std::min(j, n_in - 1));
-            g_x[to] = g_x[to].defined() ? g_x[to] + gx : gx;
+                a.b[j] = b_in->t.narrow(0, j * e, e);
         }
-        at::Tensor g_wi = at::cat(g_w, 0), g_bi = b_in ? at::cat(g_b, 0) : at::Tensor();
-        std::vector<at::Tensor> outs = g_x;
-        outs.push_back(g_wi);
-        if (b_in)
-            outs.push_back(g_bi);
-        outs.push_back(g_wo);
-        if (b_in)
-            outs.push_back(g_bo);
+        // the projections split into heads are [B, H, L, D] views with unit
+        // stride, which the fused kernels take whenever the dtype and
+        // lengths suit them, as in the forward
+        std::vector<at::Tensor> outs;
+#if EBB_FLASH_ATTENTION
+        if (xq.is_cpu() && ebb_attention_fused(ebb::from_aten(xq.scalar_type()), e / heads,
+                                               e / heads, xq.size(1), xk.size(1)))
+            outs = mha_backward_fused(a);
+#endif
+        if (outs.empty())
+            outs = mha_backward_composite(a);
         std::vector<ebb_tensor *> made;
         try {
             for (auto &t : outs)

@@ -3,6 +3,7 @@
 #define EBB_INTERNAL_H
 
 #include "ebb/common.h"
+#include "ebb/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -23,6 +24,32 @@ ebb_status ebb_cuda_graph_capture(ebb_cuda_graph **out, int device, ebb_cuda_gra
                                   void *ctx);
 ebb_status ebb_cuda_graph_replay(ebb_cuda_graph *g);
 void ebb_cuda_graph_free(ebb_cuda_graph *g);
+
+/* What ebb_tensor_batch_norm_train allocates beyond its three results for
+ * input x (ops/tensor/grad.cpp): the CPU kernel's per-channel temporaries
+ * while it updates the running statistics, whose count depends on the
+ * libtorch version and on whether x has one value per channel and sample. */
+int64_t ebb_batch_norm_train_scratch(const ebb_shape *x, ebb_dtype dtype);
+
+/* Fused attention on the CPU (ops/tensor/tensor_nn.cpp), for the scratch
+ * formulas of the ops that call it. Whether ebb_tensor_attention and the
+ * multi-head attention backward run libtorch's flash-attention CPU kernels
+ * for this dtype, query/key width d, value width dv and lengths l (query)
+ * and s (key): libtorch 2.x has them; with 1.13, or for shapes they do not
+ * take, the calls fall back to matmul and softmax. */
+int ebb_attention_fused(ebb_dtype dtype, int64_t d, int64_t dv, int64_t l, int64_t s);
+
+/* What those kernels allocate for B batches of H heads, beyond their inputs
+ * and results, at `threads` intra-op threads. */
+typedef struct ebb_attention_fused_bytes {
+    int64_t lse;      /* the forward's log-sum-exp [B, H, L], a second result
+                         (freed at once by ebb_tensor_attention) */
+    int64_t forward;  /* the forward's per-thread blocks, freed before it returns */
+    int64_t backward; /* the backward's per-thread blocks (with more than one
+                         thread, every chunk's row sums at once: a bound) */
+} ebb_attention_fused_bytes;
+void ebb_attention_fused_bytes_get(int64_t b, int64_t h, int64_t l, int64_t s, int64_t d,
+                                   ebb_dtype dtype, int threads, ebb_attention_fused_bytes *out);
 
 #ifdef __cplusplus
 }

@@ -10,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
+#include <torch/version.h>
 
 #include "ebb/common.h"
 #include "ebb/tensor.h"
@@ -41,6 +42,17 @@ void clear(std::initializer_list<ebb_tensor **> outs);
 // (NULL for an undefined one), or none does (handles already made are freed
 // when wrapping one fails).
 void hand_out(std::initializer_list<std::pair<ebb_tensor **, at::Tensor>> results);
+
+// libtorch 2.x has fused flash-attention kernels for the CPU; 1.13 has not.
+// With them, attention's forward and backward take the shapes flash_takes()
+// accepts ([B, H, L, D] operands of one dtype and width, unit stride along D)
+// through them, and their scratch is ebb_attention_fused_bytes_get()'s.
+#if TORCH_VERSION_MAJOR >= 2
+#define EBB_FLASH_ATTENTION 1
+#else
+#define EBB_FLASH_ATTENTION 0
+#endif
+bool flash_takes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v);
 
 // Turns the exception in flight into a status and message prefixed by `fn`.
 ebb_status fail_from_exception(const char *fn);

@@ -21,9 +21,28 @@
 
 #include <torch/version.h>
 
+#include "internal.h"
 #include "shim.hpp"
 
 using ebb::wrap;
+
+namespace ebb {
+
+bool flash_takes(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v) {
+#if EBB_FLASH_ATTENTION
+    return q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && q.size(0) == k.size(0) &&
+           k.size(0) == v.size(0) && q.size(1) == k.size(1) && k.size(1) == v.size(1) &&
+           q.stride(-1) == 1 && k.stride(-1) == 1 && v.stride(-1) == 1 &&
+           q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type() &&
+           ebb_attention_fused(from_aten(q.scalar_type()), q.size(-1), v.size(-1), q.size(2),
+                               k.size(2));
+#else
+    (void)q, (void)k, (void)v;
+    return false;
+#endif
+}
+
+} // namespace ebb
 
 namespace {
 
@@ -32,6 +51,7 @@ using ebb::dims;
 std::string dims(const ebb_tensor *t) { return t ? dims(t->t) : std::string("(none)"); }
 
 bool is_meta(const at::Tensor &t) { return t.device().type() == at::kMeta; }
+
 
 // A float16 CPU tensor in float32 when `up` is set; anything else unchanged.
 at::Tensor up(const at::Tensor &t, bool upcast) {
@@ -418,6 +438,47 @@ ebb_status ebb_tensor_embedding(ebb_tensor **out, const ebb_tensor *weight,
 
 /* ---- attention ------------------------------------------------------------ */
 
+int ebb_attention_fused(ebb_dtype dtype, int64_t d, int64_t dv, int64_t l, int64_t s) {
+#if EBB_FLASH_ATTENTION
+    bool floating = dtype == EBB_FLOAT32 || dtype == EBB_FLOAT64 || dtype == EBB_FLOAT16 ||
+                    dtype == EBB_BFLOAT16;
+    return floating && d == dv && l > 0 && s > 0;
+#else
+    (void)dtype, (void)d, (void)dv, (void)l, (void)s;
+    return 0;
+#endif
+}
+
+// The sizes below follow libtorch 2.x's flash-attention CPU kernels
+// (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp), checked against its
+// allocations on a grid of shapes, dtypes and thread counts: blocks of
+// q_split query rows by kv_split key rows, one set per thread, accumulated
+// in float32 for the 16-bit types.
+void ebb_attention_fused_bytes_get(int64_t b, int64_t h, int64_t l, int64_t s, int64_t d,
+                                   ebb_dtype dtype, int threads, ebb_attention_fused_bytes *out) {
+    *out = {};
+    if (!ebb_attention_fused(dtype, d, d, l, s))
+        return;
+    int64_t el = static_cast<int64_t>(ebb_dtype_size(dtype));
+    bool reduced = dtype == EBB_FLOAT16 || dtype == EBB_BFLOAT16;
+    int64_t acc = reduced ? 4 : el, nt = threads > 1 ? threads : 1;
+    int64_t q_split = std::min<int64_t>(l >= 768 ? 256 : l >= 192 ? 64 : 32, l);
+    int64_t kv_split = std::min<int64_t>(512, s);
+    int64_t block = q_split * kv_split;
+    out->lse = b * h * l * acc;
+    out->forward = nt * (block + 2 * q_split + q_split * d) * acc + (reduced ? nt * block * el : 0);
+    // the backward's row sums: one per chunk of the B*H (batch, head) pairs
+    // a thread takes; with one thread one at a time
+    int64_t pairs = b * h, chunks = 1;
+    if (nt > 1 && pairs > 1) {
+        int64_t per = (pairs + std::min(nt, pairs) - 1) / std::min(nt, pairs);
+        chunks = (pairs + per - 1) / per;
+    }
+    out->backward = nt * 2 * block * acc + (reduced ? nt * 2 * block * el : 0) +
+                    chunks * q_split * acc;
+}
+
+
 ebb_status ebb_tensor_attention(ebb_tensor **out, const ebb_tensor *q, const ebb_tensor *k,
                                 const ebb_tensor *v, bool causal) {
     static const char fn[] = "ebb_tensor_attention";
@@ -437,11 +498,20 @@ ebb_status ebb_tensor_attention(ebb_tensor **out, const ebb_tensor *q, const ebb
             *out = wrap(at::matmul(at::matmul(qt, kt.transpose(-2, -1)), vt));
             return EBB_OK;
         }
+#if EBB_FLASH_ATTENTION
+        if (qt.is_cpu() && ebb::flash_takes(qt, kt, vt)) {
+            // the output only: the log-sum-exp is freed here
+            *out = wrap(std::get<0>(
+                at::_scaled_dot_product_flash_attention_for_cpu(qt, kt, vt, 0.0, causal)));
+            return EBB_OK;
+        }
+        if (!qt.is_cpu()) {
+            *out = wrap(at::scaled_dot_product_attention(qt, kt, vt, {}, 0.0, causal));
+            return EBB_OK;
+        }
+#endif
         at::Tensor r = half_cpu_fallback(qt, [&](bool u) {
             at::Tensor qi = up(qt, u), ki = up(kt, u), vi = up(vt, u);
-#if TORCH_VERSION_MAJOR >= 2
-            return at::scaled_dot_product_attention(qi, ki, vi, {}, 0.0, causal);
-#else
             double scale = 1.0 / std::sqrt(static_cast<double>(qi.size(-1)));
             at::Tensor scores = at::matmul(qi, ki.transpose(-2, -1)).mul_(scale);
             if (causal) {
@@ -454,7 +524,6 @@ ebb_status ebb_tensor_attention(ebb_tensor **out, const ebb_tensor *q, const ebb
             // drop the raw scores before the second matmul allocates
             scores = at::softmax(scores, -1);
             return at::matmul(scores, vi);
-#endif
         });
         *out = wrap(std::move(r));
     })
