@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""Helpers of tests/gpu/run.sh (`make gpu-check`), standard library only, so
+that any python3 runs them:
+
+  suite RUN_PY                  the bench workloads and sizes of tests/bench/run.py
+                                (its SUITE), one tab-separated line each:
+                                workload, config, params, binds, fills
+  fill IN OUT NAME=VALUE...     copies a safetensors file, setting float32
+                                tensors to VALUE (the bench's parameter fills)
+  dataset PLAN_JSON OUT ROWS    a safetensors file of ROWS samples for every
+                                input and target of an `ebb plan --train --json`
+  peak TRACE LABEL CONFIG       one `peak` line of the summary from a JSONL
+                                trace (`ebb run/grad/train --trace`)
+  table SUMMARY                 the table run.sh prints last
+"""
+import ast
+import json
+import os
+import random
+import struct
+import sys
+
+
+def fail(msg):
+    sys.exit("gpu_check.py: " + msg)
+
+
+# ---- suite -----------------------------------------------------------------
+
+def suite(run_py):
+    """tests/bench/run.py's SUITE, read as a literal (importing run.py would
+    need numpy and torch)."""
+    with open(run_py) as f:
+        tree = ast.parse(f.read(), run_py)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "SUITE" for t in node.targets):
+            rows = ast.literal_eval(node.value)
+            break
+    else:
+        fail("%s has no SUITE list" % run_py)
+    csv = lambda d: ",".join("%s=%s" % kv for kv in d.items()) or "-"  # noqa: E731
+    for workload, config, params, binds, fills in rows:
+        print("\t".join([workload, config, csv(params), csv(binds), fills or "-"]))
+
+
+# ---- safetensors -----------------------------------------------------------
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack_from("<Q", raw, 0)
+    header = json.loads(raw[8:8 + n])
+    return header, bytearray(raw[8 + n:])
+
+
+def write_safetensors(path, header, data):
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path + ".tmp", "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + data)
+    os.replace(path + ".tmp", path)
+
+
+def fill(src, dst, assignments):
+    header, data = read_safetensors(src)
+    for a in assignments:
+        name, _, value = a.partition("=")
+        t = header.get(name)
+        if not t:
+            fail("%s: no tensor '%s' to fill" % (src, name))
+        if t["dtype"] != "F32":
+            fail("%s: '%s' is %s, only F32 can be filled" % (src, name, t["dtype"]))
+        lo, hi = t["data_offsets"]
+        data[lo:hi] = struct.pack("<f", float(value)) * ((hi - lo) // 4)
+    write_safetensors(dst, header, bytes(data))
+
+
+def dataset(plan_json, out, rows):
+    """Standard normal floats; integer targets (class indices) in [0, 10)."""
+    with open(plan_json) as f:
+        plan = json.load(f)
+    rng = random.Random(1)
+    header, chunks, offset = {}, [], 0
+    for v in plan["inputs"]:
+        shape = [rows] + v["shape"][1:]
+        n = 1
+        for d in shape:
+            n *= d
+        if v["dtype"] == "float32":
+            blob, dt = struct.pack("<%df" % n, *(rng.gauss(0, 1) for _ in range(n))), "F32"
+        elif v["dtype"] == "int64":
+            blob, dt = struct.pack("<%dq" % n, *(rng.randrange(10) for _ in range(n))), "I64"
+        else:
+            fail("%s: input '%s' is %s; only float32 and int64 are made"
+                 % (plan_json, v["name"], v["dtype"]))
+        header[v["name"]] = {"dtype": dt, "shape": shape, "data_offsets": [offset, offset + len(blob)]}
+        chunks.append(blob)
+        offset += len(blob)
+    write_safetensors(out, header, b"".join(chunks))
+
+
+# ---- peaks -----------------------------------------------------------------
+
+def peak(trace, label, config):
+    """planned (the summary's, rounded as the device's allocator rounds),
+    measured (the summary's: the run's peak above its start), the plan's kind
+    and a verdict; for a run that measured more than planned, the step whose
+    measured peak exceeds its planned figure the most (a step's planned
+    figure in the trace is the CPU count, so a few 512-byte roundings of
+    difference there are expected on CUDA)."""
+    steps, summary = [], None
+    try:
+        with open(trace) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                rec = json.loads(line)
+                if "summary" in rec:
+                    summary = rec["summary"]
+                else:
+                    steps.append(rec)
+    except (OSError, ValueError) as e:
+        print("\t".join(["peak", label, config, "-", "-", "-", "FAIL", "no trace: %s" % e]))
+        return
+    if not summary:
+        print("\t".join(["peak", label, config, "-", "-", "-", "FAIL",
+                         "the trace has no summary line (the run failed)"]))
+        return
+    planned, measured = summary["planned_peak_bytes"], summary["peak_bytes"]
+    kind = summary.get("peak_kind", "?")
+    note = ""
+    if measured > planned:
+        verdict = "FAIL over"
+        worst = max(steps, key=lambda s: s["peak_bytes"] - s["planned_peak_bytes"], default=None)
+        if worst:
+            note = "step %d (%s, %s) measured %+d bytes against its planned %d" % (
+                worst["step"], worst["op"], worst["node"],
+                worst["peak_bytes"] - worst["planned_peak_bytes"], worst["planned_peak_bytes"])
+    elif measured == planned:
+        verdict = "ok"
+    elif kind == "bound":
+        verdict = "ok (%.0f%% of the bound)" % (100.0 * measured / planned)
+    else:
+        verdict = "DIFF under"
+        note = "an exact plan promised %d bytes more than the run took" % (planned - measured)
+    if summary.get("live_tensors_after"):
+        note = "; ".join(([note] if note else []) +
+                         ["%d tensor handles leaked" % summary["live_tensors_after"]])
+    print("\t".join(["peak", label, config, str(planned), str(measured), kind, verdict, note]))
+
+
+# ---- table -----------------------------------------------------------------
+
+def render(head, rows):
+    w = [max(len(str(r[i])) for r in [head] + rows) for i in range(len(head))]
+    out = ["  ".join(str(c).ljust(w[i]) for i, c in enumerate(head)).rstrip(),
+           "  ".join("-" * x for x in w)]
+    for r in rows:
+        out.append("  ".join(str(c).ljust(w[i]) for i, c in enumerate(r)).rstrip())
+    return "\n".join(out)
+
+
+def ratio(a, b):
+    try:
+        return "%.2f" % (float(a) / float(b))
+    except (ValueError, ZeroDivisionError):
+        return "-"
+
+
+def table(path):
+    lines = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                lines.append(line.rstrip("\n").split("\t"))
+    info = [l[1] for l in lines if l[0] == "info"]
+    steps = [l[1:] for l in lines if l[0] == "step"]
+    peaks = [l[1:] for l in lines if l[0] == "peak"]
+    times = [l[1:] for l in lines if l[0] == "time"]
+    pyt = {(l[1], l[2]): l[3:] for l in lines if l[0] == "pytorch"}
+    for i in info:
+        print(i)
+    if steps:
+        print()
+        print(render(["step", "result", "details"], steps))
+    if peaks:
+        print()
+        print("peak intermediate bytes: planned (rounded to the caching allocator's 512-byte "
+              "blocks) against measured")
+        print(render(["spec", "config", "planned B", "measured B", "kind", "verdict", "note"],
+                     peaks))
+    if times:
+        print()
+        print("forward times in ms (median): ebb eager, ebb CUDA-graph replay, the libtorch C++ "
+              "twin, PyTorch eager")
+        rows, notes = [], []
+
+        def cell(text):
+            """"n/a (why)" and "FAIL (why)" become "n/a [k]", the why a note below."""
+            for word in ("n/a", "FAIL"):
+                if text.startswith(word + " ("):
+                    why = text[len(word) + 2:-1]
+                    if why not in notes:
+                        notes.append(why)
+                    return "%s [%d]" % (word, notes.index(why) + 1)
+            return text
+        for workload, config, eager, replay, twin in times:
+            p = pyt.get((workload, config),
+                        ["n/a (no PyTorch result: out of time or failed, see bench/pytorch.log)", "-"])
+            rows.append([workload, config, cell(eager), cell(replay), cell(twin), cell(p[0]),
+                         ratio(eager, replay), ratio(p[0], eager), p[1]])
+        print(render(["workload", "config", "ebb eager", "ebb replay", "C++ twin",
+                      "PyTorch eager", "eager/replay", "PyTorch/eager", "PyTorch peak B"],
+                     rows))
+        for k, why in enumerate(notes):
+            print("[%d] %s" % (k + 1, why))
+
+
+def main(argv):
+    if len(argv) < 2:
+        fail("usage: gpu_check.py suite|fill|dataset|peak|table ARGS (see the top of the file)")
+    cmd, args = argv[1], argv[2:]
+    if cmd == "suite" and len(args) == 1:
+        suite(args[0])
+    elif cmd == "fill" and len(args) >= 2:
+        fill(args[0], args[1], args[2:])
+    elif cmd == "dataset" and len(args) == 3:
+        dataset(args[0], args[1], int(args[2]))
+    elif cmd == "peak" and len(args) == 3:
+        peak(*args)
+    elif cmd == "table" and len(args) == 1:
+        table(args[0])
+    else:
+        fail("bad arguments: %s" % " ".join(argv[1:]))
+
+
+if __name__ == "__main__":
+    main(sys.argv)
