@@ -837,7 +837,9 @@ static plan_step *control(ad *a, ebb_step_kind kind, const char *name, const cha
 static int routed_backward(ad *a, int i) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
-    const plan_step *s = &p->steps[i];
+    /* a copy: every step made below may move p->steps (its slot arrays and
+     * node name are the step's own and stay put) */
+    const plan_step step = p->steps[i], *s = &step;
     region *regions = a->regions;
     char *node = ebb_compiler_strdupf("%s", s->pub.node);
     if (!node)
@@ -975,7 +977,8 @@ static int move_into(ad *a, int g, int *G, const char *node) {
 static int loop_backward(ad *a, int i) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
-    const plan_step *s = &p->steps[i];
+    /* a copy, as in routed_backward: move_into and the skip step move p->steps */
+    const plan_step step = p->steps[i], *s = &step;
     int loop = s->counter, result = s->pub.out[0], in = s->pub.in[0];
     loop_back *lb = a->n_loops ? &a->loops[a->n_loops - 1] : NULL;
     if (!lb || lb->loop != loop) {
