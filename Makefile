@@ -1,7 +1,7 @@
 # ebb: two commands do everything on a fresh Debian machine.
 #   make demo   installs what is missing, builds, trains a model on Fashion-MNIST
 #   make test   installs what is missing, builds, runs every test through ctest
-# Other targets: build, deps, torch-pip, bench, fuzz, gpu-check, clean.
+# Other targets: build, deps, torch-pip, test-asan, bench, fuzz, gpu-check, clean.
 #
 # TORCH picks the libtorch: `debian` (the default, libtorch-dev 1.13, CPU) or
 # `pip` (pip's CUDA build of torch TORCH_PIP_VERSION, installed into the
@@ -39,7 +39,7 @@ DEB_PACKAGES := cmake g++ make pkg-config libtorch-dev libopenblas0-pthread \
                 libyaml-dev libcjson-dev zlib1g-dev libcmocka-dev graphviz librsvg2-bin \
                 dataset-fashion-mnist
 
-.PHONY: all build deps torch-pip fuzz-deps demo test bench fuzz gpu-check clean
+.PHONY: all build deps torch-pip fuzz-deps demo test test-asan bench fuzz gpu-check clean
 
 all: build
 
@@ -109,6 +109,24 @@ demo: build
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
 
+# The whole suite again under AddressSanitizer and UBSan (Debian's libtorch),
+# in a build folder of its own. Leaks are reported too, less what
+# tests/asan.supp lists (libtorch's own process-lifetime allocations). A
+# failed allocation returns NULL, as without ASan, so the tests that run
+# under a small RLIMIT_AS see libtorch's out-of-memory errors. The consumer
+# test is left out: a program not built with ASan cannot load an ASan-built
+# libebb.
+ASAN_BUILD ?= build-asan
+SANITIZE := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+test-asan: deps
+	cmake -S . -B $(ASAN_BUILD) -DEBB_BUILD_EXAMPLES=OFF -DCMAKE_C_FLAGS="$(SANITIZE)" \
+	  -DCMAKE_CXX_FLAGS="$(SANITIZE)" $(CMAKE_FLAGS)
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:allocator_may_return_null=1 \
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/asan.supp:print_suppressions=0 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j$(JOBS) -E install_consumer
+
 # ebb against hand-written libtorch C++ and PyTorch eager, side by side
 # (tests/bench/, docs/benchmarks.md). Not part of `make test`. PyTorch is the
 # one of the libtorch built against: Debian's python3-torch 1.13, or with
@@ -149,4 +167,4 @@ fuzz: fuzz-deps
 	OMP_NUM_THREADS=1 ./$(FUZZ_BUILD)/tests/fuzz/fuzz_spec -max_total_time=$(FUZZ_TIME) -rss_limit_mb=2048 -max_len=4096 -print_final_stats=1 -dict=tests/fuzz/spec.dict $(FUZZ_BUILD)/corpus specs tests/specs_bad
 
 clean:
-	rm -rf $(BUILD) $(FUZZ_BUILD)
+	rm -rf $(BUILD) $(FUZZ_BUILD) $(ASAN_BUILD)
