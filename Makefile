@@ -111,7 +111,7 @@ test: build
 
 # The whole suite again under AddressSanitizer and UBSan (Debian's libtorch),
 # in a build folder of its own. Leaks are reported too, less what
-# tests/asan.supp lists (libtorch's own process-lifetime allocations). A
+# tests/asan.supp lists (nothing today). A
 # failed allocation returns NULL, as without ASan, so the tests that run
 # under a small RLIMIT_AS see libtorch's out-of-memory errors. The consumer
 # test is left out: a program not built with ASan cannot load an ASan-built
