@@ -763,11 +763,13 @@ void project(const MhaArgs &a, at::Tensor qkv[3]) {
 }
 
 // From the gradients of q, k and v ([B, H, L, D] each) to those of the
-// inputs and of in_proj: appended to `outs` as the inputs' gradients, then
-// in_proj's weight and bias. Self-attention reads its one input three times
-// and cross-attention with one `using` tensor reads it as key and value: their
-// parts are summed.
-void project_back(const MhaArgs &a, const at::Tensor g_qkv[3], std::vector<at::Tensor> &outs) {
+// inputs and of in_proj; returns every gradient the call hands out: the
+// inputs', in_proj's weight and bias, then out_proj's (g_wo, g_bo). Self-
+// attention reads its one input three times and cross-attention with one
+// `using` tensor reads it as key and value: their parts are summed.
+std::vector<at::Tensor> project_back(const MhaArgs &a, const at::Tensor g_qkv[3],
+                                     const at::Tensor &g_wo, const at::Tensor &g_bo) {
+    std::vector<at::Tensor> outs;
     at::Tensor proj[3] = {merge_heads(g_qkv[0]), merge_heads(g_qkv[1]), merge_heads(g_qkv[2])};
     std::vector<at::Tensor> g_w, g_b, g_x(static_cast<size_t>(a.n_in));
     for (int j = 0; j < 3; j++) {
@@ -783,6 +785,10 @@ void project_back(const MhaArgs &a, const at::Tensor g_qkv[3], std::vector<at::T
     outs.push_back(at::cat(g_w, 0));
     if (a.b[0])
         outs.push_back(at::cat(g_b, 0));
+    outs.push_back(g_wo);
+    if (a.out_bias)
+        outs.push_back(g_bo);
+    return outs;
 }
 
 // out_proj's weight and bias gradients, from the heads merged [B, T, E].
@@ -817,12 +823,7 @@ std::vector<at::Tensor> mha_backward_composite(const MhaArgs &a) {
     at::Tensor g_v = at::matmul(probs.transpose(-2, -1), g_o);
     at::Tensor g_s = at::_softmax_backward_data(g_p, probs, -1, probs.scalar_type()) * scale;
     at::Tensor g_qkv[3] = {at::matmul(g_s, k), at::matmul(g_s.transpose(-2, -1), q), g_v};
-    std::vector<at::Tensor> outs;
-    project_back(a, g_qkv, outs);
-    outs.push_back(g_wo);
-    if (a.out_bias)
-        outs.push_back(g_bo);
-    return outs;
+    return project_back(a, g_qkv, g_wo, g_bo);
 }
 
 #if EBB_FLASH_ATTENTION
@@ -848,12 +849,7 @@ std::vector<at::Tensor> mha_backward_fused(const MhaArgs &a) {
     g_o.reset();
     at::Tensor g_qkv[3] = {std::move(std::get<0>(bwd)), std::move(std::get<1>(bwd)),
                            std::move(std::get<2>(bwd))};
-    std::vector<at::Tensor> outs;
-    project_back(a, g_qkv, outs);
-    outs.push_back(g_wo);
-    if (a.out_bias)
-        outs.push_back(g_bo);
-    return outs;
+    return project_back(a, g_qkv, g_wo, g_bo);
 }
 #endif
 
