@@ -19,9 +19,12 @@
 #include "ebb/safetensors.h"
 #include "fileio.h"
 
-/* An IDX file larger than this is refused before it is allocated. */
-#define IDX_MAX_BYTES ((uint64_t)1 << 34)
+/* An IDX file whose data would take more than this in memory (int8 and
+ * int16 held as int32) is refused from its header. */
+#define IDX_MAX_BYTES ((uint64_t)EBB_DATASET_MAX_BYTES)
 #define IDX_CHUNK ((size_t)1 << 24)
+/* deflate's best: 258 bytes from one length code and one distance code */
+#define DEFLATE_MAX_RATIO 1032
 
 typedef struct field {
     char *name;
@@ -49,8 +52,35 @@ typedef struct idx_data {
     size_t nbytes;
 } idx_data;
 
+/* An IDX file whose header has been read, its data not yet. */
+typedef struct idx_file {
+    const char *path;
+    gzFile gz;
+    int64_t file_size;
+    int type;            /* the magic number's type code */
+    const char *stored;  /* the type code's name */
+    ebb_dtype dtype;     /* what the data is held as */
+    size_t esz, out_esz; /* bytes per element in the file, in memory */
+    size_t header;       /* bytes of the header */
+    ebb_shape shape;
+    uint64_t numel;
+    uint64_t file_bytes, bytes; /* the data's bytes in the file, in memory */
+} idx_file;
+
 static uint32_t be32(const unsigned char *b) {
     return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | (uint32_t)b[3];
+}
+
+/* zlib's message without the name it gives a descriptor ("<fd:5>: "): the
+ * caller names the file. */
+static const char *gz_message(gzFile gz, int *err) {
+    const char *msg = gzerror(gz, err);
+    if (msg && !strncmp(msg, "<fd:", 4)) {
+        const char *rest = strstr(msg, ">: ");
+        if (rest)
+            msg = rest + 3;
+    }
+    return msg && *msg ? msg : "unknown zlib error";
 }
 
 /* Reads up to `len` bytes; returns how many, or -1 with *msg set. */
@@ -61,7 +91,7 @@ static int64_t gz_read_all(gzFile gz, void *buf, size_t len, const char **msg) {
         int got = gzread(gz, (char *)buf + at, (unsigned)want);
         if (got < 0) {
             int err = 0;
-            *msg = gzerror(gz, &err);
+            *msg = gz_message(gz, &err);
             if (err == Z_BUF_ERROR) /* a gzip stream cut short */
                 *msg = "truncated: the gzip stream ends early";
             return -1;
@@ -73,23 +103,31 @@ static int64_t gz_read_all(gzFile gz, void *buf, size_t len, const char **msg) {
     return (int64_t)at;
 }
 
-static ebb_status idx_read_host(idx_data *out, const char *path) {
-    memset(out, 0, sizeof *out);
+static void idx_close(idx_file *f) {
+    if (f->gz)
+        gzclose(f->gz);
+    f->gz = NULL;
+}
+
+/* Opens an IDX file and reads its header: the element type, the shape, and
+ * what its data will take, refused over IDX_MAX_BYTES. Nothing else is read
+ * or allocated; on failure nothing stays open. */
+static ebb_status idx_open(idx_file *f, const char *path) {
+    memset(f, 0, sizeof *f);
+    f->path = path;
     int fd = -1;
-    int64_t file_size = 0;
-    ebb_status st = ebb_file_open_read(&fd, &file_size, path, path);
+    ebb_status st = ebb_file_open_read(&fd, &f->file_size, path, path);
     if (st != EBB_OK)
         return st;
-    gzFile gz = gzdopen(fd, "rb");
-    if (!gz) {
+    f->gz = gzdopen(fd, "rb");
+    if (!f->gz) {
         close(fd);
         return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory opening the file", path);
     }
-    gzbuffer(gz, 1 << 17);
+    gzbuffer(f->gz, 1 << 17);
     unsigned char head[4 + 4 * 255];
     const char *zmsg = NULL;
-    void *data = NULL;
-    int64_t got = gz_read_all(gz, head, 4, &zmsg);
+    int64_t got = gz_read_all(f->gz, head, 4, &zmsg);
     if (got < 0) {
         st = ebb_error_set(EBB_ERR_IO, "%s: cannot read: %s", path, zmsg);
         goto fail;
@@ -99,18 +137,17 @@ static ebb_status idx_read_host(idx_data *out, const char *path) {
                            path, (long long)got);
         goto fail;
     }
-    ebb_dtype dtype;
-    size_t esz, out_esz;
+    f->type = head[2];
     switch (head[2]) {
-    case 0x08: dtype = EBB_UINT8, esz = 1, out_esz = 1; break;
-    case 0x09: dtype = EBB_INT32, esz = 1, out_esz = 4; break;
-    case 0x0B: dtype = EBB_INT32, esz = 2, out_esz = 4; break;
-    case 0x0C: dtype = EBB_INT32, esz = 4, out_esz = 4; break;
-    case 0x0D: dtype = EBB_FLOAT32, esz = 4, out_esz = 4; break;
-    case 0x0E: dtype = EBB_FLOAT64, esz = 8, out_esz = 8; break;
-    default: dtype = EBB_UINT8, esz = 0, out_esz = 0; break;
+    case 0x08: f->dtype = EBB_UINT8, f->esz = 1, f->out_esz = 1, f->stored = "uint8"; break;
+    case 0x09: f->dtype = EBB_INT32, f->esz = 1, f->out_esz = 4, f->stored = "int8"; break;
+    case 0x0B: f->dtype = EBB_INT32, f->esz = 2, f->out_esz = 4, f->stored = "int16"; break;
+    case 0x0C: f->dtype = EBB_INT32, f->esz = 4, f->out_esz = 4, f->stored = "int32"; break;
+    case 0x0D: f->dtype = EBB_FLOAT32, f->esz = 4, f->out_esz = 4, f->stored = "float32"; break;
+    case 0x0E: f->dtype = EBB_FLOAT64, f->esz = 8, f->out_esz = 8, f->stored = "float64"; break;
+    default: f->esz = 0; break;
     }
-    if (head[0] != 0 || head[1] != 0 || esz == 0 || head[3] == 0) {
+    if (head[0] != 0 || head[1] != 0 || f->esz == 0 || head[3] == 0) {
         st = ebb_error_set(EBB_ERR_IO,
                            "%s: bad magic number 0x%02x%02x%02x%02x: not an IDX file (expected "
                            "00 00, a type code 08, 09, 0b, 0c, 0d or 0e, and a dimension count)",
@@ -123,7 +160,7 @@ static ebb_status idx_read_host(idx_data *out, const char *path) {
                            EBB_MAX_DIMS);
         goto fail;
     }
-    got = gz_read_all(gz, head + 4, 4 * (size_t)ndim, &zmsg);
+    got = gz_read_all(f->gz, head + 4, 4 * (size_t)ndim, &zmsg);
     if (got < 0) {
         st = ebb_error_set(EBB_ERR_IO, "%s: cannot read: %s", path, zmsg);
         goto fail;
@@ -133,43 +170,95 @@ static ebb_status idx_read_host(idx_data *out, const char *path) {
                            path, ndim);
         goto fail;
     }
-    ebb_shape shape = {.ndim = ndim};
-    uint64_t numel = 1;
+    f->header = 4 + 4 * (size_t)ndim;
+    f->shape.ndim = ndim;
+    for (int d = 0; d < ndim; d++)
+        f->shape.dim[d] = be32(head + 4 + 4 * d);
+    f->numel = 1;
     for (int d = 0; d < ndim; d++) {
-        shape.dim[d] = be32(head + 4 + 4 * d);
-        numel *= (uint64_t)shape.dim[d];
-        if (numel > IDX_MAX_BYTES) {
-            st = ebb_error_set(EBB_ERR_IO, "%s: declares more than %llu elements", path,
+        f->numel *= (uint64_t)f->shape.dim[d];
+        if (f->numel > IDX_MAX_BYTES) { /* before the product can overflow */
+            char sb[128];
+            st = ebb_error_set(EBB_ERR_IO,
+                               "%s: declares %s %s, more than %llu elements: more than ebb reads",
+                               path, f->stored, ebb_shape_str(&f->shape, sb, sizeof sb),
                                (unsigned long long)IDX_MAX_BYTES);
             goto fail;
         }
     }
-    uint64_t want = numel * esz;
-    if (want > IDX_MAX_BYTES) {
-        st = ebb_error_set(EBB_ERR_IO, "%s: declares %llu bytes of data, more than ebb reads",
-                           path, (unsigned long long)want);
+    f->file_bytes = f->numel * f->esz;
+    f->bytes = f->numel * f->out_esz;
+    if (f->bytes > IDX_MAX_BYTES) {
+        char sb[128];
+        st = ebb_error_set(EBB_ERR_IO,
+                           "%s: declares %s %s: %llu bytes of data%s%llu bytes, more than ebb "
+                           "reads (%llu bytes)",
+                           path, f->stored, ebb_shape_str(&f->shape, sb, sizeof sb),
+                           (unsigned long long)f->file_bytes,
+                           f->esz != f->out_esz ? ", held as int32 in " : ", ",
+                           (unsigned long long)f->bytes, (unsigned long long)IDX_MAX_BYTES);
         goto fail;
     }
-    /* grown as bytes arrive: a small file declaring a huge size costs little */
+    return EBB_OK;
+fail:
+    idx_close(f);
+    return st;
+}
+
+/* Whether the file can hold what its header declares, from its size alone:
+ * exactly, for an uncompressed file; within deflate's best ratio for a
+ * gzip one. */
+static ebb_status idx_check_size(const idx_file *f) {
+    uint64_t size = f->file_size > 0 ? (uint64_t)f->file_size : 0;
+    if (gzdirect(f->gz)) {
+        uint64_t have = size > f->header ? size - f->header : 0;
+        if (have < f->file_bytes)
+            return ebb_error_set(EBB_ERR_IO,
+                                 "%s: truncated: %llu bytes of data where its header declares %llu",
+                                 f->path, (unsigned long long)have,
+                                 (unsigned long long)f->file_bytes);
+        if (have > f->file_bytes)
+            return ebb_error_set(EBB_ERR_IO,
+                                 "%s: more bytes than its header declares (%llu): not an IDX "
+                                 "file of that shape",
+                                 f->path, (unsigned long long)f->file_bytes);
+        return EBB_OK;
+    }
+    if (size <= (UINT64_MAX - 1) / DEFLATE_MAX_RATIO &&
+        f->header + f->file_bytes > size * DEFLATE_MAX_RATIO)
+        return ebb_error_set(EBB_ERR_IO,
+                             "%s: declares %llu bytes of data, but a gzip file of %llu bytes "
+                             "holds at most %llu (deflate compresses %d:1 at best): truncated or "
+                             "not an IDX file of that shape",
+                             f->path, (unsigned long long)f->file_bytes, (unsigned long long)size,
+                             (unsigned long long)(size * DEFLATE_MAX_RATIO), DEFLATE_MAX_RATIO);
+    return EBB_OK;
+}
+
+/* Reads the data of an opened IDX file and closes it. The buffer grows as
+ * bytes arrive, so a file shorter than its header says costs what it holds. */
+static ebb_status idx_read_data(idx_file *f, idx_data *out) {
+    memset(out, 0, sizeof *out);
+    const char *path = f->path, *zmsg = NULL;
+    void *data = NULL;
+    ebb_status st = idx_check_size(f);
+    if (st != EBB_OK)
+        goto fail;
+    uint64_t want = f->file_bytes;
+    size_t esz = f->esz, widen = f->out_esz / f->esz;
     size_t cap = want < IDX_CHUNK ? (size_t)want : IDX_CHUNK, have = 0;
-    data = malloc(cap ? cap * (out_esz / esz) : 1);
-    if (!data) {
-        st = ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", path);
-        goto fail;
-    }
-    while (have < want) {
+    data = malloc(cap ? cap * widen : 1);
+    int64_t got = 0;
+    while (data && have < want) {
         if (have == cap) {
             size_t ncap = cap * 2 > want ? (size_t)want : cap * 2;
-            void *more = realloc(data, ncap * (out_esz / esz));
-            if (!more) {
-                st = ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory (%llu bytes)", path,
-                                   (unsigned long long)want);
-                goto fail;
-            }
+            void *more = realloc(data, ncap * widen);
+            if (!more)
+                break;
             data = more;
             cap = ncap;
         }
-        got = gz_read_all(gz, (char *)data + have, cap - have, &zmsg);
+        got = gz_read_all(f->gz, (char *)data + have, cap - have, &zmsg);
         if (got < 0) {
             st = ebb_error_set(EBB_ERR_IO, "%s: cannot read: %s", path, zmsg);
             goto fail;
@@ -178,6 +267,16 @@ static ebb_status idx_read_host(idx_data *out, const char *path) {
         if (have < cap)
             break;
     }
+    if (!data || (have == cap && have < want)) { /* a malloc or realloc failed */
+        char human[32];
+        st = ebb_error_set(EBB_ERR_NOMEM,
+                           "%s: out of memory reading %llu bytes (%s: %llu %s values%s)", path,
+                           (unsigned long long)f->bytes,
+                           ebb_bytes_str((int64_t)f->bytes, human, sizeof human),
+                           (unsigned long long)f->numel, f->stored,
+                           widen > 1 ? " held as int32" : "");
+        goto fail;
+    }
     if (have < want) {
         st = ebb_error_set(EBB_ERR_IO,
                            "%s: truncated: %llu bytes of data where its header declares %llu",
@@ -185,7 +284,7 @@ static ebb_status idx_read_host(idx_data *out, const char *path) {
         goto fail;
     }
     unsigned char extra;
-    got = gz_read_all(gz, &extra, 1, &zmsg);
+    got = gz_read_all(f->gz, &extra, 1, &zmsg);
     if (got != 0) {
         st = got < 0 ? ebb_error_set(EBB_ERR_IO, "%s: cannot read: %s", path, zmsg)
                      : ebb_error_set(EBB_ERR_IO,
@@ -194,8 +293,8 @@ static ebb_status idx_read_host(idx_data *out, const char *path) {
                                      path, (unsigned long long)want);
         goto fail;
     }
-    int zr = gzclose(gz);
-    gz = NULL;
+    int zr = gzclose(f->gz);
+    f->gz = NULL;
     if (zr == Z_BUF_ERROR) { /* the data is all there, the gzip trailer is not */
         st = ebb_error_set(EBB_ERR_IO, "%s: truncated: the gzip stream ends early", path);
         goto fail;
@@ -203,6 +302,7 @@ static ebb_status idx_read_host(idx_data *out, const char *path) {
     /* big-endian elements to host values, widened where ebb has no dtype;
      * backwards so that a widening conversion is done in place */
     unsigned char *b = data;
+    uint64_t numel = f->numel;
     for (uint64_t k = numel; k-- > 0 && esz > 1;) {
         const unsigned char *e = b + k * esz;
         if (esz == 2) {
@@ -216,21 +316,26 @@ static ebb_status idx_read_host(idx_data *out, const char *path) {
             memcpy(b + k * 8, &u, 8);
         }
     }
-    if (head[2] == 0x09)
+    if (f->type == 0x09)
         for (uint64_t k = numel; k-- > 0;) {
             int32_t v = (int8_t)b[k];
             memcpy(b + k * 4, &v, 4);
         }
-    out->dtype = dtype;
-    out->shape = shape;
+    out->dtype = f->dtype;
+    out->shape = f->shape;
     out->data = data;
-    out->nbytes = (size_t)numel * out_esz;
+    out->nbytes = (size_t)f->bytes;
     return EBB_OK;
 fail:
     free(data);
-    if (gz)
-        gzclose(gz);
+    idx_close(f);
     return st;
+}
+
+static ebb_status idx_read_host(idx_data *out, const char *path) {
+    idx_file f;
+    ebb_status st = idx_open(&f, path);
+    return st == EBB_OK ? idx_read_data(&f, out) : st;
 }
 
 ebb_status ebb_idx_read(ebb_tensor **out, const char *path) {
@@ -299,42 +404,105 @@ static ebb_status set_field(ebb_dataset *d, int i, const char *name, const char 
     return EBB_OK;
 }
 
-ebb_status ebb_dataset_open_idx(ebb_dataset **out, const char *images, const char *labels,
-                                const char *const names[2]) {
-    if (!out || !images || !labels || !names || !names[0] || !names[1])
-        return ebb_error_set(EBB_ERR_ARG, "ebb_dataset_open_idx: NULL argument");
-    *out = NULL;
-    idx_data im, lb;
-    ebb_status st = idx_read_host(&im, images);
+/* Field i's stored shape (samples first) against the shape a caller expects
+ * its batches in (expect->shapes[i], ndim 0: anything): the elements of a
+ * sample must agree, as ebb_dataset_batch() requires. */
+static ebb_status check_expected(const ebb_dataset_expect *expect, int i, const char *file,
+                                 const char *name, const ebb_shape *stored) {
+    if (!expect || !expect->shapes || expect->shapes[i].ndim == 0)
+        return EBB_OK;
+    const ebb_shape *want = &expect->shapes[i];
+    int64_t per = 1, have = 1;
+    for (int k = 1; k < want->ndim; k++)
+        per *= want->dim[k];
+    for (int k = 1; k < stored->ndim; k++)
+        have *= stored->dim[k];
+    if (per == have && want->ndim >= 1)
+        return EBB_OK;
+    char a[128], b[128];
+    return ebb_error_set(EBB_ERR_SHAPE,
+                         "%s: '%s' is %s, samples of %lld elements, which do not fit the "
+                         "expected %s (%lld elements a sample); nothing was read",
+                         file, name, ebb_shape_str(stored, a, sizeof a), (long long)have,
+                         ebb_shape_str(want, b, sizeof b), (long long)per);
+}
+
+static ebb_status check_expect_args(const ebb_dataset_expect *expect, int n, const char *fn) {
+    if (!expect)
+        return EBB_OK;
+    if (expect->shapes && expect->n_shapes != n)
+        return ebb_error_set(EBB_ERR_ARG, "%s: %d expected shapes for %d fields", fn,
+                             expect->n_shapes, n);
+    if (expect->max_bytes < 0)
+        return ebb_error_set(EBB_ERR_ARG, "%s: max_bytes is %lld", fn,
+                             (long long)expect->max_bytes);
+    return EBB_OK;
+}
+
+/* The fields' bytes in memory, counted from the headers, against
+ * expect->max_bytes. */
+static ebb_status check_total(const ebb_dataset_expect *expect, const char *desc, uint64_t total,
+                              const char *const *names, const uint64_t *bytes, int n) {
+    if (!expect || expect->max_bytes == 0 || total <= (uint64_t)expect->max_bytes)
+        return EBB_OK;
+    char parts[512] = "", h[32], m[32];
+    size_t at = 0;
+    for (int i = 0; i < n && at < sizeof parts; i++) {
+        int w = snprintf(parts + at, sizeof parts - at, "%s'%s' %llu", i ? ", " : "", names[i],
+                         (unsigned long long)bytes[i]);
+        if (w < 0)
+            break;
+        at += (size_t)w;
+    }
+    return ebb_error_set(EBB_ERR_NOMEM,
+                         "dataset '%s': its fields take %llu bytes in memory (%s; %s), more than "
+                         "the %lld bytes (%s) it may take; nothing was read",
+                         desc, (unsigned long long)total, ebb_bytes_str((int64_t)total, h, sizeof h),
+                         parts, (long long)expect->max_bytes,
+                         ebb_bytes_str(expect->max_bytes, m, sizeof m));
+}
+
+/* Both headers are read and checked before either file's data. */
+static ebb_status open_idx(ebb_dataset **out, const char *images, const char *labels,
+                           const char *const names[2], const char *desc,
+                           const ebb_dataset_expect *expect) {
+    idx_file fi, fl;
+    idx_data im = {0}, lb = {0};
+    ebb_status st = idx_open(&fi, images);
     if (st != EBB_OK)
         return st;
-    if ((st = idx_read_host(&lb, labels)) != EBB_OK) {
-        free(im.data);
+    if ((st = check_expected(expect, 0, images, names[0], &fi.shape)) != EBB_OK ||
+        (st = idx_open(&fl, labels)) != EBB_OK) {
+        idx_close(&fi);
         return st;
     }
-    if (lb.shape.ndim != 1) {
+    if (fl.shape.ndim != 1)
         st = ebb_error_set(EBB_ERR_ARG, "%s: labels have %d dimensions; expected one value per "
-                           "sample (1 dimension)", labels, lb.shape.ndim);
-    } else if (lb.shape.dim[0] != im.shape.dim[0]) {
+                           "sample (1 dimension)", labels, fl.shape.ndim);
+    else if (fl.shape.dim[0] != fi.shape.dim[0])
         st = ebb_error_set(EBB_ERR_ARG, "%s: %lld labels, but %s has %lld images", labels,
-                           (long long)lb.shape.dim[0], images, (long long)im.shape.dim[0]);
+                           (long long)fl.shape.dim[0], images, (long long)fi.shape.dim[0]);
+    if (st == EBB_OK)
+        st = check_expected(expect, 1, labels, names[1], &fl.shape);
+    if (st == EBB_OK) {
+        uint64_t bytes[2] = {fi.bytes, fl.bytes};
+        st = check_total(expect, desc, fi.bytes + fl.bytes, names, bytes, 2);
     }
-    if (st != EBB_OK) {
-        free(im.data);
-        free(lb.data);
-        return st;
-    }
+    if (st == EBB_OK && (st = idx_read_data(&fi, &im)) == EBB_OK)
+        st = idx_read_data(&fl, &lb);
+    idx_close(&fi);
+    idx_close(&fl);
     ebb_dataset *d = NULL;
-    if ((st = new_dataset(&d, 2)) != EBB_OK) {
-        free(im.data);
-        free(lb.data);
-        return st;
+    if (st == EBB_OK && (st = new_dataset(&d, 2)) == EBB_OK) {
+        d->n = im.shape.dim[0];
+        st = set_field(d, 0, names[0], images, im.dtype, &im.shape, im.data);
+        ebb_status st2 = set_field(d, 1, names[1], labels, lb.dtype, &lb.shape, lb.data);
+        im.data = lb.data = NULL; /* the dataset's now */
+        if (st == EBB_OK)
+            st = st2;
     }
-    d->n = im.shape.dim[0];
-    st = set_field(d, 0, names[0], images, im.dtype, &im.shape, im.data);
-    ebb_status st2 = set_field(d, 1, names[1], labels, lb.dtype, &lb.shape, lb.data);
-    if (st == EBB_OK && st2 != EBB_OK)
-        st = st2;
+    free(im.data);
+    free(lb.data);
     if (st != EBB_OK) {
         ebb_dataset_free(d);
         return st;
@@ -343,21 +511,27 @@ ebb_status ebb_dataset_open_idx(ebb_dataset **out, const char *images, const cha
     return EBB_OK;
 }
 
-ebb_status ebb_dataset_open_safetensors(ebb_dataset **out, const char *path,
-                                        const char *const *names, int n) {
-    if (!out || !path || (!names && n > 0) || n < 1)
-        return ebb_error_set(EBB_ERR_ARG, "ebb_dataset_open_safetensors: NULL argument or no "
-                                          "names");
+ebb_status ebb_dataset_open_idx(ebb_dataset **out, const char *images, const char *labels,
+                                const char *const names[2]) {
+    if (!out || !images || !labels || !names || !names[0] || !names[1])
+        return ebb_error_set(EBB_ERR_ARG, "ebb_dataset_open_idx: NULL argument");
     *out = NULL;
+    return open_idx(out, images, labels, names, images, NULL);
+}
+
+/* Every field's header is checked before any tensor is read. */
+static ebb_status open_safetensors(ebb_dataset **out, const char *path, const char *const *names,
+                                   int n, const ebb_dataset_expect *expect) {
     ebb_safetensors *sf = NULL;
     ebb_status st = ebb_safetensors_open(&sf, path);
     if (st != EBB_OK)
         return st;
-    ebb_dataset *d = NULL;
-    if ((st = new_dataset(&d, n)) != EBB_OK) {
+    uint64_t *bytes = calloc((size_t)n, sizeof *bytes), total = 0;
+    if (!bytes) {
         ebb_safetensors_close(sf);
-        return st;
+        return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", path);
     }
+    int64_t samples = 0;
     for (int i = 0; i < n && st == EBB_OK; i++) {
         ebb_dtype dt;
         ebb_shape sh;
@@ -377,12 +551,28 @@ ebb_status ebb_dataset_open_safetensors(ebb_dataset **out, const char *path,
                                "have the samples as their first dimension", path, names[i]);
             break;
         }
-        if (i > 0 && sh.dim[0] != d->n) {
+        if (i > 0 && sh.dim[0] != samples) {
             st = ebb_error_set(EBB_ERR_ARG, "%s: tensor '%s' has %lld samples, but '%s' has %lld",
-                               path, names[i], (long long)sh.dim[0], names[0], (long long)d->n);
+                               path, names[i], (long long)sh.dim[0], names[0], (long long)samples);
             break;
         }
-        d->n = sh.dim[0];
+        samples = sh.dim[0];
+        st = check_expected(expect, i, path, names[i], &sh);
+        /* float16 and bfloat16 are held as float32 */
+        size_t esz = dt == EBB_FLOAT16 || dt == EBB_BFLOAT16 ? 4 : ebb_dtype_size(dt);
+        bytes[i] = (uint64_t)ebb_shape_numel(&sh) * esz;
+        total += bytes[i];
+    }
+    if (st == EBB_OK)
+        st = check_total(expect, path, total, names, bytes, n);
+    free(bytes);
+    ebb_dataset *d = NULL;
+    if (st == EBB_OK && (st = new_dataset(&d, n)) == EBB_OK)
+        d->n = samples;
+    for (int i = 0; i < n && st == EBB_OK; i++) {
+        ebb_dtype dt;
+        ebb_shape sh;
+        ebb_safetensors_find(sf, names[i], &dt, &sh);
         ebb_tensor *t = NULL, *c = NULL;
         if ((st = ebb_safetensors_load(&t, sf, names[i], ebb_device_cpu())) != EBB_OK)
             break;
@@ -397,7 +587,8 @@ ebb_status ebb_dataset_open_safetensors(ebb_dataset **out, const char *path,
         size_t nb = ebb_tensor_nbytes(t);
         void *buf = malloc(nb ? nb : 1);
         if (!buf)
-            st = ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory for '%s'", path, names[i]);
+            st = ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory for '%s' (%zu bytes)", path,
+                               names[i], nb);
         else
             st = ebb_tensor_to_host(t, buf, nb);
         ebb_tensor_free(t);
@@ -416,6 +607,15 @@ ebb_status ebb_dataset_open_safetensors(ebb_dataset **out, const char *path,
     return EBB_OK;
 }
 
+ebb_status ebb_dataset_open_safetensors(ebb_dataset **out, const char *path,
+                                        const char *const *names, int n) {
+    if (!out || !path || (!names && n > 0) || n < 1)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_dataset_open_safetensors: NULL argument or no "
+                                          "names");
+    *out = NULL;
+    return open_safetensors(out, path, names, n, NULL);
+}
+
 static int is_dir(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
@@ -432,10 +632,17 @@ static void idx_name(char *buf, size_t size, const char *dir, const char *split,
         snprintf(buf, size, "%s/%s-%s-idx%d-ubyte.gz", dir, split, kind, ndim);
 }
 
-ebb_status ebb_dataset_open(ebb_dataset **out, const char *desc, const char *const *names, int n) {
+ebb_status ebb_dataset_open_ex(ebb_dataset **out, const char *desc, const char *const *names,
+                               int n, const ebb_dataset_expect *expect) {
     if (!out || !desc || !names || n < 1)
         return ebb_error_set(EBB_ERR_ARG, "ebb_dataset_open: NULL argument or no names");
     *out = NULL;
+    for (int i = 0; i < n; i++)
+        if (!names[i])
+            return ebb_error_set(EBB_ERR_ARG, "ebb_dataset_open: name %d is NULL", i);
+    ebb_status st = check_expect_args(expect, n, "ebb_dataset_open");
+    if (st != EBB_OK)
+        return st;
     size_t len = strlen(desc);
     char dir[4096];
     const char *split = NULL;
@@ -459,7 +666,7 @@ ebb_status ebb_dataset_open(ebb_dataset **out, const char *desc, const char *con
                                  !strncmp(desc, "fashion-mnist", 13)
                                      ? " (install the Debian package dataset-fashion-mnist)"
                                      : "");
-        return ebb_dataset_open_safetensors(out, desc, names, n);
+        return open_safetensors(out, desc, names, n, expect);
     }
     if (n != 2)
         return ebb_error_set(EBB_ERR_ARG,
@@ -476,7 +683,11 @@ ebb_status ebb_dataset_open(ebb_dataset **out, const char *desc, const char *con
         snprintf(images, sizeof images, "%.*s", (int)(comma - desc), desc);
         snprintf(labels, sizeof labels, "%s", comma + 1);
     }
-    return ebb_dataset_open_idx(out, images, labels, names);
+    return open_idx(out, images, labels, names, desc, expect);
+}
+
+ebb_status ebb_dataset_open(ebb_dataset **out, const char *desc, const char *const *names, int n) {
+    return ebb_dataset_open_ex(out, desc, names, n, NULL);
 }
 
 int64_t ebb_dataset_size(const ebb_dataset *d) { return d ? d->n : 0; }

@@ -1,16 +1,20 @@
 /* Opening files to read and writing files: see fileio.h for the rules. The
  * writer is a stdio stream over a cookie, so that the errno of the first
  * failed write() survives until commit reports it (a plain FILE keeps only
- * an error flag). */
+ * an error flag). Every file operation of a write passes
+ * ebb_file_fault_point() first, where the tests make it fail. */
 #define _GNU_SOURCE /* fopencookie */
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -212,23 +216,32 @@ struct ebb_file_out {
     int fd;
     int err; /* errno of the first failed write, 0 if none */
     int in_place;
+    int slot; /* in the registry of temporaries in flight, or -1 */
     const char *who;
     char *path; /* as given, for messages */
     char *tmp;  /* the temporary file, renamed onto target.path at commit */
     target t;
 };
 
+/* A failure returns the bytes written before it, 0 when none, never -1:
+ * glibc (2.36) takes a -1 from a cookie's write for a count when fwrite
+ * passes a large buffer straight through, and copies past the end of its
+ * own buffer. A short count sets the stream's error flag just the same, and
+ * w->err keeps the errno for commit. */
 static ssize_t cookie_write(void *cookie, const char *buf, size_t size) {
     ebb_file_out *w = cookie;
     size_t done = 0;
     while (done < size) {
-        ssize_t n = write(w->fd, buf + done, size - done);
-        if (n < 0 && errno == EINTR)
+        int injected = ebb_file_fault_point();
+        ssize_t n = injected ? -1 : write(w->fd, buf + done, size - done);
+        if (injected)
+            errno = injected;
+        else if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
             if (!w->err)
                 w->err = n < 0 ? errno : EIO;
-            return done ? (ssize_t)done : -1;
+            break;
         }
         done += (size_t)n;
     }
@@ -246,16 +259,63 @@ static void writer_free(ebb_file_out *w) {
     free(w);
 }
 
-/* A new file next to the target, never replacing anything; mode as open(2)
- * takes it (the umask applies). */
-static int create_temp(ebb_file_out *w, mode_t mode) {
-    static atomic_uint counter;
-    size_t n = strlen(w->t.path) + 16;
-    w->tmp = malloc(n);
-    if (!w->tmp) {
-        errno = ENOMEM;
-        return -1;
+static const char SUFFIX_CHARS[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+
+/* The PID in NAME when NAME is BASE.tmp.PID.XXXXXX, else 0. */
+static pid_t temp_pid(const char *name, const char *base, size_t blen) {
+    if (strncmp(name, base, blen) != 0 || strncmp(name + blen, ".tmp.", 5) != 0)
+        return 0;
+    const char *p = name + blen + 5, *q = p;
+    long long pid = 0;
+    while (*q >= '0' && *q <= '9' && q - p < 10)
+        pid = pid * 10 + (*q++ - '0');
+    if (q == p || *p == '0' || *q != '.' || pid > INT_MAX)
+        return 0;
+    q++;
+    if (strlen(q) != 6 || strspn(q, SUFFIX_CHARS) != 6)
+        return 0;
+    return (pid_t)pid;
+}
+
+/* Removes the temporaries of this target that killed writers left (see
+ * fileio.h for when one is stale). Best effort: whatever cannot be looked at
+ * is left. */
+static void remove_stale(const target *t) {
+    char dir[PATH_MAX];
+    dir_of(t->path, dir, sizeof dir);
+    const char *slash = strrchr(t->path, '/'), *base = slash ? slash + 1 : t->path;
+    size_t blen = strlen(base);
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    int dfd = dirfd(d);
+    pid_t self = getpid();
+    time_t now = time(NULL);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        pid_t pid = temp_pid(e->d_name, base, blen);
+        /* EPERM: a live process of another user */
+        if (pid <= 0 || pid == self || kill(pid, 0) == 0 || errno != ESRCH)
+            continue;
+        struct stat sb;
+        if (fstatat(dfd, e->d_name, &sb, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(sb.st_mode) ||
+            sb.st_mtime > now - EBB_FILE_STALE_SECONDS)
+            continue;
+        int fd = openat(dfd, e->d_name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        /* a lock held: a live writer whose PID means nothing here; no locks
+         * on this filesystem (ENOLCK, EINVAL): the PID and the age decide */
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0 || (errno != EWOULDBLOCK && errno != EINTR))
+            unlinkat(dfd, e->d_name, 0);
+        close(fd);
     }
+    closedir(d);
+}
+
+/* Creates w->tmp (n bytes) as TARGET.tmp.PID.XXXXXX, a name no file has yet. */
+static int open_temp(ebb_file_out *w, size_t n, mode_t mode) {
+    static atomic_uint counter;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     uint64_t seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 20);
@@ -263,13 +323,41 @@ static int create_temp(ebb_file_out *w, mode_t mode) {
         uint64_t x = seed + 0x9e3779b97f4a7c15ULL * (atomic_fetch_add(&counter, 1) + 1u);
         char suffix[7];
         for (int i = 0; i < 6; i++, x /= 36)
-            suffix[i] = "abcdefghijklmnopqrstuvwxyz0123456789"[x % 36];
+            suffix[i] = SUFFIX_CHARS[x % 36];
         suffix[6] = '\0';
-        snprintf(w->tmp, n, "%s.tmp.%s", w->t.path, suffix);
+        snprintf(w->tmp, n, "%s.tmp.%d.%s", w->t.path, (int)getpid(), suffix);
         int fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
         if (fd >= 0 || errno != EEXIST)
             return fd;
     }
+    return -1;
+}
+
+/* A new file next to the target, never replacing anything, named with this
+ * process's PID and locked while it is written (see remove_stale); mode as
+ * open(2) takes it (the umask applies). On failure w->tmp is NULL: no file
+ * of ours for abort to remove. */
+static int create_temp(ebb_file_out *w, mode_t mode) {
+    size_t n = strlen(w->t.path) + 32;
+    w->tmp = malloc(n);
+    if (!w->tmp) {
+        errno = ENOMEM;
+        return -1;
+    }
+    int fd = -1, injected = ebb_file_fault_point();
+    if (injected)
+        errno = injected;
+    else
+        fd = open_temp(w, n, mode);
+    if (fd >= 0) {
+        (void)flock(fd, LOCK_EX | LOCK_NB); /* where locks exist: ours, it is new */
+        w->slot = ebb_file_track(w->tmp);
+        return fd;
+    }
+    int e = errno;
+    free(w->tmp);
+    w->tmp = NULL;
+    errno = e;
     return -1;
 }
 
@@ -280,6 +368,7 @@ ebb_status ebb_file_begin(ebb_file_out **out, const char *path, const char *who)
         return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", who);
     w->who = who;
     w->fd = -1;
+    w->slot = -1;
     ebb_status s = resolve(&w->t, path, who);
     size_t plen = path ? strlen(path) + 1 : 1;
     if (s == EBB_OK && !(w->path = malloc(plen)))
@@ -294,7 +383,11 @@ ebb_status ebb_file_begin(ebb_file_out **out, const char *path, const char *who)
         /* O_NONBLOCK: opening a FIFO that nobody reads fails (ENXIO) instead
          * of waiting for a reader forever */
         w->in_place = 1;
-        w->fd = open(w->t.path, O_WRONLY | O_APPEND | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+        int injected = ebb_file_fault_point();
+        w->fd = injected ? -1
+                         : open(w->t.path, O_WRONLY | O_APPEND | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+        if (injected)
+            errno = injected;
         if (w->fd < 0) {
             int e = errno;
             s = e == ENXIO && S_ISFIFO(w->t.sb.st_mode)
@@ -314,6 +407,7 @@ ebb_status ebb_file_begin(ebb_file_out **out, const char *path, const char *who)
     } else {
         /* never more open than the old file while the new one is written */
         mode_t mode = w->t.kind == TARGET_FILE ? (w->t.sb.st_mode & 0777) : 0666;
+        remove_stale(&w->t);
         w->fd = create_temp(w, mode);
         if (w->fd < 0) {
             int e = errno;
@@ -363,9 +457,28 @@ void ebb_file_abort(ebb_file_out *w) {
         fclose(w->f);
     if (w->fd >= 0)
         close(w->fd);
+    ebb_file_untrack(w->slot);
     if (w->tmp && !w->in_place)
         unlink(w->tmp);
     writer_free(w);
+}
+
+/* After the rename: the directory entry must reach the disk too, or a crash
+ * could bring back the old file, or no file where there was none. */
+static int sync_dir(const char *path) {
+    int injected = ebb_file_fault_point();
+    if (injected)
+        return injected;
+    char dir[PATH_MAX];
+    dir_of(path, dir, sizeof dir);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    /* a directory we may write but not read (mode 0300) cannot be opened:
+     * nothing to do about it */
+    if (fd < 0)
+        return errno == EACCES ? 0 : errno;
+    int err = fsync(fd) == 0 || errno == EINVAL ? 0 : errno; /* EINVAL: cannot be synced */
+    close(fd);
+    return err;
 }
 
 ebb_status ebb_file_commit(ebb_file_out *w) {
@@ -379,22 +492,48 @@ ebb_status ebb_file_commit(ebb_file_out *w) {
     w->f = NULL;
     /* the data must be on disk before the name points at it, or a crash
      * could leave an empty file where the old one was */
-    if (!w->err && !w->in_place && fsync(w->fd) != 0)
-        w->err = errno;
-    if (close(w->fd) != 0 && !w->err && errno != EINTR)
-        w->err = errno;
+    const char *doing = ""; /* what failed, when it was not a write */
+    if (!w->err && !w->in_place) {
+        int injected = ebb_file_fault_point();
+        if (injected || fsync(w->fd) != 0) {
+            w->err = injected ? injected : errno;
+            doing = "syncing the new file to disk: ";
+        }
+    }
+    int injected = w->in_place ? 0 : ebb_file_fault_point();
+    if ((close(w->fd) != 0 || injected) && !w->err && (injected || errno != EINTR)) {
+        w->err = injected ? injected : errno;
+        doing = "closing the new file: ";
+    }
     w->fd = -1;
     char vb[PATH_MAX + 32];
     ebb_status s = EBB_OK;
-    if (w->err)
-        s = ebb_error_set(EBB_ERR_IO, "%s: cannot write '%s'%s: %s", w->who, w->path,
-                          via(&w->t, w->path, vb, sizeof vb), strerror(w->err));
-    else if (!w->in_place && rename(w->tmp, w->t.path) != 0)
-        s = ebb_error_set(EBB_ERR_IO, "%s: cannot write '%s'%s: renaming the new file onto it: %s",
-                          w->who, w->path, via(&w->t, w->path, vb, sizeof vb), strerror(errno));
-    else {
-        free(w->tmp); /* renamed: nothing to remove */
-        w->tmp = NULL;
+    if (w->err) {
+        s = ebb_error_set(EBB_ERR_IO, "%s: cannot write '%s'%s: %s%s", w->who, w->path,
+                          via(&w->t, w->path, vb, sizeof vb), doing, strerror(w->err));
+    } else if (!w->in_place) {
+        injected = ebb_file_fault_point();
+        if (injected || rename(w->tmp, w->t.path) != 0)
+            s = ebb_error_set(EBB_ERR_IO,
+                              "%s: cannot write '%s'%s: renaming the new file onto it: %s", w->who,
+                              w->path, via(&w->t, w->path, vb, sizeof vb),
+                              strerror(injected ? injected : errno));
+        else {
+            ebb_file_untrack(w->slot); /* renamed: nothing to remove */
+            w->slot = -1;
+            free(w->tmp);
+            w->tmp = NULL;
+            int err = sync_dir(w->t.path);
+            if (err) {
+                char dir[PATH_MAX];
+                dir_of(w->t.path, dir, sizeof dir);
+                s = ebb_error_set(EBB_ERR_IO,
+                                  "%s: wrote '%s'%s, but syncing its directory '%s' failed: %s; "
+                                  "the new file is in place, but a crash now could lose it",
+                                  w->who, w->path, via(&w->t, w->path, vb, sizeof vb), dir,
+                                  strerror(err));
+            }
+        }
     }
     ebb_file_abort(w);
     return s;

@@ -32,6 +32,17 @@
  * Errors name the file and what is wrong with it (a bad magic number, a file
  * shorter than its header says, label and image counts that differ, a label
  * out of range) and leave nothing allocated.
+ *
+ * Reading is bounded: every header is read and checked before any data, so
+ * a file that declares more than it holds, or more than the caller can take,
+ * costs a few bytes of reading, not gigabytes of memory. A caller that knows
+ * its shapes (a spec's input and target) says so with
+ * ebb_dataset_open_ex(), and a file of the wrong shape is refused before
+ * its data is read:
+ *
+ *     ebb_shape want[2] = {EBB_SHAPE(64, 784), EBB_SHAPE(64)};  // the batch is not compared
+ *     ebb_dataset_expect ex = {.shapes = want, .n_shapes = 2, .max_bytes = 1ll << 30};
+ *     ebb_dataset_open_ex(&d, "fashion-mnist", names, 2, &ex);
  */
 #ifndef EBB_DATA_H
 #define EBB_DATA_H
@@ -48,11 +59,20 @@ typedef struct ebb_dataset ebb_dataset;
  * `fashion-mnist` stands for in ebb_dataset_open(). */
 #define EBB_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
 
+/* The most memory one IDX file's data may take (16 GiB), counted as it is
+ * held: int8 and int16 values as the int32 they become, 4 bytes each. */
+#define EBB_DATASET_MAX_BYTES ((int64_t)1 << 34)
+
 /* Reads one IDX file (gzip-compressed or not: zlib tells them apart) into a
  * new tensor on the CPU, in the file's element type (uint8, int8 as int32,
  * int16 as int32, int32, float32, float64), its dimensions the tensor's.
  * EBB_ERR_IO for a file that cannot be read, a bad magic number, more than
- * EBB_MAX_DIMS dimensions, or fewer bytes than its dimensions declare; the
+ * EBB_MAX_DIMS dimensions, data that would take more than
+ * EBB_DATASET_MAX_BYTES, or a size that cannot hold what the header declares
+ * (an uncompressed file of another size; a gzip file more than 1032 times
+ * smaller, deflate's best), all found from the header and the file's size
+ * before any data is read, or fewer bytes than the dimensions declare;
+ * EBB_ERR_NOMEM when memory runs out, with the bytes the data takes. The
  * message names the file. */
 EBB_API ebb_status ebb_idx_read(ebb_tensor **out, const char *path);
 
@@ -80,6 +100,34 @@ EBB_API ebb_status ebb_dataset_open_safetensors(ebb_dataset **out, const char *p
  * field per name. Errors as the calls above. */
 EBB_API ebb_status ebb_dataset_open(ebb_dataset **out, const char *desc, const char *const *names,
                                     int n);
+
+/* What a caller expects of a dataset, checked against the files' headers
+ * before any data is read (ebb_dataset_open_ex()). */
+typedef struct ebb_dataset_expect {
+    /* NULL, or n_shapes entries, one per field in the order of the names:
+     * the shape the field's batches will be asked for (ebb_dataset_batch()),
+     * such as the spec's input or target shape. Its first dimension, the
+     * batch, is not compared; the rest must hold as many elements as one
+     * stored sample. An entry of ndim 0 is not checked. */
+    const ebb_shape *shapes;
+    int n_shapes; /* must be the number of fields when shapes is given */
+    /* The most host memory all the fields may take together, counted from
+     * the headers as they will be held (int8 and int16 as int32, float16 and
+     * bfloat16 as float32); 0: no limit but EBB_DATASET_MAX_BYTES per IDX
+     * file. A caller can pass what the process can still get (say
+     * ebb_fit.available_bytes less what the run needs, run.h). */
+    int64_t max_bytes;
+} ebb_dataset_expect;
+
+/* ebb_dataset_open(), checking what `expect` (NULL: nothing) says before
+ * any data is read: EBB_ERR_SHAPE for a field whose samples do not fit its
+ * expected shape, naming the file, the field and both shapes; EBB_ERR_NOMEM
+ * for fields that would take more than expect->max_bytes, with the bytes;
+ * EBB_ERR_ARG for an `expect` that does not match n. Errors as
+ * ebb_dataset_open() otherwise. */
+EBB_API ebb_status ebb_dataset_open_ex(ebb_dataset **out, const char *desc,
+                                       const char *const *names, int n,
+                                       const ebb_dataset_expect *expect);
 
 /* Frees the dataset (NULL is allowed). */
 EBB_API void ebb_dataset_free(ebb_dataset *d);

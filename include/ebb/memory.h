@@ -61,6 +61,22 @@ EBB_API ebb_status ebb_device_memory_available(ebb_device device, int64_t *avail
  * returns to zero. */
 EBB_API int64_t ebb_tensor_live_count(void);
 
+/* ---- fault injection: a testing aid -------------------------------------- */
+
+/* Makes the n-th CPU tensor allocation from now on fail (1: the next one) as
+ * a real out-of-memory does: the accounting allocator throws std::bad_alloc
+ * inside libtorch, and the ebb call that asked reports EBB_ERR_NOMEM. Only
+ * that allocation fails; the injector then disarms itself. n <= 0 disarms it.
+ * Allocations are counted as ebb_memory_stats.allocations counts them
+ * (zero-byte ones are not), process-wide. For tests that make every
+ * allocation of an operation fail in turn, as SQLite's tests do
+ * (tests/test_faults.c). */
+EBB_API void ebb_memory_fail_nth(int64_t n);
+
+/* Non-zero once the failure armed by the last ebb_memory_fail_nth() has
+ * happened. */
+EBB_API int ebb_memory_fail_fired(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -35,6 +35,24 @@ struct CpuCounters {
 // 64 bytes keeps the data pointer at c10's 64-byte alignment.
 constexpr size_t kHeader = 64;
 
+// ---- fault injection (ebb_memory_fail_nth, a testing aid) ----------------
+// fail_countdown counts the allocations still to go before the one that
+// fails; 0: disarmed. Only a positive value is decremented, so an allocation
+// on another thread never takes it below zero.
+std::atomic<int64_t> fail_countdown{0};
+std::atomic<int> fail_fired{0};
+
+bool inject_failure() {
+    int64_t left = fail_countdown.load(std::memory_order_relaxed);
+    while (left > 0 &&
+           !fail_countdown.compare_exchange_weak(left, left - 1, std::memory_order_relaxed)) {
+    }
+    if (left != 1)
+        return false;
+    fail_fired.store(1, std::memory_order_relaxed);
+    return true;
+}
+
 void raise_peak(int64_t now) {
     int64_t seen = cpu.peak.load(std::memory_order_relaxed);
     while (now > seen && !cpu.peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
@@ -66,6 +84,9 @@ struct CountingCpuAllocator final : public c10::Allocator {
         const c10::Device cpu_device(c10::DeviceType::CPU);
         if (n == 0)
             return {nullptr, nullptr, &counting_free, cpu_device};
+        // what a real out-of-memory does: libtorch's own allocator throws too
+        if (inject_failure())
+            throw std::bad_alloc();
         void *base = nullptr;
         if (posix_memalign(&base, kHeader, kHeader + n) != 0 || !base)
             throw std::bad_alloc();
@@ -104,6 +125,13 @@ ebb_status ebb_tensor_layer_init(void) {
     }
     return EBB_OK;
 }
+
+void ebb_memory_fail_nth(int64_t n) {
+    fail_fired.store(0, std::memory_order_relaxed);
+    fail_countdown.store(n > 0 ? n : 0, std::memory_order_relaxed);
+}
+
+int ebb_memory_fail_fired(void) { return fail_fired.load(std::memory_order_relaxed); }
 
 int64_t ebb_tensor_live_count(void) { return live_handles.load(std::memory_order_relaxed); }
 
