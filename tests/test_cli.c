@@ -988,23 +988,37 @@ static void test_exit_codes(void **state) {
         {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x=4,64,"}},
         {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x=+4,64"}},
         {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x= 4,64"}},
-        {2, "more than 8 dimensions (ebb's limit)",
+        {2,
+         "more than 8 dimensions (ebb's limit)",
          {"plan", "specs/mlp.yaml", "-i", "x=1,1,1,1,1,1,1,1,1"}},
-        {2, "a symbolic dimension takes one positive integer",
+        {2,
+         "a symbolic dimension takes one positive integer",
          {"plan", "specs/mlp.yaml", "-i", "batch=+3"}},
-        {2, "-i batch=8 contradicts -i x=4,64: dimension 0 of input 'x' is 'batch'",
+        {2,
+         "-i batch=8 contradicts -i x=4,64: dimension 0 of input 'x' is 'batch'",
          {"plan", "specs/mlp.yaml", "-i", "x=4,64", "-i", "batch=8"}},
         /* a directory is not a spec, and says so */
         {1, "specs: is a directory, not a spec file", {"run", "specs"}},
         {1, "specs: is a directory, not a spec file", {"check", "specs"}},
         /* 3: outputs that cannot be written are found before the run */
-        {3, "--outputs: cannot write 'specs': it is a directory",
+        {3,
+         "--outputs: cannot write 'specs': it is a directory",
          {"run", "specs/mlp.yaml", "--outputs", "specs"}},
-        {3, "--trace: cannot write 'no/such/t.jsonl': directory 'no/such': No such file",
+        {3,
+         "--trace: cannot write 'no/such/t.jsonl': directory 'no/such': No such file",
          {"run", "specs/mlp.yaml", "--trace", "no/such/t.jsonl"}},
         {3, "--save-weights: cannot write", {"run", "specs/mlp.yaml", "--save-weights", "/"}},
-        {3, "-o: cannot write 'specs.dot/x/y.dot': directory 'specs.dot/x'",
+        {3,
+         "-o: cannot write 'specs.dot/x/y.dot': directory 'specs.dot/x'",
          {"dot", "specs/mlp.yaml", "-o", "specs.dot/x/y.dot"}},
+        /* 1: a --memory-budget the plan cannot meet is the number given at
+         * fault, not memory that ran out */
+        {1,
+         "the memory budget is 1.0 KiB",
+         {"plan", "specs/mlp.yaml", "--train", "--memory-budget", "1KiB"}},
+        {1,
+         "over the memory budget of 1.0 KiB",
+         {"plan", "specs/mlp.yaml", "-i", "batch=8", "--memory-budget", "1KiB"}},
         /* 3: a plan that cannot fit is refused before anything runs */
         {3, "this process can get", {"run", "specs/mlp.yaml", "-i", "batch=100000000"}},
     };
@@ -2847,31 +2861,416 @@ static void test_train_and_eval(void **state) {
     cli_free(&r);
 }
 
-/* Ctrl-C: `ebb train` finishes the step under way, writes a checkpoint and
- * its learning curves, and exits 130; `--resume` goes on from that
- * checkpoint. */
-static void test_train_sigint_checkpoint(void **state) {
-    (void)state;
-    char data[PATH_MAX], ck[PATH_MAX], err_name[PATH_MAX], curve[PATH_MAX];
-    tmp_path(data, sizeof data, "sigint.safetensors");
-    tmp_path(curve, sizeof curve, "sigint-curve.svg");
-    tmp_path(ck, sizeof ck, "sigint-ckpt.safetensors");
-    tmp_path(err_name, sizeof err_name, "sigint-stderr.XXXXXX");
-    enum { N = 64, F = 64 };
-    ebb_shape xs = {2, {N, F}}, ys = {1, {N}};
+/* ---- training that never loses work ---------------------------------------- */
+
+/* n samples of 64 features, class c lifting features 6c..6c+5: what
+ * specs/mlp.yaml learns in a few steps. */
+static void write_train_data(const char *path, int n, uint64_t seed) {
+    enum { F = 64 };
+    ebb_shape xs = {2, {n, F}}, ys = {1, {n}};
     ebb_tensor *x = NULL, *y = NULL;
-    int64_t yv[N];
-    for (int i = 0; i < N; i++)
+    float *xv = malloc(sizeof *xv * (size_t)n * F);
+    int64_t *yv = malloc(sizeof *yv * (size_t)n);
+    assert_true(xv && yv);
+    assert_ok(ebb_tensor_randn(&x, &xs, EBB_FLOAT32, ebb_device_cpu(), seed));
+    assert_ok(ebb_tensor_to_host(x, xv, sizeof *xv * (size_t)n * F));
+    ebb_tensor_free(x);
+    for (int i = 0; i < n; i++) {
         yv[i] = i % 10;
-    assert_ok(ebb_tensor_randn(&x, &xs, EBB_FLOAT32, ebb_device_cpu(), 7));
-    assert_ok(ebb_tensor_from_host(&y, yv, sizeof yv, &ys, EBB_INT64, ebb_device_cpu()));
+        for (int k = 0; k < 6; k++)
+            xv[i * F + yv[i] * 6 + k] += 2.0f;
+    }
+    assert_ok(ebb_tensor_from_host(&x, xv, sizeof *xv * (size_t)n * F, &xs, EBB_FLOAT32,
+                                   ebb_device_cpu()));
+    assert_ok(
+        ebb_tensor_from_host(&y, yv, sizeof *yv * (size_t)n, &ys, EBB_INT64, ebb_device_cpu()));
     const char *names[2] = {"x", "y"};
     ebb_tensor *ts[2] = {x, y};
-    assert_ok(ebb_safetensors_write(data, names, ts, 2));
+    assert_ok(ebb_safetensors_write(path, names, ts, 2));
     ebb_tensor_free(x);
     ebb_tensor_free(y);
+    free(xv);
+    free(yv);
+}
 
-    /* a run of a million steps, its stdout through a pipe */
+/* A copy of the safetensors file `src` at `dst`, less the tensors whose
+ * names start with drop_prefix, with NaN as element 0 of float32 tensor
+ * nan_name, and the checkpoint metadata `meta_key` set to meta_value. */
+static void rewrite_checkpoint(const char *src, const char *dst, const char *drop_prefix,
+                               const char *nan_name, const char *meta_key, const char *meta_value) {
+    static const char *const keys[] = {"ebb_checkpoint", "step",      "epoch", "seed",     "batch",
+                                       "shuffle",        "drop_last", "data",  "stateless"};
+    ebb_safetensors *sf = NULL;
+    assert_ok(ebb_safetensors_open(&sf, src));
+    int n = ebb_safetensors_count(sf), k = 0, m = 0;
+    const char **names = calloc((size_t)n + 1, sizeof *names);
+    ebb_tensor **ts = calloc((size_t)n + 1, sizeof *ts);
+    const char *meta[2 * 9];
+    assert_true(names && ts);
+    for (int i = 0; i < n; i++) {
+        const char *name = ebb_safetensors_name_at(sf, i);
+        if (drop_prefix && starts_with(name, drop_prefix)) continue;
+        assert_ok(ebb_safetensors_load(&ts[k], sf, name, ebb_device_cpu()));
+        if (nan_name && !strcmp(name, nan_name)) {
+            size_t nb = ebb_tensor_nbytes(ts[k]);
+            float *v = malloc(nb);
+            assert_int_equal(ebb_tensor_dtype(ts[k]), EBB_FLOAT32);
+            assert_non_null(v);
+            assert_ok(ebb_tensor_to_host(ts[k], v, nb));
+            v[0] = NAN;
+            assert_ok(ebb_tensor_copy_from_host(ts[k], v, nb));
+            free(v);
+        }
+        names[k++] = name;
+    }
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const char *v = meta_key && !strcmp(keys[i], meta_key)
+                            ? meta_value
+                            : ebb_safetensors_metadata(sf, keys[i]);
+        if (v) {
+            meta[2 * m] = keys[i];
+            meta[2 * m++ + 1] = v;
+        }
+    }
+    assert_ok(ebb_safetensors_write_meta(dst, names, ts, k, meta, m));
+    for (int i = 0; i < k; i++)
+        ebb_tensor_free(ts[i]);
+    free(names);
+    free(ts);
+    ebb_safetensors_close(sf);
+}
+
+/* The checkpoint's optim.options: kind (0 SGD, 1 Adam, 2 AdamW) and lr. */
+static void checkpoint_optimizer(const char *path, double *kind, double *lr) {
+    ebb_safetensors *sf = NULL;
+    ebb_tensor *t = NULL;
+    double v[11];
+    assert_ok(ebb_safetensors_open(&sf, path));
+    assert_ok(ebb_safetensors_load(&t, sf, "optim.options", ebb_device_cpu()));
+    assert_ok(ebb_tensor_to_host(t, v, sizeof v));
+    ebb_tensor_free(t);
+    ebb_safetensors_close(sf);
+    *kind = v[1];
+    *lr = v[2];
+}
+
+static void copy_file(const char *from, const char *to) {
+    size_t len = 0;
+    char *bytes = slurp(from, &len);
+    assert_non_null(bytes);
+    assert_int_equal(write_file(to, bytes, len), 0);
+    free(bytes);
+}
+
+/* Fails unless the file at `path` holds exactly what `want` does. */
+static void expect_same_bytes(const char *path, const char *want, const char *why) {
+    size_t la = 0, lb = 0;
+    char *a = slurp(path, &la), *b = slurp(want, &lb);
+    if (!a || !b || la != lb || memcmp(a, b, la) != 0)
+        fail_msg("%s: %s changed (%s)", why, path, a ? "its bytes differ" : "it is gone");
+    free(a);
+    free(b);
+}
+
+/* A run whose loss turns NaN (SGD at lr 1e6) stops at that step, exit 1,
+ * and leaves the good checkpoint and weights it would have replaced as
+ * they were; --skip-nonfinite undoes such steps and counts them. Weights
+ * and checkpoints holding NaN are refused by `ebb eval` and `--resume`,
+ * naming the tensor, and a checkpoint is never written with NaN in it. */
+static void test_train_nonfinite(void **state) {
+    (void)state;
+    char data[PATH_MAX], ck[PATH_MAX], w[PATH_MAX], ck_good[PATH_MAX], w_good[PATH_MAX];
+    char ck2[PATH_MAX], w2[PATH_MAX], bad[PATH_MAX];
+    tmp_path(data, sizeof data, "nf-data.safetensors");
+    tmp_path(ck, sizeof ck, "nf-ck.safetensors");
+    tmp_path(w, sizeof w, "nf-w.safetensors");
+    tmp_path(ck_good, sizeof ck_good, "nf-ck-good.safetensors");
+    tmp_path(w_good, sizeof w_good, "nf-w-good.safetensors");
+    tmp_path(ck2, sizeof ck2, "nf-ck2.safetensors");
+    tmp_path(w2, sizeof w2, "nf-w2.safetensors");
+    tmp_path(bad, sizeof bad, "nf-bad.safetensors");
+    write_train_data(data, 96, 5);
+    cli_result r;
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "12", "--batch", "16",
+        "--checkpoint", ck, "--checkpoint-every", "6", "--save-weights", w);
+    expect_code(&r, 0);
+    cli_free(&r);
+    copy_file(ck, ck_good);
+    copy_file(w, w_good);
+
+    /* the loss turns NaN: stop there, write nothing */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "20", "--batch", "16",
+        "--optimizer", "sgd", "--lr", "1e6", "--checkpoint", ck, "--checkpoint-every", "5",
+        "--save-weights", w, "--log-every", "1");
+    expect_code(&r, 1);
+    long long at = 0;
+    const char *msg = strstr(r.err, "ebb: step ");
+    if (!msg || sscanf(msg, "ebb: step %lld: the loss is ", &at) != 1 || at < 2 || at > 5 ||
+        !strstr(msg, "--skip-nonfinite"))
+        fail_msg("`%s` said:\n%s", r.cmd, r.err);
+    if (strstr(r.out, "nan") || strstr(r.out, "weights written"))
+        fail_msg("`%s` printed:\n%s", r.cmd, r.out);
+    cli_free(&r);
+    expect_same_bytes(ck, ck_good, "a run stopped by a NaN loss");
+    expect_same_bytes(w, w_good, "a run stopped by a NaN loss");
+
+    /* --skip-nonfinite: those steps undone and counted, every line JSON, the
+     * weights written finite (ebb eval refuses any that are not) */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "20", "--batch", "16",
+        "--optimizer", "sgd", "--lr", "1e6", "--checkpoint", ck2, "--checkpoint-every", "5",
+        "--save-weights", w2, "--json", "--skip-nonfinite");
+    expect_code(&r, 0);
+    long long skipped = 0, of = 0, in_epochs = 0;
+    msg = strstr(r.err, "ebb: --skip-nonfinite: skipped ");
+    if (!msg ||
+        sscanf(msg, "ebb: --skip-nonfinite: skipped %lld of %lld steps", &skipped, &of) != 2 ||
+        skipped < 1 || of != 20)
+        fail_msg("`%s` said:\n%s", r.cmd, r.err);
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = json_strict(line, strlen(line), "ebb train --json --skip-nonfinite");
+        if (!strcmp(str_field(j, "type", "line"), "epoch"))
+            in_epochs += int_field(j, "skipped", "epoch");
+        cJSON_Delete(j);
+    }
+    assert_int_equal(in_epochs, skipped);
+    cli_free(&r);
+    EBB(&r, "eval", "specs/mlp.yaml", "--weights", w2, "--data", data);
+    expect_code(&r, 0);
+    cli_free(&r);
+    /* every step after the last finite one undone, to the bit: the weights
+     * are those of a run that stopped there */
+    char last[32];
+    FMT(last, "%lld", 20 - skipped);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", last, "--batch", "16",
+        "--optimizer", "sgd", "--lr", "1e6", "--save-weights", bad);
+    expect_code(&r, 0);
+    cli_free(&r);
+    assert_int_equal(at, 20 - skipped + 1);
+    expect_same_bytes(w2, bad, "--skip-nonfinite's undo");
+
+    /* weights with a NaN: refused by eval (unless --allow-nonfinite) and
+     * by train --weights, naming the tensor */
+    rewrite_checkpoint(w_good, bad, NULL, "fc1.weight", NULL, NULL);
+    EBB(&r, "eval", "specs/mlp.yaml", "--weights", bad, "--data", data);
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "parameter 'fc1.weight' holds 1 NaN or infinite values");
+    cli_free(&r);
+    EBB(&r, "eval", "specs/mlp.yaml", "--weights", bad, "--data", data, "--allow-nonfinite");
+    expect_code(&r, 0);
+    expect_contains("stderr", &r, r.err, "warning: ");
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "1", "--weights", bad);
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "'fc1.weight'");
+    cli_free(&r);
+    /* a checkpoint with a NaN weight, or NaN optimizer state */
+    static const char *const poisoned[] = {"fc2.bias", "optim.fc1.weight.exp_avg"};
+    for (int i = 0; i < 2; i++) {
+        rewrite_checkpoint(ck_good, bad, NULL, poisoned[i], NULL, NULL);
+        EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "14", "--resume", bad);
+        expect_code(&r, 1);
+        char want[128];
+        FMT(want, "%s '%s' holds 1 NaN or infinite values", i ? "optimizer state" : "parameter",
+            poisoned[i]);
+        expect_contains("stderr", &r, r.err, want);
+        cli_free(&r);
+    }
+    /* let in with --allow-nonfinite, that state is never checkpointed: the
+     * finite checkpoint there stays */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "14", "--resume", bad,
+        "--allow-nonfinite", "--skip-nonfinite", "--checkpoint", ck, "--checkpoint-every", "1");
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "warning: ");
+    expect_contains("stderr", &r, r.err,
+                    " not written after step 13: optimizer state "
+                    "'optim.fc1.weight.exp_avg' holds");
+    cli_free(&r);
+    expect_same_bytes(ck, ck_good, "a checkpoint of NaN state");
+}
+
+/* Every output is refused, exit 2, when it is the file of an input or of
+ * another output: the same inode (a link, a hard link, another spelling)
+ * or, for a file not made yet, the same name once the directory is
+ * resolved. Nothing is written. --checkpoint may be --resume's file. */
+static void test_output_aliases(void **state) {
+    (void)state;
+    char data[PATH_MAX], spec[PATH_MAX], w[PATH_MAX], soft[PATH_MAX], hard[PATH_MAX];
+    char dotlink[PATH_MAX], sub[PATH_MAX], fresh[PATH_MAX], fresh2[PATH_MAX], svg[PATH_MAX];
+    tmp_path(data, sizeof data, "alias-data.safetensors");
+    tmp_path(spec, sizeof spec, "alias-spec.yaml");
+    tmp_path(w, sizeof w, "alias-w.safetensors");
+    tmp_path(soft, sizeof soft, "alias-soft.safetensors");
+    tmp_path(hard, sizeof hard, "alias-hard.safetensors");
+    tmp_path(dotlink, sizeof dotlink, "alias-spec.dot");
+    tmp_path(sub, sizeof sub, "alias-sub");
+    tmp_path(fresh, sizeof fresh, "alias-new.safetensors");
+    tmp_path(fresh2, sizeof fresh2, "alias-sub/../alias-new.safetensors");
+    tmp_path(svg, sizeof svg, "alias.svg");
+    write_train_data(data, 32, 3);
+    copy_file(EBB_SOURCE_DIR "/specs/mlp.yaml", spec);
+    copy_file(data, w);
+    assert_int_equal(symlink(data, soft), 0);
+    assert_int_equal(link(data, hard), 0);
+    assert_int_equal(symlink(spec, dotlink), 0);
+    assert_int_equal(mkdir(sub, 0755), 0);
+    typedef struct alias_case {
+        const char *said, *kept; /* a piece of the message; a file that must stay as it was */
+        const char *args[24];
+    } alias_case;
+    const alias_case cases[] = {
+        {"--checkpoint",
+         data,
+         {"train", spec, "--data", data, "--steps", "1", "--checkpoint", data}},
+        {"--save-weights",
+         data,
+         {"train", spec, "--data", data, "--steps", "1", "--save-weights", data}},
+        {"is the same file as SPEC",
+         spec,
+         {"train", spec, "--data", data, "--steps", "1", "--trace", spec}},
+        {"are the same file",
+         w,
+         {"train", spec, "--data", data, "--steps", "1", "--save-weights", w, "--checkpoint", w}},
+        {"are the same file",
+         NULL,
+         {"train", spec, "--data", data, "--steps", "1", "--save-weights", fresh, "--checkpoint",
+          fresh2}},
+        {"as --data", data, {"train", spec, "--data", soft, "--steps", "1", "--checkpoint", data}},
+        {"as --data",
+         data,
+         {"train", spec, "--data", hard, "--steps", "1", "--save-weights", data}},
+        {"as --eval-data",
+         data,
+         {"train", spec, "--data", w, "--eval-data", data, "--steps", "1", "--checkpoint", hard}},
+        {"as --resume",
+         w,
+         {"train", spec, "--data", data, "--steps", "1", "--resume", w, "--save-weights", w}},
+        {"as SPEC", spec, {"run", spec, "--outputs", spec}},
+        {"as --weights", w, {"run", spec, "--weights", w, "--save-weights", w}},
+        {"as --inputs", w, {"run", spec, "--inputs", w, "--trace", w}},
+        {"are the same file", NULL, {"run", spec, "--trace", fresh, "--outputs", fresh2}},
+        {"as --inputs", data, {"grad", spec, "--inputs", data, "--grads", hard}},
+        {"as SPEC", spec, {"dot", spec, "-o", dotlink}},
+        {"as --trace", NULL, {"chart", spec, "--trace", svg, "-o", svg}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char keep[PATH_MAX] = "";
+        if (cases[c].kept) {
+            FMT(keep, "%s.kept", cases[c].kept);
+            copy_file(cases[c].kept, keep);
+        }
+        cli_result r;
+        run_prog(&r, NULL, NULL, cases[c].args);
+        expect_code(&r, 2);
+        expect_contains("stderr", &r, r.err, cases[c].said);
+        if (r.out_len) fail_msg("`%s` started:\n%s", r.cmd, r.out);
+        cli_free(&r);
+        if (cases[c].kept) {
+            expect_same_bytes(cases[c].kept, keep, "a refused command");
+            unlink(keep);
+        }
+        if (access(fresh, F_OK) == 0) fail_msg("`%s` wrote %s", r.cmd, fresh);
+    }
+}
+
+/* --resume takes nothing from the command line that contradicts the
+ * checkpoint unless --override says so; optimizer state the file lost is
+ * an error unless --non-strict; another dataset is a warning naming both;
+ * a checkpoint past the run's last step is an error, one at it nothing to
+ * do; a step near 2^63 is refused, not overflowed. */
+static void test_train_resume_strict(void **state) {
+    (void)state;
+    char data[PATH_MAX], data80[PATH_MAX], ck[PATH_MAX], ck2[PATH_MAX], bad[PATH_MAX];
+    char curve[PATH_MAX];
+    tmp_path(data, sizeof data, "rs-data.safetensors");
+    tmp_path(data80, sizeof data80, "rs-data80.safetensors");
+    tmp_path(ck, sizeof ck, "rs-ck.safetensors");
+    tmp_path(ck2, sizeof ck2, "rs-ck2.safetensors");
+    tmp_path(bad, sizeof bad, "rs-bad.safetensors");
+    tmp_path(curve, sizeof curve, "rs-curve.svg");
+    write_train_data(data, 96, 5);
+    write_train_data(data80, 80, 6);
+    cli_result r;
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "6", "--batch", "16",
+        "--checkpoint", ck, "--checkpoint-every", "6");
+    expect_code(&r, 0);
+    cli_free(&r);
+
+    /* options that contradict it, each named with both values */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "12", "--resume", ck,
+        "--optimizer", "sgd", "--lr", "0.5", "--no-shuffle");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--optimizer sgd, the checkpoint's is adamw");
+    expect_contains("stderr", &r, r.err, "--lr 0.5, the checkpoint's is 0.001");
+    expect_contains("stderr", &r, r.err, "--no-shuffle, the checkpoint shuffles");
+    expect_contains("stderr", &r, r.err, "--override");
+    cli_free(&r);
+    /* --override: the command line wins, the AdamW state is dropped */
+    double kind = -1, lr = -1;
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "8", "--resume", ck,
+        "--optimizer", "sgd", "--lr", "0.5", "--no-shuffle", "--override", "--checkpoint", ck2,
+        "--checkpoint-every", "8");
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "sgd lr 0.5");
+    expect_contains("stderr", &r, r.err, "state in");
+    cli_free(&r);
+    checkpoint_optimizer(ck2, &kind, &lr);
+    assert_true(kind == 0 && lr == 0.5);
+    /* another lr for the same optimizer keeps its state; --checkpoint may
+     * be the file resumed */
+    copy_file(ck, bad);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "8", "--resume", bad, "--lr",
+        "0.01", "--override", "--checkpoint", bad, "--checkpoint-every", "2");
+    expect_code(&r, 0);
+    cli_free(&r);
+    checkpoint_optimizer(bad, &kind, &lr);
+    assert_true(kind == 2 && lr == 0.01);
+
+    /* a parameter's optimizer state lost from the file */
+    rewrite_checkpoint(ck, bad, "optim.fc1.bias.", NULL, NULL, NULL);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "8", "--resume", bad);
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "no optimizer state for 'fc1.bias'");
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "8", "--resume", bad,
+        "--non-strict");
+    expect_code(&r, 0);
+    expect_contains("stderr", &r, r.err, "warning: ");
+    cli_free(&r);
+
+    /* another dataset: a warning naming both */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data80, "--steps", "7", "--resume", ck);
+    expect_code(&r, 0);
+    expect_contains("stderr", &r, r.err, "warning: --data");
+    expect_contains("stderr", &r, r.err,
+                    "x float32 [80, 64], y int64 [80] now, x float32 [96, "
+                    "64], y int64 [96] then");
+    cli_free(&r);
+
+    /* past the run's end, at it, and at a step 64 bits barely hold */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "4", "--resume", ck);
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "is at step 6, past the 4 steps of --steps 4");
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "6", "--resume", ck);
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "nothing to train");
+    cli_free(&r);
+    rewrite_checkpoint(ck, bad, NULL, NULL, "step", "9223372036854775807");
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--epochs", "1000000000", "--resume", bad,
+        "--curve", curve);
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "is at step 9223372036854775807, past the ");
+    cli_free(&r);
+}
+
+/* Starts `ebb train` of a million steps on `data`, checkpointing to `ck`
+ * (and drawing `curve` when given), its stdout through a pipe; once the
+ * first progress line is out, sends `sig`, then `sig2` at once when not 0.
+ * Returns the wait status; *err receives its stderr (free it). */
+static int train_until_signal(const char *data, const char *ck, const char *curve, int sig,
+                              int sig2, char **err) {
+    char err_name[PATH_MAX];
+    tmp_path(err_name, sizeof err_name, "signal-stderr.XXXXXX");
     int p[2];
     assert_int_equal(pipe(p), 0);
     int err_fd = mkstemp(err_name);
@@ -2885,19 +3284,27 @@ static void test_train_sigint_checkpoint(void **state) {
             dup2(err_fd, 2) < 0)
             _exit(126);
         close(p[0]);
+        /* whatever the test runner ignores, the command starts with the defaults */
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
         alarm(60); /* survives exec */
-        execl(cli_path, "ebb", "train", "specs/mlp.yaml", "--data", data, "--steps", "1000000",
-              "--batch", "16", "--log-every", "1", "--checkpoint", ck, "--curve", curve,
-              (char *)NULL);
+        if (curve)
+            execl(cli_path, "ebb", "train", "specs/mlp.yaml", "--data", data, "--steps", "1000000",
+                  "--batch", "16", "--log-every", "1", "--checkpoint", ck, "--curve", curve,
+                  (char *)NULL);
+        else
+            execl(cli_path, "ebb", "train", "specs/mlp.yaml", "--data", data, "--steps", "1000000",
+                  "--batch", "16", "--log-every", "1", "--checkpoint", ck, (char *)NULL);
         _exit(127);
     }
     close(p[1]);
     close(err_fd);
-    /* SIGINT after the first progress line; then read to the end */
     static char out[1 << 16];
     size_t len = 0;
     int sent = 0;
     ssize_t n;
+    out[0] = '\0';
     while (len < sizeof out - 1 && (n = read(p[0], out + len, sizeof out - 1 - len)) != 0) {
         if (n < 0) {
             assert_int_equal(errno, EINTR);
@@ -2906,8 +3313,13 @@ static void test_train_sigint_checkpoint(void **state) {
         len += (size_t)n;
         out[len] = 0;
         if (!sent && strstr(out, "\nepoch 1 step ")) {
-            assert_int_equal(kill(pid, SIGINT), 0);
+            assert_int_equal(kill(pid, sig), 0);
+            if (sig2) assert_int_equal(kill(pid, sig2), 0);
             sent = 1;
+        }
+        if (len > sizeof out / 2) { /* keep reading, keep the tail */
+            memmove(out, out + len / 2, len - len / 2 + 1);
+            len -= len / 2;
         }
     }
     if (!sent)
@@ -2917,18 +3329,42 @@ static void test_train_sigint_checkpoint(void **state) {
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
     size_t err_len = 0;
-    char *err = slurp(err_name, &err_len);
+    *err = slurp(err_name, &err_len);
     unlink(err_name);
-    assert_non_null(err);
-    if (!sent)
-        fail_msg("no progress line from `ebb train`:\n%s\nstderr:\n%s", out, err);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 130)
-        fail_msg("`ebb train` interrupted: status %d, not exit 130\nstderr:\n%s", status, err);
+    assert_non_null(*err);
+    if (!sent) fail_msg("no progress line from `ebb train`:\n%s\nstderr:\n%s", out, *err);
+    return status;
+}
+
+/* The signal that stopped training: the step after which it stopped, from
+ * "ebb: interrupted by SIGxxx after step N; checkpoint written to ..." */
+static long long stopped_after(const char *err, const char *sig_name, int status, int code) {
+    char want[64];
     long long at = 0;
-    const char *msg = strstr(err, "ebb: interrupted after step ");
-    if (!msg || sscanf(msg, "ebb: interrupted after step %lld;", &at) != 1 || at < 1 ||
-        !strstr(err, "checkpoint written to"))
-        fail_msg("`ebb train` interrupted said:\n%s", err);
+    FMT(want, "ebb: interrupted by %s after step ", sig_name);
+    const char *msg = strstr(err, want);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != code)
+        fail_msg("`ebb train` sent %s: status %d, not exit %d\nstderr:\n%s", sig_name, status, code,
+                 err);
+    if (!msg || sscanf(msg + strlen(want), "%lld;", &at) != 1 || at < 1 ||
+        !strstr(msg, "checkpoint written to"))
+        fail_msg("`ebb train` sent %s said:\n%s", sig_name, err);
+    return at;
+}
+
+/* Ctrl-C: `ebb train` finishes the step under way, writes a checkpoint and
+ * its learning curves, and exits 130; `--resume` goes on from that
+ * checkpoint. */
+static void test_train_sigint_checkpoint(void **state) {
+    (void)state;
+    char data[PATH_MAX], ck[PATH_MAX], curve[PATH_MAX];
+    tmp_path(data, sizeof data, "sigint.safetensors");
+    tmp_path(curve, sizeof curve, "sigint-curve.svg");
+    tmp_path(ck, sizeof ck, "sigint-ckpt.safetensors");
+    write_train_data(data, 64, 7);
+    char *err = NULL;
+    int status = train_until_signal(data, ck, curve, SIGINT, 0, &err);
+    long long at = stopped_after(err, "SIGINT", status, 130);
     free(err);
     /* the picture of the steps it took, one point each (--log-every 1) */
     size_t svg_len = 0;
@@ -2947,6 +3383,51 @@ static void test_train_sigint_checkpoint(void **state) {
     FMT(resumed, "resumed from %s at step %lld", ck, at);
     expect_contains("stdout", &r, r.out, resumed);
     cli_free(&r);
+}
+
+/* SIGTERM and SIGHUP stop training as SIGINT does, with a checkpoint that
+ * resumes, exiting 143 and 129; a second signal stops it at once, by that
+ * signal, leaving no checkpoint half written. */
+static void test_train_sigterm_sighup(void **state) {
+    (void)state;
+    char data[PATH_MAX], ck[PATH_MAX];
+    tmp_path(data, sizeof data, "sigterm.safetensors");
+    tmp_path(ck, sizeof ck, "sigterm-ckpt.safetensors");
+    write_train_data(data, 64, 7);
+    static const struct {
+        int sig, code;
+        const char *name;
+    } sigs[] = {{SIGTERM, 143, "SIGTERM"}, {SIGHUP, 129, "SIGHUP"}};
+    for (int i = 0; i < 2; i++) {
+        char *err = NULL;
+        unlink(ck);
+        int status = train_until_signal(data, ck, NULL, sigs[i].sig, 0, &err);
+        long long at = stopped_after(err, sigs[i].name, status, sigs[i].code);
+        free(err);
+        char steps[32], resumed[PATH_MAX + 64];
+        FMT(steps, "%lld", at + 1);
+        cli_result r;
+        EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", steps, "--resume", ck);
+        expect_code(&r, 0);
+        FMT(resumed, "resumed from %s at step %lld", ck, at);
+        expect_contains("stdout", &r, r.out, resumed);
+        cli_free(&r);
+    }
+    /* two signals: the second ends it there */
+    char *err = NULL;
+    unlink(ck);
+    int status = train_until_signal(data, ck, NULL, SIGTERM, SIGHUP, &err);
+    if (!WIFSIGNALED(status) || (WTERMSIG(status) != SIGTERM && WTERMSIG(status) != SIGHUP))
+        fail_msg("`ebb train` sent SIGTERM and SIGHUP: status %d, not killed by the second"
+                 "\nstderr:\n%s",
+                 status, err);
+    free(err);
+    if (access(ck, F_OK) == 0) {
+        /* a checkpoint written before the second signal came is whole */
+        ebb_safetensors *sf = NULL;
+        assert_ok(ebb_safetensors_open(&sf, ck));
+        ebb_safetensors_close(sf);
+    }
 }
 
 int main(void) {
@@ -2976,6 +3457,12 @@ int main(void) {
         EBB_TEST(test_fit_check),
         EBB_TEST(test_train_and_eval),
         EBB_TEST(test_train_sigint_checkpoint),
+        EBB_TEST(test_train_sigterm_sighup),
+        EBB_TEST(test_train_nonfinite),
+        EBB_TEST(test_output_aliases),
+        EBB_TEST(test_train_resume_strict),
     };
+    /* CMOCKA_FILTER=test_train_* runs those alone */
+    if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

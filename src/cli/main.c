@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -34,6 +35,7 @@
 #include "../fileio.h"
 /* ebb train and ebb eval */
 #include "train.h"
+
 
 enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3 };
 
@@ -219,8 +221,119 @@ int ebb_cli_fail_status(ebb_status st) {
     case EBB_ERR_SHAPE:
     case EBB_ERR_ARG:
     case EBB_ERR_IO: return EXIT_SPEC;
+    /* A --memory-budget the plan cannot meet is the user's number at fault
+     * (1), not memory that ran out (3); the compiler reports both as
+     * EBB_ERR_NOMEM, so its message tells them apart until the refusal has a
+     * status of its own. */
+    case EBB_ERR_NOMEM:
+        return strstr(ebb_errmsg(), "memory budget") ? EXIT_SPEC : EXIT_RUNTIME;
     default: return EXIT_RUNTIME;
     }
+}
+
+/* ---- outputs that would destroy inputs ------------------------------------ */
+
+/* What a path is compared by: an existing regular file by its device and
+ * inode (so links, hard links and other spellings of it meet); a name not
+ * made yet by the real path of its directory and its last name, the file
+ * the writer would create; nothing for what is written into as a stream
+ * (a device, a pipe, /dev/stdout) or a path that does not resolve. */
+typedef struct file_key {
+    enum { KEY_NONE, KEY_FILE, KEY_NEW } kind;
+    dev_t dev;
+    ino_t ino;
+    char path[PATH_MAX];
+} file_key;
+
+static int is_fd_path(const char *p) {
+    return !strncmp(p, "/dev/std", 8) || !strncmp(p, "/dev/fd/", 8) ||
+           (!strncmp(p, "/proc/", 6) && strstr(p, "/fd/"));
+}
+
+/* The name a path that does not exist would be created as: a dangling link
+ * is followed, as the writer follows it. */
+static void new_file_key(const char *path, file_key *k) {
+    char cur[PATH_MAX], link[PATH_MAX], dir[PATH_MAX], real[PATH_MAX];
+    snprintf(cur, sizeof cur, "%s", path);
+    for (int hops = 0; hops < 40; hops++) {
+        ssize_t n = readlink(cur, link, sizeof link - 1);
+        if (n < 0) break;
+        link[n] = '\0';
+        char *slash = strrchr(cur, '/');
+        if (link[0] == '/' || !slash)
+            snprintf(cur, sizeof cur, "%s", link);
+        else
+            snprintf(slash + 1, sizeof cur - (size_t)(slash + 1 - cur), "%s", link);
+    }
+    char *slash = strrchr(cur, '/');
+    const char *base = slash ? slash + 1 : cur;
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == cur)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - cur), cur);
+    if (!*base || !realpath(dir, real) ||
+        snprintf(k->path, sizeof k->path, "%s/%s", strcmp(real, "/") ? real : "", base) >=
+            (int)sizeof k->path)
+        return;
+    k->kind = KEY_NEW;
+}
+
+static void file_key_of(const char *path, int output, file_key *k) {
+    struct stat sb;
+    k->kind = KEY_NONE;
+    if (!strcmp(path, "-") || (output && is_fd_path(path))) {
+        /* standard input read where it lies; an output stream is written into */
+        if (!output && fstat(0, &sb) == 0 && S_ISREG(sb.st_mode))
+            *k = (file_key){.kind = KEY_FILE, .dev = sb.st_dev, .ino = sb.st_ino};
+        return;
+    }
+    if (stat(path, &sb) == 0) {
+        if (S_ISREG(sb.st_mode))
+            *k = (file_key){.kind = KEY_FILE, .dev = sb.st_dev, .ino = sb.st_ino};
+    } else if (errno == ENOENT) {
+        new_file_key(path, k);
+    }
+}
+
+static int same_file(const file_key *a, const file_key *b) {
+    if (a->kind != b->kind || a->kind == KEY_NONE) return 0;
+    return a->kind == KEY_FILE ? a->dev == b->dev && a->ino == b->ino : !strcmp(a->path, b->path);
+}
+
+int ebb_cli_check_aliases(const char *const *list) {
+    int n = 0;
+    while (list[3 * n])
+        n++;
+    file_key *keys = calloc((size_t)n + 1, sizeof *keys);
+    if (!keys) return ebb_cli_fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+    for (int i = 0; i < n; i++)
+        if (list[3 * i + 2])
+            file_key_of(list[3 * i + 2], !strncmp(list[3 * i], "out", 3), &keys[i]);
+    int rc = 0;
+    for (int i = 0; !rc && i < n; i++) {
+        const char *role = list[3 * i], *what = list[3 * i + 1], *path = list[3 * i + 2];
+        for (int j = 0; strncmp(role, "out", 3) == 0 && !rc && j < n; j++) {
+            int j_out = !strncmp(list[3 * j], "out", 3);
+            if (j == i || (j_out && j > i) || !same_file(&keys[i], &keys[j]) ||
+                (role[3] == '=' && !strcmp(role + 4, list[3 * j + 1])))
+                continue;
+            if (j_out)
+                fprintf(stderr,
+                        "ebb: %s %s and %s %s are the same file: one would replace the "
+                        "other\n",
+                        list[3 * j + 1], list[3 * j + 2], what, path);
+            else
+                fprintf(stderr,
+                        "ebb: %s %s is the same file as %s %s: writing it would replace "
+                        "what the command reads\n",
+                        what, path, list[3 * j + 1], list[3 * j + 2]);
+            rc = EXIT_USAGE;
+        }
+    }
+    free(keys);
+    return rc;
 }
 
 /* ---- the commands' options ------------------------------------------------ */
@@ -539,7 +652,34 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
         return ebb_cli_usage_error(usage, "%s",
                            "standard input (-) can be read once: give it to one SPEC, --weights "
                            "or --inputs");
-    return 0;
+    /* no output may be an input's file, or another output's */
+    const char *chart_trace = !strcmp(c->name, "chart") ? "in" : "out";
+    const char *files[] = {"in",
+                           "SPEC",
+                           c->many ? NULL : o->spec,
+                           "in",
+                           "--weights",
+                           o->weights,
+                           "in",
+                           "--inputs",
+                           o->inputs,
+                           chart_trace,
+                           "--trace",
+                           o->trace,
+                           "out",
+                           "--outputs",
+                           o->outputs,
+                           "out",
+                           "--save-weights",
+                           o->save_weights,
+                           "out",
+                           "--grads",
+                           o->grads,
+                           "out",
+                           "-o",
+                           o->out_file,
+                           NULL};
+    return ebb_cli_check_aliases(files);
 }
 
 /* Dimensions written as the -i help says: positive decimal integers joined

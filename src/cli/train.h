@@ -33,6 +33,14 @@ typedef struct ebb_cli_trace {
 } ebb_cli_trace;
 void ebb_cli_trace_step(const ebb_trace_event *e, void *user);
 
+/* Refuses, exit 2 with a message, a command whose outputs include the file
+ * of one of its inputs or of another output. `list` holds triples, ending
+ * at a NULL role: a role ("in", "out", or "out=WHAT": an output that may be
+ * the file of input WHAT, which is read whole before it is written), what
+ * the command line calls it ("--trace"), and its path (NULL: not given).
+ * Every command's one check (src/cli/main.c). */
+int ebb_cli_check_aliases(const char *const *list);
+
 int ebb_cli_train(int argc, char **argv);
 int ebb_cli_eval(int argc, char **argv);
 
