@@ -872,6 +872,9 @@ static void test_state_bytes(void **state) {
     ebb_safetensors *gst = open_fixture("mlp.grads");
     const int64_t param_bytes = (16 * 8 + 16 + 4 * 16 + 4) * 4; /* 848 */
     const int64_t w1 = 16 * 8 * 4, scalar = 8 + 4; /* fc1.weight; a wrapped float32 Scalar */
+    /* Adam's operands, made before its first write: beta1, beta2, the bias
+     * correction and eps, and AdamW's decay factor, 4 bytes each */
+    const int64_t adam = 4 * 4, adamw = 5 * 4;
     const struct {
         ebb_optimizer_options o;
         int slots;
@@ -882,9 +885,9 @@ static void test_state_bytes(void **state) {
         {{.kind = EBB_SGD, .lr = 0.1, .momentum = 0.9}, 1, 0, scalar},
         {{.kind = EBB_SGD, .lr = 0.1, .momentum = 0.9, .nesterov = 1}, 1, w1, w1 + scalar},
         {{.kind = EBB_SGD, .lr = 0.1, .momentum = 0.9, .weight_decay = 0.1}, 1, 0, w1 + scalar},
-        {{.kind = EBB_ADAM}, 2, w1 + scalar, w1 + scalar},
-        {{.kind = EBB_ADAM, .weight_decay = 0.1}, 2, w1 + scalar, w1 + scalar},
-        {{.kind = EBB_ADAMW, .amsgrad = 1}, 3, w1 + scalar, w1 + scalar},
+        {{.kind = EBB_ADAM}, 2, w1 + adam, w1 + adam},
+        {{.kind = EBB_ADAM, .weight_decay = 0.1}, 2, w1 + adam, w1 + adam},
+        {{.kind = EBB_ADAMW, .amsgrad = 1}, 3, w1 + adamw, w1 + adamw},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         ebb_optimizer *opt = NULL;

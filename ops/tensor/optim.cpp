@@ -150,15 +150,32 @@ ebb_status ebb_tensor_adam_update_(ebb_tensor *param, const ebb_tensor *grad, eb
         const double step_size = lr / bias_correction1;
         const double bias_correction2_sqrt = std::sqrt(bias_correction2);
 
+        // A Scalar operand of mul_, div_ or add_ becomes a small tensor that
+        // libtorch allocates inside the call on the CPU: after the first
+        // write, where running out of memory would leave the parameter
+        // half-updated. So on the CPU they are made here, before anything is
+        // written, as 0-dim tensors of the parameter's dtype (the value the
+        // kernels would have read).
+        const bool cpu = p.is_cpu();
+        auto operand = [&](double v) {
+            return cpu ? at::scalar_tensor(v, p.options()) : at::Tensor();
+        };
+        const bool decay_p = decoupled && weight_decay != 0;
+        // torch.optim multiplies by 1 - lr * 0 = 1 too, which changes nothing.
+        at::Tensor c_decay = decay_p ? operand(1 - lr * weight_decay) : at::Tensor();
+        at::Tensor c_beta1 = operand(beta1), c_beta2 = operand(beta2);
+        at::Tensor c_bc2 = operand(bias_correction2_sqrt), c_eps = operand(eps);
+        auto mul = [](at::Tensor &x, const at::Tensor &c, double v) -> at::Tensor & {
+            return c.defined() ? x.mul_(c) : x.mul_(v);
+        };
+
         at::Tensor g = grad->t;
-        if (decoupled) {
-            // torch.optim multiplies by 1 - lr * 0 = 1 too, which changes nothing.
-            if (weight_decay != 0) p.mul_(1 - lr * weight_decay);
-        } else if (weight_decay != 0) {
+        if (decay_p)
+            mul(p, c_decay, 1 - lr * weight_decay);
+        else if (!decoupled && weight_decay != 0)
             g = at::add_out(scratch, g, p, weight_decay);
-        }
-        exp_avg->t.mul_(beta1).add_(g, 1 - beta1);
-        exp_avg_sq->t.mul_(beta2).addcmul_(g, g, 1 - beta2);
+        mul(exp_avg->t, c_beta1, beta1).add_(g, 1 - beta1);
+        mul(exp_avg_sq->t, c_beta2, beta2).addcmul_(g, g, 1 - beta2);
 
         const at::Tensor *second = &exp_avg_sq->t;
         if (amsgrad) {
@@ -166,16 +183,20 @@ ebb_status ebb_tensor_adam_update_(ebb_tensor *param, const ebb_tensor *grad, eb
             second = &max_exp_avg_sq->t;
         }
         at::Tensor denom = at::sqrt_out(scratch, *second);
-        denom.div_(bias_correction2_sqrt).add_(eps);
+        if (cpu)
+            denom.div_(c_bc2).add_(c_eps);
+        else
+            denom.div_(bias_correction2_sqrt).add_(eps);
         p.addcdiv_(exp_avg->t, denom, -step_size);
     });
     return EBB_OK;
 }
 
 // What the kernels above allocate beside the state they keep, all freed
-// before they return: the one scratch tensor, and libtorch's CPU wrapper of
-// a floating Scalar operand (x.mul_(0.9): an 8-byte float64 tensor, and a
-// copy in the parameter's dtype unless that is float64).
+// before they return: the one scratch tensor; for SGD, libtorch's CPU
+// wrapper of a floating Scalar operand (x.mul_(0.9): an 8-byte float64
+// tensor, and a copy in the parameter's dtype unless that is float64); for
+// Adam, its operands made up front on the CPU, one element each.
 int64_t ebb_optimizer_update_scratch_bytes(const ebb_optimizer_options *o, ebb_dtype dtype,
                                            int64_t numel, ebb_device device, int has_state) {
     if (!o || numel < 0) return -1;
@@ -189,9 +210,14 @@ int64_t ebb_optimizer_update_scratch_bytes(const ebb_optimizer_options *o, ebb_d
         // only buf.mul_(momentum) takes a Scalar operand
         scalar = o->momentum != 0 && !first;
     }
-    int64_t bytes = tensor ? numel * (int64_t)ebb_dtype_size(dtype) : 0;
-    if (scalar && device.type == EBB_DEVICE_CPU)
-        bytes += 8 + (dtype == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dtype));
+    int64_t elem = (int64_t)ebb_dtype_size(dtype);
+    int64_t bytes = tensor ? numel * elem : 0;
+    if (device.type != EBB_DEVICE_CPU)
+        return bytes;
+    if (o->kind != EBB_SGD) // beta1, beta2, the bias correction, eps, AdamW's decay
+        return bytes + (4 + (o->kind == EBB_ADAMW && decay)) * elem;
+    if (scalar)
+        bytes += 8 + (dtype == EBB_FLOAT64 ? 0 : elem);
     return bytes;
 }
 
