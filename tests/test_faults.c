@@ -42,6 +42,7 @@
 
 #include "../src/fileio.h"
 #include "test_util.h"
+#include "test_dir.h"
 
 #define MAX_PARAMS 8
 #define N_STATE 4
@@ -67,26 +68,12 @@ static char dir[256];
 
 static int make_dir(void **state) {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/ebb_test_faults_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    return ebb_test_dir_make(dir, sizeof dir, "faults");
 }
 
 static int remove_dir(void **state) {
     (void)state;
-    DIR *d = opendir(dir);
-    if (!d)
-        return 0;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)) != NULL) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."))
-            continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
-    return 0;
+    return ebb_test_dir_remove(dir);
 }
 
 static int count_temporaries(void) {

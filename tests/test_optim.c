@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "test_util.h"
+#include "test_dir.h"
 
 #define STEPS 10
 #define MAX_PARAMS 8
@@ -576,20 +577,12 @@ static char dir[256];
 
 static int make_dir(void **state) {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/ebb_test_optim_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    return ebb_test_dir_make(dir, sizeof dir, "optim");
 }
 
 static int remove_dir(void **state) {
     (void)state;
-    const char *files[] = {"a.safetensors", "b.safetensors", "m.safetensors", "bad.safetensors"};
-    char p[512];
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(p, sizeof p, "%s/%s", dir, files[i]);
-        unlink(p);
-    }
-    rmdir(dir);
-    return 0;
+    return ebb_test_dir_remove(dir);
 }
 
 static void tmp_path(char *buf, size_t size, const char *file) {

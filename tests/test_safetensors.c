@@ -30,6 +30,7 @@
 #include "ebb/spec.h"
 #include "test_mounts.h"
 #include "test_util.h"
+#include "test_dir.h"
 
 static const ebb_device CPU = {EBB_DEVICE_CPU, 0};
 
@@ -37,27 +38,12 @@ static char dir[256];
 
 static int make_dir(void **state) {
     (void)state;
-    snprintf(dir, sizeof dir, "/tmp/ebb_test_st_XXXXXX");
-    return mkdtemp(dir) ? 0 : -1;
+    return ebb_test_dir_make(dir, sizeof dir, "st");
 }
 
 static int remove_dir(void **state) {
     (void)state;
-    DIR *d = opendir(dir);
-    if (!d)
-        return 0;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)) != NULL) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        if (unlink(p) != 0)
-            rmdir(p);
-    }
-    closedir(d);
-    rmdir(dir);
-    return 0;
+    return ebb_test_dir_remove(dir);
 }
 
 static const char *path_of(const char *name) {
