@@ -7,14 +7,16 @@
 // stdout ("-" stands for an empty argument):
 //   setup WORKLOAD SPEC EXPORT_PREFIX PARAMS_CSV BIND_CSV FILLS_CSV
 //   measure            peak bytes: ebb measured/planned/keep_all, C++ twin
-//   round N            N forwards of each, alternating; times in ms
+//   round N            N forwards of each, alternating; times in ms, wall
+//                      clock and this thread's CPU time
 //   has_op NAME        whether ebb has the op (the driver skips workloads without)
 //   train_setup WORKLOAD SPEC EXPORT_PREFIX PARAMS_CSV BIND_CSV FILLS_CSV LOSS
 //                      a training step instead (ebb_train_step and the C++
 //                      autograd twin), checked by running two steps of each;
 //                      {"skipped": why} when ebb cannot train the workload
 //   train_measure      peak bytes of one step: ebb measured/planned, C++ twin
-//   train_round N      N training steps of each, alternating; times in ms
+//   train_round N      N training steps of each, alternating; times in ms (wall
+//                      and thread CPU) and each step's minor page faults
 //   teardown
 //   quit
 // `ebb_bench explain SPEC PARAMS_CSV BIND_CSV` prints the plan instead, and
@@ -33,6 +35,9 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <sys/resource.h>
+#include <time.h>
 
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -78,6 +83,22 @@ std::map<std::string, long> parse_cfg(const std::string &csv) {
             m[item.substr(0, eq)] = std::atol(item.c_str() + eq + 1);
     }
     return m;
+}
+
+// Minor page faults of this process so far: a step whose tensors land in
+// fresh pages (glibc handing out newly mapped memory) pays for each one.
+long minor_faults() {
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? ru.ru_minflt : 0;
+}
+
+// This thread's CPU time: with one intra-op thread every ATen call of a step
+// runs on it, so on a machine shared with other work this is the step's cost
+// without the time it spent preempted.
+double cpu_ms() {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }
 
 double now_ms() {
@@ -218,23 +239,33 @@ struct Session {
     void train_round(int n) {
         if (!ebb || !train_twin)
             return reply_error("train_round: no training workload set up");
-        std::vector<double> te, tc;
+        std::vector<double> te, tc, ce, cc, fe, fc;
         try {
             for (int i = 0; i < n; i++) {
-                double t0 = now_ms();
+                long f0 = minor_faults();
+                double c0 = cpu_ms(), t0 = now_ms();
                 if (bench_ebb_train_step(ebb, nullptr, nullptr) != EBB_OK)
                     return reply_error(ebb_errmsg());
-                double t1 = now_ms();
+                double t1 = now_ms(), c1 = cpu_ms();
+                long f1 = minor_faults();
+                double c2 = cpu_ms(), t2 = now_ms();
                 train_twin->step(false);
-                double t2 = now_ms();
+                double t3 = now_ms(), c3 = cpu_ms();
+                long f2 = minor_faults();
                 te.push_back(t1 - t0);
-                tc.push_back(t2 - t1);
+                tc.push_back(t3 - t2);
+                ce.push_back(c1 - c0);
+                cc.push_back(c3 - c2);
+                fe.push_back(static_cast<double>(f1 - f0));
+                fc.push_back(static_cast<double>(f2 - f1));
             }
         } catch (const std::exception &e) {
             return reply_error(workload + ": C++ training twin: " + e.what());
         }
-        std::printf("{\"ebb\": %s, \"cxx\": %s}\n", json_list(te).c_str(),
-                    json_list(tc).c_str());
+        std::printf("{\"ebb\": %s, \"cxx\": %s, \"ebb_cpu\": %s, \"cxx_cpu\": %s, "
+                    "\"ebb_faults\": %s, \"cxx_faults\": %s}\n",
+                    json_list(te).c_str(), json_list(tc).c_str(), json_list(ce).c_str(),
+                    json_list(cc).c_str(), json_list(fe).c_str(), json_list(fc).c_str());
         std::fflush(stdout);
     }
 
@@ -315,22 +346,26 @@ struct Session {
     void round(int n) {
         if (!ebb)
             return reply_error("round: no workload set up");
-        std::vector<double> te, tc;
+        std::vector<double> te, tc, ce, cc;
         for (int i = 0; i < n; i++) {
-            double t0 = now_ms();
+            double c0 = cpu_ms(), t0 = now_ms();
             if (bench_ebb_forward(ebb) != EBB_OK)
                 return reply_error(ebb_errmsg());
-            double t1 = now_ms();
+            double t1 = now_ms(), c1 = cpu_ms();
+            double c2 = cpu_ms(), t2 = now_ms();
             {
                 c10::InferenceMode guard;
                 at::Tensor y = twin(x);
             }
-            double t2 = now_ms();
+            double t3 = now_ms(), c3 = cpu_ms();
             te.push_back(t1 - t0);
-            tc.push_back(t2 - t1);
+            tc.push_back(t3 - t2);
+            ce.push_back(c1 - c0);
+            cc.push_back(c3 - c2);
         }
-        std::printf("{\"ebb\": %s, \"cxx\": %s}\n", json_list(te).c_str(),
-                    json_list(tc).c_str());
+        std::printf("{\"ebb\": %s, \"cxx\": %s, \"ebb_cpu\": %s, \"cxx_cpu\": %s}\n",
+                    json_list(te).c_str(), json_list(tc).c_str(), json_list(ce).c_str(),
+                    json_list(cc).c_str());
         std::fflush(stdout);
     }
 };

@@ -15,8 +15,9 @@ one run, on:
 
 Budgets: none, then the no-recompute peak divided by 2, 3, 4, 6, 8, ... until
 ebb_compile refuses (EBB_ERR_NOMEM); its message names the least peak its
-search reached (to 0.1 MiB), and a last plan is compiled for that, rounded
-up by 0.05 MiB: the least feasible. Two more plans compare at equal memory:
+search reached, in bytes, and a last plan is compiled for exactly that: the
+least feasible (from a message that gives only MiB to 0.1, that figure
+rounded up by 0.05 MiB). Two more plans compare at equal memory:
 the budget set to PyTorch-with-checkpoint's measured peak, for ebb as it is
 (updates inside the backward, so gradients die at their update) and for ebb
 with ebb_train_options.updates_after_backward (every gradient alive until
@@ -52,6 +53,7 @@ Run through run.py (`bash tests/bench/run.sh BUILD --only remat`), which sets
 the threads before torch loads.
 """
 import ctypes
+import inspect
 import math
 import os
 import re
@@ -64,6 +66,12 @@ from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 import run as bench  # Ebb-like process handling, load_export, profiled_peak, rendering
 import torch_models
+
+# torch 2.x asks for use_reentrant explicitly (a warning now, an error
+# announced); 1.13's checkpoint_sequential does not take it. True is what
+# 1.13 does without it, so both versions checkpoint the same way.
+CKPT_KW = ({"use_reentrant": True}
+           if "use_reentrant" in inspect.signature(checkpoint_sequential).parameters else {})
 
 MIB = 1 << 20
 FRACTIONS = [2, 3, 4, 6, 8, 12, 16, 24, 32]
@@ -105,7 +113,7 @@ class DeepTower(nn.Module):
     def forward(self, x):
         h = self.stem(x)
         if self.segments:
-            h = checkpoint_sequential(self.blocks, self.segments, h)
+            h = checkpoint_sequential(self.blocks, self.segments, h, **CKPT_KW)
         else:
             h = self.blocks(h)
         return self.head(h)
@@ -124,7 +132,7 @@ class CheckpointedTransformer(torch_models.Transformer):
     def forward(self, x):
         h = self.embed(x)
         for layer in self.layers:
-            h = checkpoint(layer, h)
+            h = checkpoint(layer, h, **CKPT_KW)
         return h
 
 
@@ -172,8 +180,12 @@ class RematProc(bench.Ebb):
 
 
 def least_from(message):
-    """The least peak an ebb_compile refusal names, rounded up past its
-    0.1 MiB printing: "... and 5.0 MiB at the least recomputing ..."."""
+    """The least peak an ebb_compile refusal names: exact where it gives the
+    bytes ("... and 5.0 MiB (5246976 bytes) at the least recomputing ..."),
+    else rounded up past its 0.1 MiB printing."""
+    m = re.search(r"\(([0-9]+) bytes\) at the least", message)
+    if m:
+        return int(m.group(1))
     m = re.search(r"and ([0-9.]+) (B|KiB|MiB|GiB) at the least", message)
     if not m:
         return None

@@ -8,7 +8,10 @@
 #   bash tests/bench/run.sh [BUILD] [run.py options: --only mlp --config dispatch]
 #   bash tests/bench/run.sh [BUILD] --only fashion    Fashion-MNIST epochs against PyTorch
 #   bash tests/bench/run.sh [BUILD] --only remat      training under memory budgets
-# EBB_BENCH_THREADS sets the intra-op thread count of all three (default 1).
+#   bash tests/bench/run.sh [BUILD] --clock cpu       tables on thread CPU time (busy machines)
+#   bash tests/bench/run.sh [BUILD] --no-compile      without torch.compile (PyTorch 2.x)
+# EBB_BENCH_THREADS sets the intra-op thread count of all engines (default 1);
+# EBB_BENCH_CLOCK=cpu and EBB_BENCH_COMPILE=0 are the two flags above.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 build="${1:-build}"
