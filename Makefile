@@ -120,7 +120,7 @@ ASAN_BUILD ?= build-asan
 SANITIZE := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DEBB_BUILD_EXAMPLES=OFF -DCMAKE_C_FLAGS="$(SANITIZE)" \
-	  -DCMAKE_CXX_FLAGS="$(SANITIZE)" $(CMAKE_FLAGS)
+	  -DCMAKE_CXX_FLAGS="$(SANITIZE)" -DEBB_TEST_TIMEOUT=1800 $(CMAKE_FLAGS)
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:allocator_may_return_null=1 \
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/asan.supp:print_suppressions=0 \
