@@ -42,7 +42,11 @@
  * updates, are restored. An error in the backward, after updates have begun
  * there, leaves the parameters already updated changed; compile with
  * ebb_train_options.updates_after_backward for steps that change nothing
- * unless they succeed (every gradient then lives until the backward ends).
+ * when the forward, loss or backward fails (every gradient then lives until
+ * the backward ends). Either way the updates run one parameter at a time, so
+ * a failure in one update (out of memory) leaves the parameters updated
+ * before it changed; that update itself writes nothing unless it can finish
+ * (tests/test_faults.c makes every allocation of a step fail in turn).
  *
  * Under a memory budget (ebb_compile_options.memory_budget) the plan keeps
  * fewer activations and recomputes the others in the backward, from kept
