@@ -259,7 +259,7 @@ ebb_status ebb_remat_fit(ebb_plan **plan, const ebb_graph *g, const ebb_compile_
     ebb_bytes_str(budget, sb, sizeof sb);
     if (!p0->training) {
         ebb_bytes_str(p0->budget_peak_bytes, pb, sizeof pb);
-        ebb_status st = ebb_error_set(EBB_ERR_NOMEM,
+        ebb_status st = ebb_error_set(EBB_ERR_BUDGET,
                                       "ebb_compile: plan %s needs %s at its peak, over the memory "
                                       "budget of %s (only a training plan can recompute to fit)",
                                       p0->name, pb, sb);
@@ -328,7 +328,7 @@ ebb_status ebb_remat_fit(ebb_plan **plan, const ebb_graph *g, const ebb_compile_
         ebb_bytes_str(p0->budget_peak_bytes, pb, sizeof pb);
         char lb[32];
         ebb_bytes_str(best.plan ? best.plan->budget_peak_bytes : p0->budget_peak_bytes, lb, sizeof lb);
-        st = ebb_error_set(EBB_ERR_NOMEM,
+        st = ebb_error_set(EBB_ERR_BUDGET,
                            "ebb_compile: plan %s needs %s at its peak keeping every value, and "
                            "%s (%lld bytes) at the least recomputing (checkpoints every %d of %d "
                            "cut points); the memory budget is %s",

@@ -539,7 +539,7 @@ static void budget_spec(const char *path, int *n_fit, int *n_recomputed, int *n_
     if (least > 0) { /* below the least: refused, naming it */
         o.memory_budget = least - 1;
         ebb_plan *p = (ebb_plan *)&o;
-        assert_int_equal(ebb_spec_compile(&p, s, &o), EBB_ERR_NOMEM);
+        assert_int_equal(ebb_spec_compile(&p, s, &o), EBB_ERR_BUDGET);
         assert_null(p);
         assert_errmsg_contains(least < r0.peak_bytes ? "at the least recomputing"
                                                      : "at the least");
@@ -583,12 +583,12 @@ static void budget_refusals_name_the_peak(void **state) {
     ebb_compile_options o = {.input_shapes = x, .n_input_shapes = ebb_spec_input_count(s),
                              .memory_budget = 1};
     ebb_plan *p = (ebb_plan *)&o; /* must come back NULL */
-    assert_int_equal(ebb_spec_compile(&p, s, &o), EBB_ERR_NOMEM);
+    assert_int_equal(ebb_spec_compile(&p, s, &o), EBB_ERR_BUDGET);
     assert_null(p);
     assert_errmsg_contains("over the memory budget of 1 B");
     ebb_train_options t = {.target_shapes = y, .n_target_shapes = 1};
     o.train = &t;
-    assert_int_equal(ebb_spec_compile(&p, s, &o), EBB_ERR_NOMEM);
+    assert_int_equal(ebb_spec_compile(&p, s, &o), EBB_ERR_BUDGET);
     assert_null(p);
     assert_errmsg_contains("at the least recomputing");
     assert_errmsg_contains("the memory budget is 1 B");

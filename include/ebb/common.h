@@ -44,6 +44,9 @@ typedef enum ebb_status {
     EBB_ERR_IO,          /* a file could not be read or written */
     EBB_ERR_RUNTIME,     /* a data-dependent failure while running a plan */
     EBB_ERR_UNSUPPORTED, /* not available in this build or on this device */
+    EBB_ERR_BUDGET,      /* a plan cannot meet the memory budget it was compiled for
+                            (ebb_compile_options.memory_budget): the caller's number,
+                            not memory that ran out */
 } ebb_status;
 
 /* A short constant name for a status, e.g. "EBB_ERR_SHAPE" (a static string);

@@ -90,7 +90,7 @@ typedef struct ebb_compile_options {
      * A training plan that would take more recomputes forward values in the
      * backward instead of keeping them (rematerialization: docs/plans.md),
      * choosing the least predicted extra compute that fits; a plan that
-     * cannot fit, inference or training, fails with EBB_ERR_NOMEM naming
+     * cannot fit, inference or training, fails with EBB_ERR_BUDGET naming
      * the least peak it can reach. EBB_MEMORY_BUDGET_LEAST asks for that
      * least peak, whatever it costs. See ebb_plan_remat_stats(). */
     int64_t memory_budget;

@@ -220,13 +220,8 @@ int ebb_cli_fail_status(ebb_status st) {
     case EBB_ERR_BUILD:
     case EBB_ERR_SHAPE:
     case EBB_ERR_ARG:
-    case EBB_ERR_IO: return EXIT_SPEC;
-    /* A --memory-budget the plan cannot meet is the user's number at fault
-     * (1), not memory that ran out (3); the compiler reports both as
-     * EBB_ERR_NOMEM, so its message tells them apart until the refusal has a
-     * status of its own. */
-    case EBB_ERR_NOMEM:
-        return strstr(ebb_errmsg(), "memory budget") ? EXIT_SPEC : EXIT_RUNTIME;
+    case EBB_ERR_IO:
+    case EBB_ERR_BUDGET: return EXIT_SPEC; /* the user's --memory-budget, not memory that ran out */
     default: return EXIT_RUNTIME;
     }
 }
