@@ -486,20 +486,6 @@ static ebb_status do_write(write_kind w, const char *path, const ebb_model *m,
     }
 }
 
-static unsigned char *file_bytes(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)len + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return b;
-}
-
 static void put_file(const char *path, const void *data, size_t n) {
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
@@ -527,12 +513,12 @@ static void ckpt_open(ckpt_case *c, write_kind w) {
         assert_ok(ebb_tensor_full(&large, &s, 0.5, EBB_FLOAT32, CPU));
     rig_fresh(&c->r, 1, &c->m, &c->o); /* the optimizer has state to write */
     assert_ok(do_write(w, c->path, c->m, c->o));
-    c->old_bytes = file_bytes(c->path, &c->old_n);
+    c->old_bytes = ebb_test_read_file(c->path, &c->old_n);
     assert_ok(ebb_train_step(c->r.plan, c->m, c->o, &c->r.x, &c->r.y, NULL, NULL));
     char fresh[600];
     snprintf(fresh, sizeof fresh, "%s.new", c->path);
     assert_ok(do_write(w, fresh, c->m, c->o));
-    c->new_bytes = file_bytes(fresh, &c->new_n);
+    c->new_bytes = ebb_test_read_file(fresh, &c->new_n);
     unlink(fresh);
     assert_false(c->old_n == c->new_n && !memcmp(c->old_bytes, c->new_bytes, c->old_n));
 }
@@ -551,7 +537,7 @@ static void ckpt_close(ckpt_case *c) {
 /* The file holds the old bytes (0), the new ones (1), or neither (-1). */
 static int which_file(const ckpt_case *c) {
     size_t n = 0;
-    unsigned char *b = file_bytes(c->path, &n);
+    unsigned char *b = ebb_test_read_file(c->path, &n);
     int r = n == c->old_n && !memcmp(b, c->old_bytes, n)   ? 0
             : n == c->new_n && !memcmp(b, c->new_bytes, n) ? 1
                                                            : -1;
@@ -674,7 +660,7 @@ static void test_remove_in_flight(void **state) {
     const char *names[] = {"t"};
     assert_ok(ebb_safetensors_write(path, names, &a, 1));
     size_t old_n = 0;
-    unsigned char *old = file_bytes(path, &old_n);
+    unsigned char *old = ebb_test_read_file(path, &old_n);
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
@@ -692,7 +678,7 @@ static void test_remove_in_flight(void **state) {
     assert_int_equal(WEXITSTATUS(status), 9);
     assert_int_equal(count_temporaries(), 0);
     size_t n = 0;
-    unsigned char *now = file_bytes(path, &n);
+    unsigned char *now = ebb_test_read_file(path, &n);
     assert_int_equal(n, old_n);
     assert_memory_equal(now, old, n);
     free(now);

@@ -85,20 +85,6 @@ static void write_json(const char *path, const char *header, const void *data, s
     write_raw(path, strlen(header), header, data, ndata);
 }
 
-static unsigned char *read_all(const char *path, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = malloc((size_t)len + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return buf;
-}
-
 /* Asserts that opening fails with EBB_ERR_IO and a message naming the file
  * and containing `needle`. */
 static void assert_refused(const char *path, const char *needle) {
@@ -201,7 +187,7 @@ static void test_exact_bytes(void **state) {
     const char *path = path_of("exact.safetensors");
     assert_ok(ebb_safetensors_write(path, names, ts, 2));
     size_t n = 0;
-    unsigned char *buf = read_all(path, &n);
+    unsigned char *buf = ebb_test_read_file(path, &n);
     uint64_t hlen = 0;
     for (int i = 0; i < 8; i++)
         hlen |= (uint64_t)buf[i] << (8 * i);
@@ -522,7 +508,7 @@ static void test_every_truncation(void **state) {
     const char *full = path_of("full.safetensors"), *cut = path_of("cut.safetensors");
     assert_ok(ebb_safetensors_write(full, names, ts, 2));
     size_t n = 0;
-    unsigned char *buf = read_all(full, &n);
+    unsigned char *buf = ebb_test_read_file(full, &n);
     for (size_t len = 0; len < n; len++) {
         FILE *f = fopen(cut, "wb");
         if (len)
@@ -553,7 +539,7 @@ static void test_mutated_headers(void **state) {
     const char *full = path_of("full.safetensors"), *mut = path_of("mut.safetensors");
     assert_ok(ebb_safetensors_write(full, names, ts, 3));
     size_t n = 0;
-    unsigned char *buf = read_all(full, &n);
+    unsigned char *buf = ebb_test_read_file(full, &n);
     unsigned char *m = malloc(n);
     static const char alphabet[] = "0123456789[]{},:\" -.eE9FIUB";
     uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -1206,7 +1192,7 @@ static void test_write_fails_at_a_tensor(void **state) {
     snprintf(path, sizeof path, "%s", path_of("at_tensor.safetensors"));
     assert_ok(ebb_safetensors_write(path, names, &old, 1));
     size_t n = 0;
-    unsigned char *bytes = read_all(path, &n);
+    unsigned char *bytes = ebb_test_read_file(path, &n);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--)
         hlen = hlen << 8 | bytes[i];
@@ -1830,7 +1816,7 @@ static void test_idx_bounded(void **state) {
     uint32_t mdims[1] = {sizeof many};
     write_idx(path_of("bad-crc.idx.gz"), 0x08, 1, mdims, many, sizeof many, 1, 0);
     size_t zn = 0;
-    unsigned char *z = read_all(path_of("bad-crc.idx.gz"), &zn);
+    unsigned char *z = ebb_test_read_file(path_of("bad-crc.idx.gz"), &zn);
     z[zn - 6] ^= 0xff; /* the CRC-32 in the trailer */
     FILE *f = fopen(path_of("bad-crc.idx.gz"), "wb");
     assert_non_null(f);
