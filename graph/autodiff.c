@@ -356,8 +356,9 @@ static int add_extras(compiler *c, int si) {
     ebb_plan_value *y = &p->values[s->pub.out[0]];
     y->alias_of = alias >= 0 ? s->pub.in[alias] : -1;
     y->nbytes = alias >= 0 ? 0 : ebb_shape_numel(&y->shape) * (int64_t)ebb_dtype_size(y->dtype);
-    /* the training forward's scratch replaces the forward's */
+    /* the training forward's scratch replaces the forward's, on every device */
     s->workspace = 0;
+    s->has_workspace_cuda = 0;
     if (r->train_workspace && s->pub.n_in > 0) {
         ebb_shape shapes[64];
         for (int i = 0; i < s->pub.n_in && i < 64; i++)

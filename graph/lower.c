@@ -330,6 +330,10 @@ int ebb_lower_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, con
     s->attrs = attrs;
     if (op->workspace && n_in > 0)
         s->workspace = op->workspace(attrs, shapes, n_in, ebb_tensor_dtype(ins[0]));
+    if (op->workspace_cuda && n_in > 0) {
+        s->workspace_cuda = op->workspace_cuda(attrs, shapes, n_in, ebb_tensor_dtype(ins[0]));
+        s->has_workspace_cuda = 1;
+    }
     s->param_first = param_first;
     s->n_params = np;
     /* a view op may still copy (reshape of a non-contiguous input), and an op

@@ -37,6 +37,12 @@ int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step) {
 
 int ebb_plan_peak_is_bound(const ebb_plan *p) { return p ? p->peak_is_bound : 0; }
 
+int ebb_plan_peak_is_bound_on(const ebb_plan *p, ebb_device device) {
+    if (!p)
+        return 0;
+    return device.type == EBB_DEVICE_CUDA ? p->cuda_peak_is_bound : p->peak_is_bound;
+}
+
 int64_t ebb_plan_keep_all_peak_bytes(const ebb_plan *p) { return p ? p->keep_all_peak_bytes : 0; }
 
 int64_t ebb_plan_device_peak_bytes(const ebb_plan *p, ebb_device device) {

@@ -11,6 +11,8 @@ typedef struct plan_step {
     const ebb_op *op;  /* EBB_STEP_OP */
     const ebb_attr_value *attrs;
     int64_t workspace; /* scratch bytes the op allocates inside the call */
+    int64_t workspace_cuda; /* on CUDA, in allocator blocks, when has_workspace_cuda */
+    int has_workspace_cuda;
     int param_first; /* into the plan's parameter table */
     int n_params;
     ebb_route_mode mode; /* ROUTE, ENTER, EXIT */
@@ -69,6 +71,7 @@ struct ebb_plan {
     int64_t peak_bytes;
     int peak_step;
     int peak_is_bound; /* routing or a data-dependent loop: the peaks are upper bounds */
+    int cuda_peak_is_bound; /* that, or a step whose CUDA scratch is a bound (cuDNN, SDPA) */
     int64_t keep_all_peak_bytes; /* the same graph's peak with nothing freed */
     int64_t cuda_peak_bytes;     /* peak_bytes with CUDA's 512-byte block rounding */
     /* training plans (ebb_compile_options.train) */

@@ -44,6 +44,15 @@ static int64_t rounded(const walk *w, int64_t n) {
     return w->granule && n > 0 ? (n + w->granule - 1) / w->granule * w->granule : n;
 }
 
+/* A step's declared scratch as the allocator holds it: on CUDA the op's own
+ * CUDA figure where it has one (already in blocks), else its bytes as one
+ * block. */
+static int64_t workspace_rounded(const walk *w, const plan_step *s) {
+    if (w->granule && s->has_workspace_cuda)
+        return rounded(w, s->workspace_cuda);
+    return rounded(w, s->workspace);
+}
+
 /* Moves slot v into class `to` (-1: none), releasing its old class's bytes
  * when v was the last slot in it. */
 static void move_slot(walk *w, int v, int to) {
@@ -228,7 +237,7 @@ int64_t ebb_pass_predict(compiler *c, int no_frees, int64_t granule, int *peak_s
             ebb_compiler_oom(c);
             goto out;
         }
-        int64_t during = w.live + rounded(&w, s->workspace) + routing_scratch(&w, p, s);
+        int64_t during = w.live + workspace_rounded(&w, s) + routing_scratch(&w, p, s);
         if (during > peak) {
             peak = during;
             at = i;

@@ -214,6 +214,30 @@ static int64_t mha_workspace(const ebb_attr_value *a, const ebb_shape *in, int n
     return peak - bte;
 }
 
+/* On CUDA, scaled_dot_product_attention picks its kernel by device, dtype
+ * and shape: a fused one (flash, memory-efficient: the output, its
+ * log-sum-exp, RNG state) or the math path, which makes q and k scaled, the
+ * scores, _safe_softmax's probabilities beside its all-masked-rows test, a
+ * zero tensor and the where() that applies them, the causal mask and a
+ * contiguous copy of v. The bound counts the larger of the two beside the
+ * projections and the merge, each tensor a block. */
+static int64_t mha_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                  ebb_dtype dt) {
+    if (in[0].ndim != 3 || a[A_HEADS].i < 1)
+        return 0;
+    int64_t b = in[0].dim[0], t = in[0].dim[1], e = in[0].dim[2], h = a[A_HEADS].i;
+    int self = n_in == 1;
+    int64_t s = !self && in[1].ndim == 3 ? in[1].dim[1] : t;
+    int64_t size = (int64_t)ebb_dtype_size(dt);
+    int64_t bte = ebb_cuda_block(b * t * e * size), bse = ebb_cuda_block(b * s * e * size);
+    int64_t scores = ebb_cuda_block(b * h * t * s * size);
+    int64_t qkv = self ? ebb_cuda_block(3 * b * t * e * size) : bte + 2 * bse;
+    int64_t math = bte + 2 * bse + 4 * scores + ebb_cuda_block(b * h * t * s) +
+                   (a[A_CAUSAL].i ? ebb_cuda_block(t * s) : 0);
+    int64_t fused = bte + ebb_cuda_block(b * h * ((t + 31) / 32 * 32) * 4) + 2 * 512;
+    return qkv + (math > fused ? math : fused) + 2 * bte;
+}
+
 /* The backward reads the inputs and recomputes the projections and the
  * attention probabilities from them rather than keeping B*H*T*S
  * probabilities from the forward; every input and parameter gets a gradient
@@ -343,6 +367,7 @@ const ebb_op ebb_ops_attention[] = {
     {.name = "multi_head_attention", .min_inputs = 1, .max_inputs = 3, .attrs = mha_attrs,
      .n_attrs = EBB_COUNT(mha_attrs), .params = mha_params, .forward = mha_fwd,
      .doc = "multi-head attention over [B, T, E] (self; or cross with `using` key[, value])",
-     .workspace = mha_workspace, .grad = &mha_grad},
+     .workspace = mha_workspace, .grad = &mha_grad, .workspace_cuda = mha_workspace_cuda,
+     .workspace_cuda_is_bound = 1},
 };
 const int ebb_ops_attention_count = EBB_COUNT(ebb_ops_attention);

@@ -64,6 +64,15 @@ static int64_t average_workspace(const ebb_attr_value *a, const ebb_shape *in, i
     return sum > scale ? sum : scale;
 }
 
+/* CUDA: the Scalar stays on the CPU; integer inputs' sum is a block. */
+static int64_t average_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                      ebb_dtype dt) {
+    (void)a;
+    if (ebb_ops_is_floating(dt))
+        return 0;
+    return ebb_cuda_block(broadcast_numel(in, n_in) * (int64_t)ebb_dtype_size(dt));
+}
+
 static ebb_status cat_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return ebb_tensor_cat(out, c->in, c->n_in, c->attrs[0].i);
 }
@@ -336,7 +345,7 @@ const ebb_op ebb_ops_combine[] = {
      .doc = "elementwise product of the stream and the `using` tensors", .grad = &mul_grad},
     {.name = "average", .min_inputs = 2, .max_inputs = -1, .forward = average_fwd,
      .doc = "elementwise mean of its inputs (merge: mean)", .workspace = average_workspace,
-     .grad = &average_grad},
+     .grad = &average_grad, .workspace_cuda = average_workspace_cuda},
     {.name = "maximum", .min_inputs = 2, .max_inputs = -1, .forward = max_fwd,
      .doc = "elementwise maximum of its inputs (merge: max)", .grad = &max_grad},
     {.name = "cat", .min_inputs = 1, .max_inputs = -1, .attrs = dim_attr, .n_attrs = 1,

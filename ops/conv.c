@@ -315,6 +315,12 @@ static int64_t conv2d_workspace(const ebb_attr_value *a, const ebb_shape *in, in
     return conv_workspace(2, a, in, dt);
 }
 
+/* On CUDA, cuDNN picks the algorithm, and with it the workspace, by device
+ * and shape: the CPU's figure is taken as the bound there (both ops set
+ * workspace_cuda to it, marked a bound). Every shape of the conformance
+ * suite and the bench's convnet took less on an H200; a cuDNN algorithm
+ * that wanted more than the unfolded input would break that. */
+
 /* ---- backward rule: convolution_backward, from the input and the weight --- */
 
 static ebb_status conv_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
@@ -477,10 +483,12 @@ const ebb_op ebb_ops_conv[] = {
     {.name = "conv1d", .min_inputs = 1, .max_inputs = 1, .attrs = conv_attrs,
      .n_attrs = EBB_COUNT(conv_attrs), .params = conv1d_params, .forward = conv1d_fwd,
      .doc = "1-D convolution over [N, C, L]", .workspace = conv1d_workspace,
-     .workspace_is_bound = 1, .grad = &conv1d_grad},
+     .workspace_is_bound = 1, .grad = &conv1d_grad, .workspace_cuda = conv1d_workspace,
+     .workspace_cuda_is_bound = 1},
     {.name = "conv2d", .min_inputs = 1, .max_inputs = 1, .attrs = conv_attrs,
      .n_attrs = EBB_COUNT(conv_attrs), .params = conv2d_params, .forward = conv2d_fwd,
      .doc = "2-D convolution over [N, C, H, W]", .workspace = conv2d_workspace,
-     .workspace_is_bound = 1, .grad = &conv2d_grad},
+     .workspace_is_bound = 1, .grad = &conv2d_grad, .workspace_cuda = conv2d_workspace,
+     .workspace_cuda_is_bound = 1},
 };
 const int ebb_ops_conv_count = EBB_COUNT(ebb_ops_conv);

@@ -63,6 +63,20 @@ static int64_t embedding_workspace(const ebb_attr_value *a, const ebb_shape *in,
     return out_min < 16 ? 16 - out_min : 0;
 }
 
+/* CUDA: the check's smallest and largest index are a block each, freed
+ * before the output is made, so they set the peak while the output takes
+ * under two blocks (assuming the narrowest float, as above). */
+static int64_t embedding_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                        ebb_dtype dt) {
+    (void)n_in;
+    (void)dt;
+    int64_t numel = ebb_shape_numel(&in[0]);
+    if (numel <= 0)
+        return 0;
+    int64_t out_min = ebb_cuda_block(numel * a[A_DIM].i * 2);
+    return out_min < 1024 ? 1024 - out_min : 0;
+}
+
 /* The indices are integers: no gradient. The table's gradient scatters
  * grad_out's rows back to the rows the indices picked. */
 static ebb_status embedding_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
@@ -79,6 +93,7 @@ const ebb_op ebb_ops_embedding[] = {
     {.name = "embedding", .min_inputs = 1, .max_inputs = 1, .attrs = embedding_attrs,
      .n_attrs = EBB_COUNT(embedding_attrs), .params = embedding_params, .forward = embedding_fwd,
      .doc = "rows of weight picked by int64 indices: [*] -> [*, dim]",
-     .workspace = embedding_workspace, .workspace_is_bound = 1, .grad = &embedding_grad},
+     .workspace = embedding_workspace, .workspace_is_bound = 1, .grad = &embedding_grad,
+     .workspace_cuda = embedding_workspace_cuda},
 };
 const int ebb_ops_embedding_count = EBB_COUNT(ebb_ops_embedding);

@@ -252,6 +252,34 @@ static int64_t nll_workspace(const ebb_attr_value *a, const ebb_shape *in, int n
     return elem(dt);
 }
 
+/* CUDA: before the loss, the target's range check (ops/tensor/loss.cpp,
+ * check_range_on_device) holds up to four blocks of a bool per target
+ * element; then the loss and total_weight. Cross entropy's log-probabilities
+ * and, with smoothing, its per-row sum and mask follow the check. */
+static int64_t target_check_cuda(const ebb_shape *target) {
+    int64_t n = ebb_shape_numel(target);
+    return 4 * ebb_cuda_block(n > 0 ? n : 1);
+}
+
+static int64_t nll_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                  ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    int64_t check = target_check_cuda(&in[1]), tw = ebb_cuda_block(elem(dt));
+    return check > tw ? check : tw;
+}
+
+static int64_t cross_entropy_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in,
+                                            int n_in, ebb_dtype dt) {
+    (void)n_in;
+    int64_t e = elem(dt);
+    int64_t loss = ebb_cuda_block(ebb_shape_numel(&in[0]) * e) + ebb_cuda_block(e);
+    if (a[CE_LABEL_SMOOTHING].f > 0)
+        loss += 2 * ebb_cuda_block(rows_of(&in[0]) * e);
+    int64_t check = target_check_cuda(&in[1]);
+    return check > loss ? check : loss;
+}
+
 /* mse_loss makes the elementwise loss and, as the 0-dim result's storage,
  * another tensor of the input's size (one element at least), then divides
  * the sum in place by the element count (an int64 Scalar); the result is
@@ -266,6 +294,14 @@ static int64_t mse_workspace(const ebb_attr_value *a, const ebb_shape *in, int n
     if (two_pass > mean)
         mean = two_pass;
     return n * e + (n > 0 ? n : 1) * e + mean - e;
+}
+
+/* CUDA: the elementwise loss only; the mean's Scalar stays on the CPU. */
+static int64_t mse_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                  ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    return ebb_cuda_block(ebb_shape_numel(&in[0]) * elem(dt));
 }
 
 /* ebb_tensor_bce_with_logits makes the elementwise loss in one input-sized
@@ -385,14 +421,16 @@ const ebb_op ebb_ops_loss[] = {
      .n_attrs = EBB_COUNT(cross_entropy_attrs), .forward = cross_entropy_fwd,
      .doc = "mean cross entropy of logits [B, C] and int64 class indices [B]",
      .workspace = cross_entropy_workspace, .shape = cross_entropy_shape,
-     .grad = &cross_entropy_grad},
+     .grad = &cross_entropy_grad, .workspace_cuda = cross_entropy_workspace_cuda},
     {.name = "nll", .min_inputs = 2, .max_inputs = 2, .attrs = nll_attrs,
      .n_attrs = EBB_COUNT(nll_attrs), .forward = nll_fwd,
      .doc = "mean negative log likelihood of log-probabilities [B, C] and int64 class indices [B]",
-     .workspace = nll_workspace, .shape = nll_shape, .grad = &nll_grad},
+     .workspace = nll_workspace, .shape = nll_shape, .grad = &nll_grad,
+     .workspace_cuda = nll_workspace_cuda},
     {.name = "mse", .min_inputs = 2, .max_inputs = 2, .forward = mse_fwd,
      .doc = "mean squared error of a prediction and a target of one shape",
-     .workspace = mse_workspace, .shape = mse_shape, .grad = &mse_grad},
+     .workspace = mse_workspace, .shape = mse_shape, .grad = &mse_grad,
+     .workspace_cuda = mse_workspace_cuda},
     {.name = "bce_with_logits", .min_inputs = 2, .max_inputs = 2, .forward = bce_fwd,
      .doc = "mean binary cross entropy of logits and probability targets of one shape",
      .workspace = bce_workspace, .shape = bce_shape, .grad = &bce_grad},

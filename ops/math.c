@@ -22,6 +22,16 @@ static int64_t scale_workspace(const ebb_attr_value *a, const ebb_shape *in, int
     return ebb_ops_scalar_bytes(EBB_FLOAT32) + (numel > 0 ? numel : 0) * 4;
 }
 
+/* CUDA: a Scalar operand stays on the CPU; an integer input's float32 copy
+ * is a block on the device. */
+static int64_t scale_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                    ebb_dtype dt) {
+    (void)n_in;
+    if (a[0].f == 1.0 || ebb_ops_is_floating(dt))
+        return 0;
+    return ebb_cuda_block(ebb_shape_numel(&in[0]) * 4);
+}
+
 enum { A_DIMS, A_DIM, A_KEEPDIM };
 
 static const ebb_attr_spec reduce_attrs[] = {
@@ -168,10 +178,10 @@ static const ebb_op_grad sum_grad = {.backward = sum_bwd, .differentiable = 1u};
 const ebb_op ebb_ops_math[] = {
     {.name = "scale", .min_inputs = 1, .max_inputs = 1, .attrs = scale_attrs,
      .n_attrs = EBB_COUNT(scale_attrs), .forward = scale_fwd, .doc = "x * factor",
-     .workspace = scale_workspace, .grad = &scale_grad},
+     .workspace = scale_workspace, .grad = &scale_grad, .workspace_cuda = scale_workspace_cuda},
     {.name = "mean", .min_inputs = 1, .max_inputs = 1, .attrs = reduce_attrs,
      .n_attrs = EBB_COUNT(reduce_attrs), .forward = mean_fwd, .doc = "mean over dims",
-     .workspace = mean_workspace, .grad = &mean_grad},
+     .workspace = mean_workspace, .grad = &mean_grad, .workspace_cuda = ebb_ops_no_cuda_scratch},
     {.name = "sum", .min_inputs = 1, .max_inputs = 1, .attrs = reduce_attrs,
      .n_attrs = EBB_COUNT(reduce_attrs), .forward = sum_fwd, .doc = "sum over dims",
      .workspace = sum_workspace, .grad = &sum_grad},

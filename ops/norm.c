@@ -97,6 +97,13 @@ static int64_t layer_norm_workspace(const ebb_attr_value *a, const ebb_shape *in
     return 2 * rows * stat_bytes(dt);
 }
 
+/* On CUDA each statistic is a block of its own. Measured on an H200 with
+ * libtorch 2.11 (tests/gpu, test_op_conformance on the device). */
+static int64_t layer_norm_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                         ebb_dtype dt) {
+    return 2 * ebb_cuda_block(layer_norm_workspace(a, in, n_in, dt) / 2);
+}
+
 static int64_t batch_norm_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                     ebb_dtype dt) {
     (void)a;
@@ -107,6 +114,21 @@ static int64_t batch_norm_workspace(const ebb_attr_value *a, const ebb_shape *in
      * batch takes libtorch 1.13's separate path, measured at four */
     int64_t vectors = ebb_shape_numel(&in[0]) == 0 ? 4 : 2;
     return vectors * in[0].dim[1] * stat_bytes(dt);
+}
+
+/* CUDA: an affine batch_norm of 3 or more dims over at most 65535 samples
+ * goes to cuDNN, whose inference kernel allocates nothing; otherwise (no
+ * weight, 2-D input, bfloat16) libtorch's own kernel makes the two
+ * per-channel vectors, a block each. */
+static int64_t batch_norm_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                         ebb_dtype dt) {
+    if (in[0].ndim < 2)
+        return 0;
+    int cudnn = a[BN_AFFINE].i && in[0].ndim >= 3 && in[0].dim[0] <= 65535 && dt != EBB_BFLOAT16;
+    if (cudnn)
+        return 0;
+    int64_t vectors = ebb_shape_numel(&in[0]) == 0 ? 4 : 2;
+    return vectors * ebb_cuda_block(batch_norm_workspace(a, in, n_in, dt) / vectors);
 }
 
 /* batch_norm's parameters in the order params() lists them, checked against
@@ -240,6 +262,20 @@ static int64_t group_norm_workspace(const ebb_attr_value *a, const ebb_shape *in
     return in[0].ndim >= 1 ? 2 * in[0].dim[0] * a[GN_GROUPS].i * stat_bytes(dt) : 0;
 }
 
+/* CUDA: the mean and rstd per (sample, group), and with a weight over more
+ * than one position per channel the per-(sample, channel) scale and shift
+ * the kernel folds them into, each a block. */
+static int64_t group_norm_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                         ebb_dtype dt) {
+    (void)n_in;
+    if (in[0].ndim < 2 || in[0].dim[0] * in[0].dim[1] == 0)
+        return 0;
+    int64_t n = in[0].dim[0], c = in[0].dim[1], s = stat_bytes(dt);
+    int64_t hxw = ebb_shape_numel(&in[0]) / (n * c);
+    int64_t stats = 2 * ebb_cuda_block(n * a[GN_GROUPS].i * s);
+    return stats + (a[GN_AFFINE].i && hxw > 1 ? 2 * ebb_cuda_block(n * c * s) : 0);
+}
+
 /* rms_norm is x * rsqrt(mean(x^2) + eps) in libtorch ops: x^2 (the input's
  * size) stays alive until x * rsqrt(...) has been made beside it, with the
  * per-row mean and its rsqrt; before that, the mean's scratch and its and
@@ -332,6 +368,19 @@ static ebb_status group_norm_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, eb
     return ebb_tensor_group_norm_backward(&gin[0], w ? &gp[0] : NULL, w ? &gp[1] : NULL,
                                           c->grad_out, c->in[0], c->saved[0], c->saved[1], w,
                                           c->attrs[GN_GROUPS].i);
+}
+
+/* CUDA: x^2, the per-row mean and its rsqrt, a block each (eps is a Scalar
+ * on the CPU there). */
+static int64_t rms_norm_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                       ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    int64_t numel = ebb_shape_numel(&in[0]), d = in[0].ndim >= 1 ? in[0].dim[in[0].ndim - 1] : 0;
+    if (numel <= 0 || d == 0)
+        return 0;
+    int64_t e = (int64_t)ebb_dtype_size(dt);
+    return ebb_cuda_block(numel * e) + 2 * ebb_cuda_block(numel / d * e);
 }
 
 /* ---- backward workspace -------------------------------------------------------
@@ -434,18 +483,22 @@ const ebb_op ebb_ops_norm[] = {
     {.name = "layer_norm", .min_inputs = 1, .max_inputs = 1, .attrs = layer_norm_attrs, .n_attrs = 2,
      .params = layer_norm_params, .forward = layer_norm_fwd,
      .doc = "normalise the last dimension, then scale and shift",
-     .workspace = layer_norm_workspace, .grad = &layer_norm_grad},
+     .workspace = layer_norm_workspace, .grad = &layer_norm_grad,
+     .workspace_cuda = layer_norm_workspace_cuda},
     {.name = "batch_norm", .min_inputs = 1, .max_inputs = 1, .attrs = batch_norm_attrs,
      .n_attrs = EBB_COUNT(batch_norm_attrs), .params = batch_norm_params, .forward = batch_norm_fwd,
      .doc = "inference batch norm over dim 1 with running statistics",
-     .workspace = batch_norm_workspace, .grad = &batch_norm_grad},
+     .workspace = batch_norm_workspace, .grad = &batch_norm_grad,
+     .workspace_cuda = batch_norm_workspace_cuda},
     {.name = "rms_norm", .min_inputs = 1, .max_inputs = 1, .attrs = rms_norm_attrs,
      .n_attrs = EBB_COUNT(rms_norm_attrs), .params = rms_norm_params, .forward = rms_norm_fwd,
      .doc = "x * rsqrt(mean(x^2 over the last dim) + eps) * weight",
-     .workspace = rms_norm_workspace, .grad = &rms_norm_grad},
+     .workspace = rms_norm_workspace, .grad = &rms_norm_grad,
+     .workspace_cuda = rms_norm_workspace_cuda},
     {.name = "group_norm", .min_inputs = 1, .max_inputs = 1, .attrs = group_norm_attrs,
      .n_attrs = EBB_COUNT(group_norm_attrs), .params = group_norm_params, .forward = group_norm_fwd,
      .doc = "normalise groups of channels per sample, then scale and shift per channel",
-     .workspace = group_norm_workspace, .grad = &group_norm_grad},
+     .workspace = group_norm_workspace, .grad = &group_norm_grad,
+     .workspace_cuda = group_norm_workspace_cuda},
 };
 const int ebb_ops_norm_count = EBB_COUNT(ebb_ops_norm);

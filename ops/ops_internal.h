@@ -54,6 +54,17 @@ static inline int64_t ebb_ops_wrapped_scalar_bytes(ebb_dtype scalar, ebb_dtype d
     return 8 + (scalar == dt ? 0 : (int64_t)ebb_dtype_size(dt));
 }
 
+/* ebb_op.workspace_cuda of an op whose CPU scratch is only Scalar operands
+ * (or a reduction's partial results): on CUDA a Scalar stays on the CPU and
+ * the reduction goes straight into the output. (A reduction large enough
+ * for a grid-wide pass also stages partial sums on the device; no run
+ * measured so far needed one.) */
+static inline int64_t ebb_ops_no_cuda_scratch(const ebb_attr_value *a, const ebb_shape *in,
+                                              int n_in, ebb_dtype dt) {
+    (void)a, (void)in, (void)n_in, (void)dt;
+    return 0;
+}
+
 /* The same for a floating Scalar. */
 static inline int64_t ebb_ops_scalar_bytes(ebb_dtype dt) {
     return ebb_ops_wrapped_scalar_bytes(EBB_FLOAT64, dt);

@@ -161,6 +161,7 @@ const ebb_op ebb_ops_pool[] = {
     {.name = "adaptive_avg_pool2d", .min_inputs = 1, .max_inputs = 1, .attrs = adaptive_attrs,
      .n_attrs = EBB_COUNT(adaptive_attrs), .forward = adaptive_fwd,
      .doc = "average pooling to a fixed output_size x output_size",
-     .workspace = adaptive_workspace, .grad = &adaptive_grad},
+     .workspace = adaptive_workspace, .grad = &adaptive_grad,
+     .workspace_cuda = ebb_ops_no_cuda_scratch},
 };
 const int ebb_ops_pool_count = EBB_COUNT(ebb_ops_pool);

@@ -151,6 +151,35 @@ static int64_t cell_workspace(int gates, const ebb_attr_value *a, const ebb_shap
     return (peak - (gates == 3 ? bh : 2 * bh)) * e;
 }
 
+/* CUDA runs libtorch's fused cells: the input and hidden gate projections
+ * (gates x B x H each), and the kernel's outputs: the new state (the GRU's
+ * output; the LSTM's h and c, which the output joins after the gates are
+ * freed) and a workspace of 5 (GRU) or 4 (LSTM) x B x H, a block each. */
+static int64_t cell_workspace_cuda(int gates, const ebb_attr_value *a, const ebb_shape *in,
+                                   ebb_dtype dt) {
+    if (in[0].ndim != 2)
+        return 0;
+    int64_t bh = in[0].dim[0] * a[A_HIDDEN].i, e = (int64_t)ebb_dtype_size(dt);
+    int64_t proj = 2 * ebb_cuda_block(gates * bh * e);
+    if (gates == 3)
+        return proj + ebb_cuda_block(5 * bh * e);
+    int64_t kernel = proj + 2 * ebb_cuda_block(bh * e) + ebb_cuda_block(4 * bh * e);
+    int64_t out = ebb_cuda_block(2 * bh * e);
+    return kernel > out ? kernel - out : 0;
+}
+
+static int64_t gru_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                  ebb_dtype dt) {
+    (void)n_in;
+    return cell_workspace_cuda(3, a, in, dt);
+}
+
+static int64_t lstm_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                   ebb_dtype dt) {
+    (void)n_in;
+    return cell_workspace_cuda(4, a, in, dt);
+}
+
 static int64_t gru_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                              ebb_dtype dt) {
     (void)n_in;
@@ -314,10 +343,10 @@ const ebb_op ebb_ops_recurrent[] = {
     {.name = "gru_cell", .min_inputs = 1, .max_inputs = 2, .attrs = cell_attrs,
      .n_attrs = EBB_COUNT(cell_attrs), .params = gru_params, .forward = gru_fwd,
      .doc = "one GRU step on the state h [B, H] (x from `using`, else h)",
-     .workspace = gru_workspace, .grad = &gru_grad},
+     .workspace = gru_workspace, .grad = &gru_grad, .workspace_cuda = gru_workspace_cuda},
     {.name = "lstm_cell", .min_inputs = 1, .max_inputs = 2, .attrs = cell_attrs,
      .n_attrs = EBB_COUNT(cell_attrs), .params = lstm_params, .forward = lstm_fwd,
      .doc = "one LSTM step on the state cat(h, c) [B, 2H] (x from `using`, else h)",
-     .workspace = lstm_workspace, .grad = &lstm_grad},
+     .workspace = lstm_workspace, .grad = &lstm_grad, .workspace_cuda = lstm_workspace_cuda},
 };
 const int ebb_ops_recurrent_count = EBB_COUNT(ebb_ops_recurrent);

@@ -270,6 +270,6 @@ ebb_status ebb_plan_check_fits(const ebb_plan *plan, ebb_device device, const eb
                          "%s intermediates%s + %s parameters + %s inputs + %s for threads and "
                          "BLAS buffers",
                          plan->name, need, fit.peak_step, s ? s->node : "?", have, fit.limit, peak,
-                         ebb_plan_peak_is_bound(plan) ? " (a bound)" : "", params, extra,
+                         ebb_plan_peak_is_bound_on(plan, device) ? " (a bound)" : "", params, extra,
                          reserve);
 }

@@ -634,10 +634,52 @@ static void loop_from_input_is_exact(void **state) {
     ebb_spec_free(s);
 }
 
+/* The CUDA figure is each op's own CUDA scratch (ebb_op.workspace_cuda) in
+ * 512-byte blocks, compiled beside the CPU's; attention's is a bound on CUDA
+ * only. A GRU cell of batch 4, hidden 6: on CUDA its fused kernel's two gate
+ * projections and workspace (3 blocks) beside the input and the output. */
+static void cuda_scratch_is_planned_apart(void **state) {
+    (void)state;
+    static const char gru[] = "ebb: 1\n"
+                              "inputs:\n"
+                              "  x: [4, 6]\n"
+                              "flow:\n"
+                              "  - from: {gru_cell: {hidden: 6}}\n";
+    static const char mha[] = "ebb: 1\n"
+                              "inputs:\n"
+                              "  x: [2, 5, 8]\n"
+                              "flow:\n"
+                              "  - from: {multi_head_attention: {num_heads: 2}}\n";
+    const ebb_device cuda = ebb_device_cuda(0);
+    ebb_spec *s = NULL;
+    ebb_plan *p = NULL;
+    assert_ok(ebb_spec_load_string(&s, gru, sizeof gru - 1, "gru.yaml"));
+    assert_ok(ebb_spec_compile(&p, s, NULL));
+    assert_false(ebb_plan_peak_is_bound_on(p, CPU));
+    assert_false(ebb_plan_peak_is_bound_on(p, cuda));
+    assert_int_equal(ebb_plan_device_peak_bytes(p, cuda), 4 * 512);
+    /* the CPU's figure: its own formula, in bytes */
+    assert_int_equal(ebb_plan_device_peak_bytes(p, CPU), ebb_plan_peak_bytes(p, NULL));
+    assert_int_not_equal(ebb_plan_peak_bytes(p, NULL) % 512, 0);
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+
+    assert_ok(ebb_spec_load_string(&s, mha, sizeof mha - 1, "mha.yaml"));
+    assert_ok(ebb_spec_compile(&p, s, NULL));
+    assert_false(ebb_plan_peak_is_bound_on(p, CPU));
+    assert_int_equal(ebb_plan_peak_is_bound_on(p, CPU), ebb_plan_peak_is_bound(p));
+    assert_true(ebb_plan_peak_is_bound_on(p, cuda));
+    assert_true(ebb_plan_device_peak_bytes(p, cuda) > ebb_plan_peak_bytes(p, NULL));
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+    assert_false(ebb_plan_peak_is_bound_on(NULL, cuda));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(every_spec_keeps_its_promise),
         EBB_TEST(loop_from_input_is_exact),
+        EBB_TEST(cuda_scratch_is_planned_apart),
         EBB_TEST(every_spec_trains_as_planned),
         EBB_TEST(every_spec_trains_under_budgets),
         EBB_TEST(budget_refusals_name_the_peak),

@@ -186,11 +186,16 @@ static const char *const SLOTS[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", 
 /* ---- parity with torch.optim ---------------------------------------------------- */
 
 #define PARAM_FLOOR 1e-2
-#define TOL 1e-6
+/* torch.optim's fixtures were made on the CPU; a CUDA kernel's other
+ * operation order (fused multiply-adds, lerp) moves the last bits, so the
+ * device is held to the GPU check's 1e-4 relative */
+#define TOL_CPU 1e-6
+#define TOL_DEVICE 1e-4
 
 static void test_parity(void **state) {
     const char *name = *state;
     ebb_device dev = ebb_test_device();
+    const double TOL = dev.type == EBB_DEVICE_CPU ? TOL_CPU : TOL_DEVICE;
     ebb_safetensors *cst = open_fixture(name), *gst = open_fixture("mlp.grads");
     ebb_plan *plan = mlp_plan();
     ebb_model *m = mlp_model(plan, dev);
@@ -644,7 +649,7 @@ static void roundtrip(const char *case_name) {
         char key[256];
         snprintf(key, sizeof key, "after.%d.%s", STEPS - 1, pn);
         ebb_tensor *want = maybe_load(cst, key, CPU);
-        assert_true(deviation(ebb_model_param(b, pn), want, PARAM_FLOOR, NULL) <= TOL);
+        assert_true(deviation(ebb_model_param(b, pn), want, PARAM_FLOOR, NULL) <= TOL_CPU);
         ebb_tensor_free(want);
     }
     assert_int_equal(ebb_optimizer_step_count(ob), STEPS);

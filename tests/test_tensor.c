@@ -201,9 +201,21 @@ static void test_errors_and_devices(void **state) {
     assert_errmsg_contains("cpu");
     assert_int_equal(avail, -1);
     assert_int_equal(ebb_device_memory_available(ebb_device_cpu(), NULL, NULL), EBB_ERR_ARG);
+    int64_t ws_cpu = -1;
+    assert_ok(ebb_device_prepare(ebb_device_cpu(), &ws_cpu));
+    assert_int_equal(ws_cpu, 0);
     if (ebb_cuda_available()) {
         assert_ok(ebb_device_memory_available(ebb_device_cuda(0), &avail, &total));
         assert_true(avail > 0 && avail <= total);
+        /* the cuBLAS workspace is made once per thread and stream: a second
+         * call allocates nothing and reports the same bytes */
+        int64_t ws = -1, ws2 = -1;
+        assert_ok(ebb_device_prepare(ebb_device_cuda(0), &ws));
+        int64_t now = ebb_memory_current(ebb_device_cuda(0));
+        assert_ok(ebb_device_prepare(ebb_device_cuda(0), &ws2));
+        assert_int_equal(ws2, ws);
+        assert_true(ws >= 0);
+        assert_int_equal(ebb_memory_current(ebb_device_cuda(0)), now);
     } else {
         assert_int_not_equal(ebb_device_memory_available(ebb_device_cuda(0), &avail, NULL),
                              EBB_OK);

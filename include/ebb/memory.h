@@ -57,6 +57,18 @@ EBB_API void ebb_memory_reset_peak(ebb_device device);
 EBB_API ebb_status ebb_device_memory_available(ebb_device device, int64_t *available,
                                                int64_t *total);
 
+/* Makes the libraries' per-stream state on the device before a run measures
+ * anything: on CUDA, the cuBLAS (and cuBLASLt) handle of the calling thread
+ * and its workspace on the current stream, which libtorch otherwise creates
+ * at a run's first matrix product (about 33 MiB on an H100/H200 with
+ * libtorch 2.11) and which it keeps for the process's life. ebb_run calls it,
+ * so that those bytes are a fixed cost beside the parameters and not an
+ * intermediate that the plan never saw. `bytes` (may be NULL) gets what the
+ * workspaces took when this thread and stream first prepared them (0 on the
+ * CPU, and on a stream being captured into a CUDA graph, whose workspace comes
+ * from the graph's own pool). */
+EBB_API ebb_status ebb_device_prepare(ebb_device device, int64_t *bytes);
+
 /* Number of live ebb_tensor handles in the process. Every test checks that it
  * returns to zero. */
 EBB_API int64_t ebb_tensor_live_count(void);

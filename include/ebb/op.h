@@ -257,7 +257,22 @@ struct ebb_op {
     /* How to differentiate the op (see "backward rules" above); NULL: it has
      * no gradient and a training compile refuses it. */
     const ebb_op_grad *grad;
+    /* Optional: the forward's scratch on a CUDA device where libtorch's CUDA
+     * kernels allocate otherwise than its CPU ones (fused recurrent cells,
+     * cuDNN, reductions; a Scalar operand stays on the CPU there), in the
+     * caching allocator's bytes: each allocation rounded up with
+     * ebb_cuda_block(). NULL: `workspace`, rounded as one block. */
+    ebb_op_workspace_fn workspace_cuda;
+    /* Set when workspace_cuda can only bound what the kernel takes (cuDNN
+     * picks a convolution's algorithm, and scaled dot-product attention its
+     * kernel, by device): a plan with such a step is exact on the CPU and an
+     * upper bound on CUDA (ebb_plan_peak_is_bound_on()). */
+    int workspace_cuda_is_bound;
 };
+
+/* What one allocation of n bytes holds on a CUDA device: the caching
+ * allocator rounds every block up to 512 bytes (0 for n <= 0). */
+static inline int64_t ebb_cuda_block(int64_t n) { return n > 0 ? (n + 511) / 512 * 512 : 0; }
 
 /* Adds an op to the process-wide registry. The descriptor (and its strings)
  * must outlive the process's use of ebb. Fails (EBB_ERR_ARG) if the name is

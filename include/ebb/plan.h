@@ -209,12 +209,18 @@ EBB_API int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step);
  * exceeds either kind; an exact plan's run matches it (on the CPU, to the
  * byte). NULL p: 0. */
 EBB_API int ebb_plan_peak_is_bound(const ebb_plan *p);
+/* The same for a run on `device`: on CUDA the plan is also a bound when a
+ * step's CUDA scratch is (ebb_op.workspace_cuda_is_bound: cuDNN's
+ * convolutions, scaled dot-product attention), which libtorch's CUDA
+ * kernels choose by device. NULL p: 0. */
+EBB_API int ebb_plan_peak_is_bound_on(const ebb_plan *p, ebb_device device);
 /* The predicted peak the same plan would have with keep_all (nothing freed
  * until the end): the figure liveness is compared against. NULL p: 0. */
 EBB_API int64_t ebb_plan_keep_all_peak_bytes(const ebb_plan *p);
 /* The predicted peak as the device's allocator will count it: on CUDA every
  * block is rounded up to 512 bytes (small blocks are carved from 2 MiB
- * segments, which allocated-bytes statistics do not count); on the CPU it is
+ * segments, which allocated-bytes statistics do not count) and each op's
+ * scratch is its CUDA kernels' (ebb_op.workspace_cuda); on the CPU it is
  * ebb_plan_peak_bytes(). NULL p: 0. */
 EBB_API int64_t ebb_plan_device_peak_bytes(const ebb_plan *p, ebb_device device);
 /* Non-zero for a plan compiled with keep_all. NULL p: 0. */

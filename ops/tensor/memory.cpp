@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include <c10/core/CPUAllocator.h>
 #include <torch/version.h>
@@ -113,6 +114,23 @@ namespace ebb {
 void count_handle(int delta) { live_handles.fetch_add(delta, std::memory_order_relaxed); }
 } // namespace ebb
 
+#ifdef EBB_WITH_CUDA
+namespace {
+
+// The caching allocator knows no device before libtorch's lazy CUDA start,
+// which the first CUDA tensor triggers: its statistics of a device asked
+// for earlier are an "invalid device" error. A one-element tensor starts it
+// (and is freed at once).
+void cuda_start(int index) {
+    static std::once_flag started;
+    std::call_once(started, [index] {
+        (void)at::empty({1}, at::TensorOptions().device(at::kCUDA, static_cast<c10::DeviceIndex>(index)));
+    });
+}
+
+} // namespace
+#endif
+
 extern "C" {
 
 // Called once from ebb_init(). The highest priority keeps libtorch from
@@ -150,6 +168,7 @@ ebb_status ebb_memory_stats_get(ebb_device device, ebb_memory_stats *out) {
 #ifdef EBB_WITH_CUDA
     if (device.type == EBB_DEVICE_CUDA) {
         try {
+            cuda_start(device.index);
             auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
                 static_cast<c10::DeviceIndex>(device.index));
             // index 0 is the aggregate over small and large pools; the enum
@@ -182,6 +201,7 @@ ebb_status ebb_device_memory_available(ebb_device device, int64_t *available, in
     if (device.type == EBB_DEVICE_CUDA) {
         try {
             c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device.index));
+            cuda_start(device.index);
             size_t free_b = 0, total_b = 0;
             C10_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
             auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
@@ -202,6 +222,61 @@ ebb_status ebb_device_memory_available(ebb_device device, int64_t *available, in
                          device.type == EBB_DEVICE_CUDA ? " (this build has no CUDA)" : "");
 }
 
+ebb_status ebb_device_prepare(ebb_device device, int64_t *bytes) {
+    static const char fn[] = "ebb_device_prepare";
+    if (bytes)
+        *bytes = 0;
+    if (device.type != EBB_DEVICE_CUDA)
+        return EBB_OK;
+#ifdef EBB_WITH_CUDA
+    // one entry per (device, stream) this thread has prepared: cuBLAS keeps a
+    // handle per thread and a workspace per handle and stream
+    struct prepared {
+        int index;
+        cudaStream_t stream;
+        int64_t bytes;
+    };
+    thread_local std::vector<prepared> done;
+    try {
+        auto idx = static_cast<c10::DeviceIndex>(device.index);
+        c10::cuda::CUDAGuard guard(idx);
+        cuda_start(device.index);
+        cudaStream_t stream = at::cuda::getCurrentCUDAStream(idx).stream();
+        for (const prepared &p : done) {
+            if (p.index == device.index && p.stream == stream) {
+                if (bytes)
+                    *bytes = p.bytes;
+                return EBB_OK;
+            }
+        }
+        cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+        C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+        if (capturing != cudaStreamCaptureStatusNone)
+            return EBB_OK;
+        int64_t before = c10::cuda::CUDACachingAllocator::getDeviceStats(idx).allocated_bytes[0].current;
+        {
+            // a linear with a bias (cuBLASLt's epilogue path) and plain
+            // products, the calls a plan's linear, matmul and backward make
+            auto o = at::TensorOptions().device(at::kCUDA, idx).dtype(at::kFloat);
+            at::Tensor x = at::ones({4, 8}, o), w = at::ones({4, 8}, o), b = at::ones({4}, o);
+            at::Tensor y = at::linear(x, w, b);
+            at::Tensor g = at::mm(y.t(), x);
+            at::Tensor h = at::bmm(x.unsqueeze(0), w.t().unsqueeze(0));
+        }
+        int64_t after = c10::cuda::CUDACachingAllocator::getDeviceStats(idx).allocated_bytes[0].current;
+        done.push_back({device.index, stream, after - before});
+        if (bytes)
+            *bytes = after - before;
+        return EBB_OK;
+    } catch (...) {
+        return ebb::fail_from_exception(fn);
+    }
+#else
+    (void)fn;
+    return EBB_OK;
+#endif
+}
+
 int64_t ebb_memory_current(ebb_device device) {
     if (device.type == EBB_DEVICE_CPU)
         return cpu.current.load(std::memory_order_relaxed);
@@ -217,6 +292,7 @@ void ebb_memory_reset_peak(ebb_device device) {
 #ifdef EBB_WITH_CUDA
     if (device.type == EBB_DEVICE_CUDA) {
         try {
+            cuda_start(device.index);
             c10::cuda::CUDACachingAllocator::resetPeakStats(
                 static_cast<c10::DeviceIndex>(device.index));
         } catch (...) {

@@ -1762,7 +1762,7 @@ static int cmd_run(int argc, char **argv) {
                 "{\"summary\": {\"steps\": %lld, \"peak_bytes\": %lld, \"planned_peak_bytes\": "
                 "%lld, \"peak_kind\": \"%s\", \"live_tensors_after\": %lld, \"device\": \"%s\"}}\n",
                 (long long)to.steps, (long long)peak, (long long)ebb_plan_device_peak_bytes(p, dev),
-                ebb_plan_peak_is_bound(p) ? "bound" : "exact",
+                ebb_plan_peak_is_bound_on(p, dev) ? "bound" : "exact",
                 (long long)(ebb_tensor_live_count() - n_in - n_out - ebb_model_param_count(m)),
                 ebb_device_str(dev, dn_trace, sizeof dn_trace));
     for (int k = 0; k < n_out; k++)
@@ -1772,7 +1772,7 @@ static int cmd_run(int argc, char **argv) {
     ebb_bytes_str(peak, mb, sizeof mb);
     ebb_bytes_str(ebb_plan_device_peak_bytes(p, dev), pb, sizeof pb);
     ebb_bytes_str(ebb_plan_keep_all_peak_bytes(p), kb, sizeof kb);
-    int bound = ebb_plan_peak_is_bound(p);
+    int bound = ebb_plan_peak_is_bound_on(p, dev);
     printf("peak intermediate bytes: measured %lld (%s), planned %lld (%s, %s), keep_all %lld "
            "(%s)\n",
            (long long)peak, mb, (long long)ebb_plan_device_peak_bytes(p, dev), pb,
@@ -1916,7 +1916,7 @@ static int cmd_grad(int argc, char **argv) {
                 "{\"summary\": {\"steps\": %lld, \"peak_bytes\": %lld, \"planned_peak_bytes\": "
                 "%lld, \"peak_kind\": \"%s\", \"loss\": %.9g, \"device\": \"%s\"}}\n",
                 (long long)to.steps, (long long)stats.measured_peak_bytes, (long long)planned,
-                ebb_plan_peak_is_bound(p) ? "bound" : "exact", loss,
+                ebb_plan_peak_is_bound_on(p, dev) ? "bound" : "exact", loss,
                 ebb_device_str(dev, dn, sizeof dn));
     /* the gradients, named like their parameters */
     const char **names = calloc((size_t)n_params + 1, sizeof *names);
@@ -1944,7 +1944,7 @@ static int cmd_grad(int argc, char **argv) {
     printf("%d gradients written to %s\n", n, o.grads);
     printf("peak intermediate bytes: measured %lld (%s), planned %lld (%s, %s)\n",
            (long long)stats.measured_peak_bytes, mb, (long long)planned, pb,
-           ebb_plan_peak_is_bound(p) ? "upper bound" : "exact");
+           ebb_plan_peak_is_bound_on(p, dev) ? "upper bound" : "exact");
     if (stats.measured_peak_bytes > planned)
         fprintf(stderr, "ebb: warning: the run measured more than the plan promised; this is a "
                         "bug in ebb, please report it with the spec\n");

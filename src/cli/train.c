@@ -1487,7 +1487,7 @@ static int trace_done(trainer *t, double loss, const ebb_run_stats *stats) {
             "\"planned_peak_bytes\": %lld, \"peak_kind\": \"%s\", \"training_step\": %lld, "
             "\"epoch\": %lld, \"loss\": %s, \"device\": \"%s\"}}\n",
             (long long)t->trace.steps, (long long)stats->measured_peak_bytes, (long long)t->planned,
-            ebb_plan_peak_is_bound(t->plan) ? "bound" : "exact", (long long)t->step,
+            ebb_plan_peak_is_bound_on(t->plan, t->j.dev) ? "bound" : "exact", (long long)t->step,
             (long long)((t->step - 1) / t->per_epoch + 1), fmt_loss(loss, 1, 1, lb, sizeof lb),
             ebb_device_str(t->j.dev, dn, sizeof dn));
     ebb_status st = ebb_file_commit(t->tw);

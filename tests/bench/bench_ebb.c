@@ -66,12 +66,12 @@ static ebb_status make_target(bench_ebb *b, const ebb_plan_value *out, const cha
 /* `loss` NULL: an inference plan; else a training step with that loss. */
 static ebb_status setup(bench_ebb **out, const char *spec_path, const char *params_csv,
                         const char *bind_csv, const char *fills_csv, const char *loss,
-                        uint64_t seed) {
+                        uint64_t seed, ebb_device device) {
     *out = NULL;
     bench_ebb *b = calloc(1, sizeof *b);
     if (!b)
         return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-    b->dev = ebb_device_cpu();
+    b->dev = device;
     /* the configuration's sizes replace the spec's params */
     char param_buf[256] = "";
     char *params[MAX_BIND];
@@ -136,16 +136,17 @@ static ebb_status setup(bench_ebb **out, const char *spec_path, const char *para
 }
 
 ebb_status bench_ebb_setup(bench_ebb **out, const char *spec_path, const char *params_csv,
-                           const char *bind_csv, const char *fills_csv, uint64_t seed) {
-    return setup(out, spec_path, params_csv, bind_csv, fills_csv, NULL, seed);
+                           const char *bind_csv, const char *fills_csv, uint64_t seed,
+                           ebb_device device) {
+    return setup(out, spec_path, params_csv, bind_csv, fills_csv, NULL, seed, device);
 }
 
 ebb_status bench_ebb_setup_train(bench_ebb **out, const char *spec_path, const char *params_csv,
                                  const char *bind_csv, const char *fills_csv, const char *loss,
-                                 uint64_t seed) {
+                                 uint64_t seed, ebb_device device) {
     if (!loss)
         return ebb_error_set(EBB_ERR_ARG, "bench: a training step needs a loss");
-    return setup(out, spec_path, params_csv, bind_csv, fills_csv, loss, seed);
+    return setup(out, spec_path, params_csv, bind_csv, fills_csv, loss, seed, device);
 }
 
 int bench_ebb_is_training(const bench_ebb *b) { return b->training; }

@@ -32,11 +32,12 @@ typedef struct bench_ebb_memory {
 /* Loads `spec_path` with its single-line `params:` map replaced by
  * "params: {<params_csv>}" ("d=64,hidden=128"; empty keeps the file's),
  * resolves the symbolic dims from `bind_csv` ("batch=8,seq=16"), compiles,
- * creates the model on the CPU (seeded), sets the parameters listed in
+ * creates the model on `device` (seeded), sets the parameters listed in
  * `fills_csv` ("halt.bias=-1000") to a constant, and draws a seeded randn
- * input. Returns EBB_OK or a status with the message in ebb_errmsg(). */
+ * input there. Returns EBB_OK or a status with the message in ebb_errmsg(). */
 ebb_status bench_ebb_setup(bench_ebb **out, const char *spec_path, const char *params_csv,
-                           const char *bind_csv, const char *fills_csv, uint64_t seed);
+                           const char *bind_csv, const char *fills_csv, uint64_t seed,
+                           ebb_device device);
 void bench_ebb_free(bench_ebb *b);
 
 /* One forward: ebb_run, then the output handle is released. */
@@ -49,13 +50,14 @@ ebb_status bench_ebb_measure(bench_ebb *b, bench_ebb_memory *m);
  * ebb_compile_options.train (loss `loss` against a seeded target: for
  * "cross_entropy" int64 classes in [0, C) for an output [B, C], else a randn
  * tensor of the output's shape), an AdamW optimizer (lr 1e-3, torch's
- * defaults), the model seeded as bench_ebb_setup's. A spec ebb cannot train
- * yet (routing, loops) fails with EBB_ERR_UNSUPPORTED and the compiler's
- * message. The parameter and input getters below work on it too; its export
- * holds "target:y" (as float32) instead of "output:y". */
+ * defaults), the model seeded as bench_ebb_setup's; model, optimizer state,
+ * input and target all on `device`. A spec ebb cannot train yet (routing,
+ * loops) fails with EBB_ERR_UNSUPPORTED and the compiler's message. The
+ * parameter and input getters below work on it too (they copy to the host);
+ * its export holds "target:y" (as float32) instead of "output:y". */
 ebb_status bench_ebb_setup_train(bench_ebb **out, const char *spec_path, const char *params_csv,
                                  const char *bind_csv, const char *fills_csv, const char *loss,
-                                 uint64_t seed);
+                                 uint64_t seed, ebb_device device);
 /* Non-zero for a bench set up with bench_ebb_setup_train. */
 int bench_ebb_is_training(const bench_ebb *b);
 /* One training step (ebb_train_step); *loss (may be NULL) receives the loss,

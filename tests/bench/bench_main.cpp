@@ -3,6 +3,12 @@
 // one process. The driver runs PyTorch eager itself and alternates rounds
 // with this process, so all three are measured side by side in one run.
 //
+// `ebb_bench --device cuda[:N]` runs the training steps (ebb's and the C++
+// twin's: model, optimizer state, input and target) on that device, each
+// timed step between two device synchronisations, and reads the peaks from
+// that device's allocator; the default is the CPU. The forward commands
+// (setup, measure, round) run on the CPU only and refuse another device.
+//
 // Protocol: one command per line on stdin, one JSON object per line on
 // stdout ("-" stands for an empty argument):
 //   setup WORKLOAD SPEC EXPORT_PREFIX PARAMS_CSV BIND_CSV FILLS_CSV
@@ -16,7 +22,8 @@
 //                      {"skipped": why} when ebb cannot train the workload
 //   train_measure      peak bytes of one step: ebb measured/planned, C++ twin
 //   train_round N      N training steps of each, alternating; times in ms (wall
-//                      and thread CPU) and each step's minor page faults
+//                      and thread CPU) and each step's minor page faults; on
+//                      CUDA each timed region ends with a device synchronisation
 //   teardown
 //   quit
 // `ebb_bench explain SPEC PARAMS_CSV BIND_CSV` prints the plan instead, and
@@ -24,7 +31,7 @@
 // runs N forwards of one side only, for a profiler:
 //   valgrind --tool=callgrind --toggle-collect='*bench_forward_*' ebb_bench profile ...
 // `ebb_bench profile-train WORKLOAD SPEC PARAMS_CSV BIND_CSV FILLS_CSV LOSS N ebb|cxx`
-// does the same for training steps (collect '*bench_train_*').
+// does the same for training steps (collect '*bench_train_*'), on --device's.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -73,6 +80,24 @@ at::Tensor from_host(const std::vector<float> &v, const ebb_shape &s) {
     return at::from_blob(const_cast<float *>(v.data()), dims, at::kFloat).clone();
 }
 
+bool on_cpu(ebb_device d) { return d.type == EBB_DEVICE_CPU; }
+
+// The ATen device of an ebb device.
+at::Device aten_device(ebb_device d) {
+    return on_cpu(d) ? at::Device(at::kCPU)
+                     : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(d.index));
+}
+
+// A host copy moved to the device (the same tensor on the CPU).
+at::Tensor on_device(const at::Tensor &t, ebb_device d) {
+    return on_cpu(d) ? t : t.to(aten_device(d));
+}
+
+std::string device_name(ebb_device d) {
+    char buf[32];
+    return ebb_device_str(d, buf, sizeof buf);
+}
+
 std::map<std::string, long> parse_cfg(const std::string &csv) {
     std::map<std::string, long> m;
     std::stringstream ss(csv);
@@ -106,14 +131,15 @@ double now_ms() {
     return duration<double, std::milli>(steady_clock::now().time_since_epoch()).count();
 }
 
-// ebb's parameter values, copied through the host, in plan order.
-bool copy_params(bench_ebb *ebb, bench::NamedParams &named, std::vector<bool> &trained) {
+// ebb's parameter values, copied through the host to `dev`, in plan order.
+bool copy_params(bench_ebb *ebb, bench::NamedParams &named, std::vector<bool> &trained,
+                 ebb_device dev) {
     for (int i = 0; i < bench_ebb_param_count(ebb); i++) {
         ebb_shape s = bench_ebb_param_shape(ebb, i);
         std::vector<float> host(static_cast<size_t>(ebb_shape_numel(&s)));
         if (bench_ebb_param_host(ebb, i, host.data(), host.size()) != EBB_OK)
             return false;
-        named.emplace_back(bench_ebb_param_name(ebb, i), from_host(host, s));
+        named.emplace_back(bench_ebb_param_name(ebb, i), on_device(from_host(host, s), dev));
         trained.push_back(bench_ebb_param_trained(ebb, i) != 0);
     }
     return true;
@@ -130,6 +156,7 @@ std::string json_list(const std::vector<double> &v) {
 }
 
 struct Session {
+    ebb_device dev = ebb_device_cpu(); // --device: where the training steps run
     bench_ebb *ebb = nullptr;
     bench::Forward twin;
     std::unique_ptr<bench::TrainTwin> train_twin;
@@ -154,7 +181,7 @@ struct Session {
         clear();
         ebb_status st = bench_ebb_setup_train(&ebb, spec.c_str(), arg(params).c_str(),
                                               arg(bind).c_str(), arg(fills).c_str(),
-                                              loss.c_str(), 42);
+                                              loss.c_str(), 42, dev);
         if (st == EBB_ERR_UNSUPPORTED) {
             std::printf("{\"skipped\": \"%s\"}\n", json_escape(ebb_errmsg()).c_str());
             std::fflush(stdout);
@@ -164,7 +191,7 @@ struct Session {
             return reply_error(ebb_errmsg());
         bench::NamedParams named;
         std::vector<bool> trained;
-        if (!copy_params(ebb, named, trained))
+        if (!copy_params(ebb, named, trained, dev))
             return reply_error(ebb_errmsg());
         ebb_shape xs = bench_ebb_input_shape(ebb), ys = bench_ebb_target_shape(ebb);
         std::vector<float> xh(static_cast<size_t>(ebb_shape_numel(&xs)));
@@ -172,13 +199,13 @@ struct Session {
         if (bench_ebb_input_host(ebb, xh.data(), xh.size()) != EBB_OK ||
             bench_ebb_target_host(ebb, yh.data(), yh.size()) != EBB_OK)
             return reply_error(ebb_errmsg());
-        x = from_host(xh, xs);
         if (!prefix.empty() && prefix != "-" && bench_ebb_export(ebb, prefix.c_str()) != EBB_OK)
             return reply_error(ebb_errmsg());
         std::vector<double> le, lc;
         try {
+            x = on_device(from_host(xh, xs), dev);
             train_twin.reset(new bench::TrainTwin(workload, named, trained, parse_cfg(arg(params)),
-                                                  x, from_host(yh, ys), loss));
+                                                  x, on_device(from_host(yh, ys), dev), loss));
             for (int i = 0; i < kCheckSteps; i++)
                 lc.push_back(train_twin->step(true));
         } catch (const std::exception &e) {
@@ -208,20 +235,21 @@ struct Session {
         ebb_run_stats rs;
         if (bench_ebb_train_step(ebb, nullptr, &rs) != EBB_OK)
             return reply_error(ebb_errmsg());
-        // The twin's peak through the same counting allocator, above the same
-        // baseline: parameters, optimizer state, input and target, with the
-        // last step's gradients dropped (ebb's die inside its step).
-        ebb_device cpu = ebb_device_cpu();
+        // The twin's peak through the same counting allocator (on CUDA the
+        // caching allocator's statistics, as ebb's), above the same baseline:
+        // parameters, optimizer state, input and target, with the last step's
+        // gradients dropped (ebb's die inside its step).
         train_twin->drop_grads();
-        int64_t base = ebb_memory_current(cpu);
-        ebb_memory_reset_peak(cpu);
+        int64_t base = ebb_memory_current(dev);
+        ebb_memory_reset_peak(dev);
         try {
             train_twin->step(false);
         } catch (const std::exception &e) {
             return reply_error(workload + ": C++ training twin: " + e.what());
         }
         ebb_memory_stats ms;
-        ebb_memory_stats_get(cpu, &ms);
+        if (ebb_memory_stats_get(dev, &ms) != EBB_OK)
+            return reply_error(ebb_errmsg());
         static const char *const phase[] = {"forward", "loss", "backward", "update"};
         const ebb_plan_step *at = bench_ebb_peak_step(ebb);
         std::printf("{\"ebb_measured\": %lld, \"ebb_planned\": %lld, \"cxx_peak\": %lld, "
@@ -235,21 +263,30 @@ struct Session {
     }
 
     // A B A B: one ebb step, one C++ step, n times. The loss is not read back
-    // by either (nor by PyTorch's round).
+    // by either (nor by PyTorch's round). Off the CPU the device is idle when
+    // each step's clock starts, and the step's clock stops once the device
+    // has done its work (a synchronisation before and after); on the CPU
+    // nothing is added to the timed regions.
     void train_round(int n) {
         if (!ebb || !train_twin)
             return reply_error("train_round: no training workload set up");
+        const bool sync = !on_cpu(dev);
         std::vector<double> te, tc, ce, cc, fe, fc;
         try {
             for (int i = 0; i < n; i++) {
+                if (sync && ebb_device_synchronize(dev) != EBB_OK)
+                    return reply_error(ebb_errmsg());
                 long f0 = minor_faults();
                 double c0 = cpu_ms(), t0 = now_ms();
-                if (bench_ebb_train_step(ebb, nullptr, nullptr) != EBB_OK)
+                if (bench_ebb_train_step(ebb, nullptr, nullptr) != EBB_OK ||
+                    (sync && ebb_device_synchronize(dev) != EBB_OK))
                     return reply_error(ebb_errmsg());
                 double t1 = now_ms(), c1 = cpu_ms();
                 long f1 = minor_faults();
                 double c2 = cpu_ms(), t2 = now_ms();
                 train_twin->step(false);
+                if (sync && ebb_device_synchronize(dev) != EBB_OK)
+                    return reply_error(ebb_errmsg());
                 double t3 = now_ms(), c3 = cpu_ms();
                 long f2 = minor_faults();
                 te.push_back(t1 - t0);
@@ -273,13 +310,18 @@ struct Session {
         std::string spec, prefix, params, bind, fills;
         in >> workload >> spec >> prefix >> params >> bind >> fills;
         clear();
+        if (!on_cpu(dev))
+            return reply_error("setup: the forward rows run on the CPU only, not on " +
+                               device_name(dev) + " (--device applies to the training "
+                               "steps: run.py --train-only; the GPU's forward times are "
+                               "tests/gpu/run.sh's bench step)");
         if (bench_ebb_setup(&ebb, spec.c_str(), arg(params).c_str(), arg(bind).c_str(),
-                            arg(fills).c_str(), 42) != EBB_OK)
+                            arg(fills).c_str(), 42, ebb_device_cpu()) != EBB_OK)
             return reply_error(ebb_errmsg());
         // The twin gets ebb's parameter values, copied through the host.
         bench::NamedParams named;
         std::vector<bool> trained;
-        if (!copy_params(ebb, named, trained))
+        if (!copy_params(ebb, named, trained, ebb_device_cpu()))
             return reply_error(ebb_errmsg());
         ebb_shape xs = bench_ebb_input_shape(ebb);
         std::vector<float> xh(static_cast<size_t>(ebb_shape_numel(&xs)));
@@ -396,13 +438,14 @@ __attribute__((noinline)) void bench_train_cxx(bench::TrainTwin &t, int n) {
         t.step(false);
 }
 
-int profile_train(int argc, char **argv) {
+int profile_train(int argc, char **argv, ebb_device dev) {
     if (argc < 10) {
-        std::fprintf(stderr, "usage: ebb_bench profile-train WORKLOAD SPEC PARAMS_CSV BIND_CSV "
-                             "FILLS_CSV LOSS N ebb|cxx\n");
+        std::fprintf(stderr, "usage: ebb_bench [--device DEV] profile-train WORKLOAD SPEC "
+                             "PARAMS_CSV BIND_CSV FILLS_CSV LOSS N ebb|cxx\n");
         return 2;
     }
     Session s;
+    s.dev = dev;
     std::istringstream in(std::string(argv[2]) + " " + argv[3] + " - " + argv[4] + " " + argv[5] +
                           " " + argv[6] + " " + argv[7]);
     s.train_setup(in);
@@ -411,11 +454,13 @@ int profile_train(int argc, char **argv) {
     int n = std::atoi(argv[8]);
     bool ebb = std::strcmp(argv[9], "ebb") == 0;
     for (int pass = 0; pass < 2; pass++) { // warm-up, then the profiled pass
+        ebb_device_synchronize(dev);
         double t0 = now_ms();
         if (ebb)
             bench_train_ebb(s.ebb, pass ? n : 10);
         else
             bench_train_cxx(*s.train_twin, pass ? n : 10);
+        ebb_device_synchronize(dev);
         if (pass)
             std::fprintf(stderr, "%s: %d training steps, %.4f ms each\n", argv[9], n,
                          (now_ms() - t0) / n);
@@ -458,8 +503,8 @@ int explain(int argc, char **argv) {
         return 2;
     }
     bench_ebb *b = nullptr;
-    if (bench_ebb_setup(&b, argv[2], arg(argv[3]).c_str(), arg(argv[4]).c_str(), "", 42) !=
-        EBB_OK) {
+    if (bench_ebb_setup(&b, argv[2], arg(argv[3]).c_str(), arg(argv[4]).c_str(), "", 42,
+                        ebb_device_cpu()) != EBB_OK) {
         std::fprintf(stderr, "%s\n", ebb_errmsg());
         return 1;
     }
@@ -484,17 +529,45 @@ int main(int argc, char **argv) {
     const char *threads = std::getenv("EBB_BENCH_THREADS");
     if (threads && std::atoi(threads) > 0)
         at::set_num_threads(std::atoi(threads));
+    // --device DEV (or --device=DEV), first: where the training steps run
+    ebb_device dev = ebb_device_cpu();
+    if (argc > 1 && std::strncmp(argv[1], "--device", 8) == 0) {
+        const char *text = argv[1][8] == '=' ? argv[1] + 9 : argc > 2 ? argv[2] : nullptr;
+        int used = argv[1][8] == '=' ? 1 : 2;
+        if (!text || (argv[1][8] != '=' && argv[1][8] != '\0')) {
+            reply_error("usage: ebb_bench [--device cpu|cuda|cuda:N] [COMMAND ...]");
+            return 2;
+        }
+        if (ebb_device_parse(&dev, text) != EBB_OK) {
+            reply_error(std::string("--device ") + text + ": " + ebb_errmsg());
+            return 2;
+        }
+        // a device this process cannot use fails here, not at the first step
+        if (!on_cpu(dev) && dev.index >= ebb_cuda_device_count()) {
+            reply_error("--device " + device_name(dev) + ": " +
+                        (ebb_cuda_device_count() ? "no such CUDA device (" +
+                                                       std::to_string(ebb_cuda_device_count()) +
+                                                       " present)"
+                                                 : std::string("libtorch sees no CUDA device")));
+            return 2;
+        }
+        argc -= used;
+        argv += used;
+    }
     if (argc > 1 && std::strcmp(argv[1], "explain") == 0)
         return explain(argc, argv);
     if (argc > 1 && std::strcmp(argv[1], "profile") == 0)
         return profile(argc, argv);
     if (argc > 1 && std::strcmp(argv[1], "profile-train") == 0)
-        return profile_train(argc, argv);
+        return profile_train(argc, argv, dev);
 
-    std::printf("{\"ready\": 1, \"libtorch\": \"%s\", \"ebb\": \"%s\", \"threads\": %d}\n",
-                ebb_torch_version(), ebb_version(), at::get_num_threads());
+    std::printf("{\"ready\": 1, \"libtorch\": \"%s\", \"ebb\": \"%s\", \"threads\": %d, "
+                "\"device\": \"%s\"}\n",
+                ebb_torch_version(), ebb_version(), at::get_num_threads(),
+                device_name(dev).c_str());
     std::fflush(stdout);
     Session s;
+    s.dev = dev;
     std::string line;
     while (std::getline(std::cin, line)) {
         std::istringstream in(line);

@@ -18,6 +18,13 @@ torch has no torch.compile (Debian's 1.13) those columns say n/a.
 Run it with Debian's python3 (it needs python3-torch), or the python whose
 torch matches the libtorch ebb_bench was built against:
     /usr/bin/python3 tests/bench/run.py --build build
+
+With --device cuda (a CUDA libtorch and torch; tests/gpu/run.sh's train step)
+the training rows run on the GPU instead: ebb's step, the C++ twin's and
+PyTorch eager's, each with its model, optimizer state, input and target on
+the device, each timed step between two device synchronisations, peaks from
+the CUDA caching allocator's statistics. The forward rows, the Fashion-MNIST
+epochs and the memory budgets stay CPU-only and are left out there.
 """
 import argparse
 import json
@@ -100,6 +107,14 @@ TRAIN_TIMING = {
     "dispatch": {"warmup": 15, "rounds": 10, "per_round": 15},
     "compute": {"warmup": 0, "rounds": 3, "per_round": 1},
 }
+# On a GPU a compute-bound step takes milliseconds: those rows get a warm-up
+# and as many timed steps as the dispatch-bound ones' rounds.
+TRAIN_TIMING_GPU = {
+    "dispatch": TRAIN_TIMING["dispatch"],
+    "compute": {"warmup": 5, "rounds": 10, "per_round": 3},
+}
+# Where the training rows run (--device): "cpu", or "cuda"/"cuda:N".
+DEVICE = "cpu"
 # ebb's step against the C++ twin's and PyTorch eager's, by configuration:
 # at most the twin's on dispatch-bound rows and at most 3% over it on
 # compute-bound ones (the same ATen kernels either way); at most 0.85 x
@@ -130,12 +145,16 @@ def csv(d):
 
 
 class Ebb:
-    """The ebb_bench process: ebb and the C++ twin."""
+    """The ebb_bench process: ebb and the C++ twin; `args` its command-line
+    options (["--device", "cuda"])."""
 
-    def __init__(self, binary, env):
-        self.p = subprocess.Popen([binary], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  text=True, env=env, bufsize=1)
+    def __init__(self, binary, env, args=()):
+        self.p = subprocess.Popen([binary] + list(args), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True, env=env, bufsize=1)
         self.info = self._read()
+        if "error" in self.info:  # it refused to start (a device it cannot use)
+            self.p.wait()
+            raise RuntimeError(self.info["error"])
 
     def _read(self):
         line = self.p.stdout.readline()
@@ -286,11 +305,22 @@ def profiled_peak(fn):
     return peak
 
 
+def on_gpu():
+    return DEVICE != "cpu"
+
+
+def sync():
+    """Waits for the device's queued work (nothing to wait for on the CPU)."""
+    if on_gpu():
+        torch.cuda.synchronize(DEVICE)
+
+
 def torch_train_twin(workload, params, prefix, loss, compile_model=False):
     """The PyTorch module in training mode with ebb's initial parameter
     values (buffers too), the input and target ebb drew, and an AdamW; with
     compile_model, the step calls torch.compile(model) instead of model (it
-    compiles at its first call)."""
+    compiles at its first call). Model, input and target are on DEVICE
+    before the optimizer is made, so its state is made there too."""
     tensors = load_export(prefix)
     named = [t for t in tensors if not t[0].startswith(("input:", "target:"))]
     x, y = dict(tensors)["input:x"], dict(tensors)["target:y"]
@@ -309,6 +339,8 @@ def torch_train_twin(workload, params, prefix, loss, compile_model=False):
         y, loss_fn = y.long(), torch.nn.functional.cross_entropy
     else:
         loss_fn = torch.nn.functional.mse_loss
+    if on_gpu():
+        model, x, y = model.to(DEVICE), x.to(DEVICE), y.to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     fwd = torch.compile(model) if compile_model else model
 
@@ -327,13 +359,20 @@ def minor_faults():
 
 def torch_train_round(step, n, faults=None, cpu=None):
     """n steps' wall times in ms; each step's minor page faults and thread CPU
-    time (ms) appended to faults and cpu, when given."""
+    time (ms) appended to faults and cpu, when given. On a GPU each step's
+    clock starts with the device idle and stops once it has done the step's
+    work (torch.cuda.synchronize), as ebb_bench times ebb and the C++ twin."""
+    gpu = on_gpu()
     times = []
     for _ in range(n):
+        if gpu:
+            sync()
         f0 = minor_faults()
         c0 = time.thread_time()
         t0 = time.perf_counter()
         step()
+        if gpu:
+            sync()
         times.append((time.perf_counter() - t0) * 1e3)
         if cpu is not None:
             cpu.append((time.thread_time() - c0) * 1e3)
@@ -345,8 +384,16 @@ def torch_train_round(step, n, faults=None, cpu=None):
 def torch_train_peak(opt, step):
     """Peak tensor bytes of one training step, above what was live before it:
     parameters, optimizer state, input and target (the last step's gradients
-    dropped first, as the step itself would)."""
+    dropped first, as the step itself would). On a GPU the caching
+    allocator's allocated-bytes statistics (block-rounded, as ebb's there)."""
     opt.zero_grad(set_to_none=True)
+    if on_gpu():
+        sync()
+        base = torch.cuda.memory_allocated(DEVICE)
+        torch.cuda.reset_peak_memory_stats(DEVICE)
+        step()
+        sync()
+        return torch.cuda.max_memory_allocated(DEVICE) - base
     return profiled_peak(step)
 
 
@@ -703,10 +750,15 @@ def machine(ebb_info, threads):
                     break
     except OSError:
         pass
-    return {"nproc": os.cpu_count(), "cpu": cpu, "libtorch": ebb_info.get("libtorch"),
+    info = {"nproc": os.cpu_count(), "cpu": cpu, "libtorch": ebb_info.get("libtorch"),
             "pytorch": torch.__version__, "python": platform.python_version(),
             "threads": threads, "ebb_bench_threads": ebb_info.get("threads"),
             "pytorch_threads": torch.get_num_threads()}
+    if on_gpu():
+        info["device"] = DEVICE
+        info["gpu"] = torch.cuda.get_device_name(DEVICE)
+        info["ebb_bench_device"] = ebb_info.get("device")
+    return info
 
 
 def main():
@@ -730,15 +782,37 @@ def main():
     ap.add_argument("--fashion-full", action="store_true",
                     help="time whole Fashion-MNIST epochs for every model (default: part of "
                          "the CNN's)")
+    ap.add_argument("--device", default="cpu",
+                    help="where the training rows run: cpu (the default) or cuda[:N]; off "
+                         "the CPU only the training rows run (--train-only)")
+    ap.add_argument("--out", help="folder for the exports and results (default: BUILD/bench)")
+    ap.add_argument("--train-rows",
+                    help="also append each training row to this file as one JSON line as "
+                         "soon as it is done (a run cut short keeps the rows it finished)")
     args = ap.parse_args()
 
     binary = args.bin or os.path.join(args.build, "tests", "bench", "ebb_bench")
     if not os.path.exists(binary):
         sys.exit("bench: %s not found (configure with -DEBB_BUILD_BENCH=ON)" % binary)
-    out_dir = os.path.join(args.build, "bench")
+    out_dir = args.out or os.path.join(args.build, "bench")
     os.makedirs(out_dir, exist_ok=True)
 
-    global COMPILE, COMPILE_LEGEND, CLOCK
+    global COMPILE, COMPILE_LEGEND, CLOCK, DEVICE, TRAIN_TIMING
+    ebb_args = []
+    if args.device != "cpu":
+        if not args.device.startswith("cuda"):
+            sys.exit("bench: error: --device %s: the devices are cpu and cuda[:N]" % args.device)
+        if not torch.cuda.is_available():
+            sys.exit("bench: error: --device %s: PyTorch %s sees no CUDA device (torch.version."
+                     "cuda %s)" % (args.device, torch.__version__, torch.version.cuda))
+        if args.no_train:
+            sys.exit("bench: error: --device %s runs the training rows only; --no-train leaves "
+                     "nothing" % args.device)
+        DEVICE = args.device
+        TRAIN_TIMING = TRAIN_TIMING_GPU
+        ebb_args = ["--device", DEVICE]
+        # the forward rows, Fashion-MNIST and the memory budgets are CPU-only
+        args.train_only = args.no_fashion = args.no_remat = True
     if args.clock:
         CLOCK = args.clock
     if CLOCK not in ("wall", "cpu"):
@@ -753,7 +827,10 @@ def main():
                               os.path.abspath(os.path.join(out_dir, "torchinductor")))
     threads = THREADS
     torch.set_num_threads(threads)
-    ebb = Ebb(binary, dict(os.environ))
+    try:
+        ebb = Ebb(binary, dict(os.environ), ebb_args)
+    except RuntimeError as e:
+        sys.exit("bench: error: %s: %s" % (binary, e))
     info = machine(ebb.info, threads)
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     info["clock"] = CLOCK
@@ -762,8 +839,18 @@ def main():
     log("bench: %d threads, libtorch %s, PyTorch %s, %s x %s; torch.compile: %s" %
         (threads, info["libtorch"], info["pytorch"], info["nproc"], info["cpu"],
          info["torch_compile"]))
+    if on_gpu():
+        log("bench: the training rows on %s (%s); the forward rows, Fashion-MNIST and the "
+            "memory budgets are left out (CPU-only)" % (DEVICE, info["gpu"]))
 
     rows, train_rows, fashion_rows, remat_rows = [], [], [], []
+    rows_out = open(args.train_rows, "a") if args.train_rows else None
+
+    def train_row(row):
+        train_rows.append(row)
+        if rows_out:
+            rows_out.write(json.dumps(row) + "\n")
+            rows_out.flush()
     remat = (not args.no_remat and not args.no_train and not args.config and
              (not args.only or "remat" in args.only))
     fashion = (not args.no_fashion and not args.no_train and not args.config and
@@ -780,7 +867,7 @@ def main():
                 skip = {"workload": workload, "config": config,
                         "skipped": "ebb has no op " + ", ".join(missing)}
                 rows.append(skip)
-                train_rows.append(dict(skip))
+                train_row(dict(skip))
                 log("  %-16s %-8s skipped: no op %s" % (workload, config, ", ".join(missing)))
                 continue
             if not args.train_only:
@@ -789,8 +876,27 @@ def main():
                 spent["forward"] += time.time() - t1
             if not args.no_train:
                 t1 = time.time()
-                train_rows.append(run_train_one(ebb, out_dir, workload, config, params, binds,
-                                                fills, log))
+                if on_gpu():
+                    # one row failing on the GPU (a kernel, memory) is that row's FAILED
+                    # and the others still run, in a new ebb_bench if that one died
+                    try:
+                        row = run_train_one(ebb, out_dir, workload, config, params, binds,
+                                            fills, log)
+                    except Exception as e:
+                        why = "%s: %s" % (type(e).__name__, str(e).split("\n")[0])
+                        log("  %-16s %-8s training FAILED: %s" % (workload, config, why))
+                        row = {"workload": workload, "config": config, "failed": why,
+                               "targets": {"runs": "FAILED: %s" % why}}
+                        try:
+                            ebb.ask("teardown")
+                        except (RuntimeError, OSError, ValueError):
+                            pass
+                        if ebb.p.poll() is not None:
+                            ebb = Ebb(binary, dict(os.environ), ebb_args)
+                    train_row(row)
+                else:
+                    train_row(run_train_one(ebb, out_dir, workload, config, params, binds,
+                                            fills, log))
                 spent["train"] += time.time() - t1
         if fashion:
             import fashion as fashion_bench  # imports this file as `run`
@@ -804,6 +910,8 @@ def main():
             spent["remat"] += time.time() - t1
     finally:
         ebb.close()
+        if rows_out:
+            rows_out.close()
     elapsed = time.time() - t0
     info["loadavg_before"], info["loadavg_after"] = load_before, loadavg()
 
@@ -823,6 +931,9 @@ def main():
           "threads %(threads)s (intra-op, all engines); clock %(clock)s; "
           "torch.compile: %(torch_compile)s; "
           "load average %(loadavg_before)s before, %(loadavg_after)s after" % info)
+    if on_gpu():
+        print("device: the training rows ran on %(device)s, %(gpu)s; each timed step between "
+              "two device synchronisations; peaks from the CUDA caching allocator" % info)
     if rows:
         print()
         print("ebb bench, forwards: times in ms (%s) over %s; peaks in bytes above the input "

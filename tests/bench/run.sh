@@ -10,6 +10,8 @@
 #   bash tests/bench/run.sh [BUILD] --only remat      training under memory budgets
 #   bash tests/bench/run.sh [BUILD] --clock cpu       tables on thread CPU time (busy machines)
 #   bash tests/bench/run.sh [BUILD] --no-compile      without torch.compile (PyTorch 2.x)
+#   bash tests/bench/run.sh [BUILD] --device cuda     the training rows on a GPU (a CUDA
+#                                                     libtorch and torch; forwards stay CPU-only)
 # EBB_BENCH_THREADS sets the intra-op thread count of all engines (default 1);
 # EBB_BENCH_CLOCK=cpu and EBB_BENCH_COMPILE=0 are the two flags above.
 set -euo pipefail

@@ -26,7 +26,7 @@ cmake --build "$scratch/cmake" >"$scratch/cmake-build.log"
 
 echo "== pkg-config"
 if command -v pkg-config >/dev/null; then
-  export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+  export PKG_CONFIG_PATH="$prefix/lib/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
   cc -std=c11 -Wall -Wextra -o "$scratch/consumer-pc" "$here/main.c" \
      $(pkg-config --cflags --libs ebb)
   "$scratch/consumer-pc"

@@ -11,6 +11,11 @@ that any python3 runs them:
                                 input and target of an `ebb plan --train --json`
   peak TRACE LABEL CONFIG       one `peak` line of the summary from a JSONL
                                 trace (`ebb run/grad/train --trace`)
+  train ROWS RUN_PY MISSING     one `train` line of the summary per training
+                                row of RUN_PY's SUITE, from ROWS (the JSON
+                                lines of `run.py --train-rows`); MISSING is
+                                the cell of a row ROWS lacks ("n/a (why)" or
+                                "FAIL (why)")
   table SUMMARY                 the table run.sh prints last
 """
 import ast
@@ -27,7 +32,7 @@ def fail(msg):
 
 # ---- suite -----------------------------------------------------------------
 
-def suite(run_py):
+def suite_rows(run_py):
     """tests/bench/run.py's SUITE, read as a literal (importing run.py would
     need numpy and torch)."""
     with open(run_py) as f:
@@ -35,10 +40,12 @@ def suite(run_py):
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "SUITE" for t in node.targets):
-            rows = ast.literal_eval(node.value)
-            break
-    else:
-        fail("%s has no SUITE list" % run_py)
+            return ast.literal_eval(node.value)
+    fail("%s has no SUITE list" % run_py)
+
+
+def suite(run_py):
+    rows = suite_rows(run_py)
     csv = lambda d: ",".join("%s=%s" % kv for kv in d.items()) or "-"  # noqa: E731
     for workload, config, params, binds, fills in rows:
         print("\t".join([workload, config, csv(params), csv(binds), fills or "-"]))
@@ -151,6 +158,66 @@ def peak(trace, label, config):
     print("\t".join(["peak", label, config, str(planned), str(measured), kind, verdict, note]))
 
 
+# ---- train -----------------------------------------------------------------
+
+def clean(text, n=160):
+    return " ".join(str(text).split())[:n]
+
+
+def train_line(r):
+    """The summary's fields after `train WORKLOAD CONFIG` for one row of
+    run.py's train_rows: ebb, C++ twin and PyTorch eager medians (ms),
+    ebb/PyTorch, the time target's verdict, ebb's planned and measured peak,
+    PyTorch's and the twin's peak (bytes), the check (losses agree, no
+    handle leaked, measured within planned) and a note."""
+    if "skipped" in r:
+        return ["n/a (skipped: %s)" % clean(r["skipped"], 120)] + ["-"] * 9 + [""]
+    if "failed" in r:
+        return ["FAIL (%s)" % clean(r["failed"], 160)] + ["-"] * 9 + [""]
+    tm, m, tg, c = r["time_ms"], r["memory"], r["targets"], r["check"]
+    med = lambda k: "%.3f" % tm[k]["median"] if k in tm else "-"  # noqa: E731
+    ratio_pyt = "%.3f" % r["ratio_ebb_pytorch"]
+    verdict = tg.get("time_vs_pytorch") or "-"
+    if verdict.startswith("MISSED"):
+        verdict = "MISSED"
+    planned, measured = m.get("ebb_planned"), m.get("ebb_measured")
+    checks, notes = [], []
+    if tg.get("same_losses") != "ok":
+        checks.append("FAIL losses")
+        notes.append("losses: ebb %s, C++ %s, PyTorch %s" % (
+            c.get("ebb_loss"), c.get("cxx_loss"), c.get("pytorch_loss")))
+    if c.get("live_handles_after"):
+        notes.append("%d ebb tensor handles leaked" % c["live_handles_after"])
+    if planned is not None and measured is not None and measured > planned:
+        checks.append("FAIL over")
+        notes.append("ebb measured %+d bytes against its plan (at %s)" % (
+            measured - planned, m.get("ebb_peak_at", "?")))
+    if c.get("random"):
+        notes.append(c["random"])
+    return [med("ebb"), med("cxx"), med("pytorch"), ratio_pyt, verdict,
+            str(planned), str(measured), str(m.get("pytorch_peak", "-")),
+            str(m.get("cxx_peak", "-")), ", ".join(checks) or "ok", "; ".join(notes)]
+
+
+def train(rows_path, run_py, missing):
+    done = {}
+    try:
+        with open(rows_path) as f:
+            lines = f.readlines()
+    except OSError:  # run.py stopped before its first row: every row is missing
+        lines = []
+    for line in lines:
+        try:
+            r = json.loads(line)
+        except ValueError:  # blank, or the last line cut short by a timeout
+            continue
+        done[(r["workload"], r["config"])] = r
+    for workload, config, _params, _binds, _fills in suite_rows(run_py):
+        r = done.get((workload, config))
+        fields = train_line(r) if r else [missing] + ["-"] * 9 + [""]
+        print("\t".join(["train", workload, config] + [f.replace("\t", " ") for f in fields]))
+
+
 # ---- table -----------------------------------------------------------------
 
 def render(head, rows):
@@ -179,6 +246,7 @@ def table(path):
     steps = [l[1:] for l in lines if l[0] == "step"]
     peaks = [l[1:] for l in lines if l[0] == "peak"]
     times = [l[1:] for l in lines if l[0] == "time"]
+    trains = [l[1:] for l in lines if l[0] == "train"]
     pyt = {(l[1], l[2]): l[3:] for l in lines if l[0] == "pytorch"}
     for i in info:
         print(i)
@@ -194,7 +262,7 @@ def table(path):
     if times:
         print()
         print("forward times in ms (median): ebb eager, ebb CUDA-graph replay, the libtorch C++ "
-              "twin, PyTorch eager")
+              "twin, PyTorch eager, torch.compile(mode=\"reduce-overhead\")")
         rows, notes = [], []
 
         def cell(text):
@@ -209,18 +277,53 @@ def table(path):
         for workload, config, eager, replay, twin in times:
             p = pyt.get((workload, config),
                         ["n/a (no PyTorch result: out of time or failed, see bench/pytorch.log)", "-"])
+            comp = p[2] if len(p) > 2 else "-"
             rows.append([workload, config, cell(eager), cell(replay), cell(twin), cell(p[0]),
-                         ratio(eager, replay), ratio(p[0], eager), p[1]])
+                         cell(comp), ratio(eager, replay), ratio(p[0], eager),
+                         ratio(p[0], replay), ratio(comp, replay), p[1]])
         print(render(["workload", "config", "ebb eager", "ebb replay", "C++ twin",
-                      "PyTorch eager", "eager/replay", "PyTorch/eager", "PyTorch peak B"],
+                      "PyTorch eager", "torch.compile", "eager/replay", "PyTorch/eager",
+                      "PyTorch/replay", "compile/replay", "PyTorch peak B"],
                      rows))
+        for k, why in enumerate(notes):
+            print("[%d] %s" % (k + 1, why))
+    if trains:
+        print()
+        print("training steps (forward, loss, backward, AdamW lr 1e-3; tests/bench/run.py's rows) "
+              "in ms (median), each step between two device synchronisations: ebb, the libtorch "
+              "C++ twin, PyTorch eager; target ebb/PyTorch <= 0.85 on dispatch-bound rows, <= 1 "
+              "on compute-bound ones; peaks in bytes above parameters, optimizer state, input "
+              "and target")
+        rows, notes = [], []
+
+        def cell(text):
+            for word in ("n/a", "FAIL"):
+                if text.startswith(word + " ("):
+                    why = text[len(word) + 2:-1]
+                    if why not in notes:
+                        notes.append(why)
+                    return "%s [%d]" % (word, notes.index(why) + 1)
+            return text
+        for t in trains:
+            t = t + ["-"] * (13 - len(t))
+            w, c, ebb, cxx, pyt, rat, verdict, planned, measured, ppeak, cpeak, check, note = t[:13]
+            if note:
+                if note not in notes:
+                    notes.append(note)
+                check = "%s [%d]" % (check, notes.index(note) + 1)
+            rows.append([w, c, cell(ebb), cell(cxx), cell(pyt), rat, verdict, ratio(ebb, cxx),
+                         planned, measured, ppeak, cpeak, check])
+        print(render(["workload", "config", "ebb ms", "C++ twin ms", "PyTorch ms", "ebb/PyTorch",
+                      "target", "ebb/C++", "ebb planned B", "ebb measured B", "PyTorch B",
+                      "C++ twin B", "check"], rows))
         for k, why in enumerate(notes):
             print("[%d] %s" % (k + 1, why))
 
 
 def main(argv):
     if len(argv) < 2:
-        fail("usage: gpu_check.py suite|fill|dataset|peak|table ARGS (see the top of the file)")
+        fail("usage: gpu_check.py suite|fill|dataset|peak|train|table ARGS (see the top of the "
+             "file)")
     cmd, args = argv[1], argv[2:]
     if cmd == "suite" and len(args) == 1:
         suite(args[0])
@@ -230,6 +333,8 @@ def main(argv):
         dataset(args[0], args[1], int(args[2]))
     elif cmd == "peak" and len(args) == 3:
         peak(*args)
+    elif cmd == "train" and len(args) == 3:
+        train(*args)
     elif cmd == "table" and len(args) == 1:
         table(args[0])
     else:

@@ -11,6 +11,10 @@
 #          measured one
 #   bench  forward times: ebb eager, ebb's CUDA-graph replay (--cuda-graph), the
 #          libtorch C++ twin and PyTorch eager (tests/bench's models and sizes)
+#   train  training steps (forward, loss, backward, AdamW) on the GPU: ebb's
+#          training plan, its libtorch C++ twin and PyTorch eager, side by side
+#          in one run of tests/bench/run.py --device cuda (its training rows),
+#          with their peaks; target ebb <= 0.85 x PyTorch eager, dispatch-bound
 #
 # then one short table, last. Every command's output is kept under RESULTS.
 #
@@ -31,8 +35,10 @@
 #   EBB_GPU_BUDGET    seconds the whole run may take (default 570; a dry run 3600)
 #   EBB_GPU_CHECK_DEVICE  cuda (default), or cpu to try the steps of this script
 #                     on a machine without a GPU (the results are then no GPU check)
+#   EBB_GPU_TRAIN_TIMEOUT  seconds the train step may take at most (default 240)
 # On the GPU machine of ../shared/device, .device/unpack.sh, when present, is
-# sourced first: it provides libyaml, cJSON and cmocka.
+# sourced first: it provides libyaml, cJSON and cmocka, and Fashion-MNIST when
+# packed with EXTRA_DEBS="dataset-fashion-mnist" bash ../shared/device/pack-deps.sh
 set -euo pipefail
 
 usage() {
@@ -47,7 +53,7 @@ results=""
 dry_run=0
 skip_build=0
 only=""
-steps=(build test peaks bench)
+steps=(build test peaks bench train)
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
@@ -71,7 +77,7 @@ done
 if [ -n "$only" ]; then
   case " ${steps[*]} " in
     *" $only "*) steps=("$only") ;;
-    *) echo "gpu-check: --only $only: the steps are build, test, peaks, bench" >&2; exit 2 ;;
+    *) echo "gpu-check: --only $only: the steps are build, test, peaks, bench, train" >&2; exit 2 ;;
   esac
 fi
 if (( skip_build )); then
@@ -89,6 +95,8 @@ summary=$results/summary.tsv
 : >"$summary"
 : >"$results/commands.txt"
 failures=0
+# what the peaks and bench steps leave for the train step, when it runs
+case " ${steps[*]} " in *" train "*) train_reserve=90 ;; *) train_reserve=0 ;; esac
 
 say() { printf 'gpu-check: %s\n' "$*" >&2; }
 die() { printf 'gpu-check: error: %s\n' "$*" >&2; exit 1; }
@@ -100,6 +108,7 @@ fail_step() { failures=$((failures + 1)); record step "$1" FAILED "$2"; say "$1:
 
 # limit CAP RESERVE: the seconds a command may take: CAP at most, leaving
 # RESERVE for the steps after it. Fails when less than 10 s would remain.
+# The peaks and bench steps leave train_reserve besides for the train step.
 limit() {
   local left=$((budget - SECONDS - $2))
   local n=$(( left < $1 ? left : $1 ))
@@ -163,6 +172,27 @@ if [ -f .device/unpack.sh ]; then
   say "sourcing .device/unpack.sh (libyaml, cJSON, cmocka for this machine)"
   # shellcheck disable=SC1091
   source .device/unpack.sh >&2 || die ".device/unpack.sh failed; repack it with ../shared/device/pack-deps.sh"
+  # zlib1g-dev's libz.so links to zlib1g's libz.so.1, which is not packed: a
+  # dangling link makes the link step take libz.a, which is not -fPIC. Point
+  # it at the machine's own libz.so.1.
+  z=$EBB_DEVICE_PREFIX/usr/lib/x86_64-linux-gnu/libz.so
+  if [ -L "$z" ] && [ ! -e "$z" ]; then
+    for s in /lib/x86_64-linux-gnu/libz.so.1 /usr/lib/x86_64-linux-gnu/libz.so.1 /usr/lib64/libz.so.1; do
+      if [ -e "$s" ]; then ln -sf "$s" "$z"; break; fi
+    done
+  fi
+  # pkg-config and the linker find the unpacked libraries too (the install
+  # test builds a program with `pkg-config --libs ebb`); their .pc files name
+  # /usr, so the linker's search path carries the unpacked folder
+  multiarch=$EBB_DEVICE_PREFIX/usr/lib/x86_64-linux-gnu
+  export PKG_CONFIG_PATH="$multiarch/pkgconfig:$EBB_DEVICE_PREFIX/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+  export LIBRARY_PATH="$multiarch${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  # Fashion-MNIST, when packed (EXTRA_DEBS=dataset-fashion-mnist), where the
+  # library and the tests look for it; the GPU machine is a bare one of our own
+  fm=$EBB_DEVICE_PREFIX/usr/share/datasets/fashion-mnist
+  if [ -d "$fm" ] && [ ! -e /usr/share/datasets/fashion-mnist ] && [ -w /usr/share ]; then
+    mkdir -p /usr/share/datasets && ln -s "$fm" /usr/share/datasets/fashion-mnist
+  fi
   # CMake splits the CMAKE_PREFIX_PATH environment variable at ':' on Unix, not at ';'
   export CMAKE_PREFIX_PATH="${CMAKE_PREFIX_PATH//;/:}"
 fi
@@ -203,7 +233,8 @@ step_build() {
   if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null; then gen=(-G Ninja); fi
   local cfg=(cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release
              "-DCMAKE_PREFIX_PATH=$torch_prefix${EBB_DEVICE_PREFIX:+;$EBB_DEVICE_PREFIX/usr}"
-             "-DTorch_DIR=$torch_prefix/Torch" -DEBB_BUILD_TESTS=ON -DEBB_BUILD_EXAMPLES=ON)
+             "-DTorch_DIR=$torch_prefix/Torch" -DEBB_BUILD_TESTS=ON -DEBB_BUILD_EXAMPLES=ON
+             -DEBB_BUILD_BENCH=ON)
   # the unpacked Debian packages keep their libraries in the multiarch folder,
   # which CMake searches only where it knows the machine's multiarch triplet
   if [ -n "${EBB_DEVICE_PREFIX:-}" ]; then
@@ -353,7 +384,7 @@ step_peaks() {
   for line in "${rows[@]}"; do
     IFS=$'\t' read -r w c params binds fills <<<"$line"
     spec_args "$params" "$binds"
-    lim=$(limit 60 100) || { record peak "bench/$w" "$c" - - - SKIPPED "out of time"; continue; }
+    lim=$(limit 60 $((100 + train_reserve))) || { record peak "bench/$w" "$c" - - - SKIPPED "out of time"; continue; }
     if ! weights_for peaks "$w" "$c" "$fills"; then
       failures=$((failures + 1))
       record peak "bench/$w" "$c" - - - FAIL "could not make its weights: $(why "$results/weights/$w.$c.log")"
@@ -392,7 +423,7 @@ peak_line() {
 train_peaks() {
   local d=$1 spec=specs/mlp.yaml p=(-p hidden=1024) batch=512 lim rc=0
   local sizes="hidden=1024,batch=$batch"
-  lim=$(limit 30 100) || { record peak "mlp.yaml grad" "$sizes" - - - SKIPPED "out of time"; return; }
+  lim=$(limit 30 $((100 + train_reserve))) || { record peak "mlp.yaml grad" "$sizes" - - - SKIPPED "out of time"; return; }
   run peaks "$d/mlp.train.plan.json" "$lim" "$ebb" plan "$spec" "${p[@]}" --train -i "batch=$batch" --json || rc=$?
   run peaks "$d/mlp.xy$batch.log" "$lim" "$helper_py" tests/gpu/gpu_check.py dataset "$d/mlp.train.plan.json" "$d/mlp.xy$batch.safetensors" "$batch" || rc=$?
   run peaks "$d/mlp.xy4096.log" "$lim" "$helper_py" tests/gpu/gpu_check.py dataset "$d/mlp.train.plan.json" "$d/mlp.xy4096.safetensors" 4096 || rc=$?
@@ -401,12 +432,12 @@ train_peaks() {
     record peak "mlp.yaml train" "$sizes" - - - FAIL "no training data: $(why "$d/mlp.train.plan.json") $(why "$d/mlp.xy4096.log")"
     return
   fi
-  lim=$(limit 60 100) || { record peak "mlp.yaml grad" "$sizes" - - - SKIPPED "out of time"; return; }
+  lim=$(limit 60 $((100 + train_reserve))) || { record peak "mlp.yaml grad" "$sizes" - - - SKIPPED "out of time"; return; }
   rc=0
   run peaks "$d/mlp.grad.log" "$lim" "$ebb" grad "$spec" "${p[@]}" --inputs "$d/mlp.xy$batch.safetensors" \
     --grads "$d/mlp.grads.safetensors" --device "$device" --trace "$d/mlp.grad.trace.jsonl" || rc=$?
   (( dry_run )) || peak_line "mlp.yaml grad, step 1" "$sizes" "$d/mlp.grad" "$rc"
-  lim=$(limit 60 100) || { record peak "mlp.yaml train" "$sizes" - - - SKIPPED "out of time"; return; }
+  lim=$(limit 60 $((100 + train_reserve))) || { record peak "mlp.yaml train" "$sizes" - - - SKIPPED "out of time"; return; }
   rc=0
   run peaks "$d/mlp.train.log" "$lim" "$ebb" train "$spec" "${p[@]}" --data "$d/mlp.xy4096.safetensors" \
     --batch "$batch" --steps 6 --device "$device" --trace "$d/mlp.train.trace.jsonl" --trace-step 4 || rc=$?
@@ -415,7 +446,7 @@ train_peaks() {
 
 # ---- bench -----------------------------------------------------------------
 
-twin_na="n/a (tests/bench/ebb_bench runs ebb and its C++ twins on the CPU only: no device option)"
+twin_na="n/a (tests/bench/ebb_bench runs its forward rows on the CPU only; its training rows are the train step's)"
 
 step_bench() {
   check_binary_once
@@ -434,7 +465,7 @@ step_bench() {
     IFS=$'\t' read -r w c params binds fills <<<"$line"
     spec_args "$params" "$binds"
     reps=$(repeats "$c")
-    lim=$(limit 60 40) || { record time "$w" "$c" "n/a (out of time)" "n/a (out of time)" "$twin_na"; continue; }
+    lim=$(limit 60 $((40 + train_reserve))) || { record time "$w" "$c" "n/a (out of time)" "n/a (out of time)" "$twin_na"; continue; }
     weights_for bench "$w" "$c" "$fills" || { record time "$w" "$c" "FAIL (no weights)" - "$twin_na"; failures=$((failures + 1)); continue; }
     run bench "$d/$w.$c.plan.json" "$lim" "$ebb" plan "specs/bench/$w.yaml" "${args[@]}" --json || true
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$w" "$c" "$params" "$binds" "$fills" "$d/$w.$c.plan.json" "$reps" \
@@ -452,7 +483,7 @@ step_bench() {
         fi
       fi
     fi
-    lim=$(limit 60 40) || { record time "$w" "$c" "$eager" "n/a (out of time)" "$twin_na"; continue; }
+    lim=$(limit 60 $((40 + train_reserve))) || { record time "$w" "$c" "$eager" "n/a (out of time)" "$twin_na"; continue; }
     rc=0
     run bench "$d/$w.$c.replay.log" "$lim" "$ebb" run "specs/bench/$w.yaml" "${args[@]}" "${wargs[@]}" \
       --device "$device" --repeat "$reps" --cuda-graph || rc=$?
@@ -467,7 +498,7 @@ step_bench() {
   done
   # PyTorch eager: one process for every workload; a row it has no time or no
   # CUDA torch for says "n/a (why)"
-  if lim=$(limit 120 0); then
+  if lim=$(limit 180 "$train_reserve"); then
     run bench "$d/pytorch.log" "$lim" "$torch_py" tests/gpu/torch_eager.py "$d/pytorch.rows" \
       "$d/pytorch.tsv" "--device=$device" || true
     (( dry_run )) && return
@@ -478,6 +509,68 @@ step_bench() {
     fi
   fi
   step_result bench "$f0" "${#rows[@]} workloads"
+}
+
+# ---- train -----------------------------------------------------------------
+
+# tests/bench/run.py's training rows on the device: ebb_bench (ebb's training
+# plan and its libtorch C++ twin, interleaved step by step) and PyTorch eager,
+# taking turns by rounds; each row's line comes from run.py's --train-rows
+# file as soon as the row is done, so a run cut short keeps what it finished.
+# torch.compile is left out here (tens of seconds of compiling a row).
+step_train() {
+  check_binary_once
+  local d=$results/train lim rc=0 f0=$failures bench_bin=$build/tests/bench/ebb_bench missing n
+  mkdir -p "$d"
+  if (( ! dry_run )) && [ ! -x "$bench_bin" ]; then
+    fail_step train "$bench_bin is missing: configure $build with -DEBB_BUILD_BENCH=ON (the build step does) and build ebb_bench"
+    return
+  fi
+  [ -f tests/bench/run.py ] || { fail_step train "tests/bench/run.py is missing: it drives the training rows"; return; }
+  lim=$(limit "${EBB_GPU_TRAIN_TIMEOUT:-240}" 0) || {
+    record step train "not run" "out of time: no time left in the budget of $budget s"
+    say "train: not run: out of time"
+    return
+  }
+  (( dry_run )) || : >"$d/rows.jsonl"
+  say "train: tests/bench/run.py's training rows on $device, ebb, C++ twin and PyTorch eager, at most $lim s (log: $d/run.log)"
+  run train "$d/run.log" "$lim" env PYTHONUNBUFFERED=1 "$torch_py" tests/bench/run.py \
+    --build "$build" --device "$device" --train-only --no-fashion --no-remat --no-compile \
+    --out "$d" --train-rows "$d/rows.jsonl" || rc=$?
+  (( dry_run )) && return
+  # the parameters run.py exported for PyTorch (tens of MB) are no result
+  rm -f "$d"/train_*.bin "$d"/train_*.json
+  # the rows run.py did not finish
+  if timed_out "$rc"; then
+    missing="n/a (not reached: run.py ran out of its $lim s; see train/run.log)"
+  elif [ "$rc" -ne 0 ]; then
+    missing="FAIL (run.py stopped: $(grep -m1 '^bench: error: ' "$d/run.log" | cut -c15-200 || true))"
+    [ "$missing" != "FAIL (run.py stopped: )" ] || missing="FAIL (run.py stopped: $(why "$d/run.log"))"
+  else
+    missing="n/a (no result from run.py; see train/run.log)"
+  fi
+  missing=${missing//$'\t'/ }
+  if ! "$helper_py" tests/gpu/gpu_check.py train "$d/rows.jsonl" tests/bench/run.py "$missing" \
+       >"$d/summary.tsv" 2>"$d/summary.log"; then
+    fail_step train "could not read run.py's rows: $(why "$d/summary.log")"
+    return
+  fi
+  cat "$d/summary.tsv" >>"$summary"
+  # a failure per row that failed itself (not the rows run.py never reached),
+  # and one for run.py stopping
+  n=$(awk -F'\t' -v m="$missing" '($4 ~ /^FAIL/ && $4 != m) || $13 ~ /^FAIL/' "$d/summary.tsv" | wc -l)
+  failures=$((failures + n))
+  local total done
+  total=$(wc -l <"$d/summary.tsv")
+  done=$(grep -c . "$d/rows.jsonl" || true)
+  if [ "$rc" -ne 0 ] && ! timed_out "$rc"; then
+    failures=$((failures + 1))
+    local reason=${missing#FAIL (run.py stopped: }
+    say "train: run.py stopped: ${reason%)}"
+    record step train FAILED "run.py stopped after $done of $total training rows on $device ($n of them failed): ${reason%)} (train/run.log)"
+  else
+    step_result train "$f0" "$done of $total training rows on $device$(timed_out "$rc" && echo " (run.py ran out of its $lim s)")"
+  fi
 }
 
 checked_binary=0
@@ -494,6 +587,7 @@ for step in "${steps[@]}"; do
     test) step_test || fail_step test "stopped (status $?): see $results/ctest.log" ;;
     peaks) step_peaks || fail_step peaks "stopped (status $?): see $results/peaks/" ;;
     bench) step_bench || fail_step bench "stopped (status $?): see $results/bench/" ;;
+    train) step_train || fail_step train "stopped (status $?): see $results/train/" ;;
   esac
   if (( dry_run )) && [ "$step" != build ]; then
     record step "$step" listed "dry run: its commands are listed above and in $results/commands.txt"
@@ -504,7 +598,7 @@ done
   echo
   echo "gpu-check $( (( dry_run )) && echo '(dry run) ')in $SECONDS s of a budget of $budget s, $failures failure(s); device $device${gpu_name:+: $gpu_name}"
   echo "${version:-ebb: not built}; libtorch $torch_prefix"
-  echo "logs: $results (commands.txt, configure.log, build.log, ctest.log, peaks/, bench/)"
+  echo "logs: $results (commands.txt, configure.log, build.log, ctest.log, peaks/, bench/, train/)"
 } | sed 's/^/info\t/' >"$summary.head"
 cat "$summary" >>"$summary.head" && mv "$summary.head" "$summary"
 "$helper_py" tests/gpu/gpu_check.py table "$summary" | tee "$results/table.txt"

@@ -10,8 +10,11 @@ the time is the GPU's, as ebb's CUDA times are.
 ROWS: tab-separated lines of workload, config, params, binds, fills,
 plan JSON (`ebb plan --json` for those sizes: the input's shape), repeats.
 OUT: one `pytorch` line of run.sh's summary per row: the median time in ms
-(or "n/a (why)") and the peak bytes one forward allocates above its input
-and parameters (torch.cuda.max_memory_allocated)."""
+(or "n/a (why)"), the peak bytes one forward allocates above its input
+and parameters (torch.cuda.max_memory_allocated), and the median time of
+torch.compile(mode="reduce-overhead") (CUDA graphs behind Inductor) for the
+rows EBB_GPU_COMPILE_ROWS names ("workload:config,...", default
+residual_tower:dispatch: each compile takes tens of seconds), else "-"."""
 import json
 import os
 import statistics
@@ -58,6 +61,32 @@ def one(torch, torch_models, device, workload, params, fills, plan_json, repeat)
     return "%.3f" % statistics.median(times), peak
 
 
+def compiled(torch, torch_models, device, workload, params, fills, plan_json, repeat):
+    """The median ms of torch.compile(mode="reduce-overhead") on the same
+    model and input, timed after its compile and graph recording."""
+    with open(plan_json) as f:
+        shape = json.load(f)["inputs"][0]["shape"]
+    model = torch_models.build(workload, parse_csv(params, int)).eval().to(device)
+    named = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in parse_csv(fills, float).items():
+            named[name].fill_(value)
+    fast = torch.compile(model, mode="reduce-overhead")
+    x = torch.randn(shape, device=device)
+    times = []
+    with torch.no_grad():
+        for _ in range(5):
+            fast(x)
+        torch.cuda.synchronize()
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            y = fast(x)
+            del y
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return "%.3f" % statistics.median(times)
+
+
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--device")]
     device = "cuda"
@@ -79,10 +108,11 @@ def main():
         with open(rows_path) as f:
             for line in f:
                 w, c = line.split("\t")[:2]
-                out.write("\t".join(["pytorch", w, c, why, "-"]) + "\n")
+                out.write("\t".join(["pytorch", w, c, why, "-", "-"]) + "\n")
         torch = None
     if torch is not None:
         print("PyTorch %s on %s" % (torch.__version__, device), file=sys.stderr)
+        to_compile = set(os.environ.get("EBB_GPU_COMPILE_ROWS", "residual_tower:dispatch").split(","))
         with open(rows_path) as f:
             for line in f:
                 w, c, params, _binds, fills, plan_json, repeat = line.rstrip("\n").split("\t")
@@ -91,9 +121,16 @@ def main():
                                     int(repeat))
                 except Exception as e:
                     med, peak = "n/a (%s)" % str(e).replace("\t", " ").replace("\n", " ")[:120], "-"
-                print("  %-16s %-8s %s ms, peak %s B" % (w, c, med, peak), file=sys.stderr,
-                      flush=True)
-                out.write("\t".join(["pytorch", w, c, med, peak]) + "\n")
+                comp = "-"
+                if device.startswith("cuda") and "%s:%s" % (w, c) in to_compile:
+                    try:
+                        comp = compiled(torch, torch_models, device, w, params, fills, plan_json,
+                                        int(repeat))
+                    except Exception as e:
+                        comp = "n/a (%s)" % str(e).replace("\t", " ").replace("\n", " ")[:120]
+                print("  %-16s %-8s %s ms, peak %s B, torch.compile %s ms" % (w, c, med, peak, comp),
+                      file=sys.stderr, flush=True)
+                out.write("\t".join(["pytorch", w, c, med, peak, comp]) + "\n")
                 out.flush()
     out.close()
 
