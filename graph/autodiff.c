@@ -366,6 +366,14 @@ static int add_extras(compiler *c, int si) {
         s->workspace = r->train_workspace(s->attrs, shapes, s->pub.n_in,
                                           p->values[s->pub.in[0]].dtype);
     }
+    if (r->train_workspace_cuda && s->pub.n_in > 0) {
+        ebb_shape shapes[64];
+        for (int i = 0; i < s->pub.n_in && i < 64; i++)
+            shapes[i] = p->values[s->pub.in[i]].shape;
+        s->workspace_cuda = r->train_workspace_cuda(s->attrs, shapes, s->pub.n_in,
+                                                    p->values[s->pub.in[0]].dtype);
+        s->has_workspace_cuda = 1;
+    }
     return 0;
 }
 
@@ -418,6 +426,8 @@ static int backward_read(ad *a, int v) {
     r->op = f->op;
     r->attrs = f->attrs;
     r->workspace = f->workspace;
+    r->workspace_cuda = f->workspace_cuda;
+    r->has_workspace_cuda = f->has_workspace_cuda;
     r->param_first = f->param_first;
     r->n_params = f->n_params;
     r->train = f->train;
@@ -719,6 +729,11 @@ static int emit_backward(ad *a, int fi) {
     b->pub.phase = EBB_PHASE_BACKWARD;
     if (r->workspace && n_in > 0)
         b->workspace = r->workspace(f->attrs, in_shapes, n_in, p->values[f->pub.in[0]].dtype);
+    if (r->workspace_cuda && n_in > 0) {
+        b->workspace_cuda = r->workspace_cuda(f->attrs, in_shapes, n_in,
+                                              p->values[f->pub.in[0]].dtype);
+        b->has_workspace_cuda = 1;
+    }
     int bi = ebb_compiler_step_index(c, b);
     int outs[32 + EBB_MAX_PARAMS], n_outs = 0, gin_slot[32], gp_slot[EBB_MAX_PARAMS];
     int failed = 0;

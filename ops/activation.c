@@ -78,7 +78,9 @@ static int64_t dropout_bwd_workspace(const ebb_attr_value *a, const ebb_shape *i
 /* The training forward draws a float32 uniform of the input's size on the
  * CPU and compares it with a Scalar into the mask (an extra the plan
  * counts); once the uniform is gone, the output is x * mask, a temporary of
- * the input's size and dtype, times the scale, a Scalar operand. */
+ * the input's size and dtype, times the scale, a Scalar operand. On CUDA
+ * the mask is drawn into its own storage on the device and both directions
+ * are one fused kernel (masked_scale) into the result: no scratch. */
 static int64_t dropout_train_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                        ebb_dtype dt) {
     (void)a;
@@ -92,6 +94,8 @@ static const ebb_op_grad dropout_grad = {.backward = dropout_bwd, .forward_train
                                          .n_saved = 1, .differentiable = 1u,
                                          .workspace = dropout_bwd_workspace,
                                          .train_workspace = dropout_train_workspace,
+                                         .workspace_cuda = ebb_ops_no_cuda_scratch,
+                                         .train_workspace_cuda = ebb_ops_no_cuda_scratch,
                                          .no_recompute = 1};
 
 static ebb_status softmax_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {

@@ -65,7 +65,8 @@ static int64_t embedding_workspace(const ebb_attr_value *a, const ebb_shape *in,
 
 /* CUDA: the check's smallest and largest index are a block each, freed
  * before the output is made, so they set the peak while the output takes
- * under two blocks (assuming the narrowest float, as above). */
+ * under two blocks (assuming the narrowest float, as above: a bound where
+ * the output's real dtype is wider, as for float64 [4, 5] x 6 on an H200). */
 static int64_t embedding_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                         ebb_dtype dt) {
     (void)n_in;
@@ -94,6 +95,6 @@ const ebb_op ebb_ops_embedding[] = {
      .n_attrs = EBB_COUNT(embedding_attrs), .params = embedding_params, .forward = embedding_fwd,
      .doc = "rows of weight picked by int64 indices: [*] -> [*, dim]",
      .workspace = embedding_workspace, .workspace_is_bound = 1, .grad = &embedding_grad,
-     .workspace_cuda = embedding_workspace_cuda},
+     .workspace_cuda = embedding_workspace_cuda, .workspace_cuda_is_bound = 1},
 };
 const int ebb_ops_embedding_count = EBB_COUNT(ebb_ops_embedding);

@@ -222,6 +222,11 @@ typedef struct ebb_op_grad {
      * plan counts as values), where it has one; NULL: none. A training plan
      * counts this, not ebb_op.workspace, for a step that runs forward_train. */
     ebb_op_workspace_fn train_workspace;
+    /* Optional: `workspace` and `train_workspace` on a CUDA device, in the
+     * caching allocator's blocks (see ebb_op.workspace_cuda). NULL: the CPU
+     * figure, rounded as one block. */
+    ebb_op_workspace_fn workspace_cuda;
+    ebb_op_workspace_fn train_workspace_cuda;
     /* Set when running forward_train twice would not repeat it: it draws
      * random numbers (dropout) or updates a buffer (batch_norm's running
      * statistics). Under a memory budget its output is then always kept,

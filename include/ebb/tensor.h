@@ -411,8 +411,10 @@ EBB_API ebb_status ebb_tensor_linear_backward(ebb_tensor **grad_x, ebb_tensor **
                                       ebb_tensor **grad_bias, const ebb_tensor *grad,
                                       const ebb_tensor *x, const ebb_tensor *weight);
 /* Training dropout: keeps each element with probability 1-p (a bool mask
- * drawn on the CPU from a generator seeded with `seed`, so a seed drops the
- * same elements on every device) and scales the kept ones by 1/(1-p). */
+ * drawn by a generator seeded with `seed`: on the CPU for CPU tensors, on the
+ * GPU for CUDA ones, so a seed drops the same elements on every run on one
+ * kind of device, and other ones on the CPU and on CUDA) and scales the kept
+ * ones by 1/(1-p). */
 EBB_API ebb_status ebb_tensor_dropout_train(ebb_tensor **out, ebb_tensor **mask, const ebb_tensor *x,
                                     double p, uint64_t seed);
 /* Of ebb_tensor_dropout_train(): grad * mask / (1-p). mask must have grad's

@@ -18,6 +18,9 @@
 #include <vector>
 
 #include <ATen/CPUGeneratorImpl.h>
+#ifdef EBB_WITH_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
 #include <ATen/ExpandUtils.h>
 #include <ATen/core/grad_mode.h>
 
@@ -326,6 +329,26 @@ ebb_status ebb_tensor_linear_backward(ebb_tensor **grad_x, ebb_tensor **grad_wei
 
 /* ---- dropout ------------------------------------------------------------------ */
 
+#ifdef EBB_WITH_CUDA
+namespace {
+// A dropout mask drawn on x's GPU: Bernoulli(1 - p) into a bool tensor, by a
+// Philox generator seeded with `seed`, so a seed gives the same mask on every
+// run on that kind of device. A libtorch whose bernoulli_ has no bool kernel
+// gives an undefined tensor, and the caller draws on the CPU instead.
+at::Tensor cuda_keep_mask(const at::Tensor &x, double p, uint64_t seed) {
+    at::Generator gen = at::cuda::detail::createCUDAGenerator(x.device().index());
+    gen.set_current_seed(seed);
+    at::Tensor keep = at::empty(x.sizes(), x.options().dtype(at::kBool));
+    try {
+        keep.bernoulli_(1.0 - p, gen);
+    } catch (const c10::NotImplementedError &) {
+        return at::Tensor();
+    }
+    return keep;
+}
+} // namespace
+#endif
+
 ebb_status ebb_tensor_dropout_train(ebb_tensor **out, ebb_tensor **mask, const ebb_tensor *x,
                                     double p, uint64_t seed) {
     static const char fn[] = "ebb_tensor_dropout_train";
@@ -341,12 +364,20 @@ ebb_status ebb_tensor_dropout_train(ebb_tensor **out, ebb_tensor **mask, const e
         if (xt.is_meta()) {
             keep = at::empty(xt.sizes(), xt.options().dtype(at::kBool));
         } else {
-            // drawn on the CPU from a seeded generator, so a seed keeps the
-            // same elements on every device
-            at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-            at::Tensor u = at::empty(xt.sizes(), at::TensorOptions().dtype(at::kFloat));
-            u.uniform_(0.0, 1.0, gen);
-            keep = (u >= p).to(xt.device());
+#ifdef EBB_WITH_CUDA
+            // on a GPU, drawn there by a generator seeded for this call,
+            // straight into the mask: a host draw and its copy took 2 ms per
+            // half a million elements, most of a transformer's step
+            if (xt.is_cuda())
+                keep = cuda_keep_mask(xt, p, seed);
+#endif
+            if (!keep.defined()) {
+                // on the CPU from a seeded generator
+                at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+                at::Tensor u = at::empty(xt.sizes(), at::TensorOptions().dtype(at::kFloat));
+                u.uniform_(0.0, 1.0, gen);
+                keep = (u >= p).to(xt.device());
+            }
         }
         // native_dropout's convention: scale 1/(1-p), and 0 when all drop
         double scale = p >= 1.0 ? 0.0 : 1.0 / (1.0 - p);
