@@ -620,6 +620,8 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
                         ebb_optimizer *opt) {
     for (int i = 0; i < plan->n_outputs; i++)
         outputs[i] = NULL;
+    if (stats)
+        *stats = (ebb_run_stats){.measured_peak_bytes = -1, .over_step = -1};
     ebb_status st = check_model(plan, model);
     if (st != EBB_OK)
         return st;
@@ -702,10 +704,16 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
      * an update step's, whose optimizer state moves the baseline. */
     int64_t run_peak = 0;
     double step_t0 = 0.0;
+    /* On the CPU every step's own peak is measured (the counters are two
+     * atomics) and held to the plan's figure for it: the first step above
+     * it is reported in the stats. */
+    int check_steps = dev.type == EBB_DEVICE_CPU;
+    int over_step = -1;
+    int64_t over_bytes = 0;
     for (int pc = 0; pc < plan->n_steps;) {
         const plan_step *s = &plan->steps[pc];
         int jump = 0;
-        int own_peak = trace || s->pub.kind == EBB_STEP_UPDATE;
+        int own_peak = trace || s->pub.kind == EBB_STEP_UPDATE || check_steps;
         if (own_peak) {
             ebb_memory_stats ms;
             if (ebb_memory_stats_get(dev, &ms) == EBB_OK && ms.peak_bytes - r.base > run_peak)
@@ -719,6 +727,7 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
             goto done;
         }
         executed++;
+        int64_t step_peak = -1;
         const int *freed = jump ? s->pub.jump_frees : s->pub.frees;
         int n_freed = jump ? s->pub.n_jump_frees : s->pub.n_frees;
         for (int k = 0; k < n_freed; k++)
@@ -733,12 +742,20 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
                 ev.peak_bytes = ms.peak_bytes - r.base;
             if (ev.peak_bytes > run_peak)
                 run_peak = ev.peak_bytes;
+            step_peak = ev.peak_bytes;
             trace(&ev, opts->trace_user);
         } else if (own_peak) {
             ebb_memory_stats ms;
-            if (ebb_memory_stats_get(dev, &ms) == EBB_OK && ms.peak_bytes - r.base > run_peak)
-                run_peak = ms.peak_bytes - r.base;
+            if (ebb_memory_stats_get(dev, &ms) == EBB_OK) {
+                step_peak = ms.peak_bytes - r.base;
+                if (step_peak > run_peak)
+                    run_peak = step_peak;
+            }
             ebb_memory_reset_peak(dev);
+        }
+        if (check_steps && over_step < 0 && step_peak > s->pub.peak_bytes) {
+            over_step = pc;
+            over_bytes = step_peak - s->pub.peak_bytes;
         }
         pc = jump ? s->pub.jump : pc + 1;
     }
@@ -762,6 +779,8 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
             stats->measured_peak_bytes = run_peak;
         stats->planned_peak_bytes = ebb_plan_device_peak_bytes(plan, dev);
         stats->steps_executed = executed;
+        stats->over_step = over_step;
+        stats->over_bytes = over_bytes;
     }
 done:
     if (st != EBB_OK)

@@ -178,6 +178,9 @@ static int64_t traced_run(const ebb_plan *p, const ebb_model *m, ebb_tensor *con
     if (c->first[0])
         BROKEN("%s", c->first);
     int64_t planned = ebb_plan_peak_bytes(p, NULL);
+    if (st.over_step != -1 || st.over_bytes != 0)
+        BROKEN("%s (%s): the run says step %d went %lld bytes over its plan", c->spec, c->scenario,
+               st.over_step, (long long)st.over_bytes);
     if (st.measured_peak_bytes > planned)
         BROKEN("%s (%s): measured peak %lld bytes above the planned %lld", c->spec, c->scenario,
                (long long)st.measured_peak_bytes, (long long)planned);
@@ -634,6 +637,66 @@ static void loop_from_input_is_exact(void **state) {
     ebb_spec_free(s);
 }
 
+/* An op whose forward takes 16 KiB of scratch it does not declare, as an op
+ * with a wrong workspace figure would: the run names its step in
+ * ebb_run_stats.over_step, with the bytes over, and still succeeds. */
+static ebb_status lying_copy_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    ebb_tensor *scratch = NULL;
+    ebb_shape s = {1, {4096}};
+    ebb_status st = ebb_tensor_zeros(&scratch, &s, EBB_FLOAT32, ebb_tensor_device(c->in[0]));
+    if (st == EBB_OK)
+        st = ebb_tensor_clone(out, c->in[0]);
+    ebb_tensor_free(scratch);
+    return st;
+}
+
+static void a_step_over_its_plan_is_named(void **state) {
+    (void)state;
+    static const ebb_op lying = {.name = "lying_copy", .min_inputs = 1, .max_inputs = 1,
+                                 .forward = lying_copy_fwd};
+    assert_ok(ebb_op_register(&lying));
+    static const char lies[] = "ebb: 1\n"
+                               "inputs:\n"
+                               "  x: [8, 32]\n"
+                               "flow:\n"
+                               "  - from: {linear: {out: 32}}\n"
+                               "  - lying_copy\n"
+                               "  - {linear: {out: 4}}\n";
+    static const char honest[] = "ebb: 1\n"
+                                 "inputs:\n"
+                                 "  x: [8, 32]\n"
+                                 "flow:\n"
+                                 "  - from: {linear: {out: 32}}\n"
+                                 "  - identity\n"
+                                 "  - {linear: {out: 4}}\n";
+    const char *texts[2] = {lies, honest};
+    for (int k = 0; k < 2; k++) {
+        ebb_spec *s = NULL;
+        ebb_plan *p = NULL;
+        ebb_model *m = NULL;
+        assert_ok(ebb_spec_load_string(&s, texts[k], strlen(texts[k]), "lies.yaml"));
+        assert_ok(ebb_spec_compile(&p, s, NULL));
+        assert_ok(ebb_model_new(&m, p, CPU, 1));
+        ebb_tensor *in[1] = {0}, *out = NULL;
+        make_inputs(p, 1, 1.0, in);
+        ebb_run_stats st;
+        assert_ok(ebb_run(p, m, in, &out, &st));
+        if (k == 0) {
+            assert_int_equal(st.over_step, 1);
+            assert_int_equal(st.over_bytes, 4096 * 4);
+            assert_int_equal(st.measured_peak_bytes, st.planned_peak_bytes + 4096 * 4);
+        } else {
+            assert_int_equal(st.over_step, -1);
+            assert_int_equal(st.over_bytes, 0);
+        }
+        ebb_tensor_free(out);
+        free_inputs(in, 1);
+        ebb_model_free(m);
+        ebb_plan_free(p);
+        ebb_spec_free(s);
+    }
+}
+
 /* The CUDA figure is each op's own CUDA scratch (ebb_op.workspace_cuda) in
  * 512-byte blocks, compiled beside the CPU's; attention's is a bound on CUDA
  * only. A GRU cell of batch 4, hidden 6: on CUDA its fused kernel's two gate
@@ -680,6 +743,7 @@ int main(void) {
         EBB_TEST(every_spec_keeps_its_promise),
         EBB_TEST(loop_from_input_is_exact),
         EBB_TEST(cuda_scratch_is_planned_apart),
+        EBB_TEST(a_step_over_its_plan_is_named),
         EBB_TEST(every_spec_trains_as_planned),
         EBB_TEST(every_spec_trains_under_budgets),
         EBB_TEST(budget_refusals_name_the_peak),

@@ -3443,6 +3443,96 @@ static void test_train_sigterm_sighup(void **state) {
     }
 }
 
+/* A step that takes more than its plan promised: the suite's op
+ * test_overrun (registered with EBB_TEST_OPS=1) allocates 64 KiB it does not
+ * declare, as an op with a wrong workspace figure would. `ebb run`, `ebb
+ * grad` and `ebb train` name the step in a warning and go on; with
+ * --strict-memory they fail (exit 3) and write nothing. On the CPU, where
+ * every step is measured. */
+static void test_over_plan_is_reported(void **state) {
+    (void)state;
+    static const char spec_text[] = "ebb: 1\n"
+                                    "inputs:\n"
+                                    "  x: [batch, 64]\n"
+                                    "flow:\n"
+                                    "  - from: {linear: {out: 32, name: fc1}}\n"
+                                    "  - {test_overrun: {bytes: 65536}}\n"
+                                    "  - {linear: {out: 10, name: fc2}}\n"
+                                    "  - {log_softmax: {dim: -1}}\n"
+                                    "targets:\n"
+                                    "  y: {shape: [batch], dtype: int64}\n"
+                                    "loss: nll\n";
+    char spec[PATH_MAX], data[PATH_MAX], w[PATH_MAX], g[PATH_MAX];
+    tmp_path(spec, sizeof spec, "overrun.yaml");
+    tmp_path(data, sizeof data, "overrun-data.safetensors");
+    tmp_path(w, sizeof w, "overrun-w.safetensors");
+    tmp_path(g, sizeof g, "overrun-g.safetensors");
+    assert_int_equal(write_file(spec, spec_text, sizeof spec_text - 1), 0);
+    write_train_data(data, 32, 4);
+    static const char named[] = "step 1 (test_overrun, node flow.1) measured 64.0 KiB more than "
+                                "the plan's ";
+    cli_result r;
+
+    /* without EBB_TEST_OPS the op does not exist */
+    EBB(&r, "check", spec);
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "test_overrun");
+    cli_free(&r);
+
+    assert_int_equal(setenv("EBB_TEST_OPS", "1", 1), 0);
+    EBB(&r, "run", spec, "-i", "batch=4", "--device", "cpu");
+    expect_code(&r, 0);
+    expect_contains("stderr", &r, r.err, "ebb: warning: ");
+    expect_contains("stderr", &r, r.err, named);
+    expect_contains("stderr", &r, r.err, "this is a bug in ebb");
+    cli_free(&r);
+    EBB(&r, "run", spec, "-i", "batch=4", "--device", "cpu", "--strict-memory", "--outputs", w);
+    expect_code(&r, 3);
+    expect_contains("stderr", &r, r.err, "ebb: error: ");
+    expect_contains("stderr", &r, r.err, "(--strict-memory)");
+    if (access(w, F_OK) == 0) fail_msg("`%s` wrote %s", r.cmd, w);
+    cli_free(&r);
+
+    EBB(&r, "grad", spec, "--inputs", data, "--grads", g, "--device", "cpu");
+    expect_code(&r, 0);
+    expect_contains("stderr", &r, r.err, named);
+    cli_free(&r);
+    unlink(g);
+    EBB(&r, "grad", spec, "--inputs", data, "--grads", g, "--device", "cpu", "--strict-memory");
+    expect_code(&r, 3);
+    if (access(g, F_OK) == 0) fail_msg("`%s` wrote %s", r.cmd, g);
+    cli_free(&r);
+
+    /* train: the first such step is named, the others counted at the end */
+    EBB(&r, "train", spec, "--data", data, "--steps", "3", "--batch", "8", "--device", "cpu",
+        "--save-weights", w);
+    expect_code(&r, 0);
+    expect_contains("stderr", &r, r.err, named);
+    expect_contains("stderr", &r, r.err, "at training step 1; this is a bug in ebb");
+    expect_contains("stderr", &r, r.err, "3 of 3 training steps measured more than their plan");
+    assert_int_equal(access(w, F_OK), 0);
+    cli_free(&r);
+    unlink(w);
+    EBB(&r, "train", spec, "--data", data, "--steps", "3", "--batch", "8", "--device", "cpu",
+        "--save-weights", w, "--strict-memory");
+    expect_code(&r, 3);
+    expect_contains("stderr", &r, r.err, "at training step 1 (--strict-memory)");
+    expect_contains("stderr", &r, r.err, "training stopped at step 1 and nothing was saved");
+    if (access(w, F_OK) == 0) fail_msg("`%s` wrote %s", r.cmd, w);
+    cli_free(&r);
+    assert_int_equal(unsetenv("EBB_TEST_OPS"), 0);
+
+    /* a run that keeps its plan says nothing of it, strict or not */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "2", "--batch", "8", "--device",
+        "cpu", "--strict-memory");
+    expect_code(&r, 0);
+    if (strstr(r.err, "more than"))
+        fail_msg("`%s` reported a step over its plan:\n%s", r.cmd, r.err);
+    cli_free(&r);
+    unlink(spec);
+    unlink(data);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_help_and_version),
@@ -3474,6 +3564,7 @@ int main(void) {
         EBB_TEST(test_train_nonfinite),
         EBB_TEST(test_output_aliases),
         EBB_TEST(test_train_resume_strict),
+        EBB_TEST(test_over_plan_is_reported),
     };
     /* CMOCKA_FILTER=test_train_* runs those alone */
     if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));

@@ -133,6 +133,15 @@ typedef struct ebb_run_stats {
     int64_t planned_peak_bytes;  /* ebb_plan_device_peak_bytes() for the model's device */
     int64_t steps_executed;
     double seconds;
+    /* The first step whose own measured peak went above the plan's figure
+     * for it (ebb_plan_step.peak_bytes), and by how many bytes; -1 and 0 when
+     * none did. Checked on the CPU, where every step is measured (with
+     * another thread allocating at the same time the figures are not the
+     * run's); on CUDA compare measured_peak_bytes with planned_peak_bytes. A
+     * step above its plan is a bug in an op's declared scratch: `ebb run`,
+     * `ebb grad` and `ebb train` warn, and fail with --strict-memory. */
+    int over_step;
+    int64_t over_bytes;
 } ebb_run_stats;
 
 typedef struct ebb_run_options {

@@ -110,6 +110,7 @@ static const char usage_grad[] =
     "usage: ebb grad SPEC --inputs X.safetensors --grads G.safetensors [--weights W.safetensors]\n"
     "                [-i NAME=DIMS]... [-p PARAM=N]... [--loss NAME] [--trace T.jsonl]\n"
     "                [--device cpu|cuda[:N]] [--seed N] [--memory-budget SIZE]\n"
+    "                [--strict-memory]\n"
     "\n"
     "Runs the spec's training step without updating anything: the forward, the loss\n"
     "against the targets, and the backward. Writes one gradient per trained parameter,\n"
@@ -127,14 +128,16 @@ static const char usage_grad[] =
     "  --memory-budget SIZE\n"
     "                     recompute forward values in the backward to fit SIZE (64MiB,\n"
     "                     or `least`);\n"
-    "                     the gradients are the same\n" USAGE_COMMON;
+    "                     the gradients are the same\n"
+    "  --strict-memory    a step that measures more than the plan promised is an error\n"
+    "                     (exit 3), not a warning\n" USAGE_COMMON;
 
 static const char usage_run[] =
     "usage: ebb run SPEC [-i NAME=DIMS]... [-p PARAM=N]... [--device cpu|cuda[:N]] [--seed N]\n"
     "               [--weights W.safetensors [--non-strict]] [--save-weights W.safetensors]\n"
     "               [--inputs X.safetensors] [--outputs Y.safetensors]\n"
     "               [--trace T.jsonl] [--repeat N] [--keep-all] [--cuda-graph] [--force]\n"
-    "               [--strict-finite]\n"
+    "               [--strict-finite] [--strict-memory]\n"
     "\n"
     "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
@@ -153,7 +156,9 @@ static const char usage_run[] =
     "  --cuda-graph       capture the plan into a CUDA graph once, time its replays\n"
     "  --force            run even if the plan's peak does not fit in what this process\n"
     "                     can get (RLIMIT_AS, RLIMIT_DATA, cgroup limit, MemAvailable)\n"
-    "  --strict-finite    NaN or Inf in --weights or --inputs is an error, not a warning\n" USAGE_COMMON
+    "  --strict-finite    NaN or Inf in --weights or --inputs is an error, not a warning\n"
+    "  --strict-memory    a step that measures more than the plan promised is an error\n"
+    "                     (exit 3), not a warning\n" USAGE_COMMON
     "\n"
     "SPEC, --weights or --inputs (one of them) may be -, standard input; a\n"
     "safetensors file from a pipe is read into memory first. Output files are\n"
@@ -224,6 +229,31 @@ int ebb_cli_fail_status(ebb_status st) {
     case EBB_ERR_BUDGET: return EXIT_SPEC; /* the user's --memory-budget, not memory that ran out */
     default: return EXIT_RUNTIME;
     }
+}
+
+int ebb_cli_check_over(const ebb_plan *p, const ebb_run_stats *stats, int64_t measured,
+                       int strict, const char *when) {
+    char over[32], planned[32];
+    const char *kind = strict ? "error" : "warning";
+    const char *tail = strict ? " (--strict-memory)"
+                              : "; this is a bug in ebb, please report it with the spec";
+    if (stats->over_step >= 0) {
+        const ebb_plan_step *s = ebb_plan_step_at(p, stats->over_step);
+        ebb_bytes_str(stats->over_bytes, over, sizeof over);
+        ebb_bytes_str(s ? s->peak_bytes : 0, planned, sizeof planned);
+        fprintf(stderr, "ebb: %s: step %d (%s, node %s) measured %s more than the plan's %s for "
+                        "it%s%s%s\n",
+                kind, stats->over_step, s ? s->op : "?", s ? s->node : "?", over, planned,
+                when ? " " : "", when ? when : "", tail);
+    } else if (measured > stats->planned_peak_bytes) {
+        ebb_bytes_str(measured - stats->planned_peak_bytes, over, sizeof over);
+        ebb_bytes_str(stats->planned_peak_bytes, planned, sizeof planned);
+        fprintf(stderr, "ebb: %s: the run measured %s more than the plan's %s%s%s%s\n", kind, over,
+                planned, when ? " " : "", when ? when : "", tail);
+    } else {
+        return 0;
+    }
+    return strict ? EXIT_RUNTIME : 0;
 }
 
 /* ---- outputs that would destroy inputs ------------------------------------ */
@@ -342,6 +372,7 @@ enum {
     OPT_PLAN,
     OPT_CUDA_GRAPH,
     OPT_FORCE,
+    OPT_STRICT_MEMORY,
     OPT_STRICT_FINITE,
     OPT_NON_STRICT,
     OPT_SEED,
@@ -386,6 +417,7 @@ static const struct option grad_options[] = {
     {"device", required_argument, NULL, OPT_DEVICE},
     {"seed", required_argument, NULL, OPT_SEED},
     {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
+    {"strict-memory", no_argument, NULL, OPT_STRICT_MEMORY},
     {NULL, 0, NULL, 0},
 };
 static const struct option run_options[] = {
@@ -403,6 +435,7 @@ static const struct option run_options[] = {
     {"cuda-graph", no_argument, NULL, OPT_CUDA_GRAPH},
     {"force", no_argument, NULL, OPT_FORCE},
     {"strict-finite", no_argument, NULL, OPT_STRICT_FINITE},
+    {"strict-memory", no_argument, NULL, OPT_STRICT_MEMORY},
     {NULL, 0, NULL, 0},
 };
 static const struct option dot_options[] = {
@@ -462,6 +495,7 @@ typedef struct options {
     const char *params[MAX_BINDINGS];
     int n_params;
     int json, keep_all, memory, plan_view, repeat, cuda_graph, force, strict_finite, non_strict;
+    int strict_memory;
     int train, grads_only;
     uint64_t seed;
     const char *device, *weights, *save_weights, *inputs, *outputs, *trace, *out_file;
@@ -559,6 +593,7 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
         case OPT_PLAN: o->plan_view = 1; break;
         case OPT_CUDA_GRAPH: o->cuda_graph = 1; break;
         case OPT_FORCE: o->force = 1; break;
+        case OPT_STRICT_MEMORY: o->strict_memory = 1; break;
         case OPT_STRICT_FINITE: o->strict_finite = 1; break;
         case OPT_NON_STRICT: o->non_strict = 1; break;
         case OPT_TRAIN: o->train = 1; break;
@@ -1705,7 +1740,7 @@ static int cmd_run(int argc, char **argv) {
         }
         to.f = ebb_file_stream(tw);
     }
-    ebb_run_stats stats = {0};
+    ebb_run_stats stats = {0}, over = {.over_step = -1};
     int64_t peak = 0;
     for (int r = 0; r < o.repeat; r++) {
         for (int k = 0; k < n_out; k++) {
@@ -1722,7 +1757,11 @@ static int cmd_run(int argc, char **argv) {
         times[r] = stats.seconds;
         if (stats.measured_peak_bytes > peak)
             peak = stats.measured_peak_bytes;
+        if (over.over_step < 0 && stats.over_step >= 0)
+            over = stats;
     }
+    if (over.over_step < 0)
+        over = stats;
     if (o.cuda_graph) {
         /* the eager run above gave the trace and memory figures; now time replays */
         ebb_capture *cap = NULL;
@@ -1778,12 +1817,15 @@ static int cmd_run(int argc, char **argv) {
            (long long)peak, mb, (long long)ebb_plan_device_peak_bytes(p, dev), pb,
            bound ? "upper bound" : "exact", (long long)ebb_plan_keep_all_peak_bytes(p), kb);
     if (bound && peak < ebb_plan_device_peak_bytes(p, dev))
-        printf("(the plan routes rows or loops by value: its figure bounds every routing and "
-               "iteration count; this run's took %.0f%% of it)\n",
+        printf("(%s; this run's took %.0f%% of it)\n",
+               ebb_plan_peak_is_bound(p)
+                   ? "the plan routes rows or loops by value: its figure bounds every routing "
+                     "and iteration count"
+                   : "on this device some kernels are chosen at run time: its figure bounds "
+                     "what they take",
                100.0 * (double)peak / (double)ebb_plan_device_peak_bytes(p, dev));
-    else if (peak > ebb_plan_device_peak_bytes(p, dev))
-        fprintf(stderr, "ebb: warning: the run measured more than the plan promised; this is a "
-                        "bug in ebb, please report it with the spec\n");
+    if ((rc = ebb_cli_check_over(p, &over, peak, o.strict_memory, NULL)))
+        goto done;
     printf("time on %s%s: median %.3f ms over %d run%s (min %.3f, max %.3f)\n",
            ebb_device_str(dev, dn, sizeof dn), o.cuda_graph ? " (CUDA graph replay)" : "", times[o.repeat / 2] * 1e3, o.repeat,
            o.repeat == 1 ? "" : "s", times[0] * 1e3, times[o.repeat - 1] * 1e3);
@@ -1910,6 +1952,10 @@ static int cmd_grad(int argc, char **argv) {
         goto done;
     }
     int64_t planned = ebb_plan_device_peak_bytes(p, dev);
+    /* a step over its plan: said before anything is written, which
+     * --strict-memory then stops */
+    if ((rc = ebb_cli_check_over(p, &stats, stats.measured_peak_bytes, o.strict_memory, NULL)))
+        goto done;
     char dn[32];
     if (tw)
         fprintf(to.f,
@@ -1945,9 +1991,6 @@ static int cmd_grad(int argc, char **argv) {
     printf("peak intermediate bytes: measured %lld (%s), planned %lld (%s, %s)\n",
            (long long)stats.measured_peak_bytes, mb, (long long)planned, pb,
            ebb_plan_peak_is_bound_on(p, dev) ? "upper bound" : "exact");
-    if (stats.measured_peak_bytes > planned)
-        fprintf(stderr, "ebb: warning: the run measured more than the plan promised; this is a "
-                        "bug in ebb, please report it with the spec\n");
     fflush(stdout);
     if (tw) {
         st = ebb_file_commit(tw);
@@ -2008,6 +2051,39 @@ static int print_version(void) {
     return 0;
 }
 
+/* ---- the test suite's ops (EBB_TEST_OPS=1) -------------------------------- */
+
+/* test_overrun: a copy of its input that allocates `bytes` of scratch it
+ * does not declare, the way an op with a wrong workspace figure would: the
+ * tests' way to a run that measures more than its plan. Registered only when
+ * the environment sets EBB_TEST_OPS (docs/cli.md). */
+static const ebb_attr_spec overrun_attrs[] = {
+    {.name = "bytes", .type = EBB_ATTR_INT, .default_number = 4096,
+     .doc = "undeclared scratch, in bytes"},
+};
+
+static ebb_status overrun_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    int64_t n = c->attrs[0].i / 4;
+    ebb_tensor *scratch = NULL;
+    ebb_shape s = {1, {n > 0 ? n : 1}};
+    ebb_status st = ebb_tensor_zeros(&scratch, &s, EBB_FLOAT32, ebb_tensor_device(c->in[0]));
+    if (st == EBB_OK)
+        st = ebb_tensor_clone(out, c->in[0]);
+    ebb_tensor_free(scratch);
+    return st;
+}
+
+static ebb_status overrun_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    return ebb_tensor_clone(&gin[0], c->grad_out);
+}
+
+static const ebb_op_grad overrun_grad = {.backward = overrun_bwd, .differentiable = 1u};
+static const ebb_op overrun_op = {
+    .name = "test_overrun", .min_inputs = 1, .max_inputs = 1, .attrs = overrun_attrs,
+    .n_attrs = 1, .forward = overrun_fwd, .grad = &overrun_grad,
+    .doc = "test only: a copy that takes undeclared scratch (EBB_TEST_OPS=1)"};
+
 static int dispatch(int argc, char **argv) {
     if (argc < 2)
         return ebb_cli_usage_error(usage_main, "%s", "missing COMMAND");
@@ -2033,6 +2109,12 @@ static int dispatch(int argc, char **argv) {
                            cmd);
     if (ebb_init() != EBB_OK) {
         fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+        return EXIT_RUNTIME;
+    }
+    const char *test_ops = getenv("EBB_TEST_OPS");
+    if (test_ops && *test_ops && strcmp(test_ops, "0") != 0 &&
+        ebb_op_register(&overrun_op) != EBB_OK) {
+        fprintf(stderr, "ebb: EBB_TEST_OPS: %s\n", ebb_errmsg());
         return EXIT_RUNTIME;
     }
     /* the command's name is argv[0] to its parser, as a program's own */

@@ -55,7 +55,8 @@ const char ebb_cli_usage_train[] =
     "                 [--checkpoint-every N] [--resume CKPT] [--log-every N]\n"
     "                 [--curve FILE.svg] [--trace T.jsonl [--trace-step N]]\n"
     "                 [--memory-budget SIZE] [--skip-nonfinite] [--allow-nonfinite]\n"
-    "                 [--override] [--non-strict] [--device DEV] [--json] [-p NAME=VALUE]...\n"
+    "                 [--override] [--non-strict] [--strict-memory] [--device DEV] [--json]\n"
+    "                 [-p NAME=VALUE]...\n"
     "\n"
     "Trains the spec on a dataset with its training plan: forward, the spec's loss\n"
     "against its targets, backward and optimizer update, one static plan per step.\n"
@@ -105,7 +106,9 @@ const char ebb_cli_usage_train[] =
     "                     infinite, as torch's GradScaler skips one; else such a step\n"
     "                     stops training (exit 1) with nothing written\n"
     "  --allow-nonfinite  NaN or Inf in --weights or --resume is a warning, not an "
-    "error\n" USAGE_COMMON "\n"
+    "error\n"
+    "  --strict-memory    a step that measures more than its plan promised stops training\n"
+    "                     (exit 3, nothing written), rather than a warning\n" USAGE_COMMON "\n"
     "SIGINT (Ctrl-C), SIGTERM and SIGHUP finish the step under way, write a checkpoint\n"
     "and exit 128 + the signal (130, 143, 129); a second signal stops at once.\n";
 
@@ -155,6 +158,7 @@ enum {
     O_ALLOW_NONFINITE,
     O_OVERRIDE,
     O_NON_STRICT,
+    O_STRICT_MEMORY,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -190,6 +194,7 @@ const struct option ebb_cli_train_options[] = {
     {"skip-nonfinite", no_argument, NULL, O_SKIP_NONFINITE},
     {"override", no_argument, NULL, O_OVERRIDE},
     {"non-strict", no_argument, NULL, O_NON_STRICT},
+    {"strict-memory", no_argument, NULL, O_STRICT_MEMORY},
     {NULL, 0, NULL, 0},
 };
 
@@ -203,7 +208,7 @@ typedef struct topts {
     int64_t epochs, steps, batch, checkpoint_every, log_every, trace_step;
     double lr, momentum, weight_decay, norm_mean, norm_std;
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
-    int skip_nonfinite, allow_nonfinite, override, non_strict;
+    int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory;
     uint64_t seed;
     int64_t memory_budget; /* 0: none */
 } topts;
@@ -288,6 +293,9 @@ static int parse(int argc, char **argv, int train, topts *o) {
         case O_DROP_LAST: o->drop_last = 1; break;
         case O_SKIP_NONFINITE:
             o->skip_nonfinite = 1;
+            break;
+        case O_STRICT_MEMORY:
+            o->strict_memory = 1;
             break;
         case O_ALLOW_NONFINITE:
             o->allow_nonfinite = 1;
@@ -1052,6 +1060,7 @@ typedef struct trainer {
     int64_t n, per_epoch, epoch_samples, total, epochs, step, trace_at, window;
     int64_t shuffled_epoch, last_ckpt, planned, measured, done_steps;
     int64_t skipped, first_skipped;
+    int64_t over_steps; /* training steps that measured more than their plan */
     char first_skip_why[512];
     double t0, t_epoch, last_draw;
     /* losses summed since the last log line, the epoch's start and the last curve
@@ -1613,6 +1622,21 @@ static int trainer_step(trainer *t, int traced, double *loss, ebb_run_stats *sta
     t->step++;
     t->done_steps++;
     if (stats->measured_peak_bytes > t->measured) t->measured = stats->measured_peak_bytes;
+    if (stats->over_step >= 0 || stats->measured_peak_bytes > stats->planned_peak_bytes) {
+        /* the first such step is named; a summary at the end counts them */
+        char when[64];
+        snprintf(when, sizeof when, "at training step %lld", (long long)t->step);
+        int orc = t->over_steps++ == 0 || o->strict_memory
+                      ? ebb_cli_check_over(t->plan, stats, stats->measured_peak_bytes,
+                                           o->strict_memory, when)
+                      : 0;
+        if (orc) {
+            fprintf(stderr, "ebb: training stopped at step %lld and nothing was saved%s%s\n",
+                    (long long)t->step, o->checkpoint ? "; the last checkpoint is in " : "",
+                    o->checkpoint ? o->checkpoint : "");
+            return orc;
+        }
+    }
     int skipped = 0, rc = check_step(t, *loss, &skipped);
     if (!rc && traced) rc = trace_done(t, *loss, stats);
     if (skipped) *loss = NAN;
@@ -1822,6 +1846,10 @@ static int finish(trainer *t) {
     }
     if (t->curve && !o->json) printf("learning curves drawn in %s\n", o->curve);
     report_skips(t);
+    if (t->over_steps > 1)
+        fprintf(stderr, "ebb: warning: %lld of %lld training steps measured more than their "
+                        "plan\n",
+                (long long)t->over_steps, (long long)t->done_steps);
     return 0;
 }
 

@@ -41,6 +41,14 @@ void ebb_cli_trace_step(const ebb_trace_event *e, void *user);
  * Every command's one check (src/cli/main.c). */
 int ebb_cli_check_aliases(const char *const *list);
 
+/* After a run that measured `measured` peak bytes: when that is more than
+ * its plan promised, says so on stderr, naming the step the CPU's per-step
+ * check caught (ebb_run_stats.over_step) and `when` ("at training step 3",
+ * or NULL): a warning, or with `strict` (--strict-memory) an error. Returns
+ * 0, or the runtime exit code (3) for the error. */
+int ebb_cli_check_over(const ebb_plan *p, const ebb_run_stats *stats, int64_t measured,
+                       int strict, const char *when);
+
 int ebb_cli_train(int argc, char **argv);
 int ebb_cli_eval(int argc, char **argv);
 
