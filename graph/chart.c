@@ -1056,7 +1056,14 @@ ebb_status ebb_plan_chart_svg(const ebb_plan *p, const ebb_chart_trace *trace, F
                                                     : "exact",
                                  bytes_text(p->keep_all_peak_bytes, kb, sizeof kb), c.n_bands);
     if (c.n_other && at < sizeof head)
-        snprintf(head + at, sizeof head - at, " (%d too small to draw, merged)", c.n_other);
+        at += (size_t)snprintf(head + at, sizeof head - at, " (%d too small to draw, merged)",
+                               c.n_other);
+    if (p->training && !p->grads_only && at < sizeof head) {
+        char pb[32], ob[32];
+        snprintf(head + at, sizeof head - at, "; beside them parameters %s, optimizer state %s",
+                 bytes_text(ebb_plan_param_bytes(p), pb, sizeof pb),
+                 bytes_text(ebb_plan_optimizer_state_bytes(p), ob, sizeof ob));
+    }
     draw_text(f, LEFT, 40, "class=\"sub\"", head);
     if (trace) {
         int64_t mp = 0;

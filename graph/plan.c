@@ -37,6 +37,30 @@ int64_t ebb_plan_peak_bytes(const ebb_plan *p, int *at_step) {
 
 int ebb_plan_peak_is_bound(const ebb_plan *p) { return p ? p->peak_is_bound : 0; }
 
+static int64_t param_nbytes(const ebb_plan *p, int i) {
+    const ebb_param_spec *s = &p->params[i].spec;
+    return ebb_shape_numel(&s->shape) * (int64_t)ebb_dtype_size(s->counter ? EBB_INT64 : p->dtype);
+}
+
+int64_t ebb_plan_param_bytes(const ebb_plan *p) {
+    int64_t n = 0;
+    for (int i = 0; p && i < p->n_params; i++)
+        n += param_nbytes(p, i);
+    return n;
+}
+
+int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p) {
+    if (!p || !p->training || p->grads_only)
+        return 0;
+    const ebb_optimizer_options *o = &p->optimizer;
+    int slots = o->kind == EBB_SGD ? o->momentum != 0 : 2 + (o->amsgrad != 0);
+    int64_t n = 0;
+    for (int i = 0; i < p->n_params; i++)
+        if (!p->params[i].spec.counter)
+            n += slots * param_nbytes(p, i);
+    return n;
+}
+
 int ebb_plan_peak_is_bound_on(const ebb_plan *p, ebb_device device) {
     if (!p)
         return 0;
@@ -245,6 +269,13 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
                 : p->updates_in_backward ? "each updated as soon as its gradient is final, which "
                                            "frees the gradient"
                                          : "updated after the backward");
+        char pb[32], ob[32];
+        ebb_bytes_str(ebb_plan_param_bytes(p), pb, sizeof pb);
+        ebb_bytes_str(ebb_plan_optimizer_state_bytes(p), ob, sizeof ob);
+        if (!p->grads_only)
+            fprintf(f, "beside the step, for the whole run: parameters %s, optimizer state %s "
+                       "(made with the optimizer: no step allocates it)\n",
+                    pb, ob);
         print_remat(p, f);
     }
     int n_in_place = 0;

@@ -171,8 +171,11 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
             "\"keep_all_peak_bytes\": %lld, \"training\": %s, \"targets\": %d",
             (long long)p->peak_bytes, p->peak_is_bound ? "bound" : "exact", p->peak_step,
             (long long)p->keep_all_peak_bytes, p->training ? "true" : "false", p->n_targets);
+    fprintf(f, ", \"param_bytes\": %lld", (long long)ebb_plan_param_bytes(p));
     if (p->training)
-        fprintf(f, ", \"updates_in_backward\": %s", p->updates_in_backward ? "true" : "false");
+        fprintf(f, ", \"updates_in_backward\": %s, \"optimizer_state_bytes\": %lld",
+                p->updates_in_backward ? "true" : "false",
+                (long long)ebb_plan_optimizer_state_bytes(p));
     if (p->memory_budget) {
         int n_re = 0;
         for (int i = 0; i < p->n_steps; i++)

@@ -335,8 +335,10 @@ static ebb_status accumulate(run_ctx *r, const plan_step *s) {
     return st;
 }
 
-/* The optimizer's update of one parameter. State it creates belongs to the
- * model, not the plan: the baseline moves up by it. */
+/* The optimizer's update of one parameter. ebb_optimizer_new() makes the
+ * state, so an update adds none; should one ever (an optimizer made some
+ * other way), that state belongs to the model, not the plan: the baseline
+ * moves up by it. */
 static ebb_status update(run_ctx *r, const plan_step *s) {
     ebb_tensor *g = r->slots[s->pub.in[0]];
     if (!r->opt)

@@ -213,11 +213,10 @@ ebb_status ebb_plan_check_fits(const ebb_plan *plan, ebb_device device, const eb
                              "ebb_plan_check_fits: the model is on another device than asked");
     ebb_plan_peak_bytes(plan, &fit.peak_step);
     fit.peak_bytes = ebb_plan_device_peak_bytes(plan, device);
-    if (!model) /* not allocated yet: the run will need them too */
-        for (int i = 0; i < plan->n_params; i++)
-            fit.param_bytes +=
-                ebb_shape_numel(&plan->params[i].spec.shape) *
-                (int64_t)ebb_dtype_size(plan->params[i].spec.counter ? EBB_INT64 : plan->dtype);
+    /* not allocated yet: the run will need them too, and a training step its
+     * optimizer's state */
+    if (!model)
+        fit.param_bytes = ebb_plan_param_bytes(plan) + ebb_plan_optimizer_state_bytes(plan);
     fit.input_bytes = input_bytes > 0 ? input_bytes : 0;
     if (device.type == EBB_DEVICE_CPU) {
         fit.reserve_bytes = RESERVE_FIXED + intra_op_threads() * thread_stack_bytes();

@@ -179,6 +179,10 @@ static int is_float(ebb_dtype dt) {
     return dt == EBB_FLOAT32 || dt == EBB_FLOAT64 || dt == EBB_FLOAT16 || dt == EBB_BFLOAT16;
 }
 
+static ebb_status make_state(ebb_optimizer *opt, int i, const char *fn);
+static ebb_tensor *param_of(const ebb_optimizer *opt, int i);
+static const char *param_name(const ebb_optimizer *opt, int i);
+
 ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
                              const ebb_optimizer_options *opts) {
     const char *fn = "ebb_optimizer_new";
@@ -200,6 +204,16 @@ ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
     opt->model = model;
     opt->o = o;
     opt->n = model->n_params;
+    /* the state of every floating-point parameter is made now, zeros, so
+     * that no training step allocates it: a step's bytes are the same from
+     * the first on, and the state is known beside the parameters before
+     * anything runs (ebb_plan_state_bytes) */
+    for (int i = 0; st == EBB_OK && i < opt->n; i++)
+        if (is_float(ebb_tensor_dtype(param_of(opt, i)))) st = make_state(opt, i, fn);
+    if (st != EBB_OK) {
+        ebb_optimizer_free(opt);
+        return st;
+    }
     *out = opt;
     return EBB_OK;
 }
@@ -262,39 +276,48 @@ static ebb_status check_grad(const ebb_optimizer *opt, int i, const ebb_tensor *
     return EBB_OK;
 }
 
-/* Adam's moments start as zeros, made before the first update touches
- * anything (SGD's momentum buffer is made by its kernel, from the gradient). */
-static ebb_status make_state(ebb_optimizer *opt, int i, const char *fn) {
-    param_state *s = &opt->state[i];
-    if (s->present) return EBB_OK;
-    const ebb_tensor *p = param_of(opt, i);
+/* Every state slot the options use, as zeros: made with the optimizer (and
+ * for a parameter a loaded file held no state for). Adam's moments start so;
+ * SGD's momentum buffer takes the gradient at the first update (see
+ * run_kernel). */
+static ebb_status zero_slots(param_state *s, const ebb_optimizer_options *o, const ebb_tensor *p,
+                             const char *fn, const char *name) {
     ebb_shape shape = ebb_tensor_shape(p);
-    for (int k = SLOT_EXP_AVG; k < N_SLOTS; k++) {
-        if (!slot_used(&opt->o, k) || s->slot[k]) continue;
+    for (int k = 0; k < N_SLOTS; k++) {
+        if (!slot_used(o, k) || s->slot[k]) continue;
         ebb_status st =
             ebb_tensor_zeros(&s->slot[k], &shape, ebb_tensor_dtype(p), ebb_tensor_device(p));
         if (st != EBB_OK)
-            return ebb_error_prefix("%s: parameter '%s': %s", fn, param_name(opt, i),
-                                    slot_names[k]);
+            return ebb_error_prefix("%s: parameter '%s': %s", fn, name, slot_names[k]);
     }
     return EBB_OK;
 }
 
-/* Drops state made for parameters that were not updated after all. */
-static void unmake_state(ebb_optimizer *opt) {
-    for (int i = 0; i < opt->n; i++)
-        if (!opt->state[i].present) state_clear(&opt->state[i]);
+static ebb_status make_state(ebb_optimizer *opt, int i, const char *fn) {
+    return zero_slots(&opt->state[i], &opt->o, param_of(opt, i), fn, param_name(opt, i));
 }
 
 static ebb_status run_kernel(ebb_optimizer *opt, int i, const ebb_tensor *grad, const char *fn) {
     param_state *s = &opt->state[i];
     ebb_tensor *p = param_of(opt, i);
+    /* torch.optim's first SGD step with momentum starts the buffer as the
+     * (decayed) gradient: the zeros made with the optimizer go first, and
+     * the kernel makes it in their place, so the bytes held do not change */
+    ebb_tensor *zeros = NULL;
+    if (opt->o.kind == EBB_SGD && opt->o.momentum != 0 && !s->present) {
+        zeros = s->slot[SLOT_MOMENTUM];
+        s->slot[SLOT_MOMENTUM] = NULL;
+        ebb_tensor_free(zeros);
+    }
     ebb_status st =
         opt->o.kind == EBB_SGD
             ? ebb_tensor_sgd_update_(p, grad, &s->slot[SLOT_MOMENTUM], &opt->o)
             : ebb_tensor_adam_update_(p, grad, s->slot[SLOT_EXP_AVG], s->slot[SLOT_EXP_AVG_SQ],
                                       s->slot[SLOT_MAX_EXP_AVG_SQ], s->step + 1, &opt->o);
-    if (st != EBB_OK) return ebb_error_prefix("%s: parameter '%s'", fn, param_name(opt, i));
+    if (st != EBB_OK) {
+        if (zeros && !s->slot[SLOT_MOMENTUM]) make_state(opt, i, fn); /* as it was, if it can */
+        return ebb_error_prefix("%s: parameter '%s'", fn, param_name(opt, i));
+    }
     s->step++;
     s->present = 1;
     return EBB_OK;
@@ -309,9 +332,7 @@ ebb_status ebb_optimizer_update(ebb_optimizer *opt, int param_index, const ebb_t
                              "%s: parameter index %d is out of range (the model has %d parameters)",
                              fn, param_index, opt->n);
     ebb_status st = check_grad(opt, param_index, grad, fn);
-    if (st == EBB_OK) st = make_state(opt, param_index, fn);
     if (st == EBB_OK) st = run_kernel(opt, param_index, grad, fn);
-    if (st != EBB_OK) unmake_state(opt);
     return st;
 }
 
@@ -323,10 +344,7 @@ ebb_status ebb_optimizer_step(ebb_optimizer *opt, ebb_tensor *const *grads) {
     for (int i = 0; st == EBB_OK && i < opt->n; i++)
         if (grads[i]) st = check_grad(opt, i, grads[i], fn);
     for (int i = 0; st == EBB_OK && i < opt->n; i++)
-        if (grads[i]) st = make_state(opt, i, fn);
-    for (int i = 0; st == EBB_OK && i < opt->n; i++)
         if (grads[i]) st = run_kernel(opt, i, grads[i], fn);
-    if (st != EBB_OK) unmake_state(opt);
     return st;
 }
 
@@ -359,7 +377,7 @@ int64_t ebb_optimizer_scratch_bytes(const ebb_optimizer *opt, int param_index) {
     if (!opt || param_index < 0 || param_index >= opt->n) return -1;
     const ebb_tensor *p = param_of(opt, param_index);
     int has_state = opt->o.kind != EBB_SGD || opt->o.momentum == 0 ||
-                    opt->state[param_index].slot[SLOT_MOMENTUM] != NULL;
+                    opt->state[param_index].present;
     return ebb_optimizer_update_scratch_bytes(&opt->o, ebb_tensor_dtype(p), ebb_tensor_numel(p),
                                               ebb_tensor_device(p), has_state);
 }
@@ -609,6 +627,10 @@ ebb_status ebb_optimizer_load(ebb_optimizer *opt, const char *path) {
                 if (s != EBB_OK) ebb_error_prefix("%s", fn);
             }
         fresh[i].present = have > 0;
+        /* a parameter the file holds no state for starts from zeros, as
+         * one the optimizer was made with */
+        if (s == EBB_OK && !have && is_float(ebb_tensor_dtype(p)))
+            s = zero_slots(&fresh[i], &o, p, fn, param_name(opt, i));
         for (int k = 0; k <= N_SLOTS; k++)
             free(names[k]);
     }

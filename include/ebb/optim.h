@@ -107,7 +107,13 @@ typedef struct ebb_optimizer_options {
 EBB_API ebb_optimizer_options ebb_optimizer_defaults(ebb_optimizer_kind kind, double lr);
 
 /* Creates an optimizer over every parameter of `model`, in the model's
- * parameter order, with no state yet. `opts` is read, not kept. On success
+ * parameter order, and its state for every floating-point parameter: zeros
+ * (momentum buffer; exp_avg and exp_avg_sq; max_exp_avg_sq with amsgrad),
+ * made now so that no training step allocates state, and its bytes are known
+ * beside the parameters before anything runs (ebb_plan_optimizer_state_bytes).
+ * The values are torch.optim's: Adam's moments start at zero, and SGD's
+ * momentum buffer takes the gradient at its first update. Out of memory is
+ * EBB_ERR_NOMEM, here rather than in a step. `opts` is read, not kept. On success
  * *out is a new optimizer, freed with ebb_optimizer_free(). EBB_ERR_ARG for
  * a NULL argument, an unknown kind, or options torch.optim would refuse (the
  * message names the field and its value). Integer tensors among the
@@ -157,10 +163,10 @@ EBB_API int64_t ebb_optimizer_step_count(const ebb_optimizer *opt);
  * for a NULL optimizer or an index out of range. */
 EBB_API int64_t ebb_optimizer_param_step_count(const ebb_optimizer *opt, int param_index);
 
-/* Bytes of tensor state the optimizer holds now; *most (when not NULL)
- * receives the bytes it will hold once every parameter has been updated:
- * per parameter, its size times 0 (SGD without momentum), 1 (SGD with
- * momentum), 2 (Adam, AdamW) or 3 (with amsgrad). The update counts are not
+/* Bytes of tensor state the optimizer holds now, which is all it ever holds:
+ * per floating-point parameter, its size times 0 (SGD without momentum), 1
+ * (SGD with momentum), 2 (Adam, AdamW) or 3 (with amsgrad). *most (when not
+ * NULL) receives the same (kept from when state was made at first updates). The update counts are not
  * tensors and cost nothing here. 0 (and *most 0) for NULL. */
 EBB_API int64_t ebb_optimizer_state_bytes(const ebb_optimizer *opt, int64_t *most);
 /* The tensor bytes the next update of parameter `param_index` allocates
@@ -173,8 +179,7 @@ EBB_API int64_t ebb_optimizer_state_bytes(const ebb_optimizer *opt, int64_t *mos
  * unless that is float64: 12 bytes for float32) where the update multiplies
  * or divides by a number: always for Adam and AdamW, after the first update
  * for SGD with momentum.
- * A parameter without state also gains its state at its next update: its
- * size times the factor ebb_optimizer_state_bytes() names. -1 for a NULL
+ * -1 for a NULL
  * optimizer or an index out of range. */
 EBB_API int64_t ebb_optimizer_scratch_bytes(const ebb_optimizer *opt, int param_index);
 
@@ -189,15 +194,17 @@ EBB_API int64_t ebb_optimizer_update_scratch_bytes(const ebb_optimizer_options *
 
 /* One state tensor of a parameter, borrowed (do not free it; updates change
  * it in place, ebb_optimizer_load() and ebb_optimizer_free() free it): `which` is
- * "momentum_buffer", "exp_avg", "exp_avg_sq" or "max_exp_avg_sq". NULL when
- * the parameter has no such state (not updated yet, or another kind), for an
- * unknown `which` or an index out of range. */
+ * "momentum_buffer", "exp_avg", "exp_avg_sq" or "max_exp_avg_sq" (zeros
+ * until the parameter's first update). NULL when the options keep no such
+ * state, for a counter parameter, an unknown `which` or an index out of
+ * range. */
 EBB_API ebb_tensor *ebb_optimizer_state_tensor(const ebb_optimizer *opt, int param_index,
                                        const char *which);
 
 /* Writes the state under the names above to a safetensors file, as
  * ebb_safetensors_write() does (atomic replacement of a regular file).
- * Parameters without state have no entries. optim.options holds, as
+ * Parameters not updated yet (torch.optim has no state for them) have no
+ * entries. optim.options holds, as
  * float64: {format version 1, kind, lr, momentum, dampening, nesterov,
  * weight_decay, beta1, beta2, eps, amsgrad}. */
 EBB_API ebb_status ebb_optimizer_save(const ebb_optimizer *opt, const char *path);
@@ -213,7 +220,8 @@ EBB_API ebb_status ebb_optimizer_save(const ebb_optimizer *opt, const char *path
  * not a non-negative whole number, or an "optim." name the model has no
  * parameter or the kind no state for, is an error (EBB_ERR_ARG, or
  * EBB_ERR_SHAPE for shapes and dtypes) naming the tensor and the file, and
- * the optimizer is left as it was. */
+ * the optimizer is left as it was. A parameter the file holds no state for
+ * gets zeros, as ebb_optimizer_new() makes them. */
 EBB_API ebb_status ebb_optimizer_load(ebb_optimizer *opt, const char *path);
 
 /* ---- update kernels (the tensor layer) ---------------------------------------

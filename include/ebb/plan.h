@@ -230,6 +230,14 @@ EBB_API const char *ebb_plan_name(const ebb_plan *p);
 
 /* Number of parameters the plan's ops need, in a fixed order. NULL p: 0. */
 EBB_API int ebb_plan_param_count(const ebb_plan *p);
+/* The bytes the parameters hold, which live beside the plan's intermediates
+ * for the whole run. NULL p: 0. */
+EBB_API int64_t ebb_plan_param_bytes(const ebb_plan *p);
+/* A training plan with updates: the bytes of the state the optimizer it was
+ * compiled for keeps, which ebb_optimizer_new() makes (zeros) for every
+ * floating-point parameter, so that no step allocates it: beside the
+ * parameters, not in any step's peak. 0 for other plans and NULL p. */
+EBB_API int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p);
 /* Parameter i's spec, owned by the plan; its full name ("stem.weight") goes
  * to *full_name when full_name is non-NULL. NULL p or i out of range: NULL,
  * *full_name untouched. */

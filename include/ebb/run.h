@@ -173,7 +173,8 @@ EBB_API ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_
 typedef struct ebb_fit {
     int64_t needed_bytes;    /* the sum of the four below */
     int64_t peak_bytes;      /* ebb_plan_device_peak_bytes(plan, device) */
-    int64_t param_bytes;     /* the plan's parameters; 0 when a model holds them already */
+    int64_t param_bytes;     /* the plan's parameters and a training plan's optimizer state
+                                (ebb_plan_optimizer_state_bytes); 0 when a model holds them */
     int64_t input_bytes;     /* as passed: inputs (or anything else) not allocated yet */
     int64_t reserve_bytes;   /* CPU: what running ops maps besides tensors (BLAS
                                 buffers, one stack per intra-op thread); 0 on CUDA */
