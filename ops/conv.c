@@ -1,6 +1,8 @@
 /* conv1d and conv2d, PyTorch's layout: weight [out, in/groups, k(, k)],
  * bias [out]; square kernels, one stride/padding/dilation for every
  * spatial dim. */
+#include <ctype.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ops_internal.h"
@@ -209,10 +211,26 @@ static int64_t native_workspace(const conv_dims *d, int64_t e) {
     return slice + cols > out ? slice + cols : out;
 }
 
+/* Whether s starts with prefix, ignoring case. */
+static int starts_with_nocase(const char *s, const char *prefix) {
+    for (; *prefix; s++, prefix++)
+        if (tolower((unsigned char)*s) != tolower((unsigned char)*prefix))
+            return 0;
+    return 1;
+}
+
 /* oneDNN's channel block: 16 floats with AVX-512, 8 on AVX2 (and the SSE4.1
- * and AVX kernels); 16 where the CPU cannot be asked. */
+ * and AVX kernels); 16 where the CPU cannot be asked. oneDNN's own cap on
+ * the instruction set (ONEDNN_MAX_CPU_ISA, DNNL_MAX_CPU_ISA before 3.0)
+ * lowers it as it lowers the kernels. */
 static int64_t onednn_block(void) {
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+    const char *cap = getenv("ONEDNN_MAX_CPU_ISA");
+    if (!cap || !*cap)
+        cap = getenv("DNNL_MAX_CPU_ISA");
+    if (cap && *cap && !starts_with_nocase(cap, "ALL") && !starts_with_nocase(cap, "AVX512") &&
+        !starts_with_nocase(cap, "AVX10"))
+        return 8;
     return __builtin_cpu_supports("avx512f") ? 16 : 8;
 #else
     return 16;
@@ -265,6 +283,10 @@ static int64_t mkldnn_workspace_bound(const conv_dims *d, int threads) {
                        : 0;
     int64_t out = d->n * d->o * d->sp_out * e;
     int64_t during = (src + wts + dst) * e + bias + cols - out; /* before the dense copy */
+    /* oneDNN 3 runs a layer whose window covers the whole unpadded input as
+     * an inner product (matmul), which reorders the weights once more */
+    if (d->sp_out == 1 && !d->padded && !plain_layer(d))
+        during += threads * 65536 + wts * e;
     return during > dst * e ? during : dst * e;                /* the copy: dst + out */
 }
 
@@ -365,11 +387,11 @@ static ebb_status conv_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tens
  * weights' (and bias's) gradients in blocked buffers. With several threads
  * a layer with few output channels splits the batch between them and sums
  * per-thread partial gradients: measured at about 25 KiB per extra thread
- * however small the weights (AVX2), counted as the blocked weights or
- * 32 KiB, whichever is larger. Outside plain_layer() a kernel may work
- * through one sample's columns per thread, and a strided 1x1 gathers its
- * strided input per thread: measured at up to 36 floats per input
- * position, counted as 64. */
+ * however small the weights (AVX2), and up to twice the blocked weights
+ * (AVX-512), counted as two blocked weight copies plus 32 KiB. Outside
+ * plain_layer() a kernel may work through one sample's columns per thread,
+ * and a strided 1x1 gathers its strided input per thread: measured at up to
+ * 36 floats per input position, counted as 64. */
 
 /* Scratch of one native convolution without groups (d->g == 1), or of one
  * group of it, beside its gradients. */
@@ -390,6 +412,31 @@ static int64_t native_bwd_workspace(const conv_dims *d, int64_t e) {
     int64_t copies = d->n > 1 ? d->n * (cg * d->sp_in + og * d->sp_out) * e : 0;
     int64_t grads = (d->n * d->c * d->sp_in + d->o * cg * d->k_numel + (d->bias ? d->o : 0)) * e;
     return copies + group > grads ? copies + group : grads;
+}
+
+/* Whether oneDNN's direct kernels take both halves of the backward on every
+ * CPU: a plain layer, unstrided, whose input is at least the kernel in each
+ * dim (AVX2's direct weights kernel needs the kernel's height of input rows:
+ * a 3x3 layer on a 2x2 map falls to gemm there). */
+static int direct_backward(const conv_dims *d) {
+    return plain_layer(d) && !d->strided && d->h >= d->kh && d->w >= d->kw;
+}
+
+/* The backward's allowance for oneDNN's other kernels, beside the direct
+ * figure: gemm (im2col) weights kernels keep about four weight-sized buffers
+ * and one sample's columns per thread; oneDNN 3's brgemm kernels a fixed
+ * block of scratch per thread (about 56 KiB); and its strided data kernels
+ * a blocked copy of the whole input gradient. Measured on a grid of small
+ * maps, strides, dilations, groups and batches (docs/ops.md). */
+static int64_t other_kernels_bwd_bound(const conv_dims *d, int threads) {
+    if (direct_backward(d))
+        return 0;
+    const int64_t e = 4, blk = onednn_block();
+    int64_t cg = d->c / d->g, og = d->o / d->g;
+    int64_t wts = d->g * round_up(cg, blk) * round_up(og, blk) * d->k_numel * e;
+    int64_t cols = round_up(cg, blk) * d->k_numel * d->sp_out * e;
+    int64_t strided = d->strided ? d->n * round_up(d->c, blk) * d->sp_in * e : 0;
+    return threads * (4 * wts + cols + 65536) + strided;
 }
 
 static int64_t mkldnn_bwd_workspace_bound(const conv_dims *d, int threads) {
@@ -415,7 +462,7 @@ static int64_t mkldnn_bwd_workspace_bound(const conv_dims *d, int threads) {
         per_thread = threads * ((cols > gather ? cols : gather) * e + align);
     }
     /* partial weight gradients of the threads beyond the first */
-    int64_t partial = (wts + bias) * e > 32768 ? (wts + bias) * e : 32768;
+    int64_t partial = 2 * (wts + bias) * e + 32768;
     /* a bias whose channels do not fill the blocks is padded in scratch */
     int64_t pad_bias = d->bias && (og % blk != 0 || d->o % blk != 0)
                            ? d->g * round_up(og, blk) * e + align
@@ -432,7 +479,7 @@ static int64_t mkldnn_bwd_workspace_bound(const conv_dims *d, int threads) {
     int64_t peak = 0;
     for (int i = 0; i < EBB_COUNT(phases); i++)
         peak = phases[i] > peak ? phases[i] : peak;
-    return peak - gx - gw - gb;
+    return peak - gx - gw - gb + other_kernels_bwd_bound(d, threads);
 }
 
 static int64_t conv_bwd_workspace_of(int nsp, const ebb_attr_value *a, const ebb_shape *in,

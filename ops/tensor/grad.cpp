@@ -453,15 +453,16 @@ ebb_status ebb_tensor_layer_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad
 }
 
 // Measured with a counting allocator: 1.13 holds two [C] temporaries; 2.x
-// holds three on its channels-last path ([N, C] or [N, C, 1, 1]: one value
-// per channel and sample), two otherwise.
+// holds two plus one per intra-op thread (its per-thread partial sums) on
+// its channels-last path ([N, C] or [N, C, 1, 1]: one value per channel and
+// sample), two otherwise.
 int64_t ebb_batch_norm_train_scratch(const ebb_shape *x, ebb_dtype dtype) {
     if (x->ndim < 2)
         return 0;
     int64_t numel = ebb_shape_numel(x), per_channel = 2;
 #if TORCH_VERSION_MAJOR >= 2
     if (x->dim[0] * x->dim[1] > 0 && numel / (x->dim[0] * x->dim[1]) == 1)
-        per_channel = 3;
+        per_channel = 2 + (ebb_tensor_num_threads() > 1 ? ebb_tensor_num_threads() : 1);
 #else
     (void)numel;
 #endif
