@@ -56,7 +56,7 @@ int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p) {
     int slots = o->kind == EBB_SGD ? o->momentum != 0 : 2 + (o->amsgrad != 0);
     int64_t n = 0;
     for (int i = 0; i < p->n_params; i++)
-        if (!p->params[i].spec.counter)
+        if (!p->params[i].spec.counter && !p->params[i].spec.buffer)
             n += slots * param_nbytes(p, i);
     return n;
 }

@@ -46,6 +46,7 @@ void ebb_model_free(ebb_model *m) {
     }
     free(m->params);
     free(m->names);
+    free(m->buffer);
     free(m);
 }
 
@@ -67,7 +68,8 @@ ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device devic
     m->dtype = plan->dtype;
     m->params = calloc((size_t)plan->n_params + 1, sizeof *m->params);
     m->names = calloc((size_t)plan->n_params + 1, sizeof *m->names);
-    if (!m->params || !m->names) {
+    m->buffer = calloc((size_t)plan->n_params + 1, 1);
+    if (!m->params || !m->names || !m->buffer) {
         ebb_model_free(m);
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_model_new: out of memory");
     }
@@ -81,6 +83,7 @@ ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device devic
             return ebb_error_set(EBB_ERR_NOMEM, "ebb_model_new: out of memory");
         }
         memcpy(m->names[i], pp->full_name, n);
+        m->buffer[i] = pp->spec.buffer || pp->spec.counter;
         ebb_status st =
             init_param(&m->params[i], &pp->spec, plan->dtype, device, param_seed(seed, pp->full_name));
         if (st != EBB_OK) {

@@ -12,6 +12,8 @@ struct ebb_model {
     int n_params;
     ebb_tensor **params; /* in the plan's parameter order */
     char **names;
+    unsigned char *buffer; /* 1: a buffer or counter (batch_norm's running statistics):
+                              no gradient, and no optimizer state */
     /* The id of the last plan the parameters were checked against: runs of
      * the same plan skip the check (parameters cannot change shape). Ids are
      * unique per process, unlike addresses of freed plans. */

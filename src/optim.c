@@ -204,12 +204,13 @@ ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
     opt->model = model;
     opt->o = o;
     opt->n = model->n_params;
-    /* the state of every floating-point parameter is made now, zeros, so
+    /* the state of every trained parameter (not a buffer) is made now, zeros, so
      * that no training step allocates it: a step's bytes are the same from
      * the first on, and the state is known beside the parameters before
      * anything runs (ebb_plan_state_bytes) */
     for (int i = 0; st == EBB_OK && i < opt->n; i++)
-        if (is_float(ebb_tensor_dtype(param_of(opt, i)))) st = make_state(opt, i, fn);
+        if (!model->buffer[i] && is_float(ebb_tensor_dtype(param_of(opt, i))))
+            st = make_state(opt, i, fn);
     if (st != EBB_OK) {
         ebb_optimizer_free(opt);
         return st;
@@ -365,7 +366,8 @@ int64_t ebb_optimizer_state_bytes(const ebb_optimizer *opt, int64_t *most) {
     for (int i = 0; opt && i < opt->n; i++) {
         for (int k = 0; k < N_SLOTS; k++)
             if (opt->state[i].slot[k]) now += (int64_t)ebb_tensor_nbytes(opt->state[i].slot[k]);
-        all += (int64_t)ebb_tensor_nbytes(param_of(opt, i)) * slots_used(&opt->o);
+        if (!opt->model->buffer[i] && is_float(ebb_tensor_dtype(param_of(opt, i))))
+            all += (int64_t)ebb_tensor_nbytes(param_of(opt, i)) * slots_used(&opt->o);
     }
     if (most) *most = all;
     return now;
@@ -629,7 +631,7 @@ ebb_status ebb_optimizer_load(ebb_optimizer *opt, const char *path) {
         fresh[i].present = have > 0;
         /* a parameter the file holds no state for starts from zeros, as
          * one the optimizer was made with */
-        if (s == EBB_OK && !have && is_float(ebb_tensor_dtype(p)))
+        if (s == EBB_OK && !have && !opt->model->buffer[i] && is_float(ebb_tensor_dtype(p)))
             s = zero_slots(&fresh[i], &o, p, fn, param_name(opt, i));
         for (int k = 0; k <= N_SLOTS; k++)
             free(names[k]);

@@ -15,6 +15,7 @@
 #include "test_util.h"
 
 #define BATCH 16
+#define MAX_PARAMS 256 /* parameter tensors of the largest spec (resnet_small: 107) */
 #define SEEDS 6
 
 static const ebb_device CPU = {EBB_DEVICE_CPU, 0};
@@ -148,11 +149,11 @@ static int64_t traced_run(const ebb_plan *p, const ebb_model *m, ebb_tensor *con
     if (ebb_plan_is_training(p)) {
         int n_in = ebb_plan_input_count(p) - ebb_plan_target_count(p);
         double loss = NAN;
-        ebb_tensor *grads[64] = {0};
-        assert_true(ebb_model_param_count(m) <= 64);
+        ebb_tensor *grads[MAX_PARAMS] = {0};
+        assert_true(ebb_model_param_count(m) <= MAX_PARAMS);
         rs = c->opt ? ebb_train_step_ex(p, (ebb_model *)m, c->opt, in, in + n_in, &loss, &ro, &st)
                     : ebb_grad_ex(p, m, in, in + n_in, &loss, grads, &ro, &st);
-        for (int k = 0; k < 64; k++)
+        for (int k = 0; k < MAX_PARAMS; k++)
             ebb_tensor_free(grads[k]);
         c->loss = loss;
         if (rs == EBB_OK && !isfinite(loss))
@@ -410,11 +411,19 @@ static void train_spec(const char *path, int *n_trained) {
         ebb_tensor *in[16] = {0};
         assert_true(ebb_plan_input_count(p) <= 16);
         make_inputs(p, 7, 1.0, in);
-        for (int run = 0; run < (grads_only ? 1 : 2); run++) {
+        /* the optimizer's state is the plan's figure, made with it */
+        int64_t state = opt ? ebb_optimizer_state_bytes(opt, NULL) : 0;
+        if (state != ebb_plan_optimizer_state_bytes(p))
+            BROKEN("%s: the optimizer made %lld bytes of state, the plan says %lld", path,
+                   (long long)state, (long long)ebb_plan_optimizer_state_bytes(p));
+        static const char *const steps[] = {"first step", "second step", "third step"};
+        for (int run = 0; run < (grads_only ? 1 : 3); run++) {
             check c = {.spec = path, .opt = opt,
-                       .scenario = grads_only ? "ebb_grad" : run ? "second step" : "first step",
+                       .scenario = grads_only ? "ebb_grad" : steps[run],
                        .exact = !ebb_plan_peak_is_bound(p)};
             traced_run(p, m, in, &c);
+            if (opt && ebb_optimizer_state_bytes(opt, NULL) != state)
+                BROKEN("%s (%s): the step allocated optimizer state", path, steps[run]);
         }
         *n_trained += grads_only;
         free_inputs(in, ebb_plan_input_count(p));

@@ -299,6 +299,48 @@ static ebb_graph *twin_fashion_cnn(void) {
     return finish(b);
 }
 
+/* resnet_small's residual block: x + conv-bn-relu-conv-bn at 16 channels */
+static ebb_node *resnet_residual(ebb_builder *b) {
+    return sub(b, "conv2d", "out=16, kernel=3, padding=1", "batch_norm", NULL, "relu", NULL,
+               "conv2d", "out=16, kernel=3, padding=1", "batch_norm", NULL, NULL);
+}
+
+static ebb_graph *twin_resnet_small(void) {
+    ebb_builder *b = ebb_builder_new("resnet_small");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "conv2d", "in=3, out=16, kernel=3, padding=1, name=stem"));
+    ebb_through(b, op(b, "batch_norm", NULL));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_also(b, resnet_residual(b));
+    for (int i = 0; i < 4; i++) {
+        ebb_through(b, sub(b, "conv2d", "out=16, kernel=3, stride=2, padding=1", "batch_norm",
+                           NULL, "relu", NULL, NULL));
+        ebb_also(b, resnet_residual(b));
+    }
+    ebb_through(b, op(b, "adaptive_avg_pool2d", "output_size=1"));
+    ebb_through(b, op(b, "flatten", NULL));
+    ebb_through(b, op(b, "linear", "out=10, name=head"));
+    return finish(b);
+}
+
+static ebb_graph *twin_mnist_examples(void) {
+    ebb_builder *b = ebb_builder_new("mnist_examples");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "conv2d", "in=1, out=32, kernel=3, name=conv1"));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "conv2d", "out=64, kernel=3, name=conv2"));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "max_pool2d", "kernel=2"));
+    ebb_through(b, op(b, "dropout", "p=0.25"));
+    ebb_through(b, op(b, "flatten", NULL));
+    ebb_through(b, op(b, "linear", "out=128, name=fc1"));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "dropout", "p=0.5"));
+    ebb_through(b, op(b, "linear", "out=10, name=fc2"));
+    ebb_through(b, op(b, "log_softmax", "dim=1"));
+    return finish(b);
+}
+
 static ebb_graph *twin_gated_routing(void) {
     ebb_builder *b = ebb_builder_new("gated_routing");
     ebb_input(b, "x");
@@ -400,6 +442,8 @@ static const twin TWINS[] = {
     {"mlp.yaml", twin_mlp, {"batch=8"}},
     {"fashion_mlp.yaml", twin_fashion_mlp, {"batch=4"}},
     {"fashion_cnn.yaml", twin_fashion_cnn, {"batch=4"}},
+    {"resnet_small.yaml", twin_resnet_small, {"batch=2"}},
+    {"mnist_examples.yaml", twin_mnist_examples, {"batch=2"}},
     {"gated_routing.yaml", twin_gated_routing, {"batch=16"}},
     {"iterative_refine.yaml", twin_iterative_refine, {"batch=4"}},
     {"feedback.yaml", twin_feedback, {"batch=4"}},

@@ -107,7 +107,8 @@ typedef struct ebb_optimizer_options {
 EBB_API ebb_optimizer_options ebb_optimizer_defaults(ebb_optimizer_kind kind, double lr);
 
 /* Creates an optimizer over every parameter of `model`, in the model's
- * parameter order, and its state for every floating-point parameter: zeros
+ * parameter order, and its state for every trained parameter (not a buffer
+ * such as batch_norm's running statistics): zeros
  * (momentum buffer; exp_avg and exp_avg_sq; max_exp_avg_sq with amsgrad),
  * made now so that no training step allocates state, and its bytes are known
  * beside the parameters before anything runs (ebb_plan_optimizer_state_bytes).
@@ -164,7 +165,7 @@ EBB_API int64_t ebb_optimizer_step_count(const ebb_optimizer *opt);
 EBB_API int64_t ebb_optimizer_param_step_count(const ebb_optimizer *opt, int param_index);
 
 /* Bytes of tensor state the optimizer holds now, which is all it ever holds:
- * per floating-point parameter, its size times 0 (SGD without momentum), 1
+ * per trained parameter (not a buffer), its size times 0 (SGD without momentum), 1
  * (SGD with momentum), 2 (Adam, AdamW) or 3 (with amsgrad). *most (when not
  * NULL) receives the same (kept from when state was made at first updates). The update counts are not
  * tensors and cost nothing here. 0 (and *most 0) for NULL. */

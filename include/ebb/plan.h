@@ -235,7 +235,7 @@ EBB_API int ebb_plan_param_count(const ebb_plan *p);
 EBB_API int64_t ebb_plan_param_bytes(const ebb_plan *p);
 /* A training plan with updates: the bytes of the state the optimizer it was
  * compiled for keeps, which ebb_optimizer_new() makes (zeros) for every
- * floating-point parameter, so that no step allocates it: beside the
+ * parameter that is not a buffer, so that no step allocates it: beside the
  * parameters, not in any step's peak. 0 for other plans and NULL p. */
 EBB_API int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p);
 /* Parameter i's spec, owned by the plan; its full name ("stem.weight") goes

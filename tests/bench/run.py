@@ -774,6 +774,9 @@ def main():
                          "those alone)")
     ap.add_argument("--no-remat", action="store_true",
                     help="without training under memory budgets (--only remat: those alone)")
+    ap.add_argument("--no-first-steps", action="store_true",
+                    help="without the first training steps' peaks against PyTorch "
+                         "(--only first_steps: those alone)")
     ap.add_argument("--clock", choices=["wall", "cpu"],
                     help="the clock the tables and targets read (default wall, or "
                          "EBB_BENCH_CLOCK); results.json keeps both")
@@ -812,7 +815,7 @@ def main():
         TRAIN_TIMING = TRAIN_TIMING_GPU
         ebb_args = ["--device", DEVICE]
         # the forward rows, Fashion-MNIST and the memory budgets are CPU-only
-        args.train_only = args.no_fashion = args.no_remat = True
+        args.train_only = args.no_fashion = args.no_remat = args.no_first_steps = True
     if args.clock:
         CLOCK = args.clock
     if CLOCK not in ("wall", "cpu"):
@@ -843,7 +846,7 @@ def main():
         log("bench: the training rows on %s (%s); the forward rows, Fashion-MNIST and the "
             "memory budgets are left out (CPU-only)" % (DEVICE, info["gpu"]))
 
-    rows, train_rows, fashion_rows, remat_rows = [], [], [], []
+    rows, train_rows, fashion_rows, remat_rows, first_rows = [], [], [], [], []
     rows_out = open(args.train_rows, "a") if args.train_rows else None
 
     def train_row(row):
@@ -855,9 +858,12 @@ def main():
              (not args.only or "remat" in args.only))
     fashion = (not args.no_fashion and not args.no_train and not args.config and
                (not args.only or "fashion" in args.only))
+    first_steps = (not args.no_first_steps and not args.no_train and not args.config and
+                   (not args.only or "first_steps" in args.only))
     load_before = loadavg()
     t0 = time.time()
-    spent = {"forward": 0.0, "train": 0.0, "fashion": 0.0, "remat": 0.0}  # seconds per kind
+    spent = {"forward": 0.0, "train": 0.0, "fashion": 0.0, "remat": 0.0,
+             "first_steps": 0.0}  # seconds per kind
     try:
         suite = [w for w in SUITE if (not args.only or w[0] in args.only) and
                  (not args.config or w[1] == args.config)]
@@ -908,6 +914,11 @@ def main():
             t1 = time.time()
             remat_rows = remat_bench.run_all(args.build, out_dir, log)
             spent["remat"] += time.time() - t1
+        if first_steps:
+            import first_steps as first_bench  # imports this file as `run`
+            t1 = time.time()
+            first_rows = first_bench.run_all(args.build, out_dir, log)
+            spent["first_steps"] += time.time() - t1
     finally:
         ebb.close()
         if rows_out:
@@ -920,7 +931,7 @@ def main():
     thead, tbody = train_table(train_rows)
     misses = []
     for kind, rs in (("", rows), ("training ", train_rows), ("", fashion_rows),
-                     ("memory budget ", remat_rows)):
+                     ("memory budget ", remat_rows), ("first steps ", first_rows)):
         for r in rs:
             for k, v in r.get("targets", {}).items():
                 if v and v != "ok":
@@ -971,6 +982,13 @@ def main():
               "above the parameters, optimizer state, input and target")
         print(remat_bench.render(remat_rows))
         print(remat_bench.LEGEND)
+    if first_rows:
+        print()
+        print("ebb bench, the first %d training steps against PyTorch eager (AdamW lr 1e-3, "
+              "fresh weights and optimizer, ebb's initial values on both sides): peaks in bytes "
+              "above the parameters, optimizer state, input and target" % first_bench.STEPS)
+        print(render_text(*first_bench.table(first_rows)))
+        print(first_bench.LEGEND)
     if misses:
         print("targets missed:")
         for m in misses:
@@ -978,14 +996,15 @@ def main():
     else:
         print("every target met")
     print("(%.0f s: forward rows %.0f s, training rows %.0f s, Fashion-MNIST %.0f s, memory "
-          "budgets %.0f s; results in %s/results.json and results.md)" % (
+          "budgets %.0f s, first steps %.0f s; results in %s/results.json and results.md)" % (
               elapsed, spent["forward"], spent["train"], spent["fashion"], spent["remat"],
-              out_dir))
+              spent["first_steps"], out_dir))
 
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"machine": info, "timing": TIMING, "rows": rows,
                    "train_timing": TRAIN_TIMING, "train_rows": train_rows,
-                   "fashion_rows": fashion_rows, "remat_rows": remat_rows, "seconds": elapsed,
+                   "fashion_rows": fashion_rows, "remat_rows": remat_rows,
+                   "first_steps_rows": first_rows, "seconds": elapsed,
                    "seconds_by_kind": spent},
                   f, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
@@ -999,6 +1018,9 @@ def main():
         if remat_rows:
             f.write("\nTraining under a memory budget:\n\n" +
                     render_md(*remat_bench.table(remat_rows)) + "\n")
+        if first_rows:
+            f.write("\nThe first training steps against PyTorch eager:\n\n" +
+                    render_md(*first_bench.table(first_rows)) + "\n")
     return 0
 
 
