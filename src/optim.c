@@ -207,7 +207,7 @@ ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
     /* the state of every trained parameter (not a buffer) is made now, zeros, so
      * that no training step allocates it: a step's bytes are the same from
      * the first on, and the state is known beside the parameters before
-     * anything runs (ebb_plan_state_bytes) */
+     * anything runs (ebb_plan_optimizer_state_bytes) */
     for (int i = 0; st == EBB_OK && i < opt->n; i++)
         if (!model->buffer[i] && is_float(ebb_tensor_dtype(param_of(opt, i))))
             st = make_state(opt, i, fn);
@@ -264,6 +264,11 @@ static ebb_status check_grad(const ebb_optimizer *opt, int i, const ebb_tensor *
                              "%s: parameter '%s' is %s, a counter; optimizers update "
                              "floating-point parameters only",
                              fn, opt->model->names[i], ebb_dtype_name(pd));
+    if (opt->model->buffer[i])
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s: parameter '%s' is a buffer (running statistics, no gradient); "
+                             "optimizers update trained parameters only",
+                             fn, opt->model->names[i]);
     if (!ebb_shape_equal(&ps, &gs) || ebb_tensor_ndim(p) != ebb_tensor_ndim(grad) || pd != gd)
         return ebb_error_set(
             EBB_ERR_SHAPE, "%s: parameter '%s': the gradient is %s %s, the parameter is %s %s", fn,

@@ -1242,6 +1242,36 @@ static void test_steps_batch_norm(void **state) {
     run_steps("grad_steps_bn", BN_YAML, "sgd_momentum");
 }
 
+/* The optimizer keeps state for the trained parameters only, made with it:
+ * the plan's figure, and nothing for batch_norm's running statistics, which
+ * an update refuses by name. */
+static void test_state_for_trained_parameters(void **state) {
+    (void)state;
+    problems pr = {0};
+    trainer tr;
+    trainer_open(&tr, "grad_steps_bn", BN_YAML, "sgd_momentum", 0, &pr);
+    int64_t most = 0, now = ebb_optimizer_state_bytes(tr.opt, &most);
+    assert_int_equal(now, most);
+    assert_int_equal(now, ebb_plan_optimizer_state_bytes(tr.plan));
+    int buffers = 0;
+    for (int i = 0; i < ebb_model_param_count(tr.model); i++) {
+        const char *name = ebb_model_param_name(tr.model, i);
+        if (!strstr(name, "running_mean"))
+            continue;
+        buffers++;
+        assert_null(ebb_optimizer_state_tensor(tr.opt, i, "momentum_buffer"));
+        ebb_tensor *g = NULL;
+        assert_ok(ebb_tensor_clone(&g, ebb_model_param(tr.model, name)));
+        assert_int_equal(ebb_optimizer_update(tr.opt, i, g), EBB_ERR_ARG);
+        assert_errmsg_contains("is a buffer");
+        assert_errmsg_contains(name);
+        ebb_tensor_free(g);
+    }
+    assert_true(buffers > 0);
+    assert_int_equal(ebb_optimizer_state_bytes(tr.opt, NULL), now);
+    trainer_close(&tr);
+}
+
 /* ---- failed steps change nothing -------------------------------------------------- */
 
 typedef struct snapshot {
@@ -1520,7 +1550,7 @@ int main(void) {
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[23 + N_GRAD];
+    struct CMUnitTest tests[24 + N_GRAD];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -1536,6 +1566,7 @@ int main(void) {
     tests[n++] = named_test("steps_adam", test_steps, (void *)"adam");
     tests[n++] = named_test("steps_adamw", test_steps, (void *)"adamw");
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_steps_batch_norm);
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_state_for_trained_parameters);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_steps_change_nothing);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_step_restores_batch_norm);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_grad);
