@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "graph_internal.h"
+#include "edit_distance.h"
 #include "spec_internal.h"
 
 #define ERR_MAX 2048
@@ -237,7 +238,7 @@ static void suggest_try(suggest *s, const char *cand) {
     int cap = (int)strlen(s->word) / 2 + 1;
     if (cap > 3)
         cap = 3;
-    int d = ebb_spec_edit_distance(s->word, cand, cap);
+    int d = ebb_edit_distance(s->word, cand, cap);
     if (d <= cap && (!s->best || d < s->dist)) {
         s->best = cand;
         s->dist = d;

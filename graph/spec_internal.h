@@ -49,7 +49,5 @@ const ynode *ebb_ymap_get(const ynode *m, const char *key);
 int ebb_spec_yaml_parse(arena *a, const char *text, size_t len, const char *file, ynode **root,
                     char *err, size_t err_size);
 
-/* Levenshtein distance, capped: returns > cap early when it must be. */
-int ebb_spec_edit_distance(const char *a, const char *b, int cap);
 
 #endif

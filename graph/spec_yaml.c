@@ -77,35 +77,6 @@ const ynode *ebb_ymap_get(const ynode *m, const char *key) {
     return NULL;
 }
 
-int ebb_spec_edit_distance(const char *a, const char *b, int cap) {
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 64 || lb > 64)
-        return cap + 1;
-    if ((la > lb ? la - lb : lb - la) > (size_t)cap)
-        return cap + 1;
-    int row[65];
-    for (size_t j = 0; j <= lb; j++)
-        row[j] = (int)j;
-    for (size_t i = 1; i <= la; i++) {
-        int diag = row[0], best = row[0] = (int)i;
-        for (size_t j = 1; j <= lb; j++) {
-            int up = row[j];
-            int v = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < v)
-                v = up + 1;
-            if (row[j - 1] + 1 < v)
-                v = row[j - 1] + 1;
-            row[j] = v;
-            diag = up;
-            if (v < best)
-                best = v;
-        }
-        if (best > cap)
-            return cap + 1;
-    }
-    return row[lb];
-}
-
 /* ---- the event loop --------------------------------------------------------------- */
 
 typedef struct frame {

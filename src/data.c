@@ -15,6 +15,7 @@
 
 #include <zlib.h>
 
+#include "edit_distance.h"
 #include "ebb/data.h"
 #include "ebb/safetensors.h"
 #include "fileio.h"
@@ -666,6 +667,17 @@ ebb_status ebb_dataset_open_ex(ebb_dataset **out, const char *desc, const char *
                                  !strncmp(desc, "fashion-mnist", 13)
                                      ? " (install the Debian package dataset-fashion-mnist)"
                                      : "");
+        /* nothing of that name: say what a dataset can be, and which name
+         * was meant if one is near */
+        if (access(desc, F_OK) != 0)
+            return ebb_error_set(
+                EBB_ERR_IO,
+                "dataset '%s': no such file or directory; a dataset is a safetensors file, a "
+                "directory of IDX files, IMAGES,LABELS (two IDX files), or fashion-mnist "
+                "(:train, :test)%s",
+                desc,
+                ebb_edit_distance(dir, "fashion-mnist", 3) <= 3 ? "; did you mean fashion-mnist?"
+                                                                : "");
         return open_safetensors(out, desc, names, n, expect);
     }
     if (n != 2)

@@ -968,6 +968,13 @@ static void test_exit_codes(void **state) {
         {2, "unknown option --frob", {"plan", "specs/mlp.yaml", "--frob"}},
         {2, "unknown option --json", {"run", "specs/mlp.yaml", "--json"}},
         {2, "unknown option --frob", {"check", "--frob", "specs/mlp.yaml"}},
+        /* a near miss is named, and only the synopsis follows */
+        {2, "unknown option --weigths; did you mean --weights?",
+         {"run", "specs/mlp.yaml", "--weigths=w.safetensors"}},
+        {2, "unknown option --batchh; did you mean --batch?",
+         {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--batchh", "3"}},
+        {1, "dataset 'fashion-mnst': no such file or directory; a dataset is",
+         {"train", "specs/mlp.yaml", "--data", "fashion-mnst"}},
         {2, "missing SPEC", {"plan"}},
         {2, "missing SPEC", {"run"}},
         {2, "missing SPEC", {"dot"}},
@@ -1031,11 +1038,22 @@ static void test_exit_codes(void **state) {
         expect_code(&r, cases[c].code);
         if (cases[c].err_needle)
             expect_contains("stderr", &r, r.err, cases[c].err_needle);
-        /* a wrong command line or option shows the usage */
+        /* a wrong command line or option shows the usage: a command's
+         * synopsis only, and where its options are described */
         if (cases[c].code == 2 && cases[c].err_needle &&
             (starts_with(cases[c].err_needle, "unknown") ||
-             starts_with(cases[c].err_needle, "missing")))
+             starts_with(cases[c].err_needle, "missing"))) {
             expect_contains("stderr", &r, r.err, "usage: ebb");
+            if (!strstr(r.err, "usage: ebb [-V")) { /* not the main usage's command list */
+                expect_contains("stderr", &r, r.err, "describes every option");
+                if (strstr(r.err, "\n  --"))
+                    fail_msg("`%s` printed the whole help:\n%s", r.cmd, r.err);
+            }
+        }
+        if (!strcmp(cases[c].err_needle ? cases[c].err_needle : "", "dataset 'fashion-mnst': "
+                                                                    "no such file or directory; "
+                                                                    "a dataset is"))
+            expect_contains("stderr", &r, r.err, "; did you mean fashion-mnist?");
         /* a failure always says something */
         if (cases[c].code != 0 && r.err_len == 0)
             fail_msg("`%s` exited %d in silence", r.cmd, r.code);

@@ -32,6 +32,7 @@
 #include "ebb/safetensors.h"
 #include "ebb/spec.h"
 /* the library's file writer: every file the command writes goes through it */
+#include "../edit_distance.h"
 #include "../fileio.h"
 /* ebb train and ebb eval */
 #include "train.h"
@@ -214,8 +215,40 @@ static const char usage_chart[] =
 int ebb_cli_usage_error(const char *usage, const char *fmt, const char *arg) {
     fprintf(stderr, "ebb: ");
     fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n%s", usage);
+    fputc('\n', stderr);
+    /* a command's synopsis, not its whole help: the mistake stays in view */
+    const char *end = strstr(usage, "\n\n");
+    char cmd[32];
+    if (usage == usage_main || !end || sscanf(usage, "usage: ebb %31s", cmd) != 1) {
+        fputs(usage, stderr);
+        return EXIT_USAGE;
+    }
+    fwrite(usage, 1, (size_t)(end - usage) + 1, stderr);
+    fprintf(stderr, "`ebb help %s` describes every option\n", cmd);
     return EXIT_USAGE;
+}
+
+int ebb_cli_unknown_option(const char *usage, const struct option *longs, const char *written) {
+    char name[64], msg[160];
+    size_t n = strcspn(written, "=");
+    snprintf(name, sizeof name, "%.*s", (int)(n < sizeof name ? n : sizeof name - 1), written);
+    const char *best = NULL;
+    int best_d = 3;
+    if (!strncmp(name, "--", 2))
+        for (const struct option *lo = longs; lo->name; lo++) {
+            if (!strcmp(lo->name, "completion-helper"))
+                continue;
+            int d = ebb_edit_distance(name + 2, lo->name, 2);
+            if (d < best_d) {
+                best = lo->name;
+                best_d = d;
+            }
+        }
+    if (best)
+        snprintf(msg, sizeof msg, "unknown option %s; did you mean --%s?", name, best);
+    else
+        snprintf(msg, sizeof msg, "unknown option %s", name);
+    return ebb_cli_usage_error(usage, "%s", msg);
 }
 
 int ebb_cli_fail_status(ebb_status st) {
@@ -652,7 +685,7 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
                 return ebb_cli_usage_error(usage, "unknown option %s", name);
             }
             /* an unknown or ambiguous long option, as written */
-            return ebb_cli_usage_error(usage, "unknown option %s", argv[optind - 1]);
+            return ebb_cli_unknown_option(usage, c->longs, argv[optind - 1]);
         }
         if (slot) {
             if (!*val)

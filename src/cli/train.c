@@ -381,7 +381,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
                 snprintf(name, sizeof name, "-%c", optopt);
                 return ebb_cli_usage_error(usage, "unknown option %s", name);
             }
-            return ebb_cli_usage_error(usage, "unknown option %s", argv[optind - 1]);
+            return ebb_cli_unknown_option(usage, longs, argv[optind - 1]);
         }
     }
     for (; optind < argc; optind++) {

@@ -16,9 +16,13 @@ extern const struct option ebb_cli_eval_options[];
 /* getopt's short options of both commands */
 #define EBB_CLI_TRAIN_SHORTS "hp:"
 
-/* Prints "ebb: " and fmt (with arg), then the usage text, to stderr;
- * returns the usage exit code (2). */
+/* Prints "ebb: " and fmt (with arg), then the command's synopsis (the usage
+ * text up to its first blank line) and where its options are listed, to
+ * stderr; returns the usage exit code (2). */
 int ebb_cli_usage_error(const char *usage, const char *fmt, const char *arg);
+/* The usage error for an unknown option as written (argv's "--weigths=x"),
+ * with a "did you mean" when one of `longs` is near. */
+int ebb_cli_unknown_option(const char *usage, const struct option *longs, const char *written);
 /* Prints ebb_errmsg(); returns exit 1 when the status says the input was at
  * fault (spec, shape, argument, file), else 3, a runtime failure. */
 int ebb_cli_fail_status(ebb_status st);
