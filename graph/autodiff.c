@@ -359,20 +359,17 @@ static int add_extras(compiler *c, int si) {
     /* the training forward's scratch replaces the forward's, on every device */
     s->workspace = 0;
     s->has_workspace_cuda = 0;
-    if (r->train_workspace && s->pub.n_in > 0) {
+    if (s->pub.n_in > 0 && (r->train_workspace || r->train_workspace_cuda)) {
         ebb_shape shapes[64];
         for (int i = 0; i < s->pub.n_in && i < 64; i++)
             shapes[i] = p->values[s->pub.in[i]].shape;
-        s->workspace = r->train_workspace(s->attrs, shapes, s->pub.n_in,
-                                          p->values[s->pub.in[0]].dtype);
-    }
-    if (r->train_workspace_cuda && s->pub.n_in > 0) {
-        ebb_shape shapes[64];
-        for (int i = 0; i < s->pub.n_in && i < 64; i++)
-            shapes[i] = p->values[s->pub.in[i]].shape;
-        s->workspace_cuda = r->train_workspace_cuda(s->attrs, shapes, s->pub.n_in,
-                                                    p->values[s->pub.in[0]].dtype);
-        s->has_workspace_cuda = 1;
+        ebb_dtype dt = p->values[s->pub.in[0]].dtype;
+        if (r->train_workspace)
+            s->workspace = r->train_workspace(s->attrs, shapes, s->pub.n_in, dt);
+        if (r->train_workspace_cuda) {
+            s->workspace_cuda = r->train_workspace_cuda(s->attrs, shapes, s->pub.n_in, dt);
+            s->has_workspace_cuda = 1;
+        }
     }
     return 0;
 }

@@ -178,14 +178,31 @@ static ebb_status mha_fwd(const ebb_op_call *c, ebb_tensor **out) {
  *   merge:   that result + its copy with the heads joined + the output.
  * A head-split operand needs the copy unless B, H or its sequence length is 1
  * (self-attention's views stride over 3E, so there only B or H). */
-static int64_t mha_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
-                             ebb_dtype dt) {
+/* The sizes of a forward: batch, query and key lengths, embedding, heads;
+ * 0 when the shapes are not [B, T, E] or there are no heads. */
+typedef struct mha_dims {
+    int64_t b, t, s, e, h, size;
+    int self;
+} mha_dims;
+
+static int mha_dims_of(const ebb_attr_value *a, const ebb_shape *in, int n_in, ebb_dtype dt,
+                       mha_dims *d) {
     if (in[0].ndim != 3 || a[A_HEADS].i < 1)
         return 0;
-    int64_t b = in[0].dim[0], t = in[0].dim[1], e = in[0].dim[2], h = a[A_HEADS].i;
-    int self = n_in == 1;
-    int64_t s = !self && in[1].ndim == 3 ? in[1].dim[1] : t;
-    int64_t size = (int64_t)ebb_dtype_size(dt);
+    d->b = in[0].dim[0], d->t = in[0].dim[1], d->e = in[0].dim[2], d->h = a[A_HEADS].i;
+    d->self = n_in == 1;
+    d->s = !d->self && in[1].ndim == 3 ? in[1].dim[1] : d->t;
+    d->size = (int64_t)ebb_dtype_size(dt);
+    return 1;
+}
+
+static int64_t mha_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                             ebb_dtype dt) {
+    mha_dims d;
+    if (!mha_dims_of(a, in, n_in, dt, &d))
+        return 0;
+    int64_t b = d.b, t = d.t, e = d.e, h = d.h, s = d.s, size = d.size;
+    int self = d.self;
     int64_t bte = b * t * e * size, bse = b * s * e * size, scores = b * h * t * s * size;
     int split = b > 1 && h > 1;
     int64_t qkv = self ? 3 * bte : bte + 2 * bse;
@@ -223,12 +240,11 @@ static int64_t mha_workspace(const ebb_attr_value *a, const ebb_shape *in, int n
  * projections and the merge, each tensor a block. */
 static int64_t mha_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                   ebb_dtype dt) {
-    if (in[0].ndim != 3 || a[A_HEADS].i < 1)
+    mha_dims d;
+    if (!mha_dims_of(a, in, n_in, dt, &d))
         return 0;
-    int64_t b = in[0].dim[0], t = in[0].dim[1], e = in[0].dim[2], h = a[A_HEADS].i;
-    int self = n_in == 1;
-    int64_t s = !self && in[1].ndim == 3 ? in[1].dim[1] : t;
-    int64_t size = (int64_t)ebb_dtype_size(dt);
+    int64_t b = d.b, t = d.t, e = d.e, h = d.h, s = d.s, size = d.size;
+    int self = d.self;
     int64_t bte = ebb_cuda_block(b * t * e * size), bse = ebb_cuda_block(b * s * e * size);
     int64_t scores = ebb_cuda_block(b * h * t * s * size);
     int64_t qkv = self ? ebb_cuda_block(3 * b * t * e * size) : bte + 2 * bse;

@@ -52,15 +52,24 @@ static ebb_status embedding_fwd(const ebb_op_call *c, ebb_tensor **out) {
  * the peak only for an output under 16 bytes. `dt` is the indices' dtype, not
  * the output's, so this assumes the narrowest float (2 bytes): exact from 8
  * output elements up, an upper bound below. */
-static int64_t embedding_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
-                                   ebb_dtype dt) {
-    (void)n_in;
-    (void)dt;
+/* What the two scalars (`scalars` bytes as the device holds them) add above
+ * an output of at least out_min bytes, rounded by `round` (NULL: none). */
+static int64_t index_check_scratch(const ebb_attr_value *a, const ebb_shape *in, int64_t scalars,
+                                   int64_t (*round)(int64_t)) {
     int64_t numel = ebb_shape_numel(&in[0]);
     if (numel <= 0)
         return 0;
     int64_t out_min = numel * a[A_DIM].i * 2;
-    return out_min < 16 ? 16 - out_min : 0;
+    if (round)
+        out_min = round(out_min);
+    return out_min < scalars ? scalars - out_min : 0;
+}
+
+static int64_t embedding_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                   ebb_dtype dt) {
+    (void)n_in;
+    (void)dt;
+    return index_check_scratch(a, in, 16, NULL);
 }
 
 /* CUDA: the check's smallest and largest index are a block each, freed
@@ -71,11 +80,7 @@ static int64_t embedding_workspace_cuda(const ebb_attr_value *a, const ebb_shape
                                         ebb_dtype dt) {
     (void)n_in;
     (void)dt;
-    int64_t numel = ebb_shape_numel(&in[0]);
-    if (numel <= 0)
-        return 0;
-    int64_t out_min = ebb_cuda_block(numel * a[A_DIM].i * 2);
-    return out_min < 1024 ? 1024 - out_min : 0;
+    return index_check_scratch(a, in, 2 * 512, ebb_cuda_block);
 }
 
 /* The indices are integers: no gradient. The table's gradient scatters

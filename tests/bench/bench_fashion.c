@@ -61,20 +61,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void reply_error(void) {
-    printf("{\"error\": \"");
-    for (const char *c = ebb_errmsg(); *c; c++) {
-        if (*c == '"' || *c == '\\')
-            putchar('\\');
-        if (*c == '\n')
-            fputs("\\n", stdout);
-        else
-            putchar(*c);
-    }
-    printf("\"}\n");
-    fflush(stdout);
-}
-
 static void fbench_free(fbench *b) {
     ebb_optimizer_free(b->opt); /* before the model it borrows */
     ebb_model_free(b->model);
@@ -362,22 +348,22 @@ int main(void) {
             sscanf(line, "%*s %1023s %lld %llu %1023s", spec, &x1, &seed, prefix) == 4) {
             fbench_free(&b);
             if (setup(&b, spec, x1, seed, prefix) != EBB_OK) {
-                reply_error();
+                bench_reply_error();
                 fbench_free(&b);
             }
         } else if (!strcmp(cmd, "steps") && sscanf(line, "%*s %lld %lld", &x1, &x2) == 2) {
             if (steps(&b, x1, x2, strstr(line, "traced") != NULL) != EBB_OK)
-                reply_error();
+                bench_reply_error();
         } else if (!strcmp(cmd, "profile") && sscanf(line, "%*s %lld", &x1) == 1) {
             if (profile(&b, x1) != EBB_OK)
-                reply_error();
+                bench_reply_error();
         } else if (!strcmp(cmd, "teardown")) {
             fbench_free(&b);
             printf("{\"live_handles\": %lld}\n", (long long)ebb_tensor_live_count());
             fflush(stdout);
         } else {
             ebb_error_set(EBB_ERR_ARG, "unknown command or arguments: %s", cmd);
-            reply_error();
+            bench_reply_error();
         }
     }
     fbench_free(&b);

@@ -43,20 +43,6 @@ typedef struct fsbench {
     int64_t steps_done;
 } fsbench;
 
-static void reply_error(void) {
-    printf("{\"error\": \"");
-    for (const char *c = ebb_errmsg(); *c; c++) {
-        if (*c == '"' || *c == '\\')
-            putchar('\\');
-        if (*c == '\n')
-            fputs("\\n", stdout);
-        else
-            putchar(*c);
-    }
-    printf("\"}\n");
-    fflush(stdout);
-}
-
 static void fsbench_free(fsbench *b) {
     ebb_tensor_free(b->x);
     ebb_tensor_free(b->y);
@@ -237,19 +223,19 @@ int main(void) {
             sscanf(line, "%*s %1023s %lld %llu %1023s", spec, &x1, &seed, prefix) == 4) {
             fsbench_free(&b);
             if (setup(&b, spec, x1, seed, prefix) != EBB_OK) {
-                reply_error();
+                bench_reply_error();
                 fsbench_free(&b);
             }
         } else if (!strcmp(cmd, "steps") && sscanf(line, "%*s %lld", &x1) == 1) {
             if (steps(&b, x1) != EBB_OK)
-                reply_error();
+                bench_reply_error();
         } else if (!strcmp(cmd, "teardown")) {
             fsbench_free(&b);
             printf("{\"live_handles\": %lld}\n", (long long)ebb_tensor_live_count());
             fflush(stdout);
         } else {
             ebb_error_set(EBB_ERR_ARG, "unknown command or arguments: %s", cmd);
-            reply_error();
+            bench_reply_error();
         }
     }
     fsbench_free(&b);

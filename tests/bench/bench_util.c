@@ -62,3 +62,17 @@ ebb_status bench_seeded_target(const char *loss, const ebb_shape *out, uint64_t 
     *dtype = EBB_FLOAT32;
     return ebb_tensor_randn(y, ys, EBB_FLOAT32, dev, seed);
 }
+
+void bench_reply_error(void) {
+    printf("{\"error\": \"");
+    for (const char *c = ebb_errmsg(); *c; c++) {
+        if (*c == '"' || *c == '\\')
+            putchar('\\');
+        if (*c == '\n')
+            fputs("\\n", stdout);
+        else
+            putchar(*c);
+    }
+    printf("\"}\n");
+    fflush(stdout);
+}

@@ -1,5 +1,5 @@
 /* Pieces the bench programs share (bench_ebb.c, bench_fashion.c,
- * bench_remat.c): the export run.py's load_export reads (a JSON manifest of
+ * bench_remat.c, bench_first_steps.c): the error reply of their protocol, the export run.py's load_export reads (a JSON manifest of
  * float32 tensors and one .bin of their values), and the seeded targets. */
 #ifndef EBB_BENCH_UTIL_H
 #define EBB_BENCH_UTIL_H
@@ -20,6 +20,10 @@ ebb_status bench_export_floats(FILE *js, FILE *bin, int *first, long long *offse
 /* The same for a tensor of any device and dtype, converted to float32. */
 ebb_status bench_export_tensor(FILE *js, FILE *bin, int *first, long long *offset,
                                const char *name, const ebb_tensor *t);
+
+/* The protocol's reply to a failed command: one line {"error": MESSAGE} on
+ * stdout with ebb_errmsg() escaped, flushed. */
+void bench_reply_error(void);
 
 /* The target a bench trains against: for "cross_entropy" on an output
  * [B, C], int64 classes in [0, C) from a seeded LCG (*dtype EBB_INT64, *ys

@@ -236,6 +236,18 @@ def ratio(a, b):
         return "-"
 
 
+def noted(text, notes):
+    """"n/a (why)" and "FAIL (why)" become "n/a [k]", the why added to notes
+    (printed below the table as [k])."""
+    for word in ("n/a", "FAIL"):
+        if text.startswith(word + " ("):
+            why = text[len(word) + 2:-1]
+            if why not in notes:
+                notes.append(why)
+            return "%s [%d]" % (word, notes.index(why) + 1)
+    return text
+
+
 def table(path):
     lines = []
     with open(path) as f:
@@ -266,14 +278,7 @@ def table(path):
         rows, notes = [], []
 
         def cell(text):
-            """"n/a (why)" and "FAIL (why)" become "n/a [k]", the why a note below."""
-            for word in ("n/a", "FAIL"):
-                if text.startswith(word + " ("):
-                    why = text[len(word) + 2:-1]
-                    if why not in notes:
-                        notes.append(why)
-                    return "%s [%d]" % (word, notes.index(why) + 1)
-            return text
+            return noted(text, notes)
         for workload, config, eager, replay, twin in times:
             p = pyt.get((workload, config),
                         ["n/a (no PyTorch result: out of time or failed, see bench/pytorch.log)", "-"])
@@ -297,13 +302,7 @@ def table(path):
         rows, notes = [], []
 
         def cell(text):
-            for word in ("n/a", "FAIL"):
-                if text.startswith(word + " ("):
-                    why = text[len(word) + 2:-1]
-                    if why not in notes:
-                        notes.append(why)
-                    return "%s [%d]" % (word, notes.index(why) + 1)
-            return text
+            return noted(text, notes)
         for t in trains:
             t = t + ["-"] * (13 - len(t))
             w, c, ebb, cxx, pyt, rat, verdict, planned, measured, ppeak, cpeak, check, note = t[:13]

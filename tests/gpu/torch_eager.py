@@ -29,7 +29,9 @@ def parse_csv(s, conv):
     return {} if s == "-" else {k: conv(v) for k, v in (kv.split("=", 1) for kv in s.split(","))}
 
 
-def one(torch, torch_models, device, workload, params, fills, plan_json, repeat):
+def prepare(torch, torch_models, device, workload, params, fills, plan_json):
+    """The bench's twin of the workload, in eval mode on the device with the
+    fills applied, and a random input of the plan's shape."""
     with open(plan_json) as f:
         shape = json.load(f)["inputs"][0]["shape"]
     model = torch_models.build(workload, parse_csv(params, int)).eval().to(device)
@@ -37,7 +39,11 @@ def one(torch, torch_models, device, workload, params, fills, plan_json, repeat)
     with torch.no_grad():
         for name, value in parse_csv(fills, float).items():
             named[name].fill_(value)
-    x = torch.randn(shape, device=device)
+    return model, torch.randn(shape, device=device)
+
+
+def one(torch, torch_models, device, workload, params, fills, plan_json, repeat):
+    model, x = prepare(torch, torch_models, device, workload, params, fills, plan_json)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times = []
     with torch.inference_mode():
@@ -64,15 +70,8 @@ def one(torch, torch_models, device, workload, params, fills, plan_json, repeat)
 def compiled(torch, torch_models, device, workload, params, fills, plan_json, repeat):
     """The median ms of torch.compile(mode="reduce-overhead") on the same
     model and input, timed after its compile and graph recording."""
-    with open(plan_json) as f:
-        shape = json.load(f)["inputs"][0]["shape"]
-    model = torch_models.build(workload, parse_csv(params, int)).eval().to(device)
-    named = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in parse_csv(fills, float).items():
-            named[name].fill_(value)
+    model, x = prepare(torch, torch_models, device, workload, params, fills, plan_json)
     fast = torch.compile(model, mode="reduce-overhead")
-    x = torch.randn(shape, device=device)
     times = []
     with torch.no_grad():
         for _ in range(5):
