@@ -36,6 +36,8 @@
 #   EBB_GPU_CHECK_DEVICE  cuda (default), or cpu to try the steps of this script
 #                     on a machine without a GPU (the results are then no GPU check)
 #   EBB_GPU_TRAIN_TIMEOUT  seconds the train step may take at most (default 240)
+#   OUT               set by the device tool: the table and an archive of the
+#                     logs (gpu-check-table.txt, gpu-check-logs.tgz) go there
 # On the GPU machine of ../shared/device, .device/unpack.sh, when present, is
 # sourced first: it provides libyaml, cJSON and cmocka, and Fashion-MNIST when
 # packed with EXTRA_DEBS="dataset-fashion-mnist" bash ../shared/device/pack-deps.sh
@@ -88,7 +90,10 @@ device=${EBB_GPU_CHECK_DEVICE:-cuda}
 jobs=${JOBS:-$(nproc)}
 # the GPU machine's 10 minutes; a dry run may compile on a slower machine
 if (( dry_run )); then budget=${EBB_GPU_BUDGET:-3600}; else budget=${EBB_GPU_BUDGET:-570}; fi
-results=${results:-${OUT:-$build/gpu-check}}
+# The device tool brings back at most 8 files from $OUT, two folders deep:
+# there the logs go to $build/gpu-check and $OUT gets the table and one
+# archive of every log (traces and weights left out: tens of MB)
+results=${results:-$build/gpu-check}
 ebb="$build/ebb"
 mkdir -p "$results"
 summary=$results/summary.tsv
@@ -605,4 +610,9 @@ done
 } | sed 's/^/info\t/' >"$summary.head"
 cat "$summary" >>"$summary.head" && mv "$summary.head" "$summary"
 "$helper_py" tests/gpu/gpu_check.py table "$summary" | tee "$results/table.txt"
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ] && (( ! dry_run )); then
+  cp "$results/table.txt" "$OUT/gpu-check-table.txt"
+  tar -czf "$OUT/gpu-check-logs.tgz" -C "$results" --exclude='*.jsonl' --exclude='*.safetensors' \
+    --exclude='*.bin' . 2>/dev/null || say "could not archive $results into \$OUT"
+fi
 (( failures == 0 ))
