@@ -485,8 +485,13 @@ static void test_chart_every_spec(void **state) {
         ebb_dtype td[16];
         assert_true(n_t <= 16 && ebb_spec_input_count(s) <= 16);
         if (n_t > 0) {
-            assert_ok(ebb_spec_resolve_shapes(s, NULL, 0, xs, 16));
-            assert_ok(ebb_spec_resolve_target_shapes(s, NULL, 0, ts, 16));
+            /* a batch of 2: batch_norm's training forward needs more than one
+             * value per channel, which a 1x1 map at batch 1 has not */
+            const char *sym = NULL, *batch2[] = {"batch=2"};
+            ebb_spec_input_dim(s, 0, 0, &sym);
+            int nb = sym && !strcmp(sym, "batch");
+            assert_ok(ebb_spec_resolve_shapes(s, nb ? batch2 : NULL, nb, xs, 16));
+            assert_ok(ebb_spec_resolve_target_shapes(s, nb ? batch2 : NULL, nb, ts, 16));
             for (int k = 0; k < n_t; k++)
                 if (!ebb_spec_target_dtype(s, k, &td[k])) td[k] = EBB_FLOAT32;
             ebb_train_options t = {.target_shapes = ts,
