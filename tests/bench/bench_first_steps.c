@@ -53,36 +53,6 @@ static void fsbench_free(fsbench *b) {
     memset(b, 0, sizeof *b);
 }
 
-/* Parameters in model order (float32; num_batches_tracked is an int64
- * count), then the input and the target, in run.py's load_export format. */
-static ebb_status export_all(const fsbench *b, const char *prefix) {
-    char path[1040]; /* PREFIX (at most 1023) and a suffix */
-    snprintf(path, sizeof path, "%s.json", prefix);
-    FILE *js = fopen(path, "w");
-    snprintf(path, sizeof path, "%s.bin", prefix);
-    FILE *bin = fopen(path, "wb");
-    ebb_status st = js && bin ? EBB_OK : ebb_error_set(EBB_ERR_IO, "cannot write %s", path);
-    long long offset = 0;
-    int first = 1;
-    if (st == EBB_OK)
-        fprintf(js, "{\"tensors\": [");
-    for (int i = 0; st == EBB_OK && i < ebb_model_param_count(b->model); i++) {
-        const char *name = ebb_model_param_name(b->model, i);
-        st = bench_export_tensor(js, bin, &first, &offset, name, ebb_model_param(b->model, name));
-    }
-    if (st == EBB_OK)
-        st = bench_export_tensor(js, bin, &first, &offset, "input:x", b->x);
-    if (st == EBB_OK)
-        st = bench_export_tensor(js, bin, &first, &offset, "target:y", b->y);
-    if (st == EBB_OK)
-        fprintf(js, "\n]}\n");
-    if (js)
-        fclose(js);
-    if (bin)
-        fclose(bin);
-    return st;
-}
-
 static ebb_status setup(fsbench *b, const char *spec, int64_t batch, uint64_t seed,
                         const char *prefix) {
     b->seed = seed;
@@ -135,7 +105,7 @@ static ebb_status setup(fsbench *b, const char *spec, int64_t batch, uint64_t se
     if (st == EBB_OK)
         st = ebb_tensor_randn(&b->x, &in, EBB_FLOAT32, ebb_device_cpu(), seed + 1);
     if (st == EBB_OK)
-        st = export_all(b, prefix);
+        st = bench_export_model(prefix, b->model, b->x, b->y);
     if (st != EBB_OK)
         return st;
     int64_t param_bytes = 0;

@@ -22,7 +22,7 @@
  *       compiles the step again with memory_budget BUDGET bytes (0: none);
  *       AFTER 1 sets ebb_train_options.updates_after_backward. Replies the
  *       plan's index, the compile's wall time and ebb_plan_remat_stats(), or
- *       {"nofit": message} when ebb_compile says it cannot fit (EBB_ERR_NOMEM)
+ *       {"nofit": message} when ebb_compile says it cannot fit (EBB_ERR_BUDGET)
  *   check K      the model back to its initial values and a new optimizer,
  *                then two steps of plan K: their losses (the second shows the
  *                first update, so the recomputed backward, was the same)
@@ -116,36 +116,6 @@ static ebb_status make_target(rbench *b, const ebb_shape *out, uint64_t seed) {
 }
 
 
-/* Parameters in plan order, then the input and the target. */
-static ebb_status export_all(const rbench *b, const char *prefix) {
-    char path[1100];
-    snprintf(path, sizeof path, "%s.json", prefix);
-    FILE *js = fopen(path, "w");
-    snprintf(path, sizeof path, "%s.bin", prefix);
-    FILE *bin = fopen(path, "wb");
-    ebb_status st = js && bin ? EBB_OK : ebb_error_set(EBB_ERR_IO, "bench: cannot write %s", path);
-    int first = 1;
-    long long offset = 0;
-    if (st == EBB_OK)
-        fprintf(js, "{\"tensors\": [");
-    for (int i = 0; st == EBB_OK && i < ebb_plan_param_count(b->plans[0]); i++) {
-        const char *name = NULL;
-        ebb_plan_param_at(b->plans[0], i, &name);
-        st = bench_export_tensor(js, bin, &first, &offset, name, ebb_model_param(b->model, name));
-    }
-    if (st == EBB_OK)
-        st = bench_export_tensor(js, bin, &first, &offset, "input:x", b->x);
-    if (st == EBB_OK)
-        st = bench_export_tensor(js, bin, &first, &offset, "target:y", b->y);
-    if (st == EBB_OK)
-        fprintf(js, "\n]}\n");
-    if (js)
-        fclose(js);
-    if (bin)
-        fclose(bin);
-    return st;
-}
-
 static ebb_status compile_with(rbench *b, int64_t budget, int after, ebb_plan **out,
                                ebb_train_options *t) {
     *t = b->train;
@@ -202,7 +172,7 @@ static ebb_status setup(rbench *b, const char *spec, const char *params_csv, con
         st = ebb_tensor_clone(&b->init[i],
                               ebb_model_param(b->model, ebb_model_param_name(b->model, i)));
     if (st == EBB_OK && *prefix)
-        st = export_all(b, prefix);
+        st = bench_export_model(prefix, b->model, b->x, b->y);
     return st;
 }
 
@@ -229,7 +199,7 @@ static void cmd_compile(rbench *b, long long budget, int after) {
     double t0 = now_s();
     ebb_status st = compile_with(b, budget, after, &p, &b->plan_train[b->n_plans]);
     double ms = (now_s() - t0) * 1e3;
-    if (st == EBB_ERR_NOMEM) {
+    if (st == EBB_ERR_BUDGET) {
         printf("{\"nofit\": \"");
         put_escaped(ebb_errmsg());
         printf("\", \"compile_ms\": %.3f}\n", ms);

@@ -76,3 +76,32 @@ void bench_reply_error(void) {
     printf("\"}\n");
     fflush(stdout);
 }
+
+ebb_status bench_export_model(const char *prefix, const ebb_model *m, const ebb_tensor *x,
+                              const ebb_tensor *y) {
+    char path[4200];
+    snprintf(path, sizeof path, "%s.json", prefix);
+    FILE *js = fopen(path, "w");
+    snprintf(path, sizeof path, "%s.bin", prefix);
+    FILE *bin = fopen(path, "wb");
+    ebb_status st = js && bin ? EBB_OK : ebb_error_set(EBB_ERR_IO, "bench: cannot write %s", path);
+    long long offset = 0;
+    int first = 1;
+    if (st == EBB_OK)
+        fprintf(js, "{\"tensors\": [");
+    for (int i = 0; st == EBB_OK && i < ebb_model_param_count(m); i++) {
+        const char *name = ebb_model_param_name(m, i);
+        st = bench_export_tensor(js, bin, &first, &offset, name, ebb_model_param(m, name));
+    }
+    if (st == EBB_OK)
+        st = bench_export_tensor(js, bin, &first, &offset, "input:x", x);
+    if (st == EBB_OK)
+        st = bench_export_tensor(js, bin, &first, &offset, "target:y", y);
+    if (st == EBB_OK)
+        fprintf(js, "\n]}\n");
+    if (js)
+        fclose(js);
+    if (bin)
+        fclose(bin);
+    return st;
+}

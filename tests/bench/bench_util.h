@@ -21,6 +21,11 @@ ebb_status bench_export_floats(FILE *js, FILE *bin, int *first, long long *offse
 ebb_status bench_export_tensor(FILE *js, FILE *bin, int *first, long long *offset,
                                const char *name, const ebb_tensor *t);
 
+/* PREFIX.json and PREFIX.bin: the model's parameters in its order (float32;
+ * an int64 counter as its values), then "input:x" and "target:y". */
+ebb_status bench_export_model(const char *prefix, const ebb_model *m, const ebb_tensor *x,
+                              const ebb_tensor *y);
+
 /* The protocol's reply to a failed command: one line {"error": MESSAGE} on
  * stdout with ebb_errmsg() escaped, flushed. */
 void bench_reply_error(void);

@@ -14,7 +14,7 @@ one run, on:
   each wrapped in checkpoint() (sqrt(2) rounds to one layer per segment).
 
 Budgets: none, then the no-recompute peak divided by 2, 3, 4, 6, 8, ... until
-ebb_compile refuses (EBB_ERR_NOMEM); its message names the least peak its
+ebb_compile refuses (EBB_ERR_BUDGET); its message names the least peak its
 search reached, in bytes, and a last plan is compiled for exactly that: the
 least feasible (from a message that gives only MiB to 0.1, that figure
 rounded up by 0.05 MiB). Two more plans compare at equal memory:
