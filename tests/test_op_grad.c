@@ -552,54 +552,77 @@ static void check_train_forward_bytes(const ebb_op *op, const grad_case *gc, ebb
     }
 }
 
-static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t seed,
-                     ebb_dtype dt) {
-    const ebb_device cpu = ebb_device_cpu();
-    const ebb_op_grad *g = op->grad;
-    char buf[256];
+/* One case's values on the CPU: inputs (shapes[] as the row gives them),
+ * parameters and their specs, drawn from `seed`. */
+typedef struct case_values {
     ebb_attr_value attrs[EBB_MAX_ATTRS];
-    resolve_attrs(op, gc->attrs, attrs, buf, sizeof buf);
-
-    /* inputs */
+    char buf[256];
     ebb_shape shapes[MAX_IN];
-    ebb_tensor *base_in[MAX_IN] = {NULL};
+    ebb_tensor *in[MAX_IN];
+    ebb_param_spec specs[EBB_MAX_PARAMS];
+    ebb_tensor *params[EBB_MAX_PARAMS];
+    int n_params;
+} case_values;
+
+static void case_values_make(case_values *v, const ebb_op *op, const grad_case *gc, int n_in,
+                             uint64_t seed, ebb_dtype dt) {
+    const ebb_device cpu = ebb_device_cpu();
+    memset(v, 0, sizeof *v);
+    resolve_attrs(op, gc->attrs, v->attrs, v->buf, sizeof v->buf);
     for (int i = 0; i < n_in; i++) {
         int64_t classes = target_classes(gc);
-        shapes[i] = gc->in[i].ndim || i == 0 || classes ? gc->in[i] : gc->in[0];
+        v->shapes[i] = gc->in[i].ndim || i == 0 || classes ? gc->in[i] : gc->in[0];
         if (i == 1 && classes) {
-            assert_ok(ebb_tensor_uniform(&base_in[1], &shapes[1], 0.0,
+            assert_ok(ebb_tensor_uniform(&v->in[1], &v->shapes[1], 0.0,
                                          classes > 0 ? (double)classes : 1.0,
                                          classes > 0 ? EBB_FLOAT64 : dt, cpu, seed + 2));
-            ebb_tensor *u = base_in[1];
+            ebb_tensor *u = v->in[1];
             if (classes > 0) {
-                assert_ok(ebb_tensor_cast(&base_in[1], u, EBB_INT64));
+                assert_ok(ebb_tensor_cast(&v->in[1], u, EBB_INT64));
                 ebb_tensor_free(u);
             }
         } else if (i == 0 && gc->indices > 0) {
             ebb_tensor *u = NULL;
-            assert_ok(ebb_tensor_uniform(&u, &shapes[0], 0.0, (double)gc->indices, dt, cpu,
+            assert_ok(ebb_tensor_uniform(&u, &v->shapes[0], 0.0, (double)gc->indices, dt, cpu,
                                          seed + 1));
-            assert_ok(ebb_tensor_cast(&base_in[0], u, EBB_INT64));
+            assert_ok(ebb_tensor_cast(&v->in[0], u, EBB_INT64));
             ebb_tensor_free(u);
         } else {
-            assert_ok(ebb_tensor_randn(&base_in[i], &shapes[i], dt, cpu, seed + 1 + i));
+            assert_ok(ebb_tensor_randn(&v->in[i], &v->shapes[i], dt, cpu, seed + 1 + i));
         }
     }
-    /* parameters */
-    ebb_param_spec specs[EBB_MAX_PARAMS];
-    int n_params = 0;
-    ebb_tensor *base_p[EBB_MAX_PARAMS] = {NULL};
     if (op->params)
-        assert_ok(op->params(attrs, shapes, n_in, specs, &n_params));
-    for (int j = 0; j < n_params; j++) {
-        if (specs[j].counter)
-            assert_ok(ebb_tensor_zeros(&base_p[j], &specs[j].shape, EBB_INT64, cpu));
-        else if (strcmp(specs[j].name, "running_var") == 0)
-            assert_ok(ebb_tensor_uniform(&base_p[j], &specs[j].shape, 0.5, 1.5, dt, cpu,
+        assert_ok(op->params(v->attrs, v->shapes, n_in, v->specs, &v->n_params));
+    for (int j = 0; j < v->n_params; j++) {
+        const ebb_param_spec *ps = &v->specs[j];
+        if (ps->counter)
+            assert_ok(ebb_tensor_zeros(&v->params[j], &ps->shape, EBB_INT64, cpu));
+        else if (strcmp(ps->name, "running_var") == 0)
+            assert_ok(ebb_tensor_uniform(&v->params[j], &ps->shape, 0.5, 1.5, dt, cpu,
                                          seed + 20 + j));
         else
-            assert_ok(ebb_tensor_randn(&base_p[j], &specs[j].shape, dt, cpu, seed + 20 + j));
+            assert_ok(ebb_tensor_randn(&v->params[j], &ps->shape, dt, cpu, seed + 20 + j));
     }
+}
+
+static void case_values_free(case_values *v) {
+    for (int i = 0; i < MAX_IN; i++)
+        ebb_tensor_free(v->in[i]);
+    for (int j = 0; j < EBB_MAX_PARAMS; j++)
+        ebb_tensor_free(v->params[j]);
+    memset(v, 0, sizeof *v);
+}
+
+static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t seed,
+                     ebb_dtype dt) {
+    const ebb_device cpu = ebb_device_cpu();
+    const ebb_op_grad *g = op->grad;
+    case_values v;
+    case_values_make(&v, op, gc, n_in, seed, dt);
+    ebb_attr_value *attrs = v.attrs;
+    ebb_tensor **base_in = v.in, **base_p = v.params;
+    ebb_param_spec *specs = v.specs;
+    int n_params = v.n_params;
 
     /* the rule */
     side r = {0};
@@ -725,14 +748,11 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
         ebb_tensor_free(plain);
     }
 
-    for (int i = 0; i < n_in; i++) {
-        ebb_tensor_free(base_in[i]);
+    for (int i = 0; i < n_in; i++)
         ebb_tensor_free(ref_in[i]);
-    }
-    for (int j = 0; j < n_params; j++) {
-        ebb_tensor_free(base_p[j]);
+    for (int j = 0; j < n_params; j++)
         ebb_tensor_free(ref_p[j]);
-    }
+    case_values_free(&v);
     ebb_tensor_free(grad_out);
     side_free(&r);
     side_free(&a);
@@ -765,6 +785,208 @@ static void test_every_rule_matches_autograd(void **state) {
     if (bytes_failures)
         fail_msg("%d backward call(s) took other scratch than their rule declares (listed "
                  "above)", bytes_failures);
+}
+
+/* ---- on the test device ------------------------------------------------------------------ */
+
+/* With EBB_TEST_DEVICE=cuda every case runs its rule a second time on the
+ * GPU, from the same values copied there:
+ *   - the training forward's and the backward's scratch, measured with the
+ *     caching allocator's counts, must equal what the training plan counts
+ *     for them on CUDA (the rule's workspace_cuda / train_workspace_cuda,
+ *     else its CPU figure as one block): exactly, or at most it where the
+ *     figure is a bound (the rule's, or cuDNN's and fused attention's choice
+ *     of kernel, ebb_op.workspace_cuda_is_bound);
+ *   - the call keeps nothing but its new gradients, each counted as the
+ *     allocator's blocks;
+ *   - its gradients equal the CPU rule's within 1e-4 relative (TF32 off;
+ *     dropout's mask is drawn on the device, so only its bytes compare).
+ * On the CPU this test has nothing to add and passes at once. */
+#define TOL_DEVICE 1e-4
+static int device_failures;
+
+static int64_t device_blocks(const ebb_tensor *const *t, int n, const ebb_tensor *const *old,
+                             int n_old) {
+    int64_t bytes = 0;
+    for (int k = 0; k < n; k++) {
+        if (!t[k])
+            continue;
+        int seen = 0;
+        for (int m = 0; m < n_old && !seen; m++)
+            seen = old[m] && ebb_tensor_same_storage(t[k], old[m]);
+        for (int m = 0; m < k && !seen; m++)
+            seen = t[m] && ebb_tensor_same_storage(t[k], t[m]);
+        if (!seen)
+            bytes += ebb_cuda_block((int64_t)ebb_tensor_nbytes(t[k]));
+    }
+    return bytes;
+}
+
+static void device_bytes_check(const char *what, const char *stage, int64_t measured,
+                               int64_t declared, int bound) {
+    if (bound ? measured <= declared : measured == declared)
+        return;
+    print_error("[%s] %s scratch on the device measured %lld B, the plan counts %lld B%s\n",
+                what, stage, (long long)measured, (long long)declared,
+                bound ? " as an upper bound" : "");
+    device_failures++;
+}
+
+static void run_case_on_device(const ebb_op *op, const grad_case *gc, int n_in, uint64_t seed,
+                               ebb_dtype dt, ebb_device dev) {
+    const ebb_device cpu = ebb_device_cpu();
+    const ebb_op_grad *g = op->grad;
+    case_values v;
+    case_values_make(&v, op, gc, n_in, seed, dt);
+    uint64_t drop_seed = seed * 7919 + 3;
+    char what[512];
+    describe_case(what, sizeof what, op, gc, v.shapes, n_in, dt);
+    int bound = g->workspace_is_bound || op->workspace_cuda_is_bound;
+
+    /* the CPU rule, for the values */
+    side c = {0}, d = {0};
+    for (int i = 0; i < n_in; i++)
+        assert_ok(ebb_tensor_clone(&c.in[i], v.in[i]));
+    for (int j = 0; j < v.n_params; j++)
+        assert_ok(ebb_tensor_clone(&c.params[j], v.params[j]));
+    run_forward(op, v.attrs, &c, n_in, v.n_params, drop_seed);
+    ebb_shape os = ebb_tensor_shape(c.out);
+    ebb_tensor *grad_out = NULL, *grad_out_dev = NULL;
+    assert_ok(ebb_tensor_randn(&grad_out, &os, dt, cpu, seed + 50));
+    ebb_shape in_shapes[MAX_IN];
+    ebb_tensor *seen_c[MAX_IN] = {NULL}, *seen_d[MAX_IN] = {NULL};
+    for (int i = 0; i < n_in; i++) {
+        in_shapes[i] = v.shapes[i];
+        seen_c[i] = (g->saves_inputs >> i) & 1u ? c.in[i] : NULL;
+    }
+    ebb_op_grad_call cc = {.op = op, .attrs = v.attrs, .in = seen_c, .n_in = n_in,
+                           .params = c.params, .n_params = v.n_params,
+                           .out = g->saves_output ? c.out : NULL, .saved = c.saved,
+                           .n_saved = g->n_saved, .grad_out = grad_out, .node = op->name,
+                           .in_shapes = in_shapes};
+    assert_ok(g->backward(&cc, c.gin, c.gp));
+
+    /* the same on the device, measured */
+    for (int i = 0; i < n_in; i++) {
+        assert_ok(ebb_tensor_to(&d.in[i], v.in[i], dev, ebb_tensor_dtype(v.in[i])));
+        seen_d[i] = (g->saves_inputs >> i) & 1u ? d.in[i] : NULL;
+    }
+    for (int j = 0; j < v.n_params; j++)
+        assert_ok(ebb_tensor_to(&d.params[j], v.params[j], dev, ebb_tensor_dtype(v.params[j])));
+    assert_ok(ebb_tensor_to(&grad_out_dev, grad_out, dev, dt));
+    int64_t base = ebb_memory_current(dev);
+    ebb_memory_reset_peak(dev);
+    run_forward(op, v.attrs, &d, n_in, v.n_params, drop_seed);
+    ebb_memory_stats fs;
+    assert_ok(ebb_memory_stats_get(dev, &fs));
+    if (g->forward_train) {
+        const ebb_tensor *made[1 + EBB_MAX_SAVED] = {d.out};
+        for (int k = 0; k < EBB_MAX_SAVED; k++)
+            made[1 + k] = d.saved[k];
+        int64_t outs = device_blocks(made, 1 + EBB_MAX_SAVED, (const ebb_tensor *const *)d.in,
+                                     n_in);
+        int64_t declared =
+            g->train_workspace_cuda
+                ? g->train_workspace_cuda(v.attrs, in_shapes, n_in, dt)
+                : ebb_cuda_block(g->train_workspace
+                                     ? g->train_workspace(v.attrs, in_shapes, n_in, dt)
+                                     : 0);
+        device_bytes_check(what, "training forward", fs.peak_bytes - base - outs, declared,
+                           bound);
+    }
+    ebb_op_grad_call dc = cc;
+    dc.in = seen_d;
+    dc.params = d.params;
+    dc.out = g->saves_output ? d.out : NULL;
+    dc.saved = d.saved;
+    dc.grad_out = grad_out_dev;
+    base = ebb_memory_current(dev);
+    ebb_memory_reset_peak(dev);
+    ebb_status st = g->backward(&dc, d.gin, d.gp);
+    ebb_memory_stats bs;
+    assert_ok(ebb_memory_stats_get(dev, &bs));
+    if (st != EBB_OK)
+        fail_msg("[%s] backward on the device -> %s: %s", what, ebb_status_name(st),
+                 ebb_errmsg());
+    const ebb_tensor *grads[MAX_IN + EBB_MAX_PARAMS], *old[MAX_IN + 1];
+    int n_grads = 0, n_old = 0;
+    for (int i = 0; i < n_in; i++)
+        grads[n_grads++] = d.gin[i];
+    for (int j = 0; j < v.n_params; j++)
+        grads[n_grads++] = d.gp[j];
+    for (int i = 0; i < n_in; i++)
+        old[n_old++] = d.in[i];
+    old[n_old++] = grad_out_dev;
+    int64_t returned = device_blocks(grads, n_grads, old, n_old);
+    int64_t declared = g->workspace_cuda
+                           ? g->workspace_cuda(v.attrs, in_shapes, n_in, dt)
+                           : ebb_cuda_block(g->workspace
+                                                ? g->workspace(v.attrs, in_shapes, n_in, dt)
+                                                : 0);
+    device_bytes_check(what, "backward", bs.peak_bytes - base - returned, declared, bound);
+    if (bs.current_bytes - base != returned) {
+        print_error("[%s] backward on the device keeps %lld B after the call; its new "
+                    "gradients are %lld B\n",
+                    what, (long long)(bs.current_bytes - base), (long long)returned);
+        device_failures++;
+    }
+
+    /* the values, against the CPU rule's */
+    if (strcmp(op->name, "dropout") != 0) {
+        for (int k = 0; k < n_in + v.n_params; k++) {
+            ebb_tensor *got = k < n_in ? d.gin[k] : d.gp[k - n_in];
+            ebb_tensor *want = k < n_in ? c.gin[k] : c.gp[k - n_in];
+            if (!got != !want) {
+                print_error("[%s] gradient %d: %s on the device, %s on the CPU\n", what, k,
+                            got ? "given" : "none", want ? "given" : "none");
+                device_failures++;
+                continue;
+            }
+            if (!got)
+                continue;
+            ebb_tensor *host = NULL;
+            assert_ok(ebb_tensor_to(&host, got, cpu, ebb_tensor_dtype(got)));
+            double dev_rel = rel_dev(what, host, want);
+            ebb_tensor_free(host);
+            if (!(dev_rel <= TOL_DEVICE)) {
+                print_error("[%s] gradient %d differs from the CPU's by %.3g relative\n", what,
+                            k, dev_rel);
+                device_failures++;
+            }
+        }
+    }
+    ebb_tensor_free(grad_out);
+    ebb_tensor_free(grad_out_dev);
+    side_free(&c);
+    side_free(&d);
+    case_values_free(&v);
+}
+
+static void test_every_rule_on_device(void **state) {
+    (void)state;
+    ebb_device dev = ebb_test_device();
+    if (dev.type == EBB_DEVICE_CPU)
+        return;
+    int64_t ignored = 0;
+    assert_ok(ebb_device_prepare(dev, &ignored));
+    int ran = 0;
+    for (int i = 0; i < ebb_op_count(); i++) {
+        const ebb_op *op = ebb_op_at(i);
+        if (!op->grad || !op->grad->backward)
+            continue;
+        for (int n = op->min_inputs; n <= max_count(op); n++)
+            for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+                if (case_fits(&cases[k], op, n)) {
+                    uint64_t seed = 1000 + k * 10 + (uint64_t)n;
+                    run_case_on_device(op, &cases[k], n, seed, EBB_FLOAT64, dev);
+                    run_case_on_device(op, &cases[k], n, seed, EBB_FLOAT32, dev);
+                    ran++;
+                }
+    }
+    print_message("%d cases on the device, %d failure(s)\n", ran, device_failures);
+    assert_true(ran > 0);
+    if (device_failures)
+        fail_msg("%d device check(s) failed (listed above)", device_failures);
 }
 
 /* ---- the dry run on meta tensors -------------------------------------------------------------- */
@@ -1093,6 +1315,7 @@ int main(void) {
         EBB_TEST(test_every_op_has_rule_and_cases),
         EBB_TEST(test_coverage_check_names_newcomers),
         EBB_TEST(test_every_rule_matches_autograd),
+        EBB_TEST(test_every_rule_on_device),
         EBB_TEST(test_every_rule_runs_on_meta),
         EBB_TEST(test_rules_refuse_bad_shapes),
         EBB_TEST(test_dropout_train_is_seeded),
