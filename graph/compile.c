@@ -257,8 +257,13 @@ ebb_status ebb_compile_once(ebb_plan **out, const ebb_graph *g, const ebb_compil
                                 : s->op && s->op->workspace_is_bound;
         p->peak_is_bound |= s->pub.kind == EBB_STEP_ROUTE || s->pub.kind == EBB_STEP_JUMP_IF ||
                             (bound_scratch && s->workspace > 0);
-        p->cuda_peak_is_bound |= s->pub.kind == EBB_STEP_OP && s->has_workspace_cuda &&
-                                 s->op->workspace_cuda_is_bound && s->workspace_cuda > 0;
+        int bound_cuda = s->pub.kind == EBB_STEP_BACKWARD ? s->op->grad->workspace_cuda_is_bound
+                         : s->pub.kind == EBB_STEP_OP
+                             ? s->op->workspace_cuda_is_bound ||
+                                   (p->training && s->op->grad &&
+                                    s->op->grad->workspace_cuda_is_bound)
+                             : 0;
+        p->cuda_peak_is_bound |= bound_cuda && s->has_workspace_cuda && s->workspace_cuda > 0;
     }
     p->cuda_peak_is_bound |= p->peak_is_bound;
     if (ebb_pass_liveness(&c) != 0)

@@ -2726,9 +2726,20 @@ static void test_train_and_eval(void **state) {
 
     /* 3 epochs of 6 steps, every line JSON; the loss falls epoch by epoch */
     cli_result r;
+    /* the trace compares every step with its plan, which is exact with one
+     * intra-op thread: libtorch's CPU kernels may take per-thread scratch
+     * (384 B more in a linear step with 16 threads) */
+    const char *threads = getenv("OMP_NUM_THREADS");
+    char *saved_threads = threads ? strdup(threads) : NULL;
+    assert_int_equal(setenv("OMP_NUM_THREADS", "1", 1), 0);
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--eval-data", data, "--steps", "18",
         "--batch", "16", "--lr", "0.01", "--json", "--log-every", "6", "--save-weights", wa,
         "--curve", curve, "--trace", trace);
+    if (saved_threads)
+        assert_int_equal(setenv("OMP_NUM_THREADS", saved_threads, 1), 0);
+    else
+        assert_int_equal(unsetenv("OMP_NUM_THREADS"), 0);
+    free(saved_threads);
     expect_code(&r, 0);
     double epoch_loss[3] = {0}, eval_loss[3] = {0}, eval_acc[3] = {0};
     int n_epochs = 0, n_steps = 0;

@@ -841,7 +841,7 @@ static void run_case_on_device(const ebb_op *op, const grad_case *gc, int n_in, 
     uint64_t drop_seed = seed * 7919 + 3;
     char what[512];
     describe_case(what, sizeof what, op, gc, v.shapes, n_in, dt);
-    int bound = g->workspace_is_bound || op->workspace_cuda_is_bound;
+    int bound = g->workspace_is_bound || g->workspace_cuda_is_bound || op->workspace_cuda_is_bound;
 
     /* the CPU rule, for the values */
     side c = {0}, d = {0};

@@ -227,6 +227,10 @@ typedef struct ebb_op_grad {
      * figure, rounded as one block. */
     ebb_op_workspace_fn workspace_cuda;
     ebb_op_workspace_fn train_workspace_cuda;
+    /* Set when workspace_cuda and train_workspace_cuda can only bound what
+     * the CUDA kernels take (a library that chooses its kernel on the
+     * device): a training plan with such a step is an upper bound on CUDA. */
+    int workspace_cuda_is_bound;
     /* Set when running forward_train twice would not repeat it: it draws
      * random numbers (dropout) or updates a buffer (batch_norm's running
      * statistics). Under a memory budget its output is then always kept,
