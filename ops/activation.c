@@ -106,8 +106,19 @@ static ebb_status log_softmax_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, e
     (void)gp;
     return ebb_tensor_softmax_backward(&gin[0], c->grad_out, c->out, c->attrs[0].i, true);
 }
+/* On the CPU both kernels write the gradient straight from grad_out and the
+ * output. CUDA's softmax_backward first multiplies grad_out by the output
+ * into a temporary of the input's size and dtype, which its kernel reads
+ * beside the gradient (log_softmax's kernel needs none). */
+static int64_t softmax_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                          ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    return ebb_cuda_block(ebb_shape_numel(&in[0]) * (int64_t)ebb_dtype_size(dt));
+}
 static const ebb_op_grad softmax_grad = {.backward = softmax_bwd, .saves_output = 1,
-                                         .differentiable = 1u};
+                                         .differentiable = 1u,
+                                         .workspace_cuda = softmax_bwd_workspace_cuda};
 static const ebb_op_grad log_softmax_grad = {.backward = log_softmax_bwd, .saves_output = 1,
                                              .differentiable = 1u};
 

@@ -293,9 +293,28 @@ static ebb_status mha_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tenso
  *
  * The tail: per projection its weight (E*E) and bias (E) gradients, its
  * input's gradient, summed into the one an input already has (self- and
- * key=value attention), then in_proj's gradients concatenated. */
+ * key=value attention), then in_proj's gradients concatenated.
+ *
+ * On CUDA the call always goes the composite way (the fused kernels above
+ * are the CPU's), through cuBLAS's batched products, softmax and its
+ * backward: the same tensors, each its own block, except that the scalings'
+ * Scalar stays on the CPU while the causal mask is made on the device, and
+ * each concatenation is one block. That is B*H*T*S scores, probabilities,
+ * g_p and g_s (and g_s's unscaled copy for a moment) beside up to a dozen
+ * [B, L, E] tensors, where the forward's fused kernels keep none: so the
+ * CPU's figure, rounded as one block, fell far short on the device. One
+ * thing there is the device's: from 1024 rows (B*T or B*S; more for E under
+ * 128) each bias gradient's sum stages partial sums across thread blocks,
+ * as many as the device's multiprocessors allow, up to about twice the
+ * projection it sums (ebb_ops_cuda_sum_staging). The figure counts the most
+ * any device takes, so it is a bound; an H100 or H200 takes that much up to
+ * about 17 million values (B*L*E), and below 1024 rows the figure is exact. */
 typedef struct mha_bwd_sizes {
     int64_t q, k, ee, eb; /* bytes: Q, K, one E*E weight, one E bias (0 without) */
+    int64_t w3, b3;       /* in_proj's weight and bias gradients, concatenated */
+    int64_t p;            /* B*H*T*S scores */
+    int64_t scalar, mask; /* a scaling's Scalar operand; the causal mask (0 without) */
+    int64_t sum_q, sum_k; /* a bias sum's staging over B*T and B*S rows (CUDA's) */
     int n_in;
 } mha_bwd_sizes;
 
@@ -307,7 +326,9 @@ static int64_t mha_bwd_tail(const mha_bwd_sizes *z, int64_t live, int64_t peak) 
     for (int j = 0; j < 3; j++) {
         int64_t size_j = j == 0 ? z->q : z->k;
         int to = j == 0 ? 0 : (j < z->n_in - 1 ? j : z->n_in - 1);
-        live += z->ee + z->eb;
+        live += z->ee;
+        PEAK(live + z->eb + (j == 0 ? z->sum_q : z->sum_k)); /* the bias's sum */
+        live += z->eb;
         if (grads[to]) {
             PEAK(live + 2 * size_j); /* the product, then its sum with the first */
         } else {
@@ -316,9 +337,9 @@ static int64_t mha_bwd_tail(const mha_bwd_sizes *z, int64_t live, int64_t peak) 
         }
         PEAK(live);
     }
-    live += 3 * z->ee + 3 * z->eb; /* in_proj's gradients concatenated */
+    live += z->w3 + z->b3; /* in_proj's gradients concatenated */
     PEAK(live);
-    return peak - (grads[0] + grads[1] + grads[2] + 4 * z->ee + 4 * z->eb);
+    return peak - (grads[0] + grads[1] + grads[2] + z->w3 + z->b3 + z->ee + z->eb);
 }
 
 static int64_t mha_bwd_fused(const mha_bwd_sizes *z, const ebb_attention_fused_bytes *fb) {
@@ -333,11 +354,11 @@ static int64_t mha_bwd_fused(const mha_bwd_sizes *z, const ebb_attention_fused_b
 }
 
 static int64_t mha_bwd_composite(const mha_bwd_sizes *z, int64_t b, int64_t t, int64_t s,
-                                 int64_t h, int causal, ebb_dtype dt) {
-    int64_t q = z->q, k = z->k, p = b * h * t * s * (int64_t)ebb_dtype_size(dt);
+                                 int64_t h) {
+    int64_t q = z->q, k = z->k, p = z->p;
     int64_t cq = b > 1 && h > 1 && t > 1 ? q : 0, ck = b > 1 && h > 1 && s > 1 ? k : 0;
     int64_t mq = h > 1 && t > 1 ? q : 0, mk = h > 1 && s > 1 ? k : 0;
-    int64_t scalar = ebb_ops_scalar_bytes(dt), mask = causal ? t * s : 0;
+    int64_t scalar = z->scalar, mask = z->mask;
     int64_t live = q + 2 * k, peak = 0;
     PEAK(live + cq + ck + p); /* q k^T */
     live += p;
@@ -345,9 +366,10 @@ static int64_t mha_bwd_composite(const mha_bwd_sizes *z, int64_t b, int64_t t, i
     live += p;                /* probabilities */
     PEAK(live + ck + q);      /* p v */
     PEAK(live + q + mq);      /* ... its heads merged */
-    live += q + z->ee + z->eb; /* merged; out_proj's gradients */
-    live += q;                /* grad_out's projection */
-    PEAK(live + cq + ck + p); /* g_p */
+    live += q + z->ee;             /* merged; out_proj's weight gradient */
+    PEAK(live + z->eb + z->sum_q); /* its bias's, summed */
+    live += z->eb + q;             /* grad_out's projection */
+    PEAK(live + cq + ck + p);      /* g_p */
     live += p;
     PEAK(live + cq + k); /* g_v */
     live += k;
@@ -361,23 +383,50 @@ static int64_t mha_bwd_composite(const mha_bwd_sizes *z, int64_t b, int64_t t, i
 }
 #undef PEAK
 
-static int64_t mha_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
-                                 ebb_dtype dt) {
+/* One allocation of n bytes: as is on the CPU, a caching allocator's block on CUDA. */
+static int64_t mha_bytes(int64_t n, int cuda) { return cuda ? ebb_cuda_block(n) : n; }
+
+static int64_t mha_bwd_scratch(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                               ebb_dtype dt, int cuda) {
     if (in[0].ndim != 3 || a[A_HEADS].i < 1 || n_in < 1 || n_in > 3)
         return 0;
     int64_t b = in[0].dim[0], t = in[0].dim[1], e = in[0].dim[2], h = a[A_HEADS].i;
     int64_t s = n_in > 1 && in[1].ndim == 3 ? in[1].dim[1] : t, size = (int64_t)ebb_dtype_size(dt);
-    mha_bwd_sizes z = {.q = b * t * e * size, .k = b * s * e * size, .ee = e * e * size,
-                       .eb = a[A_BIAS].i ? e * size : 0, .n_in = n_in};
-    if (ebb_attention_fused(dt, e / h, e / h, t, s)) {
+    int64_t eb = a[A_BIAS].i ? e * size : 0, mask = a[A_CAUSAL].i ? t * s : 0;
+    mha_bwd_sizes z = {.q = mha_bytes(b * t * e * size, cuda),
+                       .k = mha_bytes(b * s * e * size, cuda),
+                       .ee = mha_bytes(e * e * size, cuda),
+                       .eb = mha_bytes(eb, cuda),
+                       .w3 = mha_bytes(3 * e * e * size, cuda),
+                       .b3 = mha_bytes(3 * eb, cuda),
+                       .p = mha_bytes(b * h * t * s * size, cuda),
+                       .scalar = cuda ? 0 : ebb_ops_scalar_bytes(dt),
+                       .mask = mha_bytes(mask, cuda),
+                       .sum_q = cuda && eb ? ebb_ops_cuda_sum_staging(b * t, e, size) : 0,
+                       .sum_k = cuda && eb ? ebb_ops_cuda_sum_staging(b * s, e, size) : 0,
+                       .n_in = n_in};
+    if (!cuda && ebb_attention_fused(dt, e / h, e / h, t, s)) {
         ebb_attention_fused_bytes fb;
         ebb_attention_fused_bytes_get(b, h, t, s, e / h, dt, ebb_tensor_num_threads(), &fb);
         return mha_bwd_fused(&z, &fb);
     }
-    return mha_bwd_composite(&z, b, t, s, h, a[A_CAUSAL].i != 0, dt);
+    return mha_bwd_composite(&z, b, t, s, h);
 }
+
+static int64_t mha_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                 ebb_dtype dt) {
+    return mha_bwd_scratch(a, in, n_in, dt, 0);
+}
+
+static int64_t mha_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                      ebb_dtype dt) {
+    return mha_bwd_scratch(a, in, n_in, dt, 1);
+}
+
 static const ebb_op_grad mha_grad = {.backward = mha_bwd, .saves_inputs = 0x7u,
-                                     .differentiable = 0x7u, .workspace = mha_bwd_workspace};
+                                     .differentiable = 0x7u, .workspace = mha_bwd_workspace,
+                                     .workspace_cuda = mha_bwd_workspace_cuda,
+                                     .workspace_cuda_is_bound = 1};
 
 const ebb_op ebb_ops_attention[] = {
     {.name = "multi_head_attention", .min_inputs = 1, .max_inputs = 3, .attrs = mha_attrs,

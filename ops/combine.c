@@ -266,6 +266,22 @@ static int64_t average_bwd_workspace(const ebb_attr_value *a, const ebb_shape *i
     return peak - summed - (shared ? o : 0);
 }
 
+/* CUDA: the Scalar stays on the CPU, so grad_out / N is the only tensor
+ * beside the gradients. Inputs of the output's shape all get that tensor as
+ * their gradient, and the others new sums of it, so it is scratch (one
+ * block) only when no input has the output's shape. A sum large enough for
+ * a grid-wide pass would stage partial sums too (see
+ * ebb_ops_no_cuda_scratch); that is not counted. */
+static int64_t average_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                          ebb_dtype dt) {
+    (void)a;
+    ebb_shape out = broadcast_shape(in, n_in);
+    for (int i = 0; i < n_in; i++)
+        if (ebb_shape_equal(&in[i], &out))
+            return 0;
+    return ebb_cuda_block(ebb_shape_numel(&out) * grad_elem(dt));
+}
+
 /* maximum: the fold max(max(x0, x1), x2)... is walked backwards from its
  * last input, with the prefixes p_k = max(x0..xk) recomputed first (kept to
  * the end; p_0 is x0 itself). Step i (from n-1 down to 1), with the running
@@ -319,6 +335,54 @@ static int64_t max_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, i
     return peak - kept - run; /* the last running gradient is input 0's */
 }
 
+/* The same walk on CUDA, in the caching allocator's blocks: each prefix,
+ * half, where() result, side and sum is a block of its own, and so is each
+ * of the two bool masks (a == b, then a < b or b < a); half's Scalar stays
+ * on the CPU. As with average, a sum large enough for a grid-wide pass
+ * would also stage partial sums, which is not counted. */
+static int64_t max_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                      ebb_dtype dt) {
+    (void)a;
+    if (n_in < 2 || n_in > 64)
+        return 0;
+    ebb_shape p[64];
+    int64_t e = grad_elem(dt), live = 0, peak = 0, kept = 0, run = 0;
+    p[0] = in[0];
+    for (int k = 1; k < n_in; k++) {
+        ebb_shape two[2] = {p[k - 1], in[k]};
+        p[k] = broadcast_shape(two, 2);
+        if (k < n_in - 1)
+            live += ebb_cuda_block(ebb_shape_numel(&p[k]) * e); /* the prefixes */
+    }
+    peak = live;
+    for (int i = n_in - 1; i >= 1; i--) {
+        int64_t pe = ebb_shape_numel(&p[i]);
+        int64_t h = ebb_cuda_block(pe * e), m = ebb_cuda_block(pe);
+        int64_t base = live + kept + run; /* prefixes, gradients so far, g_i */
+#define PEAK(x) peak = (x) > peak ? (x) : peak
+        PEAK(base + 3 * h + 2 * m); /* the first side: half, masks, where, result */
+        PEAK(base + 4 * h + 2 * m); /* the second side beside the first */
+        int64_t now = base + 3 * h; /* half and both sides */
+        if (ebb_shape_equal(&in[i], &p[i])) {
+            kept += h;
+        } else {
+            int64_t r = ebb_cuda_block(ebb_shape_numel(&in[i]) * e);
+            PEAK(now + r);
+            now += r;
+            kept += r;
+        }
+        if (ebb_shape_equal(&p[i - 1], &p[i])) {
+            run = h; /* the first side is the next running gradient */
+        } else {
+            int64_t r = ebb_cuda_block(ebb_shape_numel(&p[i - 1]) * e);
+            PEAK(now + r);
+            run = r;
+        }
+#undef PEAK
+    }
+    return peak - kept - run;
+}
+
 static const ebb_op_grad add_grad = {.backward = add_bwd,
                                      .differentiable = ALL_INPUTS,
                                      .workspace = add_bwd_workspace};
@@ -327,10 +391,12 @@ static const ebb_op_grad mul_grad = {.backward = mul_bwd, .saves_inputs = ALL_IN
                                      .workspace = mul_bwd_workspace};
 /* average and cat read only their inputs' shapes (ebb_op_grad_call.in_shapes) */
 static const ebb_op_grad average_grad = {.backward = average_bwd, .differentiable = ALL_INPUTS,
-                                         .workspace = average_bwd_workspace};
+                                         .workspace = average_bwd_workspace,
+                                         .workspace_cuda = average_bwd_workspace_cuda};
 static const ebb_op_grad max_grad = {.backward = max_bwd, .saves_inputs = ALL_INPUTS,
                                      .differentiable = ALL_INPUTS,
-                                     .workspace = max_bwd_workspace};
+                                     .workspace = max_bwd_workspace,
+                                     .workspace_cuda = max_bwd_workspace_cuda};
 static const ebb_op_grad cat_grad = {.backward = cat_bwd, .differentiable = ALL_INPUTS};
 static const ebb_op_grad stack_grad = {.backward = stack_bwd, .differentiable = ALL_INPUTS};
 

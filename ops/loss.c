@@ -253,30 +253,43 @@ static int64_t nll_workspace(const ebb_attr_value *a, const ebb_shape *in, int n
 }
 
 /* CUDA: before the loss, the target's range check (ops/tensor/loss.cpp,
- * check_range_on_device) holds up to four blocks of a bool per target
- * element; then the loss and total_weight. Cross entropy's log-probabilities
- * and, with smoothing, its per-row sum and mask follow the check. */
+ * check_range_on_device) holds five bool tensors of the target's size at
+ * once (t < 0, t >= C, their or, t != ignore_index and the and of those),
+ * a block each; an empty target is not checked. */
 static int64_t target_check_cuda(const ebb_shape *target) {
     int64_t n = ebb_shape_numel(target);
-    return 4 * ebb_cuda_block(n > 0 ? n : 1);
+    return n > 0 ? 5 * ebb_cuda_block(n) : 0;
 }
 
+/* CUDA: cross entropy's label-smoothing term, beside its log-probabilities,
+ * loss and total_weight: the per-row sums, with first the bool mask of
+ * ignored targets and then the sums' 0-dim sum (the Scalars stay on the
+ * CPU). */
+static int64_t smoothing_cuda(const ebb_attr_value *a, const ebb_shape *in, ebb_dtype dt) {
+    if (!(a[CE_LABEL_SMOOTHING].f > 0))
+        return 0;
+    int64_t mask = ebb_cuda_block(ebb_shape_numel(&in[1])), sum = ebb_cuda_block(elem(dt));
+    return ebb_cuda_block(rows_of(&in[0]) * elem(dt)) + (mask > sum ? mask : sum);
+}
+
+/* Beyond the output: the check (made before the output exists) less the
+ * output's block, or total_weight. */
 static int64_t nll_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                   ebb_dtype dt) {
     (void)a;
     (void)n_in;
-    int64_t check = target_check_cuda(&in[1]), tw = ebb_cuda_block(elem(dt));
+    int64_t tw = ebb_cuda_block(elem(dt)), check = target_check_cuda(&in[1]) - tw;
     return check > tw ? check : tw;
 }
 
+/* Beyond the output: the check less the output's block, or the
+ * log-probabilities and total_weight with the smoothing term's scratch. */
 static int64_t cross_entropy_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in,
                                             int n_in, ebb_dtype dt) {
     (void)n_in;
-    int64_t e = elem(dt);
-    int64_t loss = ebb_cuda_block(ebb_shape_numel(&in[0]) * e) + ebb_cuda_block(e);
-    if (a[CE_LABEL_SMOOTHING].f > 0)
-        loss += 2 * ebb_cuda_block(rows_of(&in[0]) * e);
-    int64_t check = target_check_cuda(&in[1]);
+    int64_t e = elem(dt), one = ebb_cuda_block(e); /* the output, total_weight */
+    int64_t loss = ebb_cuda_block(ebb_shape_numel(&in[0]) * e) + one + smoothing_cuda(a, in, dt);
+    int64_t check = target_check_cuda(&in[1]) - one;
     return check > loss ? check : loss;
 }
 
@@ -404,17 +417,57 @@ static ebb_status bce_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tenso
     return ebb_tensor_bce_with_logits_backward(&gin[0], c->grad_out, c->in[0], c->in[1]);
 }
 
+/* CUDA: the training forwards keep the loss and total_weight (and cross
+ * entropy its log-probabilities) as values, all made after the target's
+ * check: the scratch is what the check holds beyond them, or cross
+ * entropy's smoothing term; nll_loss_forward's own kernel allocates
+ * nothing more. */
+static int64_t nll_train_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                        ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    int64_t check = target_check_cuda(&in[1]) - 2 * ebb_cuda_block(elem(dt));
+    return check > 0 ? check : 0;
+}
+
+static int64_t cross_entropy_train_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in,
+                                                  int n_in, ebb_dtype dt) {
+    (void)n_in;
+    int64_t e = elem(dt);
+    int64_t kept = ebb_cuda_block(ebb_shape_numel(&in[0]) * e) + 2 * ebb_cuda_block(e);
+    int64_t check = target_check_cuda(&in[1]) - kept, smooth = smoothing_cuda(a, in, dt);
+    int64_t most = check > smooth ? check : smooth;
+    return most > 0 ? most : 0;
+}
+
+/* CUDA: nll_loss_backward's kernel takes its input contiguous, and the
+ * stand-in ebb_tensor_nll_loss_backward passes (total_weight expanded to the
+ * log-probabilities' shape, zero strides) is not: the kernel copies it into
+ * a tensor of their size and dtype, alive beside the gradient. */
+static int64_t nll_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                      ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    return ebb_cuda_block(ebb_shape_numel(&in[0]) * elem(dt));
+}
+
 static const ebb_op_grad cross_entropy_grad = {
     .backward = cross_entropy_bwd, .forward_train = cross_entropy_train, .n_saved = 2,
     .saves_inputs = 1u << 1, .differentiable = 1u, .workspace = cross_entropy_bwd_workspace,
-    .train_workspace = cross_entropy_train_workspace};
+    .train_workspace = cross_entropy_train_workspace,
+    .train_workspace_cuda = cross_entropy_train_workspace_cuda};
 static const ebb_op_grad nll_grad = {.backward = nll_bwd, .forward_train = nll_train,
                                      .n_saved = 1, .saves_inputs = 1u << 1,
-                                     .differentiable = 1u};
+                                     .differentiable = 1u,
+                                     .workspace_cuda = nll_bwd_workspace_cuda,
+                                     .train_workspace_cuda = nll_train_workspace_cuda};
 static const ebb_op_grad mse_grad = {.backward = mse_bwd, .saves_inputs = 3u,
                                      .differentiable = 1u};
+/* bce_with_logits: on CUDA the division's Scalar stays on the CPU and the
+ * 0-dim grad_out is read in place: no scratch. */
 static const ebb_op_grad bce_grad = {.backward = bce_bwd, .saves_inputs = 3u,
-                                     .differentiable = 1u, .workspace = bce_bwd_workspace};
+                                     .differentiable = 1u, .workspace = bce_bwd_workspace,
+                                     .workspace_cuda = ebb_ops_no_cuda_scratch};
 
 const ebb_op ebb_ops_loss[] = {
     {.name = "cross_entropy", .min_inputs = 2, .max_inputs = 2, .attrs = cross_entropy_attrs,

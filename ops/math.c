@@ -129,7 +129,8 @@ static ebb_status scale_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_ten
     (void)gp;
     return ebb_tensor_affine(&gin[0], c->grad_out, c->attrs[0].f, 0.0);
 }
-/* grad_out times the factor: the forward's Scalar operand again. */
+/* grad_out times the factor: the forward's Scalar operand again. On CUDA
+ * the Scalar stays on the CPU (and the gradient is floating): no scratch. */
 static int64_t scale_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                    ebb_dtype dt) {
     (void)in;
@@ -139,7 +140,8 @@ static int64_t scale_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in,
     return ebb_ops_scalar_bytes(ebb_ops_is_floating(dt) ? dt : EBB_FLOAT32);
 }
 static const ebb_op_grad scale_grad = {.backward = scale_bwd, .differentiable = 1u,
-                                       .workspace = scale_bwd_workspace};
+                                       .workspace = scale_bwd_workspace,
+                                       .workspace_cuda = ebb_ops_no_cuda_scratch};
 
 /* The gradient is grad_out spread back over the reduced dims: only the
  * input's shape is needed, so the input is not saved. */
@@ -163,7 +165,8 @@ static ebb_status sum_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tenso
     return reduce_bwd(c, false, gin);
 }
 /* mean's gradient is grad_out spread over the input and divided by the
- * element count, a Scalar operand (sum's is a copy: nothing beside it). */
+ * element count, a Scalar operand (sum's is a copy: nothing beside it). On
+ * CUDA the Scalar stays on the CPU and the spread is a view: no scratch. */
 static int64_t mean_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                   ebb_dtype dt) {
     (void)a;
@@ -172,7 +175,8 @@ static int64_t mean_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, 
     return ebb_ops_scalar_bytes(dt);
 }
 static const ebb_op_grad mean_grad = {.backward = mean_bwd, .differentiable = 1u,
-                                      .workspace = mean_bwd_workspace};
+                                      .workspace = mean_bwd_workspace,
+                                      .workspace_cuda = ebb_ops_no_cuda_scratch};
 static const ebb_op_grad sum_grad = {.backward = sum_bwd, .differentiable = 1u};
 
 const ebb_op ebb_ops_math[] = {

@@ -452,10 +452,178 @@ static int64_t rms_norm_bwd_workspace(const ebb_attr_value *a, const ebb_shape *
     return (2 * n + 5 * n + 3 * rows + gy + d) * 4;
 }
 
+/* ---- backward and training-forward scratch on CUDA ----------------------------
+ * What libtorch 2.11's CUDA kernels allocate beyond the gradients (or the
+ * training forward's output and extras), each allocation a block of the
+ * caching allocator, for a contiguous input and output gradient.
+ *
+ * Where a kernel sizes its work by the device (a reduction's split across
+ * thread blocks, layer_norm's choice of a two-pass weight gradient), the
+ * figures take the most any device allocates. */
+
+/* layer_norm's backward writes the input's gradient and, for up to 65536
+ * rows, the weight's and bias's straight from its kernels. Over 65536 rows
+ * of fewer than 32 x (multiprocessors / 2) values (2112 on an H100 or H200)
+ * it sums each in two passes: partial sums of both, [by, d] in the input's
+ * dtype for by = min(32768 / ceil(d / 32), ceil(rows / 32)), then each
+ * summed over by into a new gradient while the one allocated first is
+ * still held (one [d] beside the results), and the sum's own staging. As
+ * the limit on d depends on the device, the figure counts the two passes
+ * for every d over 65536 rows, and is a bound (layer_norm_grad). */
+static int64_t layer_norm_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in,
+                                             int n_in, ebb_dtype dt) {
+    (void)n_in;
+    int64_t numel = ebb_shape_numel(&in[0]), d = in[0].ndim >= 1 ? in[0].dim[in[0].ndim - 1] : 0;
+    if (!a[A_AFFINE].i || numel <= 0 || d <= 0)
+        return 0;
+    int64_t rows = numel / d, e = (int64_t)ebb_dtype_size(dt);
+    if (rows <= 64 * 1024)
+        return 0;
+    int64_t by = 32768 / ebb_ops_ceil_div(d, 32);
+    if (by > ebb_ops_ceil_div(rows, 32))
+        by = ebb_ops_ceil_div(rows, 32);
+    return ebb_cuda_block(d * e) + 2 * ebb_cuda_block(by * d * e) +
+           ebb_ops_cuda_sum_staging(by, d, stat_bytes(dt));
+}
+
+/* batch_norm's channels-last kernels (Normalization.cuh) reduce over
+ * per-channel partial results staged across thread blocks when the grid
+ * has 8 or more rows of blocks (flexible_launch_configs): `per` values of
+ * acc bytes per channel and row, and one semaphore per column of blocks. */
+static int64_t bn_staging(int64_t reduction, int64_t channels, int64_t per, int64_t acc) {
+    int64_t bx = ebb_ops_pow2_floor(channels) < 32 ? ebb_ops_pow2_floor(channels) : 32;
+    int64_t by = ebb_ops_pow2_floor(ebb_ops_ceil_div(reduction, 16));
+    if (by > 512 / bx)
+        by = 512 / bx;
+    if (bx * by != 512)
+        bx = ebb_ops_pow2_floor(channels) < 512 / by ? ebb_ops_pow2_floor(channels) : 512 / by;
+    int64_t gy = ebb_ops_ceil_div(reduction, by * 16);
+    if (gy > 128)
+        gy = 128;
+    if (gy < 8)
+        return 0;
+    return ebb_cuda_block(per * channels * gy * acc) + ebb_cuda_block(4 * ebb_ops_ceil_div(channels, bx));
+}
+
+/* Whether native_batch_norm_backward takes the channels-last kernels: a
+ * contiguous input with one value per channel and sample ([N, C],
+ * [N, C, 1, 1]), whose channel stride is 1, or a 4-D one with one channel,
+ * which is channels-last contiguous as well. */
+static int bn_channels_last(const ebb_shape *x) {
+    int64_t numel = ebb_shape_numel(x);
+    return numel / (x->dim[0] * x->dim[1]) == 1 || (x->ndim == 4 && x->dim[1] == 1);
+}
+
+/* native_batch_norm_backward on CUDA (libtorch's own kernels: the rule
+ * calls it directly, never cuDNN). Any other contiguous input takes the
+ * fused kernel, which allocates nothing but the gradients. The
+ * channels-last kernels keep two per-channel sums (sum_dy and sum_dy_xmu,
+ * in the accumulate type) until the input's gradient is made; their
+ * staging, when the grid needs it, is freed before that gradient comes and
+ * counts only where it is larger. An input of 2^31 elements or more takes
+ * the general path: the two sums, and a one-element weight of ones when
+ * there is none. */
+static int64_t batch_norm_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in,
+                                             int n_in, ebb_dtype dt) {
+    (void)n_in;
+    int64_t numel = ebb_shape_numel(&in[0]);
+    if (in[0].ndim < 2 || numel <= 0)
+        return 0;
+    int64_t c = in[0].dim[1], acc = stat_bytes(dt);
+    int64_t sums = 2 * ebb_cuda_block(c * acc);
+    if (numel >= INT32_MAX)
+        return sums + (a[BN_AFFINE].i ? 0 : ebb_cuda_block(acc));
+    if (!bn_channels_last(&in[0]))
+        return 0;
+    int64_t staging = bn_staging(numel / c, c, 2, acc);
+    int64_t grad = ebb_cuda_block(numel * (int64_t)ebb_dtype_size(dt));
+    return sums + (staging > grad ? staging - grad : 0);
+}
+
+/* native_batch_norm in training on CUDA: the batch's mean and inverse std
+ * are the extras, and the running statistics are updated in place. Only
+ * the channels-last statistics kernel ([N, C] or [N, C, 1, 1]; a 4-D input
+ * with one channel takes the contiguous one here) allocates: its staging
+ * of four values per channel and row of blocks, with the semaphores, when
+ * the batch is large enough for a grid-wide pass. (Inputs of 2^31 elements
+ * or more take a general path through var_mean, not counted here.) */
+static int64_t batch_norm_train_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in,
+                                               int n_in, ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    int64_t numel = ebb_shape_numel(&in[0]);
+    if (in[0].ndim < 2 || numel <= 0)
+        return 0;
+    int64_t c = in[0].dim[1];
+    if (numel / (in[0].dim[0] * c) != 1)
+        return 0;
+    return bn_staging(numel / c, c, 4, stat_bytes(dt));
+}
+
+/* native_group_norm_backward on CUDA: the output gradient's per-(sample,
+ * channel) sums ds and db, and for the input's gradient the coefficients
+ * c2 and c3 per (sample, group) and, with a weight over more than one
+ * position, c1 per (sample, channel), all in the accumulate type and alive
+ * together. One position per channel (HxW = 1) takes a kernel that needs
+ * only c2 and c3, but ds and db are allocated before that branch. */
+static int64_t group_norm_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in,
+                                             int n_in, ebb_dtype dt) {
+    (void)n_in;
+    if (in[0].ndim < 2 || ebb_shape_numel(&in[0]) <= 0)
+        return 0;
+    int64_t n = in[0].dim[0], c = in[0].dim[1], s = stat_bytes(dt);
+    int64_t hxw = ebb_shape_numel(&in[0]) / (n * c);
+    int64_t per_channel = ebb_cuda_block(n * c * s);
+    int64_t per_group = ebb_cuda_block(n * a[GN_GROUPS].i * s);
+    return 2 * per_channel + 2 * per_group + (a[GN_AFFINE].i && hxw > 1 ? per_channel : 0);
+}
+
+/* native_group_norm in training: the mean and rstd are the extras, so what
+ * remains of the forward's CUDA scratch is the per-(sample, channel) scale
+ * and shift it folds a weight into over more than one position. */
+static int64_t group_norm_train_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in,
+                                               int n_in, ebb_dtype dt) {
+    (void)n_in;
+    if (in[0].ndim < 2 || ebb_shape_numel(&in[0]) <= 0 || !a[GN_AFFINE].i)
+        return 0;
+    int64_t n = in[0].dim[0], c = in[0].dim[1];
+    if (ebb_shape_numel(&in[0]) / (n * c) == 1)
+        return 0;
+    return 2 * ebb_cuda_block(n * c * stat_bytes(dt));
+}
+
+/* rms_norm's derivative on CUDA, each tensor a block (N elements, R rows):
+ * the largest moment is again the input gradient's expression, whose
+ * temporaries all live until it is complete: r, gy (with a weight), and
+ * gy r, r^3, x r^3, gy x, its mean and their product beside gx: 3 blocks of
+ * R and 4 of N, 5 with a weight. r's own expression (x^2 and three of R)
+ * and the weight's gradient (two of N) come before with less; a
+ * reduction's staging (a long last dim, or the weight's sum over many
+ * rows) stays under the tensors of N that follow it. Half types work in
+ * float32: the copies of the input and the gradient and the expression's
+ * five tensors of N are float32, and the call returns gx cast back. */
+static int64_t rms_norm_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                           ebb_dtype dt) {
+    (void)n_in;
+    int64_t n = ebb_shape_numel(&in[0]), d = in[0].ndim >= 1 ? in[0].dim[in[0].ndim - 1] : 1;
+    if (n <= 0 || d <= 0)
+        return 0;
+    int64_t rows = n / d;
+    if (dt == EBB_FLOAT32 || dt == EBB_FLOAT64) {
+        int64_t e = (int64_t)ebb_dtype_size(dt), big = ebb_cuda_block(n * e);
+        return 3 * ebb_cuda_block(rows * e) + 4 * big + (a[RMS_AFFINE].i ? big : 0);
+    }
+    int64_t big = ebb_cuda_block(n * 4);
+    return 7 * big + 3 * ebb_cuda_block(rows * 4) + (a[RMS_AFFINE].i ? big : 0) -
+           ebb_cuda_block(n * (int64_t)ebb_dtype_size(dt));
+}
+
 static const ebb_op_grad layer_norm_grad = {.backward = layer_norm_bwd,
                                             .forward_train = layer_norm_train, .n_saved = 2,
                                             .saves_inputs = 1u, .differentiable = 1u,
-                                            .workspace = layer_norm_bwd_workspace};
+                                            .workspace = layer_norm_bwd_workspace,
+                                            .workspace_cuda = layer_norm_bwd_workspace_cuda,
+                                            .workspace_cuda_is_bound = 1};
 /* The training forward's batch statistics come out as the two extras; the
  * CPU kernel also holds per-channel temporaries while it updates the
  * running statistics, as many as the tensor layer says. */
@@ -470,14 +638,21 @@ static const ebb_op_grad batch_norm_grad = {.backward = batch_norm_bwd,
                                             .saves_inputs = 1u, .differentiable = 1u,
                                             .workspace = batch_norm_bwd_workspace,
                                             .train_workspace = batch_norm_train_workspace,
+                                            .workspace_cuda = batch_norm_bwd_workspace_cuda,
+                                            .train_workspace_cuda =
+                                                batch_norm_train_workspace_cuda,
                                             .no_recompute = 1};
 static const ebb_op_grad rms_norm_grad = {.backward = rms_norm_bwd, .saves_inputs = 1u,
                                           .differentiable = 1u,
-                                          .workspace = rms_norm_bwd_workspace};
+                                          .workspace = rms_norm_bwd_workspace,
+                                          .workspace_cuda = rms_norm_bwd_workspace_cuda};
 static const ebb_op_grad group_norm_grad = {.backward = group_norm_bwd,
                                             .forward_train = group_norm_train, .n_saved = 2,
                                             .saves_inputs = 1u, .differentiable = 1u,
-                                            .workspace = group_norm_bwd_workspace};
+                                            .workspace = group_norm_bwd_workspace,
+                                            .workspace_cuda = group_norm_bwd_workspace_cuda,
+                                            .train_workspace_cuda =
+                                                group_norm_train_workspace_cuda};
 
 const ebb_op ebb_ops_norm[] = {
     {.name = "layer_norm", .min_inputs = 1, .max_inputs = 1, .attrs = layer_norm_attrs, .n_attrs = 2,

@@ -81,6 +81,23 @@ static inline int64_t ebb_ops_reduce_scratch(int64_t in_numel, int64_t out_numel
     return (int64_t)threads * (int64_t)ebb_dtype_size(dt);
 }
 
+static inline int64_t ebb_ops_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The largest power of two at most n (1 for n < 2), as ATen's CUDA launch
+ * helpers compute it (last_pow2). */
+static inline int64_t ebb_ops_pow2_floor(int64_t n) {
+    int64_t p = 1;
+    while (p * 2 <= n)
+        p *= 2;
+    return p;
+}
+
+/* What libtorch's CUDA sum of a contiguous [rows, cols] over its rows
+ * (cols = 1: of all its elements) allocates beside its result, partial
+ * sums of acc bytes staged across thread blocks: 0 while one thread block
+ * per output suffices, else the most any device takes (ops/cuda_reduce.c). */
+int64_t ebb_ops_cuda_sum_staging(int64_t rows, int64_t cols, int64_t acc);
+
 #define EBB_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 #endif

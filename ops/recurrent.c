@@ -323,6 +323,61 @@ static int64_t cell_bwd_workspace(int gates, const ebb_attr_value *a, const ebb_
     return (peak - ret) * size;
 }
 
+/* The same backward on CUDA, in the caching allocator's blocks (each tensor
+ * its own), with u = B*H and I as above. ebb_tensor_{gru,lstm}_cell_backward
+ * run the same ATen calls there, through cuBLAS products and elementwise and
+ * reduction kernels (no cuDNN), read here from libtorch 2.11:
+ *  - GRU: the projections ig, hg [B, 3H], their gradients g_ig, g_hg and
+ *    r, z, n, h's direct gradient [B, H] are all alive when the gates are
+ *    done; then ig, hg, r, z, n die before the bias gradients [3H] (each sum
+ *    with its staging), x's gradient [B, I] and the weights' [3H, I] and
+ *    [3H, H] are made.
+ *  - LSTM: _thnn_differentiable_lstm_cell_backward peaks at its cat of the
+ *    four gate gradients [B, 4H], with ig, hg, the summed gates (4 blocks of
+ *    [B, 4H]) and i, f, c, o, tanh(c'), the cell's gradient and the four
+ *    gate gradients (9 of [B, H]) alive; then the shared bias gradient [4H]
+ *    is summed with the four gate gradients gone; after it, the gate
+ *    gradient, the cell's, the bias gradient and the four products stand
+ *    beside ig and hg; last, cat(h's, c's) [B, 2H] beside its two parts.
+ * Exact, except that from a batch of 1024 (more for H under 32) a bias
+ * sum's staging (see ebb_ops_cuda_sum_staging) depends on the device: the
+ * GRU's never reaches its peak, but the LSTM's, up to about twice the gate
+ * gradient, can, and then the figure is the most a device takes, which an
+ * H100 or H200 takes while B*4H is under about 17 million. The rule is not
+ * marked a bound: below that batch it is exact, and above it, it can only
+ * overstate. */
+static int64_t cell_bwd_workspace_cuda(int gates, const ebb_attr_value *a, const ebb_shape *in,
+                                       int n_in, ebb_dtype dt) {
+    if (in[0].ndim != 2)
+        return 0;
+    int64_t b = in[0].dim[0], hid = a[A_HIDDEN].i, size = (int64_t)ebb_dtype_size(dt);
+    int64_t x_in = n_in > 1 && in[1].ndim == 2 ? in[1].dim[1] : hid;
+    int64_t u = b * hid, gh = gates * hid;
+    int64_t b1 = ebb_cuda_block(u * size), bg = ebb_cuda_block(gates * u * size);
+    int64_t bias = a[A_BIAS].i ? ebb_cuda_block(gh * size) : 0;
+    int64_t staging = a[A_BIAS].i ? ebb_ops_cuda_sum_staging(b, gh, size) : 0;
+    int64_t gx = ebb_cuda_block(b * x_in * size);
+    int64_t weights = ebb_cuda_block(gh * x_in * size) + ebb_cuda_block(gh * hid * size);
+    int64_t phases[4] = {0, 0, 0, 0}, ret;
+    if (gates == 3) {
+        phases[0] = 4 * bg + 4 * b1;                  /* the gates done */
+        phases[1] = 2 * bg + b1 + 2 * bias + staging; /* bias_hh's sum */
+        phases[2] = 2 * bg + b1 + 2 * bias + gx + weights;
+        ret = b1 + (n_in > 1 ? gx : 0) + weights + 2 * bias;
+    } else {
+        int64_t state = ebb_cuda_block(2 * u * size);
+        phases[0] = 4 * bg + 9 * b1;                  /* the gate gradients' cat */
+        phases[1] = 4 * bg + 5 * b1 + bias + staging; /* the bias gradient's sum */
+        phases[2] = 3 * bg + 2 * b1 + bias + gx + weights;
+        phases[3] = gx + 2 * b1 + bias + weights + state; /* cat(h's, c's) */
+        ret = state + (n_in > 1 ? gx : 0) + weights + bias;
+    }
+    int64_t peak = 0;
+    for (int i = 0; i < 4; i++)
+        peak = phases[i] > peak ? phases[i] : peak;
+    return peak - ret;
+}
+
 static int64_t gru_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                  ebb_dtype dt) {
     return cell_bwd_workspace(3, a, in, n_in, dt);
@@ -333,11 +388,23 @@ static int64_t lstm_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, 
     return cell_bwd_workspace(4, a, in, n_in, dt);
 }
 
+static int64_t gru_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                      ebb_dtype dt) {
+    return cell_bwd_workspace_cuda(3, a, in, n_in, dt);
+}
+
+static int64_t lstm_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                       ebb_dtype dt) {
+    return cell_bwd_workspace_cuda(4, a, in, n_in, dt);
+}
+
 static const ebb_op_grad gru_grad = {.backward = gru_bwd, .saves_inputs = 0x3u,
-                                     .differentiable = 0x3u, .workspace = gru_bwd_workspace};
+                                     .differentiable = 0x3u, .workspace = gru_bwd_workspace,
+                                     .workspace_cuda = gru_bwd_workspace_cuda};
 static const ebb_op_grad lstm_grad = {.backward = lstm_bwd, .saves_inputs = 0x3u,
                                       .saves_output = 1, .differentiable = 0x3u,
-                                      .workspace = lstm_bwd_workspace};
+                                      .workspace = lstm_bwd_workspace,
+                                      .workspace_cuda = lstm_bwd_workspace_cuda};
 
 const ebb_op ebb_ops_recurrent[] = {
     {.name = "gru_cell", .min_inputs = 1, .max_inputs = 2, .attrs = cell_attrs,

@@ -92,9 +92,31 @@ static int64_t threshold_halt_bwd_workspace(const ebb_attr_value *a, const ebb_s
     int64_t spread = n + 2 * e + n * e;
     return (count > spread ? count : spread) - n * e;
 }
-static const ebb_op_grad threshold_halt_grad = {.backward = threshold_halt_bwd,
-                                                .saves_inputs = 1u, .differentiable = 1u,
-                                                .workspace = threshold_halt_bwd_workspace};
+/* The same on CUDA, each tensor a block of its own. The peak is one of
+ * three moments: max(x) (one element) beside the mask as the mask is made;
+ * the mask, the int64 copy of it that the count sums, the count (one
+ * element) and the sum's staging; or the mask, the share and the zero (one
+ * element each) beside the gradient that where() makes. The maximum's own
+ * staging, before the mask exists, is never the peak. */
+static int64_t threshold_halt_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in,
+                                                 int n_in, ebb_dtype dt) {
+    (void)a;
+    (void)n_in;
+    int64_t n = ebb_shape_numel(&in[0]), e = (int64_t)ebb_dtype_size(dt);
+    if (n <= 0)
+        return 0; /* the gradient is zeros_like(x), nothing beside it */
+    int64_t mask = ebb_cuda_block(n), grad = ebb_cuda_block(n * e), one = ebb_cuda_block(e);
+    int64_t top = one + mask;
+    int64_t count = mask + ebb_cuda_block(8 * n) + ebb_cuda_block(8) + ebb_ops_cuda_sum_staging(n, 1, 8);
+    int64_t spread = mask + 2 * one + grad;
+    int64_t peak = top > count ? top : count;
+    peak = spread > peak ? spread : peak;
+    return peak - grad;
+}
+static const ebb_op_grad threshold_halt_grad = {
+    .backward = threshold_halt_bwd, .saves_inputs = 1u, .differentiable = 1u,
+    .workspace = threshold_halt_bwd_workspace,
+    .workspace_cuda = threshold_halt_bwd_workspace_cuda};
 
 /* _gate_mix: [acc +] w[:, i] * y. The router weights w get the gradient of
  * their column i (the sum of grad * y over y's feature dims); y gets grad
@@ -176,10 +198,31 @@ static int64_t gate_mix_bwd_workspace(const ebb_attr_value *a, const ebb_shape *
     peak = last > peak ? last : peak;
     return peak - ny * e - bw;
 }
+/* The same on CUDA, where the one-hot's Scalar stays on the CPU: all of
+ * grad * y, the per-row sum (where y is not [B, 1, ...]) and the one-hot
+ * are still alive when w's gradient is made, each a block of its own. A
+ * per-row sum large enough for a grid-wide pass would also stage partial
+ * sums (see ebb_ops_no_cuda_scratch); that is not counted. */
+static int64_t gate_mix_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                           ebb_dtype dt) {
+    (void)a;
+    if (n_in < 2)
+        return 0;
+    const ebb_shape *w = &in[n_in - 2], *y = &in[n_in - 1];
+    if (w->ndim != 2 || y->ndim < 1)
+        return 0;
+    int64_t e = (int64_t)ebb_dtype_size(dt), b = w->dim[0], experts = w->dim[1];
+    int summed = 0;
+    for (int d = 1; d < y->ndim; d++)
+        summed |= y->dim[d] != 1;
+    return ebb_cuda_block(ebb_shape_numel(y) * e) + (summed ? ebb_cuda_block(b * e) : 0) +
+           ebb_cuda_block(experts * e);
+}
 /* bits for (w, y) and for (acc, w, y): w and y are the last two inputs */
 static const ebb_op_grad gate_mix_grad = {.backward = gate_mix_bwd, .saves_inputs = 0x7u,
                                           .differentiable = 0x7u,
-                                          .workspace = gate_mix_bwd_workspace};
+                                          .workspace = gate_mix_bwd_workspace,
+                                          .workspace_cuda = gate_mix_bwd_workspace_cuda};
 
 const ebb_op ebb_ops_routing[] = {
     {.name = "threshold_halt", .min_inputs = 1, .max_inputs = 1, .attrs = threshold_attrs,
