@@ -216,11 +216,16 @@ static ebb_status exit_branch(run_ctx *r, const plan_step *s) {
 /* ---- training steps -------------------------------------------------------- */
 
 /* A step's own seed: the run's, mixed with the step index (splitmix64). */
-static uint64_t step_seed(const run_ctx *r, const plan_step *s) {
-    uint64_t z = r->seed + 0x9e3779b97f4a7c15ull * (uint64_t)(s - r->plan->steps + 1);
+uint64_t ebb_run_step_seed(const ebb_plan *plan, uint64_t run_seed, int step) {
+    (void)plan;
+    uint64_t z = run_seed + 0x9e3779b97f4a7c15ull * (uint64_t)(step + 1);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
+}
+
+static uint64_t step_seed(const run_ctx *r, const plan_step *s) {
+    return ebb_run_step_seed(r->plan, r->seed, (int)(s - r->plan->steps));
 }
 
 /* The rule's training forward: the output, then the extras its backward reads. */

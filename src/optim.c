@@ -8,7 +8,9 @@
 
 #include "ebb/optim.h"
 #include "ebb/safetensors.h"
+#include "internal.h"
 #include "model_internal.h"
+#include "run_internal.h"
 
 enum { SLOT_MOMENTUM, SLOT_EXP_AVG, SLOT_EXP_AVG_SQ, SLOT_MAX_EXP_AVG_SQ, N_SLOTS };
 static const char *const slot_names[N_SLOTS] = {"momentum_buffer", "exp_avg", "exp_avg_sq",
@@ -32,7 +34,15 @@ struct ebb_optimizer {
     ebb_optimizer_options o; /* complete */
     int n;
     param_state *state;
+    /* the device hyperparameters (run_internal.h): per parameter a row of
+     * HYPER values in the parameters' dtype, on the device and on the host */
+    ebb_tensor *hyper, *hyper_host;
+    int hyper_on;
 };
+
+/* A hyperparameter row: Adam's -lr / (1 - beta1^t), sqrt(1 - beta2^t) and
+ * AdamW's 1 - lr * weight_decay; SGD's -lr. */
+enum { HYPER_STEP, HYPER_BC2, HYPER_DECAY, HYPER };
 
 static const char *kind_name(ebb_optimizer_kind k) {
     switch (k) {
@@ -221,6 +231,8 @@ ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
 
 void ebb_optimizer_free(ebb_optimizer *opt) {
     if (!opt) return;
+    ebb_tensor_free(opt->hyper);
+    ebb_tensor_free(opt->hyper_host);
     for (int i = 0; i < opt->n; i++)
         state_clear(&opt->state[i]);
     free(opt->state);
@@ -315,11 +327,18 @@ static ebb_status run_kernel(ebb_optimizer *opt, int i, const ebb_tensor *grad, 
         s->slot[SLOT_MOMENTUM] = NULL;
         ebb_tensor_free(zeros);
     }
-    ebb_status st =
-        opt->o.kind == EBB_SGD
-            ? ebb_tensor_sgd_update_(p, grad, &s->slot[SLOT_MOMENTUM], &opt->o)
-            : ebb_tensor_adam_update_(p, grad, s->slot[SLOT_EXP_AVG], s->slot[SLOT_EXP_AVG_SQ],
-                                      s->slot[SLOT_MAX_EXP_AVG_SQ], s->step + 1, &opt->o);
+    ebb_tensor *hyper = NULL;
+    ebb_status st = EBB_OK;
+    if (opt->hyper_on)
+        st = ebb_tensor_select(&hyper, opt->hyper, 0, i); /* a view: no device bytes */
+    if (st == EBB_OK)
+        st = opt->o.kind == EBB_SGD
+                 ? ebb_tensor_sgd_update_hyper_(p, grad, &s->slot[SLOT_MOMENTUM], &opt->o, hyper)
+                 : ebb_tensor_adam_update_hyper_(p, grad, s->slot[SLOT_EXP_AVG],
+                                                 s->slot[SLOT_EXP_AVG_SQ],
+                                                 s->slot[SLOT_MAX_EXP_AVG_SQ], s->step + 1,
+                                                 &opt->o, hyper);
+    ebb_tensor_free(hyper);
     if (st != EBB_OK) {
         if (zeros && !s->slot[SLOT_MOMENTUM]) make_state(opt, i, fn); /* as it was, if it can */
         return ebb_error_prefix("%s: parameter '%s'", fn, param_name(opt, i));
@@ -351,6 +370,180 @@ ebb_status ebb_optimizer_step(ebb_optimizer *opt, ebb_tensor *const *grads) {
         if (grads[i]) st = check_grad(opt, i, grads[i], fn);
     for (int i = 0; st == EBB_OK && i < opt->n; i++)
         if (grads[i]) st = run_kernel(opt, i, grads[i], fn);
+    return st;
+}
+
+/* ---- the device hyperparameters and snapshots (run_internal.h) ------------------ */
+
+ebb_status ebb_optimizer_hyper_on(ebb_optimizer *opt, ebb_device device) {
+    const char *fn = "ebb_optimizer_hyper_on";
+    if (!opt->hyper) {
+        ebb_dtype dt = EBB_FLOAT32;
+        int first = 1;
+        for (int i = 0; i < opt->n; i++) {
+            if (!opt->state[i].slot[0] && !opt->state[i].present)
+                continue; /* a buffer or counter: never updated */
+            ebb_dtype pd = ebb_tensor_dtype(param_of(opt, i));
+            if (!first && pd != dt)
+                return ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                     "%s: parameter '%s' is %s and others %s; a captured "
+                                     "optimizer needs one dtype for all its parameters",
+                                     fn, param_name(opt, i), ebb_dtype_name(pd),
+                                     ebb_dtype_name(dt));
+            dt = pd;
+            first = 0;
+        }
+        ebb_shape sh = {2, {opt->n > 0 ? opt->n : 1, HYPER}};
+        ebb_status st = ebb_tensor_zeros(&opt->hyper, &sh, dt, device);
+        if (st == EBB_OK)
+            st = ebb_tensor_zeros(&opt->hyper_host, &sh, EBB_FLOAT64, ebb_device_cpu());
+        if (st != EBB_OK) {
+            ebb_tensor_free(opt->hyper);
+            opt->hyper = NULL;
+            return st;
+        }
+    }
+    opt->hyper_on = 1;
+    return EBB_OK;
+}
+
+void ebb_optimizer_hyper_off(ebb_optimizer *opt) {
+    if (opt)
+        opt->hyper_on = 0;
+}
+
+/* Each parameter's row for its next update, computed in double precision
+ * as the scalar kernels compute them, then one copy to the device. */
+ebb_status ebb_optimizer_hyper_fill(ebb_optimizer *opt) {
+    if (!opt->hyper)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_optimizer_hyper_fill: the device hyperparameters "
+                                          "are off");
+    size_t n = (size_t)(opt->n > 0 ? opt->n : 1) * HYPER;
+    double *h = calloc(n, sizeof *h);
+    if (!h)
+        return ebb_error_set(EBB_ERR_NOMEM, "ebb_optimizer_hyper_fill: out of memory");
+    const ebb_optimizer_options *o = &opt->o;
+    for (int i = 0; i < opt->n; i++) {
+        double *row = h + (size_t)i * HYPER, t = (double)(opt->state[i].step + 1);
+        if (o->kind == EBB_SGD) {
+            row[HYPER_STEP] = -o->lr;
+            row[HYPER_BC2] = row[HYPER_DECAY] = 1.0;
+        } else {
+            row[HYPER_STEP] = -(o->lr / (1 - pow(o->beta1, t)));
+            row[HYPER_BC2] = sqrt(1 - pow(o->beta2, t));
+            row[HYPER_DECAY] = 1 - o->lr * o->weight_decay;
+        }
+    }
+    ebb_status st = ebb_tensor_copy_from_host(opt->hyper_host, h, n * sizeof *h);
+    free(h);
+    return st == EBB_OK ? ebb_tensor_copy_(opt->hyper, opt->hyper_host) : st;
+}
+
+void ebb_optimizer_count_steps(ebb_optimizer *opt, const unsigned char *updated) {
+    for (int i = 0; i < opt->n; i++)
+        if (updated[i]) {
+            opt->state[i].step++;
+            opt->state[i].present = 1;
+        }
+}
+
+struct ebb_train_snapshot {
+    int n;
+    ebb_tensor **params;           /* per parameter */
+    ebb_tensor *(*slots)[N_SLOTS]; /* per parameter */
+    int64_t *steps;
+    int *present;
+};
+
+void ebb_train_snapshot_free(ebb_train_snapshot *s) {
+    if (!s)
+        return;
+    for (int i = 0; i < s->n; i++) {
+        ebb_tensor_free(s->params[i]);
+        for (int k = 0; s->slots && k < N_SLOTS; k++)
+            ebb_tensor_free(s->slots[i][k]);
+    }
+    free(s->params);
+    free(s->slots);
+    free(s->steps);
+    free(s->present);
+    free(s);
+}
+
+ebb_status ebb_train_snapshot_new(ebb_train_snapshot **out, ebb_model *model,
+                                  const ebb_optimizer *opt) {
+    *out = NULL;
+    ebb_train_snapshot *s = calloc(1, sizeof *s);
+    size_t n = (size_t)model->n_params + 1;
+    if (s) {
+        s->n = model->n_params;
+        s->params = calloc(n, sizeof *s->params);
+        s->slots = calloc(n, sizeof *s->slots);
+        s->steps = calloc(n, sizeof *s->steps);
+        s->present = calloc(n, sizeof *s->present);
+    }
+    if (!s || !s->params || !s->slots || !s->steps || !s->present) {
+        ebb_train_snapshot_free(s);
+        return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    }
+    ebb_status st = EBB_OK;
+    for (int i = 0; st == EBB_OK && i < s->n; i++) {
+        st = ebb_tensor_clone(&s->params[i], model->params[i]);
+        for (int k = 0; st == EBB_OK && k < N_SLOTS; k++)
+            if (opt->state[i].slot[k])
+                st = ebb_tensor_clone(&s->slots[i][k], opt->state[i].slot[k]);
+        s->steps[i] = opt->state[i].step;
+        s->present[i] = opt->state[i].present;
+    }
+    if (st != EBB_OK) {
+        ebb_train_snapshot_free(s);
+        return st;
+    }
+    *out = s;
+    return EBB_OK;
+}
+
+ebb_status ebb_train_snapshot_restore_counts(const ebb_train_snapshot *s, ebb_optimizer *opt) {
+    for (int i = 0; i < s->n; i++) {
+        opt->state[i].step = s->steps[i];
+        opt->state[i].present = s->present[i];
+    }
+    return EBB_OK;
+}
+
+int64_t ebb_train_snapshot_step_count(const ebb_train_snapshot *s, int i) {
+    return s->steps[i];
+}
+
+/* SGD with momentum makes its buffer at a parameter's first update (as
+ * torch.optim does): inside a graph that buffer would come from the
+ * graph's own memory pool, which later replays reuse. */
+ebb_status ebb_optimizer_check_capturable(const ebb_optimizer *opt, const char *fn) {
+    if (opt->o.kind != EBB_SGD || opt->o.momentum == 0)
+        return EBB_OK;
+    for (int i = 0; i < opt->n; i++)
+        if (opt->state[i].slot[SLOT_MOMENTUM] && !opt->state[i].present)
+            return ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                 "%s: SGD with momentum makes parameter '%s''s buffer at its "
+                                 "first update, which a CUDA graph cannot hold: run one "
+                                 "ebb_train_step() before capturing",
+                                 fn, param_name(opt, i));
+    return EBB_OK;
+}
+
+/* Copies the values back into the same tensors: a CUDA graph keeps their
+ * addresses. */
+ebb_status ebb_train_snapshot_restore(const ebb_train_snapshot *s, ebb_model *model,
+                                      ebb_optimizer *opt) {
+    ebb_status st = EBB_OK;
+    for (int i = 0; st == EBB_OK && i < s->n; i++) {
+        st = ebb_tensor_copy_(model->params[i], s->params[i]);
+        for (int k = 0; st == EBB_OK && k < N_SLOTS; k++)
+            if (s->slots[i][k] && opt->state[i].slot[k])
+                st = ebb_tensor_copy_(opt->state[i].slot[k], s->slots[i][k]);
+        opt->state[i].step = s->steps[i];
+        opt->state[i].present = s->present[i];
+    }
     return st;
 }
 

@@ -13,4 +13,43 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
                         ebb_tensor **outputs, const ebb_run_options *opts, ebb_run_stats *stats,
                         ebb_optimizer *opt);
 
+/* The seed a step's random draws use in a run seeded with `run_seed`
+ * (dropout's masks): what ebb_run_plan hands that step. */
+uint64_t ebb_run_step_seed(const ebb_plan *plan, uint64_t run_seed, int step);
+
+/* Refuses an optimizer whose kind or options differ from those the plan's
+ * update steps were counted for (the message names the difference). */
+ebb_status ebb_train_check_optimizer(const ebb_plan *plan, const ebb_optimizer *opt,
+                                     const char *fn);
+
+/* The run seed of a training step: the options' seed mixed with the
+ * optimizer's step count, so that every step draws new masks. */
+uint64_t ebb_train_run_seed(uint64_t seed, const ebb_optimizer *opt);
+
+/* ---- an optimizer in a CUDA graph (src/optim.c) ----------------------------
+ * A captured update cannot take its learning rate and bias corrections as
+ * numbers: they would be recorded once. With the device hyperparameters on,
+ * each update reads them from a small tensor on the device instead, which
+ * ebb_optimizer_hyper_fill() writes for the next step before each replay. */
+ebb_status ebb_optimizer_hyper_on(ebb_optimizer *opt, ebb_device device);
+void ebb_optimizer_hyper_off(ebb_optimizer *opt);
+ebb_status ebb_optimizer_hyper_fill(ebb_optimizer *opt);
+/* Adds one to the step count of every parameter in `updated` (per
+ * parameter, non-zero: updated), as a replayed step updates them. */
+void ebb_optimizer_count_steps(ebb_optimizer *opt, const unsigned char *updated);
+
+/* A copy of the parameters, the optimizer's state and its step counts, to
+ * undo the updates of a capture's warm-up runs. */
+typedef struct ebb_train_snapshot ebb_train_snapshot;
+ebb_status ebb_train_snapshot_new(ebb_train_snapshot **out, ebb_model *model,
+                                  const ebb_optimizer *opt);
+ebb_status ebb_train_snapshot_restore(const ebb_train_snapshot *s, ebb_model *model,
+                                      ebb_optimizer *opt);
+/* Only the step counts (host values: a graph being recorded changes them). */
+ebb_status ebb_train_snapshot_restore_counts(const ebb_train_snapshot *s, ebb_optimizer *opt);
+int64_t ebb_train_snapshot_step_count(const ebb_train_snapshot *s, int param);
+void ebb_train_snapshot_free(ebb_train_snapshot *s);
+/* Refuses what a CUDA graph cannot hold (EBB_ERR_UNSUPPORTED, naming it). */
+ebb_status ebb_optimizer_check_capturable(const ebb_optimizer *opt, const char *fn);
+
 #endif

@@ -16,7 +16,7 @@ static const char *kind_name(ebb_optimizer_kind k) {
 
 /* The update steps' scratch was counted for the plan's optimizer options:
  * what changes it must agree (the learning rate and betas may differ). */
-static ebb_status check_optimizer(const ebb_plan *p, const ebb_optimizer *opt, const char *fn) {
+ebb_status ebb_train_check_optimizer(const ebb_plan *p, const ebb_optimizer *opt, const char *fn) {
     ebb_optimizer_options have = ebb_optimizer_get_options(opt), want = p->optimizer;
     int want_decay = want.weight_decay != 0 || (want.kind == EBB_ADAMW && !want.complete);
     const char *what = have.kind != want.kind                              ? "kind"
@@ -71,6 +71,10 @@ static void buffers_free(buffers *b) {
     free(b->copy);
 }
 
+uint64_t ebb_train_run_seed(uint64_t seed, const ebb_optimizer *opt) {
+    return seed + 0x2545f4914f6cdd1dull * (uint64_t)(ebb_optimizer_step_count(opt) + 1);
+}
+
 /* Runs a training plan: inputs then targets, the loss read back. */
 static ebb_status run_training(const ebb_plan *plan, const ebb_model *model, ebb_optimizer *opt,
                                ebb_tensor *const *inputs, ebb_tensor *const *targets, double *loss,
@@ -92,7 +96,7 @@ static ebb_status run_training(const ebb_plan *plan, const ebb_model *model, ebb
     if (st == EBB_OK) {
         ebb_run_options o = opts ? *opts : (ebb_run_options){0};
         if (opt)
-            o.seed += 0x2545f4914f6cdd1dull * (uint64_t)(ebb_optimizer_step_count(opt) + 1);
+            o.seed = ebb_train_run_seed(o.seed, opt);
         st = ebb_run_plan(plan, model, all, outputs, &o, stats, opt);
     }
     if (st == EBB_OK && loss)
@@ -125,7 +129,7 @@ ebb_status ebb_train_step_ex(const ebb_plan *plan, ebb_model *model, ebb_optimiz
                                  : "%s: plan %s is not a training plan (compile it with "
                                    "ebb_compile_options.train)",
                              fn, plan->name);
-    ebb_status st = check_optimizer(plan, opt, fn);
+    ebb_status st = ebb_train_check_optimizer(plan, opt, fn);
     if (st != EBB_OK)
         return st;
     ebb_tensor *out = NULL;

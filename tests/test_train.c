@@ -1532,6 +1532,204 @@ static void test_refusals(void **state) {
     fail_on_problems(&pr, "refusals");
 }
 
+/* ---- a training step in a CUDA graph ------------------------------------------------------ */
+
+static const char DROP_YAML[] = "ebb: 1\n"
+                                "name: train_drop\n"
+                                "inputs:\n"
+                                "  x: [batch, 8]\n"
+                                "targets:\n"
+                                "  y: {shape: [batch], dtype: int64}\n"
+                                "loss: cross_entropy\n"
+                                "flow:\n"
+                                "  - from: {linear: {in: 8, out: 32, name: fc1}}\n"
+                                "  - relu\n"
+                                "  - {batch_norm: {name: bn1}}\n"
+                                "  - {dropout: {p: 0.25}}\n"
+                                "  - {linear: {out: 4, name: fc2}}\n";
+
+typedef struct captured_run {
+    ebb_model *model;
+    ebb_optimizer *opt;
+} captured_run;
+
+static void captured_run_open(captured_run *r, const ebb_plan *plan, ebb_device dev,
+                              const ebb_optimizer_options *oo) {
+    assert_ok(ebb_model_new(&r->model, plan, dev, 7));
+    assert_ok(ebb_optimizer_new(&r->opt, r->model, oo));
+}
+
+static void captured_run_close(captured_run *r) {
+    ebb_optimizer_free(r->opt);
+    ebb_model_free(r->model);
+    *r = (captured_run){0};
+}
+
+/* Largest relative difference over every parameter of two models. */
+static double models_rel_diff(const ebb_model *a, const ebb_model *b) {
+    double worst = 0;
+    for (int i = 0; i < ebb_model_param_count(a); i++) {
+        const char *name = ebb_model_param_name(a, i);
+        ebb_tensor *pa = ebb_model_param(a, name), *pb = ebb_model_param(b, name);
+        ebb_dtype dt = ebb_tensor_dtype(pa);
+        if (dt != EBB_FLOAT32 && dt != EBB_FLOAT64)
+            continue; /* batch_norm's counter */
+        double d = 0, m = max_abs_of(pb);
+        assert_ok(ebb_tensor_max_abs_diff(pa, pb, &d));
+        worst = fmax(worst, d / fmax(m, 1e-6));
+    }
+    return worst;
+}
+
+/* Eager steps and the captured step, from the same initial weights and
+ * batches and seed, must leave the same losses and weights (dropout's masks
+ * included): exactly the same but for the optimizer's fused multiply-adds.
+ * (batch_norm follows relu: right after a linear layer it would cancel the
+ * bias, whose gradient is then rounding noise that Adam scales up to whole
+ * steps, different in each engine.) On the CPU, and for what a graph cannot
+ * hold, the refusals. */
+static void test_train_capture(void **state) {
+    (void)state;
+    ebb_device dev = ebb_test_device();
+    ebb_spec *spec = NULL;
+    assert_ok(ebb_spec_load_string(&spec, DROP_YAML, strlen(DROP_YAML), "train_drop"));
+    enum { B = 16, N_STEPS = 5 };
+    ebb_shape xs = {2, {B, 8}}, ys = {1, {B}};
+    ebb_optimizer_options oo = ebb_optimizer_defaults(EBB_ADAMW, 1e-2);
+    ebb_train_options t = {.target_shapes = &ys, .n_target_shapes = 1, .optimizer = oo};
+    ebb_compile_options co = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
+    ebb_plan *plan = NULL, *inference = NULL;
+    assert_ok(ebb_spec_compile(&plan, spec, &co));
+    ebb_compile_options io = {.input_shapes = &xs, .n_input_shapes = 1};
+    assert_ok(ebb_spec_compile(&inference, spec, &io));
+    ebb_tensor *x[N_STEPS], *y[N_STEPS];
+    for (int k = 0; k < N_STEPS; k++) {
+        ebb_tensor *u = NULL, *xc = NULL, *yc = NULL;
+        assert_ok(ebb_tensor_randn(&xc, &xs, EBB_FLOAT32, CPU, 100 + k));
+        assert_ok(ebb_tensor_uniform(&u, &ys, 0.0, 4.0, EBB_FLOAT64, CPU, 200 + k));
+        assert_ok(ebb_tensor_cast(&yc, u, EBB_INT64));
+        assert_ok(ebb_tensor_to(&x[k], xc, dev, EBB_FLOAT32));
+        assert_ok(ebb_tensor_to(&y[k], yc, dev, EBB_INT64));
+        ebb_tensor_free(u);
+        ebb_tensor_free(xc);
+        ebb_tensor_free(yc);
+    }
+    captured_run eager, graph;
+    captured_run_open(&eager, plan, dev, &oo);
+    captured_run_open(&graph, plan, dev, &oo);
+    ebb_capture *cap = NULL;
+
+    /* what no graph can be: an inference capture of a training plan and
+     * the reverse, and a model off the GPU */
+    assert_int_equal(ebb_plan_capture(&cap, plan, graph.model, x), EBB_ERR_ARG);
+    assert_errmsg_contains("is a training plan; capture its step with ebb_train_capture()");
+    assert_int_equal(ebb_train_capture(&cap, inference, graph.model, graph.opt, x, y, 0),
+                     EBB_ERR_ARG);
+    assert_errmsg_contains("has no update steps");
+    assert_null(cap);
+    if (dev.type == EBB_DEVICE_CPU) {
+        assert_int_equal(ebb_train_capture(&cap, plan, graph.model, graph.opt, x, y, 0),
+                         EBB_ERR_UNSUPPORTED);
+        assert_errmsg_contains("need a CUDA device; the model is on cpu");
+        assert_null(cap);
+        goto done;
+    }
+
+    /* capturing leaves the model and the optimizer as they were */
+    ebb_status st = ebb_train_capture(&cap, plan, graph.model, graph.opt, x, y, 0);
+    if (st != EBB_OK)
+        fail_msg("ebb_train_capture: %s: %s", ebb_status_name(st), ebb_errmsg());
+    assert_true(models_rel_diff(graph.model, eager.model) == 0.0);
+    assert_int_equal(ebb_optimizer_step_count(graph.opt), 0);
+
+    ebb_run_options ro = {.seed = 0};
+    double worst_loss = 0;
+    for (int k = 0; k < N_STEPS; k++) {
+        if (k == 3) { /* a new learning rate reaches the graph */
+            assert_ok(ebb_optimizer_set_lr(eager.opt, 3e-3));
+            assert_ok(ebb_optimizer_set_lr(graph.opt, 3e-3));
+        }
+        double le = 0, lg = 0;
+        assert_ok(ebb_train_step_ex(plan, eager.model, eager.opt, &x[k], &y[k], &le, &ro, NULL));
+        assert_ok(ebb_capture_train_step(cap, &x[k], &y[k], &lg));
+        worst_loss = fmax(worst_loss, rel_scalar(lg, le));
+        assert_int_equal(ebb_optimizer_step_count(graph.opt), k + 1);
+    }
+    double worst_w = models_rel_diff(graph.model, eager.model);
+    print_message("captured step against eager: losses %.2e, weights %.2e relative\n", worst_loss,
+                  worst_w);
+    assert_true(worst_loss <= 1e-5);
+    assert_true(worst_w <= 1e-5);
+
+    /* a class index out of range is refused before the graph runs */
+    {
+        int64_t bad[B] = {0};
+        bad[5] = 9;
+        ebb_tensor *hb = NULL, *yb = NULL;
+        assert_ok(ebb_tensor_from_host(&hb, bad, sizeof bad, &ys, EBB_INT64, CPU));
+        assert_ok(ebb_tensor_to(&yb, hb, dev, EBB_INT64));
+        assert_int_equal(ebb_capture_train_step(cap, &x[0], &yb, NULL), EBB_ERR_ARG);
+        assert_errmsg_contains("class index 9");
+        assert_int_equal(ebb_optimizer_step_count(graph.opt), N_STEPS);
+        ebb_tensor_free(hb);
+        ebb_tensor_free(yb);
+        /* and a batch of another shape */
+        ebb_shape small = {2, {B / 2, 8}};
+        ebb_tensor *xs2 = NULL;
+        assert_ok(ebb_tensor_zeros(&xs2, &small, EBB_FLOAT32, dev));
+        assert_int_equal(ebb_capture_train_step(cap, &xs2, &y[0], NULL), EBB_ERR_SHAPE);
+        assert_errmsg_contains("it was captured with float32 [16, 8]");
+        ebb_tensor_free(xs2);
+        assert_int_equal(ebb_capture_replay(cap, x, NULL), EBB_ERR_ARG);
+    }
+    ebb_capture_free(cap);
+    cap = NULL;
+
+    /* SGD with momentum makes its buffers at the first step */
+    {
+        ebb_optimizer_options so = ebb_optimizer_defaults(EBB_SGD, 0.1);
+        so.momentum = 0.9;
+        ebb_train_options ts = t;
+        ts.optimizer = so;
+        ebb_compile_options cs = co;
+        cs.train = &ts;
+        ebb_plan *sp = NULL;
+        assert_ok(ebb_spec_compile(&sp, spec, &cs));
+        captured_run a, b;
+        captured_run_open(&a, sp, dev, &so);
+        captured_run_open(&b, sp, dev, &so);
+        assert_int_equal(ebb_train_capture(&cap, sp, b.model, b.opt, x, y, 0),
+                         EBB_ERR_UNSUPPORTED);
+        assert_errmsg_contains("run one ebb_train_step() before capturing");
+        double la = 0, lb = 0;
+        assert_ok(ebb_train_step_ex(sp, a.model, a.opt, &x[0], &y[0], &la, &ro, NULL));
+        assert_ok(ebb_train_step_ex(sp, b.model, b.opt, &x[0], &y[0], &lb, &ro, NULL));
+        assert_ok(ebb_train_capture(&cap, sp, b.model, b.opt, x, y, 0));
+        for (int k = 1; k < N_STEPS; k++) {
+            assert_ok(ebb_train_step_ex(sp, a.model, a.opt, &x[k], &y[k], &la, &ro, NULL));
+            assert_ok(ebb_capture_train_step(cap, &x[k], &y[k], &lb));
+            assert_true(rel_scalar(lb, la) <= 1e-5);
+        }
+        assert_true(models_rel_diff(b.model, a.model) <= 1e-5);
+        ebb_capture_free(cap);
+        cap = NULL;
+        captured_run_close(&a);
+        captured_run_close(&b);
+        ebb_plan_free(sp);
+    }
+
+done:
+    captured_run_close(&eager);
+    captured_run_close(&graph);
+    for (int k = 0; k < N_STEPS; k++) {
+        ebb_tensor_free(x[k]);
+        ebb_tensor_free(y[k]);
+    }
+    ebb_plan_free(inference);
+    ebb_plan_free(plan);
+    ebb_spec_free(spec);
+}
+
 /* A test per case, named after it (cmocka's macros would name them all
  * after the function). */
 static struct CMUnitTest named_test(const char *name, CMUnitTestFunction fn, void *state) {
@@ -1550,7 +1748,7 @@ int main(void) {
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[24 + N_GRAD];
+    struct CMUnitTest tests[25 + N_GRAD];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -1571,6 +1769,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_step_restores_batch_norm);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_grad);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_refusals);
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_train_capture);
     if (n != (int)(sizeof tests / sizeof *tests)) {
         fprintf(stderr, "test_train: %d tests for a table of %zu\n", n, sizeof tests / sizeof *tests);
         return 1;

@@ -134,6 +134,47 @@ EBB_API ebb_status ebb_train_step_ex(const ebb_plan *plan, ebb_model *model, ebb
                                      double *loss, const ebb_run_options *opts,
                                      ebb_run_stats *stats);
 
+/* ---- a training step in a CUDA graph ---------------------------------------
+ *
+ * Launching a step's kernels one by one costs host time that small models
+ * feel: a CUDA graph records the whole step (forward, loss, backward and
+ * every update) once and relaunches it with one call.
+ *
+ *     ebb_capture *cap;
+ *     ebb_train_capture(&cap, plan, model, opt, x, y, 0);   // one batch's shapes
+ *     for (...) ebb_capture_train_step(cap, x, y, &loss);    // new values each step
+ *     ebb_capture_free(cap);
+ *
+ * ebb_train_capture() runs the step twice to warm up (libraries set
+ * themselves up lazily) and undoes those updates, then records it: the model
+ * and the optimizer are as they were when it returns, and it holds a copy of
+ * the parameters and the optimizer state while it works. Each
+ * ebb_capture_train_step() is then one ebb_train_step_ex() with run seed
+ * `seed`: the same updates, the optimizer's step counts advanced, dropout's
+ * masks drawn from the same seeds (so the masks equal an eager step's), the
+ * learning rate read at each step (ebb_optimizer_set_lr() works between
+ * steps). The optimizer's learning rate and bias corrections are read from a
+ * small tensor on the device, so its values can differ from an eager step's
+ * in the last bit (one multiply-add fused otherwise).
+ *
+ * Needs a CUDA model and a build with CUDA; refuses plans whose control flow
+ * depends on data (as ebb_plan_capture() does), an optimizer other than the
+ * plan's, and SGD with momentum before its first step (EBB_ERR_UNSUPPORTED,
+ * saying why). Inputs and targets must keep the capture's shapes and dtypes.
+ * The graph keeps its step's intermediates in a memory pool of its own for
+ * its life: the plan's peak, held. Class-index targets are checked before
+ * each replay (a read back). The caller must not use the model or the
+ * optimizer with another plan while a capture of them is in use, except
+ * through ebb_train_step() on the same plan, which sees the same state. */
+EBB_API ebb_status ebb_train_capture(ebb_capture **out, const ebb_plan *plan, ebb_model *model,
+                                     ebb_optimizer *opt, ebb_tensor *const *inputs,
+                                     ebb_tensor *const *targets, uint64_t seed);
+/* One captured training step on new `inputs` and `targets` (copied into the
+ * graph's buffers first); *loss (may be NULL: then nothing waits for the
+ * device) receives the loss. */
+EBB_API ebb_status ebb_capture_train_step(ebb_capture *cap, ebb_tensor *const *inputs,
+                                          ebb_tensor *const *targets, double *loss);
+
 /* The loss and the gradient of every trained parameter, updating nothing:
  * `plan` must be compiled with ebb_train_options.grads_only. grads has
  * ebb_model_param_count(model) entries; grads[i] receives a new handle on the

@@ -336,8 +336,7 @@ namespace {
 // run on that kind of device. A libtorch whose bernoulli_ has no bool kernel
 // gives an undefined tensor, and the caller draws on the CPU instead.
 at::Tensor cuda_keep_mask(const at::Tensor &x, double p, uint64_t seed) {
-    at::Generator gen = at::cuda::detail::createCUDAGenerator(x.device().index());
-    gen.set_current_seed(seed);
+    at::Generator gen = ebb::seeded_cuda_generator(x.device().index(), seed);
     at::Tensor keep = at::empty(x.sizes(), x.options().dtype(at::kBool));
     try {
         keep.bernoulli_(1.0 - p, gen);

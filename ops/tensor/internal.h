@@ -3,6 +3,7 @@
 #define EBB_INTERNAL_H
 
 #include "ebb/common.h"
+#include "ebb/optim.h"
 #include "ebb/tensor.h"
 
 #ifdef __cplusplus
@@ -22,8 +23,31 @@ typedef struct ebb_cuda_graph ebb_cuda_graph;
 typedef ebb_status (*ebb_cuda_graph_body)(void *ctx, int capturing);
 ebb_status ebb_cuda_graph_capture(ebb_cuda_graph **out, int device, ebb_cuda_graph_body body,
                                   void *ctx);
-ebb_status ebb_cuda_graph_replay(ebb_cuda_graph *g);
+/* The seeded random draws (dropout's masks) the graph replays, in order:
+ * their count, and in *seeds the seed each had at capture. */
+int ebb_cuda_graph_draws(const ebb_cuda_graph *g, const uint64_t **seeds);
+/* Replays the graph; seeds: one per draw (ebb_cuda_graph_draws), or NULL
+ * for the capture's own. */
+ebb_status ebb_cuda_graph_replay(ebb_cuda_graph *g, const uint64_t *seeds);
 void ebb_cuda_graph_free(ebb_cuda_graph *g);
+
+/* ebb_tensor_sgd_update_ and ebb_tensor_adam_update_ with their changing
+ * hyperparameters read from `hyper` on the device (ops/tensor/optim.cpp,
+ * src/optim.c), or as numbers when it is NULL. */
+ebb_status ebb_tensor_sgd_update_hyper_(ebb_tensor *param, const ebb_tensor *grad,
+                                        ebb_tensor **momentum_buffer,
+                                        const ebb_optimizer_options *opts,
+                                        const ebb_tensor *hyper);
+ebb_status ebb_tensor_adam_update_hyper_(ebb_tensor *param, const ebb_tensor *grad,
+                                         ebb_tensor *exp_avg, ebb_tensor *exp_avg_sq,
+                                         ebb_tensor *max_exp_avg_sq, int64_t step,
+                                         const ebb_optimizer_options *opts,
+                                         const ebb_tensor *hyper);
+
+/* Checks integer class indices: each in [0, classes) or ignore_index
+ * (EBB_ERR_ARG naming the first that is not). Reads the tensor back. */
+ebb_status ebb_tensor_check_class_range(const ebb_tensor *t, int64_t classes,
+                                        int64_t ignore_index);
 
 /* What ebb_tensor_batch_norm_train allocates beyond its three results for
  * input x (ops/tensor/grad.cpp): the CPU kernel's per-channel temporaries

@@ -60,6 +60,16 @@ ebb_status check_classes(const char *fn, const char *what, const at::Tensor &x,
     return EBB_OK;
 }
 
+// The first class index in t outside [0, classes) other than ignore_index,
+// read back to the host (a synchronisation on a GPU); false when there is none.
+bool first_bad_class(const at::Tensor &t, int64_t classes, int64_t ignore_index, int64_t *v) {
+    at::Tensor bad = at::logical_and(at::logical_or(t < 0, t >= classes), t != ignore_index);
+    if (!bad.any().item<bool>())
+        return false;
+    *v = t.masked_select(bad).view({-1})[0].item<int64_t>();
+    return true;
+}
+
 // On CUDA, nll_loss's kernel asserts on a class index outside [0, C) (other
 // than ignore_index), which ends the process's use of the device: check on
 // the host first, at the price of a synchronisation. The CPU kernel reports
@@ -68,11 +78,15 @@ ebb_status check_range_on_device(const char *fn, const at::Tensor &x, const at::
                                  int64_t ignore_index) {
     if (!t.is_cuda() || t.numel() == 0)
         return EBB_OK;
-    int64_t c = x.size(class_dim(x));
-    at::Tensor bad = at::logical_and(at::logical_or(t < 0, t >= c), t != ignore_index);
-    if (!bad.any().item<bool>())
+#ifdef EBB_WITH_CUDA
+    // a captured training step checks its targets before each replay
+    // (ebb_capture_train_step), as a graph cannot read them back
+    if (ebb::cuda_capturing())
         return EBB_OK;
-    int64_t v = t.masked_select(bad).view({-1})[0].item<int64_t>();
+#endif
+    int64_t c = x.size(class_dim(x)), v = 0;
+    if (!first_bad_class(t, c, ignore_index, &v))
+        return EBB_OK;
     return ebb_error_set(EBB_ERR_ARG, "%s: class index %lld in target %s is out of range for %lld "
                          "classes (scores %s)",
                          fn, static_cast<long long>(v), dims(t).c_str(), static_cast<long long>(c),
@@ -329,3 +343,20 @@ ebb_status ebb_tensor_bce_with_logits_backward(ebb_tensor **grad_x, const ebb_te
 }
 
 } // extern "C"
+
+extern "C" ebb_status ebb_tensor_check_class_range(const ebb_tensor *t, int64_t classes,
+                                                   int64_t ignore_index) {
+    static const char fn[] = "ebb_tensor_check_class_range";
+    EBB_NEED(fn, t);
+    EBB_TRY(fn, {
+        const at::Tensor &x = t->t;
+        int64_t v = 0;
+        if (x.numel() == 0 || !first_bad_class(x, classes, ignore_index, &v))
+            return EBB_OK;
+        return ebb_error_set(EBB_ERR_ARG, "class index %lld in target %s is out of range for "
+                             "%lld classes",
+                             static_cast<long long>(v), dims(x).c_str(),
+                             static_cast<long long>(classes));
+    })
+    return EBB_OK;
+}

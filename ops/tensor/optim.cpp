@@ -14,6 +14,7 @@
 #include <string>
 
 #include "ebb/optim.h"
+#include "internal.h"
 #include "shim.hpp"
 
 namespace {
@@ -59,6 +60,16 @@ extern "C" {
 
 ebb_status ebb_tensor_sgd_update_(ebb_tensor *param, const ebb_tensor *grad,
                                   ebb_tensor **momentum_buffer, const ebb_optimizer_options *opts) {
+    return ebb_tensor_sgd_update_hyper_(param, grad, momentum_buffer, opts, nullptr);
+}
+
+// With `hyper` (a row of the device hyperparameters, src/optim.c), -lr is
+// read from hyper[0] on the device instead of taken as a number, so that a
+// CUDA graph that records the update reads the rate of each replay.
+ebb_status ebb_tensor_sgd_update_hyper_(ebb_tensor *param, const ebb_tensor *grad,
+                                        ebb_tensor **momentum_buffer,
+                                        const ebb_optimizer_options *opts,
+                                        const ebb_tensor *hyper) {
     const char *fn = "ebb_tensor_sgd_update_";
     EBB_NEED(fn, param);
     EBB_NEED(fn, grad);
@@ -108,7 +119,10 @@ ebb_status ebb_tensor_sgd_update_(ebb_tensor *param, const ebb_tensor *grad,
                 d_p = buf;
             }
         }
-        p.add_(d_p, -lr);
+        if (hyper)
+            p.addcmul_(d_p, hyper->t.select(0, 0)); // p + d_p * (-lr)
+        else
+            p.add_(d_p, -lr);
         if (fresh.h) *momentum_buffer = fresh.release();
     });
     return EBB_OK;
@@ -117,6 +131,21 @@ ebb_status ebb_tensor_sgd_update_(ebb_tensor *param, const ebb_tensor *grad,
 ebb_status ebb_tensor_adam_update_(ebb_tensor *param, const ebb_tensor *grad, ebb_tensor *exp_avg,
                                    ebb_tensor *exp_avg_sq, ebb_tensor *max_exp_avg_sq, int64_t step,
                                    const ebb_optimizer_options *opts) {
+    return ebb_tensor_adam_update_hyper_(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, step,
+                                         opts, nullptr);
+}
+
+// With `hyper` (src/optim.c), the three values that change with the step or
+// the learning rate come from the device: hyper[0] = -lr / (1 - beta1^t),
+// hyper[1] = sqrt(1 - beta2^t), hyper[2] = 1 - lr * weight_decay. addcdiv_
+// takes its factor only as a number, so the last line becomes a division
+// into the scratch tensor and an addcmul_ by hyper[0]: the same products,
+// with no more scratch.
+ebb_status ebb_tensor_adam_update_hyper_(ebb_tensor *param, const ebb_tensor *grad,
+                                         ebb_tensor *exp_avg, ebb_tensor *exp_avg_sq,
+                                         ebb_tensor *max_exp_avg_sq, int64_t step,
+                                         const ebb_optimizer_options *opts,
+                                         const ebb_tensor *hyper) {
     const char *fn = "ebb_tensor_adam_update_";
     EBB_NEED(fn, param);
     EBB_NEED(fn, grad);
@@ -170,7 +199,9 @@ ebb_status ebb_tensor_adam_update_(ebb_tensor *param, const ebb_tensor *grad, eb
         };
 
         at::Tensor g = grad->t;
-        if (decay_p)
+        if (decay_p && hyper)
+            p.mul_(hyper->t.select(0, 2));
+        else if (decay_p)
             mul(p, c_decay, 1 - lr * weight_decay);
         else if (!decoupled && weight_decay != 0)
             g = at::add_out(scratch, g, p, weight_decay);
@@ -183,6 +214,12 @@ ebb_status ebb_tensor_adam_update_(ebb_tensor *param, const ebb_tensor *grad, eb
             second = &max_exp_avg_sq->t;
         }
         at::Tensor denom = at::sqrt_out(scratch, *second);
+        if (hyper) {
+            denom.div_(hyper->t.select(0, 1)).add_(eps);
+            at::div_out(scratch, exp_avg->t, denom);
+            p.addcmul_(scratch, hyper->t.select(0, 0));
+            return EBB_OK;
+        }
         if (cpu)
             denom.div_(c_bc2).add_(c_eps);
         else

@@ -62,6 +62,14 @@ ebb_status fail_from_exception(const char *fn);
 // tests can differentiate the very ATen calls an op makes.
 bool autograd_on();
 
+#ifdef EBB_WITH_CUDA
+// A CUDA generator seeded with `seed` for one draw (cuda_graph.cpp): a new
+// one, except while a CUDA graph is captured, where the graph owns it.
+at::Generator seeded_cuda_generator(int device, uint64_t seed);
+// True while the current CUDA stream is being captured into a graph.
+bool cuda_capturing();
+#endif
+
 } // namespace ebb
 
 // Checks the out-pointer and clears it, so a failed call leaves *out NULL.

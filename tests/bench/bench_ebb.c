@@ -29,6 +29,7 @@ struct bench_ebb {
     ebb_tensor *y;
     ebb_shape ys;
     ebb_dtype y_dtype;
+    ebb_capture *cap; /* the step in a CUDA graph (bench_ebb_capture_train) */
 };
 
 /* Splits a comma list into at most `max` pointers into `buf`. */
@@ -155,6 +156,18 @@ ebb_status bench_ebb_train_step(bench_ebb *b, double *loss, ebb_run_stats *stats
     return ebb_train_step(b->plan, b->model, b->opt, &b->x, &b->y, loss, stats);
 }
 
+ebb_status bench_ebb_capture_train(bench_ebb *b) {
+    if (b->cap)
+        return EBB_OK;
+    return ebb_train_capture(&b->cap, b->plan, b->model, b->opt, &b->x, &b->y, 0);
+}
+
+ebb_status bench_ebb_captured_step(bench_ebb *b, double *loss) {
+    if (!b->cap)
+        return ebb_error_set(EBB_ERR_ARG, "bench_ebb_captured_step: no capture");
+    return ebb_capture_train_step(b->cap, &b->x, &b->y, loss);
+}
+
 int bench_ebb_param_trained(const bench_ebb *b, int i) {
     return b->training && ebb_plan_param_trained(b->plan, i);
 }
@@ -184,6 +197,7 @@ void bench_ebb_phase_counts(const bench_ebb *b, int counts[4]) {
 void bench_ebb_free(bench_ebb *b) {
     if (!b)
         return;
+    ebb_capture_free(b->cap);
     ebb_tensor_free(b->x);
     ebb_tensor_free(b->y);
     ebb_optimizer_free(b->opt); /* before the model it borrows */

@@ -63,6 +63,11 @@ int bench_ebb_is_training(const bench_ebb *b);
 /* One training step (ebb_train_step); *loss (may be NULL) receives the loss,
  * stats (may be NULL) the measured and planned peak. */
 ebb_status bench_ebb_train_step(bench_ebb *b, double *loss, ebb_run_stats *stats);
+/* The training step captured into a CUDA graph (ebb_train_capture, run seed
+ * 0), once; then one replay of it on the same input and target
+ * (ebb_capture_train_step). */
+ebb_status bench_ebb_capture_train(bench_ebb *b);
+ebb_status bench_ebb_captured_step(bench_ebb *b, double *loss);
 /* Whether parameter i gets a gradient (not a buffer). */
 int bench_ebb_param_trained(const bench_ebb *b, int i);
 /* The target's shape, and whether it holds class indices (int64). */

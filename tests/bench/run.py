@@ -518,6 +518,7 @@ def run_train_one(ebb, export_dir, workload, config, params, binds, fills, log):
     t = {"ebb": [], "cxx": [], **{k: [] for k in pyt}}
     tcpu = {k: [] for k in t}
     faults = {k: [] for k in t}  # minor page faults per step
+    graph_why = ""
     for r in range(plan["rounds"]):
         sides = ["ebb", "pytorch"] if r % 2 == 0 else ["pytorch", "ebb"]
         for side in sides:
@@ -527,6 +528,10 @@ def run_train_one(ebb, export_dir, workload, config, params, binds, fills, log):
                     t[k] += res[k]
                     tcpu[k] += res[k + "_cpu"]
                     faults[k] += res[k + "_faults"]
+                # on a GPU: the same step replayed from a CUDA graph
+                if res.get("ebb_graph"):
+                    t.setdefault("graph", []).extend(res["ebb_graph"])
+                graph_why = res.get("ebb_graph_why", "")
             else:
                 for k in (list(pyt) if r % 4 < 2 else list(pyt)[::-1]):
                     t[k] += torch_train_round(pyt[k], plan["per_round"], faults[k], tcpu[k])
@@ -538,7 +543,7 @@ def run_train_one(ebb, export_dir, workload, config, params, binds, fills, log):
     live = ebb.ask("teardown")["live_handles"]
     row = {"workload": workload, "config": config, "params": params, "binds": binds,
            "loss": loss, "phases": setup["phases"], "trained_params": setup["trained"],
-           "memory": mem, "compile": comp,
+           "memory": mem, "compile": comp, "graph_why": graph_why,
            "minor_faults_per_step": {k: statistics.median(v) for k, v in faults.items()},
            "check": {"ebb_loss": setup["ebb_loss"], "cxx_loss": setup["cxx_loss"],
                      "pytorch_loss": pyt_loss, "compile_loss": loss_c,
@@ -566,6 +571,8 @@ def set_times(row, wall, cpu):
     row["ratio_ebb_pytorch"] = tm["ebb"]["median"] / tm["pytorch"]["median"]
     if "compile" in tm:
         row["ratio_ebb_compile"] = tm["ebb"]["median"] / tm["compile"]["median"]
+    if "graph" in tm:
+        row["ratio_graph_pytorch"] = tm["graph"]["median"] / tm["pytorch"]["median"]
     return tm
 
 
@@ -584,6 +591,10 @@ def judge_train(row):
     r = row["ratio_ebb_pytorch"]
     tg["time_vs_pytorch"] = ("ok" if r <= lim else
                              "MISSED: ebb/PyTorch = %.3f > %.2f" % (r, lim))
+    if "ratio_graph_pytorch" in row:  # the captured step, on a GPU
+        r = row["ratio_graph_pytorch"]
+        tg["graph_vs_pytorch"] = ("ok" if r <= lim else
+                                  "MISSED: ebb graph/PyTorch = %.3f > %.2f" % (r, lim))
     tg["peak_le_pytorch"] = ("ok" if m["ebb_measured"] <= m["pytorch_peak"] else
                              "MISSED: measured %d > PyTorch %d" % (m["ebb_measured"],
                                                                    m["pytorch_peak"]))

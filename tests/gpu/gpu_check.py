@@ -171,9 +171,9 @@ def train_line(r):
     PyTorch's and the twin's peak (bytes), the check (losses agree, no
     handle leaked, measured within planned) and a note."""
     if "skipped" in r:
-        return ["n/a (skipped: %s)" % clean(r["skipped"], 120)] + ["-"] * 9 + [""]
+        return ["n/a (skipped: %s)" % clean(r["skipped"], 120)] + ["-"] * 9 + ["", "-", "-"]
     if "failed" in r:
-        return ["FAIL (%s)" % clean(r["failed"], 160)] + ["-"] * 9 + [""]
+        return ["FAIL (%s)" % clean(r["failed"], 160)] + ["-"] * 9 + ["", "-", "-"]
     tm, m, tg, c = r["time_ms"], r["memory"], r["targets"], r["check"]
     med = lambda k: "%.3f" % tm[k]["median"] if k in tm else "-"  # noqa: E731
     ratio_pyt = "%.3f" % r["ratio_ebb_pytorch"]
@@ -194,9 +194,18 @@ def train_line(r):
             measured - planned, m.get("ebb_peak_at", "?")))
     if c.get("random"):
         notes.append(c["random"])
+    # the step replayed from a CUDA graph, and its verdict against the target
+    graph, graph_ratio = med("graph"), "-"
+    if "ratio_graph_pytorch" in r:
+        graph_ratio = "%.3f" % r["ratio_graph_pytorch"]
+        verdict = tg.get("graph_vs_pytorch") or verdict
+        verdict = "MISSED" if verdict.startswith("MISSED") else verdict
+    elif r.get("graph_why"):
+        graph = "n/a (%s)" % clean(r["graph_why"], 100)
     return [med("ebb"), med("cxx"), med("pytorch"), ratio_pyt, verdict,
             str(planned), str(measured), str(m.get("pytorch_peak", "-")),
-            str(m.get("cxx_peak", "-")), ", ".join(checks) or "ok", "; ".join(notes)]
+            str(m.get("cxx_peak", "-")), ", ".join(checks) or "ok", "; ".join(notes),
+            graph, graph_ratio]
 
 
 def train(rows_path, run_py, missing):
@@ -214,7 +223,7 @@ def train(rows_path, run_py, missing):
         done[(r["workload"], r["config"])] = r
     for workload, config, _params, _binds, _fills in suite_rows(run_py):
         r = done.get((workload, config))
-        fields = train_line(r) if r else [missing] + ["-"] * 9 + [""]
+        fields = train_line(r) if r else [missing] + ["-"] * 9 + ["", "-", "-"]
         print("\t".join(["train", workload, config] + [f.replace("\t", " ") for f in fields]))
 
 
@@ -295,26 +304,29 @@ def table(path):
     if trains:
         print()
         print("training steps (forward, loss, backward, AdamW lr 1e-3; tests/bench/run.py's rows) "
-              "in ms (median), each step between two device synchronisations: ebb, the libtorch "
-              "C++ twin, PyTorch eager; target ebb/PyTorch <= 0.85 on dispatch-bound rows, <= 1 "
-              "on compute-bound ones; peaks in bytes above parameters, optimizer state, input "
+              "in ms (median), each step between two device synchronisations: ebb, ebb's step "
+              "replayed from a CUDA graph (ebb_train_capture), the libtorch C++ twin, PyTorch "
+              "eager; target (the graph's where there is one, else eager's) ebb/PyTorch <= 0.85 "
+              "on dispatch-bound rows, <= 1 on compute-bound ones; peaks in bytes above parameters, optimizer state, input "
               "and target")
         rows, notes = [], []
 
         def cell(text):
             return noted(text, notes)
         for t in trains:
-            t = t + ["-"] * (13 - len(t))
-            w, c, ebb, cxx, pyt, rat, verdict, planned, measured, ppeak, cpeak, check, note = t[:13]
+            t = t + ["-"] * (15 - len(t))
+            (w, c, ebb, cxx, pyt, rat, verdict, planned, measured, ppeak, cpeak, check, note,
+             graph, grat) = t[:15]
             if note:
                 if note not in notes:
                     notes.append(note)
                 check = "%s [%d]" % (check, notes.index(note) + 1)
-            rows.append([w, c, cell(ebb), cell(cxx), cell(pyt), rat, verdict, ratio(ebb, cxx),
-                         planned, measured, ppeak, cpeak, check])
-        print(render(["workload", "config", "ebb ms", "C++ twin ms", "PyTorch ms", "ebb/PyTorch",
-                      "target", "ebb/C++", "ebb planned B", "ebb measured B", "PyTorch B",
-                      "C++ twin B", "check"], rows))
+            rows.append([w, c, cell(ebb), cell(graph), cell(cxx), cell(pyt), rat, grat, verdict,
+                         ratio(ebb, cxx), planned, measured, ppeak, cpeak, check])
+        print(render(["workload", "config", "ebb ms", "ebb graph ms", "C++ twin ms",
+                      "PyTorch ms", "ebb/PyTorch", "graph/PyTorch", "target", "ebb/C++",
+                      "ebb planned B", "ebb measured B", "PyTorch B", "C++ twin B", "check"],
+                     rows))
         for k, why in enumerate(notes):
             print("[%d] %s" % (k + 1, why))
 
