@@ -55,8 +55,8 @@ const char ebb_cli_usage_train[] =
     "                 [--checkpoint-every N] [--resume CKPT] [--log-every N]\n"
     "                 [--curve FILE.svg] [--trace T.jsonl [--trace-step N]]\n"
     "                 [--memory-budget SIZE] [--skip-nonfinite] [--allow-nonfinite]\n"
-    "                 [--override] [--non-strict] [--strict-memory] [--device DEV] [--json]\n"
-    "                 [-p NAME=VALUE]...\n"
+    "                 [--override] [--non-strict] [--strict-memory] [--cuda-graph]\n"
+    "                 [--device DEV] [--json] [-p NAME=VALUE]...\n"
     "\n"
     "Trains the spec on a dataset with its training plan: forward, the spec's loss\n"
     "against its targets, backward and optimizer update, one static plan per step.\n"
@@ -108,7 +108,12 @@ const char ebb_cli_usage_train[] =
     "  --allow-nonfinite  NaN or Inf in --weights or --resume is a warning, not an "
     "error\n"
     "  --strict-memory    a step that measures more than its plan promised stops training\n"
-    "                     (exit 3, nothing written), rather than a warning\n" USAGE_COMMON "\n"
+    "                     (exit 3, nothing written), rather than a warning\n"
+    "  --cuda-graph       on a CUDA device, capture the training step (forward, loss,\n"
+    "                     backward, updates) into a CUDA graph at the first full batch\n"
+    "                     and replay it for every full batch after; the same updates,\n"
+    "                     much less launch time for small models (a last partial batch\n"
+    "                     and a traced step run eagerly)\n" USAGE_COMMON "\n"
     "SIGINT (Ctrl-C), SIGTERM and SIGHUP finish the step under way, write a checkpoint\n"
     "and exit 128 + the signal (130, 143, 129); a second signal stops at once.\n";
 
@@ -159,6 +164,7 @@ enum {
     O_OVERRIDE,
     O_NON_STRICT,
     O_STRICT_MEMORY,
+    O_CUDA_GRAPH,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -195,6 +201,7 @@ const struct option ebb_cli_train_options[] = {
     {"override", no_argument, NULL, O_OVERRIDE},
     {"non-strict", no_argument, NULL, O_NON_STRICT},
     {"strict-memory", no_argument, NULL, O_STRICT_MEMORY},
+    {"cuda-graph", no_argument, NULL, O_CUDA_GRAPH},
     {NULL, 0, NULL, 0},
 };
 
@@ -208,7 +215,7 @@ typedef struct topts {
     int64_t epochs, steps, batch, checkpoint_every, log_every, trace_step;
     double lr, momentum, weight_decay, norm_mean, norm_std;
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
-    int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory;
+    int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory, cuda_graph;
     uint64_t seed;
     int64_t memory_budget; /* 0: none */
 } topts;
@@ -296,6 +303,9 @@ static int parse(int argc, char **argv, int train, topts *o) {
             break;
         case O_STRICT_MEMORY:
             o->strict_memory = 1;
+            break;
+        case O_CUDA_GRAPH:
+            o->cuda_graph = 1;
             break;
         case O_ALLOW_NONFINITE:
             o->allow_nonfinite = 1;
@@ -408,6 +418,10 @@ static int parse(int argc, char **argv, int train, topts *o) {
                                    o->override
                                        ? "--override applies to --resume, which is not given"
                                        : "--non-strict applies to --resume, which is not given");
+    if (train && o->cuda_graph && o->skip_nonfinite)
+        return ebb_cli_usage_error(usage, "%s",
+                                   "--cuda-graph and --skip-nonfinite cannot be combined: a "
+                                   "replayed step cannot be undone (its updates are in the graph)");
     if (train && o->trace_step && !o->trace)
         return ebb_cli_usage_error(usage, "%s", "--trace-step needs --trace T.jsonl, the file it writes");
     /* the picture is SVG whatever the name says; a name that says otherwise
@@ -441,6 +455,13 @@ static int load_job(job *j, const topts *o) {
     if (o->device && (st = ebb_device_parse(&j->dev, o->device)) != EBB_OK) {
         fprintf(stderr, "ebb: %s\n", ebb_errmsg());
         return st == EBB_ERR_UNSUPPORTED ? EXIT_RUNTIME : EXIT_USAGE;
+    }
+    if (o->cuda_graph && j->dev.type != EBB_DEVICE_CUDA) {
+        char d[32];
+        fprintf(stderr, "ebb: --cuda-graph needs a CUDA device; training would run on %s "
+                        "(add --device cuda)\n",
+                ebb_device_str(j->dev, d, sizeof d));
+        return EXIT_USAGE;
     }
     ebb_spec_options so = {.params = o->params, .n_params = o->n_params};
     if ((st = ebb_spec_load_ex(&j->spec, o->spec, &so)) != EBB_OK)
@@ -1055,6 +1076,8 @@ typedef struct trainer {
     ebb_cli_trace trace;
     ebb_cli_curve *curve;
     state undo; /* --skip-nonfinite: the model and optimizer before the step */
+    ebb_capture *cap; /* --cuda-graph: the step, captured at the first full batch */
+    int64_t graph_steps; /* steps replayed from it */
     int tty;
     /* steps are counted from 1, as the log counts them */
     int64_t n, per_epoch, epoch_samples, total, epochs, step, trace_at, window;
@@ -1473,6 +1496,7 @@ static void trainer_close(trainer *t) {
     free_batch(t->ts, MAX_FIELDS);
     free(t->order);
     state_free(&t->undo);
+    ebb_capture_free(t->cap);
     ebb_optimizer_free(t->opt);
     ebb_model_free(t->m);
     ebb_dataset_free(t->train);
@@ -1603,8 +1627,18 @@ static int trainer_step(trainer *t, int traced, double *loss, ebb_run_stats *sta
         .seed = o->seed, .trace = traced ? ebb_cli_trace_step : NULL, .trace_user = &t->trace};
     ebb_status st = o->skip_nonfinite ? state_copy(&t->undo, t->m, t->opt) : EBB_OK;
     if (st == EBB_OK) st = make_batch(&t->j, t->train, t->order + at, cnt, t->ts);
-    if (st == EBB_OK)
+    /* --cuda-graph: full batches replay the captured step (made at the
+     * first); a graph is not measured, so such a step reports its plan */
+    int graphed = o->cuda_graph && !traced && cnt == o->batch;
+    if (st == EBB_OK && graphed && !t->cap)
+        st = ebb_train_capture(&t->cap, t->plan, t->m, t->opt, t->ts, t->ts + t->j.n_in, o->seed);
+    if (st == EBB_OK && graphed) {
+        st = ebb_capture_train_step(t->cap, t->ts, t->ts + t->j.n_in, loss);
+        *stats = (ebb_run_stats){.planned_peak_bytes = t->planned, .over_step = -1};
+        t->graph_steps += st == EBB_OK;
+    } else if (st == EBB_OK) {
         st = ebb_train_step_ex(t->plan, t->m, t->opt, t->ts, t->ts + t->j.n_in, loss, &ro, stats);
+    }
     free_batch(t->ts, t->j.n_fields);
     if (st != EBB_OK) {
         /* updates run inside the backward, so a step that fails there may
@@ -1845,6 +1879,9 @@ static int finish(trainer *t) {
         if (!o->json) printf("weights written to %s\n", o->save_weights);
     }
     if (t->curve && !o->json) printf("learning curves drawn in %s\n", o->curve);
+    if (o->cuda_graph && !o->json)
+        printf("%lld of %lld steps replayed from a CUDA graph\n", (long long)t->graph_steps,
+               (long long)t->done_steps);
     report_skips(t);
     if (t->over_steps > 1)
         fprintf(stderr, "ebb: warning: %lld of %lld training steps measured more than their "

@@ -16,6 +16,10 @@ that any python3 runs them:
                                 lines of `run.py --train-rows`); MISSING is
                                 the cell of a row ROWS lacks ("n/a (why)" or
                                 "FAIL (why)")
+  losses LABEL CONFIG EAGER GRAPH
+                                one `peak` line: the per-step losses of two
+                                `ebb train --json --log-every 1` logs (eager
+                                and --cuda-graph) agree within 1e-5
   table SUMMARY                 the table run.sh prints last
 """
 import ast
@@ -156,6 +160,43 @@ def peak(trace, label, config):
         note = "; ".join(([note] if note else []) +
                          ["%d tensor handles leaked" % summary["live_tensors_after"]])
     print("\t".join(["peak", label, config, str(planned), str(measured), kind, verdict, note]))
+
+
+def step_losses(log):
+    """(step, loss) of each `{"type": "step", ...}` line of an `ebb train
+    --json` log."""
+    out = []
+    with open(log) as f:
+        for line in f:
+            if line.startswith("{"):
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec.get("type") == "step":
+                    out.append((rec["step"], rec["loss"]))
+    return out
+
+
+def losses(label, config, eager_log, graph_log):
+    """One `peak`-shaped line: whether the training run replayed from a CUDA
+    graph (ebb train --cuda-graph) logged the eager run's losses, step for
+    step, within 1e-5 relative (the optimizer's multiply-adds may round
+    otherwise in the graph)."""
+    try:
+        a, b = step_losses(eager_log), step_losses(graph_log)
+    except OSError as e:
+        print("\t".join(["peak", label, config, "-", "-", "-", "FAIL", "no log: %s" % e]))
+        return
+    if not a or [s for s, _ in a] != [s for s, _ in b]:
+        print("\t".join(["peak", label, config, "-", "-", "-", "FAIL",
+                         "steps logged: eager %s, graph %s" % ([s for s, _ in a],
+                                                               [s for s, _ in b])]))
+        return
+    worst = max(abs(x - y) / max(abs(x), 1e-12) for (_, x), (_, y) in zip(a, b))
+    verdict = "ok" if worst <= 1e-5 else "FAIL losses"
+    print("\t".join(["peak", label, config, "-", "-", "-", verdict,
+                     "%d steps, losses within %.1e of the eager run's" % (len(a), worst)]))
 
 
 # ---- train -----------------------------------------------------------------
@@ -344,6 +385,8 @@ def main(argv):
         dataset(args[0], args[1], int(args[2]))
     elif cmd == "peak" and len(args) == 3:
         peak(*args)
+    elif cmd == "losses" and len(args) == 4:
+        losses(*args)
     elif cmd == "train" and len(args) == 3:
         train(*args)
     elif cmd == "table" and len(args) == 1:

@@ -429,7 +429,7 @@ peak_line() {
 # (one step, the first the process runs) and ebb train (its 4th step, traced
 # once the optimizer state and libraries' workspaces exist).
 train_peaks() {
-  local d=$1 spec=specs/mlp.yaml p=(-p hidden=1024) batch=512 lim rc=0
+  local d=$1 spec=specs/mlp.yaml p=(-p hidden=1024) batch=512 lim rc=0 line
   local sizes="hidden=1024,batch=$batch"
   lim=$(limit 30 $((100 + train_reserve))) || { record peak "mlp.yaml grad" "$sizes" - - - SKIPPED "out of time"; return; }
   run peaks "$d/mlp.train.plan.json" "$lim" "$ebb" plan "$spec" "${p[@]}" --train -i "batch=$batch" --json || rc=$?
@@ -448,8 +448,23 @@ train_peaks() {
   lim=$(limit 60 $((100 + train_reserve))) || { record peak "mlp.yaml train" "$sizes" - - - SKIPPED "out of time"; return; }
   rc=0
   run peaks "$d/mlp.train.log" "$lim" "$ebb" train "$spec" "${p[@]}" --data "$d/mlp.xy4096.safetensors" \
-    --batch "$batch" --steps 6 --device "$device" --trace "$d/mlp.train.trace.jsonl" --trace-step 4 || rc=$?
+    --batch "$batch" --steps 6 --device "$device" --trace "$d/mlp.train.trace.jsonl" --trace-step 4 \
+    --json --log-every 1 || rc=$?
   (( dry_run )) || peak_line "mlp.yaml train, step 4" "$sizes" "$d/mlp.train" "$rc"
+  # the same six steps replayed from a CUDA graph: the eager run's losses
+  lim=$(limit 60 $((100 + train_reserve))) || { record peak "mlp.yaml train --cuda-graph" "$sizes" - - - SKIPPED "out of time"; return; }
+  rc=0
+  run peaks "$d/mlp.graph.log" "$lim" "$ebb" train "$spec" "${p[@]}" --data "$d/mlp.xy4096.safetensors" \
+    --batch "$batch" --steps 6 --device "$device" --cuda-graph --json --log-every 1 || rc=$?
+  if (( dry_run )); then
+    :
+  elif [ "$rc" -ne 0 ]; then
+    failures=$((failures + 1)); record peak "mlp.yaml train --cuda-graph" "$sizes" - - - FAIL "$(why "$d/mlp.graph.log")"
+  else
+    line=$("$helper_py" tests/gpu/gpu_check.py losses "mlp.yaml train --cuda-graph" "$sizes" "$d/mlp.train.log" "$d/mlp.graph.log")
+    printf '%s\n' "$line" >>"$summary"
+    case "$line" in *$'\tFAIL'*) failures=$((failures + 1)) ;; esac
+  fi
 }
 
 # ---- bench -----------------------------------------------------------------
