@@ -978,6 +978,9 @@ static void test_exit_codes(void **state) {
         {2, "--cuda-graph needs a CUDA device; training would run on cpu",
          {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--cuda-graph", "--device",
           "cpu"}},
+        {2, "--lr-schedule: learning-rate schedule 'cosin:10': unknown kind 'cosin'; did you "
+            "mean 'cosine'?",
+         {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--lr-schedule", "cosin:10"}},
         {2, "--cuda-graph and --skip-nonfinite cannot be combined",
          {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--cuda-graph",
           "--skip-nonfinite"}},
@@ -3225,6 +3228,72 @@ static void test_output_aliases(void **state) {
  * an error unless --non-strict; another dataset is a warning naming both;
  * a checkpoint past the run's last step is an error, one at it nothing to
  * do; a step near 2^63 is refused, not overflowed. */
+/* --lr-schedule: each step's rate in the JSON lines follows the schedule
+ * (torch's recursive cosine, here against its closed form), a run stopped
+ * at a checkpoint and resumed without the flag continues the checkpoint's
+ * schedule to the same weights, another schedule on resume is a conflict
+ * named with both, and a one-cycle shorter than the run is refused. */
+static void test_train_lr_schedule(void **state) {
+    (void)state;
+    char data[PATH_MAX], ck[PATH_MAX], wa[PATH_MAX], wb[PATH_MAX];
+    tmp_path(data, sizeof data, "ls-data.safetensors");
+    tmp_path(ck, sizeof ck, "ls-ck.safetensors");
+    tmp_path(wa, sizeof wa, "ls-a.safetensors");
+    tmp_path(wb, sizeof wb, "ls-b.safetensors");
+    write_train_data(data, 96, 9);
+    cli_result r;
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "12", "--batch", "16",
+        "--lr-schedule", "cosine:12", "--json", "--log-every", "1", "--save-weights", wa);
+    expect_code(&r, 0);
+    int steps = 0;
+    for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = json_strict(line, strlen(line), "ebb train --json");
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
+        if (cJSON_IsString(type) && !strcmp(type->valuestring, "step")) {
+            double lr = cJSON_GetObjectItemCaseSensitive(j, "lr")->valuedouble;
+            double want = 1e-3 * (1 + cos(M_PI * steps / 12.0)) / 2;
+            if (fabs(lr - want) > 1e-9 * 1e-3)
+                fail_msg("step %d: lr %.9g, cosine:12 from 1e-3 gives %.9g", steps + 1, lr, want);
+            steps++;
+        }
+        cJSON_Delete(j);
+    }
+    assert_int_equal(steps, 12);
+    cli_free(&r);
+
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "5", "--batch", "16",
+        "--lr-schedule", "cosine:12", "--checkpoint", ck, "--checkpoint-every", "5");
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "adamw lr 0.001, schedule cosine:12:0\n");
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "12", "--resume", ck,
+        "--save-weights", wb);
+    expect_code(&r, 0);
+    cli_free(&r);
+    size_t la = 0, lb = 0;
+    char *a = slurp(wa, &la), *b = slurp(wb, &lb);
+    assert_non_null(a);
+    assert_non_null(b);
+    if (la != lb || memcmp(a, b, la) != 0)
+        fail_msg("resumed with its schedule, the run's weights differ from the uninterrupted "
+                 "run's");
+    free(a);
+    free(b);
+
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "12", "--resume", ck,
+        "--lr-schedule", "step:3");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err,
+                    "--lr-schedule step:3:0.1, the checkpoint's is cosine:12:0");
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "6", "--batch", "16",
+        "--lr-schedule", "onecycle:0.01:5");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err,
+                    "--lr-schedule onecycle:0.01:5:0.3 ends after step 5; this run takes 6 steps");
+    cli_free(&r);
+}
+
 static void test_train_resume_strict(void **state) {
     (void)state;
     char data[PATH_MAX], data80[PATH_MAX], ck[PATH_MAX], ck2[PATH_MAX], bad[PATH_MAX];
@@ -3598,6 +3667,7 @@ int main(void) {
         EBB_TEST(test_train_sigterm_sighup),
         EBB_TEST(test_train_nonfinite),
         EBB_TEST(test_output_aliases),
+        EBB_TEST(test_train_lr_schedule),
         EBB_TEST(test_train_resume_strict),
         EBB_TEST(test_over_plan_is_reported),
     };

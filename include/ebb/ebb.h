@@ -24,6 +24,7 @@
 #include "memory.h"
 #include "op.h"
 #include "optim.h"
+#include "schedule.h"
 #include "plan.h"
 #include "run.h"
 #include "safetensors.h"

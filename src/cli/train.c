@@ -49,7 +49,8 @@ enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3, EXIT_SIGNAL_BASE = 128 }
 
 const char ebb_cli_usage_train[] =
     "usage: ebb train SPEC --data D [--eval-data D] [--epochs N | --steps N] [--batch B]\n"
-    "                 [--optimizer sgd|adam|adamw] [--lr X] [--momentum X] [--weight-decay X]\n"
+    "                 [--optimizer sgd|adam|adamw] [--lr X] [--lr-schedule S] [--momentum X]\n"
+    "                 [--weight-decay X]\n"
     "                 [--seed N] [--no-shuffle] [--drop-last] [--normalize MEAN,STD]\n"
     "                 [--weights W] [--save-weights W] [--checkpoint FILE]\n"
     "                 [--checkpoint-every N] [--resume CKPT] [--log-every N]\n"
@@ -72,6 +73,12 @@ const char ebb_cli_usage_train[] =
     "  --batch B          samples per step (default 64)\n"
     "  --optimizer KIND   sgd, adam or adamw (default adamw)\n"
     "  --lr X             learning rate (default 1e-3; sgd needs one)\n"
+    "  --lr-schedule S    change the rate after every step as torch.optim.lr_scheduler\n"
+    "                     does: step:SIZE[:GAMMA], multistep:M1,M2[:GAMMA],\n"
+    "                     exponential:GAMMA, cosine:T_MAX[:ETA_MIN],\n"
+    "                     linear:ITERS[:START[:END]], warmup-cosine:WARMUP:TOTAL,\n"
+    "                     onecycle:MAX_LR:TOTAL[:PCT] (steps, not epochs); kept in\n"
+    "                     checkpoints and resumed where it was\n"
     "  --momentum X       sgd's momentum (default 0)\n"
     "  --weight-decay X   (default: torch.optim's, 0.01 for adamw, else 0)\n"
     "  --seed N           initial weights, shuffling and dropout (default 0)\n"
@@ -165,6 +172,7 @@ enum {
     O_NON_STRICT,
     O_STRICT_MEMORY,
     O_CUDA_GRAPH,
+    O_LR_SCHEDULE,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -202,6 +210,7 @@ const struct option ebb_cli_train_options[] = {
     {"non-strict", no_argument, NULL, O_NON_STRICT},
     {"strict-memory", no_argument, NULL, O_STRICT_MEMORY},
     {"cuda-graph", no_argument, NULL, O_CUDA_GRAPH},
+    {"lr-schedule", required_argument, NULL, O_LR_SCHEDULE},
     {NULL, 0, NULL, 0},
 };
 
@@ -216,6 +225,8 @@ typedef struct topts {
     double lr, momentum, weight_decay, norm_mean, norm_std;
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
     int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory, cuda_graph;
+    const char *lr_schedule; /* --lr-schedule, parsed into sched */
+    ebb_lr_schedule sched;
     uint64_t seed;
     int64_t memory_budget; /* 0: none */
 } topts;
@@ -306,6 +317,11 @@ static int parse(int argc, char **argv, int train, topts *o) {
             break;
         case O_CUDA_GRAPH:
             o->cuda_graph = 1;
+            break;
+        case O_LR_SCHEDULE:
+            if (ebb_lr_schedule_parse(&o->sched, v) != EBB_OK)
+                return ebb_cli_usage_error(usage, "--lr-schedule: %s", ebb_errmsg());
+            o->lr_schedule = v;
             break;
         case O_ALLOW_NONFINITE:
             o->allow_nonfinite = 1;
@@ -938,6 +954,11 @@ typedef struct ckpt_info {
     char *data;      /* the data it was trained on (data_fields()); NULL: not recorded */
     char *stateless; /* trained parameters without optimizer state, comma-separated; NULL:
                         not recorded (a checkpoint of an older ebb) */
+    /* the learning-rate schedule and where it was (ebb_lr_scheduler_restore) */
+    int has_schedule;
+    ebb_lr_schedule sched;
+    int64_t sched_steps;
+    double sched_lr, sched_base;
 } ckpt_info;
 
 static void ckpt_info_free(ckpt_info *ci) {
@@ -1015,6 +1036,21 @@ static ebb_status read_checkpoint_info(const char *path, ckpt_info *ci) {
         st = ebb_tensor_to_host(t, v, sizeof v);
     const char *data = ebb_safetensors_metadata(sf, "data");
     const char *stateless = ebb_safetensors_metadata(sf, "stateless");
+    const char *sched = ebb_safetensors_metadata(sf, "lr_schedule");
+    if (st == EBB_OK && sched) {
+        const char *lr = ebb_safetensors_metadata(sf, "lr_schedule_lr");
+        const char *base = ebb_safetensors_metadata(sf, "lr_schedule_base");
+        char *end1 = NULL, *end2 = NULL;
+        ci->sched_lr = lr ? strtod(lr, &end1) : NAN;
+        ci->sched_base = base ? strtod(base, &end2) : NAN;
+        if (ebb_lr_schedule_parse(&ci->sched, sched) != EBB_OK ||
+            !meta_i64(sf, "lr_schedule_steps", &ci->sched_steps) || !end1 || *end1 || !end2 ||
+            *end2 || !isfinite(ci->sched_lr) || !isfinite(ci->sched_base))
+            st = ebb_error_set(EBB_ERR_ARG, "%s: its learning-rate schedule '%s' is not one ebb "
+                               "can resume (lr_schedule_steps, lr_schedule_lr and "
+                               "lr_schedule_base must be numbers)", path, sched);
+        ci->has_schedule = 1;
+    }
     if (st == EBB_OK && ((data && !(ci->data = strdup(data))) ||
                          (stateless && !(ci->stateless = strdup(stateless)))))
         st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
@@ -1077,6 +1113,9 @@ typedef struct trainer {
     ebb_cli_curve *curve;
     state undo; /* --skip-nonfinite: the model and optimizer before the step */
     ebb_capture *cap; /* --cuda-graph: the step, captured at the first full batch */
+    ebb_lr_scheduler *sched; /* --lr-schedule, or the checkpoint's */
+    ebb_lr_schedule sched_spec;
+    double step_lr; /* the rate of the step just taken */
     int64_t graph_steps; /* steps replayed from it */
     int tty;
     /* steps are counted from 1, as the log counts them */
@@ -1206,6 +1245,10 @@ static int resume_conflicts(const topts *o, const ckpt_info *ci, char *why, size
     CONFLICT(o->no_shuffle && ci->shuffle, "--no-shuffle, the checkpoint shuffles");
     CONFLICT(o->drop_last && !ci->drop_last,
              "--drop-last, the checkpoint keeps the last partial batch");
+    char have[256], had[256];
+    CONFLICT(o->lr_schedule && (!ci->has_schedule || memcmp(&o->sched, &ci->sched, sizeof o->sched)),
+             "--lr-schedule %s, the checkpoint's is %s", ebb_lr_schedule_str(&o->sched, have, sizeof have),
+             ci->has_schedule ? ebb_lr_schedule_str(&ci->sched, had, sizeof had) : "none");
 #undef CONFLICT
     return n;
 }
@@ -1381,6 +1424,34 @@ static int open_model(trainer *t) {
     return t->o.resume ? resume(t) : 0;
 }
 
+/* The learning-rate schedule: --lr-schedule's, or on --resume the
+ * checkpoint's, continued from where it stopped (a different one, with
+ * --override, starts afresh from the checkpoint's rate). */
+static int open_schedule(trainer *t) {
+    const topts *o = &t->o;
+    const ebb_lr_schedule *s = o->lr_schedule ? &o->sched : t->ci.has_schedule ? &t->ci.sched : NULL;
+    if (!s) return 0;
+    int resumed = t->ci.has_schedule && !memcmp(s, &t->ci.sched, sizeof *s);
+    char text[256];
+    if (s->kind == EBB_LR_ONE_CYCLE && s->total_steps < t->total) {
+        fprintf(stderr, "ebb: --lr-schedule %s ends after step %lld; this run takes %lld steps\n",
+                ebb_lr_schedule_str(s, text, sizeof text), (long long)s->total_steps,
+                (long long)t->total);
+        return EXIT_USAGE;
+    }
+    t->sched_spec = *s;
+    ebb_status st = ebb_lr_scheduler_new(&t->sched, t->opt, s);
+    if (st == EBB_OK && resumed)
+        st = ebb_lr_scheduler_restore(t->sched, t->ci.sched_steps, t->ci.sched_lr,
+                                      t->ci.sched_base);
+    if (st != EBB_OK) {
+        fprintf(stderr, "ebb: --lr-schedule %s: %s\n", ebb_lr_schedule_str(s, text, sizeof text),
+                ebb_errmsg());
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
 /* Steps per epoch, the run's last step and the step it starts from, with
  * their arithmetic checked: a checkpoint's step comes from a file. */
 static int plan_steps(trainer *t) {
@@ -1483,7 +1554,9 @@ static int trainer_open(trainer *t, int argc, char **argv) {
         return rc;
     if (!(t->data = data_fields(t->train)))
         return ebb_cli_fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
-    if ((rc = open_model(t)) || (rc = plan_steps(t)) || (rc = open_outputs(t))) return rc;
+    if ((rc = open_model(t)) || (rc = plan_steps(t)) || (rc = open_schedule(t)) ||
+        (rc = open_outputs(t)))
+        return rc;
     t->tty = !o->json && isatty(1);
     t->planned = ebb_plan_device_peak_bytes(t->plan, t->j.dev);
     return 0;
@@ -1497,6 +1570,7 @@ static void trainer_close(trainer *t) {
     free(t->order);
     state_free(&t->undo);
     ebb_capture_free(t->cap);
+    ebb_lr_scheduler_free(t->sched);
     ebb_optimizer_free(t->opt);
     ebb_model_free(t->m);
     ebb_dataset_free(t->train);
@@ -1551,9 +1625,14 @@ static int trace_done(trainer *t, double loss, const ebb_run_stats *stats) {
 static void print_start(const trainer *t) {
     const topts *o = &t->o;
     if (o->json) return;
-    printf("training %s on %s: %lld samples, batch %lld, %lld steps per epoch, %s lr %g\n",
+    char sched[256] = "";
+    if (t->sched) {
+        memcpy(sched, ", schedule ", 12);
+        ebb_lr_schedule_str(&t->sched_spec, sched + 11, sizeof sched - 11);
+    }
+    printf("training %s on %s: %lld samples, batch %lld, %lld steps per epoch, %s lr %g%s\n",
            ebb_spec_file(t->j.spec), o->data, (long long)t->n, (long long)o->batch,
-           (long long)t->per_epoch, t->kind, ebb_optimizer_get_options(t->opt).lr);
+           (long long)t->per_epoch, t->kind, ebb_optimizer_get_options(t->opt).lr, sched);
     ebb_remat_stats rs;
     char bb[32], pk[32], nb[32];
     if (o->memory_budget && ebb_plan_remat_stats(t->plan, &rs) == EBB_OK)
@@ -1655,6 +1734,12 @@ static int trainer_step(trainer *t, int traced, double *loss, ebb_run_stats *sta
     }
     t->step++;
     t->done_steps++;
+    t->step_lr = ebb_optimizer_get_options(t->opt).lr;
+    /* the next step's rate, as scheduler.step() after optimizer.step() */
+    if (t->sched && ebb_lr_scheduler_step(t->sched) != EBB_OK) {
+        fprintf(stderr, "ebb: step %lld: %s\n", (long long)t->step, ebb_errmsg());
+        return EXIT_USAGE;
+    }
     if (stats->measured_peak_bytes > t->measured) t->measured = stats->measured_peak_bytes;
     if (stats->over_step >= 0 || stats->measured_peak_bytes > stats->planned_peak_bytes) {
         /* the first such step is named; a summary at the end counts them */
@@ -1705,9 +1790,13 @@ static int report_step(trainer *t, double loss) {
     if (o->log_every && t->step % o->log_every == 0) {
         if (o->json)
             printf("{\"type\": \"step\", \"epoch\": %lld, \"step\": %lld, \"steps\": %lld, "
-                   "\"loss\": %s, \"samples_per_s\": %.1f}\n",
+                   "\"loss\": %s, \"lr\": %.9g, \"samples_per_s\": %.1f}\n",
                    (long long)e + 1, (long long)t->step, (long long)t->total,
-                   fmt_loss(t->run_loss, t->run_n, 1, lb, sizeof lb), rate);
+                   fmt_loss(t->run_loss, t->run_n, 1, lb, sizeof lb), t->step_lr, rate);
+        else if (!t->tty && t->sched)
+            printf("epoch %lld step %lld/%lld loss %s lr %.6g %.0f samples/s\n",
+                   (long long)e + 1, (long long)t->step, (long long)t->total,
+                   fmt_loss(t->run_loss, t->run_n, 0, lb, sizeof lb), t->step_lr, rate);
         else if (!t->tty)
             printf("epoch %lld step %lld/%lld loss %s %.0f samples/s\n", (long long)e + 1,
                    (long long)t->step, (long long)t->total,
@@ -1811,6 +1900,13 @@ static int checkpoint(trainer *t) {
         snprintf(s_epoch, sizeof s_epoch, "%lld", (long long)(t->step / t->per_epoch));
         snprintf(s_seed, sizeof s_seed, "%llu", (unsigned long long)o->seed);
         snprintf(s_batch, sizeof s_batch, "%lld", (long long)o->batch);
+        char s_sched[256] = "", s_ssteps[32], s_slr[32], s_sbase[32];
+        if (t->sched) {
+            ebb_lr_schedule_str(&t->sched_spec, s_sched, sizeof s_sched);
+            snprintf(s_ssteps, sizeof s_ssteps, "%lld", (long long)ebb_lr_scheduler_steps(t->sched));
+            snprintf(s_slr, sizeof s_slr, "%.17g", ebb_lr_scheduler_lr(t->sched));
+            snprintf(s_sbase, sizeof s_sbase, "%.17g", ebb_lr_scheduler_base_lr(t->sched));
+        }
         const char *meta[] = {"ebb_checkpoint", "1",
                               "step",           s_step,
                               "epoch",          s_epoch,
@@ -1819,10 +1915,15 @@ static int checkpoint(trainer *t) {
                               "shuffle",        o->no_shuffle ? "0" : "1",
                               "drop_last",      o->drop_last ? "1" : "0",
                               "data",           t->data,
-                              "stateless",      stateless};
+                              "stateless",      stateless,
+                              /* last, left out without a schedule */
+                              "lr_schedule",      s_sched,
+                              "lr_schedule_steps", s_ssteps,
+                              "lr_schedule_lr",   s_slr,
+                              "lr_schedule_base", s_sbase};
         ebb_optimizer_options oo = ebb_optimizer_get_options(t->opt);
         st = state_write(&s, t->m, &oo, t->ckpt_path, 1, meta,
-                         (int)(sizeof meta / sizeof meta[0] / 2));
+                         (int)(sizeof meta / sizeof meta[0] / 2) - (t->sched ? 0 : 4));
         if (st != EBB_OK) {
             fprintf(stderr, "ebb: %s\n", ebb_errmsg());
             rc = EXIT_RUNTIME;

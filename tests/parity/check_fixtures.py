@@ -5,7 +5,7 @@ runs this script (ctest's fixtures_match_torch runs it with EBB_TORCH_PYTHON).
     PYTHON tests/parity/check_fixtures.py [--work DIR] [--fixtures DIR]
 
 The fixtures under fixtures/ were made with one torch (Debian's 1.13); ebb
-may be built against another (pip's 2.x). This runs the three fixture
+may be built against another (pip's 2.x). This runs the four fixture
 scripts with this python, twice, into DIR (default: a new temporary folder,
 removed when the check passes; DIR/replay and DIR/fresh are emptied first;
 nothing is written into the source tree):
@@ -72,7 +72,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(HERE, "fixtures")
 # make_grad_fixtures.py last: it turns on torch.use_deterministic_algorithms
-SCRIPTS = ["make_optim_fixtures.py", "make_fixtures.py", "make_grad_fixtures.py"]
+SCRIPTS = ["make_optim_fixtures.py", "make_schedule_fixtures.py", "make_fixtures.py",
+           "make_grad_fixtures.py"]
 DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64}
 OPTIM_SLOTS = ("momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
@@ -122,6 +123,8 @@ def criterion(fname, name, meta, committed):
                 return ("max", 1e-5, top)
             return ("max", 1e-5, None)
         return EXACT  # weights, x, y
+    if fname == "lr_schedules.safetensors":
+        return ("max", 1e-12, None)  # test_optim's bound for the rates
     if fname.startswith("optim_") and not fname.startswith("optim_mlp."):
         # test_train's measure for parameters after ten steps, and for the
         # state relative to its own largest value (exp_avg_sq of a 1e-7
@@ -158,7 +161,7 @@ def deviation(a, b, how):
 
 
 def generate(out, replay):
-    """Runs the three scripts in this process, one after the other, as
+    """Runs the four scripts in this process, one after the other, as
     `python SCRIPT --out OUT [--replay DIR]` would (importing torch once, not
     three times, saves seconds)."""
     for script in SCRIPTS:
