@@ -77,7 +77,11 @@
 extern "C" {
 #endif
 
-typedef struct ebb_model ebb_model; /* run.h */
+/* (declared in optim.h and run.h alike; C99 allows one typedef) */
+#ifndef EBB_MODEL_TYPEDEF
+#define EBB_MODEL_TYPEDEF
+typedef struct ebb_model ebb_model;
+#endif
 typedef struct ebb_optimizer ebb_optimizer;
 
 typedef enum ebb_optimizer_kind {

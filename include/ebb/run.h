@@ -24,7 +24,11 @@
 extern "C" {
 #endif
 
+/* (declared in optim.h and run.h alike; C99 allows one typedef) */
+#ifndef EBB_MODEL_TYPEDEF
+#define EBB_MODEL_TYPEDEF
 typedef struct ebb_model ebb_model;
+#endif
 
 /* Creates the plan's parameters on `device`, initialised as PyTorch's modules
  * do (nn.Linear: U(-1/sqrt(in), 1/sqrt(in)); LayerNorm: ones and zeros), from

@@ -44,9 +44,25 @@ typedef struct ebb_shape {
     int64_t dim[EBB_MAX_DIMS];
 } ebb_shape;
 
-/* A shape literal: EBB_SHAPE(8, 256). */
+/* A shape literal: EBB_SHAPE(8, 256). In C a compound literal; in C++,
+ * which has none, a call of ebb_shape_of() on an initializer list. */
+#ifdef __cplusplus
+} /* extern "C" */
+#include <initializer_list>
+static inline ebb_shape ebb_shape_of(std::initializer_list<int64_t> dims) {
+    ebb_shape s = {static_cast<int>(dims.size()), {0}};
+    int i = 0;
+    for (int64_t d : dims)
+        if (i < EBB_MAX_DIMS)
+            s.dim[i++] = d;
+    return s;
+}
+#define EBB_SHAPE(...) ebb_shape_of({__VA_ARGS__})
+extern "C" {
+#else
 #define EBB_SHAPE(...)                                                                             \
     ((ebb_shape){sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t), {__VA_ARGS__}})
+#endif
 
 /* Number of elements of a shape (1 for a scalar); -1 for an invalid shape
  * (ndim outside 0..EBB_MAX_DIMS, a negative dimension, or more elements than

@@ -30,6 +30,23 @@ if command -v pkg-config >/dev/null; then
   cc -std=c11 -Wall -Wextra -o "$scratch/consumer-pc" "$here/main.c" \
      $(pkg-config --cflags --libs ebb)
   "$scratch/consumer-pc"
+  # the flags name ebb's headers and nothing of its private dependencies
+  cflags=$(pkg-config --cflags ebb)
+  set -- $cflags
+  [ $# -eq 1 ] && [ "${1#-I}" != "$1" ] || { echo "pkg-config --cflags ebb gives '$cflags'"; exit 1; }
 else
   echo "pkg-config is not installed: skipped"
 fi
+
+# The headers are clean C99 under -pedantic, and C++ (EBB_SHAPE included)
+echo "== headers as C99 and C++"
+printf '#include <ebb/ebb.h>\nint main(void) { ebb_shape s = EBB_SHAPE(2, 3); return (int)ebb_shape_numel(&s) - 6; }\n' \
+  >"$scratch/pedantic.c"
+cc -std=c99 -pedantic -Werror -Wall -Wextra -I"$prefix/include" -c "$scratch/pedantic.c" \
+  -o "$scratch/pedantic.o"
+if command -v c++ >/dev/null; then
+  cp "$scratch/pedantic.c" "$scratch/pedantic.cpp"
+  c++ -std=c++11 -pedantic -Werror -Wall -Wextra -I"$prefix/include" -c "$scratch/pedantic.cpp" \
+    -o "$scratch/pedantic-cpp.o"
+fi
+echo "headers ok"
