@@ -2223,6 +2223,18 @@ static void test_symbolic_default_note(void **state) {
     expect_contains("stdout", &r, r.out, "output y float32 [3, 10]");
     cli_free(&r);
 
+    /* the picture commands say it too (they drew batch 1 silently) */
+    char svg[PATH_MAX];
+    tmp_path(svg, sizeof svg, "note-chart.svg");
+    EBB(&r, "chart", "specs/mlp.yaml", "-o", svg);
+    expect_code(&r, 0);
+    expect_contains("stderr", &r, r.err, "symbolic dimension 'batch' of input 'x' defaults to 1");
+    cli_free(&r);
+    EBB(&r, "dot", "specs/mlp.yaml", "--plan");
+    expect_code(&r, 0);
+    expect_contains("stderr", &r, r.err, "symbolic dimension 'batch' of input 'x' defaults to 1");
+    cli_free(&r);
+
     /* two symbolic dims, each named */
     EBB(&r, "run", "specs/transformer_encoder.yaml", "--device", "cpu");
     expect_code(&r, 0);

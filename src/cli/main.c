@@ -1340,7 +1340,7 @@ static int cmd_dot(int argc, char **argv) {
     ebb_spec *s = NULL;
     ebb_plan *p = NULL;
     if (o.plan_view) {
-        rc = load_and_compile(&o, NULL, &s, &p, 1);
+        rc = load_and_compile(&o, NULL, &s, &p, 0);
     } else {
         ebb_status st = load_spec(&o, &s);
         rc = st == EBB_OK ? 0 : ebb_cli_fail_status(st);
@@ -1549,7 +1549,7 @@ static int cmd_chart(int argc, char **argv) {
     ebb_plan *p = NULL;
     ebb_chart_trace tr = {0};
     ebb_file_out *w = NULL;
-    rc = load_and_compile(&o, NULL, &s, &p, 1);
+    rc = load_and_compile(&o, NULL, &s, &p, 0);
     ebb_status st;
     if (!rc && o.trace && (st = read_trace(o.trace, p, &tr)) != EBB_OK)
         rc = ebb_cli_fail_status(st);
@@ -1937,7 +1937,7 @@ static int cmd_grad(int argc, char **argv) {
     ebb_model *m = NULL;
     ebb_tensor *inputs[MAX_INPUTS] = {0}, **grads = NULL;
     ebb_file_out *tw = NULL;
-    rc = load_and_compile(&o, in_file, &s, &p, 1);
+    rc = load_and_compile(&o, in_file, &s, &p, 0);
     if (rc)
         goto done;
     int n_in = ebb_plan_input_count(p);
