@@ -981,6 +981,8 @@ static void test_exit_codes(void **state) {
         {2, "--lr-schedule: learning-rate schedule 'cosin:10': unknown kind 'cosin'; did you "
             "mean 'cosine'?",
          {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--lr-schedule", "cosin:10"}},
+        {1, "unknown loss op 'frob'",
+         {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--loss", "frob"}},
         {2, "--cuda-graph and --skip-nonfinite cannot be combined",
          {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--cuda-graph",
           "--skip-nonfinite"}},

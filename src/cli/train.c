@@ -50,7 +50,7 @@ enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3, EXIT_SIGNAL_BASE = 128 }
 const char ebb_cli_usage_train[] =
     "usage: ebb train SPEC --data D [--eval-data D] [--epochs N | --steps N] [--batch B]\n"
     "                 [--optimizer sgd|adam|adamw] [--lr X] [--lr-schedule S] [--momentum X]\n"
-    "                 [--weight-decay X]\n"
+    "                 [--weight-decay X] [--loss NAME]\n"
     "                 [--seed N] [--no-shuffle] [--drop-last] [--normalize MEAN,STD]\n"
     "                 [--weights W] [--save-weights W] [--checkpoint FILE]\n"
     "                 [--checkpoint-every N] [--resume CKPT] [--log-every N]\n"
@@ -80,6 +80,7 @@ const char ebb_cli_usage_train[] =
     "                     onecycle:MAX_LR:TOTAL[:PCT] (steps, not epochs); kept in\n"
     "                     checkpoints and resumed where it was\n"
     "  --momentum X       sgd's momentum (default 0)\n"
+    "  --loss NAME        this loss op instead of the spec's `loss:` (as for plan and grad)\n"
     "  --weight-decay X   (default: torch.optim's, 0.01 for adamw, else 0)\n"
     "  --seed N           initial weights, shuffling and dropout (default 0)\n"
     "  --no-shuffle       the samples in file order\n"
@@ -173,6 +174,7 @@ enum {
     O_STRICT_MEMORY,
     O_CUDA_GRAPH,
     O_LR_SCHEDULE,
+    O_LOSS,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -211,6 +213,7 @@ const struct option ebb_cli_train_options[] = {
     {"strict-memory", no_argument, NULL, O_STRICT_MEMORY},
     {"cuda-graph", no_argument, NULL, O_CUDA_GRAPH},
     {"lr-schedule", required_argument, NULL, O_LR_SCHEDULE},
+    {"loss", required_argument, NULL, O_LOSS},
     {NULL, 0, NULL, 0},
 };
 
@@ -226,6 +229,7 @@ typedef struct topts {
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
     int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory, cuda_graph;
     const char *lr_schedule; /* --lr-schedule, parsed into sched */
+    const char *loss;        /* --loss: instead of the spec's */
     ebb_lr_schedule sched;
     uint64_t seed;
     int64_t memory_budget; /* 0: none */
@@ -318,6 +322,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
         case O_CUDA_GRAPH:
             o->cuda_graph = 1;
             break;
+        case O_LOSS: o->loss = v; break;
         case O_LR_SCHEDULE:
             if (ebb_lr_schedule_parse(&o->sched, v) != EBB_OK)
                 return ebb_cli_usage_error(usage, "--lr-schedule: %s", ebb_errmsg());
@@ -557,7 +562,7 @@ static int batch_shapes(const job *j, int64_t batch, ebb_shape *in, ebb_shape *t
 /* The training plan when `optim` is given (under `budget`, 0: none), else
  * the inference plan. */
 static int compile_plan(const job *j, int64_t batch, const ebb_optimizer_options *optim,
-                        int64_t budget, ebb_plan **out) {
+                        int64_t budget, const char *loss, ebb_plan **out) {
     ebb_shape in[MAX_FIELDS], tg[MAX_FIELDS];
     int rc = batch_shapes(j, batch, in, optim ? tg : NULL);
     if (rc)
@@ -568,7 +573,8 @@ static int compile_plan(const job *j, int64_t batch, const ebb_optimizer_options
         to = (ebb_train_options){.target_shapes = tg,
                                  .n_target_shapes = j->n_tg,
                                  .target_dtypes = j->dtypes + j->n_in,
-                                 .optimizer = *optim};
+                                 .optimizer = *optim,
+                                 .loss = loss};
         co.train = &to;
         co.memory_budget = budget;
     }
@@ -1546,8 +1552,8 @@ static int trainer_open(trainer *t, int argc, char **argv) {
         return EXIT_RUNTIME;
     }
     if ((rc = check_files(t)) || (rc = load_job(&t->j, o)) || (rc = resolve_options(t)) ||
-        (rc = compile_plan(&t->j, o->batch, &t->oo, o->memory_budget, &t->plan)) ||
-        (rc = compile_plan(&t->j, o->batch, NULL, 0, &t->infer)) ||
+        (rc = compile_plan(&t->j, o->batch, &t->oo, o->memory_budget, o->loss, &t->plan)) ||
+        (rc = compile_plan(&t->j, o->batch, NULL, 0, NULL, &t->infer)) ||
         (rc = open_data(&t->j, o, o->data, t->infer, &t->train)) ||
         (o->eval_data && (rc = open_data(&t->j, o, o->eval_data, t->infer, &t->test))) ||
         (rc = check_files(t)))
@@ -2032,7 +2038,7 @@ int ebb_cli_eval(int argc, char **argv) {
     ebb_model *m = NULL;
     ebb_dataset *d = NULL;
     ebb_status st;
-    if ((rc = load_job(&j, &o)) || (rc = compile_plan(&j, o.batch, NULL, 0, &plan)) ||
+    if ((rc = load_job(&j, &o)) || (rc = compile_plan(&j, o.batch, NULL, 0, NULL, &plan)) ||
         (rc = open_data(&j, &o, o.data, plan, &d)))
         goto done;
     if ((st = ebb_model_new(&m, plan, j.dev, 0)) != EBB_OK) {
