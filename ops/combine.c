@@ -291,11 +291,16 @@ static int64_t average_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_sha
  * where() and the result, all of p_i's shape; input i keeps its side (summed
  * to its shape), and the other side, summed to p_(i-1)'s shape, is the next
  * running gradient. */
-static int64_t max_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
-                                 ebb_dtype dt) {
-    (void)a;
+/* The walk above; on CUDA (cuda non-zero) each prefix, half, where() result,
+ * side and sum is a block of the caching allocator of its own, and so is
+ * each of the two bool masks (a == b, then a < b or b < a); half's Scalar
+ * stays on the CPU there, and a reduction's per-thread partial results are
+ * the CPU's only. As with average, a CUDA sum large enough for a grid-wide
+ * pass would also stage partial sums, which is not counted. */
+static int64_t max_bwd_walk(const ebb_shape *in, int n_in, ebb_dtype dt, int cuda) {
     if (n_in < 2 || n_in > 64)
         return 0;
+#define BYTES(n) (cuda ? ebb_cuda_block(n) : (n))
     ebb_shape p[64];
     int64_t e = grad_elem(dt), live = 0, peak = 0, kept = 0, run = 0;
     p[0] = in[0];
@@ -303,84 +308,49 @@ static int64_t max_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, i
         ebb_shape two[2] = {p[k - 1], in[k]};
         p[k] = broadcast_shape(two, 2);
         if (k < n_in - 1)
-            live += ebb_shape_numel(&p[k]) * e; /* the prefixes */
+            live += BYTES(ebb_shape_numel(&p[k]) * e); /* the prefixes */
     }
     peak = live;
-    int64_t scalar = ebb_ops_wrapped_scalar_bytes(EBB_INT64, dt);
+    int64_t scalar = cuda ? 0 : ebb_ops_wrapped_scalar_bytes(EBB_INT64, dt);
     for (int i = n_in - 1; i >= 1; i--) {
-        int64_t pe = ebb_shape_numel(&p[i]), h = pe * e;
+        int64_t pe = ebb_shape_numel(&p[i]), h = BYTES(pe * e), m = BYTES(pe);
         int64_t base = live + kept + run; /* prefixes, gradients so far, g_i */
 #define PEAK(x) peak = (x) > peak ? (x) : peak
-        PEAK(base + scalar + h);         /* half */
-        PEAK(base + 3 * h + 2 * pe);     /* the first side: half, masks, where, result */
-        PEAK(base + 4 * h + 2 * pe);     /* the second side beside the first */
-        int64_t now = base + 3 * h;      /* half and both sides */
-        if (ebb_shape_equal(&in[i], &p[i])) {
-            kept += h;
-        } else {
-            int64_t r = ebb_shape_numel(&in[i]) * e;
-            PEAK(now + r + ebb_ops_reduce_scratch(pe, r / e, dt));
-            now += r;
-            kept += r;
-        }
-        if (ebb_shape_equal(&p[i - 1], &p[i])) {
-            run = h; /* the first side is the next running gradient */
-        } else {
-            int64_t r = ebb_shape_numel(&p[i - 1]) * e;
-            PEAK(now + r + ebb_ops_reduce_scratch(pe, r / e, dt));
-            run = r;
-        }
-#undef PEAK
-    }
-    return peak - kept - run; /* the last running gradient is input 0's */
-}
-
-/* The same walk on CUDA, in the caching allocator's blocks: each prefix,
- * half, where() result, side and sum is a block of its own, and so is each
- * of the two bool masks (a == b, then a < b or b < a); half's Scalar stays
- * on the CPU. As with average, a sum large enough for a grid-wide pass
- * would also stage partial sums, which is not counted. */
-static int64_t max_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
-                                      ebb_dtype dt) {
-    (void)a;
-    if (n_in < 2 || n_in > 64)
-        return 0;
-    ebb_shape p[64];
-    int64_t e = grad_elem(dt), live = 0, peak = 0, kept = 0, run = 0;
-    p[0] = in[0];
-    for (int k = 1; k < n_in; k++) {
-        ebb_shape two[2] = {p[k - 1], in[k]};
-        p[k] = broadcast_shape(two, 2);
-        if (k < n_in - 1)
-            live += ebb_cuda_block(ebb_shape_numel(&p[k]) * e); /* the prefixes */
-    }
-    peak = live;
-    for (int i = n_in - 1; i >= 1; i--) {
-        int64_t pe = ebb_shape_numel(&p[i]);
-        int64_t h = ebb_cuda_block(pe * e), m = ebb_cuda_block(pe);
-        int64_t base = live + kept + run; /* prefixes, gradients so far, g_i */
-#define PEAK(x) peak = (x) > peak ? (x) : peak
+        PEAK(base + scalar + h);     /* half */
         PEAK(base + 3 * h + 2 * m); /* the first side: half, masks, where, result */
         PEAK(base + 4 * h + 2 * m); /* the second side beside the first */
         int64_t now = base + 3 * h; /* half and both sides */
         if (ebb_shape_equal(&in[i], &p[i])) {
             kept += h;
         } else {
-            int64_t r = ebb_cuda_block(ebb_shape_numel(&in[i]) * e);
-            PEAK(now + r);
+            int64_t n = ebb_shape_numel(&in[i]), r = BYTES(n * e);
+            PEAK(now + r + (cuda ? 0 : ebb_ops_reduce_scratch(pe, n, dt)));
             now += r;
             kept += r;
         }
         if (ebb_shape_equal(&p[i - 1], &p[i])) {
             run = h; /* the first side is the next running gradient */
         } else {
-            int64_t r = ebb_cuda_block(ebb_shape_numel(&p[i - 1]) * e);
-            PEAK(now + r);
+            int64_t n = ebb_shape_numel(&p[i - 1]), r = BYTES(n * e);
+            PEAK(now + r + (cuda ? 0 : ebb_ops_reduce_scratch(pe, n, dt)));
             run = r;
         }
 #undef PEAK
     }
-    return peak - kept - run;
+#undef BYTES
+    return peak - kept - run; /* the last running gradient is input 0's */
+}
+
+static int64_t max_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                 ebb_dtype dt) {
+    (void)a;
+    return max_bwd_walk(in, n_in, dt, 0);
+}
+
+static int64_t max_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                      ebb_dtype dt) {
+    (void)a;
+    return max_bwd_walk(in, n_in, dt, 1);
 }
 
 static const ebb_op_grad add_grad = {.backward = add_bwd,

@@ -173,6 +173,25 @@ static ebb_status gate_mix_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_
         }
     return st;
 }
+/* The sizes gate_mix_bwd works with: the batch B and experts E of w, y's
+ * elements, and whether y's per-row sum is a new tensor (unless y is
+ * [B, 1, ...]); 0 for shapes it refuses. */
+static int gate_mix_sizes(const ebb_shape *in, int n_in, int64_t *b, int64_t *experts,
+                          int64_t *ny, int *summed) {
+    if (n_in < 2)
+        return 0;
+    const ebb_shape *w = &in[n_in - 2], *y = &in[n_in - 1];
+    if (w->ndim != 2 || y->ndim < 1)
+        return 0;
+    *b = w->dim[0];
+    *experts = w->dim[1];
+    *ny = ebb_shape_numel(y);
+    *summed = 0;
+    for (int d = 1; d < y->ndim; d++)
+        *summed |= y->dim[d] != 1;
+    return 1;
+}
+
 /* In gate_mix_bwd's order: y's gradient (kept), grad * y (Y elements), its
  * sum per row (B, none when y is [B]), the one-hot [E] (made by adding a
  * Scalar to a zero, see ebb_ops_scalar_bytes) and w's gradient [B, E]
@@ -180,17 +199,11 @@ static ebb_status gate_mix_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_
 static int64_t gate_mix_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                       ebb_dtype dt) {
     (void)a;
-    if (n_in < 2)
+    int64_t b, experts, ny, e = (int64_t)ebb_dtype_size(dt);
+    int summed;
+    if (!gate_mix_sizes(in, n_in, &b, &experts, &ny, &summed))
         return 0;
-    const ebb_shape *w = &in[n_in - 2], *y = &in[n_in - 1];
-    if (w->ndim != 2 || y->ndim < 1)
-        return 0;
-    int64_t e = (int64_t)ebb_dtype_size(dt), b = w->dim[0], experts = w->dim[1];
-    int64_t ny = ebb_shape_numel(y), bw = b * experts * e;
-    int summed = 0; /* the per-row sum is a new tensor unless y is [B, 1, ...] */
-    for (int d = 1; d < y->ndim; d++)
-        summed |= y->dim[d] != 1;
-    int64_t sums = summed ? b * e : 0;
+    int64_t bw = b * experts * e, sums = summed ? b * e : 0;
     int64_t sum_peak = 2 * ny * e + sums + (sums ? ebb_ops_reduce_scratch(ny, b, dt) : 0);
     int64_t onehot = 2 * ny * e + sums + experts * e + ebb_ops_scalar_bytes(dt);
     int64_t last = 2 * ny * e + sums + experts * e + bw;
@@ -206,16 +219,11 @@ static int64_t gate_mix_bwd_workspace(const ebb_attr_value *a, const ebb_shape *
 static int64_t gate_mix_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                            ebb_dtype dt) {
     (void)a;
-    if (n_in < 2)
+    int64_t b, experts, ny, e = (int64_t)ebb_dtype_size(dt);
+    int summed;
+    if (!gate_mix_sizes(in, n_in, &b, &experts, &ny, &summed))
         return 0;
-    const ebb_shape *w = &in[n_in - 2], *y = &in[n_in - 1];
-    if (w->ndim != 2 || y->ndim < 1)
-        return 0;
-    int64_t e = (int64_t)ebb_dtype_size(dt), b = w->dim[0], experts = w->dim[1];
-    int summed = 0;
-    for (int d = 1; d < y->ndim; d++)
-        summed |= y->dim[d] != 1;
-    return ebb_cuda_block(ebb_shape_numel(y) * e) + (summed ? ebb_cuda_block(b * e) : 0) +
+    return ebb_cuda_block(ny * e) + (summed ? ebb_cuda_block(b * e) : 0) +
            ebb_cuda_block(experts * e);
 }
 /* bits for (w, y) and for (acc, w, y): w and y are the last two inputs */
