@@ -8,19 +8,32 @@
 
 #include "ebb/optim.h"
 #include "ebb/safetensors.h"
+#include "edit_distance.h"
 #include "internal.h"
 #include "model_internal.h"
 #include "run_internal.h"
 
-enum { SLOT_MOMENTUM, SLOT_EXP_AVG, SLOT_EXP_AVG_SQ, SLOT_MAX_EXP_AVG_SQ, N_SLOTS };
-static const char *const slot_names[N_SLOTS] = {"momentum_buffer", "exp_avg", "exp_avg_sq",
-                                                "max_exp_avg_sq"};
+enum {
+    SLOT_MOMENTUM,
+    SLOT_EXP_AVG,
+    SLOT_EXP_AVG_SQ,
+    SLOT_MAX_EXP_AVG_SQ,
+    SLOT_SQUARE_AVG,
+    SLOT_GRAD_AVG,
+    SLOT_ACC_DELTA,
+    SLOT_SUM,
+    N_SLOTS
+};
+static const char *const slot_names[N_SLOTS] = {"momentum_buffer", "exp_avg",    "exp_avg_sq",
+                                                "max_exp_avg_sq",  "square_avg", "grad_avg",
+                                                "acc_delta",       "sum"};
 
 /* optim.options: {version, kind, lr, momentum, dampening, nesterov,
  * weight_decay, beta1, beta2, eps, amsgrad} */
 #define OPTIONS_NAME "optim.options"
-#define OPTIONS_VERSION 1
-#define OPTIONS_LEN 11
+#define OPTIONS_VERSION 2
+#define OPTIONS_LEN 15
+#define OPTIONS_LEN_V1 11
 
 typedef struct param_state {
     ebb_tensor *slot[N_SLOTS];
@@ -52,21 +65,42 @@ static const char *kind_name(ebb_optimizer_kind k) {
         return "Adam";
     case EBB_ADAMW:
         return "AdamW";
+    case EBB_RMSPROP:
+        return "RMSprop";
+    case EBB_ADAGRAD:
+        return "Adagrad";
+    case EBB_ADADELTA:
+        return "Adadelta";
     }
     return "unknown";
 }
 
+static int is_adam(ebb_optimizer_kind k) { return k == EBB_ADAM || k == EBB_ADAMW; }
+
 static int slot_used(const ebb_optimizer_options *o, int slot) {
     switch (slot) {
     case SLOT_MOMENTUM:
-        return o->kind == EBB_SGD && o->momentum != 0;
+        return (o->kind == EBB_SGD || o->kind == EBB_RMSPROP) && o->momentum != 0;
     case SLOT_EXP_AVG:
     case SLOT_EXP_AVG_SQ:
-        return o->kind != EBB_SGD;
+        return is_adam(o->kind);
     case SLOT_MAX_EXP_AVG_SQ:
-        return o->kind != EBB_SGD && o->amsgrad;
+        return is_adam(o->kind) && o->amsgrad;
+    case SLOT_SQUARE_AVG:
+        return o->kind == EBB_RMSPROP || o->kind == EBB_ADADELTA;
+    case SLOT_GRAD_AVG:
+        return o->kind == EBB_RMSPROP && o->centered;
+    case SLOT_ACC_DELTA:
+        return o->kind == EBB_ADADELTA;
+    case SLOT_SUM:
+        return o->kind == EBB_ADAGRAD;
     }
     return 0;
+}
+
+const char *ebb_optimizer_state_slot(const ebb_optimizer_options *o, int k) {
+    if (k < 0 || k >= N_SLOTS) return NULL;
+    return !o || slot_used(o, k) ? slot_names[k] : "";
 }
 
 static int slots_used(const ebb_optimizer_options *o) {
@@ -78,6 +112,45 @@ static int slots_used(const ebb_optimizer_options *o) {
 
 /* ---- options ----------------------------------------------------------------- */
 
+static const char *const lower_names[] = {"sgd",     "adam",    "adamw",
+                                          "rmsprop", "adagrad", "adadelta"};
+
+const char *ebb_optimizer_kind_name(ebb_optimizer_kind kind) {
+    return kind >= EBB_SGD && kind <= EBB_ADADELTA ? lower_names[kind] : "unknown";
+}
+
+ebb_status ebb_optimizer_kind_parse(ebb_optimizer_kind *out, const char *name) {
+    int n = (int)(sizeof lower_names / sizeof lower_names[0]), best = -1, dist = 3;
+    for (int k = 0; name && k < n; k++) {
+        if (strcmp(name, lower_names[k]) == 0) {
+            if (out) *out = (ebb_optimizer_kind)k;
+            return EBB_OK;
+        }
+        int d = ebb_edit_distance(name, lower_names[k], 2);
+        if (d < dist) {
+            dist = d;
+            best = k;
+        }
+    }
+    if (best >= 0)
+        return ebb_error_set(EBB_ERR_ARG, "unknown optimizer '%s'; did you mean '%s'? (sgd, adam, "
+                                          "adamw, rmsprop, adagrad or adadelta)",
+                             name, lower_names[best]);
+    return ebb_error_set(EBB_ERR_ARG, "unknown optimizer '%s' (sgd, adam, adamw, rmsprop, adagrad "
+                                      "or adadelta)",
+                         name ? name : "(null)");
+}
+
+double ebb_optimizer_default_lr(ebb_optimizer_kind kind) {
+    switch (kind) {
+    case EBB_ADADELTA: return 1.0;
+    case EBB_RMSPROP:
+    case EBB_ADAGRAD: return 1e-2;
+    case EBB_SGD: return 0.0;
+    default: return 1e-3;
+    }
+}
+
 ebb_optimizer_options ebb_optimizer_defaults(ebb_optimizer_kind kind, double lr) {
     ebb_optimizer_options o = {.kind = kind, .lr = lr, .complete = 1};
     if (kind == EBB_ADAM || kind == EBB_ADAMW) {
@@ -85,6 +158,14 @@ ebb_optimizer_options ebb_optimizer_defaults(ebb_optimizer_kind kind, double lr)
         o.beta2 = 0.999;
         o.eps = 1e-8;
         o.weight_decay = kind == EBB_ADAMW ? 1e-2 : 0.0;
+    } else if (kind == EBB_RMSPROP) {
+        o.rho = 0.99;
+        o.eps = 1e-8;
+    } else if (kind == EBB_ADAGRAD) {
+        o.eps = 1e-10;
+    } else if (kind == EBB_ADADELTA) {
+        o.rho = 0.9;
+        o.eps = 1e-6;
     }
     return o;
 }
@@ -102,7 +183,10 @@ static ebb_status validate(const ebb_optimizer_options *o, const char *fn) {
              {"weight_decay", o->weight_decay},
              {"beta1", o->beta1},
              {"beta2", o->beta2},
-             {"eps", o->eps}};
+             {"eps", o->eps},
+             {"rho", o->rho},
+             {"lr_decay", o->lr_decay},
+             {"initial_accumulator_value", o->initial_accumulator_value}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (!isfinite(f[i].v))
             return ebb_error_set(EBB_ERR_ARG, "%s: %s is %g; options must be finite", fn, f[i].name,
@@ -111,6 +195,48 @@ static ebb_status validate(const ebb_optimizer_options *o, const char *fn) {
     if (o->weight_decay < 0)
         return ebb_error_set(EBB_ERR_ARG, "%s: weight_decay is %g; it must be >= 0", fn,
                              o->weight_decay);
+    /* the fields each kind takes; the others must be 0 */
+    const struct {
+        const char *name;
+        int set;
+        unsigned kinds; /* bit k: kind k takes it */
+    } fields[] = {
+        {"momentum", o->momentum != 0, 1u << EBB_SGD | 1u << EBB_RMSPROP},
+        {"dampening", o->dampening != 0, 1u << EBB_SGD},
+        {"nesterov", o->nesterov != 0, 1u << EBB_SGD},
+        {"beta1", o->beta1 != 0, 1u << EBB_ADAM | 1u << EBB_ADAMW},
+        {"beta2", o->beta2 != 0, 1u << EBB_ADAM | 1u << EBB_ADAMW},
+        {"eps", o->eps != 0, ~(1u << EBB_SGD)},
+        {"amsgrad", o->amsgrad != 0, 1u << EBB_ADAM | 1u << EBB_ADAMW},
+        {"rho", o->rho != 0, 1u << EBB_RMSPROP | 1u << EBB_ADADELTA},
+        {"centered", o->centered != 0, 1u << EBB_RMSPROP},
+        {"lr_decay", o->lr_decay != 0, 1u << EBB_ADAGRAD},
+        {"initial_accumulator_value", o->initial_accumulator_value != 0, 1u << EBB_ADAGRAD},
+    };
+    /* SGD, Adam and AdamW name the others' fields below, as before these kinds */
+    int old_kind = o->kind == EBB_SGD || is_adam(o->kind);
+    for (size_t i = old_kind ? 7 : 0; i < sizeof fields / sizeof fields[0]; i++)
+        if (fields[i].set && !(fields[i].kinds >> o->kind & 1u))
+            return ebb_error_set(EBB_ERR_ARG, "%s: %s is not an option of %s (leave it 0)", fn,
+                                 fields[i].name, kind_name(o->kind));
+    if (o->kind == EBB_RMSPROP || o->kind == EBB_ADAGRAD || o->kind == EBB_ADADELTA) {
+        if (o->eps < 0)
+            return ebb_error_set(EBB_ERR_ARG, "%s: eps is %g; it must be >= 0", fn, o->eps);
+        if (o->momentum < 0)
+            return ebb_error_set(EBB_ERR_ARG, "%s: momentum is %g; it must be >= 0", fn,
+                                 o->momentum);
+        if (o->rho < 0 || (o->kind == EBB_ADADELTA && o->rho > 1))
+            return ebb_error_set(EBB_ERR_ARG, "%s: rho is %g; it must be %s", fn, o->rho,
+                                 o->kind == EBB_ADADELTA ? "in [0, 1]" : ">= 0");
+        if (o->lr_decay < 0)
+            return ebb_error_set(EBB_ERR_ARG, "%s: lr_decay is %g; it must be >= 0", fn,
+                                 o->lr_decay);
+        if (o->initial_accumulator_value < 0)
+            return ebb_error_set(EBB_ERR_ARG, "%s: initial_accumulator_value is %g; it must be "
+                                              ">= 0",
+                                 fn, o->initial_accumulator_value);
+        return EBB_OK;
+    }
     if (o->kind == EBB_SGD) {
         const char *foreign = o->beta1 != 0   ? "beta1"
                               : o->beta2 != 0 ? "beta2"
@@ -150,7 +276,7 @@ static ebb_status validate(const ebb_optimizer_options *o, const char *fn) {
  * said the options are complete. */
 static ebb_status resolve(ebb_optimizer_options *out, const ebb_optimizer_options *in,
                           const char *fn) {
-    if (in->kind != EBB_SGD && in->kind != EBB_ADAM && in->kind != EBB_ADAMW)
+    if (in->kind < EBB_SGD || in->kind > EBB_ADADELTA)
         return ebb_error_set(EBB_ERR_ARG, "%s: unknown optimizer kind %d", fn, (int)in->kind);
     ebb_optimizer_options o = *in;
     if (!in->complete) {
@@ -159,15 +285,17 @@ static ebb_status resolve(ebb_optimizer_options *out, const ebb_optimizer_option
                                  "%s: SGD has no default learning rate (torch.optim.SGD requires "
                                  "lr); set lr, or set complete for a learning rate of 0",
                                  fn);
-        ebb_optimizer_options d = ebb_optimizer_defaults(o.kind, 1e-3);
+        ebb_optimizer_options d = ebb_optimizer_defaults(o.kind, ebb_optimizer_default_lr(o.kind));
         if (o.lr == 0) o.lr = d.lr;
         if (o.weight_decay == 0) o.weight_decay = d.weight_decay;
         if (o.beta1 == 0) o.beta1 = d.beta1;
         if (o.beta2 == 0) o.beta2 = d.beta2;
         if (o.eps == 0) o.eps = d.eps;
+        if (o.rho == 0) o.rho = d.rho;
     }
     o.nesterov = o.nesterov != 0;
     o.amsgrad = o.amsgrad != 0;
+    o.centered = o.centered != 0;
     o.complete = 1;
     ebb_status st = validate(&o, fn);
     if (st == EBB_OK) *out = o;
@@ -303,8 +431,12 @@ static ebb_status zero_slots(param_state *s, const ebb_optimizer_options *o, con
     ebb_shape shape = ebb_tensor_shape(p);
     for (int k = 0; k < N_SLOTS; k++) {
         if (!slot_used(o, k) || s->slot[k]) continue;
-        ebb_status st =
-            ebb_tensor_zeros(&s->slot[k], &shape, ebb_tensor_dtype(p), ebb_tensor_device(p));
+        /* Adagrad's sum starts at initial_accumulator_value, the rest at 0 */
+        ebb_status st = k == SLOT_SUM
+                            ? ebb_tensor_full(&s->slot[k], &shape, o->initial_accumulator_value,
+                                              ebb_tensor_dtype(p), ebb_tensor_device(p))
+                            : ebb_tensor_zeros(&s->slot[k], &shape, ebb_tensor_dtype(p),
+                                               ebb_tensor_device(p));
         if (st != EBB_OK)
             return ebb_error_prefix("%s: parameter '%s': %s", fn, name, slot_names[k]);
     }
@@ -331,13 +463,29 @@ static ebb_status run_kernel(ebb_optimizer *opt, int i, const ebb_tensor *grad, 
     ebb_status st = EBB_OK;
     if (opt->hyper_on)
         st = ebb_tensor_select(&hyper, opt->hyper, 0, i); /* a view: no device bytes */
-    if (st == EBB_OK)
-        st = opt->o.kind == EBB_SGD
-                 ? ebb_tensor_sgd_update_hyper_(p, grad, &s->slot[SLOT_MOMENTUM], &opt->o, hyper)
-                 : ebb_tensor_adam_update_hyper_(p, grad, s->slot[SLOT_EXP_AVG],
-                                                 s->slot[SLOT_EXP_AVG_SQ],
-                                                 s->slot[SLOT_MAX_EXP_AVG_SQ], s->step + 1,
-                                                 &opt->o, hyper);
+    if (st == EBB_OK) {
+        ebb_tensor **slot = s->slot;
+        switch (opt->o.kind) {
+        case EBB_SGD:
+            st = ebb_tensor_sgd_update_hyper_(p, grad, &slot[SLOT_MOMENTUM], &opt->o, hyper);
+            break;
+        case EBB_RMSPROP:
+            st = ebb_tensor_rmsprop_update_(p, grad, slot[SLOT_SQUARE_AVG], slot[SLOT_GRAD_AVG],
+                                            slot[SLOT_MOMENTUM], &opt->o, hyper);
+            break;
+        case EBB_ADAGRAD:
+            st = ebb_tensor_adagrad_update_(p, grad, slot[SLOT_SUM], s->step + 1, &opt->o, hyper);
+            break;
+        case EBB_ADADELTA:
+            st = ebb_tensor_adadelta_update_(p, grad, slot[SLOT_SQUARE_AVG], slot[SLOT_ACC_DELTA],
+                                             &opt->o, hyper);
+            break;
+        default:
+            st = ebb_tensor_adam_update_hyper_(p, grad, slot[SLOT_EXP_AVG], slot[SLOT_EXP_AVG_SQ],
+                                               slot[SLOT_MAX_EXP_AVG_SQ], s->step + 1, &opt->o,
+                                               hyper);
+        }
+    }
     ebb_tensor_free(hyper);
     if (st != EBB_OK) {
         if (zeros && !s->slot[SLOT_MOMENTUM]) make_state(opt, i, fn); /* as it was, if it can */
@@ -425,7 +573,10 @@ ebb_status ebb_optimizer_hyper_fill(ebb_optimizer *opt) {
     const ebb_optimizer_options *o = &opt->o;
     for (int i = 0; i < opt->n; i++) {
         double *row = h + (size_t)i * HYPER, t = (double)(opt->state[i].step + 1);
-        if (o->kind == EBB_SGD) {
+        if (o->kind == EBB_ADAGRAD) { /* its step size decays with the step */
+            row[HYPER_STEP] = -(o->lr / (1 + (t - 1) * o->lr_decay));
+            row[HYPER_BC2] = row[HYPER_DECAY] = 1.0;
+        } else if (!is_adam(o->kind)) {
             row[HYPER_STEP] = -o->lr;
             row[HYPER_BC2] = row[HYPER_DECAY] = 1.0;
         } else {
@@ -600,9 +751,11 @@ static char *state_name(const char *param, const char *what) {
 }
 
 static ebb_status options_tensor(ebb_tensor **out, const ebb_optimizer_options *o) {
-    double v[OPTIONS_LEN] = {OPTIONS_VERSION, (double)o->kind, o->lr,           o->momentum,
-                             o->dampening,    o->nesterov,     o->weight_decay, o->beta1,
-                             o->beta2,        o->eps,          o->amsgrad};
+    double v[OPTIONS_LEN] = {OPTIONS_VERSION, (double)o->kind, o->lr,
+                             o->momentum,     o->dampening,    o->nesterov,
+                             o->weight_decay, o->beta1,        o->beta2,
+                             o->eps,          o->amsgrad,      o->rho,
+                             o->centered,     o->lr_decay,     o->initial_accumulator_value};
     ebb_shape shape = {1, {OPTIONS_LEN}};
     return ebb_tensor_from_host(out, v, sizeof v, &shape, EBB_FLOAT64, ebb_device_cpu());
 }
@@ -673,24 +826,28 @@ static ebb_status load_options(const ebb_safetensors *st, const ebb_optimizer *o
         return ebb_error_set(EBB_ERR_ARG, "%s: %s: no '%s' tensor (not an optimizer state file?)",
                              fn, path, OPTIONS_NAME);
     if (f != EBB_OK) return ebb_error_prefix("%s: %s", fn, path);
-    if (dt != EBB_FLOAT64 || shape.ndim != 1 || shape.dim[0] != OPTIONS_LEN)
+    /* version 2 has OPTIONS_LEN values, version 1 the first OPTIONS_LEN_V1 */
+    if (dt != EBB_FLOAT64 || shape.ndim != 1 ||
+        (shape.dim[0] != OPTIONS_LEN && shape.dim[0] != OPTIONS_LEN_V1))
         return ebb_error_set(EBB_ERR_SHAPE, "%s: %s: '%s' is %s %s; expected float64 [%d]", fn,
                              path, OPTIONS_NAME, ebb_dtype_name(dt),
                              ebb_shape_str(&shape, buf, sizeof buf), OPTIONS_LEN);
     ebb_tensor *t = NULL;
-    double v[OPTIONS_LEN];
+    double v[OPTIONS_LEN] = {0};
+    int len = (int)shape.dim[0];
     ebb_status s = ebb_safetensors_load(&t, st, OPTIONS_NAME, ebb_device_cpu());
-    if (s == EBB_OK) s = ebb_tensor_to_host(t, v, sizeof v);
+    if (s == EBB_OK) s = ebb_tensor_to_host(t, v, (size_t)len * sizeof v[0]);
     ebb_tensor_free(t);
     if (s != EBB_OK) return ebb_error_prefix("%s", fn);
-    if (v[0] != OPTIONS_VERSION)
+    if (v[0] != (len == OPTIONS_LEN ? OPTIONS_VERSION : 1))
         return ebb_error_set(EBB_ERR_ARG,
-                             "%s: %s: '%s' has format version %g; this ebb reads version %d", fn,
-                             path, OPTIONS_NAME, v[0], OPTIONS_VERSION);
+                             "%s: %s: '%s' has format version %g in %d values; this ebb reads "
+                             "version 1 (11 values) and %d (%d)",
+                             fn, path, OPTIONS_NAME, v[0], len, OPTIONS_VERSION, OPTIONS_LEN);
     if (v[1] != (double)opt->o.kind)
         return ebb_error_set(EBB_ERR_ARG, "%s: %s: the file holds %s state; this optimizer is %s",
                              fn, path,
-                             v[1] == EBB_SGD || v[1] == EBB_ADAM || v[1] == EBB_ADAMW
+                             v[1] >= EBB_SGD && v[1] <= EBB_ADADELTA && v[1] == (int)v[1]
                                  ? kind_name((ebb_optimizer_kind)v[1])
                                  : "unknown",
                              kind_name(opt->o.kind));
@@ -704,6 +861,10 @@ static ebb_status load_options(const ebb_safetensors *st, const ebb_optimizer *o
                                  .beta2 = v[8],
                                  .eps = v[9],
                                  .amsgrad = v[10] != 0,
+                                 .rho = v[11],
+                                 .centered = v[12] != 0,
+                                 .lr_decay = v[13],
+                                 .initial_accumulator_value = v[14],
                                  .complete = 1};
     if (validate(o, fn) != EBB_OK) return ebb_error_prefix("%s: '%s'", path, OPTIONS_NAME);
     return EBB_OK;

@@ -11,7 +11,8 @@
 #include "run_internal.h"
 
 static const char *kind_name(ebb_optimizer_kind k) {
-    return k == EBB_SGD ? "SGD" : k == EBB_ADAM ? "Adam" : k == EBB_ADAMW ? "AdamW" : "unknown";
+    static const char *const names[] = {"SGD", "Adam", "AdamW", "RMSprop", "Adagrad", "Adadelta"};
+    return k >= EBB_SGD && k <= EBB_ADADELTA ? names[k] : "unknown";
 }
 
 /* The update steps' scratch was counted for the plan's optimizer options:
@@ -24,6 +25,7 @@ ebb_status ebb_train_check_optimizer(const ebb_plan *p, const ebb_optimizer *opt
                        : (have.nesterov != 0) != (want.nesterov != 0)     ? "nesterov"
                        : (have.weight_decay != 0) != want_decay           ? "weight decay"
                        : (have.amsgrad != 0) != (want.amsgrad != 0)       ? "amsgrad"
+                       : (have.centered != 0) != (want.centered != 0)     ? "centered"
                                                                           : NULL;
     if (!what)
         return EBB_OK;

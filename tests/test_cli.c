@@ -937,7 +937,7 @@ static void test_write_errors(void **state) {
 typedef struct exit_case {
     int code;
     const char *err_needle; /* in stderr */
-    const char *args[8];
+    const char *args[10];
 } exit_case;
 
 static void test_exit_codes(void **state) {
@@ -983,6 +983,11 @@ static void test_exit_codes(void **state) {
          {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--lr-schedule", "cosin:10"}},
         {1, "unknown loss op 'frob'",
          {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--loss", "frob"}},
+        {2, "--optimizer: unknown optimizer 'adadeltta'; did you mean 'adadelta'?",
+         {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--optimizer", "adadeltta"}},
+        {2, "--momentum applies to --optimizer sgd and rmsprop",
+         {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--optimizer", "adagrad",
+          "--momentum", "0.9"}},
         {2, "--cuda-graph and --skip-nonfinite cannot be combined",
          {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--cuda-graph",
           "--skip-nonfinite"}},
@@ -3005,11 +3010,12 @@ static void rewrite_checkpoint(const char *src, const char *dst, const char *dro
     ebb_safetensors_close(sf);
 }
 
-/* The checkpoint's optim.options: kind (0 SGD, 1 Adam, 2 AdamW) and lr. */
+/* The checkpoint's optim.options (format version 2, 15 values): kind (0
+ * SGD, 1 Adam, 2 AdamW, ...) and lr. */
 static void checkpoint_optimizer(const char *path, double *kind, double *lr) {
     ebb_safetensors *sf = NULL;
     ebb_tensor *t = NULL;
-    double v[11];
+    double v[15];
     assert_ok(ebb_safetensors_open(&sf, path));
     assert_ok(ebb_safetensors_load(&t, sf, "optim.options", ebb_device_cpu()));
     assert_ok(ebb_tensor_to_host(t, v, sizeof v));
@@ -3306,6 +3312,32 @@ static void test_train_lr_schedule(void **state) {
     expect_contains("stderr", &r, r.err,
                     "--lr-schedule onecycle:0.01:5:0.3 ends after step 5; this run takes 6 steps");
     cli_free(&r);
+
+    /* RMSprop with momentum, stopped and resumed: its square_avg and
+     * momentum_buffer go through the checkpoint to the same weights */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "8", "--batch", "16",
+        "--optimizer", "rmsprop", "--momentum", "0.5", "--save-weights", wa);
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "rmsprop lr 0.01\n");
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "3", "--batch", "16",
+        "--optimizer", "rmsprop", "--momentum", "0.5", "--checkpoint", ck, "--checkpoint-every",
+        "3");
+    expect_code(&r, 0);
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "8", "--resume", ck,
+        "--save-weights", wb);
+    expect_code(&r, 0);
+    cli_free(&r);
+    a = slurp(wa, &la);
+    b = slurp(wb, &lb);
+    assert_non_null(a);
+    assert_non_null(b);
+    if (la != lb || memcmp(a, b, la) != 0)
+        fail_msg("RMSprop resumed from its checkpoint: the weights differ from the uninterrupted "
+                 "run's");
+    free(a);
+    free(b);
 }
 
 static void test_train_resume_strict(void **state) {

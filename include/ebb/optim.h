@@ -1,6 +1,7 @@
 /*
- * ebb/optim.h - optimizers: SGD, Adam and AdamW, updating a model's
- * parameters in place exactly as PyTorch 1.13's torch.optim does.
+ * ebb/optim.h - optimizers: SGD, Adam, AdamW, RMSprop, Adagrad and Adadelta,
+ * updating a model's parameters in place exactly as PyTorch 1.13's
+ * torch.optim does.
  *
  *     ebb_optimizer *opt = NULL;
  *     if (ebb_optimizer_new(&opt, model, &(ebb_optimizer_options){.kind = EBB_ADAMW, .lr = 1e-3})
@@ -23,15 +24,20 @@
  * default for the kind, so the literal above is AdamW with betas (0.9,
  * 0.999), eps 1e-8 and weight_decay 0.01:
  *
- *     field          SGD             Adam      AdamW
- *     lr             (required)      1e-3      1e-3
- *     momentum       0               -         -
- *     dampening      0               -         -
- *     nesterov       0 (off)         -         -
- *     weight_decay   0               0         0.01
- *     beta1, beta2   -               0.9, 0.999 (both)
- *     eps            -               1e-8 (both)
- *     amsgrad        -               0 (off, both)
+ *     field          SGD          Adam       AdamW  RMSprop  Adagrad  Adadelta
+ *     lr             (required)   1e-3       1e-3   1e-2     1e-2     1.0
+ *     momentum       0            -          -      0        -        -
+ *     dampening      0            -          -      -        -        -
+ *     nesterov       0 (off)      -          -      -        -        -
+ *     weight_decay   0            0          0.01   0        0        0
+ *     beta1, beta2   -            0.9, 0.999 (both) -        -        -
+ *     eps            -            1e-8 (both)       1e-8     1e-10    1e-6
+ *     amsgrad        -            0 (off, both)     -        -        -
+ *     rho            -            -          -      0.99     -        0.9
+ *                                                   (alpha)
+ *     centered       -            -          -      0 (off)  -        -
+ *     lr_decay       -            -          -      -        0        -
+ *     initial_accumulator_value   -          -      -        0        -
  *
  * To ask for a real 0 where the default is not 0 (AdamW without weight
  * decay, beta1 = 0, eps = 0), start from ebb_optimizer_defaults(), which
@@ -44,16 +50,19 @@
  *
  * A field marked "-" belongs to another kind and must be 0 (an SGD with a
  * beta is an error, not silently ignored). What torch.optim refuses is
- * refused too (EBB_ERR_ARG): a negative lr, eps, momentum or weight_decay,
- * a beta outside [0, 1), nesterov without momentum or with dampening, and
- * any value that is not finite. torch.optim's `maximize`, `foreach`, `fused`,
+ * refused too (EBB_ERR_ARG): a negative lr, eps, momentum, weight_decay or
+ * lr_decay, a beta outside [0, 1), rho outside [0, 1] (Adadelta) or a
+ * negative one (RMSprop), a negative initial_accumulator_value, nesterov
+ * without momentum or with dampening, and any value that is not finite. torch.optim's `maximize`, `foreach`, `fused`,
  * `capturable` and `differentiable` have no equivalent.
  *
  * State. Each parameter has its own state, created at its first update as
  * torch.optim creates it: SGD with momentum keeps a momentum buffer (a copy
  * of the first gradient), Adam and AdamW keep exp_avg and exp_avg_sq (zeros
- * before the first update; max_exp_avg_sq too with amsgrad), and every kind
- * counts the parameter's updates. A parameter that never got a gradient has
+ * before the first update; max_exp_avg_sq too with amsgrad), RMSprop
+ * square_avg (and momentum_buffer with momentum, grad_avg when centered),
+ * Adagrad sum (initial_accumulator_value), Adadelta square_avg and
+ * acc_delta, and every kind counts the parameter's updates. A parameter that never got a gradient has
  * no state, so it costs nothing. Saved, the state is named after the
  * parameter, as PyTorch's state_dict keys would be spelled:
  *
@@ -61,8 +70,12 @@
  *     optim.<param name>.exp_avg           Adam, AdamW
  *     optim.<param name>.exp_avg_sq        Adam, AdamW
  *     optim.<param name>.max_exp_avg_sq    Adam, AdamW with amsgrad
+ *     optim.<param name>.square_avg        RMSprop, Adadelta
+ *     optim.<param name>.grad_avg          RMSprop, centered
+ *     optim.<param name>.acc_delta         Adadelta
+ *     optim.<param name>.sum               Adagrad
  *     optim.<param name>.step              every kind: the update count (float64 scalar)
- *     optim.options                        the options (float64 [11], see ebb_optimizer_save)
+ *     optim.options                        the options (float64 [15], see ebb_optimizer_save)
  *
  * An optimizer borrows its model: free the optimizer first. It holds
  * parameters by index, so ebb_model_set_param() and ebb_model_load() may
@@ -88,6 +101,9 @@ typedef enum ebb_optimizer_kind {
     EBB_SGD = 0, /* torch.optim.SGD */
     EBB_ADAM,    /* torch.optim.Adam: weight_decay is an L2 term added to the gradient */
     EBB_ADAMW,   /* torch.optim.AdamW: weight_decay shrinks the parameter directly */
+    EBB_RMSPROP, /* torch.optim.RMSprop (rho is its alpha) */
+    EBB_ADAGRAD, /* torch.optim.Adagrad */
+    EBB_ADADELTA, /* torch.optim.Adadelta */
 } ebb_optimizer_kind;
 
 /* The hyperparameters; see the table above for what 0 means. */
@@ -101,8 +117,29 @@ typedef struct ebb_optimizer_options {
     double beta1, beta2; /* Adam, AdamW */
     double eps;          /* Adam, AdamW */
     int amsgrad;         /* Adam, AdamW: non-zero keeps the maximum of exp_avg_sq */
+    double rho;          /* RMSprop's alpha, Adadelta's rho: the running averages' decay */
+    int centered;        /* RMSprop: normalise by the gradient's estimated variance */
+    double lr_decay;     /* Adagrad: lr / (1 + (step - 1) * lr_decay) */
+    double initial_accumulator_value; /* Adagrad: sum's starting value */
     int complete;        /* non-zero: every field is meant as it is, zeros included */
 } ebb_optimizer_options;
+
+/* The state slots of every kind, by index k from 0: the name of slot k
+ * ("momentum_buffer", "exp_avg", ... as ebb_optimizer_save() names them),
+ * "" when options `o` keep no such slot (o NULL: every slot's name), NULL
+ * past the last slot. */
+EBB_API const char *ebb_optimizer_state_slot(const ebb_optimizer_options *o, int k);
+
+/* The kind's name as the command line and specs spell it: "sgd", "adam",
+ * "adamw", "rmsprop", "adagrad", "adadelta" ("unknown" for another). */
+EBB_API const char *ebb_optimizer_kind_name(ebb_optimizer_kind kind);
+/* The kind of one of those names; EBB_ERR_ARG naming the valid ones (and
+ * the nearest, for a misspelt one) otherwise. out may be NULL (a check). */
+EBB_API ebb_status ebb_optimizer_kind_parse(ebb_optimizer_kind *out, const char *name);
+
+/* torch.optim's default learning rate for `kind` (the table above; 0 for
+ * SGD, which has none). */
+EBB_API double ebb_optimizer_default_lr(ebb_optimizer_kind kind);
 
 /* torch.optim's defaults for `kind` with learning rate `lr`, every field
  * filled and `complete` set, to adjust before ebb_optimizer_new(). Fields of
@@ -210,8 +247,10 @@ EBB_API ebb_tensor *ebb_optimizer_state_tensor(const ebb_optimizer *opt, int par
  * ebb_safetensors_write() does (atomic replacement of a regular file).
  * Parameters not updated yet (torch.optim has no state for them) have no
  * entries. optim.options holds, as
- * float64: {format version 1, kind, lr, momentum, dampening, nesterov,
- * weight_decay, beta1, beta2, eps, amsgrad}. */
+ * float64: {format version 2, kind, lr, momentum, dampening, nesterov,
+ * weight_decay, beta1, beta2, eps, amsgrad, rho, centered, lr_decay,
+ * initial_accumulator_value}; ebb_optimizer_load() also reads version 1,
+ * the first eleven. */
 EBB_API ebb_status ebb_optimizer_save(const ebb_optimizer *opt, const char *path);
 /* Reads the state (and the options) back from a safetensors file, replacing
  * the optimizer's; like torch.optim's load_state_dict, the options in the

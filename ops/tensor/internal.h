@@ -44,6 +44,25 @@ ebb_status ebb_tensor_adam_update_hyper_(ebb_tensor *param, const ebb_tensor *gr
                                          const ebb_optimizer_options *opts,
                                          const ebb_tensor *hyper);
 
+/* torch.optim's RMSprop, Adagrad and Adadelta updates of one parameter
+ * (ops/tensor/optim.cpp), in the manner of ebb_tensor_adam_update_: every
+ * tensor allocated before the first write; `hyper` as for the _hyper_
+ * kernels above (its first element the negated step size). grad_avg is
+ * RMSprop's with `centered`, momentum_buffer its with momentum (else NULL);
+ * Adagrad's `step` counts this update. */
+ebb_status ebb_tensor_rmsprop_update_(ebb_tensor *param, const ebb_tensor *grad,
+                                      ebb_tensor *square_avg, ebb_tensor *grad_avg,
+                                      ebb_tensor *momentum_buffer,
+                                      const ebb_optimizer_options *opts,
+                                      const ebb_tensor *hyper);
+ebb_status ebb_tensor_adagrad_update_(ebb_tensor *param, const ebb_tensor *grad, ebb_tensor *sum,
+                                      int64_t step, const ebb_optimizer_options *opts,
+                                      const ebb_tensor *hyper);
+ebb_status ebb_tensor_adadelta_update_(ebb_tensor *param, const ebb_tensor *grad,
+                                       ebb_tensor *square_avg, ebb_tensor *acc_delta,
+                                       const ebb_optimizer_options *opts,
+                                       const ebb_tensor *hyper);
+
 /* Checks integer class indices: each in [0, classes) or ignore_index
  * (EBB_ERR_ARG naming the first that is not). Reads the tensor back. */
 ebb_status ebb_tensor_check_class_range(const ebb_tensor *t, int64_t classes,

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <string>
 
+#include "ebb/op.h"
 #include "ebb/optim.h"
 #include "internal.h"
 #include "shim.hpp"
@@ -229,6 +230,158 @@ ebb_status ebb_tensor_adam_update_hyper_(ebb_tensor *param, const ebb_tensor *gr
     return EBB_OK;
 }
 
+// The CPU operands of Scalar arguments that libtorch would wrap in a tensor
+// mid-update (x.mul_(0.9), x.add_(eps)): made up front, as in Adam's update,
+// 0-dim tensors of the parameter's dtype; on a GPU the Scalars are passed as
+// they are (they stay on the host).
+namespace {
+struct Operand {
+    at::Tensor t;
+    double v;
+};
+Operand operand(const at::Tensor &p, double v) {
+    return {p.is_cpu() ? at::scalar_tensor(v, p.options()) : at::Tensor(), v};
+}
+at::Tensor &mul_by(at::Tensor &x, const Operand &c) {
+    return c.t.defined() ? x.mul_(c.t) : x.mul_(c.v);
+}
+at::Tensor &add_to(at::Tensor &x, const Operand &c) {
+    return c.t.defined() ? x.add_(c.t) : x.add_(c.v);
+}
+// out = x + c, as x.add(c) computes it, into storage made beforehand
+at::Tensor &add_out(at::Tensor &out, const at::Tensor &x, const Operand &c) {
+    return c.t.defined() ? at::add_out(out, x, c.t) : add_to(out.copy_(x), c);
+}
+// p -= step * num / den as addcdiv_ computes it, or with `hyper` (a captured
+// update) as num / den into `scratch` and an addcmul_ by hyper[0] = -step
+void step_addcdiv(at::Tensor &p, const at::Tensor &num, at::Tensor &den, double step,
+                  const ebb_tensor *hyper) {
+    if (hyper) {
+        at::div_out(den, num, den);
+        p.addcmul_(den, hyper->t.select(0, 0));
+    } else {
+        p.addcdiv_(num, den, -step);
+    }
+}
+void check_state(const char *what, const ebb_tensor *t, const at::Tensor &p, std::string &bad) {
+    if (bad.empty() && t) bad = mismatch(what, t->t, p);
+}
+} // namespace
+
+ebb_status ebb_tensor_rmsprop_update_(ebb_tensor *param, const ebb_tensor *grad,
+                                      ebb_tensor *square_avg, ebb_tensor *grad_avg,
+                                      ebb_tensor *momentum_buffer,
+                                      const ebb_optimizer_options *opts,
+                                      const ebb_tensor *hyper) {
+    const char *fn = "ebb_tensor_rmsprop_update_";
+    EBB_NEED(fn, param);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, square_avg);
+    EBB_NEED(fn, opts);
+    const double lr = opts->lr, alpha = opts->rho, eps = opts->eps, wd = opts->weight_decay,
+                 momentum = opts->momentum;
+    if (opts->centered) EBB_NEED(fn, grad_avg);
+    if (momentum > 0) EBB_NEED(fn, momentum_buffer);
+    EBB_TRY(fn, {
+        at::Tensor &p = param->t;
+        check_param(p);
+        std::string bad = mismatch("the gradient", grad->t, p);
+        check_state("square_avg", square_avg, p, bad);
+        check_state("grad_avg", opts->centered ? grad_avg : nullptr, p, bad);
+        check_state("the momentum buffer", momentum > 0 ? momentum_buffer : nullptr, p, bad);
+        if (!bad.empty()) return ebb_error_set(EBB_ERR_SHAPE, "%s: %s", fn, bad.c_str());
+        // everything allocated before the first write
+        at::Tensor decayed = wd != 0 ? at::empty_like(p) : at::Tensor();
+        at::Tensor avg = at::empty_like(p);
+        Operand c_alpha = operand(p, alpha), c_eps = operand(p, eps);
+        Operand c_mom = momentum > 0 ? operand(p, momentum) : Operand{at::Tensor(), 0.0};
+        at::Tensor g = wd != 0 ? at::add_out(decayed, grad->t, p, wd) : grad->t;
+        mul_by(square_avg->t, c_alpha).addcmul_(g, g, 1 - alpha);
+        if (opts->centered) {
+            mul_by(grad_avg->t, c_alpha).add_(g, 1 - alpha);
+            at::addcmul_out(avg, square_avg->t, grad_avg->t, grad_avg->t, -1).sqrt_();
+        } else {
+            at::sqrt_out(avg, square_avg->t);
+        }
+        add_to(avg, c_eps);
+        if (momentum > 0) {
+            mul_by(momentum_buffer->t, c_mom).addcdiv_(g, avg);
+            if (hyper)
+                p.addcmul_(momentum_buffer->t, hyper->t.select(0, 0));
+            else
+                p.add_(momentum_buffer->t, -lr);
+        } else {
+            step_addcdiv(p, g, avg, lr, hyper);
+        }
+    });
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_adagrad_update_(ebb_tensor *param, const ebb_tensor *grad, ebb_tensor *sum,
+                                      int64_t step, const ebb_optimizer_options *opts,
+                                      const ebb_tensor *hyper) {
+    const char *fn = "ebb_tensor_adagrad_update_";
+    EBB_NEED(fn, param);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, sum);
+    EBB_NEED(fn, opts);
+    if (step < 1)
+        return ebb_error_set(EBB_ERR_ARG, "%s: step is %lld; the first update is step 1", fn,
+                             static_cast<long long>(step));
+    const double wd = opts->weight_decay, eps = opts->eps;
+    // Python computes it from the step as a float
+    const double clr = opts->lr / (1 + (static_cast<double>(step) - 1) * opts->lr_decay);
+    EBB_TRY(fn, {
+        at::Tensor &p = param->t;
+        check_param(p);
+        std::string bad = mismatch("the gradient", grad->t, p);
+        check_state("sum", sum, p, bad);
+        if (!bad.empty()) return ebb_error_set(EBB_ERR_SHAPE, "%s: %s", fn, bad.c_str());
+        at::Tensor decayed = wd != 0 ? at::empty_like(p) : at::Tensor();
+        at::Tensor std_ = at::empty_like(p);
+        Operand c_eps = operand(p, eps);
+        at::Tensor g = wd != 0 ? at::add_out(decayed, grad->t, p, wd) : grad->t;
+        sum->t.addcmul_(g, g, 1);
+        add_to(at::sqrt_out(std_, sum->t), c_eps);
+        step_addcdiv(p, g, std_, clr, hyper);
+    });
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_adadelta_update_(ebb_tensor *param, const ebb_tensor *grad,
+                                       ebb_tensor *square_avg, ebb_tensor *acc_delta,
+                                       const ebb_optimizer_options *opts,
+                                       const ebb_tensor *hyper) {
+    const char *fn = "ebb_tensor_adadelta_update_";
+    EBB_NEED(fn, param);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, square_avg);
+    EBB_NEED(fn, acc_delta);
+    EBB_NEED(fn, opts);
+    const double lr = opts->lr, rho = opts->rho, eps = opts->eps, wd = opts->weight_decay;
+    EBB_TRY(fn, {
+        at::Tensor &p = param->t;
+        check_param(p);
+        std::string bad = mismatch("the gradient", grad->t, p);
+        check_state("square_avg", square_avg, p, bad);
+        check_state("acc_delta", acc_delta, p, bad);
+        if (!bad.empty()) return ebb_error_set(EBB_ERR_SHAPE, "%s: %s", fn, bad.c_str());
+        at::Tensor decayed = wd != 0 ? at::empty_like(p) : at::Tensor();
+        at::Tensor std_ = at::empty_like(p), delta = at::empty_like(p);
+        Operand c_rho = operand(p, rho), c_eps = operand(p, eps);
+        at::Tensor g = wd != 0 ? at::add_out(decayed, grad->t, p, wd) : grad->t;
+        mul_by(square_avg->t, c_rho).addcmul_(g, g, 1 - rho);
+        add_out(std_, square_avg->t, c_eps).sqrt_();
+        add_out(delta, acc_delta->t, c_eps).sqrt_().div_(std_).mul_(g);
+        mul_by(acc_delta->t, c_rho).addcmul_(delta, delta, 1 - rho);
+        if (hyper)
+            p.addcmul_(delta, hyper->t.select(0, 0));
+        else
+            p.add_(delta, -lr);
+    });
+    return EBB_OK;
+}
+
 // What the kernels above allocate beside the state they keep, all freed
 // before they return: the one scratch tensor; for SGD, libtorch's CPU
 // wrapper of a floating Scalar operand (x.mul_(0.9): an 8-byte float64
@@ -239,6 +392,21 @@ int64_t ebb_optimizer_update_scratch_bytes(const ebb_optimizer_options *o, ebb_d
     if (!o || numel < 0) return -1;
     // AdamW's weight decay defaults to 0.01 when the options are not complete
     bool decay = o->weight_decay != 0 || (o->kind == EBB_ADAMW && !o->complete);
+    // RMSprop, Adagrad and Adadelta: their tensors (each a block of the
+    // caching allocator on a GPU) and on the CPU their Scalar operands
+    const int64_t elem0 = (int64_t)ebb_dtype_size(dtype);
+    const bool cpu = device.type == EBB_DEVICE_CPU;
+    const int64_t t = cpu ? numel * elem0 : ebb_cuda_block(numel * elem0);
+    switch (o->kind) {
+    case EBB_RMSPROP: // the decayed gradient, avg; alpha, eps (and momentum)
+        return (decay ? 2 : 1) * t + (cpu ? (2 + (o->momentum > 0)) * elem0 : 0);
+    case EBB_ADAGRAD: // the decayed gradient, std; eps
+        return (decay ? 2 : 1) * t + (cpu ? elem0 : 0);
+    case EBB_ADADELTA: // the decayed gradient, std, delta; rho and eps
+        return (decay ? 3 : 2) * t + (cpu ? 2 * elem0 : 0);
+    default:
+        break;
+    }
     bool tensor = true, scalar = true;
     if (o->kind == EBB_SGD) {
         bool first = o->momentum != 0 && !has_state;

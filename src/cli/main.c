@@ -86,7 +86,7 @@ static const char usage_check[] = "usage: ebb check [--] SPEC...\n"
 
 static const char usage_plan[] =
     "usage: ebb plan SPEC [-i NAME=D0,D1,...]... [-p PARAM=N]... [--json] [--keep-all]\n"
-    "                [--memory] [--train [--loss NAME] [--optimizer sgd|adam|adamw]]\n"
+    "                [--memory] [--train [--loss NAME] [--optimizer KIND]]\n"
     "                [--memory-budget SIZE]\n"
     "\n"
     "  -i NAME=D0,D1,...  the shape of input NAME; or -i SYMBOL=N for a symbolic dim\n"
@@ -167,7 +167,7 @@ static const char usage_run[] =
     "/dev/stdout is written into. Errors writing them exit 3.\n";
 
 static const char usage_dot[] =
-    "usage: ebb dot SPEC [--plan [--train [--loss NAME] [--optimizer sgd|adam|adamw]]\n"
+    "usage: ebb dot SPEC [--plan [--train [--loss NAME] [--optimizer KIND]]\n"
     "               [--memory-budget SIZE]] [-i NAME=DIMS]... [-p PARAM=N]... [-o FILE]\n"
     "\n"
     "  -i NAME=DIMS       with --plan: input shape, or SYMBOL=N\n"
@@ -188,7 +188,7 @@ static const char usage_dot[] =
 
 static const char usage_chart[] =
     "usage: ebb chart SPEC [-i NAME=DIMS]... [-p PARAM=N]... [--keep-all] [--trace T.jsonl]\n"
-    "                 [--train [--loss NAME] [--optimizer sgd|adam|adamw] [--grads-only]]\n"
+    "                 [--train [--loss NAME] [--optimizer KIND] [--grads-only]]\n"
     "                 [--memory-budget SIZE] [-o FILE.svg]\n"
     "\n"
     "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
@@ -704,9 +704,8 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
         return ebb_cli_usage_error(usage, "%s",
                            "--loss, --optimizer and --grads-only apply to --train, which is not "
                            "given");
-    if (o->optimizer && strcmp(o->optimizer, "sgd") && strcmp(o->optimizer, "adam") &&
-        strcmp(o->optimizer, "adamw"))
-        return ebb_cli_usage_error(usage, "--optimizer %s: expected sgd, adam or adamw", o->optimizer);
+    if (o->optimizer && ebb_optimizer_kind_parse(NULL, o->optimizer) != EBB_OK)
+        return ebb_cli_usage_error(usage, "--optimizer: %s", ebb_errmsg());
     /* standard input can be read once */
     int from_stdin = (o->inputs && !strcmp(o->inputs, "-")) + (o->weights && !strcmp(o->weights, "-"));
     for (int i = 0; i < (c->many ? o->n_specs : 1); i++)
@@ -1115,11 +1114,12 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
                 return ebb_cli_fail_status(st);
         }
     }
-    const char *kind = o->optimizer ? o->optimizer : "adamw";
     *t = (ebb_train_options){.target_shapes = shapes, .n_target_shapes = n,
                              .target_dtypes = dtypes, .loss = o->loss,
                              .grads_only = o->grads_only};
-    t->optimizer.kind = !strcmp(kind, "sgd") ? EBB_SGD : !strcmp(kind, "adam") ? EBB_ADAM : EBB_ADAMW;
+    t->optimizer.kind = EBB_ADAMW;
+    if (o->optimizer) /* checked when the options were read */
+        ebb_optimizer_kind_parse(&t->optimizer.kind, o->optimizer);
     return 0;
 }
 

@@ -49,7 +49,7 @@ enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3, EXIT_SIGNAL_BASE = 128 }
 
 const char ebb_cli_usage_train[] =
     "usage: ebb train SPEC --data D [--eval-data D] [--epochs N | --steps N] [--batch B]\n"
-    "                 [--optimizer sgd|adam|adamw] [--lr X] [--lr-schedule S] [--momentum X]\n"
+    "                 [--optimizer KIND] [--lr X] [--lr-schedule S] [--momentum X]\n"
     "                 [--weight-decay X] [--loss NAME]\n"
     "                 [--seed N] [--no-shuffle] [--drop-last] [--normalize MEAN,STD]\n"
     "                 [--weights W] [--save-weights W] [--checkpoint FILE]\n"
@@ -71,7 +71,8 @@ const char ebb_cli_usage_train[] =
     "  --epochs N         passes over the data (default 1)\n"
     "  --steps N          stop after N steps instead\n"
     "  --batch B          samples per step (default 64)\n"
-    "  --optimizer KIND   sgd, adam or adamw (default adamw)\n"
+    "  --optimizer KIND   sgd, adam, adamw, rmsprop, adagrad or adadelta (default adamw),\n"
+    "                     with torch.optim's defaults\n"
     "  --lr X             learning rate (default 1e-3; sgd needs one)\n"
     "  --lr-schedule S    change the rate after every step as torch.optim.lr_scheduler\n"
     "                     does: step:SIZE[:GAMMA], multistep:M1,M2[:GAMMA],\n"
@@ -291,8 +292,8 @@ static int parse(int argc, char **argv, int train, topts *o) {
         case O_DATA: o->data = v; break;
         case O_EVAL_DATA: o->eval_data = v; break;
         case O_OPTIMIZER:
-            if (strcmp(v, "sgd") && strcmp(v, "adam") && strcmp(v, "adamw"))
-                return ebb_cli_usage_error(usage, "--optimizer %s: expected sgd, adam or adamw", v);
+            if (ebb_optimizer_kind_parse(NULL, v) != EBB_OK)
+                return ebb_cli_usage_error(usage, "--optimizer: %s", ebb_errmsg());
             o->optimizer = v;
             break;
         case O_WEIGHTS: o->weights = v; break;
@@ -428,10 +429,13 @@ static int parse(int argc, char **argv, int train, topts *o) {
         return ebb_cli_usage_error(usage, "%s", "--weights is required (the trained weights)");
     if (train && o->weights && o->resume)
         return ebb_cli_usage_error(usage, "%s", "--weights and --resume both give the weights: pick one");
-    if (train && o->momentum_set && o->optimizer && strcmp(o->optimizer, "sgd"))
-        return ebb_cli_usage_error(usage, "%s", "--momentum applies to --optimizer sgd");
+    if (train && o->momentum_set && o->optimizer && strcmp(o->optimizer, "sgd") &&
+        strcmp(o->optimizer, "rmsprop"))
+        return ebb_cli_usage_error(usage, "%s", "--momentum applies to --optimizer sgd and rmsprop");
     if (train && o->momentum_set && !o->optimizer && !o->resume)
-        return ebb_cli_usage_error(usage, "%s", "--momentum applies to --optimizer sgd (default adamw)");
+        return ebb_cli_usage_error(usage, "%s",
+                                   "--momentum applies to --optimizer sgd and rmsprop (default "
+                                   "adamw)");
     if (train && o->optimizer && !strcmp(o->optimizer, "sgd") && !o->lr_set && !o->resume)
         return ebb_cli_usage_error(usage, "%s", "--optimizer sgd needs --lr");
     if (train && (o->override || o->non_strict) && !o->resume)
@@ -732,20 +736,18 @@ static ebb_status evaluate(const job *j, const ebb_plan *plan, const ebb_model *
 
 /* ---- the model and its optimizer state ------------------------------------- */
 
-static const char *const slot_names[] = {"momentum_buffer", "exp_avg", "exp_avg_sq",
-                                         "max_exp_avg_sq"};
-#define N_SLOTS 4
+/* the optimizer's state slots (ebb_optimizer_state_slot) */
+#define N_SLOTS 8
 #define PER_PARAM (1 + N_SLOTS) /* a parameter, then its optimizer state slots */
+#define slot_names(k) ebb_optimizer_state_slot(NULL, (k))
 
 /* Whether options `o` keep state slot k (ebb_optimizer_save()'s names). */
 static int slot_used(const ebb_optimizer_options *o, int k) {
-    if (k == 0) return o->kind == EBB_SGD && o->momentum != 0;
-    return o->kind != EBB_SGD && (k < 3 || o->amsgrad);
+    const char *name = ebb_optimizer_state_slot(o, k);
+    return name && *name;
 }
 
-static const char *kind_name(ebb_optimizer_kind k) {
-    return k == EBB_SGD ? "sgd" : k == EBB_ADAM ? "adam" : "adamw";
-}
+static const char *kind_name(ebb_optimizer_kind k) { return ebb_optimizer_kind_name(k); }
 
 /* What a checkpoint holds of the model and its optimizer: every parameter,
  * its optimizer state (NULL where it has none) and its update count. Either
@@ -781,7 +783,7 @@ static ebb_status state_view(state *s, const ebb_model *m, const ebb_optimizer *
     for (int i = 0; st == EBB_OK && i < s->n; i++) {
         s->t[i * PER_PARAM] = ebb_model_param(m, ebb_model_param_name(m, i));
         for (int k = 0; k < N_SLOTS; k++)
-            s->t[i * PER_PARAM + 1 + k] = ebb_optimizer_state_tensor(opt, i, slot_names[k]);
+            s->t[i * PER_PARAM + 1 + k] = ebb_optimizer_state_tensor(opt, i, slot_names(k));
         s->steps[i] = ebb_optimizer_param_step_count(opt, i);
     }
     return st;
@@ -833,7 +835,7 @@ static ebb_status state_write(const state *s, const ebb_model *m, const ebb_opti
             if (k < N_SLOTS && !slot_used(oo, k)) continue;
             size_t len = strlen(pn) + 32;
             if ((names[n] = malloc(len)))
-                snprintf(names[n], len, "optim.%s.%s", pn, k < N_SLOTS ? slot_names[k] : "step");
+                snprintf(names[n], len, "optim.%s.%s", pn, k < N_SLOTS ? slot_names(k) : "step");
             if (k < N_SLOTS) {
                 ts[n] = slot[k];
             } else {
@@ -846,7 +848,8 @@ static ebb_status state_write(const state *s, const ebb_model *m, const ebb_opti
         }
     }
     if (st == EBB_OK) {
-        double v[11] = {1,
+        /* ebb_optimizer_save()'s optim.options, format version 2 */
+        double v[15] = {2,
                         (double)oo->kind,
                         oo->lr,
                         oo->momentum,
@@ -856,8 +859,12 @@ static ebb_status state_write(const state *s, const ebb_model *m, const ebb_opti
                         oo->beta1,
                         oo->beta2,
                         oo->eps,
-                        oo->amsgrad};
-        ebb_shape sh = {1, {11}};
+                        oo->amsgrad,
+                        oo->rho,
+                        oo->centered,
+                        oo->lr_decay,
+                        oo->initial_accumulator_value};
+        ebb_shape sh = {1, {15}};
         names[n] = strdup("optim.options");
         made[n] = 1;
         st = ebb_tensor_from_host(&ts[n++], v, sizeof v, &sh, EBB_FLOAT64, ebb_device_cpu());
@@ -939,7 +946,7 @@ static ebb_status state_check_finite(const state *s, const ebb_model *m, int par
         if (!bad) continue;
         char what[512];
         snprintf(what, sizeof what, slot < 0 ? "parameter '%s%s'" : "optimizer state 'optim.%s.%s'",
-                 ebb_model_param_name(m, i), slot < 0 ? "" : slot_names[slot]);
+                 ebb_model_param_name(m, i), slot < 0 ? "" : slot_names(slot));
         if (!warn_file)
             return ebb_error_set(EBB_ERR_ARG, "%s holds %lld NaN or infinite values (of %lld)",
                                  what, (long long)bad, (long long)ebb_tensor_numel(s->t[k]));
@@ -1027,7 +1034,7 @@ static ebb_status read_checkpoint_info(const char *path, ckpt_info *ci) {
         return st;
     int64_t seed = 0, shuffle = 0, drop = 0;
     ebb_tensor *t = NULL;
-    double v[11];
+    double v[15] = {0}; /* ebb_optimizer_save()'s optim.options: 15 values, or 11 (version 1) */
     ebb_shape sh;
     ebb_dtype dt;
     if (!ebb_safetensors_metadata(sf, "ebb_checkpoint") || !meta_i64(sf, "step", &ci->step) ||
@@ -1036,10 +1043,10 @@ static ebb_status read_checkpoint_info(const char *path, ckpt_info *ci) {
         st = ebb_error_set(EBB_ERR_ARG, "%s: not an ebb train checkpoint (its __metadata__ lacks "
                            "ebb_checkpoint, step, seed, batch, shuffle or drop_last)", path);
     else if (ebb_safetensors_find(sf, "optim.options", &dt, &sh) != EBB_OK || dt != EBB_FLOAT64 ||
-             sh.ndim != 1 || sh.dim[0] != 11)
-        st = ebb_error_set(EBB_ERR_ARG, "%s: no optim.options (float64 [11])", path);
+             sh.ndim != 1 || (sh.dim[0] != 15 && sh.dim[0] != 11))
+        st = ebb_error_set(EBB_ERR_ARG, "%s: no optim.options (float64 [15])", path);
     else if ((st = ebb_safetensors_load(&t, sf, "optim.options", ebb_device_cpu())) == EBB_OK)
-        st = ebb_tensor_to_host(t, v, sizeof v);
+        st = ebb_tensor_to_host(t, v, (size_t)sh.dim[0] * sizeof v[0]);
     const char *data = ebb_safetensors_metadata(sf, "data");
     const char *stateless = ebb_safetensors_metadata(sf, "stateless");
     const char *sched = ebb_safetensors_metadata(sf, "lr_schedule");
@@ -1077,6 +1084,10 @@ static ebb_status read_checkpoint_info(const char *path, ckpt_info *ci) {
                                         .beta2 = v[8],
                                         .eps = v[9],
                                         .amsgrad = (int)v[10],
+                                        .rho = v[11],
+                                        .centered = (int)v[12],
+                                        .lr_decay = v[13],
+                                        .initial_accumulator_value = v[14],
                                         .complete = 1};
     return EBB_OK;
 }
@@ -1264,11 +1275,9 @@ static int resume_conflicts(const topts *o, const ckpt_info *ci, char *why, size
  * unless --override says so. */
 static int resolve_options(trainer *t) {
     topts *o = &t->o;
-    const char *given = o->optimizer ? o->optimizer : "adamw";
-    ebb_optimizer_kind k = !strcmp(given, "sgd")    ? EBB_SGD
-                           : !strcmp(given, "adam") ? EBB_ADAM
-                                                    : EBB_ADAMW;
-    t->oo = ebb_optimizer_defaults(k, o->lr_set ? o->lr : 1e-3);
+    ebb_optimizer_kind k = EBB_ADAMW;
+    if (o->optimizer) ebb_optimizer_kind_parse(&k, o->optimizer); /* checked by parse() */
+    t->oo = ebb_optimizer_defaults(k, o->lr_set ? o->lr : ebb_optimizer_default_lr(k));
     if (o->resume) {
         ebb_status st = read_checkpoint_info(o->resume, &t->ci);
         if (st != EBB_OK) return ebb_cli_fail_status(st);
@@ -1288,8 +1297,8 @@ static int resolve_options(trainer *t) {
             t->oo.lr = t->ci.optim.lr;
         if (o->lr_set) t->oo.lr = o->lr;
     }
-    if (o->momentum_set && t->oo.kind != EBB_SGD) {
-        fprintf(stderr, "ebb: --momentum applies to --optimizer sgd; %s trains with %s\n",
+    if (o->momentum_set && t->oo.kind != EBB_SGD && t->oo.kind != EBB_RMSPROP) {
+        fprintf(stderr, "ebb: --momentum applies to --optimizer sgd and rmsprop; %s trains with %s\n",
                 o->resume ? o->resume : "the run", kind_name(t->oo.kind));
         return EXIT_USAGE;
     }
@@ -1380,7 +1389,9 @@ static int same_options(const ebb_optimizer_options *a, const ebb_optimizer_opti
     return a->kind == b->kind && a->lr == b->lr && a->momentum == b->momentum &&
            a->dampening == b->dampening && a->nesterov == b->nesterov &&
            a->weight_decay == b->weight_decay && a->beta1 == b->beta1 && a->beta2 == b->beta2 &&
-           a->eps == b->eps && a->amsgrad == b->amsgrad;
+           a->eps == b->eps && a->amsgrad == b->amsgrad && a->rho == b->rho &&
+           a->centered == b->centered && a->lr_decay == b->lr_decay &&
+           a->initial_accumulator_value == b->initial_accumulator_value;
 }
 
 /* --resume: the weights, the optimizer state (under the options in force,

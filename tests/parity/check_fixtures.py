@@ -75,7 +75,8 @@ FIXTURES = os.path.join(HERE, "fixtures")
 SCRIPTS = ["make_optim_fixtures.py", "make_schedule_fixtures.py", "make_fixtures.py",
            "make_grad_fixtures.py"]
 DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64}
-OPTIM_SLOTS = ("momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+OPTIM_SLOTS = ("momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "square_avg", "grad_avg",
+               "acc_delta", "sum")
 
 EXACT = ("exact",)
 

@@ -11,7 +11,8 @@ tests/parity/fixtures/ this writes:
                                  entry is a parameter whose .grad was None
   optim_<case>.safetensors       for each case below:
                                    hp.<name>            the options, float64 scalars
-                                                        (hp.kind: 0 SGD, 1 Adam, 2 AdamW)
+                                                        (hp.kind: 0 SGD, 1 Adam, 2 AdamW, 3 RMSprop,
+                                                        4 Adagrad, 5 Adadelta)
                                    after.<t>.<param>    the parameters after step t
                                    optim.<param>.<state>, optim.<param>.step,
                                    optim.options        torch.optim's state after the last
@@ -46,7 +47,9 @@ STEPS = 10
 # (step, parameter) pairs whose gradient is None: torch.optim skips them, so
 # their state is created late (fc1.bias) or not advanced (fc2.bias).
 SKIPPED = {(0, "fc1.bias"), (4, "fc2.bias")}
-KINDS = {"SGD": 0, "Adam": 1, "AdamW": 2}
+KINDS = {"SGD": 0, "Adam": 1, "AdamW": 2, "RMSprop": 3, "Adagrad": 4, "Adadelta": 5}
+SLOTS = ("momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "square_avg",
+         "grad_avg", "acc_delta", "sum")
 
 # name: (torch.optim class, its keyword arguments)
 CASES = {
@@ -58,6 +61,14 @@ CASES = {
     "adam_amsgrad": ("Adam", dict(lr=1e-2, betas=(0.8, 0.99), eps=1e-6, amsgrad=True)),
     "adamw": ("AdamW", dict(lr=1e-2)),
     "adamw_amsgrad": ("AdamW", dict(lr=1e-2, weight_decay=0.1, amsgrad=True)),
+    "rmsprop": ("RMSprop", dict()),
+    "rmsprop_centered_momentum": ("RMSprop", dict(lr=1e-3, alpha=0.9, eps=1e-6, momentum=0.9,
+                                                  centered=True, weight_decay=1e-2)),
+    "adagrad": ("Adagrad", dict(lr=0.1)),
+    "adagrad_decay": ("Adagrad", dict(lr=0.5, lr_decay=0.1, weight_decay=1e-2,
+                                      initial_accumulator_value=0.1, eps=1e-8)),
+    "adadelta": ("Adadelta", dict()),
+    "adadelta_wd": ("Adadelta", dict(lr=0.5, rho=0.8, eps=1e-5, weight_decay=1e-2)),
 }
 
 
@@ -106,6 +117,11 @@ def hyperparameters(kind, kw):
         "beta2": betas[1],
         "eps": defaults.get("eps", 0.0),
         "amsgrad": float(defaults.get("amsgrad", False)),
+        # RMSprop's alpha and Adadelta's rho are ebb's rho
+        "rho": defaults.get("alpha", defaults.get("rho", 0.0)),
+        "centered": float(defaults.get("centered", False)),
+        "lr_decay": defaults.get("lr_decay", 0.0),
+        "initial_accumulator_value": defaults.get("initial_accumulator_value", 0.0),
     }
 
 
@@ -126,15 +142,16 @@ def run_case(kind, kw, init, grads):
     for k, v in hp.items():
         out[f"hp.{k}"] = torch.tensor(float(v), dtype=torch.float64)
     out["optim.options"] = torch.tensor(
-        [1, hp["kind"], hp["lr"], hp["momentum"], hp["dampening"], hp["nesterov"],
-         hp["weight_decay"], hp["beta1"], hp["beta2"], hp["eps"], hp["amsgrad"]],
+        [2, hp["kind"], hp["lr"], hp["momentum"], hp["dampening"], hp["nesterov"],
+         hp["weight_decay"], hp["beta1"], hp["beta2"], hp["eps"], hp["amsgrad"], hp["rho"],
+         hp["centered"], hp["lr_decay"], hp["initial_accumulator_value"]],
         dtype=torch.float64)
     for n, p in params.items():
         st = opt.state.get(p, {})
         if not updates[n]:  # never updated: no state in ebb either
             assert not st, (n, st)
             continue
-        for key in ("momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+        for key in SLOTS:
             if st.get(key) is not None:
                 out[f"optim.{n}.{key}"] = st[key].detach().clone()
         # SGD keeps no step of its own (and torch 2.x's SGD without momentum
