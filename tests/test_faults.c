@@ -45,12 +45,13 @@
 #include "test_dir.h"
 
 #define MAX_PARAMS 8
-#define N_STATE 4
+#define N_STATE 8
 #define MAX_N 100000
 
 static const ebb_device CPU = {EBB_DEVICE_CPU, 0};
-static const char *const STATE_NAMES[N_STATE] = {"momentum_buffer", "exp_avg", "exp_avg_sq",
-                                                 "max_exp_avg_sq"};
+static const char *const STATE_NAMES[N_STATE] = {"momentum_buffer", "exp_avg",  "exp_avg_sq",
+                                                 "max_exp_avg_sq",  "square_avg", "grad_avg",
+                                                 "acc_delta",       "sum"};
 
 static const char MLP_YAML[] = "ebb: 1\n"
                                "name: fault_mlp\n"
@@ -430,6 +431,33 @@ static void test_step_adamw(void **state) {
     run_step_faults("AdamW", ebb_optimizer_defaults(EBB_ADAMW, 1e-2), 0);
 }
 
+/* The adaptive kinds, each with the options that give it the most state
+ * and scratch: RMSprop centered with momentum and weight decay, Adagrad
+ * with a decaying rate and a starting sum, Adadelta with weight decay. */
+static void test_step_rmsprop(void **state) {
+    (void)state;
+    ebb_optimizer_options oo = ebb_optimizer_defaults(EBB_RMSPROP, 1e-2);
+    oo.momentum = 0.9;
+    oo.centered = 1;
+    oo.weight_decay = 0.01;
+    run_step_faults("RMSprop (centered, momentum 0.9)", oo, 0);
+}
+
+static void test_step_adagrad(void **state) {
+    (void)state;
+    ebb_optimizer_options oo = ebb_optimizer_defaults(EBB_ADAGRAD, 1e-2);
+    oo.lr_decay = 0.1;
+    oo.initial_accumulator_value = 0.5;
+    run_step_faults("Adagrad", oo, 0);
+}
+
+static void test_step_adadelta(void **state) {
+    (void)state;
+    ebb_optimizer_options oo = ebb_optimizer_defaults(EBB_ADADELTA, 1.0);
+    oo.weight_decay = 0.01;
+    run_step_faults("Adadelta", oo, 0);
+}
+
 static void test_step_sgd_updates_after_backward(void **state) {
     (void)state;
     ebb_optimizer_options oo = ebb_optimizer_defaults(EBB_SGD, 0.1);
@@ -692,6 +720,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_step_sgd),
         EBB_TEST(test_step_adamw),
+        EBB_TEST(test_step_rmsprop),
+        EBB_TEST(test_step_adagrad),
+        EBB_TEST(test_step_adadelta),
         EBB_TEST(test_step_sgd_updates_after_backward),
         EBB_TEST(test_checkpoint_faults),
         EBB_TEST(test_remove_in_flight),

@@ -470,8 +470,11 @@ static void test_errors_change_nothing(void **state) {
     ebb_safetensors *gst = open_fixture("mlp.grads");
     ebb_optimizer_options kinds[] = {
         {.kind = EBB_ADAM, .weight_decay = 0.1, .amsgrad = 1},
-        {.kind = EBB_SGD, .lr = 0.1, .momentum = 0.9, .nesterov = 1, .weight_decay = 0.01}};
-    for (size_t kk = 0; kk < 2; kk++) {
+        {.kind = EBB_SGD, .lr = 0.1, .momentum = 0.9, .nesterov = 1, .weight_decay = 0.01},
+        {.kind = EBB_RMSPROP, .momentum = 0.9, .centered = 1, .weight_decay = 0.01},
+        {.kind = EBB_ADAGRAD, .lr_decay = 0.1, .initial_accumulator_value = 0.5},
+        {.kind = EBB_ADADELTA, .weight_decay = 0.01}};
+    for (size_t kk = 0; kk < sizeof kinds / sizeof kinds[0]; kk++) {
         ebb_optimizer *opt = NULL;
         assert_ok(ebb_optimizer_new(&opt, m, &kinds[kk]));
         ebb_tensor *grads[MAX_PARAMS] = {0};
