@@ -216,15 +216,14 @@ int ebb_cli_usage_error(const char *usage, const char *fmt, const char *arg) {
     fprintf(stderr, "ebb: ");
     fprintf(stderr, fmt, arg);
     fputc('\n', stderr);
-    /* a command's synopsis, not its whole help: the mistake stays in view */
-    const char *end = strstr(usage, "\n\n");
+    /* one line where the options are, as git does: the mistake stays in
+     * view (the command list without a command, which is short) */
     char cmd[32];
-    if (usage == usage_main || !end || sscanf(usage, "usage: ebb %31s", cmd) != 1) {
+    if (usage == usage_main || sscanf(usage, "usage: ebb %31s", cmd) != 1) {
         fputs(usage, stderr);
         return EXIT_USAGE;
     }
-    fwrite(usage, 1, (size_t)(end - usage) + 1, stderr);
-    fprintf(stderr, "`ebb help %s` describes every option\n", cmd);
+    fprintf(stderr, "try 'ebb help %s' for its usage and options\n", cmd);
     return EXIT_USAGE;
 }
 
@@ -2117,6 +2116,26 @@ static const ebb_op overrun_op = {
     .n_attrs = 1, .forward = overrun_fwd, .grad = &overrun_grad,
     .doc = "test only: a copy that takes undeclared scratch (EBB_TEST_OPS=1)"};
 
+/* "unknown command 'plna'; did you mean 'plan'?" and where the commands
+ * are: two lines, as git says it. */
+static int unknown_command(const char *name) {
+    const char *best = NULL;
+    int best_d = 3;
+    for (int i = 0; i < N_COMMANDS; i++) {
+        int d = ebb_edit_distance(name, commands[i].name, 2);
+        if (d < best_d) {
+            best = commands[i].name;
+            best_d = d;
+        }
+    }
+    if (best)
+        fprintf(stderr, "ebb: unknown command '%s'; did you mean '%s'?\n", name, best);
+    else
+        fprintf(stderr, "ebb: unknown command '%s'\n", name);
+    fputs("try 'ebb help' for the commands\n", stderr);
+    return EXIT_USAGE;
+}
+
 static int dispatch(int argc, char **argv) {
     if (argc < 2)
         return ebb_cli_usage_error(usage_main, "%s", "missing COMMAND");
@@ -2127,7 +2146,7 @@ static int dispatch(int argc, char **argv) {
             return ebb_cli_usage_error(usage_main, "%s", "help takes one COMMAND");
         const command *c = argc == 3 ? find_command(argv[2]) : NULL;
         if (argc == 3 && !c)
-            return ebb_cli_usage_error(usage_main, "unknown command '%s'", argv[2]);
+            return unknown_command(argv[2]);
         fputs(c ? c->usage : usage_main, stdout);
         return 0;
     }
@@ -2137,9 +2156,10 @@ static int dispatch(int argc, char **argv) {
         return print_version();
     }
     const command *c = find_command(cmd);
+    if (!c && cmd[0] == '-')
+        return ebb_cli_usage_error(usage_main, "unknown option %s", cmd);
     if (!c)
-        return ebb_cli_usage_error(usage_main, cmd[0] == '-' ? "unknown option %s" : "unknown command '%s'",
-                           cmd);
+        return unknown_command(cmd);
     if (ebb_init() != EBB_OK) {
         fprintf(stderr, "ebb: %s\n", ebb_errmsg());
         return EXIT_RUNTIME;
