@@ -2909,16 +2909,64 @@ static void test_train_and_eval(void **state) {
     free(a);
     free(b);
 
-    /* eval: "accuracy A loss L on N samples" */
+    /* eval: "accuracy A top-5 T loss L on N samples" */
     EBB(&r, "eval", "specs/mlp.yaml", "--weights", wa, "--data", data, "--batch", "40");
     expect_code(&r, 0);
-    double acc = -1, loss = -1;
+    double acc = -1, top5 = -1, loss = -1;
     int n = 0, used = 0;
-    if (sscanf(r.out, "accuracy %lf loss %lf on %d samples\n%n", &acc, &loss, &n, &used) != 3 ||
+    if (sscanf(r.out, "accuracy %lf top-5 %lf loss %lf on %d samples\n%n", &acc, &top5, &loss, &n,
+               &used) != 4 ||
         (size_t)used != r.out_len)
         fail_msg("`ebb eval` printed: %s", r.out);
     assert_int_equal(n, N);
-    assert_true(acc > 0.5 && acc <= 1 && loss > 0);
+    assert_true(acc > 0.5 && acc <= top5 && top5 <= 1 && loss > 0);
+    cli_free(&r);
+    /* --top-k 0 leaves it out; --metrics adds a row per class whose counts
+     * add up to the samples, and --json says the same */
+    EBB(&r, "eval", "specs/mlp.yaml", "--weights", wa, "--data", data, "--top-k", "0");
+    expect_code(&r, 0);
+    double acc0 = -1, loss0 = -1;
+    if (sscanf(r.out, "accuracy %lf loss %lf on %d samples", &acc0, &loss0, &n) != 3 ||
+        acc0 != acc)
+        fail_msg("`%s` printed: %s", r.cmd, r.out);
+    cli_free(&r);
+    EBB(&r, "eval", "specs/mlp.yaml", "--weights", wa, "--data", data, "--metrics");
+    expect_code(&r, 0);
+    {
+        const char *row = strstr(r.out, "(predicted)");
+        int64_t total = 0, diag = 0, rows = 0;
+        row = row ? strchr(row, '\n') : NULL;
+        for (; row && row[1]; row = strchr(row + 1, '\n')) {
+            char *p = (char *)row + 1, *end;
+            long cls = strtol(p, &end, 10);
+            end = strchr(end, '|'); /* past the class's accuracy */
+            if (!end) break;
+            end++;
+            for (long k = 0; k < 10; k++) {
+                long v = strtol(end, &end, 10);
+                total += v;
+                diag += k == cls ? v : 0;
+            }
+            rows++;
+        }
+        if (rows != 10 || total != N || fabs((double)diag / N - acc) > 5e-5)
+            fail_msg("`%s`: %lld rows counting %lld samples, %lld right:\n%s", r.cmd,
+                     (long long)rows, (long long)total, (long long)diag, r.out);
+    }
+    cli_free(&r);
+    EBB(&r, "eval", "specs/mlp.yaml", "--weights", wa, "--data", data, "--metrics", "--json");
+    expect_code(&r, 0);
+    {
+        cJSON *j = cJSON_Parse(r.out);
+        cJSON *conf = cJSON_GetObjectItemCaseSensitive(j, "confusion");
+        cJSON *ca = cJSON_GetObjectItemCaseSensitive(j, "class_accuracy");
+        if (!cJSON_IsArray(conf) || cJSON_GetArraySize(conf) != 10 || !cJSON_IsArray(ca) ||
+            cJSON_GetArraySize(ca) != 10 ||
+            fabs(cJSON_GetNumberValue(cJSON_GetObjectItemCaseSensitive(j, "top_k_accuracy")) -
+                 top5) > 5e-5)
+            fail_msg("`%s` printed: %s", r.cmd, r.out);
+        cJSON_Delete(j);
+    }
     cli_free(&r);
     /* a label out of range for the spec's 10 classes */
     yv[3] = 10;

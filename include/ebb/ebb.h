@@ -31,5 +31,6 @@
 #include "spec.h"
 #include "tensor.h"
 #include "train.h"
+#include "trainer.h"
 
 #endif

@@ -1,0 +1,308 @@
+/*
+ * ebb/trainer.h - the training loop as a library: a spec trained on a
+ * dataset for epochs or steps, evaluated with metrics, checkpointed and
+ * resumed, with learning-rate schedules, callbacks and early stopping.
+ * `ebb train` and `ebb eval` are thin clients of it.
+ *
+ *     ebb_spec *spec = NULL;
+ *     ebb_trainer *t = NULL;
+ *     ebb_metrics m = {0};
+ *     ebb_trainer_options o = ebb_trainer_defaults();
+ *     o.data = "fashion-mnist";
+ *     o.eval_data = "fashion-mnist:test";        // evaluated after every epoch
+ *     o.epochs = 2;
+ *     o.progress = stdout;                       // `ebb train`'s progress and epoch lines
+ *     if (ebb_spec_load(&spec, "specs/fashion_cnn.yaml") != EBB_OK ||
+ *         ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK ||
+ *         ebb_trainer_evaluate(t, &m) != EBB_OK)
+ *         fprintf(stderr, "%s\n", ebb_errmsg());
+ *     ebb_metrics_print(&m, stdout);             // accuracy, top-5, per class, confusion
+ *     ebb_metrics_free(&m);
+ *     ebb_trainer_free(t);
+ *     ebb_spec_free(spec);
+ *
+ * The spec says what a sample is: its `inputs:` and `targets:` (their
+ * names, dtypes, and a symbolic first dimension, the batch) and its
+ * `loss:`. A dataset (ebb/data.h) holds one field per input and target.
+ *
+ * Two plans, one model. The trainer compiles the spec twice at the batch
+ * size: a training plan (forward, loss, backward and update, ebb/train.h)
+ * and an inference plan (the forward alone). The model is made from the
+ * training plan and holds every parameter the inference plan reads, so
+ * evaluation runs the inference plan on the same model: it keeps no
+ * activation for a backward, draws no dropout mask and updates no
+ * batch_norm running statistics. A C program doing its own loop can do the
+ * same: ebb_run(infer_plan, model_of_train_plan, ...).
+ *
+ * Partial batches. A plan compiled for batch B runs a batch from 1 to B
+ * (ebb_run: sizes may differ where the ops allow it, and the batch
+ * dimension is one they all take); its byte figures are for B, which bound
+ * the smaller batch's. So the last batch of an epoch, n mod B samples, is a step of its
+ * own unless drop_last says to drop it, as torch's DataLoader does, and
+ * evaluation's last batch is simply shorter.
+ *
+ * Order and seeds. Epoch e (from 0) visits the samples in the order
+ * ebb_dataset_order() draws from seed ^ (0x9E3779B97F4A7C15 * (e + 1))
+ * (file order without shuffle); the model's initial weights and dropout's
+ * masks come from `seed` too. A run stopped and resumed from its checkpoint
+ * reaches the same weights, to the bit, as one that ran straight through.
+ *
+ * Errors: every function returns an ebb_status and sets ebb_errmsg(),
+ * naming the step, the file or the option. A failed step leaves the model
+ * as ebb_train_step() says (updates inside the backward may have run) and
+ * writes nothing.
+ */
+#ifndef EBB_TRAINER_H
+#define EBB_TRAINER_H
+
+#include <stdio.h>
+
+#include "schedule.h"
+#include "spec.h"
+#include "train.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ebb_trainer ebb_trainer;
+
+/* ---- metrics ------------------------------------------------------------ */
+
+/* What an evaluation measured over a dataset. For a classifier (the spec's
+ * loss is cross_entropy or nll) the prediction is the argmax of the output's
+ * last dimension, compared with the class-index target element by element
+ * (so a [B, T, C] output against [B, T] targets counts B*T predictions). */
+typedef struct ebb_metrics {
+    int64_t samples;     /* samples evaluated */
+    int64_t predictions; /* predictions counted: samples times the target's other dimensions */
+    double loss;         /* the loss op's mean, averaged over the samples */
+    int64_t classes;     /* the output's last dimension; 0: not a classifier */
+    double accuracy;     /* top-1; NAN when not a classifier */
+    int top_k;           /* k of top_k_accuracy; 0: not counted (k >= classes, or not asked) */
+    double top_k_accuracy; /* the target among the k highest scores (ties counted for it) */
+    /* classes x classes counts, row the target class, column the predicted
+     * one (the argmax); owned by the metrics, freed by ebb_metrics_free().
+     * NULL when not a classifier. */
+    int64_t *confusion;
+} ebb_metrics;
+
+/* Recall of class c: the predictions for targets of class c that were c,
+ * from the confusion matrix. NAN when c has no target, is out of range, or
+ * m holds no confusion matrix. */
+EBB_API double ebb_metrics_class_accuracy(const ebb_metrics *m, int64_t c);
+/* Frees the confusion matrix and zeroes *m. NULL m: no-op. */
+EBB_API void ebb_metrics_free(ebb_metrics *m);
+/* Writes the metrics as text: the loss and accuracies on one line, then for
+ * a classifier a table of per-class accuracy and the confusion matrix. */
+EBB_API void ebb_metrics_print(const ebb_metrics *m, FILE *f);
+
+/* ---- events and callbacks ----------------------------------------------- */
+
+typedef enum ebb_train_event_kind {
+    EBB_TRAIN_STEP,  /* after every training step */
+    EBB_TRAIN_EPOCH, /* after an epoch's last step (and its evaluation) */
+} ebb_train_event_kind;
+
+/* What a callback is told. Steps and epochs count from 1, as the progress
+ * line counts them; a resumed run continues the counts. */
+typedef struct ebb_train_event {
+    ebb_train_event_kind kind;
+    int64_t step, total_steps; /* steps done, and the run's last step */
+    int64_t epoch, epochs;     /* the epoch under way (ends), and the run's last */
+    int64_t samples;           /* samples seen since step 0, this step's included */
+    int64_t batch;             /* STEP: this step's samples (the last one may be partial) */
+    double loss;   /* STEP: this step's loss, NAN when it was skipped; EPOCH: the epoch's
+                      mean over the steps not skipped (NAN: none) */
+    double lr;     /* STEP: the learning rate the step used */
+    int skipped;   /* STEP: the step's loss or update was not finite and it was undone
+                      (ebb_trainer_options.skip_nonfinite) */
+    int traced;    /* STEP: this step ran with ebb_trainer_options.trace */
+    int replayed;  /* STEP: replayed from a CUDA graph (cuda_graph); not measured */
+    int over_plan; /* STEP: it measured more than its plan promised (a bug in an op's
+                      declared scratch; stats says where) */
+    const ebb_run_stats *stats; /* STEP: measured and planned peak bytes */
+    int64_t epoch_steps, epoch_skipped; /* EPOCH: its steps, and how many were skipped */
+    double seconds;                     /* EPOCH: its time */
+    double samples_per_s;               /* since the run began */
+    const ebb_metrics *eval; /* EPOCH: the evaluation of eval_data; NULL without one */
+} ebb_train_event;
+
+/* Called with the trainer, the event and ebb_trainer_options.user. Return
+ * 0 to go on, anything else to stop training after this event (nothing
+ * more runs or is written; ebb_trainer_run() returns EBB_OK and
+ * ebb_trainer_stop_reason() says the callback stopped it). */
+typedef int (*ebb_train_callback)(ebb_trainer *t, const ebb_train_event *e, void *user);
+
+/* ---- options -------------------------------------------------------------- */
+
+typedef struct ebb_trainer_options {
+    /* data: descriptions as ebb_dataset_open() takes them ("fashion-mnist",
+     * "fashion-mnist:test", an IDX directory or pair, a safetensors file) */
+    const char *data;      /* the training data; required unless evaluate_only */
+    const char *eval_data; /* evaluated after every epoch, and by ebb_trainer_evaluate() */
+    int evaluate_only;     /* compile the inference plan alone: no training, no
+                              optimizer; ebb_trainer_evaluate() on eval_data */
+    int normalize;         /* inputs become (x - norm_mean) / norm_std */
+    double norm_mean, norm_std;
+
+    /* how long */
+    int64_t epochs; /* passes over the data (defaults: 1) */
+    int64_t steps;  /* > 0: stop after this many steps instead */
+    int64_t batch;  /* samples per step and per evaluation run (defaults: 64) */
+    int drop_last;  /* drop each epoch's last partial batch */
+    int shuffle;    /* a new order each epoch (defaults: 1) */
+    uint64_t seed;  /* initial weights, order and dropout */
+
+    /* the step */
+    ebb_optimizer_options optimizer; /* defaults: AdamW, torch.optim's defaults, lr 1e-3 */
+    const ebb_lr_schedule *schedule; /* NULL: a constant rate; copied at open */
+    const char *loss;                /* this loss op instead of the spec's `loss:` */
+    int64_t memory_budget;           /* compile the step under it (ebb_compile_options) */
+    ebb_device device;               /* defaults: the CPU */
+    int cuda_graph;     /* CUDA: replay full batches from a captured step (ebb_train_capture) */
+    int skip_nonfinite; /* undo and count a step whose loss or updated state is NaN or
+                           infinite (else such a step fails the run, with nothing written) */
+    ebb_trace_fn trace; /* a per-plan-step trace of one training step, or NULL */
+    void *trace_user;
+    int64_t trace_step; /* the step traced (from 1); 0: the run's first */
+
+    /* weights and checkpoints */
+    const char *weights;      /* start from these weights (safetensors) */
+    const char *resume;       /* continue from this checkpoint: weights, optimizer state
+                                 (under `optimizer`, which may differ from its own; a
+                                 different kind starts without state), schedule and step */
+    int non_strict;           /* resume: a trained parameter without state in the file
+                                 starts without (else an error naming it) */
+    int allow_nonfinite;      /* NaN or Inf in weights or resume: a warning, not an error */
+    const char *checkpoint;   /* where ebb_trainer_checkpoint() writes (NULL: no file) */
+    int64_t checkpoint_every; /* write one every N steps, and at the run's end */
+
+    /* evaluation and stopping */
+    int top_k;                   /* top-k accuracy's k (defaults: 5); 0: none */
+    int early_stop_patience;     /* stop when the evaluation loss has not improved for
+                                    this many epochs (needs eval_data); 0: never */
+    double early_stop_min_delta; /* an improvement is a fall by more than this */
+
+    /* observers */
+    ebb_train_callback on_step, on_epoch;
+    void *user;
+    FILE *progress;   /* the start line, the progress line (redrawn in place on a
+                         terminal), log lines and epoch lines, as `ebb train` prints
+                         them; NULL: silent */
+    int64_t log_every; /* with progress: a line every N steps (0: per epoch only) */
+    /* warnings (weights with NaN, a dataset unlike the checkpoint's); NULL:
+     * "ebb: warning: MESSAGE" on stderr */
+    void (*warning)(const char *message, void *user);
+} ebb_trainer_options;
+
+/* Options with the defaults above; set the fields to change. */
+EBB_API ebb_trainer_options ebb_trainer_defaults(void);
+
+/* ---- the trainer ---------------------------------------------------------- */
+
+/* Compiles the spec's plans at the batch size, opens the data (checking its
+ * shapes against the spec's before reading it), makes the model (weights,
+ * or the checkpoint resumed) and the optimizer. *out receives a new trainer,
+ * freed with ebb_trainer_free(); the spec is borrowed and must outlive it.
+ * Every failure frees what it made and names the option or the file. */
+EBB_API ebb_status ebb_trainer_open(ebb_trainer **out, const ebb_spec *spec,
+                                    const ebb_trainer_options *opts);
+/* Frees the trainer, its plans, model, optimizer and data. NULL: no-op. */
+EBB_API void ebb_trainer_free(ebb_trainer *t);
+
+/* Trains to the last step: steps, events, evaluations, checkpoints. Returns
+ * EBB_OK when the run ended, a callback or early stopping stopped it
+ * (ebb_trainer_stop_reason()), or the run was already at its last step. */
+EBB_API ebb_status ebb_trainer_run(ebb_trainer *t);
+/* One training step on the next batch (*loss may be NULL: NAN when the step
+ * was skipped); the epoch's end, its evaluation and checkpoints follow as
+ * in ebb_trainer_run(). EBB_ERR_ARG past the run's last step. */
+EBB_API ebb_status ebb_trainer_step(ebb_trainer *t, double *loss);
+/* Evaluates the model on eval_data with the inference plan, in file order;
+ * *out receives the metrics (free with ebb_metrics_free()). EBB_ERR_ARG
+ * when the trainer has no eval_data. */
+EBB_API ebb_status ebb_trainer_evaluate(ebb_trainer *t, ebb_metrics *out);
+
+/* Writes a checkpoint to `path` (NULL: ebb_trainer_options.checkpoint):
+ * weights, optimizer state (optim.* as ebb_optimizer_save() names them),
+ * the step, the seed, the data order and the schedule, in one atomic
+ * safetensors file, which ebb_trainer_options.resume continues. Refuses a
+ * state that holds NaN or Inf, leaving the file as it was. */
+EBB_API ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path);
+/* Writes the weights alone (ebb_model_save()), refusing NaN or Inf. */
+EBB_API ebb_status ebb_trainer_save_weights(const ebb_trainer *t, const char *path);
+
+/* Why the last ebb_trainer_run() stopped before the run's end ("early
+ * stopping: ...", "stopped by the step callback at step 12"), or NULL. */
+EBB_API const char *ebb_trainer_stop_reason(const ebb_trainer *t);
+
+/* What a run has done so far. */
+typedef struct ebb_trainer_stats {
+    int64_t step;          /* the last step done (a resumed run starts at its checkpoint's) */
+    int64_t total_steps;   /* the run's last step */
+    int64_t steps_per_epoch;
+    int64_t samples;       /* samples in the training data */
+    int64_t done_steps;    /* steps this trainer ran */
+    int64_t skipped;       /* of them, undone by skip_nonfinite */
+    int64_t first_skipped; /* the first skipped step (0: none) */
+    const char *first_skip_why; /* its reason ("the loss is NaN"); "" when none */
+    int64_t replayed;      /* steps replayed from a CUDA graph */
+    int64_t over_plan;     /* steps that measured more than their plan */
+    int64_t measured_peak_bytes, planned_peak_bytes; /* the most any step measured; the plan's */
+    int64_t last_checkpoint; /* the step of the last checkpoint written (-1: none) */
+    int64_t failed_step;   /* the step whose run failed (0: none); a failure elsewhere (an
+                              evaluation, a checkpoint) leaves it 0 */
+    int nonfinite;         /* the last failure was a loss or state not finite */
+} ebb_trainer_stats;
+/* The counts so far (NULL t: zeros, last_checkpoint -1). first_skip_why
+ * points into the trainer. */
+EBB_API ebb_trainer_stats ebb_trainer_get_stats(const ebb_trainer *t);
+
+/* The parts, borrowed from the trainer (NULL t: NULL). */
+/* The model: the parameters, in the training plan's order. */
+EBB_API ebb_model *ebb_trainer_model(const ebb_trainer *t);
+/* The optimizer; NULL when evaluate_only. */
+EBB_API ebb_optimizer *ebb_trainer_optimizer(const ebb_trainer *t);
+/* The training plan (forward, loss, backward, update); NULL when evaluate_only. */
+EBB_API const ebb_plan *ebb_trainer_train_plan(const ebb_trainer *t);
+/* The inference plan evaluation runs. */
+EBB_API const ebb_plan *ebb_trainer_infer_plan(const ebb_trainer *t);
+/* The training data; NULL when evaluate_only. */
+EBB_API const ebb_dataset *ebb_trainer_data(const ebb_trainer *t);
+/* The evaluation data; NULL without eval_data. */
+EBB_API const ebb_dataset *ebb_trainer_eval_data(const ebb_trainer *t);
+/* The options as opened (the schedule pointing at the trainer's copy). */
+EBB_API const ebb_trainer_options *ebb_trainer_get_options(const ebb_trainer *t);
+/* The learning-rate scheduler (NULL without a schedule). */
+EBB_API ebb_lr_scheduler *ebb_trainer_scheduler(const ebb_trainer *t);
+
+/* ---- checkpoints ------------------------------------------------------------ */
+
+/* What a checkpoint says about its run, read from its header. */
+typedef struct ebb_checkpoint_info {
+    int64_t step, batch;
+    uint64_t seed;
+    int shuffle, drop_last;
+    ebb_optimizer_options optimizer;
+    char *data;      /* the data's fields as stored ("x float32 [96, 64], ..."); NULL: not
+                        recorded */
+    char *stateless; /* trained parameters that had no optimizer state, comma-separated;
+                        NULL: not recorded */
+    int has_schedule; /* the schedule and where it was */
+    ebb_lr_schedule schedule;
+    int64_t schedule_steps;
+    double schedule_lr, schedule_base;
+} ebb_checkpoint_info;
+
+/* Reads a checkpoint's header into *out (free with
+ * ebb_checkpoint_info_free()). EBB_ERR_ARG naming the file for one that is
+ * not an ebb checkpoint. */
+EBB_API ebb_status ebb_checkpoint_read_info(const char *path, ebb_checkpoint_info *out);
+/* Frees the strings and zeroes *ci. NULL: no-op. */
+EBB_API void ebb_checkpoint_info_free(ebb_checkpoint_info *ci);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_TRAINER_H */

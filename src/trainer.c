@@ -1,0 +1,1450 @@
+/* The trainer (include/ebb/trainer.h): a spec trained on a dataset with its
+ * training plan, evaluated with its inference plan, checkpointed and
+ * resumed. `ebb train` and `ebb eval` (src/cli/train.c) parse flags and
+ * print; everything they run is here.
+ *
+ * Training never loses work: a step whose loss is not finite fails the run
+ * before anything is written (or, with skip_nonfinite, is undone and
+ * counted); no checkpoint or weights file is written with NaN or Inf in it.
+ *
+ * Layout: the spec's fields and batch shapes; metrics and evaluation; what a
+ * checkpoint holds (a `state`: every parameter and its optimizer slots);
+ * checkpoints; then the trainer's phases: open, step, epoch end, run. */
+#define _GNU_SOURCE /* memfd_create */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ebb/data.h"
+#include "ebb/memory.h"
+#include "ebb/safetensors.h"
+#include "ebb/trainer.h"
+
+#define MAX_FIELDS 64
+/* the optimizer's state slots (ebb_optimizer_state_slot) */
+#define N_SLOTS 8
+#define PER_PARAM (1 + N_SLOTS) /* a parameter, then its optimizer state slots */
+#define slot_name(k) ebb_optimizer_state_slot(NULL, (k))
+
+/* ---- the spec's fields ----------------------------------------------------- */
+
+/* What a sample is: the spec's inputs, then its targets, and its loss. */
+typedef struct fields {
+    const ebb_spec *spec;
+    int n_in, n_tg, n;
+    const char *names[MAX_FIELDS];
+    ebb_dtype dtypes[MAX_FIELDS];
+    const char *loss; /* the spec's loss op, or the options' */
+    int classify;     /* cross_entropy or nll: predictions are counted */
+} fields;
+
+static ebb_status fields_init(fields *f, const ebb_spec *spec, const char *loss) {
+    memset(f, 0, sizeof *f);
+    f->spec = spec;
+    f->n_in = ebb_spec_input_count(spec);
+    f->n_tg = ebb_spec_target_count(spec);
+    if (f->n_tg == 0)
+        return ebb_error_set(EBB_ERR_SPEC,
+                             "%s declares no `targets:`; training and evaluation compare the "
+                             "output with them (see docs/spec-format.md)",
+                             ebb_spec_file(spec));
+    if (f->n_in + f->n_tg > MAX_FIELDS)
+        return ebb_error_set(EBB_ERR_SPEC, "%s has more than %d inputs and targets",
+                             ebb_spec_file(spec), MAX_FIELDS);
+    for (int i = 0; i < f->n_in; i++) {
+        f->names[i] = ebb_spec_input_name(spec, i);
+        if (!ebb_spec_input_dtype(spec, i, &f->dtypes[i])) f->dtypes[i] = EBB_FLOAT32;
+    }
+    for (int i = 0; i < f->n_tg; i++) {
+        f->names[f->n_in + i] = ebb_spec_target_name(spec, i);
+        if (!ebb_spec_target_dtype(spec, i, &f->dtypes[f->n_in + i]))
+            f->dtypes[f->n_in + i] = EBB_FLOAT32;
+    }
+    f->n = f->n_in + f->n_tg;
+    f->loss = loss ? loss : ebb_graph_loss(ebb_spec_graph(spec));
+    if (!f->loss) return ebb_error_set(EBB_ERR_SPEC, "%s declares no `loss:`", ebb_spec_file(spec));
+    f->classify = !strcmp(f->loss, "cross_entropy") || !strcmp(f->loss, "nll");
+    return EBB_OK;
+}
+
+/* Shapes for a batch of B: every input's symbolic first dimension bound to
+ * B, and the targets' with them (tg NULL: the inputs only). */
+static ebb_status batch_shapes(const fields *f, int64_t batch, ebb_shape *in, ebb_shape *tg) {
+    const char *bind[MAX_FIELDS];
+    char buf[MAX_FIELDS][96];
+    int nb = 0;
+    for (int i = 0; i < f->n_in && nb < MAX_FIELDS; i++) {
+        const char *sym = NULL;
+        if (ebb_spec_input_ndim(f->spec, i) > 0 && ebb_spec_input_dim(f->spec, i, 0, &sym) < 0 &&
+            sym) {
+            int dup = 0;
+            for (int k = 0; k < nb; k++)
+                dup |= !strncmp(buf[k], sym, strlen(sym)) && buf[k][strlen(sym)] == '=';
+            if (!dup) {
+                snprintf(buf[nb], sizeof buf[nb], "%s=%lld", sym, (long long)batch);
+                bind[nb] = buf[nb];
+                nb++;
+            }
+        }
+    }
+    ebb_status st = ebb_spec_resolve_shapes(f->spec, bind, nb, in, MAX_FIELDS);
+    if (st == EBB_OK && tg) st = ebb_spec_resolve_target_shapes(f->spec, bind, nb, tg, MAX_FIELDS);
+    if (st != EBB_OK) return st;
+    for (int i = 0; i < f->n_in + (tg ? f->n_tg : 0); i++) {
+        const ebb_shape *s = i < f->n_in ? &in[i] : &tg[i - f->n_in];
+        if (s->ndim < 1 || s->dim[0] != batch)
+            return ebb_error_set(EBB_ERR_SPEC,
+                                 "%s: '%s' has no symbolic first dimension (the batch) that "
+                                 "--batch %lld can set",
+                                 ebb_spec_file(f->spec), f->names[i], (long long)batch);
+    }
+    return EBB_OK;
+}
+
+/* The training plan when `optim` is given (under `budget`, 0: none), else
+ * the inference plan. */
+static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_optimizer_options *optim,
+                               int64_t budget, const char *loss, ebb_plan **out) {
+    ebb_shape in[MAX_FIELDS], tg[MAX_FIELDS];
+    ebb_status st = batch_shapes(f, batch, in, optim ? tg : NULL);
+    if (st != EBB_OK) return st;
+    ebb_train_options to = {0};
+    ebb_compile_options co = {.input_shapes = in, .n_input_shapes = f->n_in};
+    if (optim) {
+        to = (ebb_train_options){.target_shapes = tg,
+                                 .n_target_shapes = f->n_tg,
+                                 .target_dtypes = f->dtypes + f->n_in,
+                                 .optimizer = *optim,
+                                 .loss = loss};
+        co.train = &to;
+        co.memory_budget = budget;
+    }
+    return ebb_spec_compile(out, f->spec, &co);
+}
+
+/* A dataset for the spec: its shapes checked against the files' headers
+ * before any data is read (a file of the wrong shape costs its header, not
+ * its size), and no more data than this process can still get. */
+static ebb_status open_data(const fields *f, const ebb_trainer_options *o, const char *desc,
+                            const ebb_plan *infer, ebb_dataset **out) {
+    ebb_shape in[MAX_FIELDS], tg[MAX_FIELDS], want[MAX_FIELDS];
+    ebb_status st = batch_shapes(f, 1, in, tg);
+    if (st != EBB_OK) return st;
+    for (int i = 0; i < f->n; i++)
+        want[i] = i < f->n_in ? in[i] : tg[i - f->n_in];
+    ebb_dataset_expect expect = {.shapes = want, .n_shapes = f->n};
+    ebb_fit fit = {.available_bytes = -1};
+    if (ebb_plan_check_fits(infer, ebb_device_cpu(), NULL, 0, &fit) != EBB_OK)
+        ebb_error_clear(); /* the plan's own fit is checked where it runs */
+    if (fit.available_bytes > 0) expect.max_bytes = fit.available_bytes;
+    st = ebb_dataset_open_ex(out, desc, f->names, f->n, &expect);
+    for (int i = 0; st == EBB_OK && o->normalize && i < f->n_in; i++)
+        st = ebb_dataset_set_normalize(*out, i, o->norm_mean, o->norm_std);
+    if (st == EBB_OK && f->classify && ebb_plan_output_count(infer) > 0) {
+        const ebb_plan_value *v = ebb_plan_value_at(infer, ebb_plan_output_slot(infer, 0));
+        if (v->shape.ndim >= 1)
+            st = ebb_dataset_check_classes(*out, f->n_in, v->shape.dim[v->shape.ndim - 1]);
+    }
+    if (st == EBB_OK && ebb_dataset_size(*out) == 0)
+        st = ebb_error_set(EBB_ERR_ARG, "dataset '%s' has no samples", desc);
+    if (st != EBB_OK) {
+        ebb_dataset_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+static void free_tensors(ebb_tensor **ts, int n) {
+    for (int i = 0; i < n; i++) {
+        ebb_tensor_free(ts[i]);
+        ts[i] = NULL;
+    }
+}
+
+/* Field tensors for samples index[0..count). */
+static ebb_status make_batch(const fields *f, const ebb_dataset *d, const int64_t *index,
+                             int64_t count, ebb_device dev, ebb_tensor **ts) {
+    ebb_shape in[MAX_FIELDS], tg[MAX_FIELDS];
+    ebb_status st = batch_shapes(f, count, in, tg);
+    for (int i = 0; st == EBB_OK && i < f->n; i++)
+        st = ebb_dataset_batch(&ts[i], d, i, index, count, i < f->n_in ? &in[i] : &tg[i - f->n_in],
+                               f->dtypes[i], dev);
+    if (st != EBB_OK) free_tensors(ts, f->n);
+    return st;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ---- metrics ----------------------------------------------------------------- */
+
+double ebb_metrics_class_accuracy(const ebb_metrics *m, int64_t c) {
+    if (!m || !m->confusion || c < 0 || c >= m->classes) return NAN;
+    int64_t row = 0;
+    for (int64_t k = 0; k < m->classes; k++)
+        row += m->confusion[c * m->classes + k];
+    return row ? (double)m->confusion[c * m->classes + c] / (double)row : NAN;
+}
+
+void ebb_metrics_free(ebb_metrics *m) {
+    if (!m) return;
+    free(m->confusion);
+    memset(m, 0, sizeof *m);
+}
+
+void ebb_metrics_print(const ebb_metrics *m, FILE *f) {
+    if (!m || !f) return;
+    if (!m->classes) {
+        fprintf(f, "loss %.4f on %lld samples\n", m->loss, (long long)m->samples);
+        return;
+    }
+    fprintf(f, "accuracy %.4f", m->accuracy);
+    if (m->top_k) fprintf(f, " top-%d %.4f", m->top_k, m->top_k_accuracy);
+    fprintf(f, " loss %.4f on %lld samples\n", m->loss, (long long)m->samples);
+    if (!m->confusion) return;
+    /* per class: its accuracy, then its row of the confusion matrix */
+    int w = 5;
+    for (int64_t c = 0; c < m->classes * m->classes; c++) {
+        int d = snprintf(NULL, 0, "%lld", (long long)m->confusion[c]);
+        w = d + 1 > w ? d + 1 : w;
+    }
+    fprintf(f, "%5s %9s |", "class", "accuracy");
+    for (int64_t c = 0; c < m->classes; c++)
+        fprintf(f, "%*lld", w, (long long)c);
+    fprintf(f, "  (predicted)\n");
+    for (int64_t c = 0; c < m->classes; c++) {
+        double a = ebb_metrics_class_accuracy(m, c);
+        if (isnan(a))
+            fprintf(f, "%5lld %9s |", (long long)c, "-");
+        else
+            fprintf(f, "%5lld %9.4f |", (long long)c, a);
+        for (int64_t k = 0; k < m->classes; k++)
+            fprintf(f, "%*lld", w, (long long)m->confusion[c * m->classes + k]);
+        fprintf(f, "\n");
+    }
+}
+
+/* A host copy of t as `dt` ([numel] values), or NULL with the error set. */
+static void *host_copy(const ebb_tensor *t, ebb_dtype dt, size_t elem) {
+    ebb_tensor *h = NULL;
+    size_t n = (size_t)ebb_tensor_numel(t);
+    void *buf = NULL;
+    ebb_status st = ebb_tensor_to(&h, t, ebb_device_cpu(), dt);
+    if (st == EBB_OK && !(buf = malloc(n * elem + 1))) ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    if (buf && ebb_tensor_to_host(h, buf, n * elem) != EBB_OK) {
+        free(buf);
+        buf = NULL;
+    }
+    ebb_tensor_free(h);
+    return buf;
+}
+
+/* Counts a batch's predictions into m: top-1 (the first highest score, as
+ * argmax picks it), top-k, and the confusion matrix. */
+static ebb_status count_predictions(ebb_metrics *m, const ebb_tensor *out,
+                                    const ebb_tensor *target) {
+    int64_t c = m->classes, n = ebb_tensor_numel(target);
+    if (ebb_tensor_numel(out) != n * c)
+        return ebb_error_set(EBB_ERR_SHAPE,
+                             "evaluation: the output holds %lld scores, not %lld targets times "
+                             "%lld classes",
+                             (long long)ebb_tensor_numel(out), (long long)n, (long long)c);
+    double *score = host_copy(out, EBB_FLOAT64, sizeof(double));
+    int64_t *label = score ? host_copy(target, EBB_INT64, sizeof(int64_t)) : NULL;
+    ebb_status st = label ? EBB_OK : ebb_errcode();
+    for (int64_t i = 0; st == EBB_OK && i < n; i++) {
+        const double *s = score + i * c;
+        int64_t y = label[i], best = 0, above = 0;
+        if (y < 0 || y >= c) {
+            st = ebb_error_set(EBB_ERR_ARG, "evaluation: target %lld is not a class of %lld",
+                               (long long)y, (long long)c);
+            break;
+        }
+        for (int64_t k = 1; k < c; k++)
+            best = s[k] > s[best] || (isnan(s[k]) && !isnan(s[best])) ? k : best;
+        for (int64_t k = 0; k < c; k++)
+            above += s[k] > s[y];
+        m->confusion[y * c + best]++;
+        m->accuracy += best == y;
+        m->top_k_accuracy += m->top_k && above < m->top_k;
+    }
+    m->predictions += n;
+    free(score);
+    free(label);
+    return st;
+}
+
+/* The loss op's mean over a batch. */
+static ebb_status batch_loss(const fields *f, const ebb_tensor *out, const ebb_tensor *target,
+                             double *loss) {
+    ebb_tensor *l = NULL;
+    ebb_status st;
+    if (!strcmp(f->loss, "cross_entropy"))
+        st = ebb_tensor_cross_entropy(&l, NULL, NULL, out, target, -100, 0.0);
+    else if (!strcmp(f->loss, "nll"))
+        st = ebb_tensor_nll_loss(&l, NULL, out, target, -100);
+    else if (!strcmp(f->loss, "mse"))
+        st = ebb_tensor_mse_loss(&l, out, target);
+    else if (!strcmp(f->loss, "bce_with_logits"))
+        st = ebb_tensor_bce_with_logits(&l, out, target);
+    else
+        st = ebb_error_set(EBB_ERR_UNSUPPORTED, "evaluation: loss '%s' is not one it computes",
+                           f->loss);
+    if (st == EBB_OK) st = ebb_tensor_item(l, loss);
+    ebb_tensor_free(l);
+    return st;
+}
+
+/* The metrics of the model over a whole dataset, in file order, in batches
+ * of `batch` run with the inference plan. */
+static ebb_status evaluate(const fields *f, const ebb_plan *plan, const ebb_model *model,
+                           const ebb_dataset *d, int64_t batch, int top_k, ebb_metrics *m) {
+    memset(m, 0, sizeof *m);
+    int64_t n = ebb_dataset_size(d);
+    if (f->classify && ebb_plan_output_count(plan) > 0) {
+        const ebb_plan_value *v = ebb_plan_value_at(plan, ebb_plan_output_slot(plan, 0));
+        m->classes = v->shape.ndim >= 1 ? v->shape.dim[v->shape.ndim - 1] : 0;
+    }
+    m->top_k = m->classes && top_k > 0 && top_k < m->classes ? top_k : 0;
+    int64_t *order = malloc(sizeof *order * (size_t)n + 1);
+    if (m->classes && !(m->confusion = calloc((size_t)(m->classes * m->classes), sizeof(int64_t))))
+        free(order), order = NULL;
+    if (!order) {
+        ebb_metrics_free(m);
+        return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    }
+    ebb_dataset_order(order, n, 0, 0);
+    double sum = 0;
+    ebb_status st = EBB_OK;
+    ebb_tensor *ts[MAX_FIELDS] = {0};
+    ebb_device dev = ebb_model_device(model);
+    for (int64_t at = 0; st == EBB_OK && at < n; at += batch) {
+        int64_t cnt = n - at < batch ? n - at : batch;
+        ebb_tensor *out = NULL;
+        double l = 0;
+        st = make_batch(f, d, order + at, cnt, dev, ts);
+        if (st == EBB_OK) st = ebb_run(plan, model, ts, &out, NULL);
+        if (st == EBB_OK) st = batch_loss(f, out, ts[f->n_in], &l);
+        if (st == EBB_OK && m->classes) st = count_predictions(m, out, ts[f->n_in]);
+        ebb_tensor_free(out);
+        free_tensors(ts, f->n);
+        sum += l * (double)cnt;
+    }
+    free(order);
+    if (st != EBB_OK) {
+        ebb_metrics_free(m);
+        return st;
+    }
+    m->samples = n;
+    m->loss = sum / (double)n;
+    double preds = m->predictions ? (double)m->predictions : 1.0;
+    m->accuracy = m->classes ? m->accuracy / preds : NAN;
+    m->top_k_accuracy = m->top_k ? m->top_k_accuracy / preds : NAN;
+    return EBB_OK;
+}
+
+/* ---- what a checkpoint holds of the model and its optimizer -------------------- */
+
+/* Every parameter, its optimizer state (NULL where it has none) and its
+ * update count. Either borrowed from the live model and optimizer
+ * (state_view), or copies of them (state_copy: skip_nonfinite's undo). */
+typedef struct state {
+    int n, owned;
+    ebb_tensor **t; /* [i * PER_PARAM]: parameter i; [i * PER_PARAM + 1 + k]: its slot k */
+    int64_t *steps; /* [i]: parameter i's updates */
+} state;
+
+static void state_free(state *s) {
+    for (int k = 0; s->owned && s->t && k < s->n * PER_PARAM; k++)
+        ebb_tensor_free(s->t[k]);
+    free(s->t);
+    free(s->steps);
+    memset(s, 0, sizeof *s);
+}
+
+static ebb_status state_alloc(state *s, int n, int owned) {
+    if (s->t) return EBB_OK;
+    s->t = calloc((size_t)n * PER_PARAM + 1, sizeof *s->t);
+    s->steps = calloc((size_t)n + 1, sizeof *s->steps);
+    s->n = n;
+    s->owned = owned;
+    if (s->t && s->steps) return EBB_OK;
+    state_free(s);
+    return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+}
+
+static ebb_status state_view(state *s, const ebb_model *m, const ebb_optimizer *opt) {
+    ebb_status st = state_alloc(s, ebb_model_param_count(m), 0);
+    for (int i = 0; st == EBB_OK && i < s->n; i++) {
+        s->t[i * PER_PARAM] = ebb_model_param(m, ebb_model_param_name(m, i));
+        for (int k = 0; opt && k < N_SLOTS; k++)
+            s->t[i * PER_PARAM + 1 + k] = ebb_optimizer_state_tensor(opt, i, slot_name(k));
+        s->steps[i] = opt ? ebb_optimizer_param_step_count(opt, i) : 0;
+    }
+    return st;
+}
+
+/* s becomes a copy of the live state, reusing the tensors of its last copy. */
+static ebb_status state_copy(state *s, const ebb_model *m, const ebb_optimizer *opt) {
+    state live = {0};
+    ebb_status st = state_view(&live, m, opt);
+    if (st == EBB_OK) st = state_alloc(s, live.n, 1);
+    for (int k = 0; st == EBB_OK && k < live.n * PER_PARAM; k++) {
+        if (!live.t[k]) {
+            ebb_tensor_free(s->t[k]);
+            s->t[k] = NULL;
+        } else {
+            st = s->t[k] ? ebb_tensor_copy_(s->t[k], live.t[k])
+                         : ebb_tensor_clone(&s->t[k], live.t[k]);
+        }
+    }
+    if (st == EBB_OK) memcpy(s->steps, live.steps, sizeof *s->steps * (size_t)live.n);
+    state_free(&live);
+    return st;
+}
+
+/* Whether options `o` keep state slot k (ebb_optimizer_save()'s names). */
+static int slot_used(const ebb_optimizer_options *o, int k) {
+    const char *name = ebb_optimizer_state_slot(o, k);
+    return name && *name;
+}
+
+/* Writes s to `path`: the parameters under their names when with_params;
+ * the optimizer state as ebb_optimizer_save() names it, under options oo (a
+ * slot oo does not keep is left out, and so is all of a parameter's state
+ * when it lacks a slot oo keeps: it starts afresh, as torch.optim's would);
+ * and n_meta metadata pairs. */
+static ebb_status state_write(const state *s, const ebb_model *m, const ebb_optimizer_options *oo,
+                              const char *path, int with_params, const char *const *meta,
+                              int n_meta) {
+    int cap = s->n * (PER_PARAM + 1) + 1, n = 0;
+    char **names = calloc((size_t)cap, sizeof *names);
+    ebb_tensor **ts = calloc((size_t)cap, sizeof *ts);
+    char *made = calloc((size_t)cap, 1);
+    ebb_status st = names && ts && made ? EBB_OK : ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    for (int i = 0; st == EBB_OK && i < s->n; i++) {
+        const char *pn = ebb_model_param_name(m, i);
+        ebb_tensor *const *slot = s->t + i * PER_PARAM + 1;
+        if (with_params) {
+            names[n] = strdup(pn);
+            ts[n++] = s->t[i * PER_PARAM];
+        }
+        int whole = s->steps[i] > 0;
+        for (int k = 0; k < N_SLOTS; k++)
+            whole &= !slot_used(oo, k) || slot[k] != NULL;
+        for (int k = 0; whole && st == EBB_OK && k <= N_SLOTS; k++) {
+            if (k < N_SLOTS && !slot_used(oo, k)) continue;
+            size_t len = strlen(pn) + 32;
+            if ((names[n] = malloc(len)))
+                snprintf(names[n], len, "optim.%s.%s", pn, k < N_SLOTS ? slot_name(k) : "step");
+            if (k < N_SLOTS) {
+                ts[n] = slot[k];
+            } else {
+                ebb_shape scalar = {0, {0}};
+                made[n] = 1;
+                st = ebb_tensor_full(&ts[n], &scalar, (double)s->steps[i], EBB_FLOAT64,
+                                     ebb_device_cpu());
+            }
+            n++;
+        }
+    }
+    if (st == EBB_OK) {
+        /* ebb_optimizer_save()'s optim.options, format version 2 */
+        double v[15] = {2,          (double)oo->kind, oo->lr,      oo->momentum, oo->dampening,
+                        oo->nesterov, oo->weight_decay, oo->beta1, oo->beta2,    oo->eps,
+                        oo->amsgrad, oo->rho,          oo->centered, oo->lr_decay,
+                        oo->initial_accumulator_value};
+        ebb_shape sh = {1, {15}};
+        names[n] = strdup("optim.options");
+        made[n] = 1;
+        st = ebb_tensor_from_host(&ts[n++], v, sizeof v, &sh, EBB_FLOAT64, ebb_device_cpu());
+    }
+    for (int i = 0; st == EBB_OK && i < n; i++)
+        if (!names[i]) st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    if (st == EBB_OK)
+        st = ebb_safetensors_write_meta(path, (const char *const *)names, ts, n, meta, n_meta);
+    for (int i = 0; names && ts && made && i < n; i++) {
+        free(names[i]);
+        if (made[i]) ebb_tensor_free(ts[i]);
+    }
+    free(names);
+    free(ts);
+    free(made);
+    return st;
+}
+
+/* Replaces the optimizer's state and update counts with s's, under options
+ * oo, through an anonymous file in memory: ebb_optimizer_load() is the one
+ * call that sets them. */
+static ebb_status state_load_optimizer(const state *s, const ebb_model *m, ebb_optimizer *opt,
+                                       const ebb_optimizer_options *oo) {
+    int fd = memfd_create("ebb-optimizer-state", MFD_CLOEXEC);
+    if (fd < 0)
+        return ebb_error_set(EBB_ERR_IO, "cannot hold the optimizer state in memory: %s",
+                             strerror(errno));
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ebb_status st = state_write(s, m, oo, path, 0, NULL, 0);
+    if (st == EBB_OK) st = ebb_optimizer_load(opt, path);
+    close(fd);
+    return st;
+}
+
+/* Puts a copy back: the parameters (batch_norm's running statistics among
+ * them), the optimizer's state and its update counts. */
+static ebb_status state_restore(const state *s, ebb_model *m, ebb_optimizer *opt) {
+    ebb_status st = EBB_OK;
+    for (int i = 0; st == EBB_OK && i < s->n; i++)
+        st = ebb_tensor_copy_(ebb_model_param(m, ebb_model_param_name(m, i)), s->t[i * PER_PARAM]);
+    ebb_optimizer_options oo = ebb_optimizer_get_options(opt);
+    return st == EBB_OK ? state_load_optimizer(s, m, opt, &oo) : st;
+}
+
+/* The NaN and infinite elements of t (none in an integer tensor). */
+static ebb_status count_nonfinite(const ebb_tensor *t, int64_t *bad) {
+    ebb_dtype dt = ebb_tensor_dtype(t);
+    *bad = 0;
+    if (dt != EBB_FLOAT32 && dt != EBB_FLOAT64 && dt != EBB_FLOAT16 && dt != EBB_BFLOAT16)
+        return EBB_OK;
+    int wide = dt == EBB_FLOAT64;
+    size_t n = (size_t)ebb_tensor_numel(t);
+    void *buf = host_copy(t, wide ? EBB_FLOAT64 : EBB_FLOAT32, wide ? sizeof(double) : sizeof(float));
+    if (!buf) return ebb_errcode();
+    for (size_t i = 0; i < n; i++)
+        *bad += wide ? !isfinite(((const double *)buf)[i]) : !isfinite(((const float *)buf)[i]);
+    free(buf);
+    return EBB_OK;
+}
+
+typedef void (*warn_fn)(const char *message, void *user);
+
+/* EBB_ERR_ARG naming the first tensor of s (parameters only, or with the
+ * optimizer state) that holds NaN or Inf; or, when warn is given, one
+ * warning per such tensor ("FILE: ...") and EBB_OK. */
+static ebb_status state_check_finite(const state *s, const ebb_model *m, int params_only,
+                                     warn_fn warn, void *user, const char *file) {
+    for (int k = 0; k < s->n * PER_PARAM; k++) {
+        int64_t bad = 0;
+        int i = k / PER_PARAM, slot = k % PER_PARAM - 1;
+        if (!s->t[k] || (params_only && slot >= 0)) continue;
+        ebb_status st = count_nonfinite(s->t[k], &bad);
+        if (st != EBB_OK) return st;
+        if (!bad) continue;
+        char what[512], msg[1024];
+        snprintf(what, sizeof what, slot < 0 ? "parameter '%s%s'" : "optimizer state 'optim.%s.%s'",
+                 ebb_model_param_name(m, i), slot < 0 ? "" : slot_name(slot));
+        if (!warn)
+            return ebb_error_set(EBB_ERR_ARG, "%s holds %lld NaN or infinite values (of %lld)",
+                                 what, (long long)bad, (long long)ebb_tensor_numel(s->t[k]));
+        snprintf(msg, sizeof msg, "%s: %s holds %lld NaN or infinite values (of %lld)", file, what,
+                 (long long)bad, (long long)ebb_tensor_numel(s->t[k]));
+        warn(msg, user);
+    }
+    return EBB_OK;
+}
+
+/* ---- checkpoints ----------------------------------------------------------------- */
+
+void ebb_checkpoint_info_free(ebb_checkpoint_info *ci) {
+    if (!ci) return;
+    free(ci->data);
+    free(ci->stateless);
+    memset(ci, 0, sizeof *ci);
+}
+
+static int meta_i64(const ebb_safetensors *sf, const char *key, int64_t *out) {
+    const char *v = ebb_safetensors_metadata(sf, key);
+    char *end = NULL;
+    if (!v || !*v) return 0;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (*end || errno || x < 0) return 0;
+    *out = x;
+    return 1;
+}
+
+ebb_status ebb_checkpoint_read_info(const char *path, ebb_checkpoint_info *ci) {
+    if (!path || !ci) return ebb_error_set(EBB_ERR_ARG, "ebb_checkpoint_read_info: NULL argument");
+    memset(ci, 0, sizeof *ci);
+    ebb_safetensors *sf = NULL;
+    ebb_status st = ebb_safetensors_open(&sf, path);
+    if (st != EBB_OK) return st;
+    int64_t seed = 0, shuffle = 0, drop = 0;
+    ebb_tensor *t = NULL;
+    double v[15] = {0}; /* ebb_optimizer_save()'s optim.options: 15 values, or 11 (version 1) */
+    ebb_shape sh;
+    ebb_dtype dt;
+    if (!ebb_safetensors_metadata(sf, "ebb_checkpoint") || !meta_i64(sf, "step", &ci->step) ||
+        !meta_i64(sf, "seed", &seed) || !meta_i64(sf, "batch", &ci->batch) ||
+        !meta_i64(sf, "shuffle", &shuffle) || !meta_i64(sf, "drop_last", &drop))
+        st = ebb_error_set(EBB_ERR_ARG,
+                           "%s: not an ebb train checkpoint (its __metadata__ lacks "
+                           "ebb_checkpoint, step, seed, batch, shuffle or drop_last)",
+                           path);
+    else if (ebb_safetensors_find(sf, "optim.options", &dt, &sh) != EBB_OK || dt != EBB_FLOAT64 ||
+             sh.ndim != 1 || (sh.dim[0] != 15 && sh.dim[0] != 11))
+        st = ebb_error_set(EBB_ERR_ARG, "%s: no optim.options (float64 [15])", path);
+    else if ((st = ebb_safetensors_load(&t, sf, "optim.options", ebb_device_cpu())) == EBB_OK)
+        st = ebb_tensor_to_host(t, v, (size_t)sh.dim[0] * sizeof v[0]);
+    const char *data = ebb_safetensors_metadata(sf, "data");
+    const char *stateless = ebb_safetensors_metadata(sf, "stateless");
+    const char *sched = ebb_safetensors_metadata(sf, "lr_schedule");
+    if (st == EBB_OK && sched) {
+        const char *lr = ebb_safetensors_metadata(sf, "lr_schedule_lr");
+        const char *base = ebb_safetensors_metadata(sf, "lr_schedule_base");
+        char *end1 = NULL, *end2 = NULL;
+        ci->schedule_lr = lr ? strtod(lr, &end1) : NAN;
+        ci->schedule_base = base ? strtod(base, &end2) : NAN;
+        if (ebb_lr_schedule_parse(&ci->schedule, sched) != EBB_OK ||
+            !meta_i64(sf, "lr_schedule_steps", &ci->schedule_steps) || !end1 || *end1 || !end2 ||
+            *end2 || !isfinite(ci->schedule_lr) || !isfinite(ci->schedule_base))
+            st = ebb_error_set(EBB_ERR_ARG,
+                               "%s: its learning-rate schedule '%s' is not one ebb can resume "
+                               "(lr_schedule_steps, lr_schedule_lr and lr_schedule_base must be "
+                               "numbers)",
+                               path, sched);
+        ci->has_schedule = 1;
+    }
+    if (st == EBB_OK && ((data && !(ci->data = strdup(data))) ||
+                         (stateless && !(ci->stateless = strdup(stateless)))))
+        st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    ebb_tensor_free(t);
+    ebb_safetensors_close(sf);
+    if (st != EBB_OK) {
+        ebb_checkpoint_info_free(ci);
+        return st;
+    }
+    ci->seed = (uint64_t)seed;
+    ci->shuffle = shuffle != 0;
+    ci->drop_last = drop != 0;
+    ci->optimizer = (ebb_optimizer_options){.kind = (ebb_optimizer_kind)(int)v[1],
+                                            .lr = v[2],
+                                            .momentum = v[3],
+                                            .dampening = v[4],
+                                            .nesterov = (int)v[5],
+                                            .weight_decay = v[6],
+                                            .beta1 = v[7],
+                                            .beta2 = v[8],
+                                            .eps = v[9],
+                                            .amsgrad = (int)v[10],
+                                            .rho = v[11],
+                                            .centered = (int)v[12],
+                                            .lr_decay = v[13],
+                                            .initial_accumulator_value = v[14],
+                                            .complete = 1};
+    return EBB_OK;
+}
+
+/* Every parameter of the model, read from the checkpoint in place. */
+static ebb_status load_checkpoint_weights(const char *path, ebb_model *m) {
+    ebb_safetensors *sf = NULL;
+    ebb_status st = ebb_safetensors_open(&sf, path);
+    for (int i = 0; st == EBB_OK && i < ebb_model_param_count(m); i++) {
+        const char *pn = ebb_model_param_name(m, i);
+        if (!ebb_safetensors_dtype_str(sf, pn))
+            st = ebb_error_set(EBB_ERR_ARG, "%s: missing parameter '%s'", path, pn);
+        else
+            st = ebb_safetensors_load_into(sf, pn, ebb_model_param(m, pn));
+    }
+    ebb_safetensors_close(sf);
+    return st;
+}
+
+/* ---- the trainer ------------------------------------------------------------------- */
+
+struct ebb_trainer {
+    ebb_trainer_options o;
+    ebb_lr_schedule schedule; /* o.schedule points here */
+    fields f;
+    ebb_checkpoint_info ci; /* o.resume's */
+    ebb_plan *plan, *infer;
+    ebb_model *m;
+    ebb_optimizer *opt;
+    ebb_dataset *train, *test;
+    char *data; /* the training data's fields, as a checkpoint records them */
+    int64_t *order;
+    ebb_tensor *ts[MAX_FIELDS];
+    state undo;        /* skip_nonfinite: the model and optimizer before the step */
+    ebb_capture *cap;  /* cuda_graph: the step, captured at the first full batch */
+    ebb_lr_scheduler *sched;
+    ebb_trainer_stats s;
+    char skip_why[512];
+    int tty; /* progress is a terminal: the progress line is redrawn in place */
+    /* steps count from 1, as the progress line counts them */
+    int64_t epoch_samples, epochs, trace_at, shuffled_epoch;
+    double t0, t_epoch, last_draw;
+    /* losses summed since the last log line and the epoch's start, over the
+     * steps counted (not skipped) */
+    double log_loss, epoch_loss;
+    int64_t log_n, epoch_n, epoch_steps, epoch_skipped;
+    /* early stopping */
+    double best_loss;
+    int64_t best_epoch, bad_epochs;
+    int stop;
+    char stop_reason[512];
+};
+
+ebb_trainer_options ebb_trainer_defaults(void) {
+    return (ebb_trainer_options){.epochs = 1,
+                                 .batch = 64,
+                                 .shuffle = 1,
+                                 .optimizer = ebb_optimizer_defaults(EBB_ADAMW, 1e-3),
+                                 .device = ebb_device_cpu(),
+                                 .top_k = 5};
+}
+
+static void warn(const ebb_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void warn(const ebb_trainer *t, const char *fmt, ...) {
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (t->o.warning)
+        t->o.warning(msg, t->o.user);
+    else
+        fprintf(stderr, "ebb: warning: %s\n", msg);
+}
+
+static void warn_cb(const char *message, void *user) { warn(user, "%s", message); }
+
+static void warn_nonfinite(const char *path, const char *name, int64_t count, int64_t numel,
+                           void *user) {
+    warn(user, "%s: parameter '%s' holds %lld NaN or infinite values (of %lld)", path, name,
+         (long long)count, (long long)numel);
+}
+
+/* Samples seen after `step` steps: whole epochs, then the batches of the
+ * epoch under way (the last one partial unless drop_last); -1 when that
+ * does not fit in 64 bits. */
+static int64_t samples_at(const ebb_trainer *t, int64_t step) {
+    int64_t whole, in_epoch, s, per = t->s.steps_per_epoch;
+    if (__builtin_mul_overflow(step / per, t->epoch_samples, &whole) ||
+        __builtin_mul_overflow(step % per, t->o.batch, &in_epoch) ||
+        __builtin_add_overflow(whole, in_epoch < t->epoch_samples ? in_epoch : t->epoch_samples,
+                               &s))
+        return -1;
+    return s;
+}
+
+/* A comma-separated list of the trained parameters without optimizer state
+ * (a branch no row chose has none; a resumed run must tell that from state
+ * a file lost). A new string, or NULL when out of memory. */
+static char *stateless_params(const ebb_trainer *t) {
+    size_t cap = 1, at = 0;
+    for (int i = 0; i < ebb_model_param_count(t->m); i++)
+        cap += strlen(ebb_model_param_name(t->m, i)) + 1;
+    char *s = malloc(cap);
+    for (int i = 0; s && i < ebb_model_param_count(t->m); i++)
+        if (ebb_plan_param_trained(t->plan, i) && ebb_optimizer_param_step_count(t->opt, i) <= 0)
+            at += (size_t)snprintf(s + at, cap - at, "%s%s", at ? "," : "",
+                                   ebb_model_param_name(t->m, i));
+    if (s) s[at] = '\0';
+    return s;
+}
+
+/* "x float32 [96, 64], y int64 [96]": a dataset's fields as stored. */
+static char *data_fields(const ebb_dataset *d) {
+    size_t cap = 64 + (size_t)ebb_dataset_field_count(d) * 192, at = 0;
+    char *s = malloc(cap);
+    if (!s) return NULL;
+    s[0] = '\0';
+    for (int i = 0; i < ebb_dataset_field_count(d) && at < cap; i++) {
+        char sh[128];
+        ebb_shape shape = ebb_dataset_field_shape(d, i);
+        at += (size_t)snprintf(
+            s + at, cap - at, "%s%s %s %s", i ? ", " : "", ebb_dataset_field_name(d, i),
+            ebb_dtype_name(ebb_dataset_field_dtype(d, i)), ebb_shape_str(&shape, sh, sizeof sh));
+    }
+    return s;
+}
+
+static int in_list(const char *list, const char *name) {
+    size_t len = strlen(name);
+    for (const char *p = list; p && *p; p += strcspn(p, ",") + (p[strcspn(p, ",")] == ','))
+        if (strcspn(p, ",") == len && !strncmp(p, name, len)) return 1;
+    return 0;
+}
+
+static int same_options(const ebb_optimizer_options *a, const ebb_optimizer_options *b) {
+    return a->kind == b->kind && a->lr == b->lr && a->momentum == b->momentum &&
+           a->dampening == b->dampening && a->nesterov == b->nesterov &&
+           a->weight_decay == b->weight_decay && a->beta1 == b->beta1 && a->beta2 == b->beta2 &&
+           a->eps == b->eps && a->amsgrad == b->amsgrad && a->rho == b->rho &&
+           a->centered == b->centered && a->lr_decay == b->lr_decay &&
+           a->initial_accumulator_value == b->initial_accumulator_value;
+}
+
+/* ---- open ---- */
+
+static ebb_status check_options(const ebb_trainer_options *o) {
+    if (!o->evaluate_only && !o->data)
+        return ebb_error_set(EBB_ERR_ARG, "the trainer needs training data (options.data)");
+    if (o->evaluate_only && !o->eval_data)
+        return ebb_error_set(EBB_ERR_ARG, "evaluate_only needs eval_data, the data evaluated");
+    if (o->batch < 1)
+        return ebb_error_set(EBB_ERR_ARG, "batch %lld: a batch holds at least one sample",
+                             (long long)o->batch);
+    if (!o->evaluate_only && !o->steps && o->epochs < 1)
+        return ebb_error_set(EBB_ERR_ARG, "epochs %lld: train for at least one epoch or step",
+                             (long long)o->epochs);
+    if (o->steps < 0 || o->checkpoint_every < 0 || o->log_every < 0 || o->trace_step < 0 ||
+        o->top_k < 0 || o->early_stop_patience < 0)
+        return ebb_error_set(EBB_ERR_ARG, "the trainer's counts (steps, checkpoint_every, "
+                                          "log_every, trace_step, top_k, early_stop_patience) "
+                                          "cannot be negative");
+    if (o->early_stop_patience && !o->eval_data)
+        return ebb_error_set(EBB_ERR_ARG, "early stopping watches the evaluation loss: it "
+                                          "needs eval_data");
+    if (o->cuda_graph && o->device.type != EBB_DEVICE_CUDA) {
+        char d[32];
+        return ebb_error_set(EBB_ERR_ARG,
+                             "--cuda-graph needs a CUDA device; training would run on %s (add "
+                             "--device cuda)",
+                             ebb_device_str(o->device, d, sizeof d));
+    }
+    if (o->cuda_graph && o->skip_nonfinite)
+        return ebb_error_set(EBB_ERR_ARG, "cuda_graph and skip_nonfinite cannot be combined: a "
+                                          "replayed step cannot be undone (its updates are in "
+                                          "the graph)");
+    if (o->checkpoint_every && !o->checkpoint)
+        return ebb_error_set(EBB_ERR_ARG, "checkpoint_every needs a checkpoint path");
+    return EBB_OK;
+}
+
+/* Loads `path` into the model; NaN or Inf is an error naming the tensor
+ * unless allow_nonfinite, which makes it a warning. */
+static ebb_status load_weights(ebb_trainer *t, const char *path) {
+    ebb_model_load_options lo = {
+        .strict_finite = !t->o.allow_nonfinite, .nonfinite = warn_nonfinite, .user = t};
+    return ebb_model_load_ex(t->m, path, &lo);
+}
+
+/* A trained parameter without optimizer state, unless the checkpoint says it
+ * had none, is state the file lost: resuming would restart it from zero. */
+static ebb_status check_missing_state(ebb_trainer *t) {
+    char names[1024];
+    size_t at = 0;
+    int missing = 0;
+    names[0] = '\0';
+    for (int i = 0; t->ci.step > 0 && i < ebb_model_param_count(t->m); i++) {
+        const char *pn = ebb_model_param_name(t->m, i);
+        if (!ebb_plan_param_trained(t->plan, i) || ebb_optimizer_param_step_count(t->opt, i) > 0 ||
+            in_list(t->ci.stateless, pn))
+            continue;
+        if (at < sizeof names)
+            at += (size_t)snprintf(names + at, sizeof names - at, "%s'%s'", missing ? ", " : "", pn);
+        missing++;
+    }
+    if (!missing) return EBB_OK;
+    const char *verb = missing > 1 ? "were" : "was";
+    if (t->o.non_strict) {
+        warn(t, "%s: no optimizer state for %s, which %s trained at step %lld; --non-strict: "
+                "starting without it", t->o.resume, names, verb, (long long)t->ci.step);
+        return EBB_OK;
+    }
+    return ebb_error_set(EBB_ERR_ARG,
+                         "%s: no optimizer state for %s, which %s trained at step %lld; "
+                         "--non-strict starts without it",
+                         t->o.resume, names, verb, (long long)t->ci.step);
+}
+
+/* The weights and the optimizer state (under the options in force, which
+ * may differ from the checkpoint's), each checked for state lost and for
+ * NaN or Inf; a dataset unlike the checkpoint's is a warning. */
+static ebb_status resume(ebb_trainer *t) {
+    const char *ck = t->o.resume;
+    int same_kind = t->o.optimizer.kind == t->ci.optimizer.kind;
+    ebb_status st = load_checkpoint_weights(ck, t->m);
+    if (st == EBB_OK && same_kind) st = ebb_optimizer_load(t->opt, ck);
+    state s = {0};
+    if (st == EBB_OK) st = state_view(&s, t->m, t->opt);
+    if (st == EBB_OK && same_kind && !same_options(&t->o.optimizer, &t->ci.optimizer)) {
+        st = state_load_optimizer(&s, t->m, t->opt, &t->o.optimizer);
+        state_free(&s); /* it borrowed the state the load replaced */
+        if (st == EBB_OK) st = state_view(&s, t->m, t->opt);
+    }
+    if (st == EBB_OK)
+        st = state_check_finite(&s, t->m, 0, t->o.allow_nonfinite ? warn_cb : NULL, t, ck);
+    state_free(&s);
+    if (st == EBB_ERR_ARG && strstr(ebb_errmsg(), "NaN or infinite"))
+        return ebb_error_prefix("%s", ck);
+    if (st != EBB_OK) return st;
+    if (!same_kind)
+        warn(t, "--override --optimizer %s: the %s state in %s is not used; %s starts without "
+                "state",
+             ebb_optimizer_kind_name(t->o.optimizer.kind),
+             ebb_optimizer_kind_name(t->ci.optimizer.kind), ck,
+             ebb_optimizer_kind_name(t->o.optimizer.kind));
+    else if ((st = check_missing_state(t)) != EBB_OK)
+        return st;
+    if (t->ci.data && t->data && strcmp(t->ci.data, t->data))
+        warn(t, "--data %s is not the data %s was trained on: %s now, %s then", t->o.data, ck,
+             t->data, t->ci.data);
+    return EBB_OK;
+}
+
+/* Steps per epoch, the run's last step and the step it starts from, with
+ * their arithmetic checked: a checkpoint's step comes from a file. */
+static ebb_status plan_steps(ebb_trainer *t) {
+    const ebb_trainer_options *o = &t->o;
+    int64_t n = t->s.samples = ebb_dataset_size(t->train), total = 0;
+    if (o->drop_last && n < o->batch)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "--drop-last with --batch %lld leaves no step: %s has %lld samples",
+                             (long long)o->batch, o->data, (long long)n);
+    int64_t per = t->s.steps_per_epoch = o->drop_last ? n / o->batch : n / o->batch + (n % o->batch != 0);
+    t->epoch_samples = o->drop_last ? per * o->batch : n;
+    t->s.step = t->ci.step;
+    if (o->steps) total = o->steps;
+    if ((!o->steps && __builtin_mul_overflow(o->epochs, per, &total)) ||
+        (t->s.total_steps = total, samples_at(t, total) < 0))
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s %lld, %lld steps per epoch, batch %lld: the run's sample count "
+                             "overflows 64 bits",
+                             o->steps ? "--steps" : "--epochs",
+                             (long long)(o->steps ? o->steps : o->epochs), (long long)per,
+                             (long long)o->batch);
+    if (t->s.step > total)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s is at step %lld, past the %lld steps of %s %lld: nothing to "
+                             "train (ask for more steps)",
+                             o->resume, (long long)t->s.step, (long long)total,
+                             o->steps ? "--steps" : "--epochs",
+                             (long long)(o->steps ? o->steps : o->epochs));
+    t->epochs = total / per + (total % per != 0);
+    t->trace_at = o->trace_step ? o->trace_step : t->s.step < total ? t->s.step + 1 : total;
+    if (o->trace && (t->trace_at <= t->s.step || t->trace_at > total))
+        return ebb_error_set(EBB_ERR_ARG, "--trace-step %lld: this run takes steps %llu to %lld",
+                             (long long)t->trace_at, (unsigned long long)t->s.step + 1,
+                             (long long)total);
+    t->s.last_checkpoint = -1;
+    t->shuffled_epoch = -1;
+    return EBB_OK;
+}
+
+/* The learning-rate schedule, continued from where the checkpoint stopped
+ * when it is the checkpoint's (another one starts afresh from the rate the
+ * optimizer has). */
+static ebb_status open_schedule(ebb_trainer *t) {
+    const ebb_lr_schedule *s = t->o.schedule;
+    if (!s) return EBB_OK;
+    char text[256];
+    if (s->kind == EBB_LR_ONE_CYCLE && s->total_steps < t->s.total_steps)
+        return ebb_error_set(EBB_ERR_ARG, "--lr-schedule %s ends after step %lld; this run takes "
+                                          "%lld steps",
+                             ebb_lr_schedule_str(s, text, sizeof text), (long long)s->total_steps,
+                             (long long)t->s.total_steps);
+    ebb_status st = ebb_lr_scheduler_new(&t->sched, t->opt, s);
+    if (st == EBB_OK && t->ci.has_schedule && !memcmp(s, &t->ci.schedule, sizeof *s))
+        st = ebb_lr_scheduler_restore(t->sched, t->ci.schedule_steps, t->ci.schedule_lr,
+                                      t->ci.schedule_base);
+    return st == EBB_OK ? st
+                        : ebb_error_prefix("--lr-schedule %s",
+                                           ebb_lr_schedule_str(s, text, sizeof text));
+}
+
+static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
+    ebb_trainer_options *o = &t->o;
+    ebb_status st = check_options(o);
+    if (st == EBB_OK) st = fields_init(&t->f, spec, o->loss);
+    if (st == EBB_OK && o->resume) st = ebb_checkpoint_read_info(o->resume, &t->ci);
+    if (st == EBB_OK && !o->evaluate_only)
+        st = compile_plan(&t->f, o->batch, &o->optimizer, o->memory_budget, o->loss, &t->plan);
+    if (st == EBB_OK) st = compile_plan(&t->f, o->batch, NULL, 0, NULL, &t->infer);
+    if (st == EBB_OK && !o->evaluate_only) st = open_data(&t->f, o, o->data, t->infer, &t->train);
+    if (st == EBB_OK && o->eval_data) st = open_data(&t->f, o, o->eval_data, t->infer, &t->test);
+    if (st == EBB_OK && t->train && !(t->data = data_fields(t->train)))
+        st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    if (st == EBB_OK)
+        st = ebb_model_new(&t->m, t->plan ? t->plan : t->infer, o->device, o->seed);
+    if (st == EBB_OK && o->weights) st = load_weights(t, o->weights);
+    if (st != EBB_OK || o->evaluate_only) return st;
+    if ((st = ebb_optimizer_new(&t->opt, t->m, &o->optimizer)) != EBB_OK ||
+        (o->resume && (st = resume(t)) != EBB_OK) || (st = plan_steps(t)) != EBB_OK ||
+        (st = open_schedule(t)) != EBB_OK)
+        return st;
+    if (!(t->order = malloc(sizeof *t->order * (size_t)t->s.samples)))
+        return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    t->s.planned_peak_bytes = ebb_plan_device_peak_bytes(t->plan, o->device);
+    t->s.first_skip_why = t->skip_why;
+    t->tty = o->progress && isatty(fileno(o->progress));
+    return EBB_OK;
+}
+
+ebb_status ebb_trainer_open(ebb_trainer **out, const ebb_spec *spec,
+                            const ebb_trainer_options *opts) {
+    if (!out || !spec || !opts)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_open: NULL argument");
+    *out = NULL;
+    ebb_trainer *t = calloc(1, sizeof *t);
+    if (!t) return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    t->o = *opts;
+    if (opts->schedule) {
+        t->schedule = *opts->schedule;
+        t->o.schedule = &t->schedule;
+    }
+    t->s.first_skip_why = t->skip_why;
+    ebb_status st = trainer_open(t, spec);
+    if (st != EBB_OK) {
+        st = ebb_spec_annotate_error(spec, st);
+        ebb_trainer_free(t);
+        return st;
+    }
+    *out = t;
+    return EBB_OK;
+}
+
+void ebb_trainer_free(ebb_trainer *t) {
+    if (!t) return;
+    free_tensors(t->ts, MAX_FIELDS);
+    free(t->order);
+    state_free(&t->undo);
+    ebb_capture_free(t->cap);
+    ebb_lr_scheduler_free(t->sched);
+    ebb_optimizer_free(t->opt);
+    ebb_model_free(t->m);
+    ebb_dataset_free(t->train);
+    ebb_dataset_free(t->test);
+    free(t->data);
+    ebb_checkpoint_info_free(&t->ci);
+    ebb_plan_free(t->plan);
+    ebb_plan_free(t->infer);
+    free(t);
+}
+
+/* ---- progress ---- */
+
+/* A mean loss as the progress prints it: "0.1234", or "-" when every step
+ * it covers was skipped or it is not finite. */
+static const char *fmt_loss(double sum, int64_t n, char *buf, size_t size) {
+    double v = n ? sum / (double)n : NAN;
+    snprintf(buf, size, isfinite(v) ? "%.4f" : "-", v);
+    return buf;
+}
+
+static void fmt_eta(double s, char *buf, size_t size) {
+    if (!(s >= 0) || s > 1e7)
+        snprintf(buf, size, "?");
+    else if (s >= 3600)
+        snprintf(buf, size, "%d:%02d:%02d", (int)(s / 3600), (int)(s / 60) % 60, (int)s % 60);
+    else
+        snprintf(buf, size, "%d:%02d", (int)(s / 60), (int)s % 60);
+}
+
+static void print_start(const ebb_trainer *t) {
+    FILE *f = t->o.progress;
+    if (!f) return;
+    char sched[256] = "";
+    if (t->sched) {
+        memcpy(sched, ", schedule ", 12);
+        ebb_lr_schedule_str(&t->schedule, sched + 11, sizeof sched - 11);
+    }
+    fprintf(f, "training %s on %s: %lld samples, batch %lld, %lld steps per epoch, %s lr %g%s\n",
+            ebb_spec_file(t->f.spec), t->o.data, (long long)t->s.samples, (long long)t->o.batch,
+            (long long)t->s.steps_per_epoch, ebb_optimizer_kind_name(t->o.optimizer.kind),
+            ebb_optimizer_get_options(t->opt).lr, sched);
+    ebb_remat_stats rs;
+    char bb[32], pk[32], nb[32];
+    if (t->o.memory_budget && ebb_plan_remat_stats(t->plan, &rs) == EBB_OK)
+        fprintf(f,
+                "memory budget %s: the step's peak %s, %s keeping every activation; %d steps "
+                "recomputed, %.0f%% more compute\n",
+                rs.budget == EBB_MEMORY_BUDGET_LEAST ? "least"
+                                                     : ebb_bytes_str(rs.budget, bb, sizeof bb),
+                ebb_bytes_str(rs.peak_bytes, pk, sizeof pk),
+                ebb_bytes_str(rs.no_recompute_peak_bytes, nb, sizeof nb), rs.n_recompute_steps,
+                rs.flops ? 100.0 * (double)rs.recompute_flops / (double)rs.flops : 0.0);
+    if (t->s.step > 0)
+        fprintf(f, "resumed from %s at step %lld%s\n", t->o.resume, (long long)t->s.step,
+                t->s.step == t->s.total_steps ? ", the run's last: nothing to train" : "");
+    fflush(f);
+}
+
+/* The log line every log_every steps, and on a terminal the progress line. */
+static void print_step(ebb_trainer *t, double rate) {
+    FILE *f = t->o.progress;
+    if (!f) return;
+    char lb[32], eta[32], mb[32], pb[32];
+    int64_t e = (t->s.step - 1) / t->s.steps_per_epoch, step = t->s.step, total = t->s.total_steps;
+    if (t->o.log_every && step % t->o.log_every == 0) {
+        if (!t->tty && t->sched)
+            fprintf(f, "epoch %lld step %lld/%lld loss %s lr %.6g %.0f samples/s\n",
+                    (long long)e + 1, (long long)step, (long long)total,
+                    fmt_loss(t->log_loss, t->log_n, lb, sizeof lb),
+                    ebb_optimizer_get_options(t->opt).lr, rate);
+        else if (!t->tty)
+            fprintf(f, "epoch %lld step %lld/%lld loss %s %.0f samples/s\n", (long long)e + 1,
+                    (long long)step, (long long)total,
+                    fmt_loss(t->log_loss, t->log_n, lb, sizeof lb), rate);
+        t->log_loss = 0;
+        t->log_n = 0;
+        fflush(f); /* a log read as it is written (a pipe, tail -f) */
+    }
+    double now = now_s();
+    if (t->tty && (now - t->last_draw > 0.2 || step == total)) {
+        fmt_eta((double)(total - step) * (double)t->o.batch / rate, eta, sizeof eta);
+        fprintf(f,
+                "\repoch %lld/%lld step %lld/%lld %.0f samples/s loss %s ETA %s peak %s/%s "
+                "planned\033[K",
+                (long long)e + 1, (long long)t->epochs, (long long)step, (long long)total, rate,
+                fmt_loss(t->epoch_loss, t->epoch_n, lb, sizeof lb), eta,
+                ebb_bytes_str(t->s.measured_peak_bytes, mb, sizeof mb),
+                ebb_bytes_str(t->s.planned_peak_bytes, pb, sizeof pb));
+        fflush(f);
+        t->last_draw = now;
+    }
+}
+
+static void print_epoch(const ebb_trainer *t, const ebb_train_event *ev) {
+    FILE *f = t->o.progress;
+    if (!f) return;
+    char lb[32], skips[64] = "";
+    if (t->tty) fprintf(f, "\n");
+    if (ev->epoch_skipped)
+        snprintf(skips, sizeof skips, ", %lld skipped", (long long)ev->epoch_skipped);
+    fprintf(f, "epoch %lld: loss %s (%lld steps%s, %.1f s, %.0f samples/s)\n", (long long)ev->epoch,
+            fmt_loss(ev->loss, 1, lb, sizeof lb), (long long)ev->epoch_steps, skips, ev->seconds,
+            (double)(ev->epoch_steps * t->o.batch) / (ev->seconds > 1e-9 ? ev->seconds : 1e-9));
+    const ebb_metrics *m = ev->eval;
+    if (m && m->classes && m->top_k)
+        fprintf(f, "eval: accuracy %.4f top-%d %.4f loss %.4f on %lld samples\n", m->accuracy,
+                m->top_k, m->top_k_accuracy, m->loss, (long long)m->samples);
+    else if (m && m->classes)
+        fprintf(f, "eval: accuracy %.4f loss %.4f on %lld samples\n", m->accuracy, m->loss,
+                (long long)m->samples);
+    else if (m)
+        fprintf(f, "eval: loss %.4f on %lld samples\n", m->loss, (long long)m->samples);
+    fflush(f);
+}
+
+/* ---- the steps ---- */
+
+/* After a step, its loss must be finite, and with skip_nonfinite the state
+ * it left too. The updates ran inside the backward, so the model has them
+ * already: skip_nonfinite puts back the copy taken before the step and
+ * counts it; otherwise the run fails, before anything is written. */
+static ebb_status check_step(ebb_trainer *t, double loss, int *skipped) {
+    char why[512] = "";
+    *skipped = 0;
+    if (!isfinite(loss)) {
+        snprintf(why, sizeof why, "the loss is %s", isnan(loss) ? "NaN" : "infinite");
+    } else if (t->o.skip_nonfinite) {
+        state s = {0};
+        ebb_status st = state_view(&s, t->m, t->opt);
+        if (st == EBB_OK) st = state_check_finite(&s, t->m, 0, NULL, NULL, NULL);
+        state_free(&s);
+        if (st == EBB_ERR_ARG)
+            snprintf(why, sizeof why, "the update left %s", ebb_errmsg());
+        else if (st != EBB_OK)
+            return st;
+    }
+    if (!why[0]) return EBB_OK;
+    if (!t->o.skip_nonfinite) {
+        char last[1024] = "";
+        if (t->s.last_checkpoint > 0)
+            snprintf(last, sizeof last, " (%s holds step %lld)", t->o.checkpoint,
+                     (long long)t->s.last_checkpoint);
+        t->s.nonfinite = 1;
+        return ebb_error_set(EBB_ERR_RUNTIME,
+                             "step %lld: %s, and the step's updates are in the model: training "
+                             "stops, writing nothing%s; lower --lr, or --skip-nonfinite undoes "
+                             "such steps",
+                             (long long)t->s.step, why, last);
+    }
+    ebb_status st = state_restore(&t->undo, t->m, t->opt);
+    if (st != EBB_OK) return st;
+    if (!t->s.skipped++) {
+        t->s.first_skipped = t->s.step;
+        snprintf(t->skip_why, sizeof t->skip_why, "%s", why);
+    }
+    *skipped = 1;
+    return EBB_OK;
+}
+
+/* The training step proper on the next batch: *ev gets its event. */
+static ebb_status run_step(ebb_trainer *t, ebb_train_event *ev, ebb_run_stats *stats) {
+    const ebb_trainer_options *o = &t->o;
+    int64_t per = t->s.steps_per_epoch, e = t->s.step / per, at = t->s.step % per * o->batch;
+    int64_t cnt = t->s.samples - at < o->batch ? t->s.samples - at : o->batch;
+    int traced = o->trace && t->s.step + 1 == t->trace_at;
+    double loss = NAN;
+    if (e != t->shuffled_epoch) {
+        ebb_dataset_order(t->order, t->s.samples,
+                          o->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(e + 1)), o->shuffle);
+        t->shuffled_epoch = e;
+    }
+    ebb_run_options ro = {
+        .seed = o->seed, .trace = traced ? o->trace : NULL, .trace_user = o->trace_user};
+    ebb_status st = o->skip_nonfinite ? state_copy(&t->undo, t->m, t->opt) : EBB_OK;
+    if (st == EBB_OK) st = make_batch(&t->f, t->train, t->order + at, cnt, o->device, t->ts);
+    /* cuda_graph: full batches replay the captured step (made at the first);
+     * a graph is not measured, so such a step reports its plan */
+    int graphed = o->cuda_graph && !traced && cnt == o->batch;
+    ebb_tensor **in = t->ts, **tg = t->ts + t->f.n_in;
+    if (st == EBB_OK && graphed && !t->cap)
+        st = ebb_train_capture(&t->cap, t->plan, t->m, t->opt, in, tg, o->seed);
+    if (st == EBB_OK && graphed) {
+        st = ebb_capture_train_step(t->cap, in, tg, &loss);
+        *stats = (ebb_run_stats){.planned_peak_bytes = t->s.planned_peak_bytes, .over_step = -1};
+    } else if (st == EBB_OK) {
+        st = ebb_train_step_ex(t->plan, t->m, t->opt, in, tg, &loss, &ro, stats);
+    }
+    free_tensors(t->ts, t->f.n);
+    if (st != EBB_OK) {
+        t->s.failed_step = t->s.step + 1;
+        return ebb_spec_annotate_error(t->f.spec, st);
+    }
+    t->s.step++;
+    t->s.done_steps++;
+    t->s.replayed += graphed;
+    double lr = ebb_optimizer_get_options(t->opt).lr;
+    /* the next step's rate, as scheduler.step() after optimizer.step() */
+    if (t->sched && (st = ebb_lr_scheduler_step(t->sched)) != EBB_OK)
+        return ebb_error_prefix("step %lld", (long long)t->s.step);
+    if (stats->measured_peak_bytes > t->s.measured_peak_bytes)
+        t->s.measured_peak_bytes = stats->measured_peak_bytes;
+    int over = stats->over_step >= 0 || stats->measured_peak_bytes > stats->planned_peak_bytes;
+    t->s.over_plan += over;
+    int skipped = 0;
+    if ((st = check_step(t, loss, &skipped)) != EBB_OK) return st;
+    *ev = (ebb_train_event){.kind = EBB_TRAIN_STEP,
+                            .step = t->s.step,
+                            .total_steps = t->s.total_steps,
+                            .epoch = e + 1,
+                            .epochs = t->epochs,
+                            .samples = samples_at(t, t->s.step),
+                            .batch = cnt,
+                            .loss = skipped ? NAN : loss,
+                            .lr = lr,
+                            .skipped = skipped,
+                            .traced = traced,
+                            .replayed = graphed,
+                            .over_plan = over,
+                            .stats = stats};
+    return EBB_OK;
+}
+
+static int stop_by(ebb_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int stop_by(ebb_trainer *t, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(t->stop_reason, sizeof t->stop_reason, fmt, ap);
+    va_end(ap);
+    t->stop = 1;
+    return 1;
+}
+
+/* An epoch's end: the evaluation, early stopping, its line and event. */
+static ebb_status epoch_end(ebb_trainer *t) {
+    ebb_metrics m = {0};
+    int64_t e = (t->s.step - 1) / t->s.steps_per_epoch + 1;
+    double secs = now_s() - t->t_epoch;
+    ebb_status st = t->test ? ebb_trainer_evaluate(t, &m) : EBB_OK;
+    if (st != EBB_OK) {
+        if (t->tty) fprintf(t->o.progress, "\n");
+        return st;
+    }
+    ebb_train_event ev = {.kind = EBB_TRAIN_EPOCH,
+                          .step = t->s.step,
+                          .total_steps = t->s.total_steps,
+                          .epoch = e,
+                          .epochs = t->epochs,
+                          .samples = samples_at(t, t->s.step),
+                          .loss = t->epoch_n ? t->epoch_loss / (double)t->epoch_n : NAN,
+                          .epoch_steps = t->epoch_steps,
+                          .epoch_skipped = t->epoch_skipped,
+                          .seconds = secs,
+                          .eval = t->test ? &m : NULL};
+    print_epoch(t, &ev);
+    if (t->o.on_epoch && t->o.on_epoch(t, &ev, t->o.user))
+        stop_by(t, "stopped by the epoch callback after epoch %lld", (long long)e);
+    if (!t->stop && t->o.early_stop_patience) {
+        if (e == 1 || m.loss < t->best_loss - t->o.early_stop_min_delta) {
+            t->best_loss = m.loss;
+            t->best_epoch = e;
+            t->bad_epochs = 0;
+        } else if (++t->bad_epochs >= t->o.early_stop_patience) {
+            stop_by(t,
+                    "early stopping after epoch %lld: the evaluation loss has not fallen more "
+                    "than %g below %.4f (epoch %lld) for %lld epochs",
+                    (long long)e, t->o.early_stop_min_delta, t->best_loss,
+                    (long long)t->best_epoch, (long long)t->bad_epochs);
+            if (t->o.progress) fprintf(t->o.progress, "%s\n", t->stop_reason);
+        }
+    }
+    ebb_metrics_free(&m);
+    t->epoch_loss = 0;
+    t->epoch_n = t->epoch_steps = t->epoch_skipped = 0;
+    t->t_epoch = now_s();
+    return EBB_OK;
+}
+
+ebb_status ebb_trainer_step(ebb_trainer *t, double *loss) {
+    if (!t || t->o.evaluate_only)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_step: %s",
+                             t ? "the trainer was opened to evaluate only" : "NULL trainer");
+    if (t->s.step >= t->s.total_steps)
+        return ebb_error_set(EBB_ERR_ARG, "the run is at its last step, %lld",
+                             (long long)t->s.total_steps);
+    if (t->t0 == 0) t->t0 = t->t_epoch = now_s();
+    ebb_run_stats stats = {0};
+    ebb_train_event ev;
+    ebb_status st = run_step(t, &ev, &stats);
+    if (loss) *loss = st == EBB_OK ? ev.loss : NAN;
+    if (st != EBB_OK) return st;
+    int counted = !ev.skipped;
+    t->log_loss += counted ? ev.loss : 0;
+    t->epoch_loss += counted ? ev.loss : 0;
+    t->log_n += counted;
+    t->epoch_n += counted;
+    t->epoch_steps++;
+    t->epoch_skipped += !counted;
+    double now = now_s();
+    ev.samples_per_s = (double)(t->s.done_steps * t->o.batch) / (now - t->t0 > 1e-9 ? now - t->t0 : 1e-9);
+    if (t->o.on_step && t->o.on_step(t, &ev, t->o.user))
+        stop_by(t, "stopped by the step callback at step %lld", (long long)t->s.step);
+    print_step(t, ev.samples_per_s);
+    if (t->s.step % t->s.steps_per_epoch == 0 || t->s.step == t->s.total_steps) {
+        if (t->stop) {
+            /* a callback's stop ends the run here: no evaluation, nothing written */
+        } else if ((st = epoch_end(t)) != EBB_OK) {
+            return st;
+        }
+    }
+    if (!t->stop && t->o.checkpoint_every && t->s.step % t->o.checkpoint_every == 0)
+        st = ebb_trainer_checkpoint(t, NULL);
+    return st;
+}
+
+ebb_status ebb_trainer_run(ebb_trainer *t) {
+    if (!t || t->o.evaluate_only)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_run: %s",
+                             t ? "the trainer was opened to evaluate only" : "NULL trainer");
+    t->stop = 0;
+    t->stop_reason[0] = '\0';
+    print_start(t);
+    t->t0 = t->t_epoch = now_s();
+    ebb_status st = EBB_OK;
+    while (st == EBB_OK && !t->stop && t->s.step < t->s.total_steps)
+        st = ebb_trainer_step(t, NULL);
+    /* the run's end (early stopping's too) gets its checkpoint; a callback's
+     * stop writes nothing */
+    int callback_stop = t->stop && strncmp(t->stop_reason, "early", 5);
+    if (st == EBB_OK && !callback_stop && t->o.checkpoint_every &&
+        t->s.last_checkpoint != t->s.step)
+        st = ebb_trainer_checkpoint(t, NULL);
+    return st;
+}
+
+ebb_status ebb_trainer_evaluate(ebb_trainer *t, ebb_metrics *out) {
+    if (!t || !out) return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_evaluate: NULL argument");
+    memset(out, 0, sizeof *out);
+    if (!t->test) return ebb_error_set(EBB_ERR_ARG, "the trainer has no eval_data to evaluate");
+    ebb_status st = evaluate(&t->f, t->infer, t->m, t->test, t->o.batch, t->o.top_k, out);
+    return st == EBB_OK ? st : ebb_spec_annotate_error(t->f.spec, st);
+}
+
+/* ---- writing ---- */
+
+/* Refuses to write a model (params_only) or a checkpoint holding NaN or
+ * Inf: the file at `path` keeps what it had. */
+static ebb_status refuse_nonfinite(const ebb_trainer *t, const state *s, int params_only,
+                                   const char *who, const char *path) {
+    ebb_status st = state_check_finite(s, t->m, params_only, NULL, NULL, NULL);
+    if (st != EBB_ERR_ARG) return st;
+    char why[1024];
+    snprintf(why, sizeof why, "%s", ebb_errmsg());
+    return ebb_error_set(EBB_ERR_ARG, "%s %s not written after step %lld: %s; it is left as it was",
+                         who, path, (long long)t->s.step, why);
+}
+
+ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
+    if (!t || t->o.evaluate_only)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_checkpoint: %s",
+                             t ? "the trainer was opened to evaluate only" : "NULL trainer");
+    if (!path) path = t->o.checkpoint;
+    if (!path) return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_checkpoint: no path, and no "
+                                                 "options.checkpoint");
+    state s = {0};
+    char *stateless = stateless_params(t);
+    ebb_status st =
+        stateless ? state_view(&s, t->m, t->opt) : ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    if (st == EBB_OK) st = refuse_nonfinite(t, &s, 0, "--checkpoint", path);
+    if (st == EBB_OK) {
+        const ebb_trainer_options *o = &t->o;
+        char s_step[32], s_epoch[32], s_seed[32], s_batch[32];
+        snprintf(s_step, sizeof s_step, "%lld", (long long)t->s.step);
+        snprintf(s_epoch, sizeof s_epoch, "%lld", (long long)(t->s.step / t->s.steps_per_epoch));
+        snprintf(s_seed, sizeof s_seed, "%llu", (unsigned long long)o->seed);
+        snprintf(s_batch, sizeof s_batch, "%lld", (long long)o->batch);
+        char s_sched[256] = "", s_ssteps[32] = "", s_slr[32] = "", s_sbase[32] = "";
+        if (t->sched) {
+            ebb_lr_schedule_str(&t->schedule, s_sched, sizeof s_sched);
+            snprintf(s_ssteps, sizeof s_ssteps, "%lld", (long long)ebb_lr_scheduler_steps(t->sched));
+            snprintf(s_slr, sizeof s_slr, "%.17g", ebb_lr_scheduler_lr(t->sched));
+            snprintf(s_sbase, sizeof s_sbase, "%.17g", ebb_lr_scheduler_base_lr(t->sched));
+        }
+        const char *meta[] = {"ebb_checkpoint", "1",
+                              "step", s_step,
+                              "epoch", s_epoch,
+                              "seed", s_seed,
+                              "batch", s_batch,
+                              "shuffle", o->shuffle ? "1" : "0",
+                              "drop_last", o->drop_last ? "1" : "0",
+                              "data", t->data,
+                              "stateless", stateless,
+                              /* last, left out without a schedule */
+                              "lr_schedule", s_sched,
+                              "lr_schedule_steps", s_ssteps,
+                              "lr_schedule_lr", s_slr,
+                              "lr_schedule_base", s_sbase};
+        ebb_optimizer_options oo = ebb_optimizer_get_options(t->opt);
+        st = state_write(&s, t->m, &oo, path, 1, meta,
+                         (int)(sizeof meta / sizeof meta[0] / 2) - (t->sched ? 0 : 4));
+    }
+    state_free(&s);
+    free(stateless);
+    if (st == EBB_OK) t->s.last_checkpoint = t->s.step;
+    return st;
+}
+
+ebb_status ebb_trainer_save_weights(const ebb_trainer *t, const char *path) {
+    if (!t || !path) return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_save_weights: NULL argument");
+    state s = {0};
+    ebb_status st = state_view(&s, t->m, NULL);
+    if (st == EBB_OK) st = refuse_nonfinite(t, &s, 1, "--save-weights", path);
+    state_free(&s);
+    return st == EBB_OK ? ebb_model_save(t->m, path) : st;
+}
+
+/* ---- accessors ---- */
+
+const char *ebb_trainer_stop_reason(const ebb_trainer *t) {
+    return t && t->stop ? t->stop_reason : NULL;
+}
+
+ebb_trainer_stats ebb_trainer_get_stats(const ebb_trainer *t) {
+    ebb_trainer_stats s = {.first_skip_why = "", .last_checkpoint = -1};
+    return t ? t->s : s;
+}
+
+ebb_model *ebb_trainer_model(const ebb_trainer *t) { return t ? t->m : NULL; }
+ebb_optimizer *ebb_trainer_optimizer(const ebb_trainer *t) { return t ? t->opt : NULL; }
+const ebb_plan *ebb_trainer_train_plan(const ebb_trainer *t) { return t ? t->plan : NULL; }
+const ebb_plan *ebb_trainer_infer_plan(const ebb_trainer *t) { return t ? t->infer : NULL; }
+const ebb_dataset *ebb_trainer_data(const ebb_trainer *t) { return t ? t->train : NULL; }
+const ebb_dataset *ebb_trainer_eval_data(const ebb_trainer *t) { return t ? t->test : NULL; }
+const ebb_trainer_options *ebb_trainer_get_options(const ebb_trainer *t) {
+    return t ? &t->o : NULL;
+}
+ebb_lr_scheduler *ebb_trainer_scheduler(const ebb_trainer *t) { return t ? t->sched : NULL; }

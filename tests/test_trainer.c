@@ -1,0 +1,402 @@
+/* The trainer (include/ebb/trainer.h) on small datasets written here:
+ *   - metrics: a linear classifier whose weights are the identity predicts
+ *     the argmax of its input, so the confusion matrix, the accuracies and
+ *     the cross-entropy are known from the data alone (computed here in
+ *     double precision), over batches that leave a partial last one;
+ *   - a run: the callbacks' events (steps, partial last batches, epochs,
+ *     evaluations), and a loss that falls on separable data;
+ *   - resume: a run stopped at step 5 by its callback, checkpointed and
+ *     resumed, ends with the weights of a run straight through, bit for bit;
+ *   - early stopping, and a callback's stop;
+ *   - refusals, each naming what is wrong, with nothing leaked.
+ * The test's teardown checks that no tensor handle is left alive. */
+#define _GNU_SOURCE /* fmemopen, mkdtemp */
+#include <math.h>
+#include <unistd.h>
+
+#include "test_util.h"
+#include "test_dir.h"
+
+#include "ebb/trainer.h"
+
+#define N 50
+#define F 4 /* features = classes */
+
+static const char SPEC[] = "ebb: 1\n"
+                           "inputs:\n"
+                           "  x: [batch, 4]\n"
+                           "flow:\n"
+                           "  - from: {linear: {in: 4, out: 4, name: fc}}\n"
+                           "targets:\n"
+                           "  y: {shape: [batch], dtype: int64}\n"
+                           "loss: cross_entropy\n";
+
+static char dir[256], data_path[300], ckpt_path[300];
+static float xs[N][F];
+static int64_t ys[N];
+
+/* Data a linear layer can separate: class y's samples are largest at
+ * feature y, except every seventh sample, whose largest feature is the next
+ * class's (so the identity classifier gets it wrong in a known way). */
+static void make_data(void) {
+    for (int i = 0; i < N; i++) {
+        int y = i % F, top = i % 7 == 0 ? (y + 1) % F : y;
+        ys[i] = y;
+        for (int k = 0; k < F; k++)
+            xs[i][k] = (float)(0.1 * ((i * 3 + k * 5) % 7) - 0.3);
+        xs[i][top] = 2.0f + 0.01f * (float)i;
+    }
+}
+
+static int setup_files(void **state) {
+    (void)state;
+    if (ebb_test_dir_make(dir, sizeof dir, "trainer") != 0) return -1;
+    snprintf(data_path, sizeof data_path, "%s/data.safetensors", dir);
+    snprintf(ckpt_path, sizeof ckpt_path, "%s/ckpt.safetensors", dir);
+    if (ebb_init() != EBB_OK) return -1;
+    make_data();
+    ebb_tensor *t[2] = {NULL, NULL};
+    ebb_shape sx = EBB_SHAPE(N, F), sy = EBB_SHAPE(N);
+    const char *names[] = {"x", "y"};
+    ebb_status st = ebb_tensor_from_host(&t[0], xs, sizeof xs, &sx, EBB_FLOAT32, ebb_device_cpu());
+    if (st == EBB_OK)
+        st = ebb_tensor_from_host(&t[1], ys, sizeof ys, &sy, EBB_INT64, ebb_device_cpu());
+    if (st == EBB_OK) st = ebb_safetensors_write(data_path, names, t, 2);
+    ebb_tensor_free(t[0]);
+    ebb_tensor_free(t[1]);
+    if (st != EBB_OK) fprintf(stderr, "test_trainer: %s\n", ebb_errmsg());
+    return st == EBB_OK ? 0 : -1;
+}
+
+static int teardown_files(void **state) {
+    (void)state;
+    ebb_test_dir_remove(dir);
+    return 0;
+}
+
+static ebb_spec *load_spec(void) {
+    ebb_spec *s = NULL;
+    if (ebb_spec_load_string(&s, SPEC, sizeof SPEC - 1, "trainer.yaml") != EBB_OK)
+        fail_msg("spec: %s", ebb_errmsg());
+    return s;
+}
+
+static ebb_trainer_options options(void) {
+    ebb_trainer_options o = ebb_trainer_defaults();
+    o.data = data_path;
+    o.eval_data = data_path;
+    o.batch = 16; /* 50 samples: three full batches and one of 2 */
+    o.seed = 3;
+    o.optimizer = ebb_optimizer_defaults(EBB_ADAM, 0.05);
+    o.top_k = 2;
+    o.warning = NULL;
+    return o;
+}
+
+static void set_identity(ebb_model *m) {
+    float w[F * F] = {0}, b[F] = {0};
+    for (int k = 0; k < F; k++)
+        w[k * F + k] = 1;
+    ebb_tensor *tw = NULL, *tb = NULL;
+    ebb_shape sw = EBB_SHAPE(F, F), sb = EBB_SHAPE(F);
+    assert_int_equal(ebb_tensor_from_host(&tw, w, sizeof w, &sw, EBB_FLOAT32, ebb_device_cpu()), EBB_OK);
+    assert_int_equal(ebb_tensor_from_host(&tb, b, sizeof b, &sb, EBB_FLOAT32, ebb_device_cpu()), EBB_OK);
+    assert_int_equal(ebb_tensor_copy_(ebb_model_param(m, "fc.weight"), tw), EBB_OK);
+    assert_int_equal(ebb_tensor_copy_(ebb_model_param(m, "fc.bias"), tb), EBB_OK);
+    ebb_tensor_free(tw);
+    ebb_tensor_free(tb);
+}
+
+static void test_metrics_of_a_known_classifier(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    ebb_trainer_options o = options();
+    o.evaluate_only = 1;
+    o.data = NULL;
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK) fail_msg("open: %s", ebb_errmsg());
+    assert_null(ebb_trainer_optimizer(t));
+    assert_null(ebb_trainer_train_plan(t));
+    set_identity(ebb_trainer_model(t));
+    ebb_metrics m;
+    if (ebb_trainer_evaluate(t, &m) != EBB_OK) fail_msg("evaluate: %s", ebb_errmsg());
+
+    /* expected, from the data: prediction = argmax x; top-2 = the two largest */
+    int64_t conf[F][F] = {{0}};
+    double loss = 0;
+    int correct = 0, top2 = 0;
+    for (int i = 0; i < N; i++) {
+        int best = 0;
+        double mx = xs[i][0], z = 0;
+        for (int k = 1; k < F; k++)
+            if (xs[i][k] > xs[i][best]) best = k;
+        for (int k = 0; k < F; k++)
+            mx = xs[i][k] > mx ? xs[i][k] : mx;
+        for (int k = 0; k < F; k++)
+            z += exp(xs[i][k] - mx);
+        loss += mx + log(z) - xs[i][ys[i]];
+        int above = 0;
+        for (int k = 0; k < F; k++)
+            above += xs[i][k] > xs[i][ys[i]];
+        conf[ys[i]][best]++;
+        correct += best == ys[i];
+        top2 += above < 2;
+    }
+    assert_int_equal(m.samples, N);
+    assert_int_equal(m.predictions, N);
+    assert_int_equal(m.classes, F);
+    assert_int_equal(m.top_k, 2);
+    assert_true(correct < N && correct > N / 2); /* the data makes some wrong */
+    assert_true(fabs(m.accuracy - (double)correct / N) < 1e-12);
+    assert_true(fabs(m.top_k_accuracy - (double)top2 / N) < 1e-12);
+    assert_true(fabs(m.loss - loss / N) < 1e-5);
+    for (int r = 0; r < F; r++) {
+        int64_t row = 0;
+        for (int k = 0; k < F; k++) {
+            if (m.confusion[r * F + k] != conf[r][k])
+                fail_msg("confusion[%d][%d] = %lld, want %lld", r, k,
+                         (long long)m.confusion[r * F + k], (long long)conf[r][k]);
+            row += conf[r][k];
+        }
+        assert_true(fabs(ebb_metrics_class_accuracy(&m, r) - (double)conf[r][r] / (double)row) <
+                    1e-12);
+    }
+    assert_true(isnan(ebb_metrics_class_accuracy(&m, F)));
+    /* the printed table names every class */
+    char buf[4096] = "";
+    FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+    ebb_metrics_print(&m, f);
+    fclose(f);
+    assert_non_null(strstr(buf, "accuracy "));
+    assert_non_null(strstr(buf, "top-2 "));
+    assert_non_null(strstr(buf, "class  accuracy |"));
+    ebb_metrics_free(&m);
+    assert_null(m.confusion);
+    /* evaluation-only trainers do not train */
+    assert_int_equal(ebb_trainer_run(t), EBB_ERR_ARG);
+    assert_int_equal(ebb_trainer_step(t, NULL), EBB_ERR_ARG);
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+}
+
+typedef struct events {
+    int steps, epochs, partial, evals, stop_at;
+    int64_t batches[64];
+    double first_eval_loss, last_eval_loss;
+} events;
+
+static int count_step(ebb_trainer *t, const ebb_train_event *e, void *user) {
+    events *ev = user;
+    assert_int_equal(e->kind, EBB_TRAIN_STEP);
+    assert_int_equal(e->step, ebb_trainer_get_stats(t).step);
+    assert_true(isfinite(e->loss));
+    assert_non_null(e->stats);
+    if (ev->steps < 64) ev->batches[ev->steps] = e->batch;
+    ev->steps++;
+    ev->partial += e->batch < 16;
+    return ev->stop_at && e->step == ev->stop_at;
+}
+
+static int count_epoch(ebb_trainer *t, const ebb_train_event *e, void *user) {
+    (void)t;
+    events *ev = user;
+    assert_int_equal(e->kind, EBB_TRAIN_EPOCH);
+    assert_int_equal(e->epoch, ++ev->epochs);
+    assert_int_equal(e->epoch_steps, 4);
+    if (e->eval) {
+        if (!ev->evals++) ev->first_eval_loss = e->eval->loss;
+        ev->last_eval_loss = e->eval->loss;
+        assert_int_equal(e->eval->samples, N);
+    }
+    return 0;
+}
+
+static void test_run_calls_back_and_learns(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    events ev = {0};
+    ebb_trainer_options o = options();
+    o.epochs = 5;
+    o.on_step = count_step;
+    o.on_epoch = count_epoch;
+    o.user = &ev;
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK) fail_msg("open: %s", ebb_errmsg());
+    ebb_trainer_stats s = ebb_trainer_get_stats(t);
+    assert_int_equal(s.steps_per_epoch, 4);
+    assert_int_equal(s.total_steps, 20);
+    assert_int_equal(s.samples, N);
+    ebb_metrics before;
+    assert_int_equal(ebb_trainer_evaluate(t, &before), EBB_OK);
+    if (ebb_trainer_run(t) != EBB_OK) fail_msg("run: %s", ebb_errmsg());
+    assert_null(ebb_trainer_stop_reason(t));
+    assert_int_equal(ev.steps, 20);
+    assert_int_equal(ev.epochs, 5);
+    assert_int_equal(ev.evals, 5);
+    assert_int_equal(ev.partial, 5); /* each epoch's last batch: 2 samples */
+    assert_int_equal(ev.batches[3], 2);
+    assert_int_equal(ev.batches[4], 16);
+    if (!(ev.last_eval_loss < 0.5 * before.loss))
+        fail_msg("the evaluation loss went from %g to %g in 20 steps", before.loss,
+                 ev.last_eval_loss);
+    s = ebb_trainer_get_stats(t);
+    assert_int_equal(s.step, 20);
+    assert_int_equal(s.done_steps, 20);
+    assert_int_equal(s.over_plan, 0);
+    assert_true(s.measured_peak_bytes > 0 && s.measured_peak_bytes <= s.planned_peak_bytes);
+    /* past the end */
+    assert_int_equal(ebb_trainer_step(t, NULL), EBB_ERR_ARG);
+    assert_non_null(strstr(ebb_errmsg(), "last step"));
+    ebb_metrics_free(&before);
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+}
+
+/* The parameters as host floats. */
+static void weights_of(const ebb_trainer *t, float *w) {
+    ebb_model *m = ebb_trainer_model(t);
+    assert_int_equal(ebb_tensor_to_host(ebb_model_param(m, "fc.weight"), w, sizeof(float) * F * F),
+                     EBB_OK);
+    assert_int_equal(ebb_tensor_to_host(ebb_model_param(m, "fc.bias"), w + F * F, sizeof(float) * F),
+                     EBB_OK);
+}
+
+static void test_resume_is_bit_identical(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    static const ebb_lr_schedule cosine = {.kind = EBB_LR_COSINE, .t_max = 11};
+    float straight[F * F + F], resumed[F * F + F];
+    ebb_trainer_options o = options();
+    o.steps = 11;
+    o.schedule = &cosine;
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("straight: %s", ebb_errmsg());
+    weights_of(t, straight);
+    ebb_trainer_free(t);
+
+    /* stopped by its callback after step 5, checkpointed, resumed */
+    events ev = {.stop_at = 5};
+    o.on_step = count_step;
+    o.user = &ev;
+    o.checkpoint = ckpt_path;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("first half: %s", ebb_errmsg());
+    assert_non_null(ebb_trainer_stop_reason(t));
+    assert_non_null(strstr(ebb_trainer_stop_reason(t), "step callback at step 5"));
+    assert_int_equal(ev.steps, 5);
+    if (ebb_trainer_checkpoint(t, NULL) != EBB_OK) fail_msg("checkpoint: %s", ebb_errmsg());
+    ebb_trainer_free(t);
+
+    ebb_checkpoint_info ci;
+    assert_int_equal(ebb_checkpoint_read_info(ckpt_path, &ci), EBB_OK);
+    assert_int_equal(ci.step, 5);
+    assert_int_equal(ci.batch, 16);
+    assert_int_equal(ci.seed, 3);
+    assert_int_equal(ci.optimizer.kind, EBB_ADAM);
+    assert_true(ci.has_schedule);
+    assert_int_equal(ci.schedule_steps, 5);
+    ebb_checkpoint_info_free(&ci);
+
+    ev = (events){0};
+    o.resume = ckpt_path;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("resumed: %s", ebb_errmsg());
+    assert_int_equal(ev.steps, 6);
+    weights_of(t, resumed);
+    assert_memory_equal(straight, resumed, sizeof straight);
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+}
+
+static void test_early_stopping(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    ebb_trainer_options o = options();
+    events ev = {0};
+    o.optimizer = ebb_optimizer_defaults(EBB_SGD, 0.0); /* nothing changes: no improvement */
+    o.epochs = 10;
+    o.early_stop_patience = 2;
+    o.on_epoch = count_epoch;
+    o.user = &ev;
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("%s", ebb_errmsg());
+    assert_int_equal(ev.epochs, 3); /* the first is the best; two more without improvement */
+    const char *why = ebb_trainer_stop_reason(t);
+    assert_non_null(why);
+    assert_non_null(strstr(why, "early stopping after epoch 3"));
+    assert_int_equal(ebb_trainer_get_stats(t).step, 12);
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+}
+
+/* Every refusal names what is wrong and leaves nothing behind. */
+static void test_refusals(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    ebb_trainer *t = NULL;
+    static const struct {
+        const char *what, *needle;
+        ebb_status status;
+    } cases[] = {
+        {"no data", "needs training data", EBB_ERR_ARG},
+        {"early stop without eval data", "needs eval_data", EBB_ERR_ARG},
+        {"batch 0", "batch 0", EBB_ERR_ARG},
+        {"a file that is not there", "nothere.safetensors", EBB_ERR_IO},
+        {"resume a file that is not a checkpoint", "not an ebb train checkpoint", EBB_ERR_ARG},
+        {"drop_last past the data", "leaves no step", EBB_ERR_ARG},
+        {"checkpoint_every without a path", "checkpoint path", EBB_ERR_ARG},
+    };
+    char missing[400];
+    snprintf(missing, sizeof missing, "%s/nothere.safetensors", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ebb_trainer_options o = options();
+        switch (i) {
+        case 0: o.data = NULL; break;
+        case 1: o.eval_data = NULL, o.early_stop_patience = 1; break;
+        case 2: o.batch = 0; break;
+        case 3: o.data = missing; break;
+        case 4: o.resume = data_path; break;
+        case 5: o.batch = 64, o.drop_last = 1; break;
+        case 6: o.checkpoint_every = 2; break;
+        }
+        ebb_status st = ebb_trainer_open(&t, spec, &o);
+        assert_null(t);
+        if (st != cases[i].status || !strstr(ebb_errmsg(), cases[i].needle))
+            fail_msg("%s: status %s, message '%s'; want %s naming '%s'", cases[i].what,
+                     ebb_status_name(st), ebb_errmsg(), ebb_status_name(cases[i].status),
+                     cases[i].needle);
+    }
+    /* a spec without targets */
+    static const char bare[] = "ebb: 1\ninputs:\n  x: [batch, 4]\nflow:\n  - from: relu\n";
+    ebb_spec *s2 = NULL;
+    assert_int_equal(ebb_spec_load_string(&s2, bare, sizeof bare - 1, "bare.yaml"), EBB_OK);
+    ebb_trainer_options o = options();
+    assert_int_equal(ebb_trainer_open(&t, s2, &o), EBB_ERR_SPEC);
+    assert_non_null(strstr(ebb_errmsg(), "declares no `targets:`"));
+    ebb_spec_free(s2);
+    /* no evaluation data to evaluate */
+    o.eval_data = NULL;
+    assert_int_equal(ebb_trainer_open(&t, spec, &o), EBB_OK);
+    ebb_metrics m;
+    assert_int_equal(ebb_trainer_evaluate(t, &m), EBB_ERR_ARG);
+    assert_null(m.confusion);
+    assert_int_equal(ebb_trainer_checkpoint(t, NULL), EBB_ERR_ARG);
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+    ebb_trainer_free(NULL);
+    ebb_metrics_free(NULL);
+    ebb_checkpoint_info_free(NULL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        EBB_TEST(test_metrics_of_a_known_classifier),
+        EBB_TEST(test_run_calls_back_and_learns),
+        EBB_TEST(test_resume_is_bit_identical),
+        EBB_TEST(test_early_stopping),
+        EBB_TEST(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, setup_files, teardown_files);
+}
