@@ -1058,6 +1058,16 @@ static int emit_update(ad *a, int i) {
                                                       (ebb_device){EBB_DEVICE_CPU, 0}, 1);
     if (u->workspace < 0)
         return fail(c, ebb_errcode());
+    /* clip_grad_value: the clamped copy of the gradient the update reads, a
+     * block of its own on a GPU */
+    if (a->t->clip_grad_value > 0) {
+        int64_t cuda = ebb_optimizer_update_scratch_bytes(&a->t->optimizer, gv->dtype,
+                                                          ebb_shape_numel(&gv->shape),
+                                                          (ebb_device){EBB_DEVICE_CUDA, 0}, 1);
+        u->workspace += gv->nbytes;
+        u->workspace_cuda = ebb_cuda_block(gv->nbytes) + (cuda > 0 ? cuda : 0);
+        u->has_workspace_cuda = 1;
+    }
     a->updated[i] = 1;
     return 0;
 }
@@ -1092,7 +1102,8 @@ static int emit_updates(ad *a, const int *which, int n) {
  * over it. */
 static int updates_after_step(ad *a, int fi) {
     ebb_plan *p = a->c->plan;
-    if (a->t->grads_only || a->t->updates_after_backward || a->depth > 0 || a->n_loops > 0)
+    if (a->t->grads_only || a->t->updates_after_backward || a->t->clip_grad_norm > 0 ||
+        a->depth > 0 || a->n_loops > 0)
         return 0;
     int which[EBB_MAX_PARAMS], n = 0;
     for (int j = 0; j < p->steps[fi].n_params && n < EBB_MAX_PARAMS; j++) {
@@ -1101,6 +1112,36 @@ static int updates_after_step(ad *a, int fi) {
             which[n++] = i;
     }
     return emit_updates(a, which, n);
+}
+
+/* clip_grad_norm: one step after the backward reads every gradient and
+ * scales them in place. Its scratch, as ebb_tensor_clip_grad_norm_()
+ * allocates it: a norm per gradient, their stack, the total, then the
+ * factor (one element each in the gradients' dtype). */
+static int emit_clip(ad *a) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    int *in = malloc(((size_t)p->n_params + 1) * sizeof *in), n = 0;
+    if (!in)
+        return ebb_compiler_oom(c);
+    for (int i = 0; i < p->n_params; i++)
+        if (p->trained[i] && a->pgrad[i] >= 0)
+            in[n++] = a->pgrad[i];
+    if (n == 0) {
+        free(in);
+        return 0;
+    }
+    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_CLIP, "clip_grad_norm", "gradients");
+    int rc = s && ebb_compiler_step_set_slots(c, s, in, n, NULL, 0) == 0 ? 0 : -1;
+    if (rc == 0) {
+        int64_t e = (int64_t)ebb_dtype_size(p->values[in[0]].dtype);
+        s->pub.phase = EBB_PHASE_UPDATE;
+        s->workspace = 2 * n * e + e;
+        s->workspace_cuda = n * ebb_cuda_block(e) + ebb_cuda_block(n * e) + ebb_cuda_block(e);
+        s->has_workspace_cuda = 1;
+    }
+    free(in);
+    return rc;
 }
 
 static int finish(ad *a, int loss) {
@@ -1144,6 +1185,8 @@ static int finish(ad *a, int loss) {
         }
         return 0;
     }
+    if (a->t->clip_grad_norm > 0 && emit_clip(a) != 0)
+        return -1;
     /* what no backward step has updated yet */
     int *all = malloc(((size_t)p->n_params + 1) * sizeof *all);
     if (!all)
@@ -1169,6 +1212,13 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
     p->training = 1;
     p->grads_only = t->grads_only;
     p->optimizer = t->optimizer;
+    if (!(t->clip_grad_norm >= 0) || !(t->clip_grad_value >= 0))
+        return fail(c, ebb_error_set(EBB_ERR_ARG,
+                                     "clip_grad_norm %g, clip_grad_value %g: clipping takes a "
+                                     "positive number (0: none)",
+                                     t->clip_grad_norm, t->clip_grad_value));
+    p->clip_grad_norm = t->grads_only ? 0 : t->clip_grad_norm;
+    p->clip_grad_value = t->grads_only ? 0 : t->clip_grad_value;
     const ebb_op *loss_op = NULL;
     const ebb_attr_value *loss_attrs = NULL;
     if (choose_loss(c, g, t, &loss_op, &loss_attrs) != 0)

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ebb/train.h"
 #include "plan_internal.h"
 #include "svg_write.h"
 
@@ -1060,9 +1061,20 @@ ebb_status ebb_plan_chart_svg(const ebb_plan *p, const ebb_chart_trace *trace, F
                                c.n_other);
     if (p->training && !p->grads_only && at < sizeof head) {
         char pb[32], ob[32];
-        snprintf(head + at, sizeof head - at, "; beside them parameters %s, optimizer state %s",
-                 bytes_text(ebb_plan_param_bytes(p), pb, sizeof pb),
-                 bytes_text(ebb_plan_optimizer_state_bytes(p), ob, sizeof ob));
+        at += (size_t)snprintf(head + at, sizeof head - at,
+                               "; beside them parameters %s, optimizer state %s",
+                               bytes_text(ebb_plan_param_bytes(p), pb, sizeof pb),
+                               bytes_text(ebb_plan_optimizer_state_bytes(p), ob, sizeof ob));
+    }
+    if (p->clip_grad_norm > 0 && at < sizeof head) {
+        /* clipping by norm holds every gradient until the updates: its cost */
+        char cb[32];
+        int64_t cost = ebb_plan_clip_cost_bytes(p);
+        snprintf(head + at, sizeof head - at,
+                 "; clip_grad_norm %g: updates after the backward, peak %s%s than with them "
+                 "inside",
+                 p->clip_grad_norm, bytes_text(cost < 0 ? -cost : cost, cb, sizeof cb),
+                 cost < 0 ? " lower" : " higher");
     }
     draw_text(f, LEFT, 40, "class=\"sub\"", head);
     if (trace) {

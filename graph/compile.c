@@ -186,6 +186,24 @@ void ebb_plan_free(ebb_plan *p) {
     free(p);
 }
 
+/* What clipping by norm costs: the same step compiled without it (its
+ * updates inside the backward, unless asked otherwise), under the same
+ * budget. */
+static ebb_status unclipped_peak(ebb_plan *p, const ebb_graph *g, const ebb_compile_options *opts) {
+    ebb_train_options t = *opts->train;
+    ebb_compile_options o = *opts;
+    t.clip_grad_norm = 0;
+    o.train = &t;
+    ebb_plan *q = NULL;
+    ebb_status st = ebb_compile_once(&q, g, &o, NULL, 0);
+    if (st == EBB_OK && o.memory_budget != 0)
+        st = ebb_remat_fit(&q, g, &o);
+    if (st == EBB_OK)
+        p->unclipped_peak_bytes = q->budget_peak_bytes;
+    ebb_plan_free(q);
+    return st;
+}
+
 ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts) {
     if (!out)
         return ebb_error_set(EBB_ERR_ARG, "ebb_compile: out is NULL");
@@ -212,6 +230,12 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
     st = ebb_compile_once(&p, g, opts, NULL, 0);
     if (st == EBB_OK && opts->memory_budget != 0)
         st = ebb_remat_fit(&p, g, opts);
+    if (st == EBB_OK && p->clip_grad_norm > 0)
+        st = unclipped_peak(p, g, opts);
+    if (st != EBB_OK) {
+        ebb_plan_free(p);
+        p = NULL;
+    }
     *out = p;
     return st;
 }

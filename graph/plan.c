@@ -56,7 +56,7 @@ int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p) {
     int slots = o->kind == EBB_SGD ? o->momentum != 0 : 2 + (o->amsgrad != 0);
     int64_t n = 0;
     for (int i = 0; i < p->n_params; i++)
-        if (!p->params[i].spec.counter && !p->params[i].spec.buffer)
+        if (!p->params[i].spec.counter && !p->params[i].spec.buffer && p->trained[i])
             n += slots * param_nbytes(p, i);
     return n;
 }
@@ -172,6 +172,26 @@ static void print_remat(const ebb_plan *p, FILE *f) {
     fputc('\n', f);
 }
 
+/* What gradient clipping does to the step, and what it costs. */
+static void print_clip(const ebb_plan *p, FILE *f) {
+    if (p->clip_grad_value > 0)
+        fprintf(f, "clip_grad_value %g: each update clamps its gradient to [-%g, %g] first, into "
+                   "a copy the size of the gradient\n",
+                p->clip_grad_value, p->clip_grad_value, p->clip_grad_value);
+    if (!(p->clip_grad_norm > 0))
+        return;
+    char pb[32], ub[32], cb[32];
+    int64_t cost = p->budget_peak_bytes - p->unclipped_peak_bytes;
+    ebb_bytes_str(p->budget_peak_bytes, pb, sizeof pb);
+    ebb_bytes_str(p->unclipped_peak_bytes, ub, sizeof ub);
+    ebb_bytes_str(cost < 0 ? -cost : cost, cb, sizeof cb);
+    fprintf(f,
+            "clip_grad_norm %g: the updates wait for every gradient (their norm needs them all): "
+            "peak %s (the larger of the CPU and CUDA counts) against %s with updates inside the "
+            "backward, %s%s\n",
+            p->clip_grad_norm, pb, ub, cost < 0 ? "less by " : "+", cb);
+}
+
 void ebb_plan_print(const ebb_plan *p, FILE *f) {
     if (!p || !f)
         return;
@@ -277,6 +297,7 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
                        "(made with the optimizer: no step allocates it)\n",
                     pb, ob);
         print_remat(p, f);
+        print_clip(p, f);
     }
     int n_in_place = 0;
     for (int i = 0; i < p->n_steps; i++)

@@ -82,6 +82,8 @@ struct ebb_plan {
     int *out_param;    /* per output: the parameter whose gradient it is, or -1 */
     ebb_optimizer_options optimizer; /* what the update steps' scratch was counted for */
     int updates_in_backward; /* each update follows its gradient's last backward step */
+    double clip_grad_norm, clip_grad_value; /* ebb_train_options' */
+    int64_t unclipped_peak_bytes; /* clip_grad_norm: the step's peak without it */
     /* a memory budget (graph/remat.c) */
     int64_t memory_budget;           /* EBB_MEMORY_BUDGET_LEAST: the peak it reached */
     int budget_least;                /* compiled for EBB_MEMORY_BUDGET_LEAST */

@@ -176,6 +176,12 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
         fprintf(f, ", \"updates_in_backward\": %s, \"optimizer_state_bytes\": %lld",
                 p->updates_in_backward ? "true" : "false",
                 (long long)ebb_plan_optimizer_state_bytes(p));
+    if (p->clip_grad_norm > 0 || p->clip_grad_value > 0)
+        fprintf(f,
+                ",\n \"clip\": {\"grad_norm\": %.17g, \"grad_value\": %.17g, \"peak_bytes\": %lld, "
+                "\"unclipped_peak_bytes\": %lld}",
+                p->clip_grad_norm, p->clip_grad_value, (long long)p->budget_peak_bytes,
+                (long long)(p->clip_grad_norm > 0 ? p->unclipped_peak_bytes : p->budget_peak_bytes));
     if (p->memory_budget) {
         int n_re = 0;
         for (int i = 0; i < p->n_steps; i++)

@@ -361,6 +361,11 @@ done:
 /* ---- reading the trade ----------------------------------------------------------- */
 
 int ebb_plan_updates_in_backward(const ebb_plan *p) { return p ? p->updates_in_backward : 0; }
+double ebb_plan_clip_grad_norm(const ebb_plan *p) { return p ? p->clip_grad_norm : 0; }
+double ebb_plan_clip_grad_value(const ebb_plan *p) { return p ? p->clip_grad_value : 0; }
+int64_t ebb_plan_clip_cost_bytes(const ebb_plan *p) {
+    return p && p->clip_grad_norm > 0 ? p->budget_peak_bytes - p->unclipped_peak_bytes : 0;
+}
 
 ebb_status ebb_plan_remat_stats(const ebb_plan *p, ebb_remat_stats *out) {
     if (!p || !out)

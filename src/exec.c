@@ -354,10 +354,25 @@ static ebb_status update(run_ctx *r, const plan_step *s) {
      * every parameter, so only then */
     int first = ebb_optimizer_param_step_count(r->opt, s->pub.param) == 0;
     int64_t before = first ? ebb_optimizer_state_bytes(r->opt, NULL) : 0;
-    ebb_status st = ebb_optimizer_update(r->opt, s->pub.param, g);
+    /* clip_grad_value: the update reads a clamped copy (the plan counts it) */
+    ebb_tensor *clamped = NULL;
+    ebb_status st = r->plan->clip_grad_value > 0
+                        ? ebb_tensor_clip_grad_value(&clamped, g, r->plan->clip_grad_value)
+                        : EBB_OK;
+    if (st == EBB_OK) st = ebb_optimizer_update(r->opt, s->pub.param, clamped ? clamped : g);
+    ebb_tensor_free(clamped);
     if (first)
         r->base += ebb_optimizer_state_bytes(r->opt, NULL) - before;
     return st;
+}
+
+/* clip_grad_norm: every gradient scaled in place before the first update
+ * (a parameter without a gradient this step, a branch no row chose, is left
+ * out, as torch skips a None .grad). */
+static ebb_status clip(run_ctx *r, const plan_step *s) {
+    for (int i = 0; i < s->pub.n_in; i++)
+        r->args[i] = r->slots[s->pub.in[i]];
+    return ebb_tensor_clip_grad_norm_(r->args, s->pub.n_in, r->plan->clip_grad_norm, NULL);
 }
 
 /* ---- routed regions in the backward ---------------------------------------- */
@@ -513,6 +528,7 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
     case EBB_STEP_BACKWARD: return backward(r, s);
     case EBB_STEP_ACCUM: return accumulate(r, s);
     case EBB_STEP_UPDATE: return update(r, s);
+    case EBB_STEP_CLIP: return clip(r, s);
     case EBB_STEP_ZEROS: return zeros(r, s);
     case EBB_STEP_SKIP:
         *jump = !r->written[ps->in[0]];

@@ -47,6 +47,7 @@ void ebb_model_free(ebb_model *m) {
     free(m->params);
     free(m->names);
     free(m->buffer);
+    free(m->frozen);
     free(m);
 }
 
@@ -69,7 +70,8 @@ ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device devic
     m->params = calloc((size_t)plan->n_params + 1, sizeof *m->params);
     m->names = calloc((size_t)plan->n_params + 1, sizeof *m->names);
     m->buffer = calloc((size_t)plan->n_params + 1, 1);
-    if (!m->params || !m->names || !m->buffer) {
+    m->frozen = calloc((size_t)plan->n_params + 1, 1);
+    if (!m->params || !m->names || !m->buffer || !m->frozen) {
         ebb_model_free(m);
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_model_new: out of memory");
     }
@@ -84,6 +86,7 @@ ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device devic
         }
         memcpy(m->names[i], pp->full_name, n);
         m->buffer[i] = pp->spec.buffer || pp->spec.counter;
+        m->frozen[i] = plan->training && !plan->grads_only && !plan->trained[i] && !m->buffer[i];
         ebb_status st =
             init_param(&m->params[i], &pp->spec, plan->dtype, device, param_seed(seed, pp->full_name));
         if (st != EBB_OK) {

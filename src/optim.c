@@ -347,7 +347,7 @@ ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
      * the first on, and the state is known beside the parameters before
      * anything runs (ebb_plan_optimizer_state_bytes) */
     for (int i = 0; st == EBB_OK && i < opt->n; i++)
-        if (!model->buffer[i] && is_float(ebb_tensor_dtype(param_of(opt, i))))
+        if (!model->buffer[i] && !model->frozen[i] && is_float(ebb_tensor_dtype(param_of(opt, i))))
             st = make_state(opt, i, fn);
     if (st != EBB_OK) {
         ebb_optimizer_free(opt);

@@ -12,6 +12,7 @@
  * checkpoints; then the trainer's phases: open, step, epoch end, run. */
 #define _GNU_SOURCE /* memfd_create */
 #include <errno.h>
+#include <fnmatch.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -107,25 +108,72 @@ static ebb_status batch_shapes(const fields *f, int64_t batch, ebb_shape *in, eb
     return EBB_OK;
 }
 
-/* The training plan when `optim` is given (under `budget`, 0: none), else
- * the inference plan. */
-static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_optimizer_options *optim,
-                               int64_t budget, const char *loss, ebb_plan **out) {
+/* The parameters trained: those of the inference plan `infer` that no
+ * freeze pattern matches, into names (n of them; borrowed from infer). */
+static ebb_status trained_names(const ebb_trainer_options *o, const ebb_plan *infer,
+                                const char **names, int *n) {
+    int np = ebb_plan_param_count(infer);
+    *n = 0;
+    for (int k = 0; k < o->n_freeze; k++) {
+        int hits = 0;
+        for (int i = 0; i < np; i++) {
+            const char *full = NULL;
+            ebb_plan_param_at(infer, i, &full);
+            hits += full && fnmatch(o->freeze[k], full, 0) == 0;
+        }
+        if (!hits)
+            return ebb_error_set(EBB_ERR_ARG, "--freeze '%s' matches no parameter of the spec",
+                                 o->freeze[k]);
+    }
+    for (int i = 0; i < np; i++) {
+        const char *full = NULL;
+        const ebb_param_spec *ps = ebb_plan_param_at(infer, i, &full);
+        int frozen = !full || (ps && ps->buffer);
+        for (int k = 0; !frozen && k < o->n_freeze; k++)
+            frozen = fnmatch(o->freeze[k], full, 0) == 0;
+        if (!frozen) names[(*n)++] = full;
+    }
+    if (*n == 0)
+        return ebb_error_set(EBB_ERR_ARG, "--freeze leaves no parameter to train");
+    return EBB_OK;
+}
+
+/* The training plan when `optim` is given (with o's loss, clipping, frozen
+ * parameters and memory budget), else the inference plan. */
+static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer_options *o,
+                               const ebb_optimizer_options *optim, const ebb_plan *infer,
+                               ebb_plan **out) {
     ebb_shape in[MAX_FIELDS], tg[MAX_FIELDS];
     ebb_status st = batch_shapes(f, batch, in, optim ? tg : NULL);
     if (st != EBB_OK) return st;
     ebb_train_options to = {0};
     ebb_compile_options co = {.input_shapes = in, .n_input_shapes = f->n_in};
+    const char **trained = NULL;
+    int n_trained = 0;
+    if (optim && o->n_freeze > 0) {
+        if (!(trained = malloc(sizeof *trained * ((size_t)ebb_plan_param_count(infer) + 1))))
+            return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+        if ((st = trained_names(o, infer, trained, &n_trained)) != EBB_OK) {
+            free(trained);
+            return st;
+        }
+    }
     if (optim) {
         to = (ebb_train_options){.target_shapes = tg,
                                  .n_target_shapes = f->n_tg,
                                  .target_dtypes = f->dtypes + f->n_in,
                                  .optimizer = *optim,
-                                 .loss = loss};
+                                 .loss = o->loss,
+                                 .clip_grad_norm = o->clip_grad_norm,
+                                 .clip_grad_value = o->clip_grad_value,
+                                 .trained = trained,
+                                 .n_trained = n_trained};
         co.train = &to;
-        co.memory_budget = budget;
+        co.memory_budget = o->memory_budget;
     }
-    return ebb_spec_compile(out, f->spec, &co);
+    st = ebb_spec_compile(out, f->spec, &co);
+    free(trained);
+    return st;
 }
 
 /* A dataset for the spec: its shapes checked against the files' headers
@@ -614,6 +662,16 @@ ebb_status ebb_checkpoint_read_info(const char *path, ebb_checkpoint_info *ci) {
                                path, sched);
         ci->has_schedule = 1;
     }
+    const char *clip_norm = ebb_safetensors_metadata(sf, "clip_grad_norm");
+    const char *clip_value = ebb_safetensors_metadata(sf, "clip_grad_value");
+    char *end = NULL;
+    if (st == EBB_OK && clip_norm &&
+        (ci->clip_grad_norm = strtod(clip_norm, &end), *end || !(ci->clip_grad_norm >= 0)))
+        st = ebb_error_set(EBB_ERR_ARG, "%s: clip_grad_norm '%s' is not a number", path, clip_norm);
+    if (st == EBB_OK && clip_value &&
+        (ci->clip_grad_value = strtod(clip_value, &end), *end || !(ci->clip_grad_value >= 0)))
+        st = ebb_error_set(EBB_ERR_ARG, "%s: clip_grad_value '%s' is not a number", path,
+                           clip_value);
     if (st == EBB_OK && ((data && !(ci->data = strdup(data))) ||
                          (stateless && !(ci->stateless = strdup(stateless)))))
         st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
@@ -958,9 +1016,9 @@ static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
     ebb_status st = check_options(o);
     if (st == EBB_OK) st = fields_init(&t->f, spec, o->loss);
     if (st == EBB_OK && o->resume) st = ebb_checkpoint_read_info(o->resume, &t->ci);
+    if (st == EBB_OK) st = compile_plan(&t->f, o->batch, o, NULL, NULL, &t->infer);
     if (st == EBB_OK && !o->evaluate_only)
-        st = compile_plan(&t->f, o->batch, &o->optimizer, o->memory_budget, o->loss, &t->plan);
-    if (st == EBB_OK) st = compile_plan(&t->f, o->batch, NULL, 0, NULL, &t->infer);
+        st = compile_plan(&t->f, o->batch, o, &o->optimizer, t->infer, &t->plan);
     if (st == EBB_OK && !o->evaluate_only) st = open_data(&t->f, o, o->data, t->infer, &t->train);
     if (st == EBB_OK && o->eval_data) st = open_data(&t->f, o, o->eval_data, t->infer, &t->test);
     if (st == EBB_OK && t->train && !(t->data = data_fields(t->train)))
@@ -1045,10 +1103,17 @@ static void print_start(const ebb_trainer *t) {
     FILE *f = t->o.progress;
     if (!f) return;
     char sched[256] = "";
+    size_t at = 0;
     if (t->sched) {
         memcpy(sched, ", schedule ", 12);
         ebb_lr_schedule_str(&t->schedule, sched + 11, sizeof sched - 11);
+        at = strlen(sched);
     }
+    if (t->o.clip_grad_norm > 0 && at < sizeof sched)
+        at += (size_t)snprintf(sched + at, sizeof sched - at, ", clip_grad_norm %g",
+                               t->o.clip_grad_norm);
+    if (t->o.clip_grad_value > 0 && at < sizeof sched)
+        snprintf(sched + at, sizeof sched - at, ", clip_grad_value %g", t->o.clip_grad_value);
     fprintf(f, "training %s on %s: %lld samples, batch %lld, %lld steps per epoch, %s lr %g%s\n",
             ebb_spec_file(t->f.spec), t->o.data, (long long)t->s.samples, (long long)t->o.batch,
             (long long)t->s.steps_per_epoch, ebb_optimizer_kind_name(t->o.optimizer.kind),
@@ -1064,6 +1129,14 @@ static void print_start(const ebb_trainer *t) {
                 ebb_bytes_str(rs.peak_bytes, pk, sizeof pk),
                 ebb_bytes_str(rs.no_recompute_peak_bytes, nb, sizeof nb), rs.n_recompute_steps,
                 rs.flops ? 100.0 * (double)rs.recompute_flops / (double)rs.flops : 0.0);
+    if (t->o.clip_grad_norm > 0) {
+        int64_t cost = ebb_plan_clip_cost_bytes(t->plan), peak = 0;
+        if (ebb_plan_remat_stats(t->plan, &rs) == EBB_OK) peak = rs.peak_bytes;
+        fprintf(f, "clip_grad_norm %g: the updates wait for the whole backward: the step's peak %s, "
+                   "%s with the updates inside it\n",
+                t->o.clip_grad_norm, ebb_bytes_str(peak, pk, sizeof pk),
+                ebb_bytes_str(peak - cost, nb, sizeof nb));
+    }
     if (t->s.step > 0)
         fprintf(f, "resumed from %s at step %lld%s\n", t->o.resume, (long long)t->s.step,
                 t->s.step == t->s.total_steps ? ", the run's last: nothing to train" : "");
@@ -1382,7 +1455,9 @@ ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
     if (st == EBB_OK) st = refuse_nonfinite(t, &s, 0, "--checkpoint", path);
     if (st == EBB_OK) {
         const ebb_trainer_options *o = &t->o;
-        char s_step[32], s_epoch[32], s_seed[32], s_batch[32];
+        char s_step[32], s_epoch[32], s_seed[32], s_batch[32], s_cn[32], s_cv[32];
+        snprintf(s_cn, sizeof s_cn, "%.17g", o->clip_grad_norm);
+        snprintf(s_cv, sizeof s_cv, "%.17g", o->clip_grad_value);
         snprintf(s_step, sizeof s_step, "%lld", (long long)t->s.step);
         snprintf(s_epoch, sizeof s_epoch, "%lld", (long long)(t->s.step / t->s.steps_per_epoch));
         snprintf(s_seed, sizeof s_seed, "%llu", (unsigned long long)o->seed);
@@ -1403,6 +1478,8 @@ ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
                               "drop_last", o->drop_last ? "1" : "0",
                               "data", t->data,
                               "stateless", stateless,
+                              "clip_grad_norm", s_cn,
+                              "clip_grad_value", s_cv,
                               /* last, left out without a schedule */
                               "lr_schedule", s_sched,
                               "lr_schedule_steps", s_ssteps,

@@ -3099,6 +3099,99 @@ static void expect_same_bytes(const char *path, const char *want, const char *wh
  * they were; --skip-nonfinite undoes such steps and counts them. Weights
  * and checkpoints holding NaN are refused by `ebb eval` and `--resume`,
  * naming the tensor, and a checkpoint is never written with NaN in it. */
+/* Recipes from the command line: clipping by norm and by value, frozen
+ * parameters, and a CSV log with a row per logged step and per epoch. */
+static void test_train_recipes(void **state) {
+    (void)state;
+    char data[PATH_MAX], w0[PATH_MAX], w1[PATH_MAX], csv[PATH_MAX];
+    tmp_path(data, sizeof data, "recipes.safetensors");
+    tmp_path(w0, sizeof w0, "recipes-w0.safetensors");
+    tmp_path(w1, sizeof w1, "recipes-w1.safetensors");
+    tmp_path(csv, sizeof csv, "recipes.csv");
+    enum { N = 96, F = 64 };
+    ebb_shape xs = {2, {N, F}}, ys = {1, {N}};
+    ebb_tensor *t[2] = {NULL, NULL};
+    static int64_t yv[N];
+    for (int i = 0; i < N; i++) yv[i] = i % 10;
+    assert_ok(ebb_tensor_randn(&t[0], &xs, EBB_FLOAT32, ebb_device_cpu(), 7));
+    assert_ok(ebb_tensor_from_host(&t[1], yv, sizeof yv, &ys, EBB_INT64, ebb_device_cpu()));
+    const char *names[2] = {"x", "y"};
+    assert_ok(ebb_safetensors_write(data, names, t, 2));
+    ebb_tensor_free(t[0]);
+    ebb_tensor_free(t[1]);
+
+    cli_result r;
+    /* the initial weights (seed 0), which a frozen parameter keeps */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "1", "--lr", "0",
+        "--weight-decay", "0", "--save-weights", w0, "--batch", "16");
+    expect_code(&r, 0);
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--eval-data", data, "--steps", "12",
+        "--batch", "16", "--clip-grad-norm", "0.5", "--clip-grad-value", "0.1", "--freeze",
+        "fc1.*", "--log-every", "4", "--log-csv", csv, "--save-weights", w1);
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "clip_grad_norm 0.5, clip_grad_value 0.1");
+    expect_contains("stdout", &r, r.out, "clip_grad_norm 0.5: the updates wait for the whole "
+                                         "backward: the step's peak ");
+    cli_free(&r);
+    ebb_safetensors *a = NULL, *b = NULL;
+    assert_ok(ebb_safetensors_open(&a, w0));
+    assert_ok(ebb_safetensors_open(&b, w1));
+    static const char *const params[] = {"fc1.weight", "fc1.bias", "fc2.weight", "fc3.bias"};
+    for (int i = 0; i < 4; i++) {
+        ebb_tensor *ta = NULL, *tb = NULL;
+        assert_ok(ebb_safetensors_load(&ta, a, params[i], ebb_device_cpu()));
+        assert_ok(ebb_safetensors_load(&tb, b, params[i], ebb_device_cpu()));
+        size_t n = (size_t)ebb_tensor_numel(ta) * sizeof(float);
+        float *va = malloc(n), *vb = malloc(n);
+        assert_ok(ebb_tensor_to_host(ta, va, n));
+        assert_ok(ebb_tensor_to_host(tb, vb, n));
+        int same = memcmp(va, vb, n) == 0;
+        if (same != (i < 2)) fail_msg("%s %s by training with --freeze 'fc1.*'", params[i],
+                                      same ? "was left as it was" : "changed");
+        free(va);
+        free(vb);
+        ebb_tensor_free(ta);
+        ebb_tensor_free(tb);
+    }
+    ebb_safetensors_close(a);
+    ebb_safetensors_close(b);
+    /* 6 steps an epoch: rows for steps 4, 8 and 12, and for epochs 1 and 2 */
+    size_t len = 0;
+    char *text = slurp(csv, &len);
+    int steps = 0, epochs = 0, lines = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), lines++) {
+        int cols = 1;
+        for (const char *p = line; *p; p++) cols += *p == ',';
+        if (cols != 10) fail_msg("%s: %d columns in '%s'", csv, cols, line);
+        steps += !strncmp(line, "step,", 5);
+        /* an epoch row has no lr, but its evaluation's three figures */
+        epochs += !strncmp(line, "epoch,", 6) && line[strlen(line) - 1] != ',' &&
+                  strstr(line, ",,,") == NULL;
+    }
+    free(text);
+    if (lines != 6 || steps != 3 || epochs != 2)
+        fail_msg("%s: %d lines, %d step rows, %d complete epoch rows", csv, lines, steps, epochs);
+    /* what the options refuse */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "2", "--freeze", "fc9.*");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--freeze 'fc9.*' matches no parameter");
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "2", "--freeze", "*");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--freeze leaves no parameter to train");
+    cli_free(&r);
+    EBB(&r, "plan", "specs/mlp.yaml", "--clip-grad-norm", "1");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "apply to --train");
+    cli_free(&r);
+    EBB(&r, "plan", "specs/mlp.yaml", "--train", "-i", "batch=8", "--clip-grad-norm", "1");
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "clip_grad_norm 1: the updates wait for every gradient");
+    expect_contains("stdout", &r, r.out, "  clip_grad_norm       gradients ");
+    cli_free(&r);
+}
+
 static void test_train_nonfinite(void **state) {
     (void)state;
     char data[PATH_MAX], ck[PATH_MAX], w[PATH_MAX], ck_good[PATH_MAX], w_good[PATH_MAX];
@@ -3760,6 +3853,7 @@ int main(void) {
         EBB_TEST(test_output_targets),
         EBB_TEST(test_fit_check),
         EBB_TEST(test_train_and_eval),
+        EBB_TEST(test_train_recipes),
         EBB_TEST(test_train_sigint_checkpoint),
         EBB_TEST(test_train_sigterm_sighup),
         EBB_TEST(test_train_nonfinite),

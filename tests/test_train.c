@@ -1114,6 +1114,12 @@ static void trainer_open(trainer *tr, const char *fixture, const char *yaml, con
      * `loss:`; its shape from the data (the spec's `batch` would be 1) */
     ebb_train_options t = {.target_shapes = &ys, .n_target_shapes = 1, .optimizer = tr->oo,
                            .grads_only = grads_only};
+    /* clipping, as torch.nn.utils did it between backward() and step() */
+    char ck[2][64];
+    snprintf(ck[0], sizeof ck[0], "%s.clip.norm", c);
+    snprintf(ck[1], sizeof ck[1], "%s.clip.value", c);
+    if (ebb_safetensors_dtype_str(tr->st, ck[0])) t.clip_grad_norm = fx_scalar(tr->st, ck[0]);
+    if (ebb_safetensors_dtype_str(tr->st, ck[1])) t.clip_grad_value = fx_scalar(tr->st, ck[1]);
     ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
     assert_ok(ebb_spec_compile(&tr->plan, tr->spec, &o));
     check_plan_shape(tr->plan, grads_only, NULL, fixture, pr);
@@ -1748,7 +1754,7 @@ int main(void) {
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[25 + N_GRAD];
+    struct CMUnitTest tests[28 + N_GRAD];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -1763,6 +1769,9 @@ int main(void) {
     tests[n++] = named_test("steps_sgd_momentum", test_steps, (void *)"sgd_momentum");
     tests[n++] = named_test("steps_adam", test_steps, (void *)"adam");
     tests[n++] = named_test("steps_adamw", test_steps, (void *)"adamw");
+    tests[n++] = named_test("steps_sgd_clip_norm", test_steps, (void *)"sgd_clip_norm");
+    tests[n++] = named_test("steps_adamw_clip_value", test_steps, (void *)"adamw_clip_value");
+    tests[n++] = named_test("steps_adam_clip_both", test_steps, (void *)"adam_clip_both");
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_steps_batch_norm);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_state_for_trained_parameters);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_steps_change_nothing);

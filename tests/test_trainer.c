@@ -269,6 +269,7 @@ static void test_resume_is_bit_identical(void **state) {
     ebb_trainer_options o = options();
     o.steps = 11;
     o.schedule = &cosine;
+    o.clip_grad_norm = 0.5; /* the updates after the backward, every gradient scaled */
     ebb_trainer *t = NULL;
     if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
         fail_msg("straight: %s", ebb_errmsg());
@@ -296,6 +297,7 @@ static void test_resume_is_bit_identical(void **state) {
     assert_int_equal(ci.optimizer.kind, EBB_ADAM);
     assert_true(ci.has_schedule);
     assert_int_equal(ci.schedule_steps, 5);
+    assert_true(ci.clip_grad_norm == 0.5 && ci.clip_grad_value == 0);
     ebb_checkpoint_info_free(&ci);
 
     ev = (events){0};
@@ -306,6 +308,44 @@ static void test_resume_is_bit_identical(void **state) {
     weights_of(t, resumed);
     assert_memory_equal(straight, resumed, sizeof straight);
     ebb_trainer_free(t);
+    ebb_spec_free(spec);
+}
+
+/* A frozen parameter keeps its value and gets no optimizer state. */
+static void test_freeze(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    static const char *const frozen[] = {"*.bias"};
+    ebb_trainer_options o = options();
+    o.steps = 4;
+    o.freeze = frozen;
+    o.n_freeze = 1;
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK) fail_msg("open: %s", ebb_errmsg());
+    float before[F * F + F], after[F * F + F];
+    weights_of(t, before);
+    if (ebb_trainer_run(t) != EBB_OK) fail_msg("run: %s", ebb_errmsg());
+    weights_of(t, after);
+    assert_memory_equal(before + F * F, after + F * F, sizeof(float) * F); /* the bias */
+    assert_memory_not_equal(before, after, sizeof(float) * F * F);         /* the weight */
+    const ebb_plan *plan = ebb_trainer_train_plan(t);
+    ebb_model *m = ebb_trainer_model(t);
+    for (int i = 0; i < ebb_model_param_count(m); i++) {
+        int bias = strstr(ebb_model_param_name(m, i), "bias") != NULL;
+        assert_int_equal(ebb_plan_param_trained(plan, i) != 0, !bias);
+        assert_int_equal(ebb_optimizer_state_tensor(ebb_trainer_optimizer(t), i, "exp_avg") == NULL,
+                         bias);
+    }
+    ebb_trainer_free(t);
+    /* a pattern that matches nothing, and one that matches everything */
+    static const char *const none[] = {"conv*"}, *const all[] = {"*"};
+    o.freeze = none;
+    assert_int_equal(ebb_trainer_open(&t, spec, &o), EBB_ERR_ARG);
+    assert_non_null(strstr(ebb_errmsg(), "'conv*' matches no parameter"));
+    o.freeze = all;
+    assert_int_equal(ebb_trainer_open(&t, spec, &o), EBB_ERR_ARG);
+    assert_non_null(strstr(ebb_errmsg(), "leaves no parameter to train"));
+    assert_null(t);
     ebb_spec_free(spec);
 }
 
@@ -395,6 +435,7 @@ int main(void) {
         EBB_TEST(test_metrics_of_a_known_classifier),
         EBB_TEST(test_run_calls_back_and_learns),
         EBB_TEST(test_resume_is_bit_identical),
+        EBB_TEST(test_freeze),
         EBB_TEST(test_early_stopping),
         EBB_TEST(test_refusals),
     };

@@ -291,6 +291,23 @@ EBB_API ebb_status ebb_tensor_adam_update_(ebb_tensor *param, const ebb_tensor *
                                    ebb_tensor *exp_avg_sq, ebb_tensor *max_exp_avg_sq, int64_t step,
                                    const ebb_optimizer_options *opts);
 
+/* torch.nn.utils.clip_grad_value_, into a new tensor: *out = grad clamped
+ * to [-clip, clip] element by element (the caller frees it). clip <= 0:
+ * EBB_ERR_ARG. */
+EBB_API ebb_status ebb_tensor_clip_grad_value(ebb_tensor **out, const ebb_tensor *grad,
+                                              double clip);
+/* torch.nn.utils.clip_grad_norm_(max_norm, norm_type=2): scales grads[0..n)
+ * in place by min(1, max_norm / (total + 1e-6)), total the L2 norm of all of
+ * them together, in torch's order of operations; NULL entries are skipped (a
+ * parameter without a gradient). *total_norm (may be NULL) receives total on
+ * the CPU, NAN on a GPU (where reading it would wait for the device, and a
+ * CUDA graph could not hold the step).
+ * The gradients must share a floating dtype and a device (EBB_ERR_SHAPE
+ * names the first that does not). Scratch: a norm per gradient, their stack,
+ * the total and the factor, one element each. */
+EBB_API ebb_status ebb_tensor_clip_grad_norm_(ebb_tensor *const *grads, int n, double max_norm,
+                                              double *total_norm);
+
 #ifdef __cplusplus
 }
 #endif

@@ -75,6 +75,18 @@ typedef struct ebb_train_options {
      * fails in the backward has updated the parameters it reached. Set this
      * for all-or-nothing steps, or where every gradient must exist at once. */
     int updates_after_backward;
+    /* Gradient clipping, as torch.nn.utils does between backward() and
+     * step(). clip_grad_norm > 0 (clip_grad_norm_): every gradient is scaled
+     * by min(1, clip_grad_norm / (total + 1e-6)), total the L2 norm of all of
+     * them together. That needs every gradient before the first update, so
+     * the updates wait for the backward's end (as updates_after_backward)
+     * and the step's peak holds every gradient at once; the listing says
+     * what that costs (ebb_plan_clip_cost_bytes()). clip_grad_value > 0
+     * (clip_grad_value_): each update clamps its gradient to [-v, v] first,
+     * into a gradient-sized tensor the plan counts, and the updates stay
+     * inside the backward. 0: no clipping. */
+    double clip_grad_norm;
+    double clip_grad_value;
 } ebb_train_options;
 
 typedef struct ebb_compile_options {
@@ -126,6 +138,8 @@ typedef enum ebb_step_kind {
     EBB_STEP_EXIT_BACKWARD,  /* (grad_acc, rows, route[, y, grad_route]) -> grad_y[, grad_route] */
     EBB_STEP_ENTER_BACKWARD, /* (grad_rows_input, rows, grad_x) -> grad_x, added by row */
     EBB_STEP_ROUTE_BACKWARD, /* top-k: (router output, route, grad_route) -> grad of the router output */
+    EBB_STEP_CLIP,      /* (every gradient): scaled in place to a global L2 norm of at most
+                           clip_grad_norm (ebb_train_options) */
 } ebb_step_kind;
 
 /* Which part of a training step a step belongs to (inference: all forward). */

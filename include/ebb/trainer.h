@@ -158,6 +158,15 @@ typedef struct ebb_trainer_options {
     ebb_optimizer_options optimizer; /* defaults: AdamW, torch.optim's defaults, lr 1e-3 */
     const ebb_lr_schedule *schedule; /* NULL: a constant rate; copied at open */
     const char *loss;                /* this loss op instead of the spec's `loss:` */
+    double clip_grad_norm;  /* > 0: clip the gradients' global L2 norm to it (see
+                               ebb_train_options: the updates then wait for the backward) */
+    double clip_grad_value; /* > 0: clamp every gradient to [-v, v] in its update */
+    /* Frozen parameters: full names matched by any of these fnmatch(3)
+     * patterns ("fc1.*", "*.bias") get no gradient, no update and no
+     * optimizer state (ebb_train_options.trained holds the others). A
+     * pattern that matches nothing, or freezing everything, is an error. */
+    const char *const *freeze;
+    int n_freeze;
     int64_t memory_budget;           /* compile the step under it (ebb_compile_options) */
     ebb_device device;               /* defaults: the CPU */
     int cuda_graph;     /* CUDA: replay full batches from a captured step (ebb_train_capture) */
@@ -289,6 +298,7 @@ typedef struct ebb_checkpoint_info {
                         recorded */
     char *stateless; /* trained parameters that had no optimizer state, comma-separated;
                         NULL: not recorded */
+    double clip_grad_norm, clip_grad_value; /* 0: none */
     int has_schedule; /* the schedule and where it was */
     ebb_lr_schedule schedule;
     int64_t schedule_steps;

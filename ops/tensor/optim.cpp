@@ -12,6 +12,7 @@
 // kernels), which keeps an update's scratch to one parameter-sized tensor.
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "ebb/op.h"
 #include "ebb/optim.h"
@@ -378,6 +379,92 @@ ebb_status ebb_tensor_adadelta_update_(ebb_tensor *param, const ebb_tensor *grad
             p.addcmul_(delta, hyper->t.select(0, 0));
         else
             p.add_(delta, -lr);
+    });
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_clip_grad_value(ebb_tensor **out, const ebb_tensor *grad, double clip) {
+    const char *fn = "ebb_tensor_clip_grad_value";
+    EBB_OUT(fn, out);
+    EBB_NEED(fn, grad);
+    if (!(clip > 0))
+        return ebb_error_set(EBB_ERR_ARG, "%s: clip %g; it bounds |g|, so it must be positive", fn,
+                             clip);
+    EBB_TRY(fn, {
+        // Scalar bounds: clamp wraps no operand in a tensor
+        *out = ebb::wrap(at::clamp(grad->t, at::Scalar(-clip), at::Scalar(clip)));
+    });
+    return EBB_OK;
+}
+
+// torch.nn.utils.clip_grad_norm_ with norm_type 2, in its order: each
+// gradient's vector norm, the norm of their stack, then the factor
+// max_norm / (total + 1e-6) clamped at 1, computed as torch computes it on a
+// one-element float tensor (x.reciprocal() * max_norm is Python's
+// max_norm / x), and every gradient multiplied by it in place, even by 1.
+ebb_status ebb_tensor_clip_grad_norm_(ebb_tensor *const *grads, int n, double max_norm,
+                                      double *total_norm) {
+    const char *fn = "ebb_tensor_clip_grad_norm_";
+    if (n < 0 || (n > 0 && !grads))
+        return ebb_error_set(EBB_ERR_ARG, "%s: %d gradients at %p", fn, n, (const void *)grads);
+    if (!(max_norm > 0))
+        return ebb_error_set(EBB_ERR_ARG, "%s: max_norm %g must be positive", fn, max_norm);
+    if (total_norm) *total_norm = 0;
+    const at::Tensor *first = nullptr;
+    for (int i = 0; i < n; i++) {
+        if (!grads[i]) continue;
+        const at::Tensor &g = grads[i]->t;
+        if (!first) {
+            first = &g;
+            if (!at::isFloatingType(g.scalar_type()))
+                return ebb_error_set(EBB_ERR_ARG, "%s: gradient %d is %s; norms are of floating "
+                                     "point", fn, i, describe(g).c_str());
+        } else if (g.scalar_type() != first->scalar_type() || g.device() != first->device()) {
+            return ebb_error_set(EBB_ERR_SHAPE, "%s: gradient %d is %s, the first is %s", fn, i,
+                                 describe(g).c_str(), describe(*first).c_str());
+        }
+    }
+    if (!first) return EBB_OK; // no gradient: nothing to clip, as torch returns 0
+    EBB_TRY(fn, {
+        at::Tensor total;
+        {
+            std::vector<at::Tensor> norms;
+            norms.reserve((size_t)n);
+            for (int i = 0; i < n; i++)
+                if (grads[i])
+                    norms.push_back(at::linalg_vector_norm(grads[i]->t, 2, c10::nullopt, false,
+                                                           c10::nullopt));
+            total = at::linalg_vector_norm(at::stack(norms), 2, c10::nullopt, false, c10::nullopt);
+        }
+        // the scratch peaks above, at 2n + 1 elements: the norms, their stack
+        // and the total
+        at::Tensor factor;
+        if (total.is_cpu()) {
+            // on the host, in the dtype's arithmetic, as the one-element
+            // kernels compute it; Scalar operands would be wrapped in tensors
+            double f;
+            if (total.scalar_type() == at::kDouble) {
+                double v = total.item<double>();
+                f = (1.0 / (v + 1e-6)) * max_norm;
+                f = f < 1.0 ? f : 1.0;
+                if (total_norm) *total_norm = v;
+            } else {
+                float v = total.to(at::kFloat).item<float>();
+                float r = 1.0f / (v + static_cast<float>(1e-6));
+                float c = r * static_cast<float>(max_norm);
+                f = c < 1.0f ? c : 1.0f;
+                if (total_norm) *total_norm = v;
+            }
+            total.reset();
+            factor = at::full({}, f, first->options());
+        } else {
+            // on the device, without a read back (a CUDA graph can hold it)
+            factor = total.add(1e-6).reciprocal_().mul_(max_norm).clamp_max_(1.0);
+            total.reset();
+            if (total_norm) *total_norm = NAN;
+        }
+        for (int i = 0; i < n; i++)
+            if (grads[i]) grads[i]->t.mul_(factor);
     });
     return EBB_OK;
 }

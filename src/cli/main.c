@@ -86,8 +86,8 @@ static const char usage_check[] = "usage: ebb check [--] SPEC...\n"
 
 static const char usage_plan[] =
     "usage: ebb plan SPEC [-i NAME=D0,D1,...]... [-p PARAM=N]... [--json] [--keep-all]\n"
-    "                [--memory] [--train [--loss NAME] [--optimizer KIND]]\n"
-    "                [--memory-budget SIZE]\n"
+    "                [--memory] [--train [--loss NAME] [--optimizer KIND]\n"
+    "                [--clip-grad-norm X] [--clip-grad-value X]] [--memory-budget SIZE]\n"
     "\n"
     "  -i NAME=D0,D1,...  the shape of input NAME; or -i SYMBOL=N for a symbolic dim\n"
     "                     (symbolic dimensions not given are 1)\n"
@@ -99,6 +99,11 @@ static const char usage_plan[] =
     "                     targets, backward and one update per parameter\n"
     "  --loss NAME        with --train: this loss op instead of the spec's `loss:`\n"
     "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
+    "  --clip-grad-norm X with --train: scale the gradients to a global L2 norm of at\n"
+    "                     most X (the updates wait for every gradient; the listing says\n"
+    "                     what that costs)\n"
+    "  --clip-grad-value X\n"
+    "                     with --train: clamp each gradient to [-X, X] in its update\n"
     "  --memory-budget SIZE\n"
     "                     the most the step may take at its peak (64MiB, 1.5GB, bytes,\n"
     "                     or `least`):\n"
@@ -167,8 +172,9 @@ static const char usage_run[] =
     "/dev/stdout is written into. Errors writing them exit 3.\n";
 
 static const char usage_dot[] =
-    "usage: ebb dot SPEC [--plan [--train [--loss NAME] [--optimizer KIND]]\n"
-    "               [--memory-budget SIZE]] [-i NAME=DIMS]... [-p PARAM=N]... [-o FILE]\n"
+    "usage: ebb dot SPEC [--plan [--train [--loss NAME] [--optimizer KIND]\n"
+    "               [--clip-grad-norm X] [--clip-grad-value X]] [--memory-budget SIZE]]\n"
+    "               [-i NAME=DIMS]... [-p PARAM=N]... [-o FILE]\n"
     "\n"
     "  -i NAME=DIMS       with --plan: input shape, or SYMBOL=N\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
@@ -176,6 +182,11 @@ static const char usage_dot[] =
     "  --train            with --plan: draw the training step\n"
     "  --loss NAME        with --train: this loss op instead of the spec's `loss:`\n"
     "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
+    "  --clip-grad-norm X with --train: scale the gradients to a global L2 norm of at\n"
+    "                     most X (the updates wait for every gradient; the listing says\n"
+    "                     what that costs)\n"
+    "  --clip-grad-value X\n"
+    "                     with --train: clamp each gradient to [-X, X] in its update\n"
     "  --memory-budget SIZE\n"
     "                     with --plan: the step that fits SIZE (64MiB, or `least`);\n"
     "                     recomputed steps are drawn dashed, in blue\n"
@@ -188,8 +199,9 @@ static const char usage_dot[] =
 
 static const char usage_chart[] =
     "usage: ebb chart SPEC [-i NAME=DIMS]... [-p PARAM=N]... [--keep-all] [--trace T.jsonl]\n"
-    "                 [--train [--loss NAME] [--optimizer KIND] [--grads-only]]\n"
-    "                 [--memory-budget SIZE] [-o FILE.svg]\n"
+    "                 [--train [--loss NAME] [--optimizer KIND] [--grads-only]\n"
+    "                 [--clip-grad-norm X] [--clip-grad-value X]] [--memory-budget SIZE]\n"
+    "                 [-o FILE.svg]\n"
     "\n"
     "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
@@ -200,6 +212,11 @@ static const char usage_chart[] =
     "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
     "  --grads-only       with --train: the step `ebb grad` runs (gradients handed out,\n"
     "                     no updates), to chart `ebb grad --trace`\n"
+    "  --clip-grad-norm X with --train: scale the gradients to a global L2 norm of at\n"
+    "                     most X (the updates wait for every gradient; the listing says\n"
+    "                     what that costs)\n"
+    "  --clip-grad-value X\n"
+    "                     with --train: clamp each gradient to [-X, X] in its update\n"
     "  --memory-budget SIZE\n"
     "                     chart the step that fits SIZE by recomputing (64MiB)\n"
     "  --trace FILE       draw the measured bytes of `ebb run --trace FILE` (or `ebb grad\n"
@@ -422,7 +439,14 @@ enum {
     OPT_GRADS,
     OPT_GRADS_ONLY,
     OPT_MEMORY_BUDGET,
+    OPT_CLIP_GRAD_NORM,
+    OPT_CLIP_GRAD_VALUE,
 };
+
+#define CLIP_OPTIONS                                                                               \
+    {"clip-grad-norm", required_argument, NULL, OPT_CLIP_GRAD_NORM}, {                             \
+        "clip-grad-value", required_argument, NULL, OPT_CLIP_GRAD_VALUE                            \
+    }
 
 #define COMMON_OPTIONS                                                                             \
     {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, OPT_COMPLETION }
@@ -437,6 +461,7 @@ static const struct option plan_options[] = {
     {"loss", required_argument, NULL, OPT_LOSS},
     {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
     {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
+    CLIP_OPTIONS,
     {NULL, 0, NULL, 0},
 };
 static const struct option grad_options[] = {
@@ -477,6 +502,7 @@ static const struct option dot_options[] = {
     {"loss", required_argument, NULL, OPT_LOSS},
     {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
     {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
+    CLIP_OPTIONS,
     {NULL, 0, NULL, 0},
 };
 static const struct option chart_options[] = {
@@ -488,6 +514,7 @@ static const struct option chart_options[] = {
     {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
     {"grads-only", no_argument, NULL, OPT_GRADS_ONLY},
     {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
+    CLIP_OPTIONS,
     {NULL, 0, NULL, 0},
 };
 
@@ -533,6 +560,7 @@ typedef struct options {
     const char *device, *weights, *save_weights, *inputs, *outputs, *trace, *out_file;
     const char *loss, *optimizer, *grads;
     int64_t memory_budget; /* 0: none */
+    double clip_norm, clip_value; /* --clip-grad-norm, --clip-grad-value; 0: none */
 } options;
 
 static int parse_u64(const char *s, uint64_t *out) {
@@ -632,6 +660,17 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
         case OPT_GRADS_ONLY: o->grads_only = 1; break;
         case OPT_LOSS: slot = &o->loss; break;
         case OPT_OPTIMIZER: slot = &o->optimizer; break;
+        case OPT_CLIP_GRAD_NORM:
+        case OPT_CLIP_GRAD_VALUE: {
+            char *end = NULL;
+            double v = strtod(val, &end);
+            if (end == val || *end || !(v > 0) || !isfinite(v))
+                return ebb_cli_usage_error(usage, "%s needs a positive number",
+                                           opt == OPT_CLIP_GRAD_NORM ? "--clip-grad-norm"
+                                                                     : "--clip-grad-value");
+            *(opt == OPT_CLIP_GRAD_NORM ? &o->clip_norm : &o->clip_value) = v;
+            break;
+        }
         case OPT_GRADS: slot = &o->grads; break;
         case OPT_MEMORY_BUDGET:
             if (!strcmp(val, "least"))
@@ -699,6 +738,10 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
         return ebb_cli_usage_error(usage, "%s", "missing SPEC");
     if (o->non_strict && !o->weights)
         return ebb_cli_usage_error(usage, "%s", "--non-strict applies to --weights, which is not given");
+    if ((o->clip_norm > 0 || o->clip_value > 0) && (!o->train || o->grads_only))
+        return ebb_cli_usage_error(usage, "%s",
+                                   "--clip-grad-norm and --clip-grad-value apply to --train (a "
+                                   "step with updates)");
     if ((o->loss || o->optimizer || o->grads_only) && !o->train && strcmp(c->name, "grad") != 0)
         return ebb_cli_usage_error(usage, "%s",
                            "--loss, --optimizer and --grads-only apply to --train, which is not "
@@ -1115,7 +1158,8 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
     }
     *t = (ebb_train_options){.target_shapes = shapes, .n_target_shapes = n,
                              .target_dtypes = dtypes, .loss = o->loss,
-                             .grads_only = o->grads_only};
+                             .grads_only = o->grads_only, .clip_grad_norm = o->clip_norm,
+                             .clip_grad_value = o->clip_value};
     t->optimizer.kind = EBB_ADAMW;
     if (o->optimizer) /* checked when the options were read */
         ebb_optimizer_kind_parse(&t->optimizer.kind, o->optimizer);

@@ -54,7 +54,8 @@ enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3, EXIT_SIGNAL_BASE = 128 }
 const char ebb_cli_usage_train[] =
     "usage: ebb train SPEC --data D [--eval-data D] [--epochs N | --steps N] [--batch B]\n"
     "                 [--optimizer KIND] [--lr X] [--lr-schedule S] [--momentum X]\n"
-    "                 [--weight-decay X] [--loss NAME]\n"
+    "                 [--weight-decay X] [--loss NAME] [--clip-grad-norm X]\n"
+    "                 [--clip-grad-value X] [--freeze PATTERN]... [--log-csv FILE]\n"
     "                 [--seed N] [--no-shuffle] [--drop-last] [--normalize MEAN,STD]\n"
     "                 [--weights W] [--save-weights W] [--checkpoint FILE]\n"
     "                 [--checkpoint-every N] [--resume CKPT] [--log-every N]\n"
@@ -91,6 +92,17 @@ const char ebb_cli_usage_train[] =
     "                     checkpoints and resumed where it was\n"
     "  --momentum X       sgd's momentum (default 0)\n"
     "  --loss NAME        this loss op instead of the spec's `loss:` (as for plan and grad)\n"
+    "  --clip-grad-norm X scale the gradients to a global L2 norm of at most X before\n"
+    "                     the updates, as torch.nn.utils.clip_grad_norm_ (the updates\n"
+    "                     then wait for the whole backward: the start line says what\n"
+    "                     that costs)\n"
+    "  --clip-grad-value X\n"
+    "                     clamp each gradient to [-X, X] before its update, as\n"
+    "                     torch.nn.utils.clip_grad_value_\n"
+    "  --freeze PATTERN   train no parameter whose full name matches the shell pattern\n"
+    "                     ('fc1.*', '*.bias'; repeatable): no gradient, update or state\n"
+    "  --log-csv FILE     a CSV row per log point (every --log-every steps, and every\n"
+    "                     epoch with its evaluation), written as training goes\n"
     "  --weight-decay X   (default: torch.optim's, 0.01 for adamw, else 0)\n"
     "  --seed N           initial weights, shuffling and dropout (default 0)\n"
     "  --no-shuffle       the samples in file order\n"
@@ -105,8 +117,9 @@ const char ebb_cli_usage_train[] =
     "  --resume CKPT      continue from a checkpoint: weights, optimizer state, step;\n"
     "                     --checkpoint may name the same file\n"
     "  --override         with --resume: --optimizer, --lr, --momentum, --weight-decay,\n"
-    "                     --seed, --batch, --no-shuffle and --drop-last that contradict\n"
-    "                     the checkpoint win (else that is an error)\n"
+    "                     --seed, --batch, --no-shuffle, --drop-last, --lr-schedule and\n"
+    "                     --clip-grad-* that contradict the checkpoint win (else that is\n"
+    "                     an error)\n"
     "  --non-strict       with --resume: a trained parameter the checkpoint holds no\n"
     "                     optimizer state for starts without (else an error)\n"
     "  --log-every N      a line every N steps (default: one per epoch)\n"
@@ -191,6 +204,10 @@ enum {
     O_TOP_K,
     O_METRICS,
     O_EARLY_STOP,
+    O_CLIP_GRAD_NORM,
+    O_CLIP_GRAD_VALUE,
+    O_FREEZE,
+    O_LOG_CSV,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -232,6 +249,10 @@ const struct option ebb_cli_train_options[] = {
     {"lr-schedule", required_argument, NULL, O_LR_SCHEDULE},
     {"loss", required_argument, NULL, O_LOSS},
     {"early-stop", required_argument, NULL, O_EARLY_STOP},
+    {"clip-grad-norm", required_argument, NULL, O_CLIP_GRAD_NORM},
+    {"clip-grad-value", required_argument, NULL, O_CLIP_GRAD_VALUE},
+    {"freeze", required_argument, NULL, O_FREEZE},
+    {"log-csv", required_argument, NULL, O_LOG_CSV},
     {NULL, 0, NULL, 0},
 };
 
@@ -254,6 +275,11 @@ typedef struct topts {
     int64_t memory_budget; /* 0: none */
     int top_k, metrics;    /* --top-k, --metrics */
     int64_t early_stop;    /* --early-stop N[:DELTA] */
+    double clip_norm, clip_value; /* --clip-grad-norm, --clip-grad-value (0: none) */
+    int clip_norm_set, clip_value_set;
+    const char *freeze[MAX_PARAMS]; /* --freeze */
+    int n_freeze;
+    const char *log_csv;
     double early_delta;
 } topts;
 
@@ -347,6 +373,25 @@ static int parse(int argc, char **argv, int train, topts *o) {
             break;
         case O_LOSS: o->loss = v; break;
         case O_METRICS: o->metrics = 1; break;
+        case O_LOG_CSV: o->log_csv = v; break;
+        case O_FREEZE:
+            if (o->n_freeze == MAX_PARAMS)
+                return ebb_cli_usage_error(usage, "%s", "too many --freeze options");
+            o->freeze[o->n_freeze++] = v;
+            break;
+        case O_CLIP_GRAD_NORM:
+        case O_CLIP_GRAD_VALUE: {
+            double d;
+            if (parse_double(v, &d) != 0 || !(d > 0))
+                return ebb_cli_usage_error(usage, "%s needs a positive number",
+                                           opt == O_CLIP_GRAD_NORM ? "--clip-grad-norm"
+                                                                   : "--clip-grad-value");
+            if (opt == O_CLIP_GRAD_NORM)
+                o->clip_norm = d, o->clip_norm_set = 1;
+            else
+                o->clip_value = d, o->clip_value_set = 1;
+            break;
+        }
         case O_TOP_K:
             if (parse_i64(v, 0, &n) != 0 || n > 1000000)
                 return ebb_cli_usage_error(usage, "%s", "--top-k needs a count, 0 or more");
@@ -535,6 +580,9 @@ typedef struct cli_run {
     int64_t window;                /* --curve: steps per training-loss point */
     double curve_loss, json_loss;  /* losses summed since the last point and JSON line */
     int64_t curve_n, json_n;
+    FILE *csv;     /* --log-csv */
+    double csv_loss; /* losses summed since its last step row */
+    int64_t csv_n;
     int rc;  /* the exit code a callback decided on (0: none) */
     int tty; /* text on a terminal: the library redraws its progress line */
 } cli_run;
@@ -566,6 +614,12 @@ static int resume_conflicts(const topts *o, const ebb_checkpoint_info *ci, char 
     CONFLICT(o->no_shuffle && ci->shuffle, "--no-shuffle, the checkpoint shuffles");
     CONFLICT(o->drop_last && !ci->drop_last,
              "--drop-last, the checkpoint keeps the last partial batch");
+    CONFLICT(o->clip_norm_set && o->clip_norm != ci->clip_grad_norm,
+             "--clip-grad-norm %g, the checkpoint's is %g%s", o->clip_norm, ci->clip_grad_norm,
+             ci->clip_grad_norm > 0 ? "" : " (none)");
+    CONFLICT(o->clip_value_set && o->clip_value != ci->clip_grad_value,
+             "--clip-grad-value %g, the checkpoint's is %g%s", o->clip_value,
+             ci->clip_grad_value, ci->clip_grad_value > 0 ? "" : " (none)");
     char have[256], had[256];
     CONFLICT(o->lr_schedule &&
                  (!ci->has_schedule || memcmp(&o->sched, &ci->schedule, sizeof o->sched)),
@@ -597,6 +651,8 @@ static int resolve_options(cli_run *c) {
         o->batch = o->batch_set ? o->batch : c->ci.batch;
         o->no_shuffle |= !c->ci.shuffle;
         o->drop_last |= c->ci.drop_last;
+        o->clip_norm = o->clip_norm_set ? o->clip_norm : c->ci.clip_grad_norm;
+        o->clip_value = o->clip_value_set ? o->clip_value : c->ci.clip_grad_value;
         if (!o->optimizer || k == c->ci.optimizer.kind)
             oo = c->ci.optimizer;
         else if (!o->lr_set)
@@ -642,6 +698,7 @@ static int check_files(const cli_run *c) {
     add_file(list, &n, "out", "--save-weights", o->save_weights);
     add_file(list, &n, "out", "--trace", o->trace);
     add_file(list, &n, "out", "--curve", o->curve);
+    add_file(list, &n, "out", "--log-csv", o->log_csv);
     list[n] = NULL;
     return ebb_cli_check_aliases(list);
 }
@@ -762,6 +819,33 @@ static int64_t samples_at(const ebb_trainer_stats *s, const topts *o, int64_t st
 
 /* ---- the callbacks ---- */
 
+/* A number for the CSV log: empty when absent or not finite. */
+static void csv_num(FILE *f, double v, const char *fmt) {
+    fputc(',', f);
+    if (isfinite(v)) fprintf(f, fmt, v);
+}
+
+/* One --log-csv row; a write that fails stops training (exit 3). */
+static int csv_row(cli_run *c, const char *kind, const ebb_train_event *e, double loss) {
+    FILE *f = c->csv;
+    const ebb_metrics *m = e->eval;
+    fprintf(f, "%s,%lld,%lld,%lld", kind, (long long)e->epoch, (long long)e->step,
+            (long long)e->samples);
+    csv_num(f, loss, "%.9g");
+    csv_num(f, e->kind == EBB_TRAIN_STEP ? e->lr : NAN, "%.9g");
+    csv_num(f, e->samples_per_s, "%.1f");
+    csv_num(f, m ? m->loss : NAN, "%.9g");
+    csv_num(f, m && m->classes ? m->accuracy : NAN, "%.9g");
+    csv_num(f, m && m->top_k ? m->top_k_accuracy : NAN, "%.9g");
+    fputc('\n', f);
+    if (fflush(f) != 0 || ferror(f)) {
+        fprintf(stderr, "ebb: --log-csv %s: %s\n", c->o.log_csv, strerror(errno));
+        c->rc = EXIT_RUNTIME;
+        return 1;
+    }
+    return 0;
+}
+
 /* The traced step's summary line; the file is written now, not at the end:
  * a long run's trace is there to look at while it trains. */
 static int trace_done(cli_run *c, const ebb_train_event *e) {
@@ -826,6 +910,14 @@ static int on_step(ebb_trainer *t, const ebb_train_event *e, void *user) {
     c->curve_n += counted;
     c->json_loss += counted ? e->loss : 0;
     c->json_n += counted;
+    c->csv_loss += counted ? e->loss : 0;
+    c->csv_n += counted;
+    if (c->csv && o->log_every && e->step % o->log_every == 0) {
+        int stop = csv_row(c, "step", e, c->csv_n ? c->csv_loss / (double)c->csv_n : NAN);
+        c->csv_loss = 0;
+        c->csv_n = 0;
+        if (stop) return 1;
+    }
     if (c->curve && (e->step % c->window == 0 || e->step == e->total_steps || stop_signal)) {
         ebb_status st = ebb_cli_curve_step(c->curve, e->step, e->samples,
                                            c->curve_n ? c->curve_loss / (double)c->curve_n : NAN);
@@ -852,6 +944,7 @@ static int on_epoch(ebb_trainer *t, const ebb_train_event *e, void *user) {
     cli_run *c = user;
     (void)t;
     const ebb_metrics *m = e->eval;
+    if (c->csv && csv_row(c, "epoch", e, e->loss)) return 1;
     if (c->o.json) {
         char lb[32];
         printf("{\"type\": \"epoch\", \"epoch\": %lld, \"step\": %lld, \"loss\": %s, "
@@ -894,6 +987,15 @@ static int open_outputs(cli_run *c) {
     }
     /* --curve: a training-loss point per logged window, else about 200
      * points over the run, which a picture 700 px wide still shows apart */
+    if (o->log_csv) {
+        if (!(c->csv = fopen(o->log_csv, "we"))) {
+            fprintf(stderr, "ebb: --log-csv %s: %s\n", o->log_csv, strerror(errno));
+            return EXIT_RUNTIME;
+        }
+        fputs("kind,epoch,step,samples,loss,lr,samples_per_s,eval_loss,eval_accuracy,"
+              "eval_top_k_accuracy\n",
+              c->csv);
+    }
     int64_t left = s.total_steps - s.step;
     c->window = o->log_every ? o->log_every : left / 200 + (left % 200 != 0);
     if (c->window < 1) c->window = 1;
@@ -928,6 +1030,7 @@ static int train_open(cli_run *c, int argc, char **argv) {
     if ((o->save_weights && ebb_file_check_writable(o->save_weights, "--save-weights") != EBB_OK) ||
         (o->trace && ebb_file_check_writable(o->trace, "--trace") != EBB_OK) ||
         (o->curve && ebb_file_check_writable(o->curve, "--curve") != EBB_OK) ||
+        (o->log_csv && ebb_file_check_writable(o->log_csv, "--log-csv") != EBB_OK) ||
         (o->checkpoint && ebb_file_check_writable(o->checkpoint, "--checkpoint") != EBB_OK)) {
         fprintf(stderr, "ebb: %s\n", ebb_errmsg());
         return EXIT_RUNTIME;
@@ -953,6 +1056,10 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->optimizer = oo;
     to->schedule = sched;
     to->loss = o->loss;
+    to->freeze = o->freeze;
+    to->n_freeze = o->n_freeze;
+    to->clip_grad_norm = o->clip_norm;
+    to->clip_grad_value = o->clip_value;
     to->memory_budget = o->memory_budget;
     to->device = c->dev;
     to->cuda_graph = o->cuda_graph;
@@ -986,6 +1093,7 @@ static void train_close(cli_run *c) {
     signals_restore();
     ebb_file_abort(c->tw);
     ebb_cli_curve_free(c->curve);
+    if (c->csv) fclose(c->csv);
     ebb_trainer_free(c->t);
     ebb_checkpoint_info_free(&c->ci);
     ebb_spec_free(c->spec);

@@ -472,7 +472,9 @@ def steps_fixture(fname, bn, cases, seed):
     out = {f"init.{k}": v for k, v in init.items()}
     for t, (x, y) in enumerate(data):
         out[f"x.{t}"], out[f"y.{t}"] = x, y
-    for case, (cls, kw) in cases.items():
+    for case, spec in cases.items():
+        cls, kw = spec[0], spec[1]
+        clip = spec[2] if len(spec) > 2 else {}
         m.load_state_dict(init)
         m.train()
         opt = cls(m.parameters(), foreach=False, **kw)
@@ -480,12 +482,18 @@ def steps_fixture(fname, bn, cases, seed):
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(m(x), y)
             loss.backward()
+            if "norm" in clip:
+                torch.nn.utils.clip_grad_norm_(m.parameters(), clip["norm"])
+            if "value" in clip:
+                torch.nn.utils.clip_grad_value_(m.parameters(), clip["value"])
             opt.step()
             out[f"{case}.loss.{t}"] = loss.detach().float()
         for k, v in m.state_dict().items():
             out[f"{case}.final.{k}"] = v.detach().clone()
         for k, v in hp(cls, kw).items():
             out[f"{case}.hp.{k}"] = torch.tensor(float(v), dtype=torch.float64)
+        for k, v in clip.items():
+            out[f"{case}.clip.{k}"] = torch.tensor(float(v), dtype=torch.float64)
         moved = max((m.state_dict()[k].double() - init[k].double()).abs().max().item()
                     for k in init if init[k].is_floating_point())
         print(f"{fname} {case}: losses {out[f'{case}.loss.0'].item():.4f} -> "
@@ -506,6 +514,11 @@ def main():
                 "sgd_momentum": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
                 "adam": (torch.optim.Adam, {}),
                 "adamw": (torch.optim.AdamW, {}),
+                # clipping as torch.nn.utils does between backward() and step():
+                # norms small enough that every step clips
+                "sgd_clip_norm": (torch.optim.SGD, dict(lr=0.1, momentum=0.9), {"norm": 0.25}),
+                "adamw_clip_value": (torch.optim.AdamW, {}, {"value": 0.02}),
+                "adam_clip_both": (torch.optim.Adam, {}, {"norm": 0.5, "value": 0.05}),
             }, seed=11)
             steps_fixture("grad_steps_bn", True, {
                 "sgd_momentum": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
