@@ -685,7 +685,8 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
             free(r.written);
             return ebb_error_set(EBB_ERR_NOMEM, "ebb_run: out of memory");
         }
-        st = ebb_tensor_ones(&r.one, &scalar, loss->dtype, dev);
+        double seed_grad = opts && opts->loss_scale != 0 ? opts->loss_scale : 1.0;
+        st = ebb_tensor_full(&r.one, &scalar, seed_grad, loss->dtype, dev);
         if (st != EBB_OK) {
             free(r.shapes);
             free(r.written);

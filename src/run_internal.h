@@ -26,6 +26,14 @@ ebb_status ebb_train_check_optimizer(const ebb_plan *plan, const ebb_optimizer *
  * optimizer's step count, so that every step draws new masks. */
 uint64_t ebb_train_run_seed(uint64_t seed, const ebb_optimizer *opt);
 
+/* ebb_grad_ex() that leaves batch_norm's running statistics as the forward
+ * updated them, as a PyTorch forward in training mode does: gradient
+ * accumulation's micro-batches (src/trainer.c). */
+ebb_status ebb_grad_keep_buffers(const ebb_plan *plan, const ebb_model *model,
+                                 ebb_tensor *const *inputs, ebb_tensor *const *targets,
+                                 double *loss, ebb_tensor **grads, const ebb_run_options *opts,
+                                 ebb_run_stats *stats);
+
 /* ---- an optimizer in a CUDA graph (src/optim.c) ----------------------------
  * A captured update cannot take its learning rate and bias corrections as
  * numbers: they would be recorded once. With the device hyperparameters on,

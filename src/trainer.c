@@ -26,6 +26,7 @@
 #include "ebb/memory.h"
 #include "ebb/safetensors.h"
 #include "ebb/trainer.h"
+#include "run_internal.h"
 
 #define MAX_FIELDS 64
 /* the optimizer's state slots (ebb_optimizer_state_slot) */
@@ -167,7 +168,9 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
                                  .clip_grad_norm = o->clip_grad_norm,
                                  .clip_grad_value = o->clip_grad_value,
                                  .trained = trained,
-                                 .n_trained = n_trained};
+                                 .n_trained = n_trained,
+                                 /* accumulation: the gradients, then one update */
+                                 .grads_only = o->accumulate > 1};
         co.train = &to;
         co.memory_budget = o->memory_budget;
     }
@@ -662,6 +665,11 @@ ebb_status ebb_checkpoint_read_info(const char *path, ebb_checkpoint_info *ci) {
                                path, sched);
         ci->has_schedule = 1;
     }
+    ci->accumulate = 1;
+    if (st == EBB_OK && ebb_safetensors_metadata(sf, "accumulate") &&
+        (!meta_i64(sf, "accumulate", &ci->accumulate) || ci->accumulate < 1))
+        st = ebb_error_set(EBB_ERR_ARG, "%s: accumulate '%s' is not a count", path,
+                           ebb_safetensors_metadata(sf, "accumulate"));
     const char *clip_norm = ebb_safetensors_metadata(sf, "clip_grad_norm");
     const char *clip_value = ebb_safetensors_metadata(sf, "clip_grad_value");
     char *end = NULL;
@@ -733,6 +741,10 @@ struct ebb_trainer {
     ebb_tensor *ts[MAX_FIELDS];
     state undo;        /* skip_nonfinite: the model and optimizer before the step */
     ebb_capture *cap;  /* cuda_graph: the step, captured at the first full batch */
+    int64_t accum, micro_per_epoch; /* micro-batches per step (1: none), and per epoch */
+    ebb_tensor **acc;   /* accumulate: per parameter, its gradient buffer (NULL: not trained) */
+    ebb_tensor **grads; /* accumulate: one micro-batch's gradients, or the step's to apply */
+    unsigned char *got; /* accumulate: per parameter, a gradient reached it this step */
     ebb_lr_scheduler *sched;
     ebb_trainer_stats s;
     char skip_why[512];
@@ -787,7 +799,7 @@ static void warn_nonfinite(const char *path, const char *name, int64_t count, in
 static int64_t samples_at(const ebb_trainer *t, int64_t step) {
     int64_t whole, in_epoch, s, per = t->s.steps_per_epoch;
     if (__builtin_mul_overflow(step / per, t->epoch_samples, &whole) ||
-        __builtin_mul_overflow(step % per, t->o.batch, &in_epoch) ||
+        __builtin_mul_overflow(step % per, t->o.batch * t->accum, &in_epoch) ||
         __builtin_add_overflow(whole, in_epoch < t->epoch_samples ? in_epoch : t->epoch_samples,
                                &s))
         return -1;
@@ -874,6 +886,13 @@ static ebb_status check_options(const ebb_trainer_options *o) {
         return ebb_error_set(EBB_ERR_ARG, "cuda_graph and skip_nonfinite cannot be combined: a "
                                           "replayed step cannot be undone (its updates are in "
                                           "the graph)");
+    if (o->accumulate < 0 || o->accumulate > 1000000)
+        return ebb_error_set(EBB_ERR_ARG, "--accumulate %d: a step takes 1 to 1000000 "
+                                          "micro-batches",
+                             o->accumulate);
+    if (o->accumulate > 1 && o->cuda_graph)
+        return ebb_error_set(EBB_ERR_ARG, "--accumulate and --cuda-graph cannot be combined: the "
+                                          "captured step is a whole one");
     if (o->checkpoint_every && !o->checkpoint)
         return ebb_error_set(EBB_ERR_ARG, "checkpoint_every needs a checkpoint path");
     return EBB_OK;
@@ -960,8 +979,10 @@ static ebb_status plan_steps(ebb_trainer *t) {
         return ebb_error_set(EBB_ERR_ARG,
                              "--drop-last with --batch %lld leaves no step: %s has %lld samples",
                              (long long)o->batch, o->data, (long long)n);
-    int64_t per = t->s.steps_per_epoch = o->drop_last ? n / o->batch : n / o->batch + (n % o->batch != 0);
-    t->epoch_samples = o->drop_last ? per * o->batch : n;
+    int64_t micro = t->micro_per_epoch =
+        o->drop_last ? n / o->batch : n / o->batch + (n % o->batch != 0);
+    int64_t per = t->s.steps_per_epoch = micro / t->accum + (micro % t->accum != 0);
+    t->epoch_samples = o->drop_last ? micro * o->batch : n;
     t->s.step = t->ci.step;
     if (o->steps) total = o->steps;
     if ((!o->steps && __builtin_mul_overflow(o->epochs, per, &total)) ||
@@ -1011,6 +1032,25 @@ static ebb_status open_schedule(ebb_trainer *t) {
                                            ebb_lr_schedule_str(s, text, sizeof text));
 }
 
+/* accumulate: a zeroed gradient buffer per trained parameter, held for the
+ * run, and room for one micro-batch's gradients. */
+static ebb_status open_accumulation(ebb_trainer *t) {
+    int n = ebb_model_param_count(t->m);
+    t->acc = calloc((size_t)n + 1, sizeof *t->acc);
+    t->grads = calloc((size_t)n + 1, sizeof *t->grads);
+    t->got = calloc((size_t)n + 1, 1);
+    if (!t->acc || !t->grads || !t->got) return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        if (!ebb_plan_param_trained(t->plan, i)) continue;
+        const ebb_tensor *p = ebb_model_param(t->m, ebb_model_param_name(t->m, i));
+        ebb_shape sh = ebb_tensor_shape(p);
+        ebb_status st = ebb_tensor_zeros(&t->acc[i], &sh, ebb_tensor_dtype(p), t->o.device);
+        if (st != EBB_OK) return st;
+        t->s.accumulate_bytes += ebb_tensor_numel(p) * (int64_t)ebb_dtype_size(ebb_tensor_dtype(p));
+    }
+    return EBB_OK;
+}
+
 static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
     ebb_trainer_options *o = &t->o;
     ebb_status st = check_options(o);
@@ -1033,6 +1073,7 @@ static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
         return st;
     if (!(t->order = malloc(sizeof *t->order * (size_t)t->s.samples)))
         return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    if (t->accum > 1 && (st = open_accumulation(t)) != EBB_OK) return st;
     t->s.planned_peak_bytes = ebb_plan_device_peak_bytes(t->plan, o->device);
     t->s.first_skip_why = t->skip_why;
     t->tty = o->progress && isatty(fileno(o->progress));
@@ -1052,6 +1093,7 @@ ebb_status ebb_trainer_open(ebb_trainer **out, const ebb_spec *spec,
         t->o.schedule = &t->schedule;
     }
     t->s.first_skip_why = t->skip_why;
+    t->accum = opts->accumulate > 1 ? opts->accumulate : 1;
     ebb_status st = trainer_open(t, spec);
     if (st != EBB_OK) {
         st = ebb_spec_annotate_error(spec, st);
@@ -1066,6 +1108,12 @@ void ebb_trainer_free(ebb_trainer *t) {
     if (!t) return;
     free_tensors(t->ts, MAX_FIELDS);
     free(t->order);
+    int np = t->m ? ebb_model_param_count(t->m) : 0;
+    if (t->acc) free_tensors(t->acc, np);
+    if (t->grads) free_tensors(t->grads, np);
+    free(t->acc);
+    free(t->grads);
+    free(t->got);
     state_free(&t->undo);
     ebb_capture_free(t->cap);
     ebb_lr_scheduler_free(t->sched);
@@ -1115,7 +1163,8 @@ static void print_start(const ebb_trainer *t) {
     if (t->o.clip_grad_value > 0 && at < sizeof sched)
         snprintf(sched + at, sizeof sched - at, ", clip_grad_value %g", t->o.clip_grad_value);
     fprintf(f, "training %s on %s: %lld samples, batch %lld, %lld steps per epoch, %s lr %g%s\n",
-            ebb_spec_file(t->f.spec), t->o.data, (long long)t->s.samples, (long long)t->o.batch,
+            ebb_spec_file(t->f.spec), t->o.data, (long long)t->s.samples,
+            (long long)(t->o.batch * t->accum),
             (long long)t->s.steps_per_epoch, ebb_optimizer_kind_name(t->o.optimizer.kind),
             ebb_optimizer_get_options(t->opt).lr, sched);
     ebb_remat_stats rs;
@@ -1129,7 +1178,15 @@ static void print_start(const ebb_trainer *t) {
                 ebb_bytes_str(rs.peak_bytes, pk, sizeof pk),
                 ebb_bytes_str(rs.no_recompute_peak_bytes, nb, sizeof nb), rs.n_recompute_steps,
                 rs.flops ? 100.0 * (double)rs.recompute_flops / (double)rs.flops : 0.0);
-    if (t->o.clip_grad_norm > 0) {
+    if (t->accum > 1)
+        fprintf(f, "accumulate %lld: %lld micro-batches of %lld samples a step (%lld samples), "
+                   "each through the gradient plan (peak %s), summed into %s of gradient buffers "
+                   "held beside the parameters\n",
+                (long long)t->accum, (long long)t->accum, (long long)t->o.batch,
+                (long long)(t->accum * t->o.batch),
+                ebb_bytes_str(t->s.planned_peak_bytes, pk, sizeof pk),
+                ebb_bytes_str(t->s.accumulate_bytes, nb, sizeof nb));
+    if (t->o.clip_grad_norm > 0 && t->accum == 1) {
         int64_t cost = ebb_plan_clip_cost_bytes(t->plan), peak = 0;
         if (ebb_plan_remat_stats(t->plan, &rs) == EBB_OK) peak = rs.peak_bytes;
         fprintf(f, "clip_grad_norm %g: the updates wait for the whole backward: the step's peak %s, "
@@ -1165,7 +1222,7 @@ static void print_step(ebb_trainer *t, double rate) {
     }
     double now = now_s();
     if (t->tty && (now - t->last_draw > 0.2 || step == total)) {
-        fmt_eta((double)(total - step) * (double)t->o.batch / rate, eta, sizeof eta);
+        fmt_eta((double)(total - step) * (double)(t->o.batch * t->accum) / rate, eta, sizeof eta);
         fprintf(f,
                 "\repoch %lld/%lld step %lld/%lld %.0f samples/s loss %s ETA %s peak %s/%s "
                 "planned\033[K",
@@ -1187,7 +1244,7 @@ static void print_epoch(const ebb_trainer *t, const ebb_train_event *ev) {
         snprintf(skips, sizeof skips, ", %lld skipped", (long long)ev->epoch_skipped);
     fprintf(f, "epoch %lld: loss %s (%lld steps%s, %.1f s, %.0f samples/s)\n", (long long)ev->epoch,
             fmt_loss(ev->loss, 1, lb, sizeof lb), (long long)ev->epoch_steps, skips, ev->seconds,
-            (double)(ev->epoch_steps * t->o.batch) / (ev->seconds > 1e-9 ? ev->seconds : 1e-9));
+            (double)(ev->epoch_steps * t->o.batch * t->accum) / (ev->seconds > 1e-9 ? ev->seconds : 1e-9));
     const ebb_metrics *m = ev->eval;
     if (m && m->classes && m->top_k)
         fprintf(f, "eval: accuracy %.4f top-%d %.4f loss %.4f on %lld samples\n", m->accuracy,
@@ -1244,11 +1301,78 @@ static ebb_status check_step(ebb_trainer *t, double loss, int *skipped) {
     return EBB_OK;
 }
 
-/* The training step proper on the next batch: *ev gets its event. */
+/* The samples of micro-batch m of an epoch: the first and how many. */
+static int64_t micro_batch(const ebb_trainer *t, int64_t m, int64_t *at) {
+    *at = m * t->o.batch;
+    return t->s.samples - *at < t->o.batch ? t->s.samples - *at : t->o.batch;
+}
+
+/* accumulate: micro-batches first .. first + n of epoch e through the
+ * gradient plan, each micro-batch's loss scaled by its share of the step's
+ * `total` samples, their gradients summed into the buffers (the first
+ * copied, as PyTorch assigns .grad, then added), clipped, and one optimizer
+ * step from the sums. *loss: the step's mean loss; *stats: the micro-batch
+ * that measured most. */
+static ebb_status accumulate_step(ebb_trainer *t, int64_t first, int64_t n, int64_t total,
+                                  int traced, double *loss, ebb_run_stats *stats) {
+    const ebb_trainer_options *o = &t->o;
+    int np = ebb_model_param_count(t->m);
+    ebb_status st = EBB_OK;
+    memset(t->got, 0, (size_t)np);
+    *loss = 0;
+    for (int64_t k = 0; st == EBB_OK && k < n; k++) {
+        int64_t at = 0, cnt = micro_batch(t, first + k, &at);
+        /* a micro-batch's dropout masks: the run's seed and its place in the run */
+        uint64_t micro = (uint64_t)(t->s.step * t->accum + k);
+        ebb_run_options ro = {.seed = o->seed + 0x2545f4914f6cdd1dull * (micro + 1),
+                              .trace = traced && k == 0 ? o->trace : NULL,
+                              .trace_user = o->trace_user,
+                              .loss_scale = (double)cnt / (double)total};
+        ebb_run_stats ms = {0};
+        double l = NAN;
+        st = make_batch(&t->f, t->train, t->order + at, cnt, o->device, t->ts);
+        if (st == EBB_OK)
+            st = ebb_grad_keep_buffers(t->plan, t->m, t->ts, t->ts + t->f.n_in, &l, t->grads,
+                                       &ro, &ms);
+        free_tensors(t->ts, t->f.n);
+        for (int i = 0; st == EBB_OK && i < np; i++) {
+            if (!t->grads[i] || !t->acc[i]) continue;
+            st = t->got[i] ? ebb_tensor_add_(t->acc[i], t->grads[i])
+                           : ebb_tensor_copy_(t->acc[i], t->grads[i]);
+            t->got[i] = 1;
+        }
+        free_tensors(t->grads, np);
+        *loss += l * (double)cnt / (double)total;
+        if (k == 0 || ms.measured_peak_bytes > stats->measured_peak_bytes || ms.over_step >= 0)
+            *stats = ms;
+    }
+    /* clipping, as between the last backward() and step() */
+    for (int i = 0; i < np; i++)
+        t->grads[i] = t->got[i] ? t->acc[i] : NULL;
+    if (st == EBB_OK && o->clip_grad_norm > 0)
+        st = ebb_tensor_clip_grad_norm_(t->grads, np, o->clip_grad_norm, NULL);
+    for (int i = 0; st == EBB_OK && o->clip_grad_value > 0 && i < np; i++)
+        if (t->got[i]) {
+            t->grads[i] = NULL;
+            st = ebb_tensor_clip_grad_value(&t->grads[i], t->acc[i], o->clip_grad_value);
+        }
+    if (st == EBB_OK) st = ebb_optimizer_step(t->opt, t->grads);
+    for (int i = 0; i < np; i++)
+        if (t->grads[i] == t->acc[i]) t->grads[i] = NULL; /* borrowed */
+    free_tensors(t->grads, np);
+    return st;
+}
+
+/* The training step proper on the next batch (accumulate: micro-batches):
+ * *ev gets its event. */
 static ebb_status run_step(ebb_trainer *t, ebb_train_event *ev, ebb_run_stats *stats) {
     const ebb_trainer_options *o = &t->o;
-    int64_t per = t->s.steps_per_epoch, e = t->s.step / per, at = t->s.step % per * o->batch;
-    int64_t cnt = t->s.samples - at < o->batch ? t->s.samples - at : o->batch;
+    int64_t per = t->s.steps_per_epoch, e = t->s.step / per, first = t->s.step % per * t->accum;
+    int64_t n_micro = t->micro_per_epoch - first < t->accum ? t->micro_per_epoch - first : t->accum;
+    int64_t at = 0, cnt = 0;
+    for (int64_t k = 0; k < n_micro; k++)
+        cnt += micro_batch(t, first + k, &at);
+    at = first * o->batch;
     int traced = o->trace && t->s.step + 1 == t->trace_at;
     double loss = NAN;
     if (e != t->shuffled_epoch) {
@@ -1259,17 +1383,22 @@ static ebb_status run_step(ebb_trainer *t, ebb_train_event *ev, ebb_run_stats *s
     ebb_run_options ro = {
         .seed = o->seed, .trace = traced ? o->trace : NULL, .trace_user = o->trace_user};
     ebb_status st = o->skip_nonfinite ? state_copy(&t->undo, t->m, t->opt) : EBB_OK;
-    if (st == EBB_OK) st = make_batch(&t->f, t->train, t->order + at, cnt, o->device, t->ts);
+    if (st == EBB_OK && t->accum > 1)
+        st = accumulate_step(t, first, n_micro, cnt, traced, &loss, stats);
+    else if (st == EBB_OK)
+        st = make_batch(&t->f, t->train, t->order + at, cnt, o->device, t->ts);
     /* cuda_graph: full batches replay the captured step (made at the first);
      * a graph is not measured, so such a step reports its plan */
     int graphed = o->cuda_graph && !traced && cnt == o->batch;
     ebb_tensor **in = t->ts, **tg = t->ts + t->f.n_in;
-    if (st == EBB_OK && graphed && !t->cap)
+    if (t->accum > 1) {
+        /* done above */
+    } else if (st == EBB_OK && graphed && !t->cap)
         st = ebb_train_capture(&t->cap, t->plan, t->m, t->opt, in, tg, o->seed);
     if (st == EBB_OK && graphed) {
         st = ebb_capture_train_step(t->cap, in, tg, &loss);
         *stats = (ebb_run_stats){.planned_peak_bytes = t->s.planned_peak_bytes, .over_step = -1};
-    } else if (st == EBB_OK) {
+    } else if (st == EBB_OK && t->accum == 1) {
         st = ebb_train_step_ex(t->plan, t->m, t->opt, in, tg, &loss, &ro, stats);
     }
     free_tensors(t->ts, t->f.n);
@@ -1383,7 +1512,7 @@ ebb_status ebb_trainer_step(ebb_trainer *t, double *loss) {
     t->epoch_steps++;
     t->epoch_skipped += !counted;
     double now = now_s();
-    ev.samples_per_s = (double)(t->s.done_steps * t->o.batch) / (now - t->t0 > 1e-9 ? now - t->t0 : 1e-9);
+    ev.samples_per_s = (double)(t->s.done_steps * t->o.batch * t->accum) / (now - t->t0 > 1e-9 ? now - t->t0 : 1e-9);
     if (t->o.on_step && t->o.on_step(t, &ev, t->o.user))
         stop_by(t, "stopped by the step callback at step %lld", (long long)t->s.step);
     print_step(t, ev.samples_per_s);
@@ -1455,7 +1584,8 @@ ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
     if (st == EBB_OK) st = refuse_nonfinite(t, &s, 0, "--checkpoint", path);
     if (st == EBB_OK) {
         const ebb_trainer_options *o = &t->o;
-        char s_step[32], s_epoch[32], s_seed[32], s_batch[32], s_cn[32], s_cv[32];
+        char s_step[32], s_epoch[32], s_seed[32], s_batch[32], s_cn[32], s_cv[32], s_acc[32];
+        snprintf(s_acc, sizeof s_acc, "%lld", (long long)t->accum);
         snprintf(s_cn, sizeof s_cn, "%.17g", o->clip_grad_norm);
         snprintf(s_cv, sizeof s_cv, "%.17g", o->clip_grad_value);
         snprintf(s_step, sizeof s_step, "%lld", (long long)t->s.step);
@@ -1480,6 +1610,7 @@ ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
                               "stateless", stateless,
                               "clip_grad_norm", s_cn,
                               "clip_grad_value", s_cv,
+                              "accumulate", s_acc,
                               /* last, left out without a schedule */
                               "lr_schedule", s_sched,
                               "lr_schedule_steps", s_ssteps,
@@ -1512,7 +1643,14 @@ const char *ebb_trainer_stop_reason(const ebb_trainer *t) {
 
 ebb_trainer_stats ebb_trainer_get_stats(const ebb_trainer *t) {
     ebb_trainer_stats s = {.first_skip_why = "", .last_checkpoint = -1};
-    return t ? t->s : s;
+    if (!t) return s;
+    s = t->s;
+    if (t->train && s.steps_per_epoch > 0) {
+        s.epoch_samples = t->epoch_samples;
+        s.samples_seen = samples_at(t, s.step);
+        s.samples_total = samples_at(t, s.total_steps);
+    }
+    return s;
 }
 
 ebb_model *ebb_trainer_model(const ebb_trainer *t) { return t ? t->m : NULL; }

@@ -311,6 +311,57 @@ static void test_resume_is_bit_identical(void **state) {
     ebb_spec_free(spec);
 }
 
+/* Three micro-batches of 6 make the update of one batch of 18: the same
+ * samples per step, each micro-batch's gradients weighted by its share
+ * (the epoch's last step has micro-batches of 6, 6 and 2, weighted 6/14,
+ * 6/14 and 2/14, as the whole batch of 14 there), so the weights after a
+ * run match the whole batches' to rounding; clipping applies to the sum,
+ * and the buffers are held for the run. */
+static void test_accumulate(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    float whole[F * F + F], micro[F * F + F];
+    ebb_trainer_options o = options();
+    o.epochs = 2;
+    o.clip_grad_norm = 1.0;
+    /* plain SGD: the update is the gradient, so a wrong weighting shows */
+    o.optimizer = ebb_optimizer_defaults(EBB_SGD, 0.5);
+    o.batch = 18;
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("whole batches: %s", ebb_errmsg());
+    weights_of(t, whole);
+    ebb_trainer_free(t);
+    events ev = {0};
+    o.batch = 6;
+    o.accumulate = 3;
+    o.on_step = count_step;
+    o.user = &ev;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK) fail_msg("open: %s", ebb_errmsg());
+    ebb_trainer_stats s = ebb_trainer_get_stats(t);
+    assert_int_equal(s.steps_per_epoch, 3);
+    assert_int_equal(s.accumulate_bytes, (F * F + F) * (int64_t)sizeof(float));
+    if (ebb_trainer_run(t) != EBB_OK) fail_msg("accumulated: %s", ebb_errmsg());
+    assert_int_equal(ev.steps, 6);
+    assert_int_equal(ev.batches[0], 18);
+    assert_int_equal(ev.batches[2], 14);
+    weights_of(t, micro);
+    double worst = 0, top = 0;
+    for (int i = 0; i < F * F + F; i++) {
+        worst = fmax(worst, fabs((double)micro[i] - (double)whole[i]));
+        top = fmax(top, fabs((double)whole[i]));
+    }
+    if (worst / top > 1e-5)
+        fail_msg("accumulated weights differ from whole batches' by %g (of %g)", worst, top);
+    ebb_checkpoint_info ci;
+    assert_int_equal(ebb_trainer_checkpoint(t, ckpt_path), EBB_OK);
+    assert_int_equal(ebb_checkpoint_read_info(ckpt_path, &ci), EBB_OK);
+    assert_int_equal(ci.accumulate, 3);
+    ebb_checkpoint_info_free(&ci);
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+}
+
 /* A frozen parameter keeps its value and gets no optimizer state. */
 static void test_freeze(void **state) {
     (void)state;
@@ -436,6 +487,7 @@ int main(void) {
         EBB_TEST(test_run_calls_back_and_learns),
         EBB_TEST(test_resume_is_bit_identical),
         EBB_TEST(test_freeze),
+        EBB_TEST(test_accumulate),
         EBB_TEST(test_early_stopping),
         EBB_TEST(test_refusals),
     };

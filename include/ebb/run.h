@@ -154,6 +154,11 @@ typedef struct ebb_run_options {
     int check_fits;     /* refuse, before any step, a run that ebb_plan_check_fits()
                            says cannot fit (EBB_ERR_NOMEM) */
     uint64_t seed;      /* training plans: the seed dropout's masks are drawn from */
+    /* training plans: the gradient the backward starts from, d(loss)/d(loss);
+     * 0 means 1. Every gradient comes out scaled by it, as from
+     * (loss * loss_scale).backward() in PyTorch (gradient accumulation's
+     * 1/N, a loss scaler's factor); the loss read back is not scaled. */
+    double loss_scale;
 } ebb_run_options;
 
 /* Runs the plan. `inputs` holds one tensor per graph input (borrowed; never

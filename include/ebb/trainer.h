@@ -161,6 +161,17 @@ typedef struct ebb_trainer_options {
     double clip_grad_norm;  /* > 0: clip the gradients' global L2 norm to it (see
                                ebb_train_options: the updates then wait for the backward) */
     double clip_grad_value; /* > 0: clamp every gradient to [-v, v] in its update */
+    /* Gradient accumulation: > 1 makes each step `accumulate` micro-batches
+     * of `batch` samples (the last step of an epoch may have fewer): each
+     * micro-batch's gradients, scaled by its share of the step's samples,
+     * are added into a buffer per trained parameter, and the optimizer
+     * updates once from their sum, as PyTorch's loop of (loss / N).backward()
+     * then step() does; the weights equal one step at the whole batch's
+     * size, to rounding. The step runs the gradient plan (grads_only,
+     * ebb_grad()); the buffers, one trained parameter's size each, are held
+     * for the run beside the parameters (ebb_trainer_stats.accumulate_bytes).
+     * Clipping applies to the sum. 0 or 1: none. Not with cuda_graph. */
+    int accumulate;
     /* Frozen parameters: full names matched by any of these fnmatch(3)
      * patterns ("fc1.*", "*.bias") get no gradient, no update and no
      * optimizer state (ebb_train_options.trained holds the others). A
@@ -252,6 +263,8 @@ typedef struct ebb_trainer_stats {
     int64_t total_steps;   /* the run's last step */
     int64_t steps_per_epoch;
     int64_t samples;       /* samples in the training data */
+    int64_t epoch_samples; /* samples an epoch trains on (drop_last: whole batches only) */
+    int64_t samples_seen, samples_total; /* samples seen at `step`, and at the run's last step */
     int64_t done_steps;    /* steps this trainer ran */
     int64_t skipped;       /* of them, undone by skip_nonfinite */
     int64_t first_skipped; /* the first skipped step (0: none) */
@@ -260,6 +273,7 @@ typedef struct ebb_trainer_stats {
     int64_t over_plan;     /* steps that measured more than their plan */
     int64_t measured_peak_bytes, planned_peak_bytes; /* the most any step measured; the plan's */
     int64_t last_checkpoint; /* the step of the last checkpoint written (-1: none) */
+    int64_t accumulate_bytes; /* accumulate: the gradient buffers held for the run */
     int64_t failed_step;   /* the step whose run failed (0: none); a failure elsewhere (an
                               evaluation, a checkpoint) leaves it 0 */
     int nonfinite;         /* the last failure was a loss or state not finite */
@@ -299,6 +313,7 @@ typedef struct ebb_checkpoint_info {
     char *stateless; /* trained parameters that had no optimizer state, comma-separated;
                         NULL: not recorded */
     double clip_grad_norm, clip_grad_value; /* 0: none */
+    int64_t accumulate; /* micro-batches per step (1: none) */
     int has_schedule; /* the schedule and where it was */
     ebb_lr_schedule schedule;
     int64_t schedule_steps;

@@ -56,6 +56,7 @@ const char ebb_cli_usage_train[] =
     "                 [--optimizer KIND] [--lr X] [--lr-schedule S] [--momentum X]\n"
     "                 [--weight-decay X] [--loss NAME] [--clip-grad-norm X]\n"
     "                 [--clip-grad-value X] [--freeze PATTERN]... [--log-csv FILE]\n"
+    "                 [--accumulate N]\n"
     "                 [--seed N] [--no-shuffle] [--drop-last] [--normalize MEAN,STD]\n"
     "                 [--weights W] [--save-weights W] [--checkpoint FILE]\n"
     "                 [--checkpoint-every N] [--resume CKPT] [--log-every N]\n"
@@ -99,6 +100,9 @@ const char ebb_cli_usage_train[] =
     "  --clip-grad-value X\n"
     "                     clamp each gradient to [-X, X] before its update, as\n"
     "                     torch.nn.utils.clip_grad_value_\n"
+    "  --accumulate N     each step sums the gradients of N micro-batches of --batch\n"
+    "                     samples before one update (--batch 16 --accumulate 4: the\n"
+    "                     update of batch 64, the activations of batch 16)\n"
     "  --freeze PATTERN   train no parameter whose full name matches the shell pattern\n"
     "                     ('fc1.*', '*.bias'; repeatable): no gradient, update or state\n"
     "  --log-csv FILE     a CSV row per log point (every --log-every steps, and every\n"
@@ -208,6 +212,7 @@ enum {
     O_CLIP_GRAD_VALUE,
     O_FREEZE,
     O_LOG_CSV,
+    O_ACCUMULATE,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -253,6 +258,7 @@ const struct option ebb_cli_train_options[] = {
     {"clip-grad-value", required_argument, NULL, O_CLIP_GRAD_VALUE},
     {"freeze", required_argument, NULL, O_FREEZE},
     {"log-csv", required_argument, NULL, O_LOG_CSV},
+    {"accumulate", required_argument, NULL, O_ACCUMULATE},
     {NULL, 0, NULL, 0},
 };
 
@@ -280,6 +286,7 @@ typedef struct topts {
     const char *freeze[MAX_PARAMS]; /* --freeze */
     int n_freeze;
     const char *log_csv;
+    int64_t accumulate; /* --accumulate (0: not given) */
     double early_delta;
 } topts;
 
@@ -431,6 +438,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
         case O_CHECKPOINT_EVERY:
         case O_LOG_EVERY:
         case O_TRACE_STEP:
+        case O_ACCUMULATE:
             if (parse_i64(v, 1, &n) != 0 || n > 1000000000)
                 return ebb_cli_usage_error(usage, "%s needs a positive integer",
                                    opt == O_EPOCHS       ? "--epochs"
@@ -438,6 +446,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
                                    : opt == O_BATCH      ? "--batch"
                                    : opt == O_LOG_EVERY  ? "--log-every"
                                    : opt == O_TRACE_STEP ? "--trace-step"
+                                   : opt == O_ACCUMULATE ? "--accumulate"
                                                          : "--checkpoint-every");
             if (opt == O_EPOCHS)
                 o->epochs = n;
@@ -449,6 +458,8 @@ static int parse(int argc, char **argv, int train, topts *o) {
                 o->log_every = n;
             else if (opt == O_TRACE_STEP)
                 o->trace_step = n;
+            else if (opt == O_ACCUMULATE)
+                o->accumulate = n;
             else
                 o->checkpoint_every = n;
             break;
@@ -530,6 +541,10 @@ static int parse(int argc, char **argv, int train, topts *o) {
                                    o->override
                                        ? "--override applies to --resume, which is not given"
                                        : "--non-strict applies to --resume, which is not given");
+    if (train && o->cuda_graph && o->accumulate > 1)
+        return ebb_cli_usage_error(usage, "%s",
+                                   "--cuda-graph and --accumulate cannot be combined: the "
+                                   "captured step is a whole one");
     if (train && o->cuda_graph && o->skip_nonfinite)
         return ebb_cli_usage_error(usage, "%s",
                                    "--cuda-graph and --skip-nonfinite cannot be combined: a "
@@ -614,6 +629,9 @@ static int resume_conflicts(const topts *o, const ebb_checkpoint_info *ci, char 
     CONFLICT(o->no_shuffle && ci->shuffle, "--no-shuffle, the checkpoint shuffles");
     CONFLICT(o->drop_last && !ci->drop_last,
              "--drop-last, the checkpoint keeps the last partial batch");
+    CONFLICT(o->accumulate && o->accumulate != ci->accumulate,
+             "--accumulate %lld, the checkpoint's is %lld", (long long)o->accumulate,
+             (long long)ci->accumulate);
     CONFLICT(o->clip_norm_set && o->clip_norm != ci->clip_grad_norm,
              "--clip-grad-norm %g, the checkpoint's is %g%s", o->clip_norm, ci->clip_grad_norm,
              ci->clip_grad_norm > 0 ? "" : " (none)");
@@ -652,6 +670,7 @@ static int resolve_options(cli_run *c) {
         o->no_shuffle |= !c->ci.shuffle;
         o->drop_last |= c->ci.drop_last;
         o->clip_norm = o->clip_norm_set ? o->clip_norm : c->ci.clip_grad_norm;
+        o->accumulate = o->accumulate ? o->accumulate : c->ci.accumulate;
         o->clip_value = o->clip_value_set ? o->clip_value : c->ci.clip_grad_value;
         if (!o->optimizer || k == c->ci.optimizer.kind)
             oo = c->ci.optimizer;
@@ -810,13 +829,6 @@ static const char *json_loss(double sum, int64_t n, char *buf, size_t size) {
     return buf;
 }
 
-/* Samples seen after `step` steps (as the trainer counts them). */
-static int64_t samples_at(const ebb_trainer_stats *s, const topts *o, int64_t step) {
-    int64_t per = s->steps_per_epoch, epoch = o->drop_last ? per * o->batch : s->samples;
-    int64_t in = step % per * o->batch;
-    return step / per * epoch + (in < epoch ? in : epoch);
-}
-
 /* ---- the callbacks ---- */
 
 /* A number for the CSV log: empty when absent or not finite. */
@@ -877,6 +889,7 @@ static int trace_done(cli_run *c, const ebb_train_event *e) {
     for (int i = 0; i < o->n_params; i++)
         printf(" -p %s", o->params[i]);
     if (strcmp(c->kind, "adamw")) printf(" --optimizer %s", c->kind);
+    if (o->accumulate > 1) printf(" --grads-only"); /* a micro-batch's gradient plan */
     if (o->memory_budget == EBB_MEMORY_BUDGET_LEAST)
         printf(" --memory-budget least");
     else if (o->memory_budget)
@@ -1010,9 +1023,9 @@ static int open_outputs(cli_run *c) {
     ebb_cli_curve_info info = {
         .name = name && *name ? name : ebb_spec_file(c->spec),
         .context = context,
-        .samples_per_epoch = o->drop_last ? s.steps_per_epoch * o->batch : s.samples,
-        .first_samples = samples_at(&s, o, s.step),
-        .last_samples = samples_at(&s, o, s.total_steps),
+        .samples_per_epoch = s.epoch_samples,
+        .first_samples = s.samples_seen,
+        .last_samples = s.samples_total,
         .window = c->window,
         .eval = o->eval_data != NULL,
         .accuracy = o->eval_data && classify,
@@ -1056,6 +1069,7 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->optimizer = oo;
     to->schedule = sched;
     to->loss = o->loss;
+    to->accumulate = (int)o->accumulate;
     to->freeze = o->freeze;
     to->n_freeze = o->n_freeze;
     to->clip_grad_norm = o->clip_norm;
