@@ -432,9 +432,8 @@ ebb_status ebb_tensor_clip_grad_norm_(ebb_tensor *const *grads, int n, double ma
             norms.reserve((size_t)n);
             for (int i = 0; i < n; i++)
                 if (grads[i])
-                    norms.push_back(at::linalg_vector_norm(grads[i]->t, 2, c10::nullopt, false,
-                                                           c10::nullopt));
-            total = at::linalg_vector_norm(at::stack(norms), 2, c10::nullopt, false, c10::nullopt);
+                    norms.push_back(at::linalg_vector_norm(grads[i]->t, 2));
+            total = at::linalg_vector_norm(at::stack(norms), 2);
         }
         // the scratch peaks above, at 2n + 1 elements: the norms, their stack
         // and the total
