@@ -1108,7 +1108,8 @@ static int updates_after_step(ad *a, int fi) {
     int which[EBB_MAX_PARAMS], n = 0;
     for (int j = 0; j < p->steps[fi].n_params && n < EBB_MAX_PARAMS; j++) {
         int i = p->steps[fi].param_first + j;
-        if (a->first_use[i] == fi)
+        /* a deferred update waits for the backward's end (graph/placement.c) */
+        if (a->first_use[i] == fi && !(a->c->defer && a->c->defer[i]))
             which[n++] = i;
     }
     return emit_updates(a, which, n);

@@ -1071,8 +1071,8 @@ ebb_status ebb_plan_chart_svg(const ebb_plan *p, const ebb_chart_trace *trace, F
         char cb[32];
         int64_t cost = ebb_plan_clip_cost_bytes(p);
         snprintf(head + at, sizeof head - at,
-                 "; clip_grad_norm %g: updates after the backward, peak %s%s than with them "
-                 "inside",
+                 "; clip_grad_norm %g: updates after the backward, peak %s%s than without "
+                 "clipping",
                  p->clip_grad_norm, bytes_text(cost < 0 ? -cost : cost, cb, sizeof cb),
                  cost < 0 ? " lower" : " higher");
     }

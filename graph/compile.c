@@ -170,6 +170,7 @@ void ebb_plan_free(ebb_plan *p) {
     free(p->outputs);
     free(p->output_names);
     free(p->trained);
+    free(p->deferred);
     free(p->out_param);
     for (int i = 0; i < p->n_params; i++) {
         free(p->params[i].full_name);
@@ -186,9 +187,8 @@ void ebb_plan_free(ebb_plan *p) {
     free(p);
 }
 
-/* What clipping by norm costs: the same step compiled without it (its
- * updates inside the backward, unless asked otherwise), under the same
- * budget. */
+/* What clipping by norm costs: the same step compiled without it, its
+ * updates placed as they would be then, under the same budget. */
 static ebb_status unclipped_peak(ebb_plan *p, const ebb_graph *g, const ebb_compile_options *opts) {
     ebb_train_options t = *opts->train;
     ebb_compile_options o = *opts;
@@ -198,6 +198,8 @@ static ebb_status unclipped_peak(ebb_plan *p, const ebb_graph *g, const ebb_comp
     ebb_status st = ebb_compile_once(&q, g, &o, NULL, 0);
     if (st == EBB_OK && o.memory_budget != 0)
         st = ebb_remat_fit(&q, g, &o);
+    else if (st == EBB_OK && q->updates_in_backward)
+        st = ebb_place_updates(&q, g, &o);
     if (st == EBB_OK)
         p->unclipped_peak_bytes = q->budget_peak_bytes;
     ebb_plan_free(q);
@@ -230,6 +232,8 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
     st = ebb_compile_once(&p, g, opts, NULL, 0);
     if (st == EBB_OK && opts->memory_budget != 0)
         st = ebb_remat_fit(&p, g, opts);
+    else if (st == EBB_OK && p->updates_in_backward)
+        st = ebb_place_updates(&p, g, opts);
     if (st == EBB_OK && p->clip_grad_norm > 0)
         st = unclipped_peak(p, g, opts);
     if (st != EBB_OK) {
@@ -242,10 +246,15 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
 
 ebb_status ebb_compile_once(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
                             const unsigned char *drop, int n_drop) {
+    return ebb_compile_placed(out, g, opts, drop, n_drop, NULL);
+}
+
+ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
+                              const unsigned char *drop, int n_drop, const unsigned char *defer) {
     ebb_status st = EBB_OK;
     *out = NULL;
     compiler c = {.meta_device = {EBB_DEVICE_META, 0}, .training = opts->train != NULL,
-                  .drop = drop, .n_drop = drop ? n_drop : 0};
+                  .drop = drop, .n_drop = drop ? n_drop : 0, .defer = defer};
     ebb_plan *p = calloc(1, sizeof *p);
     if (!p)
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_compile: out of memory");

@@ -36,6 +36,10 @@ typedef struct compiler {
      * (graph/remat.c chooses; NULL: every value is kept) */
     const unsigned char *drop;
     int n_drop;
+    /* per parameter: its update waits for the backward's end rather than
+     * following its final gradient (graph/placement.c chooses; NULL: none
+     * waits) */
+    const unsigned char *defer;
     ebb_status status;
 } compiler;
 
@@ -65,6 +69,14 @@ ebb_tensor *ebb_compiler_meta_new(compiler *c, const ebb_shape *s, ebb_dtype dt)
  * budget search. */
 ebb_status ebb_compile_once(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
                             const unsigned char *drop, int n_drop);
+/* ebb_compile_once() with the updates of the parameters in `defer` (per
+ * parameter; NULL: none) moved to the backward's end. */
+ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
+                              const unsigned char *drop, int n_drop, const unsigned char *defer);
+/* graph/placement.c: moves updates whose scratch or timing makes the
+ * step's peak to the backward's end, one at a time while the peak falls
+ * (*plan is replaced by the better plan). */
+ebb_status ebb_place_updates(ebb_plan **plan, const ebb_graph *g, const ebb_compile_options *opts);
 
 /* ---- the passes, in the order ebb_compile runs them ------------------------ */
 

@@ -172,6 +172,28 @@ static void print_remat(const ebb_plan *p, FILE *f) {
     fputc('\n', f);
 }
 
+/* Which updates the compiler moved to the backward's end, and what that
+ * saved (graph/placement.c). */
+static void print_placement(const ebb_plan *p, FILE *f) {
+    if (!p->n_deferred)
+        return;
+    char pb[32], eb[32];
+    ebb_bytes_str(p->budget_peak_bytes, pb, sizeof pb);
+    ebb_bytes_str(p->eager_peak_bytes, eb, sizeof eb);
+    int trained = 0;
+    for (int i = 0; i < p->n_params; i++)
+        trained += p->trained[i];
+    fprintf(f, "updates placed by the peak: %d of %d wait for the backward's end, where the "
+               "activations are gone (",
+            p->n_deferred, trained);
+    for (int i = 0, k = 0; i < p->n_params; i++)
+        if (p->deferred[i])
+            fprintf(f, k++ ? ", %s" : "%s", p->params[i].full_name);
+    fprintf(f, "): peak %s (the larger of the CPU and CUDA counts) against %s with every update "
+               "right after its gradient\n",
+            pb, eb);
+}
+
 /* What gradient clipping does to the step, and what it costs. */
 static void print_clip(const ebb_plan *p, FILE *f) {
     if (p->clip_grad_value > 0)
@@ -187,8 +209,7 @@ static void print_clip(const ebb_plan *p, FILE *f) {
     ebb_bytes_str(cost < 0 ? -cost : cost, cb, sizeof cb);
     fprintf(f,
             "clip_grad_norm %g: the updates wait for every gradient (their norm needs them all): "
-            "peak %s (the larger of the CPU and CUDA counts) against %s with updates inside the "
-            "backward, %s%s\n",
+            "peak %s (the larger of the CPU and CUDA counts) against %s without clipping, %s%s\n",
             p->clip_grad_norm, pb, ub, cost < 0 ? "less by " : "+", cb);
 }
 
@@ -286,6 +307,9 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
         fprintf(f, "training step: %d target(s), %d of %d parameter tensors trained, %s\n",
                 p->n_targets, trained, p->n_params,
                 p->grads_only            ? "gradients handed out (no updates)"
+                : p->updates_in_backward && p->n_deferred
+                    ? "each updated as soon as its gradient is final, which frees the gradient, "
+                      "but those below"
                 : p->updates_in_backward ? "each updated as soon as its gradient is final, which "
                                            "frees the gradient"
                                          : "updated after the backward");
@@ -297,6 +321,7 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
                        "(made with the optimizer: no step allocates it)\n",
                     pb, ob);
         print_remat(p, f);
+        print_placement(p, f);
         print_clip(p, f);
     }
     int n_in_place = 0;

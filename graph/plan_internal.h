@@ -84,6 +84,12 @@ struct ebb_plan {
     int updates_in_backward; /* each update follows its gradient's last backward step */
     double clip_grad_norm, clip_grad_value; /* ebb_train_options' */
     int64_t unclipped_peak_bytes; /* clip_grad_norm: the step's peak without it */
+    /* graph/placement.c: updates moved to the backward's end because the
+     * step's peak is lower so (per parameter), and the peak with every
+     * update right after its gradient */
+    unsigned char *deferred;
+    int n_deferred;
+    int64_t eager_peak_bytes;
     /* a memory budget (graph/remat.c) */
     int64_t memory_budget;           /* EBB_MEMORY_BUDGET_LEAST: the peak it reached */
     int budget_least;                /* compiled for EBB_MEMORY_BUDGET_LEAST */

@@ -176,6 +176,16 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
         fprintf(f, ", \"updates_in_backward\": %s, \"optimizer_state_bytes\": %lld",
                 p->updates_in_backward ? "true" : "false",
                 (long long)ebb_plan_optimizer_state_bytes(p));
+    if (p->n_deferred) {
+        fprintf(f, ",\n \"update_placement\": {\"eager_peak_bytes\": %lld, \"deferred\": [",
+                (long long)p->eager_peak_bytes);
+        for (int i = 0, k = 0; i < p->n_params; i++)
+            if (p->deferred[i]) {
+                fputs(k++ ? ", " : "", f);
+                ebb_json_string(f, p->params[i].full_name);
+            }
+        fputs("]}", f);
+    }
     if (p->clip_grad_norm > 0 || p->clip_grad_value > 0)
         fprintf(f,
                 ",\n \"clip\": {\"grad_norm\": %.17g, \"grad_value\": %.17g, \"peak_bytes\": %lld, "

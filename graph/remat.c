@@ -362,6 +362,10 @@ done:
 
 int ebb_plan_updates_in_backward(const ebb_plan *p) { return p ? p->updates_in_backward : 0; }
 double ebb_plan_clip_grad_norm(const ebb_plan *p) { return p ? p->clip_grad_norm : 0; }
+int64_t ebb_plan_eager_peak_bytes(const ebb_plan *p) {
+    if (!p || !p->training) return 0;
+    return p->n_deferred ? p->eager_peak_bytes : p->budget_peak_bytes;
+}
 double ebb_plan_clip_grad_value(const ebb_plan *p) { return p ? p->clip_grad_value : 0; }
 int64_t ebb_plan_clip_cost_bytes(const ebb_plan *p) {
     return p && p->clip_grad_norm > 0 ? p->budget_peak_bytes - p->unclipped_peak_bytes : 0;

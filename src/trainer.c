@@ -1190,7 +1190,7 @@ static void print_start(const ebb_trainer *t) {
         int64_t cost = ebb_plan_clip_cost_bytes(t->plan), peak = 0;
         if (ebb_plan_remat_stats(t->plan, &rs) == EBB_OK) peak = rs.peak_bytes;
         fprintf(f, "clip_grad_norm %g: the updates wait for the whole backward: the step's peak %s, "
-                   "%s with the updates inside it\n",
+                   "%s without clipping\n",
                 t->o.clip_grad_norm, ebb_bytes_str(peak, pk, sizeof pk),
                 ebb_bytes_str(peak - cost, nb, sizeof nb));
     }

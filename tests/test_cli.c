@@ -3133,6 +3133,7 @@ static void test_train_recipes(void **state) {
     expect_contains("stdout", &r, r.out, "clip_grad_norm 0.5, clip_grad_value 0.1");
     expect_contains("stdout", &r, r.out, "clip_grad_norm 0.5: the updates wait for the whole "
                                          "backward: the step's peak ");
+    expect_contains("stdout", &r, r.out, " without clipping\n");
     cli_free(&r);
     ebb_safetensors *a = NULL, *b = NULL;
     assert_ok(ebb_safetensors_open(&a, w0));
@@ -3184,6 +3185,19 @@ static void test_train_recipes(void **state) {
     EBB(&r, "plan", "specs/mlp.yaml", "--clip-grad-norm", "1");
     expect_code(&r, 2);
     expect_contains("stderr", &r, r.err, "apply to --train");
+    cli_free(&r);
+    /* --batch is -i batch=N for every command */
+    cli_result r2;
+    EBB(&r, "plan", "specs/mlp.yaml", "--train", "--batch", "8");
+    EBB(&r2, "plan", "specs/mlp.yaml", "--train", "-i", "batch=8");
+    expect_code(&r, 0);
+    if (r.out_len != r2.out_len || memcmp(r.out, r2.out, r.out_len))
+        fail_msg("`%s` and `%s` differ", r.cmd, r2.cmd);
+    cli_free(&r);
+    cli_free(&r2);
+    EBB(&r, "chart", "specs/mlp.yaml", "--batch", "8", "-i", "batch=4");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--batch 8 and -i batch=4 both set 'batch'");
     cli_free(&r);
     EBB(&r, "plan", "specs/mlp.yaml", "--train", "-i", "batch=8", "--clip-grad-norm", "1");
     expect_code(&r, 0);

@@ -1049,6 +1049,63 @@ static const char BN_YAML[] = "ebb: 1\n"
                               "  - relu\n"
                               "  - {linear: {out: 4, name: fc2}}\n";
 
+/* Updates placed by the peak (specs/mlp.yaml): where the weights outweigh
+ * the activations (a batch of 2) every update waits for the backward's end,
+ * the peak below the placement right after each gradient; a step measures
+ * that plan to the byte. At batch 512 the activations dominate and the
+ * updates stay. */
+static void test_update_placement(void **state) {
+    (void)state;
+    ebb_spec *spec = NULL;
+    assert_ok(ebb_spec_load(&spec, EBB_SOURCE_DIR "/specs/mlp.yaml"));
+    for (int k = 0; k < 2; k++) {
+        int64_t batch = k ? 512 : 2;
+        ebb_shape xs = EBB_SHAPE(batch, 64), ys = EBB_SHAPE(batch);
+        ebb_dtype yd = EBB_INT64;
+        ebb_train_options t = {.target_shapes = &ys, .n_target_shapes = 1, .target_dtypes = &yd,
+                               .optimizer = ebb_optimizer_defaults(EBB_ADAM, 1e-3)};
+        ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
+        ebb_plan *p = NULL;
+        assert_ok(ebb_spec_compile(&p, spec, &o));
+        int64_t peak = ebb_plan_peak_bytes(p, NULL), eager = ebb_plan_eager_peak_bytes(p);
+        int64_t budget = peak; /* the compared figure: the larger of the CPU and CUDA counts */
+        ebb_remat_stats rs;
+        assert_ok(ebb_plan_remat_stats(p, &rs));
+        budget = rs.peak_bytes;
+        if (k == 0 && (ebb_plan_updates_in_backward(p) || !(budget < eager)))
+            fail_msg("batch 2: updates in the backward %d, peak %lld against %lld eager",
+                     ebb_plan_updates_in_backward(p), (long long)budget, (long long)eager);
+        if (k == 1 && (!ebb_plan_updates_in_backward(p) || budget != eager))
+            fail_msg("batch 512: updates in the backward %d, peak %lld against %lld eager",
+                     ebb_plan_updates_in_backward(p), (long long)budget, (long long)eager);
+        /* the plan runs as planned, every step after the first to the byte */
+        ebb_model *m = NULL;
+        ebb_optimizer *opt = NULL;
+        ebb_tensor *x = NULL, *y = NULL;
+        assert_ok(ebb_model_new(&m, p, CPU, 1));
+        assert_ok(ebb_optimizer_new(&opt, m, &t.optimizer));
+        assert_ok(ebb_tensor_randn(&x, &xs, EBB_FLOAT32, CPU, 3));
+        assert_ok(ebb_tensor_zeros(&y, &ys, EBB_INT64, CPU));
+        for (int s = 0; s < 2; s++) {
+            ebb_run_stats st = {0};
+            double loss = 0;
+            assert_ok(ebb_train_step(p, m, opt, &x, &y, &loss, &st));
+            if ((s ? st.measured_peak_bytes != st.planned_peak_bytes
+                   : st.measured_peak_bytes > st.planned_peak_bytes) ||
+                st.planned_peak_bytes != peak)
+                fail_msg("batch %lld step %d: measured %lld, planned %lld (plan %lld)",
+                         (long long)batch, s, (long long)st.measured_peak_bytes,
+                         (long long)st.planned_peak_bytes, (long long)peak);
+        }
+        ebb_tensor_free(x);
+        ebb_tensor_free(y);
+        ebb_optimizer_free(opt);
+        ebb_model_free(m);
+        ebb_plan_free(p);
+    }
+    ebb_spec_free(spec);
+}
+
 /* The case's options as torch.optim resolved them. */
 static ebb_optimizer_options case_options(const ebb_safetensors *st, const char *c) {
     char k[10][128];
@@ -1754,7 +1811,7 @@ int main(void) {
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[28 + N_GRAD];
+    struct CMUnitTest tests[29 + N_GRAD];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -1766,6 +1823,7 @@ int main(void) {
         tests[n++] = named_test(least_names[i], test_grad, &least[i]);
     }
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_keep_all);
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_update_placement);
     tests[n++] = named_test("steps_sgd_momentum", test_steps, (void *)"sgd_momentum");
     tests[n++] = named_test("steps_adam", test_steps, (void *)"adam");
     tests[n++] = named_test("steps_adamw", test_steps, (void *)"adamw");

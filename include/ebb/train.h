@@ -92,14 +92,22 @@ EBB_API int ebb_plan_param_trained(const ebb_plan *p, int i);
  * grads_only plan: 0. */
 EBB_API int ebb_plan_updates_in_backward(const ebb_plan *p);
 
+/* The step's peak (the larger of the CPU and CUDA counts) with every update
+ * right after its gradient: what the compiler compared its placement with
+ * (graph/placement.c moves an update to the backward's end when that lowers
+ * the peak). The plan's own when no update moved, or when a memory budget
+ * or updates_after_backward decided. NULL p or an inference plan: 0. */
+EBB_API int64_t ebb_plan_eager_peak_bytes(const ebb_plan *p);
+
 /* The gradient clipping a training plan was compiled for
  * (ebb_train_options.clip_grad_norm, .clip_grad_value); 0: none. NULL p: 0. */
 EBB_API double ebb_plan_clip_grad_norm(const ebb_plan *p);
 /* ebb_train_options.clip_grad_value of the plan; 0: none. NULL p: 0. */
 EBB_API double ebb_plan_clip_grad_value(const ebb_plan *p);
 /* What clipping by norm costs the step's peak: its peak (the larger of the
- * CPU and CUDA counts) less that of the same step without it, whose updates
- * run inside the backward. 0 without clip_grad_norm. NULL p: 0. */
+ * CPU and CUDA counts) less that of the same step without it (its updates
+ * then placed by the peak: inside the backward or after it). 0 without
+ * clip_grad_norm. NULL p: 0. */
 EBB_API int64_t ebb_plan_clip_cost_bytes(const ebb_plan *p);
 
 /* What a memory budget traded (ebb_compile_options.memory_budget). */

@@ -91,6 +91,7 @@ static const char usage_plan[] =
     "\n"
     "  -i NAME=D0,D1,...  the shape of input NAME; or -i SYMBOL=N for a symbolic dim\n"
     "                     (symbolic dimensions not given are 1)\n"
+    "  --batch B          -i SYMBOL=B for the first input's symbolic first dimension\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
     "  --json             the plan as JSON (see docs/cli.md)\n"
     "  --keep-all         compile without freeing, to compare\n"
@@ -126,6 +127,7 @@ static const char usage_grad[] =
     "  --grads FILE       where the gradients go (required)\n"
     "  --weights FILE     load parameters by name (default: seeded initialisation)\n"
     "  -i NAME=DIMS       input shape, or SYMBOL=N, when the file does not give it\n"
+    "  --batch B          -i SYMBOL=B for the first input's symbolic first dimension\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
     "  --loss NAME        this loss op instead of the spec's `loss:`\n"
     "  --trace FILE       one JSON object per executed step, backward steps included\n"
@@ -146,6 +148,7 @@ static const char usage_run[] =
     "               [--strict-finite] [--strict-memory]\n"
     "\n"
     "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
+    "  --batch B          -i SYMBOL=B for the first input's symbolic first dimension\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
     "  --device D         cpu, cuda or cuda:N (default: cuda when available, else cpu)\n"
     "  --seed N           seed for parameters and random inputs (default 0)\n"
@@ -177,6 +180,7 @@ static const char usage_dot[] =
     "               [-i NAME=DIMS]... [-p PARAM=N]... [-o FILE]\n"
     "\n"
     "  -i NAME=DIMS       with --plan: input shape, or SYMBOL=N\n"
+    "  --batch B          -i SYMBOL=B for the first input's symbolic first dimension\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
     "  --plan             draw the plan (steps, values, bytes) instead of the graph\n"
     "  --train            with --plan: draw the training step\n"
@@ -204,6 +208,7 @@ static const char usage_chart[] =
     "                 [-o FILE.svg]\n"
     "\n"
     "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
+    "  --batch B          -i SYMBOL=B for the first input's symbolic first dimension\n"
     "  -p PARAM=N         replace the value of one of the spec's params\n"
     "  --keep-all         chart the plan compiled without freeing, to compare\n"
     "  --train            chart a training step: forward, loss, backward and updates,\n"
@@ -441,7 +446,11 @@ enum {
     OPT_MEMORY_BUDGET,
     OPT_CLIP_GRAD_NORM,
     OPT_CLIP_GRAD_VALUE,
+    OPT_BATCH,
 };
+
+/* --batch B: -i SYMBOL=B for the spec's batch, as ebb train takes it */
+#define BATCH_OPTION {"batch", required_argument, NULL, OPT_BATCH}
 
 #define CLIP_OPTIONS                                                                               \
     {"clip-grad-norm", required_argument, NULL, OPT_CLIP_GRAD_NORM}, {                             \
@@ -454,6 +463,7 @@ enum {
 static const struct option check_options[] = {COMMON_OPTIONS, {NULL, 0, NULL, 0}};
 static const struct option plan_options[] = {
     COMMON_OPTIONS,
+    BATCH_OPTION,
     {"json", no_argument, NULL, OPT_JSON},
     {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
     {"memory", no_argument, NULL, OPT_MEMORY},
@@ -466,6 +476,7 @@ static const struct option plan_options[] = {
 };
 static const struct option grad_options[] = {
     COMMON_OPTIONS,
+    BATCH_OPTION,
     {"inputs", required_argument, NULL, OPT_INPUTS},
     {"grads", required_argument, NULL, OPT_GRADS},
     {"weights", required_argument, NULL, OPT_WEIGHTS},
@@ -479,6 +490,7 @@ static const struct option grad_options[] = {
 };
 static const struct option run_options[] = {
     COMMON_OPTIONS,
+    BATCH_OPTION,
     {"device", required_argument, NULL, OPT_DEVICE},
     {"seed", required_argument, NULL, OPT_SEED},
     {"weights", required_argument, NULL, OPT_WEIGHTS},
@@ -497,6 +509,7 @@ static const struct option run_options[] = {
 };
 static const struct option dot_options[] = {
     COMMON_OPTIONS,
+    BATCH_OPTION,
     {"plan", no_argument, NULL, OPT_PLAN},
     {"train", no_argument, NULL, OPT_TRAIN},
     {"loss", required_argument, NULL, OPT_LOSS},
@@ -507,6 +520,7 @@ static const struct option dot_options[] = {
 };
 static const struct option chart_options[] = {
     COMMON_OPTIONS,
+    BATCH_OPTION,
     {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
     {"trace", required_argument, NULL, OPT_TRACE},
     {"train", no_argument, NULL, OPT_TRAIN},
@@ -561,6 +575,7 @@ typedef struct options {
     const char *loss, *optimizer, *grads;
     int64_t memory_budget; /* 0: none */
     double clip_norm, clip_value; /* --clip-grad-norm, --clip-grad-value; 0: none */
+    uint64_t batch;               /* --batch; 0: not given */
 } options;
 
 static int parse_u64(const char *s, uint64_t *out) {
@@ -679,6 +694,10 @@ static int parse_options(int argc, char **argv, const command *c, options *o) {
                 return ebb_cli_usage_error(usage, "--memory-budget %s: expected a byte count above 0, "
                                           "like 64MiB or 1.5GB, or `least`",
                                    val);
+            break;
+        case OPT_BATCH:
+            if (parse_u64(val, &o->batch) != 0 || o->batch == 0 || o->batch > 1000000000)
+                return ebb_cli_usage_error(usage, "%s", "--batch needs a positive integer");
             break;
         case OPT_SEED:
         case OPT_REPEAT: {
@@ -852,6 +871,32 @@ static int is_symbol(const ebb_spec *s, const char *name, size_t len) {
 /* Input shapes from the spec, -i options and (for run) an inputs file. A
  * shape the user gave, directly or through a symbol, must agree with every
  * other source; what the user left out comes from the file, else is 1. */
+/* The -i arguments, and --batch B as one more: SYMBOL=B for the symbolic
+ * first dimension of the spec's first input (buf holds it). Returns 0 or an
+ * exit code. */
+static int shape_args(const ebb_spec *s, const options *o, const char **args, int *n, char *buf,
+                      size_t size) {
+    *n = 0;
+    for (int k = 0; k < o->n_shapes; k++)
+        args[(*n)++] = o->shapes[k];
+    if (!o->batch)
+        return 0;
+    const char *sym = NULL;
+    if (ebb_spec_input_count(s) < 1 || ebb_spec_input_ndim(s, 0) < 1 ||
+        ebb_spec_input_dim(s, 0, 0, &sym) >= 0 || !sym) {
+        fprintf(stderr,
+                "ebb: --batch %llu: %s's first input has no symbolic first dimension (the "
+                "batch) to set; give its shape with -i\n",
+                (unsigned long long)o->batch, ebb_spec_file(s));
+        return EXIT_SPEC;
+    }
+    if (*n == MAX_BINDINGS)
+        return ebb_cli_usage_error(usage_main, "%s", "too many -i options");
+    snprintf(buf, size, "%s=%llu", sym, (unsigned long long)o->batch);
+    args[(*n)++] = buf;
+    return 0;
+}
+
 static int resolve_shapes(const ebb_spec *s, const options *o, const ebb_safetensors *inputs,
                           ebb_shape *shapes, int quiet) {
     int n = ebb_spec_input_count(s);
@@ -859,21 +904,30 @@ static int resolve_shapes(const ebb_spec *s, const options *o, const ebb_safeten
         fprintf(stderr, "ebb: %s has %d inputs (at most %d)\n", ebb_spec_file(s), n, MAX_INPUTS);
         return EXIT_SPEC;
     }
-    const char *bindings[MAX_BINDINGS];
+    const char *args[MAX_BINDINGS + 1];
+    char batch_arg[96];
+    int n_args = 0, rc = shape_args(s, o, args, &n_args, batch_arg, sizeof batch_arg);
+    if (rc)
+        return rc;
+    const char *bindings[MAX_BINDINGS + 1];
     int n_bind = 0, explicit_shape[MAX_INPUTS] = {0};
     const char *explicit_arg[MAX_INPUTS] = {0};
     ebb_shape given[MAX_INPUTS];
-    for (int k = 0; k < o->n_shapes; k++) {
-        const char *arg = o->shapes[k], *eq = strchr(arg, '=');
+    for (int k = 0; k < n_args; k++) {
+        const char *arg = args[k], *eq = strchr(arg, '=');
         if (!eq || eq == arg || !eq[1]) {
             fprintf(stderr, "ebb: -i %s: expected NAME=D0,D1,... or SYMBOL=N\n", arg);
             return EXIT_USAGE;
         }
         for (int j = 0; j < k; j++) {
-            const char *prev = o->shapes[j], *peq = strchr(prev, '=');
+            const char *prev = args[j], *peq = strchr(prev, '=');
             if (peq && peq - prev == eq - arg && !strncmp(prev, arg, (size_t)(eq - arg))) {
-                fprintf(stderr, "ebb: -i %.*s given twice (%s, %s)\n", (int)(eq - arg), arg, prev,
-                        arg);
+                if (arg == batch_arg)
+                    fprintf(stderr, "ebb: --batch %llu and -i %s both set '%.*s'\n",
+                            (unsigned long long)o->batch, prev, (int)(eq - arg), arg);
+                else
+                    fprintf(stderr, "ebb: -i %.*s given twice (%s, %s)\n", (int)(eq - arg), arg,
+                            prev, arg);
                 return EXIT_USAGE;
             }
         }
@@ -1131,10 +1185,13 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
         return EXIT_SPEC;
     }
     /* -i arguments that name no input are symbol bindings */
-    const char *bindings[MAX_BINDINGS];
-    int n_bind = 0;
-    for (int k = 0; k < o->n_shapes; k++) {
-        const char *arg = o->shapes[k], *eq = strchr(arg, '=');
+    const char *args[MAX_BINDINGS + 1], *bindings[MAX_BINDINGS + 1];
+    char batch_arg[96];
+    int n_args = 0, n_bind = 0, rc = shape_args(s, o, args, &n_args, batch_arg, sizeof batch_arg);
+    if (rc)
+        return rc;
+    for (int k = 0; k < n_args; k++) {
+        const char *arg = args[k], *eq = strchr(arg, '=');
         int input = 0;
         for (int i = 0; eq && i < ebb_spec_input_count(s); i++)
             input |= strlen(ebb_spec_input_name(s, i)) == (size_t)(eq - arg) &&

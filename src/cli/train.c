@@ -45,7 +45,7 @@ enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3, EXIT_SIGNAL_BASE = 128 }
 
 #define USAGE_COMMON                                                                               \
     "  -p NAME=VALUE      set a spec parameter (params:)\n"                                        \
-    "  --device DEV       cpu (default) or cuda[:N]\n"                                             \
+    "  --device DEV       cpu or cuda[:N]; default cuda when available, else cpu\n"              \
     "  --json             one JSON object per line instead of text\n"                              \
     "  -h, --help         this help\n"                                                             \
     "  --completion-helper\n"                                                                      \
