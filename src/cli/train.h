@@ -29,7 +29,7 @@ int ebb_cli_fail_status(ebb_status st);
 
 /* The JSONL trace of `ebb run --trace` (docs/cli.md), written by
  * ebb_cli_trace_step as an ebb_run_options.trace callback with an
- * ebb_cli_trace as its user pointer (src/cli/main.c). */
+ * ebb_cli_trace as its user pointer (src/cli/run.c). */
 typedef struct ebb_cli_trace {
     FILE *f;
     const ebb_plan *plan;
@@ -42,7 +42,7 @@ void ebb_cli_trace_step(const ebb_trace_event *e, void *user);
  * at a NULL role: a role ("in", "out", or "out=WHAT": an output that may be
  * the file of input WHAT, which is read whole before it is written), what
  * the command line calls it ("--trace"), and its path (NULL: not given).
- * Every command's one check (src/cli/main.c). */
+ * Every command's one check (src/cli/common.c). */
 int ebb_cli_check_aliases(const char *const *list);
 
 /* After a run that measured `measured` peak bytes: when that is more than

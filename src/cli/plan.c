@@ -1,0 +1,83 @@
+/* `ebb plan`: the plan listing (EXPLAIN), its JSON, its memory per step. */
+#define _GNU_SOURCE /* getopt_long, memfd_create */
+#include "cli.h"
+
+const char ebb_cli_usage_plan[] =
+    "usage: ebb plan SPEC [-i NAME=D0,D1,...]... [-p PARAM=N]... [--json] [--keep-all]\n"
+    "                [--memory] [--train [--loss NAME] [--optimizer KIND]\n"
+    "                [--clip-grad-norm X] [--clip-grad-value X]] [--memory-budget SIZE]\n"
+    "\n"
+    "  -i NAME=D0,D1,...  the shape of input NAME; or -i SYMBOL=N for a symbolic dim\n"
+    "                     (symbolic dimensions not given are 1)\n"
+    "  --batch B          -i SYMBOL=B for the first input's symbolic first dimension\n"
+    "  -p PARAM=N         replace the value of one of the spec's params\n"
+    "  --json             the plan as JSON (see docs/cli.md)\n"
+    "  --keep-all         compile without freeing, to compare\n"
+    "  --memory           draw predicted live bytes per step\n"
+    "  --train            plan a training step: forward, the spec's loss against its\n"
+    "                     targets, backward and one update per parameter\n"
+    "  --loss NAME        with --train: this loss op instead of the spec's `loss:`\n"
+    "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
+    "  --clip-grad-norm X with --train: scale the gradients to a global L2 norm of at\n"
+    "                     most X (the updates wait for every gradient; the listing says\n"
+    "                     what that costs)\n"
+    "  --clip-grad-value X\n"
+    "                     with --train: clamp each gradient to [-X, X] in its update\n"
+    "  --memory-budget SIZE\n"
+    "                     the most the step may take at its peak (64MiB, 1.5GB, bytes,\n"
+    "                     or `least`):\n"
+    "                     a training plan recomputes forward values in the backward to\n"
+    "                     fit, and the listing shows what it recomputes and what it costs\n" USAGE_COMMON
+    "\n"
+    "A SPEC of - is read from standard input.\n";
+
+const struct option ebb_cli_plan_options[] = {
+    COMMON_OPTIONS,
+    BATCH_OPTION,
+    {"json", no_argument, NULL, OPT_JSON},
+    {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
+    {"memory", no_argument, NULL, OPT_MEMORY},
+    {"train", no_argument, NULL, OPT_TRAIN},
+    {"loss", required_argument, NULL, OPT_LOSS},
+    {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
+    {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
+    CLIP_OPTIONS,
+    {NULL, 0, NULL, 0},
+};
+
+static void memory_chart(const ebb_plan *p) {
+    int at = 0;
+    int64_t peak = ebb_plan_peak_bytes(p, &at);
+    printf("\npredicted live bytes per step (peak %lld at step %d)\n", (long long)peak, at);
+    for (int i = 0; i < ebb_plan_step_count(p); i++) {
+        const ebb_plan_step *s = ebb_plan_step_at(p, i);
+        int width = peak > 0 ? (int)((50.0 * (double)s->peak_bytes) / (double)peak + 0.5) : 0;
+        char hb[32];
+        ebb_bytes_str(s->peak_bytes, hb, sizeof hb);
+        printf("%4d %-10.10s |", i, s->op);
+        for (int k = 0; k < width; k++)
+            fputs(i == at ? "#" : "=", stdout);
+        printf("%*s| %s\n", 50 - width, "", hb);
+    }
+}
+
+int ebb_cli_plan(int argc, char **argv) {
+    options o;
+    int rc = parse_options(argc, argv, ebb_cli_find_command("plan"), &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    ebb_spec *s = NULL;
+    ebb_plan *p = NULL;
+    rc = load_and_compile(&o, NULL, &s, &p, o.json);
+    if (!rc) {
+        if (o.json)
+            ebb_plan_write_json(p, stdout);
+        else
+            ebb_plan_print(p, stdout);
+        if (o.memory && !o.json)
+            memory_chart(p);
+    }
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+    return rc;
+}
