@@ -2,7 +2,7 @@
 /* ebb_fashion_bench: the ebb side of the Fashion-MNIST training bench
  * (tests/bench/fashion.py, `make bench`): a spec trained on the 60,000
  * training images through the public C API, the way `ebb train` does it
- * (src/cli/train.c): ebb_dataset_open("fashion-mnist") -> ebb_dataset_order
+ * (src/trainer.c): ebb_dataset_open("fashion-mnist") -> ebb_dataset_order
  * -> per step ebb_dataset_batch for the input and the target, then
  * ebb_train_step_ex, AdamW with torch.optim's defaults and lr 1e-3.
  *
