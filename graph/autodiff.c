@@ -25,6 +25,7 @@
  * step unchanged. Every backward step is dry-run on the meta device like a
  * forward step, which shapes the gradients and says which of them are views
  * of another value (a reshape's gradient is a view of its output's). */
+#include <fnmatch.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,6 +92,34 @@ static int choose_trained(compiler *c, const ebb_train_options *t) {
                                          "ebb_compile: ebb_train_options.trained names '%s', "
                                          "which is no parameter or node of plan %s",
                                          name ? name : "(null)", p->name));
+    }
+    return 0;
+}
+
+/* ebb_train_options.no_decay: the trained parameters that update without
+ * weight decay. */
+static int choose_no_decay(compiler *c, const ebb_train_options *t) {
+    ebb_plan *p = c->plan;
+    if (t->n_no_decay <= 0)
+        return 0;
+    if (!t->no_decay)
+        return fail(c, ebb_error_set(EBB_ERR_ARG, "ebb_compile: ebb_train_options.no_decay is "
+                                                  "NULL with n_no_decay %d",
+                                     t->n_no_decay));
+    p->no_decay = calloc((size_t)p->n_params + 1, 1);
+    if (!p->no_decay)
+        return ebb_compiler_oom(c);
+    for (int k = 0; k < t->n_no_decay; k++) {
+        int hits = 0;
+        for (int i = 0; t->no_decay[k] && i < p->n_params; i++)
+            if (p->trained[i] && fnmatch(t->no_decay[k], p->params[i].full_name, 0) == 0) {
+                p->no_decay[i] = 1;
+                hits++;
+            }
+        if (!hits)
+            return fail(c, ebb_error_set(EBB_ERR_ARG,
+                                         "--no-decay '%s' matches no trained parameter of plan %s",
+                                         t->no_decay[k] ? t->no_decay[k] : "(null)", p->name));
     }
     return 0;
 }
@@ -1053,15 +1082,20 @@ static int emit_update(ad *a, int i) {
     u->pub.phase = EBB_PHASE_UPDATE;
     u->pub.param = i;
     const ebb_plan_value *gv = &p->values[g];
-    u->workspace = ebb_optimizer_update_scratch_bytes(&a->t->optimizer, gv->dtype,
-                                                      ebb_shape_numel(&gv->shape),
+    /* a parameter group without weight decay counts its update so */
+    ebb_optimizer_options oo = a->t->optimizer;
+    if (p->no_decay && p->no_decay[i]) {
+        oo.weight_decay = 0;
+        oo.complete = 1;
+    }
+    u->workspace = ebb_optimizer_update_scratch_bytes(&oo, gv->dtype, ebb_shape_numel(&gv->shape),
                                                       (ebb_device){EBB_DEVICE_CPU, 0}, 1);
     if (u->workspace < 0)
         return fail(c, ebb_errcode());
     /* clip_grad_value: the clamped copy of the gradient the update reads, a
      * block of its own on a GPU */
     if (a->t->clip_grad_value > 0) {
-        int64_t cuda = ebb_optimizer_update_scratch_bytes(&a->t->optimizer, gv->dtype,
+        int64_t cuda = ebb_optimizer_update_scratch_bytes(&oo, gv->dtype,
                                                           ebb_shape_numel(&gv->shape),
                                                           (ebb_device){EBB_DEVICE_CUDA, 0}, 1);
         u->workspace += gv->nbytes;
@@ -1208,7 +1242,7 @@ static int finish(ad *a, int loss) {
 int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options *opts) {
     ebb_plan *p = c->plan;
     const ebb_train_options *t = opts->train;
-    if (choose_trained(c, t) != 0 || bind_targets(c, g, t) != 0)
+    if (choose_trained(c, t) != 0 || choose_no_decay(c, t) != 0 || bind_targets(c, g, t) != 0)
         return -1;
     p->training = 1;
     p->grads_only = t->grads_only;

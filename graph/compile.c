@@ -171,6 +171,7 @@ void ebb_plan_free(ebb_plan *p) {
     free(p->output_names);
     free(p->trained);
     free(p->deferred);
+    free(p->no_decay);
     free(p->out_param);
     for (int i = 0; i < p->n_params; i++) {
         free(p->params[i].full_name);

@@ -320,6 +320,13 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
             fprintf(f, "beside the step, for the whole run: parameters %s, optimizer state %s "
                        "(made with the optimizer: no step allocates it)\n",
                     pb, ob);
+        if (p->no_decay && !p->grads_only) {
+            fputs("without weight decay (a parameter group):", f);
+            for (int i = 0, k = 0; i < p->n_params; i++)
+                if (p->no_decay[i])
+                    fprintf(f, k++ ? ", %s" : " %s", p->params[i].full_name);
+            fputc('\n', f);
+        }
         print_remat(p, f);
         print_placement(p, f);
         print_clip(p, f);

@@ -79,6 +79,7 @@ struct ebb_plan {
     int n_targets;     /* the last n_targets of inputs[] */
     int grads_only;    /* outputs 1.. are gradients, no update steps */
     unsigned char *trained;  /* per parameter */
+    unsigned char *no_decay; /* per parameter: updated without weight decay (NULL: none) */
     int *out_param;    /* per output: the parameter whose gradient it is, or -1 */
     ebb_optimizer_options optimizer; /* what the update steps' scratch was counted for */
     int updates_in_backward; /* each update follows its gradient's last backward step */

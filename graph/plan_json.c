@@ -176,6 +176,15 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
         fprintf(f, ", \"updates_in_backward\": %s, \"optimizer_state_bytes\": %lld",
                 p->updates_in_backward ? "true" : "false",
                 (long long)ebb_plan_optimizer_state_bytes(p));
+    if (p->no_decay) {
+        fputs(",\n \"no_decay\": [", f);
+        for (int i = 0, k = 0; i < p->n_params; i++)
+            if (p->no_decay[i]) {
+                fputs(k++ ? ", " : "", f);
+                ebb_json_string(f, p->params[i].full_name);
+            }
+        fputs("]", f);
+    }
     if (p->n_deferred) {
         fprintf(f, ",\n \"update_placement\": {\"eager_peak_bytes\": %lld, \"deferred\": [",
                 (long long)p->eager_peak_bytes);

@@ -362,6 +362,12 @@ done:
 
 int ebb_plan_updates_in_backward(const ebb_plan *p) { return p ? p->updates_in_backward : 0; }
 double ebb_plan_clip_grad_norm(const ebb_plan *p) { return p ? p->clip_grad_norm : 0; }
+int ebb_plan_param_decays(const ebb_plan *p, int i) {
+    if (!p || !p->training || i < 0 || i >= p->n_params || !p->trained[i]) return 0;
+    const ebb_optimizer_options *o = &p->optimizer;
+    int decay = o->weight_decay != 0 || (o->kind == EBB_ADAMW && !o->complete);
+    return decay && !(p->no_decay && p->no_decay[i]);
+}
 int64_t ebb_plan_eager_peak_bytes(const ebb_plan *p) {
     if (!p || !p->training) return 0;
     return p->n_deferred ? p->eager_peak_bytes : p->budget_peak_bytes;

@@ -47,6 +47,7 @@ struct ebb_optimizer {
     ebb_optimizer_options o; /* complete */
     int n;
     param_state *state;
+    double *weight_decay; /* per parameter: o's, or its group's (ebb_optimizer_set_weight_decay) */
     /* the device hyperparameters (run_internal.h): per parameter a row of
      * HYPER values in the parameters' dtype, on the device and on the host */
     ebb_tensor *hyper, *hyper_host;
@@ -335,13 +336,17 @@ ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
      * updated: ebb_optimizer_update() refuses them */
     ebb_optimizer *opt = calloc(1, sizeof *opt);
     if (opt) opt->state = calloc((size_t)model->n_params + 1, sizeof *opt->state);
-    if (!opt || !opt->state) {
+    if (opt) opt->weight_decay = calloc((size_t)model->n_params + 1, sizeof *opt->weight_decay);
+    if (!opt || !opt->state || !opt->weight_decay) {
+        if (opt) free(opt->state);
         free(opt);
         return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
     }
     opt->model = model;
     opt->o = o;
     opt->n = model->n_params;
+    for (int i = 0; i < opt->n; i++)
+        opt->weight_decay[i] = o.weight_decay;
     /* the state of every trained parameter (not a buffer) is made now, zeros, so
      * that no training step allocates it: a step's bytes are the same from
      * the first on, and the state is known beside the parameters before
@@ -364,6 +369,7 @@ void ebb_optimizer_free(ebb_optimizer *opt) {
     for (int i = 0; i < opt->n; i++)
         state_clear(&opt->state[i]);
     free(opt->state);
+    free(opt->weight_decay);
     free(opt);
 }
 
@@ -379,6 +385,24 @@ ebb_status ebb_optimizer_set_lr(ebb_optimizer *opt, double lr) {
                              "ebb_optimizer_set_lr: lr is %g; it must be finite and >= 0", lr);
     opt->o.lr = lr;
     return EBB_OK;
+}
+
+ebb_status ebb_optimizer_set_weight_decay(ebb_optimizer *opt, int param_index, double wd) {
+    const char *fn = "ebb_optimizer_set_weight_decay";
+    if (!opt) return ebb_error_set(EBB_ERR_ARG, "%s: opt is NULL", fn);
+    if (param_index < 0 || param_index >= opt->n)
+        return ebb_error_set(EBB_ERR_ARG, "%s: parameter index %d is out of range (%d parameters)",
+                             fn, param_index, opt->n);
+    if (!isfinite(wd) || wd < 0)
+        return ebb_error_set(EBB_ERR_ARG, "%s: weight decay %g; it must be finite and >= 0", fn,
+                             wd);
+    opt->weight_decay[param_index] = wd;
+    return EBB_OK;
+}
+
+double ebb_optimizer_get_weight_decay(const ebb_optimizer *opt, int param_index) {
+    if (!opt || param_index < 0 || param_index >= opt->n) return 0;
+    return opt->weight_decay[param_index];
 }
 
 /* ---- updates ----------------------------------------------------------------- */
@@ -463,27 +487,29 @@ static ebb_status run_kernel(ebb_optimizer *opt, int i, const ebb_tensor *grad, 
     ebb_status st = EBB_OK;
     if (opt->hyper_on)
         st = ebb_tensor_select(&hyper, opt->hyper, 0, i); /* a view: no device bytes */
+    /* the parameter's group: its own weight decay */
+    ebb_optimizer_options o = opt->o;
+    o.weight_decay = opt->weight_decay[i];
     if (st == EBB_OK) {
         ebb_tensor **slot = s->slot;
-        switch (opt->o.kind) {
+        switch (o.kind) {
         case EBB_SGD:
-            st = ebb_tensor_sgd_update_hyper_(p, grad, &slot[SLOT_MOMENTUM], &opt->o, hyper);
+            st = ebb_tensor_sgd_update_hyper_(p, grad, &slot[SLOT_MOMENTUM], &o, hyper);
             break;
         case EBB_RMSPROP:
             st = ebb_tensor_rmsprop_update_(p, grad, slot[SLOT_SQUARE_AVG], slot[SLOT_GRAD_AVG],
-                                            slot[SLOT_MOMENTUM], &opt->o, hyper);
+                                            slot[SLOT_MOMENTUM], &o, hyper);
             break;
         case EBB_ADAGRAD:
-            st = ebb_tensor_adagrad_update_(p, grad, slot[SLOT_SUM], s->step + 1, &opt->o, hyper);
+            st = ebb_tensor_adagrad_update_(p, grad, slot[SLOT_SUM], s->step + 1, &o, hyper);
             break;
         case EBB_ADADELTA:
             st = ebb_tensor_adadelta_update_(p, grad, slot[SLOT_SQUARE_AVG], slot[SLOT_ACC_DELTA],
-                                             &opt->o, hyper);
+                                             &o, hyper);
             break;
         default:
             st = ebb_tensor_adam_update_hyper_(p, grad, slot[SLOT_EXP_AVG], slot[SLOT_EXP_AVG_SQ],
-                                               slot[SLOT_MAX_EXP_AVG_SQ], s->step + 1, &opt->o,
-                                               hyper);
+                                               slot[SLOT_MAX_EXP_AVG_SQ], s->step + 1, &o, hyper);
         }
     }
     ebb_tensor_free(hyper);
@@ -582,7 +608,7 @@ ebb_status ebb_optimizer_hyper_fill(ebb_optimizer *opt) {
         } else {
             row[HYPER_STEP] = -(o->lr / (1 - pow(o->beta1, t)));
             row[HYPER_BC2] = sqrt(1 - pow(o->beta2, t));
-            row[HYPER_DECAY] = 1 - o->lr * o->weight_decay;
+            row[HYPER_DECAY] = 1 - o->lr * opt->weight_decay[i];
         }
     }
     ebb_status st = ebb_tensor_copy_from_host(opt->hyper_host, h, n * sizeof *h);
@@ -729,7 +755,9 @@ int64_t ebb_optimizer_scratch_bytes(const ebb_optimizer *opt, int param_index) {
     const ebb_tensor *p = param_of(opt, param_index);
     int has_state = opt->o.kind != EBB_SGD || opt->o.momentum == 0 ||
                     opt->state[param_index].present;
-    return ebb_optimizer_update_scratch_bytes(&opt->o, ebb_tensor_dtype(p), ebb_tensor_numel(p),
+    ebb_optimizer_options o = opt->o;
+    o.weight_decay = opt->weight_decay[param_index];
+    return ebb_optimizer_update_scratch_bytes(&o, ebb_tensor_dtype(p), ebb_tensor_numel(p),
                                               ebb_tensor_device(p), has_state);
 }
 
@@ -1006,6 +1034,11 @@ ebb_status ebb_optimizer_load(ebb_optimizer *opt, const char *path) {
         state_clear(&opt->state[i]);
     free(opt->state);
     opt->state = fresh;
+    /* parameters that followed the options' weight decay follow the file's;
+     * a group's own (ebb_optimizer_set_weight_decay) stays */
+    for (int i = 0; i < opt->n; i++)
+        if (opt->weight_decay[i] == opt->o.weight_decay)
+            opt->weight_decay[i] = o.weight_decay;
     opt->o = o;
     return EBB_OK;
 }

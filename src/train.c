@@ -27,6 +27,18 @@ ebb_status ebb_train_check_optimizer(const ebb_plan *p, const ebb_optimizer *opt
                        : (have.amsgrad != 0) != (want.amsgrad != 0)       ? "amsgrad"
                        : (have.centered != 0) != (want.centered != 0)     ? "centered"
                                                                           : NULL;
+    /* a parameter group without weight decay: the plan counted it so */
+    for (int i = 0; !what && want_decay && i < p->n_params; i++) {
+        int plan_decays = p->trained[i] && !(p->no_decay && p->no_decay[i]);
+        if (p->trained[i] && plan_decays != (ebb_optimizer_get_weight_decay(opt, i) != 0))
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "%s: plan %s updates '%s' %s weight decay; the optimizer %s "
+                                 "(compile with ebb_train_options.no_decay naming the "
+                                 "parameters ebb_optimizer_set_weight_decay() sets to 0)",
+                                 fn, p->name, p->params[i].full_name,
+                                 plan_decays ? "with" : "without",
+                                 plan_decays ? "does not decay it" : "decays it");
+    }
     if (!what)
         return EBB_OK;
     return ebb_error_set(EBB_ERR_ARG,

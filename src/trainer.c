@@ -169,6 +169,8 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
                                  .clip_grad_value = o->clip_grad_value,
                                  .trained = trained,
                                  .n_trained = n_trained,
+                                 .no_decay = o->no_decay,
+                                 .n_no_decay = o->n_no_decay,
                                  /* accumulation: the gradients, then one update */
                                  .grads_only = o->accumulate > 1};
         co.train = &to;
@@ -607,6 +609,7 @@ static ebb_status state_check_finite(const state *s, const ebb_model *m, int par
 
 void ebb_checkpoint_info_free(ebb_checkpoint_info *ci) {
     if (!ci) return;
+    free(ci->no_decay);
     free(ci->data);
     free(ci->stateless);
     memset(ci, 0, sizeof *ci);
@@ -680,6 +683,9 @@ ebb_status ebb_checkpoint_read_info(const char *path, ebb_checkpoint_info *ci) {
         (ci->clip_grad_value = strtod(clip_value, &end), *end || !(ci->clip_grad_value >= 0)))
         st = ebb_error_set(EBB_ERR_ARG, "%s: clip_grad_value '%s' is not a number", path,
                            clip_value);
+    const char *no_decay = ebb_safetensors_metadata(sf, "no_decay");
+    if (st == EBB_OK && no_decay && *no_decay && !(ci->no_decay = strdup(no_decay)))
+        st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
     if (st == EBB_OK && ((data && !(ci->data = strdup(data))) ||
                          (stateless && !(ci->stateless = strdup(stateless)))))
         st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
@@ -1032,6 +1038,16 @@ static ebb_status open_schedule(ebb_trainer *t) {
                                            ebb_lr_schedule_str(s, text, sizeof text));
 }
 
+/* The parameter group without weight decay, in the optimizer as the plan
+ * counted it. */
+static ebb_status set_no_decay(ebb_trainer *t) {
+    ebb_status st = EBB_OK;
+    for (int i = 0; st == EBB_OK && t->o.n_no_decay && i < ebb_model_param_count(t->m); i++)
+        if (ebb_plan_param_trained(t->plan, i) && !ebb_plan_param_decays(t->plan, i))
+            st = ebb_optimizer_set_weight_decay(t->opt, i, 0);
+    return st;
+}
+
 /* accumulate: a zeroed gradient buffer per trained parameter, held for the
  * run, and room for one micro-batch's gradients. */
 static ebb_status open_accumulation(ebb_trainer *t) {
@@ -1068,6 +1084,7 @@ static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
     if (st == EBB_OK && o->weights) st = load_weights(t, o->weights);
     if (st != EBB_OK || o->evaluate_only) return st;
     if ((st = ebb_optimizer_new(&t->opt, t->m, &o->optimizer)) != EBB_OK ||
+        (st = set_no_decay(t)) != EBB_OK ||
         (o->resume && (st = resume(t)) != EBB_OK) || (st = plan_steps(t)) != EBB_OK ||
         (st = open_schedule(t)) != EBB_OK)
         return st;
@@ -1161,7 +1178,11 @@ static void print_start(const ebb_trainer *t) {
         at += (size_t)snprintf(sched + at, sizeof sched - at, ", clip_grad_norm %g",
                                t->o.clip_grad_norm);
     if (t->o.clip_grad_value > 0 && at < sizeof sched)
-        snprintf(sched + at, sizeof sched - at, ", clip_grad_value %g", t->o.clip_grad_value);
+        at += (size_t)snprintf(sched + at, sizeof sched - at, ", clip_grad_value %g",
+                               t->o.clip_grad_value);
+    for (int k = 0; k < t->o.n_no_decay && at < sizeof sched; k++)
+        at += (size_t)snprintf(sched + at, sizeof sched - at, "%s%s",
+                               k ? " " : ", no weight decay for ", t->o.no_decay[k]);
     fprintf(f, "training %s on %s: %lld samples, batch %lld, %lld steps per epoch, %s lr %g%s\n",
             ebb_spec_file(t->f.spec), t->o.data, (long long)t->s.samples,
             (long long)(t->o.batch * t->accum),
@@ -1585,6 +1606,10 @@ ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
     if (st == EBB_OK) {
         const ebb_trainer_options *o = &t->o;
         char s_step[32], s_epoch[32], s_seed[32], s_batch[32], s_cn[32], s_cv[32], s_acc[32];
+        char s_nd[1024] = "";
+        for (int k = 0, at = 0; k < o->n_no_decay && at < (int)sizeof s_nd; k++)
+            at += snprintf(s_nd + at, sizeof s_nd - (size_t)at, "%s%s", k ? "," : "",
+                           o->no_decay[k]);
         snprintf(s_acc, sizeof s_acc, "%lld", (long long)t->accum);
         snprintf(s_cn, sizeof s_cn, "%.17g", o->clip_grad_norm);
         snprintf(s_cv, sizeof s_cv, "%.17g", o->clip_grad_value);
@@ -1611,6 +1636,7 @@ ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
                               "clip_grad_norm", s_cn,
                               "clip_grad_value", s_cv,
                               "accumulate", s_acc,
+                              "no_decay", s_nd,
                               /* last, left out without a schedule */
                               "lr_schedule", s_sched,
                               "lr_schedule_steps", s_ssteps,

@@ -3128,9 +3128,11 @@ static void test_train_recipes(void **state) {
     cli_free(&r);
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--eval-data", data, "--steps", "12",
         "--batch", "16", "--clip-grad-norm", "0.5", "--clip-grad-value", "0.1", "--freeze",
-        "fc1.*", "--log-every", "4", "--log-csv", csv, "--save-weights", w1);
+        "fc1.*", "--log-every", "4", "--log-csv", csv, "--save-weights", w1, "--no-decay",
+        "*.bias");
     expect_code(&r, 0);
-    expect_contains("stdout", &r, r.out, "clip_grad_norm 0.5, clip_grad_value 0.1");
+    expect_contains("stdout", &r, r.out,
+                    "clip_grad_norm 0.5, clip_grad_value 0.1, no weight decay for *.bias");
     expect_contains("stdout", &r, r.out, "clip_grad_norm 0.5: the updates wait for the whole "
                                          "backward: the step's peak ");
     expect_contains("stdout", &r, r.out, " without clipping\n");
@@ -3181,6 +3183,10 @@ static void test_train_recipes(void **state) {
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "2", "--freeze", "*");
     expect_code(&r, 2);
     expect_contains("stderr", &r, r.err, "--freeze leaves no parameter to train");
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "2", "--no-decay", "*.bais");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--no-decay '*.bais' matches no trained parameter");
     cli_free(&r);
     EBB(&r, "plan", "specs/mlp.yaml", "--clip-grad-norm", "1");
     expect_code(&r, 2);

@@ -1177,12 +1177,21 @@ static void trainer_open(trainer *tr, const char *fixture, const char *yaml, con
     snprintf(ck[1], sizeof ck[1], "%s.clip.value", c);
     if (ebb_safetensors_dtype_str(tr->st, ck[0])) t.clip_grad_norm = fx_scalar(tr->st, ck[0]);
     if (ebb_safetensors_dtype_str(tr->st, ck[1])) t.clip_grad_value = fx_scalar(tr->st, ck[1]);
+    /* the *_no_decay cases: torch's second param group, the biases, without decay */
+    static const char *const biases[] = {"*.bias"};
+    if (strstr(c, "no_decay")) {
+        t.no_decay = biases;
+        t.n_no_decay = 1;
+    }
     ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
     assert_ok(ebb_spec_compile(&tr->plan, tr->spec, &o));
     check_plan_shape(tr->plan, grads_only, NULL, fixture, pr);
     assert_ok(ebb_model_new(&tr->model, tr->plan, CPU, 0));
     load_params(tr->model, tr->st, "init.");
     ebb_status s = ebb_optimizer_new(&tr->opt, tr->model, &tr->oo);
+    for (int i = 0; s == EBB_OK && t.n_no_decay && i < ebb_model_param_count(tr->model); i++)
+        if (ebb_plan_param_trained(tr->plan, i) && !ebb_plan_param_decays(tr->plan, i))
+            s = ebb_optimizer_set_weight_decay(tr->opt, i, 0);
     if (s != EBB_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", ebb_errmsg());
@@ -1811,7 +1820,7 @@ int main(void) {
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[29 + N_GRAD];
+    struct CMUnitTest tests[31 + N_GRAD];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -1830,6 +1839,8 @@ int main(void) {
     tests[n++] = named_test("steps_sgd_clip_norm", test_steps, (void *)"sgd_clip_norm");
     tests[n++] = named_test("steps_adamw_clip_value", test_steps, (void *)"adamw_clip_value");
     tests[n++] = named_test("steps_adam_clip_both", test_steps, (void *)"adam_clip_both");
+    tests[n++] = named_test("steps_sgd_no_decay", test_steps, (void *)"sgd_no_decay");
+    tests[n++] = named_test("steps_adamw_no_decay", test_steps, (void *)"adamw_no_decay");
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_steps_batch_norm);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_state_for_trained_parameters);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_steps_change_nothing);

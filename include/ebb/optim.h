@@ -186,6 +186,19 @@ EBB_API ebb_status ebb_optimizer_set_lr(ebb_optimizer *opt, double lr);
  * allocation fails (EBB_ERR_NOMEM) nothing has changed either. */
 EBB_API ebb_status ebb_optimizer_update(ebb_optimizer *opt, int param_index, const ebb_tensor *grad);
 
+/* Parameter groups, as torch.optim's param_groups with their own weight
+ * decay: parameter param_index (the model's order) decays by `wd` instead
+ * of the options' weight_decay, typically 0 for biases and norm weights. A
+ * training plan counts an update's scratch by whether its parameter decays,
+ * so compile with ebb_train_options.no_decay naming the same parameters
+ * (ebb_train_step() refuses a mismatch). EBB_ERR_ARG for a NULL opt, an
+ * index out of range or a negative or non-finite wd. Not saved with the
+ * state: set it again after ebb_optimizer_load(). */
+EBB_API ebb_status ebb_optimizer_set_weight_decay(ebb_optimizer *opt, int param_index, double wd);
+/* Parameter param_index's weight decay (its group's, or the options'). 0 for
+ * NULL opt or an index out of range. */
+EBB_API double ebb_optimizer_get_weight_decay(const ebb_optimizer *opt, int param_index);
+
 /* One optimizer step over all parameters: grads[i] is the gradient of
  * parameter i in the model's order (ebb_model_param_count() entries), and a
  * NULL entry skips that parameter, as torch.optim skips a parameter whose

@@ -87,6 +87,15 @@ typedef struct ebb_train_options {
      * inside the backward. 0: no clipping. */
     double clip_grad_norm;
     double clip_grad_value;
+    /* A parameter group without weight decay, as a torch.optim param group
+     * with weight_decay 0 (biases and norm weights, typically): parameters
+     * whose full name matches one of these fnmatch(3) patterns ("*.bias")
+     * update without decay, and the plan counts their updates' scratch so;
+     * set the optimizer to match (ebb_optimizer_set_weight_decay(opt, i, 0)
+     * for each, ebb_plan_param_decays()). A pattern that matches no trained
+     * parameter is an error. */
+    const char *const *no_decay;
+    int n_no_decay;
 } ebb_train_options;
 
 typedef struct ebb_compile_options {

@@ -99,6 +99,11 @@ EBB_API int ebb_plan_updates_in_backward(const ebb_plan *p);
  * or updates_after_backward decided. NULL p or an inference plan: 0. */
 EBB_API int64_t ebb_plan_eager_peak_bytes(const ebb_plan *p);
 
+/* Non-zero when a training plan updates parameter i with weight decay: its
+ * optimizer options decay and ebb_train_options.no_decay does not name it.
+ * NULL p, i out of range, an untrained parameter or an inference plan: 0. */
+EBB_API int ebb_plan_param_decays(const ebb_plan *p, int i);
+
 /* The gradient clipping a training plan was compiled for
  * (ebb_train_options.clip_grad_norm, .clip_grad_value); 0: none. NULL p: 0. */
 EBB_API double ebb_plan_clip_grad_norm(const ebb_plan *p);

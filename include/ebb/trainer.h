@@ -178,6 +178,11 @@ typedef struct ebb_trainer_options {
      * pattern that matches nothing, or freezing everything, is an error. */
     const char *const *freeze;
     int n_freeze;
+    /* A parameter group without weight decay (torch.optim param groups):
+     * fnmatch(3) patterns of full names ("*.bias", "*norm*.weight") whose
+     * parameters update without it (ebb_train_options.no_decay). */
+    const char *const *no_decay;
+    int n_no_decay;
     int64_t memory_budget;           /* compile the step under it (ebb_compile_options) */
     ebb_device device;               /* defaults: the CPU */
     int cuda_graph;     /* CUDA: replay full batches from a captured step (ebb_train_capture) */
@@ -314,6 +319,7 @@ typedef struct ebb_checkpoint_info {
                         NULL: not recorded */
     double clip_grad_norm, clip_grad_value; /* 0: none */
     int64_t accumulate; /* micro-batches per step (1: none) */
+    char *no_decay;     /* the no_decay patterns, comma-separated; NULL: none */
     int has_schedule; /* the schedule and where it was */
     ebb_lr_schedule schedule;
     int64_t schedule_steps;

@@ -56,7 +56,7 @@ const char ebb_cli_usage_train[] =
     "                 [--optimizer KIND] [--lr X] [--lr-schedule S] [--momentum X]\n"
     "                 [--weight-decay X] [--loss NAME] [--clip-grad-norm X]\n"
     "                 [--clip-grad-value X] [--freeze PATTERN]... [--log-csv FILE]\n"
-    "                 [--accumulate N]\n"
+    "                 [--accumulate N] [--no-decay PATTERN]...\n"
     "                 [--seed N] [--no-shuffle] [--drop-last] [--normalize MEAN,STD]\n"
     "                 [--weights W] [--save-weights W] [--checkpoint FILE]\n"
     "                 [--checkpoint-every N] [--resume CKPT] [--log-every N]\n"
@@ -103,6 +103,9 @@ const char ebb_cli_usage_train[] =
     "  --accumulate N     each step sums the gradients of N micro-batches of --batch\n"
     "                     samples before one update (--batch 16 --accumulate 4: the\n"
     "                     update of batch 64, the activations of batch 16)\n"
+    "  --no-decay PATTERN no weight decay for the parameters whose full name matches\n"
+    "                     ('*.bias'; repeatable), as a torch.optim param group with\n"
+    "                     weight_decay 0\n"
     "  --freeze PATTERN   train no parameter whose full name matches the shell pattern\n"
     "                     ('fc1.*', '*.bias'; repeatable): no gradient, update or state\n"
     "  --log-csv FILE     a CSV row per log point (every --log-every steps, and every\n"
@@ -213,6 +216,7 @@ enum {
     O_FREEZE,
     O_LOG_CSV,
     O_ACCUMULATE,
+    O_NO_DECAY,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -259,6 +263,7 @@ const struct option ebb_cli_train_options[] = {
     {"freeze", required_argument, NULL, O_FREEZE},
     {"log-csv", required_argument, NULL, O_LOG_CSV},
     {"accumulate", required_argument, NULL, O_ACCUMULATE},
+    {"no-decay", required_argument, NULL, O_NO_DECAY},
     {NULL, 0, NULL, 0},
 };
 
@@ -285,6 +290,9 @@ typedef struct topts {
     int clip_norm_set, clip_value_set;
     const char *freeze[MAX_PARAMS]; /* --freeze */
     int n_freeze;
+    const char *no_decay[MAX_PARAMS]; /* --no-decay, or the checkpoint's */
+    int n_no_decay;
+    char no_decay_text[1024];         /* the checkpoint's, split in place */
     const char *log_csv;
     int64_t accumulate; /* --accumulate (0: not given) */
     double early_delta;
@@ -385,6 +393,13 @@ static int parse(int argc, char **argv, int train, topts *o) {
             if (o->n_freeze == MAX_PARAMS)
                 return ebb_cli_usage_error(usage, "%s", "too many --freeze options");
             o->freeze[o->n_freeze++] = v;
+            break;
+        case O_NO_DECAY:
+            if (o->n_no_decay == MAX_PARAMS)
+                return ebb_cli_usage_error(usage, "%s", "too many --no-decay options");
+            if (strchr(v, ','))
+                return ebb_cli_usage_error(usage, "--no-decay %s: one pattern each, no comma", v);
+            o->no_decay[o->n_no_decay++] = v;
             break;
         case O_CLIP_GRAD_NORM:
         case O_CLIP_GRAD_VALUE: {
@@ -629,6 +644,11 @@ static int resume_conflicts(const topts *o, const ebb_checkpoint_info *ci, char 
     CONFLICT(o->no_shuffle && ci->shuffle, "--no-shuffle, the checkpoint shuffles");
     CONFLICT(o->drop_last && !ci->drop_last,
              "--drop-last, the checkpoint keeps the last partial batch");
+    char nd[1024] = "";
+    for (int k = 0, at = 0; k < o->n_no_decay && at < (int)sizeof nd; k++)
+        at += snprintf(nd + at, sizeof nd - (size_t)at, "%s%s", k ? "," : "", o->no_decay[k]);
+    CONFLICT(o->n_no_decay && strcmp(nd, ci->no_decay ? ci->no_decay : ""),
+             "--no-decay %s, the checkpoint's is %s", nd, ci->no_decay ? ci->no_decay : "none");
     CONFLICT(o->accumulate && o->accumulate != ci->accumulate,
              "--accumulate %lld, the checkpoint's is %lld", (long long)o->accumulate,
              (long long)ci->accumulate);
@@ -671,6 +691,13 @@ static int resolve_options(cli_run *c) {
         o->drop_last |= c->ci.drop_last;
         o->clip_norm = o->clip_norm_set ? o->clip_norm : c->ci.clip_grad_norm;
         o->accumulate = o->accumulate ? o->accumulate : c->ci.accumulate;
+        if (!o->n_no_decay && c->ci.no_decay) {
+            /* the checkpoint's groups, split at their commas */
+            snprintf(o->no_decay_text, sizeof o->no_decay_text, "%s", c->ci.no_decay);
+            for (char *tok = strtok(o->no_decay_text, ","); tok && o->n_no_decay < MAX_PARAMS;
+                 tok = strtok(NULL, ","))
+                o->no_decay[o->n_no_decay++] = tok;
+        }
         o->clip_value = o->clip_value_set ? o->clip_value : c->ci.clip_grad_value;
         if (!o->optimizer || k == c->ci.optimizer.kind)
             oo = c->ci.optimizer;
@@ -1070,6 +1097,8 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->schedule = sched;
     to->loss = o->loss;
     to->accumulate = (int)o->accumulate;
+    to->no_decay = o->no_decay;
+    to->n_no_decay = o->n_no_decay;
     to->freeze = o->freeze;
     to->n_freeze = o->n_freeze;
     to->clip_grad_norm = o->clip_norm;

@@ -89,6 +89,7 @@ are from a float64 run of the same model, for scale.
 """
 
 import copy
+import fnmatch
 import json
 import os
 import struct
@@ -477,7 +478,16 @@ def steps_fixture(fname, bn, cases, seed):
         clip = spec[2] if len(spec) > 2 else {}
         m.load_state_dict(init)
         m.train()
-        opt = cls(m.parameters(), foreach=False, **kw)
+        if "no_decay" in clip:
+            # two param groups: the biases without weight decay
+            pat = clip["no_decay"]
+            named = list(m.named_parameters())
+            decay = [p for n, p in named if not fnmatch.fnmatch(n, pat)]
+            plain = [p for n, p in named if fnmatch.fnmatch(n, pat)]
+            opt = cls([{"params": decay}, {"params": plain, "weight_decay": 0.0}], foreach=False,
+                      **kw)
+        else:
+            opt = cls(m.parameters(), foreach=False, **kw)
         for t, (x, y) in enumerate(data):
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(m(x), y)
@@ -493,7 +503,8 @@ def steps_fixture(fname, bn, cases, seed):
         for k, v in hp(cls, kw).items():
             out[f"{case}.hp.{k}"] = torch.tensor(float(v), dtype=torch.float64)
         for k, v in clip.items():
-            out[f"{case}.clip.{k}"] = torch.tensor(float(v), dtype=torch.float64)
+            if k != "no_decay":
+                out[f"{case}.clip.{k}"] = torch.tensor(float(v), dtype=torch.float64)
         moved = max((m.state_dict()[k].double() - init[k].double()).abs().max().item()
                     for k in init if init[k].is_floating_point())
         print(f"{fname} {case}: losses {out[f'{case}.loss.0'].item():.4f} -> "
@@ -519,6 +530,11 @@ def main():
                 "sgd_clip_norm": (torch.optim.SGD, dict(lr=0.1, momentum=0.9), {"norm": 0.25}),
                 "adamw_clip_value": (torch.optim.AdamW, {}, {"value": 0.02}),
                 "adam_clip_both": (torch.optim.Adam, {}, {"norm": 0.5, "value": 0.05}),
+                # a param group without weight decay: the biases
+                "sgd_no_decay": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01),
+                                 {"no_decay": "*.bias"}),
+                "adamw_no_decay": (torch.optim.AdamW, dict(weight_decay=0.1),
+                                   {"no_decay": "*.bias"}),
             }, seed=11)
             steps_fixture("grad_steps_bn", True, {
                 "sgd_momentum": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
