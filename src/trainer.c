@@ -1384,17 +1384,36 @@ static ebb_status accumulate_step(ebb_trainer *t, int64_t first, int64_t n, int6
     return st;
 }
 
+/* One whole step on samples order[at .. at + cnt): eager, or replayed from
+ * the captured CUDA graph (cuda_graph: full batches, made at the first; a
+ * graph is not measured, so such a step reports its plan). */
+static ebb_status whole_step(ebb_trainer *t, int64_t at, int64_t cnt, int graphed,
+                             const ebb_run_options *ro, double *loss, ebb_run_stats *stats) {
+    const ebb_trainer_options *o = &t->o;
+    ebb_tensor **in = t->ts, **tg = t->ts + t->f.n_in;
+    ebb_status st = make_batch(&t->f, t->train, t->order + at, cnt, o->device, t->ts);
+    if (st == EBB_OK && graphed && !t->cap)
+        st = ebb_train_capture(&t->cap, t->plan, t->m, t->opt, in, tg, o->seed);
+    if (st == EBB_OK && graphed) {
+        st = ebb_capture_train_step(t->cap, in, tg, loss);
+        *stats = (ebb_run_stats){.planned_peak_bytes = t->s.planned_peak_bytes, .over_step = -1};
+    } else if (st == EBB_OK) {
+        st = ebb_train_step_ex(t->plan, t->m, t->opt, in, tg, loss, ro, stats);
+    }
+    return st;
+}
+
 /* The training step proper on the next batch (accumulate: micro-batches):
  * *ev gets its event. */
 static ebb_status run_step(ebb_trainer *t, ebb_train_event *ev, ebb_run_stats *stats) {
     const ebb_trainer_options *o = &t->o;
     int64_t per = t->s.steps_per_epoch, e = t->s.step / per, first = t->s.step % per * t->accum;
     int64_t n_micro = t->micro_per_epoch - first < t->accum ? t->micro_per_epoch - first : t->accum;
-    int64_t at = 0, cnt = 0;
+    int64_t at = first * o->batch, cnt = 0, unused;
     for (int64_t k = 0; k < n_micro; k++)
-        cnt += micro_batch(t, first + k, &at);
-    at = first * o->batch;
+        cnt += micro_batch(t, first + k, &unused);
     int traced = o->trace && t->s.step + 1 == t->trace_at;
+    int graphed = o->cuda_graph && !traced && cnt == o->batch;
     double loss = NAN;
     if (e != t->shuffled_epoch) {
         ebb_dataset_order(t->order, t->s.samples,
@@ -1407,21 +1426,7 @@ static ebb_status run_step(ebb_trainer *t, ebb_train_event *ev, ebb_run_stats *s
     if (st == EBB_OK && t->accum > 1)
         st = accumulate_step(t, first, n_micro, cnt, traced, &loss, stats);
     else if (st == EBB_OK)
-        st = make_batch(&t->f, t->train, t->order + at, cnt, o->device, t->ts);
-    /* cuda_graph: full batches replay the captured step (made at the first);
-     * a graph is not measured, so such a step reports its plan */
-    int graphed = o->cuda_graph && !traced && cnt == o->batch;
-    ebb_tensor **in = t->ts, **tg = t->ts + t->f.n_in;
-    if (t->accum > 1) {
-        /* done above */
-    } else if (st == EBB_OK && graphed && !t->cap)
-        st = ebb_train_capture(&t->cap, t->plan, t->m, t->opt, in, tg, o->seed);
-    if (st == EBB_OK && graphed) {
-        st = ebb_capture_train_step(t->cap, in, tg, &loss);
-        *stats = (ebb_run_stats){.planned_peak_bytes = t->s.planned_peak_bytes, .over_step = -1};
-    } else if (st == EBB_OK && t->accum == 1) {
-        st = ebb_train_step_ex(t->plan, t->m, t->opt, in, tg, &loss, &ro, stats);
-    }
+        st = whole_step(t, at, cnt, graphed, &ro, &loss, stats);
     free_tensors(t->ts, t->f.n);
     if (st != EBB_OK) {
         t->s.failed_step = t->s.step + 1;
