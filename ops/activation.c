@@ -1,4 +1,6 @@
 /* Elementwise activations, softmax, identity and dropout. */
+#include <string.h>
+
 #include "ops_internal.h"
 
 #define UNARY(fn, kind)                                                                            \
@@ -10,10 +12,31 @@
         return ebb_tensor_unary_(x, kind);                                                         \
     }
 UNARY(relu_fwd, EBB_RELU)
-UNARY(gelu_fwd, EBB_GELU)
 UNARY(tanh_fwd, EBB_TANH)
 UNARY(sigmoid_fwd, EBB_SIGMOID)
 UNARY(silu_fwd, EBB_SILU)
+
+/* gelu's `approximate`, as F.gelu's: "none" (the erf form) or "tanh". */
+static ebb_status gelu_kind(const ebb_op_call *c, ebb_unary_op *kind) {
+    const char *a = c->attrs[0].s ? c->attrs[0].s : "none";
+    if (!strcmp(a, "none") || !strcmp(a, "tanh")) {
+        *kind = !strcmp(a, "tanh") ? EBB_GELU_TANH : EBB_GELU;
+        return EBB_OK;
+    }
+    return ebb_error_set(EBB_ERR_ARG, "gelu: approximate '%s' is not none or tanh", a);
+}
+
+static ebb_status gelu_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    ebb_unary_op kind;
+    ebb_status st = gelu_kind(c, &kind);
+    return st == EBB_OK ? ebb_tensor_unary(out, kind, c->in[0]) : st;
+}
+
+static ebb_status gelu_fwd_inplace(const ebb_op_call *c, ebb_tensor *x) {
+    ebb_unary_op kind;
+    ebb_status st = gelu_kind(c, &kind);
+    return st == EBB_OK ? ebb_tensor_unary_(x, kind) : st;
+}
 
 /* identity and dropout (inference) hand back the input's storage. */
 static ebb_status identity_fwd(const ebb_op_call *c, ebb_tensor **out) {
@@ -43,10 +66,19 @@ static ebb_status log_softmax_fwd(const ebb_op_call *c, ebb_tensor **out) {
                                           .saves_output = from_output,                             \
                                           .differentiable = 1u};
 UNARY_GRAD(relu, EBB_RELU, 1)
-UNARY_GRAD(gelu, EBB_GELU, 0)
 UNARY_GRAD(tanh, EBB_TANH, 1)
 UNARY_GRAD(sigmoid, EBB_SIGMOID, 1)
 UNARY_GRAD(silu, EBB_SILU, 0)
+
+/* gelu differentiates from its input, in the form it was computed. */
+static ebb_status gelu_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    const char *a = c->attrs[0].s ? c->attrs[0].s : "none";
+    return ebb_tensor_unary_backward(&gin[0], !strcmp(a, "tanh") ? EBB_GELU_TANH : EBB_GELU,
+                                     c->grad_out, c->in[0]);
+}
+static const ebb_op_grad gelu_grad = {.backward = gelu_bwd, .saves_inputs = 1u,
+                                      .differentiable = 1u};
 
 /* identity passes the gradient through unchanged. */
 static ebb_status identity_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
@@ -125,6 +157,10 @@ static const ebb_op_grad log_softmax_grad = {.backward = log_softmax_bwd, .saves
 static const ebb_attr_spec softmax_attrs[] = {
     {.name = "dim", .type = EBB_ATTR_INT, .default_number = -1, .doc = "dimension to normalise"},
 };
+static const ebb_attr_spec gelu_attrs[] = {
+    {.name = "approximate", .type = EBB_ATTR_STRING, .default_string = "none",
+     .doc = "none (the erf form) or tanh, as F.gelu's"},
+};
 static const ebb_attr_spec dropout_attrs[] = {
     {.name = "p", .type = EBB_ATTR_FLOAT, .default_number = 0.5, .doc = "drop probability (training only)"},
 };
@@ -135,7 +171,9 @@ static const ebb_attr_spec dropout_attrs[] = {
 
 const ebb_op ebb_ops_activation[] = {
     SIMPLE("relu", relu_fwd, "max(x, 0)", relu_grad),
-    SIMPLE("gelu", gelu_fwd, "Gaussian error linear unit (erf form)", gelu_grad),
+    {.name = "gelu", .min_inputs = 1, .max_inputs = 1, .attrs = gelu_attrs, .n_attrs = 1,
+     .forward = gelu_fwd, .forward_inplace = gelu_fwd_inplace,
+     .doc = "Gaussian error linear unit: the erf form, or approximate: tanh", .grad = &gelu_grad},
     SIMPLE("tanh", tanh_fwd, "hyperbolic tangent", tanh_grad),
     SIMPLE("sigmoid", sigmoid_fwd, "1 / (1 + exp(-x))", sigmoid_grad),
     SIMPLE("silu", silu_fwd, "x * sigmoid(x)", silu_grad),

@@ -6,11 +6,13 @@
 #include "internal.h"
 #include "ops_internal.h"
 
-enum { A_EPS, A_AFFINE };
+enum { A_EPS, A_AFFINE, A_BIAS };
 
 static const ebb_attr_spec layer_norm_attrs[] = {
     {.name = "eps", .type = EBB_ATTR_FLOAT, .default_number = 1e-5, .doc = "added to the variance"},
     {.name = "affine", .type = EBB_ATTR_BOOL, .default_number = 1, .doc = "learned weight and bias"},
+    {.name = "bias", .type = EBB_ATTR_BOOL, .default_number = 1,
+     .doc = "with affine: a learned bias too (nn.LayerNorm(bias=False) has none)"},
 };
 
 static ebb_status layer_norm_params(const ebb_attr_value *a, const ebb_shape *in, int n_in,
@@ -24,7 +26,7 @@ static ebb_status layer_norm_params(const ebb_attr_value *a, const ebb_shape *in
     int64_t d = in[0].dim[in[0].ndim - 1];
     p[0] = (ebb_param_spec){"weight", EBB_SHAPE(d), EBB_INIT_ONES, d, 0, 0};
     p[1] = (ebb_param_spec){"bias", EBB_SHAPE(d), EBB_INIT_ZEROS, d, 0, 0};
-    *n = 2;
+    *n = a[A_BIAS].i ? 2 : 1;
     return EBB_OK;
 }
 
@@ -405,6 +407,8 @@ static int64_t layer_norm_bwd_workspace(const ebb_attr_value *a, const ebb_shape
     (void)n_in;
     if (!a[A_AFFINE].i || in[0].ndim < 1)
         return 0;
+    /* per-thread partial sums for the weight's gradient and the bias's: the
+     * kernel makes both even when there is no bias (measured) */
     int threads = ebb_tensor_num_threads();
     return 2 * (int64_t)(threads > 1 ? threads : 1) * in[0].dim[in[0].ndim - 1] *
            (int64_t)ebb_dtype_size(dt);
@@ -655,7 +659,7 @@ static const ebb_op_grad group_norm_grad = {.backward = group_norm_bwd,
                                                 group_norm_train_workspace_cuda};
 
 const ebb_op ebb_ops_norm[] = {
-    {.name = "layer_norm", .min_inputs = 1, .max_inputs = 1, .attrs = layer_norm_attrs, .n_attrs = 2,
+    {.name = "layer_norm", .min_inputs = 1, .max_inputs = 1, .attrs = layer_norm_attrs, .n_attrs = 3,
      .params = layer_norm_params, .forward = layer_norm_fwd,
      .doc = "normalise the last dimension, then scale and shift",
      .workspace = layer_norm_workspace, .grad = &layer_norm_grad,

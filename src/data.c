@@ -817,9 +817,16 @@ ebb_status ebb_dataset_batch(ebb_tensor **out, const ebb_dataset *d, int i, cons
     const field *f = field_at(d, i);
     if (!f || !index || !shape || count < 1)
         return ebb_error_set(EBB_ERR_ARG, "ebb_dataset_batch: no field %d, or no samples", i);
-    if (dtype != EBB_FLOAT32 && dtype != EBB_FLOAT64 && dtype != EBB_INT64 && dtype != EBB_INT32)
+    if (dtype != EBB_FLOAT32 && dtype != EBB_FLOAT64 && dtype != EBB_INT64 &&
+        dtype != EBB_INT32 && dtype != EBB_FLOAT16 && dtype != EBB_BFLOAT16)
         return ebb_error_set(EBB_ERR_ARG, "%s: field '%s' cannot be batched as %s", f->file,
                              f->name, ebb_dtype_name(dtype));
+    /* float16 and bfloat16: made as float32, then rounded to the nearest
+     * value of the dtype (as x.to(torch.bfloat16) rounds) */
+    int half = dtype == EBB_FLOAT16 || dtype == EBB_BFLOAT16;
+    ebb_dtype wanted = dtype;
+    if (half)
+        dtype = EBB_FLOAT32;
     int64_t per = 1;
     for (int k = 1; k < shape->ndim; k++)
         per *= shape->dim[k];
@@ -871,7 +878,11 @@ ebb_status ebb_dataset_batch(ebb_tensor **out, const ebb_dataset *d, int i, cons
             }
         }
     }
-    ebb_status st = ebb_tensor_from_host(out, buf, total * esz, shape, dtype, device);
+    ebb_tensor *made = NULL;
+    ebb_status st = ebb_tensor_from_host(half ? &made : out, buf, total * esz, shape, dtype,
+                                         half ? ebb_device_cpu() : device);
     free(buf);
+    if (st == EBB_OK && half) st = ebb_tensor_to(out, made, device, wanted);
+    ebb_tensor_free(made);
     return st;
 }

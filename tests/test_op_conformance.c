@@ -59,6 +59,7 @@ static const conf_case cases[] = {
     {"relu", 1, {SH(2, 3, 5)}, NULL, 0, 0},
     {"gelu", 1, {SH(4, 8)}, NULL, 0, 0},
     {"gelu", 1, {SH(2, 3, 5)}, NULL, 0, 0},
+    {"gelu", 1, {SH(4, 8)}, "approximate=tanh", 0, 0},
     {"tanh", 1, {SH(4, 8)}, NULL, 0, 0},
     {"tanh", 1, {SH(2, 3, 5)}, NULL, 0, 0},
     {"sigmoid", 1, {SH(4, 8)}, NULL, 0, 0},
@@ -127,6 +128,7 @@ static const conf_case cases[] = {
     /* normalisation */
     {"layer_norm", 1, {SH(4, 8)}, NULL, 0, 0},
     {"layer_norm", 1, {SH(2, 3, 5)}, "affine=false", 0, 0},
+    {"layer_norm", 1, {SH(4, 8)}, "bias=false", 0, 0},
     {"batch_norm", 1, {SH(4, 6)}, NULL, 0, 0},
     {"batch_norm", 1, {SH(2, 3, 5, 5)}, NULL, 0, 0},
     {"batch_norm", 1, {SH(2, 4, 7)}, "affine=false", 0, 0},

@@ -362,6 +362,46 @@ static void test_accumulate(void **state) {
     ebb_spec_free(spec);
 }
 
+/* Datasets hand out float16 and bfloat16 batches: the float32 batch's
+ * values rounded to the dtype. */
+static void test_half_batches(void **state) {
+    (void)state;
+    ebb_dataset *d = NULL;
+    const char *names[] = {"x", "y"};
+    assert_int_equal(ebb_dataset_open(&d, data_path, names, 2), EBB_OK);
+    int64_t index[] = {3, 0, 7};
+    ebb_shape sh = EBB_SHAPE(3, F);
+    ebb_tensor *f32 = NULL;
+    assert_int_equal(ebb_dataset_batch(&f32, d, 0, index, 3, &sh, EBB_FLOAT32, ebb_device_cpu()),
+                     EBB_OK);
+    static const ebb_dtype halves[] = {EBB_BFLOAT16, EBB_FLOAT16};
+    for (int k = 0; k < 2; k++) {
+        ebb_tensor *h = NULL, *want = NULL, *back = NULL;
+        assert_int_equal(ebb_dataset_batch(&h, d, 0, index, 3, &sh, halves[k], ebb_device_cpu()),
+                         EBB_OK);
+        assert_int_equal(ebb_tensor_dtype(h), halves[k]);
+        assert_int_equal(ebb_tensor_to(&want, f32, ebb_device_cpu(), halves[k]), EBB_OK);
+        assert_int_equal(ebb_tensor_to(&back, h, ebb_device_cpu(), EBB_FLOAT32), EBB_OK);
+        float got[3 * F], ref[3 * F];
+        ebb_tensor *wb = NULL;
+        assert_int_equal(ebb_tensor_to(&wb, want, ebb_device_cpu(), EBB_FLOAT32), EBB_OK);
+        assert_int_equal(ebb_tensor_to_host(back, got, sizeof got), EBB_OK);
+        assert_int_equal(ebb_tensor_to_host(wb, ref, sizeof ref), EBB_OK);
+        assert_memory_equal(got, ref, sizeof got);
+        /* and near the data: bfloat16 keeps 8 bits of mantissa, float16 11 */
+        for (int i = 0; i < 3 * F; i++) {
+            float x = xs[index[i / F]][i % F];
+            assert_true(fabsf(got[i] - x) <= fabsf(x) * (k ? 1e-3f : 8e-3f) + 1e-6f);
+        }
+        ebb_tensor_free(h);
+        ebb_tensor_free(want);
+        ebb_tensor_free(back);
+        ebb_tensor_free(wb);
+    }
+    ebb_tensor_free(f32);
+    ebb_dataset_free(d);
+}
+
 /* A frozen parameter keeps its value and gets no optimizer state. */
 static void test_freeze(void **state) {
     (void)state;
@@ -487,6 +527,7 @@ int main(void) {
         EBB_TEST(test_run_calls_back_and_learns),
         EBB_TEST(test_resume_is_bit_identical),
         EBB_TEST(test_freeze),
+        EBB_TEST(test_half_batches),
         EBB_TEST(test_accumulate),
         EBB_TEST(test_early_stopping),
         EBB_TEST(test_refusals),

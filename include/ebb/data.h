@@ -163,8 +163,9 @@ EBB_API void ebb_dataset_order(int64_t *order, int64_t n, uint64_t seed, int shu
 /* A new tensor of `shape` and `dtype` on `device` holding field i of the
  * samples index[0..count): shape->dim[0] must be count, and the rest of the
  * shape must hold as many elements as one sample has. The values convert to
- * `dtype` (float32, float64, int64 or int32; see the top of this file for
- * uint8 images). EBB_ERR_SHAPE for a shape that does not fit, EBB_ERR_ARG
+ * `dtype` (float32, float64, int64 or int32, or float16 and bfloat16, made
+ * as float32 and rounded to the nearest, as x.to(torch.bfloat16) does; see
+ * the top of this file for uint8 images). EBB_ERR_SHAPE for a shape that does not fit, EBB_ERR_ARG
  * for an index out of range or an unsupported dtype. */
 EBB_API ebb_status ebb_dataset_batch(ebb_tensor **out, const ebb_dataset *d, int i,
                                      const int64_t *index, int64_t count, const ebb_shape *shape,

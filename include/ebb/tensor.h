@@ -165,6 +165,7 @@ typedef enum ebb_unary_op {
     EBB_LOG,
     EBB_SQRT,
     EBB_ABS,
+    EBB_GELU_TANH, /* GELU's tanh approximation (F.gelu(x, approximate="tanh")) */
 } ebb_unary_op;
 
 typedef enum ebb_binary_op {

@@ -139,6 +139,7 @@ ebb_status ebb_tensor_unary_backward(ebb_tensor **grad_x, ebb_unary_op op, const
         switch (op) {
         case EBB_RELU: r = at::threshold_backward(g, s, 0); break; // s: the output
         case EBB_GELU: r = at::gelu_backward(g, s); break;         // s: the input
+        case EBB_GELU_TANH: r = at::gelu_backward(g, s, "tanh"); break; // s: the input
         case EBB_TANH: r = at::tanh_backward(g, s); break;         // s: the output
         case EBB_SIGMOID: r = at::sigmoid_backward(g, s); break;   // s: the output
         case EBB_SILU: r = at::silu_backward(g, s); break;         // s: the input

@@ -475,6 +475,7 @@ ebb_status ebb_tensor_unary(ebb_tensor **out, ebb_unary_op op, const ebb_tensor 
             }
             break;
         case EBB_GELU: r = at::gelu(t); break;
+        case EBB_GELU_TANH: r = at::gelu(t, "tanh"); break;
         case EBB_TANH: r = at::tanh(t); break;
         case EBB_SIGMOID: r = at::sigmoid(t); break;
         case EBB_SILU: r = at::silu(t); break;
@@ -504,6 +505,7 @@ ebb_status ebb_tensor_unary_(ebb_tensor *x, ebb_unary_op op) {
             }
             break;
         case EBB_GELU: at::gelu_out(t, t); break;
+        case EBB_GELU_TANH: at::gelu_out(t, t, "tanh"); break;
         case EBB_TANH: t.tanh_(); break;
         case EBB_SIGMOID: t.sigmoid_(); break;
         case EBB_SILU: at::silu_(t); break;
