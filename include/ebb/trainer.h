@@ -229,7 +229,9 @@ EBB_API ebb_trainer_options ebb_trainer_defaults(void);
 /* Compiles the spec's plans at the batch size, opens the data (checking its
  * shapes against the spec's before reading it), makes the model (weights,
  * or the checkpoint resumed) and the optimizer. *out receives a new trainer,
- * freed with ebb_trainer_free(); the spec is borrowed and must outlive it.
+ * freed with ebb_trainer_free(); the spec, and the strings and arrays the
+ * options point to (paths, patterns), are borrowed and must outlive it
+ * (the schedule is copied).
  * Every failure frees what it made and names the option or the file. */
 EBB_API ebb_status ebb_trainer_open(ebb_trainer **out, const ebb_spec *spec,
                                     const ebb_trainer_options *opts);
