@@ -35,9 +35,9 @@
  * same: ebb_run(infer_plan, model_of_train_plan, ...).
  *
  * Partial batches. A plan compiled for batch B runs a batch from 1 to B
- * (ebb_run: sizes may differ where the ops allow it, and the batch
- * dimension is one they all take); its byte figures are for B, which bound
- * the smaller batch's. So the last batch of an epoch, n mod B samples, is a step of its
+ * (ebb_run: sizes may differ where the ops allow it, which the batch
+ * dimension almost always is; a reshape to a fixed size fails, naming its
+ * node); its byte figures are for B, which bound the smaller batch's. So the last batch of an epoch, n mod B samples, is a step of its
  * own unless drop_last says to drop it, as torch's DataLoader does, and
  * evaluation's last batch is simply shorter.
  *
