@@ -25,7 +25,9 @@ static const ebb_attr_spec nll_attrs[] = {
 
 /* ---- checks, shared by the shape functions and the forwards ----------------- */
 
-/* Scores [B, C] with int64 class indices [B], or [C] with a 0-dim index. */
+/* Scores [B, C] with int64 class indices [B], or [C] with a 0-dim index;
+ * or per token, classes last: [B, T, ..., C] with indices [B, T, ...], the
+ * loss over all of them as F.cross_entropy(x.view(-1, C), y.view(-1)). */
 static ebb_status check_classes(const char *op, const char *what, const ebb_shape *in,
                                 const ebb_dtype *dt) {
     char xs[96], ts[96];
@@ -34,15 +36,21 @@ static ebb_status check_classes(const char *op, const char *what, const ebb_shap
     if (!ebb_ops_is_floating(dt[0]))
         return ebb_error_set(EBB_ERR_ARG, "%s: %s are %s %s; expected a floating dtype", op, what,
                              ebb_dtype_name(dt[0]), xs);
-    if (in[0].ndim != 1 && in[0].ndim != 2)
-        return ebb_error_set(EBB_ERR_SHAPE, "%s: %s %s must be [B, C] or [C]", op, what, xs);
+    if (in[0].ndim < 1)
+        return ebb_error_set(EBB_ERR_SHAPE, "%s: %s %s must be [..., C] (classes last)", op, what,
+                             xs);
     if (dt[1] != EBB_INT64)
         return ebb_error_set(EBB_ERR_ARG,
                              "%s: target is %s %s; it needs int64 class indices (%s %s %s)", op,
                              ebb_dtype_name(dt[1]), ts, what, ebb_dtype_name(dt[0]), xs);
-    int fits = in[0].ndim == 1 ? in[1].ndim == 0 : in[1].ndim == 1 && in[1].dim[0] == in[0].dim[0];
+    /* the target is the scores' shape without its last (class) dimension */
+    int fits = in[1].ndim == in[0].ndim - 1;
+    for (int d = 0; fits && d < in[1].ndim; d++)
+        fits = in[1].dim[d] == in[0].dim[d];
     if (!fits) {
-        ebb_shape want = in[0].ndim == 1 ? (ebb_shape){0, {0}} : EBB_SHAPE(in[0].dim[0]);
+        ebb_shape want = {in[0].ndim - 1, {0}};
+        for (int d = 0; d < want.ndim; d++)
+            want.dim[d] = in[0].dim[d];
         char ws[96];
         return ebb_error_set(EBB_ERR_SHAPE, "%s: target %s does not fit %s %s: expected %s", op,
                              ts, what, xs, ebb_shape_str(&want, ws, sizeof ws));
@@ -135,6 +143,42 @@ static ebb_status bce_shape(const ebb_attr_value *a, const ebb_shape *in, const 
     return st == EBB_OK ? scalar_out(out, out_dtype, dt[0]) : st;
 }
 
+/* ---- per-token scores ------------------------------------------------------------
+ * [B, T, ..., C] scores and [B, T, ...] targets run as [N, C] and [N]: views
+ * of the same storage (values are contiguous), so nothing is copied and the
+ * kernels' scratch is the [N, C] case's. */
+
+/* x and y as 2-D and 1-D views when x has more than two dimensions, else
+ * new handles on them; the caller frees both. */
+static ebb_status flat_classes(const ebb_tensor *x, const ebb_tensor *y, ebb_tensor **fx,
+                               ebb_tensor **fy) {
+    *fx = *fy = NULL;
+    ebb_shape xs = ebb_tensor_shape(x);
+    if (xs.ndim <= 2) {
+        ebb_status st = ebb_tensor_ref(fx, x);
+        return st == EBB_OK ? ebb_tensor_ref(fy, y) : st;
+    }
+    int64_t c = xs.dim[xs.ndim - 1], n = c > 0 ? ebb_shape_numel(&xs) / c : 0;
+    ebb_shape s2 = EBB_SHAPE(n, c), s1 = EBB_SHAPE(n);
+    ebb_status st = ebb_tensor_reshape(fx, x, &s2);
+    if (st == EBB_OK) st = ebb_tensor_reshape(fy, y, &s1);
+    if (st != EBB_OK) {
+        ebb_tensor_free(*fx);
+        *fx = NULL;
+    }
+    return st;
+}
+
+/* A gradient computed flat, back in the scores' shape (a view). */
+static ebb_status unflat(ebb_tensor **g, const ebb_shape *shape) {
+    if (shape->ndim <= 2) return EBB_OK;
+    ebb_tensor *v = NULL;
+    ebb_status st = ebb_tensor_reshape(&v, *g, shape);
+    ebb_tensor_free(*g);
+    *g = v;
+    return st;
+}
+
 /* ---- forwards ------------------------------------------------------------------ */
 
 /* cross_entropy's forward and training forward: the latter keeps the
@@ -147,9 +191,14 @@ static ebb_status cross_entropy_run(const ebb_op_call *c, ebb_tensor **out, ebb_
     ebb_status st = cross_entropy_shape(c->attrs, in, dt, 2, &(ebb_shape){0}, &(ebb_dtype){0});
     if (st != EBB_OK)
         return st;
-    st = ebb_tensor_cross_entropy(out, saved ? &saved[0] : NULL, saved ? &saved[1] : NULL,
-                                  c->in[0], c->in[1], c->attrs[CE_IGNORE_INDEX].i,
-                                  c->attrs[CE_LABEL_SMOOTHING].f);
+    ebb_tensor *x = NULL, *y = NULL;
+    st = flat_classes(c->in[0], c->in[1], &x, &y);
+    if (st == EBB_OK)
+        st = ebb_tensor_cross_entropy(out, saved ? &saved[0] : NULL, saved ? &saved[1] : NULL, x,
+                                      y, c->attrs[CE_IGNORE_INDEX].i,
+                                      c->attrs[CE_LABEL_SMOOTHING].f);
+    ebb_tensor_free(x);
+    ebb_tensor_free(y);
     return blame(st, "cross_entropy", "logits", in, dt);
 }
 
@@ -169,8 +218,13 @@ static ebb_status nll_run(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **s
     ebb_status st = check_classes("nll", "log_probs", in, dt);
     if (st != EBB_OK)
         return st;
-    st = ebb_tensor_nll_loss(out, saved ? &saved[0] : NULL, c->in[0], c->in[1],
-                             c->attrs[NLL_IGNORE_INDEX].i);
+    ebb_tensor *x = NULL, *y = NULL;
+    st = flat_classes(c->in[0], c->in[1], &x, &y);
+    if (st == EBB_OK)
+        st = ebb_tensor_nll_loss(out, saved ? &saved[0] : NULL, x, y,
+                                 c->attrs[NLL_IGNORE_INDEX].i);
+    ebb_tensor_free(x);
+    ebb_tensor_free(y);
     return blame(st, "nll", "log_probs", in, dt);
 }
 
@@ -211,7 +265,11 @@ static ebb_status bce_fwd(const ebb_op_call *c, ebb_tensor **out) {
 static int64_t elem(ebb_dtype dt) { return (int64_t)ebb_dtype_size(dt); }
 
 /* cross_entropy's and nll's rows: B of [B, C], 1 for one sample's [C]. */
-static int64_t rows_of(const ebb_shape *x) { return x->ndim == 2 ? x->dim[0] : 1; }
+/* The rows the loss runs over: [B, C] has B, per-token scores [B, T, C]
+ * flattened B*T (flat_classes, below), [C] one. */
+static int64_t rows_of(const ebb_shape *x) {
+    return x->ndim >= 2 && x->dim[x->ndim - 1] > 0 ? ebb_shape_numel(x) / x->dim[x->ndim - 1] : 1;
+}
 
 /* The label-smoothing term in the forward: the per-row sums of the
  * log-probabilities beside the bool mask of ignored targets and the int64
@@ -383,9 +441,22 @@ static ebb_status cross_entropy_bwd(const ebb_op_grad_call *c, ebb_tensor **gin,
                              "cross_entropy backward (%s): log_probs and total_weight were not "
                              "saved",
                              c->node ? c->node : "?");
-    return ebb_tensor_cross_entropy_backward(&gin[0], c->grad_out, c->saved[0], c->in[1],
-                                             c->saved[1], c->attrs[CE_IGNORE_INDEX].i,
-                                             c->attrs[CE_LABEL_SMOOTHING].f);
+    /* per token: the saved log-probabilities are [N, C] already */
+    ebb_tensor *y = NULL;
+    ebb_shape ys = ebb_tensor_shape(c->in[1]), sp = ebb_tensor_shape(c->saved[0]);
+    ebb_shape flat = EBB_SHAPE(sp.ndim == 2 ? sp.dim[0] : 1);
+    st = ys.ndim > 1 ? ebb_tensor_reshape(&y, c->in[1], &flat) : ebb_tensor_ref(&y, c->in[1]);
+    if (st == EBB_OK)
+        st = ebb_tensor_cross_entropy_backward(&gin[0], c->grad_out, c->saved[0], y, c->saved[1],
+                                               c->attrs[CE_IGNORE_INDEX].i,
+                                               c->attrs[CE_LABEL_SMOOTHING].f);
+    ebb_tensor_free(y);
+    if (st == EBB_OK && ys.ndim > 1) {
+        ebb_shape xs = ys; /* the scores: the target's shape and the classes */
+        xs.dim[xs.ndim++] = sp.dim[1];
+        st = unflat(&gin[0], &xs);
+    }
+    return st;
 }
 
 static ebb_status nll_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
@@ -397,8 +468,20 @@ static ebb_status nll_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tenso
         return ebb_error_set(EBB_ERR_ARG,
                              "nll backward (%s): total_weight was not saved or in_shapes not given",
                              c->node ? c->node : "?");
-    return ebb_tensor_nll_loss_backward(&gin[0], c->grad_out, &c->in_shapes[0], c->in[1],
-                                        c->saved[0], c->attrs[NLL_IGNORE_INDEX].i);
+    const ebb_shape *xs = &c->in_shapes[0];
+    if (xs->ndim <= 2)
+        return ebb_tensor_nll_loss_backward(&gin[0], c->grad_out, xs, c->in[1], c->saved[0],
+                                            c->attrs[NLL_IGNORE_INDEX].i);
+    /* per token: computed as [N, C] against [N], handed back in the scores' shape */
+    int64_t classes = xs->dim[xs->ndim - 1], n = classes > 0 ? ebb_shape_numel(xs) / classes : 0;
+    ebb_shape s2 = EBB_SHAPE(n, classes), s1 = EBB_SHAPE(n);
+    ebb_tensor *y = NULL;
+    st = ebb_tensor_reshape(&y, c->in[1], &s1);
+    if (st == EBB_OK)
+        st = ebb_tensor_nll_loss_backward(&gin[0], c->grad_out, &s2, y, c->saved[0],
+                                          c->attrs[NLL_IGNORE_INDEX].i);
+    ebb_tensor_free(y);
+    return st == EBB_OK ? unflat(&gin[0], xs) : st;
 }
 
 static ebb_status mse_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {

@@ -215,6 +215,8 @@ static const conf_case cases[] = {
     {"cross_entropy", 2, {SH(6, 5), SH(6)}, "label_smoothing=0.2", 0, 0},
     {"cross_entropy", 2, {SH(7), {0, {0}}}, "label_smoothing=0.1", 0, 0},
     {"cross_entropy", 2, {SH(3), {0, {0}}}, NULL, 0, 0},
+    {"cross_entropy", 2, {SH(2, 3, 5), SH(2, 3)}, "label_smoothing=0.1", 0, 0},
+    {"nll", 2, {SH(3, 2, 6), SH(3, 2)}, NULL, 0, 0},
     {"nll", 2, {SH(4, 10), SH(4)}, NULL, 0, 0},
     {"nll", 2, {SH(6), {0, {0}}}, "ignore_index=2", 0, 0},
     {"mse", 2, {SH(4, 8), SH(4, 8)}, NULL, 0, 0},

@@ -249,6 +249,10 @@ static const grad_case cases[] = {
     {"nll", 2, {SH(4, 10), SH(4)}, NULL, 0},
     {"nll", 2, {SH(6), {0, {0}}}, NULL, 0},
     {"nll", 2, {SH(8, 3), SH(8)}, "ignore_index=0", 0},
+    /* per token, classes last: a language model's [B, T, V] against [B, T] */
+    {"cross_entropy", 2, {SH(2, 3, 5), SH(2, 3)}, NULL, 0},
+    {"cross_entropy", 2, {SH(2, 4, 7), SH(2, 4)}, "label_smoothing=0.1, ignore_index=2", 0},
+    {"nll", 2, {SH(3, 2, 6), SH(3, 2)}, NULL, 0},
     {"nll", 2, {SH(1000, 100), SH(1000)}, NULL, 0},
     {"nll", 2, {SH(3000, 1), SH(3000)}, NULL, 0},
     {"mse", 2, {SH(4, 8), SH(4, 8)}, NULL, 0},
