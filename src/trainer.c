@@ -336,12 +336,24 @@ static ebb_status count_predictions(ebb_metrics *m, const ebb_tensor *out,
     return st;
 }
 
-/* The loss op's mean over a batch. */
+/* The loss op's mean over a batch (per token for [B, T, C] scores, as the
+ * op computes it: viewed as [B*T, C] against [B*T]). */
 static ebb_status batch_loss(const fields *f, const ebb_tensor *out, const ebb_tensor *target,
                              double *loss) {
-    ebb_tensor *l = NULL;
-    ebb_status st;
-    if (!strcmp(f->loss, "cross_entropy"))
+    ebb_tensor *l = NULL, *fo = NULL, *ft = NULL;
+    ebb_status st = EBB_OK;
+    ebb_shape os = ebb_tensor_shape(out);
+    if (f->classify && os.ndim > 2) {
+        int64_t c = os.dim[os.ndim - 1], n = c > 0 ? ebb_shape_numel(&os) / c : 0;
+        ebb_shape s2 = EBB_SHAPE(n, c), s1 = EBB_SHAPE(n);
+        st = ebb_tensor_reshape(&fo, out, &s2);
+        if (st == EBB_OK) st = ebb_tensor_reshape(&ft, target, &s1);
+        out = fo;
+        target = ft;
+    }
+    if (st != EBB_OK)
+        ;
+    else if (!strcmp(f->loss, "cross_entropy"))
         st = ebb_tensor_cross_entropy(&l, NULL, NULL, out, target, -100, 0.0);
     else if (!strcmp(f->loss, "nll"))
         st = ebb_tensor_nll_loss(&l, NULL, out, target, -100);
@@ -354,6 +366,8 @@ static ebb_status batch_loss(const fields *f, const ebb_tensor *out, const ebb_t
                            f->loss);
     if (st == EBB_OK) st = ebb_tensor_item(l, loss);
     ebb_tensor_free(l);
+    ebb_tensor_free(fo);
+    ebb_tensor_free(ft);
     return st;
 }
 

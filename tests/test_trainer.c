@@ -402,6 +402,66 @@ static void test_half_batches(void **state) {
     ebb_dataset_free(d);
 }
 
+/* A per-token model (a bigram language model: [B, T] tokens in, [B, T, V]
+ * scores, [B, T] next tokens): it trains through the trainer, its loss
+ * falls, and evaluation counts every token (B*T predictions, the confusion
+ * matrix summing to them). */
+static void test_per_token(void **state) {
+    (void)state;
+    static const char lm[] = "ebb: 1\n"
+                             "inputs:\n"
+                             "  x: {shape: [batch, 6], dtype: int64}\n"
+                             "flow:\n"
+                             "  - from: {embedding: {num: 5, dim: 4, name: wte}}\n"
+                             "  - {linear: {out: 5, name: lm_head}}\n"
+                             "targets:\n"
+                             "  y: {shape: [batch, 6], dtype: int64}\n"
+                             "loss: cross_entropy\n";
+    enum { NS = 40, T = 6, V = 5 };
+    static int64_t x[NS][T], y[NS][T];
+    for (int i = 0; i < NS; i++) /* the next token is the current one plus 2 */
+        for (int t = 0; t < T; t++) {
+            x[i][t] = (i + t * 2) % V;
+            y[i][t] = (x[i][t] + 2) % V;
+        }
+    char path[400];
+    snprintf(path, sizeof path, "%s/tokens.safetensors", dir);
+    ebb_tensor *ts[2] = {NULL, NULL};
+    ebb_shape sh = EBB_SHAPE(NS, T);
+    const char *names[] = {"x", "y"};
+    assert_int_equal(ebb_tensor_from_host(&ts[0], x, sizeof x, &sh, EBB_INT64, ebb_device_cpu()), EBB_OK);
+    assert_int_equal(ebb_tensor_from_host(&ts[1], y, sizeof y, &sh, EBB_INT64, ebb_device_cpu()), EBB_OK);
+    assert_int_equal(ebb_safetensors_write(path, names, ts, 2), EBB_OK);
+    ebb_tensor_free(ts[0]);
+    ebb_tensor_free(ts[1]);
+    ebb_spec *spec = NULL;
+    assert_int_equal(ebb_spec_load_string(&spec, lm, sizeof lm - 1, "lm.yaml"), EBB_OK);
+    ebb_trainer_options o = options();
+    o.data = o.eval_data = path;
+    o.batch = 8;
+    o.epochs = 20;
+    o.optimizer = ebb_optimizer_defaults(EBB_ADAM, 0.05);
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK) fail_msg("open: %s", ebb_errmsg());
+    ebb_metrics before, after;
+    assert_int_equal(ebb_trainer_evaluate(t, &before), EBB_OK);
+    if (ebb_trainer_run(t) != EBB_OK) fail_msg("run: %s", ebb_errmsg());
+    assert_int_equal(ebb_trainer_evaluate(t, &after), EBB_OK);
+    assert_int_equal(after.samples, NS);
+    assert_int_equal(after.predictions, NS * T);
+    assert_int_equal(after.classes, V);
+    int64_t total = 0;
+    for (int k = 0; k < V * V; k++)
+        total += after.confusion[k];
+    assert_int_equal(total, NS * T);
+    if (!(after.loss < 0.25 * before.loss) || !(after.accuracy > 0.99))
+        fail_msg("per-token loss %g -> %g, accuracy %g", before.loss, after.loss, after.accuracy);
+    ebb_metrics_free(&before);
+    ebb_metrics_free(&after);
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+}
+
 /* A frozen parameter keeps its value and gets no optimizer state. */
 static void test_freeze(void **state) {
     (void)state;
@@ -528,6 +588,7 @@ int main(void) {
         EBB_TEST(test_resume_is_bit_identical),
         EBB_TEST(test_freeze),
         EBB_TEST(test_half_batches),
+        EBB_TEST(test_per_token),
         EBB_TEST(test_accumulate),
         EBB_TEST(test_early_stopping),
         EBB_TEST(test_refusals),
