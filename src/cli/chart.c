@@ -18,11 +18,7 @@ const char ebb_cli_usage_chart[] =
     "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
     "  --grads-only       with --train: the step `ebb grad` runs (gradients handed out,\n"
     "                     no updates), to chart `ebb grad --trace`\n"
-    "  --clip-grad-norm X with --train: scale the gradients to a global L2 norm of at\n"
-    "                     most X (the updates wait for every gradient; the listing says\n"
-    "                     what that costs)\n"
-    "  --clip-grad-value X\n"
-    "                     with --train: clamp each gradient to [-X, X] in its update\n"
+    CLIP_HELP
     "  --memory-budget SIZE\n"
     "                     chart the step that fits SIZE by recomputing (64MiB)\n"
     "  --trace FILE       draw the measured bytes of `ebb run --trace FILE` (or `ebb grad\n"
@@ -40,12 +36,8 @@ const struct option ebb_cli_chart_options[] = {
     BATCH_OPTION,
     {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
     {"trace", required_argument, NULL, OPT_TRACE},
-    {"train", no_argument, NULL, OPT_TRAIN},
-    {"loss", required_argument, NULL, OPT_LOSS},
-    {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
     {"grads-only", no_argument, NULL, OPT_GRADS_ONLY},
-    {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
-    CLIP_OPTIONS,
+    TRAIN_OPTIONS,
     {NULL, 0, NULL, 0},
 };
 

@@ -76,10 +76,21 @@ enum {
 /* --batch B: -i SYMBOL=B for the spec's batch, as ebb train takes it */
 #define BATCH_OPTION {"batch", required_argument, NULL, OPT_BATCH}
 
-#define CLIP_OPTIONS                                                                               \
-    {"clip-grad-norm", required_argument, NULL, OPT_CLIP_GRAD_NORM}, {                             \
+/* The training step's options, which plan, dot and chart take alike (with
+ * --train), and their help. */
+#define TRAIN_OPTIONS                                                                              \
+    {"train", no_argument, NULL, OPT_TRAIN}, {"loss", required_argument, NULL, OPT_LOSS},          \
+        {"optimizer", required_argument, NULL, OPT_OPTIMIZER},                                     \
+        {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},                             \
+        {"clip-grad-norm", required_argument, NULL, OPT_CLIP_GRAD_NORM}, {                         \
         "clip-grad-value", required_argument, NULL, OPT_CLIP_GRAD_VALUE                            \
     }
+#define CLIP_HELP                                                                                  \
+    "  --clip-grad-norm X with --train: scale the gradients to a global L2 norm of at\n"           \
+    "                     most X (the updates wait for every gradient; the listing says\n"        \
+    "                     what that costs)\n"                                                      \
+    "  --clip-grad-value X\n"                                                                      \
+    "                     with --train: clamp each gradient to [-X, X] in its update\n"
 
 #define COMMON_OPTIONS                                                                             \
     {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, OPT_COMPLETION }

@@ -14,11 +14,7 @@ const char ebb_cli_usage_dot[] =
     "  --train            with --plan: draw the training step\n"
     "  --loss NAME        with --train: this loss op instead of the spec's `loss:`\n"
     "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
-    "  --clip-grad-norm X with --train: scale the gradients to a global L2 norm of at\n"
-    "                     most X (the updates wait for every gradient; the listing says\n"
-    "                     what that costs)\n"
-    "  --clip-grad-value X\n"
-    "                     with --train: clamp each gradient to [-X, X] in its update\n"
+    CLIP_HELP
     "  --memory-budget SIZE\n"
     "                     with --plan: the step that fits SIZE (64MiB, or `least`);\n"
     "                     recomputed steps are drawn dashed, in blue\n"
@@ -33,11 +29,7 @@ const struct option ebb_cli_dot_options[] = {
     COMMON_OPTIONS,
     BATCH_OPTION,
     {"plan", no_argument, NULL, OPT_PLAN},
-    {"train", no_argument, NULL, OPT_TRAIN},
-    {"loss", required_argument, NULL, OPT_LOSS},
-    {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
-    {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
-    CLIP_OPTIONS,
+    TRAIN_OPTIONS,
     {NULL, 0, NULL, 0},
 };
 

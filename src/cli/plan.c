@@ -18,11 +18,7 @@ const char ebb_cli_usage_plan[] =
     "                     targets, backward and one update per parameter\n"
     "  --loss NAME        with --train: this loss op instead of the spec's `loss:`\n"
     "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
-    "  --clip-grad-norm X with --train: scale the gradients to a global L2 norm of at\n"
-    "                     most X (the updates wait for every gradient; the listing says\n"
-    "                     what that costs)\n"
-    "  --clip-grad-value X\n"
-    "                     with --train: clamp each gradient to [-X, X] in its update\n"
+    CLIP_HELP
     "  --memory-budget SIZE\n"
     "                     the most the step may take at its peak (64MiB, 1.5GB, bytes,\n"
     "                     or `least`):\n"
@@ -37,11 +33,7 @@ const struct option ebb_cli_plan_options[] = {
     {"json", no_argument, NULL, OPT_JSON},
     {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
     {"memory", no_argument, NULL, OPT_MEMORY},
-    {"train", no_argument, NULL, OPT_TRAIN},
-    {"loss", required_argument, NULL, OPT_LOSS},
-    {"optimizer", required_argument, NULL, OPT_OPTIMIZER},
-    {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
-    CLIP_OPTIONS,
+    TRAIN_OPTIONS,
     {NULL, 0, NULL, 0},
 };
 
