@@ -35,9 +35,11 @@ endif
 
 # Debian packages the build and the tests need. libopenblas0-pthread matters:
 # Debian's libtorch falls back to the reference BLAS without it (25x slower).
+# fortunes: text under /usr/share/games/fortunes/ for language models
+# (docs/training.md).
 DEB_PACKAGES := cmake g++ make pkg-config libtorch-dev libopenblas0-pthread \
                 libyaml-dev libcjson-dev zlib1g-dev libcmocka-dev graphviz librsvg2-bin \
-                dataset-fashion-mnist
+                dataset-fashion-mnist fortunes
 
 .PHONY: all build deps torch-pip fuzz-deps demo test test-asan bench fuzz gpu-check clean
 

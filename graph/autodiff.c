@@ -340,7 +340,7 @@ static int add_extras(compiler *c, int si) {
     for (int i = 0; i < s->pub.n_in; i++)
         ins[i] = c->meta[s->pub.in[i]];
     for (int j = 0; j < s->n_params; j++)
-        if (!(params[j] = meta_param(c, &p->params[s->param_first + j])))
+        if (!(params[j] = meta_param(c, &p->params[s->param[j]])))
             st = c->status;
     ebb_tensor *out = NULL, *saved[EBB_MAX_SAVED] = {0};
     int alias = -1;
@@ -454,7 +454,7 @@ static int backward_read(ad *a, int v) {
     r->workspace = f->workspace;
     r->workspace_cuda = f->workspace_cuda;
     r->has_workspace_cuda = f->has_workspace_cuda;
-    r->param_first = f->param_first;
+    memcpy(r->param, f->param, sizeof r->param);
     r->n_params = f->n_params;
     r->train = f->train;
     r->pub.phase = EBB_PHASE_BACKWARD;
@@ -588,7 +588,7 @@ static ebb_status dry_backward(compiler *c, const plan_step *f, const ebb_op_gra
             st = ebb_tensor_empty(&gin[i], &v->shape, v->dtype, c->meta_device);
         }
     for (int j = 0; st == EBB_OK && j < gc->n_params; j++) {
-        const plan_param *pp = &p->params[f->param_first + j];
+        const plan_param *pp = &p->params[f->param[j]];
         if (!pp->spec.buffer && !pp->spec.counter)
             st = ebb_tensor_empty(&gparam[j], &pp->spec.shape, p->dtype, c->meta_device);
     }
@@ -666,7 +666,7 @@ static int emit_backward(ad *a, int fi) {
     }
     ebb_status st = EBB_OK;
     for (int j = 0; j < f->n_params; j++)
-        if (!(params[j] = meta_param(c, &p->params[f->param_first + j])))
+        if (!(params[j] = meta_param(c, &p->params[f->param[j]])))
             st = c->status;
     ebb_tensor *gin[32] = {0}, *gparam[EBB_MAX_PARAMS] = {0};
     if (st == EBB_OK) {
@@ -698,7 +698,7 @@ static int emit_backward(ad *a, int fi) {
         }
     }
     for (int j = 0; st == EBB_OK && j < f->n_params; j++) {
-        const plan_param *pp = &p->params[f->param_first + j];
+        const plan_param *pp = &p->params[f->param[j]];
         int want = !pp->spec.buffer && !pp->spec.counter;
         if (want != (gparam[j] != NULL))
             st = ebb_error_set(EBB_ERR_ARG, "the rule %s a gradient for %s '%s'",
@@ -739,7 +739,7 @@ static int emit_backward(ad *a, int fi) {
     b->op_owned = name;
     b->op = f->op;
     b->attrs = f->attrs;
-    b->param_first = f->param_first;
+    memcpy(b->param, f->param, sizeof b->param);
     b->n_params = f->n_params;
     b->fwd_step = fi;
     b->n_fwd_in = n_in;
@@ -819,7 +819,7 @@ static int emit_backward(ad *a, int fi) {
             rc = accumulate(a, &a->grad[x], gin_slot[i], node);
     }
     for (int j = 0; rc == 0 && j < p->steps[fi].n_params; j++) {
-        int pi = p->steps[fi].param_first + j;
+        int pi = p->steps[fi].param[j];
         if (gp_slot[j] >= 0 && p->trained[pi])
             rc = accumulate(a, &a->pgrad[pi], gp_slot[j], node);
     }
@@ -1141,7 +1141,7 @@ static int updates_after_step(ad *a, int fi) {
         return 0;
     int which[EBB_MAX_PARAMS], n = 0;
     for (int j = 0; j < p->steps[fi].n_params && n < EBB_MAX_PARAMS; j++) {
-        int i = p->steps[fi].param_first + j;
+        int i = p->steps[fi].param[j];
         /* a deferred update waits for the backward's end (graph/placement.c) */
         if (a->first_use[i] == fi && !(a->c->defer && a->c->defer[i]))
             which[n++] = i;
@@ -1294,7 +1294,7 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
         a.first_use[i] = -1;
     for (int i = n_fwd - 1; i >= 0; i--)
         for (int j = 0; p->steps[i].pub.kind == EBB_STEP_OP && j < p->steps[i].n_params; j++)
-            a.first_use[p->steps[i].param_first + j] = i;
+            a.first_use[p->steps[i].param[j]] = i;
     for (int v = 0; v < a.n_grad; v++)
         a.grad[v] = -1;
     for (int i = 0; i < p->n_params; i++)
@@ -1323,7 +1323,7 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
             for (int k = 0; k < s->pub.n_in; k++)
                 r |= a.req[s->pub.in[k]] && (k >= 32 || (diff >> k & 1));
             for (int j = 0; j < s->n_params; j++)
-                r |= p->trained[s->param_first + j];
+                r |= p->trained[s->param[j]];
         }
         a.req[s->pub.out[0]] = (unsigned char)r;
     }

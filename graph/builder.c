@@ -173,6 +173,8 @@ static void node_free(ebb_node *n) {
     if (n->graph)
         ebb_graph_free(n->graph);
     names_free(&n->free_tags);
+    names_free(&n->share_param);
+    names_free(&n->share_source);
     free(n);
 }
 
@@ -613,6 +615,32 @@ ebb_node *ebb_node_name(ebb_builder *b, ebb_node *n, const char *name) {
     return n;
 }
 
+ebb_node *ebb_node_share(ebb_builder *b, ebb_node *n, const char *param, const char *source) {
+    if (failed(b))
+        return NULL;
+    if (!n || n->kind != NODE_OP) {
+        fail(b, "ebb_node_share: %s", n ? "only an op node has parameters to share" : "node is NULL");
+        return NULL;
+    }
+    if (!ebb_graph_valid_node_name(param)) {
+        fail(b, "ebb_node_share: invalid parameter name '%s'", param ? param : "(null)");
+        return NULL;
+    }
+    if (!ebb_graph_valid_node_name(source)) {
+        fail(b, "ebb_node_share: invalid source parameter name '%s'", source ? source : "(null)");
+        return NULL;
+    }
+    if (names_find(&n->share_param, param) >= 0) {
+        fail(b, "ebb_node_share: %s's parameter '%s' is already shared", n->op->name, param);
+        return NULL;
+    }
+    if (names_add(&n->share_param, param) != 0 || names_add(&n->share_source, source) != 0) {
+        nomem(b, "ebb_node_share");
+        return NULL;
+    }
+    return n;
+}
+
 /* How many inputs the node accepts, as [min, max] (max -1: unbounded). */
 static void node_arity(const ebb_node *n, int *min, int *max) {
     switch (n->kind) {
@@ -943,6 +971,28 @@ void ebb_merge(ebb_builder *b, ebb_merge_op op, int64_t dim) {
         return;
     s->merge = op;
     s->dim = dim;
+    s->n_nodes = b->open;
+    b->open = 1;
+}
+
+void ebb_merge_node(ebb_builder *b, ebb_node *n) {
+    if (failed(b) || no_pending_using(b, "ebb_merge_node") != 0)
+        return;
+    if (!b->started) {
+        fail(b, "ebb_merge_node: the flow has not started");
+        return;
+    }
+    if (b->open < 2) {
+        fail(b, "ebb_merge_node: only 1 open stream");
+        return;
+    }
+    if (node_take(b, n, "ebb_merge_node") != 0 ||
+        node_check_use(b, n, b->open, "ebb_merge_node") != 0)
+        return;
+    graph_step *s = step_add(b, STEP_MERGE, "ebb_merge_node");
+    if (!s)
+        return;
+    s->node = n;
     s->n_nodes = b->open;
     b->open = 1;
 }

@@ -176,6 +176,9 @@ void ebb_plan_free(ebb_plan *p) {
     for (int i = 0; i < p->n_params; i++) {
         free(p->params[i].full_name);
         free(p->params[i].node);
+        for (int k = 0; k < p->params[i].n_aliases; k++)
+            free(p->params[i].aliases[k]);
+        free(p->params[i].aliases);
     }
     free(p->params);
     while (p->attrs) {

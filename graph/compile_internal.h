@@ -88,6 +88,11 @@ int ebb_pass_lower(compiler *c, const ebb_graph *g, const ebb_compile_options *o
  * output's shape); returns the output slot or -1. */
 int ebb_lower_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, const char *prefix,
                  const char *path, const int *in, int n_in);
+/* ebb_lower_op() for an op node of the graph, whose ebb_node_share() ties
+ * may name another node's parameters (NULL node: none). */
+int ebb_lower_op_node(compiler *c, const ebb_op *op, const ebb_attr_value *attrs,
+                      const ebb_node *node, const char *prefix, const char *path, const int *in,
+                      int n_in);
 /* graph/autodiff.c: a training compile's loss, backward and update steps
  * after the lowered forward (see the file's comment). */
 int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options *opts);

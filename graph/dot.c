@@ -139,6 +139,15 @@ static int dot_flow(dotctx *c, const ebb_graph *g, const char *prefix, tagmap *t
             break;
         case STEP_MERGE: {
             static const char *names[] = {"add", "mean", "mul", "max", "cat", "stack"};
+            if (st->node) {
+                char np[512];
+                snprintf(np, sizeof np, "%s.merge", sp);
+                out = dot_node(c, st->node, np, tags, open[0]);
+                for (int j = 1; j < n_open; j++)
+                    edge(c, open[j], out, NULL);
+                n_open = 1;
+                break;
+            }
             if (st->merge == EBB_MERGE_CAT || st->merge == EBB_MERGE_STACK)
                 snprintf(label, sizeof label, "merge %s(%lld)", names[st->merge], (long long)st->dim);
             else

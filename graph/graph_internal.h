@@ -30,6 +30,9 @@ struct ebb_node {
     int n_children;
     ebb_graph *graph; /* NODE_GRAPH: a reference; NODE_SUBFLOW: owned */
     name_list free_tags; /* tags read but not defined inside (sub-flows) */
+    /* weight tying (ebb_node_share): share_param[i] of this op node is the
+     * parameter named share_source[i], made by an earlier node */
+    name_list share_param, share_source;
     int used;
     ebb_node *next_owned; /* the owning builder's or graph's list */
 };
@@ -55,7 +58,7 @@ typedef struct graph_step {
     int n_nodes;
     ebb_node *aux;    /* gate router, switch selector, loop condition */
     int top_k;
-    ebb_merge_op merge;
+    ebb_merge_op merge; /* when `node` is NULL; else merge by that node */
     int64_t dim;
     loop_kind loop;
     int64_t count; /* for: iterations; while/until: max */

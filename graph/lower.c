@@ -239,6 +239,7 @@ static int add_param(compiler *c, const ebb_param_spec *spec, const char *prefix
         c->cap_params = cap;
     }
     plan_param *pp = &p->params[p->n_params];
+    memset(pp, 0, sizeof *pp);
     pp->spec = *spec;
     pp->full_name = full;
     pp->node = ebb_compiler_strdupf("%s", path);
@@ -250,9 +251,115 @@ static int add_param(compiler *c, const ebb_param_spec *spec, const char *prefix
     return 0;
 }
 
+/* The parameter a node ties its own `spec` to (ebb_node_share): the plan's
+ * parameter named `source`, made by an earlier node, of the same shape and
+ * kind. The node's name for it becomes one of the parameter's aliases, so a
+ * weights file may hold it under either name. Returns its index or -1. */
+static int share_param(compiler *c, const ebb_param_spec *spec, const char *source,
+                       const char *prefix) {
+    ebb_plan *p = c->plan;
+    int found = -1;
+    for (int i = 0; i < p->n_params && found < 0; i++)
+        if (strcmp(p->params[i].full_name, source) == 0)
+            found = i;
+    if (found < 0) {
+        c->status = ebb_error_set(EBB_ERR_BUILD,
+                                  "node %s: its %s is to be shared with '%s', but no node before "
+                                  "it makes a parameter of that name",
+                                  prefix, spec->name, source);
+        return -1;
+    }
+    plan_param *pp = &p->params[found];
+    if (!ebb_shape_equal(&pp->spec.shape, &spec->shape) || pp->spec.buffer != spec->buffer ||
+        pp->spec.counter != spec->counter) {
+        char a[96], b[96];
+        c->status = ebb_error_set(EBB_ERR_SHAPE,
+                                  "node %s: its %s %s cannot be shared with '%s' %s%s", prefix,
+                                  spec->name, ebb_shape_str(&spec->shape, a, sizeof a), source,
+                                  ebb_shape_str(&pp->spec.shape, b, sizeof b),
+                                  pp->spec.buffer != spec->buffer ? " (a buffer and a parameter)"
+                                                                  : "");
+        return -1;
+    }
+    char *alias = ebb_compiler_strdupf("%s.%s", prefix, spec->name);
+    if (!alias)
+        return ebb_compiler_oom(c);
+    for (int k = 0; k < pp->n_aliases; k++)
+        if (strcmp(pp->aliases[k], alias) == 0) { /* a later iteration of an unrolled loop */
+            free(alias);
+            return found;
+        }
+    char **more = realloc(pp->aliases, (size_t)(pp->n_aliases + 1) * sizeof *more);
+    if (!more) {
+        free(alias);
+        return ebb_compiler_oom(c);
+    }
+    pp->aliases = more;
+    pp->aliases[pp->n_aliases++] = alias;
+    return found;
+}
+
+/* The plan's parameter indices for an op step's `specs`: new parameters, the
+ * first iteration's in a later iteration of an unrolled loop, or another
+ * node's where `node` shares them. Returns 0 or -1. */
+static int step_params(compiler *c, const ebb_node *node, const ebb_param_spec *specs, int np,
+                       const char *prefix, const char *path, int *index) {
+    for (int k = 0; node && k < node->share_param.n; k++) {
+        int known = 0;
+        for (int i = 0; i < np && !known; i++)
+            known = strcmp(specs[i].name, node->share_param.items[k]) == 0;
+        if (!known) {
+            char names[256] = "";
+            size_t at = 0;
+            for (int i = 0; i < np && at < sizeof names; i++)
+                at += (size_t)snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "",
+                                       specs[i].name);
+            c->status = ebb_error_set(EBB_ERR_BUILD,
+                                      "node %s: %s has no parameter '%s' to share (%s%s)", prefix,
+                                      node->op->name, node->share_param.items[k],
+                                      np ? "its parameters: " : "it has none", names);
+            return -1;
+        }
+    }
+    for (int i = 0; i < np; i++) {
+        const char *source = NULL;
+        for (int k = 0; node && k < node->share_param.n && !source; k++)
+            if (strcmp(node->share_param.items[k], specs[i].name) == 0)
+                source = node->share_source.items[k];
+        if (source) {
+            if ((index[i] = share_param(c, &specs[i], source, prefix)) < 0)
+                return -1;
+            continue;
+        }
+        index[i] = -1;
+        if (c->repeating) {
+            /* a later iteration of an unrolled loop: the first one's weights */
+            char *full = ebb_compiler_strdupf("%s.%s", prefix, specs[i].name);
+            if (!full)
+                return ebb_compiler_oom(c);
+            for (int k = 0; k < c->plan->n_params && index[i] < 0; k++)
+                if (strcmp(c->plan->params[k].full_name, full) == 0)
+                    index[i] = k;
+            free(full);
+        }
+        if (index[i] < 0) {
+            if (add_param(c, &specs[i], prefix, path) != 0)
+                return -1;
+            index[i] = c->plan->n_params - 1;
+        }
+    }
+    return 0;
+}
+
 /* Emits one op step reading `in`; returns the output slot or -1. */
 int ebb_lower_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, const char *prefix,
-                   const char *path, const int *in, int n_in) {
+                 const char *path, const int *in, int n_in) {
+    return ebb_lower_op_node(c, op, attrs, NULL, prefix, path, in, n_in);
+}
+
+int ebb_lower_op_node(compiler *c, const ebb_op *op, const ebb_attr_value *attrs,
+                      const ebb_node *node, const char *prefix, const char *path, const int *in,
+                      int n_in) {
     ebb_shape shapes[64];
     ebb_tensor *ins[64];
     if (n_in < op->min_inputs || (op->max_inputs >= 0 && n_in > op->max_inputs)) {
@@ -278,22 +385,9 @@ int ebb_lower_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, con
             return -1;
         }
     }
-    int param_first = c->plan->n_params, reused = 0;
-    if (np > 0 && c->repeating) {
-        /* a later iteration of an unrolled loop: the first one's weights */
-        char *full = ebb_compiler_strdupf("%s.%s", prefix, specs[0].name);
-        if (!full)
-            return ebb_compiler_oom(c);
-        for (int i = 0; i + np <= c->plan->n_params && !reused; i++)
-            if (strcmp(c->plan->params[i].full_name, full) == 0) {
-                param_first = i;
-                reused = 1;
-            }
-        free(full);
-    }
-    for (int i = 0; i < np && !reused; i++)
-        if (add_param(c, &specs[i], prefix, path) != 0)
-            return -1;
+    int param_index[EBB_MAX_PARAMS];
+    if (step_params(c, node, specs, np, prefix, path, param_index) != 0)
+        return -1;
     if (np > c->plan->max_params)
         c->plan->max_params = np;
 
@@ -334,7 +428,7 @@ int ebb_lower_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, con
         s->workspace_cuda = op->workspace_cuda(attrs, shapes, n_in, ebb_tensor_dtype(ins[0]));
         s->has_workspace_cuda = 1;
     }
-    s->param_first = param_first;
+    memcpy(s->param, param_index, sizeof param_index);
     s->n_params = np;
     /* a view op may still copy (reshape of a non-contiguous input), and an op
      * not flagged as a view may hand back its input: trust the dry run */
@@ -394,7 +488,7 @@ static int lower_node(compiler *c, const ebb_node *n, const char *path, const sc
                       const int *in, int n_in) {
     switch (n->kind) {
     case NODE_OP:
-        return ebb_lower_op(c, n->op, n->attrs, n->name ? n->name : path, path, in, n_in);
+        return ebb_lower_op_node(c, n->op, n->attrs, n, n->name ? n->name : path, path, in, n_in);
     case NODE_SEQ: {
         int slot = -1;
         for (int j = 0; j < n->n_children; j++) {
@@ -860,6 +954,12 @@ static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope
         }
         case STEP_MERGE: {
             char *np = ebb_compiler_strdupf("%s.merge", spath);
+            if (st->node) {
+                out = np ? lower_node(c, st->node, np, sc, open, n_open) : ebb_compiler_oom(c);
+                free(np);
+                n_open = 1;
+                break;
+            }
             const ebb_op *op = ebb_op_find(merge_op_name(st->merge));
             const ebb_attr_value *attrs = NULL;
             if (st->merge == EBB_MERGE_CAT || st->merge == EBB_MERGE_STACK)

@@ -13,7 +13,7 @@ typedef struct plan_step {
     int64_t workspace; /* scratch bytes the op allocates inside the call */
     int64_t workspace_cuda; /* on CUDA, in allocator blocks, when has_workspace_cuda */
     int has_workspace_cuda;
-    int param_first; /* into the plan's parameter table */
+    int param[EBB_MAX_PARAMS]; /* indices into the plan's parameter table, n_params of them */
     int n_params;
     ebb_route_mode mode; /* ROUTE, ENTER, EXIT */
     int branch;          /* ENTER, EXIT */
@@ -46,6 +46,8 @@ typedef struct plan_param {
     ebb_param_spec spec;
     char *full_name; /* "<node name or path>.<param>" */
     char *node;      /* node path that owns it (for duplicate-name errors) */
+    char **aliases;  /* the full names tied nodes give it (ebb_node_share) */
+    int n_aliases;
 } plan_param;
 
 struct ebb_plan {

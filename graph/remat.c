@@ -51,7 +51,7 @@ static int64_t op_flops(const ebb_plan *p, const plan_step *s) {
     const ebb_shape *out = &p->values[s->pub.out[0]].shape;
     int64_t n = ebb_shape_numel(out), total = 0;
     for (int j = 0; j < s->n_params; j++) {
-        const ebb_shape *w = &p->params[s->param_first + j].spec.shape;
+        const ebb_shape *w = &p->params[s->param[j]].spec.shape;
         if (w->ndim < 2 || w->dim[0] <= 0)
             continue;
         /* rows the weight multiplies: the output's elements over its feature

@@ -116,6 +116,7 @@ typedef struct loader {
     int n_overrides;
     int override_used[EBB_SPEC_MAX_OVERRIDES];
     int64_t copy; /* the innermost repeat's copy index, -1 outside a repeat */
+    int merging;  /* while making a merge's node: the open streams it joins, else 0 */
 } loader;
 
 /* ---- small strings ---------------------------------------------------------- */
@@ -337,43 +338,281 @@ static num_form number_form(const char *s) {
     return is_float ? NUM_FLOAT : NUM_INT;
 }
 
-static const spec_param *find_param(const loader *ld, const char *name) {
+static const spec_param *find_param_n(const loader *ld, const char *name, size_t len) {
     for (int i = 0; i < ld->spec->n_params; i++)
-        if (strcmp(ld->spec->params[i].name, name) == 0)
+        if (strlen(ld->spec->params[i].name) == len &&
+            strncmp(ld->spec->params[i].name, name, len) == 0)
             return &ld->spec->params[i];
     return NULL;
 }
 
-/* Reads a number: a plain decimal scalar or "$param". `what` describes the
- * place for messages ("attribute 'out' of linear"). */
-static int read_number(loader *ld, const ynode *y, int want_int, const char *what, int64_t *i_out,
-                       double *f_out) {
+static const spec_param *find_param(const loader *ld, const char *name) {
+    return find_param_n(ld, name, strlen(name));
+}
+
+static int fail_undefined_param(loader *ld, const ynode *y, const char *name, size_t len) {
+    char word[80];
+    snprintf(word, sizeof word, "%.*s", (int)(len < 64 ? len : 64), name);
+    suggest s = {.word = word};
+    for (int i = 0; i < ld->spec->n_params; i++)
+        suggest_try(&s, ld->spec->params[i].name);
+    char sb[128];
+    return fail_at(ld, y, "undefined param '$%s'%s", word, suggest_text(&s, sb, sizeof sb, "$"));
+}
+
+/* ---- integer arithmetic on params ------------------------------------------------ */
+
+/* Where a number is wanted, a plain scalar may compute it from params:
+ * `$d*3`, `$d/$heads`, `($d+1)*2`, `-$d`. Integers only, with the usual
+ * precedence; `/` must divide exactly, and overflow and division by zero are
+ * errors. Every error points at the scalar. Parentheses and signs nest at
+ * most EXPR_MAX_DEPTH deep, so a hostile scalar cannot exhaust the stack. */
+#define EXPR_MAX_DEPTH 32
+
+typedef struct expr {
+    loader *ld;
+    const ynode *at;   /* the scalar, for positions */
+    const char *what;  /* "attribute 'out' of linear", for syntax errors */
+    const char *p;     /* the next character */
+    int depth;
+} expr;
+
+static void expr_space(expr *e) {
+    while (isspace((unsigned char)*e->p))
+        e->p++;
+}
+
+/* A syntax error: "WHAT must be an integer, got 'TEXT' (DETAIL)". */
+static int expr_syntax(expr *e, const char *detail) {
+    char near[40];
+    if (*e->p)
+        snprintf(near, sizeof near, "'%.16s'", e->p);
+    else
+        snprintf(near, sizeof near, "the end");
+    return fail_at(e->ld, e->at, "%s must be an integer, got '%.64s' (%s at %s)", e->what,
+                   e->at->text, detail, near);
+}
+
+static int expr_overflow(expr *e, int64_t a, char op, int64_t b) {
+    return fail_at(e->ld, e->at, "in '%.64s': %lld %c %lld overflows a 64-bit integer",
+                   e->at->text, (long long)a, op, (long long)b);
+}
+
+static int expr_deeper(expr *e) {
+    if (++e->depth <= EXPR_MAX_DEPTH)
+        return 0;
+    return fail_at(e->ld, e->at, "in '%.64s': parentheses and signs nest more than %d deep",
+                   e->at->text, EXPR_MAX_DEPTH);
+}
+
+static int expr_sum(expr *e, int64_t *out);
+
+/* A number, a $param or a parenthesised expression. */
+static int expr_primary(expr *e, int64_t *out) {
+    expr_space(e);
+    const char *start = e->p;
+    if (*e->p == '(') {
+        e->p++;
+        if (expr_deeper(e) != 0 || expr_sum(e, out) != 0)
+            return -1;
+        expr_space(e);
+        if (*e->p != ')')
+            return expr_syntax(e, "a '(' lacks its ')'");
+        e->p++;
+        e->depth--;
+        return 0;
+    }
+    if (*e->p == '$') {
+        const char *name = ++e->p;
+        if (!(isalpha((unsigned char)*name) || *name == '_'))
+            return expr_syntax(e, "expected a param name after '$'");
+        while (isalnum((unsigned char)*e->p) || *e->p == '_')
+            e->p++;
+        size_t len = (size_t)(e->p - name);
+        const spec_param *p = find_param_n(e->ld, name, len);
+        if (!p)
+            return fail_undefined_param(e->ld, e->at, name, len);
+        if (!p->is_int)
+            return fail_at(e->ld, e->at, "in '%.64s': param $%s is %.17g; arithmetic takes "
+                                         "integers only",
+                           e->at->text, p->name, p->value);
+        *out = p->ivalue;
+        return 0;
+    }
+    if (isdigit((unsigned char)*e->p)) {
+        while (isdigit((unsigned char)*e->p))
+            e->p++;
+        size_t len = (size_t)(e->p - start);
+        if (*e->p == '.' || *e->p == 'e' || *e->p == 'E' || isalpha((unsigned char)*e->p) ||
+            *e->p == '_') {
+            while (isalnum((unsigned char)*e->p) || *e->p == '.' || *e->p == '_')
+                e->p++;
+            return fail_at(e->ld, e->at, "in '%.64s': '%.*s' is not an integer; arithmetic "
+                                         "takes integers only",
+                           e->at->text, (int)((size_t)(e->p - start) < 32 ? e->p - start : 32),
+                           start);
+        }
+        if (len > 1 && start[0] == '0')
+            return fail_at(e->ld, e->at, "in '%.64s': '%.*s' has a leading zero (YAML 1.1 "
+                                         "reads such numbers as octal); write it without",
+                           e->at->text, (int)(len < 32 ? len : 32), start);
+        errno = 0;
+        long long v = strtoll(start, NULL, 10);
+        if (errno)
+            return fail_at(e->ld, e->at, "in '%.64s': %.*s is out of range", e->at->text,
+                           (int)(len < 32 ? len : 32), start);
+        *out = v;
+        return 0;
+    }
+    if (isalpha((unsigned char)*e->p) || *e->p == '_') {
+        while (isalnum((unsigned char)*e->p) || *e->p == '_')
+            e->p++;
+        return fail_at(e->ld, e->at, "in '%.64s': '%.*s' is not a number or a $param (a "
+                                     "symbolic dimension cannot take part in arithmetic)",
+                       e->at->text, (int)(e->p - start < 32 ? e->p - start : 32), start);
+    }
+    return expr_syntax(e, "expected a number, a $param or '('");
+}
+
+/* A signed primary: -x, +x. */
+static int expr_unary(expr *e, int64_t *out) {
+    expr_space(e);
+    if (*e->p != '-' && *e->p != '+')
+        return expr_primary(e, out);
+    char sign = *e->p++;
+    int64_t v = 0;
+    if (expr_deeper(e) != 0 || expr_unary(e, &v) != 0)
+        return -1;
+    e->depth--;
+    if (sign == '-') {
+        if (v == INT64_MIN)
+            return fail_at(e->ld, e->at, "in '%.64s': -(%lld) overflows a 64-bit integer",
+                           e->at->text, (long long)v);
+        v = -v;
+    }
+    *out = v;
+    return 0;
+}
+
+static int mul_fits(int64_t a, int64_t b) {
+    if (a == 0 || b == 0)
+        return 1;
+    if (a > 0)
+        return b > 0 ? a <= INT64_MAX / b : b >= INT64_MIN / a;
+    return b > 0 ? a >= INT64_MIN / b : a >= INT64_MAX / b;
+}
+
+static int expr_product(expr *e, int64_t *out) {
+    int64_t a = 0;
+    if (expr_unary(e, &a) != 0)
+        return -1;
+    for (;;) {
+        expr_space(e);
+        char op = *e->p;
+        if (op != '*' && op != '/')
+            break;
+        e->p++;
+        int64_t b = 0;
+        if (expr_unary(e, &b) != 0)
+            return -1;
+        if (op == '*') {
+            if (!mul_fits(a, b))
+                return expr_overflow(e, a, op, b);
+            a *= b;
+        } else if (b == 0) {
+            return fail_at(e->ld, e->at, "in '%.64s': division by zero (%lld / 0)",
+                           e->at->text, (long long)a);
+        } else if (a == INT64_MIN && b == -1) {
+            return expr_overflow(e, a, op, b);
+        } else if (a % b != 0) {
+            return fail_at(e->ld, e->at, "in '%.64s': %lld is not divisible by %lld; '/' must "
+                                         "divide exactly",
+                           e->at->text, (long long)a, (long long)b);
+        } else {
+            a /= b;
+        }
+    }
+    *out = a;
+    return 0;
+}
+
+static int expr_sum(expr *e, int64_t *out) {
+    int64_t a = 0;
+    if (expr_product(e, &a) != 0)
+        return -1;
+    for (;;) {
+        expr_space(e);
+        char op = *e->p;
+        if (op != '+' && op != '-')
+            break;
+        e->p++;
+        int64_t b = 0;
+        if (expr_product(e, &b) != 0)
+            return -1;
+        if (op == '+' ? (b > 0 && a > INT64_MAX - b) || (b < 0 && a < INT64_MIN - b)
+                      : (b < 0 && a > INT64_MAX + b) || (b > 0 && a < INT64_MIN + b))
+            return expr_overflow(e, a, op, b);
+        a = op == '+' ? a + b : a - b;
+    }
+    *out = a;
+    return 0;
+}
+
+/* Whether a scalar that is not a plain number is meant as arithmetic: it
+ * names a param or holds an operator past its first character. Other text
+ * ('big', '3x') keeps the plain "must be an integer" message. */
+static int looks_like_expr(const char *s) {
+    if (strchr(s, '$') || strchr(s, '(') || strchr(s, '*') || strchr(s, '/'))
+        return 1;
+    return s[0] && (strchr(s + 1, '+') || strchr(s + 1, '-'));
+}
+
+/* Evaluates the whole scalar y as an integer expression. */
+static int eval_expr(loader *ld, const ynode *y, const char *what, int64_t *out) {
+    expr e = {.ld = ld, .at = y, .what = what, .p = y->text};
+    if (expr_sum(&e, out) != 0)
+        return -1;
+    expr_space(&e);
+    if (*e.p)
+        return expr_syntax(&e, *e.p == ')' ? "a ')' without its '('" : "expected an operator");
+    return 0;
+}
+
+/* A number read from the file: exact when is_int. */
+typedef struct number {
+    int is_int;
+    int64_t i;
+    double f;
+} number;
+
+/* Reads a number: a plain decimal scalar, "$param", or arithmetic on params
+ * (an integer). `what` describes the place for messages ("attribute 'out' of
+ * linear"). */
+static int read_value(loader *ld, const ynode *y, int want_int, const char *what, number *out) {
     if (!y || y->kind != Y_SCALAR)
         return fail_at(ld, y, "%s must be %s, got %s", what, want_int ? "an integer" : "a number",
                        describe(ld, y));
     if (!y->plain)
         return fail_at(ld, y, "%s must be %s, got the string \"%.64s\" (remove the quotes)", what,
                        want_int ? "an integer" : "a number", y->text);
-    if (y->text[0] == '$') {
+    if (y->text[0] == '$' && is_ident(y->text + 1)) {
         const spec_param *p = find_param(ld, y->text + 1);
-        if (!p) {
-            suggest s = {.word = y->text + 1};
-            for (int i = 0; i < ld->spec->n_params; i++)
-                suggest_try(&s, ld->spec->params[i].name);
-            char sb[128];
-            return fail_at(ld, y, "undefined param '%.64s'%s", y->text,
-                           suggest_text(&s, sb, sizeof sb, "$"));
-        }
+        if (!p)
+            return fail_undefined_param(ld, y, y->text + 1, strlen(y->text + 1));
         if (want_int && !p->is_int)
             return fail_at(ld, y, "%s must be an integer, but param %s is %.17g", what, y->text,
                            p->value);
-        if (i_out)
-            *i_out = p->is_int ? p->ivalue : 0;
-        if (f_out)
-            *f_out = p->value;
+        *out = (number){p->is_int, p->is_int ? p->ivalue : 0, p->value};
         return 0;
     }
     num_form f = number_form(y->text);
+    if (f == NUM_NONE && looks_like_expr(y->text)) {
+        int64_t v = 0;
+        if (eval_expr(ld, y, what, &v) != 0)
+            return -1;
+        *out = (number){1, v, (double)v};
+        return 0;
+    }
     if (f == NUM_NONE)
         return fail_at(ld, y, "%s must be %s, got '%.64s'", what,
                        want_int ? "an integer" : "a number", y->text);
@@ -384,19 +623,25 @@ static int read_number(loader *ld, const ynode *y, int want_int, const char *wha
         long long v = strtoll(y->text, NULL, 10);
         if (errno)
             return fail_at(ld, y, "%s: %.64s is out of range", what, y->text);
-        if (i_out)
-            *i_out = v;
-        if (f_out)
-            *f_out = (double)v;
+        *out = (number){1, v, (double)v};
         return 0;
     }
     double v = strtod(y->text, NULL);
     if (errno || !isfinite(v))
         return fail_at(ld, y, "%s: %.64s is out of range", what, y->text);
-    if (f_out)
-        *f_out = v;
+    *out = (number){0, 0, v};
+    return 0;
+}
+
+static int read_number(loader *ld, const ynode *y, int want_int, const char *what, int64_t *i_out,
+                       double *f_out) {
+    number n;
+    if (read_value(ld, y, want_int, what, &n) != 0)
+        return -1;
     if (i_out)
-        *i_out = 0;
+        *i_out = n.is_int ? n.i : 0;
+    if (f_out)
+        *f_out = n.f;
     return 0;
 }
 
@@ -553,12 +798,70 @@ static int check_arity(loader *ld, const ynode *at, const char *what, int min, i
         snprintf(want, sizeof want, "at least %d inputs", min);
     else
         snprintf(want, sizeof want, "%d to %d inputs", min, max);
+    if (ld->merging && n_inputs == ld->merging)
+        return fail_at(ld, at, "%s takes %s, but the merge gives it the %d open streams", what,
+                       want, n_inputs);
     if (n_inputs == 1 && min > 1)
         return fail_at(ld, at, "%s takes %s but gets only the stream; name the others with "
                                "`using: [tag, ...]` beside from/through",
                        what, want);
     return fail_at(ld, at, "%s takes %s, but gets %d (the stream%s)", what, want, n_inputs,
                    n_inputs > 1 ? " and its `using` tags" : "");
+}
+
+/* An integer list for a string attribute (reshape's shape, permute's dims):
+ * the YAML list [-1, $vocab], each entry a number, a $param or arithmetic, or
+ * a comma string "-1,$vocab" (in [] or not) that names a param. Writes
+ * the plain text the op parses, "-1,65", into out. */
+static int read_int_list(loader *ld, const ynode *v, const char *what, strbuf *out) {
+    char item_what[200];
+    snprintf(item_what, sizeof item_what, "an entry of %s", what);
+    if (v->kind == Y_SEQ) {
+        if (v->n > EBB_MAX_DIMS * 8)
+            return fail_at(ld, v, "%s has %d entries; a list attribute holds at most %d", what,
+                           v->n, EBB_MAX_DIMS * 8);
+        for (int j = 0; j < v->n; j++) {
+            size_t m = sb_mark(&ld->kp);
+            sb_printf(&ld->kp, "[%d]", j);
+            int64_t x = 0;
+            if (read_number(ld, v->items[j], 1, item_what, &x, NULL) != 0)
+                return -1;
+            sb_printf(out, "%s%lld", j ? "," : "", (long long)x);
+            sb_reset(&ld->kp, m);
+        }
+        return 0;
+    }
+    expr e = {.ld = ld, .at = v, .what = item_what, .p = v->text};
+    expr_space(&e);
+    char close = 0; /* '(' opens an expression, not the list */
+    if (*e.p == '[') {
+        close = ']';
+        e.p++;
+    }
+    for (int j = 0;; j++) {
+        expr_space(&e);
+        if (*e.p == close || !*e.p)
+            break; /* an empty list, or a comma before the end */
+        if (j >= EBB_MAX_DIMS * 8)
+            return fail_at(ld, v, "%s has more than %d entries", what, EBB_MAX_DIMS * 8);
+        int64_t x = 0;
+        if (expr_sum(&e, &x) != 0)
+            return -1;
+        sb_printf(out, "%s%lld", j ? "," : "", (long long)x);
+        expr_space(&e);
+        if (*e.p == ',')
+            e.p++;
+        else if (*e.p != close && *e.p)
+            return expr_syntax(&e, "expected ',' between the entries");
+    }
+    if (close && *e.p != close)
+        return expr_syntax(&e, "a '[' lacks its ']'");
+    if (close)
+        e.p++;
+    expr_space(&e);
+    if (*e.p)
+        return expr_syntax(&e, "expected the end of the list");
+    return 0;
 }
 
 /* Appends one attribute to the builder's "k=v, k=v" text. */
@@ -605,6 +908,16 @@ static int attr_text_add(loader *ld, strbuf *text, const ebb_op *op, const ebb_a
         return 0;
     }
     case EBB_ATTR_STRING:
+        if ((v && v->kind == Y_SEQ) || (v && v->kind == Y_SCALAR && strchr(v->text, '$'))) {
+            strbuf list = {0};
+            int rc = read_int_list(ld, v, what, &list);
+            if (rc == 0)
+                sb_printf(text, "%s%s=\"%s\"", sep, spec->name, sb_str(&list));
+            if (rc == 0 && list.oom)
+                rc = nomem(ld, v);
+            free(list.s);
+            return rc;
+        }
         if (!v || v->kind != Y_SCALAR || is_null(v))
             return fail_at(ld, v ? v : key, "%s must be a string, got %s", what,
                            v && v->kind == Y_SCALAR ? "nothing" : describe(ld, v));
@@ -620,17 +933,18 @@ static int attr_text_add(loader *ld, strbuf *text, const ebb_op *op, const ebb_a
     return fail_at(ld, v, "%s has an unknown type", what);
 }
 
-/* A node's name with "{i}" replaced by the enclosing repeat's copy index, as
- * PyTorch numbers the layers of an nn.ModuleList ("layers.{i}.attn" gives
- * layers.0.attn, layers.1.attn, ...). Returns v->text when there is none to
- * replace, NULL (with the error set) for "{i}" outside a repeat. */
-static const char *copy_name(loader *ld, const ynode *v) {
+/* A node's name (or a shared parameter's, `what` says which) with "{i}"
+ * replaced by the enclosing repeat's copy index, as PyTorch numbers the
+ * layers of an nn.ModuleList ("layers.{i}.attn" gives layers.0.attn,
+ * layers.1.attn, ...). Returns v->text when there is none to replace, NULL
+ * (with the error set) for "{i}" outside a repeat. */
+static const char *copy_name(loader *ld, const ynode *v, const char *what) {
     const char *at = strstr(v->text, "{i}");
     if (!at)
         return v->text;
     if (ld->copy < 0) {
-        fail_at(ld, v, "'{i}' in the node name '%.64s' stands for a repeat's copy index, but "
-                       "this node is not inside a repeat", v->text);
+        fail_at(ld, v, "'{i}' in the %s '%.64s' stands for a repeat's copy index, but "
+                       "this node is not inside a repeat", what, v->text);
         return NULL;
     }
     strbuf out = {0};
@@ -672,13 +986,63 @@ static int claim_name(loader *ld, const char *name, const ynode *at) {
     return 0;
 }
 
+/* What an op node carries beside its attributes: its `name`, and the
+ * parameters it ties to others' (`share: {weight: SOURCE}`). */
+typedef struct op_extras {
+    const char *name;
+    const ynode *name_at;
+    int n_share;
+    const char *share_param[EBB_MAX_PARAMS];
+    const char *share_source[EBB_MAX_PARAMS];
+    const ynode *share_at[EBB_MAX_PARAMS];
+} op_extras;
+
+/* Reads `share: {param: source, ...}` of an op node into ex; `k` is the key. */
+static int read_share(loader *ld, const ebb_op *op, const ynode *k, const ynode *v,
+                      op_extras *ex) {
+    if (!op->params)
+        return fail_at(ld, k, "%s has no parameters to share", op->name);
+    if (!v || v->kind != Y_MAP)
+        return fail_at(ld, v ? v : k, "share must be a map {param: source}, like {weight: "
+                                      "transformer.wte.weight}, got %s",
+                       describe(ld, v));
+    if (v->n > EBB_MAX_PARAMS)
+        return fail_at(ld, v, "share names %d parameters; an op has at most %d", v->n,
+                       EBB_MAX_PARAMS);
+    for (int i = 0; i < v->n; i++) {
+        const ynode *pk = ymap_key(v, i), *src = ymap_value(v, i);
+        size_t m = sb_mark(&ld->kp);
+        sb_printf(&ld->kp, ".%s", pk->text);
+        if (!ebb_graph_valid_node_name(pk->text))
+            return fail_at(ld, pk, "share: '%.64s' is not a parameter name like weight or bias",
+                           pk->text);
+        if (!src || src->kind != Y_SCALAR || is_null(src))
+            return fail_at(ld, src ? src : pk, "share: the source of %s must be a parameter's "
+                                               "full name like transformer.wte.weight, got %s",
+                           pk->text, describe(ld, src));
+        const char *name = copy_name(ld, src, "shared parameter name");
+        if (!name)
+            return -1;
+        if (!ebb_graph_valid_node_name(name))
+            return fail_at(ld, src, "share: a parameter's full name is letters, digits, '_', "
+                                    "'-' and inner '.', like transformer.wte.weight; got '%.64s'",
+                           name);
+        ex->share_param[ex->n_share] = pk->text;
+        ex->share_source[ex->n_share] = name;
+        ex->share_at[ex->n_share] = src;
+        ex->n_share++;
+        sb_reset(&ld->kp, m);
+    }
+    return 0;
+}
+
 /* Reads an op's attribute map (NULL or null: none) into the builder's
  * "k=v, k=v" text, checking names, types and required attributes against
- * the schema; `y` is where the op is written. With name non-NULL (an op
- * node) the key `name`, which is not an attribute of the op, is accepted and
- * returned in *name and *name_at; with name NULL (a loss) it is refused. */
+ * the schema; `y` is where the op is written. With ex non-NULL (an op node)
+ * the keys `name` and `share`, which are not attributes of the op, are
+ * accepted and returned in *ex; with ex NULL (a loss) they are refused. */
 static int read_op_attrs(loader *ld, const ebb_op *op, const ynode *y, const ynode *attrs,
-                         strbuf *text, const char **name, const ynode **name_at) {
+                         strbuf *text, op_extras *ex) {
     int given[EBB_MAX_ATTRS] = {0};
     if (attrs && !is_null(attrs)) {
         if (attrs->kind != Y_MAP)
@@ -688,8 +1052,10 @@ static int read_op_attrs(loader *ld, const ebb_op *op, const ynode *y, const yno
             const ynode *k = ymap_key(attrs, i), *v = ymap_value(attrs, i);
             size_t mark = sb_mark(&ld->kp);
             sb_printf(&ld->kp, ".%s.%s", op->name, k->text);
-            if (name && strcmp(k->text, "name") == 0) {
-                const char *nm = v && v->kind == Y_SCALAR && !is_null(v) ? copy_name(ld, v) : NULL;
+            if (ex && strcmp(k->text, "name") == 0) {
+                const char *nm = v && v->kind == Y_SCALAR && !is_null(v)
+                                     ? copy_name(ld, v, "node name")
+                                     : NULL;
                 if (ld->failed)
                     return -1;
                 if (!nm || !ebb_graph_valid_node_name(nm))
@@ -699,8 +1065,14 @@ static int read_op_attrs(loader *ld, const ebb_op *op, const ynode *y, const yno
                                    v && v->kind == Y_SCALAR ? "'" : "",
                                    v && v->kind == Y_SCALAR ? v->text : describe(ld, v),
                                    v && v->kind == Y_SCALAR ? "'" : "");
-                *name = nm;
-                *name_at = v;
+                ex->name = nm;
+                ex->name_at = v;
+                sb_reset(&ld->kp, mark);
+                continue;
+            }
+            if (ex && strcmp(k->text, "share") == 0) {
+                if (read_share(ld, op, k, v, ex) != 0)
+                    return -1;
                 sb_reset(&ld->kp, mark);
                 continue;
             }
@@ -711,17 +1083,22 @@ static int read_op_attrs(loader *ld, const ebb_op *op, const ynode *y, const yno
                 for (int j = 0; j < op->n_attrs && kl < sizeof known; j++)
                     kl += (size_t)snprintf(known + kl, sizeof known - kl, "%s%s",
                                            j ? ", " : "", op->attrs[j].name);
-                if (name && kl < sizeof known)
-                    snprintf(known + kl, sizeof known - kl, "%sname", kl ? ", " : "");
+                if (ex && kl < sizeof known)
+                    kl += (size_t)snprintf(known + kl, sizeof known - kl, "%sname",
+                                           kl ? ", " : "");
+                if (ex && op->params && kl < sizeof known)
+                    snprintf(known + kl, sizeof known - kl, ", share");
                 /* only a node has a name; a loss is not one */
-                if (!name && strcmp(k->text, "name") == 0)
+                if (!ex && strcmp(k->text, "name") == 0)
                     return fail_at(ld, k, "a loss has no name, only attributes (%s takes %s%s)",
                                    op->name, known[0] ? "" : "none", known);
                 suggest s = {.word = k->text};
                 for (int j = 0; j < op->n_attrs; j++)
                     suggest_try(&s, op->attrs[j].name);
-                if (name)
+                if (ex)
                     suggest_try(&s, "name");
+                if (ex && op->params)
+                    suggest_try(&s, "share");
                 char sb[128];
                 return fail_at(ld, k, "%s has no attribute '%.64s'%s (%s%s)", op->name,
                                k->text, suggest_text(&s, sb, sizeof sb, ""),
@@ -746,14 +1123,13 @@ static ebb_node *make_op(loader *ld, ebb_builder *b, const ebb_op *op, const yno
     if (check_arity(ld, y, op->name, op->min_inputs, op->max_inputs, n_inputs) != 0)
         return NULL;
     strbuf text = {0};
-    const char *name = NULL;
-    const ynode *name_at = NULL;
-    if (read_op_attrs(ld, op, y, attrs, &text, &name, &name_at) != 0)
+    op_extras ex = {0};
+    if (read_op_attrs(ld, op, y, attrs, &text, &ex) != 0)
         goto fail;
-    if (name) {
-        if (claim_name(ld, name, name_at) != 0)
+    if (ex.name) {
+        if (claim_name(ld, ex.name, ex.name_at) != 0)
             goto fail;
-        sb_printf(&text, "%sname=%s", text.len ? ", " : "", name);
+        sb_printf(&text, "%sname=%s", text.len ? ", " : "", ex.name);
     }
     if (text.oom) {
         nomem(ld, y);
@@ -765,7 +1141,16 @@ static ebb_node *make_op(loader *ld, ebb_builder *b, const ebb_op *op, const yno
     free(text.s);
     if (check_builder(ld, b, y) != 0)
         return NULL;
-    if (add_loc(ld, sb_str(&ld->np), y) != 0 || (name && add_loc(ld, name, y) != 0))
+    for (int i = 0; i < ex.n_share; i++) {
+        size_t m = sb_mark(&ld->kp);
+        sb_printf(&ld->kp, ".%s.share.%s", op->name, ex.share_param[i]);
+        ebb_node_share(b, n, ex.share_param[i], ex.share_source[i]);
+        int rc = check_builder(ld, b, ex.share_at[i]);
+        sb_reset(&ld->kp, m);
+        if (rc != 0)
+            return NULL;
+    }
+    if (add_loc(ld, sb_str(&ld->np), y) != 0 || (ex.name && add_loc(ld, ex.name, y) != 0))
         return NULL;
     return n;
 fail:
@@ -776,6 +1161,12 @@ fail:
 static ebb_node *make_subflow(loader *ld, ebb_builder *b, scope *sc, const ynode *y, int n_inputs) {
     if (y->n == 0) {
         fail_at(ld, y, "an empty list is not a node; use identity for a pass-through");
+        return NULL;
+    }
+    if (n_inputs != 1 && ld->merging && n_inputs == ld->merging) {
+        fail_at(ld, y, "a sub-flow takes one stream, so it cannot merge %d; merge with an op "
+                       "that takes %d inputs, or a block that is one",
+                n_inputs, n_inputs);
         return NULL;
     }
     if (n_inputs != 1) {
@@ -982,7 +1373,40 @@ static int step_split(loader *ld, ebb_builder *b, scope *sc, step_state *st, con
 
 static const char *const MERGE_OPS[] = {"add", "mean", "mul", "max", "cat", "stack", NULL};
 
-static int step_merge(loader *ld, ebb_builder *b, step_state *st, const ynode *step,
+/* merge by a node: an op or block that takes the k open streams as its
+ * inputs, stream 0 first. Its graph path is that of the merge. */
+static int merge_by_node(loader *ld, ebb_builder *b, scope *sc, step_state *st,
+                         const ynode *step, const ynode *v, const ynode *opn) {
+    if (opn && opn->kind == Y_SCALAR && !is_null(opn)) {
+        const char *name = opn->text;
+        const ebb_op *op = ebb_op_find(name);
+        if (!(op && name[0] != '_') && block_index(ld, name) < 0 && !is_step_key(name)) {
+            suggest s = {.word = name};
+            for (int i = 0; MERGE_OPS[i]; i++)
+                suggest_try(&s, MERGE_OPS[i]);
+            suggest_ops(&s);
+            suggest_blocks(ld, &s);
+            char sb[128];
+            return fail_at(ld, opn,
+                           "unknown merge '%.64s'%s (a merge is add, mean, mul, max, cat or "
+                           "stack, or an op or block that takes the open streams)",
+                           name, suggest_text(&s, sb, sizeof sb, ""));
+        }
+    }
+    int outer = ld->merging;
+    ld->merging = st->open;
+    ebb_node *n = make_node_at(ld, b, sc, v, st->open, ".merge", "");
+    ld->merging = outer;
+    if (!n)
+        return -1;
+    ebb_merge_node(b, n);
+    if (check_builder(ld, b, step) != 0)
+        return -1;
+    st->open = 1;
+    return 0;
+}
+
+static int step_merge(loader *ld, ebb_builder *b, scope *sc, step_state *st, const ynode *step,
                       const ynode *v) {
     size_t kp = sb_mark(&ld->kp);
     sb_printf(&ld->kp, ".merge");
@@ -994,22 +1418,20 @@ static int step_merge(loader *ld, ebb_builder *b, step_state *st, const ynode *s
         opn = ymap_key(v, 0);
         attrs = ymap_value(v, 0);
     }
-    if (!opn || opn->kind != Y_SCALAR || is_null(opn))
+    if (!v || is_null(v))
         return fail_at(ld, v, "merge takes one of add, mean, mul, max, cat, stack (cat and "
-                              "stack as {cat: {dim: D}}), got %s",
+                              "stack as {cat: {dim: D}}), or a node that takes the open "
+                              "streams, got %s",
                        describe(ld, v));
     int which = -1;
-    for (int i = 0; MERGE_OPS[i]; i++)
+    for (int i = 0; opn->kind == Y_SCALAR && MERGE_OPS[i]; i++)
         if (strcmp(MERGE_OPS[i], opn->text) == 0)
             which = i;
     if (which < 0) {
-        suggest s = {.word = opn->text};
-        for (int i = 0; MERGE_OPS[i]; i++)
-            suggest_try(&s, MERGE_OPS[i]);
-        char sb[128];
-        return fail_at(ld, opn,
-                       "unknown merge '%.64s'%s (known: add, mean, mul, max, cat, stack)",
-                       opn->text, suggest_text(&s, sb, sizeof sb, ""));
+        int rc = merge_by_node(ld, b, sc, st, step, v, v->kind == Y_SEQ ? NULL : opn);
+        if (rc == 0)
+            sb_reset(&ld->kp, kp);
+        return rc;
     }
     static const ebb_merge_op ops[] = {EBB_MERGE_ADD, EBB_MERGE_MEAN, EBB_MERGE_MUL,
                                        EBB_MERGE_MAX, EBB_MERGE_CAT,  EBB_MERGE_STACK};
@@ -1366,7 +1788,7 @@ static int build_step(loader *ld, ebb_builder *b, scope *sc, const ynode *steps,
     } else if (strcmp(kind, "split") == 0) {
         rc = step_split(ld, b, sc, st, step, v);
     } else if (strcmp(kind, "merge") == 0) {
-        rc = step_merge(ld, b, st, step, v);
+        rc = step_merge(ld, b, sc, st, step, v);
     } else if (strcmp(kind, "tag") == 0) {
         size_t kp = sb_mark(&ld->kp);
         const char *name = NULL;
@@ -1450,15 +1872,12 @@ static int read_params(loader *ld, const ynode *p) {
             return fail_at(ld, k, "a param name is letters, digits and '_', starting with a "
                                   "letter or '_'; got '%.64s'",
                            k->text);
-        int64_t iv = 0;
-        double fv = 0;
-        if (read_number(ld, v, 0, "a param", &iv, &fv) != 0)
+        number val;
+        if (read_value(ld, v, 0, "a param", &val) != 0)
             return -1;
-        int is_int;
-        if (v->text[0] == '$')
-            is_int = find_param(ld, v->text + 1)->is_int;
-        else
-            is_int = number_form(v->text) == NUM_INT;
+        int64_t iv = val.i;
+        double fv = val.f;
+        int is_int = val.is_int;
         /* a caller's override replaces the value written in the file */
         for (int o = 0; o < ld->n_overrides; o++) {
             const char *ov = ld->overrides[o], *eq = strchr(ov, '=');
@@ -1523,7 +1942,7 @@ static int read_dims(loader *ld, const ynode *v, const char *what, spec_input *x
         size_t dm = sb_mark(&ld->kp);
         sb_printf(&ld->kp, "[%d]", d);
         if (dn->kind == Y_SCALAR && !is_null(dn) && dn->text[0] != '$' &&
-            number_form(dn->text) == NUM_NONE) {
+            number_form(dn->text) == NUM_NONE && !(dn->plain && looks_like_expr(dn->text))) {
             if (!is_ident(dn->text))
                 return fail_at(ld, dn, "a dimension is a number, a $param or a symbolic name "
                                        "like batch; got '%.64s'",
@@ -1685,7 +2104,7 @@ static int read_loss(loader *ld, ebb_builder *b, const ynode *key, const ynode *
                        op->name, want, s->n_targets, s->n_targets == 1 ? "" : "s");
     }
     strbuf text = {0};
-    int rc = read_op_attrs(ld, op, opn, attrs, &text, NULL, NULL);
+    int rc = read_op_attrs(ld, op, opn, attrs, &text, NULL);
     if (rc == 0 && text.oom)
         rc = nomem(ld, v);
     if (rc == 0) {

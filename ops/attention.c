@@ -60,12 +60,12 @@ static ebb_status mha_params(const ebb_attr_value *a, const ebb_shape *in, int n
     ebb_status st = mha_check(a, in, n_in, &e);
     if (st != EBB_OK)
         return st;
-    p[(*n)++] = (ebb_param_spec){"in_proj_weight", EBB_SHAPE(3 * e, e), EBB_INIT_UNIFORM_FAN_IN, e, 0, 0};
+    p[(*n)++] = (ebb_param_spec){"in_proj_weight", EBB_SHAPE(3 * e, e), EBB_INIT_UNIFORM_FAN_IN, e, 0, 0, 0};
     if (a[A_BIAS].i)
-        p[(*n)++] = (ebb_param_spec){"in_proj_bias", EBB_SHAPE(3 * e), EBB_INIT_ZEROS, e, 0, 0};
-    p[(*n)++] = (ebb_param_spec){"out_proj.weight", EBB_SHAPE(e, e), EBB_INIT_UNIFORM_FAN_IN, e, 0, 0};
+        p[(*n)++] = (ebb_param_spec){"in_proj_bias", EBB_SHAPE(3 * e), EBB_INIT_ZEROS, e, 0, 0, 0};
+    p[(*n)++] = (ebb_param_spec){"out_proj.weight", EBB_SHAPE(e, e), EBB_INIT_UNIFORM_FAN_IN, e, 0, 0, 0};
     if (a[A_BIAS].i)
-        p[(*n)++] = (ebb_param_spec){"out_proj.bias", EBB_SHAPE(e), EBB_INIT_ZEROS, e, 0, 0};
+        p[(*n)++] = (ebb_param_spec){"out_proj.bias", EBB_SHAPE(e), EBB_INIT_ZEROS, e, 0, 0, 0};
     return EBB_OK;
 }
 
@@ -428,11 +428,171 @@ static const ebb_op_grad mha_grad = {.backward = mha_bwd, .saves_inputs = 0x7u,
                                      .workspace_cuda = mha_bwd_workspace_cuda,
                                      .workspace_cuda_is_bound = 1};
 
+/* ---- scaled_dot_product_attention ------------------------------------------------
+ *
+ * softmax(q k^T / sqrt(E)) v over values the flow made, as
+ * F.scaled_dot_product_attention(q, k, v, is_causal=causal): q [..., L, E],
+ * k [..., S, E], v [..., S, Ev], usually [B, H, T, D] heads split by
+ * reshape and transpose. No parameters. */
+
+static const ebb_attr_spec sdpa_attrs[] = {
+    {.name = "causal", .type = EBB_ATTR_BOOL, .default_number = 0,
+     .doc = "query i attends to keys j <= i only (top-left aligned, as is_causal)"},
+};
+
+static ebb_status sdpa_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    ebb_status st = ebb_tensor_attention(out, c->in[0], c->in[1], c->in[2], c->attrs[0].i != 0);
+    if (st != EBB_OK)
+        ebb_error_prefix("scaled_dot_product_attention");
+    return st;
+}
+
+/* The sizes of one call, in bytes: q, k, v, the output (grad_out) and the
+ * B*H*L*S scores; `copy` says whether a batched product may copy its
+ * operands (more than one batch dim over 1: a head-split view's batch dims
+ * cannot be merged without a copy). */
+typedef struct sdpa_sizes {
+    int64_t q, k, v, o, p, ls, batch, l, s, e;
+    int copy;
+} sdpa_sizes;
+
+static int sdpa_sizes_of(const ebb_shape *in, int n_in, ebb_dtype dt, sdpa_sizes *z) {
+    if (n_in != 3 || in[0].ndim < 2 || in[1].ndim != in[0].ndim || in[2].ndim != in[0].ndim)
+        return 0;
+    int nd = in[0].ndim, big = 0;
+    int64_t size = (int64_t)ebb_dtype_size(dt), batch = 1;
+    for (int i = 0; i < nd - 2; i++) {
+        batch *= in[0].dim[i];
+        big += in[0].dim[i] > 1;
+    }
+    z->l = in[0].dim[nd - 2], z->s = in[1].dim[nd - 2], z->e = in[0].dim[nd - 1];
+    z->batch = batch;
+    z->q = batch * z->l * z->e * size;
+    z->k = batch * z->s * z->e * size;
+    z->v = batch * z->s * in[2].dim[nd - 1] * size;
+    z->o = batch * z->l * in[2].dim[nd - 1] * size;
+    z->p = batch * z->l * z->s * size;
+    z->ls = z->l * z->s;
+    z->copy = big > 1;
+    return 1;
+}
+
+static int sdpa_fused(const ebb_shape *in, ebb_dtype dt, const sdpa_sizes *z) {
+    return in[0].ndim == 4 && ebb_attention_fused(dt, z->e, in[2].dim[3], z->l, z->s);
+}
+
+#define MAX2(a, b) ((a) > (b) ? (a) : (b))
+
+/* The forward's scratch beyond its output. Fused (libtorch 2.x on the CPU,
+ * 4-D): the kernel's log-sum-exp and per-thread blocks. Otherwise matmul
+ * and softmax: the scores, the Scalar of the scaling or the causal mask,
+ * the probabilities beside the scores, then the product; a batched product
+ * of head-split views first copies its operands (counted: a bound). */
+static int64_t sdpa_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                              ebb_dtype dt) {
+    sdpa_sizes z;
+    if (!sdpa_sizes_of(in, n_in, dt, &z))
+        return 0;
+    if (sdpa_fused(in, dt, &z)) {
+        ebb_attention_fused_bytes fb;
+        ebb_attention_fused_bytes_get(in[0].dim[0], in[0].dim[1], z.l, z.s, z.e, dt,
+                                      ebb_tensor_num_threads(), &fb);
+        return fb.lse + fb.forward;
+    }
+    int64_t cq = z.copy ? z.q : 0, ck = z.copy ? z.k : 0, cv = z.copy ? z.v : 0;
+    int64_t mask = a[0].i ? z.ls : 0, scalar = ebb_ops_scalar_bytes(dt);
+    int64_t peak = z.p + cq + ck;
+    peak = MAX2(peak, z.p + MAX2(scalar, mask));
+    peak = MAX2(peak, 2 * z.p);
+    return MAX2(peak, z.p + cv + z.o) - z.o;
+}
+
+/* On CUDA at::scaled_dot_product_attention picks a fused kernel or the math
+ * path by device: the bound takes the math path's scores, probabilities and
+ * their companions (as multi_head_attention's), each a block, beside copies
+ * of q, k and v. */
+static int64_t sdpa_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                   ebb_dtype dt) {
+    sdpa_sizes z;
+    if (!sdpa_sizes_of(in, n_in, dt, &z))
+        return 0;
+    int64_t p = ebb_cuda_block(z.p);
+    return ebb_cuda_block(z.q) + ebb_cuda_block(z.k) + ebb_cuda_block(z.v) + 4 * p +
+           ebb_cuda_block(z.batch * z.l * z.s) + (a[0].i ? ebb_cuda_block(z.ls) : 0) +
+           ebb_cuda_block(z.batch * ((z.l + 31) / 32 * 32) * 4) + 2 * 512;
+}
+
+static ebb_status sdpa_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    ebb_status st = ebb_tensor_attention_backward(&gin[0], &gin[1], &gin[2], c->grad_out, c->in[0],
+                                                  c->in[1], c->in[2], c->attrs[0].i != 0);
+    if (st != EBB_OK)
+        ebb_error_prefix("scaled_dot_product_attention");
+    return st;
+}
+
+/* The backward's scratch beyond the three gradients it returns, following
+ * ebb_tensor_attention_backward. Fused: the forward kernel's output and
+ * log-sum-exp beside its blocks, then beside the backward kernel's
+ * gradients and blocks. Otherwise, with G, Q, K the gradients of v, q, k:
+ * scores and mask (P), probabilities (P), G, g_p (P), its softmax backward
+ * (P) while g_p lives, then Q and K; head-split operands may be copied by
+ * each product (counted: a bound). */
+static int64_t sdpa_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                  ebb_dtype dt) {
+    sdpa_sizes z;
+    if (!sdpa_sizes_of(in, n_in, dt, &z))
+        return 0;
+    int64_t grads = z.q + z.k + z.v;
+    if (sdpa_fused(in, dt, &z)) {
+        ebb_attention_fused_bytes fb;
+        ebb_attention_fused_bytes_get(in[0].dim[0], in[0].dim[1], z.l, z.s, z.e, dt,
+                                      ebb_tensor_num_threads(), &fb);
+        int64_t peak = MAX2(z.o + fb.lse + fb.forward, z.o + fb.lse + grads + fb.backward);
+        return peak - grads;
+    }
+    int64_t cq = z.copy ? z.q : 0, ck = z.copy ? z.k : 0, cv = z.copy ? z.v : 0;
+    int64_t cg = z.copy ? z.o : 0, p = z.p;
+    int64_t mask = a[0].i ? z.ls : 0, scalar = ebb_ops_scalar_bytes(dt);
+    int64_t peak = p + cq + ck;                       /* q k^T */
+    peak = MAX2(peak, p + MAX2(scalar, mask));        /* scaled, masked */
+    peak = MAX2(peak, 2 * p);                         /* softmax */
+    peak = MAX2(peak, p + z.v + cg);                  /* g_v = p^T g */
+    peak = MAX2(peak, 2 * p + z.v + cg + cv);         /* g_p = g v^T */
+    peak = MAX2(peak, 3 * p + z.v);                   /* its softmax backward */
+    peak = MAX2(peak, p + z.v + scalar);              /* scaled */
+    peak = MAX2(peak, p + z.v + z.q + ck);            /* g_q = g_s k */
+    peak = MAX2(peak, p + grads + cq);                /* g_k = g_s^T q */
+    return peak - grads;
+}
+
+static int64_t sdpa_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                       ebb_dtype dt) {
+    sdpa_sizes z;
+    if (!sdpa_sizes_of(in, n_in, dt, &z))
+        return 0;
+    return 5 * ebb_cuda_block(z.p) + ebb_cuda_block(z.q) + ebb_cuda_block(z.k) +
+           2 * ebb_cuda_block(z.v) + ebb_cuda_block(z.o) + (a[0].i ? ebb_cuda_block(z.ls) : 0) +
+           ebb_cuda_block(z.batch * ((z.l + 31) / 32 * 32) * 4) + 2 * 512;
+}
+#undef MAX2
+
+static const ebb_op_grad sdpa_grad = {.backward = sdpa_bwd, .saves_inputs = 0x7u,
+                                      .differentiable = 0x7u, .workspace = sdpa_bwd_workspace,
+                                      .workspace_is_bound = 1,
+                                      .workspace_cuda = sdpa_bwd_workspace_cuda,
+                                      .workspace_cuda_is_bound = 1};
+
 const ebb_op ebb_ops_attention[] = {
     {.name = "multi_head_attention", .min_inputs = 1, .max_inputs = 3, .attrs = mha_attrs,
      .n_attrs = EBB_COUNT(mha_attrs), .params = mha_params, .forward = mha_fwd,
      .doc = "multi-head attention over [B, T, E] (self; or cross with `using` key[, value])",
      .workspace = mha_workspace, .grad = &mha_grad, .workspace_cuda = mha_workspace_cuda,
      .workspace_cuda_is_bound = 1},
+    {.name = "scaled_dot_product_attention", .min_inputs = 3, .max_inputs = 3,
+     .attrs = sdpa_attrs, .n_attrs = EBB_COUNT(sdpa_attrs), .forward = sdpa_fwd,
+     .doc = "softmax(q k^T / sqrt(E)) v over q, k, v [..., T, E] (merge three streams)",
+     .workspace = sdpa_workspace, .workspace_is_bound = 1, .grad = &sdpa_grad,
+     .workspace_cuda = sdpa_workspace_cuda, .workspace_cuda_is_bound = 1},
 };
 const int ebb_ops_attention_count = EBB_COUNT(ebb_ops_attention);

@@ -71,13 +71,13 @@ static ebb_status conv_params(const char *op, int nsp, const ebb_attr_value *a,
     int64_t k = a[A_KERNEL].i, per_group = ch / a[A_GROUPS].i;
     int64_t fan_in = per_group * k * (nsp == 2 ? k : 1);
     p[0] = (ebb_param_spec){"weight", EBB_SHAPE(a[A_OUT].i, per_group, k), EBB_INIT_UNIFORM_FAN_IN,
-                            fan_in, 0, 0};
+                            fan_in, 0, 0, 0};
     if (nsp == 2)
         p[0].shape = EBB_SHAPE(a[A_OUT].i, per_group, k, k);
     *n = 1;
     if (a[A_BIAS].i)
         p[(*n)++] =
-            (ebb_param_spec){"bias", EBB_SHAPE(a[A_OUT].i), EBB_INIT_UNIFORM_FAN_IN, fan_in, 0, 0};
+            (ebb_param_spec){"bias", EBB_SHAPE(a[A_OUT].i), EBB_INIT_UNIFORM_FAN_IN, fan_in, 0, 0, 0};
     return EBB_OK;
 }
 

@@ -1,14 +1,17 @@
 /* embedding: a lookup table, PyTorch's layout weight [num, dim]. The input
- * holds int64 (or int32) indices of any shape; the output adds a last dim. */
+ * holds int64 (or int32) indices of any shape; the output adds a last dim.
+ * positions: the indices 0..T-1 a position embedding looks up. */
 #include "ops_internal.h"
 
-enum { A_NUM, A_DIM };
+enum { A_NUM, A_DIM, A_STD };
 
 static const ebb_attr_spec embedding_attrs[] = {
     {.name = "num", .type = EBB_ATTR_INT, .required = 1,
      .doc = "number of embeddings (nn.Embedding's num_embeddings)"},
     {.name = "dim", .type = EBB_ATTR_INT, .required = 1,
      .doc = "size of each embedding (nn.Embedding's embedding_dim)"},
+    {.name = "init_std", .type = EBB_ATTR_FLOAT, .default_number = 1.0,
+     .doc = "the weight's initial N(0, init_std^2) (GPT-2 and nanoGPT use 0.02)"},
 };
 
 static ebb_status embedding_params(const ebb_attr_value *a, const ebb_shape *in, int n_in,
@@ -18,6 +21,8 @@ static ebb_status embedding_params(const ebb_attr_value *a, const ebb_shape *in,
     if (a[A_NUM].i < 1 || a[A_DIM].i < 1)
         return ebb_error_set(EBB_ERR_ARG, "embedding: num=%lld and dim=%lld must be >= 1",
                              (long long)a[A_NUM].i, (long long)a[A_DIM].i);
+    if (!(a[A_STD].f > 0))
+        return ebb_error_set(EBB_ERR_ARG, "embedding: init_std=%g must be above 0", a[A_STD].f);
     if (in[0].ndim >= EBB_MAX_DIMS) {
         char buf[128];
         return ebb_error_set(EBB_ERR_SHAPE,
@@ -25,7 +30,7 @@ static ebb_status embedding_params(const ebb_attr_value *a, const ebb_shape *in,
                              ebb_shape_str(&in[0], buf, sizeof buf));
     }
     p[0] = (ebb_param_spec){"weight", EBB_SHAPE(a[A_NUM].i, a[A_DIM].i), EBB_INIT_NORMAL,
-                            a[A_DIM].i, 0, 0};
+                            a[A_DIM].i, 0, 0, a[A_STD].f};
     *n = 1;
     return EBB_OK;
 }
@@ -95,11 +100,44 @@ static ebb_status embedding_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb
 static const ebb_op_grad embedding_grad = {.backward = embedding_bwd, .saves_inputs = 1u,
                                            .differentiable = 0u};
 
+/* ---- positions ------------------------------------------------------------------
+ * 0, 1, ..., n-1 as int64, n the input's size along `dim`: torch.arange(T)
+ * for a position embedding, from the stream whose length it numbers. Only
+ * the input's shape is read, so the input need not stay alive for it. */
+
+static const ebb_attr_spec positions_attrs[] = {
+    {.name = "dim", .type = EBB_ATTR_INT, .default_number = 1,
+     .doc = "the dim whose length is counted (1: the T of [B, T, ...])"},
+};
+
+static ebb_status positions_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    int64_t d = 0;
+    ebb_status st = ebb_ops_check_dim("positions", c->attrs[0].i, &x, &d);
+    if (st == EBB_OK)
+        st = ebb_tensor_arange(out, 0, x.dim[d], EBB_INT64, ebb_tensor_device(c->in[0]));
+    return st;
+}
+
+/* Integer positions carry no gradient back to the tensor they were counted from. */
+static ebb_status positions_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)c;
+    (void)gin;
+    (void)gp;
+    return EBB_OK;
+}
+static const ebb_op_grad positions_grad = {.backward = positions_bwd, .differentiable = 0u};
+
 const ebb_op ebb_ops_embedding[] = {
     {.name = "embedding", .min_inputs = 1, .max_inputs = 1, .attrs = embedding_attrs,
      .n_attrs = EBB_COUNT(embedding_attrs), .params = embedding_params, .forward = embedding_fwd,
      .doc = "rows of weight picked by int64 indices: [*] -> [*, dim]",
      .workspace = embedding_workspace, .workspace_is_bound = 1, .grad = &embedding_grad,
      .workspace_cuda = embedding_workspace_cuda, .workspace_cuda_is_bound = 1},
+    {.name = "positions", .min_inputs = 1, .max_inputs = 1, .attrs = positions_attrs,
+     .n_attrs = EBB_COUNT(positions_attrs), .forward = positions_fwd,
+     .doc = "int64 0..n-1 for the input's length n along dim (feeds a position embedding)",
+     .grad = &positions_grad},
 };
 const int ebb_ops_embedding_count = EBB_COUNT(ebb_ops_embedding);

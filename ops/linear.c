@@ -34,10 +34,10 @@ static ebb_status linear_params(const ebb_attr_value *a, const ebb_shape *in, in
         return st;
     if (a[A_OUT].i < 1)
         return ebb_error_set(EBB_ERR_ARG, "linear: out must be >= 1, got %lld", (long long)a[A_OUT].i);
-    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(a[A_OUT].i, fan_in), EBB_INIT_UNIFORM_FAN_IN, fan_in, 0, 0};
+    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(a[A_OUT].i, fan_in), EBB_INIT_UNIFORM_FAN_IN, fan_in, 0, 0, 0};
     *n = 1;
     if (a[A_BIAS].i)
-        p[(*n)++] = (ebb_param_spec){"bias", EBB_SHAPE(a[A_OUT].i), EBB_INIT_UNIFORM_FAN_IN, fan_in, 0, 0};
+        p[(*n)++] = (ebb_param_spec){"bias", EBB_SHAPE(a[A_OUT].i), EBB_INIT_UNIFORM_FAN_IN, fan_in, 0, 0, 0};
     return EBB_OK;
 }
 
@@ -56,8 +56,8 @@ static ebb_status halt_params(const ebb_attr_value *a, const ebb_shape *in, int 
     ebb_status st = in_features("learned_halt", &a[0], &in[0], &fan_in);
     if (st != EBB_OK)
         return st;
-    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(1, fan_in), EBB_INIT_UNIFORM_FAN_IN, fan_in, 0, 0};
-    p[1] = (ebb_param_spec){"bias", EBB_SHAPE(1), EBB_INIT_UNIFORM_FAN_IN, fan_in, 0, 0};
+    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(1, fan_in), EBB_INIT_UNIFORM_FAN_IN, fan_in, 0, 0, 0};
+    p[1] = (ebb_param_spec){"bias", EBB_SHAPE(1), EBB_INIT_UNIFORM_FAN_IN, fan_in, 0, 0, 0};
     *n = 2;
     return EBB_OK;
 }

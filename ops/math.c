@@ -1,4 +1,8 @@
-/* Small arithmetic ops: scale by a constant, mean and sum over dims. */
+/* Small arithmetic ops: scale by a constant, mean and sum over dims; and the
+ * ops attention is written with when written out: matmul between values,
+ * masked_fill and the causal mask. */
+#include <math.h>
+
 #include "ops_internal.h"
 
 static const ebb_attr_spec scale_attrs[] = {
@@ -179,6 +183,199 @@ static const ebb_op_grad mean_grad = {.backward = mean_bwd, .differentiable = 1u
                                       .workspace_cuda = ebb_ops_no_cuda_scratch};
 static const ebb_op_grad sum_grad = {.backward = sum_bwd, .differentiable = 1u};
 
+/* ---- matmul ------------------------------------------------------------------------
+ * a @ b between two values (the stream and a `using` tensor), as torch.matmul
+ * for operands of 2 or more dims: [..., M, K] @ [..., K, N] -> [..., M, N],
+ * the leading dims broadcast. */
+
+typedef struct mm_dims {
+    ebb_shape batch;    /* the broadcast leading dims */
+    int64_t m, k, n, nb; /* nb: elements of `batch` */
+    int a_full, b_full; /* the operand's leading dims are the broadcast ones */
+} mm_dims;
+
+static ebb_status mm_dims_of(const ebb_shape *a, const ebb_shape *b, mm_dims *d) {
+    char x[128], y[128];
+    if (a->ndim < 2 || b->ndim < 2 || a->dim[a->ndim - 1] != b->dim[b->ndim - 2])
+        return ebb_error_set(EBB_ERR_SHAPE,
+                             "matmul: %s @ %s do not fit [..., M, K] @ [..., K, N]",
+                             ebb_shape_str(a, x, sizeof x), ebb_shape_str(b, y, sizeof y));
+    int nd = (a->ndim > b->ndim ? a->ndim : b->ndim) - 2;
+    d->batch.ndim = nd;
+    d->nb = 1;
+    d->a_full = a->ndim - 2 == nd;
+    d->b_full = b->ndim - 2 == nd;
+    for (int i = 0; i < nd; i++) {
+        int ia = i - (nd - (a->ndim - 2)), ib = i - (nd - (b->ndim - 2));
+        int64_t da = ia >= 0 ? a->dim[ia] : 1, db = ib >= 0 ? b->dim[ib] : 1;
+        if (da != db && da != 1 && db != 1)
+            return ebb_error_set(EBB_ERR_SHAPE,
+                                 "matmul: the leading dims of %s and %s do not broadcast",
+                                 ebb_shape_str(a, x, sizeof x), ebb_shape_str(b, y, sizeof y));
+        d->batch.dim[i] = da > db ? da : db;
+        d->nb *= d->batch.dim[i];
+        d->a_full &= ia >= 0 && da == d->batch.dim[i];
+        d->b_full &= ib >= 0 && db == d->batch.dim[i];
+    }
+    d->m = a->dim[a->ndim - 2];
+    d->k = a->dim[a->ndim - 1];
+    d->n = b->dim[b->ndim - 1];
+    return EBB_OK;
+}
+
+static ebb_status matmul_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_shape a = ebb_tensor_shape(c->in[0]), b = ebb_tensor_shape(c->in[1]);
+    mm_dims d;
+    ebb_status st = mm_dims_of(&a, &b, &d);
+    return st == EBB_OK ? ebb_tensor_matmul(out, c->in[0], c->in[1]) : st;
+}
+
+/* A batched product folds the leading dims into one: an operand broadcast
+ * over them is copied at the broadcast size first, and so is one whose
+ * strides do not fold (a head-split view), which a plan cannot see: both
+ * copies are counted where they can happen, so the figure is a bound. */
+static int64_t matmul_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                ebb_dtype dt) {
+    (void)a;
+    mm_dims d;
+    if (n_in != 2 || mm_dims_of(&in[0], &in[1], &d) != EBB_OK)
+        return 0;
+    int64_t size = (int64_t)ebb_dtype_size(dt);
+    if (d.batch.ndim == 0)
+        return 0;
+    return (d.nb * d.m * d.k + d.nb * d.k * d.n) * size;
+}
+
+/* g @ b^T and a^T @ g, each summed to its operand's shape where that was
+ * broadcast (the full product is then scratch). */
+static ebb_status matmul_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    ebb_status st = EBB_OK;
+    for (int j = 0; j < 2 && st == EBB_OK; j++) {
+        if (c->skip_input_grad >> j & 1)
+            continue;
+        const ebb_tensor *other = c->in[1 - j];
+        ebb_tensor *t = NULL, *full = NULL;
+        int nd = ebb_tensor_ndim(other);
+        st = ebb_tensor_transpose(&t, other, nd - 2, nd - 1);
+        if (st == EBB_OK)
+            st = j == 0 ? ebb_tensor_matmul(&full, c->grad_out, t)
+                        : ebb_tensor_matmul(&full, t, c->grad_out);
+        ebb_tensor_free(t);
+        if (st != EBB_OK)
+            break;
+        ebb_shape fs = ebb_tensor_shape(full);
+        if (ebb_shape_equal(&fs, &c->in_shapes[j])) {
+            gin[j] = full;
+            continue;
+        }
+        st = ebb_tensor_sum_to(&gin[j], full, &c->in_shapes[j]);
+        ebb_tensor_free(full);
+    }
+    if (st != EBB_OK)
+        ebb_error_prefix("matmul");
+    return st;
+}
+
+static int64_t matmul_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                    ebb_dtype dt) {
+    (void)a;
+    mm_dims d;
+    if (n_in != 2 || mm_dims_of(&in[0], &in[1], &d) != EBB_OK)
+        return 0;
+    int64_t size = (int64_t)ebb_dtype_size(dt);
+    int64_t ga = ebb_shape_numel(&in[0]) * size, gb = ebb_shape_numel(&in[1]) * size;
+    int64_t gaf = d.nb * d.m * d.k * size, gbf = d.nb * d.k * d.n * size;
+    int batched = d.batch.ndim > 0;
+    /* operand copies where the product folds leading dims: g, and b^T or a^T */
+    int64_t g = batched ? d.nb * d.m * d.n * size : 0;
+    int64_t cb = batched ? gbf : 0, ca = batched ? gaf : 0;
+    int64_t live = 0, peak = 0;
+    peak = gaf + g + cb; /* g b^T */
+    live = gaf;
+    if (gaf != ga) {
+        int64_t r = ebb_ops_reduce_scratch(gaf / size, ga / size, dt);
+        peak = peak > gaf + ga + r ? peak : gaf + ga + r;
+        live = ga;
+    }
+    int64_t p2 = live + gbf + g + ca; /* a^T g */
+    peak = peak > p2 ? peak : p2;
+    live += gbf;
+    if (gbf != gb) {
+        int64_t r = ebb_ops_reduce_scratch(gbf / size, gb / size, dt);
+        int64_t p3 = live + gb + r;
+        peak = peak > p3 ? peak : p3;
+    }
+    return peak - ga - gb;
+}
+
+static const ebb_op_grad matmul_grad = {.backward = matmul_bwd, .saves_inputs = 0x3u,
+                                        .differentiable = 0x3u,
+                                        .workspace = matmul_bwd_workspace,
+                                        .workspace_is_bound = 1};
+
+/* ---- masked_fill, causal_mask ---------------------------------------------------- */
+
+static const ebb_attr_spec masked_fill_attrs[] = {
+    {.name = "value", .type = EBB_ATTR_FLOAT, .default_number = -INFINITY,
+     .doc = "what masked positions become (default -inf, for a softmax)"},
+};
+
+static ebb_status masked_fill_check(const ebb_shape *x, const ebb_shape *m) {
+    int ok = m->ndim <= x->ndim;
+    for (int i = 0; ok && i < m->ndim; i++) {
+        int64_t dm = m->dim[m->ndim - 1 - i], dx = x->dim[x->ndim - 1 - i];
+        ok = dm == dx || dm == 1;
+    }
+    if (ok)
+        return EBB_OK;
+    char a[128], b[128];
+    return ebb_error_set(EBB_ERR_SHAPE, "masked_fill: the mask %s does not broadcast to the input %s",
+                         ebb_shape_str(m, b, sizeof b), ebb_shape_str(x, a, sizeof a));
+}
+
+static ebb_status masked_fill_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_shape x = ebb_tensor_shape(c->in[0]), m = ebb_tensor_shape(c->in[1]);
+    ebb_status st = masked_fill_check(&x, &m);
+    if (st == EBB_OK && ebb_tensor_dtype(c->in[1]) != EBB_BOOL)
+        st = ebb_error_set(EBB_ERR_ARG, "masked_fill: the mask is %s, not bool (make it with "
+                           "causal_mask or a comparison)", ebb_dtype_name(ebb_tensor_dtype(c->in[1])));
+    if (st == EBB_OK)
+        st = ebb_tensor_masked_fill(out, c->in[0], c->in[1], c->attrs[0].f);
+    return st;
+}
+
+/* The gradient passes where the mask is false and is 0 where it was filled. */
+static ebb_status masked_fill_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    return ebb_tensor_masked_fill(&gin[0], c->grad_out, c->in[1], 0.0);
+}
+static const ebb_op_grad masked_fill_grad = {.backward = masked_fill_bwd, .saves_inputs = 0x2u,
+                                             .differentiable = 0x1u};
+
+static ebb_status causal_mask_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    if (x.ndim < 2) {
+        char buf[128];
+        return ebb_error_set(EBB_ERR_SHAPE, "causal_mask: the input %s has no [..., T, S] to mask",
+                             ebb_shape_str(&x, buf, sizeof buf));
+    }
+    return ebb_tensor_causal_mask(out, x.dim[x.ndim - 2], x.dim[x.ndim - 1],
+                                  ebb_tensor_device(c->in[0]));
+}
+
+/* A bool mask carries no gradient back to the scores it was shaped after. */
+static ebb_status causal_mask_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)c;
+    (void)gin;
+    (void)gp;
+    return EBB_OK;
+}
+static const ebb_op_grad causal_mask_grad = {.backward = causal_mask_bwd, .differentiable = 0u};
+
 const ebb_op ebb_ops_math[] = {
     {.name = "scale", .min_inputs = 1, .max_inputs = 1, .attrs = scale_attrs,
      .n_attrs = EBB_COUNT(scale_attrs), .forward = scale_fwd, .doc = "x * factor",
@@ -189,5 +386,15 @@ const ebb_op ebb_ops_math[] = {
     {.name = "sum", .min_inputs = 1, .max_inputs = 1, .attrs = reduce_attrs,
      .n_attrs = EBB_COUNT(reduce_attrs), .forward = sum_fwd, .doc = "sum over dims",
      .workspace = sum_workspace, .grad = &sum_grad},
+    {.name = "matmul", .min_inputs = 2, .max_inputs = 2, .forward = matmul_fwd,
+     .doc = "the stream @ a `using` tensor: [..., M, K] @ [..., K, N], leading dims broadcast",
+     .workspace = matmul_workspace, .workspace_is_bound = 1, .grad = &matmul_grad},
+    {.name = "masked_fill", .min_inputs = 2, .max_inputs = 2, .attrs = masked_fill_attrs,
+     .n_attrs = EBB_COUNT(masked_fill_attrs), .forward = masked_fill_fwd,
+     .doc = "the stream with `value` where a bool `using` mask is true",
+     .grad = &masked_fill_grad},
+    {.name = "causal_mask", .min_inputs = 1, .max_inputs = 1, .forward = causal_mask_fwd,
+     .doc = "bool [T, S], true where key j > query i, for an input [..., T, S]",
+     .grad = &causal_mask_grad},
 };
 const int ebb_ops_math_count = EBB_COUNT(ebb_ops_math);

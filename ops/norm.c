@@ -24,8 +24,8 @@ static ebb_status layer_norm_params(const ebb_attr_value *a, const ebb_shape *in
     if (!a[A_AFFINE].i)
         return EBB_OK;
     int64_t d = in[0].dim[in[0].ndim - 1];
-    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(d), EBB_INIT_ONES, d, 0, 0};
-    p[1] = (ebb_param_spec){"bias", EBB_SHAPE(d), EBB_INIT_ZEROS, d, 0, 0};
+    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(d), EBB_INIT_ONES, d, 0, 0, 0};
+    p[1] = (ebb_param_spec){"bias", EBB_SHAPE(d), EBB_INIT_ZEROS, d, 0, 0, 0};
     *n = a[A_BIAS].i ? 2 : 1;
     return EBB_OK;
 }
@@ -74,8 +74,8 @@ static ebb_status batch_norm_params(const ebb_attr_value *a, const ebb_shape *in
     if (st != EBB_OK)
         return st;
     if (a[BN_AFFINE].i) {
-        p[(*n)++] = (ebb_param_spec){"weight", EBB_SHAPE(c), EBB_INIT_ONES, c, 0, 0};
-        p[(*n)++] = (ebb_param_spec){"bias", EBB_SHAPE(c), EBB_INIT_ZEROS, c, 0, 0};
+        p[(*n)++] = (ebb_param_spec){"weight", EBB_SHAPE(c), EBB_INIT_ONES, c, 0, 0, 0};
+        p[(*n)++] = (ebb_param_spec){"bias", EBB_SHAPE(c), EBB_INIT_ZEROS, c, 0, 0, 0};
     }
     p[(*n)++] = (ebb_param_spec){"running_mean", EBB_SHAPE(c), EBB_INIT_ZEROS, c, .buffer = 1};
     p[(*n)++] = (ebb_param_spec){"running_var", EBB_SHAPE(c), EBB_INIT_ONES, c, .buffer = 1};
@@ -185,7 +185,7 @@ static ebb_status rms_norm_params(const ebb_attr_value *a, const ebb_shape *in, 
     if (!a[RMS_AFFINE].i)
         return EBB_OK;
     int64_t d = in[0].dim[in[0].ndim - 1];
-    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(d), EBB_INIT_ONES, d, 0, 0};
+    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(d), EBB_INIT_ONES, d, 0, 0, 0};
     *n = 1;
     return EBB_OK;
 }
@@ -239,8 +239,8 @@ static ebb_status group_norm_params(const ebb_attr_value *a, const ebb_shape *in
     ebb_status st = group_norm_check(a, &in[0], &c);
     if (st != EBB_OK || !a[GN_AFFINE].i)
         return st;
-    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(c), EBB_INIT_ONES, c, 0, 0};
-    p[1] = (ebb_param_spec){"bias", EBB_SHAPE(c), EBB_INIT_ZEROS, c, 0, 0};
+    p[0] = (ebb_param_spec){"weight", EBB_SHAPE(c), EBB_INIT_ONES, c, 0, 0, 0};
+    p[1] = (ebb_param_spec){"bias", EBB_SHAPE(c), EBB_INIT_ZEROS, c, 0, 0, 0};
     *n = 2;
     return EBB_OK;
 }

@@ -61,11 +61,11 @@ static ebb_status cell_params(const char *op, int gates, const ebb_attr_value *a
     if (st != EBB_OK)
         return st;
     p[(*n)++] =
-        (ebb_param_spec){"weight_ih", EBB_SHAPE(gates * h, in_size), EBB_INIT_UNIFORM_FAN_IN, h, 0, 0};
-    p[(*n)++] = (ebb_param_spec){"weight_hh", EBB_SHAPE(gates * h, h), EBB_INIT_UNIFORM_FAN_IN, h, 0, 0};
+        (ebb_param_spec){"weight_ih", EBB_SHAPE(gates * h, in_size), EBB_INIT_UNIFORM_FAN_IN, h, 0, 0, 0};
+    p[(*n)++] = (ebb_param_spec){"weight_hh", EBB_SHAPE(gates * h, h), EBB_INIT_UNIFORM_FAN_IN, h, 0, 0, 0};
     if (a[A_BIAS].i) {
-        p[(*n)++] = (ebb_param_spec){"bias_ih", EBB_SHAPE(gates * h), EBB_INIT_UNIFORM_FAN_IN, h, 0, 0};
-        p[(*n)++] = (ebb_param_spec){"bias_hh", EBB_SHAPE(gates * h), EBB_INIT_UNIFORM_FAN_IN, h, 0, 0};
+        p[(*n)++] = (ebb_param_spec){"bias_ih", EBB_SHAPE(gates * h), EBB_INIT_UNIFORM_FAN_IN, h, 0, 0, 0};
+        p[(*n)++] = (ebb_param_spec){"bias_hh", EBB_SHAPE(gates * h), EBB_INIT_UNIFORM_FAN_IN, h, 0, 0, 0};
     }
     return EBB_OK;
 }

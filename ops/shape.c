@@ -1,4 +1,4 @@
-/* Shape ops: flatten, reshape, permute, transpose, unsqueeze, squeeze. All
+/* Shape ops: flatten, reshape, permute, transpose, narrow, unsqueeze, squeeze. All
  * are views: the output looks at the input's storage. flatten and reshape
  * copy only when the input's strides make a view impossible (an input made
  * non-contiguous by permute or transpose), exactly as libtorch's reshape. */
@@ -94,7 +94,8 @@ static ebb_status flatten_fwd(const ebb_op_call *c, ebb_tensor **out) {
 
 static const ebb_attr_spec reshape_attrs[] = {
     {.name = "shape", .type = EBB_ATTR_STRING, .required = 1,
-     .doc = "target shape, comma-separated; one entry may be -1 (inferred), e.g. \"-1,64\""},
+     .doc = "target shape, comma-separated; one entry may be -1 (inferred), and 0 keeps the "
+            "input's size at that position, e.g. \"0,0,4,-1\""},
 };
 
 static ebb_status reshape_fwd(const ebb_op_call *c, ebb_tensor **out) {
@@ -105,16 +106,32 @@ static ebb_status reshape_fwd(const ebb_op_call *c, ebb_tensor **out) {
     if (st != EBB_OK)
         return st;
     ebb_shape x = ebb_tensor_shape(c->in[0]);
-    int64_t numel = ebb_shape_numel(&x), known = 1;
+    int64_t numel = ebb_shape_numel(&x), known = 1, rest = 1, given = 1;
     int infer = 0, bad = 0;
+    for (int i = 0; i < x.ndim; i++)
+        if (!(i < want.ndim && want.dim[i] == 0))
+            rest *= x.dim[i];
     for (int i = 0; i < want.ndim; i++) {
+        int keep = want.dim[i] == 0 && i < x.ndim;
+        if (keep) /* the input's size here, as ONNX's Reshape */
+            want.dim[i] = x.dim[i];
         if (want.dim[i] == -1)
             infer++;
         else if (want.dim[i] < 0)
             bad = 1;
         else
             known *= want.dim[i];
+        if (!keep && want.dim[i] >= 0)
+            given *= want.dim[i];
     }
+    /* an empty input: -1 is what the dims not kept leave ([0, 8, 128] to
+     * "0,0,4,-1" is [0, 8, 4, 32]), as it would be with a batch of one */
+    if (numel == 0 && infer == 1 && !bad && given > 0 && rest % given == 0)
+        for (int i = 0; i < want.ndim; i++)
+            if (want.dim[i] == -1) {
+                want.dim[i] = rest / given;
+                infer = 0;
+            }
     if (bad || infer > 1 || (infer ? known == 0 || numel % known != 0 : known != numel)) {
         char a[128], b[128];
         return ebb_error_set(EBB_ERR_SHAPE, "reshape: cannot reshape %s (%lld elements) to %s",
@@ -169,6 +186,42 @@ static ebb_status transpose_fwd(const ebb_op_call *c, ebb_tensor **out) {
     if (st == EBB_OK)
         st = ebb_ops_check_dim("transpose", c->attrs[1].i, &x, &d1);
     return st == EBB_OK ? ebb_tensor_transpose(out, c->in[0], d0, d1) : st;
+}
+
+/* ---- narrow -------------------------------------------------------------------- */
+
+static const ebb_attr_spec narrow_attrs[] = {
+    {.name = "dim", .type = EBB_ATTR_INT, .required = 1, .doc = "the dim to take a slice of"},
+    {.name = "start", .type = EBB_ATTR_INT, .required = 1,
+     .doc = "first index (negative: from the end)"},
+    {.name = "length", .type = EBB_ATTR_INT, .required = 1, .doc = "how many indices"},
+};
+
+/* dim, start and length checked against x, as torch.narrow does */
+static ebb_status narrow_range(const ebb_attr_value *a, const ebb_shape *x, int64_t *dim,
+                               int64_t *start) {
+    ebb_status st = ebb_ops_check_dim("narrow", a[0].i, x, dim);
+    if (st != EBB_OK)
+        return st;
+    int64_t size = x->dim[*dim], s = a[1].i < 0 ? a[1].i + size : a[1].i, len = a[2].i;
+    if (s < 0 || s > size || len < 0 || len > size - s) {
+        char buf[128];
+        return ebb_error_set(EBB_ERR_SHAPE,
+                             "narrow: start=%lld, length=%lld do not fit dim %lld of size %lld in "
+                             "the input %s",
+                             (long long)a[1].i, (long long)len, (long long)*dim, (long long)size,
+                             ebb_shape_str(x, buf, sizeof buf));
+    }
+    *start = s;
+    return EBB_OK;
+}
+
+static ebb_status narrow_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_shape x = ebb_tensor_shape(c->in[0]);
+    int64_t dim = 0, start = 0;
+    ebb_status st = narrow_range(c->attrs, &x, &dim, &start);
+    return st == EBB_OK ? ebb_tensor_narrow(out, c->in[0], dim, start, c->attrs[2].i) : st;
 }
 
 /* ---- unsqueeze, squeeze -------------------------------------------------------- */
@@ -259,11 +312,35 @@ static ebb_status unsqueeze_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb
     return st == EBB_OK ? ebb_tensor_squeeze(&gin[0], c->grad_out, d) : st;
 }
 
+/* The slice's gradient placed in zeros of the input's shape (slice_backward):
+ * the zeros are the gradient it returns, so no scratch. */
+static ebb_status narrow_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    int64_t dim = 0, start = 0;
+    ebb_status st = narrow_range(c->attrs, &c->in_shapes[0], &dim, &start);
+    ebb_tensor *g = NULL, *part = NULL;
+    if (st == EBB_OK)
+        st = ebb_tensor_zeros(&g, &c->in_shapes[0], ebb_tensor_dtype(c->grad_out),
+                              ebb_tensor_device(c->grad_out));
+    if (st == EBB_OK)
+        st = ebb_tensor_narrow(&part, g, dim, start, c->attrs[2].i);
+    if (st == EBB_OK)
+        st = ebb_tensor_copy_(part, c->grad_out);
+    ebb_tensor_free(part);
+    if (st != EBB_OK) {
+        ebb_tensor_free(g);
+        return st;
+    }
+    gin[0] = g;
+    return EBB_OK;
+}
+
 /* reshape, flatten, squeeze: the input's shape is all the backward needs */
 static const ebb_op_grad as_input_grad = {.backward = as_input_bwd, .differentiable = 1u};
 static const ebb_op_grad permute_grad = {.backward = permute_bwd, .differentiable = 1u};
 static const ebb_op_grad transpose_grad = {.backward = transpose_bwd, .differentiable = 1u};
 static const ebb_op_grad unsqueeze_grad = {.backward = unsqueeze_bwd, .differentiable = 1u};
+static const ebb_op_grad narrow_grad = {.backward = narrow_bwd, .differentiable = 1u};
 
 #define VIEW_OP(n, a, f, d, g)                                                                     \
     {.name = n, .min_inputs = 1, .max_inputs = 1, .attrs = a, .n_attrs = EBB_COUNT(a),            \
@@ -275,6 +352,8 @@ const ebb_op ebb_ops_shape[] = {
     VIEW_OP("reshape", reshape_attrs, reshape_fwd, "the same elements in a new shape", as_input_grad),
     VIEW_OP("permute", permute_attrs, permute_fwd, "reorder the dims", permute_grad),
     VIEW_OP("transpose", transpose_attrs, transpose_fwd, "swap two dims", transpose_grad),
+    VIEW_OP("narrow", narrow_attrs, narrow_fwd, "the indices start..start+length-1 of one dim",
+            narrow_grad),
     VIEW_OP("unsqueeze", unsqueeze_attrs, unsqueeze_fwd, "insert a size-1 dim", unsqueeze_grad),
     VIEW_OP("squeeze", squeeze_attrs, squeeze_fwd, "drop a size-1 dim (or all of them)",
             as_input_grad),

@@ -33,7 +33,14 @@ typedef struct field {
     ebb_dtype dtype;
     ebb_shape shape; /* samples first */
     int64_t sample_numel;
+    /* Sample i is the sample_numel elements from i * stride + offset: for
+     * stored tensors stride is sample_numel and offset 0; a text file's
+     * windows overlap (stride 1) and its targets start one byte on. */
+    int64_t stride, offset;
     void *data;
+    int borrowed; /* data belongs to another field: a text target reads the input's bytes */
+    int text;     /* byte tokens: batched as integers only */
+    int64_t file_at; /* text: the file offset of data[0] */
     int normalize;
     double mean, std;
 } field;
@@ -360,7 +367,8 @@ void ebb_dataset_free(ebb_dataset *d) {
     for (int i = 0; i < d->n_fields; i++) {
         free(d->fields[i].name);
         free(d->fields[i].file);
-        free(d->fields[i].data);
+        if (!d->fields[i].borrowed)
+            free(d->fields[i].data);
     }
     free(d->fields);
     free(d);
@@ -400,6 +408,8 @@ static ebb_status set_field(ebb_dataset *d, int i, const char *name, const char 
     f->sample_numel = 1;
     for (int k = 1; k < shape->ndim; k++)
         f->sample_numel *= shape->dim[k];
+    f->stride = f->sample_numel;
+    f->offset = 0;
     if (!f->name || !f->file)
         return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
     return EBB_OK;
@@ -617,6 +627,175 @@ ebb_status ebb_dataset_open_safetensors(ebb_dataset **out, const char *path,
     return open_safetensors(out, path, names, n, NULL);
 }
 
+/* ---- text ------------------------------------------------------------------ */
+
+static const char *split_name(ebb_text_split split) {
+    return split == EBB_TEXT_TEST ? "the test split (its last 10%)"
+           : split == EBB_TEXT_ALL ? "the whole file"
+                                   : "the training split (its first 90%)";
+}
+
+/* Reads bytes [at, at + len) of an open file into a new buffer. */
+static ebb_status read_range(int fd, const char *path, int64_t at, int64_t len, uint8_t **out) {
+    uint8_t *buf = malloc(len > 0 ? (size_t)len : 1);
+    if (!buf) {
+        char h[32];
+        return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory reading %lld bytes (%s)", path,
+                             (long long)len, ebb_bytes_str(len, h, sizeof h));
+    }
+    int64_t have = 0;
+    while (have < len) {
+        size_t want = len - have > (int64_t)IDX_CHUNK ? IDX_CHUNK : (size_t)(len - have);
+        ssize_t got = pread(fd, buf + have, want, (off_t)(at + have));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            ebb_status st =
+                got < 0 ? ebb_error_set(EBB_ERR_IO, "%s: cannot read: %s", path, strerror(errno))
+                        : ebb_error_set(EBB_ERR_IO,
+                                        "%s: truncated while reading: %lld bytes where its size "
+                                        "said %lld",
+                                        path, (long long)(at + have), (long long)(at + len));
+            free(buf);
+            return st;
+        }
+        have += got;
+    }
+    *out = buf;
+    return EBB_OK;
+}
+
+/* A text file's bytes as two fields of [windows, block] tokens: the input
+ * and the same shifted by one byte, the target. Only the split's bytes are
+ * read, and only after its size is checked against max_bytes and against
+ * one window. */
+static ebb_status open_text(ebb_dataset **out, const char *path, const char *const *names, int n,
+                            int64_t block, ebb_text_split split, const char *desc,
+                            int64_t max_bytes) {
+    if (n != 2)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "dataset '%s': text data has two fields (the tokens, and the same "
+                             "shifted by one byte: an input and a target), but %d are wanted",
+                             desc, n);
+    if (block < 1 || block > EBB_DATASET_MAX_BYTES)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "dataset '%s': a window of %lld bytes; it takes 1 or more", desc,
+                             (long long)block);
+    int fd = -1;
+    int64_t size = 0;
+    ebb_status st = ebb_file_open_read(&fd, &size, path, desc);
+    if (st != EBB_OK)
+        return st;
+    int64_t test = size / 10, at = split == EBB_TEXT_TEST ? size - test : 0;
+    int64_t len = split == EBB_TEXT_TEST ? test : split == EBB_TEXT_TRAIN ? size - test : size;
+    int64_t limit = max_bytes > 0 && max_bytes < EBB_DATASET_MAX_BYTES ? max_bytes
+                                                                       : EBB_DATASET_MAX_BYTES;
+    char h[32], l[32];
+    if (len > limit)
+        st = ebb_error_set(EBB_ERR_NOMEM,
+                           "dataset '%s': %s is %lld bytes (%s), more than the %lld bytes (%s) "
+                           "it may take; nothing was read",
+                           desc, split_name(split), (long long)len, ebb_bytes_str(len, h, sizeof h),
+                           (long long)limit, ebb_bytes_str(limit, l, sizeof l));
+    else if (len < block + 1)
+        st = ebb_error_set(EBB_ERR_ARG,
+                           "dataset '%s': %s is %lld bytes (of %lld), shorter than one window of "
+                           "%lld bytes and the byte after it",
+                           desc, split_name(split), (long long)len, (long long)size,
+                           (long long)block);
+    uint8_t *bytes = NULL;
+    if (st == EBB_OK)
+        st = read_range(fd, path, at, len, &bytes);
+    close(fd);
+    if (st != EBB_OK)
+        return st;
+    /* training windows start at every byte; the test split's follow each
+     * other, so that evaluation predicts each held-out byte once */
+    int64_t stride = split == EBB_TEXT_TEST ? block : 1;
+    int64_t windows = split == EBB_TEXT_TEST ? (len - 1) / block : len - block;
+    ebb_dataset *d = NULL;
+    if ((st = new_dataset(&d, 2)) != EBB_OK) {
+        free(bytes);
+        return st;
+    }
+    d->n = windows;
+    ebb_shape sh = {2, {windows, block}};
+    d->fields[1].borrowed = 1; /* the target reads the input's bytes */
+    st = set_field(d, 0, names[0], path, EBB_UINT8, &sh, bytes);
+    if (st == EBB_OK)
+        st = set_field(d, 1, names[1], path, EBB_UINT8, &sh, bytes);
+    for (int i = 0; i < 2; i++) {
+        d->fields[i].stride = stride;
+        d->fields[i].offset = i;
+        d->fields[i].text = 1;
+        d->fields[i].file_at = at;
+    }
+    if (st != EBB_OK) {
+        ebb_dataset_free(d);
+        return st;
+    }
+    *out = d;
+    return EBB_OK;
+}
+
+ebb_status ebb_dataset_open_text(ebb_dataset **out, const char *path, const char *const names[2],
+                                 int64_t block, ebb_text_split split) {
+    if (!out || !path || !names || !names[0] || !names[1])
+        return ebb_error_set(EBB_ERR_ARG, "ebb_dataset_open_text: NULL argument");
+    *out = NULL;
+    if (split != EBB_TEXT_TRAIN && split != EBB_TEXT_TEST && split != EBB_TEXT_ALL)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_dataset_open_text: split %d is not one of "
+                                          "EBB_TEXT_TRAIN, EBB_TEXT_TEST, EBB_TEXT_ALL",
+                             (int)split);
+    return open_text(out, path, names, 2, block, split, path, 0);
+}
+
+/* "text:FILE[:train|:test|:all]": the window length from the expected
+ * input shape [B, T], which the target's, when given, must share. */
+static ebb_status open_text_desc(ebb_dataset **out, const char *desc, const char *const *names,
+                                 int n, const ebb_dataset_expect *expect) {
+    const char *file = desc + 5, *colon = strrchr(file, ':');
+    ebb_text_split split = EBB_TEXT_TRAIN;
+    size_t len = strlen(file);
+    if (colon && (!strcmp(colon, ":train") || !strcmp(colon, ":test") || !strcmp(colon, ":all"))) {
+        split = !strcmp(colon, ":test") ? EBB_TEXT_TEST
+                : !strcmp(colon, ":all") ? EBB_TEXT_ALL
+                                         : EBB_TEXT_TRAIN;
+        len = (size_t)(colon - file);
+    }
+    char path[4096];
+    if (len == 0 || len >= sizeof path)
+        return ebb_error_set(EBB_ERR_ARG, "dataset '%s': %s", desc,
+                             len ? "name too long" : "no file after text:");
+    memcpy(path, file, len);
+    path[len] = '\0';
+    if (n != 2)
+        return open_text(out, path, names, n, 1, split, desc, 0);
+    const ebb_shape *x = expect && expect->shapes ? &expect->shapes[0] : NULL;
+    const ebb_shape *y = expect && expect->shapes ? &expect->shapes[1] : NULL;
+    char a[128], b[128];
+    if (!x || x->ndim == 0)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "dataset '%s': text data is cut into windows as long as the "
+                             "input's second dimension, which is not known here: give "
+                             "ebb_dataset_open_ex() the expected input shape [B, T], or call "
+                             "ebb_dataset_open_text()",
+                             desc);
+    if (x->ndim != 2)
+        return ebb_error_set(EBB_ERR_SHAPE,
+                             "dataset '%s': text data gives windows of byte tokens, [B, T], but "
+                             "'%s' is expected as %s; nothing was read",
+                             desc, names[0], ebb_shape_str(x, a, sizeof a));
+    if (y->ndim != 0 && (y->ndim != 2 || y->dim[1] != x->dim[1]))
+        return ebb_error_set(EBB_ERR_SHAPE,
+                             "dataset '%s': text data gives the target the input's window one "
+                             "byte on, [B, %lld] as '%s' is %s, but '%s' is expected as %s; "
+                             "nothing was read",
+                             desc, (long long)x->dim[1], names[0], ebb_shape_str(x, a, sizeof a),
+                             names[1], ebb_shape_str(y, b, sizeof b));
+    return open_text(out, path, names, n, x->dim[1], split, desc, expect->max_bytes);
+}
+
 static int is_dir(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
@@ -644,6 +823,8 @@ ebb_status ebb_dataset_open_ex(ebb_dataset **out, const char *desc, const char *
     ebb_status st = check_expect_args(expect, n, "ebb_dataset_open");
     if (st != EBB_OK)
         return st;
+    if (!strncmp(desc, "text:", 5))
+        return open_text_desc(out, desc, names, n, expect);
     size_t len = strlen(desc);
     char dir[4096];
     const char *split = NULL;
@@ -673,8 +854,8 @@ ebb_status ebb_dataset_open_ex(ebb_dataset **out, const char *desc, const char *
             return ebb_error_set(
                 EBB_ERR_IO,
                 "dataset '%s': no such file or directory; a dataset is a safetensors file, a "
-                "directory of IDX files, IMAGES,LABELS (two IDX files), or fashion-mnist "
-                "(:train, :test)%s",
+                "directory of IDX files, IMAGES,LABELS (two IDX files), fashion-mnist "
+                "(:train, :test), or text:FILE (:train, :test, :all)%s",
                 desc,
                 ebb_edit_distance(dir, "fashion-mnist", 3) <= 3 ? "; did you mean fashion-mnist?"
                                                                 : "");
@@ -767,11 +948,20 @@ ebb_status ebb_dataset_check_classes(const ebb_dataset *d, int i, int64_t classe
     const field *f = field_at(d, i);
     if (!f)
         return ebb_error_set(EBB_ERR_ARG, "ebb_dataset_check_classes: no field %d", i);
-    int64_t total = d->n * f->sample_numel;
-    for (int64_t k = 0; k < total; k++) {
+    /* the elements the samples cover: all of them, once each (a text
+     * field's windows overlap, and cover a range of its bytes) */
+    int64_t first = f->offset;
+    int64_t end = d->n ? (d->n - 1) * f->stride + f->offset + f->sample_numel : 0;
+    for (int64_t k = first; k < end; k++) {
         double v = get_f(f, k);
         int bad = is_int_dtype(f->dtype) ? (get_i(f, k) < 0 || get_i(f, k) >= classes)
                                          : !(v >= 0 && v < (double)classes && v == floor(v));
+        if (bad && f->text)
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "%s: the byte at offset %lld is %g, not a token of the "
+                                 "model's %lld-token vocabulary (0 to %lld)",
+                                 f->file, (long long)(f->file_at + k), v, (long long)classes,
+                                 (long long)classes - 1);
         if (bad)
             return ebb_error_set(EBB_ERR_ARG,
                                  "%s: label %g of sample %lld is out of range for %lld classes "
@@ -823,6 +1013,12 @@ ebb_status ebb_dataset_batch(ebb_tensor **out, const ebb_dataset *d, int i, cons
                              f->name, ebb_dtype_name(dtype));
     /* float16 and bfloat16: made as float32, then rounded to the nearest
      * value of the dtype (as x.to(torch.bfloat16) rounds) */
+    if (f->text && dtype != EBB_INT64 && dtype != EBB_INT32)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s: field '%s' holds byte tokens of a text file, batched as int64 "
+                             "or int32 token ids, not as %s (declare the spec's input and target "
+                             "with dtype: int64)",
+                             f->file, f->name, ebb_dtype_name(dtype));
     int half = dtype == EBB_FLOAT16 || dtype == EBB_BFLOAT16;
     ebb_dtype wanted = dtype;
     if (half)
@@ -853,7 +1049,7 @@ ebb_status ebb_dataset_batch(ebb_tensor **out, const ebb_dataset *d, int i, cons
     if (f->normalize)
         mean = f->mean, inv_std = 1.0 / f->std;
     for (int64_t r = 0; r < count; r++) {
-        int64_t src = index[r] * per;
+        int64_t src = index[r] * f->stride + f->offset;
         size_t dst = (size_t)(r * per);
         for (int64_t k = 0; k < per; k++) {
             switch (dtype) {

@@ -279,7 +279,7 @@ static ebb_status backward(run_ctx *r, const plan_step *s) {
             return ebb_error_set(EBB_ERR_RUNTIME, "input %s is empty", id);
         }
     for (int j = 0; j < s->n_params; j++)
-        r->params[j] = r->model->params[s->param_first + j];
+        r->params[j] = r->model->params[s->param[j]];
     ebb_op_grad_call gc = {.op = s->op, .attrs = s->attrs, .in = ins, .n_in = s->n_fwd_in,
                            .params = r->params, .n_params = s->n_params, .out = out,
                            .saved = extras, .n_saved = s->n_saved, .grad_out = grad_out,
@@ -502,7 +502,7 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
             }
         }
         for (int i = 0; i < s->n_params; i++)
-            r->params[i] = r->model->params[s->param_first + i];
+            r->params[i] = r->model->params[s->param[i]];
         ebb_op_call call = {.op = s->op, .attrs = s->attrs, .in = r->args, .n_in = ps->n_in,
                             .params = r->params, .n_params = s->n_params, .node = ps->node};
         if (s->pub.in_place && !r->borrowed[ps->in[0]] && ebb_tensor_is_exclusive(r->args[0])) {

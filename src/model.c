@@ -28,7 +28,12 @@ static ebb_status init_param(ebb_tensor **out, const ebb_param_spec *s, ebb_dtyp
     switch (s->init) {
     case EBB_INIT_ZEROS: return ebb_tensor_zeros(out, &s->shape, dt, dev);
     case EBB_INIT_ONES: return ebb_tensor_ones(out, &s->shape, dt, dev);
-    case EBB_INIT_NORMAL: return ebb_tensor_randn(out, &s->shape, dt, dev, seed);
+    case EBB_INIT_NORMAL: {
+        ebb_status st = ebb_tensor_randn(out, &s->shape, dt, dev, seed);
+        if (st == EBB_OK && s->std > 0 && s->std != 1.0)
+            st = ebb_tensor_affine_(*out, s->std, 0.0);
+        return st;
+    }
     case EBB_INIT_UNIFORM_FAN_IN: {
         double bound = s->fan_in > 0 ? 1.0 / sqrt((double)s->fan_in) : 0.0;
         return ebb_tensor_uniform(out, &s->shape, -bound, bound, dt, dev, seed);
@@ -44,11 +49,37 @@ void ebb_model_free(ebb_model *m) {
         ebb_tensor_free(m->params[i]);
         free(m->names[i]);
     }
+    for (int k = 0; k < m->n_aliases; k++)
+        free(m->aliases[k]);
+    free(m->aliases);
+    free(m->alias_of);
     free(m->params);
     free(m->names);
     free(m->buffer);
     free(m->frozen);
     free(m);
+}
+
+static ebb_status copy_aliases(ebb_model *m, const ebb_plan *plan) {
+    int n = 0;
+    for (int i = 0; i < plan->n_params; i++)
+        n += plan->params[i].n_aliases;
+    if (n == 0)
+        return EBB_OK;
+    m->aliases = calloc((size_t)n, sizeof *m->aliases);
+    m->alias_of = calloc((size_t)n, sizeof *m->alias_of);
+    if (!m->aliases || !m->alias_of)
+        return EBB_ERR_NOMEM;
+    for (int i = 0; i < plan->n_params; i++)
+        for (int k = 0; k < plan->params[i].n_aliases; k++) {
+            const char *a = plan->params[i].aliases[k];
+            size_t len = strlen(a) + 1;
+            if (!(m->aliases[m->n_aliases] = malloc(len)))
+                return EBB_ERR_NOMEM;
+            memcpy(m->aliases[m->n_aliases], a, len);
+            m->alias_of[m->n_aliases++] = i;
+        }
+    return EBB_OK;
 }
 
 ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device device, uint64_t seed) {
@@ -95,6 +126,10 @@ ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device devic
             return st;
         }
     }
+    if (copy_aliases(m, plan) != EBB_OK) {
+        ebb_model_free(m);
+        return ebb_error_set(EBB_ERR_NOMEM, "ebb_model_new: out of memory");
+    }
     *out = m;
     return EBB_OK;
 }
@@ -111,7 +146,22 @@ int ebb_model_param_index(const ebb_model *m, const char *name) {
     for (int i = 0; i < m->n_params; i++)
         if (strcmp(m->names[i], name) == 0)
             return i;
+    for (int k = 0; k < m->n_aliases; k++)
+        if (strcmp(m->aliases[k], name) == 0)
+            return m->alias_of[k];
     return -1;
+}
+
+/* The name parameter i has in the file: its own, else the first of its
+ * aliases the file holds (a tied weight saved under the other node's key),
+ * else its own (missing). */
+static const char *name_in_file(const ebb_model *m, const ebb_safetensors *st, int i) {
+    if (ebb_safetensors_dtype_str(st, m->names[i]))
+        return m->names[i];
+    for (int k = 0; k < m->n_aliases; k++)
+        if (m->alias_of[k] == i && ebb_safetensors_dtype_str(st, m->aliases[k]))
+            return m->aliases[k];
+    return m->names[i];
 }
 
 ebb_tensor *ebb_model_param(const ebb_model *m, const char *name) {
@@ -206,13 +256,14 @@ static void describe_mismatch(strbuf *b, const ebb_model *m, const ebb_safetenso
     ebb_shape shape, want = ebb_tensor_shape(m->params[i]);
     ebb_dtype dt, need = ebb_tensor_dtype(m->params[i]);
     char x[96], y[96];
-    if (ebb_safetensors_find(st, m->names[i], &dt, &shape) != EBB_OK)
+    const char *name = name_in_file(m, st, i);
+    if (ebb_safetensors_find(st, name, &dt, &shape) != EBB_OK)
         /* there, in a dtype ebb has no tensors of: not "missing" */
         sb_add(b, "parameter '%s' has dtype %s, which ebb does not support (the model needs %s %s)",
-               m->names[i], ebb_safetensors_dtype_str(st, m->names[i]), ebb_dtype_name(need),
+               name, ebb_safetensors_dtype_str(st, name), ebb_dtype_name(need),
                ebb_shape_str(&want, y, sizeof y));
     else
-        sb_add(b, "parameter '%s' is %s %s in the file, the model needs %s %s", m->names[i],
+        sb_add(b, "parameter '%s' is %s %s in the file, the model needs %s %s", name,
                ebb_dtype_name(dt), ebb_shape_str(&shape, x, sizeof x), ebb_dtype_name(need),
                ebb_shape_str(&want, y, sizeof y));
 }
@@ -307,9 +358,10 @@ ebb_status ebb_model_load_ex(ebb_model *m, const char *path, const ebb_model_loa
     for (int i = 0; i < m->n_params; i++) {
         ebb_shape shape, want = ebb_tensor_shape(m->params[i]);
         ebb_dtype dt;
-        if (!ebb_safetensors_dtype_str(st, m->names[i]))
+        const char *name = name_in_file(m, st, i);
+        if (!ebb_safetensors_dtype_str(st, name))
             state[i] = PARAM_MISSING;
-        else if (ebb_safetensors_find(st, m->names[i], &dt, &shape) != EBB_OK ||
+        else if (ebb_safetensors_find(st, name, &dt, &shape) != EBB_OK ||
                  !ebb_shape_equal(&shape, &want) || dt != ebb_tensor_dtype(m->params[i]))
             state[i] = PARAM_MISMATCH;
         n_missing += state[i] == PARAM_MISSING;
@@ -342,7 +394,8 @@ ebb_status ebb_model_load_ex(ebb_model *m, const char *path, const ebb_model_loa
         if (state[i] != PARAM_OK)
             continue; /* non-strict: the model keeps its own values */
         int64_t bad = 0;
-        s = ebb_safetensors_load_into_ex(st, m->names[i], m->params[i], count ? &bad : NULL);
+        s = ebb_safetensors_load_into_ex(st, name_in_file(m, st, i), m->params[i],
+                                         count ? &bad : NULL);
         if (s != EBB_OK || bad == 0)
             continue;
         if (opts->strict_finite)

@@ -12,6 +12,11 @@ struct ebb_model {
     int n_params;
     ebb_tensor **params; /* in the plan's parameter order */
     char **names;
+    /* the other names tied nodes give parameters (ebb_node_share): alias k
+     * is aliases[k], a name of parameter alias_of[k] */
+    char **aliases;
+    int *alias_of;
+    int n_aliases;
     unsigned char *buffer; /* 1: a buffer or counter (batch_norm's running statistics):
                               no gradient, and no optimizer state */
     unsigned char *frozen; /* 1: a parameter the training plan the model was made from

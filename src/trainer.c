@@ -44,11 +44,13 @@ typedef struct fields {
     ebb_dtype dtypes[MAX_FIELDS];
     const char *loss; /* the spec's loss op, or the options' */
     int classify;     /* cross_entropy or nll: predictions are counted */
+    int64_t block;    /* > 0: the size of the inputs' and targets' second dimension */
 } fields;
 
-static ebb_status fields_init(fields *f, const ebb_spec *spec, const char *loss) {
+static ebb_status fields_init(fields *f, const ebb_spec *spec, const char *loss, int64_t block) {
     memset(f, 0, sizeof *f);
     f->spec = spec;
+    f->block = block;
     f->n_in = ebb_spec_input_count(spec);
     f->n_tg = ebb_spec_target_count(spec);
     if (f->n_tg == 0)
@@ -75,25 +77,35 @@ static ebb_status fields_init(fields *f, const ebb_spec *spec, const char *loss)
     return EBB_OK;
 }
 
+/* Adds "sym=size" to the bindings unless sym is bound already. */
+static void bind_symbol(const char *sym, int64_t size, const char **bind, char (*buf)[96],
+                        int *nb) {
+    for (int k = 0; k < *nb; k++)
+        if (!strncmp(buf[k], sym, strlen(sym)) && buf[k][strlen(sym)] == '=') return;
+    if (*nb == 2 * MAX_FIELDS) return;
+    snprintf(buf[*nb], sizeof buf[*nb], "%s=%lld", sym, (long long)size);
+    bind[*nb] = buf[*nb];
+    (*nb)++;
+}
+
 /* Shapes for a batch of B: every input's symbolic first dimension bound to
- * B, and the targets' with them (tg NULL: the inputs only). */
+ * B, and with a block, every symbolic second dimension (a sequence) to it;
+ * the targets share the symbols (tg NULL: the inputs only). */
 static ebb_status batch_shapes(const fields *f, int64_t batch, ebb_shape *in, ebb_shape *tg) {
-    const char *bind[MAX_FIELDS];
-    char buf[MAX_FIELDS][96];
+    const char *bind[2 * MAX_FIELDS];
+    char buf[2 * MAX_FIELDS][96];
     int nb = 0;
-    for (int i = 0; i < f->n_in && nb < MAX_FIELDS; i++) {
+    for (int i = 0; i < f->n_in; i++) {
         const char *sym = NULL;
         if (ebb_spec_input_ndim(f->spec, i) > 0 && ebb_spec_input_dim(f->spec, i, 0, &sym) < 0 &&
-            sym) {
-            int dup = 0;
-            for (int k = 0; k < nb; k++)
-                dup |= !strncmp(buf[k], sym, strlen(sym)) && buf[k][strlen(sym)] == '=';
-            if (!dup) {
-                snprintf(buf[nb], sizeof buf[nb], "%s=%lld", sym, (long long)batch);
-                bind[nb] = buf[nb];
-                nb++;
-            }
-        }
+            sym)
+            bind_symbol(sym, batch, bind, buf, &nb);
+    }
+    for (int i = 0; f->block > 0 && i < f->n_in; i++) {
+        const char *sym = NULL;
+        if (ebb_spec_input_ndim(f->spec, i) > 1 && ebb_spec_input_dim(f->spec, i, 1, &sym) < 0 &&
+            sym)
+            bind_symbol(sym, f->block, bind, buf, &nb);
     }
     ebb_status st = ebb_spec_resolve_shapes(f->spec, bind, nb, in, MAX_FIELDS);
     if (st == EBB_OK && tg) st = ebb_spec_resolve_target_shapes(f->spec, bind, nb, tg, MAX_FIELDS);
@@ -106,6 +118,62 @@ static ebb_status batch_shapes(const fields *f, int64_t batch, ebb_shape *in, eb
                                  "--batch %lld can set",
                                  ebb_spec_file(f->spec), f->names[i], (long long)batch);
     }
+    return EBB_OK;
+}
+
+/* The loss is per token: a classifier's scores [B, T, V] against [B, T]
+ * (a language model), whose mean loss exponentiated is its perplexity. */
+static int per_token(const fields *f, const ebb_plan *infer) {
+    if (!f->classify || !infer || ebb_plan_output_count(infer) < 1) return 0;
+    return ebb_plan_value_at(infer, ebb_plan_output_slot(infer, 0))->shape.ndim > 2;
+}
+
+/* The block sizes the first input's second dimension: a symbol it binds, or
+ * a size the spec fixed, which it must equal. */
+static ebb_status check_block(const fields *f) {
+    if (f->block <= 0) return EBB_OK;
+    const char *sym = NULL;
+    int nd = ebb_spec_input_ndim(f->spec, 0);
+    int64_t d = nd >= 2 ? ebb_spec_input_dim(f->spec, 0, 1, &sym) : -1;
+    if (nd < 2)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "--block %lld sizes a sequence, the input's second dimension, but "
+                             "%s's input '%s' has %d dimension%s",
+                             (long long)f->block, ebb_spec_file(f->spec), f->names[0], nd,
+                             nd == 1 ? "" : "s");
+    if (d >= 0 && d != f->block)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "--block %lld: %s's input '%s' has %lld as its second dimension, "
+                             "fixed in the spec (when a params: value gives it, -p sets it)",
+                             (long long)f->block, ebb_spec_file(f->spec), f->names[0],
+                             (long long)d);
+    return EBB_OK;
+}
+
+/* Text data (ebb/data.h) gives one input and one target of byte tokens, in
+ * windows as long as the input's second dimension. */
+static ebb_status check_text_spec(const fields *f, const char *desc) {
+    if (strncmp(desc, "text:", 5)) return EBB_OK;
+    if (f->n_in != 1 || f->n_tg != 1)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "dataset '%s': text data feeds one input and one target (the next "
+                             "byte), but %s has %d input%s and %d target%s",
+                             desc, ebb_spec_file(f->spec), f->n_in, f->n_in == 1 ? "" : "s",
+                             f->n_tg, f->n_tg == 1 ? "" : "s");
+    for (int i = 0; i < 2; i++)
+        if (f->dtypes[i] != EBB_INT64 && f->dtypes[i] != EBB_INT32)
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "dataset '%s': text data gives byte tokens, but %s's %s '%s' is "
+                                 "%s: declare it {shape: [batch, T], dtype: int64}",
+                                 desc, ebb_spec_file(f->spec), i ? "target" : "input",
+                                 f->names[i], ebb_dtype_name(f->dtypes[i]));
+    const char *sym = NULL;
+    if (!f->block && ebb_spec_input_ndim(f->spec, 0) >= 2 &&
+        ebb_spec_input_dim(f->spec, 0, 1, &sym) < 0 && sym)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "--block N is needed: %s's input '%s' has the symbol '%s' as its "
+                             "second dimension, the length of the windows cut from '%s'",
+                             ebb_spec_file(f->spec), f->names[0], sym, desc);
     return EBB_OK;
 }
 
@@ -192,6 +260,7 @@ static ebb_status open_data(const fields *f, const ebb_trainer_options *o, const
     for (int i = 0; i < f->n; i++)
         want[i] = i < f->n_in ? in[i] : tg[i - f->n_in];
     ebb_dataset_expect expect = {.shapes = want, .n_shapes = f->n};
+    if ((st = check_text_spec(f, desc)) != EBB_OK) return st;
     ebb_fit fit = {.available_bytes = -1};
     if (ebb_plan_check_fits(infer, ebb_device_cpu(), NULL, 0, &fit) != EBB_OK)
         ebb_error_clear(); /* the plan's own fit is checked where it runs */
@@ -254,16 +323,25 @@ void ebb_metrics_free(ebb_metrics *m) {
     memset(m, 0, sizeof *m);
 }
 
+/* "accuracy 0.3512 top-5 0.7012 loss 2.4563 perplexity 11.66 on 38 samples
+ * (2432 tokens)": an evaluation's line, as ebb eval and the epoch lines
+ * print it. */
+static void metrics_line(const ebb_metrics *m, FILE *f) {
+    if (m->classes) fprintf(f, "accuracy %.4f ", m->accuracy);
+    if (m->classes && m->top_k) fprintf(f, "top-%d %.4f ", m->top_k, m->top_k_accuracy);
+    fprintf(f, "loss %.4f", m->loss);
+    int ppl = isfinite(m->perplexity) && m->perplexity > 0;
+    if (ppl)
+        fprintf(f, m->perplexity < 1e4 ? " perplexity %.2f" : " perplexity %.4g", m->perplexity);
+    fprintf(f, " on %lld samples", (long long)m->samples);
+    if (ppl) fprintf(f, " (%lld tokens)", (long long)m->predictions);
+    fputc('\n', f);
+}
+
 void ebb_metrics_print(const ebb_metrics *m, FILE *f) {
     if (!m || !f) return;
-    if (!m->classes) {
-        fprintf(f, "loss %.4f on %lld samples\n", m->loss, (long long)m->samples);
-        return;
-    }
-    fprintf(f, "accuracy %.4f", m->accuracy);
-    if (m->top_k) fprintf(f, " top-%d %.4f", m->top_k, m->top_k_accuracy);
-    fprintf(f, " loss %.4f on %lld samples\n", m->loss, (long long)m->samples);
-    if (!m->confusion) return;
+    metrics_line(m, f);
+    if (!m->classes || !m->confusion) return;
     /* per class: its accuracy, then its row of the confusion matrix */
     int w = 5;
     for (int64_t c = 0; c < m->classes * m->classes; c++) {
@@ -413,6 +491,7 @@ static ebb_status evaluate(const fields *f, const ebb_plan *plan, const ebb_mode
     }
     m->samples = n;
     m->loss = sum / (double)n;
+    m->perplexity = per_token(f, plan) ? exp(m->loss) : NAN;
     double preds = m->predictions ? (double)m->predictions : 1.0;
     m->accuracy = m->classes ? m->accuracy / preds : NAN;
     m->top_k_accuracy = m->top_k ? m->top_k_accuracy / preds : NAN;
@@ -884,6 +963,9 @@ static ebb_status check_options(const ebb_trainer_options *o) {
     if (o->batch < 1)
         return ebb_error_set(EBB_ERR_ARG, "batch %lld: a batch holds at least one sample",
                              (long long)o->batch);
+    if (o->block < 0)
+        return ebb_error_set(EBB_ERR_ARG, "block %lld: a sequence holds at least one token",
+                             (long long)o->block);
     if (!o->evaluate_only && !o->steps && o->epochs < 1)
         return ebb_error_set(EBB_ERR_ARG, "epochs %lld: train for at least one epoch or step",
                              (long long)o->epochs);
@@ -1084,13 +1166,15 @@ static ebb_status open_accumulation(ebb_trainer *t) {
 static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
     ebb_trainer_options *o = &t->o;
     ebb_status st = check_options(o);
-    if (st == EBB_OK) st = fields_init(&t->f, spec, o->loss);
+    if (st == EBB_OK) st = fields_init(&t->f, spec, o->loss, o->block);
+    if (st == EBB_OK) st = check_block(&t->f);
     if (st == EBB_OK && o->resume) st = ebb_checkpoint_read_info(o->resume, &t->ci);
     if (st == EBB_OK) st = compile_plan(&t->f, o->batch, o, NULL, NULL, &t->infer);
     if (st == EBB_OK && !o->evaluate_only)
         st = compile_plan(&t->f, o->batch, o, &o->optimizer, t->infer, &t->plan);
     if (st == EBB_OK && !o->evaluate_only) st = open_data(&t->f, o, o->data, t->infer, &t->train);
     if (st == EBB_OK && o->eval_data) st = open_data(&t->f, o, o->eval_data, t->infer, &t->test);
+    t->s.per_token = per_token(&t->f, t->infer);
     if (st == EBB_OK && t->train && !(t->data = data_fields(t->train)))
         st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
     if (st == EBB_OK)
@@ -1169,6 +1253,19 @@ static const char *fmt_loss(double sum, int64_t n, char *buf, size_t size) {
     return buf;
 }
 
+/* " perplexity 12.34" of a mean per-token loss (the exponential of the
+ * mean), "" when the loss is not per token. */
+static const char *fmt_ppl(int per_tok, double sum, int64_t n, char *buf, size_t size) {
+    double v = n ? exp(sum / (double)n) : NAN;
+    if (!per_tok)
+        buf[0] = '\0';
+    else if (!isfinite(v))
+        snprintf(buf, size, " perplexity -");
+    else
+        snprintf(buf, size, v < 1e4 ? " perplexity %.2f" : " perplexity %.4g", v);
+    return buf;
+}
+
 static void fmt_eta(double s, char *buf, size_t size) {
     if (!(s >= 0) || s > 1e7)
         snprintf(buf, size, "?");
@@ -1239,18 +1336,19 @@ static void print_start(const ebb_trainer *t) {
 static void print_step(ebb_trainer *t, double rate) {
     FILE *f = t->o.progress;
     if (!f) return;
-    char lb[32], eta[32], mb[32], pb[32];
+    char lb[32], eta[32], mb[32], pb[32], pp[48];
     int64_t e = (t->s.step - 1) / t->s.steps_per_epoch, step = t->s.step, total = t->s.total_steps;
     if (t->o.log_every && step % t->o.log_every == 0) {
+        fmt_ppl(t->s.per_token, t->log_loss, t->log_n, pp, sizeof pp);
         if (!t->tty && t->sched)
-            fprintf(f, "epoch %lld step %lld/%lld loss %s lr %.6g %.0f samples/s\n",
+            fprintf(f, "epoch %lld step %lld/%lld loss %s%s lr %.6g %.0f samples/s\n",
                     (long long)e + 1, (long long)step, (long long)total,
-                    fmt_loss(t->log_loss, t->log_n, lb, sizeof lb),
+                    fmt_loss(t->log_loss, t->log_n, lb, sizeof lb), pp,
                     ebb_optimizer_get_options(t->opt).lr, rate);
         else if (!t->tty)
-            fprintf(f, "epoch %lld step %lld/%lld loss %s %.0f samples/s\n", (long long)e + 1,
+            fprintf(f, "epoch %lld step %lld/%lld loss %s%s %.0f samples/s\n", (long long)e + 1,
                     (long long)step, (long long)total,
-                    fmt_loss(t->log_loss, t->log_n, lb, sizeof lb), rate);
+                    fmt_loss(t->log_loss, t->log_n, lb, sizeof lb), pp, rate);
         t->log_loss = 0;
         t->log_n = 0;
         fflush(f); /* a log read as it is written (a pipe, tail -f) */
@@ -1259,10 +1357,11 @@ static void print_step(ebb_trainer *t, double rate) {
     if (t->tty && (now - t->last_draw > 0.2 || step == total)) {
         fmt_eta((double)(total - step) * (double)(t->o.batch * t->accum) / rate, eta, sizeof eta);
         fprintf(f,
-                "\repoch %lld/%lld step %lld/%lld %.0f samples/s loss %s ETA %s peak %s/%s "
+                "\repoch %lld/%lld step %lld/%lld %.0f samples/s loss %s%s ETA %s peak %s/%s "
                 "planned\033[K",
                 (long long)e + 1, (long long)t->epochs, (long long)step, (long long)total, rate,
-                fmt_loss(t->epoch_loss, t->epoch_n, lb, sizeof lb), eta,
+                fmt_loss(t->epoch_loss, t->epoch_n, lb, sizeof lb),
+                fmt_ppl(t->s.per_token, t->epoch_loss, t->epoch_n, pp, sizeof pp), eta,
                 ebb_bytes_str(t->s.measured_peak_bytes, mb, sizeof mb),
                 ebb_bytes_str(t->s.planned_peak_bytes, pb, sizeof pb));
         fflush(f);
@@ -1273,22 +1372,19 @@ static void print_step(ebb_trainer *t, double rate) {
 static void print_epoch(const ebb_trainer *t, const ebb_train_event *ev) {
     FILE *f = t->o.progress;
     if (!f) return;
-    char lb[32], skips[64] = "";
+    char lb[32], skips[64] = "", pp[48];
     if (t->tty) fprintf(f, "\n");
     if (ev->epoch_skipped)
         snprintf(skips, sizeof skips, ", %lld skipped", (long long)ev->epoch_skipped);
-    fprintf(f, "epoch %lld: loss %s (%lld steps%s, %.1f s, %.0f samples/s)\n", (long long)ev->epoch,
-            fmt_loss(ev->loss, 1, lb, sizeof lb), (long long)ev->epoch_steps, skips, ev->seconds,
+    fprintf(f, "epoch %lld: loss %s%s (%lld steps%s, %.1f s, %.0f samples/s)\n",
+            (long long)ev->epoch, fmt_loss(ev->loss, 1, lb, sizeof lb),
+            fmt_ppl(t->s.per_token, ev->loss, 1, pp, sizeof pp), (long long)ev->epoch_steps, skips,
+            ev->seconds,
             (double)(ev->epoch_steps * t->o.batch * t->accum) / (ev->seconds > 1e-9 ? ev->seconds : 1e-9));
-    const ebb_metrics *m = ev->eval;
-    if (m && m->classes && m->top_k)
-        fprintf(f, "eval: accuracy %.4f top-%d %.4f loss %.4f on %lld samples\n", m->accuracy,
-                m->top_k, m->top_k_accuracy, m->loss, (long long)m->samples);
-    else if (m && m->classes)
-        fprintf(f, "eval: accuracy %.4f loss %.4f on %lld samples\n", m->accuracy, m->loss,
-                (long long)m->samples);
-    else if (m)
-        fprintf(f, "eval: loss %.4f on %lld samples\n", m->loss, (long long)m->samples);
+    if (ev->eval) {
+        fputs("eval: ", f);
+        metrics_line(ev->eval, f);
+    }
     fflush(f);
 }
 

@@ -761,7 +761,8 @@ static void test_help_and_version(void **state) {
     EBB(&r, "--help");
     expect_code(&r, 0);
     assert_true(starts_with(r.out, "usage: ebb "));
-    static const char *const cmds[] = {"check", "plan", "run", "dot", "chart", "train", "eval"};
+    static const char *const cmds[] = {"check", "plan", "run",  "dot",
+                                       "chart", "train", "eval", "generate"};
     const int n_cmds = (int)(sizeof cmds / sizeof cmds[0]);
     for (int i = 0; i < n_cmds; i++) {
         char needle[32];
@@ -937,7 +938,7 @@ static void test_write_errors(void **state) {
 typedef struct exit_case {
     int code;
     const char *err_needle; /* in stderr */
-    const char *args[10];
+    const char *args[14];
 } exit_case;
 
 static void test_exit_codes(void **state) {
@@ -1046,6 +1047,28 @@ static void test_exit_codes(void **state) {
         {1,
          "over the memory budget of 1.0 KiB",
          {"plan", "specs/mlp.yaml", "-i", "batch=8", "--memory-budget", "1KiB"}},
+        /* language models: text data and generation */
+        {2, "--block N is needed", {"train", "specs/bigram.yaml", "--data", "text:README.md"}},
+        {1,
+         "input 'x' is float32: declare it {shape: [batch, T], dtype: int64}",
+         {"train", "specs/mlp.yaml", "--data", "text:README.md", "--block", "64"}},
+        {2,
+         "--prompt is required",
+         {"generate", "specs/bigram.yaml", "--weights", "w", "--tokens", "1"}},
+        {2,
+         "--block N is needed",
+         {"generate", "specs/bigram.yaml", "--weights", "w", "--prompt", "a", "--tokens", "1"}},
+        {1,
+         "the output is float32 [1, 4, 100]; generate needs the scores of the next byte",
+         {"generate", "specs/bigram.yaml", "--weights", "w", "--prompt", "a", "--tokens", "1",
+          "--block", "4", "-p", "vocab=100"}},
+        {1,
+         "a language model takes byte tokens",
+         {"generate", "specs/mlp.yaml", "--weights", "w", "--prompt", "a", "--tokens", "1"}},
+        {1,
+         "cannot open 'nothere.safetensors'",
+         {"generate", "specs/bigram.yaml", "--weights", "nothere.safetensors", "--prompt", "a",
+          "--tokens", "1", "--block", "4"}},
         /* 3: a plan that cannot fit is refused before anything runs */
         {3, "this process can get", {"run", "specs/mlp.yaml", "-i", "batch=1000000000"}},
     };
@@ -1142,20 +1165,27 @@ static void test_check_all_specs(void **state) {
     run_prog(&r, NULL, NULL, args);
     expect_code(&r, 0);
     assert_int_equal(r.err_len, 0);
-    /* one line per spec, in order: "SPEC: ok (N steps, P parameters)" */
+    /* one line per spec, in order: "SPEC: ok (N steps, P parameters)", with
+     * ", B in buffers" before the ")" where the spec has buffers */
     const char *line = r.out;
     for (int i = 0; i < n; i++) {
         char prefix[PATH_MAX + 16];
         snprintf(prefix, sizeof prefix, "%s: ok (", specs[i]);
         if (!starts_with(line, prefix))
             fail_msg("line %d of `ebb check` is not \"%s...\": %.200s", i + 1, prefix, line);
-        int steps = 0, used = 0;
-        long long params = 0;
-        if (sscanf(line + strlen(prefix), "%d steps, %lld parameters)\n%n", &steps, &params,
-                   &used) != 2 ||
-            used == 0 || steps < 1)
+        int steps = 0, used = 0, more = 0;
+        long long params = 0, buffers = 0;
+        const char *rest = line + strlen(prefix);
+        if (sscanf(rest, "%d steps, %lld parameters)\n%n", &steps, &params, &used) == 2 &&
+            used > 0 && steps >= 1) {
+            line = rest + used;
+            continue;
+        }
+        if (sscanf(rest, "%d steps, %lld parameters, %lld in buffers)\n%n", &steps, &params,
+                   &buffers, &more) != 3 ||
+            more == 0 || steps < 1 || buffers < 1)
             fail_msg("bad `ebb check` line: %.200s", line);
-        line += strlen(prefix) + (size_t)used;
+        line = rest + more;
     }
     assert_int_equal(*line, '\0');
     cli_free(&r);
@@ -3847,6 +3877,81 @@ static void test_over_plan_is_reported(void **state) {
     unlink(data);
 }
 
+/* A byte-level language model through the command: `ebb train` on
+ * text:FILE (each byte follows from the one before, so a bigram learns it
+ * all) reports perplexity, `ebb eval` counts the held-out tokens, and `ebb
+ * generate` continues a prompt with the text, past its window (which then
+ * slides), the same bytes for the same seed. */
+static void test_text_generate(void **state) {
+    (void)state;
+    char text_path[PATH_MAX], data[PATH_MAX + 16], test[PATH_MAX + 16], w[PATH_MAX];
+    tmp_path(text_path, sizeof text_path, "abc.txt");
+    tmp_path(w, sizeof w, "bigram.safetensors");
+    FMT(data, "text:%s", text_path);
+    FMT(test, "text:%s:test", text_path);
+    char text[400];
+    for (size_t i = 0; i < sizeof text; i++)
+        text[i] = "abcdefgh"[i % 8];
+    assert_int_equal(write_file(text_path, text, sizeof text), 0);
+    cli_result r;
+    EBB(&r, "train", "specs/bigram.yaml", "--data", data, "--eval-data", test, "--block", "16",
+        "--steps", "12", "--optimizer", "adam", "--lr", "0.05", "--log-every", "6",
+        "--save-weights", w, "--device", "cpu");
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "344 samples"); /* a window at every byte of 360 */
+    expect_contains("stdout", &r, r.out, "epoch 1 step 6/12 loss "); /* 6 steps an epoch */
+    expect_contains("stdout", &r, r.out, "epoch 2 step 12/12 loss 0.0");
+    expect_contains("stdout", &r, r.out, " perplexity 1.0");
+    const char *ev = strstr(r.out, "\neval: ");
+    double ppl = 0;
+    if (!ev || !strstr(ev, " perplexity ") ||
+        sscanf(strstr(ev, " perplexity "), " perplexity %lf on 2 samples (32 tokens)", &ppl) != 1 ||
+        !(ppl >= 1.0 && ppl < 1.1))
+        fail_msg("`%s`: no eval line with a perplexity near 1:\n%s", r.cmd, r.out);
+    cli_free(&r);
+
+    EBB(&r, "eval", "specs/bigram.yaml", "--weights", w, "--data", test, "--block", "16", "--json",
+        "--device", "cpu");
+    expect_code(&r, 0);
+    cJSON *j = cJSON_Parse(r.out);
+    if (!j) fail_msg("`%s` printed no JSON:\n%s", r.cmd, r.out);
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "perplexity");
+    const cJSON *tokens = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+    const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss");
+    assert_true(cJSON_IsNumber(p) && cJSON_IsNumber(tokens) && cJSON_IsNumber(loss));
+    assert_int_equal((int)tokens->valuedouble, 32);
+    assert_true(fabs(p->valuedouble - exp(loss->valuedouble)) < 1e-6 * p->valuedouble);
+    assert_true(fabs(p->valuedouble - ppl) < 0.01);
+    cJSON_Delete(j);
+    cli_free(&r);
+
+    /* the most likely byte each time: the text, past the 16-byte window */
+    EBB(&r, "generate", "specs/bigram.yaml", "--weights", w, "--prompt", "cde", "--tokens", "21",
+        "--block", "16", "--temperature", "0", "--device", "cpu", "--verbose");
+    expect_code(&r, 0);
+    if (strcmp(r.out, "cdefghabcdefghabcdefghab"))
+        fail_msg("`%s` printed \"%s\"", r.cmd, r.out);
+    expect_contains("stderr", &r, r.err, "a window of [1, 16], planned peak");
+    expect_contains("stderr", &r, r.err, "(exact)");
+    cli_free(&r);
+    /* a draw: the same seed, the same bytes */
+    cli_result r2;
+    EBB(&r, "generate", "specs/bigram.yaml", "--weights", w, "--prompt", "hello", "--tokens", "50",
+        "--block", "16", "--temperature", "3", "--top-k", "5", "--seed", "9", "--device", "cpu");
+    EBB(&r2, "generate", "specs/bigram.yaml", "--weights", w, "--prompt", "hello", "--tokens", "50",
+        "--block", "16", "--temperature", "3", "--top-k", "5", "--seed", "9", "--device", "cpu");
+    expect_code(&r, 0);
+    expect_code(&r2, 0);
+    assert_int_equal(r.out_len, 55);
+    assert_true(starts_with(r.out, "hello"));
+    if (r2.out_len != r.out_len || memcmp(r.out, r2.out, r.out_len))
+        fail_msg("seed 9 gave two texts:\n%s\n%s", r.out, r2.out);
+    cli_free(&r);
+    cli_free(&r2);
+    unlink(w);
+    unlink(text_path);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_help_and_version),
@@ -3881,6 +3986,7 @@ int main(void) {
         EBB_TEST(test_train_lr_schedule),
         EBB_TEST(test_train_resume_strict),
         EBB_TEST(test_over_plan_is_reported),
+        EBB_TEST(test_text_generate),
     };
     /* CMOCKA_FILTER=test_train_* runs those alone */
     if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));

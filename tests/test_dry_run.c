@@ -76,6 +76,11 @@ static const op_case cases[] = {
     /* embedding */
     {"embedding", "num=10, dim=4", 1, {S(2, 5)}, {EBB_INT64}},
     {"embedding", "num=10, dim=4", 1, {S(7)}, {EBB_INT32}},
+    {"positions", NULL, 1, {S(2, 5, 4)}, {0}},
+    {"positions", "dim=0", 1, {S(3)}, {EBB_INT64}},
+    {"scaled_dot_product_attention", "causal=true", 3, {S(2, 4, 5, 8), S(2, 4, 5, 8), S(2, 4, 5, 8)},
+     {0}},
+    {"scaled_dot_product_attention", NULL, 3, {S(3, 5, 8), S(3, 7, 8), S(3, 7, 6)}, {0}},
     /* attention */
     {"multi_head_attention", "num_heads=2", 1, {S(2, 5, 8)}, {0}},
     {"multi_head_attention", "num_heads=2, causal=true, bias=false", 2, {S(2, 5, 8), S(2, 7, 8)},
@@ -91,6 +96,10 @@ static const op_case cases[] = {
     {"reshape", "shape=\"-1,4\"", 1, {S(2, 3, 4)}, {0}},
     {"permute", "dims=\"2,0,1\"", 1, {S(2, 3, 4)}, {0}},
     {"transpose", "dim0=0, dim1=2", 1, {S(2, 3, 4)}, {0}},
+    {"narrow", "dim=1, start=1, length=2", 1, {S(2, 3, 4)}, {0}},
+    {"matmul", NULL, 2, {S(2, 3, 4, 5), S(5, 6)}, {0}},
+    {"masked_fill", NULL, 2, {S(2, 4, 4), S(4, 4)}, {0, EBB_BOOL}},
+    {"causal_mask", NULL, 1, {S(2, 4, 4)}, {0}},
     {"unsqueeze", "dim=1", 1, {S(2, 3)}, {0}},
     {"squeeze", "dim=1", 1, {S(2, 1, 4)}, {0}},
     {"squeeze", NULL, 1, {S(2, 1, 4, 1)}, {0}},

@@ -767,6 +767,97 @@ static ebb_tensor *gate_reference(const ebb_model *m, const ebb_tensor *x, int t
     return acc;
 }
 
+/* merge by a node: the open streams, in order, are its inputs */
+static void test_merge_node(void **state) {
+    (void)state;
+    ebb_builder *b = ebb_builder_new("mn");
+    ebb_from(b, ebb_node_op(b, "linear", "out=6, name=stem"));
+    ebb_split(b, ebb_node_op(b, "relu", NULL), ebb_node_op(b, "tanh", NULL),
+              ebb_node_op(b, "sigmoid", NULL), NULL);
+    ebb_merge_node(b, ebb_node_op(b, "maximum", NULL));
+    ebb_graph *g = build_or_fail(b);
+    ebb_plan *p = compile(g, 4, 5, 0);
+    const ebb_plan_step *last = ebb_plan_step_at(p, ebb_plan_step_count(p) - 1);
+    assert_string_equal(last->op, "maximum");
+    assert_string_equal(last->node, "flow.2.merge");
+    assert_int_equal(last->n_in, 3);
+    ebb_plan_free(p);
+    ebb_graph_free(g);
+
+    /* a node that cannot take the open streams */
+    b = ebb_builder_new("mn");
+    ebb_from(b, ebb_node_op(b, "linear", "out=6"));
+    ebb_split(b, ebb_node_op(b, "relu", NULL), ebb_node_op(b, "tanh", NULL), NULL);
+    ebb_merge_node(b, ebb_node_op(b, "scaled_dot_product_attention", NULL));
+    expect_build_error(b, "ebb_merge_node: scaled_dot_product_attention takes 3 inputs, given 2");
+    b = ebb_builder_new("mn");
+    ebb_from(b, ebb_node_op(b, "linear", "out=6"));
+    ebb_merge_node(b, ebb_node_op(b, "maximum", NULL));
+    expect_build_error(b, "ebb_merge_node: only 1 open stream");
+}
+
+/* weight tying: errors name the node, the parameter and the source */
+static void expect_share_error(const char *param, const char *source, const char *out,
+                               const char *needle) {
+    ebb_builder *b = ebb_builder_new("tie");
+    ebb_from(b, ebb_node_op(b, "linear", "out=4, name=a"));
+    char attrs[64];
+    snprintf(attrs, sizeof attrs, "out=%s, name=b", out);
+    ebb_through(b, ebb_node_share(b, ebb_node_op(b, "linear", attrs), param, source));
+    ebb_graph *g = build_or_fail(b);
+    ebb_shape s = EBB_SHAPE(2, 4);
+    ebb_compile_options o = {.input_shapes = &s, .n_input_shapes = 1};
+    ebb_plan *p = NULL;
+    assert_int_not_equal(ebb_compile(&p, g, &o), EBB_OK);
+    assert_null(p);
+    assert_errmsg_contains(needle);
+    ebb_graph_free(g);
+}
+
+static void test_shared_params(void **state) {
+    (void)state;
+    /* b's weight is a's: one parameter, two steps read it */
+    ebb_builder *b = ebb_builder_new("tie");
+    ebb_from(b, ebb_node_op(b, "linear", "out=4, name=a"));
+    ebb_through(b, ebb_node_share(b, ebb_node_op(b, "linear", "out=4, name=b"), "weight",
+                                  "a.weight"));
+    ebb_graph *g = build_or_fail(b);
+    ebb_plan *p = compile(g, 2, 4, 0);
+    assert_int_equal(ebb_plan_param_count(p), 3); /* a.weight, a.bias, b.bias */
+    ebb_model *m = NULL;
+    assert_ok(ebb_model_new(&m, p, CPU, 3));
+    assert_ptr_equal(ebb_model_param(m, "b.weight"), ebb_model_param(m, "a.weight"));
+    ebb_tensor *x = input(2, 4, 1), *y = NULL;
+    assert_ok(ebb_run(p, m, &x, &y, NULL));
+    ebb_tensor *h = ref_linear(m, "a", x);
+    ebb_tensor *ref = NULL, *w = ebb_model_param(m, "a.weight");
+    assert_ok(ebb_tensor_linear(&ref, h, w, ebb_model_param(m, "b.bias")));
+    assert_close(y, ref, 0);
+    ebb_tensor *fr[] = {x, y, h, ref};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++)
+        ebb_tensor_free(fr[i]);
+    ebb_model_free(m);
+    ebb_plan_free(p);
+    ebb_graph_free(g);
+
+    expect_share_error("weight", "nothing.weight", "4",
+                       "node b: its weight is to be shared with 'nothing.weight', but no node "
+                       "before it makes a parameter of that name");
+    expect_share_error("weight", "a.weight", "5",
+                       "node b: its weight [5, 4] cannot be shared with 'a.weight' [4, 4]");
+    expect_share_error("wieght", "a.weight", "4",
+                       "node b: linear has no parameter 'wieght' to share (its parameters: "
+                       "weight, bias)");
+    b = ebb_builder_new("tie");
+    ebb_node *n = ebb_node_op(b, "linear", "out=4");
+    ebb_node_share(b, n, "weight", "a.weight");
+    ebb_node_share(b, n, "weight", "a.weight");
+    expect_build_error(b, "ebb_node_share: linear's parameter 'weight' is already shared");
+    b = ebb_builder_new("tie");
+    ebb_node_share(b, ebb_node_seq(b, ebb_node_op(b, "relu", NULL), NULL), "weight", "a.weight");
+    expect_build_error(b, "ebb_node_share: only an op node has parameters to share");
+}
+
 static void test_gate_dense_and_topk(void **state) {
     (void)state;
     for (int top_k = 0; top_k <= 2; top_k += 2) {
@@ -1203,6 +1294,8 @@ int main(void) {
         EBB_TEST(test_straight_line_peak_matches),
         EBB_TEST(test_in_place_only_when_safe),
         EBB_TEST(test_split_merge_using),
+        EBB_TEST(test_merge_node),
+        EBB_TEST(test_shared_params),
         EBB_TEST(test_gate_dense_and_topk),
         EBB_TEST(test_switch_routing),
         EBB_TEST(test_loop_for),

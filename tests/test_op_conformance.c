@@ -166,6 +166,26 @@ static const conf_case cases[] = {
     {"flatten", 1, {SH(2, 3, 4)}, NULL, 0, 0},
     {"flatten", 1, {SH(2, 3, 4, 5)}, "start_dim=1, end_dim=2", 0, 0},
     {"reshape", 1, {SH(4, 6)}, "shape=\"-1,3\"", 0, 0},
+    {"reshape", 1, {SH(2, 3, 8)}, "shape=\"0,0,2,-1\"", 0, 0},
+    /* matmul: a bound where leading dims fold (an operand may be copied) */
+    {"matmul", 2, {SH(4, 6), SH(6, 3)}, NULL, 0, 0},
+    {"matmul", 2, {SH(2, 3, 4, 5), SH(2, 3, 5, 6)}, NULL, 0, BOUND_F32 | BOUND_F64},
+    {"matmul", 2, {SH(3, 4, 5), SH(2, 1, 5, 6)}, NULL, 0, BOUND_F32 | BOUND_F64},
+    {"masked_fill", 2, {SH(2, 3, 4, 4), SH(4, 4)}, NULL, 0, 0},
+    {"masked_fill", 2, {SH(3, 5), SH(3, 5)}, "value=0.5", 0, 0},
+    {"causal_mask", 1, {SH(2, 4, 5)}, NULL, 0, 0},
+    {"causal_mask", 1, {SH(7, 7)}, NULL, 0, 0},
+    {"narrow", 1, {SH(2, 3, 12)}, "dim=2, start=4, length=4", 0, 0},
+    {"narrow", 1, {SH(5, 4)}, "dim=0, start=-3, length=2", 0, 0},
+    {"positions", 1, {SH(2, 7, 3)}, NULL, 0, 0},
+    {"positions", 1, {SH(4, 5)}, "dim=0", 0, 0},
+    /* attention over values: exact where no batched product copies (one
+     * batch dim, or B = 1), a bound where head-split views would be copied */
+    {"scaled_dot_product_attention", 3, {SH(3, 5, 8), SH(3, 7, 8), SH(3, 7, 6)}, NULL, 0, 0},
+    {"scaled_dot_product_attention", 3, {SH(1, 2, 5, 4), SH(1, 2, 5, 4), SH(1, 2, 5, 4)},
+     "causal=true", 0, 0},
+    {"scaled_dot_product_attention", 3, {SH(2, 4, 6, 8), SH(2, 4, 6, 8), SH(2, 4, 6, 8)},
+     "causal=true", 0, BOUND_F32 | BOUND_F64},
     {"reshape", 1, {SH(2, 3, 4)}, "shape=\"6,4\"", 0, 0},
     {"permute", 1, {SH(2, 3, 4)}, "dims=\"2,0,1\"", 0, 0},
     {"permute", 1, {SH(4, 5)}, "dims=\"1,0\"", 0, 0},
@@ -329,12 +349,17 @@ static void fail_case(report *r, const char *what, const char *fmt, ...) {
     r->failures++;
 }
 
+/* masked_fill's second input is a bool mask */
+static int bool_mask(const conf_case *c, int i) {
+    return i == 1 && strcmp(c->op, "masked_fill") == 0;
+}
+
 static void case_shapes(const conf_case *c, int n_in, ebb_shape *shapes, ebb_dtype *dtypes,
                         ebb_dtype dt) {
     for (int i = 0; i < n_in; i++) {
         shapes[i] = c->n_in == 0 && c->in[i].ndim == 0 ? c->in[0] : c->in[i];
         int ints = (i == 0 && c->indices) || (i == 1 && target_classes(c) > 0);
-        dtypes[i] = ints ? EBB_INT64 : dt;
+        dtypes[i] = bool_mask(c, i) ? EBB_BOOL : ints ? EBB_INT64 : dt;
     }
 }
 
@@ -371,6 +396,12 @@ static ebb_status make_inputs(const conf_case *c, int n_in, const ebb_shape *sha
                                     11 + (uint64_t)i);
             if (st == EBB_OK)
                 st = ebb_tensor_cast(&in[i], u, EBB_INT64);
+            ebb_tensor_free(u);
+        } else if (dtypes[i] == EBB_BOOL) {
+            ebb_tensor *u = NULL;
+            st = ebb_tensor_randn(&u, &shapes[i], EBB_FLOAT32, CPU, 11 + (uint64_t)i);
+            if (st == EBB_OK)
+                st = ebb_tensor_compare(&in[i], EBB_GT, u, 0.0);
             ebb_tensor_free(u);
         } else if (i == 1 && target_classes(c) < 0) {
             st = ebb_tensor_uniform(&in[i], &shapes[i], 0.0, 1.0, dtypes[i], CPU, 12);

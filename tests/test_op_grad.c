@@ -52,6 +52,12 @@ static int64_t target_classes(const grad_case *gc) {
     return strcmp(gc->op, "bce_with_logits") == 0 ? -1 : 0;
 }
 
+/* masked_fill's second input is a bool mask, made from the sign of random
+ * values */
+static int bool_mask(const grad_case *gc, int i) {
+    return i == 1 && strcmp(gc->op, "masked_fill") == 0;
+}
+
 #define SH(...) {(int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}}
 
 static const grad_case cases[] = {
@@ -185,6 +191,22 @@ static const grad_case cases[] = {
     {"flatten", 1, {SH(2, 3, 4)}, NULL, 0},
     {"flatten", 1, {SH(2, 3, 4, 5)}, "start_dim=1, end_dim=2", 0},
     {"reshape", 1, {SH(4, 6)}, "shape=\"-1,3\"", 0},
+    {"reshape", 1, {SH(2, 3, 8)}, "shape=\"0,0,2,-1\"", 0},
+    {"matmul", 2, {SH(4, 6), SH(6, 3)}, NULL, 0},
+    {"matmul", 2, {SH(2, 3, 4, 5), SH(2, 3, 5, 6)}, NULL, 0},
+    {"matmul", 2, {SH(2, 3, 4, 5), SH(5, 2)}, NULL, 0},
+    {"matmul", 2, {SH(3, 4, 5), SH(2, 1, 5, 6)}, NULL, 0},
+    {"masked_fill", 2, {SH(2, 3, 4, 4), SH(4, 4)}, "value=-10000", 0}, /* -inf: no finite error */
+    {"masked_fill", 2, {SH(3, 5), SH(3, 5)}, "value=0.5", 0},
+    {"causal_mask", 1, {SH(2, 4, 5)}, NULL, 0},
+    {"narrow", 1, {SH(2, 3, 12)}, "dim=2, start=4, length=4", 0},
+    {"narrow", 1, {SH(5, 4)}, "dim=0, start=-3, length=2", 0},
+    {"positions", 1, {SH(2, 7, 3)}, NULL, 0},
+    {"scaled_dot_product_attention", 3, {SH(3, 5, 8), SH(3, 7, 8), SH(3, 7, 6)}, NULL, 0},
+    {"scaled_dot_product_attention", 3, {SH(1, 2, 5, 4), SH(1, 2, 5, 4), SH(1, 2, 5, 4)},
+     "causal=true", 0},
+    {"scaled_dot_product_attention", 3, {SH(2, 4, 6, 8), SH(2, 4, 6, 8), SH(2, 4, 6, 8)},
+     "causal=true", 0},
     {"reshape", 1, {SH(2, 3, 4)}, "shape=\"6,4\"", 0},
     {"permute", 1, {SH(2, 3, 4)}, "dims=\"2,0,1\"", 0},
     {"permute", 1, {SH(4, 5)}, "dims=\"1,0\"", 0},
@@ -396,7 +418,10 @@ static double max_abs(const ebb_tensor *t) {
         return 0.0;
     ebb_tensor *a = NULL, *m = NULL;
     double v = 0.0;
-    assert_ok(ebb_tensor_unary(&a, EBB_ABS, t));
+    if (ebb_tensor_dtype(t) == EBB_BOOL) /* causal_mask's output */
+        assert_ok(ebb_tensor_cast(&a, t, EBB_FLOAT64));
+    else
+        assert_ok(ebb_tensor_unary(&a, EBB_ABS, t));
     assert_ok(ebb_tensor_reduce(&m, EBB_REDUCE_MAX, a, NULL, 0, false));
     assert_ok(ebb_tensor_item(m, &v));
     ebb_tensor_free(a);
@@ -618,6 +643,11 @@ static void case_values_make(case_values *v, const ebb_op *op, const grad_case *
                 assert_ok(ebb_tensor_cast(&v->in[1], u, EBB_INT64));
                 ebb_tensor_free(u);
             }
+        } else if (bool_mask(gc, i)) {
+            ebb_tensor *u = NULL;
+            assert_ok(ebb_tensor_randn(&u, &v->shapes[i], dt, cpu, seed + 1 + i));
+            assert_ok(ebb_tensor_compare(&v->in[i], EBB_GT, u, 0.0));
+            ebb_tensor_free(u);
         } else if (i == 0 && gc->indices > 0) {
             ebb_tensor *u = NULL;
             assert_ok(ebb_tensor_uniform(&u, &v->shapes[0], 0.0, (double)gc->indices, dt, cpu,
@@ -1116,7 +1146,8 @@ static unsigned meta_case(const ebb_op *op, const grad_case *gc, int n_in, int *
         int64_t classes = target_classes(gc);
         shapes[i] = gc->in[i].ndim || i == 0 || classes ? gc->in[i] : gc->in[0];
         int ints = (i == 0 && gc->indices > 0) || (i == 1 && classes > 0);
-        assert_ok(ebb_tensor_empty(&r.in[i], &shapes[i], ints ? EBB_INT64 : dt, meta));
+        assert_ok(ebb_tensor_empty(&r.in[i], &shapes[i],
+                                   bool_mask(gc, i) ? EBB_BOOL : ints ? EBB_INT64 : dt, meta));
     }
     describe_case(what, sizeof what, op, gc, shapes, n_in, dt);
     ebb_param_spec specs[EBB_MAX_PARAMS];

@@ -232,7 +232,8 @@ static void test_ops_registered(void **state) {
         "batch_norm", "rms_norm", "group_norm", "embedding", "multi_head_attention",
         "gru_cell",  "lstm_cell", "flatten",   "reshape",    "permute",
         "transpose", "unsqueeze", "squeeze",   "scale",      "mean",
-        "sum",
+        "sum",       "narrow",   "positions",  "scaled_dot_product_attention",
+        "matmul",    "masked_fill", "causal_mask",
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const ebb_op *op = ebb_op_find(names[i]);
@@ -249,7 +250,8 @@ static void test_ops_registered(void **state) {
         }
         int view = strcmp(names[i], "flatten") == 0 || strcmp(names[i], "reshape") == 0 ||
                    strcmp(names[i], "permute") == 0 || strcmp(names[i], "transpose") == 0 ||
-                   strcmp(names[i], "unsqueeze") == 0 || strcmp(names[i], "squeeze") == 0;
+                   strcmp(names[i], "unsqueeze") == 0 || strcmp(names[i], "squeeze") == 0 ||
+                   strcmp(names[i], "narrow") == 0;
         assert_int_equal(op->is_view, view);
     }
 }

@@ -417,6 +417,76 @@ static ebb_graph *twin_transformer_encoder(void) {
     return finish(b);
 }
 
+/* The byte-level bigram language model: an int64 input, a target and a loss. */
+static ebb_graph *twin_bigram(void) {
+    ebb_builder *b = ebb_builder_new("bigram");
+    ebb_input(b, "x");
+    ebb_target(b, "y");
+    ebb_loss(b, "cross_entropy", NULL);
+    ebb_from(b, op(b, "embedding", "num=256, dim=64, name=wte"));
+    ebb_through(b, op(b, "linear", "out=256, name=lm_head"));
+    return finish(b);
+}
+
+/* gpt.yaml's `heads` block: [B, T, d] -> [B, heads, T, d / heads] */
+static ebb_node *gpt_heads(ebb_builder *b) {
+    return sub(b, "reshape", "shape=\"0,0,4,-1\"", "transpose", "dim0=1, dim1=2", NULL);
+}
+
+/* gpt.yaml's `block`, copy i: causal self-attention and the MLP, pre-norm */
+static ebb_node *gpt_block(ebb_builder *b, int i) {
+    char ln1[64], attn[64], proj[64], ln2[64], fc[64], mproj[64];
+    snprintf(ln1, sizeof ln1, "name=transformer.h.%d.ln_1", i);
+    snprintf(attn, sizeof attn, "out=384, name=transformer.h.%d.attn.c_attn", i);
+    snprintf(proj, sizeof proj, "out=128, name=transformer.h.%d.attn.c_proj", i);
+    snprintf(ln2, sizeof ln2, "name=transformer.h.%d.ln_2", i);
+    snprintf(fc, sizeof fc, "out=512, name=transformer.h.%d.mlp.c_fc", i);
+    snprintf(mproj, sizeof mproj, "out=128, name=transformer.h.%d.mlp.c_proj", i);
+    ebb_builder *blk = ebb_subflow_begin(b);
+    ebb_builder *a = ebb_subflow_begin(blk);
+    ebb_through(a, op(a, "layer_norm", ln1));
+    ebb_through(a, op(a, "linear", attn));
+    ebb_node *qkv[3];
+    for (int j = 0; j < 3; j++) {
+        char nw[64];
+        snprintf(nw, sizeof nw, "dim=2, start=%d, length=128", 128 * j);
+        ebb_builder *br = ebb_subflow_begin(a);
+        ebb_through(br, op(br, "narrow", nw));
+        ebb_through(br, gpt_heads(br));
+        qkv[j] = ebb_subflow_end(br);
+    }
+    ebb_splitv(a, qkv, 3);
+    ebb_merge_node(a, op(a, "scaled_dot_product_attention", "causal=true"));
+    ebb_through(a, op(a, "transpose", "dim0=1, dim1=2"));
+    ebb_through(a, op(a, "reshape", "shape=\"0,0,128\""));
+    ebb_through(a, op(a, "linear", proj));
+    ebb_also(blk, ebb_subflow_end(a));
+    ebb_also(blk, sub(blk, "layer_norm", ln2, "linear", fc, "gelu", NULL, "linear", mproj, NULL));
+    return ebb_subflow_end(blk);
+}
+
+/* nanoGPT: token and position embeddings, 4 blocks, lm_head tied to wte */
+static ebb_graph *twin_gpt(void) {
+    ebb_builder *b = ebb_builder_new("gpt");
+    ebb_input(b, "idx");
+    ebb_target(b, "y");
+    ebb_loss(b, "cross_entropy", NULL);
+    ebb_from(b, op(b, "embedding", "num=256, dim=128, init_std=0.02, name=transformer.wte"));
+    ebb_tag(b, "tok");
+    ebb_through(b, op(b, "positions", NULL));
+    ebb_through(b, op(b, "embedding", "num=64, dim=128, init_std=0.02, name=transformer.wpe"));
+    ebb_using(b, "tok", NULL);
+    ebb_through(b, op(b, "add", NULL));
+    ebb_node *layers[4];
+    for (int i = 0; i < 4; i++)
+        layers[i] = gpt_block(b, i);
+    ebb_through(b, ebb_node_seqv(b, layers, 4));
+    ebb_through(b, op(b, "layer_norm", "name=transformer.ln_f"));
+    ebb_through(b, ebb_node_share(b, op(b, "linear", "out=256, bias=false, name=lm_head"),
+                                  "weight", "transformer.wte.weight"));
+    return finish(b);
+}
+
 typedef struct twin {
     const char *file;
     ebb_graph *(*build)(void);
@@ -449,6 +519,8 @@ static const twin TWINS[] = {
     {"feedback.yaml", twin_feedback, {"batch=4"}},
     {"switch_routed.yaml", twin_switch_routed, {"batch=16"}},
     {"transformer_encoder.yaml", twin_transformer_encoder, {"batch=2", "seq=5"}},
+    {"bigram.yaml", twin_bigram, {"batch=2", "seq=5"}},
+    {"gpt.yaml", twin_gpt, {"batch=2", "seq=8"}},
 };
 #define N_TWINS ((int)(sizeof TWINS / sizeof TWINS[0]))
 
@@ -457,8 +529,13 @@ static void run_plan(const ebb_plan *p, const ebb_shape *shapes, int n_in, ebb_t
     ebb_model *m = NULL;
     assert_ok(ebb_model_new(&m, p, CPU, 1234));
     ebb_tensor *inputs[8] = {0};
-    for (int i = 0; i < n_in; i++)
-        assert_ok(ebb_tensor_randn(&inputs[i], &shapes[i], EBB_FLOAT32, CPU, 100 + (uint64_t)i));
+    for (int i = 0; i < n_in; i++) {
+        ebb_dtype dt = ebb_plan_value_at(p, ebb_plan_input_slot(p, i))->dtype;
+        if (dt == EBB_FLOAT32) /* others hold indices: a fixed one is enough */
+            assert_ok(ebb_tensor_randn(&inputs[i], &shapes[i], dt, CPU, 100 + (uint64_t)i));
+        else
+            assert_ok(ebb_tensor_full(&inputs[i], &shapes[i], 7 + i, dt, CPU));
+    }
     assert_ok(ebb_run(p, m, inputs, outputs, NULL));
     for (int i = 0; i < n_in; i++)
         ebb_tensor_free(inputs[i]);
@@ -479,7 +556,12 @@ static void test_twin(void **state) {
     ebb_shape shapes[8];
     int n_bind = t->bind[1] ? 2 : 1;
     assert_ok(ebb_spec_resolve_shapes(s, t->bind, n_bind, shapes, 8));
-    ebb_compile_options o = {.input_shapes = shapes, .n_input_shapes = n_in};
+    ebb_dtype dtypes[8];
+    for (int i = 0; i < n_in; i++)
+        if (!ebb_spec_input_dtype(s, i, &dtypes[i]))
+            dtypes[i] = EBB_FLOAT32;
+    ebb_compile_options o = {.input_shapes = shapes, .n_input_shapes = n_in,
+                             .input_dtypes = dtypes};
     ebb_plan *ps = NULL, *pt = NULL;
     assert_ok(ebb_spec_compile(&ps, s, &o));
 
@@ -544,8 +626,12 @@ static void test_every_spec_has_a_twin(void **state) {
         int found = 0;
         for (int i = 0; i < N_TWINS; i++)
             found |= strcmp(TWINS[i].file, e->d_name) == 0;
-        if (!found)
-            fail_msg("specs/%s has no C twin in tests/test_spec.c", e->d_name);
+        if (!found) {
+            char name[256];
+            snprintf(name, sizeof name, "%s", e->d_name);
+            closedir(d); /* fail_msg does not return */
+            fail_msg("specs/%s has no C twin in tests/test_spec.c", name);
+        }
         n++;
     }
     closedir(d);
@@ -1374,6 +1460,399 @@ static void test_dtype_target_loss_errors(void **state) {
         expect_load_error(cases[i].text, strlen(cases[i].text), cases[i].msg);
 }
 
+/* ---- arithmetic on params, list attributes, merge by a node, weight tying ------------ */
+
+/* Compiles the spec (with its own shapes) and the graph with the same input
+ * shapes, and checks the two plan listings are equal byte for byte. */
+static void assert_same_plan(const ebb_spec *s, ebb_graph *g, const ebb_shape *shapes, int n) {
+    ebb_compile_options o = {.input_shapes = shapes, .n_input_shapes = n};
+    ebb_plan *ps = NULL, *pt = NULL;
+    if (ebb_spec_compile(&ps, s, &o) != EBB_OK)
+        fail_msg("spec: %s", ebb_errmsg());
+    if (ebb_compile(&pt, g, &o) != EBB_OK)
+        fail_msg("twin: %s", ebb_errmsg());
+    char *ls = plan_listing(ps), *lt = plan_listing(pt);
+    if (strcmp(ls, lt) != 0) {
+        fprintf(stderr, "--- spec\n%s--- twin\n%s", ls, lt);
+        fail_msg("the spec's plan listing differs from its C twin's");
+    }
+    free(ls);
+    free(lt);
+    ebb_plan_free(ps);
+    ebb_plan_free(pt);
+    ebb_graph_free(g);
+}
+
+/* Params computed from params, and arithmetic wherever a number goes: in
+ * attributes, dimensions, repeat counts, merge dims and list entries, in the
+ * YAML list form and the comma-string form. */
+static void test_param_arithmetic(void **state) {
+    (void)state;
+    static const char text[] = "ebb: 1\n"
+                               "name: arith\n"
+                               "params: {d: 12, heads: 3, hd: $d/$heads, wide: ($hd+1)*2, "
+                               "vocab: 65}\n"
+                               "inputs:\n"
+                               "  x: [batch, $hd*3]\n"
+                               "flow:\n"
+                               "  - from: {linear: {out: $d*3, name: qkv}}\n"
+                               "  - {linear: {out: 3*$d - $hd, name: down}}\n"
+                               "  - {reshape: {shape: [-1, $hd, $wide - 2]}}\n"
+                               "  - {permute: {dims: [0, $heads-1, 1]}}\n"
+                               "  - {reshape: {shape: \"-1,$hd * 8\"}}\n"
+                               "  - reshape:\n"
+                               "      shape: -1, ($d-8)*8\n"
+                               "  - repeat: {times: $heads - 1, body: relu}\n"
+                               "  - split: [identity, tanh]\n"
+                               "  - merge: {cat: {dim: $heads-2}}\n"
+                               "  - {linear: {out: -(-$vocab), bias: false}}\n"
+                               "  - {softmax: {dim: -$heads + 2}}\n";
+    ebb_spec *s = NULL;
+    if (ebb_spec_load_string(&s, text, sizeof text - 1, "arith.yaml") != EBB_OK)
+        fail_msg("%s", ebb_errmsg());
+    assert_int_equal(ebb_spec_param_count(s), 5);
+    assert_true(ebb_spec_param_value(s, 2) == 4.0);  /* hd = 12/3 */
+    assert_true(ebb_spec_param_value(s, 3) == 10.0); /* wide = (4+1)*2 */
+    assert_int_equal(ebb_spec_input_dim(s, 0, 1, NULL), 12);
+
+    ebb_builder *b = ebb_builder_new("arith");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=36, name=qkv"));
+    ebb_through(b, op(b, "linear", "out=32, name=down"));
+    ebb_through(b, op(b, "reshape", "shape=\"-1,4,8\""));
+    ebb_through(b, op(b, "permute", "dims=\"0,2,1\""));
+    ebb_through(b, op(b, "reshape", "shape=\"-1,32\""));
+    ebb_through(b, op(b, "reshape", "shape=\"-1,32\""));
+    ebb_through(b, ebb_node_seq(b, op(b, "relu", NULL), op(b, "relu", NULL), NULL));
+    ebb_split(b, op(b, "identity", NULL), op(b, "tanh", NULL), NULL);
+    ebb_merge(b, EBB_MERGE_CAT, 1);
+    ebb_through(b, op(b, "linear", "out=65, bias=false"));
+    ebb_through(b, op(b, "softmax", "dim=-1"));
+    ebb_shape x = EBB_SHAPE(2, 12);
+    assert_same_plan(s, finish(b), &x, 1);
+
+    /* an override flows into the params computed from it */
+    const char *set[] = {"d=24"};
+    ebb_spec_options opt = {.params = set, .n_params = 1};
+    ebb_spec_free(s);
+    assert_ok(ebb_spec_load_string_ex(&s, text, sizeof text - 1, "arith.yaml", &opt));
+    assert_true(ebb_spec_param_value(s, 2) == 8.0);
+    assert_true(ebb_spec_param_value(s, 3) == 18.0);
+    assert_int_equal(ebb_spec_input_dim(s, 0, 1, NULL), 24);
+    ebb_spec_free(s);
+    /* ... and is checked like a value in the file: 25/3 is not exact */
+    const char *odd[] = {"d=25"};
+    opt.params = odd;
+    assert_int_equal(ebb_spec_load_string_ex(&s, text, sizeof text - 1, "arith.yaml", &opt),
+                     EBB_ERR_SPEC);
+    assert_null(s);
+    assert_string_equal(ebb_errmsg(), "arith.yaml:3:31: error: params.hd: in '$d/$heads': 25 is "
+                                      "not divisible by 3; '/' must divide exactly");
+}
+
+/* Arithmetic errors, each at the scalar that holds it. */
+static void test_param_arithmetic_errors(void **state) {
+    (void)state;
+    static const struct {
+        const char *text, *msg;
+    } cases[] = {
+        {"ebb: 1\nparams: {d: 8}\ninputs: {x: [4, $d]}\nflow: [{from: {linear: {out: $d/0}}}]\n",
+         "gen.yaml:4:30: error: flow[0].from.linear.out: in '$d/0': division by zero (8 / 0)"},
+        {"ebb: 1\nparams: {a: 9223372036854775807}\ninputs: {x: [4, $a+1]}\n"
+         "flow: [{from: relu}]\n",
+         "gen.yaml:3:17: error: inputs.x[1]: in '$a+1': 9223372036854775807 + 1 overflows a "
+         "64-bit integer"},
+        {"ebb: 1\nparams: {a: 4294967296, b: $a*$a}\ninputs: {x: [4]}\nflow: [{from: relu}]\n",
+         "gen.yaml:2:28: error: params.b: in '$a*$a': 4294967296 * 4294967296 overflows a "
+         "64-bit integer"},
+        {"ebb: 1\nparams: {a: -9223372036854775807, b: $a-2}\ninputs: {x: [4]}\n"
+         "flow: [{from: relu}]\n",
+         "gen.yaml:2:38: error: params.b: in '$a-2': -9223372036854775807 - 2 overflows a "
+         "64-bit integer"},
+        {"ebb: 1\nparams: {p: 0.5, q: $p*2}\ninputs: {x: [4]}\nflow: [{from: relu}]\n",
+         "gen.yaml:2:21: error: params.q: in '$p*2': param $p is 0.5; arithmetic takes "
+         "integers only"},
+        {"ebb: 1\nparams: {q: 2*1.5}\ninputs: {x: [4]}\nflow: [{from: relu}]\n",
+         "gen.yaml:2:13: error: params.q: in '2*1.5': '1.5' is not an integer; arithmetic takes "
+         "integers only"},
+        {"ebb: 1\ninputs: {x: [batch*2, 4]}\nflow: [{from: relu}]\n",
+         "gen.yaml:2:14: error: inputs.x[0]: in 'batch*2': 'batch' is not a number or a $param "
+         "(a symbolic dimension cannot take part in arithmetic)"},
+        {"ebb: 1\nparams: {d: 8}\ninputs: {x: [4, $d]}\nflow: [{from: {linear: {out: $d*}}}]\n",
+         "gen.yaml:4:30: error: flow[0].from.linear.out: attribute 'out' of linear must be an "
+         "integer, got '$d*' (expected a number, a $param or '(' at the end)"},
+        {"ebb: 1\nparams: {d: 8}\ninputs: {x: [4, $d]}\n"
+         "flow: [{from: {linear: {out: ($d+1}}}]\n",
+         "gen.yaml:4:30: error: flow[0].from.linear.out: attribute 'out' of linear must be an "
+         "integer, got '($d+1' (a '(' lacks its ')' at the end)"},
+        {"ebb: 1\nparams: {d: 8}\ninputs: {x: [4, $d]}\n"
+         "flow: [{from: {linear: {out: $d)+1}}}]\n",
+         "gen.yaml:4:30: error: flow[0].from.linear.out: attribute 'out' of linear must be an "
+         "integer, got '$d)+1' (a ')' without its '(' at ')+1')"},
+        {"ebb: 1\nparams: {d: 8}\ninputs: {x: [4, $d]}\n"
+         "flow: [{from: {linear: {out: $d 2}}}]\n",
+         "gen.yaml:4:30: error: flow[0].from.linear.out: attribute 'out' of linear must be an "
+         "integer, got '$d 2' (expected an operator at '2')"},
+        {"ebb: 1\nparams: {d: 8}\ninputs: {x: [4, $d]}\n"
+         "flow: [{from: {linear: {out: $d*$e}}}]\n",
+         "gen.yaml:4:30: error: flow[0].from.linear.out: undefined param '$e'; did you mean "
+         "'$d'?"},
+        {"ebb: 1\nparams: {d: 8}\ninputs: {x: [4, $d]}\n"
+         "flow: [{from: {linear: {out: 2*010}}}]\n",
+         "gen.yaml:4:30: error: flow[0].from.linear.out: in '2*010': '010' has a leading zero "
+         "(YAML 1.1 reads such numbers as octal); write it without"},
+        {"ebb: 1\nparams: {d: 8}\ninputs: {x: [4, $d]}\n"
+         "flow: [{from: relu}, {reshape: {shape: [-1, $dd]}}]\n",
+         "gen.yaml:4:45: error: flow[1].reshape.shape[1]: undefined param '$dd'; did you mean "
+         "'$d'?"},
+        {"ebb: 1\nparams: {d: 8}\ninputs: {x: [4, $d]}\n"
+         "flow: [{from: relu}, {reshape: {shape: [-1, 2.5]}}]\n",
+         "gen.yaml:4:45: error: flow[1].reshape.shape[1]: an entry of attribute 'shape' of "
+         "reshape must be an integer, got 2.5"},
+        {"ebb: 1\nparams: {d: 8}\ninputs: {x: [4, $d]}\n"
+         "flow: [{from: relu}, {reshape: {shape: \"-1;$d\"}}]\n",
+         "gen.yaml:4:40: error: flow[1].reshape.shape: an entry of attribute 'shape' of reshape "
+         "must be an integer, got '-1;$d' (expected ',' between the entries at ';$d')"},
+        {"ebb: 1\nparams: {d: 8}\ninputs: {x: [4, $d]}\n"
+         "flow: [{from: relu}, {reshape: {shape: \"[-1, $d\"}}]\n",
+         "gen.yaml:4:40: error: flow[1].reshape.shape: an entry of attribute 'shape' of reshape "
+         "must be an integer, got '[-1, $d' (a '[' lacks its ']' at the end)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_load_error(cases[i].text, strlen(cases[i].text), cases[i].msg);
+
+    /* parentheses and signs nest at most 32 deep: no stack to exhaust */
+    char text[512];
+    int k = sprintf(text, "ebb: 1\ninputs: {x: [4, ");
+    for (int i = 0; i < 40; i++)
+        text[k++] = i % 2 ? '(' : '-';
+    text[k++] = '1';
+    for (int i = 0; i < 20; i++)
+        text[k++] = ')';
+    k += sprintf(text + k, "]}\nflow: [{from: relu}]\n");
+    ebb_spec *s = NULL;
+    assert_int_equal(ebb_spec_load_string(&s, text, (size_t)k, "gen.yaml"), EBB_ERR_SPEC);
+    assert_errmsg_contains("gen.yaml:2:17: error: inputs.x[1]: in '-(-(-(");
+    assert_errmsg_contains("': parentheses and signs nest more than 32 deep");
+    /* ... and 16 levels are fine */
+    k = sprintf(text, "ebb: 1\ninputs: {x: [4, ");
+    for (int i = 0; i < 16; i++)
+        text[k++] = i % 2 ? '(' : '-';
+    text[k++] = '3';
+    for (int i = 0; i < 8; i++)
+        text[k++] = ')';
+    k += sprintf(text + k, "]}\nflow: [{from: relu}]\n");
+    assert_ok(ebb_spec_load_string(&s, text, (size_t)k, "gen.yaml"));
+    assert_int_equal(ebb_spec_input_dim(s, 0, 1, NULL), 3);
+    ebb_spec_free(s);
+}
+
+/* merge by a node: an op (or a block naming one) takes the open streams as
+ * its inputs, stream 0 first; its graph path is the merge's. */
+static void test_merge_by_node(void **state) {
+    (void)state;
+    static const char text[] = "ebb: 1\n"
+                               "name: mnode\n"
+                               "params: {e: 8}\n"
+                               "inputs:\n"
+                               "  x: [batch, seq, $e]\n"
+                               "blocks:\n"
+                               "  biggest: maximum\n"
+                               "flow:\n"
+                               "  - from: {linear: {out: $e}}\n"
+                               "  - split: [{linear: {out: $e, name: q}}, {linear: {out: $e, "
+                               "name: k}},\n"
+                               "            {linear: {out: $e, name: v}}]\n"
+                               "  - merge: {multi_head_attention: {num_heads: 2, name: attn}}\n"
+                               "  - split: [relu, tanh, sigmoid]\n"
+                               "  - merge: biggest\n"
+                               "  - split: [relu, tanh]\n"
+                               "  - merge: {average: {}}\n"
+                               "  - split: [relu, tanh]\n"
+                               "  - merge: {cat: {dim: -1}}\n";
+    ebb_spec *s = NULL;
+    if (ebb_spec_load_string(&s, text, sizeof text - 1, "mnode.yaml") != EBB_OK)
+        fail_msg("%s", ebb_errmsg());
+    int line = 0, col = 0;
+    const char *key = NULL;
+    assert_true(ebb_spec_locate(s, "flow.2.merge", &line, &col, &key));
+    assert_int_equal(line, 12);
+    assert_int_equal(col, 12);
+    assert_string_equal(key, "flow[2].merge");
+    assert_true(ebb_spec_locate(s, "attn", &line, NULL, NULL));
+    assert_int_equal(line, 12);
+    assert_true(ebb_spec_locate(s, "flow.4.merge", &line, NULL, &key));
+    assert_string_equal(key, "blocks.biggest");
+    assert_int_equal(line, 7);
+
+    ebb_builder *b = ebb_builder_new("mnode");
+    ebb_input(b, "x");
+    ebb_from(b, op(b, "linear", "out=8"));
+    ebb_split(b, op(b, "linear", "out=8, name=q"), op(b, "linear", "out=8, name=k"),
+              op(b, "linear", "out=8, name=v"), NULL);
+    ebb_merge_node(b, op(b, "multi_head_attention", "num_heads=2, name=attn"));
+    ebb_split(b, op(b, "relu", NULL), op(b, "tanh", NULL), op(b, "sigmoid", NULL), NULL);
+    ebb_merge_node(b, op(b, "maximum", NULL));
+    ebb_split(b, op(b, "relu", NULL), op(b, "tanh", NULL), NULL);
+    ebb_merge_node(b, op(b, "average", NULL));
+    ebb_split(b, op(b, "relu", NULL), op(b, "tanh", NULL), NULL);
+    ebb_merge(b, EBB_MERGE_CAT, -1);
+    ebb_shape x = EBB_SHAPE(2, 5, 8);
+    assert_same_plan(s, finish(b), &x, 1);
+    /* the attention's parameters carry the node's name */
+    ebb_compile_options o = {.input_shapes = &x, .n_input_shapes = 1};
+    ebb_plan *p = NULL;
+    assert_ok(ebb_spec_compile(&p, s, &o));
+    int found = 0;
+    for (int i = 0; i < ebb_plan_param_count(p); i++) {
+        const char *name = NULL;
+        ebb_plan_param_at(p, i, &name);
+        found += strncmp(name, "attn.", 5) == 0;
+    }
+    assert_true(found >= 1);
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+
+    static const struct {
+        const char *text, *msg;
+    } cases[] = {
+        {"ebb: 1\ninputs: {x: [4, 8]}\nflow:\n  - from: relu\n"
+         "  - split: [relu, tanh, gelu, relu]\n"
+         "  - merge: {multi_head_attention: {num_heads: 2}}\n",
+         "gen.yaml:6:12: error: flow[2].merge: multi_head_attention takes 1 to 3 inputs, but "
+         "the merge gives it the 4 open streams"},
+        {"ebb: 1\ninputs: {x: [4, 8]}\nflow:\n  - from: relu\n  - split: [relu, tanh]\n"
+         "  - merge: [relu]\n",
+         "gen.yaml:6:12: error: flow[2].merge: a sub-flow takes one stream, so it cannot merge "
+         "2; merge with an op that takes 2 inputs, or a block that is one"},
+        {"ebb: 1\ninputs: {x: [4, 8]}\nflow:\n  - from: relu\n  - split: [relu, tanh]\n"
+         "  - merge: maximun\n",
+         "gen.yaml:6:12: error: flow[2].merge: unknown merge 'maximun'; did you mean 'maximum'? "
+         "(a merge is add, mean, mul, max, cat or stack, or an op or block that takes the open "
+         "streams)"},
+        {"ebb: 1\ninputs: {x: [4, 8]}\nflow:\n  - from: relu\n  - split: [relu, tanh]\n"
+         "  - merge: relu\n",
+         "gen.yaml:6:12: error: flow[2].merge: relu takes 1 input, but the merge gives it the 2 "
+         "open streams"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_load_error(cases[i].text, strlen(cases[i].text), cases[i].msg);
+}
+
+/* Weight tying: `share: {weight: SOURCE}` ties an op node's parameter to one
+ * an earlier node made, "{i}" numbering it inside a repeat. */
+static void test_share(void **state) {
+    (void)state;
+    static const char text[] = "ebb: 1\n"
+                               "name: tied\n"
+                               "params: {vocab: 11, d: 8}\n"
+                               "inputs:\n"
+                               "  ids: {shape: [batch, 5], dtype: int64}\n"
+                               "flow:\n"
+                               "  - from: {embedding: {num: $vocab, dim: $d, name: "
+                               "transformer.wte}}\n"
+                               "  - repeat:\n"
+                               "      times: 2\n"
+                               "      body: [{linear: {out: $d, name: \"h.{i}.fc\"}},\n"
+                               "             {linear: {out: $d, bias: false, name: "
+                               "\"h.{i}.proj\",\n"
+                               "                       share: {weight: \"h.{i}.fc.weight\"}}}]\n"
+                               "  - {linear: {out: $vocab, bias: false, name: lm_head,\n"
+                               "              share: {weight: transformer.wte.weight}}}\n";
+    ebb_spec *s = NULL;
+    if (ebb_spec_load_string(&s, text, sizeof text - 1, "tied.yaml") != EBB_OK)
+        fail_msg("%s", ebb_errmsg());
+
+    ebb_builder *b = ebb_builder_new("tied");
+    ebb_input(b, "ids");
+    ebb_from(b, op(b, "embedding", "num=11, dim=8, name=transformer.wte"));
+    ebb_node *layers[2];
+    for (int i = 0; i < 2; i++) {
+        char fc[64], proj[64], src[64];
+        snprintf(fc, sizeof fc, "out=8, name=h.%d.fc", i);
+        snprintf(proj, sizeof proj, "out=8, bias=false, name=h.%d.proj", i);
+        snprintf(src, sizeof src, "h.%d.fc.weight", i);
+        ebb_builder *sb = ebb_subflow_begin(b);
+        ebb_through(sb, op(sb, "linear", fc));
+        ebb_through(sb, ebb_node_share(sb, op(sb, "linear", proj), "weight", src));
+        layers[i] = ebb_subflow_end(sb);
+    }
+    ebb_through(b, ebb_node_seqv(b, layers, 2));
+    ebb_through(b, ebb_node_share(b, op(b, "linear", "out=11, bias=false, name=lm_head"),
+                                  "weight", "transformer.wte.weight"));
+    ebb_shape ids = EBB_SHAPE(2, 5);
+    ebb_dtype i64 = EBB_INT64;
+    ebb_compile_options o = {.input_shapes = &ids, .n_input_shapes = 1, .input_dtypes = &i64};
+    ebb_plan *p = NULL, *pt = NULL;
+    ebb_graph *g = finish(b);
+    assert_ok(ebb_compile(&pt, g, &o));
+    assert_ok(ebb_spec_compile(&p, s, &o));
+    char *ls = plan_listing(p), *lt = plan_listing(pt);
+    assert_string_equal(ls, lt);
+    free(ls);
+    free(lt);
+    ebb_plan_free(pt);
+    ebb_graph_free(g);
+    ebb_plan_free(p);
+
+    /* compiled: the tied weights are one parameter each, not two */
+    o.input_dtypes = NULL; /* the spec's own: int64 */
+    if (ebb_spec_compile(&p, s, &o) != EBB_OK)
+        fail_msg("compile: %s", ebb_errmsg());
+    const char *want[] = {"transformer.wte.weight", "h.0.fc.weight", "h.0.fc.bias",
+                          "h.1.fc.weight", "h.1.fc.bias"};
+    assert_int_equal(ebb_plan_param_count(p), 5);
+    for (int i = 0; i < 5; i++) {
+        const char *name = NULL;
+        ebb_plan_param_at(p, i, &name);
+        assert_string_equal(name, want[i]);
+    }
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+
+    /* a source that no earlier node makes is a compile error at the node */
+    static const char late[] = "ebb: 1\n"
+                               "inputs: {x: [batch, 8]}\n"
+                               "flow:\n"
+                               "  - from: {linear: {out: 8, share: {weight: head.weight}}}\n"
+                               "  - {linear: {out: 8, name: head}}\n";
+    assert_ok(ebb_spec_load_string(&s, late, sizeof late - 1, "late.yaml"));
+    assert_int_not_equal(ebb_spec_compile(&p, s, NULL), EBB_OK);
+    assert_null(p);
+    assert_errmsg_contains("late.yaml:4:11: error: flow[0].from: ");
+    assert_errmsg_contains("'head.weight'");
+    ebb_spec_free(s);
+
+    static const struct {
+        const char *text, *msg;
+    } cases[] = {
+        {"ebb: 1\ninputs: {x: [4, 8]}\nflow:\n  - from: {linear: {out: 8, share: w}}\n",
+         "gen.yaml:4:36: error: flow[0].from.linear.share: share must be a map {param: source}, "
+         "like {weight: transformer.wte.weight}, got 'w'"},
+        {"ebb: 1\ninputs: {x: [4, 8]}\nflow:\n"
+         "  - from: {linear: {out: 8, share: {weight: [a]}}}\n",
+         "gen.yaml:4:45: error: flow[0].from.linear.share.weight: share: the source of weight "
+         "must be a parameter's full name like transformer.wte.weight, got a list"},
+        {"ebb: 1\ninputs: {x: [4, 8]}\nflow:\n"
+         "  - from: {linear: {out: 8, share: {weight: \"wte weight\"}}}\n",
+         "gen.yaml:4:45: error: flow[0].from.linear.share.weight: share: a parameter's full "
+         "name is letters, digits, '_', '-' and inner '.', like transformer.wte.weight; got "
+         "'wte weight'"},
+        {"ebb: 1\ninputs: {x: [4, 8]}\nflow:\n"
+         "  - from: {linear: {out: 8, share: {weight: \"h.{i}.w\"}}}\n",
+         "gen.yaml:4:45: error: flow[0].from.linear.share.weight: '{i}' in the shared "
+         "parameter name 'h.{i}.w' stands for a repeat's copy index, but this node is not "
+         "inside a repeat"},
+        {"ebb: 1\ninputs: {x: [4, 8]}\nflow:\n  - from: {relu: {share: {weight: a.w}}}\n",
+         "gen.yaml:4:19: error: flow[0].from.relu.share: relu has no parameters to share"},
+        {"ebb: 1\ninputs: {x: [4, 8]}\nflow:\n  - from: {linear: {out: 8, shar: {}}}\n",
+         "gen.yaml:4:29: error: flow[0].from.linear.shar: linear has no attribute 'shar'; did "
+         "you mean 'share'? (known: out, in, bias, name, share)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        expect_load_error(cases[i].text, strlen(cases[i].text), cases[i].msg);
+}
+
 /* ---- main --------------------------------------------------------------------------- */
 
 static int cmp_str(const void *a, const void *b) {
@@ -1402,6 +1881,10 @@ int main(void) {
         EBB_TEST(test_dtypes_targets_loss),
         EBB_TEST(test_dtype_target_loss_errors),
         EBB_TEST(test_train_compile_uses_targets),
+        EBB_TEST(test_param_arithmetic),
+        EBB_TEST(test_param_arithmetic_errors),
+        EBB_TEST(test_merge_by_node),
+        EBB_TEST(test_share),
     };
     int n_fixed = (int)(sizeof fixed / sizeof fixed[0]);
 

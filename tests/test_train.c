@@ -66,6 +66,8 @@
 
 #include <math.h>
 
+#include <unistd.h>
+
 #include "test_util.h"
 
 #define GRAD_RTOL 1e-5
@@ -644,13 +646,22 @@ static ebb_spec *load_spec(const char *model) {
     return spec;
 }
 
-/* A spec of specs/ as it is (the fixture's "spec", relative to the source
- * tree): it declares its target and its loss. */
-static ebb_spec *load_spec_file(const char *relative) {
-    char path[1024];
+/* A spec of specs/ (the fixture's "spec", relative to the source tree): it
+ * declares its target and its loss. `params` (the fixture's "params", or
+ * NULL) sets its size: "name=value,..." as `ebb plan -p` takes them. */
+static ebb_spec *load_spec_file(const char *relative, const char *params) {
+    char path[1024], text[512] = "";
+    const char *p[16];
+    int n = 0;
     snprintf(path, sizeof path, "%s/%s", EBB_SOURCE_DIR, relative);
+    if (params) {
+        snprintf(text, sizeof text, "%s", params);
+        for (char *tok = strtok(text, ","); tok && n < 16; tok = strtok(NULL, ","))
+            p[n++] = tok;
+    }
+    ebb_spec_options so = {.params = p, .n_params = n};
     ebb_spec *spec = NULL;
-    if (ebb_spec_load(&spec, path) != EBB_OK) fail_msg("%s: %s", path, ebb_errmsg());
+    if (ebb_spec_load_ex(&spec, path, &so) != EBB_OK) fail_msg("%s: %s", path, ebb_errmsg());
     return spec;
 }
 
@@ -755,7 +766,8 @@ static void run_grad_case(const grad_case *gc) {
     ebb_safetensors *st = open_fixture(file);
     /* a fixture of specs/ names its spec, which declares its target and loss */
     const char *spec_file = ebb_safetensors_metadata(st, "spec");
-    ebb_spec *spec = spec_file ? load_spec_file(spec_file) : load_spec(gc->name);
+    ebb_spec *spec = spec_file ? load_spec_file(spec_file, ebb_safetensors_metadata(st, "params"))
+                               : load_spec(gc->name);
     assert_int_equal(ebb_spec_input_count(spec), 1);
 
     ebb_tensor *x = fx_load(st, "x"), *y = fx_load(st, "y");
@@ -801,9 +813,16 @@ static void run_grad_case(const grad_case *gc) {
     load_params(m, st, "");
     int n = ebb_model_param_count(m);
     /* the fixture holds the weights, x, y, loss and one grad.<param> per trained one */
-    int n_trained = 0;
+    int n_trained = 0, n_tied = 0;
     for (int i = 0; i < n; i++) n_trained += !param_is_buffer(plan, i);
-    assert_int_equal(ebb_safetensors_count(st), n + 3 + n_trained);
+    /* and a tied weight's second key (nanoGPT's lm_head.weight), as torch saves it */
+    for (int i = 0; i < ebb_safetensors_count(st); i++) {
+        const char *key = ebb_safetensors_name_at(st, i);
+        int primary = 0;
+        for (int j = 0; j < n && !primary; j++) primary = strcmp(key, ebb_model_param_name(m, j)) == 0;
+        n_tied += !primary && ebb_model_param(m, key) != NULL;
+    }
+    assert_int_equal(ebb_safetensors_count(st), n + 3 + n_trained + n_tied);
 
     ebb_tensor **grads = calloc((size_t)n, sizeof *grads);
     assert_non_null(grads);
@@ -921,7 +940,88 @@ static const grad_case GRAD_CASES[] = {
     {.name = "loop_until", .jumps = 1},
     {.name = "repeat", .exact = 1},
     {.name = "tag_using", .exact = 1},
+    /* nanoGPT: attention over head-split views is a bound on 1.13 (a batched
+     * product may copy them, depending on strides) */
+    {.name = "gpt"},
 };
+
+/* Weight tying (specs/gpt.yaml's lm_head shares transformer.wte.weight): one
+ * parameter under the name of the node that made it; a weights file may hold
+ * it under either name or both, as torch's state_dict holds both keys, and
+ * a save writes it once. */
+static void test_tied_weights(void **state) {
+    (void)state;
+    ebb_safetensors *st = open_fixture("grad_gpt");
+    ebb_spec *spec = load_spec_file("specs/gpt.yaml", ebb_safetensors_metadata(st, "params"));
+    ebb_shape xs = EBB_SHAPE(2, 8);
+    ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1};
+    ebb_plan *plan = NULL;
+    assert_ok(ebb_spec_compile(&plan, spec, &o));
+    ebb_model *m = NULL;
+    assert_ok(ebb_model_new(&m, plan, CPU, 0));
+    ebb_tensor *wte = ebb_model_param(m, "transformer.wte.weight");
+    assert_non_null(wte);
+    assert_ptr_equal(ebb_model_param(m, "lm_head.weight"), wte);
+    for (int i = 0; i < ebb_model_param_count(m); i++)
+        assert_string_not_equal(ebb_model_param_name(m, i), "lm_head.weight");
+
+    /* the state_dict's keys: the fixture's tensors but x, y, loss and grad.* */
+    const char *names[64];
+    ebb_tensor *ts[64];
+    int n = 0;
+    for (int i = 0; i < ebb_safetensors_count(st); i++) {
+        const char *k = ebb_safetensors_name_at(st, i);
+        if (strcmp(k, "x") && strcmp(k, "y") && strcmp(k, "loss") && strncmp(k, "grad.", 5)) {
+            assert_true(n < 64);
+            names[n] = k;
+            ts[n++] = fx_load(st, k);
+        }
+    }
+    ebb_tensor *want = fx_load(st, "transformer.wte.weight");
+    char path[4096];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/ebb_tied_%ld.safetensors", tmp && *tmp ? tmp : "/tmp",
+             (long)getpid());
+    const char *drop[] = {NULL, "lm_head.weight", "transformer.wte.weight"};
+    for (int d = 0; d < 3; d++) {
+        const char *kept[64];
+        ebb_tensor *kt[64];
+        int k = 0;
+        for (int i = 0; i < n; i++)
+            if (!drop[d] || strcmp(names[i], drop[d])) {
+                kept[k] = names[i];
+                kt[k++] = ts[i];
+            }
+        assert_int_equal(k, drop[d] ? n - 1 : n);
+        assert_ok(ebb_safetensors_write(path, kept, kt, k));
+        ebb_model *fresh = NULL;
+        assert_ok(ebb_model_new(&fresh, plan, CPU, 1));
+        if (ebb_model_load(fresh, path) != EBB_OK)
+            fail_msg("loading the state_dict %s%s: %s", drop[d] ? "without " : "with both keys",
+                     drop[d] ? drop[d] : "", ebb_errmsg());
+        double diff = 1;
+        assert_ok(ebb_tensor_max_abs_diff(ebb_model_param(fresh, "lm_head.weight"), want, &diff));
+        assert_true(diff == 0);
+        ebb_model_free(fresh);
+    }
+    /* a save writes the tied weight once, under its own name */
+    assert_ok(ebb_model_load(m, path));
+    assert_ok(ebb_model_save(m, path));
+    ebb_safetensors *saved = NULL;
+    assert_ok(ebb_safetensors_open(&saved, path));
+    assert_int_equal(ebb_safetensors_count(saved), ebb_model_param_count(m));
+    assert_true(fx_has(saved, "transformer.wte.weight"));
+    assert_false(fx_has(saved, "lm_head.weight"));
+    ebb_safetensors_close(saved);
+    remove(path);
+
+    for (int i = 0; i < n; i++) ebb_tensor_free(ts[i]);
+    ebb_tensor_free(want);
+    ebb_model_free(m);
+    ebb_plan_free(plan);
+    ebb_spec_free(spec);
+    ebb_safetensors_close(st);
+}
 
 /* keep_all frees nothing and computes the same: its gradients are bitwise
  * the liveness plan's, its peak is the figure the liveness plan reports as
@@ -1815,12 +1915,12 @@ int main(void) {
         "grad_conv_net",     "grad_transformer_encoder", "grad_transformer_stack",
         "grad_gru_loop",     "grad_switch_routed",      "grad_switch",
         "grad_gate_topk",    "grad_loop_while",         "grad_loop_until",
-        "grad_repeat",       "grad_tag_using",
+        "grad_repeat",       "grad_tag_using",          "grad_gpt",
     };
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[31 + N_GRAD];
+    struct CMUnitTest tests[33 + N_GRAD];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -1832,6 +1932,7 @@ int main(void) {
         tests[n++] = named_test(least_names[i], test_grad, &least[i]);
     }
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_keep_all);
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_tied_weights);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_update_placement);
     tests[n++] = named_test("steps_sgd_momentum", test_steps, (void *)"sgd_momentum");
     tests[n++] = named_test("steps_adam", test_steps, (void *)"adam");

@@ -8,10 +8,13 @@
  *   - resume: a run stopped at step 5 by its callback, checkpointed and
  *     resumed, ends with the weights of a run straight through, bit for bit;
  *   - early stopping, and a callback's stop;
+ *   - text data: byte windows of a file, its held-out split, and a bigram
+ *     language model trained on it, its perplexity measured;
  *   - refusals, each naming what is wrong, with nothing leaked.
  * The test's teardown checks that no tensor handle is left alive. */
 #define _GNU_SOURCE /* fmemopen, mkdtemp */
 #include <math.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -462,6 +465,242 @@ static void test_per_token(void **state) {
     ebb_spec_free(spec);
 }
 
+/* ---- text data: byte tokens in windows ------------------------------------ */
+
+/* Writes `len` bytes to DIR/name; the path into `path`. */
+static void write_text(char *path, size_t size, const char *name, const void *bytes, size_t len) {
+    snprintf(path, size, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Batch `count` samples `index` of field i as int64 and compare them with
+ * the bytes they must be: text[start + k] for window sample start. */
+static void expect_windows(const ebb_dataset *d, int i, const int64_t *index, const int64_t *start,
+                           int count, int64_t T, const unsigned char *text) {
+    ebb_tensor *b = NULL;
+    ebb_shape sh = EBB_SHAPE(count, T);
+    assert_ok(ebb_dataset_batch(&b, d, i, index, count, &sh, EBB_INT64, ebb_device_cpu()));
+    int64_t got[64];
+    assert_true(count * T <= 64);
+    assert_ok(ebb_tensor_to_host(b, got, sizeof(int64_t) * (size_t)(count * T)));
+    ebb_tensor_free(b);
+    for (int r = 0; r < count; r++)
+        for (int64_t k = 0; k < T; k++)
+            if (got[r * T + k] != text[start[r] + k])
+                fail_msg("field %d, sample %lld, token %lld: %lld, expected byte %lld ('%c')", i,
+                         (long long)index[r], (long long)k, (long long)got[r * T + k],
+                         (long long)start[r] + k, text[start[r] + k]);
+}
+
+static void expect_open_fails(const char *desc, const ebb_dataset_expect *ex, int n,
+                              ebb_status status, const char *needle) {
+    static const char *const names3[] = {"x", "y", "z"};
+    ebb_dataset *d = (ebb_dataset *)1;
+    ebb_status st = ebb_dataset_open_ex(&d, desc, names3, n, ex);
+    if (d) fail_msg("%s: opened (status %s), expected %s naming '%s'", desc, ebb_status_name(st),
+                    ebb_status_name(status), needle);
+    if (st != status || !strstr(ebb_errmsg(), needle))
+        fail_msg("%s: status %s, '%s'; want %s naming '%s'", desc, ebb_status_name(st),
+                 ebb_errmsg(), ebb_status_name(status), needle);
+}
+
+/* "text:FILE": sample i is bytes [i, i+T) and the target the same one byte
+ * on; the training split is the first 90% with a window at every byte, the
+ * test split the last 10% in windows one after another; every refusal
+ * names what is wrong, before reading. */
+static void test_text_data(void **state) {
+    (void)state;
+    unsigned char text[100];
+    for (int i = 0; i < 100; i++) /* 'a'..'z' and, every 13th byte, a byte above 127 */
+        text[i] = i % 13 == 12 ? (unsigned char)(200 + i % 50)
+                               : (unsigned char)('a' + (i * 7) % 26);
+    char path[400], desc[420];
+    write_text(path, sizeof path, "text.txt", text, sizeof text);
+    const char *names[] = {"x", "y"};
+    ebb_dataset *d = NULL;
+
+    /* the whole file: 100 - 4 windows at every byte */
+    assert_ok(ebb_dataset_open_text(&d, path, names, 4, EBB_TEXT_ALL));
+    assert_int_equal(ebb_dataset_size(d), 96);
+    ebb_shape fs = ebb_dataset_field_shape(d, 0);
+    assert_int_equal(fs.ndim, 2);
+    assert_int_equal(fs.dim[0], 96);
+    assert_int_equal(fs.dim[1], 4);
+    assert_int_equal(ebb_dataset_field_dtype(d, 1), EBB_UINT8);
+    assert_string_equal(ebb_dataset_field_file(d, 1), path);
+    int64_t idx[3] = {0, 5, 95}, xs[3] = {0, 5, 95}, ys[3] = {1, 6, 96};
+    expect_windows(d, 0, idx, xs, 3, 4, text);
+    expect_windows(d, 1, idx, ys, 3, 4, text);
+    /* a byte token is never an image: no float batches */
+    ebb_tensor *b = NULL;
+    ebb_shape sh = EBB_SHAPE(1, 4);
+    assert_int_equal(ebb_dataset_batch(&b, d, 0, idx, 1, &sh, EBB_FLOAT32, ebb_device_cpu()),
+                     EBB_ERR_ARG);
+    assert_null(b);
+    assert_errmsg_contains("byte tokens");
+    /* the tokens checked against a vocabulary: the first byte over 127 is at 12 */
+    assert_int_equal(ebb_dataset_check_classes(d, 1, 128), EBB_ERR_ARG);
+    assert_errmsg_contains("the byte at offset 12 is 212");
+    assert_ok(ebb_dataset_check_classes(d, 1, 256));
+    ebb_dataset_free(d);
+
+    /* the training split: the first 90 bytes, 86 windows, the last ending at byte 89 */
+    snprintf(desc, sizeof desc, "text:%s", path);
+    ebb_shape want[2] = {EBB_SHAPE(8, 4), EBB_SHAPE(8, 4)};
+    ebb_dataset_expect ex = {.shapes = want, .n_shapes = 2};
+    assert_ok(ebb_dataset_open_ex(&d, desc, names, 2, &ex));
+    assert_int_equal(ebb_dataset_size(d), 86);
+    int64_t last = 85, lx = 85, ly = 86;
+    expect_windows(d, 0, &last, &lx, 1, 4, text);
+    expect_windows(d, 1, &last, &ly, 1, 4, text);
+    ebb_dataset_free(d);
+
+    /* the test split: bytes 90..99 in windows of 4 one after another: 2 */
+    snprintf(desc, sizeof desc, "text:%s:test", path);
+    assert_ok(ebb_dataset_open_ex(&d, desc, names, 2, &ex));
+    assert_int_equal(ebb_dataset_size(d), 2);
+    int64_t tidx[2] = {0, 1}, tx[2] = {90, 94}, ty[2] = {91, 95};
+    expect_windows(d, 0, tidx, tx, 2, 4, text);
+    expect_windows(d, 1, tidx, ty, 2, 4, text);
+    assert_ok(ebb_dataset_check_classes(d, 1, 256));
+    ebb_dataset_free(d);
+
+    /* refusals */
+    assert_int_equal(ebb_dataset_open(&d, desc, names, 2), EBB_ERR_ARG); /* no window length */
+    assert_errmsg_contains("ebb_dataset_open_text()");
+    snprintf(desc, sizeof desc, "text:%s:test", path);
+    ebb_shape big[2] = {EBB_SHAPE(8, 10), EBB_SHAPE(8, 10)};
+    ex.shapes = big; /* 10 held-out bytes hold no window of 10 and the byte after it */
+    expect_open_fails(desc, &ex, 2, EBB_ERR_ARG, "the test split (its last 10%) is 10 bytes");
+    snprintf(desc, sizeof desc, "text:%s", path);
+    ebb_shape flat[2] = {EBB_SHAPE(8), EBB_SHAPE(8)};
+    ex.shapes = flat; /* not [B, T] */
+    expect_open_fails(desc, &ex, 2, EBB_ERR_SHAPE, "'x' is expected as [8]");
+    ebb_shape other[2] = {EBB_SHAPE(8, 4), EBB_SHAPE(8, 5)};
+    ex.shapes = other; /* a target of another window */
+    expect_open_fails(desc, &ex, 2, EBB_ERR_SHAPE, "'y' is expected as [8, 5]");
+    ebb_shape three[3] = {EBB_SHAPE(8, 4), EBB_SHAPE(8, 4), EBB_SHAPE(8, 4)};
+    ebb_dataset_expect ex3 = {.shapes = three, .n_shapes = 3};
+    expect_open_fails(desc, &ex3, 3, EBB_ERR_ARG, "text data has two fields");
+    ex.shapes = want;
+    ex.max_bytes = 50; /* 90 bytes to read: refused before reading */
+    expect_open_fails(desc, &ex, 2, EBB_ERR_NOMEM, "nothing was read");
+    ex.max_bytes = 0;
+    char missing[420];
+    snprintf(missing, sizeof missing, "text:%s/nothere.txt", dir);
+    expect_open_fails(missing, &ex, 2, EBB_ERR_IO, "nothere.txt");
+    snprintf(missing, sizeof missing, "text:%s", dir);
+    expect_open_fails(missing, &ex, 2, EBB_ERR_IO, "is a directory");
+    char empty[400];
+    write_text(empty, sizeof empty, "empty.txt", "", 0);
+    snprintf(missing, sizeof missing, "text:%s:all", empty);
+    expect_open_fails(missing, &ex, 2, EBB_ERR_ARG, "the whole file is 0 bytes");
+    assert_int_equal(ebb_dataset_open_text(&d, path, names, 0, EBB_TEXT_ALL), EBB_ERR_ARG);
+    assert_null(d);
+
+    /* real text: the Debian package fortunes (make deps), its last tenth */
+    static const char fortunes[] = "/usr/share/games/fortunes/fortunes";
+    struct stat sb;
+    if (stat(fortunes, &sb) != 0) {
+        print_message("skipped: %s is missing (the Debian package fortunes)\n", fortunes);
+        return;
+    }
+    int64_t held = (int64_t)sb.st_size / 10;
+    assert_ok(ebb_dataset_open_text(&d, fortunes, names, 64, EBB_TEXT_TEST));
+    assert_int_equal(ebb_dataset_size(d), (held - 1) / 64);
+    assert_ok(ebb_dataset_check_classes(d, 1, 256));
+    ebb_dataset_free(d);
+}
+
+/* A bigram language model (embedding, then a linear layer to 256 scores)
+ * learns a repetitive text through the trainer: `block` sizes its symbolic
+ * sequence, evaluation on the held-out split counts every token, and the
+ * loss falls to near the text's own entropy, the perplexity being its
+ * exponential. Specs that cannot take text are refused by name. */
+static void test_text_language_model(void **state) {
+    (void)state;
+    static const char lm[] = "ebb: 1\n"
+                             "inputs:\n"
+                             "  x: {shape: [batch, seq], dtype: int64}\n"
+                             "flow:\n"
+                             "  - from: {embedding: {num: 256, dim: 16, name: wte}}\n"
+                             "  - {linear: {out: 256, name: lm_head}}\n"
+                             "targets:\n"
+                             "  y: {shape: [batch, seq], dtype: int64}\n"
+                             "loss: cross_entropy\n";
+    /* each byte follows from the one before: a bigram can learn it all */
+    static const char phrase[] = "abcdefgh";
+    char text[800], path[400], train[420], test[420];
+    for (size_t i = 0; i < sizeof text; i++)
+        text[i] = phrase[i % 8];
+    write_text(path, sizeof path, "abc.txt", text, sizeof text);
+    snprintf(train, sizeof train, "text:%s", path);
+    snprintf(test, sizeof test, "text:%s:test", path);
+    ebb_spec *spec = NULL;
+    assert_ok(ebb_spec_load_string(&spec, lm, sizeof lm - 1, "bigram.yaml"));
+    ebb_trainer_options o = options();
+    o.data = train;
+    o.eval_data = test;
+    o.block = 16;
+    o.batch = 32;
+    o.steps = 40;
+    o.optimizer = ebb_optimizer_defaults(EBB_ADAM, 0.05);
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK) fail_msg("open: %s", ebb_errmsg());
+    ebb_trainer_stats s = ebb_trainer_get_stats(t);
+    assert_int_equal(s.samples, 720 - 16); /* a window at every byte of the first 90% */
+    assert_true(s.per_token);
+    ebb_metrics before, after;
+    assert_ok(ebb_trainer_evaluate(t, &before));
+    assert_int_equal(before.samples, (80 - 1) / 16); /* 4 windows of the last 80 bytes */
+    assert_int_equal(before.predictions, 4 * 16);
+    assert_int_equal(before.classes, 256);
+    if (!(before.loss > 4.0) ||
+        fabs(before.perplexity - exp(before.loss)) > 1e-9 * before.perplexity)
+        fail_msg("untrained: loss %g, perplexity %g", before.loss, before.perplexity);
+    if (ebb_trainer_run(t) != EBB_OK) fail_msg("run: %s", ebb_errmsg());
+    assert_ok(ebb_trainer_evaluate(t, &after));
+    if (!(after.loss < 0.1) || !(after.accuracy == 1.0) || !(after.perplexity < 1.11))
+        fail_msg("after 40 steps: loss %g -> %g, accuracy %g, perplexity %g", before.loss,
+                 after.loss, after.accuracy, after.perplexity);
+    char line[256] = "";
+    FILE *mem = fmemopen(line, sizeof line, "w");
+    ebb_metrics_print(&(ebb_metrics){.loss = after.loss, .samples = after.samples,
+                                     .predictions = after.predictions,
+                                     .perplexity = after.perplexity},
+                      mem);
+    fclose(mem);
+    assert_non_null(strstr(line, " perplexity 1."));
+    assert_non_null(strstr(line, "on 4 samples (64 tokens)"));
+    ebb_metrics_free(&before);
+    ebb_metrics_free(&after);
+    ebb_trainer_free(t);
+
+    /* refusals, each before any data is read */
+    o.block = 0; /* the sequence is a symbol: text needs its length */
+    assert_int_equal(ebb_trainer_open(&t, spec, &o), EBB_ERR_ARG);
+    assert_errmsg_contains("--block N is needed");
+    assert_errmsg_contains("'seq'");
+    o.block = 200; /* longer than the held-out text */
+    assert_int_equal(ebb_trainer_open(&t, spec, &o), EBB_ERR_ARG);
+    assert_errmsg_contains("shorter than one window of 200 bytes");
+    ebb_spec_free(spec);
+    spec = load_spec(); /* [batch, 4] float32 */
+    o.block = 4;
+    assert_int_equal(ebb_trainer_open(&t, spec, &o), EBB_ERR_ARG);
+    assert_errmsg_contains("input 'x' is float32");
+    o.block = 8; /* a fixed second dimension must be the block */
+    o.data = data_path;
+    o.eval_data = NULL;
+    assert_int_equal(ebb_trainer_open(&t, spec, &o), EBB_ERR_ARG);
+    assert_errmsg_contains("--block 8: trainer.yaml's input 'x' has 4 as its second dimension");
+    assert_null(t);
+    ebb_spec_free(spec);
+}
+
 /* A frozen parameter keeps its value and gets no optimizer state. */
 static void test_freeze(void **state) {
     (void)state;
@@ -589,6 +828,8 @@ int main(void) {
         EBB_TEST(test_freeze),
         EBB_TEST(test_half_batches),
         EBB_TEST(test_per_token),
+        EBB_TEST(test_text_data),
+        EBB_TEST(test_text_language_model),
         EBB_TEST(test_accumulate),
         EBB_TEST(test_early_stopping),
         EBB_TEST(test_refusals),

@@ -33,6 +33,27 @@
  * shorter than its header says, label and image counts that differ, a label
  * out of range) and leave nothing allocated.
  *
+ * Text for a language model: "text:FILE" reads a file's bytes as tokens
+ * (token id = byte value, a vocabulary of 256) and serves windows of T
+ * bytes: sample i is x = bytes[i .. i+T) and y = bytes[i+1 .. i+T+1), the
+ * next byte at every position, two fields of [B, T] batched as int64 (or
+ * int32; a floating dtype is refused, so a text is never scaled as an
+ * image). The first 90% of the file is the training split ("text:FILE" or
+ * "text:FILE:train"), the last 10% the test split ("text:FILE:test"), as
+ * nanoGPT holds out its last tenth, and "text:FILE:all" is every byte.
+ * Training splits have a window at every byte (len - T of them, so an epoch
+ * sees every context); the test split's windows follow one another (stride
+ * T, (len - 1) / T of them), so evaluation predicts each held-out byte,
+ * after the first, once. T is the input's second dimension:
+ * ebb_dataset_open_ex() takes it from its expected input shape [B, T] (the
+ * spec's input), and ebb_dataset_open_text() as an argument; plain
+ * ebb_dataset_open() knows no T and refuses text. Only the split's bytes are
+ * read, once; the target's field shares them.
+ *
+ *     ebb_shape want[2] = {EBB_SHAPE(64, 128), EBB_SHAPE(64, 128)};   // windows of 128 bytes
+ *     ebb_dataset_expect ex = {.shapes = want, .n_shapes = 2};
+ *     ebb_dataset_open_ex(&d, "text:/usr/share/games/fortunes/fortunes", names, 2, &ex);
+ *
  * Reading is bounded: every header is read and checked before any data, so
  * a file that declares more than it holds, or more than the caller can take,
  * costs a few bytes of reading, not gigabytes of memory. A caller that knows
@@ -90,14 +111,36 @@ EBB_API ebb_status ebb_dataset_open_idx(ebb_dataset **out, const char *images, c
 EBB_API ebb_status ebb_dataset_open_safetensors(ebb_dataset **out, const char *path,
                                                 const char *const *names, int n);
 
+/* Which bytes of a text file a text dataset serves (see the top of this
+ * file). */
+typedef enum ebb_text_split {
+    EBB_TEXT_TRAIN, /* the first 90%, a window at every byte */
+    EBB_TEXT_TEST,  /* the last 10% (size / 10 bytes), windows one after another */
+    EBB_TEXT_ALL,   /* the whole file, a window at every byte */
+} ebb_text_split;
+
+/* A dataset of a text file's byte tokens in windows of `block` bytes: the
+ * field names[0] the window, names[1] the same one byte on. EBB_ERR_IO for
+ * a file that cannot be read (missing, not a regular file, truncated while
+ * read); EBB_ERR_ARG for a block below 1 or a split shorter than block + 1
+ * bytes, naming the file, the split and both sizes; EBB_ERR_NOMEM, before
+ * reading, for a split over EBB_DATASET_MAX_BYTES. */
+EBB_API ebb_status ebb_dataset_open_text(ebb_dataset **out, const char *path,
+                                         const char *const names[2], int64_t block,
+                                         ebb_text_split split);
+
 /* A dataset from a command line's description:
  *   fashion-mnist, fashion-mnist:train   the training split under EBB_FASHION_MNIST_DIR
  *   fashion-mnist:test                   its test split (t10k)
  *   DIR, DIR:train, DIR:test             the same file names in another directory
  *   IMAGES,LABELS                        two IDX files
+ *   text:FILE, text:FILE:train           a text file's first 90% as byte tokens
+ *   text:FILE:test, text:FILE:all        its last 10%, or all of it
  *   FILE                                 a safetensors file
  * IDX datasets take two names (images, labels); a safetensors dataset one
- * field per name. Errors as the calls above. */
+ * field per name; a text dataset two (input, target), and its window length
+ * from ebb_dataset_open_ex()'s expected input shape, so this call refuses
+ * it. Errors as the calls above. */
 EBB_API ebb_status ebb_dataset_open(ebb_dataset **out, const char *desc, const char *const *names,
                                     int n);
 
@@ -123,8 +166,10 @@ typedef struct ebb_dataset_expect {
  * any data is read: EBB_ERR_SHAPE for a field whose samples do not fit its
  * expected shape, naming the file, the field and both shapes; EBB_ERR_NOMEM
  * for fields that would take more than expect->max_bytes, with the bytes;
- * EBB_ERR_ARG for an `expect` that does not match n. Errors as
- * ebb_dataset_open() otherwise. */
+ * EBB_ERR_ARG for an `expect` that does not match n. Text ("text:FILE")
+ * takes its window length T from shapes[0], which must be [B, T] (and
+ * shapes[1], when given, [B, T] too): EBB_ERR_SHAPE otherwise, EBB_ERR_ARG
+ * without shapes. Errors as ebb_dataset_open() otherwise. */
 EBB_API ebb_status ebb_dataset_open_ex(ebb_dataset **out, const char *desc,
                                        const char *const *names, int n,
                                        const ebb_dataset_expect *expect);
@@ -140,7 +185,8 @@ EBB_API int ebb_dataset_field_count(const ebb_dataset *d);
 EBB_API const char *ebb_dataset_field_name(const ebb_dataset *d, int i);
 /* Field i's stored dtype (EBB_FLOAT32 when i is out of range). */
 EBB_API ebb_dtype ebb_dataset_field_dtype(const ebb_dataset *d, int i);
-/* Field i's shape as stored, samples first (ndim 0 when i is out of range). */
+/* Field i's shape as stored, samples first (ndim 0 when i is out of range);
+ * a text field's is [windows, T]. */
 EBB_API ebb_shape ebb_dataset_field_shape(const ebb_dataset *d, int i);
 /* The file field i was read from, or NULL when i is out of range. */
 EBB_API const char *ebb_dataset_field_file(const ebb_dataset *d, int i);
@@ -152,7 +198,7 @@ EBB_API ebb_status ebb_dataset_set_normalize(ebb_dataset *d, int i, double mean,
 
 /* Checks that every value of field i is a whole number in [0, classes): what
  * cross_entropy and nll take as class indices. EBB_ERR_ARG otherwise,
- * naming the file, the sample and the value. */
+ * naming the file, the sample (a text's byte offset) and the value. */
 EBB_API ebb_status ebb_dataset_check_classes(const ebb_dataset *d, int i, int64_t classes);
 
 /* order[0..n) receives 0..n-1, shuffled (Fisher-Yates with a generator
@@ -165,8 +211,9 @@ EBB_API void ebb_dataset_order(int64_t *order, int64_t n, uint64_t seed, int shu
  * shape must hold as many elements as one sample has. The values convert to
  * `dtype` (float32, float64, int64 or int32, or float16 and bfloat16, made
  * as float32 and rounded to the nearest, as x.to(torch.bfloat16) does; see
- * the top of this file for uint8 images). EBB_ERR_SHAPE for a shape that does not fit, EBB_ERR_ARG
- * for an index out of range or an unsupported dtype. */
+ * the top of this file for uint8 images; text fields take int64 and int32
+ * only). EBB_ERR_SHAPE for a shape that does not fit, EBB_ERR_ARG for an
+ * index out of range or an unsupported dtype. */
 EBB_API ebb_status ebb_dataset_batch(ebb_tensor **out, const ebb_dataset *d, int i,
                                      const int64_t *index, int64_t count, const ebb_shape *shape,
                                      ebb_dtype dtype, ebb_device device);

@@ -26,7 +26,8 @@
  *   through(n)       stream := n(stream)
  *   also(n)          stream := stream + n(stream)              (residual)
  *   split(n1..nk)    k >= 2 open streams, each ni(stream)
- *   merge(op)        k streams -> 1 by add, mean, mul, max, cat(dim), stack(dim)
+ *   merge(op)        k streams -> 1 by add, mean, mul, max, cat(dim), stack(dim),
+ *                    or by any node taking k inputs (ebb_merge_node)
  *   gate(r, e1..ek)  w = r(stream) [B, k]; stream := sum_i w[:, i] * ei(stream);
  *                    with top_k > 0 each row runs only its top_k experts,
  *                    weights renormalised over the chosen ones
@@ -129,6 +130,16 @@ EBB_API ebb_node *ebb_node_repeat(ebb_builder *b, int times,
 EBB_API ebb_node *ebb_node_graph(ebb_builder *b, const ebb_graph *g);
 /* Sets a node's name (the prefix of its parameters' names). */
 EBB_API ebb_node *ebb_node_name(ebb_builder *b, ebb_node *n, const char *name);
+/* Weight tying: the op node `n` uses the parameter named `source` (a full
+ * name such as "transformer.wte.weight", defined by a node earlier in the
+ * flow) as its own parameter `param` ("weight") instead of making one. The
+ * shapes must agree (checked at compile time). Both uses' gradients are
+ * summed into one, the parameter is updated once, and a weights file may
+ * hold it under either name or both, as PyTorch's state_dict holds tied
+ * keys. Call once per tied parameter. Returns n, or NULL after an error
+ * (n not an op node, a NULL or invalid name, `param` tied twice). */
+EBB_API ebb_node *ebb_node_share(ebb_builder *b, ebb_node *n, const char *param,
+                                 const char *source);
 
 /* An inline sub-flow: a builder whose single input is the stream it is
  * applied to, and which may read (`using`) the tags of the enclosing flow
@@ -188,6 +199,11 @@ EBB_API void ebb_split(ebb_builder *b, ebb_node *first, ...) EBB_SENTINEL;
 EBB_API void ebb_splitv(ebb_builder *b, ebb_node *const *nodes, int n);
 /* `dim` is used by EBB_MERGE_CAT and EBB_MERGE_STACK. */
 EBB_API void ebb_merge(ebb_builder *b, ebb_merge_op op, int64_t dim);
+/* Joins the k open streams with a node that takes k inputs, stream 0
+ * first: an op such as scaled_dot_product_attention (q, k, v), a sub-flow
+ * built for k inputs or a nested graph. NULL n, or a node that cannot take
+ * k inputs, is a builder error. */
+EBB_API void ebb_merge_node(ebb_builder *b, ebb_node *n);
 /* top_k == 0: dense, every expert runs on every row. NULL-terminated experts. */
 EBB_API void ebb_gate(ebb_builder *b, ebb_node *router, int top_k, ebb_node *first_expert, ...) EBB_SENTINEL;
 /* ebb_gate() from an array of n experts (n >= 2); NULL router or experts, or

@@ -66,7 +66,7 @@ typedef enum ebb_init_kind {
     EBB_INIT_ZEROS,
     EBB_INIT_ONES,
     EBB_INIT_UNIFORM_FAN_IN, /* U(-1/sqrt(fan_in), 1/sqrt(fan_in)), nn.Linear */
-    EBB_INIT_NORMAL,         /* N(0, 1), nn.Embedding */
+    EBB_INIT_NORMAL,         /* N(0, std^2): nn.Embedding's N(0, 1) when std is 0 */
 } ebb_init_kind;
 
 typedef struct ebb_param_spec {
@@ -81,6 +81,8 @@ typedef struct ebb_param_spec {
     /* An int64 count whatever the plan's dtype, initialised to 0 (batch_norm's
      * num_batches_tracked, as PyTorch keeps it); always a buffer. */
     int counter;
+    /* EBB_INIT_NORMAL's standard deviation; 0 means 1. */
+    double std;
 } ebb_param_spec;
 
 #define EBB_MAX_PARAMS 8

@@ -90,6 +90,10 @@ EBB_API ebb_status ebb_tensor_clone(ebb_tensor **out, const ebb_tensor *t);
  * NULL or invalid shape: EBB_ERR_ARG, *out NULL. */
 EBB_API ebb_status ebb_tensor_zeros(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
                             ebb_device device);
+/* [end - start] values start, start + 1, ..., end - 1 (torch.arange); end
+ * below start is EBB_ERR_ARG. */
+EBB_API ebb_status ebb_tensor_arange(ebb_tensor **out, int64_t start, int64_t end,
+                                     ebb_dtype dtype, ebb_device device);
 /* A new tensor of ones; NULL and invalid arguments as ebb_tensor_zeros(). */
 EBB_API ebb_status ebb_tensor_ones(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
                            ebb_device device);
@@ -211,6 +215,14 @@ EBB_API ebb_status ebb_tensor_compare(ebb_tensor **out, ebb_compare_op op, const
                               double value);
 /* a @ b with libtorch's matmul broadcasting rules. */
 EBB_API ebb_status ebb_tensor_matmul(ebb_tensor **out, const ebb_tensor *a, const ebb_tensor *b);
+/* x with `value` where the bool mask (broadcast to x's shape) is true
+ * (Tensor.masked_fill); a mask of another dtype is EBB_ERR_ARG. */
+EBB_API ebb_status ebb_tensor_masked_fill(ebb_tensor **out, const ebb_tensor *x,
+                                          const ebb_tensor *mask, double value);
+/* A bool [rows, cols] that is true above the diagonal (column j > row i):
+ * the positions a causal attention masks, triu(ones, 1). */
+EBB_API ebb_status ebb_tensor_causal_mask(ebb_tensor **out, int64_t rows, int64_t cols,
+                                          ebb_device device);
 /* x @ weight^T + bias, PyTorch's layout: weight [out, in], bias [out] or NULL. */
 EBB_API ebb_status ebb_tensor_linear(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *weight,
                              const ebb_tensor *bias);
@@ -513,6 +525,12 @@ EBB_API ebb_status ebb_tensor_adaptive_avg_pool2d_backward(ebb_tensor **grad_x, 
 /* The weight's gradient of an embedding lookup (embedding_dense_backward). */
 EBB_API ebb_status ebb_tensor_embedding_backward(ebb_tensor **grad_weight, const ebb_tensor *grad,
                                          const ebb_tensor *indices, int64_t num_weights);
+/* Of ebb_tensor_attention: the gradients of q, k and v from the output's,
+ * the probabilities recomputed from q and k rather than kept. */
+EBB_API ebb_status ebb_tensor_attention_backward(ebb_tensor **grad_q, ebb_tensor **grad_k,
+                                                 ebb_tensor **grad_v, const ebb_tensor *grad,
+                                                 const ebb_tensor *q, const ebb_tensor *k,
+                                                 const ebb_tensor *v, bool causal);
 /* Of the multi_head_attention op (ops/attention.c): grad_in[0..n_in) for
  * query[, key[, value]] and grad_params[] in the op's parameter order
  * (in_proj_weight, [in_proj_bias,] out_proj.weight[, out_proj.bias]).

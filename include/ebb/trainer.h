@@ -41,6 +41,13 @@
  * own unless drop_last says to drop it, as torch's DataLoader does, and
  * evaluation's last batch is simply shorter.
  *
+ * Language models. A spec whose output is per-token scores [B, T, V]
+ * against [B, T] targets trains on text: data "text:FILE" and eval_data
+ * "text:FILE:test" (byte tokens, the file's first 90% and last 10%,
+ * ebb/data.h), `block` the sequence length T when the spec's is a symbol.
+ * The loss is the mean over every token, evaluation counts every token, and
+ * the metrics and progress lines give the perplexity, exp(loss).
+ *
  * Order and seeds. Epoch e (from 0) visits the samples in the order
  * ebb_dataset_order() draws from seed ^ (0x9E3779B97F4A7C15 * (e + 1))
  * (file order without shuffle); the model's initial weights and dropout's
@@ -85,6 +92,10 @@ typedef struct ebb_metrics {
      * one (the argmax); owned by the metrics, freed by ebb_metrics_free().
      * NULL when not a classifier. */
     int64_t *confusion;
+    /* exp(loss), the perplexity, when the loss is per token (cross_entropy
+     * or nll on a [B, T, V] output against [B, T] targets: a language
+     * model, `predictions` counting its tokens); NAN otherwise */
+    double perplexity;
 } ebb_metrics;
 
 /* Recall of class c: the predictions for targets of class c that were c,
@@ -93,8 +104,9 @@ typedef struct ebb_metrics {
 EBB_API double ebb_metrics_class_accuracy(const ebb_metrics *m, int64_t c);
 /* Frees the confusion matrix and zeroes *m. NULL m: no-op. */
 EBB_API void ebb_metrics_free(ebb_metrics *m);
-/* Writes the metrics as text: the loss and accuracies on one line, then for
- * a classifier a table of per-class accuracy and the confusion matrix. */
+/* Writes the metrics as text: the accuracies, the loss (and its perplexity
+ * for a per-token loss) on one line, then for a classifier a table of
+ * per-class accuracy and the confusion matrix. */
 EBB_API void ebb_metrics_print(const ebb_metrics *m, FILE *f);
 
 /* ---- events and callbacks ----------------------------------------------- */
@@ -150,6 +162,11 @@ typedef struct ebb_trainer_options {
     int64_t epochs; /* passes over the data (defaults: 1) */
     int64_t steps;  /* > 0: stop after this many steps instead */
     int64_t batch;  /* samples per step and per evaluation run (defaults: 64) */
+    /* > 0: the sequence length: every input's symbolic second dimension is
+     * bound to it (as batch binds the first), and a fixed one must equal
+     * it. Text data ("text:FILE", ebb/data.h) is cut into windows of it; a
+     * spec whose sequence is a symbol needs it there. 0: the spec's. */
+    int64_t block;
     int drop_last;  /* drop each epoch's last partial batch */
     int shuffle;    /* a new order each epoch (defaults: 1) */
     uint64_t seed;  /* initial weights, order and dropout */
@@ -284,6 +301,8 @@ typedef struct ebb_trainer_stats {
     int64_t failed_step;   /* the step whose run failed (0: none); a failure elsewhere (an
                               evaluation, a checkpoint) leaves it 0 */
     int nonfinite;         /* the last failure was a loss or state not finite */
+    int per_token;         /* the loss is per token (see ebb_metrics.perplexity): the
+                              progress lines give exp(loss), the perplexity, too */
 } ebb_trainer_stats;
 /* The counts so far (NULL t: zeros, last_checkpoint -1). first_skip_why
  * points into the trainer. */

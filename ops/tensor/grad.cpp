@@ -951,6 +951,64 @@ ebb_status ebb_tensor_multi_head_attention_backward(
     return EBB_OK;
 }
 
+ebb_status ebb_tensor_attention_backward(ebb_tensor **grad_q, ebb_tensor **grad_k,
+                                         ebb_tensor **grad_v, const ebb_tensor *grad,
+                                         const ebb_tensor *q, const ebb_tensor *k,
+                                         const ebb_tensor *v, bool causal) {
+    static const char fn[] = "ebb_tensor_attention_backward";
+    clear({grad_q, grad_k, grad_v});
+    EBB_NEED(fn, grad_q);
+    EBB_NEED(fn, grad_k);
+    EBB_NEED(fn, grad_v);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, q);
+    EBB_NEED(fn, k);
+    EBB_NEED(fn, v);
+    EBB_TRY(fn, {
+        const at::Tensor &qt = q->t, &kt = k->t, &vt = v->t, &g = grad->t;
+        TORCH_CHECK(qt.dim() >= 2 && kt.dim() == qt.dim() && vt.dim() == qt.dim() &&
+                        kt.size(-1) == qt.size(-1) && vt.size(-2) == kt.size(-2),
+                    "query ", qt.sizes(), ", key ", kt.sizes(), " and value ", vt.sizes(),
+                    " do not fit [..., L, E], [..., S, E], [..., S, Ev]");
+        at::Tensor gq, gk, gv;
+#if EBB_FLASH_ATTENTION
+        if (qt.is_cpu() && qt.dim() == 4 && ebb::flash_takes(qt, kt, vt)) {
+            // the forward again for its output and log-sum-exp, then the
+            // kernel's backward; both are released before returning
+            auto fwd = at::_scaled_dot_product_flash_attention_for_cpu(qt, kt, vt, 0.0, causal);
+            at::Tensor o = std::move(std::get<0>(fwd)), lse = std::move(std::get<1>(fwd));
+            auto bwd = at::_scaled_dot_product_flash_attention_for_cpu_backward(g, qt, kt, vt, o,
+                                                                                lse, 0.0, causal);
+            gq = std::move(std::get<0>(bwd));
+            gk = std::move(std::get<1>(bwd));
+            gv = std::move(std::get<2>(bwd));
+        }
+#endif
+        if (!gq.defined()) {
+            // softmax(q k^T * scale) v by the chain rule; each temporary is
+            // released as soon as its last reader has run (ops/attention.c
+            // counts them in this order)
+            double scale = 1.0 / std::sqrt(static_cast<double>(qt.size(-1)));
+            at::Tensor p = at::matmul(qt, kt.transpose(-2, -1)).mul_(scale);
+            if (causal) {
+                at::Tensor above =
+                    at::ones({qt.size(-2), kt.size(-2)}, qt.options().dtype(at::kBool)).triu_(1);
+                p.masked_fill_(above, -std::numeric_limits<double>::infinity());
+            }
+            p = at::softmax(p, -1);
+            gv = at::matmul(p.transpose(-2, -1), g);
+            at::Tensor gs = at::matmul(g, vt.transpose(-2, -1));
+            gs = at::_softmax_backward_data(gs, p, -1, p.scalar_type());
+            p.reset();
+            gs.mul_(scale);
+            gq = at::matmul(gs, kt);
+            gk = at::matmul(gs.transpose(-2, -1), qt);
+        }
+        hand_out({{grad_q, std::move(gq)}, {grad_k, std::move(gk)}, {grad_v, std::move(gv)}});
+    })
+    return EBB_OK;
+}
+
 /* ---- recurrent cells --------------------------------------------------------------- */
 
 ebb_status ebb_tensor_gru_cell_backward(ebb_tensor **grad_x, ebb_tensor **grad_h,

@@ -250,6 +250,16 @@ ebb_status ebb_tensor_zeros(ebb_tensor **out, const ebb_shape *shape, ebb_dtype 
     return EBB_OK;
 }
 
+ebb_status ebb_tensor_arange(ebb_tensor **out, int64_t start, int64_t end, ebb_dtype dtype,
+                             ebb_device device) {
+    EBB_OUT("ebb_tensor_arange", out);
+    if (end < start)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_tensor_arange: end %lld is below start %lld",
+                             (long long)end, (long long)start);
+    EBB_TRY("ebb_tensor_arange", *out = wrap(at::arange(start, end, opts(dtype, device)));)
+    return EBB_OK;
+}
+
 ebb_status ebb_tensor_ones(ebb_tensor **out, const ebb_shape *shape, ebb_dtype dtype,
                            ebb_device device) {
     EBB_OUT("ebb_tensor_ones", out);
@@ -741,6 +751,31 @@ ebb_status ebb_tensor_matmul(ebb_tensor **out, const ebb_tensor *a, const ebb_te
     EBB_NEED("ebb_tensor_matmul", a);
     EBB_NEED("ebb_tensor_matmul", b);
     EBB_TRY("ebb_tensor_matmul", *out = wrap(at::matmul(a->t, b->t));)
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_masked_fill(ebb_tensor **out, const ebb_tensor *x, const ebb_tensor *mask,
+                                  double value) {
+    static const char fn[] = "ebb_tensor_masked_fill";
+    EBB_OUT(fn, out);
+    EBB_NEED(fn, x);
+    EBB_NEED(fn, mask);
+    EBB_TRY(fn, {
+        if (mask->t.scalar_type() != at::kBool)
+            return ebb_error_set(EBB_ERR_ARG, "%s: the mask %s is %s, not bool", fn,
+                                 ebb::dims(mask->t).c_str(), c10::toString(mask->t.scalar_type()));
+        *out = wrap(at::masked_fill(x->t, mask->t, value));
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_causal_mask(ebb_tensor **out, int64_t rows, int64_t cols,
+                                  ebb_device device) {
+    static const char fn[] = "ebb_tensor_causal_mask";
+    EBB_OUT(fn, out);
+    if (rows < 0 || cols < 0)
+        return ebb_error_set(EBB_ERR_ARG, "%s: %lld x %lld", fn, (long long)rows, (long long)cols);
+    EBB_TRY(fn, *out = wrap(at::ones({rows, cols}, opts(EBB_BOOL, device)).triu_(1));)
     return EBB_OK;
 }
 

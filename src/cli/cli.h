@@ -1,5 +1,6 @@
 /* Shared by the `ebb` command's files: one file per command (check.c,
- * plan.c, run.c, grad.c, dot.c, chart.c; train.c holds train and eval), the
+ * plan.c, run.c, grad.c, dot.c, chart.c, generate.c; train.c holds train
+ * and eval), the
  * option parsing, shapes and spec loading they share (common.c), and
  * main.c, which only dispatches. Internal to the command. */
 #ifndef EBB_CLI_H
@@ -152,6 +153,9 @@ int ebb_cli_run(int argc, char **argv);
 extern const char ebb_cli_usage_grad[];
 extern const struct option ebb_cli_grad_options[];
 int ebb_cli_grad(int argc, char **argv);
+extern const char ebb_cli_usage_generate[];
+extern const struct option ebb_cli_generate_options[];
+int ebb_cli_generate(int argc, char **argv);
 
 /* The command named `name`, or NULL (main.c). */
 const command *ebb_cli_find_command(const char *name);

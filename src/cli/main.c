@@ -1,7 +1,7 @@
-/* The `ebb` command: check, plan, run, grad, dot, chart, train and eval for
- * YAML specs. This file dispatches; each command is a file of its own
- * (src/cli/CMD.c, train.c for train and eval) and what they share is in
- * common.c (cli.h).
+/* The `ebb` command: check, plan, run, grad, dot, chart, train, eval and
+ * generate for YAML specs. This file dispatches; each command is a file of
+ * its own (src/cli/CMD.c, train.c for train and eval) and what they share
+ * is in common.c (cli.h).
  *
  * Options follow git's conventions (getopt_long): `--opt=value` or
  * `--opt value`, `-iVALUE` or `-i VALUE`, options and arguments in any
@@ -27,6 +27,7 @@ const char ebb_cli_usage_main[] =
     "  grad SPEC [...]      the loss and every parameter's gradient, from a training plan\n"
     "  train SPEC [...]     train on a dataset: progress, evaluation, checkpoints\n"
     "  eval SPEC [...]      a trained model's loss and accuracy on a dataset\n"
+    "  generate SPEC [...]  continue a text with a trained byte-level language model\n"
     "  dot SPEC [...]       write Graphviz DOT of the graph or the plan\n"
     "  chart SPEC [...]     draw the plan's memory over its steps as SVG (and a run's trace)\n"
     "  help [COMMAND]       this help, or the command's (as `ebb COMMAND --help`)\n"
@@ -46,6 +47,7 @@ static const command commands[] = {
     {"chart", ebb_cli_usage_chart, "hi:p:o:", ebb_cli_chart_options, 0},
     {"train", ebb_cli_usage_train, EBB_CLI_TRAIN_SHORTS, ebb_cli_train_options, 0},
     {"eval", ebb_cli_usage_eval, EBB_CLI_TRAIN_SHORTS, ebb_cli_eval_options, 0},
+    {"generate", ebb_cli_usage_generate, "hp:", ebb_cli_generate_options, 0},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 
@@ -192,6 +194,8 @@ static int dispatch(int argc, char **argv) {
         return ebb_cli_train(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval"))
         return ebb_cli_eval(argc - 1, argv + 1);
+    if (!strcmp(cmd, "generate"))
+        return ebb_cli_generate(argc - 1, argv + 1);
     return ebb_cli_dot(argc - 1, argv + 1);
 }
 

@@ -51,6 +51,7 @@ enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3, EXIT_SIGNAL_BASE = 128 }
 
 const char ebb_cli_usage_train[] =
     "usage: ebb train SPEC --data D [--eval-data D] [--epochs N | --steps N] [--batch B]\n"
+    "                 [--block N]\n"
     "                 [--optimizer KIND] [--lr X] [--lr-schedule S] [--momentum X]\n"
     "                 [--weight-decay X] [--loss NAME] [--clip-grad-norm X]\n"
     "                 [--clip-grad-value X] [--freeze PATTERN]... [--log-csv FILE]\n"
@@ -68,8 +69,10 @@ const char ebb_cli_usage_train[] =
     "against its targets, backward and optimizer update, one static plan per step.\n"
     "A dataset D is fashion-mnist (fashion-mnist:test for its test split), a\n"
     "directory of MNIST-style IDX files (DIR or DIR:test), two IDX files\n"
-    "IMAGES,LABELS, or a safetensors file holding one tensor per input and target\n"
-    "of the spec, samples first.\n"
+    "IMAGES,LABELS, a safetensors file holding one tensor per input and target\n"
+    "of the spec, samples first, or text:FILE, a text's bytes as tokens in windows\n"
+    "of --block bytes, the next byte the target (its first 90%; text:FILE:test the\n"
+    "last 10%, text:FILE:all every byte).\n"
     "\n"
     "  --data D           the training data (required)\n"
     "  --eval-data D      evaluated after every epoch: loss and accuracy\n"
@@ -80,6 +83,8 @@ const char ebb_cli_usage_train[] =
     "  --epochs N         passes over the data (default 1)\n"
     "  --steps N          stop after N steps instead\n"
     "  --batch B          samples per step (default 64)\n"
+    "  --block N          the sequence length: the spec's input's second dimension when\n"
+    "                     it is a symbol ([batch, seq]), the window of text data\n"
     "  --optimizer KIND   sgd, adam, adamw, rmsprop, adagrad or adadelta (default adamw),\n"
     "                     with torch.optim's defaults\n"
     "  --lr X             learning rate (default 1e-3; sgd needs one)\n"
@@ -154,17 +159,19 @@ const char ebb_cli_usage_train[] =
     "and exit 128 + the signal (130, 143, 129); a second signal stops at once.\n";
 
 const char ebb_cli_usage_eval[] =
-    "usage: ebb eval SPEC --weights W --data D [--batch B] [--device DEV] [--json]\n"
-    "                [--metrics] [--top-k K] [--normalize MEAN,STD] [--allow-nonfinite]\n"
-    "                [-p NAME=VALUE]...\n"
+    "usage: ebb eval SPEC --weights W --data D [--batch B] [--block N] [--device DEV]\n"
+    "                [--json] [--metrics] [--top-k K] [--normalize MEAN,STD]\n"
+    "                [--allow-nonfinite] [-p NAME=VALUE]...\n"
     "\n"
     "Runs the spec's inference plan over a dataset (as `ebb train --data`) and prints\n"
     "'accuracy 0.8912 top-5 0.9981 loss 0.3123 on 10000 samples' for a cross_entropy\n"
-    "or nll spec, else 'loss X on N samples' (the loss op with its default options).\n"
+    "or nll spec, else 'loss X on N samples' (the loss op with its default options);\n"
+    "a per-token loss ([B, T, V] scores, a language model) adds its perplexity.\n"
     "\n"
     "  --weights W        the trained weights (required)\n"
     "  --data D           the data (required)\n"
     "  --batch B          samples per run (default 256)\n"
+    "  --block N          the sequence length, as for ebb train\n"
     "  --metrics          per-class accuracy and the confusion matrix too\n"
     "  --top-k K          count top-K accuracy (default 5; 0: none)\n"
     "  --normalize MEAN,STD\n"
@@ -215,6 +222,7 @@ enum {
     O_LOG_CSV,
     O_ACCUMULATE,
     O_NO_DECAY,
+    O_BLOCK,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -223,7 +231,8 @@ enum {
         {"normalize", required_argument, NULL, O_NORMALIZE},                                       \
         {"data", required_argument, NULL, O_DATA}, {"batch", required_argument, NULL, O_BATCH},    \
         {"weights", required_argument, NULL, O_WEIGHTS},                                           \
-        {"top-k", required_argument, NULL, O_TOP_K}, {                                             \
+        {"top-k", required_argument, NULL, O_TOP_K},                                               \
+        {"block", required_argument, NULL, O_BLOCK}, {                                             \
         "allow-nonfinite", no_argument, NULL, O_ALLOW_NONFINITE                                    \
     }
 
@@ -273,7 +282,7 @@ typedef struct topts {
     const char *resume, *trace, *device, *curve;
     const char *params[MAX_PARAMS];
     int n_params;
-    int64_t epochs, steps, batch, checkpoint_every, log_every, trace_step;
+    int64_t epochs, steps, batch, checkpoint_every, log_every, trace_step, block;
     double lr, momentum, weight_decay, norm_mean, norm_std;
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
     int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory, cuda_graph;
@@ -448,6 +457,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
         case O_EPOCHS:
         case O_STEPS:
         case O_BATCH:
+        case O_BLOCK:
         case O_CHECKPOINT_EVERY:
         case O_LOG_EVERY:
         case O_TRACE_STEP:
@@ -457,6 +467,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
                                    opt == O_EPOCHS       ? "--epochs"
                                    : opt == O_STEPS      ? "--steps"
                                    : opt == O_BATCH      ? "--batch"
+                                   : opt == O_BLOCK      ? "--block"
                                    : opt == O_LOG_EVERY  ? "--log-every"
                                    : opt == O_TRACE_STEP ? "--trace-step"
                                    : opt == O_ACCUMULATE ? "--accumulate"
@@ -467,6 +478,8 @@ static int parse(int argc, char **argv, int train, topts *o) {
                 o->steps = n;
             else if (opt == O_BATCH)
                 o->batch = n, o->batch_set = 1;
+            else if (opt == O_BLOCK)
+                o->block = n;
             else if (opt == O_LOG_EVERY)
                 o->log_every = n;
             else if (opt == O_TRACE_STEP)
@@ -854,6 +867,13 @@ static const char *json_loss(double sum, int64_t n, char *buf, size_t size) {
     return buf;
 }
 
+/* exp of a mean per-token loss, the perplexity, as a JSON line prints it */
+static const char *json_ppl(double sum, int64_t n, char *buf, size_t size) {
+    double v = n ? exp(sum / (double)n) : NAN;
+    snprintf(buf, size, isfinite(v) ? "%.9g" : "null", v);
+    return buf;
+}
+
 /* ---- the callbacks ---- */
 
 /* A number for the CSV log: empty when absent or not finite. */
@@ -911,6 +931,9 @@ static int trace_done(cli_run *c, const ebb_train_event *e) {
     printf("trace of step %lld written to %s; draw it with: ebb chart %s --train -i %s=%lld",
            (long long)e->step, o->trace, ebb_spec_file(c->spec), sym ? sym : "batch",
            (long long)o->batch);
+    const char *seq = NULL;
+    if (o->block && ebb_spec_input_dim(c->spec, 0, 1, &seq) < 0 && seq)
+        printf(" -i %s=%lld", seq, (long long)o->block);
     for (int i = 0; i < o->n_params; i++)
         printf(" -p %s", o->params[i]);
     if (strcmp(c->kind, "adamw")) printf(" --optimizer %s", c->kind);
@@ -966,9 +989,12 @@ static int on_step(ebb_trainer *t, const ebb_train_event *e, void *user) {
     if (o->json && o->log_every && e->step % o->log_every == 0) {
         char lb[32];
         printf("{\"type\": \"step\", \"epoch\": %lld, \"step\": %lld, \"steps\": %lld, "
-               "\"loss\": %s, \"lr\": %.9g, \"samples_per_s\": %.1f}\n",
+               "\"loss\": %s",
                (long long)e->epoch, (long long)e->step, (long long)e->total_steps,
-               json_loss(c->json_loss, c->json_n, lb, sizeof lb), e->lr, e->samples_per_s);
+               json_loss(c->json_loss, c->json_n, lb, sizeof lb));
+        if (s.per_token)
+            printf(", \"perplexity\": %s", json_ppl(c->json_loss, c->json_n, lb, sizeof lb));
+        printf(", \"lr\": %.9g, \"samples_per_s\": %.1f}\n", e->lr, e->samples_per_s);
         c->json_loss = 0;
         c->json_n = 0;
         fflush(stdout);
@@ -980,7 +1006,7 @@ static int on_step(ebb_trainer *t, const ebb_train_event *e, void *user) {
  * stopped later still has them). */
 static int on_epoch(ebb_trainer *t, const ebb_train_event *e, void *user) {
     cli_run *c = user;
-    (void)t;
+    int per_token = ebb_trainer_get_stats(t).per_token;
     const ebb_metrics *m = e->eval;
     if (c->csv && csv_row(c, "epoch", e, e->loss)) return 1;
     if (c->o.json) {
@@ -989,10 +1015,13 @@ static int on_epoch(ebb_trainer *t, const ebb_train_event *e, void *user) {
                "\"seconds\": %.3f",
                (long long)e->epoch, (long long)e->step, json_loss(e->loss, 1, lb, sizeof lb),
                e->seconds);
+        if (per_token) printf(", \"perplexity\": %s", json_ppl(e->loss, 1, lb, sizeof lb));
         if (c->o.skip_nonfinite) printf(", \"skipped\": %lld", (long long)e->epoch_skipped);
         if (m)
             printf(", \"eval_loss\": %s, \"eval_samples\": %lld", json_loss(m->loss, 1, lb, sizeof lb),
                    (long long)m->samples);
+        if (m && per_token)
+            printf(", \"eval_perplexity\": %s", json_ppl(m->loss, 1, lb, sizeof lb));
         if (m && m->classes) printf(", \"eval_accuracy\": %.9g", m->accuracy);
         if (m && m->top_k) printf(", \"eval_top_k\": %d, \"eval_top_k_accuracy\": %.9g", m->top_k,
                                   m->top_k_accuracy);
@@ -1088,6 +1117,7 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->epochs = o->epochs;
     to->steps = o->steps;
     to->batch = o->batch;
+    to->block = o->block;
     to->drop_last = o->drop_last;
     to->shuffle = !o->no_shuffle;
     to->seed = o->seed;
@@ -1221,6 +1251,9 @@ static void print_metrics_json(const ebb_metrics *m, int full) {
            json_loss(m->loss, 1, lb, sizeof lb));
     if (m->classes) printf(", \"accuracy\": %.9g", m->accuracy);
     if (m->top_k) printf(", \"top_k\": %d, \"top_k_accuracy\": %.9g", m->top_k, m->top_k_accuracy);
+    if (!isnan(m->perplexity))
+        printf(", \"perplexity\": %s, \"tokens\": %lld", json_loss(m->perplexity, 1, lb, sizeof lb),
+               (long long)m->predictions);
     if (full && m->confusion) {
         printf(", \"class_accuracy\": [");
         for (int64_t k = 0; k < m->classes; k++) {
@@ -1251,6 +1284,7 @@ int ebb_cli_eval(int argc, char **argv) {
     c.to.evaluate_only = 1;
     c.to.eval_data = o->data;
     c.to.batch = o->batch;
+    c.to.block = o->block;
     c.to.normalize = o->normalize;
     c.to.norm_mean = o->norm_mean;
     c.to.norm_std = o->norm_std;
@@ -1265,18 +1299,16 @@ int ebb_cli_eval(int argc, char **argv) {
         rc = trainer_fail(&c, st, 0);
         goto done;
     }
-    if (o->json)
+    if (o->json) {
         print_metrics_json(&m, o->metrics);
-    else if (o->metrics)
+    } else if (o->metrics) {
         ebb_metrics_print(&m, stdout);
-    else if (m.classes && m.top_k)
-        printf("accuracy %.4f top-%d %.4f loss %.4f on %lld samples\n", m.accuracy, m.top_k,
-               m.top_k_accuracy, m.loss, (long long)m.samples);
-    else if (m.classes)
-        printf("accuracy %.4f loss %.4f on %lld samples\n", m.accuracy, m.loss,
-               (long long)m.samples);
-    else
-        printf("loss %.4f on %lld samples\n", m.loss, (long long)m.samples);
+    } else {
+        /* the first line of the full print: accuracies, loss, perplexity */
+        ebb_metrics line = m;
+        line.confusion = NULL;
+        ebb_metrics_print(&line, stdout);
+    }
 done:
     ebb_metrics_free(&m);
     ebb_trainer_free(c.t);

@@ -422,6 +422,115 @@ def spec_fixture(name):
           + (f"; None in autograd: {', '.join(none)}" if none else ""))
 
 
+# ---- a nanoGPT-style language model ------------------------------------------------
+
+class GPTBlock(torch.nn.Module):
+    """nanoGPT's Block: pre-norm causal self-attention (one fused c_attn,
+    split into q, k, v) and a GELU MLP, each residual. Attention is written
+    out (torch 1.13 has no F.scaled_dot_product_attention) as nanoGPT's
+    non-flash path computes it, the causal mask made on the fly rather than
+    kept as the attn.bias buffer."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln_1 = torch.nn.LayerNorm(d)
+        self.attn = torch.nn.Module()
+        self.attn.c_attn = torch.nn.Linear(d, 3 * d)
+        self.attn.c_proj = torch.nn.Linear(d, d)
+        self.ln_2 = torch.nn.LayerNorm(d)
+        self.mlp = torch.nn.Module()
+        self.mlp.c_fc = torch.nn.Linear(d, 4 * d)
+        self.mlp.c_proj = torch.nn.Linear(4 * d, d)
+
+    def attention(self, x):
+        b, t, c = x.shape
+        q, k, v = self.attn.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (k.size(-1) ** 0.5))
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return self.attn.c_proj(y)
+
+    def forward(self, x):
+        x = x + self.attention(self.ln_1(x))
+        return x + self.mlp.c_proj(F.gelu(self.mlp.c_fc(self.ln_2(x))))
+
+
+class GPT(torch.nn.Module):
+    """nanoGPT's GPT (model.py): token and position embeddings, the blocks,
+    ln_f and an lm_head tied to the token embedding, so its state_dict holds
+    both transformer.wte.weight and lm_head.weight (one tensor)."""
+
+    def __init__(self, vocab, block, layers, heads, d):
+        super().__init__()
+        self.transformer = torch.nn.ModuleDict(dict(
+            wte=torch.nn.Embedding(vocab, d), wpe=torch.nn.Embedding(block, d),
+            h=torch.nn.ModuleList([GPTBlock(d, heads) for _ in range(layers)]),
+            ln_f=torch.nn.LayerNorm(d)))
+        self.lm_head = torch.nn.Linear(d, vocab, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+
+    def forward(self, idx):
+        pos = torch.arange(idx.shape[1])
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for blk in self.transformer.h:
+            x = blk(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+
+# specs/gpt.yaml at the fixture's size (its -p values), batch 4 of 12 tokens
+GPT_SIZE = dict(vocab=64, block=16, layers=2, heads=4, d=32)
+GPT_BATCH, GPT_T = 4, 12
+
+
+def gpt_grads(model, idx, y):
+    model.zero_grad()
+    logits = model(idx)
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), y.view(-1))
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+    return loss.detach(), grads
+
+
+def gpt_fixture():
+    """grad_gpt.safetensors: specs/gpt.yaml against the GPT above. Weights
+    under nanoGPT's state_dict keys, lm_head.weight included (the tied
+    tensor, as torch saves it); grad.<p> per parameter torch has (the tied
+    weight once, the sum of both uses)."""
+    fname = "grad_gpt.safetensors"
+    torch.manual_seed(40)
+    model = GPT(**GPT_SIZE)
+    with torch.no_grad():  # LayerNorms away from 1 and 0, so their gradients matter
+        for n, p in model.named_parameters():
+            if ".ln_" in n or "ln_f" in n:
+                p.add_(torch.randn(p.shape) * 0.2)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = mf.replayed(fname, state)
+    model.load_state_dict(state)
+    g = torch.Generator().manual_seed(41)
+    idx = torch.randint(0, GPT_SIZE["vocab"], (GPT_BATCH, GPT_T), generator=g)
+    y = torch.randint(0, GPT_SIZE["vocab"], (GPT_BATCH, GPT_T), generator=g)
+    io = mf.replayed(fname, {"x": idx, "y": y})
+    idx, y = io["x"], io["y"]
+    loss, grads = gpt_grads(model, idx, y)
+    m64 = GPT(**GPT_SIZE).double()
+    m64.load_state_dict({k: v.double() for k, v in state.items()})
+    loss64, grads64 = gpt_grads(m64, idx, y)
+    floor = max(rel(grads[n], grads64[n]) for n in grads)
+    tensors = dict(state)
+    tensors.update({"x": idx, "y": y, "loss": loss.float()})
+    tensors.update({f"grad.{n}": v for n, v in grads.items()})
+    path = os.path.join(OUT, fname)
+    params = ",".join(f"{k}={v}" for k, v in GPT_SIZE.items())
+    write(path, tensors, {"spec": "specs/gpt.yaml", "params": params, "loss": "cross_entropy",
+                          "loss_attrs": "", "zero_grads": ""})
+    print(f"grad_gpt: cross_entropy loss {loss.item():.6g}, {len(grads)} gradients "
+          f"(lm_head tied to transformer.wte), float32 vs float64 rel. error {floor:.2e}, "
+          f"{os.path.getsize(path)} bytes")
+
+
 # ---- ten training steps ----------------------------------------------------------
 
 STEPS, BATCH = 10, 6
@@ -518,7 +627,7 @@ def main():
     global OUT
     OUT, names = mf.parse_args(sys.argv[1:])
     os.makedirs(OUT, exist_ok=True)
-    names = names or list(mf.MODELS) + list(SPECS) + ["steps"]
+    names = names or list(mf.MODELS) + list(SPECS) + ["gpt", "steps"]
     for name in names:
         if name == "steps":
             steps_fixture("grad_steps_mlp", False, {
@@ -543,9 +652,11 @@ def main():
             model_fixture(name)
         elif name in SPECS:
             spec_fixture(name)
+        elif name == "gpt":
+            gpt_fixture()
         else:
             sys.exit(f"unknown fixture '{name}': one of "
-                     f"{', '.join(list(mf.MODELS) + list(SPECS) + ['steps'])}")
+                     f"{', '.join(list(mf.MODELS) + list(SPECS) + ['gpt', 'steps'])}")
 
 
 if __name__ == "__main__":
