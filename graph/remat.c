@@ -36,6 +36,17 @@
 #include "compile_internal.h"
 #include "ebb/train.h"
 
+
+/* Whether running the step's training forward again would not repeat it
+ * (it draws random numbers or updates a buffer): its output is never
+ * recomputed. */
+static int op_draws(const plan_step *s) {
+    const ebb_op_grad *g = s->op->grad;
+    if (!g)
+        return 0;
+    return g->draws ? g->draws(s->attrs) : g->no_recompute;
+}
+
 /* ---- estimated compute ---------------------------------------------------------- */
 
 static int64_t numel_of(const ebb_plan *p, int slot) {
@@ -132,7 +143,7 @@ static int analyse(remat *r) {
         int made = pv->producer;
         r->droppable[v] = pv->kind == EBB_VALUE_INTERMEDIATE && made >= 0 && made < r->n_fwd &&
                           p->steps[made].pub.kind == EBB_STEP_OP && !jumped[made] &&
-                          !(p->steps[made].op->grad && p->steps[made].op->grad->no_recompute);
+                          !op_draws(&p->steps[made]);
         last_fwd[v] = -1;
     }
     /* the backward's other readers (routing, loops, a zeros' shape) read

@@ -430,34 +430,80 @@ static const ebb_op_grad mha_grad = {.backward = mha_bwd, .saves_inputs = 0x7u,
 
 /* ---- scaled_dot_product_attention ------------------------------------------------
  *
- * softmax(q k^T / sqrt(E)) v over values the flow made, as
- * F.scaled_dot_product_attention(q, k, v, is_causal=causal): q [..., L, E],
- * k [..., S, E], v [..., S, Ev], usually [B, H, T, D] heads split by
- * reshape and transpose. No parameters. */
+ * softmax(q k^T / sqrt(E) [+ mask]) v over values the flow made, as
+ * F.scaled_dot_product_attention(q, k, v, attn_mask, dropout_p, is_causal):
+ * q [..., L, E], k [..., S, E], v [..., S, Ev], usually [B, H, T, D] heads
+ * split by reshape and transpose, and an optional fourth input, the mask.
+ * No parameters. */
+
+enum { S_CAUSAL, S_DROPOUT };
 
 static const ebb_attr_spec sdpa_attrs[] = {
     {.name = "causal", .type = EBB_ATTR_BOOL, .default_number = 0,
      .doc = "query i attends to keys j <= i only (top-left aligned, as is_causal)"},
+    {.name = "dropout", .type = EBB_ATTR_FLOAT, .default_number = 0,
+     .doc = "drop attention probabilities with this probability while training"},
 };
 
+static const ebb_tensor *sdpa_mask(ebb_tensor *const *in, int n_in) {
+    return n_in > 3 ? in[3] : NULL;
+}
+
 static ebb_status sdpa_fwd(const ebb_op_call *c, ebb_tensor **out) {
-    ebb_status st = ebb_tensor_attention(out, c->in[0], c->in[1], c->in[2], c->attrs[0].i != 0);
+    const ebb_attr_value *a = c->attrs;
+    ebb_status st = EBB_OK;
+    if (!(a[S_DROPOUT].f >= 0 && a[S_DROPOUT].f < 1))
+        st = ebb_error_set(EBB_ERR_ARG, "dropout=%g is not in [0, 1)", a[S_DROPOUT].f);
+    else if (c->n_in > 3)
+        st = ebb_tensor_attention_ex(out, NULL, c->in[0], c->in[1], c->in[2], c->in[3],
+                                     a[S_CAUSAL].i != 0, 0.0, 0);
+    else
+        st = ebb_tensor_attention(out, c->in[0], c->in[1], c->in[2], a[S_CAUSAL].i != 0);
     if (st != EBB_OK)
         ebb_error_prefix("scaled_dot_product_attention");
     return st;
 }
 
-/* The sizes of one call, in bytes: q, k, v, the output (grad_out) and the
- * B*H*L*S scores; `copy` says whether a batched product may copy its
- * operands (more than one batch dim over 1: a head-split view's batch dims
- * cannot be merged without a copy). */
+/* Training: with dropout, the probabilities are dropped by a mask drawn from
+ * the step's seed, kept for the backward; without, the extra is empty. */
+static ebb_status sdpa_train(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **saved) {
+    double p = c->attrs[S_DROPOUT].f;
+    ebb_status st;
+    if (p > 0) {
+        st = ebb_tensor_attention_ex(out, &saved[0], c->in[0], c->in[1], c->in[2],
+                                     sdpa_mask(c->in, c->n_in), c->attrs[S_CAUSAL].i != 0, p,
+                                     c->seed);
+        if (st != EBB_OK)
+            ebb_error_prefix("scaled_dot_product_attention");
+        return st;
+    }
+    st = sdpa_fwd(c, out);
+    if (st == EBB_OK)
+        st = ebb_tensor_empty(&saved[0], &EBB_SHAPE(0), EBB_BOOL, ebb_tensor_device(c->in[0]));
+    if (st != EBB_OK) {
+        ebb_tensor_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+static int sdpa_draws(const ebb_attr_value *a) { return a[S_DROPOUT].f > 0; }
+
+/* The sizes of one call, in bytes: q, k, v, the output (grad_out), the
+ * B*H*L*S scores (p) and their count (n); `copy` says whether a batched
+ * product may copy its operands (more than one batch dim over 1: a
+ * head-split view's batch dims cannot be merged without a copy); `mask` is
+ * what a bool mask's negation takes (a float mask is added in place, but the
+ * dtype is not known here: a bound), `keep` and `draw` the dropout mask and
+ * the float32 uniforms it is drawn from. */
 typedef struct sdpa_sizes {
-    int64_t q, k, v, o, p, ls, batch, l, s, e;
-    int copy;
+    int64_t q, k, v, o, p, n, ls, batch, l, s, e, mask, keep, draw, scalar;
+    int copy, causal;
 } sdpa_sizes;
 
-static int sdpa_sizes_of(const ebb_shape *in, int n_in, ebb_dtype dt, sdpa_sizes *z) {
-    if (n_in != 3 || in[0].ndim < 2 || in[1].ndim != in[0].ndim || in[2].ndim != in[0].ndim)
+static int sdpa_sizes_of(const ebb_attr_value *a, const ebb_shape *in, int n_in, ebb_dtype dt,
+                         int train, sdpa_sizes *z) {
+    if (n_in < 3 || in[0].ndim < 2 || in[1].ndim != in[0].ndim || in[2].ndim != in[0].ndim)
         return 0;
     int nd = in[0].ndim, big = 0;
     int64_t size = (int64_t)ebb_dtype_size(dt), batch = 1;
@@ -471,80 +517,121 @@ static int sdpa_sizes_of(const ebb_shape *in, int n_in, ebb_dtype dt, sdpa_sizes
     z->k = batch * z->s * z->e * size;
     z->v = batch * z->s * in[2].dim[nd - 1] * size;
     z->o = batch * z->l * in[2].dim[nd - 1] * size;
-    z->p = batch * z->l * z->s * size;
+    z->n = batch * z->l * z->s;
+    z->p = z->n * size;
     z->ls = z->l * z->s;
     z->copy = big > 1;
+    z->causal = a[S_CAUSAL].i != 0;
+    z->mask = n_in > 3 ? ebb_shape_numel(&in[3]) : 0;
+    z->keep = train && a[S_DROPOUT].f > 0 ? z->n : 0;
+    z->draw = z->keep ? 4 * z->n : 0;
+    z->scalar = ebb_ops_scalar_bytes(dt);
     return 1;
 }
 
-static int sdpa_fused(const ebb_shape *in, ebb_dtype dt, const sdpa_sizes *z) {
-    return in[0].ndim == 4 && ebb_attention_fused(dt, z->e, in[2].dim[3], z->l, z->s);
+/* the fused kernels: libtorch 2.x on the CPU, 4-D, no mask, no dropout */
+static int sdpa_fused(const ebb_shape *in, int n_in, ebb_dtype dt, const sdpa_sizes *z) {
+    return n_in == 3 && !z->keep && in[0].ndim == 4 &&
+           ebb_attention_fused(dt, z->e, in[2].dim[3], z->l, z->s);
 }
 
 #define MAX2(a, b) ((a) > (b) ? (a) : (b))
 
-/* The forward's scratch beyond its output. Fused (libtorch 2.x on the CPU,
- * 4-D): the kernel's log-sum-exp and per-thread blocks. Otherwise matmul
- * and softmax: the scores, the Scalar of the scaling or the causal mask,
- * the probabilities beside the scores, then the product; a batched product
- * of head-split views first copies its operands (counted: a bound). */
-static int64_t sdpa_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
-                              ebb_dtype dt) {
+/* The forward's scratch beyond its output (and the dropout mask it keeps).
+ * Fused: the kernel's log-sum-exp and per-thread blocks. Otherwise matmul
+ * and softmax: the scores; the Scalar of the scaling, the causal mask, a bool
+ * mask's negation; the probabilities beside the scores; the dropout mask's
+ * uniforms and the dropped probabilities; then the product. A batched
+ * product of head-split views first copies its operands (counted: a bound). */
+static int64_t sdpa_scratch(const ebb_attr_value *a, const ebb_shape *in, int n_in, ebb_dtype dt,
+                            int train) {
     sdpa_sizes z;
-    if (!sdpa_sizes_of(in, n_in, dt, &z))
+    if (!sdpa_sizes_of(a, in, n_in, dt, train, &z))
         return 0;
-    if (sdpa_fused(in, dt, &z)) {
+    if (sdpa_fused(in, n_in, dt, &z)) {
         ebb_attention_fused_bytes fb;
         ebb_attention_fused_bytes_get(in[0].dim[0], in[0].dim[1], z.l, z.s, z.e, dt,
                                       ebb_tensor_num_threads(), &fb);
         return fb.lse + fb.forward;
     }
     int64_t cq = z.copy ? z.q : 0, ck = z.copy ? z.k : 0, cv = z.copy ? z.v : 0;
-    int64_t mask = a[0].i ? z.ls : 0, scalar = ebb_ops_scalar_bytes(dt);
     int64_t peak = z.p + cq + ck;
-    peak = MAX2(peak, z.p + MAX2(scalar, mask));
+    peak = MAX2(peak, z.p + MAX2(MAX2(z.scalar, z.causal ? z.ls : 0), z.mask));
     peak = MAX2(peak, 2 * z.p);
-    return MAX2(peak, z.p + cv + z.o) - z.o;
+    if (z.keep) {
+        /* the mask drawn from float32 uniforms compared with a Scalar; then
+         * applied (native_dropout_backward: p * mask, a temporary, times the
+         * scale, a Scalar, into the dropped probabilities) */
+        peak = MAX2(peak, z.p + z.draw + ebb_ops_scalar_bytes(EBB_FLOAT32) + z.keep);
+        peak = MAX2(peak, 3 * z.p + z.scalar + z.keep);
+    }
+    return MAX2(peak, z.p + z.keep + cv + z.o) - z.o - z.keep;
+}
+
+static int64_t sdpa_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                              ebb_dtype dt) {
+    return sdpa_scratch(a, in, n_in, dt, 0);
+}
+
+static int64_t sdpa_train_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                    ebb_dtype dt) {
+    return sdpa_scratch(a, in, n_in, dt, 1);
 }
 
 /* On CUDA at::scaled_dot_product_attention picks a fused kernel or the math
  * path by device: the bound takes the math path's scores, probabilities and
  * their companions (as multi_head_attention's), each a block, beside copies
- * of q, k and v. */
-static int64_t sdpa_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
-                                   ebb_dtype dt) {
+ * of q, k and v, and the dropout mask's draw. */
+static int64_t sdpa_cuda_scratch(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                 ebb_dtype dt, int train) {
     sdpa_sizes z;
-    if (!sdpa_sizes_of(in, n_in, dt, &z))
+    if (!sdpa_sizes_of(a, in, n_in, dt, train, &z))
         return 0;
     int64_t p = ebb_cuda_block(z.p);
     return ebb_cuda_block(z.q) + ebb_cuda_block(z.k) + ebb_cuda_block(z.v) + 4 * p +
-           ebb_cuda_block(z.batch * z.l * z.s) + (a[0].i ? ebb_cuda_block(z.ls) : 0) +
+           ebb_cuda_block(z.n) + (z.causal ? ebb_cuda_block(z.ls) : 0) + ebb_cuda_block(z.mask) +
+           (z.keep ? p + ebb_cuda_block(z.draw) : 0) +
            ebb_cuda_block(z.batch * ((z.l + 31) / 32 * 32) * 4) + 2 * 512;
 }
 
+static int64_t sdpa_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                   ebb_dtype dt) {
+    return sdpa_cuda_scratch(a, in, n_in, dt, 0);
+}
+
+static int64_t sdpa_train_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                         ebb_dtype dt) {
+    return sdpa_cuda_scratch(a, in, n_in, dt, 1);
+}
+
+/* q, k and v get gradients; the mask none. */
 static ebb_status sdpa_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
     (void)gp;
-    ebb_status st = ebb_tensor_attention_backward(&gin[0], &gin[1], &gin[2], c->grad_out, c->in[0],
-                                                  c->in[1], c->in[2], c->attrs[0].i != 0);
+    double p = c->attrs[S_DROPOUT].f;
+    ebb_status st = ebb_tensor_attention_backward_ex(
+        &gin[0], &gin[1], &gin[2], c->grad_out, c->in[0], c->in[1], c->in[2],
+        sdpa_mask(c->in, c->n_in), p > 0 && c->n_saved > 0 ? c->saved[0] : NULL,
+        c->attrs[S_CAUSAL].i != 0, p);
     if (st != EBB_OK)
         ebb_error_prefix("scaled_dot_product_attention");
     return st;
 }
 
 /* The backward's scratch beyond the three gradients it returns, following
- * ebb_tensor_attention_backward. Fused: the forward kernel's output and
+ * ebb_tensor_attention_backward_ex. Fused: the forward kernel's output and
  * log-sum-exp beside its blocks, then beside the backward kernel's
  * gradients and blocks. Otherwise, with G, Q, K the gradients of v, q, k:
- * scores and mask (P), probabilities (P), G, g_p (P), its softmax backward
- * (P) while g_p lives, then Q and K; head-split operands may be copied by
- * each product (counted: a bound). */
+ * the probabilities recomputed as in the forward (P), the dropped ones (P)
+ * while G is made, g_p (P), its dropout and softmax backwards (P each) while
+ * g_p lives, then Q and K; head-split operands may be copied by each
+ * product (counted: a bound). */
 static int64_t sdpa_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                   ebb_dtype dt) {
     sdpa_sizes z;
-    if (!sdpa_sizes_of(in, n_in, dt, &z))
+    if (!sdpa_sizes_of(a, in, n_in, dt, 1, &z))
         return 0;
     int64_t grads = z.q + z.k + z.v;
-    if (sdpa_fused(in, dt, &z)) {
+    if (sdpa_fused(in, n_in, dt, &z)) {
         ebb_attention_fused_bytes fb;
         ebb_attention_fused_bytes_get(in[0].dim[0], in[0].dim[1], z.l, z.s, z.e, dt,
                                       ebb_tensor_num_threads(), &fb);
@@ -552,36 +639,43 @@ static int64_t sdpa_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, 
         return peak - grads;
     }
     int64_t cq = z.copy ? z.q : 0, ck = z.copy ? z.k : 0, cv = z.copy ? z.v : 0;
-    int64_t cg = z.copy ? z.o : 0, p = z.p;
-    int64_t mask = a[0].i ? z.ls : 0, scalar = ebb_ops_scalar_bytes(dt);
-    int64_t peak = p + cq + ck;                       /* q k^T */
-    peak = MAX2(peak, p + MAX2(scalar, mask));        /* scaled, masked */
-    peak = MAX2(peak, 2 * p);                         /* softmax */
-    peak = MAX2(peak, p + z.v + cg);                  /* g_v = p^T g */
-    peak = MAX2(peak, 2 * p + z.v + cg + cv);         /* g_p = g v^T */
-    peak = MAX2(peak, 3 * p + z.v);                   /* its softmax backward */
-    peak = MAX2(peak, p + z.v + scalar);              /* scaled */
-    peak = MAX2(peak, p + z.v + z.q + ck);            /* g_q = g_s k */
-    peak = MAX2(peak, p + grads + cq);                /* g_k = g_s^T q */
+    int64_t cg = z.copy ? z.o : 0, p = z.p, pd = z.keep ? p : 0;
+    int64_t peak = p + cq + ck;                                                   /* q k^T */
+    peak = MAX2(peak, p + MAX2(MAX2(z.scalar, z.causal ? z.ls : 0), z.mask));     /* masked */
+    peak = MAX2(peak, 2 * p);                                                     /* softmax */
+    if (pd) /* dropped: p * mask, a temporary, times the scale */
+        peak = MAX2(peak, 3 * p + z.scalar);
+    peak = MAX2(peak, p + pd + z.v + cg);          /* g_v = (dropped p)^T g */
+    peak = MAX2(peak, 2 * p + z.v + cg + cv);      /* g_p = g v^T */
+    if (pd) /* its dropout backward, a temporary beside it */
+        peak = MAX2(peak, 4 * p + z.v + z.scalar);
+    peak = MAX2(peak, 3 * p + z.v);                /* its softmax backward */
+    peak = MAX2(peak, p + z.v + z.scalar);         /* scaled */
+    peak = MAX2(peak, p + z.v + z.q + ck);         /* g_q = g_s k */
+    peak = MAX2(peak, p + grads + cq);             /* g_k = g_s^T q */
     return peak - grads;
 }
 
 static int64_t sdpa_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                        ebb_dtype dt) {
     sdpa_sizes z;
-    if (!sdpa_sizes_of(in, n_in, dt, &z))
+    if (!sdpa_sizes_of(a, in, n_in, dt, 1, &z))
         return 0;
-    return 5 * ebb_cuda_block(z.p) + ebb_cuda_block(z.q) + ebb_cuda_block(z.k) +
-           2 * ebb_cuda_block(z.v) + ebb_cuda_block(z.o) + (a[0].i ? ebb_cuda_block(z.ls) : 0) +
-           ebb_cuda_block(z.batch * ((z.l + 31) / 32 * 32) * 4) + 2 * 512;
+    return 6 * ebb_cuda_block(z.p) + ebb_cuda_block(z.q) + ebb_cuda_block(z.k) +
+           2 * ebb_cuda_block(z.v) + ebb_cuda_block(z.o) + (z.causal ? ebb_cuda_block(z.ls) : 0) +
+           ebb_cuda_block(z.mask) + ebb_cuda_block(z.batch * ((z.l + 31) / 32 * 32) * 4) +
+           2 * 512;
 }
 #undef MAX2
 
-static const ebb_op_grad sdpa_grad = {.backward = sdpa_bwd, .saves_inputs = 0x7u,
+static const ebb_op_grad sdpa_grad = {.backward = sdpa_bwd, .forward_train = sdpa_train,
+                                      .saves_inputs = 0xfu, .n_saved = 1,
                                       .differentiable = 0x7u, .workspace = sdpa_bwd_workspace,
                                       .workspace_is_bound = 1,
+                                      .train_workspace = sdpa_train_workspace,
                                       .workspace_cuda = sdpa_bwd_workspace_cuda,
-                                      .workspace_cuda_is_bound = 1};
+                                      .train_workspace_cuda = sdpa_train_workspace_cuda,
+                                      .workspace_cuda_is_bound = 1, .draws = sdpa_draws};
 
 const ebb_op ebb_ops_attention[] = {
     {.name = "multi_head_attention", .min_inputs = 1, .max_inputs = 3, .attrs = mha_attrs,
@@ -589,9 +683,10 @@ const ebb_op ebb_ops_attention[] = {
      .doc = "multi-head attention over [B, T, E] (self; or cross with `using` key[, value])",
      .workspace = mha_workspace, .grad = &mha_grad, .workspace_cuda = mha_workspace_cuda,
      .workspace_cuda_is_bound = 1},
-    {.name = "scaled_dot_product_attention", .min_inputs = 3, .max_inputs = 3,
+    {.name = "scaled_dot_product_attention", .min_inputs = 3, .max_inputs = 4,
      .attrs = sdpa_attrs, .n_attrs = EBB_COUNT(sdpa_attrs), .forward = sdpa_fwd,
-     .doc = "softmax(q k^T / sqrt(E)) v over q, k, v [..., T, E] (merge three streams)",
+     .doc = "softmax(q k^T / sqrt(E) [+ mask]) v over q, k, v [..., T, E] (merge three "
+            "streams; a fourth, `using`, is the mask)",
      .workspace = sdpa_workspace, .workspace_is_bound = 1, .grad = &sdpa_grad,
      .workspace_cuda = sdpa_workspace_cuda, .workspace_cuda_is_bound = 1},
 };

@@ -1298,7 +1298,8 @@ static void print_start(const ebb_trainer *t) {
             ebb_spec_file(t->f.spec), t->o.data, (long long)t->s.samples,
             (long long)(t->o.batch * t->accum),
             (long long)t->s.steps_per_epoch, ebb_optimizer_kind_name(t->o.optimizer.kind),
-            ebb_optimizer_get_options(t->opt).lr, sched);
+            t->sched ? ebb_lr_scheduler_base_lr(t->sched) : ebb_optimizer_get_options(t->opt).lr,
+            sched);
     ebb_remat_stats rs;
     char bb[32], pk[32], nb[32];
     if (t->o.memory_budget && ebb_plan_remat_stats(t->plan, &rs) == EBB_OK)

@@ -789,7 +789,7 @@ static void test_merge_node(void **state) {
     ebb_from(b, ebb_node_op(b, "linear", "out=6"));
     ebb_split(b, ebb_node_op(b, "relu", NULL), ebb_node_op(b, "tanh", NULL), NULL);
     ebb_merge_node(b, ebb_node_op(b, "scaled_dot_product_attention", NULL));
-    expect_build_error(b, "ebb_merge_node: scaled_dot_product_attention takes 3 inputs, given 2");
+    expect_build_error(b, "ebb_merge_node: scaled_dot_product_attention takes 3 to 4 inputs, given 2");
     b = ebb_builder_new("mn");
     ebb_from(b, ebb_node_op(b, "linear", "out=6"));
     ebb_merge_node(b, ebb_node_op(b, "maximum", NULL));

@@ -186,6 +186,13 @@ static const conf_case cases[] = {
      "causal=true", 0, 0},
     {"scaled_dot_product_attention", 3, {SH(2, 4, 6, 8), SH(2, 4, 6, 8), SH(2, 4, 6, 8)},
      "causal=true", 0, BOUND_F32 | BOUND_F64},
+    /* with a mask (added to the scores): matmul and softmax on every libtorch */
+    {"scaled_dot_product_attention", 4, {SH(3, 5, 8), SH(3, 7, 8), SH(3, 7, 6), SH(5, 7)}, NULL,
+     0, BOUND_F32 | BOUND_F64},
+    {"scaled_dot_product_attention", 3, {SH(3, 5, 8), SH(3, 7, 8), SH(3, 7, 6)}, "dropout=0.5",
+     0, 0},
+    {"scaled_dot_product_attention", 4, {SH(1, 2, 4, 8), SH(1, 2, 6, 8), SH(1, 2, 6, 8),
+     SH(1, 1, 4, 6)}, "causal=true", 0, 0},
     {"reshape", 1, {SH(2, 3, 4)}, "shape=\"6,4\"", 0, 0},
     {"permute", 1, {SH(2, 3, 4)}, "dims=\"2,0,1\"", 0, 0},
     {"permute", 1, {SH(4, 5)}, "dims=\"1,0\"", 0, 0},

@@ -238,6 +238,10 @@ typedef struct ebb_op_grad {
      * statistics). Under a memory budget its output is then always kept,
      * never recomputed in the backward. */
     int no_recompute;
+    /* Optional: whether forward_train draws random numbers (or updates a
+     * buffer) with these attributes, for an op that does so only with some
+     * (attention's dropout above 0); when given it decides, not no_recompute. */
+    int (*draws)(const ebb_attr_value *attrs);
 } ebb_op_grad;
 
 #define EBB_MAX_SAVED 4

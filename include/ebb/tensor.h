@@ -531,6 +531,25 @@ EBB_API ebb_status ebb_tensor_attention_backward(ebb_tensor **grad_q, ebb_tensor
                                                  ebb_tensor **grad_v, const ebb_tensor *grad,
                                                  const ebb_tensor *q, const ebb_tensor *k,
                                                  const ebb_tensor *v, bool causal);
+/* ebb_tensor_attention() with an attention mask and dropout, as
+ * F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
+ * is_causal=causal): `mask` (NULL: none) broadcasts to the scores [..., L,
+ * S] and is bool (true: the key takes part) or floating (added to the
+ * scores); with dropout > 0 the probabilities are dropped with a mask drawn
+ * from `seed`, returned in *keep (bool [..., L, S]) for the backward, and
+ * scaled by 1/(1 - dropout). These go through matmul and softmax. */
+EBB_API ebb_status ebb_tensor_attention_ex(ebb_tensor **out, ebb_tensor **keep,
+                                           const ebb_tensor *q, const ebb_tensor *k,
+                                           const ebb_tensor *v, const ebb_tensor *mask,
+                                           bool causal, double dropout, uint64_t seed);
+/* Of ebb_tensor_attention_ex: the same mask, the forward's keep mask (NULL
+ * without dropout) and dropout. */
+EBB_API ebb_status ebb_tensor_attention_backward_ex(ebb_tensor **grad_q, ebb_tensor **grad_k,
+                                                    ebb_tensor **grad_v, const ebb_tensor *grad,
+                                                    const ebb_tensor *q, const ebb_tensor *k,
+                                                    const ebb_tensor *v, const ebb_tensor *mask,
+                                                    const ebb_tensor *keep, bool causal,
+                                                    double dropout);
 /* Of the multi_head_attention op (ops/attention.c): grad_in[0..n_in) for
  * query[, key[, value]] and grad_params[] in the op's parameter order
  * (in_proj_weight, [in_proj_bias,] out_proj.weight[, out_proj.bias]).

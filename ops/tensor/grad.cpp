@@ -349,6 +349,39 @@ at::Tensor cuda_keep_mask(const at::Tensor &x, double p, uint64_t seed) {
 } // namespace
 #endif
 
+} // extern "C"
+
+namespace {
+
+// Which elements a dropout of probability p keeps, for a tensor like x: a
+// bool of x's shape drawn from a generator seeded with `seed`. On a GPU it
+// is drawn there (a host draw and its copy took 2 ms per half a million
+// elements, most of a transformer's step); on the CPU, a float32 uniform of
+// x's shape is drawn first and compared (ops count it as scratch).
+at::Tensor keep_mask(const at::Tensor &x, double p, uint64_t seed) {
+    if (x.is_meta())
+        return at::empty(x.sizes(), x.options().dtype(at::kBool));
+    at::Tensor keep;
+#ifdef EBB_WITH_CUDA
+    if (x.is_cuda())
+        keep = cuda_keep_mask(x, p, seed);
+#endif
+    if (!keep.defined()) {
+        at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+        at::Tensor u = at::empty(x.sizes(), at::TensorOptions().dtype(at::kFloat));
+        u.uniform_(0.0, 1.0, gen);
+        keep = (u >= p).to(x.device());
+    }
+    return keep;
+}
+
+// native_dropout's convention: scale 1/(1-p), and 0 when all drop
+double dropout_scale(double p) { return p >= 1.0 ? 0.0 : 1.0 / (1.0 - p); }
+
+} // namespace
+
+extern "C" {
+
 ebb_status ebb_tensor_dropout_train(ebb_tensor **out, ebb_tensor **mask, const ebb_tensor *x,
                                     double p, uint64_t seed) {
     static const char fn[] = "ebb_tensor_dropout_train";
@@ -360,28 +393,8 @@ ebb_status ebb_tensor_dropout_train(ebb_tensor **out, ebb_tensor **mask, const e
         return ebb_error_set(EBB_ERR_ARG, "%s: p must be in [0, 1], got %g", fn, p);
     EBB_TRY(fn, {
         const at::Tensor &xt = x->t;
-        at::Tensor keep;
-        if (xt.is_meta()) {
-            keep = at::empty(xt.sizes(), xt.options().dtype(at::kBool));
-        } else {
-#ifdef EBB_WITH_CUDA
-            // on a GPU, drawn there by a generator seeded for this call,
-            // straight into the mask: a host draw and its copy took 2 ms per
-            // half a million elements, most of a transformer's step
-            if (xt.is_cuda())
-                keep = cuda_keep_mask(xt, p, seed);
-#endif
-            if (!keep.defined()) {
-                // on the CPU from a seeded generator
-                at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-                at::Tensor u = at::empty(xt.sizes(), at::TensorOptions().dtype(at::kFloat));
-                u.uniform_(0.0, 1.0, gen);
-                keep = (u >= p).to(xt.device());
-            }
-        }
-        // native_dropout's convention: scale 1/(1-p), and 0 when all drop
-        double scale = p >= 1.0 ? 0.0 : 1.0 / (1.0 - p);
-        at::Tensor y = at::native_dropout_backward(xt, keep, scale);
+        at::Tensor keep = keep_mask(xt, p, seed);
+        at::Tensor y = at::native_dropout_backward(xt, keep, dropout_scale(p));
         hand_out({{out, y}, {mask, keep}});
     })
     return EBB_OK;
@@ -951,10 +964,100 @@ ebb_status ebb_tensor_multi_head_attention_backward(
     return EBB_OK;
 }
 
+} // extern "C"
+
+namespace {
+
+void check_attention(const at::Tensor &q, const at::Tensor &k, const at::Tensor &v,
+                     const at::Tensor *mask) {
+    TORCH_CHECK(q.dim() >= 2 && k.dim() == q.dim() && v.dim() == q.dim() &&
+                    k.size(-1) == q.size(-1) && v.size(-2) == k.size(-2),
+                "query ", q.sizes(), ", key ", k.sizes(), " and value ", v.sizes(),
+                " do not fit [..., L, E], [..., S, E], [..., S, Ev]");
+    if (mask) {
+        std::vector<int64_t> scores(q.sizes().begin(), q.sizes().end());
+        scores.back() = k.size(-2);
+        TORCH_CHECK(at::infer_size(mask->sizes(), scores) == at::IntArrayRef(scores),
+                    "the mask ", mask->sizes(), " does not broadcast to the scores ",
+                    at::IntArrayRef(scores));
+    }
+}
+
+// softmax(q k^T * scale [+ mask]) with the causal mask applied: the
+// probabilities, the scores released as soon as the softmax has read them.
+// A bool mask says which keys take part (true), as PyTorch's attn_mask; a
+// float one is added to the scores.
+at::Tensor attention_probs(const at::Tensor &q, const at::Tensor &k, const at::Tensor *mask,
+                           bool causal, double scale) {
+    at::Tensor s = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
+    if (causal) {
+        at::Tensor above =
+            at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).triu_(1);
+        s.masked_fill_(above, -std::numeric_limits<double>::infinity());
+    }
+    if (mask && mask->scalar_type() == at::kBool)
+        s.masked_fill_(mask->logical_not(), -std::numeric_limits<double>::infinity());
+    else if (mask)
+        s.add_(*mask);
+    return at::softmax(s, -1);
+}
+
+} // namespace
+
+extern "C" {
+
+ebb_status ebb_tensor_attention_ex(ebb_tensor **out, ebb_tensor **keep, const ebb_tensor *q,
+                                   const ebb_tensor *k, const ebb_tensor *v,
+                                   const ebb_tensor *mask, bool causal, double dropout,
+                                   uint64_t seed) {
+    static const char fn[] = "ebb_tensor_attention_ex";
+    clear({out, keep});
+    EBB_NEED(fn, out);
+    EBB_NEED(fn, q);
+    EBB_NEED(fn, k);
+    EBB_NEED(fn, v);
+    if (!(dropout >= 0.0 && dropout < 1.0))
+        return ebb_error_set(EBB_ERR_ARG, "%s: dropout must be in [0, 1), got %g", fn, dropout);
+    if (dropout > 0 && !keep)
+        return ebb_error_set(EBB_ERR_ARG, "%s: dropout %g needs `keep` for its mask", fn, dropout);
+    if (!mask && dropout == 0)
+        return ebb_tensor_attention(out, q, k, v, causal);
+    EBB_TRY(fn, {
+        const at::Tensor &qt = q->t, &kt = k->t, &vt = v->t;
+        const at::Tensor *m = mask ? &mask->t : nullptr;
+        check_attention(qt, kt, vt, m);
+        at::Tensor p, kept;
+        if (qt.is_meta()) {
+            p = at::matmul(qt, kt.transpose(-2, -1));
+            if (dropout > 0)
+                kept = at::empty(p.sizes(), p.options().dtype(at::kBool));
+        } else {
+            p = attention_probs(qt, kt, m, causal, 1.0 / std::sqrt(static_cast<double>(qt.size(-1))));
+            if (dropout > 0) {
+                kept = keep_mask(p, dropout, seed);
+                p = at::native_dropout_backward(p, kept, dropout_scale(dropout));
+            }
+        }
+        at::Tensor o = at::matmul(p, vt);
+        p.reset();
+        hand_out({{out, std::move(o)}, {keep, std::move(kept)}});
+    })
+    return EBB_OK;
+}
+
 ebb_status ebb_tensor_attention_backward(ebb_tensor **grad_q, ebb_tensor **grad_k,
                                          ebb_tensor **grad_v, const ebb_tensor *grad,
                                          const ebb_tensor *q, const ebb_tensor *k,
                                          const ebb_tensor *v, bool causal) {
+    return ebb_tensor_attention_backward_ex(grad_q, grad_k, grad_v, grad, q, k, v, NULL, NULL,
+                                            causal, 0.0);
+}
+
+ebb_status ebb_tensor_attention_backward_ex(ebb_tensor **grad_q, ebb_tensor **grad_k,
+                                            ebb_tensor **grad_v, const ebb_tensor *grad,
+                                            const ebb_tensor *q, const ebb_tensor *k,
+                                            const ebb_tensor *v, const ebb_tensor *mask,
+                                            const ebb_tensor *keep, bool causal, double dropout) {
     static const char fn[] = "ebb_tensor_attention_backward";
     clear({grad_q, grad_k, grad_v});
     EBB_NEED(fn, grad_q);
@@ -964,15 +1067,15 @@ ebb_status ebb_tensor_attention_backward(ebb_tensor **grad_q, ebb_tensor **grad_
     EBB_NEED(fn, q);
     EBB_NEED(fn, k);
     EBB_NEED(fn, v);
+    if (dropout > 0 && !keep)
+        return ebb_error_set(EBB_ERR_ARG, "%s: dropout %g without the forward's mask", fn, dropout);
     EBB_TRY(fn, {
         const at::Tensor &qt = q->t, &kt = k->t, &vt = v->t, &g = grad->t;
-        TORCH_CHECK(qt.dim() >= 2 && kt.dim() == qt.dim() && vt.dim() == qt.dim() &&
-                        kt.size(-1) == qt.size(-1) && vt.size(-2) == kt.size(-2),
-                    "query ", qt.sizes(), ", key ", kt.sizes(), " and value ", vt.sizes(),
-                    " do not fit [..., L, E], [..., S, E], [..., S, Ev]");
+        const at::Tensor *m = mask ? &mask->t : nullptr;
+        check_attention(qt, kt, vt, m);
         at::Tensor gq, gk, gv;
 #if EBB_FLASH_ATTENTION
-        if (qt.is_cpu() && qt.dim() == 4 && ebb::flash_takes(qt, kt, vt)) {
+        if (!m && dropout == 0 && qt.is_cpu() && qt.dim() == 4 && ebb::flash_takes(qt, kt, vt)) {
             // the forward again for its output and log-sum-exp, then the
             // kernel's backward; both are released before returning
             auto fwd = at::_scaled_dot_product_flash_attention_for_cpu(qt, kt, vt, 0.0, causal);
@@ -985,19 +1088,24 @@ ebb_status ebb_tensor_attention_backward(ebb_tensor **grad_q, ebb_tensor **grad_
         }
 #endif
         if (!gq.defined()) {
-            // softmax(q k^T * scale) v by the chain rule; each temporary is
-            // released as soon as its last reader has run (ops/attention.c
-            // counts them in this order)
+            // softmax(q k^T * scale) v by the chain rule, the probabilities
+            // recomputed; each temporary is released as soon as its last
+            // reader has run (ops/attention.c counts them in this order)
             double scale = 1.0 / std::sqrt(static_cast<double>(qt.size(-1)));
-            at::Tensor p = at::matmul(qt, kt.transpose(-2, -1)).mul_(scale);
-            if (causal) {
-                at::Tensor above =
-                    at::ones({qt.size(-2), kt.size(-2)}, qt.options().dtype(at::kBool)).triu_(1);
-                p.masked_fill_(above, -std::numeric_limits<double>::infinity());
+            double dscale = dropout_scale(dropout);
+            at::Tensor p = attention_probs(qt, kt, m, causal, scale);
+            // on meta (the compiler's dry run) the same products in the same
+            // layouts, without native_dropout_backward, which has no meta kernel
+            bool drop = dropout > 0 && !qt.is_meta();
+            if (drop) {
+                at::Tensor pd = at::native_dropout_backward(p, keep->t, dscale);
+                gv = at::matmul(pd.transpose(-2, -1), g);
+            } else {
+                gv = at::matmul(p.transpose(-2, -1), g);
             }
-            p = at::softmax(p, -1);
-            gv = at::matmul(p.transpose(-2, -1), g);
             at::Tensor gs = at::matmul(g, vt.transpose(-2, -1));
+            if (drop)
+                gs = at::native_dropout_backward(gs, keep->t, dscale);
             gs = at::_softmax_backward_data(gs, p, -1, p.scalar_type());
             p.reset();
             gs.mul_(scale);

@@ -1068,9 +1068,12 @@ static int open_outputs(cli_run *c) {
     if (c->window < 1) c->window = 1;
     if (!o->curve) return 0;
     char context[1024];
+    /* the base rate: a schedule's first one may be 0 (a warmup) */
+    ebb_lr_scheduler *sched = ebb_trainer_scheduler(c->t);
     snprintf(context, sizeof context, "%s on %s, batch %lld, %s lr %g", ebb_spec_file(c->spec),
              o->data, (long long)o->batch, c->kind,
-             ebb_optimizer_get_options(ebb_trainer_optimizer(c->t)).lr);
+             sched ? ebb_lr_scheduler_base_lr(sched)
+                   : ebb_optimizer_get_options(ebb_trainer_optimizer(c->t)).lr);
     const char *name = ebb_spec_name(c->spec);
     const char *loss = o->loss ? o->loss : ebb_graph_loss(ebb_spec_graph(c->spec));
     int classify = loss && (!strcmp(loss, "cross_entropy") || !strcmp(loss, "nll"));

@@ -19,6 +19,7 @@ struct bench_ebb {
     ebb_model *model;
     ebb_tensor *x;
     ebb_shape xs;
+    ebb_dtype x_dtype; /* float32, or int64 token ids (bench_ebb_input_is_index) */
     ebb_device dev;
     ebb_compile_options opts;
     ebb_shape shapes[MAX_BIND];
@@ -98,6 +99,16 @@ static ebb_status setup(bench_ebb **out, const char *spec_path, const char *para
         b->opts.n_input_shapes = ebb_spec_input_count(b->spec);
         st = ebb_spec_compile(&b->plan, b->spec, &b->opts);
     }
+    /* An int64 input holds token ids below the output's last dim (a
+     * language model's vocabulary, which its embedding and its logits share). */
+    int64_t x_classes = 0;
+    ebb_dtype declared = EBB_FLOAT32;
+    b->x_dtype = EBB_FLOAT32;
+    if (st == EBB_OK && ebb_spec_input_dtype(b->spec, 0, &declared) && declared == EBB_INT64) {
+        const ebb_plan_value *y = ebb_plan_value_at(b->plan, ebb_plan_output_slot(b->plan, 0));
+        x_classes = y->shape.ndim ? y->shape.dim[y->shape.ndim - 1] : 0;
+        b->x_dtype = EBB_INT64;
+    }
     if (st == EBB_OK && loss) {
         /* the inference plan gives the output's shape, the target's */
         const ebb_plan_value *y = ebb_plan_value_at(b->plan, ebb_plan_output_slot(b->plan, 0));
@@ -126,7 +137,9 @@ static ebb_status setup(bench_ebb **out, const char *spec_path, const char *para
         st = ebb_optimizer_new(&b->opt, b->model, &b->train.optimizer);
     if (st == EBB_OK) {
         b->xs = b->shapes[0];
-        st = ebb_tensor_randn(&b->x, &b->xs, EBB_FLOAT32, b->dev, seed + 1);
+        st = b->x_dtype == EBB_INT64
+                 ? bench_seeded_indices(&b->xs, x_classes, seed + 1, b->dev, &b->x)
+                 : ebb_tensor_randn(&b->x, &b->xs, EBB_FLOAT32, b->dev, seed + 1);
     }
     if (st != EBB_OK) {
         bench_ebb_free(b);
@@ -277,8 +290,16 @@ ebb_status bench_ebb_param_host(const bench_ebb *b, int i, float *dst, size_t n)
 
 ebb_shape bench_ebb_input_shape(const bench_ebb *b) { return b->xs; }
 
+int bench_ebb_input_is_index(const bench_ebb *b) { return b->x_dtype == EBB_INT64; }
+
+/* As float32 whatever its dtype (token ids are small whole numbers). */
 ebb_status bench_ebb_input_host(const bench_ebb *b, float *dst, size_t n) {
-    return ebb_tensor_to_host(b->x, dst, n * sizeof(float));
+    ebb_tensor *f = NULL;
+    ebb_status st = ebb_tensor_to(&f, b->x, ebb_device_cpu(), EBB_FLOAT32);
+    if (st == EBB_OK)
+        st = ebb_tensor_to_host(f, dst, n * sizeof(float));
+    ebb_tensor_free(f);
+    return st;
 }
 
 ebb_status bench_ebb_output_host(bench_ebb *b, ebb_shape *shape, float **dst) {

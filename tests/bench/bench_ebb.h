@@ -33,8 +33,9 @@ typedef struct bench_ebb_memory {
  * "params: {<params_csv>}" ("d=64,hidden=128"; empty keeps the file's),
  * resolves the symbolic dims from `bind_csv` ("batch=8,seq=16"), compiles,
  * creates the model on `device` (seeded), sets the parameters listed in
- * `fills_csv` ("halt.bias=-1000") to a constant, and draws a seeded randn
- * input there. Returns EBB_OK or a status with the message in ebb_errmsg(). */
+ * `fills_csv` ("halt.bias=-1000") to a constant, and draws a seeded input
+ * there: randn, or for an input the spec declares int64 (a language
+ * model's idx) token ids in [0, V), V the output's last dim. Returns EBB_OK or a status with the message in ebb_errmsg(). */
 ebb_status bench_ebb_setup(bench_ebb **out, const char *spec_path, const char *params_csv,
                            const char *bind_csv, const char *fills_csv, uint64_t seed,
                            ebb_device device);
@@ -48,9 +49,9 @@ ebb_status bench_ebb_measure(bench_ebb *b, bench_ebb_memory *m);
 
 /* A training step instead of a forward: the same spec compiled with
  * ebb_compile_options.train (loss `loss` against a seeded target: for
- * "cross_entropy" int64 classes in [0, C) for an output [B, C], else a randn
- * tensor of the output's shape), an AdamW optimizer (lr 1e-3, torch's
- * defaults), the model seeded as bench_ebb_setup's; model, optimizer state,
+ * "cross_entropy" int64 classes in [0, C) for an output [B, C], or per token
+ * [B, T] in [0, V) for an output [B, T, V]; else a randn tensor of the
+ * output's shape), an AdamW optimizer (lr 1e-3, torch's defaults), the model seeded as bench_ebb_setup's; model, optimizer state,
  * input and target all on `device`. A spec ebb cannot train yet (routing,
  * loops) fails with EBB_ERR_UNSUPPORTED and the compiler's message. The
  * parameter and input getters below work on it too (they copy to the host);
@@ -90,6 +91,8 @@ const char *bench_ebb_param_name(const bench_ebb *b, int i);
 ebb_shape bench_ebb_param_shape(const bench_ebb *b, int i);
 ebb_status bench_ebb_param_host(const bench_ebb *b, int i, float *dst, size_t n);
 ebb_shape bench_ebb_input_shape(const bench_ebb *b);
+/* Non-zero when the input holds int64 token ids (the host copy is float32). */
+int bench_ebb_input_is_index(const bench_ebb *b);
 ebb_status bench_ebb_input_host(const bench_ebb *b, float *dst, size_t n);
 /* Runs once and copies the first output. */
 ebb_status bench_ebb_output_host(bench_ebb *b, ebb_shape *shape, float **dst);

@@ -80,6 +80,12 @@ at::Tensor from_host(const std::vector<float> &v, const ebb_shape &s) {
     return at::from_blob(const_cast<float *>(v.data()), dims, at::kFloat).clone();
 }
 
+// ebb's input from its float32 host copy: int64 again where it holds token ids.
+at::Tensor input_from_host(const bench_ebb *ebb, const std::vector<float> &v, const ebb_shape &s) {
+    at::Tensor x = from_host(v, s);
+    return bench_ebb_input_is_index(ebb) ? x.to(at::kLong) : x;
+}
+
 bool on_cpu(ebb_device d) { return d.type == EBB_DEVICE_CPU; }
 
 // The ATen device of an ebb device.
@@ -207,7 +213,7 @@ struct Session {
             return reply_error(ebb_errmsg());
         std::vector<double> le, lc;
         try {
-            x = on_device(from_host(xh, xs), dev);
+            x = on_device(input_from_host(ebb, xh, xs), dev);
             train_twin.reset(new bench::TrainTwin(workload, named, trained, parse_cfg(arg(params)),
                                                   x, on_device(from_host(yh, ys), dev), loss));
             for (int i = 0; i < kCheckSteps; i++)
@@ -349,7 +355,7 @@ struct Session {
         std::vector<float> xh(static_cast<size_t>(ebb_shape_numel(&xs)));
         if (bench_ebb_input_host(ebb, xh.data(), xh.size()) != EBB_OK)
             return reply_error(ebb_errmsg());
-        x = from_host(xh, xs);
+        x = input_from_host(ebb, xh, xs);
         try {
             twin = bench::make_twin(workload, named, parse_cfg(arg(params)));
         } catch (const std::exception &e) {

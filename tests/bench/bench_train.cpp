@@ -1,7 +1,9 @@
 // The hand-written libtorch twin of a training step: the twin's forward
 // (bench_twins.cpp, in its training form) under libtorch autograd, the loss,
 // loss.backward(), torch::optim::AdamW. Kept apart from the forward twins
-// because the C++ frontend's optimizer headers are heavy to compile.
+// because the C++ frontend's optimizer headers are heavy to compile. A
+// language model's per-token loss is cross_entropy over the flattened
+// [B*T, V] logits, as nanoGPT computes it.
 #include "bench_twins.hpp"
 
 #include <stdexcept>
@@ -52,8 +54,12 @@ void TrainTwin::drop_grads() {
 double TrainTwin::step(bool read_loss) {
     drop_grads();
     at::Tensor out = impl_->forward(impl_->x);
-    at::Tensor loss = impl_->classes ? at::cross_entropy_loss(out, impl_->y)
-                                     : at::mse_loss(out, impl_->y);
+    at::Tensor loss;
+    if (impl_->classes && out.dim() == 3) // per token: logits [B, T, V], classes [B, T]
+        loss = at::cross_entropy_loss(out.view({-1, out.size(-1)}), impl_->y.view({-1}));
+    else
+        loss = impl_->classes ? at::cross_entropy_loss(out, impl_->y)
+                              : at::mse_loss(out, impl_->y);
     out = at::Tensor();
     loss.backward();
     impl_->opt->step();

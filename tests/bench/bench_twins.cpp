@@ -6,6 +6,7 @@
 #include "bench_twins.hpp"
 
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 
 #include <torch/version.h>
@@ -26,6 +27,11 @@ class Cursor {
             throw std::runtime_error("parameter " + std::to_string(i_) + " is " + name +
                                      ", expected *" + want);
         return p_[i_++].second;
+    }
+    // The name of the next parameter ("" after the last).
+    const std::string &peek() const {
+        static const std::string none;
+        return i_ < p_.size() ? p_[i_].first : none;
     }
     void done() const {
         if (i_ != p_.size())
@@ -277,6 +283,82 @@ Forward convnet(Cursor &c, bool train) {
     };
 }
 
+// gpt: nanoGPT as specs/bench/gpt.yaml. idx [B, T] int64 -> logits [B, T, V].
+// Token and position embeddings (added position first, as ebb's plan
+// does), pre-norm blocks: c_attn's [B, T, 3d] cut into q, k, v by narrow,
+// each split into heads by reshape [B, T, H, D] and transpose [B, H, T, D]
+// (views), causal attention (SDPA on libtorch 2.x; on 1.x the scores
+// masked above the diagonal, softmax, times v), heads merged by transpose
+// and reshape, c_proj, residual; then ln_2, c_fc, gelu, c_proj, residual.
+// ln_f, and lm_head tied to wte (its weight, no bias). The forward's gelu
+// works in place, its input dying there (the training form keeps it for
+// autograd).
+Forward gpt(Cursor &c, long heads, bool train) {
+    struct Block {
+        LayerNorm ln1;
+        Linear attn, proj;
+        LayerNorm ln2;
+        Linear fc, fc_proj;
+    };
+    at::Tensor wte = c.next("wte.weight"), wpe = c.next("wpe.weight");
+    std::vector<Block> blocks;
+    while (true) {
+        Block b{LayerNorm(c), Linear(c), Linear(c), LayerNorm(c), Linear(c), Linear(c)};
+        blocks.push_back(b);
+        // the blocks end where ln_f's parameters begin
+        if (c.peek().find(".h.") == std::string::npos)
+            break;
+    }
+    LayerNorm ln_f(c);
+    return [wte, wpe, blocks, ln_f, heads, train](const at::Tensor &idx) {
+        const int64_t B = idx.size(0), T = idx.size(1), E = wte.size(1), H = heads;
+        at::Tensor tok = at::embedding(wte, idx);
+        at::Tensor pos = at::arange(T, idx.options().dtype(at::kLong));
+        at::Tensor x = at::embedding(wpe, pos);
+        pos = at::Tensor();
+        x = at::add(x, tok);
+        tok = at::Tensor();
+        for (const Block &b : blocks) {
+            at::Tensor h = b.ln1(x);
+            at::Tensor qkv = b.attn(h);
+            h = at::Tensor();
+            at::Tensor q = qkv.narrow(2, 0, E).reshape({B, T, H, -1}).transpose(1, 2);
+            at::Tensor k = qkv.narrow(2, E, E).reshape({B, T, H, -1}).transpose(1, 2);
+            at::Tensor v = qkv.narrow(2, 2 * E, E).reshape({B, T, H, -1}).transpose(1, 2);
+            qkv = at::Tensor();
+#if TORCH_VERSION_MAJOR >= 2
+            at::Tensor o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+#else
+            double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+            at::Tensor scores = at::matmul(q, k.transpose(-2, -1)).mul_(scale);
+            at::Tensor above = at::ones({T, T}, idx.options().dtype(at::kBool)).triu_(1);
+            scores.masked_fill_(above, -std::numeric_limits<double>::infinity());
+            above = at::Tensor();
+            scores = at::softmax(scores, -1);
+            at::Tensor o = at::matmul(scores, v);
+            scores = at::Tensor();
+#endif
+            q = k = v = at::Tensor();
+            o = o.transpose(1, 2).reshape({B, T, E});
+            at::Tensor a = b.proj(o);
+            o = at::Tensor();
+            x = at::add(x, a);
+            a = at::Tensor();
+            h = b.ln2(x);
+            at::Tensor f = b.fc(h);
+            h = at::Tensor();
+            if (train)
+                f = at::gelu(f);
+            else
+                at::gelu_(f);
+            f = b.fc_proj(f);
+            x = at::add(x, f);
+        }
+        x = ln_f(x);
+        return at::linear(x, wte);
+    };
+}
+
 } // namespace
 
 Forward make_twin(const std::string &workload, const NamedParams &params,
@@ -297,6 +379,8 @@ Forward make_twin(const std::string &workload, const NamedParams &params,
         f = transformer(c, cfg_get(cfg, "heads", 4), train);
     else if (workload == "convnet")
         f = convnet(c, train);
+    else if (workload == "gpt")
+        f = gpt(c, cfg_get(cfg, "heads", 4), train);
     else
         throw std::runtime_error("no C++ twin for workload '" + workload + "'");
     c.done();

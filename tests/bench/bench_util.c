@@ -38,25 +38,35 @@ ebb_status bench_export_tensor(FILE *js, FILE *bin, int *first, long long *offse
     return st;
 }
 
+ebb_status bench_seeded_indices(const ebb_shape *s, int64_t n_classes, uint64_t seed,
+                                ebb_device dev, ebb_tensor **out) {
+    if (n_classes < 1)
+        return ebb_error_set(EBB_ERR_ARG, "bench: indices need at least one class");
+    int64_t n = ebb_shape_numel(s);
+    int64_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    if (!v)
+        return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    uint64_t r = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (int64_t i = 0; i < n; i++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        v[i] = (int64_t)((r >> 33) % (uint64_t)n_classes);
+    }
+    ebb_status st = ebb_tensor_from_host(out, v, (size_t)n * sizeof *v, s, EBB_INT64, dev);
+    free(v);
+    return st;
+}
+
 ebb_status bench_seeded_target(const char *loss, const ebb_shape *out, uint64_t seed,
                                ebb_device dev, ebb_tensor **y, ebb_shape *ys, ebb_dtype *dtype) {
     if (loss && strcmp(loss, "cross_entropy") == 0) {
-        if (out->ndim != 2)
-            return ebb_error_set(EBB_ERR_ARG, "bench: cross_entropy needs a [B, C] output");
-        int64_t n = out->dim[0], classes = out->dim[1];
-        int64_t *v = malloc((size_t)(n ? n : 1) * sizeof *v);
-        if (!v)
-            return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-        uint64_t r = seed * 6364136223846793005ull + 1442695040888963407ull;
-        for (int64_t i = 0; i < n; i++) {
-            r = r * 6364136223846793005ull + 1442695040888963407ull;
-            v[i] = (int64_t)((r >> 33) % (uint64_t)classes);
-        }
-        *ys = (ebb_shape){.ndim = 1, .dim = {n}};
+        /* classes last: [B, C] against [B], per token [B, T, V] against [B, T] */
+        if (out->ndim != 2 && out->ndim != 3)
+            return ebb_error_set(EBB_ERR_ARG, "bench: cross_entropy needs a [B, C] or "
+                                              "[B, T, V] output");
+        *ys = *out;
+        ys->dim[--ys->ndim] = 0;
         *dtype = EBB_INT64;
-        ebb_status st = ebb_tensor_from_host(y, v, (size_t)n * sizeof *v, ys, EBB_INT64, dev);
-        free(v);
-        return st;
+        return bench_seeded_indices(ys, out->dim[out->ndim - 1], seed, dev, y);
     }
     *ys = *out;
     *dtype = EBB_FLOAT32;

@@ -30,9 +30,15 @@ ebb_status bench_export_model(const char *prefix, const ebb_model *m, const ebb_
  * stdout with ebb_errmsg() escaped, flushed. */
 void bench_reply_error(void);
 
+/* int64 values in [0, n_classes) of shape s, from an LCG seeded with
+ * `seed`: class targets, or a language model's token ids. */
+ebb_status bench_seeded_indices(const ebb_shape *s, int64_t n_classes, uint64_t seed,
+                                ebb_device dev, ebb_tensor **out);
+
 /* The target a bench trains against: for "cross_entropy" on an output
  * [B, C], int64 classes in [0, C) from a seeded LCG (*dtype EBB_INT64, *ys
- * [B]); for any other loss a seeded randn of the output's shape. */
+ * [B]), and per token on an output [B, T, V] classes in [0, V) (*ys
+ * [B, T]); for any other loss a seeded randn of the output's shape. */
 ebb_status bench_seeded_target(const char *loss, const ebb_shape *out, uint64_t seed,
                                ebb_device dev, ebb_tensor **y, ebb_shape *ys, ebb_dtype *dtype);
 

@@ -81,23 +81,32 @@ SUITE = [
     ("transformer", "compute", {"d": 512, "heads": 8, "ff": 2048}, {"batch": 16, "seq": 64}, ""),
     ("convnet", "dispatch", {"c": 16, "c2": 32}, {"batch": 8, "size": 16}, ""),
     ("convnet", "compute", {"c": 64, "c2": 128}, {"batch": 64, "size": 32}, ""),
+    # nanoGPT: int64 token ids in, logits [B, T, vocab] out; trained per token
+    ("gpt", "dispatch", {"vocab": 256, "block": 32, "layers": 2, "heads": 4, "d": 64},
+     {"batch": 8, "seq": 32}, ""),
+    ("gpt", "compute", {"vocab": 256, "block": 128, "layers": 4, "heads": 8, "d": 256},
+     {"batch": 8, "seq": 128}, ""),
 ]
 
 # Ops a workload needs beyond linear/gelu/layer_norm: skipped with a note when
 # this build of ebb lacks them.
 NEEDS = {"transformer": ["multi_head_attention", "layer_norm"],
-         "convnet": ["conv2d", "batch_norm", "max_pool2d", "adaptive_avg_pool2d", "flatten"]}
+         "convnet": ["conv2d", "batch_norm", "max_pool2d", "adaptive_avg_pool2d", "flatten"],
+         "gpt": ["embedding", "positions", "narrow", "scaled_dot_product_attention",
+                 "layer_norm"]}
 
 TARGET_CXX = 1.05  # ebb <= 1.05 x C++, dispatch-bound
 TARGET_PYT = 4.0   # ebb >= 4 x faster than PyTorch eager, dispatch-bound
 
 # Training steps (forward, loss, backward, AdamW update): the loss per
 # workload, cross_entropy on class targets where the output is a classifier's
-# [B, 10], mse on the output's shape otherwise. Workloads ebb cannot train
+# [B, 10] or a language model's [B, T, vocab] (per token, against [B, T]),
+# mse on the output's shape otherwise. Workloads ebb cannot train
 # yet (loops, routing) are found by ebb_compile refusing them, and skipped.
 TRAIN_LOSS = {"mlp": "mse", "residual_tower": "cross_entropy",
               "gated_routing": "cross_entropy", "iterative_refine": "cross_entropy",
-              "feedback": "cross_entropy", "transformer": "mse", "convnet": "cross_entropy"}
+              "feedback": "cross_entropy", "transformer": "mse", "convnet": "cross_entropy",
+              "gpt": "cross_entropy"}
 # Workloads whose steps draw random numbers: their losses agree only roughly.
 TRAIN_RANDOM = {"transformer": "dropout masks are drawn independently"}
 # The two checked steps and the measured one come first and warm up; the
@@ -191,6 +200,43 @@ def load_export(prefix):
     return out
 
 
+def load_ebb_values(workload, model, named):
+    """Copies ebb's exported values (name, tensor), in plan order, into the
+    module's ebb_order(); a module that lists its names (ebb_names: nanoGPT's
+    state_dict keys) must list ebb's."""
+    order = model.ebb_order()
+    if len(order) != len(named):
+        raise RuntimeError("%s: PyTorch twin has %d parameters, ebb's plan %d"
+                           % (workload, len(order), len(named)))
+    if hasattr(model, "ebb_names"):
+        for mine, (name, _) in zip(model.ebb_names(), named):
+            if mine != name:
+                raise RuntimeError("%s: PyTorch twin's %s is ebb's %s" % (workload, mine, name))
+    with torch.no_grad():
+        for p, (name, v) in zip(order, named):
+            if tuple(p.shape) != tuple(v.shape):
+                raise RuntimeError("%s: %s is %s in ebb, %s in PyTorch"
+                                   % (workload, name, tuple(v.shape), tuple(p.shape)))
+            p.copy_(v)
+
+
+def model_input(model, x):
+    """ebb's input as the module takes it: int64 token ids for a language
+    model (exported as float32, whole numbers), else as it is."""
+    return x.long() if getattr(model, "takes_indices", False) else x
+
+
+def per_token(loss_fn):
+    """loss_fn over a language model's logits [B, T, V] against [B, T] as
+    nanoGPT computes it, on the flattened [B*T, V] and [B*T]; a classifier's
+    [B, C] as it is."""
+    def fn(out, y):
+        if out.dim() == 3:
+            return loss_fn(out.view(-1, out.size(-1)), y.view(-1))
+        return loss_fn(out, y)
+    return fn
+
+
 def torch_twin(workload, params, prefix):
     """The PyTorch module with ebb's parameter values, its input, and the
     largest difference between its output and ebb's."""
@@ -199,16 +245,8 @@ def torch_twin(workload, params, prefix):
     x = dict(tensors)["input:x"]
     y_ebb = dict(tensors)["output:y"]
     model = torch_models.build(workload, params).eval()
-    order = model.ebb_order()
-    if len(order) != len(named):
-        raise RuntimeError("%s: PyTorch twin has %d parameters, ebb's plan %d"
-                           % (workload, len(order), len(named)))
-    with torch.no_grad():
-        for p, (name, v) in zip(order, named):
-            if tuple(p.shape) != tuple(v.shape):
-                raise RuntimeError("%s: %s is %s in ebb, %s in PyTorch"
-                                   % (workload, name, tuple(v.shape), tuple(p.shape)))
-            p.copy_(v)
+    load_ebb_values(workload, model, named)
+    x = model_input(model, x)
     with torch.inference_mode():
         y = model(x)
     return model, x, y_ebb, float((y - y_ebb).abs().max())
@@ -325,18 +363,10 @@ def torch_train_twin(workload, params, prefix, loss, compile_model=False):
     named = [t for t in tensors if not t[0].startswith(("input:", "target:"))]
     x, y = dict(tensors)["input:x"], dict(tensors)["target:y"]
     model = torch_models.build(workload, params, train=True).train()
-    order = model.ebb_order()
-    if len(order) != len(named):
-        raise RuntimeError("%s: PyTorch twin has %d parameters, ebb's plan %d"
-                           % (workload, len(order), len(named)))
-    with torch.no_grad():
-        for p, (name, v) in zip(order, named):
-            if tuple(p.shape) != tuple(v.shape):
-                raise RuntimeError("%s: %s is %s in ebb, %s in PyTorch"
-                                   % (workload, name, tuple(v.shape), tuple(p.shape)))
-            p.copy_(v)
+    load_ebb_values(workload, model, named)
+    x = model_input(model, x)
     if loss == "cross_entropy":
-        y, loss_fn = y.long(), torch.nn.functional.cross_entropy
+        y, loss_fn = y.long(), per_token(torch.nn.functional.cross_entropy)
     else:
         loss_fn = torch.nn.functional.mse_loss
     if on_gpu():

@@ -184,6 +184,105 @@ class ConvNet(nn.Module):
         return ps + _lin(self.net[13])
 
 
+class CausalSelfAttention(nn.Module):
+    """nanoGPT's CausalSelfAttention (dropout 0): one fused c_attn split into
+    q, k, v, heads by view and transpose, causal attention, c_proj. On
+    torch 2.x F.scaled_dot_product_attention(is_causal=True), as nanoGPT's
+    flash path; on 1.13, which has none, nanoGPT's written-out path with its
+    lower-triangular mask buffer."""
+
+    def __init__(self, d, heads, block):
+        super().__init__()
+        self.heads = heads
+        self.c_attn = nn.Linear(d, 3 * d)
+        self.c_proj = nn.Linear(d, d)
+        self.flash = hasattr(F, "scaled_dot_product_attention")
+        if not self.flash:
+            self.register_buffer("bias", torch.tril(torch.ones(block, block))
+                                 .view(1, 1, block, block), persistent=False)
+
+    def forward(self, x):
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        k = k.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        q = q.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        v = v.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        if self.flash:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0,
+                                               is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / (k.size(-1) ** 0.5))
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+            att = F.softmax(att, dim=-1)
+            y = att @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class GPTMLP(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.c_fc = nn.Linear(d, 4 * d)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(4 * d, d)
+
+    def forward(self, x):
+        return self.c_proj(self.gelu(self.c_fc(x)))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, d, heads, block):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d)
+        self.attn = CausalSelfAttention(d, heads, block)
+        self.ln_2 = nn.LayerNorm(d)
+        self.mlp = GPTMLP(d)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """nanoGPT's GPT (model.py, dropout 0, biases on): token and position
+    embeddings, the blocks, ln_f, and lm_head tied to transformer.wte (one
+    tensor under both state_dict keys). It returns the logits of every
+    position (nanoGPT's inference path keeps only the last one); the
+    training loss is per token, F.cross_entropy(logits.view(-1, V),
+    y.view(-1)) (run.py's loss_fn)."""
+
+    takes_indices = True  # idx is int64 token ids
+
+    def __init__(self, vocab, block, layers, heads, d):
+        super().__init__()
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab, d), wpe=nn.Embedding(block, d),
+            h=nn.ModuleList([GPTBlock(d, heads, block) for _ in range(layers)]),
+            ln_f=nn.LayerNorm(d)))
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight
+
+    def forward(self, idx):
+        pos = torch.arange(0, idx.size(1), dtype=torch.long, device=idx.device)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)
+        for block in self.transformer.h:
+            x = block(x)
+        return self.lm_head(self.transformer.ln_f(x))
+
+    def ebb_names(self):
+        """nanoGPT's state_dict keys in ebb's plan order (the tied weight once,
+        as transformer.wte.weight)."""
+        names = ["transformer.wte.weight", "transformer.wpe.weight"]
+        for i in range(len(self.transformer.h)):
+            names += ["transformer.h.%d.%s.%s" % (i, m, p)
+                      for m in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc",
+                                "mlp.c_proj") for p in ("weight", "bias")]
+        return names + ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+
+    def ebb_order(self):
+        return [self.get_parameter(n) for n in self.ebb_names()]
+
+
 def build(workload, params, train=False):
     """The module for a workload, given the spec's params ({'d': 64, ...});
     with train, the form whose training step matches ebb's spec."""
@@ -202,4 +301,6 @@ def build(workload, params, train=False):
         return Transformer(p["d"], p["heads"], p["ff"], ebb_dropouts=train)
     if workload == "convnet":
         return ConvNet(p["c"], p["c2"])
+    if workload == "gpt":
+        return GPT(p["vocab"], p["block"], p["layers"], p["heads"], p["d"])
     raise ValueError("no PyTorch twin for " + workload)
