@@ -7,7 +7,7 @@
 #include "internal.h"
 #include "ops_internal.h"
 
-enum { A_EMBED, A_HEADS, A_CAUSAL, A_BIAS };
+enum { A_EMBED, A_HEADS, A_CAUSAL, A_BIAS, A_DROPOUT };
 
 static const ebb_attr_spec mha_attrs[] = {
     {.name = "embed_dim", .type = EBB_ATTR_INT, .optional = 1,
@@ -17,6 +17,8 @@ static const ebb_attr_spec mha_attrs[] = {
      .doc = "position i attends to positions <= i only"},
     {.name = "bias", .type = EBB_ATTR_BOOL, .default_number = 1,
      .doc = "in_proj_bias and out_proj.bias"},
+    {.name = "dropout", .type = EBB_ATTR_FLOAT, .default_number = 0,
+     .doc = "drop attention probabilities with this probability while training"},
 };
 
 /* Checks query [B, T, E] and key/value [B, S, E] against the attributes. */
@@ -114,9 +116,15 @@ static ebb_status project_self(const ebb_tensor *x, const ebb_tensor *w, const e
     return st;
 }
 
-static ebb_status mha_fwd(const ebb_op_call *c, ebb_tensor **out) {
+/* The forward; with keep (training with dropout > 0), the attention
+ * probabilities are dropped by a mask drawn from the call's seed, returned
+ * in *keep for the backward. */
+static ebb_status mha_run(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **keep) {
     const ebb_attr_value *a = c->attrs;
     *out = NULL;
+    if (!(a[A_DROPOUT].f >= 0 && a[A_DROPOUT].f < 1))
+        return ebb_error_set(EBB_ERR_ARG, "multi_head_attention: dropout=%g is not in [0, 1)",
+                             a[A_DROPOUT].f);
     ebb_shape shapes[3] = {{0}};
     for (int i = 0; i < c->n_in && i < 3; i++)
         shapes[i] = ebb_tensor_shape(c->in[i]);
@@ -140,7 +148,10 @@ static ebb_status mha_fwd(const ebb_op_call *c, ebb_tensor **out) {
             st = project(src[j], w_in, b_in, j, heads, &qkv[j]);
     }
     ebb_tensor *o = NULL, *ot = NULL, *merged = NULL;
-    if (st == EBB_OK)
+    if (st == EBB_OK && keep)
+        st = ebb_tensor_attention_ex(&o, keep, qkv[0], qkv[1], qkv[2], NULL,
+                                     a[A_CAUSAL].i != 0, a[A_DROPOUT].f, c->seed);
+    else if (st == EBB_OK)
         st = ebb_tensor_attention(&o, qkv[0], qkv[1], qkv[2], a[A_CAUSAL].i != 0);
     for (int j = 0; j < 3; j++)
         ebb_tensor_free(qkv[j]);
@@ -154,10 +165,34 @@ static ebb_status mha_fwd(const ebb_op_call *c, ebb_tensor **out) {
     if (st == EBB_OK)
         st = ebb_tensor_linear(out, merged, w_out, b_out);
     ebb_tensor_free(merged);
-    if (st != EBB_OK)
+    if (st != EBB_OK) {
+        if (keep) {
+            ebb_tensor_free(*keep);
+            *keep = NULL;
+        }
         ebb_error_prefix("multi_head_attention");
+    }
     return st;
 }
+
+static ebb_status mha_fwd(const ebb_op_call *c, ebb_tensor **out) { return mha_run(c, out, NULL); }
+
+/* Training: with dropout the mask is the extra the backward reads; without,
+ * the extra is empty and the forward is the inference one. */
+static ebb_status mha_train(const ebb_op_call *c, ebb_tensor **out, ebb_tensor **saved) {
+    if (c->attrs[A_DROPOUT].f > 0)
+        return mha_run(c, out, &saved[0]);
+    ebb_status st = mha_run(c, out, NULL);
+    if (st == EBB_OK)
+        st = ebb_tensor_empty(&saved[0], &EBB_SHAPE(0), EBB_BOOL, ebb_tensor_device(c->in[0]));
+    if (st != EBB_OK) {
+        ebb_tensor_free(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+static int mha_draws(const ebb_attr_value *a) { return a[A_DROPOUT].f > 0; }
 
 /* Scratch beyond the output, from the order mha_fwd frees things, with q/k/v
  * the projections (self-attention: one [B, T, 3E] tensor they are views of).
@@ -196,8 +231,14 @@ static int mha_dims_of(const ebb_attr_value *a, const ebb_shape *in, int n_in, e
     return 1;
 }
 
-static int64_t mha_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
-                             ebb_dtype dt) {
+/* Training with dropout (train, dropout > 0) goes the matmul + softmax way
+ * everywhere: after the softmax, the dropout mask (one byte per score, an
+ * extra the plan counts) is drawn from float32 uniforms compared with a
+ * Scalar, then applied (the probabilities times the mask, a temporary,
+ * times the scale, a Scalar) into the dropped probabilities, which replace
+ * them. */
+static int64_t mha_scratch(const ebb_attr_value *a, const ebb_shape *in, int n_in, ebb_dtype dt,
+                           int train) {
     mha_dims d;
     if (!mha_dims_of(a, in, n_in, dt, &d))
         return 0;
@@ -206,7 +247,8 @@ static int64_t mha_workspace(const ebb_attr_value *a, const ebb_shape *in, int n
     int64_t bte = b * t * e * size, bse = b * s * e * size, scores = b * h * t * s * size;
     int split = b > 1 && h > 1;
     int64_t qkv = self ? 3 * bte : bte + 2 * bse;
-    if (ebb_attention_fused(dt, e / h, e / h, t, s)) {
+    int64_t keep = train && a[A_DROPOUT].f > 0 ? b * h * t * s : 0;
+    if (!keep && ebb_attention_fused(dt, e / h, e / h, t, s)) {
         ebb_attention_fused_bytes fb;
         ebb_attention_fused_bytes_get(b, h, t, s, e / h, dt, ebb_tensor_num_threads(), &fb);
         int64_t kernel = qkv + bte + fb.lse + fb.forward;
@@ -220,15 +262,27 @@ static int64_t mha_workspace(const ebb_attr_value *a, const ebb_shape *in, int n
         qkv + q_copy + kv_copy + scores,
         qkv + scores + (scale > mask ? scale : mask),
         qkv + 2 * scores,
-        qkv + scores + kv_copy + bte,
-        bte + merge_copy + (merge_copy ? 0 : bte),
-        2 * bte,
+        keep ? qkv + scores + 4 * keep + ebb_ops_scalar_bytes(EBB_FLOAT32) + keep : 0,
+        keep ? qkv + 3 * scores + scale + keep : 0,
+        qkv + scores + kv_copy + bte + keep,
+        bte + merge_copy + (merge_copy ? 0 : bte) + keep,
+        2 * bte + keep,
     };
     int64_t peak = 0;
     for (int i = 0; i < EBB_COUNT(phases); i++)
         if (phases[i] > peak)
             peak = phases[i];
-    return peak - bte;
+    return peak - bte - keep;
+}
+
+static int64_t mha_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                             ebb_dtype dt) {
+    return mha_scratch(a, in, n_in, dt, 0);
+}
+
+static int64_t mha_train_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                   ebb_dtype dt) {
+    return mha_scratch(a, in, n_in, dt, 1);
 }
 
 /* On CUDA, scaled_dot_product_attention picks its kernel by device, dtype
@@ -254,6 +308,17 @@ static int64_t mha_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, 
     return qkv + (math > fused ? math : fused) + 2 * bte;
 }
 
+/* Training with dropout adds the dropped probabilities and the draw. */
+static int64_t mha_train_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                        ebb_dtype dt) {
+    mha_dims d;
+    if (!mha_dims_of(a, in, n_in, dt, &d))
+        return 0;
+    int64_t n = d.b * d.h * d.t * d.s;
+    int64_t extra = a[A_DROPOUT].f > 0 ? ebb_cuda_block(n * d.size) + ebb_cuda_block(4 * n) : 0;
+    return mha_workspace_cuda(a, in, n_in, dt) + extra;
+}
+
 /* The backward reads the inputs and recomputes the projections and the
  * attention probabilities from them rather than keeping B*H*T*S
  * probabilities from the forward; every input and parameter gets a gradient
@@ -263,10 +328,11 @@ static ebb_status mha_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tenso
     if (c->n_params != (bias ? 4 : 2))
         return ebb_error_set(EBB_ERR_ARG, "multi_head_attention backward: expected %d parameters, "
                              "got %d", bias ? 4 : 2, c->n_params);
-    ebb_status st = ebb_tensor_multi_head_attention_backward(
+    double p = c->attrs[A_DROPOUT].f;
+    ebb_status st = ebb_tensor_multi_head_attention_backward_ex(
         gin, gp, c->grad_out, c->in, c->n_in, c->params[0], bias ? c->params[1] : NULL,
         c->params[bias ? 2 : 1], bias ? c->params[3] : NULL, c->attrs[A_HEADS].i,
-        c->attrs[A_CAUSAL].i != 0);
+        c->attrs[A_CAUSAL].i != 0, p > 0 && c->n_saved > 0 ? c->saved[0] : NULL, p);
     if (st != EBB_OK)
         ebb_error_prefix("multi_head_attention");
     return st;
@@ -316,6 +382,7 @@ typedef struct mha_bwd_sizes {
     int64_t scalar, mask; /* a scaling's Scalar operand; the causal mask (0 without) */
     int64_t sum_q, sum_k; /* a bias sum's staging over B*T and B*S rows (CUDA's) */
     int n_in;
+    int drop;             /* training dropout: the probabilities dropped, and g_p */
 } mha_bwd_sizes;
 
 #define PEAK(x) peak = (x) > peak ? (x) : peak
@@ -364,6 +431,10 @@ static int64_t mha_bwd_composite(const mha_bwd_sizes *z, int64_t b, int64_t t, i
     live += p;
     PEAK(live + (scalar > mask ? scalar : mask));
     live += p;                /* probabilities */
+    if (z->drop) {
+        PEAK(live + 2 * p + scalar); /* dropped: p * mask, a temporary, times the scale */
+        live += p;
+    }
     PEAK(live + ck + q);      /* p v */
     PEAK(live + q + mq);      /* ... its heads merged */
     live += q + z->ee;             /* merged; out_proj's weight gradient */
@@ -373,6 +444,8 @@ static int64_t mha_bwd_composite(const mha_bwd_sizes *z, int64_t b, int64_t t, i
     live += p;
     PEAK(live + cq + k); /* g_v */
     live += k;
+    if (z->drop)
+        PEAK(live + 2 * p + scalar); /* g_p back through the mask, replacing it */
     PEAK(live + 2 * p + scalar); /* g_s and its scaling */
     live += p;
     PEAK(live + ck + q); /* g_q */
@@ -404,8 +477,9 @@ static int64_t mha_bwd_scratch(const ebb_attr_value *a, const ebb_shape *in, int
                        .mask = mha_bytes(mask, cuda),
                        .sum_q = cuda && eb ? ebb_ops_cuda_sum_staging(b * t, e, size) : 0,
                        .sum_k = cuda && eb ? ebb_ops_cuda_sum_staging(b * s, e, size) : 0,
-                       .n_in = n_in};
-    if (!cuda && ebb_attention_fused(dt, e / h, e / h, t, s)) {
+                       .n_in = n_in,
+                       .drop = a[A_DROPOUT].f > 0};
+    if (!cuda && !z.drop && ebb_attention_fused(dt, e / h, e / h, t, s)) {
         ebb_attention_fused_bytes fb;
         ebb_attention_fused_bytes_get(b, h, t, s, e / h, dt, ebb_tensor_num_threads(), &fb);
         return mha_bwd_fused(&z, &fb);
@@ -423,10 +497,13 @@ static int64_t mha_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *
     return mha_bwd_scratch(a, in, n_in, dt, 1);
 }
 
-static const ebb_op_grad mha_grad = {.backward = mha_bwd, .saves_inputs = 0x7u,
+static const ebb_op_grad mha_grad = {.backward = mha_bwd, .forward_train = mha_train,
+                                     .saves_inputs = 0x7u, .n_saved = 1,
                                      .differentiable = 0x7u, .workspace = mha_bwd_workspace,
+                                     .train_workspace = mha_train_workspace,
                                      .workspace_cuda = mha_bwd_workspace_cuda,
-                                     .workspace_cuda_is_bound = 1};
+                                     .train_workspace_cuda = mha_train_workspace_cuda,
+                                     .workspace_cuda_is_bound = 1, .draws = mha_draws};
 
 /* ---- scaled_dot_product_attention ------------------------------------------------
  *

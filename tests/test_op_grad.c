@@ -162,6 +162,9 @@ static const grad_case cases[] = {
     {"embedding", 1, {SH(1)}, "num=3, dim=1", 3},
     /* attention: self, cross (key = value), and query/key/value */
     {"multi_head_attention", 1, {SH(2, 5, 8)}, "num_heads=2", 0},
+    {"multi_head_attention", 1, {SH(2, 5, 8)}, "num_heads=2, dropout=0.25", 0},
+    {"multi_head_attention", 2, {SH(2, 4, 8), SH(2, 6, 8)}, "num_heads=4, causal=true, dropout=0.5",
+     0},
     {"multi_head_attention", 1, {SH(1, 3, 6)}, "num_heads=3, causal=true, bias=false", 0},
     {"multi_head_attention", 2, {SH(2, 5, 8), SH(2, 7, 8)}, "num_heads=2", 0},
     {"multi_head_attention", 2, {SH(1, 4, 6), SH(1, 2, 6)}, "num_heads=1, bias=false", 0},

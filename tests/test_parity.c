@@ -3,7 +3,10 @@
  * saved its weights, an input and PyTorch's output under
  * tests/parity/fixtures/; here specs/parity/<model>.yaml is compiled for the
  * input's shape, the weights are loaded by name (which must match exactly),
- * the plan is run and its output compared with PyTorch's.
+ * the plan is run and its output compared with PyTorch's. A model whose
+ * weights name a spec in their metadata ("spec", relative to the source tree,
+ * and "params" as `ebb plan -p` takes them, comma-separated) runs that spec
+ * of specs/ at that size instead: resnet18 is specs/resnet18.yaml.
  *
  * The error measure is relative to the output's scale:
  *     rel = max_i |ebb_i - torch_i| / max_i |torch_i|
@@ -78,13 +81,38 @@ static double rel_error(const ebb_tensor *a, const ebb_tensor *b, double *max_ab
     return diff / scale;
 }
 
+/* The model's spec: the one its weights' metadata names, at the params it
+ * names, or specs/parity/<model>.yaml. */
+static ebb_spec *load_model_spec(const char *model, const char *weights) {
+    ebb_safetensors *st = NULL;
+    assert_ok(ebb_safetensors_open(&st, weights));
+    const char *spec_file = ebb_safetensors_metadata(st, "spec");
+    const char *params = ebb_safetensors_metadata(st, "params");
+    char path[1024], text[512] = "";
+    const char *p[16];
+    int n = 0;
+    if (spec_file)
+        snprintf(path, sizeof path, "%s/%s", EBB_SOURCE_DIR, spec_file);
+    else
+        snprintf(path, sizeof path, "%s/specs/parity/%s.yaml", EBB_SOURCE_DIR, model);
+    if (params) {
+        snprintf(text, sizeof text, "%s", params);
+        for (char *tok = strtok(text, ","); tok && n < 16; tok = strtok(NULL, ","))
+            p[n++] = tok;
+    }
+    ebb_safetensors_close(st);
+    ebb_spec_options so = {.params = p, .n_params = n};
+    ebb_spec *spec = NULL;
+    if (ebb_spec_load_ex(&spec, path, &so) != EBB_OK)
+        fail_msg("%s: %s", path, ebb_errmsg());
+    return spec;
+}
+
 static void run_parity(const parity_model *pm) {
-    char spec_path[1024], weights[1024];
-    snprintf(spec_path, sizeof spec_path, "%s/specs/parity/%s.yaml", EBB_SOURCE_DIR, pm->name);
+    char weights[1024];
     fixture_path(weights, sizeof weights, pm->name, "weights");
 
-    ebb_spec *spec = NULL;
-    assert_ok(ebb_spec_load(&spec, spec_path));
+    ebb_spec *spec = load_model_spec(pm->name, weights);
     assert_int_equal(ebb_spec_input_count(spec), 1);
 
     /* compile for the fixture's input shape */
@@ -196,6 +224,16 @@ static void test_switch_routed(void **state) {
     run_parity(&(parity_model){.name = "switch_routed", .peak_bounded = 1, .min_branches = 2});
 }
 
+/* torchvision's ResNet-18 (specs/resnet18.yaml, at planes=4 and classes=10):
+ * the state_dict of a torchvision-named model, num_batches_tracked included,
+ * loads with nothing missing or extra, and eval-mode batch norms read their
+ * running statistics. */
+static void test_resnet18(void **state) {
+    (void)state;
+    /* conv2d's working buffer and max_pool2d's indices are declared workspace */
+    run_parity(&(parity_model){.name = "resnet18", .peak_bounded = 1});
+}
+
 /* The fixtures are strict: weights saved for one model do not load into
  * another, and the error names a tensor and the file. */
 static void test_wrong_weights_refused(void **state) {
@@ -222,7 +260,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_mlp),           EBB_TEST(test_residual_tower),        EBB_TEST(test_gate8),
         EBB_TEST(test_conv_net),      EBB_TEST(test_transformer_encoder), EBB_TEST(test_transformer_stack),   EBB_TEST(test_gru_loop),
-        EBB_TEST(test_switch_routed), EBB_TEST(test_wrong_weights_refused),
+        EBB_TEST(test_switch_routed), EBB_TEST(test_resnet18),
+        EBB_TEST(test_wrong_weights_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

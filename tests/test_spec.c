@@ -323,6 +323,63 @@ static ebb_graph *twin_resnet_small(void) {
     return finish(b);
 }
 
+/* resnet18's BasicBlock residual path: conv-bn-relu-conv-bn named
+ * <prefix>.conv1, .bn1, .conv2, .bn2 (torchvision's module names), the first
+ * convolution with the given stride */
+static ebb_node *resnet18_path(ebb_builder *b, const char *prefix, int width, int stride) {
+    char c1[128], n1[96], c2[128], n2[96];
+    snprintf(c1, sizeof c1, "out=%d, kernel=3, %spadding=1, bias=false, name=%s.conv1", width,
+             stride == 2 ? "stride=2, " : "", prefix);
+    snprintf(n1, sizeof n1, "name=%s.bn1", prefix);
+    snprintf(c2, sizeof c2, "out=%d, kernel=3, padding=1, bias=false, name=%s.conv2", width,
+             prefix);
+    snprintf(n2, sizeof n2, "name=%s.bn2", prefix);
+    return sub(b, "conv2d", c1, "batch_norm", n1, "relu", NULL, "conv2d", c2, "batch_norm", n2,
+               NULL);
+}
+
+/* torchvision's ResNet-18 at planes 64, 1000 classes */
+static ebb_graph *twin_resnet18(void) {
+    ebb_builder *b = ebb_builder_new("resnet18");
+    ebb_input(b, "x");
+    ebb_target(b, "y");
+    ebb_loss(b, "cross_entropy", NULL);
+    ebb_from(b, op(b, "conv2d",
+                   "in=3, out=64, kernel=7, stride=2, padding=3, bias=false, name=conv1"));
+    ebb_through(b, op(b, "batch_norm", "name=bn1"));
+    ebb_through(b, op(b, "relu", NULL));
+    ebb_through(b, op(b, "max_pool2d", "kernel=3, stride=2, padding=1"));
+    ebb_node *layer1[2];
+    for (int i = 0; i < 2; i++) {
+        char prefix[32];
+        snprintf(prefix, sizeof prefix, "layer1.%d", i);
+        ebb_builder *s = ebb_subflow_begin(b);
+        ebb_also(s, resnet18_path(s, prefix, 64, 1));
+        ebb_through(s, op(s, "relu", NULL));
+        layer1[i] = ebb_subflow_end(s);
+    }
+    ebb_through(b, ebb_node_seqv(b, layer1, 2));
+    for (int layer = 2; layer <= 4; layer++) {
+        int width = 64 << (layer - 1);
+        char first[32], second[32], ds0[128], ds1[64];
+        snprintf(first, sizeof first, "layer%d.0", layer);
+        snprintf(second, sizeof second, "layer%d.1", layer);
+        snprintf(ds0, sizeof ds0, "out=%d, kernel=1, stride=2, bias=false, name=%s.downsample.0",
+                 width, first);
+        snprintf(ds1, sizeof ds1, "name=%s.downsample.1", first);
+        ebb_split(b, resnet18_path(b, first, width, 2),
+                  sub(b, "conv2d", ds0, "batch_norm", ds1, NULL), NULL);
+        ebb_merge(b, EBB_MERGE_ADD, 0);
+        ebb_through(b, op(b, "relu", NULL));
+        ebb_also(b, resnet18_path(b, second, width, 1));
+        ebb_through(b, op(b, "relu", NULL));
+    }
+    ebb_through(b, op(b, "adaptive_avg_pool2d", "output_size=1"));
+    ebb_through(b, op(b, "flatten", NULL));
+    ebb_through(b, op(b, "linear", "out=1000, name=fc"));
+    return finish(b);
+}
+
 static ebb_graph *twin_mnist_examples(void) {
     ebb_builder *b = ebb_builder_new("mnist_examples");
     ebb_input(b, "x");
@@ -513,6 +570,7 @@ static const twin TWINS[] = {
     {"fashion_mlp.yaml", twin_fashion_mlp, {"batch=4"}},
     {"fashion_cnn.yaml", twin_fashion_cnn, {"batch=4"}},
     {"resnet_small.yaml", twin_resnet_small, {"batch=2"}},
+    {"resnet18.yaml", twin_resnet18, {"batch=2"}},
     {"mnist_examples.yaml", twin_mnist_examples, {"batch=2"}},
     {"gated_routing.yaml", twin_gated_routing, {"batch=16"}},
     {"iterative_refine.yaml", twin_iterative_refine, {"batch=4"}},

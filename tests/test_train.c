@@ -943,6 +943,9 @@ static const grad_case GRAD_CASES[] = {
     /* nanoGPT: attention over head-split views is a bound on 1.13 (a batched
      * product may copy them, depending on strides) */
     {.name = "gpt"},
+    /* torchvision's ResNet-18 (specs/resnet18.yaml at the fixture's params):
+     * twenty training batch norms; convolutions are a bound, as conv_net's */
+    {.name = "resnet18"},
 };
 
 /* Weight tying (specs/gpt.yaml's lm_head shares transformer.wte.weight): one
@@ -1916,11 +1919,12 @@ int main(void) {
         "grad_gru_loop",     "grad_switch_routed",      "grad_switch",
         "grad_gate_topk",    "grad_loop_while",         "grad_loop_until",
         "grad_repeat",       "grad_tag_using",          "grad_gpt",
+        "grad_resnet18",
     };
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[33 + N_GRAD];
+    struct CMUnitTest tests[18 + 2 * N_GRAD];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);

@@ -558,6 +558,13 @@ EBB_API ebb_status ebb_tensor_multi_head_attention_backward(
     ebb_tensor **grad_in, ebb_tensor **grad_params, const ebb_tensor *grad, ebb_tensor *const *in,
     int n_in, const ebb_tensor *w_in, const ebb_tensor *b_in, const ebb_tensor *w_out,
     const ebb_tensor *b_out, int64_t heads, bool causal);
+/* ebb_tensor_multi_head_attention_backward() of a training forward that
+ * dropped attention probabilities (dropout > 0) with the bool mask `keep`
+ * [B, H, T, S] it kept (ebb_tensor_attention_ex's). */
+EBB_API ebb_status ebb_tensor_multi_head_attention_backward_ex(
+    ebb_tensor **grad_in, ebb_tensor **grad_params, const ebb_tensor *grad, ebb_tensor *const *in,
+    int n_in, const ebb_tensor *w_in, const ebb_tensor *b_in, const ebb_tensor *w_out,
+    const ebb_tensor *b_out, int64_t heads, bool causal, const ebb_tensor *keep, double dropout);
 /* Of ebb_tensor_gru_cell: grad_w[4] for w_ih, w_hh, b_ih, b_hh (biases
  * only when given). _thnn_differentiable_gru_cell_backward does the gates. */
 EBB_API ebb_status ebb_tensor_gru_cell_backward(ebb_tensor **grad_x, ebb_tensor **grad_h,

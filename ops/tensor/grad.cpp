@@ -799,6 +799,8 @@ struct MhaArgs {
     const at::Tensor &wo;
     bool out_bias, causal;
     int64_t heads, e;
+    const at::Tensor *keep; // the training forward's dropout mask, or NULL
+    double dropout;
 };
 
 // The projections again, from the saved inputs: [B, H, L, D] each.
@@ -860,12 +862,19 @@ std::vector<at::Tensor> mha_backward_composite(const MhaArgs &a) {
         scores.masked_fill_(above, -std::numeric_limits<double>::infinity());
     }
     at::Tensor probs = at::softmax(scores, -1);
-    at::Tensor merged = merge_heads(at::matmul(probs, v));
+    // with dropout the product reads the dropped probabilities, and the
+    // gradient goes back through the same mask
+    bool drop = a.keep && !q.is_meta();
+    double dscale = a.dropout >= 1.0 ? 0.0 : 1.0 / (1.0 - a.dropout);
+    at::Tensor dropped = drop ? at::native_dropout_backward(probs, *a.keep, dscale) : probs;
+    at::Tensor merged = merge_heads(at::matmul(dropped, v));
     at::Tensor g_wo, g_bo;
     out_proj_back(a, merged, g_wo, g_bo);
     at::Tensor g_o = split_heads(at::matmul(a.g, a.wo), a.heads);
     at::Tensor g_p = at::matmul(g_o, v.transpose(-2, -1));
-    at::Tensor g_v = at::matmul(probs.transpose(-2, -1), g_o);
+    at::Tensor g_v = at::matmul(dropped.transpose(-2, -1), g_o);
+    if (drop)
+        g_p = at::native_dropout_backward(g_p, *a.keep, dscale);
     at::Tensor g_s = at::_softmax_backward_data(g_p, probs, -1, probs.scalar_type()) * scale;
     at::Tensor g_qkv[3] = {at::matmul(g_s, k), at::matmul(g_s.transpose(-2, -1), q), g_v};
     return project_back(a, g_qkv, g_wo, g_bo);
@@ -906,7 +915,18 @@ ebb_status ebb_tensor_multi_head_attention_backward(
     ebb_tensor **grad_in, ebb_tensor **grad_params, const ebb_tensor *grad, ebb_tensor *const *in,
     int n_in, const ebb_tensor *w_in, const ebb_tensor *b_in, const ebb_tensor *w_out,
     const ebb_tensor *b_out, int64_t heads, bool causal) {
+    return ebb_tensor_multi_head_attention_backward_ex(grad_in, grad_params, grad, in, n_in, w_in,
+                                                       b_in, w_out, b_out, heads, causal, NULL,
+                                                       0.0);
+}
+
+ebb_status ebb_tensor_multi_head_attention_backward_ex(
+    ebb_tensor **grad_in, ebb_tensor **grad_params, const ebb_tensor *grad, ebb_tensor *const *in,
+    int n_in, const ebb_tensor *w_in, const ebb_tensor *b_in, const ebb_tensor *w_out,
+    const ebb_tensor *b_out, int64_t heads, bool causal, const ebb_tensor *keep, double dropout) {
     static const char fn[] = "ebb_tensor_multi_head_attention_backward";
+    if (dropout > 0 && !keep)
+        return ebb_error_set(EBB_ERR_ARG, "%s: dropout %g without the forward's mask", fn, dropout);
     EBB_NEED(fn, grad_in);
     EBB_NEED(fn, grad_params);
     EBB_NEED(fn, grad);
@@ -930,7 +950,8 @@ ebb_status ebb_tensor_multi_head_attention_backward(
         TORCH_CHECK(xq.dim() == 3 && xq.size(2) == e && heads >= 1 && e % heads == 0,
                     "query ", xq.sizes(), " does not fit ", heads, " heads of width ", e);
         check_same("query", g, xq);
-        MhaArgs a{g, {&xq, &xk, &xv}, n_in, {}, {}, wo, b_out != nullptr, causal, heads, e};
+        MhaArgs a{g,     {&xq, &xk, &xv}, n_in, {}, {}, wo, b_out != nullptr, causal, heads, e,
+                  dropout > 0 ? &keep->t : nullptr, dropout};
         for (int j = 0; j < 3; j++) {
             a.w[j] = wi.narrow(0, j * e, e);
             if (b_in)
@@ -941,7 +962,8 @@ ebb_status ebb_tensor_multi_head_attention_backward(
         // lengths suit them, as in the forward
         std::vector<at::Tensor> outs;
 #if EBB_FLASH_ATTENTION
-        if (xq.is_cpu() && ebb_attention_fused(ebb::from_aten(xq.scalar_type()), e / heads,
+        if (!a.keep && xq.is_cpu() &&
+            ebb_attention_fused(ebb::from_aten(xq.scalar_type()), e / heads,
                                                e / heads, xq.size(1), xk.size(1)))
             outs = mha_backward_fused(a);
 #endif

@@ -29,6 +29,9 @@ Under tests/parity/fixtures/ this writes:
                             there are any, "none_grads": those among them that
                             autograd leaves None (no path from the loss at all:
                             the selector), which ebb may leave untrained.
+                            A model of make_fixtures.SPEC_OF (resnet18) also
+                            has "spec" and "params": the spec of specs/ it is
+                            and the size it is made at.
 
   grad_<spec>.safetensors   for specs/switch.yaml, gate_topk.yaml, loop_while.yaml,
                             loop_until.yaml, repeat.yaml and tag_using.yaml (one
@@ -116,6 +119,7 @@ LOSSES = {
     "transformer_stack": ("mse", "", {}),
     "gru_loop": ("cross_entropy", "", {}),
     "switch_routed": ("cross_entropy", "", {}),
+    "resnet18": ("cross_entropy", "", {}),
 }
 TORCH_LOSS = {"nll": F.nll_loss, "cross_entropy": F.cross_entropy, "mse": F.mse_loss}
 
@@ -198,6 +202,8 @@ def model_fixture(name):
     tensors.update({f"grad.{n}": v for n, v in grads.items()})
     path = os.path.join(OUT, fname)
     meta = {"loss": op, "loss_attrs": attrs, "zero_grads": ",".join(zero)}
+    if name in mf.SPEC_OF:  # a spec of specs/, at the fixture's size
+        meta["spec"], meta["params"] = mf.SPEC_OF[name]
     if none:
         meta["none_grads"] = ",".join(none)
     write(path, tensors, meta)
