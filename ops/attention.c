@@ -712,7 +712,11 @@ static int64_t sdpa_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, 
         ebb_attention_fused_bytes fb;
         ebb_attention_fused_bytes_get(in[0].dim[0], in[0].dim[1], z.l, z.s, z.e, dt,
                                       ebb_tensor_num_threads(), &fb);
-        int64_t peak = MAX2(z.o + fb.lse + fb.forward, z.o + fb.lse + grads + fb.backward);
+        /* the kernel reads grad_out laid out [B, L, H, D] and copies it
+         * there unless it already is (a gradient through a head-split view
+         * is; a contiguous one is not): counted, a bound */
+        int64_t peak =
+            MAX2(z.o + fb.lse + fb.forward, 2 * z.o + fb.lse + grads + fb.backward);
         return peak - grads;
     }
     int64_t cq = z.copy ? z.q : 0, ck = z.copy ? z.k : 0, cv = z.copy ? z.v : 0;

@@ -19,6 +19,21 @@ int ebb_cli_usage_error(const char *usage, const char *fmt, const char *arg) {
     return EXIT_USAGE;
 }
 
+int ebb_cli_getopt_error(const char *usage, const struct option *longs, char **argv, int c) {
+    char name[64];
+    if (c == ':') {
+        if (optopt == 'p')
+            return ebb_cli_usage_error(usage, "%s", "-p needs NAME=VALUE");
+        snprintf(name, sizeof name, "%s", argv[optind - 1]);
+        return ebb_cli_usage_error(usage, "%s needs a value", name);
+    }
+    if (optopt > 0 && optopt < 256) {
+        snprintf(name, sizeof name, "-%c", optopt);
+        return ebb_cli_usage_error(usage, "unknown option %s", name);
+    }
+    return ebb_cli_unknown_option(usage, longs, argv[optind - 1]);
+}
+
 int ebb_cli_unknown_option(const char *usage, const struct option *longs, const char *written) {
     char name[64], msg[160];
     size_t n = strcspn(written, "=");

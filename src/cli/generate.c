@@ -106,7 +106,6 @@ static int parse(int argc, char **argv, gen_opts *o) {
     opterr = 0;
     optind = 0;
     int opt;
-    char name[64];
     while ((opt = getopt_long(argc, argv, "-:hp:", longs, NULL)) != -1) {
         const char *v = optarg;
         switch (opt) {
@@ -171,16 +170,8 @@ static int parse(int argc, char **argv, gen_opts *o) {
             o->temperature = t;
             break;
         }
-        case ':':
-            if (optopt == 'p') return ebb_cli_usage_error(usage, "%s", "-p needs NAME=VALUE");
-            snprintf(name, sizeof name, "%s", argv[optind - 1]);
-            return ebb_cli_usage_error(usage, "%s needs a value", name);
-        default:
-            if (optopt > 0 && optopt < 256) {
-                snprintf(name, sizeof name, "-%c", optopt);
-                return ebb_cli_usage_error(usage, "unknown option %s", name);
-            }
-            return ebb_cli_unknown_option(usage, longs, argv[optind - 1]);
+        default: /* ':' or '?' */
+            return ebb_cli_getopt_error(usage, longs, argv, opt);
         }
     }
     for (; optind < argc; optind++) {

@@ -164,6 +164,49 @@ static int64_t input_bytes(const ebb_plan *p) {
     return n;
 }
 
+/* Why a plan's figure is a bound rather than exact: it routes rows or loops
+ * by value, or a step's op can only bound its scratch (a kernel chosen at
+ * run time, an operand copied or not depending on its strides), named. */
+static void bound_reason(const ebb_plan *p, ebb_device dev, char *buf, size_t size) {
+    for (int i = 0; i < ebb_plan_step_count(p); i++) {
+        ebb_step_kind k = ebb_plan_step_at(p, i)->kind;
+        if (k == EBB_STEP_ROUTE || k == EBB_STEP_JUMP_IF || k == EBB_STEP_LOOP_NEXT) {
+            snprintf(buf, size, "the plan routes rows or loops by value: its figure bounds "
+                                "every routing and iteration count");
+            return;
+        }
+    }
+    int cuda = dev.type == EBB_DEVICE_CUDA;
+    for (int i = 0; i < ebb_plan_step_count(p); i++) {
+        const ebb_plan_step *s = ebb_plan_step_at(p, i);
+        const ebb_op *op = s->kind == EBB_STEP_OP || s->kind == EBB_STEP_BACKWARD
+                               ? ebb_op_find(s->op)
+                               : NULL;
+        if (!op && s->kind == EBB_STEP_BACKWARD) { /* "linear.backward" */
+            char name[128];
+            snprintf(name, sizeof name, "%s", s->op);
+            char *dot = strrchr(name, '.');
+            if (dot)
+                *dot = '\0';
+            op = ebb_op_find(name);
+        }
+        if (!op)
+            continue;
+        int fwd = s->kind == EBB_STEP_OP;
+        int is_bound = fwd ? op->workspace_is_bound || (cuda && op->workspace_cuda_is_bound)
+                           : op->grad && (op->grad->workspace_is_bound ||
+                                          (cuda && op->grad->workspace_cuda_is_bound));
+        if (is_bound) {
+            snprintf(buf, size, "step %d (%s, node %s) can only bound its scratch on this "
+                                "device (a kernel chosen at run time, or operands copied by "
+                                "their layout)", i, s->op, s->node);
+            return;
+        }
+    }
+    snprintf(buf, size, "on this device some kernels are chosen at run time: its figure bounds "
+                        "what they take");
+}
+
 int ebb_cli_run(int argc, char **argv) {
     options o;
     int rc = parse_options(argc, argv, ebb_cli_find_command("run"), &o);
@@ -327,14 +370,12 @@ int ebb_cli_run(int argc, char **argv) {
            "(%s)\n",
            (long long)peak, mb, (long long)ebb_plan_device_peak_bytes(p, dev), pb,
            bound ? "upper bound" : "exact", (long long)ebb_plan_keep_all_peak_bytes(p), kb);
-    if (bound && peak < ebb_plan_device_peak_bytes(p, dev))
-        printf("(%s; this run's took %.0f%% of it)\n",
-               ebb_plan_peak_is_bound(p)
-                   ? "the plan routes rows or loops by value: its figure bounds every routing "
-                     "and iteration count"
-                   : "on this device some kernels are chosen at run time: its figure bounds "
-                     "what they take",
+    if (bound && peak < ebb_plan_device_peak_bytes(p, dev)) {
+        char why[256];
+        bound_reason(p, dev, why, sizeof why);
+        printf("(%s; this run's took %.0f%% of it)\n", why,
                100.0 * (double)peak / (double)ebb_plan_device_peak_bytes(p, dev));
+    }
     if ((rc = ebb_cli_check_over(p, &over, peak, o.strict_memory, NULL)))
         goto done;
     printf("time on %s%s: median %.3f ms over %d run%s (min %.3f, max %.3f)\n",

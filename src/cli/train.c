@@ -336,7 +336,6 @@ static int parse(int argc, char **argv, int train, topts *o) {
     opterr = 0;
     optind = 0;
     int opt;
-    char name[64];
     while ((opt = getopt_long(argc, argv, "-:" EBB_CLI_TRAIN_SHORTS, longs, NULL)) != -1) {
         const char *v = optarg;
         int64_t n = 0;
@@ -527,17 +526,8 @@ static int parse(int argc, char **argv, int train, topts *o) {
             o->normalize = 1;
             break;
         }
-        case ':':
-            if (optopt == 'p')
-                return ebb_cli_usage_error(usage, "%s", "-p needs NAME=VALUE");
-            snprintf(name, sizeof name, "%s", argv[optind - 1]);
-            return ebb_cli_usage_error(usage, "%s needs a value", name);
-        default:
-            if (optopt > 0 && optopt < 256) {
-                snprintf(name, sizeof name, "-%c", optopt);
-                return ebb_cli_usage_error(usage, "unknown option %s", name);
-            }
-            return ebb_cli_unknown_option(usage, longs, argv[optind - 1]);
+        default: /* ':' or '?' */
+            return ebb_cli_getopt_error(usage, longs, argv, opt);
         }
     }
     for (; optind < argc; optind++) {
@@ -894,6 +884,10 @@ static int csv_row(cli_run *c, const char *kind, const ebb_train_event *e, doubl
     csv_num(f, m ? m->loss : NAN, "%.9g");
     csv_num(f, m && m->classes ? m->accuracy : NAN, "%.9g");
     csv_num(f, m && m->top_k ? m->top_k_accuracy : NAN, "%.9g");
+    /* a per-token loss's perplexity, exp(loss): the row's, then the evaluation's */
+    int per_token = ebb_trainer_get_stats(c->t).per_token;
+    csv_num(f, per_token ? exp(loss) : NAN, "%.9g");
+    csv_num(f, per_token && m ? m->perplexity : NAN, "%.9g");
     fputc('\n', f);
     if (fflush(f) != 0 || ferror(f)) {
         fprintf(stderr, "ebb: --log-csv %s: %s\n", c->o.log_csv, strerror(errno));
@@ -1060,7 +1054,7 @@ static int open_outputs(cli_run *c) {
             return EXIT_RUNTIME;
         }
         fputs("kind,epoch,step,samples,loss,lr,samples_per_s,eval_loss,eval_accuracy,"
-              "eval_top_k_accuracy\n",
+              "eval_top_k_accuracy,perplexity,eval_perplexity\n",
               c->csv);
     }
     int64_t left = s.total_steps - s.step;

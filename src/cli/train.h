@@ -23,6 +23,10 @@ int ebb_cli_usage_error(const char *usage, const char *fmt, const char *arg);
 /* The usage error for an unknown option as written (argv's "--weigths=x"),
  * with a "did you mean" when one of `longs` is near. */
 int ebb_cli_unknown_option(const char *usage, const struct option *longs, const char *written);
+/* The usage error for what getopt_long returned as `c` in a command's own
+ * option loop: ':' (an option without its value) or '?' (an unknown one,
+ * with the nearest long option suggested). */
+int ebb_cli_getopt_error(const char *usage, const struct option *longs, char **argv, int c);
 /* Prints ebb_errmsg(); returns exit 1 when the status says the input was at
  * fault (spec, shape, argument, file), else 3, a runtime failure. */
 int ebb_cli_fail_status(ebb_status st);
