@@ -48,6 +48,7 @@ struct ebb_optimizer {
     int n;
     param_state *state;
     double *weight_decay; /* per parameter: o's, or its group's (ebb_optimizer_set_weight_decay) */
+    double *lr_scale;     /* per parameter: its group's rate over o.lr (ebb_optimizer_set_lr_scale) */
     /* the device hyperparameters (run_internal.h): per parameter a row of
      * HYPER values in the parameters' dtype, on the device and on the host */
     ebb_tensor *hyper, *hyper_host;
@@ -337,16 +338,23 @@ ebb_status ebb_optimizer_new(ebb_optimizer **out, ebb_model *model,
     ebb_optimizer *opt = calloc(1, sizeof *opt);
     if (opt) opt->state = calloc((size_t)model->n_params + 1, sizeof *opt->state);
     if (opt) opt->weight_decay = calloc((size_t)model->n_params + 1, sizeof *opt->weight_decay);
-    if (!opt || !opt->state || !opt->weight_decay) {
-        if (opt) free(opt->state);
+    if (opt) opt->lr_scale = calloc((size_t)model->n_params + 1, sizeof *opt->lr_scale);
+    if (!opt || !opt->state || !opt->weight_decay || !opt->lr_scale) {
+        if (opt) {
+            free(opt->state);
+            free(opt->weight_decay);
+            free(opt->lr_scale);
+        }
         free(opt);
         return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
     }
     opt->model = model;
     opt->o = o;
     opt->n = model->n_params;
-    for (int i = 0; i < opt->n; i++)
+    for (int i = 0; i < opt->n; i++) {
         opt->weight_decay[i] = o.weight_decay;
+        opt->lr_scale[i] = 1.0;
+    }
     /* the state of every trained parameter (not a buffer) is made now, zeros, so
      * that no training step allocates it: a step's bytes are the same from
      * the first on, and the state is known beside the parameters before
@@ -370,6 +378,7 @@ void ebb_optimizer_free(ebb_optimizer *opt) {
         state_clear(&opt->state[i]);
     free(opt->state);
     free(opt->weight_decay);
+    free(opt->lr_scale);
     free(opt);
 }
 
@@ -403,6 +412,31 @@ ebb_status ebb_optimizer_set_weight_decay(ebb_optimizer *opt, int param_index, d
 double ebb_optimizer_get_weight_decay(const ebb_optimizer *opt, int param_index) {
     if (!opt || param_index < 0 || param_index >= opt->n) return 0;
     return opt->weight_decay[param_index];
+}
+
+ebb_status ebb_optimizer_set_lr_scale(ebb_optimizer *opt, int param_index, double scale) {
+    const char *fn = "ebb_optimizer_set_lr_scale";
+    if (!opt) return ebb_error_set(EBB_ERR_ARG, "%s: opt is NULL", fn);
+    if (param_index < 0 || param_index >= opt->n)
+        return ebb_error_set(EBB_ERR_ARG, "%s: parameter index %d is out of range (%d parameters)",
+                             fn, param_index, opt->n);
+    if (!isfinite(scale) || scale < 0)
+        return ebb_error_set(EBB_ERR_ARG, "%s: scale %g; it must be finite and >= 0", fn, scale);
+    opt->lr_scale[param_index] = scale;
+    return EBB_OK;
+}
+
+double ebb_optimizer_get_lr_scale(const ebb_optimizer *opt, int param_index) {
+    if (!opt || param_index < 0 || param_index >= opt->n) return 0;
+    return opt->lr_scale[param_index];
+}
+
+/* Parameter i's options: its group's weight decay and learning rate. */
+static ebb_optimizer_options group_options(const ebb_optimizer *opt, int i) {
+    ebb_optimizer_options o = opt->o;
+    o.weight_decay = opt->weight_decay[i];
+    o.lr *= opt->lr_scale[i];
+    return o;
 }
 
 /* ---- updates ----------------------------------------------------------------- */
@@ -487,9 +521,8 @@ static ebb_status run_kernel(ebb_optimizer *opt, int i, const ebb_tensor *grad, 
     ebb_status st = EBB_OK;
     if (opt->hyper_on)
         st = ebb_tensor_select(&hyper, opt->hyper, 0, i); /* a view: no device bytes */
-    /* the parameter's group: its own weight decay */
-    ebb_optimizer_options o = opt->o;
-    o.weight_decay = opt->weight_decay[i];
+    /* the parameter's group: its own weight decay and learning rate */
+    ebb_optimizer_options o = group_options(opt, i);
     if (st == EBB_OK) {
         ebb_tensor **slot = s->slot;
         switch (o.kind) {
@@ -596,8 +629,9 @@ ebb_status ebb_optimizer_hyper_fill(ebb_optimizer *opt) {
     double *h = calloc(n, sizeof *h);
     if (!h)
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_optimizer_hyper_fill: out of memory");
-    const ebb_optimizer_options *o = &opt->o;
     for (int i = 0; i < opt->n; i++) {
+        ebb_optimizer_options g = group_options(opt, i);
+        const ebb_optimizer_options *o = &g;
         double *row = h + (size_t)i * HYPER, t = (double)(opt->state[i].step + 1);
         if (o->kind == EBB_ADAGRAD) { /* its step size decays with the step */
             row[HYPER_STEP] = -(o->lr / (1 + (t - 1) * o->lr_decay));
@@ -608,7 +642,7 @@ ebb_status ebb_optimizer_hyper_fill(ebb_optimizer *opt) {
         } else {
             row[HYPER_STEP] = -(o->lr / (1 - pow(o->beta1, t)));
             row[HYPER_BC2] = sqrt(1 - pow(o->beta2, t));
-            row[HYPER_DECAY] = 1 - o->lr * opt->weight_decay[i];
+            row[HYPER_DECAY] = 1 - o->lr * o->weight_decay;
         }
     }
     ebb_status st = ebb_tensor_copy_from_host(opt->hyper_host, h, n * sizeof *h);
@@ -755,8 +789,7 @@ int64_t ebb_optimizer_scratch_bytes(const ebb_optimizer *opt, int param_index) {
     const ebb_tensor *p = param_of(opt, param_index);
     int has_state = opt->o.kind != EBB_SGD || opt->o.momentum == 0 ||
                     opt->state[param_index].present;
-    ebb_optimizer_options o = opt->o;
-    o.weight_decay = opt->weight_decay[param_index];
+    ebb_optimizer_options o = group_options(opt, param_index);
     return ebb_optimizer_update_scratch_bytes(&o, ebb_tensor_dtype(p), ebb_tensor_numel(p),
                                               ebb_tensor_device(p), has_state);
 }

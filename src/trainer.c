@@ -1144,6 +1144,36 @@ static ebb_status set_no_decay(ebb_trainer *t) {
     return st;
 }
 
+/* The parameter groups at their own learning rate (ebb_trainer_options.lr_scale). */
+static ebb_status set_lr_scales(ebb_trainer *t) {
+    for (int k = 0; k < t->o.n_lr_scale; k++) {
+        const char *e = t->o.lr_scale[k], *eq = e ? strrchr(e, '=') : NULL;
+        char pattern[256], *end = NULL;
+        double f = eq ? strtod(eq + 1, &end) : NAN;
+        if (!eq || eq == e || (size_t)(eq - e) >= sizeof pattern || !end || end == eq + 1 ||
+            *end || !isfinite(f) || f < 0)
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "--lr-scale '%s': expected PATTERN=FACTOR with a factor >= 0 "
+                                 "('*.bias=0.25')",
+                                 e ? e : "(null)");
+        snprintf(pattern, sizeof pattern, "%.*s", (int)(eq - e), e);
+        int matched = 0;
+        for (int i = 0; i < ebb_model_param_count(t->m); i++) {
+            if (!ebb_plan_param_trained(t->plan, i) ||
+                fnmatch(pattern, ebb_model_param_name(t->m, i), 0) != 0)
+                continue;
+            ebb_status st = ebb_optimizer_set_lr_scale(t->opt, i, f);
+            if (st != EBB_OK)
+                return st;
+            matched++;
+        }
+        if (!matched)
+            return ebb_error_set(EBB_ERR_ARG, "--lr-scale '%s' matches no trained parameter of %s",
+                                 e, ebb_spec_file(t->f.spec));
+    }
+    return EBB_OK;
+}
+
 /* accumulate: a zeroed gradient buffer per trained parameter, held for the
  * run, and room for one micro-batch's gradients. */
 static ebb_status open_accumulation(ebb_trainer *t) {
@@ -1182,7 +1212,7 @@ static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
     if (st == EBB_OK && o->weights) st = load_weights(t, o->weights);
     if (st != EBB_OK || o->evaluate_only) return st;
     if ((st = ebb_optimizer_new(&t->opt, t->m, &o->optimizer)) != EBB_OK ||
-        (st = set_no_decay(t)) != EBB_OK ||
+        (st = set_no_decay(t)) != EBB_OK || (st = set_lr_scales(t)) != EBB_OK ||
         (o->resume && (st = resume(t)) != EBB_OK) || (st = plan_steps(t)) != EBB_OK ||
         (st = open_schedule(t)) != EBB_OK)
         return st;
@@ -1294,6 +1324,9 @@ static void print_start(const ebb_trainer *t) {
     for (int k = 0; k < t->o.n_no_decay && at < sizeof sched; k++)
         at += (size_t)snprintf(sched + at, sizeof sched - at, "%s%s",
                                k ? " " : ", no weight decay for ", t->o.no_decay[k]);
+    for (int k = 0; k < t->o.n_lr_scale && at < sizeof sched; k++)
+        at += (size_t)snprintf(sched + at, sizeof sched - at, "%s%s",
+                               k ? " " : ", lr scaled for ", t->o.lr_scale[k]);
     fprintf(f, "training %s on %s: %lld samples, batch %lld, %lld steps per epoch, %s lr %g%s\n",
             ebb_spec_file(t->f.spec), t->o.data, (long long)t->s.samples,
             (long long)(t->o.batch * t->accum),

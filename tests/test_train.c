@@ -1295,6 +1295,18 @@ static void trainer_open(trainer *tr, const char *fixture, const char *yaml, con
     for (int i = 0; s == EBB_OK && t.n_no_decay && i < ebb_model_param_count(tr->model); i++)
         if (ebb_plan_param_trained(tr->plan, i) && !ebb_plan_param_decays(tr->plan, i))
             s = ebb_optimizer_set_weight_decay(tr->opt, i, 0);
+    /* the *_bias_lr cases: torch's second param group, the biases, at their own rate */
+    char bk[64];
+    snprintf(bk, sizeof bk, "%s.clip.bias_lr", c);
+    if (ebb_safetensors_dtype_str(tr->st, bk)) {
+        double scale = fx_scalar(tr->st, bk) / ebb_optimizer_get_options(tr->opt).lr;
+        for (int i = 0; s == EBB_OK && i < ebb_model_param_count(tr->model); i++) {
+            const char *pn = ebb_model_param_name(tr->model, i);
+            size_t n = strlen(pn);
+            if (n > 5 && !strcmp(pn + n - 5, ".bias"))
+                s = ebb_optimizer_set_lr_scale(tr->opt, i, scale);
+        }
+    }
     if (s != EBB_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", ebb_errmsg());
@@ -1924,7 +1936,7 @@ int main(void) {
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[18 + 2 * N_GRAD];
+    struct CMUnitTest tests[20 + 2 * N_GRAD];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -1946,6 +1958,8 @@ int main(void) {
     tests[n++] = named_test("steps_adam_clip_both", test_steps, (void *)"adam_clip_both");
     tests[n++] = named_test("steps_sgd_no_decay", test_steps, (void *)"sgd_no_decay");
     tests[n++] = named_test("steps_adamw_no_decay", test_steps, (void *)"adamw_no_decay");
+    tests[n++] = named_test("steps_sgd_bias_lr", test_steps, (void *)"sgd_bias_lr");
+    tests[n++] = named_test("steps_adamw_bias_lr", test_steps, (void *)"adamw_bias_lr");
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_steps_batch_norm);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_state_for_trained_parameters);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_steps_change_nothing);

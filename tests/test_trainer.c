@@ -739,6 +739,45 @@ static void test_freeze(void **state) {
     ebb_spec_free(spec);
 }
 
+/* A parameter group at its own rate: a scale of 0 leaves the bias as it was
+ * (its optimizer state still kept), the weight moves; bad entries refused. */
+static void test_lr_scale(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    static const char *const scales[] = {"*=3", "*.bias=0"};
+    ebb_trainer_options o = options();
+    o.steps = 4;
+    o.lr_scale = scales;
+    o.n_lr_scale = 2;
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK) fail_msg("open: %s", ebb_errmsg());
+    ebb_model *m = ebb_trainer_model(t);
+    ebb_optimizer *opt = ebb_trainer_optimizer(t);
+    for (int i = 0; i < ebb_model_param_count(m); i++) /* the later pattern wins */
+        assert_true(ebb_optimizer_get_lr_scale(opt, i) ==
+                    (strstr(ebb_model_param_name(m, i), "bias") ? 0.0 : 3.0));
+    float before[F * F + F], after[F * F + F];
+    weights_of(t, before);
+    if (ebb_trainer_run(t) != EBB_OK) fail_msg("run: %s", ebb_errmsg());
+    weights_of(t, after);
+    assert_memory_equal(before + F * F, after + F * F, sizeof(float) * F); /* the bias */
+    assert_memory_not_equal(before, after, sizeof(float) * F * F);         /* the weight */
+    ebb_trainer_free(t);
+    static const char *const none[] = {"conv*=2"}, *const bad[] = {"*.bias=-1"},
+                             *const no_eq[] = {"*.bias"};
+    const char *const *cases[] = {none, bad, no_eq};
+    const char *want[] = {"'conv*=2' matches no trained parameter", "expected PATTERN=FACTOR",
+                          "expected PATTERN=FACTOR"};
+    for (int k = 0; k < 3; k++) {
+        o.lr_scale = cases[k];
+        o.n_lr_scale = 1;
+        assert_int_equal(ebb_trainer_open(&t, spec, &o), EBB_ERR_ARG);
+        assert_non_null(strstr(ebb_errmsg(), want[k]));
+        assert_null(t);
+    }
+    ebb_spec_free(spec);
+}
+
 static void test_early_stopping(void **state) {
     (void)state;
     ebb_spec *spec = load_spec();
@@ -826,6 +865,7 @@ int main(void) {
         EBB_TEST(test_run_calls_back_and_learns),
         EBB_TEST(test_resume_is_bit_identical),
         EBB_TEST(test_freeze),
+        EBB_TEST(test_lr_scale),
         EBB_TEST(test_half_batches),
         EBB_TEST(test_per_token),
         EBB_TEST(test_text_data),

@@ -198,6 +198,19 @@ EBB_API ebb_status ebb_optimizer_set_weight_decay(ebb_optimizer *opt, int param_
 /* Parameter param_index's weight decay (its group's, or the options'). 0 for
  * NULL opt or an index out of range. */
 EBB_API double ebb_optimizer_get_weight_decay(const ebb_optimizer *opt, int param_index);
+/* Parameter groups with their own learning rate: parameter param_index
+ * updates at `scale` times the optimizer's rate (1 by default; 0 leaves it
+ * as it is, its state still kept). A schedule changes the optimizer's rate
+ * and every group's follows in proportion, as torch.optim.lr_scheduler's
+ * multiplicative schedules (step, multistep, exponential, linear warmup,
+ * cosine to 0) move each param group's rate from its own initial one.
+ * EBB_ERR_ARG for a NULL opt, an index out of range or a negative or
+ * non-finite scale. Not saved with the state: set it again after
+ * ebb_optimizer_load(). */
+EBB_API ebb_status ebb_optimizer_set_lr_scale(ebb_optimizer *opt, int param_index, double scale);
+/* Parameter param_index's learning-rate scale (1 unless set). 0 for NULL opt
+ * or an index out of range. */
+EBB_API double ebb_optimizer_get_lr_scale(const ebb_optimizer *opt, int param_index);
 
 /* One optimizer step over all parameters: grads[i] is the gradient of
  * parameter i in the model's order (ebb_model_param_count() entries), and a

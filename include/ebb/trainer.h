@@ -200,6 +200,15 @@ typedef struct ebb_trainer_options {
      * parameters update without it (ebb_train_options.no_decay). */
     const char *const *no_decay;
     int n_no_decay;
+    /* Parameter groups at their own learning rate: "PATTERN=FACTOR", the
+     * parameters whose full names match the fnmatch(3) pattern update at
+     * FACTOR times the rate ("*.bias=0.25"), schedules moving every group's
+     * rate in proportion (ebb_optimizer_set_lr_scale). A later entry wins
+     * where patterns overlap; one matching no trained parameter, or a bad
+     * factor, is an error. A checkpoint does not record them: give the
+     * same ones to a resumed run. */
+    const char *const *lr_scale;
+    int n_lr_scale;
     int64_t memory_budget;           /* compile the step under it (ebb_compile_options) */
     ebb_device device;               /* defaults: the CPU */
     int cuda_graph;     /* CUDA: replay full batches from a captured step (ebb_train_capture) */

@@ -55,7 +55,7 @@ const char ebb_cli_usage_train[] =
     "                 [--optimizer KIND] [--lr X] [--lr-schedule S] [--momentum X]\n"
     "                 [--weight-decay X] [--loss NAME] [--clip-grad-norm X]\n"
     "                 [--clip-grad-value X] [--freeze PATTERN]... [--log-csv FILE]\n"
-    "                 [--accumulate N] [--no-decay PATTERN]...\n"
+    "                 [--accumulate N] [--no-decay PATTERN]... [--lr-scale PATTERN=F]...\n"
     "                 [--seed N] [--no-shuffle] [--drop-last] [--normalize MEAN,STD]\n"
     "                 [--weights W] [--save-weights W] [--checkpoint FILE]\n"
     "                 [--checkpoint-every N] [--resume CKPT] [--log-every N]\n"
@@ -109,6 +109,10 @@ const char ebb_cli_usage_train[] =
     "  --no-decay PATTERN no weight decay for the parameters whose full name matches\n"
     "                     ('*.bias'; repeatable), as a torch.optim param group with\n"
     "                     weight_decay 0\n"
+    "  --lr-scale PATTERN=FACTOR\n"
+    "                     the parameters whose full name matches train at FACTOR times\n"
+    "                     the rate ('*.bias=0.25'; repeatable), as a torch.optim param\n"
+    "                     group with its own lr; schedules move it in proportion\n"
     "  --freeze PATTERN   train no parameter whose full name matches the shell pattern\n"
     "                     ('fc1.*', '*.bias'; repeatable): no gradient, update or state\n"
     "  --log-csv FILE     a CSV row per log point (every --log-every steps, and every\n"
@@ -222,6 +226,7 @@ enum {
     O_LOG_CSV,
     O_ACCUMULATE,
     O_NO_DECAY,
+    O_LR_SCALE,
     O_BLOCK,
 };
 
@@ -271,6 +276,7 @@ const struct option ebb_cli_train_options[] = {
     {"log-csv", required_argument, NULL, O_LOG_CSV},
     {"accumulate", required_argument, NULL, O_ACCUMULATE},
     {"no-decay", required_argument, NULL, O_NO_DECAY},
+    {"lr-scale", required_argument, NULL, O_LR_SCALE},
     {NULL, 0, NULL, 0},
 };
 
@@ -299,6 +305,8 @@ typedef struct topts {
     int n_freeze;
     const char *no_decay[MAX_PARAMS]; /* --no-decay, or the checkpoint's */
     int n_no_decay;
+    const char *lr_scale[MAX_PARAMS]; /* --lr-scale PATTERN=FACTOR */
+    int n_lr_scale;
     char no_decay_text[1024];         /* the checkpoint's, split in place */
     const char *log_csv;
     int64_t accumulate; /* --accumulate (0: not given) */
@@ -407,6 +415,20 @@ static int parse(int argc, char **argv, int train, topts *o) {
                 return ebb_cli_usage_error(usage, "--no-decay %s: one pattern each, no comma", v);
             o->no_decay[o->n_no_decay++] = v;
             break;
+        case O_LR_SCALE: {
+            const char *eq = strrchr(v, '=');
+            char *end = NULL;
+            double f = eq ? strtod(eq + 1, &end) : NAN;
+            if (o->n_lr_scale == MAX_PARAMS)
+                return ebb_cli_usage_error(usage, "%s", "too many --lr-scale options");
+            if (!eq || eq == v || end == eq + 1 || (end && *end) || !isfinite(f) || f < 0)
+                return ebb_cli_usage_error(usage,
+                                           "--lr-scale %s: expected PATTERN=FACTOR, a factor "
+                                           ">= 0 ('*.bias=0.25')",
+                                           v);
+            o->lr_scale[o->n_lr_scale++] = v;
+            break;
+        }
         case O_CLIP_GRAD_NORM:
         case O_CLIP_GRAD_VALUE: {
             double d;
@@ -1124,6 +1146,8 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->accumulate = (int)o->accumulate;
     to->no_decay = o->no_decay;
     to->n_no_decay = o->n_no_decay;
+    to->lr_scale = o->lr_scale;
+    to->n_lr_scale = o->n_lr_scale;
     to->freeze = o->freeze;
     to->n_freeze = o->n_freeze;
     to->clip_grad_norm = o->clip_norm;

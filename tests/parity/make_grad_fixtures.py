@@ -593,7 +593,14 @@ def steps_fixture(fname, bn, cases, seed):
         clip = spec[2] if len(spec) > 2 else {}
         m.load_state_dict(init)
         m.train()
-        if "no_decay" in clip:
+        if "bias_lr" in clip:
+            # two param groups: the biases at their own learning rate
+            named = list(m.named_parameters())
+            rest = [p for n, p in named if not n.endswith(".bias")]
+            biases = [p for n, p in named if n.endswith(".bias")]
+            opt = cls([{"params": rest}, {"params": biases, "lr": clip["bias_lr"]}],
+                      foreach=False, **kw)
+        elif "no_decay" in clip:
             # two param groups: the biases without weight decay
             pat = clip["no_decay"]
             named = list(m.named_parameters())
@@ -650,6 +657,10 @@ def main():
                                  {"no_decay": "*.bias"}),
                 "adamw_no_decay": (torch.optim.AdamW, dict(weight_decay=0.1),
                                    {"no_decay": "*.bias"}),
+                # a param group at its own learning rate: the biases
+                "sgd_bias_lr": (torch.optim.SGD, dict(lr=0.1, momentum=0.9), {"bias_lr": 0.025}),
+                "adamw_bias_lr": (torch.optim.AdamW, dict(lr=2e-3, weight_decay=0.1),
+                                  {"bias_lr": 5e-4}),
             }, seed=11)
             steps_fixture("grad_steps_bn", True, {
                 "sgd_momentum": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
