@@ -95,6 +95,8 @@ typedef struct chart {
     const ebb_chart_trace *trace;
     int64_t *m_live, *m_peak;
     unsigned char *seen;
+    ebb_node_label_fn label; /* a step's name beside its node path, or NULL */
+    void *user;
     int oom;
 } chart;
 
@@ -288,7 +290,11 @@ static const char *const phase_fill[] = {"#eef3fa", "#fcf1df", "#f2edf8", "#e9f5
 
 static void step_text(const chart *c, int i, char *buf, size_t size) {
     const ebb_plan_step *s = &c->p->steps[i].pub;
-    snprintf(buf, size, "step %d (%s %s)", i, s->op, s->node);
+    const char *l = c->label ? c->label(c->user, s->node) : NULL;
+    if (l)
+        snprintf(buf, size, "step %d (%s %s, %s)", i, s->op, l, s->node);
+    else
+        snprintf(buf, size, "step %d (%s %s)", i, s->op, s->node);
 }
 
 static void band_title(const chart *c, const band *b) {
@@ -518,6 +524,11 @@ static void step_line(const chart *c, int i) {
     if (ps->pub.phase != EBB_PHASE_FORWARD) fprintf(f, "%s ", phase_names[s->phase & 3]);
     xml_text(f, s->op);
     fputc(' ', f);
+    const char *l = c->label ? c->label(c->user, s->node) : NULL;
+    if (l) {
+        xml_text(f, l);
+        fputs(", ", f);
+    }
     xml_text(f, s->node);
     fprintf(f, ", planned %s during, %s after", bytes_text(s->peak_bytes, pb, sizeof pb),
             bytes_text(s->live_bytes, hb, sizeof hb));
@@ -919,6 +930,11 @@ static const char style[] =
     ".over{fill:#e8251f;fill-opacity:.35}\n";
 
 ebb_status ebb_plan_chart_svg(const ebb_plan *p, const ebb_chart_trace *trace, FILE *f) {
+    return ebb_plan_chart_svg_ex(p, trace, f, NULL, NULL);
+}
+
+ebb_status ebb_plan_chart_svg_ex(const ebb_plan *p, const ebb_chart_trace *trace, FILE *f,
+                                 ebb_node_label_fn label, void *user) {
     if (!p || !f)
         return ebb_error_set(EBB_ERR_ARG, "ebb_plan_chart_svg: NULL %s", !p ? "plan" : "file");
     if (trace && trace->n_samples > 0 && !trace->samples)
@@ -930,7 +946,8 @@ ebb_status ebb_plan_chart_svg(const ebb_plan *p, const ebb_chart_trace *trace, F
                                  "ebb_plan_chart_svg: trace sample %d names step %d, but plan %s "
                                  "has %d steps (a trace of another plan?)",
                                  k, trace->samples[k].step, p->name, p->n_steps);
-    chart c = {.p = p, .f = f, .n = p->n_steps, .trace = trace, .bin = 1};
+    chart c = {.p = p, .f = f, .n = p->n_steps, .trace = trace, .bin = 1, .label = label,
+               .user = user};
     size_t n1 = (size_t)(c.n ? c.n : 1);
     legend_item *items = calloc(n1 + 16, sizeof *items);
     c.fams = calloc(n1, sizeof *c.fams);

@@ -32,6 +32,8 @@ typedef struct dotctx {
                     cluster would pull both its ends into that cluster */
     int next_id;
     int next_cluster;
+    ebb_node_label_fn label; /* names op nodes where it gives a label */
+    void *user;
 } dotctx;
 
 static int tag_find(const tagmap *t, const char *name) {
@@ -64,7 +66,8 @@ static int dot_node(dotctx *c, const ebb_node *n, const char *path, tagmap *tags
     char label[256];
     switch (n->kind) {
     case NODE_OP: {
-        snprintf(label, sizeof label, "%s\n%s", n->op->name, n->name ? n->name : path);
+        const char *l = !n->name && c->label ? c->label(c->user, path) : NULL;
+        snprintf(label, sizeof label, "%s\n%s", n->op->name, n->name ? n->name : l ? l : path);
         int id = new_node(c, "box", label, "style=rounded");
         edge(c, in, id, NULL);
         return id;
@@ -229,12 +232,16 @@ static int dot_flow(dotctx *c, const ebb_graph *g, const char *prefix, tagmap *t
     return open[0];
 }
 
-void ebb_graph_write_dot(const ebb_graph *g, FILE *f) {
+void ebb_graph_write_dot(const ebb_graph *g, FILE *f) { ebb_graph_write_dot_ex(g, f, NULL, NULL); }
+
+void ebb_graph_write_dot_ex(const ebb_graph *g, FILE *f,
+                            const char *(*label)(void *user, const char *node), void *user) {
     if (!g || !f)
         return;
     char *edges = NULL;
     size_t edges_len = 0;
-    dotctx c = {.f = f, .edges = open_memstream(&edges, &edges_len)};
+    dotctx c = {.f = f, .edges = open_memstream(&edges, &edges_len), .label = label,
+                .user = user};
     if (!c.edges)
         return;
     fputs("digraph ", f);
@@ -295,7 +302,9 @@ static int near_read(const ebb_plan *p, int rows, int v, int i) {
     return prod / rows == i / rows && i - prod <= NEAR_STEPS && i > prod;
 }
 
-void ebb_plan_write_dot(const ebb_plan *p, FILE *f) {
+void ebb_plan_write_dot(const ebb_plan *p, FILE *f) { ebb_plan_write_dot_ex(p, f, NULL, NULL); }
+
+void ebb_plan_write_dot_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn node_label, void *user) {
     if (!p || !f)
         return;
     int rows = plan_rows(p->n_steps);
@@ -331,7 +340,10 @@ void ebb_plan_write_dot(const ebb_plan *p, FILE *f) {
         size_t at = 0;
         label_add(label, sizeof label, &at, "%s%d: ", "", i);
         label_add(label, sizeof label, &at, "%s", s->op, 0);
-        if (strcmp(s->node, s->op))
+        const char *named = node_label ? node_label(user, s->node) : NULL;
+        if (named)
+            label_add(label, sizeof label, &at, "\n%s", named, 0);
+        else if (strcmp(s->node, s->op))
             label_add(label, sizeof label, &at, "\n%s", s->node, 0);
         /* the value it makes */
         if (s->n_out > 0) {

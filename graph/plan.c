@@ -213,9 +213,17 @@ static void print_clip(const ebb_plan *p, FILE *f) {
             p->clip_grad_norm, pb, ub, cost < 0 ? "less by " : "+", cb);
 }
 
-void ebb_plan_print(const ebb_plan *p, FILE *f) {
+void ebb_plan_print(const ebb_plan *p, FILE *f) { ebb_plan_print_ex(p, f, NULL, NULL); }
+
+void ebb_plan_print_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn label, void *user) {
     if (!p || !f)
         return;
+    /* the spec column only where some step has a label */
+    int labeled = 0;
+    for (int i = 0; label && i < p->n_steps && !labeled; i++)
+        labeled = label(user, p->steps[i].pub.node) != NULL;
+    if (!labeled)
+        label = NULL;
     fprintf(f, "plan %s%s\n", p->name, p->keep_all ? " (keep_all)" : "");
     for (int i = 0; i < p->n_inputs; i++) {
         const ebb_plan_value *v = &p->values[p->inputs[i]];
@@ -228,8 +236,8 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
     for (int i = 0; i < p->n_steps; i++)
         if ((int)strlen(p->steps[i].pub.op) > opw)
             opw = (int)strlen(p->steps[i].pub.op);
-    fprintf(f, "%4s  %-*s %-28s %-14s %-10s %-16s %-18s %s\n", "step", opw, "op", "node", "in", "out",
-            "shape", "frees", "live");
+    fprintf(f, "%4s  %-*s %-28s %-14s %-10s %-16s %-18s %s%s\n", "step", opw, "op", "node", "in",
+            "out", "shape", "frees", label ? "live        " : "live", label ? "spec" : "");
     for (int i = 0; i < p->n_steps; i++) {
         const ebb_plan_step *s = &p->steps[i].pub;
         char in[128], out[64], frees[256], shape[128] = "-", jf[192];
@@ -244,6 +252,11 @@ void ebb_plan_print(const ebb_plan *p, FILE *f) {
         }
         fprintf(f, "%4d  %-*s %-28s %-14s %-10s %-16s %-18s %lld", i, opw, s->op, s->node, in, out,
                 shape, frees, (long long)s->live_bytes);
+        if (label) { /* the spec column, 12 characters after the live column starts */
+            const char *l = label(user, s->node);
+            int w = snprintf(NULL, 0, "%lld", (long long)s->live_bytes);
+            fprintf(f, "%*s%s", w < 10 ? 12 - w : 2, "", l ? l : "-");
+        }
         if (s->jump >= 0) {
             slots_text(p, jf, sizeof jf, s->jump_frees, s->n_jump_frees);
             fprintf(f, "  jump %d, frees %s", s->jump, jf);

@@ -2711,6 +2711,14 @@ int ebb_spec_locate(const ebb_spec *s, const char *node_path, int *line, int *co
     return 0;
 }
 
+const char *ebb_spec_node_label(void *spec, const char *node_path) {
+    const char *key = NULL;
+    if (!spec || !node_path || !ebb_spec_locate(spec, node_path, NULL, NULL, &key) || !key)
+        return NULL;
+    static const char prefix[] = "blocks.";
+    return strncmp(key, prefix, sizeof prefix - 1) == 0 ? key + sizeof prefix - 1 : NULL;
+}
+
 /* ebb_spec_annotate_error(), with locs[skip] left out (-1: none). */
 static ebb_status annotate(const ebb_spec *s, ebb_status status, int skip) {
     if (!s || status == EBB_OK)

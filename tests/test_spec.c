@@ -1917,6 +1917,54 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* Plans, DOT and charts name a block's nodes by the block and their place in
+ * it, beside their paths; a node of the flow keeps its path alone, and a
+ * listing with no block nodes is the plain one. */
+static void test_node_labels(void **state) {
+    (void)state;
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load(&s, SPECS_DIR "/transformer_encoder.yaml"));
+    assert_string_equal(ebb_spec_node_label(s, "flow.1.0.2.also.3"), "feedforward[3]");
+    assert_string_equal(ebb_spec_node_label(s, "flow.1.1.0.also.0"), "attention[0]");
+    assert_string_equal(ebb_spec_node_label(s, "flow.1.0.1"), "encoder_layer[1]");
+    assert_null(ebb_spec_node_label(s, "embed"));
+    assert_null(ebb_spec_node_label(s, "flow.9"));
+    assert_null(ebb_spec_node_label(NULL, "flow.1.0.1"));
+    ebb_plan *p = NULL;
+    assert_ok(ebb_spec_compile(&p, s, NULL));
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    ebb_plan_print_ex(p, f, ebb_spec_node_label, s);
+    fclose(f);
+    assert_non_null(strstr(text, " spec\n"));
+    assert_non_null(strstr(text, "flow.1.0.2.also.3"));
+    assert_non_null(strstr(text, "feedforward[3]\n"));
+    free(text);
+    f = open_memstream(&text, &len);
+    assert_non_null(f);
+    ebb_plan_write_dot_ex(p, f, ebb_spec_node_label, s);
+    fclose(f);
+    assert_non_null(strstr(text, "feedforward[3]"));
+    free(text);
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+
+    assert_ok(ebb_spec_load(&s, SPECS_DIR "/mlp.yaml"));
+    assert_ok(ebb_spec_compile(&p, s, NULL));
+    char *plain = plan_listing(p);
+    f = open_memstream(&text, &len);
+    assert_non_null(f);
+    ebb_plan_print_ex(p, f, ebb_spec_node_label, s);
+    fclose(f);
+    assert_string_equal(text, plain);
+    free(text);
+    free(plain);
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+}
+
 int main(void) {
     static const struct CMUnitTest fixed[] = {
         EBB_TEST(test_every_spec_has_a_twin),
@@ -1943,6 +1991,7 @@ int main(void) {
         EBB_TEST(test_param_arithmetic_errors),
         EBB_TEST(test_merge_by_node),
         EBB_TEST(test_share),
+        EBB_TEST(test_node_labels),
     };
     int n_fixed = (int)(sizeof fixed / sizeof fixed[0]);
 

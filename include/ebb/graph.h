@@ -265,6 +265,12 @@ EBB_API int ebb_graph_step_count(const ebb_graph *g);
  * switch as diamonds with branches in clusters, loop bodies as clusters with
  * their back edge, `using` reads as dashed edges. NULL g or f: writes nothing. */
 EBB_API void ebb_graph_write_dot(const ebb_graph *g, FILE *f);
+/* ebb_graph_write_dot() naming each op node by label(user, path) where that
+ * is not NULL (a spec's block and place, ebb_spec_node_label()), instead of
+ * its path. The callback's type is plan.h's ebb_node_label_fn. */
+EBB_API void ebb_graph_write_dot_ex(const ebb_graph *g, FILE *f,
+                                    const char *(*label)(void *user, const char *node),
+                                    void *user);
 
 #ifdef __cplusplus
 }

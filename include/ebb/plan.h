@@ -270,6 +270,16 @@ EBB_API const ebb_param_spec *ebb_plan_param_at(const ebb_plan *p, int i, const 
  * output, shape, values freed, predicted live bytes), then a summary. NULL p
  * or f: writes nothing. */
 EBB_API void ebb_plan_print(const ebb_plan *p, FILE *f);
+
+/* How the writers name a node for a reader, beside its path: given a node
+ * path as plans name nodes ("flow.1.0.2.also.3"), a label for it (where a
+ * spec declared it: "feedforward[3]", see ebb_spec_node_label()), or NULL
+ * for none. The string must live until the writer returns. */
+typedef const char *(*ebb_node_label_fn)(void *user, const char *node);
+
+/* ebb_plan_print() with each step's label (label(user, node), when not
+ * NULL) in a last column, `spec`. */
+EBB_API void ebb_plan_print_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn label, void *user);
 /* Writes the plan as one JSON object (the `ebb plan --json` format of
  * docs/cli.md: name, inputs, outputs, params, values, steps, peaks). NULL p
  * or f: writes nothing. */
@@ -280,6 +290,10 @@ EBB_API void ebb_plan_write_json(const ebb_plan *p, FILE *f);
  * a short way apart in one column; a value read from further away is named
  * on its reader ("reads v3 from 2"). NULL p or f: writes nothing. */
 EBB_API void ebb_plan_write_dot(const ebb_plan *p, FILE *f);
+/* ebb_plan_write_dot() naming each step by its label, where it has one,
+ * instead of its node path. */
+EBB_API void ebb_plan_write_dot_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn label,
+                                   void *user);
 
 /* One executed step of a run as measured: a line of `ebb run --trace`
  * (ebb_trace_event holds the same figures). */
@@ -312,6 +326,10 @@ typedef struct ebb_chart_trace {
  * shows what it is (SVG <title>). NULL p or f, or a sample naming a step
  * the plan lacks: EBB_ERR_ARG; a failed write: EBB_ERR_IO. */
 EBB_API ebb_status ebb_plan_chart_svg(const ebb_plan *p, const ebb_chart_trace *trace, FILE *f);
+/* ebb_plan_chart_svg() with each step's label, where it has one, beside its
+ * node path in what hovering shows. */
+EBB_API ebb_status ebb_plan_chart_svg_ex(const ebb_plan *p, const ebb_chart_trace *trace, FILE *f,
+                                         ebb_node_label_fn label, void *user);
 
 /* The value's id in listings, JSON and traces: an input's name, else "vN",
  * written into buf (NUL-terminated). NULL p or slot out of range: "". */

@@ -173,6 +173,15 @@ EBB_API ebb_status ebb_spec_annotate_error(const ebb_spec *s, ebb_status status)
 EBB_API int ebb_spec_locate(const ebb_spec *s, const char *node_path, int *line, int *col,
                     const char **key_path);
 
+/* The name a spec gives the node at `node_path` where the path alone does
+ * not say it: for a node of a block, the block and its place there
+ * ("feedforward[3]", "block[0].also[2]"); NULL for a node of the flow
+ * itself (its path reads as the spec does) or one the spec does not have.
+ * Valid while the spec lives. Its signature is ebb_node_label_fn's, with
+ * the spec as `user`, so the writers take it as it is:
+ *     ebb_plan_print_ex(plan, stdout, ebb_spec_node_label, spec); */
+EBB_API const char *ebb_spec_node_label(void *spec, const char *node_path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -217,7 +217,8 @@ int ebb_cli_chart(int argc, char **argv) {
     if (!rc && o.out_file && ebb_file_begin(&w, o.out_file, "-o") != EBB_OK)
         rc = fail_write();
     if (!rc) {
-        st = ebb_plan_chart_svg(p, o.trace ? &tr : NULL, w ? ebb_file_stream(w) : stdout);
+        st = ebb_plan_chart_svg_ex(p, o.trace ? &tr : NULL, w ? ebb_file_stream(w) : stdout,
+                                   ebb_spec_node_label, s);
         /* a write error on stdout is finish_stdout's to report (quietly for
          * a reader that went away); on a file, the writer's commit says it */
         if (st != EBB_OK && st != EBB_ERR_IO)

@@ -65,7 +65,7 @@ int ebb_cli_plan(int argc, char **argv) {
         if (o.json)
             ebb_plan_write_json(p, stdout);
         else
-            ebb_plan_print(p, stdout);
+            ebb_plan_print_ex(p, stdout, ebb_spec_node_label, s);
         if (o.memory && !o.json)
             memory_chart(p);
     }
