@@ -71,6 +71,7 @@ enum {
     OPT_MEMORY_BUDGET,
     OPT_CLIP_GRAD_NORM,
     OPT_CLIP_GRAD_VALUE,
+    OPT_NO_DECAY,
     OPT_BATCH,
 };
 
@@ -83,15 +84,18 @@ enum {
     {"train", no_argument, NULL, OPT_TRAIN}, {"loss", required_argument, NULL, OPT_LOSS},          \
         {"optimizer", required_argument, NULL, OPT_OPTIMIZER},                                     \
         {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},                             \
-        {"clip-grad-norm", required_argument, NULL, OPT_CLIP_GRAD_NORM}, {                         \
-        "clip-grad-value", required_argument, NULL, OPT_CLIP_GRAD_VALUE                            \
+        {"clip-grad-norm", required_argument, NULL, OPT_CLIP_GRAD_NORM},                           \
+        {"clip-grad-value", required_argument, NULL, OPT_CLIP_GRAD_VALUE}, {                       \
+        "no-decay", required_argument, NULL, OPT_NO_DECAY                                          \
     }
 #define CLIP_HELP                                                                                  \
     "  --clip-grad-norm X with --train: scale the gradients to a global L2 norm of at\n"           \
     "                     most X (the updates wait for every gradient; the listing says\n"        \
     "                     what that costs)\n"                                                      \
     "  --clip-grad-value X\n"                                                                      \
-    "                     with --train: clamp each gradient to [-X, X] in its update\n"
+    "                     with --train: clamp each gradient to [-X, X] in its update\n"           \
+    "  --no-decay PATTERN with --train: the parameters whose full name matches update\n"         \
+    "                     without weight decay ('*.bias'; repeatable)\n"
 
 #define COMMON_OPTIONS                                                                             \
     {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, OPT_COMPLETION }
@@ -120,6 +124,8 @@ typedef struct options {
     const char *loss, *optimizer, *grads;
     int64_t memory_budget; /* 0: none */
     double clip_norm, clip_value; /* --clip-grad-norm, --clip-grad-value; 0: none */
+    const char *no_decay[16];     /* --no-decay PATTERN */
+    int n_no_decay;
     uint64_t batch;               /* --batch; 0: not given */
 } options;
 

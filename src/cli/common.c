@@ -313,6 +313,14 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
             *(opt == OPT_CLIP_GRAD_NORM ? &o->clip_norm : &o->clip_value) = v;
             break;
         }
+        case OPT_NO_DECAY:
+            if (o->n_no_decay == (int)(sizeof o->no_decay / sizeof *o->no_decay))
+                return ebb_cli_usage_error(usage, "%s", "too many --no-decay options");
+            if (strchr(val, ','))
+                return ebb_cli_usage_error(usage, "--no-decay %s: one pattern each, no comma",
+                                           val);
+            o->no_decay[o->n_no_decay++] = val;
+            break;
         case OPT_GRADS: slot = &o->grads; break;
         case OPT_MEMORY_BUDGET:
             if (!strcmp(val, "least"))
@@ -843,7 +851,8 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
     *t = (ebb_train_options){.target_shapes = shapes, .n_target_shapes = n,
                              .target_dtypes = dtypes, .loss = o->loss,
                              .grads_only = o->grads_only, .clip_grad_norm = o->clip_norm,
-                             .clip_grad_value = o->clip_value};
+                             .clip_grad_value = o->clip_value, .no_decay = o->no_decay,
+                             .n_no_decay = o->n_no_decay};
     t->optimizer.kind = EBB_ADAMW;
     if (o->optimizer) /* checked when the options were read */
         ebb_optimizer_kind_parse(&t->optimizer.kind, o->optimizer);

@@ -4,7 +4,8 @@
 
 const char ebb_cli_usage_dot[] =
     "usage: ebb dot SPEC [--plan [--train [--loss NAME] [--optimizer KIND]\n"
-    "               [--clip-grad-norm X] [--clip-grad-value X]] [--memory-budget SIZE]]\n"
+    "               [--clip-grad-norm X] [--clip-grad-value X] [--no-decay PATTERN]...]\n"
+    "               [--memory-budget SIZE]]\n"
     "               [-i NAME=DIMS]... [-p PARAM=N]... [-o FILE]\n"
     "\n"
     "  -i NAME=DIMS       with --plan: input shape, or SYMBOL=N\n"
