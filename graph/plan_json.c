@@ -101,8 +101,18 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
         fputs(", \"shape\": ", f);
         shape_json(f, &pp->spec.shape);
         ebb_dtype dt = pp->spec.counter ? EBB_INT64 : p->dtype;
-        fprintf(f, ", \"dtype\": \"%s\", \"bytes\": %lld}", ebb_dtype_name(dt),
+        fprintf(f, ", \"dtype\": \"%s\", \"bytes\": %lld", ebb_dtype_name(dt),
                 (long long)(ebb_shape_numel(&pp->spec.shape) * (int64_t)ebb_dtype_size(dt)));
+        if (pp->n_aliases) { /* the names tied nodes give it (ebb_node_share) */
+            fputs(", \"aliases\": [", f);
+            for (int k = 0; k < pp->n_aliases; k++) {
+                if (k)
+                    fputs(", ", f);
+                ebb_json_string(f, pp->aliases[k]);
+            }
+            fputc(']', f);
+        }
+        fputc('}', f);
     }
     fputs("],\n \"values\": [", f);
     for (int v = 0; v < p->n_values; v++) {

@@ -64,6 +64,7 @@
  * The parity "mlp" has a dropout (p 0.1); ebb draws its masks from its own
  * seed, which PyTorch cannot follow, so both sides run it with p 0. */
 
+#define _POSIX_C_SOURCE 200809L /* open_memstream, getpid */
 #include <math.h>
 
 #include <unistd.h>
@@ -967,6 +968,17 @@ static void test_tied_weights(void **state) {
     assert_ptr_equal(ebb_model_param(m, "lm_head.weight"), wte);
     for (int i = 0; i < ebb_model_param_count(m); i++)
         assert_string_not_equal(ebb_model_param_name(m, i), "lm_head.weight");
+    /* the plan's JSON names the tied key beside the parameter */
+    char *json = NULL;
+    size_t json_len = 0;
+    FILE *jf = open_memstream(&json, &json_len);
+    assert_non_null(jf);
+    ebb_plan_write_json(plan, jf);
+    fclose(jf);
+    assert_non_null(strstr(json, "\"name\": \"transformer.wte.weight\", \"shape\": [64, 32], "
+                                 "\"dtype\": \"float32\", \"bytes\": 8192, "
+                                 "\"aliases\": [\"lm_head.weight\"]}"));
+    free(json);
 
     /* the state_dict's keys: the fixture's tensors but x, y, loss and grad.* */
     const char *names[64];
