@@ -205,7 +205,7 @@ int fail_write(void) {
     return EXIT_RUNTIME;
 }
 
-static int parse_u64(const char *s, uint64_t *out) {
+int ebb_cli_parse_u64(const char *s, uint64_t *out) {
     char *end = NULL;
     errno = 0;
     unsigned long long v = strtoull(s, &end, 10);
@@ -331,14 +331,14 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
                                    val);
             break;
         case OPT_BATCH:
-            if (parse_u64(val, &o->batch) != 0 || o->batch == 0 || o->batch > 1000000000)
+            if (ebb_cli_parse_u64(val, &o->batch) != 0 || o->batch == 0 || o->batch > 1000000000)
                 return ebb_cli_usage_error(usage, "%s", "--batch needs a positive integer");
             break;
         case OPT_SEED:
         case OPT_REPEAT: {
             uint64_t v;
             const char *n = opt == OPT_SEED ? "--seed" : "--repeat";
-            if (parse_u64(val, &v) != 0)
+            if (ebb_cli_parse_u64(val, &v) != 0)
                 return ebb_cli_usage_error(usage, "%s needs a non-negative integer", n);
             if (opt == OPT_SEED)
                 o->seed = v;

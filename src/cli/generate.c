@@ -151,12 +151,10 @@ static int parse(int argc, char **argv, gen_opts *o) {
                 return ebb_cli_usage_error(usage, "%s", "--block needs a positive integer");
             break;
         case G_SEED: {
-            char *end = NULL;
-            errno = 0;
-            unsigned long long s = strtoull(v, &end, 10);
-            if (!*v || *end || errno || *v == '-')
+            uint64_t seed = 0;
+            if (ebb_cli_parse_u64(v, &seed) != 0)
                 return ebb_cli_usage_error(usage, "%s", "--seed needs a non-negative integer");
-            o->seed = s;
+            o->seed = seed;
             break;
         }
         case G_TEMPERATURE: {

@@ -27,6 +27,9 @@ int ebb_cli_unknown_option(const char *usage, const struct option *longs, const 
  * option loop: ':' (an option without its value) or '?' (an unknown one,
  * with the nearest long option suggested). */
 int ebb_cli_getopt_error(const char *usage, const struct option *longs, char **argv, int c);
+/* A non-negative decimal integer (a seed, a count) into *out: 0, or -1 for
+ * anything else (a sign, trailing text, overflow). */
+int ebb_cli_parse_u64(const char *s, uint64_t *out);
 /* Prints ebb_errmsg(); returns exit 1 when the status says the input was at
  * fault (spec, shape, argument, file), else 3, a runtime failure. */
 int ebb_cli_fail_status(ebb_status st);
