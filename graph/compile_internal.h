@@ -110,7 +110,13 @@ void ebb_pass_in_place(compiler *c);
 /* graph/predict.c: live bytes after every step and the peak, counted per
  * alias class. With `no_frees`, nothing is released (the keep_all figure);
  * `granule` rounds every block up (CUDA's 512). Writes the per-step figures
- * only for the exact CPU count (no_frees 0, granule 0). Returns -1 on OOM. */
+ * for the exact CPU count (no_frees 0, granule 0: ebb_plan_step.peak_bytes
+ * and live_bytes) and for CUDA's (granule 512: plan_step.cuda_peak_bytes).
+ * Returns -1 on OOM. */
 int64_t ebb_pass_predict(compiler *c, int no_frees, int64_t granule, int *peak_step);
+/* graph/measure.c: on a CUDA device, each step whose CUDA scratch its op
+ * can only guess (workspace_cuda_is_bound) is run once there on zeros, and
+ * what it took becomes its plan_step.workspace_cuda. */
+int ebb_pass_measure_cuda(compiler *c, ebb_device dev);
 
 #endif

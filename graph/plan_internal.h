@@ -13,6 +13,7 @@ typedef struct plan_step {
     int64_t workspace; /* scratch bytes the op allocates inside the call */
     int64_t workspace_cuda; /* on CUDA, in allocator blocks, when has_workspace_cuda */
     int has_workspace_cuda;
+    int64_t cuda_peak_bytes; /* pub.peak_bytes as CUDA's allocator counts it */
     int param[EBB_MAX_PARAMS]; /* indices into the plan's parameter table, n_params of them */
     int n_params;
     ebb_route_mode mode; /* ROUTE, ENTER, EXIT */

@@ -219,7 +219,8 @@ int64_t ebb_pass_predict(compiler *c, int no_frees, int64_t granule, int *peak_s
     }
     for (int v = 0; v < nv; v++)
         w.cls[v] = -1;
-    int record = !no_frees && !granule;
+    /* per-step figures: the exact CPU count, and the CUDA one (blocks) */
+    int record = !no_frees && !granule, record_cuda = granule == 512;
     int64_t peak = 0, walked = 0;
     int at = 0;
     for (int i = 0; i < n;) {
@@ -252,6 +253,10 @@ int64_t ebb_pass_predict(compiler *c, int no_frees, int64_t granule, int *peak_s
                 s->pub.peak_bytes = during;
             if (!seen[i] || w.live > s->pub.live_bytes)
                 s->pub.live_bytes = w.live;
+            seen[i] = 1;
+        } else if (record_cuda) {
+            if (!seen[i] || during > s->cuda_peak_bytes)
+                s->cuda_peak_bytes = during;
             seen[i] = 1;
         }
         i = jump ? s->pub.jump : i + 1;

@@ -121,6 +121,54 @@ ebb_status ebb_plan_capture(ebb_capture **out, const ebb_plan *plan, const ebb_m
     return EBB_OK;
 }
 
+/* An integer attribute of a step, or dflt when it is not set. */
+static int64_t step_attr_int(const plan_step *s, const char *name, int64_t dflt) {
+    for (int a = 0; a < s->op->n_attrs; a++)
+        if (strcmp(s->op->attrs[a].name, name) == 0 && s->attrs[a].set)
+            return s->attrs[a].i;
+    return dflt;
+}
+
+/* A graph cannot read a value back, so the indices that the caller feeds
+ * to a loss (class targets) or to an embedding (token ids) are checked
+ * here, before each replay: CUDA's kernels assert on one out of range,
+ * which ends the process's use of the device. */
+static ebb_status check_fed_indices(const ebb_capture *c, const char *fn) {
+    const ebb_plan *p = c->plan;
+    int first_target = p->n_inputs - p->n_targets;
+    for (int i = 0; i < p->n_steps; i++) {
+        const plan_step *s = &p->steps[i];
+        if (s->pub.kind != EBB_STEP_OP)
+            continue;
+        int loss = s->pub.n_in >= 2 && (strcmp(s->op->name, "cross_entropy") == 0 ||
+                                        strcmp(s->op->name, "nll") == 0);
+        int lookup = s->pub.n_in >= 1 && strcmp(s->op->name, "embedding") == 0;
+        if (!loss && !lookup)
+            continue;
+        int value = loss ? s->pub.in[1] : s->pub.in[0], fed = -1;
+        for (int k = 0; k < p->n_inputs; k++)
+            if (p->inputs[k] == value)
+                fed = k;
+        if (fed < 0)
+            continue; /* computed inside the graph, not fed by the caller */
+        ebb_status st;
+        if (loss) {
+            const ebb_shape *x = &p->values[s->pub.in[0]].shape;
+            int64_t classes = x->ndim == 1 ? x->dim[0] : x->dim[1];
+            st = ebb_tensor_check_class_range(c->in[fed], classes,
+                                              step_attr_int(s, "ignore_index", -100));
+        } else {
+            st = ebb_tensor_check_index_range(c->in[fed], step_attr_int(s, "num", 0));
+        }
+        if (st != EBB_OK)
+            return ebb_error_prefix("%s: %s %d (step %d, %s)", fn,
+                                    fed < first_target ? "input" : "target",
+                                    fed < first_target ? fed : fed - first_target, i,
+                                    s->pub.node);
+    }
+    return EBB_OK;
+}
+
 /* Copies new values into the graph's input buffers [first, first + n),
  * refusing a shape or dtype other than the capture's. */
 static ebb_status fill_inputs(ebb_capture *c, int first, int n, ebb_tensor *const *values,
@@ -152,6 +200,8 @@ ebb_status ebb_capture_replay(ebb_capture *c, ebb_tensor *const *inputs, ebb_ten
                                           "training step; replay it with ebb_capture_train_step()",
                              c->plan->name);
     ebb_status st = fill_inputs(c, 0, c->n_in, inputs, "ebb_capture_replay", "input");
+    if (st == EBB_OK)
+        st = check_fed_indices(c, "ebb_capture_replay");
     if (st != EBB_OK)
         return st;
     st = ebb_cuda_graph_replay(c->graph, NULL);
@@ -220,37 +270,6 @@ static ebb_status map_draws(ebb_capture *c, uint64_t run_seed) {
                                  "ebb_train_capture: random draw %d of plan %s comes from no "
                                  "step's seed",
                                  d, c->plan->name);
-    }
-    return EBB_OK;
-}
-
-/* A graph cannot read a value back, so the class indices that a loss
- * takes from the targets are checked here, before each replay: CUDA's
- * loss kernels assert on one out of range, which ends the process's use
- * of the device. */
-static ebb_status check_class_targets(const ebb_capture *c, const char *fn) {
-    const ebb_plan *p = c->plan;
-    int first_target = p->n_inputs - p->n_targets;
-    for (int i = 0; i < p->n_steps; i++) {
-        const plan_step *s = &p->steps[i];
-        if (s->pub.kind != EBB_STEP_OP || s->pub.n_in < 2 ||
-            (strcmp(s->op->name, "cross_entropy") != 0 && strcmp(s->op->name, "nll") != 0))
-            continue;
-        int target = -1;
-        for (int k = first_target; k < p->n_inputs; k++)
-            if (p->inputs[k] == s->pub.in[1])
-                target = k;
-        if (target < 0)
-            continue; /* not a target the caller feeds */
-        const ebb_shape *x = &p->values[s->pub.in[0]].shape;
-        int64_t classes = x->ndim == 1 ? x->dim[0] : x->dim[1], ignore = -100;
-        for (int a = 0; a < s->op->n_attrs; a++)
-            if (strcmp(s->op->attrs[a].name, "ignore_index") == 0 && s->attrs[a].set)
-                ignore = s->attrs[a].i;
-        ebb_status st = ebb_tensor_check_class_range(c->in[target], classes, ignore);
-        if (st != EBB_OK)
-            return ebb_error_prefix("%s: target %d (step %d, %s)", fn, target - first_target, i,
-                                    s->pub.node);
     }
     return EBB_OK;
 }
@@ -345,7 +364,7 @@ ebb_status ebb_capture_train_step(ebb_capture *c, ebb_tensor *const *inputs,
     if (st == EBB_OK)
         st = fill_inputs(c, n_x, c->plan->n_targets, targets, fn, "target");
     if (st == EBB_OK)
-        st = check_class_targets(c, fn);
+        st = check_fed_indices(c, fn);
     if (st == EBB_OK)
         st = ebb_optimizer_hyper_fill(c->opt);
     if (st != EBB_OK)

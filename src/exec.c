@@ -761,7 +761,10 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
             ebb_device_synchronize(dev);
             ebb_trace_event ev = {.step = pc, .info = &s->pub, .freed = freed, .n_freed = n_freed,
                                   .jumped = jump, .live_bytes = ebb_memory_current(dev) - r.base,
-                                  .peak_bytes = -1, .seconds = now_seconds() - step_t0};
+                                  .peak_bytes = -1, .seconds = now_seconds() - step_t0,
+                                  .planned_peak_bytes = dev.type == EBB_DEVICE_CUDA
+                                                            ? s->cuda_peak_bytes
+                                                            : s->pub.peak_bytes};
             if (ebb_memory_stats_get(dev, &ms) == EBB_OK)
                 ev.peak_bytes = ms.peak_bytes - r.base;
             if (ev.peak_bytes > run_peak)

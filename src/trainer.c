@@ -216,7 +216,8 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
     ebb_status st = batch_shapes(f, batch, in, optim ? tg : NULL);
     if (st != EBB_OK) return st;
     ebb_train_options to = {0};
-    ebb_compile_options co = {.input_shapes = in, .n_input_shapes = f->n_in};
+    ebb_compile_options co = {.input_shapes = in, .n_input_shapes = f->n_in,
+                              .device = o->device};
     const char **trained = NULL;
     int n_trained = 0;
     if (optim && o->n_freeze > 0) {

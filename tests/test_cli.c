@@ -2787,15 +2787,15 @@ static void test_train_and_eval(void **state) {
 
     /* 3 epochs of 6 steps, every line JSON; the loss falls epoch by epoch */
     cli_result r;
-    /* the trace compares every step with its plan, which is exact with one
-     * intra-op thread: libtorch's CPU kernels may take per-thread scratch
+    /* the trace compares every step with its plan on the CPU (the default
+     * is CUDA where there is one), which is exact with one intra-op thread: libtorch's CPU kernels may take per-thread scratch
      * (384 B more in a linear step with 16 threads) */
     const char *threads = getenv("OMP_NUM_THREADS");
     char *saved_threads = threads ? strdup(threads) : NULL;
     assert_int_equal(setenv("OMP_NUM_THREADS", "1", 1), 0);
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--eval-data", data, "--steps", "18",
         "--batch", "16", "--lr", "0.01", "--json", "--log-every", "6", "--save-weights", wa,
-        "--curve", curve, "--trace", trace);
+        "--curve", curve, "--trace", trace, "--device", "cpu");
     if (saved_threads)
         assert_int_equal(setenv("OMP_NUM_THREADS", saved_threads, 1), 0);
     else
@@ -2907,7 +2907,8 @@ static void test_train_and_eval(void **state) {
      * the first 7 under the least memory budget, recomputing activations,
      * which changes no bit of the updates */
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "7", "--batch", "16", "--lr",
-        "0.01", "--checkpoint-every", "7", "--checkpoint", ck, "--memory-budget", "least");
+        "0.01", "--checkpoint-every", "7", "--checkpoint", ck, "--memory-budget", "least",
+        "--device", "cpu");
     expect_code(&r, 0);
     const char *mb = strstr(r.out, "memory budget least: ");
     int n_recomputed = 0;
@@ -2918,7 +2919,7 @@ static void test_train_and_eval(void **state) {
         fail_msg("`%s` printed no recomputation:\n%s", r.cmd, r.out);
     cli_free(&r);
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "18", "--resume", ck,
-        "--save-weights", wb, "--trace", trace, "--trace-step", "10");
+        "--save-weights", wb, "--trace", trace, "--trace-step", "10", "--device", "cpu");
     expect_code(&r, 0);
     expect_contains("stdout", &r, r.out, "resumed from");
     char said[2 * PATH_MAX + 200];

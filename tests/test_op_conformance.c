@@ -448,7 +448,7 @@ static ebb_tensor *run_checked(report *r, const char *what, const ebb_graph *g,
                                ebb_dtype dt, int keep_all, int exact, ebb_tensor **in,
                                ebb_plan **plan_out) {
     ebb_compile_options o = {.input_shapes = shapes, .n_input_shapes = n_in, .dtype = dt,
-                             .input_dtypes = dtypes, .keep_all = keep_all};
+                             .input_dtypes = dtypes, .keep_all = keep_all, .device = DEV};
     ebb_plan *p = NULL;
     ebb_model *m = NULL;
     ebb_tensor *y = NULL;

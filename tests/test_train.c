@@ -1929,6 +1929,131 @@ done:
     ebb_spec_free(spec);
 }
 
+/* A language model's plan (token ids into an embedding, a causal
+ * attention, logits per token) captured whole, forward and training step:
+ * the replays equal the eager runs, and a token id outside the vocabulary
+ * is refused before the graph runs, as the embedding's own check cannot
+ * read the ids back inside a graph. On the CPU, the refusal. */
+static const char LM_YAML[] = "ebb: 1\n"
+                              "name: tiny_lm\n"
+                              "inputs:\n"
+                              "  idx: {shape: [batch, seq], dtype: int64}\n"
+                              "targets:\n"
+                              "  y: {shape: [batch, seq], dtype: int64}\n"
+                              "loss: cross_entropy\n"
+                              "flow:\n"
+                              "  - from: {embedding: {num: 16, dim: 8, name: wte}}\n"
+                              "  - tag: tok\n"
+                              "  - positions\n"
+                              "  - {embedding: {num: 6, dim: 8, name: wpe}}\n"
+                              "  - {through: add, using: [tok]}\n"
+                              "  - {multi_head_attention: {num_heads: 2, causal: true}}\n"
+                              "  - {linear: {out: 16, name: head}}\n";
+
+static void test_capture_token_ids(void **state) {
+    (void)state;
+    ebb_device dev = ebb_test_device();
+    ebb_spec *spec = NULL;
+    assert_ok(ebb_spec_load_string(&spec, LM_YAML, strlen(LM_YAML), "tiny_lm"));
+    enum { B = 3, T = 6, N_STEPS = 3 };
+    ebb_shape xs = {2, {B, T}};
+    ebb_optimizer_options oo = ebb_optimizer_defaults(EBB_ADAMW, 1e-2);
+    ebb_train_options t = {.target_shapes = &xs, .n_target_shapes = 1, .optimizer = oo};
+    ebb_compile_options io = {.input_shapes = &xs, .n_input_shapes = 1};
+    ebb_compile_options co = io;
+    co.train = &t;
+    ebb_plan *inference = NULL, *plan = NULL;
+    assert_ok(ebb_spec_compile(&inference, spec, &io));
+    assert_ok(ebb_spec_compile(&plan, spec, &co));
+    ebb_tensor *x[N_STEPS], *y[N_STEPS], *bad = NULL;
+    for (int k = 0; k <= N_STEPS; k++) {
+        ebb_tensor *u = NULL, *v = NULL, *xc = NULL, *yc = NULL;
+        /* the last: one id past the vocabulary */
+        double hi = k == N_STEPS ? 16.0 : 15.999;
+        assert_ok(ebb_tensor_uniform(&u, &xs, k == N_STEPS ? 16.0 : 0.0, hi, EBB_FLOAT64, CPU,
+                                     300 + k));
+        assert_ok(ebb_tensor_uniform(&v, &xs, 0.0, 15.999, EBB_FLOAT64, CPU, 400 + k));
+        assert_ok(ebb_tensor_cast(&xc, u, EBB_INT64));
+        assert_ok(ebb_tensor_cast(&yc, v, EBB_INT64));
+        if (k < N_STEPS) {
+            assert_ok(ebb_tensor_to(&x[k], xc, dev, EBB_INT64));
+            assert_ok(ebb_tensor_to(&y[k], yc, dev, EBB_INT64));
+        } else {
+            assert_ok(ebb_tensor_to(&bad, xc, dev, EBB_INT64));
+        }
+        ebb_tensor_free(u);
+        ebb_tensor_free(v);
+        ebb_tensor_free(xc);
+        ebb_tensor_free(yc);
+    }
+    /* the eager forward refuses the bad ids itself */
+    ebb_model *m = NULL;
+    assert_ok(ebb_model_new(&m, inference, dev, 7));
+    ebb_tensor *want = NULL, *got = NULL;
+    assert_int_equal(ebb_run(inference, m, &bad, &want, NULL), EBB_ERR_ARG);
+    assert_errmsg_contains("index 16 in indices [3, 6] is out of range for 16 embeddings");
+    assert_null(want);
+    assert_ok(ebb_run(inference, m, x, &want, NULL));
+    ebb_capture *cap = NULL;
+    captured_run eager, graph;
+    captured_run_open(&eager, plan, dev, &oo);
+    captured_run_open(&graph, plan, dev, &oo);
+    if (dev.type == EBB_DEVICE_CPU) {
+        assert_int_equal(ebb_plan_capture(&cap, inference, m, x), EBB_ERR_UNSUPPORTED);
+        assert_errmsg_contains("need a CUDA device");
+        assert_null(cap);
+        goto done;
+    }
+
+    /* the forward */
+    ebb_status st = ebb_plan_capture(&cap, inference, m, x);
+    if (st != EBB_OK)
+        fail_msg("ebb_plan_capture: %s: %s", ebb_status_name(st), ebb_errmsg());
+    assert_ok(ebb_capture_replay(cap, x, &got));
+    double d = -1;
+    assert_ok(ebb_tensor_max_abs_diff(got, want, &d));
+    assert_true(d == 0.0);
+    ebb_tensor_free(got);
+    got = NULL;
+    assert_int_equal(ebb_capture_replay(cap, &bad, &got), EBB_ERR_ARG);
+    assert_errmsg_contains("ebb_capture_replay: input 0 (step 0, flow.0.from)");
+    assert_errmsg_contains("index 16 in indices [3, 6] is out of range for 16 embeddings");
+    assert_null(got);
+    ebb_capture_free(cap);
+    cap = NULL;
+
+    /* the training step */
+    st = ebb_train_capture(&cap, plan, graph.model, graph.opt, x, y, 0);
+    if (st != EBB_OK)
+        fail_msg("ebb_train_capture: %s: %s", ebb_status_name(st), ebb_errmsg());
+    ebb_run_options ro = {.seed = 0};
+    for (int k = 0; k < N_STEPS; k++) {
+        double le = 0, lg = 0;
+        assert_ok(ebb_train_step_ex(plan, eager.model, eager.opt, &x[k], &y[k], &le, &ro, NULL));
+        assert_ok(ebb_capture_train_step(cap, &x[k], &y[k], &lg));
+        assert_true(rel_scalar(lg, le) <= 1e-5);
+    }
+    assert_true(models_rel_diff(graph.model, eager.model) <= 1e-5);
+    assert_int_equal(ebb_capture_train_step(cap, &bad, &y[0], NULL), EBB_ERR_ARG);
+    assert_errmsg_contains("index 16");
+    assert_int_equal(ebb_optimizer_step_count(graph.opt), N_STEPS);
+    ebb_capture_free(cap);
+
+done:
+    captured_run_close(&eager);
+    captured_run_close(&graph);
+    for (int k = 0; k < N_STEPS; k++) {
+        ebb_tensor_free(x[k]);
+        ebb_tensor_free(y[k]);
+    }
+    ebb_tensor_free(bad);
+    ebb_tensor_free(want);
+    ebb_model_free(m);
+    ebb_plan_free(inference);
+    ebb_plan_free(plan);
+    ebb_spec_free(spec);
+}
+
 /* A test per case, named after it (cmocka's macros would name them all
  * after the function). */
 static struct CMUnitTest named_test(const char *name, CMUnitTestFunction fn, void *state) {
@@ -1948,7 +2073,7 @@ int main(void) {
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[20 + 2 * N_GRAD];
+    struct CMUnitTest tests[21 + 2 * N_GRAD];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -1979,6 +2104,7 @@ int main(void) {
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_grad);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_refusals);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_train_capture);
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_capture_token_ids);
     if (n != (int)(sizeof tests / sizeof *tests)) {
         fprintf(stderr, "test_train: %d tests for a table of %zu\n", n, sizeof tests / sizeof *tests);
         return 1;

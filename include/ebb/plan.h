@@ -115,6 +115,14 @@ typedef struct ebb_compile_options {
      * the least peak it can reach. EBB_MEMORY_BUDGET_LEAST asks for that
      * least peak, whatever it costs. See ebb_plan_remat_stats(). */
     int64_t memory_budget;
+    /* The device the plan will run on; zero is the CPU. On CUDA, a step
+     * whose kernel a library chooses on the device (cuDNN's convolutions,
+     * scaled dot-product attention) has its CUDA scratch measured there:
+     * the compile runs that op once on zeros of the step's shapes and
+     * takes what it allocated (graph/measure.c), once per shape in the
+     * process. Without it, the plan's CUDA figure for such a step is the
+     * op's estimate. The CPU figures are the same either way. */
+    ebb_device device;
 } ebb_compile_options;
 
 /* ebb_compile_options.memory_budget: as little memory as recomputing can

@@ -128,6 +128,9 @@ typedef struct ebb_trace_event {
                                (its call, outputs and scratch), above the run's start;
                                compare with info->peak_bytes, the plan's figure */
     double seconds;         /* wall time of the step (synchronised on CUDA) */
+    int64_t planned_peak_bytes; /* the plan's figure for the step on the run's device:
+                                   info->peak_bytes on the CPU; on CUDA with the
+                                   allocator's 512-byte blocks and the kernels' scratch */
 } ebb_trace_event;
 
 typedef void (*ebb_trace_fn)(const ebb_trace_event *ev, void *user);
@@ -231,7 +234,10 @@ EBB_API ebb_status ebb_plan_capture(ebb_capture **out, const ebb_plan *plan, con
                             ebb_tensor *const *inputs);
 /* Copies `inputs` (same shapes as at capture) into the graph's input buffers,
  * replays it, and returns new handles on the graph's output buffers: their
- * values are overwritten by the next replay. */
+ * values are overwritten by the next replay. Inputs that an embedding looks
+ * up (token ids) are checked against its table before the replay (a read
+ * back): CUDA's kernel would assert on one out of range, which a graph
+ * cannot report. */
 EBB_API ebb_status ebb_capture_replay(ebb_capture *c, ebb_tensor *const *inputs, ebb_tensor **outputs);
 /* Frees a capture from ebb_plan_capture(): its CUDA graph and its own input
  * and output handles (the caller still frees handles it got from replays).

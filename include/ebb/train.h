@@ -185,8 +185,8 @@ EBB_API ebb_status ebb_train_step_ex(const ebb_plan *plan, ebb_model *model, ebb
  * plan's, and SGD with momentum before its first step (EBB_ERR_UNSUPPORTED,
  * saying why). Inputs and targets must keep the capture's shapes and dtypes.
  * The graph keeps its step's intermediates in a memory pool of its own for
- * its life: the plan's peak, held. Class-index targets are checked before
- * each replay (a read back). The caller must not use the model or the
+ * its life: the plan's peak, held. Class-index targets, and inputs that an
+ * embedding looks up, are checked before each replay (a read back). The caller must not use the model or the
  * optimizer with another plan while a capture of them is in use, except
  * through ebb_train_step() on the same plan, which sees the same state. */
 EBB_API ebb_status ebb_train_capture(ebb_capture **out, const ebb_plan *plan, ebb_model *model,

@@ -68,6 +68,10 @@ ebb_status ebb_tensor_adadelta_update_(ebb_tensor *param, const ebb_tensor *grad
 ebb_status ebb_tensor_check_class_range(const ebb_tensor *t, int64_t classes,
                                         int64_t ignore_index);
 
+/* Checks integer indices: each in [0, n) (EBB_ERR_ARG naming the first
+ * that is not). Reads the tensor back. */
+ebb_status ebb_tensor_check_index_range(const ebb_tensor *t, int64_t n);
+
 /* What ebb_tensor_batch_norm_train allocates beyond its three results for
  * input x (ops/tensor/grad.cpp): the CPU kernel's per-channel temporaries
  * while it updates the running statistics, whose count depends on the

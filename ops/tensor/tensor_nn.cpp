@@ -398,6 +398,39 @@ ebb_status ebb_tensor_rms_norm(ebb_tensor **out, const ebb_tensor *x, const ebb_
 
 /* ---- embedding ------------------------------------------------------------ */
 
+} // extern "C"
+
+namespace {
+
+// The first index of idx outside [0, n), read back to the host (a
+// synchronisation on a GPU); false when there is none.
+bool first_index_out_of_range(const at::Tensor &idx, int64_t n, int64_t *bad) {
+    if (idx.numel() == 0)
+        return false;
+    auto mm = at::aminmax(idx);
+    int64_t lo = std::get<0>(mm).item<int64_t>(), hi = std::get<1>(mm).item<int64_t>();
+    *bad = lo < 0 ? lo : hi;
+    return lo < 0 || hi >= n;
+}
+
+} // namespace
+
+extern "C" {
+
+ebb_status ebb_tensor_check_index_range(const ebb_tensor *t, int64_t n) {
+    static const char fn[] = "ebb_tensor_check_index_range";
+    EBB_NEED(fn, t);
+    EBB_TRY(fn, {
+        int64_t bad = 0;
+        if (first_index_out_of_range(t->t, n, &bad))
+            return ebb_error_set(EBB_ERR_ARG, "index %lld in indices %s is out of range for %lld "
+                                 "embeddings",
+                                 static_cast<long long>(bad), dims(t->t).c_str(),
+                                 static_cast<long long>(n));
+    })
+    return EBB_OK;
+}
+
 ebb_status ebb_tensor_embedding(ebb_tensor **out, const ebb_tensor *weight,
                                 const ebb_tensor *indices) {
     static const char fn[] = "ebb_tensor_embedding";
@@ -420,17 +453,19 @@ ebb_status ebb_tensor_embedding(ebb_tensor **out, const ebb_tensor *weight,
             return EBB_OK;
         }
         // An out-of-range index is a device-side assert on CUDA; check first.
-        if (idx.numel() > 0) {
-            auto mm = at::aminmax(idx);
-            int64_t lo = std::get<0>(mm).item<int64_t>(), hi = std::get<1>(mm).item<int64_t>();
-            int64_t bad = lo < 0 ? lo : hi;
-            if (lo < 0 || hi >= w.size(0))
-                return ebb_error_set(EBB_ERR_ARG,
-                                     "%s: index %lld in indices %s is out of range for %lld "
-                                     "embeddings (weight %s)",
-                                     fn, static_cast<long long>(bad), dims(idx).c_str(),
-                                     static_cast<long long>(w.size(0)), dims(w).c_str());
-        }
+        // A CUDA graph cannot read the indices back: a captured plan checks
+        // the inputs that reach an embedding before each replay (src/capture.c).
+        bool check = true;
+#ifdef EBB_WITH_CUDA
+        check = !ebb::cuda_capturing();
+#endif
+        int64_t bad = 0;
+        if (check && first_index_out_of_range(idx, w.size(0), &bad))
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "%s: index %lld in indices %s is out of range for %lld "
+                                 "embeddings (weight %s)",
+                                 fn, static_cast<long long>(bad), dims(idx).c_str(),
+                                 static_cast<long long>(w.size(0)), dims(w).c_str());
         *out = wrap(at::embedding(w, idx));
     })
     return EBB_OK;

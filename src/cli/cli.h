@@ -127,6 +127,8 @@ typedef struct options {
     const char *no_decay[16];     /* --no-decay PATTERN */
     int n_no_decay;
     uint64_t batch;               /* --batch; 0: not given */
+    ebb_device run_device;        /* where the plan will run (run, grad): the compile
+                                     measures its CUDA kernels' scratch there */
 } options;
 
 /* Every command's help ends with these, which every command takes (train's

@@ -74,6 +74,7 @@ int ebb_cli_grad(int argc, char **argv) {
     ebb_model *m = NULL;
     ebb_tensor *inputs[MAX_INPUTS] = {0}, **grads = NULL;
     ebb_file_out *tw = NULL;
+    o.run_device = dev;
     rc = load_and_compile(&o, in_file, &s, &p, 0);
     if (rc)
         goto done;

@@ -94,7 +94,7 @@ void ebb_cli_trace_step(const ebb_trace_event *e, void *user) {
             ", \"jumped\": %s, \"live_bytes\": %lld, \"peak_bytes\": %lld, "
             "\"planned_peak_bytes\": %lld, \"seconds\": %.9f}\n",
             e->jumped ? "true" : "false", (long long)e->live_bytes, (long long)e->peak_bytes,
-            (long long)e->info->peak_bytes, e->seconds);
+            (long long)e->planned_peak_bytes, e->seconds);
 }
 
 static double now(void) {
@@ -235,6 +235,7 @@ int ebb_cli_run(int argc, char **argv) {
     ebb_tensor *inputs[MAX_INPUTS] = {0}, **outputs = NULL;
     double *times = NULL;
     ebb_file_out *tw = NULL;
+    o.run_device = dev;
     rc = load_and_compile(&o, in_file, &s, &p, 0);
     if (rc)
         goto done;

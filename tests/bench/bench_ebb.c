@@ -97,6 +97,7 @@ static ebb_status setup(bench_ebb **out, const char *spec_path, const char *para
     if (st == EBB_OK) {
         b->opts.input_shapes = b->shapes;
         b->opts.n_input_shapes = ebb_spec_input_count(b->spec);
+        b->opts.device = b->dev;
         st = ebb_spec_compile(&b->plan, b->spec, &b->opts);
     }
     /* An int64 input holds token ids below the output's last dim (a

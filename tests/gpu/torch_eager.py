@@ -31,7 +31,8 @@ def parse_csv(s, conv):
 
 def prepare(torch, torch_models, device, workload, params, fills, plan_json):
     """The bench's twin of the workload, in eval mode on the device with the
-    fills applied, and a random input of the plan's shape."""
+    fills applied, and a random input of the plan's shape (token ids for a
+    language model)."""
     with open(plan_json) as f:
         shape = json.load(f)["inputs"][0]["shape"]
     model = torch_models.build(workload, parse_csv(params, int)).eval().to(device)
@@ -39,6 +40,10 @@ def prepare(torch, torch_models, device, workload, params, fills, plan_json):
     with torch.no_grad():
         for name, value in parse_csv(fills, float).items():
             named[name].fill_(value)
+    if getattr(model, "takes_indices", False):
+        # a language model takes int64 token ids below its vocabulary
+        vocab = next(m for m in model.modules() if isinstance(m, torch.nn.Embedding)).num_embeddings
+        return model, torch.randint(0, vocab, shape, device=device)
     return model, torch.randn(shape, device=device)
 
 

@@ -1,0 +1,302 @@
+/* The measure pass: what a step's kernels take on the plan's CUDA device,
+ * asked of the device itself.
+ *
+ * Some libraries choose their kernel on the device: cuDNN picks a
+ * convolution's engine, and with it the engine's workspace, by heuristics of
+ * its own version and GPU; scaled dot-product attention picks among fused
+ * kernels and the composite path. An op marks such figures as a guess
+ * (ebb_op.workspace_cuda_is_bound, ebb_op_grad.workspace_cuda_is_bound). When
+ * the compiler knows the plan's device (ebb_compile_options.device is CUDA),
+ * this pass runs each such step once on zeros of its shapes and takes what
+ * the call allocated beyond what it returned as the step's CUDA scratch.
+ * libtorch keeps the engine it chose per shape for the process's life, so a
+ * later call with those shapes takes what this one took.
+ *
+ * Each call runs twice and the second is kept: the first makes the
+ * process's one-time state (cuDNN's engine cache). Results are kept per
+ * (op, stage, attributes, shapes, dtypes, device) for the process, so a
+ * budget's many compiles, and a ResNet's repeated blocks, measure once. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compile_internal.h"
+#include "ebb/memory.h"
+
+enum stage { STAGE_FORWARD, STAGE_TRAIN, STAGE_BACKWARD };
+static const char *const STAGE_NAME[] = {"forward", "training forward", "backward"};
+
+/* ---- the process's results ------------------------------------------------------ */
+
+typedef struct measured {
+    struct measured *next;
+    int64_t bytes;
+    char key[];
+} measured;
+
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static measured *cache;
+
+static int cache_get(const char *key, int64_t *bytes) {
+    int found = 0;
+    pthread_mutex_lock(&cache_lock);
+    for (const measured *m = cache; m && !found; m = m->next)
+        if (strcmp(m->key, key) == 0) {
+            *bytes = m->bytes;
+            found = 1;
+        }
+    pthread_mutex_unlock(&cache_lock);
+    return found;
+}
+
+static void cache_put(const char *key, int64_t bytes) {
+    size_t n = strlen(key) + 1;
+    measured *m = malloc(sizeof *m + n);
+    if (!m)
+        return; /* measured again next time */
+    m->bytes = bytes;
+    memcpy(m->key, key, n);
+    pthread_mutex_lock(&cache_lock);
+    m->next = cache;
+    cache = m;
+    pthread_mutex_unlock(&cache_lock);
+}
+
+/* ---- one step's call, on zeros ---------------------------------------------------- */
+
+typedef struct call {
+    const plan_step *s;  /* the forward step (the backward's fwd_step for a backward) */
+    const plan_step *bw; /* the backward step, or NULL */
+    enum stage stage;
+    ebb_device dev;
+    ebb_tensor *in[32], *params[EBB_MAX_PARAMS], *out, *saved[EBB_MAX_SAVED], *grad_out;
+    ebb_tensor *gin[32], *gp[EBB_MAX_PARAMS];
+    ebb_shape in_shapes[32];
+} call;
+
+static ebb_dtype param_dtype(const ebb_plan *p, int k) {
+    return p->params[k].spec.counter ? EBB_INT64 : p->dtype;
+}
+
+/* The key of a call: everything its kernels' choice can depend on. */
+static int call_key(const ebb_plan *p, const call *c, char *buf, size_t cap) {
+    const plan_step *s = c->s;
+    char dev[32];
+    size_t n = (size_t)snprintf(buf, cap, "%s|%d|%s|%u", s->op->name, (int)c->stage,
+                                ebb_device_str(c->dev, dev, sizeof dev),
+                                c->bw ? c->bw->skip_in : 0u);
+    for (int i = 0; i < s->pub.n_in && n < cap; i++) {
+        const ebb_plan_value *v = &p->values[s->pub.in[i]];
+        char sh[96];
+        n += (size_t)snprintf(buf + n, cap - n, "|%d%s", (int)v->dtype,
+                              ebb_shape_str(&v->shape, sh, sizeof sh));
+    }
+    for (int j = 0; j < s->n_params && n < cap; j++) {
+        char sh[96];
+        n += (size_t)snprintf(buf + n, cap - n, "|p%d%s", (int)param_dtype(p, s->param[j]),
+                              ebb_shape_str(&p->params[s->param[j]].spec.shape, sh, sizeof sh));
+    }
+    for (int a = 0; a < s->op->n_attrs && n < cap; a++) {
+        const ebb_attr_value *v = &s->attrs[a];
+        n += (size_t)snprintf(buf + n, cap - n, "|%d:%lld:%a:%s", v->set, (long long)v->i, v->f,
+                              v->s ? v->s : "");
+    }
+    return n < cap ? 0 : -1;
+}
+
+static void call_release(call *c) {
+    ebb_tensor_free(c->out);
+    ebb_tensor_free(c->grad_out);
+    c->out = c->grad_out = NULL;
+    for (int k = 0; k < EBB_MAX_SAVED; k++) {
+        ebb_tensor_free(c->saved[k]);
+        c->saved[k] = NULL;
+    }
+    for (int i = 0; i < 32; i++) {
+        ebb_tensor_free(c->gin[i]);
+        c->gin[i] = NULL;
+    }
+    for (int j = 0; j < EBB_MAX_PARAMS; j++) {
+        ebb_tensor_free(c->gp[j]);
+        c->gp[j] = NULL;
+    }
+}
+
+/* Bytes the allocator holds for the tensors in `made` that are new: not a
+ * view of anything in `old` nor of an earlier one in `made`. */
+static int64_t new_blocks(ebb_tensor *const *made, int n, ebb_tensor *const *old, int n_old) {
+    int64_t bytes = 0;
+    for (int k = 0; k < n; k++) {
+        if (!made[k])
+            continue;
+        int seen = 0;
+        for (int m = 0; m < n_old && !seen; m++)
+            seen = old[m] && ebb_tensor_same_storage(made[k], old[m]);
+        for (int m = 0; m < k && !seen; m++)
+            seen = made[m] && ebb_tensor_same_storage(made[k], made[m]);
+        if (!seen)
+            bytes += ebb_cuda_block((int64_t)ebb_tensor_nbytes(made[k]));
+    }
+    return bytes;
+}
+
+/* Runs the forward the stage needs (the training forward before a
+ * backward); with `measure`, its peak above the start less what it made. */
+static ebb_status run_forward(call *c, int measure, int64_t *scratch) {
+    const plan_step *s = c->s;
+    const ebb_op_grad *g = s->op->grad;
+    int train = c->stage != STAGE_FORWARD && g && g->forward_train;
+    ebb_op_call oc = {.op = s->op, .attrs = s->attrs, .in = c->in, .n_in = s->pub.n_in,
+                      .params = c->params, .n_params = s->n_params, .node = s->pub.node,
+                      .seed = 1};
+    int64_t base = ebb_memory_current(c->dev);
+    ebb_memory_reset_peak(c->dev);
+    ebb_status st = train ? g->forward_train(&oc, &c->out, c->saved) : s->op->forward(&oc, &c->out);
+    if (st != EBB_OK)
+        return st;
+    if (!c->out)
+        return ebb_error_set(EBB_ERR_RUNTIME, "op %s returned no tensor", s->op->name);
+    if (measure) {
+        ebb_memory_stats ms;
+        if ((st = ebb_memory_stats_get(c->dev, &ms)) != EBB_OK)
+            return st;
+        ebb_tensor *made[1 + EBB_MAX_SAVED] = {c->out};
+        for (int k = 0; k < EBB_MAX_SAVED; k++)
+            made[1 + k] = c->saved[k];
+        int64_t mine = new_blocks(made, 1 + EBB_MAX_SAVED, c->in, s->pub.n_in);
+        *scratch = ms.peak_bytes - base - mine;
+    }
+    return EBB_OK;
+}
+
+static ebb_status run_backward(call *c, int64_t *scratch) {
+    const plan_step *s = c->s, *b = c->bw;
+    const ebb_op_grad *g = s->op->grad;
+    ebb_shape os = ebb_tensor_shape(c->out);
+    ebb_status st = b->seed ? ebb_tensor_ones(&c->grad_out, &(ebb_shape){0, {0}},
+                                              ebb_tensor_dtype(c->out), c->dev)
+                            : ebb_tensor_zeros(&c->grad_out, &os, ebb_tensor_dtype(c->out), c->dev);
+    if (st != EBB_OK)
+        return st;
+    ebb_tensor *seen_in[32] = {0};
+    for (int i = 0; i < s->pub.n_in; i++)
+        seen_in[i] = g->saves_inputs >> i & 1u ? c->in[i] : NULL;
+    ebb_op_grad_call gc = {.op = s->op, .attrs = s->attrs, .in = seen_in, .n_in = s->pub.n_in,
+                           .params = c->params, .n_params = s->n_params,
+                           .out = g->saves_output ? c->out : NULL, .saved = c->saved,
+                           .n_saved = g->n_saved, .grad_out = c->grad_out, .node = b->pub.node,
+                           .in_shapes = c->in_shapes, .skip_input_grad = b->skip_in};
+    int64_t base = ebb_memory_current(c->dev);
+    ebb_memory_reset_peak(c->dev);
+    if ((st = g->backward(&gc, c->gin, c->gp)) != EBB_OK)
+        return st;
+    ebb_memory_stats ms;
+    if ((st = ebb_memory_stats_get(c->dev, &ms)) != EBB_OK)
+        return st;
+    ebb_tensor *old[32 + EBB_MAX_PARAMS + 2 + EBB_MAX_SAVED];
+    int n_old = 0;
+    for (int i = 0; i < s->pub.n_in; i++)
+        old[n_old++] = c->in[i];
+    for (int j = 0; j < s->n_params; j++)
+        old[n_old++] = c->params[j];
+    old[n_old++] = c->out;
+    old[n_old++] = c->grad_out;
+    for (int k = 0; k < EBB_MAX_SAVED; k++)
+        old[n_old++] = c->saved[k];
+    ebb_tensor *made[32 + EBB_MAX_PARAMS];
+    int n_made = 0;
+    for (int i = 0; i < s->pub.n_in; i++)
+        made[n_made++] = c->gin[i];
+    for (int j = 0; j < s->n_params; j++)
+        made[n_made++] = c->gp[j];
+    *scratch = ms.peak_bytes - base - new_blocks(made, n_made, old, n_old);
+    return EBB_OK;
+}
+
+/* One measurement: the inputs and parameters made, the call run twice, the
+ * second's scratch kept. */
+static ebb_status measure_call(const ebb_plan *p, call *c, int64_t *bytes) {
+    const plan_step *s = c->s;
+    ebb_status st = EBB_OK;
+    for (int i = 0; i < s->pub.n_in && st == EBB_OK; i++) {
+        const ebb_plan_value *v = &p->values[s->pub.in[i]];
+        c->in_shapes[i] = v->shape;
+        st = ebb_tensor_zeros(&c->in[i], &v->shape, v->dtype, c->dev);
+    }
+    for (int j = 0; j < s->n_params && st == EBB_OK; j++)
+        st = ebb_tensor_zeros(&c->params[j], &p->params[s->param[j]].spec.shape,
+                              param_dtype(p, s->param[j]), c->dev);
+    for (int round = 0; round < 2 && st == EBB_OK; round++) {
+        if (c->stage == STAGE_BACKWARD) {
+            st = run_forward(c, 0, NULL);
+            if (st == EBB_OK)
+                st = run_backward(c, bytes);
+        } else {
+            st = run_forward(c, 1, bytes);
+        }
+        call_release(c);
+    }
+    for (int i = 0; i < 32; i++)
+        ebb_tensor_free(c->in[i]);
+    for (int j = 0; j < EBB_MAX_PARAMS; j++)
+        ebb_tensor_free(c->params[j]);
+    if (st == EBB_OK && *bytes < 0)
+        *bytes = 0;
+    return st;
+}
+
+/* The step whose CUDA figure is a guess, and which call it makes. */
+static int guessed(const ebb_plan *p, const plan_step *s, enum stage *stage) {
+    if (s->pub.kind == EBB_STEP_BACKWARD) {
+        *stage = STAGE_BACKWARD;
+        return s->op->grad->workspace_cuda_is_bound;
+    }
+    if (s->pub.kind != EBB_STEP_OP || !s->op || s->pub.n_in == 0)
+        return 0;
+    *stage = s->train ? STAGE_TRAIN : STAGE_FORWARD;
+    return s->op->workspace_cuda_is_bound ||
+           (p->training && s->op->grad && s->op->grad->workspace_cuda_is_bound);
+}
+
+int ebb_pass_measure_cuda(compiler *c, ebb_device dev) {
+    ebb_plan *p = c->plan;
+    int prepared = 0;
+    for (int i = 0; i < p->n_steps; i++) {
+        plan_step *s = &p->steps[i];
+        enum stage stage = STAGE_FORWARD;
+        if (!guessed(p, s, &stage))
+            continue;
+        call k = {.s = stage == STAGE_BACKWARD ? &p->steps[s->fwd_step] : s,
+                  .bw = stage == STAGE_BACKWARD ? s : NULL, .stage = stage, .dev = dev};
+        char key[2048];
+        int64_t bytes = 0;
+        int keyed = call_key(p, &k, key, sizeof key) == 0;
+        if (keyed && cache_get(key, &bytes)) {
+            s->workspace_cuda = bytes;
+            s->has_workspace_cuda = 1;
+            continue;
+        }
+        ebb_status st = EBB_OK;
+        if (!prepared) {
+            /* the libraries' per-stream state first, as ebb_run makes it */
+            st = ebb_device_prepare(dev, NULL);
+            prepared = 1;
+        }
+        if (st == EBB_OK)
+            st = measure_call(p, &k, &bytes);
+        if (st != EBB_OK) {
+            char d[32];
+            c->status = ebb_error_prefix("ebb_compile: measuring the CUDA scratch of step %d "
+                                         "(%s %s, node %s) on %s",
+                                         i, s->op->name, STAGE_NAME[stage], s->pub.node,
+                                         ebb_device_str(dev, d, sizeof d));
+            return -1;
+        }
+        if (keyed)
+            cache_put(key, bytes);
+        s->workspace_cuda = bytes;
+        s->has_workspace_cuda = 1;
+    }
+    return 0;
+}
