@@ -153,8 +153,9 @@ static ebb_status check_fed_indices(const ebb_capture *c, const char *fn) {
             continue; /* computed inside the graph, not fed by the caller */
         ebb_status st;
         if (loss) {
+            /* scores [..., C]: classes last, per sample or per token */
             const ebb_shape *x = &p->values[s->pub.in[0]].shape;
-            int64_t classes = x->ndim == 1 ? x->dim[0] : x->dim[1];
+            int64_t classes = x->ndim > 0 ? x->dim[x->ndim - 1] : 0;
             st = ebb_tensor_check_class_range(c->in[fed], classes,
                                               step_attr_int(s, "ignore_index", -100));
         } else {

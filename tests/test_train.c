@@ -2016,7 +2016,7 @@ static void test_capture_token_ids(void **state) {
     ebb_tensor_free(got);
     got = NULL;
     assert_int_equal(ebb_capture_replay(cap, &bad, &got), EBB_ERR_ARG);
-    assert_errmsg_contains("ebb_capture_replay: input 0 (step 0, flow.0.from)");
+    assert_errmsg_contains("ebb_capture_replay: input 0 (step 0, wte)");
     assert_errmsg_contains("index 16 in indices [3, 6] is out of range for 16 embeddings");
     assert_null(got);
     ebb_capture_free(cap);
@@ -2036,6 +2036,10 @@ static void test_capture_token_ids(void **state) {
     assert_true(models_rel_diff(graph.model, eager.model) <= 1e-5);
     assert_int_equal(ebb_capture_train_step(cap, &bad, &y[0], NULL), EBB_ERR_ARG);
     assert_errmsg_contains("index 16");
+    /* a class index past the vocabulary: the scores are [B, T, 16], classes last */
+    assert_int_equal(ebb_capture_train_step(cap, &x[0], &bad, NULL), EBB_ERR_ARG);
+    assert_errmsg_contains("target 0 (step");
+    assert_errmsg_contains("class index 16 in target [3, 6] is out of range for 16 classes");
     assert_int_equal(ebb_optimizer_step_count(graph.opt), N_STEPS);
     ebb_capture_free(cap);
 
