@@ -285,7 +285,9 @@ ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_comp
         goto fail;
     if (opts->train && ebb_pass_autodiff(&c, g, opts) != 0)
         goto fail;
-    if (opts->device.type == EBB_DEVICE_CUDA && ebb_pass_measure_cuda(&c, opts->device) != 0)
+    if (opts->device.type == EBB_DEVICE_CUDA && ebb_pass_measure(&c, opts->device) != 0)
+        goto fail;
+    if (opts->measure_scratch && ebb_pass_measure(&c, ebb_device_cpu()) != 0)
         goto fail;
     /* routing and while/until loops depend on values; some kernels' scratch
      * depends on the machine */

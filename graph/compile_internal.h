@@ -114,9 +114,10 @@ void ebb_pass_in_place(compiler *c);
  * and live_bytes) and for CUDA's (granule 512: plan_step.cuda_peak_bytes).
  * Returns -1 on OOM. */
 int64_t ebb_pass_predict(compiler *c, int no_frees, int64_t granule, int *peak_step);
-/* graph/measure.c: on a CUDA device, each step whose CUDA scratch its op
- * can only guess (workspace_cuda_is_bound) is run once there on zeros, and
- * what it took becomes its plan_step.workspace_cuda. */
-int ebb_pass_measure_cuda(compiler *c, ebb_device dev);
+/* graph/measure.c: each step whose scratch on `dev` its op can only bound
+ * (workspace_is_bound on the CPU, workspace_cuda_is_bound on CUDA) is run
+ * there on zeros, and what it took becomes its workspace (CPU) or
+ * workspace_cuda (CUDA). */
+int ebb_pass_measure(compiler *c, ebb_device dev);
 
 #endif

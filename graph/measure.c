@@ -1,21 +1,26 @@
-/* The measure pass: what a step's kernels take on the plan's CUDA device,
- * asked of the device itself.
+/* The measure pass: what a step's kernels take, asked of the device itself.
  *
- * Some libraries choose their kernel on the device: cuDNN picks a
+ * Some libraries choose their kernel where they run: cuDNN picks a
  * convolution's engine, and with it the engine's workspace, by heuristics of
  * its own version and GPU; scaled dot-product attention picks among fused
- * kernels and the composite path. An op marks such figures as a guess
- * (ebb_op.workspace_cuda_is_bound, ebb_op_grad.workspace_cuda_is_bound). When
- * the compiler knows the plan's device (ebb_compile_options.device is CUDA),
- * this pass runs each such step once on zeros of its shapes and takes what
- * the call allocated beyond what it returned as the step's CUDA scratch.
- * libtorch keeps the engine it chose per shape for the process's life, so a
- * later call with those shapes takes what this one took.
+ * kernels and the composite path; on the CPU, oneDNN picks a convolution's
+ * kernel (direct, im2col, inner product) by instruction set, shape and
+ * thread count. An op marks such figures as a bound (ebb_op.workspace_is_bound
+ * and workspace_cuda_is_bound, and their ebb_op_grad twins), and its
+ * estimate can be far above what the kernel takes. This pass runs each such
+ * step once on zeros of its shapes and takes what the call allocated beyond
+ * what it returned as the step's scratch: on CUDA when the plan is compiled
+ * for a CUDA device (ebb_compile_options.device), on the CPU when asked
+ * (ebb_compile_options.measure_scratch). The plan still calls the step a
+ * bound; its figure is now the kernel's own.
  *
- * Each call runs twice and the second is kept: the first makes the
- * process's one-time state (cuDNN's engine cache). Results are kept per
- * (op, stage, attributes, shapes, dtypes, device) for the process, so a
- * budget's many compiles, and a ResNet's repeated blocks, measure once. */
+ * libtorch keeps the engine cuDNN chose per shape for the process's life, so
+ * a later call with those shapes takes what this one took. On CUDA each call
+ * runs twice and the second is kept: the first makes the process's one-time
+ * state (cuDNN's engine cache). The CPU's allocations repeat call by call.
+ * Results are kept per (op, stage, attributes, shapes, dtypes, device and,
+ * on the CPU, intra-op threads) for the process, so a budget's many
+ * compiles, and a ResNet's repeated blocks, measure once. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +28,7 @@
 
 #include "compile_internal.h"
 #include "ebb/memory.h"
+#include "internal.h"
 
 enum stage { STAGE_FORWARD, STAGE_TRAIN, STAGE_BACKWARD };
 static const char *const STAGE_NAME[] = {"forward", "training forward", "backward"};
@@ -79,18 +85,33 @@ static ebb_dtype param_dtype(const ebb_plan *p, int k) {
     return p->params[k].spec.counter ? EBB_INT64 : p->dtype;
 }
 
-/* The key of a call: everything its kernels' choice can depend on. */
-static int call_key(const ebb_plan *p, const call *c, char *buf, size_t cap) {
+/* The key of a call: everything its kernels' choice can depend on, the
+ * inputs' layouts included. */
+static int call_key(const compiler *cc, const call *c, char *buf, size_t cap) {
+    const ebb_plan *p = cc->plan;
     const plan_step *s = c->s;
     char dev[32];
-    size_t n = (size_t)snprintf(buf, cap, "%s|%d|%s|%u", s->op->name, (int)c->stage,
+    size_t n = (size_t)snprintf(buf, cap, "%s|%d|%s|%d|%u", s->op->name, (int)c->stage,
                                 ebb_device_str(c->dev, dev, sizeof dev),
+                                c->dev.type == EBB_DEVICE_CPU ? ebb_tensor_num_threads() : 0,
                                 c->bw ? c->bw->skip_in : 0u);
     for (int i = 0; i < s->pub.n_in && n < cap; i++) {
         const ebb_plan_value *v = &p->values[s->pub.in[i]];
         char sh[96];
         n += (size_t)snprintf(buf + n, cap - n, "|%d%s", (int)v->dtype,
                               ebb_shape_str(&v->shape, sh, sizeof sh));
+        int64_t st[EBB_MAX_DIMS];
+        int nd = cc->meta ? ebb_tensor_strides(cc->meta[s->pub.in[i]], st, EBB_MAX_DIMS) : -1;
+        for (int d = 0; d < nd && n < cap; d++)
+            n += (size_t)snprintf(buf + n, cap - n, "%c%lld", d ? ',' : '/', (long long)st[d]);
+    }
+    if (c->bw && !c->bw->seed && c->bw->pub.n_in > 0 && cc->meta && n < cap) {
+        /* the incoming gradient's layout */
+        int64_t st[EBB_MAX_DIMS];
+        int nd = ebb_tensor_strides(cc->meta[c->bw->pub.in[c->bw->pub.n_in - 1]], st,
+                                    EBB_MAX_DIMS);
+        for (int d = 0; d < nd && n < cap; d++)
+            n += (size_t)snprintf(buf + n, cap - n, "%c%lld", d ? ',' : '|', (long long)st[d]);
     }
     for (int j = 0; j < s->n_params && n < cap; j++) {
         char sh[96];
@@ -124,8 +145,10 @@ static void call_release(call *c) {
 }
 
 /* Bytes the allocator holds for the tensors in `made` that are new: not a
- * view of anything in `old` nor of an earlier one in `made`. */
-static int64_t new_blocks(ebb_tensor *const *made, int n, ebb_tensor *const *old, int n_old) {
+ * view of anything in `old` nor of an earlier one in `made`; on CUDA each
+ * in its 512-byte blocks. */
+static int64_t new_blocks(ebb_device dev, ebb_tensor *const *made, int n, ebb_tensor *const *old,
+                          int n_old) {
     int64_t bytes = 0;
     for (int k = 0; k < n; k++) {
         if (!made[k])
@@ -135,8 +158,10 @@ static int64_t new_blocks(ebb_tensor *const *made, int n, ebb_tensor *const *old
             seen = old[m] && ebb_tensor_same_storage(made[k], old[m]);
         for (int m = 0; m < k && !seen; m++)
             seen = made[m] && ebb_tensor_same_storage(made[k], made[m]);
-        if (!seen)
-            bytes += ebb_cuda_block((int64_t)ebb_tensor_nbytes(made[k]));
+        if (!seen) {
+            int64_t b = (int64_t)ebb_tensor_nbytes(made[k]);
+            bytes += dev.type == EBB_DEVICE_CUDA ? ebb_cuda_block(b) : b;
+        }
     }
     return bytes;
 }
@@ -164,19 +189,36 @@ static ebb_status run_forward(call *c, int measure, int64_t *scratch) {
         ebb_tensor *made[1 + EBB_MAX_SAVED] = {c->out};
         for (int k = 0; k < EBB_MAX_SAVED; k++)
             made[1 + k] = c->saved[k];
-        int64_t mine = new_blocks(made, 1 + EBB_MAX_SAVED, c->in, s->pub.n_in);
+        int64_t mine = new_blocks(c->dev, made, 1 + EBB_MAX_SAVED, c->in, s->pub.n_in);
         *scratch = ms.peak_bytes - base - mine;
     }
     return EBB_OK;
 }
 
-static ebb_status run_backward(call *c, int64_t *scratch) {
+/* Zeros for slot v on the device, laid out as the dry run laid it out (a
+ * view's strides: a kernel copies a non-contiguous operand), else
+ * contiguous. */
+static ebb_status zeros_for(const compiler *cc, int v, ebb_device dev, ebb_tensor **out) {
+    const ebb_plan_value *pv = &cc->plan->values[v];
+    const ebb_tensor *like = cc->meta ? cc->meta[v] : NULL;
+    if (like) {
+        ebb_shape ls = ebb_tensor_shape(like);
+        if (ebb_shape_equal(&ls, &pv->shape) && ebb_tensor_dtype(like) == pv->dtype)
+            return ebb_tensor_zeros_laid_out(out, like, dev);
+    }
+    return ebb_tensor_zeros(out, &pv->shape, pv->dtype, dev);
+}
+
+static ebb_status run_backward(const compiler *cc, call *c, int64_t *scratch) {
     const plan_step *s = c->s, *b = c->bw;
     const ebb_op_grad *g = s->op->grad;
     ebb_shape os = ebb_tensor_shape(c->out);
+    /* grad_out is the backward step's last input, unless it is the loss's seed */
+    int gy = b->pub.n_in > 0 ? b->pub.in[b->pub.n_in - 1] : -1;
     ebb_status st = b->seed ? ebb_tensor_ones(&c->grad_out, &(ebb_shape){0, {0}},
                                               ebb_tensor_dtype(c->out), c->dev)
-                            : ebb_tensor_zeros(&c->grad_out, &os, ebb_tensor_dtype(c->out), c->dev);
+                    : gy >= 0 ? zeros_for(cc, gy, c->dev, &c->grad_out)
+                              : ebb_tensor_zeros(&c->grad_out, &os, ebb_tensor_dtype(c->out), c->dev);
     if (st != EBB_OK)
         return st;
     ebb_tensor *seen_in[32] = {0};
@@ -210,28 +252,29 @@ static ebb_status run_backward(call *c, int64_t *scratch) {
         made[n_made++] = c->gin[i];
     for (int j = 0; j < s->n_params; j++)
         made[n_made++] = c->gp[j];
-    *scratch = ms.peak_bytes - base - new_blocks(made, n_made, old, n_old);
+    *scratch = ms.peak_bytes - base - new_blocks(c->dev, made, n_made, old, n_old);
     return EBB_OK;
 }
 
-/* One measurement: the inputs and parameters made, the call run twice, the
- * second's scratch kept. */
-static ebb_status measure_call(const ebb_plan *p, call *c, int64_t *bytes) {
+/* One measurement: the inputs and parameters made, the call run (twice on
+ * CUDA, the second's scratch kept). */
+static ebb_status measure_call(const compiler *cc, call *c, int64_t *bytes) {
+    const ebb_plan *p = cc->plan;
     const plan_step *s = c->s;
     ebb_status st = EBB_OK;
     for (int i = 0; i < s->pub.n_in && st == EBB_OK; i++) {
-        const ebb_plan_value *v = &p->values[s->pub.in[i]];
-        c->in_shapes[i] = v->shape;
-        st = ebb_tensor_zeros(&c->in[i], &v->shape, v->dtype, c->dev);
+        c->in_shapes[i] = p->values[s->pub.in[i]].shape;
+        st = zeros_for(cc, s->pub.in[i], c->dev, &c->in[i]);
     }
     for (int j = 0; j < s->n_params && st == EBB_OK; j++)
         st = ebb_tensor_zeros(&c->params[j], &p->params[s->param[j]].spec.shape,
                               param_dtype(p, s->param[j]), c->dev);
-    for (int round = 0; round < 2 && st == EBB_OK; round++) {
+    int rounds = c->dev.type == EBB_DEVICE_CUDA ? 2 : 1;
+    for (int round = 0; round < rounds && st == EBB_OK; round++) {
         if (c->stage == STAGE_BACKWARD) {
             st = run_forward(c, 0, NULL);
             if (st == EBB_OK)
-                st = run_backward(c, bytes);
+                st = run_backward(cc, c, bytes);
         } else {
             st = run_forward(c, 1, bytes);
         }
@@ -246,57 +289,61 @@ static ebb_status measure_call(const ebb_plan *p, call *c, int64_t *bytes) {
     return st;
 }
 
-/* The step whose CUDA figure is a guess, and which call it makes. */
-static int guessed(const ebb_plan *p, const plan_step *s, enum stage *stage) {
+/* Whether the step's figure on `dev` is its op's bound, and which call it makes. */
+static int bounded(const ebb_plan *p, const plan_step *s, ebb_device dev, enum stage *stage) {
+    int cuda = dev.type == EBB_DEVICE_CUDA;
     if (s->pub.kind == EBB_STEP_BACKWARD) {
         *stage = STAGE_BACKWARD;
-        return s->op->grad->workspace_cuda_is_bound;
+        return cuda ? s->op->grad->workspace_cuda_is_bound : s->op->grad->workspace_is_bound;
     }
-    if (s->pub.kind != EBB_STEP_OP || !s->op || s->pub.n_in == 0)
+    if (s->pub.kind != EBB_STEP_OP || !s->op || s->pub.n_in == 0 || s->pub.in_place)
         return 0;
     *stage = s->train ? STAGE_TRAIN : STAGE_FORWARD;
+    if (!cuda)
+        return s->op->workspace_is_bound;
     return s->op->workspace_cuda_is_bound ||
            (p->training && s->op->grad && s->op->grad->workspace_cuda_is_bound);
 }
 
-int ebb_pass_measure_cuda(compiler *c, ebb_device dev) {
+int ebb_pass_measure(compiler *c, ebb_device dev) {
     ebb_plan *p = c->plan;
-    int prepared = 0;
+    int cuda = dev.type == EBB_DEVICE_CUDA, prepared = 0;
     for (int i = 0; i < p->n_steps; i++) {
         plan_step *s = &p->steps[i];
         enum stage stage = STAGE_FORWARD;
-        if (!guessed(p, s, &stage))
+        if (!bounded(p, s, dev, &stage))
             continue;
         call k = {.s = stage == STAGE_BACKWARD ? &p->steps[s->fwd_step] : s,
                   .bw = stage == STAGE_BACKWARD ? s : NULL, .stage = stage, .dev = dev};
         char key[2048];
         int64_t bytes = 0;
-        int keyed = call_key(p, &k, key, sizeof key) == 0;
-        if (keyed && cache_get(key, &bytes)) {
+        int keyed = call_key(c, &k, key, sizeof key) == 0;
+        if (!(keyed && cache_get(key, &bytes))) {
+            ebb_status st = EBB_OK;
+            if (cuda && !prepared) {
+                /* the libraries' per-stream state first, as ebb_run makes it */
+                st = ebb_device_prepare(dev, NULL);
+                prepared = 1;
+            }
+            if (st == EBB_OK)
+                st = measure_call(c, &k, &bytes);
+            if (st != EBB_OK) {
+                char d[32];
+                c->status = ebb_error_prefix("ebb_compile: measuring the scratch of step %d "
+                                             "(%s %s, node %s) on %s",
+                                             i, s->op->name, STAGE_NAME[stage], s->pub.node,
+                                             ebb_device_str(dev, d, sizeof d));
+                return -1;
+            }
+            if (keyed)
+                cache_put(key, bytes);
+        }
+        if (cuda) {
             s->workspace_cuda = bytes;
             s->has_workspace_cuda = 1;
-            continue;
+        } else {
+            s->workspace = bytes;
         }
-        ebb_status st = EBB_OK;
-        if (!prepared) {
-            /* the libraries' per-stream state first, as ebb_run makes it */
-            st = ebb_device_prepare(dev, NULL);
-            prepared = 1;
-        }
-        if (st == EBB_OK)
-            st = measure_call(p, &k, &bytes);
-        if (st != EBB_OK) {
-            char d[32];
-            c->status = ebb_error_prefix("ebb_compile: measuring the CUDA scratch of step %d "
-                                         "(%s %s, node %s) on %s",
-                                         i, s->op->name, STAGE_NAME[stage], s->pub.node,
-                                         ebb_device_str(dev, d, sizeof d));
-            return -1;
-        }
-        if (keyed)
-            cache_put(key, bytes);
-        s->workspace_cuda = bytes;
-        s->has_workspace_cuda = 1;
     }
     return 0;
 }

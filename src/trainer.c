@@ -217,7 +217,8 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
     if (st != EBB_OK) return st;
     ebb_train_options to = {0};
     ebb_compile_options co = {.input_shapes = in, .n_input_shapes = f->n_in,
-                              .device = o->device};
+                              .device = o->device,
+                              .measure_scratch = o->device.type == EBB_DEVICE_CPU};
     const char **trained = NULL;
     int n_trained = 0;
     if (optim && o->n_freeze > 0) {

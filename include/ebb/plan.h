@@ -123,6 +123,14 @@ typedef struct ebb_compile_options {
      * process. Without it, the plan's CUDA figure for such a step is the
      * op's estimate. The CPU figures are the same either way. */
     ebb_device device;
+    /* Non-zero: do the same for the CPU figures, whatever `device`. oneDNN
+     * picks a float32 convolution's kernel by instruction set, shape and
+     * thread count, and the op's bound for it can be many times what it
+     * takes (a 7x7 stem on a 224x224 image); measured, the plan's CPU
+     * figure is what the kernel takes at this process's thread count. The
+     * compile then runs those ops once on the CPU, which costs their time
+     * and memory; without it, compiling allocates no activations at all. */
+    int measure_scratch;
 } ebb_compile_options;
 
 /* ebb_compile_options.memory_budget: as little memory as recomputing can

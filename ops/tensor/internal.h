@@ -68,6 +68,16 @@ ebb_status ebb_tensor_adadelta_update_(ebb_tensor *param, const ebb_tensor *grad
 ebb_status ebb_tensor_check_class_range(const ebb_tensor *t, int64_t classes,
                                         int64_t ignore_index);
 
+/* Zeros on `device` with the sizes and strides of `like` (a meta tensor
+ * from the compiler's dry run, say): a view's layout, for a kernel whose
+ * copies depend on it. */
+ebb_status ebb_tensor_zeros_laid_out(ebb_tensor **out, const ebb_tensor *like,
+                                     ebb_device device);
+
+/* Writes t's strides (elements) into out[max]; returns its dims, or -1 for
+ * NULL t or more than max dims. */
+int ebb_tensor_strides(const ebb_tensor *t, int64_t *out, int max);
+
 /* Checks integer indices: each in [0, n) (EBB_ERR_ARG naming the first
  * that is not). Reads the tensor back. */
 ebb_status ebb_tensor_check_index_range(const ebb_tensor *t, int64_t n);

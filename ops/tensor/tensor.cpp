@@ -250,6 +250,27 @@ ebb_status ebb_tensor_zeros(ebb_tensor **out, const ebb_shape *shape, ebb_dtype 
     return EBB_OK;
 }
 
+ebb_status ebb_tensor_zeros_laid_out(ebb_tensor **out, const ebb_tensor *like,
+                                     ebb_device device) {
+    EBB_OUT("ebb_tensor_zeros_laid_out", out);
+    EBB_NEED("ebb_tensor_zeros_laid_out", like);
+    EBB_TRY("ebb_tensor_zeros_laid_out", {
+        const at::Tensor &l = like->t;
+        *out = wrap(at::empty_strided(l.sizes(), l.strides(),
+                                      opts(ebb::from_aten(l.scalar_type()), device))
+                        .zero_());
+    })
+    return EBB_OK;
+}
+
+int ebb_tensor_strides(const ebb_tensor *t, int64_t *out, int max) {
+    if (!t || t->t.dim() > max)
+        return -1;
+    for (int64_t d = 0; d < t->t.dim(); d++)
+        out[d] = t->t.stride(d);
+    return (int)t->t.dim();
+}
+
 ebb_status ebb_tensor_arange(ebb_tensor **out, int64_t start, int64_t end, ebb_dtype dtype,
                              ebb_device device) {
     EBB_OUT("ebb_tensor_arange", out);

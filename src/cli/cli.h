@@ -128,7 +128,8 @@ typedef struct options {
     int n_no_decay;
     uint64_t batch;               /* --batch; 0: not given */
     ebb_device run_device;        /* where the plan will run (run, grad): the compile
-                                     measures its CUDA kernels' scratch there */
+                                     measures there the scratch its ops can only bound */
+    int measure_scratch;          /* run, grad on the CPU: measure oneDNN's too */
 } options;
 
 /* Every command's help ends with these, which every command takes (train's

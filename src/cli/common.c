@@ -872,7 +872,8 @@ int load_and_compile(const options *o, const ebb_safetensors *inputs, ebb_spec *
                               .n_input_shapes = ebb_spec_input_count(*spec),
                               .keep_all = o->keep_all,
                               .memory_budget = o->memory_budget,
-                              .device = o->run_device};
+                              .device = o->run_device,
+                              .measure_scratch = o->measure_scratch};
     ebb_shape target_shapes[MAX_INPUTS];
     ebb_dtype target_dtypes[MAX_INPUTS];
     ebb_train_options to = {0};

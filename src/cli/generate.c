@@ -390,7 +390,8 @@ static int gen_open(gen *g) {
     ebb_shape shape;
     if ((rc = window_shape(g->spec, o->block, &shape, &g->dtype))) return rc;
     g->T = shape.dim[1];
-    ebb_compile_options co = {.input_shapes = &shape, .n_input_shapes = 1, .device = g->dev};
+    ebb_compile_options co = {.input_shapes = &shape, .n_input_shapes = 1, .device = g->dev,
+                              .measure_scratch = g->dev.type == EBB_DEVICE_CPU};
     if ((st = ebb_spec_compile(&g->plan, g->spec, &co)) != EBB_OK) return ebb_cli_fail_status(st);
     if ((rc = check_output(g->spec, g->plan, g->T))) return rc;
     /* refused before anything is allocated when it cannot fit, as ebb run

@@ -75,6 +75,7 @@ int ebb_cli_grad(int argc, char **argv) {
     ebb_tensor *inputs[MAX_INPUTS] = {0}, **grads = NULL;
     ebb_file_out *tw = NULL;
     o.run_device = dev;
+    o.measure_scratch = dev.type == EBB_DEVICE_CPU;
     rc = load_and_compile(&o, in_file, &s, &p, 0);
     if (rc)
         goto done;

@@ -236,6 +236,7 @@ int ebb_cli_run(int argc, char **argv) {
     double *times = NULL;
     ebb_file_out *tw = NULL;
     o.run_device = dev;
+    o.measure_scratch = dev.type == EBB_DEVICE_CPU;
     rc = load_and_compile(&o, in_file, &s, &p, 0);
     if (rc)
         goto done;

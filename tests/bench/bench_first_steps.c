@@ -91,11 +91,13 @@ static ebb_status setup(fsbench *b, const char *spec, int64_t batch, uint64_t se
         st = ebb_error_set(EBB_ERR_ARG, "%s: the targets drawn do not have the spec's shape",
                            spec);
 
-    /* the training step, as `ebb train` compiles it (the spec's loss) */
+    /* the training step, as `ebb train` compiles it (the spec's loss; on
+     * the CPU, the scratch of ops that can only bound it measured) */
     ebb_optimizer_options oo = ebb_optimizer_defaults(EBB_ADAMW, 1e-3);
     ebb_train_options to = {.target_shapes = &tg, .n_target_shapes = 1,
                             .target_dtypes = &tdt, .optimizer = oo};
     co.train = &to;
+    co.measure_scratch = 1;
     if (st == EBB_OK)
         st = ebb_spec_compile(&b->plan, b->spec, &co);
     if (st == EBB_OK)
