@@ -638,8 +638,10 @@ static int emit_backward(ad *a, int fi) {
     ebb_tensor *read_meta[32 + 2 + EBB_MAX_SAVED];
     ebb_tensor *ins[32] = {0}, *params[EBB_MAX_PARAMS] = {0}, *extras[EBB_MAX_SAVED] = {0};
     ebb_shape in_shapes[32];
+    ebb_dtype in_dtypes[32];
     for (int i = 0; i < n_in; i++) {
         in_shapes[i] = p->values[f->pub.in[i]].shape;
+        in_dtypes[i] = p->values[f->pub.in[i]].dtype;
         if (saved >> i & 1) {
             ins[i] = c->meta[src_in[i]];
             read_meta[n_reads] = ins[i];
@@ -675,7 +677,7 @@ static int emit_backward(ad *a, int fi) {
                                .out = r->saves_output ? c->meta[src_y] : NULL, .saved = extras,
                                .n_saved = r->n_saved, .grad_out = seed ? seed : c->meta[gy],
                                .node = f->pub.node, .in_shapes = in_shapes,
-                               .skip_input_grad = skip};
+                               .skip_input_grad = skip, .in_dtypes = in_dtypes};
         st = dry_backward(c, f, &gc, gin, gparam);
     }
     /* every promised gradient, of the promised shape; nothing else */

@@ -222,13 +222,17 @@ static ebb_status run_backward(const compiler *cc, call *c, int64_t *scratch) {
     if (st != EBB_OK)
         return st;
     ebb_tensor *seen_in[32] = {0};
-    for (int i = 0; i < s->pub.n_in; i++)
+    ebb_dtype in_dtypes[32];
+    for (int i = 0; i < s->pub.n_in; i++) {
         seen_in[i] = g->saves_inputs >> i & 1u ? c->in[i] : NULL;
+        in_dtypes[i] = ebb_tensor_dtype(c->in[i]);
+    }
     ebb_op_grad_call gc = {.op = s->op, .attrs = s->attrs, .in = seen_in, .n_in = s->pub.n_in,
                            .params = c->params, .n_params = s->n_params,
                            .out = g->saves_output ? c->out : NULL, .saved = c->saved,
                            .n_saved = g->n_saved, .grad_out = c->grad_out, .node = b->pub.node,
-                           .in_shapes = c->in_shapes, .skip_input_grad = b->skip_in};
+                           .in_shapes = c->in_shapes, .skip_input_grad = b->skip_in,
+                           .in_dtypes = in_dtypes};
     int64_t base = ebb_memory_current(c->dev);
     ebb_memory_reset_peak(c->dev);
     if ((st = g->backward(&gc, c->gin, c->gp)) != EBB_OK)

@@ -376,7 +376,50 @@ static ebb_status causal_mask_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, e
 }
 static const ebb_op_grad causal_mask_grad = {.backward = causal_mask_bwd, .differentiable = 0u};
 
+/* ---- cast ------------------------------------------------------------------
+ *
+ * The stream in another floating dtype: what a mixed-precision plan puts
+ * between a float32 value and a bfloat16 op (ebb_compile_options.precision),
+ * and what a spec may write itself. To its own dtype it is the input. */
+static const ebb_attr_spec cast_attrs[] = {
+    {.name = "dtype", .type = EBB_ATTR_STRING, .required = 1,
+     .doc = "float32, float64, bfloat16 or float16"},
+};
+
+static ebb_status cast_dtype(const ebb_attr_value *a, ebb_dtype *dt) {
+    if (ebb_dtype_parse(dt, a[0].s) != EBB_OK || !ebb_ops_is_floating(*dt)) {
+        ebb_error_clear();
+        return ebb_error_set(EBB_ERR_ARG,
+                             "cast: dtype '%s' is not float32, float64, bfloat16 or float16",
+                             a[0].s ? a[0].s : "");
+    }
+    return EBB_OK;
+}
+
+static ebb_status cast_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    ebb_dtype dt;
+    ebb_status st = cast_dtype(c->attrs, &dt);
+    if (st == EBB_OK && !ebb_ops_is_floating(ebb_tensor_dtype(c->in[0])))
+        return ebb_error_set(EBB_ERR_ARG, "cast: the input is %s; only floating values cast",
+                             ebb_dtype_name(ebb_tensor_dtype(c->in[0])));
+    return st == EBB_OK ? ebb_tensor_cast(out, c->in[0], dt) : st;
+}
+
+/* The gradient goes back in the input's dtype. */
+static ebb_status cast_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    if (!c->in_dtypes)
+        return ebb_error_set(EBB_ERR_ARG, "cast backward: the call gives no input dtypes");
+    return ebb_tensor_cast(&gin[0], c->grad_out, c->in_dtypes[0]);
+}
+static const ebb_op_grad cast_grad = {.backward = cast_bwd, .differentiable = 1u,
+                                      .workspace_cuda = ebb_ops_no_cuda_scratch};
+
 const ebb_op ebb_ops_math[] = {
+    {.name = "cast", .min_inputs = 1, .max_inputs = 1, .attrs = cast_attrs,
+     .n_attrs = EBB_COUNT(cast_attrs), .forward = cast_fwd,
+     .doc = "the stream in another floating dtype (its gradient back in the input's)",
+     .grad = &cast_grad, .workspace_cuda = ebb_ops_no_cuda_scratch},
     {.name = "scale", .min_inputs = 1, .max_inputs = 1, .attrs = scale_attrs,
      .n_attrs = EBB_COUNT(scale_attrs), .forward = scale_fwd, .doc = "x * factor",
      .workspace = scale_workspace, .grad = &scale_grad, .workspace_cuda = scale_workspace_cuda},

@@ -260,9 +260,11 @@ static ebb_status backward(run_ctx *r, const plan_step *s) {
     ebb_tensor *ins[32] = {0}, *extras[EBB_MAX_SAVED] = {0};
     ebb_tensor *gin[32] = {0}, *gparam[EBB_MAX_PARAMS] = {0};
     ebb_shape in_shapes[32];
+    ebb_dtype in_dtypes[32];
     int k = 0;
     for (int i = 0; i < s->n_fwd_in; i++) {
         in_shapes[i] = r->shapes[f->pub.in[i]];
+        in_dtypes[i] = r->plan->values[f->pub.in[i]].dtype;
         if (s->saved_in >> i & 1)
             ins[i] = r->slots[ps->in[k++]];
     }
@@ -284,7 +286,7 @@ static ebb_status backward(run_ctx *r, const plan_step *s) {
                            .params = r->params, .n_params = s->n_params, .out = out,
                            .saved = extras, .n_saved = s->n_saved, .grad_out = grad_out,
                            .node = ps->node, .in_shapes = in_shapes,
-                           .skip_input_grad = s->skip_in};
+                           .skip_input_grad = s->skip_in, .in_dtypes = in_dtypes};
     ebb_status st = s->op->grad->backward(&gc, gin, gparam);
     int o = 0;
     for (int i = 0; i < s->n_fwd_in; i++) {

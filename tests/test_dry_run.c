@@ -104,6 +104,7 @@ static const op_case cases[] = {
     {"squeeze", "dim=1", 1, {S(2, 1, 4)}, {0}},
     {"squeeze", NULL, 1, {S(2, 1, 4, 1)}, {0}},
     /* math */
+    {"cast", "dtype=bfloat16", 1, {S(4, 8)}, {0}},
     {"scale", "factor=0.5", 1, {S(4, 8)}, {0}},
     {"mean", "dim=1", 1, {S(4, 8)}, {0}},
     {"mean", NULL, 1, {S(4, 8)}, {0}},

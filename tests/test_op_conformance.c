@@ -203,6 +203,8 @@ static const conf_case cases[] = {
     {"squeeze", 1, {SH(2, 1, 3)}, "dim=1", 0, 0},
     {"squeeze", 1, {SH(1, 4, 1)}, NULL, 0, 0},
     /* math */
+    {"cast", 1, {SH(4, 8)}, "dtype=bfloat16", 0, 0},
+    {"cast", 1, {SH(2, 3, 5)}, "dtype=float64", 0, 0},
     {"scale", 1, {SH(4, 8)}, "factor=2.5", 0, 0},
     {"scale", 1, {SH(2, 3, 5)}, "factor=-1", 0, 0},
     {"mean", 1, {SH(4, 8)}, "dim=1", 0, 0},

@@ -35,6 +35,13 @@
 #define TOL32 1e-4 /* float32 runs */
 #define FLOOR 1e-6
 
+/* The dtype of an output's gradient: the output's own where it is floating
+ * (a cast's bfloat16), else the case's. */
+static ebb_dtype grad_dtype(const ebb_tensor *out, ebb_dtype dt) {
+    ebb_dtype o = ebb_tensor_dtype(out);
+    return o == EBB_FLOAT32 || o == EBB_FLOAT64 || o == EBB_BFLOAT16 || o == EBB_FLOAT16 ? o : dt;
+}
+
 typedef struct grad_case {
     const char *op;
     int n_in; /* 0: every count the op accepts, up to MAX_IN */
@@ -61,6 +68,9 @@ static int bool_mask(const grad_case *gc, int i) {
 #define SH(...) {(int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}}
 
 static const grad_case cases[] = {
+    /* dtypes */
+    {"cast", 1, {SH(4, 8)}, "dtype=float64", 0},
+    {"cast", 1, {SH(2, 3, 5)}, "dtype=bfloat16", 0},
     /* activations */
     {"relu", 1, {SH(4, 8)}, NULL, 0},
     {"relu", 1, {SH(2, 3, 5)}, NULL, 0},
@@ -720,12 +730,14 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
     }
     ebb_shape os = ebb_tensor_shape(r.out);
     ebb_tensor *grad_out = NULL;
-    assert_ok(ebb_tensor_randn(&grad_out, &os, dt, cpu, seed + 50));
+    assert_ok(ebb_tensor_randn(&grad_out, &os, grad_dtype(r.out, dt), cpu, seed + 50));
     ebb_tensor *seen_in[MAX_IN] = {NULL};
     ebb_shape in_shapes[MAX_IN];
+    ebb_dtype in_dtypes[MAX_IN];
     for (int i = 0; i < n_in; i++) {
         seen_in[i] = (g->saves_inputs >> i) & 1u ? r.in[i] : NULL;
         in_shapes[i] = ebb_tensor_shape(r.in[i]);
+        in_dtypes[i] = ebb_tensor_dtype(r.in[i]);
     }
     int n_saved = 0;
     for (int k = 0; k < EBB_MAX_SAVED; k++)
@@ -736,7 +748,7 @@ static void run_case(const ebb_op *op, const grad_case *gc, int n_in, uint64_t s
                               .params = r.params, .n_params = n_params,
                               .out = g->saves_output ? r.out : NULL, .saved = r.saved,
                               .n_saved = g->n_saved, .grad_out = grad_out, .node = op->name,
-                              .in_shapes = in_shapes};
+                              .in_shapes = in_shapes, .in_dtypes = in_dtypes};
     /* what the call allocates, against the same baseline as the plan */
     int64_t baseline = ebb_memory_current(cpu);
     ebb_memory_reset_peak(cpu);
@@ -943,13 +955,16 @@ static void reference_f64(const ebb_op *op, const case_values *v, int n_in, uint
     ebb_tensor *go = NULL;
     assert_ok(ebb_tensor_cast(&go, grad_out, EBB_FLOAT64));
     ebb_tensor *seen[MAX_IN] = {NULL};
-    for (int i = 0; i < n_in; i++)
+    ebb_dtype in_dtypes[MAX_IN];
+    for (int i = 0; i < n_in; i++) {
         seen[i] = (g->saves_inputs >> i) & 1u ? r->in[i] : NULL;
+        in_dtypes[i] = ebb_tensor_dtype(r->in[i]);
+    }
     ebb_op_grad_call rc = {.op = op, .attrs = v->attrs, .in = seen, .n_in = n_in,
                            .params = r->params, .n_params = v->n_params,
                            .out = g->saves_output ? r->out : NULL, .saved = r->saved,
                            .n_saved = g->n_saved, .grad_out = go, .node = op->name,
-                           .in_shapes = in_shapes};
+                           .in_shapes = in_shapes, .in_dtypes = in_dtypes};
     assert_ok(g->backward(&rc, r->gin, r->gp));
     ebb_tensor_free(go);
 }
@@ -974,18 +989,20 @@ static void run_case_on_device(const ebb_op *op, const grad_case *gc, int n_in, 
     run_forward(op, v.attrs, &c, n_in, v.n_params, drop_seed);
     ebb_shape os = ebb_tensor_shape(c.out);
     ebb_tensor *grad_out = NULL, *grad_out_dev = NULL;
-    assert_ok(ebb_tensor_randn(&grad_out, &os, dt, cpu, seed + 50));
+    assert_ok(ebb_tensor_randn(&grad_out, &os, grad_dtype(c.out, dt), cpu, seed + 50));
     ebb_shape in_shapes[MAX_IN];
+    ebb_dtype in_dtypes[MAX_IN];
     ebb_tensor *seen_c[MAX_IN] = {NULL}, *seen_d[MAX_IN] = {NULL};
     for (int i = 0; i < n_in; i++) {
         in_shapes[i] = v.shapes[i];
+        in_dtypes[i] = ebb_tensor_dtype(v.in[i]);
         seen_c[i] = (g->saves_inputs >> i) & 1u ? c.in[i] : NULL;
     }
     ebb_op_grad_call cc = {.op = op, .attrs = v.attrs, .in = seen_c, .n_in = n_in,
                            .params = c.params, .n_params = v.n_params,
                            .out = g->saves_output ? c.out : NULL, .saved = c.saved,
                            .n_saved = g->n_saved, .grad_out = grad_out, .node = op->name,
-                           .in_shapes = in_shapes};
+                           .in_shapes = in_shapes, .in_dtypes = in_dtypes};
     assert_ok(g->backward(&cc, c.gin, c.gp));
 
     /* the same on the device, measured */
@@ -995,7 +1012,7 @@ static void run_case_on_device(const ebb_op *op, const grad_case *gc, int n_in, 
     }
     for (int j = 0; j < v.n_params; j++)
         assert_ok(ebb_tensor_to(&d.params[j], v.params[j], dev, ebb_tensor_dtype(v.params[j])));
-    assert_ok(ebb_tensor_to(&grad_out_dev, grad_out, dev, dt));
+    assert_ok(ebb_tensor_to(&grad_out_dev, grad_out, dev, ebb_tensor_dtype(grad_out)));
     int64_t base = ebb_memory_current(dev);
     ebb_memory_reset_peak(dev);
     run_forward(op, v.attrs, &d, n_in, v.n_params, drop_seed);
@@ -1245,13 +1262,16 @@ static unsigned meta_case(const ebb_op *op, const grad_case *gc, int n_in, int *
     ebb_shape os = ebb_tensor_shape(r.out);
     assert_ok(ebb_tensor_empty(&grad_out, &os, ebb_tensor_dtype(r.out), meta));
     ebb_tensor *seen_in[MAX_IN] = {NULL};
-    for (int i = 0; i < n_in; i++)
+    ebb_dtype in_dtypes[MAX_IN];
+    for (int i = 0; i < n_in; i++) {
         seen_in[i] = (g->saves_inputs >> i) & 1u ? r.in[i] : NULL;
+        in_dtypes[i] = ebb_tensor_dtype(r.in[i]);
+    }
     ebb_op_grad_call gcall = {.op = op, .attrs = attrs, .in = seen_in, .n_in = n_in,
                               .params = r.params, .n_params = n_params,
                               .out = g->saves_output ? r.out : NULL, .saved = r.saved,
                               .n_saved = g->n_saved, .grad_out = grad_out, .node = op->name,
-                              .in_shapes = shapes};
+                              .in_shapes = shapes, .in_dtypes = in_dtypes};
     st = g->backward(&gcall, r.gin, r.gp);
     if (st != EBB_OK) {
         if (!(known & META_BACKWARD))

@@ -233,7 +233,7 @@ static void test_ops_registered(void **state) {
         "gru_cell",  "lstm_cell", "flatten",   "reshape",    "permute",
         "transpose", "unsqueeze", "squeeze",   "scale",      "mean",
         "sum",       "narrow",   "positions",  "scaled_dot_product_attention",
-        "matmul",    "masked_fill", "causal_mask",
+        "matmul",    "masked_fill", "causal_mask", "cast",
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         const ebb_op *op = ebb_op_find(names[i]);

@@ -189,6 +189,10 @@ typedef struct ebb_op_grad_call {
      * needs_input_grad lets a backward do. Deterministic: a training plan's
      * dry run sees what the rule does with the same bits. 0: give them all. */
     uint32_t skip_input_grad;
+    /* Every input's dtype, saved or not: a gradient has its input's dtype,
+     * which a rule that changes dtypes (cast) reads here. May be NULL for
+     * rules whose inputs and output share one dtype. */
+    const ebb_dtype *in_dtypes;
 } ebb_op_grad_call;
 
 /* Writes a new tensor into grad_in[i] for every input whose differentiable
