@@ -216,8 +216,11 @@ static int choose_loss(compiler *c, const ebb_graph *g, const ebb_train_options 
 
 /* ---- dry runs ----------------------------------------------------------------- */
 
-static ebb_tensor *meta_param(compiler *c, const plan_param *pp) {
-    return ebb_compiler_meta_new(c, &pp->spec.shape, pp->spec.counter ? EBB_INT64 : c->plan->dtype);
+/* Step s's parameter j as the op sees it: its low copy's dtype under mixed
+ * precision (plan_step.param_cast). */
+static ebb_tensor *meta_param(compiler *c, const plan_step *s, int j) {
+    const plan_param *pp = &c->plan->params[s->param[j]];
+    return ebb_compiler_meta_new(c, &pp->spec.shape, ebb_param_dtype_in(c, s, j));
 }
 
 /* What the CPU stand-ins of one dry run may take, as lower.c allows its
@@ -340,7 +343,7 @@ static int add_extras(compiler *c, int si) {
     for (int i = 0; i < s->pub.n_in; i++)
         ins[i] = c->meta[s->pub.in[i]];
     for (int j = 0; j < s->n_params; j++)
-        if (!(params[j] = meta_param(c, &p->params[s->param[j]])))
+        if (!(params[j] = meta_param(c, s, j)))
             st = c->status;
     ebb_tensor *out = NULL, *saved[EBB_MAX_SAVED] = {0};
     int alias = -1;
@@ -400,6 +403,7 @@ static int add_extras(compiler *c, int si) {
             s->has_workspace_cuda = 1;
         }
     }
+    ebb_add_param_copies(c, s);
     return 0;
 }
 
@@ -668,7 +672,7 @@ static int emit_backward(ad *a, int fi) {
     }
     ebb_status st = EBB_OK;
     for (int j = 0; j < f->n_params; j++)
-        if (!(params[j] = meta_param(c, &p->params[f->param[j]])))
+        if (!(params[j] = meta_param(c, f, j)))
             st = c->status;
     ebb_tensor *gin[32] = {0}, *gparam[EBB_MAX_PARAMS] = {0};
     if (st == EBB_OK) {
@@ -725,6 +729,25 @@ static int emit_backward(ad *a, int fi) {
         return fail(c, ebb_error_prefix("node %s (%s.backward)", f->pub.node, f->op->name));
     }
 
+    /* mixed precision: the rule's low gradients are cast back to the
+     * parameters' dtype inside the step; the plan holds those */
+    for (int j = 0; f->param_cast && j < f->n_params; j++) {
+        if (!gparam[j])
+            continue;
+        const plan_param *pp = &p->params[f->param[j]];
+        ebb_tensor *full = ebb_compiler_meta_new(c, &pp->spec.shape, p->dtype);
+        ebb_tensor_free(gparam[j]);
+        gparam[j] = full;
+        if (!full) {
+            ebb_tensor_free(seed);
+            for (int i = 0; i < 32; i++)
+                ebb_tensor_free(gin[i]);
+            for (int k = 0; k < EBB_MAX_PARAMS; k++)
+                ebb_tensor_free(gparam[k]);
+            return -1;
+        }
+    }
+
     /* the step, then one value per gradient */
     char *name = ebb_compiler_strdupf("%s.backward", f->op->name);
     plan_step *b = name ? ebb_compiler_step_new(c, EBB_STEP_BACKWARD, name, f->pub.node) : NULL;
@@ -761,6 +784,27 @@ static int emit_backward(ad *a, int fi) {
         b->workspace_cuda = r->workspace_cuda(f->attrs, in_shapes, n_in,
                                               p->values[f->pub.in[0]].dtype);
         b->has_workspace_cuda = 1;
+    }
+    b->param_cast = f->param_cast;
+    b->param_dtype = f->param_dtype;
+    b->low_kernel = f->low_kernel;
+    if (b->param_cast || b->low_kernel) {
+        if (!b->has_workspace_cuda) {
+            b->workspace_cuda = ebb_cuda_block(b->workspace);
+            b->has_workspace_cuda = 1;
+        }
+    }
+    if (b->low_kernel) {
+        ebb_shape ps[EBB_MAX_PARAMS];
+        for (int j = 0; j < f->n_params; j++)
+            ps[j] = p->params[f->param[j]].spec.shape;
+        const ebb_shape *ys = &p->values[y].shape;
+        b->workspace += ebb_low_kernel_allowance(in_shapes, n_in, ps, f->n_params, ys, 2, 0);
+        b->workspace_cuda += ebb_low_kernel_allowance(in_shapes, n_in, ps, f->n_params, ys, 2, 1);
+    }
+    if (b->param_cast) {
+        b->workspace = ebb_backward_cast_scratch(c, b, b->workspace, 0);
+        b->workspace_cuda = ebb_backward_cast_scratch(c, b, b->workspace_cuda, 1);
     }
     int bi = ebb_compiler_step_index(c, b);
     int outs[32 + EBB_MAX_PARAMS], n_outs = 0, gin_slot[32], gp_slot[EBB_MAX_PARAMS];
@@ -1266,6 +1310,14 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
     for (int i = 0; i < p->n_outputs; i++)
         if (p->values[p->outputs[i]].kind == EBB_VALUE_OUTPUT)
             p->values[p->outputs[i]].kind = EBB_VALUE_INTERMEDIATE;
+
+    /* mixed precision: the loss computes in float32; its input's cast is a
+     * forward step, which the gradient walk below covers */
+    ebb_dtype fdt = p->values[final].dtype;
+    if (c->autocast && fdt != p->dtype &&
+        (fdt == EBB_BFLOAT16 || fdt == EBB_FLOAT16 || fdt == EBB_FLOAT32) &&
+        (final = ebb_lower_cast(c, final, p->dtype, "loss", 0)) < 0)
+        return -1;
 
     int n_fwd = p->n_steps;
     for (int i = 0; i < n_fwd; i++)

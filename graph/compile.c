@@ -229,6 +229,13 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
                              "ebb_compile: memory_budget is %lld; give bytes, 0 for none or "
                              "EBB_MEMORY_BUDGET_LEAST",
                              (long long)opts->memory_budget);
+    if ((unsigned)opts->precision > EBB_PRECISION_FP16)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_compile: precision is %d; use an ebb_precision",
+                             (int)opts->precision);
+    if (opts->precision != EBB_PRECISION_FULL && opts->dtype != EBB_FLOAT32)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "ebb_compile: precision %s is for a float32 plan; this one is %s",
+                             ebb_precision_name(opts->precision), ebb_dtype_name(opts->dtype));
     ebb_status st = ebb_init();
     if (st != EBB_OK)
         return st;
@@ -258,6 +265,8 @@ ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_comp
     ebb_status st = EBB_OK;
     *out = NULL;
     compiler c = {.meta_device = {EBB_DEVICE_META, 0}, .training = opts->train != NULL,
+                  .autocast = opts->precision != EBB_PRECISION_FULL,
+                  .low = opts->precision == EBB_PRECISION_FP16 ? EBB_FLOAT16 : EBB_BFLOAT16,
                   .drop = drop, .n_drop = drop ? n_drop : 0, .defer = defer};
     ebb_plan *p = calloc(1, sizeof *p);
     if (!p)
@@ -287,15 +296,17 @@ ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_comp
         goto fail;
     if (opts->device.type == EBB_DEVICE_CUDA && ebb_pass_measure(&c, opts->device) != 0)
         goto fail;
-    if (opts->measure_scratch && ebb_pass_measure(&c, ebb_device_cpu()) != 0)
+    /* a matrix product in a low dtype has no CPU figure but its own: mixed
+     * precision measures on the CPU whatever measure_scratch says */
+    if ((opts->measure_scratch || c.autocast) && ebb_pass_measure(&c, ebb_device_cpu()) != 0)
         goto fail;
     /* routing and while/until loops depend on values; some kernels' scratch
      * depends on the machine */
     for (int i = 0; i < p->n_steps; i++) {
         const plan_step *s = &p->steps[i];
-        int bound_scratch = s->pub.kind == EBB_STEP_BACKWARD
-                                ? s->op->grad->workspace_is_bound
-                                : s->op && s->op->workspace_is_bound;
+        int bound_scratch = s->low_kernel ||
+                            (s->pub.kind == EBB_STEP_BACKWARD ? s->op->grad->workspace_is_bound
+                                                              : s->op && s->op->workspace_is_bound);
         p->peak_is_bound |= s->pub.kind == EBB_STEP_ROUTE || s->pub.kind == EBB_STEP_JUMP_IF ||
                             (bound_scratch && s->workspace > 0);
         int bound_cuda = s->pub.kind == EBB_STEP_BACKWARD ? s->op->grad->workspace_cuda_is_bound
@@ -304,6 +315,7 @@ ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_comp
                                    (p->training && s->op->grad &&
                                     s->op->grad->workspace_cuda_is_bound)
                              : 0;
+        bound_cuda |= s->low_kernel;
         p->cuda_peak_is_bound |= bound_cuda && s->has_workspace_cuda && s->workspace_cuda > 0;
     }
     p->cuda_peak_is_bound |= p->peak_is_bound;
@@ -338,4 +350,32 @@ fail:
     free(c.meta);
     ebb_plan_free(p);
     return st;
+}
+
+/* ---- mixed precision ---------------------------------------------------------- */
+
+ebb_status ebb_precision_parse(ebb_precision *out, const char *name) {
+    static const struct {
+        const char *name;
+        ebb_precision p;
+    } names[] = {{"fp32", EBB_PRECISION_FULL}, {"float32", EBB_PRECISION_FULL},
+                 {"bf16", EBB_PRECISION_BF16}, {"bfloat16", EBB_PRECISION_BF16},
+                 {"fp16", EBB_PRECISION_FP16}, {"float16", EBB_PRECISION_FP16}};
+    if (!out)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_precision_parse: out is NULL");
+    for (size_t i = 0; name && i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(name, names[i].name) == 0) {
+            *out = names[i].p;
+            return EBB_OK;
+        }
+    return ebb_error_set(EBB_ERR_ARG, "precision '%s' is not fp32, bf16 or fp16",
+                         name ? name : "(null)");
+}
+
+const char *ebb_precision_name(ebb_precision p) {
+    switch (p) {
+    case EBB_PRECISION_BF16: return "bf16";
+    case EBB_PRECISION_FP16: return "fp16";
+    default: return "fp32";
+    }
 }

@@ -40,6 +40,10 @@ typedef struct compiler {
      * following its final gradient (graph/placement.c chooses; NULL: none
      * waits) */
     const unsigned char *defer;
+    /* mixed precision (ebb_compile_options.precision): the matrix products'
+     * dtype, when `autocast` */
+    int autocast;
+    ebb_dtype low;
     ebb_status status;
 } compiler;
 
@@ -63,6 +67,25 @@ int ebb_compiler_step_index(const compiler *c, const plan_step *s);
 /* A new handle on a slot's meta tensor, and a new meta tensor. */
 ebb_tensor *ebb_compiler_meta_ref(compiler *c, int slot);
 ebb_tensor *ebb_compiler_meta_new(compiler *c, const ebb_shape *s, ebb_dtype dt);
+/* Mixed precision (graph/lower.c): the dtype a step computes parameter k in
+ * (its low copy's, or the parameter's own), and the bytes its low copies
+ * take (`cuda`: in the caching allocator's blocks). */
+ebb_dtype ebb_param_dtype_in(const compiler *c, const plan_step *s, int k);
+int64_t ebb_param_copy_bytes(const compiler *c, const plan_step *s, int cuda);
+/* A `cast` step of slot x to dt at node "<path>.cast<i>"; its slot or -1. */
+int ebb_lower_cast(compiler *c, int x, ebb_dtype dt, const char *path, int i);
+/* Adds a step's parameter copies to its forward scratch, on both devices. */
+void ebb_add_param_copies(const compiler *c, plan_step *s);
+/* What a matrix product in the low dtype may take beyond its figure
+ * (plan_step.low_kernel): a float32 copy of each operand and of the result,
+ * `times` over (2 for a backward: the gradients too); `cuda`: in blocks. */
+int64_t ebb_low_kernel_allowance(const ebb_shape *in, int n_in, const ebb_shape *params, int np,
+                                 const ebb_shape *out, int times, int cuda);
+/* A mixed-precision backward step's scratch around its rule's `rule`: the
+ * parameters' low copies (C) and the rule's low gradients (G) beside the
+ * gradients cast back (F, the step's outputs): max(C + rule + G - F, G).
+ * The rule's own figure where the step casts nothing. */
+int64_t ebb_backward_cast_scratch(const compiler *c, const plan_step *b, int64_t rule, int cuda);
 
 /* One compile, with the forward values in `drop` (n_drop slots; NULL: none)
  * recomputed in the backward rather than kept: ebb_compile() without the

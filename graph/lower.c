@@ -351,6 +351,182 @@ static int step_params(compiler *c, const ebb_node *node, const ebb_param_spec *
     return 0;
 }
 
+/* ---- mixed precision (ebb_compile_options.precision) ------------------------------------
+ *
+ * torch.autocast's policy, on the plan: an op of the low list computes in
+ * the low dtype, one of the full list in float32, and any other in its
+ * inputs' widest dtype. A `cast` step goes before each input that is in
+ * another dtype; parameters are cast inside the step (plan_step.param_cast). */
+
+typedef enum { AUTOCAST_PROMOTE, AUTOCAST_LOW, AUTOCAST_FULL, AUTOCAST_KEEP } autocast_class;
+
+static autocast_class autocast_class_of(const ebb_op *op) {
+    static const char *const low[] = {"linear", "conv1d", "conv2d", "matmul",
+                                      "scaled_dot_product_attention", "multi_head_attention"};
+    static const char *const full[] = {"softmax", "log_softmax", "layer_norm",
+                                       "rms_norm", "group_norm", "cross_entropy", "nll",
+                                       "mse", "bce_with_logits", "mean", "sum",
+                                       "learned_halt", "threshold_halt"};
+    for (size_t i = 0; i < sizeof low / sizeof low[0]; i++)
+        if (strcmp(op->name, low[i]) == 0)
+            return AUTOCAST_LOW;
+    for (size_t i = 0; i < sizeof full / sizeof full[0]; i++)
+        if (strcmp(op->name, full[i]) == 0)
+            return AUTOCAST_FULL;
+    /* torch's mixed kernel: a low input, float32 weights and statistics */
+    if (strcmp(op->name, "batch_norm") == 0)
+        return AUTOCAST_KEEP;
+    return AUTOCAST_PROMOTE;
+}
+
+static int is_float(ebb_dtype dt) {
+    return dt == EBB_FLOAT32 || dt == EBB_FLOAT64 || dt == EBB_BFLOAT16 || dt == EBB_FLOAT16;
+}
+
+/* The wider of two floating dtypes; bfloat16 and float16 together widen to
+ * float32, as torch's type promotion does. */
+static ebb_dtype wider(ebb_dtype a, ebb_dtype b) {
+    if (a == b)
+        return a;
+    if (a == EBB_FLOAT64 || b == EBB_FLOAT64)
+        return EBB_FLOAT64;
+    return EBB_FLOAT32;
+}
+
+ebb_dtype ebb_param_dtype_in(const compiler *c, const plan_step *s, int k) {
+    const plan_param *pp = &c->plan->params[s->param[k]];
+    if (pp->spec.counter)
+        return EBB_INT64;
+    return s->param_cast ? s->param_dtype : c->plan->dtype;
+}
+
+int64_t ebb_param_copy_bytes(const compiler *c, const plan_step *s, int cuda) {
+    int64_t bytes = 0;
+    for (int k = 0; s->param_cast && k < s->n_params; k++) {
+        const plan_param *pp = &c->plan->params[s->param[k]];
+        if (pp->spec.counter)
+            continue;
+        int64_t n = ebb_shape_numel(&pp->spec.shape) * (int64_t)ebb_dtype_size(s->param_dtype);
+        bytes += cuda ? ebb_cuda_block(n) : n;
+    }
+    return bytes;
+}
+
+void ebb_add_param_copies(const compiler *c, plan_step *s) {
+    if (!s->param_cast)
+        return;
+    if (!s->has_workspace_cuda) {
+        s->workspace_cuda = ebb_cuda_block(s->workspace);
+        s->has_workspace_cuda = 1;
+    }
+    s->workspace += ebb_param_copy_bytes(c, s, 0);
+    s->workspace_cuda += ebb_param_copy_bytes(c, s, 1);
+}
+
+int64_t ebb_low_kernel_allowance(const ebb_shape *in, int n_in, const ebb_shape *params, int np,
+                                 const ebb_shape *out, int times, int cuda) {
+    int64_t total = 0;
+    for (int i = 0; i < n_in + np + 1; i++) {
+        const ebb_shape *sh = i < n_in ? &in[i] : i < n_in + np ? &params[i - n_in] : out;
+        int64_t b = 4 * ebb_shape_numel(sh);
+        total += times * (cuda ? ebb_cuda_block(b) : b);
+    }
+    return total;
+}
+
+int64_t ebb_backward_cast_scratch(const compiler *c, const plan_step *b, int64_t rule, int cuda) {
+    if (!b->param_cast)
+        return rule;
+    int64_t copies = ebb_param_copy_bytes(c, b, cuda), low = 0, full = 0;
+    for (int k = 0; k < b->n_params; k++) {
+        const plan_param *pp = &c->plan->params[b->param[k]];
+        if (pp->spec.counter || pp->spec.buffer)
+            continue; /* no gradient */
+        int64_t n = ebb_shape_numel(&pp->spec.shape);
+        int64_t l = n * (int64_t)ebb_dtype_size(b->param_dtype);
+        int64_t f = n * (int64_t)ebb_dtype_size(c->plan->dtype);
+        low += cuda ? ebb_cuda_block(l) : l;
+        full += cuda ? ebb_cuda_block(f) : f;
+    }
+    int64_t during = copies + rule + low - full;
+    return during > low ? during : low;
+}
+
+/* A cast step of slot `x` to `dt`; returns its output slot or -1. */
+int ebb_lower_cast(compiler *c, int x, ebb_dtype dt, const char *path, int i) {
+    const ebb_op *cast = ebb_op_find("cast");
+    attr_block *a = calloc(1, sizeof *a);
+    char *where = ebb_compiler_strdupf("%s.cast%d", path, i);
+    if (!cast || !a || !where) {
+        free(a);
+        free(where);
+        return ebb_compiler_oom(c);
+    }
+    a->v[0].type = EBB_ATTR_STRING;
+    a->v[0].set = 1;
+    a->v[0].s = ebb_dtype_name(dt);
+    a->next = c->attrs;
+    c->attrs = a;
+    int slot = ebb_lower_op_node(c, cast, a->v, NULL, where, where, &x, 1);
+    free(where);
+    return slot;
+}
+
+/* Slot y as `dt` (a cast step when they differ): a loop's state and a
+ * route's accumulator keep one dtype whatever their body's ops compute in. */
+static int conform_dtype(compiler *c, int y, ebb_dtype dt, const char *path) {
+    if (!c->autocast || y < 0 || c->plan->values[y].dtype == dt)
+        return y;
+    return ebb_lower_cast(c, y, dt, path, 0);
+}
+
+/* Writes into out[] the slots the op reads under the policy (cast steps
+ * emitted where a dtype changes); sets *low when the op computes in the
+ * low dtype on copies of its parameters, and *low_input when it computes
+ * on a low input with its parameters as they are (batch_norm). */
+static int autocast_inputs(compiler *c, const ebb_op *op, const ebb_attr_value *attrs,
+                           const char *path, const int *in, int n_in, int *out, int *low,
+                           int *low_input) {
+    const ebb_plan *p = c->plan;
+    autocast_class k = autocast_class_of(op);
+    *low = k == AUTOCAST_LOW;
+    *low_input = 0;
+    ebb_dtype target = k == AUTOCAST_LOW ? c->low : p->dtype;
+    if (k == AUTOCAST_KEEP && n_in > 0 && is_float(p->values[in[0]].dtype)) {
+        target = p->values[in[0]].dtype;
+        *low_input = target != p->dtype;
+    }
+    if (k == AUTOCAST_PROMOTE) {
+        /* an op with floating parameters computes in theirs (float32) */
+        ebb_shape shapes[64];
+        ebb_param_spec specs[EBB_MAX_PARAMS];
+        int np = 0, has_float = 0, any = 0;
+        for (int i = 0; i < n_in; i++)
+            shapes[i] = p->values[in[i]].shape;
+        if (op->params && op->params(attrs, shapes, n_in, specs, &np) == EBB_OK)
+            for (int j = 0; j < np; j++)
+                has_float |= !specs[j].counter;
+        else
+            ebb_error_clear(); /* the lowering below reports it */
+        for (int i = 0; i < n_in; i++) {
+            ebb_dtype dt = p->values[in[i]].dtype;
+            if (!is_float(dt))
+                continue;
+            target = any ? wider(target, dt) : dt;
+            any = 1;
+        }
+        if (has_float)
+            target = any ? wider(target, p->dtype) : p->dtype;
+    }
+    for (int i = 0; i < n_in; i++) {
+        ebb_dtype dt = p->values[in[i]].dtype;
+        out[i] = is_float(dt) && dt != target ? ebb_lower_cast(c, in[i], target, path, i) : in[i];
+        if (out[i] < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* Emits one op step reading `in`; returns the output slot or -1. */
 int ebb_lower_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, const char *prefix,
                  const char *path, const int *in, int n_in) {
@@ -371,6 +547,12 @@ int ebb_lower_op_node(compiler *c, const ebb_op *op, const ebb_attr_value *attrs
         c->status = ebb_error_set(EBB_ERR_BUILD, "node %s: %s has %d inputs (at most 64)", path,
                                   op->name, n_in);
         return -1;
+    }
+    int cast_in[64], low = 0, low_input = 0;
+    if (c->autocast && strcmp(op->name, "cast") != 0) {
+        if (autocast_inputs(c, op, attrs, path, in, n_in, cast_in, &low, &low_input) != 0)
+            return -1;
+        in = cast_in;
     }
     for (int i = 0; i < n_in; i++) {
         ins[i] = c->meta[in[i]];
@@ -395,7 +577,8 @@ int ebb_lower_op_node(compiler *c, const ebb_op *op, const ebb_attr_value *attrs
     ebb_status st = EBB_OK;
     for (int i = 0; st == EBB_OK && i < np; i++)
         st = ebb_tensor_empty(&params[i], &specs[i].shape,
-                              specs[i].counter ? EBB_INT64 : c->plan->dtype, c->meta_device);
+                              specs[i].counter ? EBB_INT64 : low ? c->low : c->plan->dtype,
+                              c->meta_device);
     ebb_tensor *out = NULL;
     int alias = -1;
     if (st == EBB_OK) {
@@ -430,6 +613,22 @@ int ebb_lower_op_node(compiler *c, const ebb_op *op, const ebb_attr_value *attrs
     }
     memcpy(s->param, param_index, sizeof param_index);
     s->n_params = np;
+    s->param_cast = low && np > 0;
+    s->param_dtype = c->low;
+    s->low_kernel = low || low_input;
+    if (s->low_kernel) {
+        /* a float32 copy of every operand and of the result */
+        ebb_shape ps[EBB_MAX_PARAMS], os = ebb_tensor_shape(out);
+        for (int i = 0; i < np; i++)
+            ps[i] = specs[i].shape;
+        if (!s->has_workspace_cuda) {
+            s->workspace_cuda = ebb_cuda_block(s->workspace);
+            s->has_workspace_cuda = 1;
+        }
+        s->workspace += ebb_low_kernel_allowance(shapes, n_in, ps, np, &os, 1, 0);
+        s->workspace_cuda += ebb_low_kernel_allowance(shapes, n_in, ps, np, &os, 1, 1);
+    }
+    ebb_add_param_copies(c, s);
     /* a view op may still copy (reshape of a non-contiguous input), and an op
      * not flagged as a view may hand back its input: trust the dry run */
     int slot = ebb_compiler_value_new(c, out, EBB_VALUE_INTERMEDIATE, ebb_compiler_step_index(c, s),
@@ -663,6 +862,18 @@ static int lower_routed(compiler *c, const graph_step *st, const char *spath, co
             free(bpath);
             goto out;
         }
+        /* one dtype for every branch: a gate weighs its branches' rows by
+         * its route table, in their wider dtype */
+        ebb_dtype ydt = c->plan->values[y].dtype;
+        if (mode != EBB_ROUTE_SWITCH && ydt != c->plan->values[rout[0]].dtype)
+            ydt = wider(ydt, c->plan->values[rout[0]].dtype);
+        if (acc_has_shape)
+            ydt = c->plan->values[acc].dtype;
+        if ((y = conform_dtype(c, y, ydt, bpath)) < 0) {
+            free(bpath);
+            goto out;
+        }
+        yv = c->plan->values[y];
         if (acc_has_shape && !ebb_shape_equal(&as, &c->plan->values[acc].shape)) {
             c->status = ebb_error_set(EBB_ERR_SHAPE,
                                       "node %s: branch output %s differs from branch 0's %s", bpath,
@@ -806,7 +1017,7 @@ static int unroll_while(compiler *c, const graph_step *st, const char *spath, co
         if (j >= 0)
             exits[n_exits++] = j;
         int y = lower_body(c, st, body, sc, state);
-        if (y < 0)
+        if ((y = conform_dtype(c, y, c->plan->values[res[0]].dtype, body)) < 0)
             goto fail_iter;
         ebb_tensor *my[1] = {ebb_compiler_meta_ref(c, y)};
         int ay[1] = {y};
@@ -872,7 +1083,7 @@ static int lower_loop(compiler *c, const graph_step *st, const char *spath, cons
     if (st->loop == LOOP_WHILE && (cond_jump = emit_loop_test(c, st, path, cond_path, sc, state[0], 0)) < 0)
         goto out;
     int y = lower_body(c, st, body_path, sc, state[0]);
-    if (y < 0)
+    if ((y = conform_dtype(c, y, c->plan->values[state[0]].dtype, body_path)) < 0)
         goto out;
     ebb_tensor *ym[1] = {ebb_compiler_meta_ref(c, y)};
     int alias_y[1] = {y};

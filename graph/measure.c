@@ -81,10 +81,6 @@ typedef struct call {
     ebb_shape in_shapes[32];
 } call;
 
-static ebb_dtype param_dtype(const ebb_plan *p, int k) {
-    return p->params[k].spec.counter ? EBB_INT64 : p->dtype;
-}
-
 /* The key of a call: everything its kernels' choice can depend on, the
  * inputs' layouts included. */
 static int call_key(const compiler *cc, const call *c, char *buf, size_t cap) {
@@ -115,7 +111,7 @@ static int call_key(const compiler *cc, const call *c, char *buf, size_t cap) {
     }
     for (int j = 0; j < s->n_params && n < cap; j++) {
         char sh[96];
-        n += (size_t)snprintf(buf + n, cap - n, "|p%d%s", (int)param_dtype(p, s->param[j]),
+        n += (size_t)snprintf(buf + n, cap - n, "|p%d%s", (int)ebb_param_dtype_in(cc, s, j),
                               ebb_shape_str(&p->params[s->param[j]].spec.shape, sh, sizeof sh));
     }
     for (int a = 0; a < s->op->n_attrs && n < cap; a++) {
@@ -272,7 +268,7 @@ static ebb_status measure_call(const compiler *cc, call *c, int64_t *bytes) {
     }
     for (int j = 0; j < s->n_params && st == EBB_OK; j++)
         st = ebb_tensor_zeros(&c->params[j], &p->params[s->param[j]].spec.shape,
-                              param_dtype(p, s->param[j]), c->dev);
+                              ebb_param_dtype_in(cc, s, j), c->dev);
     int rounds = c->dev.type == EBB_DEVICE_CUDA ? 2 : 1;
     for (int round = 0; round < rounds && st == EBB_OK; round++) {
         if (c->stage == STAGE_BACKWARD) {
@@ -298,11 +294,14 @@ static int bounded(const ebb_plan *p, const plan_step *s, ebb_device dev, enum s
     int cuda = dev.type == EBB_DEVICE_CUDA;
     if (s->pub.kind == EBB_STEP_BACKWARD) {
         *stage = STAGE_BACKWARD;
-        return cuda ? s->op->grad->workspace_cuda_is_bound : s->op->grad->workspace_is_bound;
+        return s->low_kernel ||
+               (cuda ? s->op->grad->workspace_cuda_is_bound : s->op->grad->workspace_is_bound);
     }
     if (s->pub.kind != EBB_STEP_OP || !s->op || s->pub.n_in == 0 || s->pub.in_place)
         return 0;
     *stage = s->train ? STAGE_TRAIN : STAGE_FORWARD;
+    if (s->low_kernel)
+        return 1;
     if (!cuda)
         return s->op->workspace_is_bound;
     return s->op->workspace_cuda_is_bound ||
@@ -342,6 +341,10 @@ int ebb_pass_measure(compiler *c, ebb_device dev) {
             if (keyed)
                 cache_put(key, bytes);
         }
+        /* under mixed precision the op ran on its parameters' low copies,
+         * which the step makes and frees around it */
+        bytes = stage == STAGE_BACKWARD ? ebb_backward_cast_scratch(c, s, bytes, cuda)
+                                        : bytes + ebb_param_copy_bytes(c, s, cuda);
         if (cuda) {
             s->workspace_cuda = bytes;
             s->has_workspace_cuda = 1;

@@ -248,7 +248,13 @@ void ebb_plan_print_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn label, void
         slots_text(p, frees, sizeof frees, s->frees, s->n_frees);
         if (s->n_out > 0) {
             int v = s->out[s->kind == EBB_STEP_ENTER ? 1 : 0];
-            ebb_shape_str(&p->values[v].shape, shape, sizeof shape);
+            ebb_dtype dt = p->values[v].dtype;
+            /* a mixed-precision plan's low values say so */
+            int low = dt == EBB_BFLOAT16 || dt == EBB_FLOAT16;
+            size_t n = low ? (size_t)snprintf(shape, sizeof shape, "%s",
+                                              dt == EBB_BFLOAT16 ? "bf16" : "f16")
+                           : 0;
+            ebb_shape_str(&p->values[v].shape, shape + n, sizeof shape - n);
         }
         fprintf(f, "%4d  %-*s %-28s %-14s %-10s %-16s %-18s %lld", i, opw, s->op, s->node, in, out,
                 shape, frees, (long long)s->live_bytes);

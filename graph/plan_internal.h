@@ -14,6 +14,16 @@ typedef struct plan_step {
     int64_t workspace_cuda; /* on CUDA, in allocator blocks, when has_workspace_cuda */
     int has_workspace_cuda;
     int64_t cuda_peak_bytes; /* pub.peak_bytes as CUDA's allocator counts it */
+    /* mixed precision: the op runs on copies of its floating parameters in
+     * param_dtype, made for the call and freed after it; a backward casts
+     * their gradients back to the parameters' dtype */
+    int param_cast;
+    ebb_dtype param_dtype;
+    /* mixed precision: a matrix product in the low dtype, whose CPU and
+     * CUDA kernels' scratch the op's figures do not model: a bound (with a
+     * float32 copy of every operand allowed), measured where the compile
+     * measures (graph/measure.c) */
+    int low_kernel;
     int param[EBB_MAX_PARAMS]; /* indices into the plan's parameter table, n_params of them */
     int n_params;
     ebb_route_mode mode; /* ROUTE, ENTER, EXIT */

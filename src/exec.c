@@ -252,6 +252,38 @@ static ebb_status forward_train(run_ctx *r, const plan_step *s, ebb_op_call *cal
     return EBB_OK;
 }
 
+/* The step's parameters into r->params: the model's own, or under mixed
+ * precision (plan_step.param_cast) copies of the floating ones in the
+ * step's dtype, written to copies[] for param_copies_free() after the
+ * call. The plan counts them in the step's scratch. */
+static ebb_status params_for_step(run_ctx *r, const plan_step *s, ebb_tensor **copies) {
+    for (int j = 0; j < s->n_params; j++) {
+        ebb_tensor *p = r->model->params[s->param[j]];
+        copies[j] = NULL;
+        r->params[j] = p;
+        ebb_dtype dt = ebb_tensor_dtype(p);
+        if (!s->param_cast || dt == s->param_dtype || dt == EBB_INT64)
+            continue;
+        ebb_status st = ebb_tensor_cast(&copies[j], p, s->param_dtype);
+        if (st != EBB_OK) {
+            for (int k = 0; k < j; k++) {
+                ebb_tensor_free(copies[k]);
+                copies[k] = NULL;
+            }
+            return st;
+        }
+        r->params[j] = copies[j];
+    }
+    return EBB_OK;
+}
+
+static void param_copies_free(const plan_step *s, ebb_tensor **copies) {
+    for (int j = 0; j < s->n_params; j++) {
+        ebb_tensor_free(copies[j]);
+        copies[j] = NULL;
+    }
+}
+
 /* The rule's backward, reading what it saved; its gradients go to the
  * step's outputs in order (inputs', then parameters'). */
 static ebb_status backward(run_ctx *r, const plan_step *s) {
@@ -280,14 +312,30 @@ static ebb_status backward(run_ctx *r, const plan_step *s) {
             ebb_plan_value_id(r->plan, ps->in[i], id, sizeof id);
             return ebb_error_set(EBB_ERR_RUNTIME, "input %s is empty", id);
         }
-    for (int j = 0; j < s->n_params; j++)
-        r->params[j] = r->model->params[s->param[j]];
+    ebb_tensor *copies[EBB_MAX_PARAMS];
+    ebb_status cs = params_for_step(r, s, copies);
+    if (cs != EBB_OK)
+        return cs;
     ebb_op_grad_call gc = {.op = s->op, .attrs = s->attrs, .in = ins, .n_in = s->n_fwd_in,
                            .params = r->params, .n_params = s->n_params, .out = out,
                            .saved = extras, .n_saved = s->n_saved, .grad_out = grad_out,
                            .node = ps->node, .in_shapes = in_shapes,
                            .skip_input_grad = s->skip_in, .in_dtypes = in_dtypes};
     ebb_status st = s->op->grad->backward(&gc, gin, gparam);
+    param_copies_free(s, copies);
+    /* mixed precision: the parameters' gradients in their own dtype, all
+     * cast before the low ones go (the plan's ebb_backward_cast_scratch) */
+    ebb_tensor *low[EBB_MAX_PARAMS] = {0};
+    for (int j = 0; st == EBB_OK && s->param_cast && j < s->n_params; j++) {
+        ebb_dtype want = ebb_tensor_dtype(r->model->params[s->param[j]]);
+        if (!gparam[j] || ebb_tensor_dtype(gparam[j]) == want)
+            continue;
+        low[j] = gparam[j];
+        gparam[j] = NULL;
+        st = ebb_tensor_cast(&gparam[j], low[j], want);
+    }
+    for (int j = 0; j < EBB_MAX_PARAMS; j++)
+        ebb_tensor_free(low[j]);
     int o = 0;
     for (int i = 0; i < s->n_fwd_in; i++) {
         if (!(s->grad_in >> i & 1)) {
@@ -503,10 +551,25 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
                 return ebb_error_set(EBB_ERR_RUNTIME, "input %s is empty", id);
             }
         }
-        for (int i = 0; i < s->n_params; i++)
-            r->params[i] = r->model->params[s->param[i]];
+        ebb_tensor *copies[EBB_MAX_PARAMS];
+        ebb_status cs = params_for_step(r, s, copies);
+        if (cs != EBB_OK)
+            return cs;
         ebb_op_call call = {.op = s->op, .attrs = s->attrs, .in = r->args, .n_in = ps->n_in,
                             .params = r->params, .n_params = s->n_params, .node = ps->node};
+        if (s->param_cast) {
+            /* never in place: the copies go when the call returns */
+            ebb_tensor *out = NULL;
+            ebb_status st = s->train ? forward_train(r, s, &call) : s->op->forward(&call, &out);
+            param_copies_free(s, copies);
+            if (st == EBB_OK && !s->train && !out)
+                st = ebb_error_set(EBB_ERR_RUNTIME, "op %s returned no tensor", s->op->name);
+            if (st == EBB_OK && !s->train)
+                slot_set(r, ps->out[0], out);
+            else
+                ebb_tensor_free(out);
+            return st;
+        }
         if (s->pub.in_place && !r->borrowed[ps->in[0]] && ebb_tensor_is_exclusive(r->args[0])) {
             /* the output takes over the input's storage and handle */
             ebb_status st = s->op->forward_inplace(&call, r->args[0]);

@@ -218,7 +218,8 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
     ebb_train_options to = {0};
     ebb_compile_options co = {.input_shapes = in, .n_input_shapes = f->n_in,
                               .device = o->device,
-                              .measure_scratch = o->device.type == EBB_DEVICE_CPU};
+                              .measure_scratch = o->device.type == EBB_DEVICE_CPU,
+                              .precision = o->precision};
     const char **trained = NULL;
     int n_trained = 0;
     if (optim && o->n_freeze > 0) {

@@ -835,6 +835,106 @@ static void measured_scratch_makes_plans_exact(void **state) {
     assert_true(n_measured >= 8);
 }
 
+/* ---- mixed precision -------------------------------------------------------- */
+
+/* Every spec in specs/ compiled with bfloat16 autocast: inference, and
+ * three AdamW steps where it has targets, traced; with measure_scratch and
+ * without (the low kernels' CPU scratch, which no op figure models, is
+ * measured either way). Every cast is a step, every value counted at its
+ * dtype: a plan with fixed control flow is met to the byte at every step,
+ * one that routes or loops by value never exceeded; the parameters stay
+ * float32. */
+static void mixed_precision_keeps_its_promise(void **state) {
+    (void)state;
+    spec_list l = {0};
+    list_specs(&l, EBB_SOURCE_DIR "/specs");
+    qsort(l.paths, (size_t)l.n, sizeof *l.paths, cmp_str);
+    n_broken = 0;
+    int n_runs = 0, n_casts = 0;
+    for (int i = 0; i < l.n; i++) {
+        ebb_spec *s = NULL;
+        assert_ok(ebb_spec_load(&s, l.paths[i]));
+        ebb_shape in_shapes[8], t_shapes[8];
+        assert_true(ebb_spec_input_count(s) <= 8);
+        spec_shapes(s, BATCH, in_shapes);
+        int nt = ebb_spec_target_count(s);
+        ebb_spec_free(s);
+        if (nt > 0)
+            ebb_spec_free(load_trainable(l.paths[i], in_shapes, t_shapes, &nt));
+        assert_ok(ebb_spec_load(&s, l.paths[i]));
+        for (int run_kind = 0; run_kind < 2 * (1 + (nt > 0)); run_kind++) {
+            /* inference, then training; with measure_scratch, then without: a
+             * mixed-precision compile measures its low kernels anyway */
+            int train = run_kind / 2, measure = !(run_kind % 2);
+            ebb_train_options t = {.target_shapes = t_shapes, .n_target_shapes = nt,
+                                   .optimizer = {.kind = EBB_ADAMW, .lr = 1e-3}};
+            ebb_compile_options o = {.input_shapes = in_shapes,
+                                     .n_input_shapes = ebb_spec_input_count(s),
+                                     .train = train ? &t : NULL,
+                                     .precision = EBB_PRECISION_BF16, .measure_scratch = measure};
+            ebb_plan *p = NULL;
+            if (ebb_spec_compile(&p, s, &o) != EBB_OK)
+                fail_msg("%s: compile with bf16: %s", l.paths[i], ebb_errmsg());
+            for (int k = 0; k < ebb_plan_step_count(p); k++)
+                n_casts += strcmp(ebb_plan_step_at(p, k)->op, "cast") == 0;
+            if (train) {
+                /* the same parameters trained as in float32 */
+                ebb_plan *full = NULL;
+                o.precision = EBB_PRECISION_FULL;
+                o.measure_scratch = 0;
+                assert_ok(ebb_spec_compile(&full, s, &o));
+                int n_full = 0, n_low = 0;
+                for (int k = 0; k < ebb_plan_param_count(full); k++)
+                    n_full += ebb_plan_param_trained(full, k);
+                for (int k = 0; k < ebb_plan_param_count(p); k++)
+                    n_low += ebb_plan_param_trained(p, k);
+                int upd_full = 0, upd_low = 0;
+                for (int k = 0; k < ebb_plan_step_count(full); k++)
+                    upd_full += ebb_plan_step_at(full, k)->kind == EBB_STEP_UPDATE;
+                for (int k = 0; k < ebb_plan_step_count(p); k++)
+                    upd_low += ebb_plan_step_at(p, k)->kind == EBB_STEP_UPDATE;
+                if (n_low != n_full || upd_low != upd_full || upd_low == 0)
+                    BROKEN("%s: bf16 trains %d parameters in %d updates, float32 %d in %d",
+                           l.paths[i], n_low, upd_low, n_full, upd_full);
+                ebb_plan_free(full);
+            }
+            ebb_model *m = NULL;
+            assert_ok(ebb_model_new(&m, p, CPU, 3));
+            for (int k = 0; k < ebb_model_param_count(m); k++) {
+                ebb_dtype dt = ebb_tensor_dtype(ebb_model_param(m, ebb_model_param_name(m, k)));
+                if (dt != EBB_FLOAT32 && dt != EBB_INT64)
+                    BROKEN("%s: parameter %s is %s", l.paths[i], ebb_model_param_name(m, k),
+                           ebb_dtype_name(dt));
+            }
+            ebb_optimizer *opt = NULL;
+            if (train)
+                assert_ok(ebb_optimizer_new(&opt, m, &t.optimizer));
+            ebb_tensor *in[16] = {0};
+            assert_true(ebb_plan_input_count(p) <= 16);
+            make_inputs(p, 7, 1.0, in);
+            for (int run = 0; run < (train ? 3 : 1); run++) {
+                static const char *const scen[] = {"bf16, measure_scratch", "bf16",
+                                                   "bf16, measure_scratch, AdamW step",
+                                                   "bf16, AdamW step"};
+                check c = {.spec = l.paths[i], .opt = opt, .exact = !ebb_plan_peak_is_bound(p),
+                           .scenario = scen[run_kind]};
+                traced_run(p, m, in, &c);
+                n_runs++;
+            }
+            free_inputs(in, ebb_plan_input_count(p));
+            ebb_optimizer_free(opt);
+            ebb_model_free(m);
+            ebb_plan_free(p);
+        }
+        ebb_spec_free(s);
+    }
+    free_specs(&l);
+    if (n_broken)
+        fail_msg("%d bf16 runs broke their promise (listed above)", n_broken);
+    printf("  %d bf16 runs as planned, %d cast steps\n", n_runs, n_casts);
+    assert_true(n_runs >= 40 && n_casts > 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(every_spec_keeps_its_promise),
@@ -845,6 +945,7 @@ int main(void) {
         EBB_TEST(every_spec_trains_under_budgets),
         EBB_TEST(budget_refusals_name_the_peak),
         EBB_TEST(measured_scratch_makes_plans_exact),
+        EBB_TEST(mixed_precision_keeps_its_promise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -98,6 +98,27 @@ typedef struct ebb_train_options {
     int n_no_decay;
 } ebb_train_options;
 
+/* Mixed precision (ebb_compile_options.precision), after torch.autocast:
+ * parameters and optimizer state stay in the plan's dtype (float32); the
+ * matrix products (linear, conv1d, conv2d, matmul, attention) run in the low
+ * dtype on low copies of their inputs and parameters; softmax, the norms,
+ * the losses and the reductions run in float32; every other op takes its
+ * inputs' widest dtype. Each change of dtype is a `cast` step of the plan,
+ * its value counted at its own dtype's size and freed at its last use; a
+ * parameter's low copy is made inside the step that reads it and freed
+ * when the step ends (the backward makes its own). */
+typedef enum ebb_precision {
+    EBB_PRECISION_FULL = 0, /* every op in the plan's dtype */
+    EBB_PRECISION_BF16,     /* the matrix products in bfloat16 */
+    EBB_PRECISION_FP16,     /* the matrix products in float16 */
+} ebb_precision;
+
+/* "fp32", "bf16" or "fp16" (also "float32", "bfloat16", "float16") into
+ * *out; EBB_ERR_ARG naming the text otherwise. */
+EBB_API ebb_status ebb_precision_parse(ebb_precision *out, const char *name);
+/* "fp32", "bf16" or "fp16". */
+EBB_API const char *ebb_precision_name(ebb_precision p);
+
 typedef struct ebb_compile_options {
     const ebb_shape *input_shapes; /* one per graph input, in order (required) */
     int n_input_shapes;
@@ -131,6 +152,9 @@ typedef struct ebb_compile_options {
      * compile then runs those ops once on the CPU, which costs their time
      * and memory; without it, compiling allocates no activations at all. */
     int measure_scratch;
+    /* Mixed precision for a float32 plan (ebb_precision above); the full
+     * precision by default. */
+    ebb_precision precision;
 } ebb_compile_options;
 
 /* ebb_compile_options.memory_budget: as little memory as recomputing can

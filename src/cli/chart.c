@@ -26,7 +26,7 @@ const char ebb_cli_usage_chart[] =
     "                     --trace FILE`) over the plan (run with the same -i, -p and\n"
     "                     --keep-all)\n"
     "  -o FILE            write the SVG to FILE (default: stdout); replaced atomically,\n"
-    "                     a device written into\n" USAGE_COMMON
+    "                     a device written into\n" PRECISION_HELP USAGE_COMMON
     "\n"
     "Each value is a band from the step that makes it to the step that frees it, as\n"
     "tall as its bytes; the planned peak is a labelled line. A SPEC of - is read\n"
@@ -35,6 +35,7 @@ const char ebb_cli_usage_chart[] =
 const struct option ebb_cli_chart_options[] = {
     COMMON_OPTIONS,
     BATCH_OPTION,
+    PRECISION_OPTION,
     {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
     {"trace", required_argument, NULL, OPT_TRACE},
     {"grads-only", no_argument, NULL, OPT_GRADS_ONLY},

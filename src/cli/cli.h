@@ -73,10 +73,17 @@ enum {
     OPT_CLIP_GRAD_VALUE,
     OPT_NO_DECAY,
     OPT_BATCH,
+    OPT_PRECISION,
 };
 
 /* --batch B: -i SYMBOL=B for the spec's batch, as ebb train takes it */
 #define BATCH_OPTION {"batch", required_argument, NULL, OPT_BATCH}
+/* --precision fp32|bf16|fp16: mixed precision (ebb_compile_options.precision) */
+#define PRECISION_OPTION {"precision", required_argument, NULL, OPT_PRECISION}
+#define PRECISION_HELP                                                                             \
+    "  --precision P      fp32 (the default), bf16 or fp16: matrix products in the low\n"       \
+    "                     dtype, norms, softmax and losses in float32, parameters\n"            \
+    "                     float32; every cast a step of the plan\n"
 
 /* The training step's options, which plan, dot and chart take alike (with
  * --train), and their help. */
@@ -127,6 +134,7 @@ typedef struct options {
     const char *no_decay[16];     /* --no-decay PATTERN */
     int n_no_decay;
     uint64_t batch;               /* --batch; 0: not given */
+    ebb_precision precision;      /* --precision */
     ebb_device run_device;        /* where the plan will run (run, grad): the compile
                                      measures there the scratch its ops can only bound */
     int measure_scratch;          /* run, grad on the CPU: measure oneDNN's too */

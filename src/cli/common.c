@@ -313,6 +313,11 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
             *(opt == OPT_CLIP_GRAD_NORM ? &o->clip_norm : &o->clip_value) = v;
             break;
         }
+        case OPT_PRECISION:
+            if (ebb_precision_parse(&o->precision, val) != EBB_OK)
+                return ebb_cli_usage_error(usage, "--precision %s: expected fp32, bf16 or fp16",
+                                           val);
+            break;
         case OPT_NO_DECAY:
             if (o->n_no_decay == (int)(sizeof o->no_decay / sizeof *o->no_decay))
                 return ebb_cli_usage_error(usage, "%s", "too many --no-decay options");
@@ -873,7 +878,8 @@ int load_and_compile(const options *o, const ebb_safetensors *inputs, ebb_spec *
                               .keep_all = o->keep_all,
                               .memory_budget = o->memory_budget,
                               .device = o->run_device,
-                              .measure_scratch = o->measure_scratch};
+                              .measure_scratch = o->measure_scratch,
+                              .precision = o->precision};
     ebb_shape target_shapes[MAX_INPUTS];
     ebb_dtype target_dtypes[MAX_INPUTS];
     ebb_train_options to = {0};

@@ -22,13 +22,14 @@ const char ebb_cli_usage_dot[] =
     "  -o FILE            write to FILE (default: DOT on stdout): .dot or .gv get DOT\n"
     "                     text; .svg, .png, .pdf, .jpg, .jpeg, .gif, .ps or .eps render\n"
     "                     through Graphviz. A file is replaced atomically, a device\n"
-    "                     written into.\n" USAGE_COMMON
+    "                     written into.\n" PRECISION_HELP USAGE_COMMON
     "\n"
     "A SPEC of - is read from standard input.\n";
 
 const struct option ebb_cli_dot_options[] = {
     COMMON_OPTIONS,
     BATCH_OPTION,
+    PRECISION_OPTION,
     {"plan", no_argument, NULL, OPT_PLAN},
     TRAIN_OPTIONS,
     {NULL, 0, NULL, 0},

@@ -27,11 +27,12 @@ const char ebb_cli_usage_grad[] =
     "                     or `least`);\n"
     "                     the gradients are the same\n"
     "  --strict-memory    a step that measures more than the plan promised is an error\n"
-    "                     (exit 3), not a warning\n" USAGE_COMMON;
+    "                     (exit 3), not a warning\n" PRECISION_HELP USAGE_COMMON;
 
 const struct option ebb_cli_grad_options[] = {
     COMMON_OPTIONS,
     BATCH_OPTION,
+    PRECISION_OPTION,
     {"inputs", required_argument, NULL, OPT_INPUTS},
     {"grads", required_argument, NULL, OPT_GRADS},
     {"weights", required_argument, NULL, OPT_WEIGHTS},

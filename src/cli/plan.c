@@ -24,13 +24,14 @@ const char ebb_cli_usage_plan[] =
     "                     the most the step may take at its peak (64MiB, 1.5GB, bytes,\n"
     "                     or `least`):\n"
     "                     a training plan recomputes forward values in the backward to\n"
-    "                     fit, and the listing shows what it recomputes and what it costs\n" USAGE_COMMON
+    "                     fit, and the listing shows what it recomputes and what it costs\n" PRECISION_HELP USAGE_COMMON
     "\n"
     "A SPEC of - is read from standard input.\n";
 
 const struct option ebb_cli_plan_options[] = {
     COMMON_OPTIONS,
     BATCH_OPTION,
+    PRECISION_OPTION,
     {"json", no_argument, NULL, OPT_JSON},
     {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
     {"memory", no_argument, NULL, OPT_MEMORY},

@@ -29,7 +29,7 @@ const char ebb_cli_usage_run[] =
     "                     can get (RLIMIT_AS, RLIMIT_DATA, cgroup limit, MemAvailable)\n"
     "  --strict-finite    NaN or Inf in --weights or --inputs is an error, not a warning\n"
     "  --strict-memory    a step that measures more than the plan promised is an error\n"
-    "                     (exit 3), not a warning\n" USAGE_COMMON
+    "                     (exit 3), not a warning\n" PRECISION_HELP USAGE_COMMON
     "\n"
     "SPEC, --weights or --inputs (one of them) may be -, standard input; a\n"
     "safetensors file from a pipe is read into memory first. Output files are\n"
@@ -39,6 +39,7 @@ const char ebb_cli_usage_run[] =
 const struct option ebb_cli_run_options[] = {
     COMMON_OPTIONS,
     BATCH_OPTION,
+    PRECISION_OPTION,
     {"device", required_argument, NULL, OPT_DEVICE},
     {"seed", required_argument, NULL, OPT_SEED},
     {"weights", required_argument, NULL, OPT_WEIGHTS},

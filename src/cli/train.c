@@ -44,6 +44,9 @@ enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3, EXIT_SIGNAL_BASE = 128 }
 #define USAGE_COMMON                                                                               \
     "  -p NAME=VALUE      set a spec parameter (params:)\n"                                        \
     "  --device DEV       cpu or cuda[:N]; default cuda when available, else cpu\n"              \
+    "  --precision P      fp32 (the default), bf16 or fp16: matrix products in the low\n"       \
+    "                     dtype, norms, softmax and losses in float32, parameters\n"            \
+    "                     float32; every cast a step of the plan\n"                             \
     "  --json             one JSON object per line instead of text\n"                              \
     "  -h, --help         this help\n"                                                             \
     "  --completion-helper\n"                                                                      \
@@ -51,7 +54,7 @@ enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3, EXIT_SIGNAL_BASE = 128 }
 
 const char ebb_cli_usage_train[] =
     "usage: ebb train SPEC --data D [--eval-data D] [--epochs N | --steps N] [--batch B]\n"
-    "                 [--block N]\n"
+    "                 [--block N] [--precision P]\n"
     "                 [--optimizer KIND] [--lr X] [--lr-schedule S] [--momentum X]\n"
     "                 [--weight-decay X] [--loss NAME] [--clip-grad-norm X]\n"
     "                 [--clip-grad-value X] [--freeze PATTERN]... [--log-csv FILE]\n"
@@ -164,7 +167,7 @@ const char ebb_cli_usage_train[] =
 
 const char ebb_cli_usage_eval[] =
     "usage: ebb eval SPEC --weights W --data D [--batch B] [--block N] [--device DEV]\n"
-    "                [--json] [--metrics] [--top-k K] [--normalize MEAN,STD]\n"
+    "                [--precision P] [--json] [--metrics] [--top-k K] [--normalize MEAN,STD]\n"
     "                [--allow-nonfinite] [-p NAME=VALUE]...\n"
     "\n"
     "Runs the spec's inference plan over a dataset (as `ebb train --data`) and prints\n"
@@ -228,11 +231,13 @@ enum {
     O_NO_DECAY,
     O_LR_SCALE,
     O_BLOCK,
+    O_PRECISION,
 };
 
 #define COMMON_LONGS                                                                               \
     {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, O_COMPLETION},      \
         {"device", required_argument, NULL, O_DEVICE}, {"json", no_argument, NULL, O_JSON},        \
+        {"precision", required_argument, NULL, O_PRECISION},                                       \
         {"normalize", required_argument, NULL, O_NORMALIZE},                                       \
         {"data", required_argument, NULL, O_DATA}, {"batch", required_argument, NULL, O_BATCH},    \
         {"weights", required_argument, NULL, O_WEIGHTS},                                           \
@@ -297,6 +302,7 @@ typedef struct topts {
     ebb_lr_schedule sched;
     uint64_t seed;
     int64_t memory_budget; /* 0: none */
+    ebb_precision precision; /* --precision */
     int top_k, metrics;    /* --top-k, --metrics */
     int64_t early_stop;    /* --early-stop N[:DELTA] */
     double clip_norm, clip_value; /* --clip-grad-norm, --clip-grad-value (0: none) */
@@ -388,6 +394,10 @@ static int parse(int argc, char **argv, int train, topts *o) {
                                    v);
             break;
         case O_DEVICE: o->device = v; break;
+        case O_PRECISION:
+            if (ebb_precision_parse(&o->precision, v) != EBB_OK)
+                return ebb_cli_usage_error(usage, "--precision %s: expected fp32, bf16 or fp16", v);
+            break;
         case O_JSON: o->json = 1; break;
         case O_NO_SHUFFLE: o->no_shuffle = 1; break;
         case O_DROP_LAST: o->drop_last = 1; break;
@@ -956,6 +966,8 @@ static int trace_done(cli_run *c, const ebb_train_event *e) {
         printf(" --memory-budget least");
     else if (o->memory_budget)
         printf(" --memory-budget %lld", (long long)o->memory_budget);
+    if (o->precision != EBB_PRECISION_FULL)
+        printf(" --precision %s", ebb_precision_name(o->precision));
     printf(" --trace %s -o chart.svg\n", o->trace);
     fflush(stdout);
     return 0;
@@ -1151,6 +1163,7 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->clip_grad_norm = o->clip_norm;
     to->clip_grad_value = o->clip_value;
     to->memory_budget = o->memory_budget;
+    to->precision = o->precision;
     to->device = c->dev;
     to->cuda_graph = o->cuda_graph;
     to->skip_nonfinite = o->skip_nonfinite;
