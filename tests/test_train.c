@@ -76,6 +76,14 @@
 #define STEP_RTOL 1e-6
 #define ZERO_GRAD_TOL 1e-5
 #define STEPS 10
+/* The bfloat16 autocast cases (*_bf16): bfloat16 keeps 8 significant bits
+ * (unit roundoff 2^-9, 2.0e-3), and two libtorch versions' bfloat16 kernels
+ * round their products at different points: torch 2.11's autocast lands
+ * 4.1e-4 from torch 1.13's fixture in the weights after ten AdamW steps and
+ * 1.6e-5 in a loss. The bounds allow seven times that, under 1.5 units of
+ * bfloat16 roundoff; ebb on torch 1.13 matches its fixture to the bit. */
+#define BF16_LOSS_RTOL 1e-3
+#define BF16_STEP_RTOL 3e-3
 #define N_STATE 4
 
 static const ebb_device CPU = {EBB_DEVICE_CPU, 0};
@@ -1299,6 +1307,11 @@ static void trainer_open(trainer *tr, const char *fixture, const char *yaml, con
         t.n_no_decay = 1;
     }
     ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
+    /* the *_bf16 cases: torch.autocast's bfloat16 around the model */
+    char ak[64];
+    snprintf(ak, sizeof ak, "%s.clip.autocast", c);
+    if (ebb_safetensors_dtype_str(tr->st, ak))
+        o.precision = EBB_PRECISION_BF16;
     assert_ok(ebb_spec_compile(&tr->plan, tr->spec, &o));
     check_plan_shape(tr->plan, grads_only, NULL, fixture, pr);
     assert_ok(ebb_model_new(&tr->model, tr->plan, CPU, 0));
@@ -1360,7 +1373,8 @@ static int good_step(trainer *tr, int t, problems *pr) {
     char k[64];
     snprintf(k, sizeof k, "%s.loss.%d", tr->name, t);
     double want = fx_scalar(tr->st, k);
-    if (!(rel_scalar(loss, want) <= LOSS_RTOL))
+    int low = strstr(tr->name, "_bf16") != NULL;
+    if (!(rel_scalar(loss, want) <= (low ? BF16_LOSS_RTOL : LOSS_RTOL)))
         problem(pr, "%s: loss %.9g, torch %.9g", what, loss, want);
     int bound = ebb_plan_peak_is_bound(tr->plan);
     if (t == 0 || t == STEPS - 1)
@@ -1401,9 +1415,10 @@ static void check_final(const trainer *tr, problems *pr) {
             if (!same_bits(have, want)) problem(pr, "%s: %s differs from torch's", tr->name, pn);
         } else {
             double abs_diff = 0, r = rel_error(have, want, k, &abs_diff);
-            if (!(r <= STEP_RTOL))
+            double tol = strstr(tr->name, "_bf16") ? BF16_STEP_RTOL : STEP_RTOL;
+            if (!(r <= tol))
                 problem(pr, "%s: %s after %d steps: relative error %.3g > %g (max |diff| %.3g)",
-                        tr->name, pn, STEPS, r, STEP_RTOL, abs_diff);
+                        tr->name, pn, STEPS, r, tol, abs_diff);
             if (r > worst) {
                 worst = r;
                 worst_name = pn;
@@ -2077,7 +2092,7 @@ int main(void) {
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[21 + 2 * N_GRAD];
+    struct CMUnitTest tests[22 + 2 * N_GRAD];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -2101,6 +2116,7 @@ int main(void) {
     tests[n++] = named_test("steps_adamw_no_decay", test_steps, (void *)"adamw_no_decay");
     tests[n++] = named_test("steps_sgd_bias_lr", test_steps, (void *)"sgd_bias_lr");
     tests[n++] = named_test("steps_adamw_bias_lr", test_steps, (void *)"adamw_bias_lr");
+    tests[n++] = named_test("steps_adamw_bf16", test_steps, (void *)"adamw_bf16");
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_steps_batch_norm);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_state_for_trained_parameters);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_steps_change_nothing);

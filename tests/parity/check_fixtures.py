@@ -30,6 +30,7 @@ that reads it (tests/parity/README.md explains them):
   grad_*: loss, grad.<p>          the same, <= 1e-5                          (test_train)
           grad.<p> in zero_grads  max|a - b| / (the file's largest |grad|) <= 1e-5
   grad_steps_*: <case>.loss.<t>   <= 1e-5;  <case>.final.<p>  <= 1e-6      (test_train)
+                <case>_bf16: loss <= 1e-3, final <= 3e-3 (bfloat16 autocast)
   optim_*: after.<t>.<p>          max|a - b| / max(max|b|, 1e-6) <= 1e-6   (test_train's
            optim.<p>.<slot>       max|a - b| / max|b| <= 1e-6               measure for steps)
 
@@ -108,11 +109,14 @@ def criterion(fname, name, meta, committed):
         return ("max", 1e-5, None)
     if fname.startswith("grad_steps_"):
         parts = name.split(".")
+        # a bfloat16 autocast case: test_train's bounds for it (BF16_LOSS_RTOL,
+        # BF16_STEP_RTOL), as two torches' bf16 kernels round differently
+        low = parts[0].endswith("_bf16")
         if len(parts) >= 3 and parts[1] == "loss":
-            return ("max", 1e-5, None)
+            return ("max", 1e-3 if low else 1e-5, None)
         if len(parts) >= 3 and parts[1] == "final":
-            return ("max", 1e-6, None)
-        return EXACT  # init.*, x.*, *.hp.*
+            return ("max", 3e-3 if low else 1e-6, None)
+        return EXACT  # init.*, x.*, *.hp.*, *.clip.*
     if fname.startswith("grad_"):
         if name == "loss":
             return ("max", 1e-5, None)

@@ -612,7 +612,14 @@ def steps_fixture(fname, bn, cases, seed):
             opt = cls(m.parameters(), foreach=False, **kw)
         for t, (x, y) in enumerate(data):
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(m(x), y)
+            if "autocast" in clip:
+                # mixed precision as ebb --precision bf16 plans it: the
+                # linear layers under autocast, the loss on float32 logits
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    logits = m(x)
+                loss = F.cross_entropy(logits.float(), y)
+            else:
+                loss = F.cross_entropy(m(x), y)
             loss.backward()
             if "norm" in clip:
                 torch.nn.utils.clip_grad_norm_(m.parameters(), clip["norm"])
@@ -661,6 +668,8 @@ def main():
                 "sgd_bias_lr": (torch.optim.SGD, dict(lr=0.1, momentum=0.9), {"bias_lr": 0.025}),
                 "adamw_bias_lr": (torch.optim.AdamW, dict(lr=2e-3, weight_decay=0.1),
                                   {"bias_lr": 5e-4}),
+                # bfloat16 autocast, float32 weights and state
+                "adamw_bf16": (torch.optim.AdamW, {}, {"autocast": 1}),
             }, seed=11)
             steps_fixture("grad_steps_bn", True, {
                 "sgd_momentum": (torch.optim.SGD, dict(lr=0.1, momentum=0.9)),
