@@ -461,6 +461,9 @@ static int backward_read(ad *a, int v) {
     memcpy(r->param, f->param, sizeof r->param);
     r->n_params = f->n_params;
     r->train = f->train;
+    r->param_cast = f->param_cast;
+    r->param_dtype = f->param_dtype;
+    r->low_kernel = f->low_kernel;
     r->pub.phase = EBB_PHASE_BACKWARD;
     r->pub.recompute = 1;
     int ri = ebb_compiler_step_index(c, r);

@@ -921,6 +921,25 @@ static void mixed_precision_keeps_its_promise(void **state) {
                 traced_run(p, m, in, &c);
                 n_runs++;
             }
+            if (train && measure) {
+                /* the least memory: recomputed low steps cast again */
+                ebb_plan *least = NULL;
+                o.precision = EBB_PRECISION_BF16;
+                o.memory_budget = EBB_MEMORY_BUDGET_LEAST;
+                if (ebb_spec_compile(&least, s, &o) != EBB_OK)
+                    fail_msg("%s: bf16 under the least budget: %s", l.paths[i], ebb_errmsg());
+                ebb_model *ml = NULL;
+                ebb_optimizer *ol = NULL;
+                assert_ok(ebb_model_new(&ml, least, CPU, 3));
+                assert_ok(ebb_optimizer_new(&ol, ml, &t.optimizer));
+                check c = {.spec = l.paths[i], .opt = ol, .exact = !ebb_plan_peak_is_bound(least),
+                           .scenario = "bf16, least memory, AdamW step"};
+                traced_run(least, ml, in, &c);
+                n_runs++;
+                ebb_optimizer_free(ol);
+                ebb_model_free(ml);
+                ebb_plan_free(least);
+            }
             free_inputs(in, ebb_plan_input_count(p));
             ebb_optimizer_free(opt);
             ebb_model_free(m);
