@@ -27,13 +27,13 @@ static ebb_status gelu_kind(const ebb_op_call *c, ebb_unary_op *kind) {
 }
 
 static ebb_status gelu_fwd(const ebb_op_call *c, ebb_tensor **out) {
-    ebb_unary_op kind;
+    ebb_unary_op kind = EBB_GELU;
     ebb_status st = gelu_kind(c, &kind);
     return st == EBB_OK ? ebb_tensor_unary(out, kind, c->in[0]) : st;
 }
 
 static ebb_status gelu_fwd_inplace(const ebb_op_call *c, ebb_tensor *x) {
-    ebb_unary_op kind;
+    ebb_unary_op kind = EBB_GELU;
     ebb_status st = gelu_kind(c, &kind);
     return st == EBB_OK ? ebb_tensor_unary_(x, kind) : st;
 }

@@ -1509,6 +1509,30 @@ static void test_dot_output_files(void **state) {
 
 /* ---- plan options -------------------------------------------------------- */
 
+/* --precision bf16: casts as steps, low values marked, parameters float32;
+ * an unknown precision is a usage error naming it, and a float64 spec
+ * refuses mixed precision. */
+static void test_plan_precision(void **state) {
+    (void)state;
+    cli_result r;
+    EBB(&r, "plan", "specs/mlp.yaml", "-i", "batch=8", "--train", "--precision", "bf16");
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "  cast                 flow.0.cast0");
+    expect_contains("stdout", &r, r.out, "bf16[8, 128]");
+    expect_contains("stdout", &r, r.out, "cast.backward");
+    expect_contains("stdout", &r, r.out, "6 of 6 parameter tensors trained");
+    cli_free(&r);
+    EBB(&r, "plan", "specs/mlp.yaml", "--precision", "tf32");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--precision tf32: expected fp32, bf16 or fp16");
+    cli_free(&r);
+    EBB(&r, "plan", "specs/mlp.yaml", "--precision", "fp32");
+    expect_code(&r, 0);
+    if (strstr(r.out, "cast"))
+        fail_msg("`%s` planned casts:\n%s", r.cmd, r.out);
+    cli_free(&r);
+}
+
 static void test_plan_memory_and_keep_all(void **state) {
     (void)state;
     cJSON *plan = plan_json("specs/mlp.yaml", "batch=8");
@@ -3969,6 +3993,7 @@ int main(void) {
         EBB_TEST(test_golden_dot),
         EBB_TEST(test_all_specs_json_and_dot),
         EBB_TEST(test_dot_output_files),
+        EBB_TEST(test_plan_precision),
         EBB_TEST(test_plan_memory_and_keep_all),
         EBB_TEST(test_trace_straight_line),
         EBB_TEST(test_trace_loop_iterations),

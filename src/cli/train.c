@@ -1321,6 +1321,7 @@ int ebb_cli_eval(int argc, char **argv) {
     c.to.norm_mean = o->norm_mean;
     c.to.norm_std = o->norm_std;
     c.to.device = c.dev;
+    c.to.precision = o->precision;
     c.to.weights = o->weights;
     c.to.allow_nonfinite = o->allow_nonfinite;
     c.to.top_k = o->top_k;
