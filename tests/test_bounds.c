@@ -749,6 +749,18 @@ static void cuda_scratch_is_planned_apart(void **state) {
 
 /* ---- measured scratch ------------------------------------------------------ */
 
+/* Any spec, with its inputs' shapes for a batch of BATCH and, where it has
+ * targets (*nt of them), theirs too. */
+static ebb_spec *load_any(const char *path, ebb_shape *in_shapes, ebb_shape *t_shapes, int *nt) {
+    ebb_spec *s = load_trainable(path, in_shapes, t_shapes, nt);
+    if (s)
+        return s;
+    assert_ok(ebb_spec_load(&s, path));
+    assert_true(ebb_spec_input_count(s) <= 8);
+    spec_shapes(s, BATCH, in_shapes);
+    return s;
+}
+
 /* Whether the plan routes rows or loops by value (a bound for that reason,
  * not only for some op's scratch). */
 static int data_dependent(const ebb_plan *p) {
@@ -773,16 +785,9 @@ static void measured_scratch_makes_plans_exact(void **state) {
     n_broken = 0;
     int n_measured = 0;
     for (int i = 0; i < l.n; i++) {
-        ebb_spec *s = NULL;
-        assert_ok(ebb_spec_load(&s, l.paths[i]));
         ebb_shape in_shapes[8], t_shapes[8];
-        assert_true(ebb_spec_input_count(s) <= 8);
-        spec_shapes(s, BATCH, in_shapes);
-        int nt = ebb_spec_target_count(s);
-        ebb_spec_free(s);
-        if (nt > 0)
-            ebb_spec_free(load_trainable(l.paths[i], in_shapes, t_shapes, &nt));
-        assert_ok(ebb_spec_load(&s, l.paths[i]));
+        int nt = 0;
+        ebb_spec *s = load_any(l.paths[i], in_shapes, t_shapes, &nt);
         for (int train = 0; train <= (nt > 0); train++) {
             ebb_train_options t = {.target_shapes = t_shapes, .n_target_shapes = nt,
                                    .optimizer = {.kind = EBB_ADAMW, .lr = 1e-3}};
@@ -852,16 +857,9 @@ static void mixed_precision_keeps_its_promise(void **state) {
     n_broken = 0;
     int n_runs = 0, n_casts = 0;
     for (int i = 0; i < l.n; i++) {
-        ebb_spec *s = NULL;
-        assert_ok(ebb_spec_load(&s, l.paths[i]));
         ebb_shape in_shapes[8], t_shapes[8];
-        assert_true(ebb_spec_input_count(s) <= 8);
-        spec_shapes(s, BATCH, in_shapes);
-        int nt = ebb_spec_target_count(s);
-        ebb_spec_free(s);
-        if (nt > 0)
-            ebb_spec_free(load_trainable(l.paths[i], in_shapes, t_shapes, &nt));
-        assert_ok(ebb_spec_load(&s, l.paths[i]));
+        int nt = 0;
+        ebb_spec *s = load_any(l.paths[i], in_shapes, t_shapes, &nt);
         for (int run_kind = 0; run_kind < 2 * (1 + (nt > 0)); run_kind++) {
             /* inference, then training; with measure_scratch, then without: a
              * mixed-precision compile measures its low kernels anyway */
