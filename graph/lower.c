@@ -615,7 +615,16 @@ int ebb_lower_op_node(compiler *c, const ebb_op *op, const ebb_attr_value *attrs
     s->n_params = np;
     s->param_cast = low && np > 0;
     s->param_dtype = c->low;
-    s->low_kernel = low || low_input;
+    /* under mixed precision any op that reads a low value is measured: the
+     * ops' figures model their float32 and float64 kernels, and a
+     * bfloat16 kernel may accumulate in float32 copies (libtorch 2.11's
+     * adaptive_avg_pool2d does) */
+    int reads_low = 0;
+    for (int i = 0; c->autocast && i < n_in; i++) {
+        ebb_dtype dt = c->plan->values[in[i]].dtype;
+        reads_low |= (dt == EBB_BFLOAT16 || dt == EBB_FLOAT16) && strcmp(op->name, "cast") != 0;
+    }
+    s->low_kernel = low || low_input || reads_low;
     if (s->low_kernel) {
         /* a float32 copy of every operand and of the result */
         ebb_shape ps[EBB_MAX_PARAMS], os = ebb_tensor_shape(out);

@@ -457,7 +457,8 @@ ebb_status ebb_tensor_embedding(ebb_tensor **out, const ebb_tensor *weight,
         // the inputs that reach an embedding before each replay (src/capture.c).
         bool check = true;
 #ifdef EBB_WITH_CUDA
-        check = !ebb::cuda_capturing();
+        // asked only of a CUDA tensor: asking makes a CUDA context
+        check = !(idx.is_cuda() && ebb::cuda_capturing());
 #endif
         int64_t bad = 0;
         if (check && first_index_out_of_range(idx, w.size(0), &bad))
