@@ -232,7 +232,8 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
     if ((unsigned)opts->precision > EBB_PRECISION_FP16)
         return ebb_error_set(EBB_ERR_ARG, "ebb_compile: precision is %d; use an ebb_precision",
                              (int)opts->precision);
-    if (opts->precision != EBB_PRECISION_FULL && opts->dtype != EBB_FLOAT32)
+    int low = opts->precision == EBB_PRECISION_BF16 || opts->precision == EBB_PRECISION_FP16;
+    if (low && opts->dtype != EBB_FLOAT32)
         return ebb_error_set(EBB_ERR_ARG,
                              "ebb_compile: precision %s is for a float32 plan; this one is %s",
                              ebb_precision_name(opts->precision), ebb_dtype_name(opts->dtype));
@@ -265,7 +266,8 @@ ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_comp
     ebb_status st = EBB_OK;
     *out = NULL;
     compiler c = {.meta_device = {EBB_DEVICE_META, 0}, .training = opts->train != NULL,
-                  .autocast = opts->precision != EBB_PRECISION_FULL,
+                  .autocast = opts->precision == EBB_PRECISION_BF16 ||
+                              opts->precision == EBB_PRECISION_FP16,
                   .low = opts->precision == EBB_PRECISION_FP16 ? EBB_FLOAT16 : EBB_BFLOAT16,
                   .drop = drop, .n_drop = drop ? n_drop : 0, .defer = defer};
     ebb_plan *p = calloc(1, sizeof *p);
@@ -358,7 +360,7 @@ ebb_status ebb_precision_parse(ebb_precision *out, const char *name) {
     static const struct {
         const char *name;
         ebb_precision p;
-    } names[] = {{"fp32", EBB_PRECISION_FULL}, {"float32", EBB_PRECISION_FULL},
+    } names[] = {{"fp32", EBB_PRECISION_FP32}, {"float32", EBB_PRECISION_FP32},
                  {"bf16", EBB_PRECISION_BF16}, {"bfloat16", EBB_PRECISION_BF16},
                  {"fp16", EBB_PRECISION_FP16}, {"float16", EBB_PRECISION_FP16}};
     if (!out)

@@ -64,6 +64,7 @@ struct ebb_spec {
     spec_loc *locs;
     int n_locs, cap_locs;
     int loss_loc; /* the loc of the loss step ("loss"), or -1 */
+    ebb_precision precision; /* `precision:`, else EBB_PRECISION_DEFAULT */
 };
 
 /* ---- loader state ----------------------------------------------------------- */
@@ -1853,8 +1854,9 @@ static int build_flow(loader *ld, ebb_builder *b, scope *sc, const ynode *steps,
 
 /* ---- top level ------------------------------------------------------------------------------- */
 
-static const char *const TOP_KEYS[] = {"ebb",    "name",   "params", "inputs", "targets",
-                                       "loss",   "outputs", "blocks", "flow",   NULL};
+static const char *const TOP_KEYS[] = {"ebb",    "name",    "params", "inputs",    "targets",
+                                       "loss",   "outputs", "blocks", "precision", "flow",
+                                       NULL};
 
 static int read_params(loader *ld, const ynode *p) {
     ebb_spec *s = ld->spec;
@@ -2248,6 +2250,19 @@ static int load_tree(loader *ld, const ynode *root) {
             return nomem(ld, root);
     }
 
+    /* mixed precision, as --precision asks it (which overrides it) */
+    const ynode *precision = ebb_ymap_get(root, "precision");
+    if (precision) {
+        sb_printf(&ld->kp, "precision");
+        if (precision->kind != Y_SCALAR || is_null(precision) ||
+            ebb_precision_parse(&s->precision, precision->text) != EBB_OK) {
+            ebb_error_clear();
+            return fail_at(ld, precision, "must be fp32, bf16 or fp16, got %s",
+                           describe(ld, precision));
+        }
+        sb_reset(&ld->kp, 0);
+    }
+
     const ynode *params = ebb_ymap_get(root, "params");
     if (params && !is_null(params) && read_params(ld, params) != 0)
         return -1;
@@ -2509,6 +2524,9 @@ ebb_status ebb_spec_load_ex(ebb_spec **out, const char *path, const ebb_spec_opt
 const ebb_graph *ebb_spec_graph(const ebb_spec *s) { return s ? s->graph : NULL; }
 const char *ebb_spec_name(const ebb_spec *s) { return s ? s->name : NULL; }
 const char *ebb_spec_file(const ebb_spec *s) { return s ? s->file : NULL; }
+ebb_precision ebb_spec_precision(const ebb_spec *s) {
+    return s ? s->precision : EBB_PRECISION_DEFAULT;
+}
 int ebb_spec_input_count(const ebb_spec *s) { return s ? s->n_inputs : 0; }
 
 const char *ebb_spec_input_name(const ebb_spec *s, int i) {
@@ -2772,6 +2790,8 @@ ebb_status ebb_spec_compile(ebb_plan **out, const ebb_spec *s, const ebb_compile
     ebb_compile_options o = {0};
     if (opts)
         o = *opts;
+    if (o.precision == EBB_PRECISION_DEFAULT)
+        o.precision = s->precision;
     ebb_shape shapes[64];
     if (!o.input_shapes) {
         if (s->n_inputs > 64)

@@ -887,7 +887,7 @@ static void mixed_precision_keeps_its_promise(void **state) {
             if (train) {
                 /* the same parameters trained as in float32 */
                 ebb_plan *full = NULL;
-                o.precision = EBB_PRECISION_FULL;
+                o.precision = EBB_PRECISION_FP32;
                 o.measure_scratch = 0;
                 assert_ok(ebb_spec_compile(&full, s, &o));
                 int n_full = 0, n_low = 0;

@@ -1197,6 +1197,55 @@ static void register_pair_loss(void) {
         assert_ok(ebb_op_register(&pair_loss_op));
 }
 
+/* `precision:` is the spec's default: ebb_spec_compile() plans casts for
+ * it, options that name a precision override it, and a spec without one
+ * compiles in float32. */
+static void test_precision_key(void **state) {
+    (void)state;
+    static const char text[] = "ebb: 1\n"
+                               "precision: bf16\n"
+                               "inputs:\n"
+                               "  x: [batch, 8]\n"
+                               "flow:\n"
+                               "  - from: {linear: {out: 4}}\n";
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load_string(&s, text, sizeof text - 1, "precision.yaml"));
+    assert_int_equal(ebb_spec_precision(s), EBB_PRECISION_BF16);
+    ebb_shape xs = {2, {2, 8}};
+    ebb_precision asked[] = {EBB_PRECISION_DEFAULT, EBB_PRECISION_FP32, EBB_PRECISION_FP16};
+    const char *first_op[] = {"cast", "linear", "cast"};
+    ebb_dtype out_dt[] = {EBB_BFLOAT16, EBB_FLOAT32, EBB_FLOAT16};
+    for (int k = 0; k < 3; k++) {
+        ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .precision = asked[k]};
+        ebb_plan *p = NULL;
+        if (asked[k] == EBB_PRECISION_FP16) {
+            /* compiled, not run: libtorch 1.13 has no float16 matrix product on the CPU */
+            ebb_status st = ebb_spec_compile(&p, s, &o);
+            if (st != EBB_OK) {
+                assert_errmsg_contains("linear");
+                continue;
+            }
+        } else {
+            assert_ok(ebb_spec_compile(&p, s, &o));
+        }
+        assert_string_equal(ebb_plan_step_at(p, 0)->op, first_op[k]);
+        assert_int_equal(ebb_plan_value_at(p, ebb_plan_output_slot(p, 0))->dtype, out_dt[k]);
+        ebb_plan_free(p);
+    }
+    ebb_spec_free(s);
+    assert_int_equal(ebb_spec_precision(NULL), EBB_PRECISION_DEFAULT);
+    /* a spec without the key: float32 */
+    static const char plain[] = "ebb: 1\ninputs:\n  x: [batch, 8]\nflow:\n  - from: {linear: {out: 4}}\n";
+    assert_ok(ebb_spec_load_string(&s, plain, sizeof plain - 1, "plain.yaml"));
+    assert_int_equal(ebb_spec_precision(s), EBB_PRECISION_DEFAULT);
+    ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1};
+    ebb_plan *p = NULL;
+    assert_ok(ebb_spec_compile(&p, s, &o));
+    assert_string_equal(ebb_plan_step_at(p, 0)->op, "linear");
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+}
+
 static void test_dtypes_targets_loss(void **state) {
     (void)state;
     register_pair_loss();
@@ -1967,6 +2016,7 @@ static void test_node_labels(void **state) {
 
 int main(void) {
     static const struct CMUnitTest fixed[] = {
+        EBB_TEST(test_precision_key),
         EBB_TEST(test_every_spec_has_a_twin),
         EBB_TEST(test_subfolder_specs_load),
         EBB_TEST(test_limit_size),

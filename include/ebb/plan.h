@@ -108,15 +108,16 @@ typedef struct ebb_train_options {
  * parameter's low copy is made inside the step that reads it and freed
  * when the step ends (the backward makes its own). */
 typedef enum ebb_precision {
-    EBB_PRECISION_FULL = 0, /* every op in the plan's dtype */
-    EBB_PRECISION_BF16,     /* the matrix products in bfloat16 */
-    EBB_PRECISION_FP16,     /* the matrix products in float16 */
+    EBB_PRECISION_DEFAULT = 0, /* ebb_spec_compile: the spec's `precision:`; else fp32 */
+    EBB_PRECISION_FP32,        /* every op in the plan's dtype */
+    EBB_PRECISION_BF16,        /* the matrix products in bfloat16 */
+    EBB_PRECISION_FP16,        /* the matrix products in float16 */
 } ebb_precision;
 
 /* "fp32", "bf16" or "fp16" (also "float32", "bfloat16", "float16") into
  * *out; EBB_ERR_ARG naming the text otherwise. */
 EBB_API ebb_status ebb_precision_parse(ebb_precision *out, const char *name);
-/* "fp32", "bf16" or "fp16". */
+/* "bf16", "fp16", or "fp32" for the others. */
 EBB_API const char *ebb_precision_name(ebb_precision p);
 
 typedef struct ebb_compile_options {
@@ -152,8 +153,8 @@ typedef struct ebb_compile_options {
      * compile then runs those ops once on the CPU, which costs their time
      * and memory; without it, compiling allocates no activations at all. */
     int measure_scratch;
-    /* Mixed precision for a float32 plan (ebb_precision above); the full
-     * precision by default. */
+    /* Mixed precision for a float32 plan (ebb_precision above); by default
+     * the spec's `precision:` (ebb_spec_compile), else float32. */
     ebb_precision precision;
 } ebb_compile_options;
 

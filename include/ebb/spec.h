@@ -90,6 +90,10 @@ EBB_API const ebb_graph *ebb_spec_graph(const ebb_spec *s);
 EBB_API const char *ebb_spec_name(const ebb_spec *s);
 /* The FILE used in error messages, owned by the spec. NULL s: NULL. */
 EBB_API const char *ebb_spec_file(const ebb_spec *s);
+/* The spec's `precision:` (fp32, bf16 or fp16), which ebb_spec_compile()
+ * uses where its options leave precision at EBB_PRECISION_DEFAULT; that
+ * value when the spec has none. NULL s: EBB_PRECISION_DEFAULT. */
+EBB_API ebb_precision ebb_spec_precision(const ebb_spec *s);
 
 /* ---- inputs and their shapes --------------------------------------------- */
 

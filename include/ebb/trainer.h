@@ -210,7 +210,8 @@ typedef struct ebb_trainer_options {
     const char *const *lr_scale;
     int n_lr_scale;
     int64_t memory_budget;           /* compile the step under it (ebb_compile_options) */
-    ebb_precision precision;         /* mixed precision (ebb_compile_options.precision) */
+    ebb_precision precision;         /* mixed precision (ebb_compile_options.precision); by
+                                        default the spec's `precision:` */
     ebb_device device;               /* defaults: the CPU */
     int cuda_graph;     /* CUDA: replay full batches from a captured step (ebb_train_capture) */
     int skip_nonfinite; /* undo and count a step whose loss or updated state is NaN or

@@ -134,7 +134,7 @@ typedef struct options {
     const char *no_decay[16];     /* --no-decay PATTERN */
     int n_no_decay;
     uint64_t batch;               /* --batch; 0: not given */
-    ebb_precision precision;      /* --precision */
+    ebb_precision precision;      /* --precision; default: the spec's */
     ebb_device run_device;        /* where the plan will run (run, grad): the compile
                                      measures there the scratch its ops can only bound */
     int measure_scratch;          /* run, grad on the CPU: measure oneDNN's too */

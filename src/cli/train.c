@@ -966,7 +966,7 @@ static int trace_done(cli_run *c, const ebb_train_event *e) {
         printf(" --memory-budget least");
     else if (o->memory_budget)
         printf(" --memory-budget %lld", (long long)o->memory_budget);
-    if (o->precision != EBB_PRECISION_FULL)
+    if (o->precision == EBB_PRECISION_BF16 || o->precision == EBB_PRECISION_FP16)
         printf(" --precision %s", ebb_precision_name(o->precision));
     printf(" --trace %s -o chart.svg\n", o->trace);
     fflush(stdout);
