@@ -261,8 +261,10 @@ static ebb_status params_for_step(run_ctx *r, const plan_step *s, ebb_tensor **c
         ebb_tensor *p = r->model->params[s->param[j]];
         copies[j] = NULL;
         r->params[j] = p;
+        if (!s->param_cast)
+            continue; /* every step but a mixed-precision one: the model's own */
         ebb_dtype dt = ebb_tensor_dtype(p);
-        if (!s->param_cast || dt == s->param_dtype || dt == EBB_INT64)
+        if (dt == s->param_dtype || dt == EBB_INT64)
             continue;
         ebb_status st = ebb_tensor_cast(&copies[j], p, s->param_dtype);
         if (st != EBB_OK) {
