@@ -81,6 +81,15 @@ typedef struct call {
     ebb_shape in_shapes[32];
 } call;
 
+/* Appends a tensor's strides ("/s0,s1,..."), the layout a kernel sees. */
+static size_t append_strides(char *buf, size_t n, size_t cap, const ebb_tensor *t) {
+    int64_t st[EBB_MAX_DIMS];
+    int nd = t ? ebb_tensor_strides(t, st, EBB_MAX_DIMS) : -1;
+    for (int d = 0; d < nd && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, "%c%lld", d ? ',' : '/', (long long)st[d]);
+    return n;
+}
+
 /* The key of a call: everything its kernels' choice can depend on, the
  * inputs' layouts included. */
 static int call_key(const compiler *cc, const call *c, char *buf, size_t cap) {
@@ -96,18 +105,13 @@ static int call_key(const compiler *cc, const call *c, char *buf, size_t cap) {
         char sh[96];
         n += (size_t)snprintf(buf + n, cap - n, "|%d%s", (int)v->dtype,
                               ebb_shape_str(&v->shape, sh, sizeof sh));
-        int64_t st[EBB_MAX_DIMS];
-        int nd = cc->meta ? ebb_tensor_strides(cc->meta[s->pub.in[i]], st, EBB_MAX_DIMS) : -1;
-        for (int d = 0; d < nd && n < cap; d++)
-            n += (size_t)snprintf(buf + n, cap - n, "%c%lld", d ? ',' : '/', (long long)st[d]);
+        if (cc->meta)
+            n = append_strides(buf, n, cap, cc->meta[s->pub.in[i]]);
     }
     if (c->bw && !c->bw->seed && c->bw->pub.n_in > 0 && cc->meta && n < cap) {
         /* the incoming gradient's layout */
-        int64_t st[EBB_MAX_DIMS];
-        int nd = ebb_tensor_strides(cc->meta[c->bw->pub.in[c->bw->pub.n_in - 1]], st,
-                                    EBB_MAX_DIMS);
-        for (int d = 0; d < nd && n < cap; d++)
-            n += (size_t)snprintf(buf + n, cap - n, "%c%lld", d ? ',' : '|', (long long)st[d]);
+        n += (size_t)snprintf(buf + n, cap - n, "|g");
+        n = append_strides(buf, n, cap, cc->meta[c->bw->pub.in[c->bw->pub.n_in - 1]]);
     }
     for (int j = 0; j < s->n_params && n < cap; j++) {
         char sh[96];
