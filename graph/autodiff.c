@@ -1186,7 +1186,7 @@ static int emit_updates(ad *a, const int *which, int n) {
 static int updates_after_step(ad *a, int fi) {
     ebb_plan *p = a->c->plan;
     if (a->t->grads_only || a->t->updates_after_backward || a->t->clip_grad_norm > 0 ||
-        a->depth > 0 || a->n_loops > 0)
+        a->t->loss_scaling || a->depth > 0 || a->n_loops > 0)
         return 0;
     int which[EBB_MAX_PARAMS], n = 0;
     for (int j = 0; j < p->steps[fi].n_params && n < EBB_MAX_PARAMS; j++) {
@@ -1223,6 +1223,37 @@ static int emit_clip(ad *a) {
         s->workspace = 2 * n * e + e;
         s->workspace_cuda = n * ebb_cuda_block(e) + ebb_cuda_block(n * e) + ebb_cuda_block(e);
         s->has_workspace_cuda = 1;
+    }
+    free(in);
+    return rc;
+}
+
+/* loss_scaling: one step after the backward divides every gradient by the
+ * scale and jumps past the updates when one is not finite (its target is
+ * set once they are emitted). Its scratch is ebb_tensor_unscale_()'s. */
+static int emit_unscale(ad *a, int *at) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    int *in = malloc(((size_t)p->n_params + 1) * sizeof *in), n = 0;
+    if (!in)
+        return ebb_compiler_oom(c);
+    for (int i = 0; i < p->n_params; i++)
+        if (p->trained[i] && a->pgrad[i] >= 0)
+            in[n++] = a->pgrad[i];
+    *at = -1;
+    if (n == 0) {
+        free(in);
+        return 0;
+    }
+    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_UNSCALE, "unscale", "gradients");
+    int rc = s && ebb_compiler_step_set_slots(c, s, in, n, NULL, 0) == 0 ? 0 : -1;
+    if (rc == 0) {
+        ebb_dtype dt = p->values[in[0]].dtype;
+        s->pub.phase = EBB_PHASE_UPDATE;
+        s->workspace = ebb_tensor_unscale_scratch(dt, ebb_device_cpu());
+        s->workspace_cuda = ebb_tensor_unscale_scratch(dt, (ebb_device){EBB_DEVICE_CUDA, 0});
+        s->has_workspace_cuda = 1;
+        *at = (int)(s - p->steps);
     }
     free(in);
     return rc;
@@ -1269,6 +1300,9 @@ static int finish(ad *a, int loss) {
         }
         return 0;
     }
+    int unscale = -1;
+    if (a->t->loss_scaling && emit_unscale(a, &unscale) != 0)
+        return -1;
     if (a->t->clip_grad_norm > 0 && emit_clip(a) != 0)
         return -1;
     /* what no backward step has updated yet */
@@ -1279,6 +1313,8 @@ static int finish(ad *a, int loss) {
         all[i] = i;
     int rc = emit_updates(a, all, p->n_params);
     free(all);
+    if (unscale >= 0)
+        p->steps[unscale].pub.jump = p->n_steps; /* past the clip and the updates */
     /* the plan says whether any update runs before the backward ends */
     for (int i = 0, seen = 0; rc == 0 && i < p->n_steps; i++) {
         if (seen && p->steps[i].pub.phase == EBB_PHASE_BACKWARD)
@@ -1303,6 +1339,12 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
                                      t->clip_grad_norm, t->clip_grad_value));
     p->clip_grad_norm = t->grads_only ? 0 : t->clip_grad_norm;
     p->clip_grad_value = t->grads_only ? 0 : t->clip_grad_value;
+    if (t->loss_scaling && t->grads_only)
+        return fail(c, ebb_error_set(EBB_ERR_ARG,
+                                     "loss_scaling needs update steps; a grads_only plan takes its "
+                                     "scale from ebb_run_options.loss_scale, and the caller "
+                                     "unscales (ebb_optimizer_unscale_)"));
+    p->loss_scaling = t->loss_scaling != 0;
     const ebb_op *loss_op = NULL;
     const ebb_attr_value *loss_attrs = NULL;
     if (choose_loss(c, g, t, &loss_op, &loss_attrs) != 0)

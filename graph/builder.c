@@ -615,6 +615,45 @@ ebb_node *ebb_node_name(ebb_builder *b, ebb_node *n, const char *name) {
     return n;
 }
 
+ebb_node *ebb_node_precision(ebb_builder *b, ebb_node *n, ebb_precision p) {
+    if (failed(b))
+        return NULL;
+    if (!n) {
+        fail(b, "ebb_node_precision: node is NULL");
+        return NULL;
+    }
+    if ((unsigned)p > EBB_PRECISION_FP16) {
+        fail(b, "ebb_node_precision: precision %d is not an ebb_precision", (int)p);
+        return NULL;
+    }
+    n->precision = p;
+    return n;
+}
+
+static int node_has_precision(const ebb_node *n) {
+    if (!n)
+        return 0;
+    if (n->precision != EBB_PRECISION_DEFAULT)
+        return 1;
+    for (int i = 0; i < n->n_children; i++)
+        if (node_has_precision(n->children[i]))
+            return 1;
+    return n->graph && ebb_graph_has_precision(n->graph);
+}
+
+int ebb_graph_has_precision(const ebb_graph *g) {
+    for (int i = 0; i < g->n_steps; i++) {
+        const graph_step *st = &g->steps[i];
+        if (node_has_precision(st->node) || node_has_precision(st->aux))
+            return 1;
+        /* a merge's n_nodes counts the streams it joins, with no nodes */
+        for (int j = 0; st->nodes && j < st->n_nodes; j++)
+            if (node_has_precision(st->nodes[j]))
+                return 1;
+    }
+    return 0;
+}
+
 ebb_node *ebb_node_share(ebb_builder *b, ebb_node *n, const char *param, const char *source) {
     if (failed(b))
         return NULL;

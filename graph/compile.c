@@ -191,12 +191,14 @@ void ebb_plan_free(ebb_plan *p) {
     free(p);
 }
 
-/* What clipping by norm costs: the same step compiled without it, its
- * updates placed as they would be then, under the same budget. */
+/* What clipping by norm or loss scaling costs, since the updates wait for
+ * the whole backward: the same step compiled without either, its updates
+ * placed as they would be then, under the same budget. */
 static ebb_status unclipped_peak(ebb_plan *p, const ebb_graph *g, const ebb_compile_options *opts) {
     ebb_train_options t = *opts->train;
     ebb_compile_options o = *opts;
     t.clip_grad_norm = 0;
+    t.loss_scaling = 0;
     o.train = &t;
     ebb_plan *q = NULL;
     ebb_status st = ebb_compile_once(&q, g, &o, NULL, 0);
@@ -233,6 +235,11 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
         return ebb_error_set(EBB_ERR_ARG, "ebb_compile: precision is %d; use an ebb_precision",
                              (int)opts->precision);
     int low = opts->precision == EBB_PRECISION_BF16 || opts->precision == EBB_PRECISION_FP16;
+    if (opts->dtype != EBB_FLOAT32 && ebb_graph_has_precision(g))
+        return ebb_error_set(EBB_ERR_ARG,
+                             "ebb_compile: graph '%s' sets a node's precision, which is for a "
+                             "float32 plan; this one is %s",
+                             g->name, ebb_dtype_name(opts->dtype));
     if (low && opts->dtype != EBB_FLOAT32)
         return ebb_error_set(EBB_ERR_ARG,
                              "ebb_compile: precision %s is for a float32 plan; this one is %s",
@@ -246,7 +253,7 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
         st = ebb_remat_fit(&p, g, opts);
     else if (st == EBB_OK && p->updates_in_backward)
         st = ebb_place_updates(&p, g, opts);
-    if (st == EBB_OK && p->clip_grad_norm > 0)
+    if (st == EBB_OK && (p->clip_grad_norm > 0 || p->loss_scaling))
         st = unclipped_peak(p, g, opts);
     if (st != EBB_OK) {
         ebb_plan_free(p);
@@ -265,9 +272,10 @@ ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_comp
                               const unsigned char *drop, int n_drop, const unsigned char *defer) {
     ebb_status st = EBB_OK;
     *out = NULL;
+    int low_plan = opts->precision == EBB_PRECISION_BF16 || opts->precision == EBB_PRECISION_FP16;
     compiler c = {.meta_device = {EBB_DEVICE_META, 0}, .training = opts->train != NULL,
-                  .autocast = opts->precision == EBB_PRECISION_BF16 ||
-                              opts->precision == EBB_PRECISION_FP16,
+                  /* a node's own precision needs the casts a mixed plan has */
+                  .autocast = low_plan || ebb_graph_has_precision(g), .full = !low_plan,
                   .low = opts->precision == EBB_PRECISION_FP16 ? EBB_FLOAT16 : EBB_BFLOAT16,
                   .drop = drop, .n_drop = drop ? n_drop : 0, .defer = defer};
     ebb_plan *p = calloc(1, sizeof *p);
@@ -300,7 +308,11 @@ ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_comp
         goto fail;
     /* a matrix product in a low dtype has no CPU figure but its own: mixed
      * precision measures on the CPU whatever measure_scratch says */
-    if ((opts->measure_scratch || c.autocast) && ebb_pass_measure(&c, ebb_device_cpu()) != 0)
+    int low_kernels = 0;
+    for (int i = 0; i < p->n_steps; i++)
+        low_kernels |= p->steps[i].low_kernel;
+    if ((opts->measure_scratch || low_plan || low_kernels) &&
+        ebb_pass_measure(&c, ebb_device_cpu()) != 0)
         goto fail;
     /* routing and while/until loops depend on values; some kernels' scratch
      * depends on the machine */
@@ -333,6 +345,16 @@ ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_comp
         goto fail;
     p->budget_peak_bytes = p->cuda_peak_bytes > p->peak_bytes ? p->cuda_peak_bytes : p->peak_bytes;
     p->no_recompute_peak_bytes = p->budget_peak_bytes;
+    /* loss scaling: a step whose gradients overflow skips its updates, so
+     * where the peak is among them, that step stays below it */
+    for (int i = 0, after = 0; i < p->n_steps; i++) {
+        const plan_step *s = &p->steps[i];
+        if (after && (s->pub.peak_bytes >= p->peak_bytes || s->cuda_peak_bytes >= p->cuda_peak_bytes)) {
+            p->peak_is_bound = p->cuda_peak_is_bound = 1;
+            break;
+        }
+        after |= s->pub.kind == EBB_STEP_UNSCALE;
+    }
     for (int i = 0; i < p->n_steps; i++) {
         int64_t fl = ebb_step_flops(p, &p->steps[i]);
         *(p->steps[i].pub.recompute ? &p->recompute_flops : &p->flops) += fl;

@@ -44,6 +44,10 @@ typedef struct compiler {
      * dtype, when `autocast` */
     int autocast;
     ebb_dtype low;
+    /* inside a float32 region: every op computes in the plan's dtype (a
+     * float32 plan whose nodes override its precision, or a node set to
+     * EBB_PRECISION_FP32; graph/lower.c) */
+    int full;
     ebb_status status;
 } compiler;
 

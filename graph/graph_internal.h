@@ -34,6 +34,7 @@ struct ebb_node {
      * parameter named share_source[i], made by an earlier node */
     name_list share_param, share_source;
     int used;
+    ebb_precision precision; /* ebb_node_precision(); DEFAULT: the plan's */
     ebb_node *next_owned; /* the owning builder's or graph's list */
 };
 
@@ -93,5 +94,8 @@ ebb_status ebb_attrs_resolve(const ebb_op *op, const char *text, ebb_attr_value 
 /* The rule for node names: letters, digits, '_', '-' and inner dots, not
  * starting with a digit (the builder's, and the YAML loader's). */
 int ebb_graph_valid_node_name(const char *s);
+/* Non-zero when a node of g, or of a graph nested in it, overrides the
+ * plan's precision (ebb_node_precision). */
+int ebb_graph_has_precision(const ebb_graph *g);
 
 #endif

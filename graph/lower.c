@@ -488,7 +488,7 @@ static int autocast_inputs(compiler *c, const ebb_op *op, const ebb_attr_value *
                            const char *path, const int *in, int n_in, int *out, int *low,
                            int *low_input) {
     const ebb_plan *p = c->plan;
-    autocast_class k = autocast_class_of(op);
+    autocast_class k = c->full ? AUTOCAST_FULL : autocast_class_of(op);
     *low = k == AUTOCAST_LOW;
     *low_input = 0;
     ebb_dtype target = k == AUTOCAST_LOW ? c->low : p->dtype;
@@ -691,9 +691,29 @@ static int lower_flow(compiler *c, const ebb_graph *g, const char *prefix, scope
 
 static char *shape_text(const ebb_shape *s, char *buf, size_t n) { return (char *)ebb_shape_str(s, buf, n); }
 
-/* Lowers one node applied to in[0..n_in); returns its output slot. */
+static int lower_node_as_set(compiler *c, const ebb_node *n, const char *path, const scope *sc,
+                             const int *in, int n_in);
+
+/* Lowers one node applied to in[0..n_in); returns its output slot. A node
+ * with a precision of its own (ebb_node_precision) is a region: its ops
+ * follow that precision, and the plan's resumes after it. */
 static int lower_node(compiler *c, const ebb_node *n, const char *path, const scope *sc,
                       const int *in, int n_in) {
+    if (n->precision == EBB_PRECISION_DEFAULT)
+        return lower_node_as_set(c, n, path, sc, in, n_in);
+    int full = c->full;
+    ebb_dtype low = c->low;
+    c->full = n->precision == EBB_PRECISION_FP32;
+    if (!c->full)
+        c->low = n->precision == EBB_PRECISION_FP16 ? EBB_FLOAT16 : EBB_BFLOAT16;
+    int out = lower_node_as_set(c, n, path, sc, in, n_in);
+    c->full = full;
+    c->low = low;
+    return out;
+}
+
+static int lower_node_as_set(compiler *c, const ebb_node *n, const char *path, const scope *sc,
+                             const int *in, int n_in) {
     switch (n->kind) {
     case NODE_OP:
         return ebb_lower_op_node(c, n->op, n->attrs, n, n->name ? n->name : path, path, in, n_in);

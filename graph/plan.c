@@ -200,17 +200,34 @@ static void print_clip(const ebb_plan *p, FILE *f) {
         fprintf(f, "clip_grad_value %g: each update clamps its gradient to [-%g, %g] first, into "
                    "a copy the size of the gradient\n",
                 p->clip_grad_value, p->clip_grad_value, p->clip_grad_value);
-    if (!(p->clip_grad_norm > 0))
+    if (p->loss_scaling) {
+        int at = -1;
+        for (int i = 0; i < p->n_steps && at < 0; i++)
+            if (p->steps[i].pub.kind == EBB_STEP_UNSCALE)
+                at = i;
+        fprintf(f, "loss scaling: the backward starts from the optimizer's scale; step %d divides "
+                   "every gradient by it and skips the updates when one is not finite\n",
+                at);
+    }
+    if (!(p->clip_grad_norm > 0) && !p->loss_scaling)
         return;
     char pb[32], ub[32], cb[32];
     int64_t cost = p->budget_peak_bytes - p->unclipped_peak_bytes;
     ebb_bytes_str(p->budget_peak_bytes, pb, sizeof pb);
     ebb_bytes_str(p->unclipped_peak_bytes, ub, sizeof ub);
     ebb_bytes_str(cost < 0 ? -cost : cost, cb, sizeof cb);
-    fprintf(f,
-            "clip_grad_norm %g: the updates wait for every gradient (their norm needs them all): "
-            "peak %s (the larger of the CPU and CUDA counts) against %s without clipping, %s%s\n",
-            p->clip_grad_norm, pb, ub, cost < 0 ? "less by " : "+", cb);
+    if (p->clip_grad_norm > 0)
+        fprintf(f,
+                "clip_grad_norm %g: the updates wait for every gradient (their norm needs them "
+                "all): peak %s (the larger of the CPU and CUDA counts) against %s without "
+                "clipping, %s%s\n",
+                p->clip_grad_norm, pb, ub, cost < 0 ? "less by " : "+", cb);
+    else
+        fprintf(f,
+                "loss scaling: the updates wait for every gradient (an overflow in any skips them "
+                "all): peak %s (the larger of the CPU and CUDA counts) against %s with updates "
+                "inside the backward, %s%s\n",
+                pb, ub, cost < 0 ? "less by " : "+", cb);
 }
 
 void ebb_plan_print(const ebb_plan *p, FILE *f) { ebb_plan_print_ex(p, f, NULL, NULL); }

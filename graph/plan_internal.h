@@ -97,7 +97,9 @@ struct ebb_plan {
     ebb_optimizer_options optimizer; /* what the update steps' scratch was counted for */
     int updates_in_backward; /* each update follows its gradient's last backward step */
     double clip_grad_norm, clip_grad_value; /* ebb_train_options' */
-    int64_t unclipped_peak_bytes; /* clip_grad_norm: the step's peak without it */
+    int64_t unclipped_peak_bytes; /* clip_grad_norm or loss_scaling: the step's peak with the
+                                     updates inside the backward (without either) */
+    int loss_scaling;  /* ebb_train_options': the backward starts from the optimizer's scale */
     /* graph/placement.c: updates moved to the backward's end because the
      * step's peak is lower so (per parameter), and the peak with every
      * update right after its gradient */

@@ -211,6 +211,11 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
                 "\"unclipped_peak_bytes\": %lld}",
                 p->clip_grad_norm, p->clip_grad_value, (long long)p->budget_peak_bytes,
                 (long long)(p->clip_grad_norm > 0 ? p->unclipped_peak_bytes : p->budget_peak_bytes));
+    if (p->loss_scaling)
+        fprintf(f,
+                ",\n \"loss_scaling\": {\"peak_bytes\": %lld, \"updates_in_backward_peak_bytes\": "
+                "%lld}",
+                (long long)p->budget_peak_bytes, (long long)p->unclipped_peak_bytes);
     if (p->memory_budget) {
         int n_re = 0;
         for (int i = 0; i < p->n_steps; i++)

@@ -373,6 +373,7 @@ done:
 
 int ebb_plan_updates_in_backward(const ebb_plan *p) { return p ? p->updates_in_backward : 0; }
 double ebb_plan_clip_grad_norm(const ebb_plan *p) { return p ? p->clip_grad_norm : 0; }
+int ebb_plan_loss_scaling(const ebb_plan *p) { return p ? p->loss_scaling : 0; }
 int ebb_plan_param_decays(const ebb_plan *p, int i) {
     if (!p || !p->training || i < 0 || i >= p->n_params || !p->trained[i]) return 0;
     const ebb_optimizer_options *o = &p->optimizer;

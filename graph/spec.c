@@ -992,6 +992,7 @@ static int claim_name(loader *ld, const char *name, const ynode *at) {
 typedef struct op_extras {
     const char *name;
     const ynode *name_at;
+    ebb_precision precision; /* `precision:`, the node's own (ebb_node_precision) */
     int n_share;
     const char *share_param[EBB_MAX_PARAMS];
     const char *share_source[EBB_MAX_PARAMS];
@@ -1077,6 +1078,16 @@ static int read_op_attrs(loader *ld, const ebb_op *op, const ynode *y, const yno
                 sb_reset(&ld->kp, mark);
                 continue;
             }
+            if (ex && strcmp(k->text, "precision") == 0) {
+                if (!v || v->kind != Y_SCALAR || is_null(v) ||
+                    ebb_precision_parse(&ex->precision, v->text) != EBB_OK) {
+                    ebb_error_clear();
+                    return fail_at(ld, v ? v : k, "precision must be fp32, bf16 or fp16, got %s",
+                                   describe(ld, v));
+                }
+                sb_reset(&ld->kp, mark);
+                continue;
+            }
             int ai = ebb_op_attr_index(op, k->text);
             if (ai < 0) {
                 char known[512] = "";
@@ -1085,7 +1096,7 @@ static int read_op_attrs(loader *ld, const ebb_op *op, const ynode *y, const yno
                     kl += (size_t)snprintf(known + kl, sizeof known - kl, "%s%s",
                                            j ? ", " : "", op->attrs[j].name);
                 if (ex && kl < sizeof known)
-                    kl += (size_t)snprintf(known + kl, sizeof known - kl, "%sname",
+                    kl += (size_t)snprintf(known + kl, sizeof known - kl, "%sname, precision",
                                            kl ? ", " : "");
                 if (ex && op->params && kl < sizeof known)
                     snprintf(known + kl, sizeof known - kl, ", share");
@@ -1096,8 +1107,10 @@ static int read_op_attrs(loader *ld, const ebb_op *op, const ynode *y, const yno
                 suggest s = {.word = k->text};
                 for (int j = 0; j < op->n_attrs; j++)
                     suggest_try(&s, op->attrs[j].name);
-                if (ex)
+                if (ex) {
                     suggest_try(&s, "name");
+                    suggest_try(&s, "precision");
+                }
                 if (ex && op->params)
                     suggest_try(&s, "share");
                 char sb[128];
@@ -1140,6 +1153,8 @@ static ebb_node *make_op(loader *ld, ebb_builder *b, const ebb_op *op, const yno
         goto fail;
     ebb_node *n = ebb_node_op(b, op->name, text.len ? text.s : NULL);
     free(text.s);
+    if (ex.precision)
+        ebb_node_precision(b, n, ex.precision);
     if (check_builder(ld, b, y) != 0)
         return NULL;
     for (int i = 0; i < ex.n_share; i++) {

@@ -68,6 +68,12 @@ static ebb_status check_capturable(const ebb_plan *plan, const ebb_model *model)
                                  "ebb_plan_capture: plan %s routes rows by value at step %d (node "
                                  "%s); a switch or top-k gate cannot be captured into a CUDA graph",
                                  plan->name, i, s->node);
+        if (s->kind == EBB_STEP_UNSCALE)
+            return ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                 "ebb_plan_capture: plan %s scales its loss, and step %d skips the "
+                                 "updates when a gradient is not finite; a CUDA graph cannot "
+                                 "branch on a value",
+                                 plan->name, i);
         if (s->kind == EBB_STEP_JUMP_IF)
             return ebb_error_set(EBB_ERR_UNSUPPORTED,
                                  "ebb_plan_capture: plan %s has a data-dependent loop at step %d "

@@ -427,6 +427,16 @@ static ebb_status clip(run_ctx *r, const plan_step *s) {
     return ebb_tensor_clip_grad_norm_(r->args, s->pub.n_in, r->plan->clip_grad_norm, NULL);
 }
 
+/* loss_scaling: every gradient divided by the scale in place, and the
+ * updates jumped over when one is not finite (the scale then backs off). */
+static ebb_status unscale(run_ctx *r, const plan_step *s, int *jump) {
+    if (!r->opt)
+        return ebb_error_set(EBB_ERR_ARG, "an unscale step needs an optimizer (ebb_train_step)");
+    for (int i = 0; i < s->pub.n_in; i++)
+        r->args[i] = r->slots[s->pub.in[i]];
+    return ebb_optimizer_unscale_(r->opt, r->args, s->pub.n_in, jump);
+}
+
 /* ---- routed regions in the backward ---------------------------------------- */
 
 /* EXIT's backward: the branch's rows of the accumulator's gradient, weighted
@@ -596,6 +606,7 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
     case EBB_STEP_ACCUM: return accumulate(r, s);
     case EBB_STEP_UPDATE: return update(r, s);
     case EBB_STEP_CLIP: return clip(r, s);
+    case EBB_STEP_UNSCALE: return unscale(r, s, jump);
     case EBB_STEP_ZEROS: return zeros(r, s);
     case EBB_STEP_SKIP:
         *jump = !r->written[ps->in[0]];
@@ -753,6 +764,18 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
             return ebb_error_set(EBB_ERR_NOMEM, "ebb_run: out of memory");
         }
         double seed_grad = opts && opts->loss_scale != 0 ? opts->loss_scale : 1.0;
+        if (plan->loss_scaling) {
+            double scale = ebb_optimizer_loss_scale(opt);
+            if (!(scale > 0)) {
+                free(r.shapes);
+                free(r.written);
+                return ebb_error_set(EBB_ERR_ARG,
+                                     "plan %s scales its loss, and the optimizer "
+                                     "has no loss scale (ebb_optimizer_set_loss_scaling)",
+                                     plan->name);
+            }
+            seed_grad *= scale;
+        }
         st = ebb_tensor_full(&r.one, &scalar, seed_grad, loss->dtype, dev);
         if (st != EBB_OK) {
             free(r.shapes);

@@ -53,7 +53,13 @@ struct ebb_optimizer {
      * HYPER values in the parameters' dtype, on the device and on the host */
     ebb_tensor *hyper, *hyper_host;
     int hyper_on;
+    ebb_loss_scaler scaler; /* GradScaler's state (src/loss_scale.c) */
 };
+
+ebb_loss_scaler *ebb_optimizer_scaler(ebb_optimizer *opt) { return &opt->scaler; }
+const ebb_loss_scaler *ebb_optimizer_scaler_const(const ebb_optimizer *opt) {
+    return &opt->scaler;
+}
 
 /* A hyperparameter row: Adam's -lr / (1 - beta1^t), sqrt(1 - beta2^t) and
  * AdamW's 1 - lr * weight_decay; SGD's -lr. */
@@ -825,7 +831,7 @@ ebb_status ebb_optimizer_save(const ebb_optimizer *opt, const char *path) {
     const char *fn = "ebb_optimizer_save";
     if (!opt || !path)
         return ebb_error_set(EBB_ERR_ARG, "%s: %s is NULL", fn, opt ? "path" : "opt");
-    int cap = 1 + opt->n * (N_SLOTS + 1), n = 0;
+    int cap = 2 + opt->n * (N_SLOTS + 1), n = 0;
     char **names = calloc((size_t)cap, sizeof *names);
     ebb_tensor **ts = calloc((size_t)cap, sizeof *ts);
     /* which entries are handles made here (the options and the steps) */
@@ -859,6 +865,14 @@ ebb_status ebb_optimizer_save(const ebb_optimizer *opt, const char *path) {
             }
             n++;
         }
+    }
+    if (st == EBB_OK && opt->scaler.on) {
+        names[n] = malloc(sizeof EBB_SCALER_NAME);
+        if (names[n]) memcpy(names[n], EBB_SCALER_NAME, sizeof EBB_SCALER_NAME);
+        made[n] = 1;
+        st = names[n] ? ebb_loss_scaler_tensor(&ts[n], &opt->scaler)
+                      : ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
+        n++;
     }
     if (st == EBB_OK) st = ebb_safetensors_write(path, (const char *const *)names, ts, n);
     for (int j = 0; j < n; j++) {
@@ -980,7 +994,7 @@ static ebb_status load_step(const ebb_safetensors *st, const char *name, int64_t
  * has under the file's options. */
 static ebb_status check_name(const ebb_optimizer *opt, const ebb_optimizer_options *o,
                              const char *name, const char *fn, const char *path) {
-    if (strcmp(name, OPTIONS_NAME) == 0) return EBB_OK;
+    if (strcmp(name, OPTIONS_NAME) == 0 || strcmp(name, EBB_SCALER_NAME) == 0) return EBB_OK;
     const char *rest = name + strlen("optim.");
     const char *dot = strrchr(rest, '.');
     if (dot && dot > rest) {
@@ -1015,6 +1029,16 @@ ebb_status ebb_optimizer_load(ebb_optimizer *opt, const char *path) {
     for (int i = 0; s == EBB_OK && i < ebb_safetensors_count(st); i++) {
         const char *name = ebb_safetensors_name_at(st, i);
         if (strncmp(name, "optim.", 6) == 0) s = check_name(opt, &o, name, fn, path);
+    }
+    /* the loss scaler's state, when the file has one; else the
+     * optimizer's own stays */
+    ebb_loss_scaler scaler = opt->scaler;
+    if (s == EBB_OK && has_tensor(st, EBB_SCALER_NAME)) {
+        ebb_tensor *t = NULL;
+        s = ebb_safetensors_load(&t, st, EBB_SCALER_NAME, ebb_device_cpu());
+        if (s == EBB_OK) s = ebb_loss_scaler_from(&scaler, t, fn, path);
+        scaler.skips = opt->scaler.skips;
+        ebb_tensor_free(t);
     }
     param_state *fresh = s == EBB_OK ? calloc((size_t)opt->n + 1, sizeof *fresh) : NULL;
     if (s == EBB_OK && !fresh) s = ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
@@ -1073,5 +1097,6 @@ ebb_status ebb_optimizer_load(ebb_optimizer *opt, const char *path) {
         if (opt->weight_decay[i] == opt->o.weight_decay)
             opt->weight_decay[i] = o.weight_decay;
     opt->o = o;
+    opt->scaler = scaler;
     return EBB_OK;
 }

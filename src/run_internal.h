@@ -60,4 +60,24 @@ void ebb_train_snapshot_free(ebb_train_snapshot *s);
 /* Refuses what a CUDA graph cannot hold (EBB_ERR_UNSUPPORTED, naming it). */
 ebb_status ebb_optimizer_check_capturable(const ebb_optimizer *opt, const char *fn);
 
+/* ---- dynamic loss scaling (src/loss_scale.c) --------------------------------
+ * GradScaler's state, held by an optimizer (ebb_optimizer_set_loss_scaling). */
+typedef struct ebb_loss_scaler {
+    int on;
+    double scale;             /* what the next step's loss is multiplied by */
+    double growth, backoff;   /* its factors */
+    int interval;             /* good steps before it grows */
+    int tracker;              /* good steps since it last changed */
+    int64_t skips;            /* steps skipped for a gradient that was not finite */
+} ebb_loss_scaler;
+/* The optimizer's scaler (src/optim.c). */
+ebb_loss_scaler *ebb_optimizer_scaler(ebb_optimizer *opt);
+const ebb_loss_scaler *ebb_optimizer_scaler_const(const ebb_optimizer *opt);
+/* optim.scaler, as ebb_optimizer_save() writes it: a new float64 tensor. */
+#define EBB_SCALER_NAME "optim.scaler"
+ebb_status ebb_loss_scaler_tensor(ebb_tensor **out, const ebb_loss_scaler *s);
+/* Its values back into *out, checked (the message names `path`). */
+ebb_status ebb_loss_scaler_from(ebb_loss_scaler *out, const ebb_tensor *t, const char *fn,
+                                const char *path);
+
 #endif

@@ -207,6 +207,15 @@ static ebb_status trained_names(const ebb_trainer_options *o, const ebb_plan *in
     return EBB_OK;
 }
 
+/* Loss scaling's first scale for options o (ebb_trainer_options.loss_scale);
+ * 0: none. */
+static double scaling_from(const fields *f, const ebb_trainer_options *o) {
+    if (o->loss_scale != 0)
+        return o->loss_scale > 0 ? o->loss_scale : 0;
+    ebb_precision p = o->precision ? o->precision : ebb_spec_precision(f->spec);
+    return p == EBB_PRECISION_FP16 ? 65536.0 : 0;
+}
+
 /* The training plan when `optim` is given (with o's loss, clipping, frozen
  * parameters and memory budget), else the inference plan. */
 static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer_options *o,
@@ -243,7 +252,8 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
                                  .no_decay = o->no_decay,
                                  .n_no_decay = o->n_no_decay,
                                  /* accumulation: the gradients, then one update */
-                                 .grads_only = o->accumulate > 1};
+                                 .grads_only = o->accumulate > 1,
+                                 .loss_scaling = scaling_from(f, o) > 0 && o->accumulate <= 1};
         co.train = &to;
         co.memory_budget = o->memory_budget;
     }
@@ -510,6 +520,7 @@ typedef struct state {
     int n, owned;
     ebb_tensor **t; /* [i * PER_PARAM]: parameter i; [i * PER_PARAM + 1 + k]: its slot k */
     int64_t *steps; /* [i]: parameter i's updates */
+    ebb_loss_scaler scaler; /* the optimizer's loss scaling (written when on) */
 } state;
 
 static void state_free(state *s) {
@@ -539,6 +550,7 @@ static ebb_status state_view(state *s, const ebb_model *m, const ebb_optimizer *
             s->t[i * PER_PARAM + 1 + k] = ebb_optimizer_state_tensor(opt, i, slot_name(k));
         s->steps[i] = opt ? ebb_optimizer_param_step_count(opt, i) : 0;
     }
+    s->scaler = opt ? *ebb_optimizer_scaler_const(opt) : (ebb_loss_scaler){0};
     return st;
 }
 
@@ -557,6 +569,7 @@ static ebb_status state_copy(state *s, const ebb_model *m, const ebb_optimizer *
         }
     }
     if (st == EBB_OK) memcpy(s->steps, live.steps, sizeof *s->steps * (size_t)live.n);
+    s->scaler = live.scaler;
     state_free(&live);
     return st;
 }
@@ -575,7 +588,7 @@ static int slot_used(const ebb_optimizer_options *o, int k) {
 static ebb_status state_write(const state *s, const ebb_model *m, const ebb_optimizer_options *oo,
                               const char *path, int with_params, const char *const *meta,
                               int n_meta) {
-    int cap = s->n * (PER_PARAM + 1) + 1, n = 0;
+    int cap = s->n * (PER_PARAM + 1) + 2, n = 0;
     char **names = calloc((size_t)cap, sizeof *names);
     ebb_tensor **ts = calloc((size_t)cap, sizeof *ts);
     char *made = calloc((size_t)cap, 1);
@@ -616,6 +629,11 @@ static ebb_status state_write(const state *s, const ebb_model *m, const ebb_opti
         names[n] = strdup("optim.options");
         made[n] = 1;
         st = ebb_tensor_from_host(&ts[n++], v, sizeof v, &sh, EBB_FLOAT64, ebb_device_cpu());
+    }
+    if (st == EBB_OK && s->scaler.on) {
+        names[n] = strdup(EBB_SCALER_NAME);
+        made[n] = 1;
+        st = ebb_loss_scaler_tensor(&ts[n++], &s->scaler);
     }
     for (int i = 0; st == EBB_OK && i < n; i++)
         if (!names[i]) st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
@@ -844,6 +862,7 @@ struct ebb_trainer {
     state undo;        /* skip_nonfinite: the model and optimizer before the step */
     ebb_capture *cap;  /* cuda_graph: the step, captured at the first full batch */
     int64_t accum, micro_per_epoch; /* micro-batches per step (1: none), and per epoch */
+    double scale_from; /* loss scaling's first scale; 0: no loss scaling */
     ebb_tensor **acc;   /* accumulate: per parameter, its gradient buffer (NULL: not trained) */
     ebb_tensor **grads; /* accumulate: one micro-batch's gradients, or the step's to apply */
     unsigned char *got; /* accumulate: per parameter, a gradient reached it this step */
@@ -1214,7 +1233,11 @@ static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
         st = ebb_model_new(&t->m, t->plan ? t->plan : t->infer, o->device, o->seed);
     if (st == EBB_OK && o->weights) st = load_weights(t, o->weights);
     if (st != EBB_OK || o->evaluate_only) return st;
+    t->scale_from = scaling_from(&t->f, o);
     if ((st = ebb_optimizer_new(&t->opt, t->m, &o->optimizer)) != EBB_OK ||
+        (t->scale_from > 0 &&
+         (st = ebb_optimizer_set_loss_scaling(
+              t->opt, &(ebb_loss_scaling){.init_scale = t->scale_from})) != EBB_OK) ||
         (st = set_no_decay(t)) != EBB_OK || (st = set_lr_scales(t)) != EBB_OK ||
         (o->resume && (st = resume(t)) != EBB_OK) || (st = plan_steps(t)) != EBB_OK ||
         (st = open_schedule(t)) != EBB_OK)
@@ -1223,6 +1246,7 @@ static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
         return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
     if (t->accum > 1 && (st = open_accumulation(t)) != EBB_OK) return st;
     t->s.planned_peak_bytes = ebb_plan_device_peak_bytes(t->plan, o->device);
+    t->s.loss_scale = t->scale_from > 0 ? ebb_optimizer_loss_scale(t->opt) : 0;
     t->s.first_skip_why = t->skip_why;
     t->tty = o->progress && isatty(fileno(o->progress));
     return EBB_OK;
@@ -1318,6 +1342,9 @@ static void print_start(const ebb_trainer *t) {
         ebb_lr_schedule_str(&t->schedule, sched + 11, sizeof sched - 11);
         at = strlen(sched);
     }
+    if (t->scale_from > 0 && at < sizeof sched)
+        at += (size_t)snprintf(sched + at, sizeof sched - at, ", loss scale %g (dynamic)",
+                               ebb_optimizer_loss_scale(t->opt));
     if (t->o.clip_grad_norm > 0 && at < sizeof sched)
         at += (size_t)snprintf(sched + at, sizeof sched - at, ", clip_grad_norm %g",
                                t->o.clip_grad_norm);
@@ -1495,7 +1522,9 @@ static ebb_status accumulate_step(ebb_trainer *t, int64_t first, int64_t n, int6
         ebb_run_options ro = {.seed = o->seed + 0x2545f4914f6cdd1dull * (micro + 1),
                               .trace = traced && k == 0 ? o->trace : NULL,
                               .trace_user = o->trace_user,
-                              .loss_scale = (double)cnt / (double)total};
+                              .loss_scale = (double)cnt / (double)total *
+                                            (t->scale_from > 0 ? ebb_optimizer_loss_scale(t->opt)
+                                                               : 1.0)};
         ebb_run_stats ms = {0};
         double l = NAN;
         st = make_batch(&t->f, t->train, t->order + at, cnt, o->device, t->ts);
@@ -1514,9 +1543,16 @@ static ebb_status accumulate_step(ebb_trainer *t, int64_t first, int64_t n, int6
         if (k == 0 || ms.measured_peak_bytes > stats->measured_peak_bytes || ms.over_step >= 0)
             *stats = ms;
     }
-    /* clipping, as between the last backward() and step() */
+    /* unscaling and clipping, as between the last backward() and step() */
     for (int i = 0; i < np; i++)
         t->grads[i] = t->got[i] ? t->acc[i] : NULL;
+    int overflow = 0;
+    if (st == EBB_OK && t->scale_from > 0)
+        st = ebb_optimizer_unscale_(t->opt, t->grads, np, &overflow);
+    if (overflow) {
+        for (int i = 0; i < np; i++) t->grads[i] = NULL;
+        return st;
+    }
     if (st == EBB_OK && o->clip_grad_norm > 0)
         st = ebb_tensor_clip_grad_norm_(t->grads, np, o->clip_grad_norm, NULL);
     for (int i = 0; st == EBB_OK && o->clip_grad_value > 0 && i < np; i++)
@@ -1569,6 +1605,7 @@ static ebb_status run_step(ebb_trainer *t, ebb_train_event *ev, ebb_run_stats *s
     }
     ebb_run_options ro = {
         .seed = o->seed, .trace = traced ? o->trace : NULL, .trace_user = o->trace_user};
+    int64_t overflows = ebb_optimizer_scaled_skips(t->opt);
     ebb_status st = o->skip_nonfinite ? state_copy(&t->undo, t->m, t->opt) : EBB_OK;
     if (st == EBB_OK && t->accum > 1)
         st = accumulate_step(t, first, n_micro, cnt, traced, &loss, stats);
@@ -1590,8 +1627,12 @@ static ebb_status run_step(ebb_trainer *t, ebb_train_event *ev, ebb_run_stats *s
         t->s.measured_peak_bytes = stats->measured_peak_bytes;
     int over = stats->over_step >= 0 || stats->measured_peak_bytes > stats->planned_peak_bytes;
     t->s.over_plan += over;
-    int skipped = 0;
-    if ((st = check_step(t, loss, &skipped)) != EBB_OK) return st;
+    /* loss scaling skipped the updates: nothing changed, nothing to check */
+    int overflowed = ebb_optimizer_scaled_skips(t->opt) > overflows;
+    int skipped = overflowed;
+    t->s.overflowed += overflowed;
+    t->s.loss_scale = t->scale_from > 0 ? ebb_optimizer_loss_scale(t->opt) : 0;
+    if (!overflowed && (st = check_step(t, loss, &skipped)) != EBB_OK) return st;
     *ev = (ebb_train_event){.kind = EBB_TRAIN_STEP,
                             .step = t->s.step,
                             .total_steps = t->s.total_steps,
@@ -1602,6 +1643,7 @@ static ebb_status run_step(ebb_trainer *t, ebb_train_event *ev, ebb_run_stats *s
                             .loss = skipped ? NAN : loss,
                             .lr = lr,
                             .skipped = skipped,
+                            .overflowed = overflowed,
                             .traced = traced,
                             .replayed = graphed,
                             .over_plan = over,

@@ -383,8 +383,10 @@ static ebb_spec *load_trainable(const char *path, ebb_shape *in_shapes, ebb_shap
 }
 
 /* Every spec that declares targets and a loss, planned as a training step
- * and run, traced: the gradients alone (ebb_grad) and two AdamW steps (the
- * first makes the optimizer's state, the second runs with it). Straight-line
+ * and run, traced: the gradients alone (ebb_grad), three AdamW steps (the
+ * first makes the optimizer's state, the others run with it), and three
+ * with dynamic loss scaling (its unscale step, the updates after the
+ * backward; no step may overflow at a scale of 1024). Straight-line
  * specs match their plan to the byte at every step, forward, backward and
  * update; specs that route rows or loop by value never above their bound. */
 static void train_spec(const char *path, int *n_trained) {
@@ -393,9 +395,10 @@ static void train_spec(const char *path, int *n_trained) {
     ebb_spec *s = load_trainable(path, in_shapes, t_shapes, &nt);
     if (!s)
         return;
-    for (int grads_only = 1; grads_only >= 0; grads_only--) {
+    for (int variant = 0; variant < 3; variant++) {
+        int grads_only = variant == 0, scaled = variant == 2;
         ebb_train_options t = {.target_shapes = t_shapes, .n_target_shapes = nt,
-                               .grads_only = grads_only,
+                               .grads_only = grads_only, .loss_scaling = scaled,
                                .optimizer = {.kind = EBB_ADAMW, .lr = 1e-3}};
         ebb_compile_options o = {.input_shapes = in_shapes,
                                  .n_input_shapes = ebb_spec_input_count(s), .train = &t};
@@ -408,6 +411,8 @@ static void train_spec(const char *path, int *n_trained) {
         ebb_optimizer *opt = NULL;
         if (!grads_only)
             assert_ok(ebb_optimizer_new(&opt, m, &t.optimizer));
+        if (scaled)
+            assert_ok(ebb_optimizer_set_loss_scaling(opt, &(ebb_loss_scaling){.init_scale = 1024}));
         ebb_tensor *in[16] = {0};
         assert_true(ebb_plan_input_count(p) <= 16);
         make_inputs(p, 7, 1.0, in);
@@ -416,15 +421,20 @@ static void train_spec(const char *path, int *n_trained) {
         if (state != ebb_plan_optimizer_state_bytes(p))
             BROKEN("%s: the optimizer made %lld bytes of state, the plan says %lld", path,
                    (long long)state, (long long)ebb_plan_optimizer_state_bytes(p));
-        static const char *const steps[] = {"first step", "second step", "third step"};
+        static const char *const steps[2][3] = {
+            {"first step", "second step", "third step"},
+            {"first scaled step", "second scaled step", "third scaled step"}};
         for (int run = 0; run < (grads_only ? 1 : 3); run++) {
             check c = {.spec = path, .opt = opt,
-                       .scenario = grads_only ? "ebb_grad" : steps[run],
+                       .scenario = grads_only ? "ebb_grad" : steps[scaled][run],
                        .exact = !ebb_plan_peak_is_bound(p)};
             traced_run(p, m, in, &c);
             if (opt && ebb_optimizer_state_bytes(opt, NULL) != state)
-                BROKEN("%s (%s): the step allocated optimizer state", path, steps[run]);
+                BROKEN("%s (%s): the step allocated optimizer state", path, steps[scaled][run]);
         }
+        if (scaled && ebb_optimizer_scaled_skips(opt) != 0)
+            BROKEN("%s: %lld of 3 steps overflowed at a scale of 1024", path,
+                   (long long)ebb_optimizer_scaled_skips(opt));
         *n_trained += grads_only;
         free_inputs(in, ebb_plan_input_count(p));
         ebb_optimizer_free(opt);

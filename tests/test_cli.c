@@ -1510,13 +1510,17 @@ static void test_dot_output_files(void **state) {
 /* ---- plan options -------------------------------------------------------- */
 
 /* --precision bf16: casts as steps, low values marked, parameters float32;
- * an unknown precision is a usage error naming it, and a float64 spec
- * refuses mixed precision. */
+ * with --loss-scale, the unscale step and what waiting for it costs; an
+ * unknown precision or a scale that is not positive is a usage error naming
+ * it. */
 static void test_plan_precision(void **state) {
     (void)state;
     cli_result r;
-    EBB(&r, "plan", "specs/mlp.yaml", "-i", "batch=8", "--train", "--precision", "bf16");
+    EBB(&r, "plan", "specs/mlp.yaml", "-i", "batch=8", "--train", "--precision", "bf16",
+        "--loss-scale", "1024");
     expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "  unscale              gradients");
+    expect_contains("stdout", &r, r.out, "loss scaling: the updates wait for every gradient");
     expect_contains("stdout", &r, r.out, "  cast                 flow.0.cast0");
     expect_contains("stdout", &r, r.out, "bf16[8, 128]");
     expect_contains("stdout", &r, r.out, "cast.backward");
@@ -1525,6 +1529,10 @@ static void test_plan_precision(void **state) {
     EBB(&r, "plan", "specs/mlp.yaml", "--precision", "tf32");
     expect_code(&r, 2);
     expect_contains("stderr", &r, r.err, "--precision tf32: expected fp32, bf16 or fp16");
+    cli_free(&r);
+    EBB(&r, "plan", "specs/mlp.yaml", "--train", "--loss-scale", "0");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--loss-scale 0: expected a positive scale");
     cli_free(&r);
     EBB(&r, "plan", "specs/mlp.yaml", "--precision", "fp32");
     expect_code(&r, 0);

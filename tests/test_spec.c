@@ -4,6 +4,7 @@
  * line expects, the loader's limits, and the spec API. */
 #define _POSIX_C_SOURCE 200809L
 #include <dirent.h>
+#include <math.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1246,6 +1247,127 @@ static void test_precision_key(void **state) {
     ebb_spec_free(s);
 }
 
+/* The dtype of the value step k writes. */
+static ebb_dtype step_out_dtype(const ebb_plan *p, int k) {
+    return ebb_plan_value_at(p, ebb_plan_step_at(p, k)->out[0])->dtype;
+}
+
+/* The step of op `op` at node `node`, or -1. */
+static int find_step(const ebb_plan *p, const char *op, const char *node) {
+    for (int k = 0; k < ebb_plan_step_count(p); k++)
+        if (!strcmp(ebb_plan_step_at(p, k)->op, op) && !strcmp(ebb_plan_step_at(p, k)->node, node))
+            return k;
+    return -1;
+}
+
+/* A node's own precision (`precision:` on an op node, ebb_node_precision):
+ * the YAML and the C twin plan alike; fc2 computes in float32 in a bf16
+ * plan, and alone in bfloat16 in a float32 one, the casts in and out being
+ * steps; the step trains within its plan; a float64 plan refuses it. */
+static void test_node_precision(void **state) {
+    (void)state;
+    static const char text[] = "ebb: 1\n"
+                               "name: ov\n"
+                               "inputs:\n"
+                               "  x: [batch, 8]\n"
+                               "targets:\n"
+                               "  y: {shape: [batch], dtype: int64}\n"
+                               "loss: cross_entropy\n"
+                               "flow:\n"
+                               "  - from: {linear: {out: 16, name: fc1}}\n"
+                               "  - gelu\n"
+                               "  - {linear: {out: 4, name: fc2, precision: P}}\n";
+    static const char *const set[] = {"fp32", "bf16"};
+    static const ebb_precision plan_prec[] = {EBB_PRECISION_BF16, EBB_PRECISION_FP32};
+    for (int k = 0; k < 2; k++) {
+        char yaml[sizeof text + 8];
+        const char *at = strstr(text, "precision: P");
+        snprintf(yaml, sizeof yaml, "%.*sprecision: %s%s", (int)(at - text), text, set[k],
+                 at + strlen("precision: P"));
+        ebb_spec *s = NULL;
+        assert_ok(ebb_spec_load_string(&s, yaml, strlen(yaml), "ov.yaml"));
+        ebb_builder *b = ebb_builder_new("ov");
+        ebb_input(b, "x");
+        ebb_target(b, "y");
+        ebb_loss(b, "cross_entropy", NULL);
+        ebb_from(b, ebb_node_op(b, "linear", "out=16, name=fc1"));
+        ebb_through(b, ebb_node_op(b, "gelu", NULL));
+        ebb_through(b, ebb_node_precision(b, ebb_node_op(b, "linear", "out=4, name=fc2"),
+                                          k ? EBB_PRECISION_BF16 : EBB_PRECISION_FP32));
+        ebb_graph *g = finish(b);
+
+        ebb_shape xs = {2, {6, 8}}, ys = {1, {6}};
+        ebb_dtype yd = EBB_INT64;
+        ebb_train_options t = {.target_shapes = &ys, .n_target_shapes = 1, .target_dtypes = &yd,
+                               .optimizer = {.kind = EBB_ADAMW, .lr = 1e-3}};
+        ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1,
+                                 .precision = plan_prec[k]};
+        ebb_plan *ps = NULL, *pc = NULL;
+        assert_ok(ebb_spec_compile(&ps, s, &o));
+        assert_ok(ebb_compile(&pc, g, &o));
+        char *ls = plan_listing(ps), *lc = plan_listing(pc);
+        assert_string_equal(ls, lc);
+        free(ls);
+        free(lc);
+        int fc1 = find_step(ps, "linear", "fc1"), fc2 = find_step(ps, "linear", "fc2");
+        assert_true(fc1 >= 0 && fc2 > fc1);
+        /* bf16 plan, fc2 in float32: fc1 low, fc2 full; float32 plan, fc2
+         * in bf16: the other way round */
+        assert_int_equal(step_out_dtype(ps, fc1), k ? EBB_FLOAT32 : EBB_BFLOAT16);
+        assert_int_equal(step_out_dtype(ps, fc2), k ? EBB_BFLOAT16 : EBB_FLOAT32);
+        /* the cast into fc2 is the step before it */
+        assert_string_equal(ebb_plan_step_at(ps, fc2 - 1)->op, "cast");
+        assert_int_equal(step_out_dtype(ps, fc2 - 1), k ? EBB_BFLOAT16 : EBB_FLOAT32);
+        ebb_plan_free(pc);
+        ebb_plan_free(ps);
+
+        /* the training step: parameters float32, the run within its plan */
+        o.train = &t;
+        assert_ok(ebb_spec_compile(&ps, s, &o));
+        ebb_model *m = NULL;
+        ebb_optimizer *opt = NULL;
+        ebb_tensor *x = NULL, *y = NULL;
+        assert_ok(ebb_model_new(&m, ps, ebb_device_cpu(), 1));
+        assert_ok(ebb_optimizer_new(&opt, m, &t.optimizer));
+        assert_ok(ebb_tensor_randn(&x, &xs, EBB_FLOAT32, ebb_device_cpu(), 2));
+        assert_ok(ebb_tensor_zeros(&y, &ys, EBB_INT64, ebb_device_cpu()));
+        for (int step = 0; step < 2; step++) {
+            ebb_run_stats st = {0};
+            double loss = NAN;
+            assert_ok(ebb_train_step(ps, m, opt, &x, &y, &loss, &st));
+            assert_true(isfinite(loss));
+            if (st.measured_peak_bytes > st.planned_peak_bytes ||
+                (step && !ebb_plan_peak_is_bound(ps) &&
+                 st.measured_peak_bytes != st.planned_peak_bytes))
+                fail_msg("%s override, step %d: measured %lld, planned %lld", set[k], step,
+                         (long long)st.measured_peak_bytes, (long long)st.planned_peak_bytes);
+        }
+        for (int i = 0; i < ebb_model_param_count(m); i++)
+            assert_int_equal(ebb_tensor_dtype(ebb_model_param(m, ebb_model_param_name(m, i))),
+                             EBB_FLOAT32);
+        ebb_tensor_free(x);
+        ebb_tensor_free(y);
+        ebb_optimizer_free(opt);
+        ebb_model_free(m);
+        ebb_plan_free(ps);
+
+        /* overrides are for float32 plans */
+        o.train = NULL;
+        o.precision = EBB_PRECISION_DEFAULT;
+        o.dtype = EBB_FLOAT64;
+        assert_int_equal(ebb_compile(&pc, g, &o), EBB_ERR_ARG);
+        assert_errmsg_contains("sets a node's precision, which is for a float32 plan");
+        ebb_graph_free(g);
+        ebb_spec_free(s);
+    }
+    /* the builder's sticky error names the call */
+    ebb_builder *b = ebb_builder_new("bad");
+    assert_null(ebb_node_precision(b, NULL, EBB_PRECISION_BF16));
+    assert_int_equal(ebb_builder_status(b), EBB_ERR_BUILD);
+    assert_non_null(strstr(ebb_builder_errmsg(b), "ebb_node_precision: node is NULL"));
+    ebb_builder_free(b);
+}
+
 static void test_dtypes_targets_loss(void **state) {
     (void)state;
     register_pair_loss();
@@ -1954,7 +2076,7 @@ static void test_share(void **state) {
          "gen.yaml:4:19: error: flow[0].from.relu.share: relu has no parameters to share"},
         {"ebb: 1\ninputs: {x: [4, 8]}\nflow:\n  - from: {linear: {out: 8, shar: {}}}\n",
          "gen.yaml:4:29: error: flow[0].from.linear.shar: linear has no attribute 'shar'; did "
-         "you mean 'share'? (known: out, in, bias, name, share)"},
+         "you mean 'share'? (known: out, in, bias, name, precision, share)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         expect_load_error(cases[i].text, strlen(cases[i].text), cases[i].msg);
@@ -2017,6 +2139,7 @@ static void test_node_labels(void **state) {
 int main(void) {
     static const struct CMUnitTest fixed[] = {
         EBB_TEST(test_precision_key),
+        EBB_TEST(test_node_precision),
         EBB_TEST(test_every_spec_has_a_twin),
         EBB_TEST(test_subfolder_specs_load),
         EBB_TEST(test_limit_size),

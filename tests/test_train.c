@@ -1274,10 +1274,14 @@ static void trainer_close(trainer *tr) {
     *tr = (trainer){0};
 }
 
+/* trainer_open's flags */
+enum { OPEN_GRADS_ONLY = 1, OPEN_LOSS_SCALING = 2 };
+
 /* Compiles the step model for the fixture's case c, with the fixture's
  * initial parameters and an optimizer of the case's options. */
 static void trainer_open(trainer *tr, const char *fixture, const char *yaml, const char *c,
-                         int grads_only, problems *pr) {
+                         int flags, problems *pr) {
+    int grads_only = flags & OPEN_GRADS_ONLY;
     *tr = (trainer){.name = c};
     tr->st = open_fixture(fixture);
     assert_ok(ebb_spec_load_string(&tr->spec, yaml, strlen(yaml), fixture));
@@ -1293,7 +1297,8 @@ static void trainer_open(trainer *tr, const char *fixture, const char *yaml, con
     /* the target's dtype and the loss come from the spec's `targets:` and
      * `loss:`; its shape from the data (the spec's `batch` would be 1) */
     ebb_train_options t = {.target_shapes = &ys, .n_target_shapes = 1, .optimizer = tr->oo,
-                           .grads_only = grads_only};
+                           .grads_only = grads_only,
+                           .loss_scaling = (flags & OPEN_LOSS_SCALING) != 0};
     /* clipping, as torch.nn.utils did it between backward() and step() */
     char ck[2][64];
     snprintf(ck[0], sizeof ck[0], "%s.clip.norm", c);
@@ -1576,6 +1581,132 @@ static void failing_step(trainer *tr, ebb_tensor *x, ebb_tensor *target, ebb_opt
     snap_free(&sn);
 }
 
+/* Dynamic loss scaling (GradScaler's rules) on the MLP's ten AdamW steps: a
+ * scale that is a power of two changes no bit of a float32 gradient, so the
+ * scaled steps end bit for bit where the plain ones do (and where torch's
+ * do, to the usual tolerance), except that one step fed a NaN is skipped:
+ * nothing changes, and the scale backs off. The scale grows after every
+ * growth_interval good steps, is saved with the optimizer, and a plan that
+ * scales refuses an optimizer without a scale. */
+static void test_loss_scaling(void **state) {
+    (void)state;
+    problems pr = {0};
+    trainer plain, scaled;
+    trainer_open(&plain, "grad_steps_mlp", MLP_YAML, "adamw", 0, &pr);
+    trainer_open(&scaled, "grad_steps_mlp", MLP_YAML, "adamw", OPEN_LOSS_SCALING, &pr);
+    assert_true(ebb_plan_loss_scaling(scaled.plan) && !ebb_plan_loss_scaling(plain.plan));
+    assert_false(ebb_plan_updates_in_backward(scaled.plan));
+
+    /* the listing says where the gradients are unscaled and what waiting costs */
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    ebb_plan_print(scaled.plan, f);
+    fclose(f);
+    if (!strstr(text, "unscale") || !strstr(text, "loss scaling: the updates wait"))
+        problem(&pr, "the listing does not show the unscale step and its cost:\n%s", text);
+    free(text);
+
+    ebb_loss_scaling ls = {.init_scale = 1024, .growth_interval = 3};
+    assert_ok(ebb_optimizer_set_loss_scaling(scaled.opt, &ls));
+    assert_true(ebb_optimizer_loss_scale(scaled.opt) == 1024.0);
+    assert_true(ebb_optimizer_loss_scale(plain.opt) == 0.0);
+    ebb_loss_scaling bad = {.backoff_factor = 1.5};
+    assert_int_equal(ebb_optimizer_set_loss_scaling(scaled.opt, &bad), EBB_ERR_ARG);
+    assert_errmsg_contains("backoff_factor 1.5");
+    assert_true(ebb_optimizer_loss_scale(scaled.opt) == 1024.0);
+
+    /* an optimizer without a scale: refused before anything runs */
+    ebb_optimizer *unscaled = NULL;
+    assert_ok(ebb_optimizer_new(&unscaled, scaled.model, &scaled.oo));
+    failing_step(&scaled, scaled.x[0], scaled.y[0], unscaled, "an optimizer without a scale",
+                 "has no loss scale", &pr);
+    ebb_optimizer_free(unscaled);
+
+    /* a NaN in the batch: every gradient is NaN, the step is skipped */
+    ebb_tensor *nan_x = NULL;
+    {
+        ebb_shape xs = ebb_tensor_shape(scaled.x[0]);
+        size_t n = (size_t)ebb_shape_numel(&xs);
+        float *v = malloc(n * sizeof *v);
+        assert_non_null(v);
+        assert_ok(ebb_tensor_to_host(scaled.x[0], v, n * sizeof *v));
+        v[0] = NAN;
+        assert_ok(ebb_tensor_from_host(&nan_x, v, n * sizeof *v, &xs, EBB_FLOAT32, CPU));
+        free(v);
+    }
+    double want_scale[STEPS] = {1024, 1024, 2048, 2048, 1024, 1024, 2048, 2048, 2048, 4096};
+    char path[256];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/ebb_scaler_%ld.safetensors", tmp && *tmp ? tmp : "/tmp",
+             (long)getpid());
+    for (int t = 0; t < STEPS; t++) {
+        if (t == 8) {
+            /* the scale and its count of good steps (1 of 3 here) are saved
+             * with the optimizer: the step after next grows the scale only
+             * if the count came back */
+            ebb_optimizer *back = NULL;
+            assert_ok(ebb_optimizer_save(scaled.opt, path));
+            assert_ok(ebb_optimizer_new(&back, scaled.model, &scaled.oo));
+            assert_ok(ebb_optimizer_load(back, path));
+            unlink(path);
+            if (ebb_optimizer_loss_scale(back) != 2048.0)
+                problem(&pr, "the loaded scale is %g", ebb_optimizer_loss_scale(back));
+            ebb_optimizer_free(scaled.opt);
+            scaled.opt = back;
+        }
+        if (t == 4) {
+            snapshot sn = {0};
+            snap_take(&sn, &scaled);
+            ebb_run_stats rs = {0};
+            double loss = 0;
+            int64_t live = ebb_tensor_live_count();
+            assert_ok(ebb_train_step(scaled.plan, scaled.model, scaled.opt, &nan_x, &scaled.y[t],
+                                     &loss, &rs));
+            if (!isnan(loss)) problem(&pr, "the NaN step's loss is %g", loss);
+            if (ebb_tensor_live_count() != live)
+                problem(&pr, "the skipped step left %lld handles",
+                        (long long)(ebb_tensor_live_count() - live));
+            if (rs.measured_peak_bytes > rs.planned_peak_bytes)
+                problem(&pr, "the skipped step measured %lld, over its plan %lld",
+                        (long long)rs.measured_peak_bytes, (long long)rs.planned_peak_bytes);
+            snap_check(&sn, &scaled, "the skipped step", &pr);
+            snap_free(&sn);
+            if (ebb_optimizer_loss_scale(scaled.opt) != 1024.0 ||
+                ebb_optimizer_scaled_skips(scaled.opt) != 1)
+                problem(&pr, "after the skipped step: scale %g, %lld skipped",
+                        ebb_optimizer_loss_scale(scaled.opt),
+                        (long long)ebb_optimizer_scaled_skips(scaled.opt));
+        }
+        if (!good_step(&plain, t, &pr) || !good_step(&scaled, t, &pr)) break;
+        if (ebb_optimizer_loss_scale(scaled.opt) != want_scale[t])
+            problem(&pr, "after step %d the scale is %g, GradScaler's %g", t,
+                    ebb_optimizer_loss_scale(scaled.opt), want_scale[t]);
+    }
+    check_final(&scaled, &pr);
+    for (int i = 0; i < ebb_model_param_count(plain.model); i++) {
+        const char *pn = ebb_model_param_name(plain.model, i);
+        if (!same_bits(ebb_model_param(plain.model, pn), ebb_model_param(scaled.model, pn)))
+            problem(&pr, "%s differs from the unscaled steps'", pn);
+    }
+
+    /* a gradient plan has no update to skip */
+    ebb_shape xs = ebb_tensor_shape(scaled.x[0]), ys = ebb_tensor_shape(scaled.y[0]);
+    ebb_train_options go = {.target_shapes = &ys, .n_target_shapes = 1, .optimizer = scaled.oo,
+                            .grads_only = 1, .loss_scaling = 1};
+    ebb_compile_options co = {.input_shapes = &xs, .n_input_shapes = 1, .train = &go};
+    ebb_plan *p = NULL;
+    assert_int_equal(ebb_spec_compile(&p, scaled.spec, &co), EBB_ERR_ARG);
+    assert_errmsg_contains("loss_scaling needs update steps");
+    assert_null(p);
+
+    ebb_tensor_free(nan_x);
+    trainer_close(&plain);
+    trainer_close(&scaled);
+    fail_on_problems(&pr, "loss scaling");
+}
+
 static ebb_tensor *int64_tensor(const int64_t *v, int64_t n) {
     ebb_tensor *t = NULL;
     ebb_shape s = EBB_SHAPE(n);
@@ -1699,7 +1830,7 @@ static void test_refusals(void **state) {
     problems pr = {0};
     trainer tr, go;
     trainer_open(&tr, "grad_steps_mlp", MLP_YAML, "adam", 0, &pr);
-    trainer_open(&go, "grad_steps_mlp", MLP_YAML, "adam", 1, &pr);
+    trainer_open(&go, "grad_steps_mlp", MLP_YAML, "adam", OPEN_GRADS_ONLY, &pr);
 
     failing_step(&go, go.x[0], go.y[0], NULL, "ebb_train_step on a grads_only plan", NULL, &pr);
 
@@ -2092,7 +2223,7 @@ int main(void) {
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[22 + 2 * N_GRAD];
+    struct CMUnitTest tests[23 + 2 * N_GRAD];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -2118,6 +2249,7 @@ int main(void) {
     tests[n++] = named_test("steps_adamw_bias_lr", test_steps, (void *)"adamw_bias_lr");
     tests[n++] = named_test("steps_adamw_bf16", test_steps, (void *)"adamw_bf16");
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_steps_batch_norm);
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_loss_scaling);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_state_for_trained_parameters);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_steps_change_nothing);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_step_restores_batch_norm);

@@ -130,6 +130,26 @@ EBB_API ebb_node *ebb_node_repeat(ebb_builder *b, int times,
 EBB_API ebb_node *ebb_node_graph(ebb_builder *b, const ebb_graph *g);
 /* Sets a node's name (the prefix of its parameters' names). */
 EBB_API ebb_node *ebb_node_name(ebb_builder *b, ebb_node *n, const char *name);
+
+/* Mixed precision (ebb_compile_options.precision in ebb/plan.h, which
+ * explains the policy). */
+typedef enum ebb_precision {
+    EBB_PRECISION_DEFAULT = 0, /* ebb_spec_compile: the spec's `precision:`; else fp32 */
+    EBB_PRECISION_FP32,        /* every op in the plan's dtype */
+    EBB_PRECISION_BF16,        /* the matrix products in bfloat16 */
+    EBB_PRECISION_FP16,        /* the matrix products in float16 */
+} ebb_precision;
+/* A per-node override of the plan's precision, as a torch.autocast region
+ * around one module: every op inside node `n` (a sequence, sub-flow or
+ * nested graph included) computes as `p` says, whatever the plan was
+ * compiled with. EBB_PRECISION_FP32 runs them in float32, their inputs cast
+ * up where they arrive in a low dtype (autocast disabled, inputs .float());
+ * EBB_PRECISION_BF16 or FP16 applies autocast's policy in that dtype, even
+ * in a float32 plan. The casts in and out are plan steps like any other.
+ * EBB_PRECISION_DEFAULT removes an override. A float32 graph only: a plan of
+ * another dtype refuses overrides at compile. Returns n, or NULL after an
+ * error (n NULL, p not an ebb_precision). */
+EBB_API ebb_node *ebb_node_precision(ebb_builder *b, ebb_node *n, ebb_precision p);
 /* Weight tying: the op node `n` uses the parameter named `source` (a full
  * name such as "transformer.wte.weight", defined by a node earlier in the
  * flow) as its own parameter `param` ("weight") instead of making one. The

@@ -294,6 +294,54 @@ EBB_API ebb_status ebb_optimizer_save(const ebb_optimizer *opt, const char *path
  * gets zeros, as ebb_optimizer_new() makes them. */
 EBB_API ebb_status ebb_optimizer_load(ebb_optimizer *opt, const char *path);
 
+/* ---- dynamic loss scaling ---------------------------------------------------
+ * float16's range ends at 65504 and its smallest normal is 6e-5, so small
+ * gradients of an fp16 step vanish unless the loss is scaled up first and the
+ * gradients scaled back before the update: torch.amp.GradScaler. With loss
+ * scaling on, an optimizer keeps GradScaler's state beside its own: the
+ * scale, and the count of steps since it last changed. A training plan
+ * compiled with ebb_train_options.loss_scaling then starts its backward from
+ * the scale instead of 1, and before its updates calls
+ * ebb_optimizer_unscale_(), which divides every gradient by the scale and
+ * checks them:
+ *   - a gradient holds an infinity or a NaN: the step's updates are skipped
+ *     (parameters, state and update counts as they were) and the scale is
+ *     multiplied by backoff_factor;
+ *   - else the updates run, and after growth_interval such steps in a row
+ *     the scale is multiplied by growth_factor (when that stays finite in
+ *     float32).
+ * bfloat16 has float32's range and needs none of this. ebb_optimizer_save()
+ * writes the state as optim.scaler (float64 {1, scale, growth_factor,
+ * backoff_factor, growth_interval, growth_tracker}, the version first), and
+ * ebb_optimizer_load() reads it back. */
+typedef struct ebb_loss_scaling {
+    double init_scale;     /* the first scale; 0: 65536 (2^16) */
+    double growth_factor;  /* > 1; 0: 2 */
+    double backoff_factor; /* in (0, 1); 0: 0.5 */
+    int growth_interval;   /* > 0; 0: 2000 */
+} ebb_loss_scaling;
+
+/* Turns loss scaling on (or restarts it) with options `o` (NULL: the
+ * defaults): the scale is set to init_scale and the count of good steps to
+ * 0. EBB_ERR_ARG for a NULL optimizer or an option outside its range (the
+ * message names it); the optimizer is then unchanged. */
+EBB_API ebb_status ebb_optimizer_set_loss_scaling(ebb_optimizer *opt, const ebb_loss_scaling *o);
+/* The scale the next step's loss is multiplied by; 0 when loss scaling is
+ * off (or opt is NULL). */
+EBB_API double ebb_optimizer_loss_scale(const ebb_optimizer *opt);
+/* Steps whose updates ebb_optimizer_unscale_() skipped, since the optimizer
+ * was made (not saved). 0 for NULL. */
+EBB_API int64_t ebb_optimizer_scaled_skips(const ebb_optimizer *opt);
+/* GradScaler's unscale_, then its update: grads[0..n) (NULL entries
+ * skipped) are divided by the scale in place; *skip receives 1 when one of
+ * them holds an infinity or a NaN (the caller then updates nothing), 0
+ * otherwise; and the scale moves as said above. What a loss-scaled plan runs
+ * before its updates, and a loop over ebb_grad() runs before
+ * ebb_optimizer_step(). EBB_ERR_ARG when loss scaling is off; EBB_ERR_SHAPE
+ * when the gradients differ in dtype or device. */
+EBB_API ebb_status ebb_optimizer_unscale_(ebb_optimizer *opt, ebb_tensor *const *grads, int n,
+                                          int *skip);
+
 /* ---- update kernels (the tensor layer) ---------------------------------------
  * One in-place update of one parameter, used by the optimizer above and
  * available to callers that keep state themselves. `opts` must be complete
@@ -333,6 +381,16 @@ EBB_API ebb_status ebb_tensor_clip_grad_value(ebb_tensor **out, const ebb_tensor
  * the total and the factor, one element each. */
 EBB_API ebb_status ebb_tensor_clip_grad_norm_(ebb_tensor *const *grads, int n, double max_norm,
                                               double *total_norm);
+
+/* GradScaler's unscale_ on its own: grads[0..n) (NULL entries skipped, all
+ * of one floating dtype and device) multiplied by inv_scale in place, and
+ * *found_inf set when any element of any of them was infinite or NaN.
+ * Scratch: ebb_tensor_unscale_scratch(). */
+EBB_API ebb_status ebb_tensor_unscale_(ebb_tensor *const *grads, int n, double inv_scale,
+                                       int *found_inf);
+/* The bytes ebb_tensor_unscale_() allocates while it works, all freed before
+ * it returns, for gradients of `dtype` on `device`: exact on the CPU. */
+EBB_API int64_t ebb_tensor_unscale_scratch(ebb_dtype dtype, ebb_device device);
 
 #ifdef __cplusplus
 }

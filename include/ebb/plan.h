@@ -96,6 +96,17 @@ typedef struct ebb_train_options {
      * parameter is an error. */
     const char *const *no_decay;
     int n_no_decay;
+    /* Dynamic loss scaling, as torch.amp.GradScaler (ebb/optim.h): the
+     * backward starts from the optimizer's scale instead of 1, and one step
+     * after the backward (EBB_STEP_UNSCALE) divides every gradient by it;
+     * when a gradient holds an infinity or a NaN it jumps past the updates,
+     * which therefore wait for the backward's end (as updates_after_backward,
+     * and the listing says what that costs). Before clipping, as GradScaler's
+     * unscale_() comes before clip_grad_norm_(). The optimizer must have loss
+     * scaling on (ebb_optimizer_set_loss_scaling). For fp16; with grads_only,
+     * set ebb_run_options.loss_scale and call ebb_optimizer_unscale_()
+     * instead. */
+    int loss_scaling;
 } ebb_train_options;
 
 /* Mixed precision (ebb_compile_options.precision), after torch.autocast:
@@ -107,13 +118,7 @@ typedef struct ebb_train_options {
  * its value counted at its own dtype's size and freed at its last use; a
  * parameter's low copy is made inside the step that reads it and freed
  * when the step ends (the backward makes its own). */
-typedef enum ebb_precision {
-    EBB_PRECISION_DEFAULT = 0, /* ebb_spec_compile: the spec's `precision:`; else fp32 */
-    EBB_PRECISION_FP32,        /* every op in the plan's dtype */
-    EBB_PRECISION_BF16,        /* the matrix products in bfloat16 */
-    EBB_PRECISION_FP16,        /* the matrix products in float16 */
-} ebb_precision;
-
+/* (ebb_precision itself is declared in graph.h, for ebb_node_precision) */
 /* "fp32", "bf16" or "fp16" (also "float32", "bfloat16", "float16") into
  * *out; EBB_ERR_ARG naming the text otherwise. */
 EBB_API ebb_status ebb_precision_parse(ebb_precision *out, const char *name);
@@ -190,6 +195,8 @@ typedef enum ebb_step_kind {
     EBB_STEP_ROUTE_BACKWARD, /* top-k: (router output, route, grad_route) -> grad of the router output */
     EBB_STEP_CLIP,      /* (every gradient): scaled in place to a global L2 norm of at most
                            clip_grad_norm (ebb_train_options) */
+    EBB_STEP_UNSCALE,   /* (every gradient): divided by the loss scale in place; jumps past
+                           the updates when one is not finite (ebb_train_options.loss_scaling) */
 } ebb_step_kind;
 
 /* Which part of a training step a step belongs to (inference: all forward). */

@@ -107,6 +107,8 @@ EBB_API int ebb_plan_param_decays(const ebb_plan *p, int i);
 /* The gradient clipping a training plan was compiled for
  * (ebb_train_options.clip_grad_norm, .clip_grad_value); 0: none. NULL p: 0. */
 EBB_API double ebb_plan_clip_grad_norm(const ebb_plan *p);
+/* Non-zero for a plan compiled with ebb_train_options.loss_scaling. */
+EBB_API int ebb_plan_loss_scaling(const ebb_plan *p);
 /* ebb_train_options.clip_grad_value of the plan; 0: none. NULL p: 0. */
 EBB_API double ebb_plan_clip_grad_value(const ebb_plan *p);
 /* What clipping by norm costs the step's peak: its peak (the larger of the

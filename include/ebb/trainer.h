@@ -127,8 +127,10 @@ typedef struct ebb_train_event {
     double loss;   /* STEP: this step's loss, NAN when it was skipped; EPOCH: the epoch's
                       mean over the steps not skipped (NAN: none) */
     double lr;     /* STEP: the learning rate the step used */
-    int skipped;   /* STEP: the step's loss or update was not finite and it was undone
-                      (ebb_trainer_options.skip_nonfinite) */
+    int skipped;   /* STEP: the step updated nothing: its loss or update was not finite
+                      and it was undone (ebb_trainer_options.skip_nonfinite), or loss
+                      scaling found a gradient that overflowed (overflowed) */
+    int overflowed; /* STEP: loss scaling skipped the step's updates (see loss_scale) */
     int traced;    /* STEP: this step ran with ebb_trainer_options.trace */
     int replayed;  /* STEP: replayed from a CUDA graph (cuda_graph); not measured */
     int over_plan; /* STEP: it measured more than its plan promised (a bug in an op's
@@ -212,6 +214,13 @@ typedef struct ebb_trainer_options {
     int64_t memory_budget;           /* compile the step under it (ebb_compile_options) */
     ebb_precision precision;         /* mixed precision (ebb_compile_options.precision); by
                                         default the spec's `precision:` */
+    /* Dynamic loss scaling (torch.amp.GradScaler, ebb/optim.h), starting
+     * from this scale: > 0 turns it on; < 0 turns it off; 0 means on from
+     * 65536 when the precision is fp16, off otherwise. A step whose
+     * gradients overflow updates nothing and halves the scale (it is
+     * counted, and is not a failure even when its loss is infinite); the
+     * scale doubles after 2000 good steps. Checkpoints keep the scale. */
+    double loss_scale;
     ebb_device device;               /* defaults: the CPU */
     int cuda_graph;     /* CUDA: replay full batches from a captured step (ebb_train_capture) */
     int skip_nonfinite; /* undo and count a step whose loss or updated state is NaN or
@@ -302,6 +311,8 @@ typedef struct ebb_trainer_stats {
     int64_t samples_seen, samples_total; /* samples seen at `step`, and at the run's last step */
     int64_t done_steps;    /* steps this trainer ran */
     int64_t skipped;       /* of them, undone by skip_nonfinite */
+    int64_t overflowed;    /* of them, skipped by loss scaling (their gradients overflowed) */
+    double loss_scale;     /* loss scaling's scale for the next step; 0: loss scaling is off */
     int64_t first_skipped; /* the first skipped step (0: none) */
     const char *first_skip_why; /* its reason ("the loss is NaN"); "" when none */
     int64_t replayed;      /* steps replayed from a CUDA graph */

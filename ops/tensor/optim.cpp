@@ -513,3 +513,67 @@ int64_t ebb_optimizer_update_scratch_bytes(const ebb_optimizer_options *o, ebb_d
 }
 
 } // extern "C"
+
+// GradScaler's unscale_ (torch.amp): *found_inf when any element of any
+// gradient is infinite or NaN, and every gradient multiplied by inv_scale in
+// place either way. On CUDA ATen's fused kernel does both in one launch per
+// dtype, and the flag is read back once. On the CPU, where libtorch 1.13 has
+// no such kernel, each gradient's extremes are taken (a NaN or an infinity
+// shows in one of them) and read at once, then it is scaled by a
+// one-element factor: a Scalar operand would be wrapped in a tensor of its
+// own. The CPU's scratch is the factor and the two extremes, 3 elements of
+// the gradients' dtype (ebb_tensor_unscale_scratch()).
+ebb_status ebb_tensor_unscale_(ebb_tensor *const *grads, int n, double inv_scale, int *found_inf) {
+    const char *fn = "ebb_tensor_unscale_";
+    if (n < 0 || (n > 0 && !grads) || !found_inf)
+        return ebb_error_set(EBB_ERR_ARG, "%s: %d gradients at %p, found_inf %p", fn, n,
+                             (const void *)grads, (const void *)found_inf);
+    *found_inf = 0;
+    const at::Tensor *first = nullptr;
+    for (int i = 0; i < n; i++) {
+        if (!grads[i]) continue;
+        const at::Tensor &g = grads[i]->t;
+        if (!at::isFloatingType(g.scalar_type()))
+            return ebb_error_set(EBB_ERR_ARG, "%s: gradient %d is %s; only floating point is "
+                                 "scaled", fn, i, describe(g).c_str());
+        if (!first) {
+            first = &g;
+        } else if (g.scalar_type() != first->scalar_type() || g.device() != first->device()) {
+            return ebb_error_set(EBB_ERR_SHAPE, "%s: gradient %d is %s, the first is %s", fn, i,
+                                 describe(g).c_str(), describe(*first).c_str());
+        }
+    }
+    if (!first) return EBB_OK;
+    EBB_TRY(fn, {
+        if (first->is_cuda()) {
+            std::vector<at::Tensor> list;
+            list.reserve((size_t)n);
+            for (int i = 0; i < n; i++)
+                if (grads[i]) list.push_back(grads[i]->t);
+            auto f32 = first->options().dtype(at::kFloat);
+            at::Tensor found = at::zeros({1}, f32);
+            at::Tensor inv = at::full({1}, inv_scale, f32);
+            at::_amp_foreach_non_finite_check_and_unscale_(list, found, inv);
+            *found_inf = found.item<float>() != 0.0f;
+        } else {
+            at::Tensor inv = at::full({}, inv_scale, first->options());
+            for (int i = 0; i < n; i++) {
+                if (!grads[i] || grads[i]->t.numel() == 0) continue;
+                at::Tensor &g = grads[i]->t;
+                if (!*found_inf) {
+                    at::Tensor lo = at::min(g), hi = at::max(g);
+                    double a = lo.item<double>(), b = hi.item<double>();
+                    *found_inf = !std::isfinite(a) || !std::isfinite(b);
+                }
+                g.mul_(inv);
+            }
+        }
+    });
+    return EBB_OK;
+}
+
+int64_t ebb_tensor_unscale_scratch(ebb_dtype dtype, ebb_device device) {
+    int64_t e = (int64_t)ebb_dtype_size(dtype);
+    if (device.type == EBB_DEVICE_CUDA) return 2 * ebb_cuda_block(4);
+    return 3 * e;
+}

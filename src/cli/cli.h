@@ -74,6 +74,7 @@ enum {
     OPT_NO_DECAY,
     OPT_BATCH,
     OPT_PRECISION,
+    OPT_LOSS_SCALE,
 };
 
 /* --batch B: -i SYMBOL=B for the spec's batch, as ebb train takes it */
@@ -92,7 +93,8 @@ enum {
         {"optimizer", required_argument, NULL, OPT_OPTIMIZER},                                     \
         {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},                             \
         {"clip-grad-norm", required_argument, NULL, OPT_CLIP_GRAD_NORM},                           \
-        {"clip-grad-value", required_argument, NULL, OPT_CLIP_GRAD_VALUE}, {                       \
+        {"clip-grad-value", required_argument, NULL, OPT_CLIP_GRAD_VALUE},                         \
+        {"loss-scale", required_argument, NULL, OPT_LOSS_SCALE}, {                                 \
         "no-decay", required_argument, NULL, OPT_NO_DECAY                                          \
     }
 #define CLIP_HELP                                                                                  \
@@ -102,7 +104,10 @@ enum {
     "  --clip-grad-value X\n"                                                                      \
     "                     with --train: clamp each gradient to [-X, X] in its update\n"           \
     "  --no-decay PATTERN with --train: the parameters whose full name matches update\n"         \
-    "                     without weight decay ('*.bias'; repeatable)\n"
+    "                     without weight decay ('*.bias'; repeatable)\n"                        \
+    "  --loss-scale S     with --train: plan dynamic loss scaling (GradScaler's unscale\n"      \
+    "                     step, the updates after the backward); `none`: without it\n"        \
+    "                     (default: with --precision fp16, as ebb train)\n"
 
 #define COMMON_OPTIONS                                                                             \
     {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, OPT_COMPLETION }
@@ -131,6 +136,7 @@ typedef struct options {
     const char *loss, *optimizer, *grads;
     int64_t memory_budget; /* 0: none */
     double clip_norm, clip_value; /* --clip-grad-norm, --clip-grad-value; 0: none */
+    double loss_scale;            /* --loss-scale: > 0 on, -1 none, 0 on with fp16 */
     const char *no_decay[16];     /* --no-decay PATTERN */
     int n_no_decay;
     uint64_t batch;               /* --batch; 0: not given */

@@ -313,6 +313,15 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
             *(opt == OPT_CLIP_GRAD_NORM ? &o->clip_norm : &o->clip_value) = v;
             break;
         }
+        case OPT_LOSS_SCALE: {
+            char *end = NULL;
+            double v = strcmp(val, "none") == 0 ? -1 : strtod(val, &end);
+            if (v != -1 && (end == val || *end || !(v > 0) || !(v <= 3.4e38)))
+                return ebb_cli_usage_error(usage, "--loss-scale %s: expected a positive scale "
+                                           "(65536) or none", val);
+            o->loss_scale = v;
+            break;
+        }
         case OPT_PRECISION:
             if (ebb_precision_parse(&o->precision, val) != EBB_OK)
                 return ebb_cli_usage_error(usage, "--precision %s: expected fp32, bf16 or fp16",
@@ -397,10 +406,11 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
         return ebb_cli_usage_error(usage, "%s", "missing SPEC");
     if (o->non_strict && !o->weights)
         return ebb_cli_usage_error(usage, "%s", "--non-strict applies to --weights, which is not given");
-    if ((o->clip_norm > 0 || o->clip_value > 0) && (!o->train || o->grads_only))
+    if ((o->clip_norm > 0 || o->clip_value > 0 || o->loss_scale != 0) &&
+        (!o->train || o->grads_only))
         return ebb_cli_usage_error(usage, "%s",
-                                   "--clip-grad-norm and --clip-grad-value apply to --train (a "
-                                   "step with updates)");
+                                   "--clip-grad-norm, --clip-grad-value and --loss-scale apply to "
+                                   "--train (a step with updates)");
     if ((o->loss || o->optimizer || o->grads_only) && !o->train && strcmp(c->name, "grad") != 0)
         return ebb_cli_usage_error(usage, "%s",
                            "--loss, --optimizer and --grads-only apply to --train, which is not "
@@ -858,6 +868,10 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
                              .grads_only = o->grads_only, .clip_grad_norm = o->clip_norm,
                              .clip_grad_value = o->clip_value, .no_decay = o->no_decay,
                              .n_no_decay = o->n_no_decay};
+    /* as ebb train: on with fp16 unless --loss-scale none */
+    ebb_precision pr = o->precision ? o->precision : ebb_spec_precision(s);
+    t->loss_scaling = !o->grads_only && (o->loss_scale > 0 ||
+                                         (o->loss_scale == 0 && pr == EBB_PRECISION_FP16));
     t->optimizer.kind = EBB_ADAMW;
     if (o->optimizer) /* checked when the options were read */
         ebb_optimizer_kind_parse(&t->optimizer.kind, o->optimizer);

@@ -106,6 +106,10 @@ const char ebb_cli_usage_train[] =
     "  --clip-grad-value X\n"
     "                     clamp each gradient to [-X, X] before its update, as\n"
     "                     torch.nn.utils.clip_grad_value_\n"
+    "  --loss-scale S     dynamic loss scaling from scale S, as torch.amp.GradScaler: a\n"
+    "                     step whose gradients overflow updates nothing and halves the\n"
+    "                     scale, 2000 good steps double it; `none` turns it off\n"
+    "                     (default: from 65536 with --precision fp16, else none)\n"
     "  --accumulate N     each step sums the gradients of N micro-batches of --batch\n"
     "                     samples before one update (--batch 16 --accumulate 4: the\n"
     "                     update of batch 64, the activations of batch 16)\n"
@@ -232,6 +236,7 @@ enum {
     O_LR_SCALE,
     O_BLOCK,
     O_PRECISION,
+    O_LOSS_SCALE,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -282,6 +287,7 @@ const struct option ebb_cli_train_options[] = {
     {"accumulate", required_argument, NULL, O_ACCUMULATE},
     {"no-decay", required_argument, NULL, O_NO_DECAY},
     {"lr-scale", required_argument, NULL, O_LR_SCALE},
+    {"loss-scale", required_argument, NULL, O_LOSS_SCALE},
     {NULL, 0, NULL, 0},
 };
 
@@ -295,6 +301,7 @@ typedef struct topts {
     int n_params;
     int64_t epochs, steps, batch, checkpoint_every, log_every, trace_step, block;
     double lr, momentum, weight_decay, norm_mean, norm_std;
+    double loss_scale; /* --loss-scale: > 0 the first scale, -1 none, 0 the default */
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
     int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory, cuda_graph;
     const char *lr_schedule; /* --lr-schedule, parsed into sched */
@@ -439,6 +446,14 @@ static int parse(int argc, char **argv, int train, topts *o) {
             o->lr_scale[o->n_lr_scale++] = v;
             break;
         }
+        case O_LOSS_SCALE:
+            if (strcmp(v, "none") == 0)
+                o->loss_scale = -1;
+            else if (parse_double(v, &o->loss_scale) != 0 || !(o->loss_scale > 0) ||
+                     o->loss_scale > 3.4e38)
+                return ebb_cli_usage_error(usage, "--loss-scale %s: expected a positive scale "
+                                           "(65536) or none", v);
+            break;
         case O_CLIP_GRAD_NORM:
         case O_CLIP_GRAD_VALUE: {
             double d;
@@ -1164,6 +1179,7 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->clip_grad_value = o->clip_value;
     to->memory_budget = o->memory_budget;
     to->precision = o->precision;
+    to->loss_scale = o->loss_scale;
     to->device = c->dev;
     to->cuda_graph = o->cuda_graph;
     to->skip_nonfinite = o->skip_nonfinite;
@@ -1203,6 +1219,10 @@ static void train_close(cli_run *c) {
 }
 
 static void report_skips(const ebb_trainer_stats *s) {
+    if (s->loss_scale > 0)
+        fprintf(stderr, "ebb: loss scaling: %lld of %lld steps overflowed and updated nothing; the "
+                        "scale is now %g\n",
+                (long long)s->overflowed, (long long)s->done_steps, s->loss_scale);
     if (s->skipped)
         fprintf(stderr,
                 "ebb: --skip-nonfinite: skipped %lld of %lld steps (the first, step %lld: %s)\n",
