@@ -17,6 +17,14 @@
  * activations therefore lie at the bottom, crossing from the forward into
  * the backward.
  *
+ * Mixed precision: a band whose storage is bfloat16 or float16 is hatched in
+ * its own colour (the merged "other" area's low share too), and a line per
+ * low dtype gives those bands' sum during each step: the same bands as the
+ * stack, so on a straight-line plan the line is the plan's own count of the
+ * bytes held in that dtype, to the byte (storage no value names, hatched
+ * grey above the stack, has no dtype here). A float32 plan's chart has none
+ * of it: not a byte of its SVG changes.
+ *
  * Size: bands under a pixel merge into one "other" area past a few hundred
  * values or steps, and the lines and hover areas are drawn per pixel
  * column, so the file grows with the steps by a few hundred bytes each. */
@@ -46,6 +54,21 @@
 #define MAX_PLOT_W 1800.0
 #define STEP_W 28.0
 
+/* The low-precision dtypes the chart marks, in drawing order. */
+#define N_LOW 2
+static const ebb_dtype low_dtypes[N_LOW] = {EBB_BFLOAT16, EBB_FLOAT16};
+/* Their band classes (hatched), line classes and pattern ids' stems. */
+static const char *const low_cls[N_LOW] = {"lb", "lh"};
+static const char *const low_line_cls[N_LOW] = {"lwb", "lwh"};
+static const char *const low_key_cls[N_LOW] = {"oth lb key", "oth lh key"};
+
+/* Index into low_dtypes + 1, or 0 for any other dtype. */
+static int low_of(ebb_dtype dt) {
+    for (int d = 0; d < N_LOW; d++)
+        if (low_dtypes[d] == dt) return d + 1;
+    return 0;
+}
+
 typedef struct band {
     int root; /* the slot whose storage it is */
     int64_t bytes;
@@ -60,6 +83,7 @@ typedef struct band {
     int backward;   /* made by a loss, backward or update step */
     int saved;      /* made in the forward, freed in the backward */
     int alt;        /* every other band of a family is a shade lighter */
+    int low;        /* its storage's dtype is low_dtypes[low - 1]; 0: another */
 } band;
 
 typedef struct family {
@@ -86,6 +110,11 @@ typedef struct chart {
     int64_t *kept_sum, *other_sum, *ws, *stack; /* per step */
     int *count;                                 /* bands alive in each step */
     int n_other, n_over, any_saved;
+    /* per low dtype: its bands' bytes alive during each step (all bands,
+     * then those merged into "other"), and whether the plan has any */
+    int64_t *low_sum[N_LOW], *other_low[N_LOW], *low_base;
+    int any_low[N_LOW], any_low_other[N_LOW];
+    int64_t low_fams[N_LOW]; /* palette colours with a hatched band, a bit each */
     /* geometry */
     double top, plot_w, dx, scale; /* y of the plot's top; px per step; px per byte */
     int64_t ymax;
@@ -157,6 +186,7 @@ static int new_band(chart *c, int slot, int step) {
     b->family = family_of(c, s->op);
     b->alt = c->fams[b->family].n_bands++ & 1;
     b->backward = s->phase != EBB_PHASE_FORWARD;
+    b->low = low_of(c->p->values[slot].dtype);
     return c->n_bands++;
 }
 
@@ -395,9 +425,10 @@ static void draw_bands(chart *c) {
         while (e < n_off && offs[e].band == offs[a].band)
             e++;
         const band *b = &c->bands[offs[a].band];
-        fprintf(f, "<path class=\"b f%d%s%s%s\" data-value=\"v%d\" data-bytes=\"%lld\" d=\"",
-                b->family % N_PALETTE, b->alt ? " a" : "", b->backward ? " g" : "",
-                b->saved ? " s" : "", b->root, (long long)b->bytes);
+        fprintf(f, "<path class=\"b f%d%s%s%s%s%s\" data-value=\"v%d\" data-bytes=\"%lld\" d=\"",
+                b->family % N_PALETTE, b->low ? " " : "", b->low ? low_cls[b->low - 1] : "",
+                b->alt ? " a" : "", b->backward ? " g" : "", b->saved ? " s" : "", b->root,
+                (long long)b->bytes);
         put_xy(c, 'M', b->birth, offs[a].off);
         for (size_t k = a + 1; k < e; k++) {
             fputc('H', f);
@@ -429,12 +460,10 @@ out:
     free(last);
 }
 
-/* "other": the merged bands' bytes on top of the kept ones, one path. */
-static void draw_other(chart *c) {
-    if (!c->n_other) return;
+/* The area from base[i] to base[i] + h[i] over each step i, as one outline
+ * (a path's d, without the closing Z). */
+static void area(chart *c, const int64_t *base, const int64_t *h) {
     FILE *f = c->f;
-    const int64_t *base = c->kept_sum, *h = c->other_sum;
-    fprintf(f, "<path id=\"other\" class=\"oth\" data-values=\"%d\" d=\"", c->n_other);
     put_xy(c, 'M', 0, base[0]);
     for (int i = 0; i < c->n; i++) {
         if (i > 0 && base[i] != base[i - 1]) {
@@ -454,9 +483,30 @@ static void draw_other(chart *c) {
             put_y(c, base[i - 1] + h[i - 1]);
         }
     }
+}
+
+/* "other": the merged bands' bytes on top of the kept ones, one path; the
+ * share of a low dtype in it hatched, at its bottom. */
+static void draw_other(chart *c) {
+    if (!c->n_other) return;
+    FILE *f = c->f;
+    fprintf(f, "<path id=\"other\" class=\"oth\" data-values=\"%d\" d=\"", c->n_other);
+    area(c, c->kept_sum, c->other_sum);
     fprintf(f,
             "Z\"><title>other: %d values too small to draw at this scale, merged</title></path>\n",
             c->n_other);
+    int64_t *base = c->low_base;
+    for (int i = 0; i < c->n; i++)
+        base[i] = c->kept_sum[i];
+    for (int d = 0; d < N_LOW; d++) {
+        if (!c->any_low_other[d]) continue;
+        const char *name = ebb_dtype_name(low_dtypes[d]);
+        fprintf(f, "<path id=\"other-%s\" class=\"oth %s\" d=\"", name, low_cls[d]);
+        area(c, base, c->other_low[d]);
+        fprintf(f, "Z\"><title>other: the %s values among them</title></path>\n", name);
+        for (int i = 0; i < c->n; i++)
+            base[i] += c->other_low[d][i];
+    }
 }
 
 static void draw_axes(chart *c, int64_t tick, double op_drop) {
@@ -532,6 +582,10 @@ static void step_line(const chart *c, int i) {
     xml_text(f, s->node);
     fprintf(f, ", planned %s during, %s after", bytes_text(s->peak_bytes, pb, sizeof pb),
             bytes_text(s->live_bytes, hb, sizeof hb));
+    for (int d = 0; d < N_LOW; d++)
+        if (c->any_low[d])
+            fprintf(f, " (%s values %s during)", ebb_dtype_name(low_dtypes[d]),
+                    bytes_text(c->low_sum[d][i], pb, sizeof pb));
     if (c->seen && c->seen[i])
         fprintf(f, "; measured %s, %s", bytes_text(c->m_peak[i], pb, sizeof pb),
                 bytes_text(c->m_live[i], hb, sizeof hb));
@@ -678,6 +732,42 @@ static void draw_planned(chart *c) {
     }
     fputs("\"><title>planned bytes during each step (ebb_plan_step.peak_bytes)</title></path>\n",
           f);
+}
+
+/* Per low dtype, its values' bytes during each step as an outline from the
+ * bottom (the largest per drawn column), every step's figure in
+ * data-low-bytes. */
+static void draw_low(chart *c) {
+    FILE *f = c->f;
+    const ebb_plan *p = c->p;
+    char hb[32];
+    for (int d = 0; d < N_LOW; d++) {
+        if (!c->any_low[d]) continue;
+        const char *name = ebb_dtype_name(low_dtypes[d]);
+        const int64_t *low = c->low_sum[d];
+        fprintf(f, "<path id=\"low-%s\" class=\"%s\" data-dtype=\"%s\" data-low-bytes=\"", name,
+                low_line_cls[d], name);
+        for (int i = 0; i < c->n; i++)
+            fprintf(f, i ? " %lld" : "%lld", (long long)low[i]);
+        fputs("\" d=\"", f);
+        for (int b = 0; b < n_bins(c); b++) {
+            int any;
+            int64_t v = bin_max(c, low, b, NULL, &any);
+            if (b == 0)
+                put_xy(c, 'M', 0, v);
+            else {
+                fputc('V', f);
+                put_y(c, v);
+            }
+            fputc('H', f);
+            put_x(c, bin_end(c, b));
+        }
+        fprintf(f, "\"><title>%s values: their bytes during each step", name);
+        if (p->peak_step >= 0 && p->peak_step < c->n)
+            fprintf(f, "; %s during the planned peak (step %d)",
+                    bytes_text(low[p->peak_step], hb, sizeof hb), p->peak_step);
+        fputs("</title></path>\n", f);
+    }
 }
 
 static void draw_peak(chart *c) {
@@ -845,6 +935,14 @@ static int legend_items(const chart *c, legend_item *it, int unnamed) {
     (it[n] = (legend_item){k, l, ""}, snprintf(it[n++].label, sizeof it->label, "%s", text))
     if (c->n_other) ITEM("oth", 0, "other (small values, merged)");
     if (c->any_saved) ITEM("b s f0 key", 0, "saved for the backward (outlined)");
+    for (int d = 0; d < N_LOW; d++) {
+        if (!c->any_low[d]) continue;
+        char label[64];
+        snprintf(label, sizeof label, "%s values (hatched)", ebb_dtype_name(low_dtypes[d]));
+        ITEM(low_key_cls[d], 0, label);
+        snprintf(label, sizeof label, "%s values, during each step", ebb_dtype_name(low_dtypes[d]));
+        ITEM(low_line_cls[d], 1, label);
+    }
     if (has_workspace(c)) ITEM("ws", 0, "workspace");
     if (unnamed) ITEM("un", 0, "counted by the plan, no value drawn");
     ITEM("plan", 1, "planned, during each step");
@@ -929,6 +1027,52 @@ static const char style[] =
     ".mpeak{fill:none;stroke:#111;stroke-width:2}\n"
     ".over{fill:#e8251f;fill-opacity:.35}\n";
 
+/* Mixed precision: per low dtype a hatch in each palette colour its bands
+ * use and one in the "other" grey (its legend swatch), defined where the
+ * plan has values of that dtype; bfloat16 leans one way, float16 the other. */
+static const char *const low_line_style[N_LOW] = {
+    "{fill:none;stroke:#0a6e80;stroke-width:1.6;stroke-dasharray:8 2 2 2}",
+    "{fill:none;stroke:#8a4b08;stroke-width:1.6;stroke-dasharray:8 2 2 2}",
+};
+
+static void low_pattern(FILE *f, const char *id, const char *fill, int d) {
+    fprintf(f,
+            "<pattern id=\"%s\" width=\"5\" height=\"5\" patternUnits=\"userSpaceOnUse\" "
+            "patternTransform=\"rotate(%d)\"><rect width=\"5\" height=\"5\" fill=\"%s\"/>"
+            "<path d=\"M0 0V5\" stroke=\"#fff\" stroke-opacity=\".75\" stroke-width=\"1.6\"/>"
+            "</pattern>",
+            id, d == 0 ? 45 : -45, fill);
+}
+
+static void low_defs(const chart *c) {
+    FILE *f = c->f;
+    for (int d = 0; d < N_LOW; d++) {
+        if (!c->any_low[d]) continue;
+        fputs("<defs>", f);
+        low_pattern(f, low_cls[d], "#c8c8c8", d);
+        for (int k = 0; k < N_PALETTE; k++)
+            if (c->low_fams[d] >> k & 1) {
+                char id[16];
+                snprintf(id, sizeof id, "%s%d", low_cls[d], k);
+                low_pattern(f, id, palette[k], d);
+            }
+        fputs("</defs>\n", f);
+    }
+}
+
+/* The rules using them, inside <style>. */
+static void low_style(const chart *c) {
+    FILE *f = c->f;
+    for (int d = 0; d < N_LOW; d++) {
+        if (!c->any_low[d]) continue;
+        const char *cls = low_cls[d];
+        fprintf(f, ".oth.%s{fill:url(#%s)}\n", cls, cls);
+        for (int k = 0; k < N_PALETTE; k++)
+            if (c->low_fams[d] >> k & 1) fprintf(f, ".b.f%d.%s{fill:url(#%s%d)}\n", k, cls, cls, k);
+        fprintf(f, ".%s%s\n", low_line_cls[d], low_line_style[d]);
+    }
+}
+
 ebb_status ebb_plan_chart_svg(const ebb_plan *p, const ebb_chart_trace *trace, FILE *f) {
     return ebb_plan_chart_svg_ex(p, trace, f, NULL, NULL);
 }
@@ -949,7 +1093,7 @@ ebb_status ebb_plan_chart_svg_ex(const ebb_plan *p, const ebb_chart_trace *trace
     chart c = {.p = p, .f = f, .n = p->n_steps, .trace = trace, .bin = 1, .label = label,
                .user = user};
     size_t n1 = (size_t)(c.n ? c.n : 1);
-    legend_item *items = calloc(n1 + 16, sizeof *items);
+    legend_item *items = calloc(n1 + 24, sizeof *items);
     c.fams = calloc(n1, sizeof *c.fams);
     c.cls = malloc((size_t)(p->n_values ? p->n_values : 1) * sizeof *c.cls);
     c.kept_sum = calloc(n1 + 1, sizeof *c.kept_sum);
@@ -957,6 +1101,13 @@ ebb_status ebb_plan_chart_svg_ex(const ebb_plan *p, const ebb_chart_trace *trace
     c.stack = calloc(n1 + 1, sizeof *c.stack);
     c.ws = calloc(n1, sizeof *c.ws);
     c.count = calloc(n1 + 1, sizeof *c.count);
+    c.low_base = calloc(n1, sizeof *c.low_base);
+    int low_oom = !c.low_base;
+    for (int d = 0; d < N_LOW; d++) {
+        c.low_sum[d] = calloc(n1 + 1, sizeof *c.low_sum[d]);
+        c.other_low[d] = calloc(n1 + 1, sizeof *c.other_low[d]);
+        low_oom |= !c.low_sum[d] || !c.other_low[d];
+    }
     if (trace) {
         c.m_live = calloc(n1, sizeof *c.m_live);
         c.m_peak = calloc(n1, sizeof *c.m_peak);
@@ -964,7 +1115,7 @@ ebb_status ebb_plan_chart_svg_ex(const ebb_plan *p, const ebb_chart_trace *trace
     }
     ebb_status st = EBB_OK;
     if (!items || !c.fams || !c.cls || !c.kept_sum || !c.other_sum || !c.stack || !c.ws ||
-        !c.count || (trace && (!c.m_live || !c.m_peak || !c.seen)))
+        !c.count || low_oom || (trace && (!c.m_live || !c.m_peak || !c.seen)))
         c.oom = 1;
     if (!c.oom) walk(&c);
     if (c.oom) goto out;
@@ -1019,11 +1170,29 @@ ebb_status ebb_plan_chart_svg_ex(const ebb_plan *p, const ebb_chart_trace *trace
         sum[bd->birth] += bd->bytes;
         sum[bd->death + 1] -= bd->bytes;
         c.n_other += !bd->kept;
+        if (bd->low) {
+            /* a low dtype's bands, all and merged: the same sums, per dtype */
+            int d = bd->low - 1;
+            c.any_low[d] = 1;
+            c.low_sum[d][bd->birth] += bd->bytes;
+            c.low_sum[d][bd->death + 1] -= bd->bytes;
+            if (bd->kept) {
+                c.low_fams[d] |= (int64_t)1 << (bd->family % N_PALETTE);
+            } else {
+                c.any_low_other[d] = 1;
+                c.other_low[d][bd->birth] += bd->bytes;
+                c.other_low[d][bd->death + 1] -= bd->bytes;
+            }
+        }
     }
     for (int i = 0; i < c.n; i++) {
         if (i > 0) {
             c.kept_sum[i] += c.kept_sum[i - 1];
             c.other_sum[i] += c.other_sum[i - 1];
+            for (int d = 0; d < N_LOW; d++) {
+                c.low_sum[d][i] += c.low_sum[d][i - 1];
+                c.other_low[d][i] += c.other_low[d][i - 1];
+            }
         }
         c.stack[i] = c.kept_sum[i] + c.other_sum[i] + c.ws[i];
     }
@@ -1060,7 +1229,10 @@ ebb_status ebb_plan_chart_svg_ex(const ebb_plan *p, const ebb_chart_trace *trace
     fputs(style, f);
     for (int k = 0; k < N_PALETTE; k++)
         fprintf(f, ".f%d{fill:%s}\n", k, palette[k]);
-    fputs("</style>\n<title>memory of plan ", f);
+    low_style(&c);
+    fputs("</style>\n", f);
+    low_defs(&c);
+    fputs("<title>memory of plan ", f);
     xml_text(f, p->name);
     fputs("</title>\n<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n", f);
 
@@ -1116,6 +1288,7 @@ ebb_status ebb_plan_chart_svg_ex(const ebb_plan *p, const ebb_chart_trace *trace
         draw_workspace(&c);
         draw_unnamed(&c);
         draw_planned(&c);
+        draw_low(&c);
         if (trace) draw_trace(&c);
         if (c.oom) goto out;
         draw_peak(&c);
@@ -1136,6 +1309,11 @@ out:
     free(c.stack);
     free(c.ws);
     free(c.count);
+    free(c.low_base);
+    for (int d = 0; d < N_LOW; d++) {
+        free(c.low_sum[d]);
+        free(c.other_low[d]);
+    }
     free(c.m_live);
     free(c.m_peak);
     free(c.seen);

@@ -3,10 +3,13 @@
  * a measured trace point for point and marks a step that measured more than
  * planned; a training step's phases are shaded and its saved activations
  * outlined; a 5,000-step plan's chart stays small; every spec in specs/
- * charts. */
+ * charts; with mixed precision the bfloat16 (float16) values are hatched and
+ * their bytes during each step are the plan's own, and a float32 chart has
+ * none of it. */
 #define _GNU_SOURCE /* open_memstream */
 #include <dirent.h>
 #include <limits.h>
+#include <math.h>
 
 #include "ebb/spec.h"
 #include "test_util.h"
@@ -26,12 +29,17 @@ static ebb_graph *build_or_fail(ebb_builder *b) {
     return g;
 }
 
-static ebb_plan *compile(const ebb_graph *g, int64_t batch, int64_t dim) {
+static ebb_plan *compile_precision(const ebb_graph *g, int64_t batch, int64_t dim,
+                                   ebb_precision precision) {
     ebb_shape s = EBB_SHAPE(batch, dim);
-    ebb_compile_options o = {.input_shapes = &s, .n_input_shapes = 1};
+    ebb_compile_options o = {.input_shapes = &s, .n_input_shapes = 1, .precision = precision};
     ebb_plan *p = NULL;
     assert_ok(ebb_compile(&p, g, &o));
     return p;
+}
+
+static ebb_plan *compile(const ebb_graph *g, int64_t batch, int64_t dim) {
+    return compile_precision(g, batch, dim, EBB_PRECISION_DEFAULT);
 }
 
 /* The chart as a string (caller frees), checked to be well-formed XML. */
@@ -369,7 +377,7 @@ static void test_chart_training_step(void **state) {
 /* n steps of linear and gelu, alternating, the stream 32 wide; every
  * 50th linear's output is tagged and read again 25 steps later, so that
  * some bands are wide enough to be drawn on their own. */
-static ebb_plan *long_plan(int n) {
+static ebb_plan *long_plan_precision(int n, ebb_precision precision) {
     ebb_builder *b = ebb_builder_new("long");
     ebb_input(b, "x");
     char attrs[64], tag[32];
@@ -391,9 +399,13 @@ static ebb_plan *long_plan(int n) {
         ebb_through(b, ebb_node_op(b, "gelu", NULL));
     }
     ebb_graph *g = build_or_fail(b);
-    ebb_plan *p = compile(g, 8, 32);
+    ebb_plan *p = compile_precision(g, 8, 32, precision);
     ebb_graph_free(g);
     return p;
+}
+
+static ebb_plan *long_plan(int n) {
+    return long_plan_precision(n, EBB_PRECISION_DEFAULT);
 }
 
 static void test_chart_long_plan_stays_small(void **state) {
@@ -438,6 +450,289 @@ static void test_chart_long_plan_stays_small(void **state) {
     svg = chart(p, NULL, &len);
     fprintf(stderr, "chart of %d steps: %zu bytes\n", ebb_plan_step_count(p), len);
     assert_int_equal(attr_after(svg, "<svg ", "data-other"), 0);
+    free(svg);
+    ebb_plan_free(p);
+}
+
+/* ---- mixed precision ------------------------------------------------------- */
+
+/* The bytes of values of dtype `dt` alive during each step, counted here
+ * from the public plan the way the plan counts (predict.c): storage per
+ * alias class, made by the value that owns it, joined by views, in-place
+ * outputs and aliases, gone when its last slot is freed. Only for a plan
+ * without routing or loops, which the walk checks; its total after each
+ * step must be the plan's own live_bytes, or the counting here is wrong. */
+static void dtype_bytes_during(const ebb_plan *p, ebb_dtype dt, int64_t *during) {
+    int nv = ebb_plan_value_count(p), n = ebb_plan_step_count(p);
+    int *cls = malloc((size_t)nv * sizeof *cls), *refs = calloc((size_t)nv, sizeof *refs);
+    int64_t *bytes = calloc((size_t)nv, sizeof *bytes);
+    ebb_dtype *dts = calloc((size_t)nv, sizeof *dts);
+    assert_true(cls && refs && bytes && dts);
+    int n_cls = 0;
+    for (int v = 0; v < nv; v++)
+        cls[v] = -1;
+    for (int i = 0; i < n; i++) {
+        const ebb_plan_step *s = ebb_plan_step_at(p, i);
+        switch (s->kind) {
+        case EBB_STEP_OP:
+        case EBB_STEP_ALIAS:
+        case EBB_STEP_BACKWARD:
+        case EBB_STEP_ACCUM:
+        case EBB_STEP_UPDATE:
+            break;
+        default:
+            fail_msg("step %d of %s is of kind %d: routing or a loop", i, ebb_plan_name(p),
+                     (int)s->kind);
+        }
+        for (int k = 0; k < s->n_out; k++) {
+            int v = s->out[k], to = -1;
+            const ebb_plan_value *val = ebb_plan_value_at(p, v);
+            if (s->kind == EBB_STEP_ALIAS) {
+                to = cls[s->in[0]];
+            } else if (val->alias_of >= 0) {
+                to = cls[val->alias_of];
+            } else if (val->nbytes > 0) {
+                /* one class per slot: a slot written twice is not counted here */
+                if (cls[v] >= 0) fail_msg("step %d writes v%d again", i, v);
+                to = n_cls++;
+                bytes[to] = val->nbytes;
+                dts[to] = val->dtype;
+            }
+            if (cls[v] >= 0) refs[cls[v]]--;
+            if (to >= 0) refs[to]++;
+            cls[v] = to;
+        }
+        during[i] = 0;
+        for (int k = 0; k < n_cls; k++)
+            during[i] += refs[k] > 0 && dts[k] == dt ? bytes[k] : 0;
+        for (int k = 0; k < s->n_frees; k++) {
+            int v = s->frees[k];
+            if (cls[v] >= 0) refs[cls[v]]--;
+            cls[v] = -1;
+        }
+        int64_t live = 0;
+        for (int k = 0; k < n_cls; k++)
+            live += refs[k] > 0 ? bytes[k] : 0;
+        if (live != s->live_bytes)
+            fail_msg("after step %d of %s the walk here counts %lld bytes, the plan %lld", i,
+                     ebb_plan_name(p), (long long)live, (long long)s->live_bytes);
+    }
+    free(cls);
+    free(refs);
+    free(bytes);
+    free(dts);
+}
+
+/* The heights a step outline (M x y, then H x and V y in turn: one level per
+ * drawn column) stands at, in px: the M's y, then each V's. */
+static int path_levels(const char *svg, const char *anchor, double *out, int max) {
+    const char *a = strstr(svg, anchor);
+    if (!a) fail_msg("no %s in the chart", anchor);
+    const char *d = strstr(a, " d=\"");
+    assert_non_null(d);
+    d += 4;
+    int n = 0;
+    while (*d != '"') {
+        char cmd = *d++, *end = NULL;
+        double x = strtod(d, &end);
+        if (end == d) fail_msg("%s: path command %c without a number", anchor, cmd);
+        d = end;
+        if (cmd == 'M') {
+            x = strtod(d, &end);
+            d = end;
+        }
+        if (cmd == 'M' || cmd == 'V') {
+            if (n < max) out[n] = x;
+            n++;
+        } else if (cmd != 'H') {
+            fail_msg("%s: path command %c in a step outline", anchor, cmd);
+        }
+    }
+    return n;
+}
+
+/* The chart's bytes of `dt` during each step (its line's data-low-bytes)
+ * are the count above, step by step, and some are not 0. Returns the figure
+ * at the plan's peak step. */
+static int64_t check_low_bytes(const ebb_plan *p, const char *svg, ebb_dtype dt) {
+    int n = ebb_plan_step_count(p);
+    int64_t *want = calloc((size_t)n, sizeof *want);
+    long long *got = calloc((size_t)n, sizeof *got);
+    assert_true(want && got);
+    dtype_bytes_during(p, dt, want);
+    char anchor[64];
+    snprintf(anchor, sizeof anchor, "id=\"low-%s\"", ebb_dtype_name(dt));
+    const char *line = strstr(svg, anchor);
+    if (!line) fail_msg("no %s in the chart of %s", anchor, ebb_plan_name(p));
+    assert_int_equal(numbers_in(line - 1, "data-low-bytes", got, n), n);
+    int64_t most = 0;
+    for (int i = 0; i < n; i++) {
+        if (got[i] != want[i])
+            fail_msg("%s: the chart has %lld bytes of %s during step %d, the plan %lld",
+                     ebb_plan_name(p), got[i], ebb_dtype_name(dt), i, (long long)want[i]);
+        most = want[i] > most ? want[i] : most;
+    }
+    assert_true(most > 0);
+    int at = -1;
+    ebb_plan_peak_bytes(p, &at);
+    int64_t r = want[at];
+    free(want);
+    free(got);
+    return r;
+}
+
+/* The bands of values with storage of dtype `dt` are hatched (class `cls`),
+ * and only they; returns how many. */
+static int check_hatched(const ebb_plan *p, const char *svg, ebb_dtype dt, const char *cls) {
+    int n = 0;
+    char want[16];
+    snprintf(want, sizeof want, " %s ", cls);
+    for (int v = 0; v < ebb_plan_value_count(p); v++) {
+        const ebb_plan_value *val = ebb_plan_value_at(p, v);
+        if (val->producer < 0 || val->nbytes <= 0 || val->alias_of >= 0) continue;
+        char c[64], padded[80];
+        band_class(svg, v, c, sizeof c);
+        snprintf(padded, sizeof padded, "%s ", c);
+        int hatched = strstr(padded, want) != NULL;
+        if (hatched != (val->dtype == dt))
+            fail_msg("the band of v%d (%s) is \"%s\"", v, ebb_dtype_name(val->dtype), c);
+        n += hatched;
+    }
+    return n;
+}
+
+/* The training step of test_chart_training_step autocast to bfloat16: its
+ * linears run in bfloat16, with cast steps between. */
+static void test_chart_bf16_hatched(void **state) {
+    (void)state;
+    ebb_builder *b = ebb_builder_new("step");
+    ebb_input(b, "x");
+    ebb_target(b, "y");
+    ebb_from(b, ebb_node_op(b, "linear", "out=16, name=a"));
+    ebb_through(b, ebb_node_op(b, "relu", NULL));
+    ebb_through(b, ebb_node_op(b, "linear", "out=3, name=head"));
+    ebb_loss(b, "cross_entropy", NULL);
+    ebb_graph *g = build_or_fail(b);
+    ebb_shape xs = EBB_SHAPE(4, 8), ys = EBB_SHAPE(4);
+    ebb_dtype yd = EBB_INT64;
+    ebb_train_options t = {.target_shapes = &ys,
+                           .n_target_shapes = 1,
+                           .target_dtypes = &yd,
+                           .optimizer = ebb_optimizer_defaults(EBB_SGD, 0.1)};
+    ebb_compile_options o = {
+        .input_shapes = &xs, .n_input_shapes = 1, .train = &t, .precision = EBB_PRECISION_BF16};
+    ebb_plan *p = NULL;
+    assert_ok(ebb_compile(&p, g, &o));
+    char *svg = chart(p, NULL, NULL);
+
+    /* the hatch, its legend entries, one line; nothing of float16 */
+    assert_non_null(strstr(svg, "<pattern id=\"lb\""));
+    assert_non_null(strstr(svg, ">bfloat16 values (hatched)</text>"));
+    assert_non_null(strstr(svg, ">bfloat16 values, during each step</text>"));
+    assert_int_equal(xml_count(svg, "id=\"low-"), 1);
+    assert_null(strstr(svg, ">float16 values"));
+    assert_null(strstr(svg, "<pattern id=\"lh"));
+    /* exactly the bfloat16 values' bands are hatched, each in its colour */
+    int hatched = check_hatched(p, svg, EBB_BFLOAT16, "lb");
+    assert_true(hatched > 0);
+    assert_true(hatched < storage_values(p));
+    for (int v = 0; v < ebb_plan_value_count(p); v++) {
+        const ebb_plan_value *val = ebb_plan_value_at(p, v);
+        if (val->dtype != EBB_BFLOAT16 || val->nbytes <= 0 || val->producer < 0) continue;
+        char cls[64], rule[64];
+        band_class(svg, v, cls, sizeof cls);
+        int fam = atoi(cls + 3); /* "b fN lb ..." */
+        snprintf(rule, sizeof rule, ".b.f%d.lb{fill:url(#lb%d)}", fam, fam);
+        assert_non_null(strstr(svg, rule));
+        snprintf(rule, sizeof rule, "<pattern id=\"lb%d\"", fam);
+        assert_non_null(strstr(svg, rule));
+    }
+
+    /* the line: the plan's own bfloat16 bytes, step by step, drawn at that
+     * height: at the peak step its height over the axis is to the planned
+     * outline's as the bytes are (to the drawing's 0.1 px) */
+    int at = -1;
+    int64_t peak = ebb_plan_peak_bytes(p, &at);
+    int64_t low = check_low_bytes(p, svg, EBB_BFLOAT16);
+    assert_true(low > 0 && low <= peak);
+    int n = ebb_plan_step_count(p);
+    double lv[128], pv[128];
+    assert_true(n <= 128);
+    assert_int_equal(path_levels(svg, "id=\"low-bfloat16\"", lv, 128), n);
+    assert_int_equal(path_levels(svg, "id=\"planned\"", pv, 128), n);
+    const char *frame = strstr(svg, "class=\"frame\" d=\"M"); /* M left top V bottom */
+    assert_non_null(frame);
+    double bottom = strtod(strchr(frame, 'V') + 1, NULL);
+    double h_low = bottom - lv[at], h_plan = bottom - pv[at];
+    if (fabs(h_low - h_plan * (double)low / (double)peak) > 0.15)
+        fail_msg("at the peak step %d the line stands %.1f px high, the plan's outline %.1f px, "
+                 "for %lld of %lld bytes",
+                 at, h_low, h_plan, (long long)low, (long long)peak);
+    char hb[32], title[128];
+    snprintf(title, sizeof title, "; %s during the planned peak (step %d)",
+             ebb_bytes_str(low, hb, sizeof hb), at);
+    assert_non_null(strstr(svg, title));
+    /* each step's hover area names its share */
+    assert_int_equal(xml_count(svg, " (bfloat16 values "), n);
+    free(svg);
+
+    /* the same step in float32: none of it */
+    ebb_plan_free(p);
+    o.precision = EBB_PRECISION_FP32;
+    assert_ok(ebb_compile(&p, g, &o));
+    svg = chart(p, NULL, NULL);
+    assert_null(strstr(svg, "float16"));
+    assert_null(strstr(svg, "<pattern id=\"l"));
+    assert_null(strstr(svg, "data-low-bytes"));
+    assert_null(strstr(svg, "id=\"low-"));
+    assert_int_equal(xml_count(svg, "<pattern "), 1); /* the unnamed storage's hatch */
+    assert_int_equal(check_hatched(p, svg, EBB_BFLOAT16, "lb"), 0);
+    free(svg);
+    ebb_plan_free(p);
+    ebb_graph_free(g);
+}
+
+/* float16: its own hatch and names, on an inference plan. Autocast's
+ * float16 kernels need CUDA where libtorch has no CPU ones (1.13's matrix
+ * products), so a plan whose input is float16 and whose ops keep it, with
+ * no autocast: x -> gelu -> gelu -> gelu, every value float16. */
+static void test_chart_fp16_inference(void **state) {
+    (void)state;
+    ebb_builder *b = ebb_builder_new("half");
+    ebb_input(b, "x");
+    ebb_from(b, ebb_node_op(b, "gelu", NULL));
+    ebb_through(b, ebb_node_op(b, "gelu", NULL));
+    ebb_through(b, ebb_node_op(b, "gelu", NULL));
+    ebb_graph *g = build_or_fail(b);
+    ebb_shape xs = EBB_SHAPE(4, 8);
+    ebb_dtype xd = EBB_FLOAT16;
+    ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .input_dtypes = &xd};
+    ebb_plan *p = NULL;
+    assert_ok(ebb_compile(&p, g, &o));
+    char *svg = chart(p, NULL, NULL);
+    assert_non_null(strstr(svg, "<pattern id=\"lh\""));
+    assert_non_null(strstr(svg, ">float16 values (hatched)</text>"));
+    assert_non_null(strstr(svg, ">float16 values, during each step</text>"));
+    assert_null(strstr(svg, "bfloat16"));
+    assert_true(check_hatched(p, svg, EBB_FLOAT16, "lh") > 0);
+    check_low_bytes(p, svg, EBB_FLOAT16);
+    free(svg);
+    ebb_plan_free(p);
+    ebb_graph_free(g);
+}
+
+/* A long bfloat16 plan: small bands merge into "other", whose bfloat16
+ * share is hatched too; the line's figures stay per step. */
+static void test_chart_bf16_long_plan(void **state) {
+    (void)state;
+    ebb_plan *p = long_plan_precision(2000, EBB_PRECISION_BF16);
+    size_t len = 0;
+    char *svg = chart(p, NULL, &len);
+    fprintf(stderr, "bfloat16 chart of %d steps: %zu bytes\n", ebb_plan_step_count(p), len);
+    assert_true(len <= LONG_PLAN_LIMIT);
+    assert_true(attr_after(svg, "<svg ", "data-other") > 0);
+    assert_int_equal(xml_count(svg, "id=\"other-bfloat16\""), 1);
+    check_low_bytes(p, svg, EBB_BFLOAT16);
     free(svg);
     ebb_plan_free(p);
 }
@@ -529,7 +824,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_chart_bands_and_peak), EBB_TEST(test_chart_trace_overlay),
         EBB_TEST(test_chart_training_step),  EBB_TEST(test_chart_long_plan_stays_small),
-        EBB_TEST(test_chart_every_spec),
+        EBB_TEST(test_chart_bf16_hatched),   EBB_TEST(test_chart_fp16_inference),
+        EBB_TEST(test_chart_bf16_long_plan), EBB_TEST(test_chart_every_spec),
     };
     return cmocka_run_group_tests_name("chart", tests, NULL, NULL);
 }
