@@ -65,10 +65,12 @@ static ebb_status make_target(bench_ebb *b, const ebb_plan_value *out, const cha
     return bench_seeded_target(loss, &out->shape, seed, b->dev, &b->y, &b->ys, &b->y_dtype);
 }
 
-/* `loss` NULL: an inference plan; else a training step with that loss. */
+/* `loss` NULL: an inference plan; else a training step with that loss,
+ * compiled at `precision` (the inference plan that gives the target's shape
+ * stays at the spec's). */
 static ebb_status setup(bench_ebb **out, const char *spec_path, const char *params_csv,
                         const char *bind_csv, const char *fills_csv, const char *loss,
-                        uint64_t seed, ebb_device device) {
+                        ebb_precision precision, uint64_t seed, ebb_device device) {
     *out = NULL;
     bench_ebb *b = calloc(1, sizeof *b);
     if (!b)
@@ -121,6 +123,7 @@ static ebb_status setup(bench_ebb **out, const char *spec_path, const char *para
                                        .target_dtypes = &b->y_dtype, .loss = loss,
                                        .optimizer = {.kind = EBB_ADAMW, .lr = 1e-3}};
         b->opts.train = &b->train;
+        b->opts.precision = precision;
         if (st == EBB_OK)
             st = ebb_spec_compile(&b->plan, b->spec, &b->opts);
     }
@@ -153,7 +156,8 @@ static ebb_status setup(bench_ebb **out, const char *spec_path, const char *para
 ebb_status bench_ebb_setup(bench_ebb **out, const char *spec_path, const char *params_csv,
                            const char *bind_csv, const char *fills_csv, uint64_t seed,
                            ebb_device device) {
-    return setup(out, spec_path, params_csv, bind_csv, fills_csv, NULL, seed, device);
+    return setup(out, spec_path, params_csv, bind_csv, fills_csv, NULL, EBB_PRECISION_DEFAULT,
+                 seed, device);
 }
 
 ebb_status bench_ebb_setup_train(bench_ebb **out, const char *spec_path, const char *params_csv,
@@ -161,8 +165,20 @@ ebb_status bench_ebb_setup_train(bench_ebb **out, const char *spec_path, const c
                                  uint64_t seed, ebb_device device) {
     if (!loss)
         return ebb_error_set(EBB_ERR_ARG, "bench: a training step needs a loss");
-    return setup(out, spec_path, params_csv, bind_csv, fills_csv, loss, seed, device);
+    return setup(out, spec_path, params_csv, bind_csv, fills_csv, loss, EBB_PRECISION_DEFAULT,
+                 seed, device);
 }
+
+ebb_status bench_ebb_setup_train_ex(bench_ebb **out, const char *spec_path,
+                                    const char *params_csv, const char *bind_csv,
+                                    const char *fills_csv, const char *loss,
+                                    ebb_precision precision, uint64_t seed, ebb_device device) {
+    if (!loss)
+        return ebb_error_set(EBB_ERR_ARG, "bench: a training step needs a loss");
+    return setup(out, spec_path, params_csv, bind_csv, fills_csv, loss, precision, seed, device);
+}
+
+const ebb_plan *bench_ebb_plan(const bench_ebb *b) { return b->plan; }
 
 int bench_ebb_is_training(const bench_ebb *b) { return b->training; }
 

@@ -59,6 +59,16 @@ ebb_status bench_ebb_measure(bench_ebb *b, bench_ebb_memory *m);
 ebb_status bench_ebb_setup_train(bench_ebb **out, const char *spec_path, const char *params_csv,
                                  const char *bind_csv, const char *fills_csv, const char *loss,
                                  uint64_t seed, ebb_device device);
+/* bench_ebb_setup_train() with the training step compiled at `precision`
+ * (ebb_compile_options.precision: EBB_PRECISION_BF16 runs the matrix
+ * products in bfloat16, as torch.autocast); the model, its optimizer state,
+ * the input and the target are the same whatever the precision. */
+ebb_status bench_ebb_setup_train_ex(bench_ebb **out, const char *spec_path,
+                                    const char *params_csv, const char *bind_csv,
+                                    const char *fills_csv, const char *loss,
+                                    ebb_precision precision, uint64_t seed, ebb_device device);
+/* The compiled plan (owned by the bench). */
+const ebb_plan *bench_ebb_plan(const bench_ebb *b);
 /* Non-zero for a bench set up with bench_ebb_setup_train. */
 int bench_ebb_is_training(const bench_ebb *b);
 /* One training step (ebb_train_step); *loss (may be NULL) receives the loss,

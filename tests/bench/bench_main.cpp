@@ -32,6 +32,9 @@
 //   valgrind --tool=callgrind --toggle-collect='*bench_forward_*' ebb_bench profile ...
 // `ebb_bench profile-train WORKLOAD SPEC PARAMS_CSV BIND_CSV FILLS_CSV LOSS N ebb|cxx`
 // does the same for training steps (collect '*bench_train_*'), on --device's.
+// `ebb_bench precision` speaks another protocol: one workload's training step
+// at several precisions (fp32, bf16), for tests/bench/precision.py; see
+// bench_precision.c.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -50,6 +53,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "bench_ebb.h"
+#include "bench_precision.h"
 #include "bench_twins.hpp"
 
 namespace {
@@ -588,6 +592,13 @@ int main(int argc, char **argv) {
         return profile(argc, argv);
     if (argc > 1 && std::strcmp(argv[1], "profile-train") == 0)
         return profile_train(argc, argv, dev);
+    if (argc > 1 && std::strcmp(argv[1], "precision") == 0) {
+        if (!on_cpu(dev)) {
+            reply_error("precision: the mixed-precision rows run on the CPU only");
+            return 2;
+        }
+        return bench_precision_main();
+    }
 
     std::printf("{\"ready\": 1, \"libtorch\": \"%s\", \"ebb\": \"%s\", \"threads\": %d, "
                 "\"device\": \"%s\"}\n",

@@ -73,17 +73,23 @@ ebb_status bench_seeded_target(const char *loss, const ebb_shape *out, uint64_t 
     return ebb_tensor_randn(y, ys, EBB_FLOAT32, dev, seed);
 }
 
-void bench_reply_error(void) {
-    printf("{\"error\": \"");
-    for (const char *c = ebb_errmsg(); *c; c++) {
+void bench_json_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (const char *c = s; *c; c++) {
         if (*c == '"' || *c == '\\')
-            putchar('\\');
+            fputc('\\', f);
         if (*c == '\n')
-            fputs("\\n", stdout);
+            fputs("\\n", f);
         else
-            putchar(*c);
+            fputc(*c, f);
     }
-    printf("\"}\n");
+    fputc('"', f);
+}
+
+void bench_reply_error(void) {
+    printf("{\"error\": ");
+    bench_json_string(stdout, ebb_errmsg());
+    printf("}\n");
     fflush(stdout);
 }
 

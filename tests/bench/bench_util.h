@@ -1,5 +1,6 @@
 /* Pieces the bench programs share (bench_ebb.c, bench_fashion.c,
- * bench_remat.c, bench_first_steps.c): the error reply of their protocol, the export run.py's load_export reads (a JSON manifest of
+ * bench_remat.c, bench_first_steps.c, bench_precision.c): the error reply of
+ * their protocol, the export run.py's load_export reads (a JSON manifest of
  * float32 tensors and one .bin of their values), and the seeded targets. */
 #ifndef EBB_BENCH_UTIL_H
 #define EBB_BENCH_UTIL_H
@@ -25,6 +26,9 @@ ebb_status bench_export_tensor(FILE *js, FILE *bin, int *first, long long *offse
  * an int64 counter as its values), then "input:x" and "target:y". */
 ebb_status bench_export_model(const char *prefix, const ebb_model *m, const ebb_tensor *x,
                               const ebb_tensor *y);
+
+/* `s` as a JSON string, quoted, its quotes, backslashes and newlines escaped. */
+void bench_json_string(FILE *f, const char *s);
 
 /* The protocol's reply to a failed command: one line {"error": MESSAGE} on
  * stdout with ebb_errmsg() escaped, flushed. */

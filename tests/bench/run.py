@@ -27,6 +27,7 @@ the CUDA caching allocator's statistics. The forward rows, the Fashion-MNIST
 epochs and the memory budgets stay CPU-only and are left out there.
 """
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -353,12 +354,15 @@ def sync():
         torch.cuda.synchronize(DEVICE)
 
 
-def torch_train_twin(workload, params, prefix, loss, compile_model=False):
+def torch_train_twin(workload, params, prefix, loss, compile_model=False, amp=None):
     """The PyTorch module in training mode with ebb's initial parameter
     values (buffers too), the input and target ebb drew, and an AdamW; with
     compile_model, the step calls torch.compile(model) instead of model (it
     compiles at its first call). Model, input and target are on DEVICE
-    before the optimizer is made, so its state is made there too."""
+    before the optimizer is made, so its state is made there too. With amp
+    (torch.bfloat16), the forward and the loss run under torch.autocast of
+    that dtype and the backward and the update outside it, as PyTorch's
+    automatic mixed precision recipe has it (no GradScaler for bfloat16)."""
     tensors = load_export(prefix)
     named = [t for t in tensors if not t[0].startswith(("input:", "target:"))]
     x, y = dict(tensors)["input:x"], dict(tensors)["target:y"]
@@ -373,13 +377,20 @@ def torch_train_twin(workload, params, prefix, loss, compile_model=False):
         model, x, y = model.to(DEVICE), x.to(DEVICE), y.to(DEVICE)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     fwd = torch.compile(model) if compile_model else model
+    device_type = "cuda" if on_gpu() else "cpu"
+
+    def region():
+        return (torch.autocast(device_type=device_type, dtype=amp) if amp is not None
+                else contextlib.nullcontext())
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(fwd(x), y)
+        with region():
+            loss = loss_fn(fwd(x), y)
         loss.backward()
         opt.step()
         return loss
+    step.held = (x, y)  # what the step reads beside the module (not its activations)
     return model, opt, step
 
 
@@ -818,6 +829,9 @@ def main():
     ap.add_argument("--no-first-steps", action="store_true",
                     help="without the first training steps' peaks against PyTorch "
                          "(--only first_steps: those alone)")
+    ap.add_argument("--no-precision", action="store_true",
+                    help="without the mixed-precision training rows, bf16 against fp32 and "
+                         "PyTorch autocast (--only precision: those alone)")
     ap.add_argument("--clock", choices=["wall", "cpu"],
                     help="the clock the tables and targets read (default wall, or "
                          "EBB_BENCH_CLOCK); results.json keeps both")
@@ -855,8 +869,10 @@ def main():
         DEVICE = args.device
         TRAIN_TIMING = TRAIN_TIMING_GPU
         ebb_args = ["--device", DEVICE]
-        # the forward rows, Fashion-MNIST and the memory budgets are CPU-only
+        # the forward rows, Fashion-MNIST, the memory budgets and the
+        # mixed-precision rows are CPU-only
         args.train_only = args.no_fashion = args.no_remat = args.no_first_steps = True
+        args.no_precision = True
     if args.clock:
         CLOCK = args.clock
     if CLOCK not in ("wall", "cpu"):
@@ -884,10 +900,12 @@ def main():
         (threads, info["libtorch"], info["pytorch"], info["nproc"], info["cpu"],
          info["torch_compile"]))
     if on_gpu():
-        log("bench: the training rows on %s (%s); the forward rows, Fashion-MNIST and the "
-            "memory budgets are left out (CPU-only)" % (DEVICE, info["gpu"]))
+        log("bench: the training rows on %s (%s); the forward rows, Fashion-MNIST, the "
+            "memory budgets and the mixed-precision rows are left out (CPU-only)"
+            % (DEVICE, info["gpu"]))
 
     rows, train_rows, fashion_rows, remat_rows, first_rows = [], [], [], [], []
+    precision_rows = []
     rows_out = open(args.train_rows, "a") if args.train_rows else None
 
     def train_row(row):
@@ -901,10 +919,12 @@ def main():
                (not args.only or "fashion" in args.only))
     first_steps = (not args.no_first_steps and not args.no_train and not args.config and
                    (not args.only or "first_steps" in args.only))
+    precision = (not args.no_precision and not args.no_train and not args.config and
+                 (not args.only or "precision" in args.only))
     load_before = loadavg()
     t0 = time.time()
     spent = {"forward": 0.0, "train": 0.0, "fashion": 0.0, "remat": 0.0,
-             "first_steps": 0.0}  # seconds per kind
+             "first_steps": 0.0, "precision": 0.0}  # seconds per kind
     try:
         suite = [w for w in SUITE if (not args.only or w[0] in args.only) and
                  (not args.config or w[1] == args.config)]
@@ -960,6 +980,11 @@ def main():
             t1 = time.time()
             first_rows = first_bench.run_all(args.build, out_dir, log)
             spent["first_steps"] += time.time() - t1
+        if precision:
+            import precision as precision_bench  # imports this file as `run`
+            t1 = time.time()
+            precision_rows = precision_bench.run_all(args.build, out_dir, log, CLOCK)
+            spent["precision"] += time.time() - t1
     finally:
         ebb.close()
         if rows_out:
@@ -972,7 +997,8 @@ def main():
     thead, tbody = train_table(train_rows)
     misses = []
     for kind, rs in (("", rows), ("training ", train_rows), ("", fashion_rows),
-                     ("memory budget ", remat_rows), ("first steps ", first_rows)):
+                     ("memory budget ", remat_rows), ("first steps ", first_rows),
+                     ("mixed precision ", precision_rows)):
         for r in rs:
             for k, v in r.get("targets", {}).items():
                 if v and v != "ok":
@@ -1030,6 +1056,15 @@ def main():
               "above the parameters, optimizer state, input and target" % first_bench.STEPS)
         print(render_text(*first_bench.table(first_rows)))
         print(first_bench.LEGEND)
+    if precision_rows:
+        print()
+        print("ebb bench, mixed-precision training steps (AdamW lr 1e-3): bf16 against fp32, ebb "
+              "against PyTorch eager (autocast); times in ms (%s) over %d steps each, peaks in "
+              "bytes above the parameters, optimizer state, input and target"
+              % (CLOCK_NAME[CLOCK], precision_bench.TIMING["rounds"] *
+                 precision_bench.TIMING["per_round"]))
+        print(precision_bench.render(precision_rows))
+        print(precision_bench.LEGEND)
     if misses:
         print("targets missed:")
         for m in misses:
@@ -1037,15 +1072,18 @@ def main():
     else:
         print("every target met")
     print("(%.0f s: forward rows %.0f s, training rows %.0f s, Fashion-MNIST %.0f s, memory "
-          "budgets %.0f s, first steps %.0f s; results in %s/results.json and results.md)" % (
+          "budgets %.0f s, first steps %.0f s, mixed precision %.0f s; results in "
+          "%s/results.json and results.md)" % (
               elapsed, spent["forward"], spent["train"], spent["fashion"], spent["remat"],
-              spent["first_steps"], out_dir))
+              spent["first_steps"], spent["precision"], out_dir))
 
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"machine": info, "timing": TIMING, "rows": rows,
                    "train_timing": TRAIN_TIMING, "train_rows": train_rows,
                    "fashion_rows": fashion_rows, "remat_rows": remat_rows,
-                   "first_steps_rows": first_rows, "seconds": elapsed,
+                   "first_steps_rows": first_rows, "precision_rows": precision_rows,
+                   "precision_timing": precision_bench.TIMING if precision_rows else None,
+                   "seconds": elapsed,
                    "seconds_by_kind": spent},
                   f, indent=1)
     with open(os.path.join(out_dir, "results.md"), "w") as f:
@@ -1062,6 +1100,9 @@ def main():
         if first_rows:
             f.write("\nThe first training steps against PyTorch eager:\n\n" +
                     render_md(*first_bench.table(first_rows)) + "\n")
+        if precision_rows:
+            f.write("\nMixed-precision training steps, bf16 against fp32 and PyTorch autocast:"
+                    "\n\n" + render_md(*precision_bench.table(precision_rows)) + "\n")
     return 0
 
 

@@ -10,6 +10,8 @@
 #   bash tests/bench/run.sh [BUILD] --only remat      training under memory budgets
 #   bash tests/bench/run.sh [BUILD] --only first_steps  the first 3 training steps' peaks
 #                                                     against PyTorch (resnet_small, mnist_examples)
+#   bash tests/bench/run.sh [BUILD] --only precision  training steps in bf16 against fp32 and
+#                                                     PyTorch autocast (peaks, kept activations, time)
 #   bash tests/bench/run.sh [BUILD] --clock cpu       tables on thread CPU time (busy machines)
 #   bash tests/bench/run.sh [BUILD] --no-compile      without torch.compile (PyTorch 2.x)
 #   bash tests/bench/run.sh [BUILD] --device cuda     the training rows on a GPU (a CUDA
