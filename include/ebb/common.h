@@ -47,6 +47,8 @@ typedef enum ebb_status {
     EBB_ERR_BUDGET,      /* a plan cannot meet the memory budget it was compiled for
                             (ebb_compile_options.memory_budget): the caller's number,
                             not memory that ran out */
+    EBB_ERR_DIST,        /* another process of a process group was lost, or a collective
+                            or the rendezvous timed out (ebb/dist.h) */
 } ebb_status;
 
 /* A short constant name for a status, e.g. "EBB_ERR_SHAPE" (a static string);

@@ -20,6 +20,7 @@
 
 #include "common.h"
 #include "data.h"
+#include "dist.h"
 #include "graph.h"
 #include "memory.h"
 #include "op.h"

@@ -21,12 +21,7 @@
 
 namespace {
 
-std::string describe(const at::Tensor &t) {
-    char buf[160];
-    ebb_shape s = ebb::shape_of(t);
-    return std::string(ebb_dtype_name(ebb::from_aten(t.scalar_type()))) + " " +
-           ebb_shape_str(&s, buf, sizeof buf) + " on " + t.device().str();
-}
+using ebb::describe;
 
 // A tensor that an update reads or writes beside the parameter must match it
 // exactly: ATen would broadcast a [16] gradient over a [4, 16] parameter, or

@@ -31,6 +31,8 @@ at::Device to_aten(ebb_device device);
 ebb_device from_aten(const at::Device &device);
 at::IntArrayRef dims_of(const ebb_shape *shape);
 ebb_shape shape_of(const at::Tensor &t);
+// "float32 [4, 16] on cpu": a tensor as messages name it.
+std::string describe(const at::Tensor &t);
 
 // "[2, 3, 4]": a tensor's dimensions, for messages.
 std::string dims(const at::Tensor &t);

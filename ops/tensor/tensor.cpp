@@ -88,6 +88,13 @@ ebb_shape shape_of(const at::Tensor &t) {
     return s;
 }
 
+std::string describe(const at::Tensor &t) {
+    char buf[160];
+    ebb_shape s = shape_of(t);
+    return std::string(ebb_dtype_name(from_aten(t.scalar_type()))) + " " +
+           ebb_shape_str(&s, buf, sizeof buf) + " on " + t.device().str();
+}
+
 ebb_status fail_from_exception(const char *fn) {
     try {
         throw;

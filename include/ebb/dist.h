@@ -1,0 +1,83 @@
+/*
+ * ebb/dist.h - processes that train together: a process group over
+ * libtorch's c10d (a TCPStore rendezvous, Gloo's collectives).
+ *
+ *     ebb_dist_options o = {0};
+ *     if (ebb_dist_options_from_env(&o) != EBB_OK) ...     // torchrun's RANK, WORLD_SIZE, ...
+ *     ebb_dist *d = NULL;
+ *     if (ebb_dist_open(&d, &o) != EBB_OK) ... ebb_errmsg() ...
+ *     ebb_dist_broadcast_(d, params, n, 0);                // every rank starts from rank 0's weights
+ *     for (...) {
+ *         ... gradients of this rank's share of the batch ...
+ *         ebb_dist_allreduce_mean_(d, grads, n);            // every rank now holds the mean
+ *         ... the same update on every rank ...
+ *     }
+ *     ebb_dist_free(d);
+ *
+ * Rank 0 serves the rendezvous at master_addr:master_port; the others
+ * connect to it. Each collective blocks until every rank has joined it, so
+ * every rank must call the same collectives in the same order, with tensors
+ * of the same shapes and dtype (the tensors on the CPU, contiguous).
+ *
+ * Failures are EBB_ERR_DIST and say which rank this is and what happened:
+ * a rank that exits or is killed makes the others' next collective fail at
+ * once (its connections close); one that hangs makes it fail after
+ * timeout_ms; a rendezvous that not every rank reaches fails after
+ * timeout_ms too. After such a failure the group is unusable: free it. A
+ * group is for one thread at a time.
+ */
+#ifndef EBB_DIST_H
+#define EBB_DIST_H
+
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ebb_dist ebb_dist;
+
+typedef struct ebb_dist_options {
+    int rank;                /* this process, 0 .. world_size - 1 */
+    int world_size;          /* processes in the group, >= 1 */
+    const char *master_addr; /* rank 0's address (IPv4 or a host name); NULL: 127.0.0.1 */
+    int master_port;         /* rank 0's rendezvous port, 1 .. 65535 */
+    int timeout_ms;          /* rendezvous and every collective; 0: 30000 */
+} ebb_dist_options;
+
+/* Fills *o from the environment torchrun sets: RANK, WORLD_SIZE,
+ * MASTER_ADDR (default 127.0.0.1) and MASTER_PORT; timeout_ms from
+ * EBB_DIST_TIMEOUT_MS when set. EBB_ERR_ARG naming the variable that is
+ * missing or not a number in range; *o is then unchanged. */
+EBB_API ebb_status ebb_dist_options_from_env(ebb_dist_options *o);
+
+/* Joins the group: the rendezvous, then Gloo's connections to every other
+ * rank. Blocks until every rank has joined, or timeout_ms. On success *out is
+ * a new group (free it with ebb_dist_free). EBB_ERR_ARG for options out of
+ * range; EBB_ERR_DIST when the rendezvous fails (the message names the
+ * address and port, and the rank); EBB_ERR_UNSUPPORTED in a build of
+ * libtorch without Gloo. */
+EBB_API ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o);
+/* Leaves the group (NULL is allowed). */
+EBB_API void ebb_dist_free(ebb_dist *d);
+
+/* This process's rank in the group; -1 for NULL. */
+EBB_API int ebb_dist_rank(const ebb_dist *d);
+/* The number of ranks in the group; 0 for NULL. */
+EBB_API int ebb_dist_world_size(const ebb_dist *d);
+
+/* Every rank's ts[i] becomes the mean over ranks of ts[i], in place: Gloo's
+ * sum, then a division by the world size (the gradients of a data-parallel
+ * step, as DDP averages them). ts[0..n) must be floating, contiguous and on
+ * the CPU; NULL entries are skipped (every rank must skip the same ones).
+ * EBB_ERR_DIST when a rank was lost or the collective timed out. */
+EBB_API ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n);
+/* Every rank's ts[i] becomes rank `root`'s, in place. */
+EBB_API ebb_status ebb_dist_broadcast_(ebb_dist *d, ebb_tensor *const *ts, int n, int root);
+/* Returns when every rank has called it (or fails as a collective does). */
+EBB_API ebb_status ebb_dist_barrier(ebb_dist *d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* EBB_DIST_H */

@@ -1,0 +1,232 @@
+// A process group over libtorch's c10d (include/ebb/dist.h): a TCPStore
+// rendezvous served by rank 0, then Gloo's connections between every pair of
+// ranks. The same source builds against libtorch 1.13, where
+// ProcessGroupGloo is a ProcessGroup, and 2.x, where it is a Backend: the
+// calls used here are the same in both.
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "ebb/dist.h"
+#include "internal.h"
+#include "shim.hpp"
+
+#ifdef USE_C10D_GLOO
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#endif
+
+struct ebb_dist {
+    int rank, world;
+    std::chrono::milliseconds timeout;
+    std::string where; // "rank R of W": every message says which process it is
+#ifdef USE_C10D_GLOO
+    c10::intrusive_ptr<c10d::Store> store;
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+#endif
+};
+
+namespace {
+
+// What a c10d or Gloo failure becomes: EBB_ERR_DIST naming the call, the
+// rank and, when given, the stage it failed at. gloo::IoException (a lost
+// peer) is a std::exception, not a c10::Error.
+ebb_status dist_failure(const char *fn, const std::string &where, const std::string &stage = "") {
+    std::string what;
+    ebb_status st = EBB_ERR_DIST;
+    try {
+        throw;
+    } catch (const std::bad_alloc &) {
+        st = EBB_ERR_NOMEM;
+        what = "out of memory";
+    } catch (const c10::Error &e) {
+        what = e.what_without_backtrace();
+    } catch (const std::exception &e) {
+        what = e.what();
+    } catch (...) {
+        what = "unknown C++ exception";
+    }
+    return ebb_error_set(st, "%s (%s): %s%s%s", fn, where.c_str(), stage.c_str(),
+                         stage.empty() ? "" : ": ", what.c_str());
+}
+
+bool parse_int(const char *s, long lo, long hi, long *out) {
+    if (!s || !*s) return false;
+    char *end = nullptr;
+    long v = std::strtol(s, &end, 10);
+    if (*end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+} // namespace
+
+ebb_status ebb_dist_options_from_env(ebb_dist_options *o) {
+    const char *fn = "ebb_dist_options_from_env";
+    EBB_NEED(fn, o);
+    struct {
+        const char *name;
+        long lo, hi;
+        bool required;
+    } vars[] = {{"WORLD_SIZE", 1, 1 << 20, true},
+                {"RANK", 0, (1 << 20) - 1, true},
+                {"MASTER_PORT", 1, 65535, true},
+                {"EBB_DIST_TIMEOUT_MS", 1, 24L * 3600 * 1000, false}};
+    long v[4] = {0, 0, 0, 0};
+    for (int i = 0; i < 4; i++) {
+        const char *s = std::getenv(vars[i].name);
+        if (!s && !vars[i].required) continue;
+        if (!s)
+            return ebb_error_set(EBB_ERR_ARG, "%s: %s is not set (torchrun sets RANK, WORLD_SIZE, "
+                                 "MASTER_ADDR and MASTER_PORT)", fn, vars[i].name);
+        if (!parse_int(s, vars[i].lo, vars[i].hi, &v[i]))
+            return ebb_error_set(EBB_ERR_ARG, "%s: %s is '%.64s'; expected a whole number from "
+                                 "%ld to %ld", fn, vars[i].name, s, vars[i].lo, vars[i].hi);
+    }
+    if (v[1] >= v[0])
+        return ebb_error_set(EBB_ERR_ARG, "%s: RANK %ld is not below WORLD_SIZE %ld", fn, v[1],
+                             v[0]);
+    const char *addr = std::getenv("MASTER_ADDR");
+    *o = ebb_dist_options{(int)v[1], (int)v[0], addr && *addr ? addr : nullptr, (int)v[2],
+                          (int)v[3]};
+    return EBB_OK;
+}
+
+ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o) {
+    const char *fn = "ebb_dist_open";
+    EBB_OUT(fn, out);
+    EBB_NEED(fn, o);
+    if (o->world_size < 1 || o->rank < 0 || o->rank >= o->world_size)
+        return ebb_error_set(EBB_ERR_ARG, "%s: rank %d of world_size %d; a rank is 0 to "
+                             "world_size - 1", fn, o->rank, o->world_size);
+    if (o->master_port < 1 || o->master_port > 65535)
+        return ebb_error_set(EBB_ERR_ARG, "%s: master_port %d is not a port (1 to 65535)", fn,
+                             o->master_port);
+    if (o->timeout_ms < 0)
+        return ebb_error_set(EBB_ERR_ARG, "%s: timeout_ms %d is negative", fn, o->timeout_ms);
+#ifndef USE_C10D_GLOO
+    return ebb_error_set(EBB_ERR_UNSUPPORTED, "%s: this libtorch was built without Gloo", fn);
+#else
+    const char *addr = o->master_addr ? o->master_addr : "127.0.0.1";
+    ebb_dist *d = new (std::nothrow) ebb_dist;
+    if (!d) return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
+    d->rank = o->rank;
+    d->world = o->world_size;
+    d->timeout = std::chrono::milliseconds(o->timeout_ms ? o->timeout_ms : 30000);
+    d->where = "rank " + std::to_string(o->rank) + " of " + std::to_string(o->world_size);
+    std::string step = "the rendezvous at " + std::string(addr) + ":" +
+                       std::to_string(o->master_port);
+    try {
+        c10d::TCPStoreOptions so;
+        so.port = (uint16_t)o->master_port;
+        so.isServer = o->rank == 0;
+        so.numWorkers = (size_t)o->world_size;
+        so.waitWorkers = true;
+        so.timeout = d->timeout;
+        d->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+        step = "connecting to the other ranks";
+        auto po = c10d::ProcessGroupGloo::Options::create(d->timeout);
+        po->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(addr));
+        po->threads = 2;
+        auto prefixed = c10::make_intrusive<c10d::PrefixStore>("ebb/0", d->store);
+        d->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, o->rank, o->world_size, po);
+    } catch (...) {
+        ebb_status st = dist_failure(fn, d->where, step);
+        delete d;
+        return st;
+    }
+    *out = d;
+    return EBB_OK;
+#endif
+}
+
+void ebb_dist_free(ebb_dist *d) { delete d; }
+
+int ebb_dist_rank(const ebb_dist *d) { return d ? d->rank : -1; }
+int ebb_dist_world_size(const ebb_dist *d) { return d ? d->world : 0; }
+
+namespace {
+
+// The tensors a collective takes: non-NULL, CPU, contiguous; floating when
+// `floating`.
+ebb_status gather(const char *fn, ebb_tensor *const *ts, int n, bool floating,
+                  std::vector<at::Tensor> &out) {
+    if (n < 0 || (n > 0 && !ts))
+        return ebb_error_set(EBB_ERR_ARG, "%s: %d tensors at %p", fn, n, (const void *)ts);
+    for (int i = 0; i < n; i++) {
+        if (!ts[i]) continue;
+        const at::Tensor &t = ts[i]->t;
+        if (!t.is_cpu() || !t.is_contiguous() || (floating && !at::isFloatingType(t.scalar_type())))
+            return ebb_error_set(EBB_ERR_ARG, "%s: tensor %d is %s; a collective takes %s, "
+                                 "contiguous tensors on the CPU", fn, i,
+                                 ebb::describe(t).c_str(), floating ? "floating" : "");
+        out.push_back(t);
+    }
+    return EBB_OK;
+}
+
+} // namespace
+
+ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n) {
+    const char *fn = "ebb_dist_allreduce_mean_";
+    EBB_NEED(fn, d);
+    std::vector<at::Tensor> list;
+    ebb_status st = gather(fn, ts, n, true, list);
+    if (st != EBB_OK || list.empty() || d->world == 1) return st;
+#ifdef USE_C10D_GLOO
+    try {
+        c10::InferenceMode guard;
+        // one collective per tensor: Gloo's allreduce takes tensors of one
+        // shape together, and a gradient list has many
+        for (auto &t : list) {
+            std::vector<at::Tensor> one{t};
+            auto work = d->pg->allreduce(one);
+            work->wait(d->timeout);
+        }
+        for (auto &t : list) t.div_(d->world);
+    } catch (...) {
+        return dist_failure(fn, d->where);
+    }
+#endif
+    return EBB_OK;
+}
+
+ebb_status ebb_dist_broadcast_(ebb_dist *d, ebb_tensor *const *ts, int n, int root) {
+    const char *fn = "ebb_dist_broadcast_";
+    EBB_NEED(fn, d);
+    if (root < 0 || root >= d->world)
+        return ebb_error_set(EBB_ERR_ARG, "%s: root %d is not a rank of %d", fn, root, d->world);
+    std::vector<at::Tensor> list;
+    ebb_status st = gather(fn, ts, n, false, list);
+    if (st != EBB_OK || list.empty() || d->world == 1) return st;
+#ifdef USE_C10D_GLOO
+    try {
+        c10::InferenceMode guard;
+        for (auto &t : list) {
+            std::vector<at::Tensor> one{t};
+            c10d::BroadcastOptions bo;
+            bo.rootRank = root;
+            d->pg->broadcast(one, bo)->wait(d->timeout);
+        }
+    } catch (...) {
+        return dist_failure(fn, d->where);
+    }
+#endif
+    return EBB_OK;
+}
+
+ebb_status ebb_dist_barrier(ebb_dist *d) {
+    const char *fn = "ebb_dist_barrier";
+    EBB_NEED(fn, d);
+    if (d->world == 1) return EBB_OK;
+#ifdef USE_C10D_GLOO
+    try {
+        d->pg->barrier()->wait(d->timeout);
+    } catch (...) {
+        return dist_failure(fn, d->where);
+    }
+#endif
+    return EBB_OK;
+}
