@@ -16,7 +16,14 @@
  *                              momentum, Adam and AdamW: the data of each step,
  *                              every loss and the parameters after ten steps;
  *   grad_steps_bn.safetensors  the same with a batch_norm (running statistics
- *                              included), SGD with momentum.
+ *                              included), SGD with momentum;
+ *   grad_steps20_<model>.safetensors  twenty AdamW steps of conv_net (its
+ *                              convolutions without bias) and transformer_encoder,
+ *                              smaller, in float32 and under
+ *                              torch.autocast(bfloat16): every loss and the
+ *                              parameters after twenty steps of both, which ebb
+ *                              follows in float32 and with EBB_PRECISION_BF16
+ *                              (the bounds for bfloat16 at STEPS20).
  *
  * The error measure, for gradients and parameters alike:
  *     rel = max_i |ebb_i - torch_i| / max(max_i |torch_i|, 1e-6)
@@ -1353,56 +1360,68 @@ static int64_t state_handles(const ebb_optimizer *opt, int n) {
     return h;
 }
 
-/* One good step t: the loss is torch's, the run within its plan, its values
- * freed right after their last readers (the gradients at their updates), and
- * no handle left but new optimizer state. Returns 0 when the step failed. */
-static int good_step(trainer *tr, int t, problems *pr) {
+/* One training step t of a plan, with the run's checks: within its plan,
+ * its values freed right after their last readers (the gradients at their
+ * updates), and no handle left but new optimizer state. Returns 0 when the
+ * step failed; *loss and *stats get the step's loss and figures. */
+static int checked_step(const ebb_plan *plan, ebb_model *model, ebb_optimizer *opt, ebb_tensor **x,
+                        ebb_tensor **y, int t, const char *what, double *loss, ebb_run_stats *stats,
+                        problems *pr) {
     trace_log log = {0};
     ebb_run_options ro = {.trace = record, .trace_user = &log};
-    ebb_run_stats stats = {0};
-    double loss = NAN;
-    int n = ebb_model_param_count(tr->model);
-    int64_t live_before = ebb_tensor_live_count() - state_handles(tr->opt, n);
-    ebb_status s = ebb_train_step_ex(tr->plan, tr->model, tr->opt, &tr->x[t], &tr->y[t], &loss,
-                                     &ro, &stats);
-    char what[96];
-    snprintf(what, sizeof what, "%s step %d", tr->name, t);
+    int n = ebb_model_param_count(model);
+    int64_t live_before = ebb_tensor_live_count() - state_handles(opt, n);
+    ebb_status s = ebb_train_step_ex(plan, model, opt, x, y, loss, &ro, stats);
     if (s != EBB_OK) {
         problem(pr, "%s: %s: %s", what, ebb_status_name(s), ebb_errmsg());
         log_clear(&log);
         return 0;
     }
-    if (ebb_tensor_live_count() - state_handles(tr->opt, n) != live_before)
+    if (ebb_tensor_live_count() - state_handles(opt, n) != live_before)
         problem(pr, "%s: %lld handles left behind", what,
-                (long long)(ebb_tensor_live_count() - state_handles(tr->opt, n) - live_before));
+                (long long)(ebb_tensor_live_count() - state_handles(opt, n) - live_before));
+    int bound = ebb_plan_peak_is_bound(plan);
+    /* an update's scratch differs between a parameter's first update (which
+     * makes its state) and the later ones (ebb_optimizer_scratch_bytes): a
+     * plan can be exact for one of them, so the first step need only stay
+     * within it */
+    if (bound || t == 0 ? stats->measured_peak_bytes > stats->planned_peak_bytes
+                       : stats->measured_peak_bytes != stats->planned_peak_bytes)
+        problem(pr, "%s: measured peak %lld, planned %lld (%s)", what,
+                (long long)stats->measured_peak_bytes, (long long)stats->planned_peak_bytes,
+                bound ? "bound" : t == 0 ? "at most" : "exact");
+    compare_steps(plan, &log, what, t == 0, pr);
+    int per_phase[4] = {0}, jumps = 0, absent = 0;
+    check_liveness(plan, &log, what, per_phase, &jumps, &absent, pr);
+    if (!per_phase[EBB_PHASE_FORWARD] || !per_phase[EBB_PHASE_BACKWARD])
+        problem(pr, "%s: values checked: %d forward, %d backward", what, per_phase[0],
+                per_phase[2]);
+    log_clear(&log);
+    return 1;
+}
+
+/* One good step t: the loss is torch's, and checked_step's checks. Returns 0
+ * when the step failed. */
+static int good_step(trainer *tr, int t, problems *pr) {
+    ebb_run_stats stats = {0};
+    double loss = NAN;
+    char what[96];
+    snprintf(what, sizeof what, "%s step %d", tr->name, t);
+    if (!checked_step(tr->plan, tr->model, tr->opt, &tr->x[t], &tr->y[t], t, what, &loss, &stats,
+                      pr))
+        return 0;
     char k[64];
     snprintf(k, sizeof k, "%s.loss.%d", tr->name, t);
     double want = fx_scalar(tr->st, k);
     int low = strstr(tr->name, "_bf16") != NULL;
     if (!(rel_scalar(loss, want) <= (low ? BF16_LOSS_RTOL : LOSS_RTOL)))
         problem(pr, "%s: loss %.9g, torch %.9g", what, loss, want);
-    int bound = ebb_plan_peak_is_bound(tr->plan);
     if (t == 0 || t == STEPS - 1)
         printf("[ steps    ] %-14s step %d: loss %.6f (torch %.6f); peak bytes measured %lld, "
                "planned %lld (%s)\n",
                tr->name, t, loss, want, (long long)stats.measured_peak_bytes,
-               (long long)stats.planned_peak_bytes, bound ? "bound" : "exact");
-    /* an update's scratch differs between a parameter's first update (which
-     * makes its state) and the later ones (ebb_optimizer_scratch_bytes): a
-     * plan can be exact for one of them, so the first step need only stay
-     * within it */
-    if (bound || t == 0 ? stats.measured_peak_bytes > stats.planned_peak_bytes
-                       : stats.measured_peak_bytes != stats.planned_peak_bytes)
-        problem(pr, "%s: measured peak %lld, planned %lld (%s)", what,
-                (long long)stats.measured_peak_bytes, (long long)stats.planned_peak_bytes,
-                bound ? "bound" : t == 0 ? "at most" : "exact");
-    compare_steps(tr->plan, &log, what, t == 0, pr);
-    int per_phase[4] = {0}, jumps = 0, absent = 0;
-    check_liveness(tr->plan, &log, what, per_phase, &jumps, &absent, pr);
-    if (!per_phase[EBB_PHASE_FORWARD] || !per_phase[EBB_PHASE_BACKWARD])
-        problem(pr, "%s: values checked: %d forward, %d backward", what, per_phase[0],
-                per_phase[2]);
-    log_clear(&log);
+               (long long)stats.planned_peak_bytes,
+               ebb_plan_peak_is_bound(tr->plan) ? "bound" : "exact");
     return 1;
 }
 
@@ -1459,6 +1478,433 @@ static void test_steps(void **state) { run_steps("grad_steps_mlp", MLP_YAML, *st
 static void test_steps_batch_norm(void **state) {
     (void)state;
     run_steps("grad_steps_bn", BN_YAML, "sgd_momentum");
+}
+
+/* ---- twenty steps against torch.autocast ------------------------------------------- */
+
+/* Two parity models (make_grad_fixtures.py's steps20) trained for twenty
+ * AdamW steps from the fixture's initial parameters on its five batches in
+ * turn, once in float32 and once with EBB_PRECISION_BF16, against torch in
+ * float32 and under torch.autocast("cpu", dtype=torch.bfloat16) with the
+ * loss on float32 outputs. */
+#define STEPS20 20
+#define MAX_BATCHES20 8
+/* float32: the ten-step bounds, LOSS_RTOL and STEP_RTOL, hold after twenty
+ * steps. The fixtures' float32 runs are 1.2e-7 (conv_net) and 3.3e-7
+ * (transformer_encoder) from float64 runs of the same steps in the losses,
+ * 8.9e-7 and 8.0e-7 in the parameters; ebb on torch 1.13 is 0 and 1.2e-7 /
+ * 0 and 2.0e-7 from the fixtures, on torch 2.11 1.2e-7 and 1.1e-7 / 1.7e-7
+ * and 1.9e-7, where torch 2.11 itself is 1.2e-7 / 1.9e-7 from them.
+ *
+ * bfloat16, per model (steps20_model): bfloat16 keeps 8 significant bits
+ * (unit roundoff 2^-8, 3.9e-3). Where two implementations round at
+ * different points (another libtorch's kernels; a matrix product over the
+ * [T, B, E] transpose, as nn.MultiheadAttention projects, or over [B, T, E],
+ * as ebb does), elements of every gradient land an ulp apart, as far as
+ * bfloat16 lands from float32 (torch 2.11's autocast gradients of the
+ * transformer's weights are 3e-3 to 8e-3 from torch 1.13's at the first
+ * step, autocast's from float32 4e-3 to 8e-3), and AdamW, which divides each
+ * element by its own root mean square, turns an ulp in an element whose
+ * gradient is near zero into a step of up to lr either way. After twenty
+ * steps such runs are about as far apart as an autocast run is from a
+ * float32 one, so the bounds say how far bfloat16 may carry a run, set from
+ * the largest of these (relative errors, losses / parameters):
+ *
+ *                          conv_net            transformer_encoder
+ *   ebb on 1.13            0 / 0 (bit for bit) 1.9e-4 / 6.4e-4
+ *   ebb on 2.11            7.8e-4 / 3.2e-2     1.2e-4 / 9.4e-4
+ *   torch 2.11's autocast  7.8e-4 / 3.2e-2     2.0e-4 / 1.1e-2
+ *   (ebb on 2.11 against torch 2.11's own autocast run: conv_net bit for bit
+ *   in the losses and 1.1e-7 in the parameters, transformer_encoder 1.5e-4
+ *   / 1.1e-2)
+ *   torch autocast vs fp32 1.3e-3 / 1.8e-2     2.7e-4 / 6.6e-3
+ *   bounds                 2e-3 / 6e-2         5e-4 / 2e-2
+ *
+ * conv_net's 3.2e-2 is conv2.weight: 4.1e-3, four steps of lr, in a tensor
+ * of 0.13 at most. The bounds are 1.9 to 2.6 times the largest; a
+ * parameter bound of 6e-2 there is 7.8e-3 of the 4.2e-2 by which two
+ * twenty-step AdamW runs from one start can differ at most (2 adamw_drift).
+ * A loss rounded to bfloat16 rather than computed in float32, as ebb plans
+ * it, would be up to 3.7e-3 off: torch's autocast losses, so rounded, break
+ * the loss bounds at 7 and 18 of the 20 steps. What the bounds cannot tell
+ * from float32, check_precision checks on the plan. torch 2.11 must
+ * reproduce the fixtures within the same bounds (check_fixtures.py). */
+
+typedef struct steps20_model {
+    const char *name; /* grad_steps20_<name>.safetensors; the spec is its "spec" */
+    /* text replaced in the spec to make the fixture's model: its "params"
+     * set the sizes, these anything else */
+    const char *edit[2][2];
+    double bf16_loss_rtol, bf16_step_rtol;
+} steps20_model;
+
+static const steps20_model STEPS20_MODELS[] = {
+    /* conv -> batch_norm without the convolutions' biases (make_grad_fixtures.py's
+     * ConvNet8: a bias before a training batch norm has a zero gradient,
+     * which AdamW would turn into steps of noise, and the batch norm's
+     * running mean would follow it) */
+    {"conv_net",
+     {{"name: conv1}", "bias: false, name: conv1}"}, {"name: conv2}", "bias: false, name: conv2}"}},
+     2e-3,
+     6e-2},
+    {"transformer_encoder", {{NULL, NULL}}, 5e-4, 2e-2},
+};
+
+/* The spec `relative` (to the source tree) at `params` ("name=value,...",
+ * may be NULL), with the edits applied. */
+static ebb_spec *load_spec_edited(const char *relative, const char *params,
+                                  const char *const edit[][2], int n_edit) {
+    char path[1024], ptext[512] = "";
+    snprintf(path, sizeof path, "%s/%s", EBB_SOURCE_DIR, relative);
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    static char text[1 << 16];
+    size_t len = fread(text, 1, sizeof text / 2, f);
+    fclose(f);
+    text[len] = '\0';
+    for (int i = 0; i < n_edit && edit[i][0]; i++) {
+        char *at = strstr(text, edit[i][0]);
+        size_t from = strlen(edit[i][0]), to = strlen(edit[i][1]);
+        if (!at) fail_msg("%s no longer has '%s'", path, edit[i][0]);
+        memmove(at + to, at + from, len - (size_t)(at - text) - from + 1);
+        memcpy(at, edit[i][1], to);
+        len = len - from + to;
+    }
+    const char *p[16];
+    int n = 0;
+    if (params) {
+        snprintf(ptext, sizeof ptext, "%s", params);
+        for (char *tok = strtok(ptext, ","); tok && n < 16; tok = strtok(NULL, ","))
+            p[n++] = tok;
+    }
+    ebb_spec_options so = {.params = p, .n_params = n};
+    ebb_spec *spec = NULL;
+    if (ebb_spec_load_string_ex(&spec, text, len, path, &so) != EBB_OK)
+        fail_msg("%s: %s", path, ebb_errmsg());
+    return spec;
+}
+
+/* The most AdamW's steps move a parameter in `steps` updates beyond its
+ * weight decay, whatever its gradients (make_grad_fixtures.py's
+ * adamw_drift): m_hat = sum a_k g_k and v_hat = sum c_k g_k^2 give
+ * |m_hat| / sqrt(v_hat) <= sqrt(sum a_k^2 / c_k) (Cauchy-Schwarz); eps only
+ * shrinks a step. 21.17 lr for twenty steps at betas (0.9, 0.999). */
+static double adamw_drift(int steps, double lr, double beta1, double beta2) {
+    double total = 0;
+    for (int t = 1; t <= steps; t++) {
+        double sum = 0;
+        for (int k = 1; k <= t; k++) {
+            double a = (1 - beta1) * pow(beta1, t - k) / (1 - pow(beta1, t));
+            double c = (1 - beta2) * pow(beta2, t - k) / (1 - pow(beta2, t));
+            sum += a * a / c;
+        }
+        total += sqrt(sum);
+    }
+    return lr * total;
+}
+
+/* What one run (float32 or bf16) measured. */
+typedef struct run20 {
+    int steps;                                  /* the steps that ran */
+    double loss[STEPS20], want[STEPS20];        /* ebb's and torch's */
+    double worst_loss, worst_param, drift_used; /* rel. errors; |p - decayed| / drift */
+    int worst_step, n_zero;                     /* n_zero: tensors with zero-gradient elements */
+    char worst_name[128];
+    int64_t measured, planned;
+    int bound;
+} run20;
+
+/* The parameters after twenty steps against `<c>.final.`: each float tensor
+ * by rel_error over its elements whose gradient is not zero in exact
+ * arithmetic (the fixture's zero_grad.<param>: 1 where it is), those held
+ * to the drift of AdamW's steps around the decayed initial value, which is
+ * where exact arithmetic leaves them; integer buffers bit for bit. */
+static void check_final20(const ebb_model *m, const ebb_plan *plan, const ebb_optimizer *opt,
+                          const ebb_safetensors *st, const char *c, double tol, const char *what,
+                          run20 *r, problems *pr) {
+    ebb_optimizer_options oo = ebb_optimizer_get_options(opt);
+    double drift = adamw_drift(STEPS20, oo.lr, oo.beta1, oo.beta2);
+    double decay = pow(1 - oo.lr * oo.weight_decay, STEPS20);
+    for (int i = 0; i < ebb_model_param_count(m); i++) {
+        const char *pn = ebb_model_param_name(m, i);
+        char k[256];
+        snprintf(k, sizeof k, "%s.final.%s", c, pn);
+        ebb_tensor *want = fx_load(st, k);
+        const ebb_tensor *have = ebb_model_param(m, pn);
+        if (ebb_tensor_dtype(want) == EBB_INT64) {
+            if (!same_bits(have, want)) problem(pr, "%s: %s differs from torch's", what, pn);
+            ebb_tensor_free(want);
+            continue;
+        }
+        check_same_shape(have, want, k);
+        size_t n = 0, nm = 0;
+        double *a = host_f64(have, &n), *b = host_f64(want, &n), *mask = NULL, *init = NULL;
+        snprintf(k, sizeof k, "zero_grad.%s", pn);
+        if (fx_has(st, k)) {
+            ebb_tensor *t = fx_load(st, k);
+            mask = host_f64(t, &nm);
+            ebb_tensor_free(t);
+            snprintf(k, sizeof k, "init.%s", pn);
+            t = fx_load(st, k);
+            init = host_f64(t, &nm);
+            ebb_tensor_free(t);
+        }
+        double diff = 0, scale = 0, far = 0;
+        for (size_t j = 0; j < n; j++) {
+            if (mask && mask[j] != 0) {
+                double d = fabs(a[j] - init[j] * decay);
+                if (!(d <= far)) far = d;
+                continue;
+            }
+            double d = fabs(a[j] - b[j]);
+            if (!(d <= diff)) diff = d;
+            if (fabs(b[j]) > scale) scale = fabs(b[j]);
+        }
+        double rel = diff / fmax(scale, 1e-6);
+        if (!(rel <= tol))
+            problem(pr, "%s: %s after %d steps: relative error %.3g > %g (max |diff| %.3g)", what,
+                    pn, STEPS20, rel, tol, diff);
+        if (!(far <= drift))
+            problem(pr,
+                    "%s: %s's zero-gradient elements are %.3g from their decayed initial "
+                    "values, beyond AdamW's %d steps (%.4g)",
+                    what, pn, far, STEPS20, drift);
+        if (mask) {
+            r->n_zero++;
+            if (!(far / drift <= r->drift_used)) r->drift_used = far / drift;
+        }
+        if (!r->worst_name[0] || !(rel <= r->worst_param)) {
+            r->worst_param = rel;
+            snprintf(r->worst_name, sizeof r->worst_name, "%s", pn);
+        }
+        free(a);
+        free(b);
+        free(mask);
+        free(init);
+        ebb_tensor_free(want);
+        /* float32 weights and AdamW state, whatever the plan's precision */
+        for (int k = 0; k < N_STATE; k++) {
+            const ebb_tensor *state = ebb_optimizer_state_tensor(opt, i, STATE_NAMES[k]);
+            if (state && ebb_tensor_dtype(state) != EBB_FLOAT32)
+                problem(pr, "%s: %s's %s is %s", what, pn, STATE_NAMES[k],
+                        ebb_dtype_name(ebb_tensor_dtype(state)));
+        }
+        int64_t updates = ebb_optimizer_param_step_count(opt, i);
+        if (updates != (param_is_buffer(plan, i) ? 0 : STEPS20))
+            problem(pr, "%s: %s was updated %lld times", what, pn, (long long)updates);
+    }
+    if (ebb_optimizer_step_count(opt) != STEPS20)
+        problem(pr, "%s: the optimizer counts %lld steps", what,
+                (long long)ebb_optimizer_step_count(opt));
+}
+
+/* autocast's policy in the plan, which the numbers above cannot tell from
+ * float32 after twenty steps: every matrix product of the forward (linear,
+ * conv2d, multi_head_attention) makes bfloat16 in a bf16 plan and float32
+ * in a float32 one, and the loss is float32 in both. */
+static void check_precision(const ebb_plan *plan, int bf16, const char *what, problems *pr) {
+    static const char *const products[] = {"linear", "conv2d", "multi_head_attention"};
+    int n_products = 0, n_loss = 0;
+    for (int i = 0; i < ebb_plan_step_count(plan); i++) {
+        const ebb_plan_step *s = ebb_plan_step_at(plan, i);
+        if (s->kind != EBB_STEP_OP || s->n_out < 1 || s->recompute) continue;
+        ebb_dtype dt = ebb_plan_value_at(plan, s->out[0])->dtype;
+        int product = 0;
+        for (size_t k = 0; k < sizeof products / sizeof *products; k++)
+            product |= strcmp(s->op, products[k]) == 0;
+        if (s->phase == EBB_PHASE_FORWARD && product) {
+            n_products++;
+            if (dt != (bf16 ? EBB_BFLOAT16 : EBB_FLOAT32))
+                problem(pr, "%s: step %d (%s %s) makes %s", what, i, s->op, s->node,
+                        ebb_dtype_name(dt));
+        }
+        if (s->phase == EBB_PHASE_LOSS) {
+            n_loss++;
+            if (dt != EBB_FLOAT32)
+                problem(pr, "%s: loss step %d (%s) makes %s", what, i, s->op, ebb_dtype_name(dt));
+        }
+    }
+    if (!n_products || !n_loss)
+        problem(pr, "%s: %d matrix products, %d loss steps", what, n_products, n_loss);
+}
+
+/* Twenty steps of the fixture's model at one precision, as its case c. */
+static void run20_case(const ebb_safetensors *st, const ebb_spec *spec, const steps20_model *sm,
+                       int bf16, ebb_tensor **x, ebb_tensor **y, int n_batches, run20 *r,
+                       problems *pr) {
+    const char *c = bf16 ? "adamw_bf16" : "adamw";
+    double loss_tol = bf16 ? sm->bf16_loss_rtol : LOSS_RTOL;
+    double step_tol = bf16 ? sm->bf16_step_rtol : STEP_RTOL;
+    char what[96];
+    snprintf(what, sizeof what, "%s %s", sm->name, bf16 ? "bf16" : "fp32");
+    *r = (run20){0};
+    ebb_shape xs = ebb_tensor_shape(x[0]), ys = ebb_tensor_shape(y[0]);
+    ebb_dtype yd = ebb_tensor_dtype(y[0]);
+    const char *loss = ebb_safetensors_metadata(st, "loss");
+    assert_non_null(loss);
+    ebb_optimizer_options oo = case_options(st, "adamw"); /* one optimizer for both */
+    ebb_train_options t = {.target_shapes = &ys,
+                           .n_target_shapes = 1,
+                           .target_dtypes = &yd,
+                           .loss = loss,
+                           .optimizer = oo};
+    ebb_compile_options o = {.input_shapes = &xs,
+                             .n_input_shapes = 1,
+                             .train = &t,
+                             .precision = bf16 ? EBB_PRECISION_BF16 : EBB_PRECISION_FP32};
+    ebb_plan *plan = NULL;
+    if (ebb_spec_compile(&plan, spec, &o) != EBB_OK) {
+        problem(pr, "%s: compile: %s", what, ebb_errmsg());
+        return;
+    }
+    check_plan_shape(plan, 0, NULL, what, pr);
+    check_precision(plan, bf16, what, pr);
+    if (strcmp(plan_loss_op(plan), loss) != 0)
+        problem(pr, "%s: the plan's loss is '%s', torch's %s", what, plan_loss_op(plan), loss);
+    r->bound = ebb_plan_peak_is_bound(plan);
+    ebb_model *m = NULL;
+    ebb_optimizer *opt = NULL;
+    assert_ok(ebb_model_new(&m, plan, CPU, 0));
+    load_params(m, st, "init.");
+    if (ebb_optimizer_new(&opt, m, &oo) != EBB_OK) {
+        problem(pr, "%s: ebb_optimizer_new: %s", what, ebb_errmsg());
+        ebb_model_free(m);
+        ebb_plan_free(plan);
+        return;
+    }
+    for (int k = 0; k < STEPS20; k++) {
+        char sw[128], key[64];
+        snprintf(sw, sizeof sw, "%s step %d", what, k + 1);
+        ebb_run_stats stats = {0};
+        if (!checked_step(plan, m, opt, &x[k % n_batches], &y[k % n_batches], k, sw, &r->loss[k],
+                          &stats, pr))
+            break;
+        r->steps++;
+        snprintf(key, sizeof key, "%s.loss.%d", c, k);
+        r->want[k] = fx_scalar(st, key);
+        double e = rel_scalar(r->loss[k], r->want[k]);
+        if (!(e <= loss_tol))
+            problem(pr, "%s: loss %.9g, torch %.9g: relative error %.3g > %g", sw, r->loss[k],
+                    r->want[k], e, loss_tol);
+        if (r->worst_step == 0 || !(e <= r->worst_loss)) {
+            r->worst_loss = e;
+            r->worst_step = k + 1;
+        }
+        if (stats.measured_peak_bytes > r->measured) r->measured = stats.measured_peak_bytes;
+        if (stats.planned_peak_bytes > r->planned) r->planned = stats.planned_peak_bytes;
+    }
+    if (r->steps == STEPS20) check_final20(m, plan, opt, st, c, step_tol, what, r, pr);
+    ebb_optimizer_free(opt);
+    ebb_model_free(m);
+    ebb_plan_free(plan);
+}
+
+/* The largest rel_scalar between the fixture's float32 and autocast losses,
+ * and rel_error between their parameters after twenty steps (zero-gradient
+ * elements left out): how far bfloat16 takes torch itself, for scale. */
+static void torch_bf16_gap(const ebb_safetensors *st, double *loss, double *param) {
+    *loss = *param = 0;
+    for (int k = 0; k < STEPS20; k++) {
+        char a[64], b[64];
+        snprintf(a, sizeof a, "adamw_bf16.loss.%d", k);
+        snprintf(b, sizeof b, "adamw.loss.%d", k);
+        *loss = fmax(*loss, rel_scalar(fx_scalar(st, a), fx_scalar(st, b)));
+    }
+    for (int i = 0; i < ebb_safetensors_count(st); i++) {
+        const char *key = ebb_safetensors_name_at(st, i);
+        if (strncmp(key, "adamw.final.", 12) != 0) continue;
+        char other[256], mk[256];
+        snprintf(other, sizeof other, "adamw_bf16.final.%s", key + 12);
+        snprintf(mk, sizeof mk, "zero_grad.%s", key + 12);
+        ebb_tensor *f = fx_load(st, key), *h = fx_load(st, other);
+        if (ebb_tensor_dtype(f) != EBB_INT64) {
+            size_t n = 0, nm = 0;
+            double *fa = host_f64(f, &n), *ha = host_f64(h, &n), *mask = NULL;
+            if (fx_has(st, mk)) {
+                ebb_tensor *t = fx_load(st, mk);
+                mask = host_f64(t, &nm);
+                ebb_tensor_free(t);
+            }
+            double diff = 0, scale = 0;
+            for (size_t j = 0; j < n; j++) {
+                if (mask && mask[j] != 0) continue;
+                diff = fmax(diff, fabs(ha[j] - fa[j]));
+                scale = fmax(scale, fabs(fa[j]));
+            }
+            *param = fmax(*param, diff / fmax(scale, 1e-6));
+            free(fa);
+            free(ha);
+            free(mask);
+        }
+        ebb_tensor_free(f);
+        ebb_tensor_free(h);
+    }
+}
+
+static void test_steps20(void **state) {
+    const steps20_model *sm = *state;
+    char file[128];
+    snprintf(file, sizeof file, "grad_steps20_%s", sm->name);
+    ebb_safetensors *st = open_fixture(file);
+    const char *spec_file = ebb_safetensors_metadata(st, "spec");
+    const char *steps = ebb_safetensors_metadata(st, "steps");
+    assert_non_null(spec_file);
+    if (!steps || atoi(steps) != STEPS20)
+        fail_msg("%s: %s steps, the test runs %d", file, steps ? steps : "no", STEPS20);
+    ebb_spec *spec =
+        load_spec_edited(spec_file, ebb_safetensors_metadata(st, "params"), sm->edit, 2);
+    ebb_tensor *x[MAX_BATCHES20] = {0}, *y[MAX_BATCHES20] = {0};
+    int nb = 0;
+    for (; nb < MAX_BATCHES20; nb++) {
+        char k[32];
+        snprintf(k, sizeof k, "x.%d", nb);
+        if (!fx_has(st, k)) break;
+        x[nb] = fx_load(st, k);
+        snprintf(k, sizeof k, "y.%d", nb);
+        y[nb] = fx_load(st, k);
+    }
+    assert_true(nb > 0);
+    problems pr = {0};
+    run20 r[2];
+    for (int bf16 = 0; bf16 < 2; bf16++)
+        run20_case(st, spec, sm, bf16, x, y, nb, &r[bf16], &pr);
+    double gap_loss = 0, gap_param = 0;
+    torch_bf16_gap(st, &gap_loss, &gap_param);
+
+    /* the trajectories side by side */
+    printf("[ steps20  ] %s (libtorch %s), %d batches in turn; loss at each step (relative "
+           "error):\n",
+           sm->name, ebb_torch_version(), nb);
+    printf("[ steps20  ]   step   torch fp32     ebb fp32             torch autocast "
+           "ebb bf16\n");
+    for (int k = 0; k < STEPS20 && k < r[0].steps && k < r[1].steps; k++)
+        printf("[ steps20  ]   %4d   %.6f  %.6f (%.1e)   %.6f  %.6f (%.1e)\n", k + 1, r[0].want[k],
+               r[0].loss[k], rel_scalar(r[0].loss[k], r[0].want[k]), r[1].want[k], r[1].loss[k],
+               rel_scalar(r[1].loss[k], r[1].want[k]));
+    for (int bf16 = 0; bf16 < 2; bf16++) {
+        char drift_text[96] = "";
+        if (r[bf16].n_zero)
+            snprintf(drift_text, sizeof drift_text,
+                     "; zero-gradient elements at %.2f of AdamW's drift", r[bf16].drift_used);
+        printf("[ steps20  ] %s %s: worst loss rel. error %.2e (step %d; bound %g), parameters "
+               "after %d steps %.2e (%s; bound %g)%s; peak bytes measured %lld, planned %lld "
+               "(%s)\n",
+               sm->name, bf16 ? "bf16" : "fp32", r[bf16].worst_loss, r[bf16].worst_step,
+               bf16 ? sm->bf16_loss_rtol : LOSS_RTOL, STEPS20, r[bf16].worst_param,
+               r[bf16].worst_name, bf16 ? sm->bf16_step_rtol : STEP_RTOL, drift_text,
+               (long long)r[bf16].measured, (long long)r[bf16].planned,
+               r[bf16].bound ? "bound" : "exact");
+    }
+    printf("[ steps20  ] %s torch autocast vs torch fp32: losses %.2e, parameters %.2e\n", sm->name,
+           gap_loss, gap_param);
+
+    for (int i = 0; i < nb; i++) {
+        ebb_tensor_free(x[i]);
+        ebb_tensor_free(y[i]);
+    }
+    ebb_spec_free(spec);
+    ebb_safetensors_close(st);
+    fail_on_problems(&pr, sm->name);
 }
 
 /* The optimizer keeps state for the trained parameters only, made with it:
@@ -2223,7 +2669,7 @@ int main(void) {
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[23 + 2 * N_GRAD];
+    struct CMUnitTest tests[25 + 2 * N_GRAD];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -2249,6 +2695,9 @@ int main(void) {
     tests[n++] = named_test("steps_adamw_bias_lr", test_steps, (void *)"adamw_bias_lr");
     tests[n++] = named_test("steps_adamw_bf16", test_steps, (void *)"adamw_bf16");
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_steps_batch_norm);
+    tests[n++] = named_test("steps20_conv_net", test_steps20, (void *)&STEPS20_MODELS[0]);
+    tests[n++] = named_test("steps20_transformer_encoder", test_steps20,
+                            (void *)&STEPS20_MODELS[1]);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_loss_scaling);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_state_for_trained_parameters);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_steps_change_nothing);
