@@ -251,9 +251,11 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
                                  .n_trained = n_trained,
                                  .no_decay = o->no_decay,
                                  .n_no_decay = o->n_no_decay,
-                                 /* accumulation: the gradients, then one update */
-                                 .grads_only = o->accumulate > 1,
-                                 .loss_scaling = scaling_from(f, o) > 0 && o->accumulate <= 1};
+                                 /* accumulation and data parallel: the gradients,
+                                  * then one update */
+                                 .grads_only = o->accumulate > 1 || o->dist,
+                                 .loss_scaling = scaling_from(f, o) > 0 &&
+                                                 o->accumulate <= 1 && !o->dist};
         co.train = &to;
         co.memory_budget = o->memory_budget;
     }
@@ -858,6 +860,11 @@ struct ebb_trainer {
     ebb_dataset *train, *test;
     char *data; /* the training data's fields, as a checkpoint records them */
     int64_t *order;
+    /* the samples this rank takes, in order (data parallel: every
+     * world-th of `order`; else `order` itself), and how many of them at a
+     * time (batch / world) */
+    int64_t *shard, shard_samples, local_batch;
+    int world, rank;
     ebb_tensor *ts[MAX_FIELDS];
     state undo;        /* skip_nonfinite: the model and optimizer before the step */
     ebb_capture *cap;  /* cuda_graph: the step, captured at the first full batch */
@@ -1006,6 +1013,19 @@ static ebb_status check_options(const ebb_trainer_options *o) {
                              "--device cuda)",
                              ebb_device_str(o->device, d, sizeof d));
     }
+    if (o->dist) {
+        int w = ebb_dist_world_size(o->dist);
+        if (o->batch % w != 0)
+            return ebb_error_set(EBB_ERR_ARG, "--batch %lld is the global batch of %d ranks: "
+                                              "it must be a multiple of %d",
+                                 (long long)o->batch, w, w);
+        if (o->accumulate > 1 || o->cuda_graph || o->skip_nonfinite)
+            return ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                 "data-parallel training does not take %s yet",
+                                 o->accumulate > 1 ? "--accumulate"
+                                 : o->cuda_graph   ? "--cuda-graph"
+                                                   : "--skip-nonfinite");
+    }
     if (o->cuda_graph && o->skip_nonfinite)
         return ebb_error_set(EBB_ERR_ARG, "cuda_graph and skip_nonfinite cannot be combined: a "
                                           "replayed step cannot be undone (its updates are in "
@@ -1099,14 +1119,15 @@ static ebb_status resume(ebb_trainer *t) {
 static ebb_status plan_steps(ebb_trainer *t) {
     const ebb_trainer_options *o = &t->o;
     int64_t n = t->s.samples = ebb_dataset_size(t->train), total = 0;
-    if (o->drop_last && n < o->batch)
+    int drop_last = o->drop_last || o->dist; /* a rank's share is whole batches */
+    if (drop_last && n < o->batch)
         return ebb_error_set(EBB_ERR_ARG,
                              "--drop-last with --batch %lld leaves no step: %s has %lld samples",
                              (long long)o->batch, o->data, (long long)n);
     int64_t micro = t->micro_per_epoch =
-        o->drop_last ? n / o->batch : n / o->batch + (n % o->batch != 0);
+        drop_last ? n / o->batch : n / o->batch + (n % o->batch != 0);
     int64_t per = t->s.steps_per_epoch = micro / t->accum + (micro % t->accum != 0);
-    t->epoch_samples = o->drop_last ? micro * o->batch : n;
+    t->epoch_samples = drop_last ? micro * o->batch : n;
     t->s.step = t->ci.step;
     if (o->steps) total = o->steps;
     if ((!o->steps && __builtin_mul_overflow(o->epochs, per, &total)) ||
@@ -1215,6 +1236,18 @@ static ebb_status open_accumulation(ebb_trainer *t) {
     return EBB_OK;
 }
 
+/* Data parallel: every rank starts from rank 0's parameters (its buffers
+ * included). */
+static ebb_status broadcast_params(ebb_trainer *t) {
+    int n = ebb_model_param_count(t->m);
+    ebb_tensor **ps = malloc(sizeof *ps * ((size_t)n + 1));
+    if (!ps) return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < n; i++) ps[i] = ebb_model_param(t->m, ebb_model_param_name(t->m, i));
+    ebb_status st = ebb_dist_broadcast_(t->o.dist, ps, n, 0);
+    free(ps);
+    return st;
+}
+
 static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
     ebb_trainer_options *o = &t->o;
     ebb_status st = check_options(o);
@@ -1222,8 +1255,12 @@ static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
     if (st == EBB_OK) st = check_block(&t->f);
     if (st == EBB_OK && o->resume) st = ebb_checkpoint_read_info(o->resume, &t->ci);
     if (st == EBB_OK) st = compile_plan(&t->f, o->batch, o, NULL, NULL, &t->infer);
+    /* data parallel: each rank's step takes its share of the batch */
+    t->world = o->dist ? ebb_dist_world_size(o->dist) : 1;
+    t->rank = o->dist ? ebb_dist_rank(o->dist) : 0;
+    t->local_batch = o->batch / t->world;
     if (st == EBB_OK && !o->evaluate_only)
-        st = compile_plan(&t->f, o->batch, o, &o->optimizer, t->infer, &t->plan);
+        st = compile_plan(&t->f, t->local_batch, o, &o->optimizer, t->infer, &t->plan);
     if (st == EBB_OK && !o->evaluate_only) st = open_data(&t->f, o, o->data, t->infer, &t->train);
     if (st == EBB_OK && o->eval_data) st = open_data(&t->f, o, o->eval_data, t->infer, &t->test);
     t->s.per_token = per_token(&t->f, t->infer);
@@ -1244,7 +1281,12 @@ static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
         return st;
     if (!(t->order = malloc(sizeof *t->order * (size_t)t->s.samples)))
         return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-    if (t->accum > 1 && (st = open_accumulation(t)) != EBB_OK) return st;
+    t->shard = t->order;
+    t->shard_samples = t->s.samples / t->world;
+    if (t->world > 1 && !(t->shard = malloc(sizeof *t->shard * (size_t)(t->shard_samples + 1))))
+        return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    if ((t->accum > 1 || o->dist) && (st = open_accumulation(t)) != EBB_OK) return st;
+    if (o->dist && (st = broadcast_params(t)) != EBB_OK) return st;
     t->s.planned_peak_bytes = ebb_plan_device_peak_bytes(t->plan, o->device);
     t->s.loss_scale = t->scale_from > 0 ? ebb_optimizer_loss_scale(t->opt) : 0;
     t->s.first_skip_why = t->skip_why;
@@ -1279,6 +1321,7 @@ ebb_status ebb_trainer_open(ebb_trainer **out, const ebb_spec *spec,
 void ebb_trainer_free(ebb_trainer *t) {
     if (!t) return;
     free_tensors(t->ts, MAX_FIELDS);
+    if (t->shard != t->order) free(t->shard);
     free(t->order);
     int np = t->m ? ebb_model_param_count(t->m) : 0;
     if (t->acc) free_tensors(t->acc, np);
@@ -1498,8 +1541,20 @@ static ebb_status check_step(ebb_trainer *t, double loss, int *skipped) {
 
 /* The samples of micro-batch m of an epoch: the first and how many. */
 static int64_t micro_batch(const ebb_trainer *t, int64_t m, int64_t *at) {
-    *at = m * t->o.batch;
-    return t->s.samples - *at < t->o.batch ? t->s.samples - *at : t->o.batch;
+    *at = m * t->local_batch;
+    return t->shard_samples - *at < t->local_batch ? t->shard_samples - *at : t->local_batch;
+}
+
+/* The ranks' mean of this rank's gradients (in t->grads) and loss. */
+static ebb_status dist_mean(ebb_trainer *t, int np, double *loss) {
+    ebb_shape one = {1, {1}};
+    ebb_tensor *l = NULL;
+    ebb_status st = ebb_tensor_full(&l, &one, *loss, EBB_FLOAT64, ebb_device_cpu());
+    if (st == EBB_OK) st = ebb_dist_allreduce_mean_(t->o.dist, t->grads, np);
+    if (st == EBB_OK) st = ebb_dist_allreduce_mean_(t->o.dist, &l, 1);
+    if (st == EBB_OK) st = ebb_tensor_to_host(l, loss, sizeof *loss);
+    ebb_tensor_free(l);
+    return st;
 }
 
 /* accumulate: micro-batches first .. first + n of epoch e through the
@@ -1527,7 +1582,7 @@ static ebb_status accumulate_step(ebb_trainer *t, int64_t first, int64_t n, int6
                                                                : 1.0)};
         ebb_run_stats ms = {0};
         double l = NAN;
-        st = make_batch(&t->f, t->train, t->order + at, cnt, o->device, t->ts);
+        st = make_batch(&t->f, t->train, t->shard + at, cnt, o->device, t->ts);
         if (st == EBB_OK)
             st = ebb_grad_keep_buffers(t->plan, t->m, t->ts, t->ts + t->f.n_in, &l, t->grads,
                                        &ro, &ms);
@@ -1543,9 +1598,11 @@ static ebb_status accumulate_step(ebb_trainer *t, int64_t first, int64_t n, int6
         if (k == 0 || ms.measured_peak_bytes > stats->measured_peak_bytes || ms.over_step >= 0)
             *stats = ms;
     }
-    /* unscaling and clipping, as between the last backward() and step() */
+    /* data parallel: every rank's gradients and loss become the ranks' mean */
     for (int i = 0; i < np; i++)
         t->grads[i] = t->got[i] ? t->acc[i] : NULL;
+    if (st == EBB_OK && o->dist) st = dist_mean(t, np, loss);
+    /* unscaling and clipping, as between the last backward() and step() */
     int overflow = 0;
     if (st == EBB_OK && t->scale_from > 0)
         st = ebb_optimizer_unscale_(t->opt, t->grads, np, &overflow);
@@ -1601,13 +1658,16 @@ static ebb_status run_step(ebb_trainer *t, ebb_train_event *ev, ebb_run_stats *s
     if (e != t->shuffled_epoch) {
         ebb_dataset_order(t->order, t->s.samples,
                           o->seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(e + 1)), o->shuffle);
+        /* DistributedSampler's share: every world-th sample from this rank's */
+        for (int64_t j = 0; t->world > 1 && j < t->shard_samples; j++)
+            t->shard[j] = t->order[j * t->world + t->rank];
         t->shuffled_epoch = e;
     }
     ebb_run_options ro = {
         .seed = o->seed, .trace = traced ? o->trace : NULL, .trace_user = o->trace_user};
     int64_t overflows = ebb_optimizer_scaled_skips(t->opt);
     ebb_status st = o->skip_nonfinite ? state_copy(&t->undo, t->m, t->opt) : EBB_OK;
-    if (st == EBB_OK && t->accum > 1)
+    if (st == EBB_OK && (t->accum > 1 || o->dist))
         st = accumulate_step(t, first, n_micro, cnt, traced, &loss, stats);
     else if (st == EBB_OK)
         st = whole_step(t, at, cnt, graphed, &ro, &loss, stats);
@@ -1639,7 +1699,7 @@ static ebb_status run_step(ebb_trainer *t, ebb_train_event *ev, ebb_run_stats *s
                             .epoch = e + 1,
                             .epochs = t->epochs,
                             .samples = samples_at(t, t->s.step),
-                            .batch = cnt,
+                            .batch = cnt * t->world,
                             .loss = skipped ? NAN : loss,
                             .lr = lr,
                             .skipped = skipped,
@@ -1792,6 +1852,7 @@ ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
     if (!path) path = t->o.checkpoint;
     if (!path) return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_checkpoint: no path, and no "
                                                  "options.checkpoint");
+    if (t->rank != 0) return EBB_OK; /* data parallel: rank 0 writes for all */
     state s = {0};
     char *stateless = stateless_params(t);
     ebb_status st =
@@ -1848,6 +1909,7 @@ ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
 
 ebb_status ebb_trainer_save_weights(const ebb_trainer *t, const char *path) {
     if (!t || !path) return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_save_weights: NULL argument");
+    if (t->rank != 0) return EBB_OK; /* data parallel: rank 0 writes for all */
     state s = {0};
     ebb_status st = state_view(&s, t->m, NULL);
     if (st == EBB_OK) st = refuse_nonfinite(t, &s, 1, "--save-weights", path);

@@ -3240,6 +3240,26 @@ static void test_train_recipes(void **state) {
     free(text);
     if (lines != 6 || steps != 3 || epochs != 2)
         fail_msg("%s: %d lines, %d step rows, %d complete epoch rows", csv, lines, steps, epochs);
+    /* --nproc 2: the ranks train together, rank 0 alone speaks and writes
+     * (test_trainer compares the weights with one process's) */
+    char w2[PATH_MAX];
+    tmp_path(w2, sizeof w2, "recipes-w2.safetensors");
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "3", "--batch", "16",
+        "--nproc", "2", "--save-weights", w2, "--device", "cpu");
+    expect_code(&r, 0);
+    const char *first = strstr(r.out, "training specs/mlp.yaml");
+    if (!first || strstr(first + 1, "training specs/mlp.yaml"))
+        fail_msg("`%s` printed %s start line:\n%s", r.cmd, first ? "more than one" : "no", r.out);
+    cli_free(&r);
+    assert_ok(ebb_safetensors_open(&a, w2));
+    ebb_safetensors_close(a);
+    /* a global batch two ranks cannot share: each rank says why, the launcher which */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "3", "--batch", "15",
+        "--nproc", "2", "--device", "cpu");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--batch 15 is the global batch of 2 ranks");
+    expect_contains("stderr", &r, r.err, "of 2 exited with status 2");
+    cli_free(&r);
     /* what the options refuse */
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "2", "--freeze", "fc9.*");
     expect_code(&r, 2);

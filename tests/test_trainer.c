@@ -10,11 +10,21 @@
  *   - early stopping, and a callback's stop;
  *   - text data: byte windows of a file, its held-out split, and a bigram
  *     language model trained on it, its perplexity measured;
+ *   - data parallel: 2 and 4 ranks (this program, started as processes on
+ *     loopback) reach one process's weights at the same global batch;
  *   - refusals, each naming what is wrong, with nothing leaked.
  * The test's teardown checks that no tensor handle is left alive. */
-#define _GNU_SOURCE /* fmemopen, mkdtemp */
+#define _GNU_SOURCE /* fmemopen, mkdtemp, posix_spawn */
+#include <arpa/inet.h>
+#include <errno.h>
 #include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "test_util.h"
@@ -859,7 +869,165 @@ static void test_refusals(void **state) {
     ebb_checkpoint_info_free(NULL);
 }
 
-int main(void) {
+/* ---- data parallel ---------------------------------------------------------- */
+
+extern char **environ;
+
+/* The options both sides train with: SGD (the update is the gradient, so a
+ * wrongly weighted mean shows), two epochs of global batch 16 over 50
+ * samples, shuffled, the last partial batch dropped. */
+static ebb_trainer_options dp_options(void) {
+    ebb_trainer_options o = options();
+    o.eval_data = NULL;
+    o.epochs = 2;
+    o.drop_last = 1;
+    o.optimizer = ebb_optimizer_defaults(EBB_SGD, 0.5);
+    return o;
+}
+
+/* A rank: trains with the group and, on rank 0, saves the weights to
+ * `out`; every rank also asks for a checkpoint, which only rank 0 writes. */
+static int dp_child(int rank, int world, int port, const char *data, const char *out,
+                    const char *ckpt) {
+    if (ebb_init() != EBB_OK) return 2;
+    snprintf(data_path, sizeof data_path, "%s", data);
+    ebb_dist *d = NULL;
+    ebb_dist_options dopt = {.rank = rank, .world_size = world, .master_port = port,
+                             .timeout_ms = 20000};
+    ebb_spec *spec = NULL;
+    ebb_trainer *t = NULL;
+    ebb_trainer_options o = dp_options();
+    o.dist = NULL;
+    ebb_status st = ebb_dist_open(&d, &dopt);
+    if (st == EBB_OK) st = ebb_spec_load_string(&spec, SPEC, sizeof SPEC - 1, "trainer.yaml");
+    o.dist = d;
+    o.checkpoint = ckpt;
+    if (st == EBB_OK) st = ebb_trainer_open(&t, spec, &o);
+    if (st == EBB_OK) st = ebb_trainer_run(t);
+    if (st == EBB_OK) st = ebb_trainer_checkpoint(t, NULL);
+    if (st == EBB_OK) st = ebb_trainer_save_weights(t, out);
+    if (st == EBB_OK && ebb_trainer_get_stats(t).step != 6) st = EBB_ERR_RUNTIME;
+    if (st != EBB_OK) fprintf(stderr, "[rank %d] %s\n", rank, ebb_errmsg());
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+    ebb_dist_free(d);
+    return st == EBB_OK && ebb_tensor_live_count() == 0 ? 0 : 1;
+}
+
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        fail_msg("no free port: %s", strerror(errno));
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* Runs `world` ranks; returns how many exited 0 within 90 s (the rest are
+ * killed then). */
+static int dp_run(int world, const char *out, const char *ckpt) {
+    char sp[16], sw[16], sr[16];
+    snprintf(sp, sizeof sp, "%d", free_port());
+    snprintf(sw, sizeof sw, "%d", world);
+    pid_t pids[8];
+    for (int r = 0; r < world; r++) {
+        snprintf(sr, sizeof sr, "%d", r);
+        char *argv[] = {"/proc/self/exe", "--dp-rank", sr, sw, sp, data_path, (char *)out,
+                        (char *)ckpt, NULL};
+        assert_int_equal(posix_spawn(&pids[r], "/proc/self/exe", NULL, NULL, argv, environ), 0);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    time_t end = ts.tv_sec + 90;
+    int ok = 0, left = world;
+    while (left > 0) {
+        for (int r = 0; r < world; r++) {
+            int status = 0;
+            if (pids[r] <= 0 || waitpid(pids[r], &status, WNOHANG) != pids[r]) continue;
+            ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
+            pids[r] = 0;
+            left--;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        if (left > 0 && ts.tv_sec > end) {
+            for (int r = 0; r < world; r++)
+                if (pids[r] > 0) {
+                    kill(pids[r], SIGKILL);
+                    waitpid(pids[r], NULL, 0);
+                }
+            break;
+        }
+        usleep(20 * 1000);
+    }
+    return ok;
+}
+
+/* 2 and 4 ranks at global batch 16 leave the weights one process leaves at
+ * batch 16 (the means summed in another order: 1e-6 relative), take the
+ * same number of steps, and only rank 0 writes. */
+static void test_data_parallel(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    ebb_trainer_options o = dp_options();
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("one process: %s", ebb_errmsg());
+    float one[F * F + F];
+    weights_of(t, one);
+    assert_int_equal(ebb_trainer_get_stats(t).step, 6);
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+    for (int world = 2; world <= 4; world += 2) {
+        char out[320], ckpt[320];
+        snprintf(out, sizeof out, "%s/dp%d.safetensors", dir, world);
+        snprintf(ckpt, sizeof ckpt, "%s/dp%d_ckpt.safetensors", dir, world);
+        assert_int_equal(dp_run(world, out, ckpt), world);
+        ebb_safetensors *sf = NULL;
+        assert_int_equal(ebb_safetensors_open(&sf, out), EBB_OK);
+        ebb_tensor *w = NULL, *b = NULL;
+        assert_int_equal(ebb_safetensors_load(&w, sf, "fc.weight", ebb_device_cpu()), EBB_OK);
+        assert_int_equal(ebb_safetensors_load(&b, sf, "fc.bias", ebb_device_cpu()), EBB_OK);
+        ebb_safetensors_close(sf);
+        float got[F * F + F];
+        assert_int_equal(ebb_tensor_to_host(w, got, sizeof(float) * F * F), EBB_OK);
+        assert_int_equal(ebb_tensor_to_host(b, got + F * F, sizeof(float) * F), EBB_OK);
+        ebb_tensor_free(w);
+        ebb_tensor_free(b);
+        double worst = 0, top = 0;
+        for (int i = 0; i < F * F + F; i++) {
+            worst = fmax(worst, fabs((double)got[i] - (double)one[i]));
+            top = fmax(top, fabs((double)one[i]));
+        }
+        printf("[ dp       ] %d ranks: weights within %.3g of one process's (largest %.3g)\n",
+               world, worst / top, top);
+        if (worst / top > 1e-6)
+            fail_msg("%d ranks: weights differ from one process's by %g (of %g)", world, worst,
+                     top);
+        struct stat sb;
+        assert_int_equal(stat(ckpt, &sb), 0); /* rank 0's checkpoint */
+        unlink(out);
+        unlink(ckpt);
+    }
+    /* a global batch the ranks cannot share evenly */
+    ebb_dist *d = NULL;
+    ebb_dist_options one_rank = {.world_size = 1, .master_port = free_port(), .timeout_ms = 5000};
+    assert_int_equal(ebb_dist_open(&d, &one_rank), EBB_OK);
+    spec = load_spec();
+    o.dist = d;
+    o.batch = 16;
+    o.accumulate = 2;
+    assert_int_equal(ebb_trainer_open(&t, spec, &o), EBB_ERR_UNSUPPORTED);
+    assert_errmsg_contains("does not take --accumulate yet");
+    assert_null(t);
+    ebb_spec_free(spec);
+    ebb_dist_free(d);
+}
+
+int main(int argc, char **argv) {
+    if (argc == 8 && !strcmp(argv[1], "--dp-rank"))
+        return dp_child(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), argv[5], argv[6], argv[7]);
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_metrics_of_a_known_classifier),
         EBB_TEST(test_run_calls_back_and_learns),
@@ -872,6 +1040,7 @@ int main(void) {
         EBB_TEST(test_text_language_model),
         EBB_TEST(test_accumulate),
         EBB_TEST(test_early_stopping),
+        EBB_TEST(test_data_parallel),
         EBB_TEST(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup_files, teardown_files);

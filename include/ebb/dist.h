@@ -70,6 +70,8 @@ EBB_API int ebb_dist_world_size(const ebb_dist *d);
  * sum, then a division by the world size (the gradients of a data-parallel
  * step, as DDP averages them). ts[0..n) must be floating, contiguous and on
  * the CPU; NULL entries are skipped (every rank must skip the same ones).
+ * The tensors of one dtype travel together in one collective, laid end to
+ * end in a buffer the size of them all (DDP's bucket), held for the call. 
  * EBB_ERR_DIST when a rank was lost or the collective timed out. */
 EBB_API ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n);
 /* Every rank's ts[i] becomes rank `root`'s, in place. */

@@ -65,6 +65,7 @@
 #include <stdio.h>
 
 #include "schedule.h"
+#include "dist.h"
 #include "spec.h"
 #include "train.h"
 
@@ -223,6 +224,21 @@ typedef struct ebb_trainer_options {
     double loss_scale;
     ebb_device device;               /* defaults: the CPU */
     int cuda_graph;     /* CUDA: replay full batches from a captured step (ebb_train_capture) */
+    /* Data parallel (ebb/dist.h): this process is one rank of the group.
+     * `batch` is the global batch, which the world size must divide; each
+     * epoch's order (the same on every rank) is dealt out as
+     * DistributedSampler deals it, sample i to rank i % world_size, so the
+     * ranks' shares of a step make up the batch one process would take.
+     * Each rank computes its share's gradients (the gradient plan, as
+     * `accumulate` runs it), they are averaged over the ranks, and every rank
+     * makes the same update: the weights one process would reach, to the
+     * order of the sums. Each epoch's last partial batch is dropped (as
+     * drop_last). Rank 0's weights are broadcast at open; batch_norm's running
+     * statistics stay each rank's own (DDP's broadcast_buffers=False). Only
+     * rank 0 writes checkpoints and weights (the others' calls return
+     * EBB_OK); every rank evaluates the whole eval_data. Not with accumulate,
+     * cuda_graph or skip_nonfinite. NULL: one process. */
+    ebb_dist *dist;
     int skip_nonfinite; /* undo and count a step whose loss or updated state is NaN or
                            infinite (else such a step fails the run, with nothing written) */
     ebb_trace_fn trace; /* a per-plan-step trace of one training step, or NULL */

@@ -178,14 +178,28 @@ ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n) {
 #ifdef USE_C10D_GLOO
     try {
         c10::InferenceMode guard;
-        // one collective per tensor: Gloo's allreduce takes tensors of one
-        // shape together, and a gradient list has many
-        for (auto &t : list) {
-            std::vector<at::Tensor> one{t};
-            auto work = d->pg->allreduce(one);
-            work->wait(d->timeout);
+        // one collective per dtype, on the tensors laid end to end in one
+        // buffer (a DDP bucket holding them all): a collective per tensor
+        // costs a round trip each, which small layers cannot hide
+        std::vector<bool> done(list.size(), false);
+        for (size_t i = 0; i < list.size(); i++) {
+            if (done[i]) continue;
+            std::vector<at::Tensor> same;
+            for (size_t j = i; j < list.size(); j++)
+                if (!done[j] && list[j].scalar_type() == list[i].scalar_type()) {
+                    same.push_back(list[j].reshape({-1}));
+                    done[j] = true;
+                }
+            std::vector<at::Tensor> flat{same.size() == 1 ? same[0] : at::cat(same)};
+            d->pg->allreduce(flat)->wait(d->timeout);
+            flat[0].div_(d->world);
+            if (same.size() == 1) continue;
+            int64_t at = 0;
+            for (auto &t : same) {
+                t.copy_(flat[0].narrow(0, at, t.numel()));
+                at += t.numel();
+            }
         }
-        for (auto &t : list) t.div_(d->world);
     } catch (...) {
         return dist_failure(fn, d->where);
     }

@@ -14,7 +14,8 @@
  * or a state that is not finite included), 2 usage error, 3 runtime error;
  * 128 + the signal when SIGINT (130), SIGTERM (143) or SIGHUP (129) stopped
  * training, after the step under way finished and a checkpoint was written. */
-#define _GNU_SOURCE /* getopt_long */
+#define _GNU_SOURCE /* getopt_long, posix_spawn */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -24,6 +25,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ebb/ebb.h"
@@ -106,6 +111,10 @@ const char ebb_cli_usage_train[] =
     "  --clip-grad-value X\n"
     "                     clamp each gradient to [-X, X] before its update, as\n"
     "                     torch.nn.utils.clip_grad_value_\n"
+    "  --nproc N          train data-parallel in N processes on this machine (ranks on\n"
+    "                     loopback, gradients averaged by Gloo; --batch is the global\n"
+    "                     batch); a process started by torchrun (RANK, WORLD_SIZE,\n"
+    "                     MASTER_ADDR, MASTER_PORT set) joins its job without it\n"
     "  --loss-scale S     dynamic loss scaling from scale S, as torch.amp.GradScaler: a\n"
     "                     step whose gradients overflow updates nothing and halves the\n"
     "                     scale, 2000 good steps double it; `none` turns it off\n"
@@ -237,6 +246,7 @@ enum {
     O_BLOCK,
     O_PRECISION,
     O_LOSS_SCALE,
+    O_NPROC,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -288,6 +298,7 @@ const struct option ebb_cli_train_options[] = {
     {"no-decay", required_argument, NULL, O_NO_DECAY},
     {"lr-scale", required_argument, NULL, O_LR_SCALE},
     {"loss-scale", required_argument, NULL, O_LOSS_SCALE},
+    {"nproc", required_argument, NULL, O_NPROC},
     {NULL, 0, NULL, 0},
 };
 
@@ -302,6 +313,7 @@ typedef struct topts {
     int64_t epochs, steps, batch, checkpoint_every, log_every, trace_step, block;
     double lr, momentum, weight_decay, norm_mean, norm_std;
     double loss_scale; /* --loss-scale: > 0 the first scale, -1 none, 0 the default */
+    int64_t nproc;     /* --nproc: ranks to start (0: one process) */
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
     int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory, cuda_graph;
     const char *lr_schedule; /* --lr-schedule, parsed into sched */
@@ -446,6 +458,10 @@ static int parse(int argc, char **argv, int train, topts *o) {
             o->lr_scale[o->n_lr_scale++] = v;
             break;
         }
+        case O_NPROC:
+            if (parse_i64(v, 1, &o->nproc) != 0 || o->nproc > 64)
+                return ebb_cli_usage_error(usage, "--nproc %s: expected 1 to 64 processes", v);
+            break;
         case O_LOSS_SCALE:
             if (strcmp(v, "none") == 0)
                 o->loss_scale = -1;
@@ -661,6 +677,7 @@ typedef struct cli_run {
     int64_t csv_n;
     int rc;  /* the exit code a callback decided on (0: none) */
     int tty; /* text on a terminal: the library redraws its progress line */
+    ebb_dist *dist; /* a rank of a data-parallel run (--nproc, or torchrun's environment) */
 } cli_run;
 
 /* Each option given with --resume that contradicts the checkpoint, into
@@ -1132,11 +1149,101 @@ static int open_outputs(cli_run *c) {
     return st == EBB_OK ? 0 : ebb_cli_fail_status(st);
 }
 
+/* ---- data parallel --------------------------------------------------------- */
+
+/* --nproc N: this command again in N processes, ranks 0 .. N-1 of a group
+ * meeting on a free loopback port, as torchrun would start them. Waits for
+ * every rank; a rank that fails makes the others fail too (their next
+ * collective, or their timeout), and the first failure is the exit code.
+ * Returns -1 when every rank succeeded. */
+static int launch_ranks(int n, int argc, char **argv) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        fprintf(stderr, "ebb: --nproc: no free loopback port: %s\n", strerror(errno));
+        if (fd >= 0) close(fd);
+        return EXIT_RUNTIME;
+    }
+    close(fd);
+    char port[16], world[16], rank[16];
+    snprintf(port, sizeof port, "%d", ntohs(a.sin_port));
+    snprintf(world, sizeof world, "%d", n);
+    char **args = calloc((size_t)argc + 2, sizeof *args);
+    pid_t pids[64] = {0};
+    if (!args) {
+        fprintf(stderr, "ebb: out of memory\n");
+        return EXIT_RUNTIME;
+    }
+    args[0] = (char *)"ebb";
+    for (int i = 0; i < argc; i++) args[1 + i] = argv[i];
+    setenv("WORLD_SIZE", world, 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", port, 1);
+    int rc = -1, started = 0;
+    for (int r = 0; r < n; r++) {
+        snprintf(rank, sizeof rank, "%d", r);
+        setenv("RANK", rank, 1);
+        setenv("LOCAL_RANK", rank, 1);
+        int e = posix_spawn(&pids[r], "/proc/self/exe", NULL, NULL, args, environ);
+        if (e != 0) {
+            fprintf(stderr, "ebb: --nproc: cannot start rank %d: %s\n", r, strerror(e));
+            rc = EXIT_RUNTIME;
+            break;
+        }
+        started++;
+    }
+    for (int left = started; left > 0; left--) {
+        int status = 0;
+        pid_t p = waitpid(-1, &status, 0);
+        if (p < 0) break;
+        int r = 0;
+        while (r < started && pids[r] != p) r++;
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : EXIT_RUNTIME;
+        if (code != 0) {
+            if (WIFSIGNALED(status))
+                fprintf(stderr, "ebb: rank %d of %d was killed by signal %d\n", r, n,
+                        WTERMSIG(status));
+            else
+                fprintf(stderr, "ebb: rank %d of %d exited with status %d\n", r, n, code);
+            if (rc < 0) rc = code;
+        }
+    }
+    /* a launch that could not start every rank ends the ones it started */
+    if (started < n)
+        for (int r = 0; r < started; r++) kill(pids[r], SIGTERM);
+    unsetenv("RANK");
+    unsetenv("LOCAL_RANK");
+    unsetenv("WORLD_SIZE");
+    unsetenv("MASTER_ADDR");
+    unsetenv("MASTER_PORT");
+    free(args);
+    return rc;
+}
+
+/* A rank of a data-parallel run: joins the group from the environment;
+ * every rank but 0 keeps quiet and writes no file (the trainer writes rank
+ * 0's checkpoints and weights alone). */
+static int join_ranks(cli_run *c) {
+    ebb_dist_options d = {0};
+    ebb_status st = ebb_dist_options_from_env(&d);
+    if (st == EBB_OK) st = ebb_dist_open(&c->dist, &d);
+    if (st != EBB_OK) return ebb_cli_fail_status(st);
+    if (d.rank != 0) {
+        c->o.curve = c->o.log_csv = c->o.trace = NULL;
+        if (!freopen("/dev/null", "w", stdout)) return EXIT_RUNTIME;
+    }
+    return 0;
+}
+
 /* Returns 0, -1 when help was printed, or an exit code. */
 static int train_open(cli_run *c, int argc, char **argv) {
     topts *o = &c->o;
     int rc = parse(argc, argv, 1, o);
     if (rc) return rc;
+    if (o->nproc > 1 && !getenv("WORLD_SIZE")) return launch_ranks((int)o->nproc, argc, argv);
+    if (getenv("WORLD_SIZE") && (rc = join_ranks(c))) return rc;
     c->ckpt_path = o->checkpoint ? o->checkpoint : DEFAULT_CHECKPOINT;
     if ((o->save_weights && ebb_file_check_writable(o->save_weights, "--save-weights") != EBB_OK) ||
         (o->trace && ebb_file_check_writable(o->trace, "--trace") != EBB_OK) ||
@@ -1182,6 +1289,7 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->loss_scale = o->loss_scale;
     to->device = c->dev;
     to->cuda_graph = o->cuda_graph;
+    to->dist = c->dist;
     to->skip_nonfinite = o->skip_nonfinite;
     to->trace = o->trace ? ebb_cli_trace_step : NULL;
     to->trace_user = &c->trace;
@@ -1214,6 +1322,7 @@ static void train_close(cli_run *c) {
     ebb_cli_curve_free(c->curve);
     if (c->csv) fclose(c->csv);
     ebb_trainer_free(c->t);
+    ebb_dist_free(c->dist);
     ebb_checkpoint_info_free(&c->ci);
     ebb_spec_free(c->spec);
 }
