@@ -48,6 +48,9 @@ typedef struct ad {
     int n_copy;
     int *first_use; /* per parameter: the first forward step that reads it */
     unsigned char *updated; /* per parameter: its update step is emitted */
+    /* data parallel: final gradients not averaged yet (the open bucket) */
+    int *bucket, n_bucket;
+    int64_t bucket_bytes;
 } ad;
 
 static int fail(compiler *c, ebb_status st) {
@@ -1179,6 +1182,93 @@ static int emit_updates(ad *a, const int *which, int n) {
     }
 }
 
+/* data parallel: one step averaging the open bucket's gradients over the
+ * ranks; its scratch is the buffer that lays them end to end (one
+ * collective per dtype; a lone gradient of its dtype needs none). */
+static int emit_allreduce(ad *a) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    int n = a->n_bucket;
+    if (n == 0)
+        return 0;
+    int *in = malloc((size_t)n * sizeof *in);
+    char *name = ebb_compiler_strdupf("bucket%d", p->n_buckets);
+    if (!in || !name) {
+        free(in);
+        free(name);
+        return ebb_compiler_oom(c);
+    }
+    for (int k = 0; k < n; k++)
+        in[k] = a->pgrad[a->bucket[k]];
+    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE, "allreduce", name);
+    free(name);
+    if (!s || ebb_compiler_step_set_slots(c, s, in, n, NULL, 0) != 0) {
+        free(in);
+        return -1;
+    }
+    s->pub.phase = EBB_PHASE_UPDATE;
+    /* per dtype, one after another: the buffer (when more than one gradient
+     * shares it), and libtorch's wrapping of the divisor, a Scalar: 8 bytes,
+     * and a copy in the dtype unless that is float64 */
+    int64_t cpu = 0, cuda = 0;
+    for (int k = 0; k < n; k++) {
+        ebb_dtype dt = p->values[in[k]].dtype;
+        int first = 1, count = 0;
+        int64_t bytes = 0;
+        for (int j = 0; j < n; j++) {
+            if (p->values[in[j]].dtype != dt)
+                continue;
+            first &= j >= k;
+            count++;
+            bytes += p->values[in[j]].nbytes;
+        }
+        if (!first)
+            continue; /* its dtype was counted at its first gradient */
+        int64_t wrap = 8 + (dt == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dt));
+        int64_t here = (count > 1 ? bytes : 0) + wrap;
+        int64_t here_cuda = count > 1 ? ebb_cuda_block(bytes) : 0;
+        cpu = here > cpu ? here : cpu;
+        cuda = here_cuda > cuda ? here_cuda : cuda;
+    }
+    free(in);
+    s->workspace = cpu;
+    s->workspace_cuda = cuda;
+    s->has_workspace_cuda = 1;
+    p->n_buckets++;
+    a->n_bucket = 0;
+    a->bucket_bytes = 0;
+    return 0;
+}
+
+/* data parallel: the parameters which[0..n) have their final gradients;
+ * they join the open bucket, which is averaged once it is full (force: now)
+ * and its parameters updated after (unless the updates wait for the
+ * backward's end). */
+static int bucket_add(ad *a, const int *which, int n, int force) {
+    ebb_plan *p = a->c->plan;
+    for (int k = 0; k < n; k++) {
+        int i = which[k], seen = 0;
+        if (a->pgrad[i] < 0 || !p->trained[i] || a->updated[i])
+            continue;
+        for (int j = 0; j < a->n_bucket; j++)
+            seen |= a->bucket[j] == i;
+        if (seen)
+            continue;
+        a->bucket[a->n_bucket++] = i;
+        a->bucket_bytes += p->values[a->pgrad[i]].nbytes;
+    }
+    int64_t cap = a->t->allreduce_bucket_bytes > 0 ? a->t->allreduce_bucket_bytes : 25 << 20;
+    if (a->n_bucket == 0 || (!force && a->bucket_bytes < cap))
+        return 0;
+    int m = a->n_bucket, *members = malloc((size_t)m * sizeof *members);
+    if (!members)
+        return ebb_compiler_oom(a->c);
+    memcpy(members, a->bucket, (size_t)m * sizeof *members);
+    int rc = emit_allreduce(a) != 0 ? -1 : force ? 0 : emit_updates(a, members, m);
+    free(members);
+    return rc;
+}
+
 /* After the backward step of forward step fi: the parameters it was the
  * first reader of have their final gradient now. Inside a routed region or
  * an unrolled loop the update waits for the end, where no skip can jump
@@ -1188,6 +1278,16 @@ static int updates_after_step(ad *a, int fi) {
     if (a->t->grads_only || a->t->updates_after_backward || a->t->clip_grad_norm > 0 ||
         a->t->loss_scaling || a->depth > 0 || a->n_loops > 0)
         return 0;
+    if (p->data_parallel > 1) {
+        /* a bucket of final gradients is averaged before their updates */
+        int which[EBB_MAX_PARAMS], n = 0;
+        for (int j = 0; j < p->steps[fi].n_params && n < EBB_MAX_PARAMS; j++) {
+            int i = p->steps[fi].param[j];
+            if (a->first_use[i] == fi && !(a->c->defer && a->c->defer[i]))
+                which[n++] = i;
+        }
+        return bucket_add(a, which, n, 0);
+    }
     int which[EBB_MAX_PARAMS], n = 0;
     for (int j = 0; j < p->steps[fi].n_params && n < EBB_MAX_PARAMS; j++) {
         int i = p->steps[fi].param[j];
@@ -1300,6 +1400,19 @@ static int finish(ad *a, int loss) {
         }
         return 0;
     }
+    /* data parallel: every gradient not averaged yet, in one last bucket
+     * (before loss scaling and clipping read them) */
+    if (p->data_parallel > 1) {
+        int *all = malloc(((size_t)p->n_params + 1) * sizeof *all);
+        if (!all)
+            return ebb_compiler_oom(c);
+        for (int i = 0; i < p->n_params; i++)
+            all[i] = i;
+        int rc = bucket_add(a, all, p->n_params, 1);
+        free(all);
+        if (rc != 0)
+            return -1;
+    }
     int unscale = -1;
     if (a->t->loss_scaling && emit_unscale(a, &unscale) != 0)
         return -1;
@@ -1345,6 +1458,16 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
                                      "scale from ebb_run_options.loss_scale, and the caller "
                                      "unscales (ebb_optimizer_unscale_)"));
     p->loss_scaling = t->loss_scaling != 0;
+    if (t->data_parallel < 0 || t->allreduce_bucket_bytes < 0)
+        return fail(c, ebb_error_set(EBB_ERR_ARG,
+                                     "data_parallel %d, allreduce_bucket_bytes %lld: a count of "
+                                     "ranks and a size (0: the defaults)",
+                                     t->data_parallel, (long long)t->allreduce_bucket_bytes));
+    if (t->data_parallel > 1 && t->grads_only)
+        return fail(c, ebb_error_set(EBB_ERR_ARG,
+                                     "data_parallel needs update steps; with grads_only the "
+                                     "caller averages the gradients (ebb_dist_allreduce_mean_)"));
+    p->data_parallel = t->grads_only ? 0 : t->data_parallel;
     const ebb_op *loss_op = NULL;
     const ebb_attr_value *loss_attrs = NULL;
     if (choose_loss(c, g, t, &loss_op, &loss_attrs) != 0)
@@ -1381,8 +1504,9 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
     a.copy = malloc((size_t)a.n_grad * sizeof *a.copy);
     a.first_use = malloc(((size_t)p->n_params + 1) * sizeof *a.first_use);
     a.updated = calloc((size_t)p->n_params + 1, 1);
+    a.bucket = malloc(((size_t)p->n_params + 1) * sizeof *a.bucket);
     if (!a.req || !a.grad || !a.pgrad || !a.regions || !a.loops || !a.copy || !a.first_use ||
-        !a.updated) {
+        !a.updated || !a.bucket) {
         ebb_compiler_oom(c);
         goto out;
     }
@@ -1532,5 +1656,6 @@ out:
     free(a.copy);
     free(a.first_use);
     free(a.updated);
+    free(a.bucket);
     return rc;
 }

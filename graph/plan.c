@@ -209,6 +209,17 @@ static void print_clip(const ebb_plan *p, FILE *f) {
                    "every gradient by it and skips the updates when one is not finite\n",
                 at);
     }
+    if (p->data_parallel > 1) {
+        int64_t most = 0;
+        for (int i = 0; i < p->n_steps; i++)
+            if (p->steps[i].pub.kind == EBB_STEP_ALLREDUCE && p->steps[i].workspace > most)
+                most = p->steps[i].workspace;
+        char mb[32];
+        ebb_bytes_str(most, mb, sizeof mb);
+        fprintf(f, "data parallel over %d ranks: %d all-reduce step%s average the gradients, "
+                   "each bucket's updates right after it; the largest bucket's buffer %s\n",
+                p->data_parallel, p->n_buckets, p->n_buckets == 1 ? "" : "s", mb);
+    }
     if (!(p->clip_grad_norm > 0) && !p->loss_scaling)
         return;
     char pb[32], ub[32], cb[32];

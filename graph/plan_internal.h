@@ -100,6 +100,8 @@ struct ebb_plan {
     int64_t unclipped_peak_bytes; /* clip_grad_norm or loss_scaling: the step's peak with the
                                      updates inside the backward (without either) */
     int loss_scaling;  /* ebb_train_options': the backward starts from the optimizer's scale */
+    int data_parallel; /* ebb_train_options': the ranks the gradients are averaged over */
+    int n_buckets;     /* its EBB_STEP_ALLREDUCE steps */
     /* graph/placement.c: updates moved to the backward's end because the
      * step's peak is lower so (per parameter), and the peak with every
      * update right after its gradient */

@@ -211,6 +211,9 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
                 "\"unclipped_peak_bytes\": %lld}",
                 p->clip_grad_norm, p->clip_grad_value, (long long)p->budget_peak_bytes,
                 (long long)(p->clip_grad_norm > 0 ? p->unclipped_peak_bytes : p->budget_peak_bytes));
+    if (p->data_parallel > 1)
+        fprintf(f, ",\n \"data_parallel\": {\"ranks\": %d, \"buckets\": %d}", p->data_parallel,
+                p->n_buckets);
     if (p->loss_scaling)
         fprintf(f,
                 ",\n \"loss_scaling\": {\"peak_bytes\": %lld, \"updates_in_backward_peak_bytes\": "

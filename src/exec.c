@@ -26,6 +26,7 @@ typedef struct run_ctx {
     ebb_shape *shapes;   /* per slot: the shape last stored there (backward's in_shapes) */
     unsigned char *written; /* per slot: stored this run (a branch's rows: the branch ran) */
     ebb_optimizer *opt;  /* the update steps' optimizer (ebb_train_step) */
+    ebb_dist *dist;      /* the all-reduce steps' group (data parallel) */
     ebb_tensor *one;     /* the loss's gradient with respect to itself */
     uint64_t seed;       /* dropout's masks: mixed with the step index */
     int64_t base;        /* allocator bytes that are not the plan's: grows with optimizer state */
@@ -437,6 +438,13 @@ static ebb_status unscale(run_ctx *r, const plan_step *s, int *jump) {
     return ebb_optimizer_unscale_(r->opt, r->args, s->pub.n_in, jump);
 }
 
+/* data parallel: a bucket of gradients, each its mean over the ranks */
+static ebb_status allreduce(run_ctx *r, const plan_step *s) {
+    for (int i = 0; i < s->pub.n_in; i++)
+        r->args[i] = r->slots[s->pub.in[i]];
+    return ebb_dist_allreduce_mean_(r->dist, r->args, s->pub.n_in);
+}
+
 /* ---- routed regions in the backward ---------------------------------------- */
 
 /* EXIT's backward: the branch's rows of the accumulator's gradient, weighted
@@ -607,6 +615,7 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
     case EBB_STEP_UPDATE: return update(r, s);
     case EBB_STEP_CLIP: return clip(r, s);
     case EBB_STEP_UNSCALE: return unscale(r, s, jump);
+    case EBB_STEP_ALLREDUCE: return allreduce(r, s);
     case EBB_STEP_ZEROS: return zeros(r, s);
     case EBB_STEP_SKIP:
         *jump = !r->written[ps->in[0]];
@@ -751,7 +760,15 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
         return ebb_error_prefix("ebb_run");
 
     /* one allocation holds the run's state: slots, scratch, counters, flags */
-    run_ctx r = {.plan = plan, .model = model, .opt = opt, .seed = opts ? opts->seed : 0};
+    if (plan->data_parallel > 1 &&
+        (!opts || ebb_dist_world_size(opts->dist) != plan->data_parallel))
+        return ebb_error_set(EBB_ERR_ARG,
+                             "ebb_run: plan %s averages its gradients over %d ranks; "
+                             "ebb_run_options.dist is %s",
+                             plan->name, plan->data_parallel,
+                             opts && opts->dist ? "a group of another size" : "NULL");
+    run_ctx r = {.plan = plan, .model = model, .opt = opt, .seed = opts ? opts->seed : 0,
+                 .dist = opts ? opts->dist : NULL};
     if (plan->training) {
         /* made before the baseline is taken: the run's figures are the plan's */
         ebb_shape scalar = {0};

@@ -251,11 +251,11 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
                                  .n_trained = n_trained,
                                  .no_decay = o->no_decay,
                                  .n_no_decay = o->n_no_decay,
-                                 /* accumulation and data parallel: the gradients,
-                                  * then one update */
-                                 .grads_only = o->accumulate > 1 || o->dist,
-                                 .loss_scaling = scaling_from(f, o) > 0 &&
-                                                 o->accumulate <= 1 && !o->dist};
+                                 /* accumulation: the gradients, then one update */
+                                 .grads_only = o->accumulate > 1,
+                                 .loss_scaling = scaling_from(f, o) > 0 && o->accumulate <= 1,
+                                 /* data parallel: buckets averaged in the backward */
+                                 .data_parallel = o->dist ? ebb_dist_world_size(o->dist) : 0};
         co.train = &to;
         co.memory_budget = o->memory_budget;
     }
@@ -1019,6 +1019,10 @@ static ebb_status check_options(const ebb_trainer_options *o) {
             return ebb_error_set(EBB_ERR_ARG, "--batch %lld is the global batch of %d ranks: "
                                               "it must be a multiple of %d",
                                  (long long)o->batch, w, w);
+        if (o->device.type != EBB_DEVICE_CPU)
+            return ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                 "data-parallel training runs on the CPU (Gloo); NCCL for CUDA "
+                                 "is not there yet: add --device cpu");
         if (o->accumulate > 1 || o->cuda_graph || o->skip_nonfinite)
             return ebb_error_set(EBB_ERR_UNSUPPORTED,
                                  "data-parallel training does not take %s yet",
@@ -1285,7 +1289,7 @@ static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
     t->shard_samples = t->s.samples / t->world;
     if (t->world > 1 && !(t->shard = malloc(sizeof *t->shard * (size_t)(t->shard_samples + 1))))
         return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-    if ((t->accum > 1 || o->dist) && (st = open_accumulation(t)) != EBB_OK) return st;
+    if (t->accum > 1 && (st = open_accumulation(t)) != EBB_OK) return st;
     if (o->dist && (st = broadcast_params(t)) != EBB_OK) return st;
     t->s.planned_peak_bytes = ebb_plan_device_peak_bytes(t->plan, o->device);
     t->s.loss_scale = t->scale_from > 0 ? ebb_optimizer_loss_scale(t->opt) : 0;
@@ -1545,12 +1549,12 @@ static int64_t micro_batch(const ebb_trainer *t, int64_t m, int64_t *at) {
     return t->shard_samples - *at < t->local_batch ? t->shard_samples - *at : t->local_batch;
 }
 
-/* The ranks' mean of this rank's gradients (in t->grads) and loss. */
-static ebb_status dist_mean(ebb_trainer *t, int np, double *loss) {
+/* data parallel: the ranks' mean of this rank's loss (the gradients were
+ * averaged inside the step, by its all-reduce steps) */
+static ebb_status dist_mean_loss(ebb_trainer *t, double *loss) {
     ebb_shape one = {1, {1}};
     ebb_tensor *l = NULL;
     ebb_status st = ebb_tensor_full(&l, &one, *loss, EBB_FLOAT64, ebb_device_cpu());
-    if (st == EBB_OK) st = ebb_dist_allreduce_mean_(t->o.dist, t->grads, np);
     if (st == EBB_OK) st = ebb_dist_allreduce_mean_(t->o.dist, &l, 1);
     if (st == EBB_OK) st = ebb_tensor_to_host(l, loss, sizeof *loss);
     ebb_tensor_free(l);
@@ -1598,11 +1602,9 @@ static ebb_status accumulate_step(ebb_trainer *t, int64_t first, int64_t n, int6
         if (k == 0 || ms.measured_peak_bytes > stats->measured_peak_bytes || ms.over_step >= 0)
             *stats = ms;
     }
-    /* data parallel: every rank's gradients and loss become the ranks' mean */
+    /* unscaling and clipping, as between the last backward() and step() */
     for (int i = 0; i < np; i++)
         t->grads[i] = t->got[i] ? t->acc[i] : NULL;
-    if (st == EBB_OK && o->dist) st = dist_mean(t, np, loss);
-    /* unscaling and clipping, as between the last backward() and step() */
     int overflow = 0;
     if (st == EBB_OK && t->scale_from > 0)
         st = ebb_optimizer_unscale_(t->opt, t->grads, np, &overflow);
@@ -1631,7 +1633,7 @@ static ebb_status whole_step(ebb_trainer *t, int64_t at, int64_t cnt, int graphe
                              const ebb_run_options *ro, double *loss, ebb_run_stats *stats) {
     const ebb_trainer_options *o = &t->o;
     ebb_tensor **in = t->ts, **tg = t->ts + t->f.n_in;
-    ebb_status st = make_batch(&t->f, t->train, t->order + at, cnt, o->device, t->ts);
+    ebb_status st = make_batch(&t->f, t->train, t->shard + at, cnt, o->device, t->ts);
     if (st == EBB_OK && graphed && !t->cap)
         st = ebb_train_capture(&t->cap, t->plan, t->m, t->opt, in, tg, o->seed);
     if (st == EBB_OK && graphed) {
@@ -1640,6 +1642,7 @@ static ebb_status whole_step(ebb_trainer *t, int64_t at, int64_t cnt, int graphe
     } else if (st == EBB_OK) {
         st = ebb_train_step_ex(t->plan, t->m, t->opt, in, tg, loss, ro, stats);
     }
+    if (st == EBB_OK && o->dist) st = dist_mean_loss(t, loss);
     return st;
 }
 
@@ -1649,9 +1652,10 @@ static ebb_status run_step(ebb_trainer *t, ebb_train_event *ev, ebb_run_stats *s
     const ebb_trainer_options *o = &t->o;
     int64_t per = t->s.steps_per_epoch, e = t->s.step / per, first = t->s.step % per * t->accum;
     int64_t n_micro = t->micro_per_epoch - first < t->accum ? t->micro_per_epoch - first : t->accum;
-    int64_t at = first * o->batch, cnt = 0, unused;
+    /* `at`: the first of the step's samples in this rank's share */
+    int64_t at = 0, cnt = 0, unused;
     for (int64_t k = 0; k < n_micro; k++)
-        cnt += micro_batch(t, first + k, &unused);
+        cnt += micro_batch(t, first + k, k ? &unused : &at);
     int traced = o->trace && t->s.step + 1 == t->trace_at;
     int graphed = o->cuda_graph && !traced && cnt == o->batch;
     double loss = NAN;
@@ -1663,11 +1667,13 @@ static ebb_status run_step(ebb_trainer *t, ebb_train_event *ev, ebb_run_stats *s
             t->shard[j] = t->order[j * t->world + t->rank];
         t->shuffled_epoch = e;
     }
-    ebb_run_options ro = {
-        .seed = o->seed, .trace = traced ? o->trace : NULL, .trace_user = o->trace_user};
+    ebb_run_options ro = {.seed = o->seed,
+                          .trace = traced ? o->trace : NULL,
+                          .trace_user = o->trace_user,
+                          .dist = o->dist};
     int64_t overflows = ebb_optimizer_scaled_skips(t->opt);
     ebb_status st = o->skip_nonfinite ? state_copy(&t->undo, t->m, t->opt) : EBB_OK;
-    if (st == EBB_OK && (t->accum > 1 || o->dist))
+    if (st == EBB_OK && t->accum > 1)
         st = accumulate_step(t, first, n_micro, cnt, traced, &loss, stats);
     else if (st == EBB_OK)
         st = whole_step(t, at, cnt, graphed, &ro, &loss, stats);

@@ -113,6 +113,93 @@ static int child_survivor(ebb_dist *d, int rank, int world, int timeout_ms) {
     return 0;
 }
 
+/* A data-parallel training plan (ebb_train_options.data_parallel): buckets
+ * of 4 KiB make several all-reduce steps, each followed by its parameters'
+ * updates inside the backward; two AdamW steps run as planned (the second
+ * to the byte), and every rank ends with the same parameters. */
+static int child_plan(ebb_dist *d, int rank, int world) {
+    ebb_spec *s = NULL;
+    if (ebb_spec_load(&s, EBB_SOURCE_DIR "/specs/mlp.yaml") != EBB_OK)
+        CHILD_FAIL("spec: %s", ebb_errmsg());
+    ebb_shape xs = {2, {8, 64}}, ys = {1, {8}};
+    ebb_dtype yd = EBB_INT64;
+    ebb_train_options t = {.target_shapes = &ys, .n_target_shapes = 1, .target_dtypes = &yd,
+                           .optimizer = {.kind = EBB_ADAMW, .lr = 1e-2},
+                           .data_parallel = world, .allreduce_bucket_bytes = 4096};
+    ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
+    ebb_plan *p = NULL;
+    ebb_model *m = NULL;
+    ebb_optimizer *opt = NULL;
+    ebb_tensor *x = NULL, *y = NULL;
+    int rc = 0, buckets = 0, seen = 0, inside = 0;
+    if (ebb_spec_compile(&p, s, &o) != EBB_OK) {
+        fprintf(stderr, "[rank %d] compile: %s\n", rank, ebb_errmsg());
+        ebb_spec_free(s);
+        return 1;
+    }
+    for (int k = 0; k < ebb_plan_step_count(p); k++) {
+        const ebb_plan_step *st = ebb_plan_step_at(p, k);
+        buckets += st->kind == EBB_STEP_ALLREDUCE;
+        seen |= st->kind == EBB_STEP_ALLREDUCE;
+        inside |= seen && st->kind == EBB_STEP_UPDATE && k + 1 < ebb_plan_step_count(p) &&
+                  ebb_plan_step_at(p, k + 1)->phase == EBB_PHASE_BACKWARD;
+    }
+    if (buckets < 2 || !inside || !ebb_plan_updates_in_backward(p))
+        rc = fprintf(stderr, "[rank %d] %d buckets, updates inside the backward %d\n", rank,
+                     buckets, inside);
+    /* each rank its own batch, the same initial weights (seed 1) */
+    if (!rc && (ebb_model_new(&m, p, ebb_device_cpu(), 1) != EBB_OK ||
+                ebb_optimizer_new(&opt, m, &t.optimizer) != EBB_OK ||
+                ebb_tensor_randn(&x, &xs, EBB_FLOAT32, ebb_device_cpu(), 10 + (uint64_t)rank) !=
+                    EBB_OK ||
+                ebb_tensor_zeros(&y, &ys, EBB_INT64, ebb_device_cpu()) != EBB_OK))
+        rc = fprintf(stderr, "[rank %d] setup: %s\n", rank, ebb_errmsg());
+    ebb_run_options ro = {.dist = d};
+    for (int step = 0; !rc && step < 2; step++) {
+        ebb_run_stats st = {0};
+        double loss = 0;
+        if (ebb_train_step_ex(p, m, opt, &x, &y, &loss, &ro, &st) != EBB_OK)
+            rc = fprintf(stderr, "[rank %d] step %d: %s\n", rank, step, ebb_errmsg());
+        else if (step ? st.measured_peak_bytes != st.planned_peak_bytes
+                      : st.measured_peak_bytes > st.planned_peak_bytes)
+            rc = fprintf(stderr, "[rank %d] step %d measured %lld, planned %lld\n", rank, step,
+                         (long long)st.measured_peak_bytes, (long long)st.planned_peak_bytes);
+    }
+    /* the same parameters everywhere: each equals the ranks' mean of it */
+    for (int i = 0; !rc && i < ebb_model_param_count(m); i++) {
+        ebb_tensor *mine = ebb_model_param(m, ebb_model_param_name(m, i)), *mean = NULL;
+        ebb_shape sh = ebb_tensor_shape(mine);
+        size_t n = (size_t)ebb_shape_numel(&sh);
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        if (!a || !b || ebb_tensor_clone(&mean, mine) != EBB_OK ||
+            ebb_dist_allreduce_mean_(d, &mean, 1) != EBB_OK ||
+            ebb_tensor_to_host(mine, a, n * sizeof *a) != EBB_OK ||
+            ebb_tensor_to_host(mean, b, n * sizeof *b) != EBB_OK)
+            rc = fprintf(stderr, "[rank %d] compare: %s\n", rank, ebb_errmsg());
+        for (size_t j = 0; !rc && j < n; j++)
+            if (fabsf(a[j] - b[j]) > 1e-6f * (1.0f + fabsf(a[j])))
+                rc = fprintf(stderr, "[rank %d] %s[%zu] is %g here, %g on average\n", rank,
+                             ebb_model_param_name(m, i), j, a[j], b[j]);
+        free(a);
+        free(b);
+        ebb_tensor_free(mean);
+    }
+    /* without its group the plan refuses to run */
+    if (!rc) {
+        double loss = 0;
+        if (ebb_train_step(p, m, opt, &x, &y, &loss, NULL) != EBB_ERR_ARG ||
+            !strstr(ebb_errmsg(), "averages its gradients over"))
+            rc = fprintf(stderr, "[rank %d] ran without its group: %s\n", rank, ebb_errmsg());
+    }
+    ebb_tensor_free(x);
+    ebb_tensor_free(y);
+    ebb_optimizer_free(opt);
+    ebb_model_free(m);
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+    return rc != 0;
+}
+
 static int child_main(int argc, char **argv) {
     if (argc != 7)
         return 2;
@@ -143,6 +230,8 @@ static int child_main(int argc, char **argv) {
     int rc = 0;
     if (!strcmp(scenario, "collectives")) {
         rc = child_collectives(d, rank, world);
+    } else if (!strcmp(scenario, "plan")) {
+        rc = child_plan(d, rank, world);
     } else if (!strcmp(scenario, "killed") || !strcmp(scenario, "hanging")) {
         if (rank == world - 1) {
             if (!strcmp(scenario, "killed"))
@@ -217,6 +306,11 @@ static void collectives_2_ranks(void **state) {
 static void collectives_4_ranks(void **state) {
     (void)state;
     assert_int_equal(run_ranks("collectives", 4, 0, 4, 10000, 90, NULL), 4);
+}
+
+static void training_plan_averages_in_buckets(void **state) {
+    (void)state;
+    assert_int_equal(run_ranks("plan", 2, 0, 2, 10000, 60, NULL), 2);
 }
 
 /* rank 1 of 2 is killed after joining: rank 0's collective fails at once */
@@ -297,6 +391,7 @@ int main(int argc, char **argv) {
         EBB_TEST(options_checked),
         EBB_TEST(collectives_2_ranks),
         EBB_TEST(collectives_4_ranks),
+        EBB_TEST(training_plan_averages_in_buckets),
         EBB_TEST(killed_rank_fails_the_others),
         EBB_TEST(hanging_rank_times_out),
         EBB_TEST(unreachable_rendezvous),

@@ -906,7 +906,16 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
     if (st == EBB_OK) st = ebb_trainer_run(t);
     if (st == EBB_OK) st = ebb_trainer_checkpoint(t, NULL);
     if (st == EBB_OK) st = ebb_trainer_save_weights(t, out);
-    if (st == EBB_OK && ebb_trainer_get_stats(t).step != 6) st = EBB_ERR_RUNTIME;
+    /* every rank's steps ran as planned, to the byte: the all-reduce
+     * steps' buffers included */
+    ebb_trainer_stats ts = ebb_trainer_get_stats(t);
+    if (st == EBB_OK && (ts.step != 6 || ts.over_plan != 0 ||
+                         ts.measured_peak_bytes != ts.planned_peak_bytes)) {
+        fprintf(stderr, "[rank %d] %lld steps, %lld over their plan, peak %lld planned %lld\n",
+                rank, (long long)ts.step, (long long)ts.over_plan,
+                (long long)ts.measured_peak_bytes, (long long)ts.planned_peak_bytes);
+        st = EBB_ERR_RUNTIME;
+    }
     if (st != EBB_OK) fprintf(stderr, "[rank %d] %s\n", rank, ebb_errmsg());
     ebb_trainer_free(t);
     ebb_spec_free(spec);

@@ -107,6 +107,18 @@ typedef struct ebb_train_options {
      * set ebb_run_options.loss_scale and call ebb_optimizer_unscale_()
      * instead. */
     int loss_scaling;
+    /* Data parallel (ebb/dist.h): > 1, the step is one rank's of a group of
+     * this many processes, and each gradient is averaged over the ranks
+     * before its update. The gradients are gathered into buckets in the
+     * order they become final; a bucket is averaged (an EBB_STEP_ALLREDUCE
+     * step, one collective) once it holds allreduce_bucket_bytes, or at the
+     * backward's end, and its parameters are updated right after, so the
+     * updates of a large model still run inside the backward. The bucket's
+     * buffer (its gradients laid end to end) is the step's scratch.
+     * ebb_train_step() then needs ebb_run_options.dist. 0 or 1: one process. */
+    int data_parallel;
+    /* A bucket's size (DDP's bucket_cap_mb); 0: 25 MiB. */
+    int64_t allreduce_bucket_bytes;
 } ebb_train_options;
 
 /* Mixed precision (ebb_compile_options.precision), after torch.autocast:
@@ -197,6 +209,8 @@ typedef enum ebb_step_kind {
                            clip_grad_norm (ebb_train_options) */
     EBB_STEP_UNSCALE,   /* (every gradient): divided by the loss scale in place; jumps past
                            the updates when one is not finite (ebb_train_options.loss_scaling) */
+    EBB_STEP_ALLREDUCE, /* (a bucket of gradients): each becomes its mean over the ranks, in
+                           place (ebb_train_options.data_parallel) */
 } ebb_step_kind;
 
 /* Which part of a training step a step belongs to (inference: all forward). */

@@ -18,6 +18,7 @@
 #ifndef EBB_RUN_H
 #define EBB_RUN_H
 
+#include "dist.h"
 #include "plan.h"
 
 #ifdef __cplusplus
@@ -162,6 +163,10 @@ typedef struct ebb_run_options {
      * (loss * loss_scale).backward() in PyTorch (gradient accumulation's
      * 1/N, a loss scaler's factor); the loss read back is not scaled. */
     double loss_scale;
+    /* training plans compiled with ebb_train_options.data_parallel: the
+     * group their all-reduce steps average over (its world size must be the
+     * plan's); NULL for other plans. */
+    ebb_dist *dist;
 } ebb_run_options;
 
 /* Runs the plan. `inputs` holds one tensor per graph input (borrowed; never

@@ -229,10 +229,11 @@ typedef struct ebb_trainer_options {
      * epoch's order (the same on every rank) is dealt out as
      * DistributedSampler deals it, sample i to rank i % world_size, so the
      * ranks' shares of a step make up the batch one process would take.
-     * Each rank computes its share's gradients (the gradient plan, as
-     * `accumulate` runs it), they are averaged over the ranks, and every rank
-     * makes the same update: the weights one process would reach, to the
-     * order of the sums. Each epoch's last partial batch is dropped (as
+     * The training plan is compiled with ebb_train_options.data_parallel:
+     * each rank computes its share's gradients, bucket by bucket they are
+     * averaged over the ranks inside the backward, and every rank makes the
+     * same updates: the weights one process would reach, to the order of
+     * the sums. CPU only (Gloo). Each epoch's last partial batch is dropped (as
      * drop_last). Rank 0's weights are broadcast at open; batch_norm's running
      * statistics stay each rank's own (DDP's broadcast_buffers=False). Only
      * rank 0 writes checkpoints and weights (the others' calls return

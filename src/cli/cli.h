@@ -75,6 +75,7 @@ enum {
     OPT_BATCH,
     OPT_PRECISION,
     OPT_LOSS_SCALE,
+    OPT_DATA_PARALLEL,
 };
 
 /* --batch B: -i SYMBOL=B for the spec's batch, as ebb train takes it */
@@ -94,7 +95,8 @@ enum {
         {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},                             \
         {"clip-grad-norm", required_argument, NULL, OPT_CLIP_GRAD_NORM},                           \
         {"clip-grad-value", required_argument, NULL, OPT_CLIP_GRAD_VALUE},                         \
-        {"loss-scale", required_argument, NULL, OPT_LOSS_SCALE}, {                                 \
+        {"loss-scale", required_argument, NULL, OPT_LOSS_SCALE},                                   \
+        {"data-parallel", required_argument, NULL, OPT_DATA_PARALLEL}, {                           \
         "no-decay", required_argument, NULL, OPT_NO_DECAY                                          \
     }
 #define CLIP_HELP                                                                                  \
@@ -107,7 +109,9 @@ enum {
     "                     without weight decay ('*.bias'; repeatable)\n"                        \
     "  --loss-scale S     with --train: plan dynamic loss scaling (GradScaler's unscale\n"      \
     "                     step, the updates after the backward); `none`: without it\n"        \
-    "                     (default: with --precision fp16, as ebb train)\n"
+    "                     (default: with --precision fp16, as ebb train)\n"                   \
+    "  --data-parallel N  with --train: one rank's step of N (ebb train --nproc N): the\n"      \
+    "                     gradients averaged in all-reduce steps, bucket by bucket\n"
 
 #define COMMON_OPTIONS                                                                             \
     {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, OPT_COMPLETION }
@@ -137,6 +141,7 @@ typedef struct options {
     int64_t memory_budget; /* 0: none */
     double clip_norm, clip_value; /* --clip-grad-norm, --clip-grad-value; 0: none */
     double loss_scale;            /* --loss-scale: > 0 on, -1 none, 0 on with fp16 */
+    int data_parallel;            /* --data-parallel N: ranks (0: one process) */
     const char *no_decay[16];     /* --no-decay PATTERN */
     int n_no_decay;
     uint64_t batch;               /* --batch; 0: not given */

@@ -313,6 +313,15 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
             *(opt == OPT_CLIP_GRAD_NORM ? &o->clip_norm : &o->clip_value) = v;
             break;
         }
+        case OPT_DATA_PARALLEL: {
+            char *end = NULL;
+            long v = strtol(val, &end, 10);
+            if (end == val || *end || v < 1 || v > 4096)
+                return ebb_cli_usage_error(usage, "--data-parallel %s: expected 1 to 4096 ranks",
+                                           val);
+            o->data_parallel = (int)v;
+            break;
+        }
         case OPT_LOSS_SCALE: {
             char *end = NULL;
             double v = strcmp(val, "none") == 0 ? -1 : strtod(val, &end);
@@ -406,11 +415,11 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
         return ebb_cli_usage_error(usage, "%s", "missing SPEC");
     if (o->non_strict && !o->weights)
         return ebb_cli_usage_error(usage, "%s", "--non-strict applies to --weights, which is not given");
-    if ((o->clip_norm > 0 || o->clip_value > 0 || o->loss_scale != 0) &&
+    if ((o->clip_norm > 0 || o->clip_value > 0 || o->loss_scale != 0 || o->data_parallel) &&
         (!o->train || o->grads_only))
         return ebb_cli_usage_error(usage, "%s",
-                                   "--clip-grad-norm, --clip-grad-value and --loss-scale apply to "
-                                   "--train (a step with updates)");
+                                   "--clip-grad-norm, --clip-grad-value, --loss-scale and "
+                                   "--data-parallel apply to --train (a step with updates)");
     if ((o->loss || o->optimizer || o->grads_only) && !o->train && strcmp(c->name, "grad") != 0)
         return ebb_cli_usage_error(usage, "%s",
                            "--loss, --optimizer and --grads-only apply to --train, which is not "
@@ -870,6 +879,7 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
                              .n_no_decay = o->n_no_decay};
     /* as ebb train: on with fp16 unless --loss-scale none */
     ebb_precision pr = o->precision ? o->precision : ebb_spec_precision(s);
+    t->data_parallel = o->data_parallel;
     t->loss_scaling = !o->grads_only && (o->loss_scale > 0 ||
                                          (o->loss_scale == 0 && pr == EBB_PRECISION_FP16));
     t->optimizer.kind = EBB_ADAMW;
