@@ -1298,65 +1298,59 @@ static int updates_after_step(ad *a, int fi) {
     return emit_updates(a, which, n);
 }
 
+/* A step after the backward that reads every trained parameter's gradient
+ * (in place): its index, or -1 when no gradient exists (nothing to emit),
+ * -2 on error. */
+static int gradients_step(ad *a, ebb_step_kind kind, const char *op) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    int *in = malloc(((size_t)p->n_params + 1) * sizeof *in), n = 0;
+    if (!in) {
+        ebb_compiler_oom(c);
+        return -2;
+    }
+    for (int i = 0; i < p->n_params; i++)
+        if (p->trained[i] && a->pgrad[i] >= 0)
+            in[n++] = a->pgrad[i];
+    plan_step *s = n ? ebb_compiler_step_new(c, kind, op, "gradients") : NULL;
+    int at = n == 0 ? -1 : s && ebb_compiler_step_set_slots(c, s, in, n, NULL, 0) == 0
+                               ? ebb_compiler_step_index(c, s)
+                               : -2;
+    if (at >= 0)
+        p->steps[at].pub.phase = EBB_PHASE_UPDATE;
+    free(in);
+    return at;
+}
+
 /* clip_grad_norm: one step after the backward reads every gradient and
  * scales them in place. Its scratch, as ebb_tensor_clip_grad_norm_()
  * allocates it: a norm per gradient, their stack, the total, then the
  * factor (one element each in the gradients' dtype). */
 static int emit_clip(ad *a) {
-    compiler *c = a->c;
-    ebb_plan *p = c->plan;
-    int *in = malloc(((size_t)p->n_params + 1) * sizeof *in), n = 0;
-    if (!in)
-        return ebb_compiler_oom(c);
-    for (int i = 0; i < p->n_params; i++)
-        if (p->trained[i] && a->pgrad[i] >= 0)
-            in[n++] = a->pgrad[i];
-    if (n == 0) {
-        free(in);
-        return 0;
-    }
-    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_CLIP, "clip_grad_norm", "gradients");
-    int rc = s && ebb_compiler_step_set_slots(c, s, in, n, NULL, 0) == 0 ? 0 : -1;
-    if (rc == 0) {
-        int64_t e = (int64_t)ebb_dtype_size(p->values[in[0]].dtype);
-        s->pub.phase = EBB_PHASE_UPDATE;
-        s->workspace = 2 * n * e + e;
-        s->workspace_cuda = n * ebb_cuda_block(e) + ebb_cuda_block(n * e) + ebb_cuda_block(e);
-        s->has_workspace_cuda = 1;
-    }
-    free(in);
-    return rc;
+    int at = gradients_step(a, EBB_STEP_CLIP, "clip_grad_norm");
+    if (at < 0)
+        return at == -1 ? 0 : -1;
+    plan_step *s = &a->c->plan->steps[at];
+    int64_t n = s->pub.n_in, e = (int64_t)ebb_dtype_size(a->c->plan->values[s->pub.in[0]].dtype);
+    s->workspace = 2 * n * e + e;
+    s->workspace_cuda = n * ebb_cuda_block(e) + ebb_cuda_block(n * e) + ebb_cuda_block(e);
+    s->has_workspace_cuda = 1;
+    return 0;
 }
 
 /* loss_scaling: one step after the backward divides every gradient by the
  * scale and jumps past the updates when one is not finite (its target is
  * set once they are emitted). Its scratch is ebb_tensor_unscale_()'s. */
 static int emit_unscale(ad *a, int *at) {
-    compiler *c = a->c;
-    ebb_plan *p = c->plan;
-    int *in = malloc(((size_t)p->n_params + 1) * sizeof *in), n = 0;
-    if (!in)
-        return ebb_compiler_oom(c);
-    for (int i = 0; i < p->n_params; i++)
-        if (p->trained[i] && a->pgrad[i] >= 0)
-            in[n++] = a->pgrad[i];
-    *at = -1;
-    if (n == 0) {
-        free(in);
-        return 0;
-    }
-    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_UNSCALE, "unscale", "gradients");
-    int rc = s && ebb_compiler_step_set_slots(c, s, in, n, NULL, 0) == 0 ? 0 : -1;
-    if (rc == 0) {
-        ebb_dtype dt = p->values[in[0]].dtype;
-        s->pub.phase = EBB_PHASE_UPDATE;
-        s->workspace = ebb_tensor_unscale_scratch(dt, ebb_device_cpu());
-        s->workspace_cuda = ebb_tensor_unscale_scratch(dt, (ebb_device){EBB_DEVICE_CUDA, 0});
-        s->has_workspace_cuda = 1;
-        *at = (int)(s - p->steps);
-    }
-    free(in);
-    return rc;
+    *at = gradients_step(a, EBB_STEP_UNSCALE, "unscale");
+    if (*at < 0)
+        return *at == -1 ? 0 : -1;
+    plan_step *s = &a->c->plan->steps[*at];
+    ebb_dtype dt = a->c->plan->values[s->pub.in[0]].dtype;
+    s->workspace = ebb_tensor_unscale_scratch(dt, ebb_device_cpu());
+    s->workspace_cuda = ebb_tensor_unscale_scratch(dt, (ebb_device){EBB_DEVICE_CUDA, 0});
+    s->has_workspace_cuda = 1;
+    return 0;
 }
 
 static int finish(ad *a, int loss) {

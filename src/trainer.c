@@ -1252,6 +1252,71 @@ static ebb_status broadcast_params(ebb_trainer *t) {
     return st;
 }
 
+/* Data parallel: every rank must train the same plan with the same options
+ * on the same data, or their gradients mean nothing together. Rank 0's
+ * description is sent to every rank, each compares it with its own, and
+ * then every rank learns whether any differed, so that all of them refuse
+ * together (the one that differs naming what), before anything is trained. */
+#define RUN_TEXT 1024
+static ebb_status check_same_run(ebb_trainer *t) {
+    const ebb_trainer_options *o = &t->o;
+    int64_t numel = 0;
+    for (int i = 0; i < ebb_model_param_count(t->m); i++)
+        numel += ebb_tensor_numel(ebb_model_param(t->m, ebb_model_param_name(t->m, i)));
+    char mine[RUN_TEXT] = "", theirs[RUN_TEXT] = "";
+    snprintf(mine, sizeof mine,
+             "plan %s:%d-steps:%d-parameters:%lld-values batch %lld block %lld epochs %lld "
+             "steps %lld seed %llu shuffle %d samples %lld optimizer %s lr %.17g "
+             "weight-decay %.17g momentum %.17g precision %s loss-scale %.17g clip-grad-norm "
+             "%.17g clip-grad-value %.17g",
+             ebb_plan_name(t->plan), ebb_plan_step_count(t->plan),
+             ebb_model_param_count(t->m), (long long)numel, (long long)o->batch,
+             (long long)o->block, (long long)o->epochs, (long long)o->steps,
+             (unsigned long long)o->seed, o->shuffle, (long long)t->s.samples,
+             ebb_optimizer_kind_name(o->optimizer.kind), o->optimizer.lr,
+             o->optimizer.weight_decay, o->optimizer.momentum, ebb_precision_name(o->precision),
+             o->loss_scale, o->clip_grad_norm, o->clip_grad_value);
+    ebb_shape sh = {1, {RUN_TEXT}};
+    ebb_tensor *text = NULL, *bad = NULL;
+    ebb_status st = ebb_tensor_from_host(&text, mine, sizeof mine, &sh, EBB_UINT8,
+                                         ebb_device_cpu());
+    if (st == EBB_OK) st = ebb_dist_broadcast_(o->dist, &text, 1, 0);
+    if (st == EBB_OK) st = ebb_tensor_to_host(text, theirs, sizeof theirs);
+    theirs[RUN_TEXT - 1] = '\0';
+    /* the first word that differs, with the name before it */
+    char why[512] = "";
+    const char *a = mine, *b = theirs, *prev = "";
+    size_t prev_len = 0;
+    while (st == EBB_OK && *a && *b) {
+        size_t la = strcspn(a, " "), lb = strcspn(b, " ");
+        if (la != lb || strncmp(a, b, la) != 0) {
+            snprintf(why, sizeof why, "%.*s %.*s here, %.*s on rank 0", (int)prev_len, prev,
+                     (int)la, a, (int)lb, b);
+            break;
+        }
+        prev = a;
+        prev_len = la;
+        for (a += la; *a == ' '; a++) continue;
+        for (b += lb; *b == ' '; b++) continue;
+    }
+    if (st == EBB_OK && !why[0] && (*a || *b)) snprintf(why, sizeof why, "a longer description");
+    double differs = why[0] ? 1.0 : 0.0;
+    ebb_shape one = {1, {1}};
+    if (st == EBB_OK) st = ebb_tensor_full(&bad, &one, differs, EBB_FLOAT64, ebb_device_cpu());
+    if (st == EBB_OK) st = ebb_dist_allreduce_mean_(o->dist, &bad, 1);
+    if (st == EBB_OK) st = ebb_tensor_to_host(bad, &differs, sizeof differs);
+    ebb_tensor_free(text);
+    ebb_tensor_free(bad);
+    if (st != EBB_OK) return st;
+    if (why[0])
+        return ebb_error_set(EBB_ERR_ARG, "rank %d of %d is not training what rank 0 is: %s",
+                             t->rank, t->world, why);
+    if (differs > 0)
+        return ebb_error_set(EBB_ERR_ARG, "rank %d of %d: another rank is not training what rank "
+                             "0 is (its error says what differs)", t->rank, t->world);
+    return EBB_OK;
+}
+
 static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
     ebb_trainer_options *o = &t->o;
     ebb_status st = check_options(o);
@@ -1290,7 +1355,8 @@ static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
     if (t->world > 1 && !(t->shard = malloc(sizeof *t->shard * (size_t)(t->shard_samples + 1))))
         return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
     if (t->accum > 1 && (st = open_accumulation(t)) != EBB_OK) return st;
-    if (o->dist && (st = broadcast_params(t)) != EBB_OK) return st;
+    if (o->dist && ((st = check_same_run(t)) != EBB_OK || (st = broadcast_params(t)) != EBB_OK))
+        return st;
     t->s.planned_peak_bytes = ebb_plan_device_peak_bytes(t->plan, o->device);
     t->s.loss_scale = t->scale_from > 0 ? ebb_optimizer_loss_scale(t->opt) : 0;
     t->s.first_skip_why = t->skip_why;

@@ -902,6 +902,20 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
     if (st == EBB_OK) st = ebb_spec_load_string(&spec, SPEC, sizeof SPEC - 1, "trainer.yaml");
     o.dist = d;
     o.checkpoint = ckpt;
+    /* a rank with other options: every rank refuses at open, that one
+     * naming the difference */
+    int mismatch = getenv("EBB_TEST_DP_MISMATCH") != NULL;
+    if (mismatch && rank == 1) o.optimizer.lr = 0.25;
+    if (st == EBB_OK && mismatch) {
+        st = ebb_trainer_open(&t, spec, &o);
+        const char *want = rank == 1 ? "is not training what rank 0 is: lr 0.25 here, 0.5 on rank 0"
+                                     : "another rank is not training what rank 0 is";
+        int ok = st == EBB_ERR_ARG && strstr(ebb_errmsg(), want) && !t;
+        if (!ok) fprintf(stderr, "[rank %d] %s: %s\n", rank, ebb_status_name(st), ebb_errmsg());
+        ebb_spec_free(spec);
+        ebb_dist_free(d);
+        return ok && ebb_tensor_live_count() == 0 ? 0 : 1;
+    }
     if (st == EBB_OK) st = ebb_trainer_open(&t, spec, &o);
     if (st == EBB_OK) st = ebb_trainer_run(t);
     if (st == EBB_OK) st = ebb_trainer_checkpoint(t, NULL);
@@ -1019,7 +1033,11 @@ static void test_data_parallel(void **state) {
         unlink(out);
         unlink(ckpt);
     }
-    /* a global batch the ranks cannot share evenly */
+    /* ranks that do not train the same thing refuse together */
+    setenv("EBB_TEST_DP_MISMATCH", "1", 1);
+    assert_int_equal(dp_run(2, "/nonexistent/w", "/nonexistent/c"), 2);
+    unsetenv("EBB_TEST_DP_MISMATCH");
+    /* what data parallel does not take yet */
     ebb_dist *d = NULL;
     ebb_dist_options one_rank = {.world_size = 1, .master_port = free_port(), .timeout_ms = 5000};
     assert_int_equal(ebb_dist_open(&d, &one_rank), EBB_OK);

@@ -233,7 +233,10 @@ typedef struct ebb_trainer_options {
      * each rank computes its share's gradients, bucket by bucket they are
      * averaged over the ranks inside the backward, and every rank makes the
      * same updates: the weights one process would reach, to the order of
-     * the sums. CPU only (Gloo). Each epoch's last partial batch is dropped (as
+     * the sums. CPU only (Gloo). Every rank must train the same plan with
+     * the same options on data of the same size: at open each compares its
+     * own with rank 0's, and all refuse together (EBB_ERR_ARG), the rank
+     * that differs naming what ("lr 0.25 here, 0.5 on rank 0"). Each epoch's last partial batch is dropped (as
      * drop_last). Rank 0's weights are broadcast at open; batch_norm's running
      * statistics stay each rank's own (DDP's broadcast_buffers=False). Only
      * rank 0 writes checkpoints and weights (the others' calls return
