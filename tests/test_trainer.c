@@ -905,6 +905,8 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
     /* a rank with other options: every rank refuses at open, that one
      * naming the difference */
     int mismatch = getenv("EBB_TEST_DP_MISMATCH") != NULL;
+    int half = getenv("EBB_TEST_DP_HALF") != NULL; /* one epoch of the two */
+    if (half) o.epochs = 1;
     if (mismatch && rank == 1) o.optimizer.lr = 0.25;
     if (st == EBB_OK && mismatch) {
         st = ebb_trainer_open(&t, spec, &o);
@@ -923,7 +925,7 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
     /* every rank's steps ran as planned, to the byte: the all-reduce
      * steps' buffers included */
     ebb_trainer_stats ts = ebb_trainer_get_stats(t);
-    if (st == EBB_OK && (ts.step != 6 || ts.over_plan != 0 ||
+    if (st == EBB_OK && (ts.step != (half ? 3 : 6) || ts.over_plan != 0 ||
                          ts.measured_peak_bytes != ts.planned_peak_bytes)) {
         fprintf(stderr, "[rank %d] %lld steps, %lld over their plan, peak %lld planned %lld\n",
                 rank, (long long)ts.step, (long long)ts.over_plan,
@@ -1033,6 +1035,35 @@ static void test_data_parallel(void **state) {
         unlink(out);
         unlink(ckpt);
     }
+    /* the first epoch in 2 ranks, checkpointed by rank 0, resumed in one
+     * process: the weights of the straight single run */
+    char ckpt[320], half_w[320];
+    snprintf(ckpt, sizeof ckpt, "%s/dp_half_ckpt.safetensors", dir);
+    snprintf(half_w, sizeof half_w, "%s/dp_half.safetensors", dir);
+    setenv("EBB_TEST_DP_HALF", "1", 1);
+    assert_int_equal(dp_run(2, half_w, ckpt), 2);
+    unlink(half_w);
+    unsetenv("EBB_TEST_DP_HALF");
+    spec = load_spec();
+    o = dp_options();
+    o.resume = ckpt;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("resumed in one process: %s", ebb_errmsg());
+    float resumed[F * F + F];
+    weights_of(t, resumed);
+    assert_int_equal(ebb_trainer_get_stats(t).step, 6);
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+    double worst = 0, top = 0;
+    for (int i = 0; i < F * F + F; i++) {
+        worst = fmax(worst, fabs((double)resumed[i] - (double)one[i]));
+        top = fmax(top, fabs((double)one[i]));
+    }
+    printf("[ dp       ] 2 ranks then 1 (resumed): weights within %.3g of one process's\n",
+           worst / top);
+    if (worst / top > 1e-6)
+        fail_msg("resumed on another world size: weights differ by %g (of %g)", worst, top);
+    unlink(ckpt);
     /* ranks that do not train the same thing refuse together */
     setenv("EBB_TEST_DP_MISMATCH", "1", 1);
     assert_int_equal(dp_run(2, "/nonexistent/w", "/nonexistent/c"), 2);
