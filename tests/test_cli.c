@@ -3348,8 +3348,11 @@ static void test_train_nonfinite(void **state) {
         fail_msg("`%s` said:\n%s", r.cmd, r.err);
     for (char *line = strtok(r.out, "\n"); line; line = strtok(NULL, "\n")) {
         cJSON *j = json_strict(line, strlen(line), "ebb train --json --skip-nonfinite");
-        if (!strcmp(str_field(j, "type", "line"), "epoch"))
+        if (!strcmp(str_field(j, "type", "line"), "epoch")) {
             in_epochs += int_field(j, "skipped", "epoch");
+            assert_true(int_field(j, "peak_bytes", "epoch") > 0 &&
+                        int_field(j, "planned_peak_bytes", "epoch") > 0);
+        }
         cJSON_Delete(j);
     }
     assert_int_equal(in_epochs, skipped);

@@ -1069,10 +1069,11 @@ static int on_epoch(ebb_trainer *t, const ebb_train_event *e, void *user) {
     if (c->csv && csv_row(c, "epoch", e, e->loss)) return 1;
     if (c->o.json) {
         char lb[32];
+        ebb_trainer_stats ts = ebb_trainer_get_stats(t);
         printf("{\"type\": \"epoch\", \"epoch\": %lld, \"step\": %lld, \"loss\": %s, "
-               "\"seconds\": %.3f",
+               "\"seconds\": %.3f, \"peak_bytes\": %lld, \"planned_peak_bytes\": %lld",
                (long long)e->epoch, (long long)e->step, json_loss(e->loss, 1, lb, sizeof lb),
-               e->seconds);
+               e->seconds, (long long)ts.measured_peak_bytes, (long long)ts.planned_peak_bytes);
         if (per_token) printf(", \"perplexity\": %s", json_ppl(e->loss, 1, lb, sizeof lb));
         if (c->o.skip_nonfinite) printf(", \"skipped\": %lld", (long long)e->epoch_skipped);
         if (m)

@@ -13,6 +13,8 @@
 #   bash tests/bench/run.sh [BUILD] --only precision  training steps in bf16 against fp32 and
 #                                                     PyTorch autocast (peaks, kept activations, time)
 #   bash tests/bench/run.sh [BUILD] --clock cpu       tables on thread CPU time (busy machines)
+#   python3 tests/bench/ddp.py --build BUILD [--nproc 2]  ebb train --nproc against PyTorch DDP
+#                                                     (gloo), step time and per-rank peak
 #   bash tests/bench/run.sh [BUILD] --no-compile      without torch.compile (PyTorch 2.x)
 #   bash tests/bench/run.sh [BUILD] --device cuda     the training rows on a GPU (a CUDA
 #                                                     libtorch and torch; forwards stay CPU-only)
