@@ -3245,7 +3245,7 @@ static void test_train_recipes(void **state) {
     char w2[PATH_MAX];
     tmp_path(w2, sizeof w2, "recipes-w2.safetensors");
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "3", "--batch", "16",
-        "--nproc", "2", "--save-weights", w2, "--device", "cpu");
+        "--nproc", "2", "--bucket-size", "8KiB", "--save-weights", w2, "--device", "cpu");
     expect_code(&r, 0);
     const char *first = strstr(r.out, "training specs/mlp.yaml");
     if (!first || strstr(first + 1, "training specs/mlp.yaml"))

@@ -243,6 +243,8 @@ typedef struct ebb_trainer_options {
      * EBB_OK); every rank evaluates the whole eval_data. Not with accumulate,
      * cuda_graph or skip_nonfinite. NULL: one process. */
     ebb_dist *dist;
+    int64_t allreduce_bucket_bytes; /* data parallel: a bucket's size (0: 25 MiB; see
+                                       ebb_train_options) */
     int skip_nonfinite; /* undo and count a step whose loss or updated state is NaN or
                            infinite (else such a step fails the run, with nothing written) */
     ebb_trace_fn trace; /* a per-plan-step trace of one training step, or NULL */

@@ -76,6 +76,7 @@ enum {
     OPT_PRECISION,
     OPT_LOSS_SCALE,
     OPT_DATA_PARALLEL,
+    OPT_BUCKET_SIZE,
 };
 
 /* --batch B: -i SYMBOL=B for the spec's batch, as ebb train takes it */
@@ -96,7 +97,8 @@ enum {
         {"clip-grad-norm", required_argument, NULL, OPT_CLIP_GRAD_NORM},                           \
         {"clip-grad-value", required_argument, NULL, OPT_CLIP_GRAD_VALUE},                         \
         {"loss-scale", required_argument, NULL, OPT_LOSS_SCALE},                                   \
-        {"data-parallel", required_argument, NULL, OPT_DATA_PARALLEL}, {                           \
+        {"data-parallel", required_argument, NULL, OPT_DATA_PARALLEL},                             \
+        {"bucket-size", required_argument, NULL, OPT_BUCKET_SIZE}, {                               \
         "no-decay", required_argument, NULL, OPT_NO_DECAY                                          \
     }
 #define CLIP_HELP                                                                                  \
@@ -111,7 +113,8 @@ enum {
     "                     step, the updates after the backward); `none`: without it\n"        \
     "                     (default: with --precision fp16, as ebb train)\n"                   \
     "  --data-parallel N  with --train: one rank's step of N (ebb train --nproc N): the\n"      \
-    "                     gradients averaged in all-reduce steps, bucket by bucket\n"
+    "                     gradients averaged in all-reduce steps, bucket by bucket\n"         \
+    "  --bucket-size SIZE with --data-parallel: a bucket's size (default 25MiB)\n"
 
 #define COMMON_OPTIONS                                                                             \
     {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, OPT_COMPLETION }
@@ -142,6 +145,7 @@ typedef struct options {
     double clip_norm, clip_value; /* --clip-grad-norm, --clip-grad-value; 0: none */
     double loss_scale;            /* --loss-scale: > 0 on, -1 none, 0 on with fp16 */
     int data_parallel;            /* --data-parallel N: ranks (0: one process) */
+    int64_t bucket_size;          /* --bucket-size (0: the default) */
     const char *no_decay[16];     /* --no-decay PATTERN */
     int n_no_decay;
     uint64_t batch;               /* --batch; 0: not given */

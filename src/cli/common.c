@@ -313,6 +313,11 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
             *(opt == OPT_CLIP_GRAD_NORM ? &o->clip_norm : &o->clip_value) = v;
             break;
         }
+        case OPT_BUCKET_SIZE:
+            if (ebb_bytes_parse(val, &o->bucket_size) != EBB_OK || o->bucket_size <= 0)
+                return ebb_cli_usage_error(usage, "--bucket-size %s: expected a byte count above "
+                                                  "0, like 4MiB", val);
+            break;
         case OPT_DATA_PARALLEL: {
             char *end = NULL;
             long v = strtol(val, &end, 10);
@@ -420,6 +425,8 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
         return ebb_cli_usage_error(usage, "%s",
                                    "--clip-grad-norm, --clip-grad-value, --loss-scale and "
                                    "--data-parallel apply to --train (a step with updates)");
+    if (o->bucket_size && !o->data_parallel)
+        return ebb_cli_usage_error(usage, "%s", "--bucket-size applies to --data-parallel");
     if ((o->loss || o->optimizer || o->grads_only) && !o->train && strcmp(c->name, "grad") != 0)
         return ebb_cli_usage_error(usage, "%s",
                            "--loss, --optimizer and --grads-only apply to --train, which is not "
@@ -880,6 +887,7 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
     /* as ebb train: on with fp16 unless --loss-scale none */
     ebb_precision pr = o->precision ? o->precision : ebb_spec_precision(s);
     t->data_parallel = o->data_parallel;
+    t->allreduce_bucket_bytes = o->bucket_size;
     t->loss_scaling = !o->grads_only && (o->loss_scale > 0 ||
                                          (o->loss_scale == 0 && pr == EBB_PRECISION_FP16));
     t->optimizer.kind = EBB_ADAMW;

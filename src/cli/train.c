@@ -115,6 +115,8 @@ const char ebb_cli_usage_train[] =
     "                     loopback, gradients averaged by Gloo; --batch is the global\n"
     "                     batch); a process started by torchrun (RANK, WORLD_SIZE,\n"
     "                     MASTER_ADDR, MASTER_PORT set) joins its job without it\n"
+    "  --bucket-size SIZE with --nproc: gradients averaged in buckets of SIZE (default\n"
+    "                     25MiB, as DDP's), each bucket's updates right after it\n"
     "  --loss-scale S     dynamic loss scaling from scale S, as torch.amp.GradScaler: a\n"
     "                     step whose gradients overflow updates nothing and halves the\n"
     "                     scale, 2000 good steps double it; `none` turns it off\n"
@@ -247,6 +249,7 @@ enum {
     O_PRECISION,
     O_LOSS_SCALE,
     O_NPROC,
+    O_BUCKET_SIZE,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -299,6 +302,7 @@ const struct option ebb_cli_train_options[] = {
     {"lr-scale", required_argument, NULL, O_LR_SCALE},
     {"loss-scale", required_argument, NULL, O_LOSS_SCALE},
     {"nproc", required_argument, NULL, O_NPROC},
+    {"bucket-size", required_argument, NULL, O_BUCKET_SIZE},
     {NULL, 0, NULL, 0},
 };
 
@@ -314,6 +318,7 @@ typedef struct topts {
     double lr, momentum, weight_decay, norm_mean, norm_std;
     double loss_scale; /* --loss-scale: > 0 the first scale, -1 none, 0 the default */
     int64_t nproc;     /* --nproc: ranks to start (0: one process) */
+    int64_t bucket_size; /* --bucket-size (0: the default) */
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
     int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory, cuda_graph;
     const char *lr_schedule; /* --lr-schedule, parsed into sched */
@@ -458,6 +463,11 @@ static int parse(int argc, char **argv, int train, topts *o) {
             o->lr_scale[o->n_lr_scale++] = v;
             break;
         }
+        case O_BUCKET_SIZE:
+            if (ebb_bytes_parse(v, &o->bucket_size) != EBB_OK || o->bucket_size <= 0)
+                return ebb_cli_usage_error(usage, "--bucket-size %s: expected a byte count above "
+                                                  "0, like 4MiB", v);
+            break;
         case O_NPROC:
             if (parse_i64(v, 1, &o->nproc) != 0 || o->nproc > 64)
                 return ebb_cli_usage_error(usage, "--nproc %s: expected 1 to 64 processes", v);
@@ -1243,6 +1253,10 @@ static int train_open(cli_run *c, int argc, char **argv) {
     topts *o = &c->o;
     int rc = parse(argc, argv, 1, o);
     if (rc) return rc;
+    if (o->bucket_size && o->nproc <= 1 && !getenv("WORLD_SIZE"))
+        return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
+                                   "--bucket-size applies to data-parallel training (--nproc N, "
+                                   "or a torchrun job)");
     if (o->nproc > 1 && !getenv("WORLD_SIZE")) return launch_ranks((int)o->nproc, argc, argv);
     if (getenv("WORLD_SIZE") && (rc = join_ranks(c))) return rc;
     c->ckpt_path = o->checkpoint ? o->checkpoint : DEFAULT_CHECKPOINT;
@@ -1291,6 +1305,7 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->device = c->dev;
     to->cuda_graph = o->cuda_graph;
     to->dist = c->dist;
+    to->allreduce_bucket_bytes = o->bucket_size;
     to->skip_nonfinite = o->skip_nonfinite;
     to->trace = o->trace ? ebb_cli_trace_step : NULL;
     to->trace_user = &c->trace;
