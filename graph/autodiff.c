@@ -410,6 +410,39 @@ static int add_extras(compiler *c, int si) {
     return 0;
 }
 
+/* A mixed-precision forward step's parameters' low copies, kept for its
+ * backward (graph/copies.c chooses which steps): appended to its outputs,
+ * after its extras, and no longer in its scratch. */
+static int add_kept_copies(compiler *c, int si) {
+    ebb_plan *p = c->plan;
+    uint32_t keep = ebb_low_copy_params(p, &p->steps[si]);
+    int n_out = p->steps[si].pub.n_out;
+    int *outs = malloc(((size_t)n_out + EBB_MAX_PARAMS) * sizeof *outs);
+    if (!outs)
+        return ebb_compiler_oom(c);
+    memcpy(outs, p->steps[si].pub.out, (size_t)n_out * sizeof *outs);
+    for (int j = 0; j < p->steps[si].n_params; j++) {
+        if (!(keep >> j & 1))
+            continue;
+        ebb_tensor *m = meta_param(c, &p->steps[si], j);
+        if (!m || (outs[n_out++] = ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, si,
+                                                           -1)) < 0) {
+            free(outs);
+            return -1;
+        }
+    }
+    plan_step *s = &p->steps[si];
+    free((int *)s->pub.out);
+    s->pub.out = outs;
+    s->pub.n_out = n_out;
+    /* the copies leave the scratch: what it held beyond them stays */
+    int64_t cpu = ebb_param_copy_bytes(c, s, 0), cuda = ebb_param_copy_bytes(c, s, 1);
+    s->keep_copy = keep;
+    s->workspace -= cpu - ebb_param_copy_bytes(c, s, 0);
+    s->workspace_cuda -= cuda - ebb_param_copy_bytes(c, s, 1);
+    return 0;
+}
+
 /* ---- recomputation ------------------------------------------------------------ *
  *
  * Under a memory budget some forward values are not kept for the backward
@@ -644,8 +677,8 @@ static int emit_backward(ad *a, int fi) {
     }
 
     /* what the step reads: saved inputs, the output, the extras, grad_out */
-    int reads[32 + 2 + EBB_MAX_SAVED], n_reads = 0;
-    ebb_tensor *read_meta[32 + 2 + EBB_MAX_SAVED];
+    int reads[32 + 2 + EBB_MAX_SAVED + EBB_MAX_PARAMS], n_reads = 0;
+    ebb_tensor *read_meta[32 + 2 + EBB_MAX_SAVED + EBB_MAX_PARAMS];
     ebb_tensor *ins[32] = {0}, *params[EBB_MAX_PARAMS] = {0}, *extras[EBB_MAX_SAVED] = {0};
     ebb_shape in_shapes[32];
     ebb_dtype in_dtypes[32];
@@ -667,6 +700,12 @@ static int emit_backward(ad *a, int fi) {
         read_meta[n_reads] = extras[k];
         reads[n_reads++] = src_x[k];
     }
+    /* the parameters' low copies the forward kept, its last outputs */
+    for (int j = 0, o = f->pub.n_out - ebb_step_kept_copies(f); j < f->n_params; j++)
+        if (f->keep_copy >> j & 1) {
+            read_meta[n_reads] = c->meta[f->pub.out[o]];
+            reads[n_reads++] = f->pub.out[o++];
+        }
     ebb_tensor *seed = NULL;
     if (gy == SEED) {
         ebb_shape scalar = {0};
@@ -793,6 +832,7 @@ static int emit_backward(ad *a, int fi) {
     }
     b->param_cast = f->param_cast;
     b->param_dtype = f->param_dtype;
+    b->keep_copy = f->keep_copy;
     b->low_kernel = f->low_kernel;
     if (b->param_cast || b->low_kernel) {
         if (!b->has_workspace_cuda) {
@@ -1485,6 +1525,9 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
     for (int i = 0; i < n_fwd; i++)
         if (p->steps[i].pub.kind == EBB_STEP_OP && p->steps[i].op->grad &&
             p->steps[i].op->grad->forward_train && add_extras(c, i) != 0)
+            return -1;
+    for (int i = 0; i < n_fwd && i < c->n_keep; i++)
+        if (c->keep[i] && p->steps[i].pub.kind == EBB_STEP_OP && add_kept_copies(c, i) != 0)
             return -1;
 
     ad a = {.c = c, .t = t};

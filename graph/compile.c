@@ -244,6 +244,15 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
         return ebb_error_set(EBB_ERR_ARG,
                              "ebb_compile: precision %s is for a float32 plan; this one is %s",
                              ebb_precision_name(opts->precision), ebb_dtype_name(opts->dtype));
+    if (opts->train && (unsigned)opts->train->low_weight_copies > EBB_LOW_COPIES_RECAST)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_compile: low_weight_copies is %d; use an "
+                                          "ebb_low_copies",
+                             (int)opts->train->low_weight_copies);
+    if (opts->train && opts->train->low_weight_copies == EBB_LOW_COPIES_KEEP &&
+        opts->memory_budget != 0)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_compile: low_weight_copies KEEP with a memory "
+                                          "budget: a budget recomputes rather than keeps, so "
+                                          "its backward casts every copy again");
     ebb_status st = ebb_init();
     if (st != EBB_OK)
         return st;
@@ -253,6 +262,8 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
         st = ebb_remat_fit(&p, g, opts);
     else if (st == EBB_OK && p->updates_in_backward)
         st = ebb_place_updates(&p, g, opts);
+    if (st == EBB_OK)
+        st = ebb_keep_low_copies(&p, g, opts);
     if (st == EBB_OK && (p->clip_grad_norm > 0 || p->loss_scaling))
         st = unclipped_peak(p, g, opts);
     if (st != EBB_OK) {
@@ -268,8 +279,27 @@ ebb_status ebb_compile_once(ebb_plan **out, const ebb_graph *g, const ebb_compil
     return ebb_compile_placed(out, g, opts, drop, n_drop, NULL);
 }
 
+static ebb_status compile_chosen(ebb_plan **out, const ebb_graph *g,
+                                 const ebb_compile_options *opts, const unsigned char *drop,
+                                 int n_drop, const unsigned char *defer, const unsigned char *keep,
+                                 int n_keep);
+
 ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
                               const unsigned char *drop, int n_drop, const unsigned char *defer) {
+    return compile_chosen(out, g, opts, drop, n_drop, defer, NULL, 0);
+}
+
+ebb_status ebb_compile_kept(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
+                            const unsigned char *defer, const unsigned char *keep, int n_keep) {
+    return compile_chosen(out, g, opts, NULL, 0, defer, keep, n_keep);
+}
+
+/* One compile with every choice the searches make given: values dropped
+ * for recomputation, updates deferred, low copies kept. */
+static ebb_status compile_chosen(ebb_plan **out, const ebb_graph *g,
+                                 const ebb_compile_options *opts, const unsigned char *drop,
+                                 int n_drop, const unsigned char *defer, const unsigned char *keep,
+                                 int n_keep) {
     ebb_status st = EBB_OK;
     *out = NULL;
     int low_plan = opts->precision == EBB_PRECISION_BF16 || opts->precision == EBB_PRECISION_FP16;
@@ -277,7 +307,8 @@ ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_comp
                   /* a node's own precision needs the casts a mixed plan has */
                   .autocast = low_plan || ebb_graph_has_precision(g), .full = !low_plan,
                   .low = opts->precision == EBB_PRECISION_FP16 ? EBB_FLOAT16 : EBB_BFLOAT16,
-                  .drop = drop, .n_drop = drop ? n_drop : 0, .defer = defer};
+                  .drop = drop, .n_drop = drop ? n_drop : 0, .defer = defer,
+                  .keep = keep, .n_keep = keep ? n_keep : 0};
     ebb_plan *p = calloc(1, sizeof *p);
     if (!p)
         return ebb_error_set(EBB_ERR_NOMEM, "ebb_compile: out of memory");

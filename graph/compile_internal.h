@@ -40,6 +40,11 @@ typedef struct compiler {
      * following its final gradient (graph/placement.c chooses; NULL: none
      * waits) */
     const unsigned char *defer;
+    /* per step of the forward: a mixed-precision step whose parameters'
+     * low copies are kept for its backward (graph/copies.c chooses; NULL:
+     * each backward casts its own) */
+    const unsigned char *keep;
+    int n_keep;
     /* mixed precision (ebb_compile_options.precision): the matrix products'
      * dtype, when `autocast` */
     int autocast;
@@ -72,8 +77,9 @@ int ebb_compiler_step_index(const compiler *c, const plan_step *s);
 ebb_tensor *ebb_compiler_meta_ref(compiler *c, int slot);
 ebb_tensor *ebb_compiler_meta_new(compiler *c, const ebb_shape *s, ebb_dtype dt);
 /* Mixed precision (graph/lower.c): the dtype a step computes parameter k in
- * (its low copy's, or the parameter's own), and the bytes its low copies
- * take (`cuda`: in the caching allocator's blocks). */
+ * (its low copy's, or the parameter's own), and the bytes the low copies it
+ * makes in its scratch take (`cuda`: in the caching allocator's blocks;
+ * copies kept from the forward, plan_step.keep_copy, are values instead). */
 ebb_dtype ebb_param_dtype_in(const compiler *c, const plan_step *s, int k);
 int64_t ebb_param_copy_bytes(const compiler *c, const plan_step *s, int cuda);
 /* A `cast` step of slot x to dt at node "<path>.cast<i>"; its slot or -1. */
@@ -100,6 +106,19 @@ ebb_status ebb_compile_once(ebb_plan **out, const ebb_graph *g, const ebb_compil
  * parameter; NULL: none) moved to the backward's end. */
 ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
                               const unsigned char *drop, int n_drop, const unsigned char *defer);
+/* ebb_compile_placed() without recomputation, with the steps in `keep`
+ * (per forward step, n_keep of them; NULL: none) keeping their parameters'
+ * low copies for the backward. */
+ebb_status ebb_compile_kept(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
+                            const unsigned char *defer, const unsigned char *keep, int n_keep);
+/* graph/copies.c: under mixed precision, keeps the low copies of the
+ * parameters a training forward casts for its backward where that does not
+ * raise the step's peak (or as ebb_train_options.low_weight_copies says);
+ * *plan is replaced when a copy is kept. */
+ebb_status ebb_keep_low_copies(ebb_plan **plan, const ebb_graph *g, const ebb_compile_options *opts);
+/* graph/copies.c: the parameters (bit j for s->param[j]) a mixed-precision
+ * step runs on low copies of. */
+uint32_t ebb_low_copy_params(const ebb_plan *p, const plan_step *s);
 /* graph/placement.c: moves updates whose scratch or timing makes the
  * step's peak to the backward's end, one at a time while the peak falls
  * (*plan is replaced by the better plan). */

@@ -404,8 +404,8 @@ int64_t ebb_param_copy_bytes(const compiler *c, const plan_step *s, int cuda) {
     int64_t bytes = 0;
     for (int k = 0; s->param_cast && k < s->n_params; k++) {
         const plan_param *pp = &c->plan->params[s->param[k]];
-        if (pp->spec.counter)
-            continue;
+        if (pp->spec.counter || (s->keep_copy >> k & 1))
+            continue; /* no copy, or one kept from the forward: a value of the plan */
         int64_t n = ebb_shape_numel(&pp->spec.shape) * (int64_t)ebb_dtype_size(s->param_dtype);
         bytes += cuda ? ebb_cuda_block(n) : n;
     }

@@ -49,6 +49,14 @@ int64_t ebb_plan_param_bytes(const ebb_plan *p) {
     return n;
 }
 
+int ebb_plan_low_copies(const ebb_plan *p, int64_t *kept_bytes, int *recast) {
+    if (kept_bytes)
+        *kept_bytes = p ? p->kept_copy_bytes : 0;
+    if (recast)
+        *recast = p ? p->n_recast_copies : 0;
+    return p ? p->n_kept_copies : 0;
+}
+
 int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p) {
     if (!p || !p->training || p->grads_only)
         return 0;
@@ -192,6 +200,33 @@ static void print_placement(const ebb_plan *p, FILE *f) {
     fprintf(f, "): peak %s (the larger of the CPU and CUDA counts) against %s with every update "
                "right after its gradient\n",
             pb, eb);
+}
+
+/* Mixed precision: which weights' low copies the forward keeps for the
+ * backward, and why the others are cast again (graph/copies.c). */
+static void print_low_copies(const ebb_plan *p, FILE *f) {
+    if (!p->n_kept_copies && !p->n_recast_copies)
+        return;
+    char kb[32];
+    ebb_bytes_str(p->kept_copy_bytes, kb, sizeof kb);
+    fputs("low weight copies:", f);
+    if (p->n_kept_copies)
+        fprintf(f, " %d kept from the forward for the backward (%s)%s", p->n_kept_copies, kb,
+                p->low_copies == EBB_LOW_COPIES_AUTO ? ", which does not raise the peak" : "");
+    if (p->n_recast_copies)
+        fprintf(f, "%s %d cast again in the backward, %s", p->n_kept_copies ? ";" : "",
+                p->n_recast_copies,
+                p->memory_budget                        ? "as a memory budget recomputes"
+                : p->low_copies == EBB_LOW_COPIES_RECAST ? "as the options ask"
+                                                         : "as keeping them would raise the peak");
+    fputc('\n', f);
+    if (!p->n_kept_copies)
+        return;
+    fputs("  kept at steps", f);
+    for (int i = 0, k = 0; i < p->n_steps; i++)
+        if (p->steps[i].keep_copy && p->steps[i].pub.kind == EBB_STEP_OP)
+            fprintf(f, k++ ? ", %d" : " %d", i);
+    fputc('\n', f);
 }
 
 /* What gradient clipping does to the step, and what it costs. */
@@ -376,6 +411,7 @@ void ebb_plan_print_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn label, void
         }
         print_remat(p, f);
         print_placement(p, f);
+        print_low_copies(p, f);
         print_clip(p, f);
     }
     int n_in_place = 0;

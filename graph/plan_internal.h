@@ -19,6 +19,13 @@ typedef struct plan_step {
      * their gradients back to the parameters' dtype */
     int param_cast;
     ebb_dtype param_dtype;
+    /* mixed precision, a training forward and its backward: the parameters
+     * (bit j for param[j]) whose low copy the forward keeps for the
+     * backward rather than freeing it. The forward's outputs end with the
+     * copies (after its extras) and the backward reads them (after the
+     * extras, before grad_out), so they are values with liveness; neither
+     * step makes them in its scratch (graph/copies.c chooses). */
+    uint32_t keep_copy;
     /* mixed precision: a matrix product in the low dtype, whose CPU and
      * CUDA kernels' scratch the op's figures do not model: a bound (with a
      * float32 copy of every operand allowed), measured where the compile
@@ -52,6 +59,14 @@ typedef struct plan_step {
      * the result as the loop's input; `counter` names the loop. */
     int unrolled;
 } plan_step;
+
+/* How many low copies the step keeps for (or reads from) the other. */
+static inline int ebb_step_kept_copies(const plan_step *s) {
+    int n = 0;
+    for (uint32_t m = s->keep_copy; m; m &= m - 1)
+        n++;
+    return n;
+}
 
 typedef struct plan_param {
     ebb_param_spec spec;
@@ -108,6 +123,13 @@ struct ebb_plan {
     unsigned char *deferred;
     int n_deferred;
     int64_t eager_peak_bytes;
+    /* graph/copies.c, mixed precision: parameters' low copies kept from the
+     * forward for the backward (plan_step.keep_copy), their bytes, and
+     * those the backward makes again because keeping them would raise the
+     * peak (or the options say so) */
+    int n_kept_copies, n_recast_copies;
+    int64_t kept_copy_bytes;
+    ebb_low_copies low_copies; /* ebb_train_options.low_weight_copies */
     /* a memory budget (graph/remat.c) */
     int64_t memory_budget;           /* EBB_MEMORY_BUDGET_LEAST: the peak it reached */
     int budget_least;                /* compiled for EBB_MEMORY_BUDGET_LEAST */

@@ -205,6 +205,9 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
             }
         fputs("]}", f);
     }
+    if (p->n_kept_copies || p->n_recast_copies)
+        fprintf(f, ",\n \"low_weight_copies\": {\"kept\": %d, \"kept_bytes\": %lld, \"recast\": %d}",
+                p->n_kept_copies, (long long)p->kept_copy_bytes, p->n_recast_copies);
     if (p->clip_grad_norm > 0 || p->clip_grad_value > 0)
         fprintf(f,
                 ",\n \"clip\": {\"grad_norm\": %.17g, \"grad_value\": %.17g, \"peak_bytes\": %lld, "

@@ -257,13 +257,18 @@ static ebb_status forward_train(run_ctx *r, const plan_step *s, ebb_op_call *cal
  * precision (plan_step.param_cast) copies of the floating ones in the
  * step's dtype, written to copies[] for param_copies_free() after the
  * call. The plan counts them in the step's scratch. */
-static ebb_status params_for_step(run_ctx *r, const plan_step *s, ebb_tensor **copies) {
+static ebb_status params_for_step(run_ctx *r, const plan_step *s, ebb_tensor **copies,
+                                  ebb_tensor *const *kept) {
     for (int j = 0; j < s->n_params; j++) {
         ebb_tensor *p = r->model->params[s->param[j]];
         copies[j] = NULL;
         r->params[j] = p;
         if (!s->param_cast)
             continue; /* every step but a mixed-precision one: the model's own */
+        if (kept && kept[j]) {
+            r->params[j] = kept[j]; /* the forward's copy (plan_step.keep_copy) */
+            continue;
+        }
         ebb_dtype dt = ebb_tensor_dtype(p);
         if (dt == s->param_dtype || dt == EBB_INT64)
             continue;
@@ -287,6 +292,17 @@ static void param_copies_free(const plan_step *s, ebb_tensor **copies) {
     }
 }
 
+/* A forward's copies that the plan keeps for the backward go to its last
+ * outputs; the others are freed. */
+static void param_copies_keep(run_ctx *r, const plan_step *s, ebb_tensor **copies) {
+    for (int j = 0, o = s->pub.n_out - ebb_step_kept_copies(s); j < s->n_params; j++)
+        if (s->keep_copy >> j & 1) {
+            slot_set(r, s->pub.out[o++], copies[j]);
+            copies[j] = NULL;
+        }
+    param_copies_free(s, copies);
+}
+
 /* The rule's backward, reading what it saved; its gradients go to the
  * step's outputs in order (inputs', then parameters'). */
 static ebb_status backward(run_ctx *r, const plan_step *s) {
@@ -306,6 +322,10 @@ static ebb_status backward(run_ctx *r, const plan_step *s) {
     const ebb_tensor *out = s->saves_out ? r->slots[ps->in[k++]] : NULL;
     for (int j = 0; j < s->n_saved; j++)
         extras[j] = r->slots[ps->in[k++]];
+    ebb_tensor *kept[EBB_MAX_PARAMS] = {0};
+    for (int j = 0; j < s->n_params; j++)
+        if (s->keep_copy >> j & 1)
+            kept[j] = r->slots[ps->in[k++]];
     const ebb_tensor *grad_out = s->seed ? r->one : r->slots[ps->in[k++]];
     if (!grad_out)
         return EBB_OK; /* no gradient reached it: only skipped branches read its output */
@@ -316,7 +336,7 @@ static ebb_status backward(run_ctx *r, const plan_step *s) {
             return ebb_error_set(EBB_ERR_RUNTIME, "input %s is empty", id);
         }
     ebb_tensor *copies[EBB_MAX_PARAMS];
-    ebb_status cs = params_for_step(r, s, copies);
+    ebb_status cs = params_for_step(r, s, copies, kept);
     if (cs != EBB_OK)
         return cs;
     ebb_op_grad_call gc = {.op = s->op, .attrs = s->attrs, .in = ins, .n_in = s->n_fwd_in,
@@ -572,15 +592,18 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
             }
         }
         ebb_tensor *copies[EBB_MAX_PARAMS];
-        ebb_status cs = params_for_step(r, s, copies);
+        ebb_status cs = params_for_step(r, s, copies, NULL);
         if (cs != EBB_OK)
             return cs;
         ebb_op_call call = {.op = s->op, .attrs = s->attrs, .in = r->args, .n_in = ps->n_in,
                             .params = r->params, .n_params = s->n_params, .node = ps->node};
         if (s->param_cast) {
-            /* never in place: the copies go when the call returns */
+            /* never in place: the copies go when the call returns, but
+             * those kept for the backward */
             ebb_tensor *out = NULL;
             ebb_status st = s->train ? forward_train(r, s, &call) : s->op->forward(&call, &out);
+            if (st == EBB_OK)
+                param_copies_keep(r, s, copies);
             param_copies_free(s, copies);
             if (st == EBB_OK && !s->train && !out)
                 st = ebb_error_set(EBB_ERR_RUNTIME, "op %s returned no tensor", s->op->name);

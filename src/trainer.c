@@ -256,7 +256,8 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
                                  .loss_scaling = scaling_from(f, o) > 0 && o->accumulate <= 1,
                                  /* data parallel: buckets averaged in the backward */
                                  .data_parallel = o->dist ? ebb_dist_world_size(o->dist) : 0,
-                                 .allreduce_bucket_bytes = o->allreduce_bucket_bytes};
+                                 .allreduce_bucket_bytes = o->allreduce_bucket_bytes,
+                                 .low_weight_copies = o->low_weight_copies};
         co.train = &to;
         co.memory_budget = o->memory_budget;
     }

@@ -1510,9 +1510,10 @@ static void test_dot_output_files(void **state) {
 /* ---- plan options -------------------------------------------------------- */
 
 /* --precision bf16: casts as steps, low values marked, parameters float32;
- * with --loss-scale, the unscale step and what waiting for it costs; an
- * unknown precision or a scale that is not positive is a usage error naming
- * it. */
+ * with --loss-scale, the unscale step and what waiting for it costs; with
+ * --weight-copies keep, every low weight copy kept and the steps named; an
+ * unknown precision, a scale that is not positive or an unknown
+ * --weight-copies is a usage error naming it. */
 static void test_plan_precision(void **state) {
     (void)state;
     cli_result r;
@@ -1525,6 +1526,18 @@ static void test_plan_precision(void **state) {
     expect_contains("stdout", &r, r.out, "bf16[8, 128]");
     expect_contains("stdout", &r, r.out, "cast.backward");
     expect_contains("stdout", &r, r.out, "6 of 6 parameter tensors trained");
+    expect_contains("stdout", &r, r.out, "low weight copies:");
+    cli_free(&r);
+    EBB(&r, "plan", "specs/mlp.yaml", "-i", "batch=8", "--train", "--precision", "bf16",
+        "--weight-copies", "keep");
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "low weight copies: 6 kept from the forward for the "
+                                         "backward");
+    expect_contains("stdout", &r, r.out, "  kept at steps ");
+    cli_free(&r);
+    EBB(&r, "plan", "specs/mlp.yaml", "--train", "--weight-copies", "all");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--weight-copies all: expected auto, keep or recast");
     cli_free(&r);
     EBB(&r, "plan", "specs/mlp.yaml", "--precision", "tf32");
     expect_code(&r, 2);

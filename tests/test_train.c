@@ -1282,7 +1282,7 @@ static void trainer_close(trainer *tr) {
 }
 
 /* trainer_open's flags */
-enum { OPEN_GRADS_ONLY = 1, OPEN_LOSS_SCALING = 2 };
+enum { OPEN_GRADS_ONLY = 1, OPEN_LOSS_SCALING = 2, OPEN_KEEP_COPIES = 4, OPEN_RECAST_COPIES = 8 };
 
 /* Compiles the step model for the fixture's case c, with the fixture's
  * initial parameters and an optimizer of the case's options. */
@@ -1305,7 +1305,10 @@ static void trainer_open(trainer *tr, const char *fixture, const char *yaml, con
      * `loss:`; its shape from the data (the spec's `batch` would be 1) */
     ebb_train_options t = {.target_shapes = &ys, .n_target_shapes = 1, .optimizer = tr->oo,
                            .grads_only = grads_only,
-                           .loss_scaling = (flags & OPEN_LOSS_SCALING) != 0};
+                           .loss_scaling = (flags & OPEN_LOSS_SCALING) != 0,
+                           .low_weight_copies = flags & OPEN_KEEP_COPIES     ? EBB_LOW_COPIES_KEEP
+                                                : flags & OPEN_RECAST_COPIES ? EBB_LOW_COPIES_RECAST
+                                                                             : EBB_LOW_COPIES_AUTO};
     /* clipping, as torch.nn.utils did it between backward() and step() */
     char ck[2][64];
     snprintf(ck[0], sizeof ck[0], "%s.clip.norm", c);
@@ -2153,6 +2156,92 @@ static void test_loss_scaling(void **state) {
     fail_on_problems(&pr, "loss scaling");
 }
 
+/* Mixed precision: a weight's low copy kept from the forward for the
+ * backward, or cast again there (graph/copies.c). Casting is exact, so the
+ * ten bf16 AdamW steps end bit for bit alike either way, each within
+ * torch.autocast's tolerance and at its own plan's peak to the byte; the
+ * compiler's own choice never plans a higher peak than casting again. */
+static void test_low_weight_copies(void **state) {
+    (void)state;
+    problems pr = {0};
+    trainer tr[3];
+    static const int flags[3] = {0, OPEN_KEEP_COPIES, OPEN_RECAST_COPIES};
+    static const char *const how[3] = {"chosen", "kept", "recast"};
+    int kept[3], recast[3];
+    int64_t kept_bytes[3];
+    for (int k = 0; k < 3; k++) {
+        trainer_open(&tr[k], "grad_steps_mlp", MLP_YAML, "adamw_bf16", flags[k], &pr);
+        kept[k] = ebb_plan_low_copies(tr[k].plan, &kept_bytes[k], &recast[k]);
+        printf("[ copies   ] %-6s: %d kept (%lld bytes), %d cast again; peak %lld bytes, CUDA "
+               "%lld\n",
+               how[k], kept[k], (long long)kept_bytes[k], recast[k],
+               (long long)ebb_plan_peak_bytes(tr[k].plan, NULL),
+               (long long)ebb_plan_device_peak_bytes(tr[k].plan, (ebb_device){EBB_DEVICE_CUDA, 0}));
+    }
+    int total = kept[1] + recast[1];
+    if (total == 0 || recast[1] != 0 || kept[2] != 0 || kept[0] + recast[0] != total ||
+        kept[2] + recast[2] != total)
+        problem(&pr, "copies kept/cast again: chosen %d/%d, keep %d/%d, recast %d/%d", kept[0],
+                recast[0], kept[1], recast[1], kept[2], recast[2]);
+    /* every parameter of the MLP is a linear's, so every copy kept is half
+     * the float32 parameters' bytes */
+    if (kept_bytes[1] != ebb_plan_param_bytes(tr[1].plan) / 2)
+        problem(&pr, "every copy kept is %lld bytes, the parameters %lld", (long long)kept_bytes[1],
+                (long long)ebb_plan_param_bytes(tr[1].plan));
+    for (int d = 0; d < 2; d++) {
+        ebb_device dev = {d ? EBB_DEVICE_CUDA : EBB_DEVICE_CPU, 0};
+        if (ebb_plan_device_peak_bytes(tr[0].plan, dev) > ebb_plan_device_peak_bytes(tr[2].plan, dev))
+            problem(&pr, "the chosen copies raise the %s peak: %lld, casting again %lld",
+                    d ? "CUDA" : "CPU", (long long)ebb_plan_device_peak_bytes(tr[0].plan, dev),
+                    (long long)ebb_plan_device_peak_bytes(tr[2].plan, dev));
+    }
+    /* the listing says which, and why */
+    static const char *const says[3][2] = {{"low weight copies:", "peak"},
+                                           {"kept from the forward for the backward", "kept at steps"},
+                                           {"cast again in the backward", "as the options ask"}};
+    for (int k = 0; k < 3; k++) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        assert_non_null(f);
+        ebb_plan_print(tr[k].plan, f);
+        fclose(f);
+        if (!strstr(text, says[k][0]) || !strstr(text, says[k][1]))
+            problem(&pr, "the %s listing lacks '%s' or '%s'", how[k], says[k][0], says[k][1]);
+        free(text);
+    }
+    for (int t = 0; t < STEPS; t++)
+        for (int k = 0; k < 3; k++)
+            good_step(&tr[k], t, &pr);
+    for (int k = 0; k < 3; k++)
+        check_final(&tr[k], &pr);
+    for (int i = 0; i < ebb_model_param_count(tr[0].model); i++) {
+        const char *pn = ebb_model_param_name(tr[0].model, i);
+        for (int k = 1; k < 3; k++)
+            if (!same_bits(ebb_model_param(tr[0].model, pn), ebb_model_param(tr[k].model, pn)))
+                problem(&pr, "%s differs between the %s and %s copies' steps", pn, how[0], how[k]);
+    }
+
+    /* refusals: keeping under a budget, and no such choice */
+    ebb_shape xs = ebb_tensor_shape(tr[0].x[0]), ys = ebb_tensor_shape(tr[0].y[0]);
+    ebb_train_options to = {.target_shapes = &ys, .n_target_shapes = 1, .optimizer = tr[0].oo,
+                            .low_weight_copies = EBB_LOW_COPIES_KEEP};
+    ebb_compile_options co = {.input_shapes = &xs, .n_input_shapes = 1, .train = &to,
+                              .precision = EBB_PRECISION_BF16,
+                              .memory_budget = EBB_MEMORY_BUDGET_LEAST};
+    ebb_plan *p = NULL;
+    assert_int_equal(ebb_spec_compile(&p, tr[0].spec, &co), EBB_ERR_ARG);
+    assert_errmsg_contains("low_weight_copies KEEP with a memory budget");
+    to.low_weight_copies = (ebb_low_copies)7;
+    co.memory_budget = 0;
+    assert_int_equal(ebb_spec_compile(&p, tr[0].spec, &co), EBB_ERR_ARG);
+    assert_errmsg_contains("low_weight_copies is 7");
+    assert_null(p);
+    for (int k = 0; k < 3; k++)
+        trainer_close(&tr[k]);
+    fail_on_problems(&pr, "low weight copies");
+}
+
 static ebb_tensor *int64_tensor(const int64_t *v, int64_t n) {
     ebb_tensor *t = NULL;
     ebb_shape s = EBB_SHAPE(n);
@@ -2669,7 +2758,7 @@ int main(void) {
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[25 + 2 * N_GRAD];
+    struct CMUnitTest tests[26 + 2 * N_GRAD];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -2699,6 +2788,7 @@ int main(void) {
     tests[n++] = named_test("steps20_transformer_encoder", test_steps20,
                             (void *)&STEPS20_MODELS[1]);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_loss_scaling);
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_low_weight_copies);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_state_for_trained_parameters);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_steps_change_nothing);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_failed_step_restores_batch_norm);

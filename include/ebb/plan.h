@@ -50,6 +50,19 @@ typedef struct ebb_plan ebb_plan;
 
 /* A training step: what ebb_compile() appends to the forward when
  * ebb_compile_options.train is set (see ebb/train.h). */
+/* Mixed precision: a matrix product's backward needs the same low copy of
+ * its weight that its forward cast. The forward can keep it for the
+ * backward, a value the plan counts from one step to the other (as
+ * torch.autocast's cast cache and autograd's saved tensors do), or the
+ * backward can cast it again, which costs a cast's time but no bytes
+ * between the two. The listing says which each plan did. */
+typedef enum ebb_low_copies {
+    EBB_LOW_COPIES_AUTO,   /* kept where that does not raise the step's peak (both the CPU
+                              and the CUDA count), cast again elsewhere */
+    EBB_LOW_COPIES_KEEP,   /* always kept (not with a memory budget, which recomputes) */
+    EBB_LOW_COPIES_RECAST, /* always cast again */
+} ebb_low_copies;
+
 typedef struct ebb_train_options {
     const ebb_shape *target_shapes; /* one per declared target, in order (required) */
     int n_target_shapes;
@@ -119,6 +132,9 @@ typedef struct ebb_train_options {
     int data_parallel;
     /* A bucket's size (DDP's bucket_cap_mb); 0: 25 MiB. */
     int64_t allreduce_bucket_bytes;
+    /* Mixed precision: where a backward step gets the low copies of the
+     * parameters its forward step cast (ebb_low_copies below). */
+    ebb_low_copies low_weight_copies;
 } ebb_train_options;
 
 /* Mixed precision (ebb_compile_options.precision), after torch.autocast:
@@ -129,7 +145,8 @@ typedef struct ebb_train_options {
  * inputs' widest dtype. Each change of dtype is a `cast` step of the plan,
  * its value counted at its own dtype's size and freed at its last use; a
  * parameter's low copy is made inside the step that reads it and freed
- * when the step ends (the backward makes its own). */
+ * when the step ends, or in a training step kept for the backward where
+ * that is free (ebb_train_options.low_weight_copies). */
 /* (ebb_precision itself is declared in graph.h, for ebb_node_precision) */
 /* "fp32", "bf16" or "fp16" (also "float32", "bfloat16", "float16") into
  * *out; EBB_ERR_ARG naming the text otherwise. */
@@ -323,6 +340,11 @@ EBB_API int64_t ebb_plan_param_bytes(const ebb_plan *p);
  * parameter that is not a buffer, so that no step allocates it: beside the
  * parameters, not in any step's peak. 0 for other plans and NULL p. */
 EBB_API int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p);
+/* Mixed precision, a training plan: how many parameters' low copies its
+ * forward keeps for its backward (ebb_train_options.low_weight_copies),
+ * their bytes (kept_bytes, may be NULL), and how many its backward casts
+ * again (recast, may be NULL). NULL p or no copies: 0. */
+EBB_API int ebb_plan_low_copies(const ebb_plan *p, int64_t *kept_bytes, int *recast);
 /* Parameter i's spec, owned by the plan; its full name ("stem.weight") goes
  * to *full_name when full_name is non-NULL. NULL p or i out of range: NULL,
  * *full_name untouched. */

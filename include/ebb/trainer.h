@@ -245,6 +245,9 @@ typedef struct ebb_trainer_options {
     ebb_dist *dist;
     int64_t allreduce_bucket_bytes; /* data parallel: a bucket's size (0: 25 MiB; see
                                        ebb_train_options) */
+    /* mixed precision: where the backward gets the weights' low copies
+     * (ebb_train_options.low_weight_copies); by default kept where free */
+    ebb_low_copies low_weight_copies;
     int skip_nonfinite; /* undo and count a step whose loss or updated state is NaN or
                            infinite (else such a step fails the run, with nothing written) */
     ebb_trace_fn trace; /* a per-plan-step trace of one training step, or NULL */

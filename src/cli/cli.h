@@ -77,6 +77,7 @@ enum {
     OPT_LOSS_SCALE,
     OPT_DATA_PARALLEL,
     OPT_BUCKET_SIZE,
+    OPT_WEIGHT_COPIES,
 };
 
 /* --batch B: -i SYMBOL=B for the spec's batch, as ebb train takes it */
@@ -98,7 +99,8 @@ enum {
         {"clip-grad-value", required_argument, NULL, OPT_CLIP_GRAD_VALUE},                         \
         {"loss-scale", required_argument, NULL, OPT_LOSS_SCALE},                                   \
         {"data-parallel", required_argument, NULL, OPT_DATA_PARALLEL},                             \
-        {"bucket-size", required_argument, NULL, OPT_BUCKET_SIZE}, {                               \
+        {"bucket-size", required_argument, NULL, OPT_BUCKET_SIZE},                                 \
+        {"weight-copies", required_argument, NULL, OPT_WEIGHT_COPIES}, {                           \
         "no-decay", required_argument, NULL, OPT_NO_DECAY                                          \
     }
 #define CLIP_HELP                                                                                  \
@@ -114,7 +116,8 @@ enum {
     "                     (default: with --precision fp16, as ebb train)\n"                   \
     "  --data-parallel N  with --train: one rank's step of N (ebb train --nproc N): the\n"      \
     "                     gradients averaged in all-reduce steps, bucket by bucket\n"         \
-    "  --bucket-size SIZE with --data-parallel: a bucket's size (default 25MiB)\n"
+    "  --bucket-size SIZE with --data-parallel: a bucket's size (default 25MiB)\n"           \
+    WEIGHT_COPIES_HELP
 
 #define COMMON_OPTIONS                                                                             \
     {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, OPT_COMPLETION }
@@ -146,6 +149,8 @@ typedef struct options {
     double loss_scale;            /* --loss-scale: > 0 on, -1 none, 0 on with fp16 */
     int data_parallel;            /* --data-parallel N: ranks (0: one process) */
     int64_t bucket_size;          /* --bucket-size (0: the default) */
+    int weight_copies_set;        /* --weight-copies given */
+    ebb_low_copies weight_copies; /* --weight-copies */
     const char *no_decay[16];     /* --no-decay PATTERN */
     int n_no_decay;
     uint64_t batch;               /* --batch; 0: not given */

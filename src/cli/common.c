@@ -241,6 +241,16 @@ static void list_options(const command *c) {
         printf("--%s%s\n", lo->name, lo->has_arg == required_argument ? "=" : "");
 }
 
+int ebb_cli_weight_copies(const char *val, ebb_low_copies *out) {
+    static const char *const names[] = {"auto", "keep", "recast"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(val, names[i]) == 0) {
+            *out = (ebb_low_copies)i; /* EBB_LOW_COPIES_AUTO, _KEEP, _RECAST */
+            return 0;
+        }
+    return -1;
+}
+
 static int add_spec(const command *c, options *o, const char *arg) {
     if (c->many)
         o->specs[o->n_specs++] = arg;
@@ -327,6 +337,12 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
             o->data_parallel = (int)v;
             break;
         }
+        case OPT_WEIGHT_COPIES:
+            if (ebb_cli_weight_copies(val, &o->weight_copies) != 0)
+                return ebb_cli_usage_error(usage, "--weight-copies %s: expected auto, keep or "
+                                                  "recast", val);
+            o->weight_copies_set = 1;
+            break;
         case OPT_LOSS_SCALE: {
             char *end = NULL;
             double v = strcmp(val, "none") == 0 ? -1 : strtod(val, &end);
@@ -425,6 +441,8 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
         return ebb_cli_usage_error(usage, "%s",
                                    "--clip-grad-norm, --clip-grad-value, --loss-scale and "
                                    "--data-parallel apply to --train (a step with updates)");
+    if (o->weight_copies_set && !o->train)
+        return ebb_cli_usage_error(usage, "%s", "--weight-copies applies to --train");
     if (o->bucket_size && !o->data_parallel)
         return ebb_cli_usage_error(usage, "%s", "--bucket-size applies to --data-parallel");
     if ((o->loss || o->optimizer || o->grads_only) && !o->train && strcmp(c->name, "grad") != 0)
@@ -888,6 +906,7 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
     ebb_precision pr = o->precision ? o->precision : ebb_spec_precision(s);
     t->data_parallel = o->data_parallel;
     t->allreduce_bucket_bytes = o->bucket_size;
+    t->low_weight_copies = o->weight_copies;
     t->loss_scaling = !o->grads_only && (o->loss_scale > 0 ||
                                          (o->loss_scale == 0 && pr == EBB_PRECISION_FP16));
     t->optimizer.kind = EBB_ADAMW;

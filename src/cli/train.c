@@ -59,7 +59,7 @@ enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3, EXIT_SIGNAL_BASE = 128 }
 
 const char ebb_cli_usage_train[] =
     "usage: ebb train SPEC --data D [--eval-data D] [--epochs N | --steps N] [--batch B]\n"
-    "                 [--block N] [--precision P]\n"
+    "                 [--block N] [--precision P] [--weight-copies HOW]\n"
     "                 [--optimizer KIND] [--lr X] [--lr-schedule S] [--momentum X]\n"
     "                 [--weight-decay X] [--loss NAME] [--clip-grad-norm X]\n"
     "                 [--clip-grad-value X] [--freeze PATTERN]... [--log-csv FILE]\n"
@@ -121,6 +121,7 @@ const char ebb_cli_usage_train[] =
     "                     step whose gradients overflow updates nothing and halves the\n"
     "                     scale, 2000 good steps double it; `none` turns it off\n"
     "                     (default: from 65536 with --precision fp16, else none)\n"
+    WEIGHT_COPIES_HELP
     "  --accumulate N     each step sums the gradients of N micro-batches of --batch\n"
     "                     samples before one update (--batch 16 --accumulate 4: the\n"
     "                     update of batch 64, the activations of batch 16)\n"
@@ -250,6 +251,7 @@ enum {
     O_LOSS_SCALE,
     O_NPROC,
     O_BUCKET_SIZE,
+    O_WEIGHT_COPIES,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -303,6 +305,7 @@ const struct option ebb_cli_train_options[] = {
     {"loss-scale", required_argument, NULL, O_LOSS_SCALE},
     {"nproc", required_argument, NULL, O_NPROC},
     {"bucket-size", required_argument, NULL, O_BUCKET_SIZE},
+    {"weight-copies", required_argument, NULL, O_WEIGHT_COPIES},
     {NULL, 0, NULL, 0},
 };
 
@@ -319,6 +322,7 @@ typedef struct topts {
     double loss_scale; /* --loss-scale: > 0 the first scale, -1 none, 0 the default */
     int64_t nproc;     /* --nproc: ranks to start (0: one process) */
     int64_t bucket_size; /* --bucket-size (0: the default) */
+    ebb_low_copies weight_copies; /* --weight-copies */
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
     int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory, cuda_graph;
     const char *lr_schedule; /* --lr-schedule, parsed into sched */
@@ -471,6 +475,11 @@ static int parse(int argc, char **argv, int train, topts *o) {
         case O_NPROC:
             if (parse_i64(v, 1, &o->nproc) != 0 || o->nproc > 64)
                 return ebb_cli_usage_error(usage, "--nproc %s: expected 1 to 64 processes", v);
+            break;
+        case O_WEIGHT_COPIES:
+            if (ebb_cli_weight_copies(v, &o->weight_copies) != 0)
+                return ebb_cli_usage_error(usage, "--weight-copies %s: expected auto, keep or "
+                                                  "recast", v);
             break;
         case O_LOSS_SCALE:
             if (strcmp(v, "none") == 0)
@@ -1306,6 +1315,7 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->cuda_graph = o->cuda_graph;
     to->dist = c->dist;
     to->allreduce_bucket_bytes = o->bucket_size;
+    to->low_weight_copies = o->weight_copies;
     to->skip_nonfinite = o->skip_nonfinite;
     to->trace = o->trace ? ebb_cli_trace_step : NULL;
     to->trace_user = &c->trace;

@@ -20,6 +20,16 @@ extern const struct option ebb_cli_eval_options[];
  * text up to its first blank line) and where its options are listed, to
  * stderr; returns the usage exit code (2). */
 int ebb_cli_usage_error(const char *usage, const char *fmt, const char *arg);
+/* --weight-copies VAL into *out; 0, or -1 when VAL is none of auto, keep
+ * and recast. */
+int ebb_cli_weight_copies(const char *val, ebb_low_copies *out);
+/* --weight-copies auto|keep|recast (ebb_train_options.low_weight_copies) */
+#define WEIGHT_COPIES_HELP                                                                         \
+    "  --weight-copies HOW\n"                                                                      \
+    "                     with a low --precision: where each backward gets the low\n"          \
+    "                     copies of the weights its forward cast: auto (kept where\n"          \
+    "                     that does not raise the peak), keep, or recast\n"
+
 /* The usage error for an unknown option as written (argv's "--weigths=x"),
  * with a "did you mean" when one of `longs` is near. */
 int ebb_cli_unknown_option(const char *usage, const struct option *longs, const char *written);
