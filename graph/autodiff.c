@@ -1209,8 +1209,9 @@ static int emit_updates(ad *a, const int *which, int n) {
         int64_t best_bytes = 0;
         for (int k = 0; k < n; k++) {
             int i = which[k];
-            if (a->updated[i] || a->pgrad[i] < 0 || !p->trained[i])
-                continue;
+            if (a->updated[i] || a->pgrad[i] < 0 || !p->trained[i] ||
+                (p->owner && p->owner[i] != p->rank))
+                continue; /* ZeRO-1: another rank updates it */
             int64_t b = p->values[a->pgrad[i]].nbytes;
             if (best < 0 || b < best_bytes)
                 best = i, best_bytes = b;
@@ -1277,6 +1278,87 @@ static int emit_allreduce(ad *a) {
     p->n_buckets++;
     a->n_bucket = 0;
     a->bucket_bytes = 0;
+    return 0;
+}
+
+/* ZeRO-1: each trained parameter's owner, as torch's ZeroRedundancyOptimizer
+ * partitions them: largest first, each to the rank owning the fewest bytes
+ * so far (the lowest such rank on a tie). Every rank computes the same. */
+static int assign_owners(compiler *c) {
+    ebb_plan *p = c->plan;
+    int n = p->n_params, world = p->data_parallel;
+    int *order = malloc(((size_t)n + 1) * sizeof *order);
+    int64_t *load = calloc((size_t)world, sizeof *load);
+    p->owner = malloc(((size_t)n + 1) * sizeof *p->owner);
+    if (!order || !load || !p->owner) {
+        free(order);
+        free(load);
+        return ebb_compiler_oom(c);
+    }
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        p->owner[i] = -1;
+        if (p->trained[i])
+            order[m++] = i;
+    }
+    /* by bytes, descending, then by index: a stable order on every rank */
+    for (int k = 1; k < m; k++)
+        for (int j = k; j > 0; j--) {
+            int64_t a = ebb_shape_numel(&p->params[order[j - 1]].spec.shape);
+            int64_t b = ebb_shape_numel(&p->params[order[j]].spec.shape);
+            if (a >= b)
+                break;
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    for (int k = 0; k < m; k++) {
+        int best = 0;
+        for (int r = 1; r < world; r++)
+            if (load[r] < load[best])
+                best = r;
+        p->owner[order[k]] = best;
+        load[best] += ebb_shape_numel(&p->params[order[k]].spec.shape);
+    }
+    free(order);
+    free(load);
+    return 0;
+}
+
+/* ZeRO-1, after the updates: per rank, one step that broadcasts the
+ * parameters it owns (and so updated) to every other rank. Its scratch is
+ * the buffer ebb_dist_broadcast_() lays them end to end in, per dtype (a
+ * lone tensor of its dtype travels as it is). */
+static int emit_broadcasts(ad *a) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    for (int r = 0; r < p->data_parallel; r++) {
+        /* trained parameters are all of the plan's dtype */
+        int count = 0;
+        int64_t bytes = 0;
+        for (int i = 0; i < p->n_params; i++)
+            if (p->trained[i] && p->owner[i] == r) {
+                count++;
+                bytes += ebb_shape_numel(&p->params[i].spec.shape) *
+                         (int64_t)ebb_dtype_size(p->dtype);
+            }
+        if (count == 0)
+            continue;
+        char *name = ebb_compiler_strdupf("shard%d", r);
+        if (!name)
+            return ebb_compiler_oom(c);
+        plan_step *s = ebb_compiler_step_new(c, EBB_STEP_BROADCAST, "broadcast", name);
+        free(name);
+        if (!s)
+            return -1;
+        s->pub.phase = EBB_PHASE_UPDATE;
+        s->pub.param = r;
+        if (count > p->max_in) /* the executor gathers the parameters in its input scratch */
+            p->max_in = count;
+        s->workspace = count > 1 ? bytes : 0;
+        s->workspace_cuda = count > 1 ? ebb_cuda_block(bytes) : 0;
+        s->has_workspace_cuda = 1;
+    }
     return 0;
 }
 
@@ -1460,8 +1542,10 @@ static int finish(ad *a, int loss) {
         all[i] = i;
     int rc = emit_updates(a, all, p->n_params);
     free(all);
-    if (unscale >= 0)
-        p->steps[unscale].pub.jump = p->n_steps; /* past the clip and the updates */
+    if (rc == 0 && p->owner)
+        rc = emit_broadcasts(a);
+    if (unscale >= 0) /* past the clip and the updates (and ZeRO's broadcasts: no rank updated) */
+        p->steps[unscale].pub.jump = p->n_steps;
     /* the plan says whether any update runs before the backward ends */
     for (int i = 0, seen = 0; rc == 0 && i < p->n_steps; i++) {
         if (seen && p->steps[i].pub.phase == EBB_PHASE_BACKWARD)
@@ -1502,6 +1586,16 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
                                      "data_parallel needs update steps; with grads_only the "
                                      "caller averages the gradients (ebb_dist_allreduce_mean_)"));
     p->data_parallel = t->grads_only ? 0 : t->data_parallel;
+    if (t->zero && (t->zero != 1 || t->data_parallel < 2 || t->rank < 0 ||
+                    t->rank >= t->data_parallel))
+        return fail(c, ebb_error_set(EBB_ERR_ARG,
+                                     "zero %d, rank %d of data_parallel %d: ZeRO-1 (zero 1) shards "
+                                     "the optimizer over 2 or more ranks, and the plan is one "
+                                     "rank's",
+                                     t->zero, t->rank, t->data_parallel));
+    p->rank = t->zero ? t->rank : 0;
+    if (t->zero && assign_owners(c) != 0)
+        return -1;
     const ebb_op *loss_op = NULL;
     const ebb_attr_value *loss_attrs = NULL;
     if (choose_loss(c, g, t, &loss_op, &loss_attrs) != 0)

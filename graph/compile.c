@@ -173,6 +173,7 @@ void ebb_plan_free(ebb_plan *p) {
     free(p->deferred);
     free(p->no_decay);
     free(p->out_param);
+    free(p->owner);
     for (int i = 0; i < p->n_params; i++) {
         free(p->params[i].full_name);
         free(p->params[i].node);

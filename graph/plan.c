@@ -64,9 +64,16 @@ int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p) {
     int slots = o->kind == EBB_SGD ? o->momentum != 0 : 2 + (o->amsgrad != 0);
     int64_t n = 0;
     for (int i = 0; i < p->n_params; i++)
-        if (!p->params[i].spec.counter && !p->params[i].spec.buffer && p->trained[i])
+        if (!p->params[i].spec.counter && !p->params[i].spec.buffer && p->trained[i] &&
+            !(p->owner && p->owner[i] != p->rank))
             n += slots * param_nbytes(p, i);
     return n;
+}
+
+int ebb_plan_param_owner(const ebb_plan *p, int i) {
+    if (!p || !p->owner || i < 0 || i >= p->n_params)
+        return -1;
+    return p->owner[i];
 }
 
 int ebb_plan_peak_is_bound_on(const ebb_plan *p, ebb_device device) {
@@ -254,6 +261,36 @@ static void print_clip(const ebb_plan *p, FILE *f) {
         fprintf(f, "data parallel over %d ranks: %d all-reduce step%s average the gradients, "
                    "each bucket's updates right after it; the largest bucket's buffer %s\n",
                 p->data_parallel, p->n_buckets, p->n_buckets == 1 ? "" : "s", mb);
+        if (p->owner) {
+            /* ZeRO-1: this rank's share of the updates and the state */
+            int owned = 0, trained = 0, n_bc = 0;
+            int64_t bytes = 0, all = 0, biggest = 0;
+            for (int i = 0; i < p->n_params; i++) {
+                if (!p->trained[i])
+                    continue;
+                trained++;
+                all += param_nbytes(p, i);
+                if (p->owner[i] == p->rank) {
+                    owned++;
+                    bytes += param_nbytes(p, i);
+                }
+            }
+            for (int i = 0; i < p->n_steps; i++)
+                if (p->steps[i].pub.kind == EBB_STEP_BROADCAST) {
+                    n_bc++;
+                    biggest = p->steps[i].workspace > biggest ? p->steps[i].workspace : biggest;
+                }
+            char ob[32], ab[32], sb[32], bb[32];
+            ebb_bytes_str(bytes, ob, sizeof ob);
+            ebb_bytes_str(all, ab, sizeof ab);
+            ebb_bytes_str(ebb_plan_optimizer_state_bytes(p), sb, sizeof sb);
+            ebb_bytes_str(biggest, bb, sizeof bb);
+            fprintf(f, "ZeRO-1, rank %d of %d: updates %d of %d parameter tensors (%s of %s) and "
+                       "holds their optimizer state (%s); %d broadcast step%s send each rank's "
+                       "updated parameters to the others, the largest buffer %s\n",
+                    p->rank, p->data_parallel, owned, trained, ob, ab, sb, n_bc,
+                    n_bc == 1 ? "" : "s", bb);
+        }
     }
     if (!(p->clip_grad_norm > 0) && !p->loss_scaling)
         return;

@@ -117,6 +117,10 @@ struct ebb_plan {
     int loss_scaling;  /* ebb_train_options': the backward starts from the optimizer's scale */
     int data_parallel; /* ebb_train_options': the ranks the gradients are averaged over */
     int n_buckets;     /* its EBB_STEP_ALLREDUCE steps */
+    /* ZeRO-1 (ebb_train_options.zero): the rank this plan is for, and per
+     * parameter the rank that updates it (-1: none); NULL: not sharded */
+    int rank;
+    int *owner;
     /* graph/placement.c: updates moved to the backward's end because the
      * step's peak is lower so (per parameter), and the peak with every
      * update right after its gradient */

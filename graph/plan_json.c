@@ -217,6 +217,13 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
     if (p->data_parallel > 1)
         fprintf(f, ",\n \"data_parallel\": {\"ranks\": %d, \"buckets\": %d}", p->data_parallel,
                 p->n_buckets);
+    if (p->owner) {
+        fprintf(f, ",\n \"zero\": {\"rank\": %d, \"optimizer_state_bytes\": %lld, \"owner\": [",
+                p->rank, (long long)ebb_plan_optimizer_state_bytes(p));
+        for (int i = 0; i < p->n_params; i++)
+            fprintf(f, i ? ", %d" : "%d", p->owner[i]);
+        fputs("]}", f);
+    }
     if (p->loss_scaling)
         fprintf(f,
                 ",\n \"loss_scaling\": {\"peak_bytes\": %lld, \"updates_in_backward_peak_bytes\": "

@@ -465,6 +465,15 @@ static ebb_status allreduce(run_ctx *r, const plan_step *s) {
     return ebb_dist_allreduce_mean_(r->dist, r->args, s->pub.n_in);
 }
 
+/* ZeRO-1: the parameters rank `param` owns, as that rank updated them. */
+static ebb_status broadcast(run_ctx *r, const plan_step *s) {
+    int n = 0;
+    for (int i = 0; i < r->plan->n_params; i++)
+        if (r->plan->trained[i] && r->plan->owner[i] == s->pub.param)
+            r->args[n++] = r->model->params[i];
+    return ebb_dist_broadcast_(r->dist, r->args, n, s->pub.param);
+}
+
 /* ---- routed regions in the backward ---------------------------------------- */
 
 /* EXIT's backward: the branch's rows of the accumulator's gradient, weighted
@@ -639,6 +648,7 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
     case EBB_STEP_CLIP: return clip(r, s);
     case EBB_STEP_UNSCALE: return unscale(r, s, jump);
     case EBB_STEP_ALLREDUCE: return allreduce(r, s);
+    case EBB_STEP_BROADCAST: return broadcast(r, s);
     case EBB_STEP_ZEROS: return zeros(r, s);
     case EBB_STEP_SKIP:
         *jump = !r->written[ps->in[0]];
@@ -790,6 +800,11 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
                              "ebb_run_options.dist is %s",
                              plan->name, plan->data_parallel,
                              opts && opts->dist ? "a group of another size" : "NULL");
+    if (plan->owner && ebb_dist_rank(opts->dist) != plan->rank)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "ebb_run: plan %s is rank %d's share of a sharded optimizer "
+                             "(ebb_train_options.zero); this process is rank %d",
+                             plan->name, plan->rank, ebb_dist_rank(opts->dist));
     run_ctx r = {.plan = plan, .model = model, .opt = opt, .seed = opts ? opts->seed : 0,
                  .dist = opts ? opts->dist : NULL};
     if (plan->training) {

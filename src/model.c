@@ -117,7 +117,8 @@ ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device devic
         }
         memcpy(m->names[i], pp->full_name, n);
         m->buffer[i] = pp->spec.buffer || pp->spec.counter;
-        m->frozen[i] = plan->training && !plan->grads_only && !plan->trained[i] && !m->buffer[i];
+        m->frozen[i] = plan->training && !plan->grads_only && !m->buffer[i] &&
+                       (!plan->trained[i] || (plan->owner && plan->owner[i] != plan->rank));
         ebb_status st =
             init_param(&m->params[i], &pp->spec, plan->dtype, device, param_seed(seed, pp->full_name));
         if (st != EBB_OK) {

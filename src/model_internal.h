@@ -20,8 +20,9 @@ struct ebb_model {
     unsigned char *buffer; /* 1: a buffer or counter (batch_norm's running statistics):
                               no gradient, and no optimizer state */
     unsigned char *frozen; /* 1: a parameter the training plan the model was made from
-                              does not train (frozen, or no gradient reaches it): no
-                              optimizer state is made for it up front */
+                              does not update (frozen, no gradient reaches it, or ZeRO-1
+                              gives it to another rank): no optimizer state is made for it
+                              up front */
     /* The id of the last plan the parameters were checked against: runs of
      * the same plan skip the check (parameters cannot change shape). Ids are
      * unique per process, unlike addresses of freed plans. */

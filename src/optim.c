@@ -735,6 +735,11 @@ int64_t ebb_train_snapshot_step_count(const ebb_train_snapshot *s, int i) {
 /* SGD with momentum makes its buffer at a parameter's first update (as
  * torch.optim does): inside a graph that buffer would come from the
  * graph's own memory pool, which later replays reuse. */
+void ebb_optimizer_drop_state(ebb_optimizer *opt, int i) {
+    if (opt && i >= 0 && i < opt->n)
+        state_clear(&opt->state[i]);
+}
+
 ebb_status ebb_optimizer_check_capturable(const ebb_optimizer *opt, const char *fn) {
     if (opt->o.kind != EBB_SGD || opt->o.momentum == 0)
         return EBB_OK;

@@ -57,6 +57,9 @@ ebb_status ebb_train_snapshot_restore(const ebb_train_snapshot *s, ebb_model *mo
 ebb_status ebb_train_snapshot_restore_counts(const ebb_train_snapshot *s, ebb_optimizer *opt);
 int64_t ebb_train_snapshot_step_count(const ebb_train_snapshot *s, int param);
 void ebb_train_snapshot_free(ebb_train_snapshot *s);
+/* Frees parameter i's state and forgets its update count (ZeRO-1: a
+ * parameter another rank owns, after a checkpoint gave it state). */
+void ebb_optimizer_drop_state(ebb_optimizer *opt, int i);
 /* Refuses what a CUDA graph cannot hold (EBB_ERR_UNSUPPORTED, naming it). */
 ebb_status ebb_optimizer_check_capturable(const ebb_optimizer *opt, const char *fn);
 

@@ -216,6 +216,11 @@ static double scaling_from(const fields *f, const ebb_trainer_options *o) {
     return p == EBB_PRECISION_FP16 ? 65536.0 : 0;
 }
 
+/* ZeRO-1 shards the optimizer when there are ranks to shard it over. */
+static int zero_sharded(const ebb_trainer_options *o) {
+    return o->zero && o->dist && ebb_dist_world_size(o->dist) > 1;
+}
+
 /* The training plan when `optim` is given (with o's loss, clipping, frozen
  * parameters and memory budget), else the inference plan. */
 static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer_options *o,
@@ -257,6 +262,8 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
                                  /* data parallel: buckets averaged in the backward */
                                  .data_parallel = o->dist ? ebb_dist_world_size(o->dist) : 0,
                                  .allreduce_bucket_bytes = o->allreduce_bucket_bytes,
+                                 .zero = zero_sharded(o),
+                                 .rank = zero_sharded(o) ? ebb_dist_rank(o->dist) : 0,
                                  .low_weight_copies = o->low_weight_copies};
         co.train = &to;
         co.memory_budget = o->memory_budget;
@@ -938,14 +945,15 @@ static int64_t samples_at(const ebb_trainer *t, int64_t step) {
 
 /* A comma-separated list of the trained parameters without optimizer state
  * (a branch no row chose has none; a resumed run must tell that from state
- * a file lost). A new string, or NULL when out of memory. */
-static char *stateless_params(const ebb_trainer *t) {
+ * a file lost), by their update counts steps[]. A new string, or NULL when
+ * out of memory. */
+static char *stateless_params(const ebb_trainer *t, const int64_t *steps) {
     size_t cap = 1, at = 0;
     for (int i = 0; i < ebb_model_param_count(t->m); i++)
         cap += strlen(ebb_model_param_name(t->m, i)) + 1;
     char *s = malloc(cap);
     for (int i = 0; s && i < ebb_model_param_count(t->m); i++)
-        if (ebb_plan_param_trained(t->plan, i) && ebb_optimizer_param_step_count(t->opt, i) <= 0)
+        if (ebb_plan_param_trained(t->plan, i) && steps[i] <= 0)
             at += (size_t)snprintf(s + at, cap - at, "%s%s", at ? "," : "",
                                    ebb_model_param_name(t->m, i));
     if (s) s[at] = '\0';
@@ -1015,6 +1023,9 @@ static ebb_status check_options(const ebb_trainer_options *o) {
                              "--device cuda)",
                              ebb_device_str(o->device, d, sizeof d));
     }
+    if (o->zero && !o->dist)
+        return ebb_error_set(EBB_ERR_ARG, "zero shards the optimizer over the ranks of a "
+                                          "data-parallel run; there is no dist (--nproc)");
     if (o->dist) {
         int w = ebb_dist_world_size(o->dist);
         if (o->batch % w != 0)
@@ -1085,6 +1096,83 @@ static ebb_status check_missing_state(ebb_trainer *t) {
                          t->o.resume, names, verb, (long long)t->ci.step);
 }
 
+/* ---- ZeRO-1 (ebb_trainer_options.zero) ---- */
+
+/* Whether this rank holds parameter i's optimizer state. */
+static int zero_mine(const ebb_trainer *t, int i) {
+    int owner = ebb_plan_param_owner(t->plan, i);
+    return owner < 0 || owner == t->rank;
+}
+
+/* After a resume, which loaded the whole state: the state of the
+ * parameters other ranks own goes. */
+static void zero_drop_others(ebb_trainer *t) {
+    for (int i = 0; i < ebb_model_param_count(t->m); i++)
+        if (!zero_mine(t, i)) ebb_optimizer_drop_state(t->opt, i);
+}
+
+/* Before a checkpoint, on every rank: each rank's share of the optimizer
+ * state goes to rank 0, which completes s (a view of its own state) with
+ * it, in tensors it allocates into made[] (n of them, for the caller to
+ * free). Per rank, one transfer: its parameters' slots, then their update
+ * counts. */
+static ebb_status zero_gather(ebb_trainer *t, state *s, ebb_tensor ***made, int *n_made) {
+    ebb_optimizer_options oo = ebb_optimizer_get_options(t->opt);
+    int n = ebb_model_param_count(t->m);
+    ebb_tensor **ts = calloc((size_t)n * (N_SLOTS + 1) + 2, sizeof *ts);
+    ebb_tensor **keep = t->rank == 0 ? calloc((size_t)n * (N_SLOTS + 1) + 2, sizeof *keep) : NULL;
+    *made = keep;
+    *n_made = 0;
+    if (!ts || (t->rank == 0 && !keep)) {
+        free(ts);
+        return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    }
+    ebb_status st = EBB_OK;
+    for (int r = 1; st == EBB_OK && r < t->world; r++) {
+        if (t->rank != 0 && t->rank != r) continue; /* a transfer between rank r and rank 0 */
+        int m = 0, count = 0;
+        for (int i = 0; i < n; i++)
+            count += ebb_plan_param_owner(t->plan, i) == r;
+        if (count == 0) continue;
+        double *steps = calloc((size_t)count, sizeof *steps);
+        if (!steps) st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+        for (int i = 0, c = 0; st == EBB_OK && i < n; i++) {
+            if (ebb_plan_param_owner(t->plan, i) != r) continue;
+            ebb_tensor *p = ebb_model_param(t->m, ebb_model_param_name(t->m, i));
+            for (int k = 0; st == EBB_OK && k < N_SLOTS; k++) {
+                if (!slot_used(&oo, k)) continue;
+                if (t->rank == r) {
+                    ts[m++] = ebb_optimizer_state_tensor(t->opt, i, slot_name(k));
+                } else {
+                    ebb_shape sh = ebb_tensor_shape(p);
+                    st = ebb_tensor_zeros(&ts[m], &sh, ebb_tensor_dtype(p), ebb_device_cpu());
+                    keep[(*n_made)++] = ts[m];
+                    s->t[i * PER_PARAM + 1 + k] = ts[m++];
+                }
+            }
+            steps[c++] = t->rank == r ? (double)ebb_optimizer_param_step_count(t->opt, i) : 0;
+        }
+        ebb_shape sh = {1, {count}};
+        ebb_tensor *counts = NULL; /* made here on either side */
+        if (st == EBB_OK)
+            st = ebb_tensor_from_host(&counts, steps, sizeof *steps * (size_t)count, &sh,
+                                      EBB_FLOAT64, ebb_device_cpu());
+        if (st == EBB_OK) {
+            ts[m++] = counts;
+            st = t->rank == r ? ebb_dist_send(t->o.dist, ts, m, 0)
+                              : ebb_dist_recv_(t->o.dist, ts, m, r);
+        }
+        if (st == EBB_OK && t->rank == 0)
+            st = ebb_tensor_to_host(counts, steps, sizeof *steps * (size_t)count);
+        for (int i = 0, c = 0; st == EBB_OK && t->rank == 0 && i < n; i++)
+            if (ebb_plan_param_owner(t->plan, i) == r) s->steps[i] = (int64_t)steps[c++];
+        ebb_tensor_free(counts);
+        free(steps);
+    }
+    free(ts);
+    return st;
+}
+
 /* The weights and the optimizer state (under the options in force, which
  * may differ from the checkpoint's), each checked for state lost and for
  * NaN or Inf; a dataset unlike the checkpoint's is a warning. */
@@ -1114,6 +1202,7 @@ static ebb_status resume(ebb_trainer *t) {
              ebb_optimizer_kind_name(t->o.optimizer.kind));
     else if ((st = check_missing_state(t)) != EBB_OK)
         return st;
+    zero_drop_others(t);
     if (t->ci.data && t->data && strcmp(t->ci.data, t->data))
         warn(t, "--data %s is not the data %s was trained on: %s now, %s then", t->o.data, ck,
              t->data, t->ci.data);
@@ -1265,19 +1354,23 @@ static ebb_status check_same_run(ebb_trainer *t) {
     int64_t numel = 0;
     for (int i = 0; i < ebb_model_param_count(t->m); i++)
         numel += ebb_tensor_numel(ebb_model_param(t->m, ebb_model_param_name(t->m, i)));
+    /* ZeRO-1's plans differ by rank in their update steps only */
+    int steps = 0;
+    for (int i = 0; i < ebb_plan_step_count(t->plan); i++)
+        steps += ebb_plan_step_at(t->plan, i)->kind != EBB_STEP_UPDATE;
     char mine[RUN_TEXT] = "", theirs[RUN_TEXT] = "";
     snprintf(mine, sizeof mine,
              "plan %s:%d-steps:%d-parameters:%lld-values batch %lld block %lld epochs %lld "
              "steps %lld seed %llu shuffle %d samples %lld optimizer %s lr %.17g "
              "weight-decay %.17g momentum %.17g precision %s loss-scale %.17g clip-grad-norm "
-             "%.17g clip-grad-value %.17g",
-             ebb_plan_name(t->plan), ebb_plan_step_count(t->plan),
+             "%.17g clip-grad-value %.17g zero %d",
+             ebb_plan_name(t->plan), steps,
              ebb_model_param_count(t->m), (long long)numel, (long long)o->batch,
              (long long)o->block, (long long)o->epochs, (long long)o->steps,
              (unsigned long long)o->seed, o->shuffle, (long long)t->s.samples,
              ebb_optimizer_kind_name(o->optimizer.kind), o->optimizer.lr,
              o->optimizer.weight_decay, o->optimizer.momentum, ebb_precision_name(o->precision),
-             o->loss_scale, o->clip_grad_norm, o->clip_grad_value);
+             o->loss_scale, o->clip_grad_norm, o->clip_grad_value, zero_sharded(o));
     ebb_shape sh = {1, {RUN_TEXT}};
     ebb_tensor *text = NULL, *bad = NULL;
     ebb_status st = ebb_tensor_from_host(&text, mine, sizeof mine, &sh, EBB_UINT8,
@@ -1926,11 +2019,25 @@ ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
     if (!path) path = t->o.checkpoint;
     if (!path) return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_checkpoint: no path, and no "
                                                  "options.checkpoint");
-    if (t->rank != 0) return EBB_OK; /* data parallel: rank 0 writes for all */
+    /* data parallel: rank 0 writes for all, ZeRO-1's ranks sending it their state first */
+    int zero = zero_sharded(&t->o);
+    if (t->rank != 0 && !zero) {
+        t->s.last_checkpoint = t->s.step;
+        return EBB_OK;
+    }
     state s = {0};
-    char *stateless = stateless_params(t);
-    ebb_status st =
-        stateless ? state_view(&s, t->m, t->opt) : ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    ebb_tensor **made = NULL;
+    int n_made = 0;
+    ebb_status st = t->rank == 0 ? state_view(&s, t->m, t->opt) : EBB_OK;
+    if (st == EBB_OK && zero) st = zero_gather(t, &s, &made, &n_made);
+    char *stateless = st == EBB_OK && t->rank == 0 ? stateless_params(t, s.steps) : NULL;
+    if (st == EBB_OK && t->rank == 0 && !stateless)
+        st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    if (st == EBB_OK && t->rank != 0) {
+        free(made);
+        t->s.last_checkpoint = t->s.step; /* as rank 0's: the ranks agree when the next is due */
+        return EBB_OK;
+    }
     if (st == EBB_OK) st = refuse_nonfinite(t, &s, 0, "--checkpoint", path);
     if (st == EBB_OK) {
         const ebb_trainer_options *o = &t->o;
@@ -1976,6 +2083,9 @@ ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
                          (int)(sizeof meta / sizeof meta[0] / 2) - (t->sched ? 0 : 4));
     }
     state_free(&s);
+    for (int k = 0; k < n_made; k++)
+        ebb_tensor_free(made[k]);
+    free(made);
     free(stateless);
     if (st == EBB_OK) t->s.last_checkpoint = t->s.step;
     return st;

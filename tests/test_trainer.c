@@ -907,6 +907,13 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
     int mismatch = getenv("EBB_TEST_DP_MISMATCH") != NULL;
     int half = getenv("EBB_TEST_DP_HALF") != NULL; /* one epoch of the two */
     if (half) o.epochs = 1;
+    /* AdamW, whose state ZeRO-1 shards ("1") or not ("0") */
+    const char *zero = getenv("EBB_TEST_DP_ZERO");
+    if (zero) {
+        o.optimizer = ebb_optimizer_defaults(EBB_ADAMW, 0.05);
+        o.zero = atoi(zero);
+    }
+    o.resume = getenv("EBB_TEST_DP_RESUME"); /* a checkpoint to go on from */
     if (mismatch && rank == 1) o.optimizer.lr = 0.25;
     if (st == EBB_OK && mismatch) {
         st = ebb_trainer_open(&t, spec, &o);
@@ -930,6 +937,25 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
         fprintf(stderr, "[rank %d] %lld steps, %lld over their plan, peak %lld planned %lld\n",
                 rank, (long long)ts.step, (long long)ts.over_plan,
                 (long long)ts.measured_peak_bytes, (long long)ts.planned_peak_bytes);
+        st = EBB_ERR_RUNTIME;
+    }
+    /* ZeRO-1: this rank holds the state of the parameters it owns, and only
+     * that, as its plan says */
+    const ebb_plan *plan = st == EBB_OK ? ebb_trainer_train_plan(t) : NULL;
+    for (int i = 0; plan && zero && i < ebb_plan_param_count(plan); i++) {
+        int owner = ebb_plan_param_owner(plan, i), mine = ebb_trainer_optimizer(t) &&
+            ebb_optimizer_state_tensor(ebb_trainer_optimizer(t), i, "exp_avg") != NULL;
+        if ((o.zero && (owner < 0 || mine != (owner == rank))) || (!o.zero && (owner != -1 || !mine))) {
+            fprintf(stderr, "[rank %d] parameter %d: owner %d, state here: %d\n", rank, i, owner,
+                    mine);
+            st = EBB_ERR_RUNTIME;
+        }
+    }
+    if (plan && zero &&
+        ebb_optimizer_state_bytes(ebb_trainer_optimizer(t), NULL) != ebb_plan_optimizer_state_bytes(plan)) {
+        fprintf(stderr, "[rank %d] optimizer state %lld bytes, planned %lld\n", rank,
+                (long long)ebb_optimizer_state_bytes(ebb_trainer_optimizer(t), NULL),
+                (long long)ebb_plan_optimizer_state_bytes(plan));
         st = EBB_ERR_RUNTIME;
     }
     if (st != EBB_OK) fprintf(stderr, "[rank %d] %s\n", rank, ebb_errmsg());
@@ -1082,6 +1108,99 @@ static void test_data_parallel(void **state) {
     ebb_dist_free(d);
 }
 
+/* The whole file's bytes into *buf (*n of them); fails the test when it
+ * cannot be read. */
+static void read_all(const char *path, unsigned char **buf, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("%s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *buf = malloc((size_t)len + 1);
+    assert_non_null(*buf);
+    *n = fread(*buf, 1, (size_t)len, f);
+    fclose(f);
+    assert_int_equal(*n, (size_t)len);
+}
+
+/* ZeRO-1 over 2 ranks, AdamW: each rank holds the state of the parameters
+ * its plan gives it (the weight to rank 0, the bias to rank 1) and none
+ * other; the steps are the unsharded run's to the bit, so the weights and
+ * the checkpoint rank 0 writes (the whole state, gathered from rank 1) are
+ * the same files; that checkpoint resumes in one process, and in 2 ranks
+ * with ZeRO-1, to the same weights as the unsharded one. */
+static void test_zero(void **state) {
+    (void)state;
+    char w[2][320], c[2][320];
+    for (int z = 0; z < 2; z++) {
+        snprintf(w[z], sizeof w[z], "%s/zero%d.safetensors", dir, z);
+        snprintf(c[z], sizeof c[z], "%s/zero%d_ckpt.safetensors", dir, z);
+        setenv("EBB_TEST_DP_ZERO", z ? "1" : "0", 1);
+        assert_int_equal(dp_run(2, w[z], c[z]), 2);
+    }
+    for (int k = 0; k < 2; k++) {
+        const char *a = k ? c[0] : w[0], *b = k ? c[1] : w[1];
+        unsigned char *ba = NULL, *bb = NULL;
+        size_t na = 0, nb = 0;
+        read_all(a, &ba, &na);
+        read_all(b, &bb, &nb);
+        int same = na == nb && memcmp(ba, bb, na) == 0;
+        free(ba);
+        free(bb);
+        printf("[ zero     ] %s: %zu bytes, %s the unsharded run's\n", k ? "checkpoint" : "weights",
+               nb, same ? "the same as" : "NOT");
+        if (!same) fail_msg("ZeRO-1's %s differs from the unsharded run's", k ? "checkpoint" : "weights");
+    }
+    /* half the run sharded, then resumed: one process, and 2 ranks sharded */
+    setenv("EBB_TEST_DP_HALF", "1", 1);
+    assert_int_equal(dp_run(2, w[1], c[1]), 2);
+    unsetenv("EBB_TEST_DP_HALF");
+    ebb_spec *spec = load_spec();
+    ebb_trainer_options o = dp_options();
+    o.optimizer = ebb_optimizer_defaults(EBB_ADAMW, 0.05);
+    o.resume = c[1];
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("resumed in one process: %s", ebb_errmsg());
+    float resumed[F * F + F], straight[F * F + F];
+    weights_of(t, resumed);
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+    ebb_safetensors *sf = NULL;
+    ebb_tensor *wt = NULL, *bt = NULL;
+    assert_int_equal(ebb_safetensors_open(&sf, w[0]), EBB_OK);
+    assert_int_equal(ebb_safetensors_load(&wt, sf, "fc.weight", ebb_device_cpu()), EBB_OK);
+    assert_int_equal(ebb_safetensors_load(&bt, sf, "fc.bias", ebb_device_cpu()), EBB_OK);
+    ebb_safetensors_close(sf);
+    assert_int_equal(ebb_tensor_to_host(wt, straight, sizeof(float) * F * F), EBB_OK);
+    assert_int_equal(ebb_tensor_to_host(bt, straight + F * F, sizeof(float) * F), EBB_OK);
+    ebb_tensor_free(wt);
+    ebb_tensor_free(bt);
+    double rel = rel_diff(resumed, straight);
+    printf("[ zero     ] sharded over 2 ranks, resumed in 1: weights within %.3g of 2 ranks'\n", rel);
+    if (rel > 1e-6) fail_msg("resumed from a ZeRO-1 checkpoint: weights differ by %g", rel);
+    /* and resumed in 2 ranks, sharded again: the straight run's bits */
+    char again[320];
+    snprintf(again, sizeof again, "%s/zero_again.safetensors", dir);
+    setenv("EBB_TEST_DP_RESUME", c[1], 1);
+    assert_int_equal(dp_run(2, again, c[1]), 2);
+    unsetenv("EBB_TEST_DP_RESUME");
+    unsigned char *ba = NULL, *bb = NULL;
+    size_t na = 0, nb = 0;
+    read_all(again, &ba, &na);
+    read_all(w[0], &bb, &nb);
+    int same = na == nb && memcmp(ba, bb, na) == 0;
+    free(ba);
+    free(bb);
+    unlink(again);
+    if (!same) fail_msg("resumed in 2 ranks with ZeRO-1: the weights differ from the straight run's");
+    unsetenv("EBB_TEST_DP_ZERO");
+    for (int z = 0; z < 2; z++) {
+        unlink(w[z]);
+        unlink(c[z]);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc == 8 && !strcmp(argv[1], "--dp-rank"))
         return dp_child(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), argv[5], argv[6], argv[7]);
@@ -1098,6 +1217,7 @@ int main(int argc, char **argv) {
         EBB_TEST(test_accumulate),
         EBB_TEST(test_early_stopping),
         EBB_TEST(test_data_parallel),
+        EBB_TEST(test_zero),
         EBB_TEST(test_refusals),
     };
     return cmocka_run_group_tests(tests, setup_files, teardown_files);

@@ -74,8 +74,17 @@ EBB_API int ebb_dist_world_size(const ebb_dist *d);
  * end in a buffer the size of them all (DDP's bucket), held for the call. 
  * EBB_ERR_DIST when a rank was lost or the collective timed out. */
 EBB_API ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n);
-/* Every rank's ts[i] becomes rank `root`'s, in place. */
+/* Every rank's ts[i] becomes rank `root`'s, in place. As for the mean, the
+ * tensors of one dtype travel together in one buffer the size of them all
+ * (ZeRO-1's broadcast steps count it). */
 EBB_API ebb_status ebb_dist_broadcast_(ebb_dist *d, ebb_tensor *const *ts, int n, int root);
+/* Point to point: sends ts[0..n) to rank `dst`, which takes them with
+ * ebb_dist_recv_() into tensors of the same dtypes and sizes, in order
+ * (laid end to end per dtype, as the collectives do). Returns when the
+ * tensors were sent; fails as a collective does. */
+EBB_API ebb_status ebb_dist_send(ebb_dist *d, ebb_tensor *const *ts, int n, int dst);
+/* ts[0..n) become, in place, what rank `src` sent with ebb_dist_send(). */
+EBB_API ebb_status ebb_dist_recv_(ebb_dist *d, ebb_tensor *const *ts, int n, int src);
 /* Returns when every rank has called it (or fails as a collective does). */
 EBB_API ebb_status ebb_dist_barrier(ebb_dist *d);
 

@@ -132,6 +132,18 @@ typedef struct ebb_train_options {
     int data_parallel;
     /* A bucket's size (DDP's bucket_cap_mb); 0: 25 MiB. */
     int64_t allreduce_bucket_bytes;
+    /* ZeRO-1, with data_parallel > 1: the optimizer's state is sharded over
+     * the ranks, as torch's ZeroRedundancyOptimizer shards it. Each trained
+     * parameter has one owner (largest first, each to the rank that owns
+     * the fewest bytes so far: ebb_plan_param_owner()), and only the owner
+     * updates it and holds its state, so a rank's update steps and state
+     * are about 1/data_parallel of them. The gradients are averaged as
+     * without it; after the updates one EBB_STEP_BROADCAST per rank sends
+     * its parameters to the others, laid end to end in a buffer the size of
+     * its share. `rank` is the rank this plan is for: each compiles its own,
+     * and ebb_train_step() checks it against ebb_run_options.dist. */
+    int zero;
+    int rank;
     /* Mixed precision: where a backward step gets the low copies of the
      * parameters its forward step cast (ebb_low_copies below). */
     ebb_low_copies low_weight_copies;
@@ -228,6 +240,8 @@ typedef enum ebb_step_kind {
                            the updates when one is not finite (ebb_train_options.loss_scaling) */
     EBB_STEP_ALLREDUCE, /* (a bucket of gradients): each becomes its mean over the ranks, in
                            place (ebb_train_options.data_parallel) */
+    EBB_STEP_BROADCAST, /* ZeRO-1: the parameters one rank owns (`param` is the rank) become
+                           that rank's, on every rank (ebb_train_options.zero) */
 } ebb_step_kind;
 
 /* Which part of a training step a step belongs to (inference: all forward). */
@@ -338,13 +352,18 @@ EBB_API int64_t ebb_plan_param_bytes(const ebb_plan *p);
 /* A training plan with updates: the bytes of the state the optimizer it was
  * compiled for keeps, which ebb_optimizer_new() makes (zeros) for every
  * parameter that is not a buffer, so that no step allocates it: beside the
- * parameters, not in any step's peak. 0 for other plans and NULL p. */
+ * parameters, not in any step's peak. Under ZeRO-1, this rank's share (the
+ * parameters it owns). 0 for other plans and NULL p. */
 EBB_API int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p);
 /* Mixed precision, a training plan: how many parameters' low copies its
  * forward keeps for its backward (ebb_train_options.low_weight_copies),
  * their bytes (kept_bytes, may be NULL), and how many its backward casts
  * again (recast, may be NULL). NULL p or no copies: 0. */
 EBB_API int ebb_plan_low_copies(const ebb_plan *p, int64_t *kept_bytes, int *recast);
+/* ZeRO-1 (ebb_train_options.zero): the rank that updates parameter i and
+ * holds its optimizer state; -1 for a plan that does not shard, or a
+ * parameter no rank updates (a buffer, a frozen one) or i out of range. */
+EBB_API int ebb_plan_param_owner(const ebb_plan *p, int i);
 /* Parameter i's spec, owned by the plan; its full name ("stem.weight") goes
  * to *full_name when full_name is non-NULL. NULL p or i out of range: NULL,
  * *full_name untouched. */

@@ -245,6 +245,13 @@ typedef struct ebb_trainer_options {
     ebb_dist *dist;
     int64_t allreduce_bucket_bytes; /* data parallel: a bucket's size (0: 25 MiB; see
                                        ebb_train_options) */
+    /* Data parallel: 1 shards the optimizer's state over the ranks (ZeRO-1,
+     * ebb_train_options.zero): each rank updates and keeps the state of its
+     * share of the parameters, and sends them to the others after each
+     * step. Checkpoints still hold the whole state (rank 0 gathers it from
+     * the others to write them), so a run resumes on any world size, with
+     * or without it. 0: every rank keeps all of it. */
+    int zero;
     /* mixed precision: where the backward gets the weights' low copies
      * (ebb_train_options.low_weight_copies); by default kept where free */
     ebb_low_copies low_weight_copies;

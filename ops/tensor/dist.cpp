@@ -182,6 +182,33 @@ ebb_status gather(const char *fn, ebb_tensor *const *ts, int n, bool floating,
     return EBB_OK;
 }
 
+#ifdef USE_C10D_GLOO
+// Runs `op` once per dtype on the tensors of that dtype laid end to end in
+// one buffer (a DDP bucket holding them all): a collective per tensor costs
+// a round trip each, which small layers cannot hide. A lone tensor of its
+// dtype travels as it is. `op` returns whether the buffer changed, so that
+// it is copied back.
+template <class Op> void per_dtype(std::vector<at::Tensor> &list, Op op) {
+    std::vector<bool> done(list.size(), false);
+    for (size_t i = 0; i < list.size(); i++) {
+        if (done[i]) continue;
+        std::vector<at::Tensor> same;
+        for (size_t j = i; j < list.size(); j++)
+            if (!done[j] && list[j].scalar_type() == list[i].scalar_type()) {
+                same.push_back(list[j].reshape({-1}));
+                done[j] = true;
+            }
+        std::vector<at::Tensor> flat{same.size() == 1 ? same[0] : at::cat(same)};
+        if (!op(flat) || same.size() == 1) continue;
+        int64_t at = 0;
+        for (auto &t : same) {
+            t.copy_(flat[0].narrow(0, at, t.numel()));
+            at += t.numel();
+        }
+    }
+}
+#endif
+
 } // namespace
 
 ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n) {
@@ -193,28 +220,11 @@ ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n) {
 #ifdef USE_C10D_GLOO
     try {
         c10::InferenceMode guard;
-        // one collective per dtype, on the tensors laid end to end in one
-        // buffer (a DDP bucket holding them all): a collective per tensor
-        // costs a round trip each, which small layers cannot hide
-        std::vector<bool> done(list.size(), false);
-        for (size_t i = 0; i < list.size(); i++) {
-            if (done[i]) continue;
-            std::vector<at::Tensor> same;
-            for (size_t j = i; j < list.size(); j++)
-                if (!done[j] && list[j].scalar_type() == list[i].scalar_type()) {
-                    same.push_back(list[j].reshape({-1}));
-                    done[j] = true;
-                }
-            std::vector<at::Tensor> flat{same.size() == 1 ? same[0] : at::cat(same)};
+        per_dtype(list, [d](std::vector<at::Tensor> &flat) {
             finish(d->pg->allreduce(flat), d->timeout);
             flat[0].div_(d->world);
-            if (same.size() == 1) continue;
-            int64_t at = 0;
-            for (auto &t : same) {
-                t.copy_(flat[0].narrow(0, at, t.numel()));
-                at += t.numel();
-            }
-        }
+            return true;
+        });
     } catch (...) {
         return dist_failure(fn, d->where);
     }
@@ -233,17 +243,53 @@ ebb_status ebb_dist_broadcast_(ebb_dist *d, ebb_tensor *const *ts, int n, int ro
 #ifdef USE_C10D_GLOO
     try {
         c10::InferenceMode guard;
-        for (auto &t : list) {
-            std::vector<at::Tensor> one{t};
+        per_dtype(list, [d, root](std::vector<at::Tensor> &flat) {
             c10d::BroadcastOptions bo;
             bo.rootRank = root;
-            finish(d->pg->broadcast(one, bo), d->timeout);
-        }
+            finish(d->pg->broadcast(flat, bo), d->timeout);
+            return d->rank != root; // the root's own tensors hold what it sent
+        });
     } catch (...) {
         return dist_failure(fn, d->where);
     }
 #endif
     return EBB_OK;
+}
+
+// One side of a point-to-point transfer: send (to `peer`) or receive (from it).
+static ebb_status p2p(const char *fn, ebb_dist *d, ebb_tensor *const *ts, int n, int peer,
+                      bool sending) {
+    EBB_NEED(fn, d);
+    if (peer < 0 || peer >= d->world || peer == d->rank)
+        return ebb_error_set(EBB_ERR_ARG, "%s (%s): rank %d is not another rank of %d", fn,
+                             d->where.c_str(), peer, d->world);
+    std::vector<at::Tensor> list;
+    ebb_status st = gather(fn, ts, n, false, list);
+    if (st != EBB_OK || list.empty()) return st;
+#ifdef USE_C10D_GLOO
+    try {
+        c10::InferenceMode guard;
+        per_dtype(list, [d, peer, sending](std::vector<at::Tensor> &flat) {
+            if (sending)
+                finish(d->pg->send(flat, peer, 0), d->timeout);
+            else
+                finish(d->pg->recv(flat, peer, 0), d->timeout);
+            return !sending;
+        });
+    } catch (...) {
+        return dist_failure(fn, d->where, sending ? "sending to rank " + std::to_string(peer)
+                                                  : "receiving from rank " + std::to_string(peer));
+    }
+#endif
+    return EBB_OK;
+}
+
+ebb_status ebb_dist_send(ebb_dist *d, ebb_tensor *const *ts, int n, int dst) {
+    return p2p("ebb_dist_send", d, ts, n, dst, true);
+}
+
+ebb_status ebb_dist_recv_(ebb_dist *d, ebb_tensor *const *ts, int n, int src) {
+    return p2p("ebb_dist_recv_", d, ts, n, src, false);
 }
 
 ebb_status ebb_dist_barrier(ebb_dist *d) {

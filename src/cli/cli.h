@@ -78,6 +78,8 @@ enum {
     OPT_DATA_PARALLEL,
     OPT_BUCKET_SIZE,
     OPT_WEIGHT_COPIES,
+    OPT_ZERO,
+    OPT_RANK,
 };
 
 /* --batch B: -i SYMBOL=B for the spec's batch, as ebb train takes it */
@@ -100,7 +102,8 @@ enum {
         {"loss-scale", required_argument, NULL, OPT_LOSS_SCALE},                                   \
         {"data-parallel", required_argument, NULL, OPT_DATA_PARALLEL},                             \
         {"bucket-size", required_argument, NULL, OPT_BUCKET_SIZE},                                 \
-        {"weight-copies", required_argument, NULL, OPT_WEIGHT_COPIES}, {                           \
+        {"weight-copies", required_argument, NULL, OPT_WEIGHT_COPIES},                             \
+        {"zero", no_argument, NULL, OPT_ZERO}, {"rank", required_argument, NULL, OPT_RANK}, {      \
         "no-decay", required_argument, NULL, OPT_NO_DECAY                                          \
     }
 #define CLIP_HELP                                                                                  \
@@ -117,6 +120,9 @@ enum {
     "  --data-parallel N  with --train: one rank's step of N (ebb train --nproc N): the\n"      \
     "                     gradients averaged in all-reduce steps, bucket by bucket\n"         \
     "  --bucket-size SIZE with --data-parallel: a bucket's size (default 25MiB)\n"           \
+    "  --zero             with --data-parallel: ZeRO-1, the optimizer's state sharded\n"       \
+    "                     over the ranks (ebb train --zero); the plan is one rank's\n"        \
+    "  --rank R           with --zero: plan rank R's step (default 0)\n"                      \
     WEIGHT_COPIES_HELP
 
 #define COMMON_OPTIONS                                                                             \
@@ -150,6 +156,7 @@ typedef struct options {
     int data_parallel;            /* --data-parallel N: ranks (0: one process) */
     int64_t bucket_size;          /* --bucket-size (0: the default) */
     int weight_copies_set;        /* --weight-copies given */
+    int zero, rank;               /* --zero, --rank R (-1: not given) */
     ebb_low_copies weight_copies; /* --weight-copies */
     const char *no_decay[16];     /* --no-decay PATTERN */
     int n_no_decay;

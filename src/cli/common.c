@@ -265,6 +265,7 @@ static int add_spec(const command *c, options *o, const char *arg) {
 int parse_options(int argc, char **argv, const command *c, options *o) {
     memset(o, 0, sizeof *o);
     o->repeat = 1;
+    o->rank = -1;
     const char *usage = c->usage;
     /* kept until exit: the command reads them to the end */
     static const char **specs;
@@ -335,6 +336,17 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
                 return ebb_cli_usage_error(usage, "--data-parallel %s: expected 1 to 4096 ranks",
                                            val);
             o->data_parallel = (int)v;
+            break;
+        }
+        case OPT_ZERO:
+            o->zero = 1;
+            break;
+        case OPT_RANK: {
+            char *end = NULL;
+            long v = strtol(val, &end, 10);
+            if (end == val || *end || v < 0 || v > 4095)
+                return ebb_cli_usage_error(usage, "--rank %s: expected a rank, 0 to 4095", val);
+            o->rank = (int)v;
             break;
         }
         case OPT_WEIGHT_COPIES:
@@ -443,6 +455,16 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
                                    "--data-parallel apply to --train (a step with updates)");
     if (o->weight_copies_set && !o->train)
         return ebb_cli_usage_error(usage, "%s", "--weight-copies applies to --train");
+    if (o->zero && o->data_parallel < 2)
+        return ebb_cli_usage_error(usage, "%s", "--zero shards the optimizer over the ranks of "
+                                                "--data-parallel N (2 or more)");
+    if (o->rank >= 0 && !o->zero)
+        return ebb_cli_usage_error(usage, "%s", "--rank applies to --zero");
+    if (o->rank >= o->data_parallel && o->zero) {
+        char r[32];
+        snprintf(r, sizeof r, "%d", o->rank);
+        return ebb_cli_usage_error(usage, "--rank %s: not a rank of --data-parallel", r);
+    }
     if (o->bucket_size && !o->data_parallel)
         return ebb_cli_usage_error(usage, "%s", "--bucket-size applies to --data-parallel");
     if ((o->loss || o->optimizer || o->grads_only) && !o->train && strcmp(c->name, "grad") != 0)
@@ -907,6 +929,8 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
     t->data_parallel = o->data_parallel;
     t->allreduce_bucket_bytes = o->bucket_size;
     t->low_weight_copies = o->weight_copies;
+    t->zero = o->zero;
+    t->rank = o->zero && o->rank > 0 ? o->rank : 0;
     t->loss_scaling = !o->grads_only && (o->loss_scale > 0 ||
                                          (o->loss_scale == 0 && pr == EBB_PRECISION_FP16));
     t->optimizer.kind = EBB_ADAMW;

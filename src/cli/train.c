@@ -115,6 +115,9 @@ const char ebb_cli_usage_train[] =
     "                     loopback, gradients averaged by Gloo; --batch is the global\n"
     "                     batch); a process started by torchrun (RANK, WORLD_SIZE,\n"
     "                     MASTER_ADDR, MASTER_PORT set) joins its job without it\n"
+    "  --zero             with --nproc: shard the optimizer's state over the ranks\n"
+    "                     (ZeRO-1): each updates its share of the parameters and\n"
+    "                     sends them to the others; checkpoints hold the whole state\n"
     "  --bucket-size SIZE with --nproc: gradients averaged in buckets of SIZE (default\n"
     "                     25MiB, as DDP's), each bucket's updates right after it\n"
     "  --loss-scale S     dynamic loss scaling from scale S, as torch.amp.GradScaler: a\n"
@@ -252,6 +255,7 @@ enum {
     O_NPROC,
     O_BUCKET_SIZE,
     O_WEIGHT_COPIES,
+    O_ZERO,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -306,6 +310,7 @@ const struct option ebb_cli_train_options[] = {
     {"nproc", required_argument, NULL, O_NPROC},
     {"bucket-size", required_argument, NULL, O_BUCKET_SIZE},
     {"weight-copies", required_argument, NULL, O_WEIGHT_COPIES},
+    {"zero", no_argument, NULL, O_ZERO},
     {NULL, 0, NULL, 0},
 };
 
@@ -322,6 +327,7 @@ typedef struct topts {
     double loss_scale; /* --loss-scale: > 0 the first scale, -1 none, 0 the default */
     int64_t nproc;     /* --nproc: ranks to start (0: one process) */
     int64_t bucket_size; /* --bucket-size (0: the default) */
+    int zero;            /* --zero: ZeRO-1 */
     ebb_low_copies weight_copies; /* --weight-copies */
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
     int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory, cuda_graph;
@@ -471,6 +477,9 @@ static int parse(int argc, char **argv, int train, topts *o) {
             if (ebb_bytes_parse(v, &o->bucket_size) != EBB_OK || o->bucket_size <= 0)
                 return ebb_cli_usage_error(usage, "--bucket-size %s: expected a byte count above "
                                                   "0, like 4MiB", v);
+            break;
+        case O_ZERO:
+            o->zero = 1;
             break;
         case O_NPROC:
             if (parse_i64(v, 1, &o->nproc) != 0 || o->nproc > 64)
@@ -1262,6 +1271,10 @@ static int train_open(cli_run *c, int argc, char **argv) {
     topts *o = &c->o;
     int rc = parse(argc, argv, 1, o);
     if (rc) return rc;
+    if (o->zero && o->nproc <= 1 && !getenv("WORLD_SIZE"))
+        return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
+                                   "--zero shards the optimizer over the ranks of data-parallel "
+                                   "training (--nproc N, or torchrun's environment)");
     if (o->bucket_size && o->nproc <= 1 && !getenv("WORLD_SIZE"))
         return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
                                    "--bucket-size applies to data-parallel training (--nproc N, "
@@ -1315,6 +1328,7 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->cuda_graph = o->cuda_graph;
     to->dist = c->dist;
     to->allreduce_bucket_bytes = o->bucket_size;
+    to->zero = o->zero;
     to->low_weight_copies = o->weight_copies;
     to->skip_nonfinite = o->skip_nonfinite;
     to->trace = o->trace ? ebb_cli_trace_step : NULL;
