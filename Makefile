@@ -39,7 +39,7 @@ endif
 # (docs/training.md).
 DEB_PACKAGES := cmake g++ make pkg-config libtorch-dev libopenblas0-pthread \
                 libyaml-dev libcjson-dev zlib1g-dev libcmocka-dev graphviz librsvg2-bin \
-                libgloo-dev dataset-fashion-mnist fortunes
+                libgloo-dev dataset-fashion-mnist fortunes iproute2
 
 .PHONY: all build deps torch-pip fuzz-deps demo test test-asan bench fuzz gpu-check clean
 

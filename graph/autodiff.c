@@ -48,6 +48,7 @@ typedef struct ad {
     int n_copy;
     int *first_use; /* per parameter: the first forward step that reads it */
     unsigned char *updated; /* per parameter: its update step is emitted */
+    unsigned char *reduced; /* per parameter (data parallel): its gradient is averaged */
     /* data parallel: final gradients not averaged yet (the open bucket) */
     int *bucket, n_bucket;
     int64_t bucket_bytes;
@@ -1239,8 +1240,10 @@ static int emit_allreduce(ad *a) {
         free(name);
         return ebb_compiler_oom(c);
     }
-    for (int k = 0; k < n; k++)
+    for (int k = 0; k < n; k++) {
         in[k] = a->pgrad[a->bucket[k]];
+        a->reduced[a->bucket[k]] = 1;
+    }
     plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE, "allreduce", name);
     free(name);
     if (!s || ebb_compiler_step_set_slots(c, s, in, n, NULL, 0) != 0) {
@@ -1370,8 +1373,8 @@ static int bucket_add(ad *a, const int *which, int n, int force) {
     ebb_plan *p = a->c->plan;
     for (int k = 0; k < n; k++) {
         int i = which[k], seen = 0;
-        if (a->pgrad[i] < 0 || !p->trained[i] || a->updated[i])
-            continue;
+        if (a->pgrad[i] < 0 || !p->trained[i] || a->updated[i] || a->reduced[i])
+            continue; /* ZeRO-1 updates another rank's parameters nowhere: `reduced` says */
         for (int j = 0; j < a->n_bucket; j++)
             seen |= a->bucket[j] == i;
         if (seen)
@@ -1480,9 +1483,13 @@ static int finish(ad *a, int loss) {
     ebb_plan *p = c->plan;
     int n_out = 1;
     for (int i = 0; i < p->n_params; i++) {
-        /* a parameter no gradient reaches (a switch's selector) is not trained */
-        if (a->pgrad[i] < 0)
+        /* a parameter no gradient reaches (a switch's selector) is not trained,
+         * nor owned by a ZeRO-1 rank */
+        if (a->pgrad[i] < 0) {
             p->trained[i] = 0;
+            if (p->owner)
+                p->owner[i] = -1;
+        }
         n_out += a->t->grads_only && a->pgrad[i] >= 0;
     }
     int *outputs = calloc((size_t)n_out, sizeof *outputs);
@@ -1635,9 +1642,10 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
     a.copy = malloc((size_t)a.n_grad * sizeof *a.copy);
     a.first_use = malloc(((size_t)p->n_params + 1) * sizeof *a.first_use);
     a.updated = calloc((size_t)p->n_params + 1, 1);
+    a.reduced = calloc((size_t)p->n_params + 1, 1);
     a.bucket = malloc(((size_t)p->n_params + 1) * sizeof *a.bucket);
     if (!a.req || !a.grad || !a.pgrad || !a.regions || !a.loops || !a.copy || !a.first_use ||
-        !a.updated || !a.bucket) {
+        !a.updated || !a.reduced || !a.bucket) {
         ebb_compiler_oom(c);
         goto out;
     }
@@ -1787,6 +1795,7 @@ out:
     free(a.copy);
     free(a.first_use);
     free(a.updated);
+    free(a.reduced);
     free(a.bucket);
     return rc;
 }

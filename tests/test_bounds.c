@@ -1024,6 +1024,107 @@ static void sweep_precision(ebb_precision prec) {
         assert_true(n_refused == 0 && n_runs >= 40 && n_casts > 0 && n_kept > 0);
 }
 
+/* ---- ZeRO-1 ------------------------------------------------------------------ */
+
+/* One rank's collectives, in order, as Gloo matches them across ranks: an
+ * all-reduce's tensor sizes, a broadcast's root. */
+static int collectives(const ebb_plan *p, int64_t *out, int cap) {
+    int n = 0;
+    for (int i = 0; i < ebb_plan_step_count(p); i++) {
+        const ebb_plan_step *s = ebb_plan_step_at(p, i);
+        if (s->kind == EBB_STEP_BROADCAST && n < cap) {
+            out[n++] = -1 - s->param;
+        } else if (s->kind == EBB_STEP_ALLREDUCE) {
+            for (int k = 0; k < s->n_in && n < cap; k++)
+                out[n++] = ebb_plan_value_at(p, s->in[k])->nbytes;
+            if (n < cap) out[n++] = 0; /* the bucket's end */
+        }
+    }
+    return n;
+}
+
+/* Every spec that trains, sharded by ZeRO-1 over 2 and 3 ranks with the
+ * default buckets and with one per gradient: each rank's plan issues the
+ * same collectives in the same order (or the ranks would wait on each
+ * other, or mix buffers), every trained parameter has exactly one owner
+ * (the rank whose own plan says it is),
+ * each rank's state is its owned share, and the shares add up to the
+ * unsharded optimizer's. */
+static void zero_ranks_agree(void **state) {
+    (void)state;
+    spec_list l = {0};
+    list_specs(&l, EBB_SOURCE_DIR "/specs");
+    qsort(l.paths, (size_t)l.n, sizeof *l.paths, cmp_str);
+    n_broken = 0;
+    int n_plans = 0;
+    enum { CAP = 4096 };
+    int64_t *first = malloc(CAP * sizeof *first), *mine = malloc(CAP * sizeof *mine);
+    assert_non_null(first);
+    assert_non_null(mine);
+    for (int i = 0; i < l.n; i++) {
+        ebb_shape in_shapes[8], t_shapes[8];
+        int nt = 0;
+        ebb_spec *s = load_any(l.paths[i], in_shapes, t_shapes, &nt);
+        for (int world = 2; nt > 0 && world <= 3; world++)
+            for (int tiny = 0; tiny < 2; tiny++) {
+                ebb_train_options t = {.target_shapes = t_shapes, .n_target_shapes = nt,
+                                       .optimizer = {.kind = EBB_ADAMW, .lr = 1e-3},
+                                       .data_parallel = world,
+                                       .allreduce_bucket_bytes = tiny ? 1 : 0};
+                ebb_compile_options o = {.input_shapes = in_shapes,
+                                         .n_input_shapes = ebb_spec_input_count(s), .train = &t};
+                ebb_plan *whole = NULL;
+                if (ebb_spec_compile(&whole, s, &o) != EBB_OK)
+                    fail_msg("%s: unsharded over %d ranks: %s", l.paths[i], world, ebb_errmsg());
+                int64_t all = ebb_plan_optimizer_state_bytes(whole), shares = 0;
+                int n_first = 0;
+                int *owned = calloc((size_t)ebb_plan_param_count(whole) + 1, sizeof *owned);
+                assert_non_null(owned);
+                for (int r = 0; r < world; r++) {
+                    t.zero = 1;
+                    t.rank = r;
+                    ebb_plan *p = NULL;
+                    if (ebb_spec_compile(&p, s, &o) != EBB_OK)
+                        fail_msg("%s: rank %d of %d: %s", l.paths[i], r, world, ebb_errmsg());
+                    n_plans++;
+                    shares += ebb_plan_optimizer_state_bytes(p);
+                    int n = collectives(p, r ? mine : first, CAP);
+                    if (r == 0)
+                        n_first = n;
+                    else if (n != n_first || memcmp(mine, first, (size_t)n * sizeof *mine) != 0)
+                        BROKEN("%s: %d ranks%s: rank %d's collectives differ from rank 0's",
+                               l.paths[i], world, tiny ? ", a bucket per gradient" : "", r);
+                    for (int k = 0; k < ebb_plan_param_count(p); k++) {
+                        int owner = ebb_plan_param_owner(p, k);
+                        if (owner < -1 || owner >= world ||
+                            (owner >= 0) != (ebb_plan_param_trained(whole, k) != 0))
+                            BROKEN("%s: parameter %d: owner %d of %d ranks", l.paths[i], k, owner,
+                                   world);
+                        owned[k] += owner == r;
+                    }
+                    ebb_plan_free(p);
+                }
+                /* each rank's plan names the same owner: the one rank it is */
+                for (int k = 0; k < ebb_plan_param_count(whole); k++)
+                    if (ebb_plan_param_trained(whole, k) && owned[k] != 1)
+                        BROKEN("%s: parameter %d is its own rank's in %d of %d ranks' plans",
+                               l.paths[i], k, owned[k], world);
+                if (shares != all)
+                    BROKEN("%s: %d ranks hold %lld bytes of optimizer state, unsharded %lld",
+                           l.paths[i], world, (long long)shares, (long long)all);
+                free(owned);
+                ebb_plan_free(whole);
+            }
+        ebb_spec_free(s);
+    }
+    free(first);
+    free(mine);
+    free_specs(&l);
+    if (n_broken) fail_msg("%d ZeRO-1 plans broke their promise (listed above)", n_broken);
+    printf("  %d ZeRO-1 rank plans agree on their collectives\n", n_plans);
+    assert_true(n_plans >= 40);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(every_spec_keeps_its_promise),
@@ -1036,6 +1137,7 @@ int main(void) {
         EBB_TEST(measured_scratch_makes_plans_exact),
         EBB_TEST(mixed_precision_keeps_its_promise),
         EBB_TEST(float16_keeps_its_promise),
+        EBB_TEST(zero_ranks_agree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3253,12 +3253,14 @@ static void test_train_recipes(void **state) {
     free(text);
     if (lines != 6 || steps != 3 || epochs != 2)
         fail_msg("%s: %d lines, %d step rows, %d complete epoch rows", csv, lines, steps, epochs);
-    /* --nproc 2: the ranks train together, rank 0 alone speaks and writes
-     * (test_trainer compares the weights with one process's) */
+    /* --nproc 2 --zero: the ranks train together, sharding the optimizer,
+     * rank 0 alone speaks and writes (test_trainer compares the weights with
+     * one process's, and ZeRO-1's with the unsharded run's) */
     char w2[PATH_MAX];
     tmp_path(w2, sizeof w2, "recipes-w2.safetensors");
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "3", "--batch", "16",
-        "--nproc", "2", "--bucket-size", "8KiB", "--save-weights", w2, "--device", "cpu");
+        "--nproc", "2", "--zero", "--bucket-size", "8KiB", "--save-weights", w2, "--device",
+        "cpu");
     expect_code(&r, 0);
     const char *first = strstr(r.out, "training specs/mlp.yaml");
     if (!first || strstr(first + 1, "training specs/mlp.yaml"))
@@ -3272,6 +3274,16 @@ static void test_train_recipes(void **state) {
     expect_code(&r, 2);
     expect_contains("stderr", &r, r.err, "--batch 15 is the global batch of 2 ranks");
     expect_contains("stderr", &r, r.err, "of 2 exited with status 2");
+    cli_free(&r);
+    /* ZeRO-1 needs ranks; its plan is one rank's */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "3", "--zero");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--zero shards the optimizer over the ranks");
+    cli_free(&r);
+    EBB(&r, "plan", "specs/mlp.yaml", "--train", "--data-parallel", "2", "--zero", "--rank", "1");
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "ZeRO-1, rank 1 of 2: updates ");
+    expect_contains("stdout", &r, r.out, "2 broadcast steps send each rank's updated parameters");
     cli_free(&r);
     /* what the options refuse */
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "2", "--freeze", "fc9.*");

@@ -3,14 +3,24 @@
  * collectives give; a rank that is killed, one that hangs and a rendezvous
  * nobody serves must fail the others with EBB_ERR_DIST within their timeout,
  * naming the rank. Every child is waited for with a deadline, and killed
- * past it, so no test can hang. */
-#define _GNU_SOURCE /* posix_spawn, clock_gettime */
+ * past it, so no test can hang. Two ranks also run as two "machines": two
+ * network namespaces joined by a veth pair. */
+#define _GNU_SOURCE /* posix_spawn, clock_gettime, setns, unshare, pipe2 */
 #include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
 #include <math.h>
+#include <net/if.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdarg.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -200,16 +210,142 @@ static int child_plan(ebb_dist *d, int rank, int world) {
     return rc != 0;
 }
 
+/* ---- two machines ---------------------------------------------------------- */
+
+/* Each rank's "machine": a network namespace of its own with loopback and
+ * one end of a veth pair on this /24. Rank 0 serves the rendezvous on its
+ * end's address, which rank 1 is given as its master_addr (MASTER_ADDR). */
+static const char *const machine_addr[2] = {"10.77.0.1", "10.77.0.2"};
+
+/* Moves this process into the network namespace at `path`
+ * (/proc/PID/ns/net); 0, or errno. */
+static int enter_netns(const char *path) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int err = fd < 0 || setns(fd, CLONE_NEWNET) ? errno : 0;
+    if (fd >= 0)
+        close(fd);
+    return err;
+}
+
+/* 0 when a TCP connection to addr:port is accepted, else its errno (a
+ * connect is bounded by 2 s, should a packet vanish). */
+static int tcp_reach(const char *addr, int port) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return errno;
+    struct timeval tv = {.tv_sec = 2};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, addr, &a.sin_addr);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    int err = connect(fd, (struct sockaddr *)&a, sizeof a) ? errno : 0;
+    close(fd);
+    return err;
+}
+
+/* This namespace's IPv4 addresses are loopback's and `mine`, nothing else
+ * (not the other machine's); *veth receives the interface that holds mine. */
+static int child_own_addresses(int rank, const char *mine, char veth[IF_NAMESIZE]) {
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs))
+        CHILD_FAIL("getifaddrs: %s", strerror(errno));
+    int n = 0, others = 0;
+    veth[0] = 0;
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET)
+            continue;
+        char a[INET_ADDRSTRLEN];
+        inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, a, sizeof a);
+        n++;
+        if (!strcmp(a, mine)) {
+            snprintf(veth, IF_NAMESIZE, "%s", i->ifa_name);
+        } else if (strcmp(a, "127.0.0.1")) {
+            fprintf(stderr, "[rank %d] %s has %s here\n", rank, i->ifa_name, a);
+            others++;
+        }
+    }
+    freeifaddrs(ifs);
+    if (n != 2 || others || !veth[0])
+        CHILD_FAIL("%d IPv4 addresses here, %d not loopback's nor %s", n, others, mine);
+    return 0;
+}
+
+/* The bytes this namespace's interface `dev` has received and sent, from
+ * /proc/self/net/dev (which shows the reader's namespace); 0 if not found. */
+static int link_bytes(const char *dev, long long *rx, long long *tx) {
+    FILE *f = fopen("/proc/self/net/dev", "r");
+    char line[512];
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (!colon)
+            continue;
+        *colon = 0;
+        long long v[9];
+        found = !strcmp(line + strspn(line, " "), dev) &&
+                sscanf(colon + 1, "%lld %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1],
+                       &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8]) == 9;
+        if (found) {
+            *rx = v[0];
+            *tx = v[8];
+        }
+    }
+    if (f)
+        fclose(f);
+    return found;
+}
+
+/* One rank on its own machine, after joining: its namespace has its own
+ * address only; the rendezvous port answers on loopback on rank 0's machine
+ * but is refused on rank 1's, while rank 0's veth address answers there, so
+ * rank 1 reached the store over the link. Then the collectives and the
+ * bucketed training plan run across it, and its counters show their bytes:
+ * the MLP's 26,122 parameters (102 KiB) cross it three times each way (two
+ * steps' buckets, then the final comparison). Every part runs even after
+ * one failed, so that the other rank's collectives are met. */
+static int child_machine(ebb_dist *d, int rank, int world, int port, double joined_s) {
+    char veth[IF_NAMESIZE];
+    long long rx0 = 0, tx0 = 0, rx = 0, tx = 0;
+    int rc = child_own_addresses(rank, machine_addr[rank], veth);
+    int lo = tcp_reach("127.0.0.1", port), master = tcp_reach(machine_addr[0], port);
+    if (master != 0 || (rank == 0 ? lo != 0 : lo != ECONNREFUSED))
+        rc = fprintf(stderr, "[rank %d] 127.0.0.1:%d here: %s; %s:%d: %s\n", rank, port,
+                     lo ? strerror(lo) : "accepted", machine_addr[0], port,
+                     master ? strerror(master) : "accepted");
+    if (!rc && !link_bytes(veth, &rx0, &tx0))
+        rc = fprintf(stderr, "[rank %d] no %s in /proc/self/net/dev\n", rank, veth);
+    double t0 = now_s();
+    if (child_collectives(d, rank, world))
+        rc = 1;
+    if (child_plan(d, rank, world))
+        rc = 1;
+    double took = now_s() - t0;
+    if (!rc && (!link_bytes(veth, &rx, &tx) || rx - rx0 < 100 * 1024 || tx - tx0 < 100 * 1024))
+        rc = fprintf(stderr, "[rank %d] %s carried %lld bytes in, %lld out\n", rank, veth,
+                     rx - rx0, tx - tx0);
+    if (!rc)
+        printf("[rank %d] %s on %s: joined in %.2f s; collectives and 2 training steps in "
+               "%.2f s, %lld KiB in and %lld KiB out over it; 127.0.0.1:%d %s\n",
+               rank, machine_addr[rank], veth, joined_s, took, (rx - rx0) / 1024,
+               (tx - tx0) / 1024, port, lo ? strerror(lo) : "accepted");
+    return rc != 0;
+}
+
 static int child_main(int argc, char **argv) {
-    if (argc != 7)
+    if (argc != 7 && argc != 8)
         return 2;
     const char *scenario = argv[2];
     int rank = atoi(argv[3]), world = atoi(argv[4]), port = atoi(argv[5]);
     int timeout_ms = atoi(argv[6]);
+    /* a machine of its own: its namespace before anything opens a socket */
+    int err = argc == 8 ? enter_netns(argv[7]) : 0;
+    if (err)
+        CHILD_FAIL("setns %s: %s", argv[7], strerror(err));
     if (ebb_init() != EBB_OK)
         return 2;
     ebb_dist_options o = {.rank = rank, .world_size = world, .master_port = port,
                           .timeout_ms = timeout_ms};
+    if (argc == 8)
+        o.master_addr = machine_addr[0]; /* MASTER_ADDR: rank 0's machine */
     ebb_dist *d = NULL;
     double t0 = now_s();
     ebb_status st = ebb_dist_open(&d, &o);
@@ -232,6 +368,8 @@ static int child_main(int argc, char **argv) {
         rc = child_collectives(d, rank, world);
     } else if (!strcmp(scenario, "plan")) {
         rc = child_plan(d, rank, world);
+    } else if (!strcmp(scenario, "machine")) {
+        rc = child_machine(d, rank, world, port, now_s() - t0);
     } else if (!strcmp(scenario, "killed") || !strcmp(scenario, "hanging")) {
         if (rank == world - 1) {
             if (!strcmp(scenario, "killed"))
@@ -252,21 +390,198 @@ static int child_main(int argc, char **argv) {
 
 /* ---- the parent ------------------------------------------------------------ */
 
-/* Starts ranks first .. first+n-1 of `world` running `scenario`, waits for
- * them until `deadline_s` (killing any left then), and returns how many
- * exited 0; *killed (may be NULL) receives how many died by a signal. */
-static int run_ranks(const char *scenario, int world, int first, int n, int timeout_ms,
-                     double deadline_s, int *killed) {
+/* Waits for `pid` until `end` (now_s()), killing it then: its wait status,
+ * or -1 when it had to be killed. */
+static int reap(pid_t pid, double end) {
+    int status = 0;
+    pid_t r;
+    while ((r = waitpid(pid, &status, WNOHANG)) == 0 || (r < 0 && errno == EINTR)) {
+        if (now_s() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, NULL, 0);
+            return -1;
+        }
+        usleep(1000);
+    }
+    return r == pid ? status : -1;
+}
+
+/* The two machines' network, built before their ranks start. */
+typedef struct machines {
+    pid_t holder[2]; /* a process in each namespace, keeping it alive */
+    char skip[256];  /* why this machine cannot build them: the test skips */
+    char error[512]; /* what failed once it could: the test fails */
+} machines;
+
+static const char *ip_path(void) {
+    static const char *const where[] = {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"};
+    for (size_t i = 0; i < sizeof where / sizeof where[0]; i++)
+        if (access(where[i], X_OK) == 0)
+            return where[i];
+    return NULL;
+}
+
+/* Runs `ip` with the words of `fmt` inside the network namespace of process
+ * `holder`, for at most 5 s: 0 when it succeeded, else -1 with the command
+ * and what it printed in `why`. fork, not posix_spawn: the child must
+ * setns() before it execs, and calls nothing else that is not
+ * async-signal-safe (libtorch's threads run in this process). */
+static int ip_in(pid_t holder, char *why, size_t len, const char *fmt, ...) {
+    char cmd[160], words[160], out[256] = "", ns[32];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    memcpy(words, cmd, sizeof words);
+    char *argv[16] = {"ip"}, *save = NULL;
+    int argc = 1;
+    for (char *w = strtok_r(words, " ", &save); w && argc < 15; w = strtok_r(NULL, " ", &save))
+        argv[argc++] = w;
+    argv[argc] = NULL;
+    const char *ip = ip_path();
+    snprintf(ns, sizeof ns, "/proc/%d/ns/net", (int)holder);
+    int fd = open(ns, O_RDONLY | O_CLOEXEC), p[2] = {-1, -1};
+    pid_t pid = -1;
+    if (ip && fd >= 0 && pipe2(p, O_CLOEXEC) == 0 && (pid = fork()) == 0) {
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        if (setns(fd, CLONE_NEWNET) == 0)
+            execv(ip, argv);
+        _exit(127);
+    }
+    int err = errno;
+    if (fd >= 0)
+        close(fd);
+    if (p[1] >= 0)
+        close(p[1]);
+    if (pid < 0) {
+        if (p[0] >= 0)
+            close(p[0]);
+        snprintf(why, len, "ip %s: %s", cmd, ip ? strerror(err) : "no ip command");
+        return -1;
+    }
+    /* what it prints, until it closes its end or the 5 s are up */
+    double end = now_s() + 5;
+    size_t got = 0;
+    struct pollfd pf = {.fd = p[0], .events = POLLIN};
+    while (got + 1 < sizeof out && now_s() < end) {
+        if (poll(&pf, 1, 100) <= 0)
+            continue;
+        ssize_t r = read(p[0], out + got, sizeof out - 1 - got);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(p[0]);
+    out[got] = 0;
+    out[strcspn(out, "\n")] = 0;
+    int status = reap(pid, end);
+    if (status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        return 0;
+    snprintf(why, len, "ip %s: %s", cmd,
+             status == -1 ? "ran past 5 s" : *out ? out : "failed (exec or setns)");
+    return -1;
+}
+
+/* A process alone in a new network namespace, keeping it alive: forked,
+ * it unshares and pauses, and dies with this process (PR_SET_PDEATHSIG), so
+ * the namespace and its end of the veth pair vanish even if the test is
+ * killed; nothing is named under /run/netns. Its pid, or -1 with why. */
+static pid_t netns_holder(char *why, size_t len) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC)) {
+        snprintf(why, len, "pipe: %s", strerror(errno));
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        int err = prctl(PR_SET_PDEATHSIG, SIGKILL) || unshare(CLONE_NEWNET) ? errno : 0;
+        if (write(p[1], &err, sizeof err) != sizeof err || err)
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    int err = pid < 0 ? errno : ETIMEDOUT;
+    close(p[1]);
+    struct pollfd pf = {.fd = p[0], .events = POLLIN};
+    if (pid > 0 && poll(&pf, 1, 5000) == 1 && read(p[0], &err, sizeof err) != sizeof err)
+        err = EIO;
+    close(p[0]);
+    if (!err)
+        return pid;
+    snprintf(why, len, "unshare(CLONE_NEWNET): %s", strerror(err));
+    if (pid > 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    return -1;
+}
+
+/* Builds the two machines: a namespace each, a veth pair made inside the
+ * first with its peer moved to the second (so it never appears in this
+ * one), each end's address, the links and loopback up. What this machine
+ * does not permit (no ip, no new namespace, no veth) goes to skip. */
+static int machines_setup(void **state) {
+    if (ebb_test_setup(state))
+        return -1;
+    machines *m = calloc(1, sizeof *m);
+    if (!m)
+        return -1;
+    *state = m;
+    char veth[2][16];
+    snprintf(veth[0], sizeof veth[0], "ebb%da", (int)getpid());
+    snprintf(veth[1], sizeof veth[1], "ebb%db", (int)getpid());
+    if (!ip_path()) {
+        snprintf(m->skip, sizeof m->skip,
+                 "no ip command (iproute2) in /usr/sbin, /sbin, /usr/bin or /bin");
+        return 0;
+    }
+    for (int i = 0; i < 2; i++)
+        if ((m->holder[i] = netns_holder(m->skip, sizeof m->skip)) < 0)
+            return 0;
+    if (ip_in(m->holder[0], m->skip, sizeof m->skip, "link add %s type veth peer name %s netns %d",
+              veth[0], veth[1], (int)m->holder[1]))
+        return 0;
+    for (int i = 0; i < 2; i++)
+        if (ip_in(m->holder[i], m->error, sizeof m->error, "addr add %s/24 dev %s", machine_addr[i],
+                  veth[i]) ||
+            ip_in(m->holder[i], m->error, sizeof m->error, "link set %s up", veth[i]) ||
+            ip_in(m->holder[i], m->error, sizeof m->error, "link set lo up"))
+            break;
+    return 0;
+}
+
+/* Ends the holders, whatever the test did: the namespaces and the veth
+ * pair go with them. */
+static int machines_teardown(void **state) {
+    machines *m = *state;
+    for (int i = 0; m && i < 2; i++)
+        if (m->holder[i] > 0) {
+            kill(m->holder[i], SIGKILL);
+            waitpid(m->holder[i], NULL, 0);
+        }
+    free(m);
+    return ebb_test_teardown(state);
+}
+
+/* Starts ranks first .. first+n-1 of `world` running `scenario`, on
+ * loopback, or each on its machine of `m` when not NULL; waits for them
+ * until `deadline_s` (killing any left then), and returns how many exited 0;
+ * *killed (may be NULL) receives how many died by a signal. */
+static int run_ranks_on(const machines *m, const char *scenario, int world, int first, int n,
+                        int timeout_ms, double deadline_s, int *killed) {
     int port = free_port();
     pid_t pids[8];
-    assert_true(n <= 8);
-    char sp[16], sw[16], sr[16], st[16];
+    assert_true(n <= 8 && (!m || first + n <= 2));
+    char sp[16], sw[16], sr[16], st[16], ns[32];
     snprintf(sp, sizeof sp, "%d", port);
     snprintf(sw, sizeof sw, "%d", world);
     snprintf(st, sizeof st, "%d", timeout_ms);
     for (int i = 0; i < n; i++) {
         snprintf(sr, sizeof sr, "%d", first + i);
-        char *argv[] = {"/proc/self/exe", "--child", (char *)scenario, sr, sw, sp, st, NULL};
+        snprintf(ns, sizeof ns, "/proc/%d/ns/net", m ? (int)m->holder[first + i] : 0);
+        char *argv[] = {"/proc/self/exe", "--child", (char *)scenario, sr, sw, sp, st,
+                        m ? ns : NULL, NULL};
         assert_int_equal(posix_spawn(&pids[i], "/proc/self/exe", NULL, NULL, argv, environ), 0);
     }
     int ok = 0, dead = 0, left = n;
@@ -298,6 +613,11 @@ static int run_ranks(const char *scenario, int world, int first, int n, int time
     return ok;
 }
 
+static int run_ranks(const char *scenario, int world, int first, int n, int timeout_ms,
+                     double deadline_s, int *killed) {
+    return run_ranks_on(NULL, scenario, world, first, n, timeout_ms, deadline_s, killed);
+}
+
 static void collectives_2_ranks(void **state) {
     (void)state;
     assert_int_equal(run_ranks("collectives", 2, 0, 2, 10000, 60, NULL), 2);
@@ -311,6 +631,24 @@ static void collectives_4_ranks(void **state) {
 static void training_plan_averages_in_buckets(void **state) {
     (void)state;
     assert_int_equal(run_ranks("plan", 2, 0, 2, 10000, 60, NULL), 2);
+}
+
+/* Two ranks as two machines (machines_setup): rank 0 at 10.77.0.1 serves
+ * the rendezvous there, rank 1 at 10.77.0.2 joins it over the veth pair;
+ * then collectives and the bucketed training plan across the link. */
+static void two_machines_over_a_veth_pair(void **state) {
+    machines *m = *state;
+    if (m->error[0])
+        fail_msg("the two machines: %s", m->error);
+    if (m->skip[0]) {
+        printf("skipped: two network namespaces joined by a veth pair need CAP_SYS_ADMIN and "
+               "CAP_NET_ADMIN (root, or root in a user namespace: unshare -U -r), iproute2's ip "
+               "and the veth driver; here: %s\n", m->skip);
+        skip();
+    }
+    double t0 = now_s();
+    assert_int_equal(run_ranks_on(m, "machine", 2, 0, 2, 10000, 60, NULL), 2);
+    printf("two machines: %.2f s in all\n", now_s() - t0);
 }
 
 /* rank 1 of 2 is killed after joining: rank 0's collective fails at once */
@@ -392,6 +730,8 @@ int main(int argc, char **argv) {
         EBB_TEST(collectives_2_ranks),
         EBB_TEST(collectives_4_ranks),
         EBB_TEST(training_plan_averages_in_buckets),
+        cmocka_unit_test_setup_teardown(two_machines_over_a_veth_pair, machines_setup,
+                                        machines_teardown),
         EBB_TEST(killed_rank_fails_the_others),
         EBB_TEST(hanging_rank_times_out),
         EBB_TEST(unreachable_rendezvous),

@@ -912,6 +912,7 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
     if (zero) {
         o.optimizer = ebb_optimizer_defaults(EBB_ADAMW, 0.05);
         o.zero = atoi(zero);
+        o.allreduce_bucket_bytes = 64; /* a bucket per gradient */
     }
     o.resume = getenv("EBB_TEST_DP_RESUME"); /* a checkpoint to go on from */
     if (mismatch && rank == 1) o.optimizer.lr = 0.25;

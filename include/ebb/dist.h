@@ -52,7 +52,9 @@ typedef struct ebb_dist_options {
 EBB_API ebb_status ebb_dist_options_from_env(ebb_dist_options *o);
 
 /* Joins the group: the rendezvous, then Gloo's connections to every other
- * rank. Blocks until every rank has joined, or timeout_ms. On success *out is
+ * rank, which reach this one at its address on the route to master_addr
+ * (or, when GLOO_SOCKET_IFNAME names an interface, as PyTorch takes it, at
+ * that interface's). Blocks until every rank has joined, or timeout_ms. On success *out is
  * a new group (free it with ebb_dist_free). EBB_ERR_ARG for options out of
  * range; EBB_ERR_DIST when the rendezvous fails (the message names the
  * address and port, and the rank); EBB_ERR_UNSUPPORTED in a build of

@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "ebb/dist.h"
 #include "internal.h"
 #include "shim.hpp"
@@ -66,6 +70,38 @@ template <class Work> void finish(Work &&work, std::chrono::milliseconds timeout
     work.reset();
 }
 #endif
+
+// This machine's address on its route to the master: what Gloo binds to and
+// tells the other ranks, who reach it there. The master's own address would
+// do only on the master's machine (a rank elsewhere cannot bind to it). A
+// UDP socket "connected" to the master sends nothing; the kernel picks the
+// route and so the local address. The master's address itself when that
+// fails (no route yet: the rendezvous then names the problem).
+std::string local_address_towards(const char *master, int port) {
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_DGRAM;
+    std::string out = master;
+    if (getaddrinfo(master, std::to_string(port).c_str(), &hints, &res) != 0) return out;
+    for (addrinfo *r = res; r; r = r->ai_next) {
+        int fd = socket(r->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) continue;
+        sockaddr_storage me{};
+        socklen_t len = sizeof me;
+        char host[NI_MAXHOST];
+        bool found = connect(fd, r->ai_addr, r->ai_addrlen) == 0 &&
+                     getsockname(fd, reinterpret_cast<sockaddr *>(&me), &len) == 0 &&
+                     getnameinfo(reinterpret_cast<sockaddr *>(&me), len, host, sizeof host,
+                                 nullptr, 0, NI_NUMERICHOST) == 0;
+        close(fd);
+        if (found) {
+            out = host;
+            break;
+        }
+    }
+    freeaddrinfo(res);
+    return out;
+}
 
 bool parse_int(const char *s, long lo, long hi, long *out) {
     if (!s || !*s) return false;
@@ -143,7 +179,13 @@ ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o) {
         d->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
         step = "connecting to the other ranks";
         auto po = c10d::ProcessGroupGloo::Options::create(d->timeout);
-        po->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(addr));
+        // an interface named as PyTorch takes it, else the route to the master
+        const char *ifname = std::getenv("GLOO_SOCKET_IFNAME");
+        po->devices.push_back(
+            ifname && *ifname
+                ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                : c10d::ProcessGroupGloo::createDeviceForHostname(
+                      local_address_towards(addr, o->master_port)));
         po->threads = 2;
         auto prefixed = c10::make_intrusive<c10d::PrefixStore>("ebb/0", d->store);
         d->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, o->rank, o->world_size, po);
