@@ -259,8 +259,11 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
                                  /* accumulation: the gradients, then one update */
                                  .grads_only = o->accumulate > 1,
                                  .loss_scaling = scaling_from(f, o) > 0 && o->accumulate <= 1,
-                                 /* data parallel: buckets averaged in the backward */
-                                 .data_parallel = o->dist ? ebb_dist_world_size(o->dist) : 0,
+                                 /* data parallel: buckets averaged in the backward (the
+                                  * trainer averages accumulated sums itself) */
+                                 .data_parallel = o->dist && o->accumulate <= 1
+                                                      ? ebb_dist_world_size(o->dist)
+                                                      : 0,
                                  .allreduce_bucket_bytes = o->allreduce_bucket_bytes,
                                  .zero = zero_sharded(o),
                                  .rank = zero_sharded(o) ? ebb_dist_rank(o->dist) : 0,
@@ -1036,12 +1039,10 @@ static ebb_status check_options(const ebb_trainer_options *o) {
             return ebb_error_set(EBB_ERR_UNSUPPORTED,
                                  "data-parallel training runs on the CPU (Gloo); NCCL for CUDA "
                                  "is not there yet: add --device cpu");
-        if (o->accumulate > 1 || o->cuda_graph || o->skip_nonfinite)
+        if ((o->accumulate > 1 && o->zero) || o->cuda_graph)
             return ebb_error_set(EBB_ERR_UNSUPPORTED,
                                  "data-parallel training does not take %s yet",
-                                 o->accumulate > 1 ? "--accumulate"
-                                 : o->cuda_graph   ? "--cuda-graph"
-                                                   : "--skip-nonfinite");
+                                 o->cuda_graph ? "--cuda-graph" : "--accumulate with --zero");
     }
     if (o->cuda_graph && o->skip_nonfinite)
         return ebb_error_set(EBB_ERR_ARG, "cuda_graph and skip_nonfinite cannot be combined: a "
@@ -1680,6 +1681,18 @@ static ebb_status check_step(ebb_trainer *t, double loss, int *skipped) {
             snprintf(why, sizeof why, "the update left %s", ebb_errmsg());
         else if (st != EBB_OK)
             return st;
+        /* data parallel: the ranks undo together (under ZeRO-1 each checked
+         * only the state it holds) */
+        double bad = why[0] ? 1 : 0;
+        ebb_tensor *flag = NULL;
+        ebb_shape one = {1, {1}};
+        st = t->o.dist ? ebb_tensor_full(&flag, &one, bad, EBB_FLOAT64, ebb_device_cpu()) : EBB_OK;
+        if (st == EBB_OK && flag) st = ebb_dist_allreduce_mean_(t->o.dist, &flag, 1);
+        if (st == EBB_OK && flag) st = ebb_tensor_to_host(flag, &bad, sizeof bad);
+        ebb_tensor_free(flag);
+        if (st != EBB_OK) return st;
+        if (bad > 0 && !why[0])
+            snprintf(why, sizeof why, "another rank's update left a value that is not finite");
     }
     if (!why[0]) return EBB_OK;
     if (!t->o.skip_nonfinite) {
@@ -1696,6 +1709,7 @@ static ebb_status check_step(ebb_trainer *t, double loss, int *skipped) {
     }
     ebb_status st = state_restore(&t->undo, t->m, t->opt);
     if (st != EBB_OK) return st;
+    zero_drop_others(t); /* the restore gave every parameter state */
     if (!t->s.skipped++) {
         t->s.first_skipped = t->s.step;
         snprintf(t->skip_why, sizeof t->skip_why, "%s", why);
@@ -1719,6 +1733,40 @@ static ebb_status dist_mean_loss(ebb_trainer *t, double *loss) {
     if (st == EBB_OK) st = ebb_dist_allreduce_mean_(t->o.dist, &l, 1);
     if (st == EBB_OK) st = ebb_tensor_to_host(l, loss, sizeof *loss);
     ebb_tensor_free(l);
+    return st;
+}
+
+/* accumulate with ranks: the step's summed gradients averaged over the
+ * ranks, as the unaccumulated plan's all-reduce steps average them, in one
+ * collective per dtype. The ranks first agree on which parameters any of
+ * their micro-batches reached: one no rank reached keeps no gradient (as
+ * torch skips a None .grad); one only others reached adds zeros here. */
+static ebb_status dist_mean_grads(ebb_trainer *t) {
+    int np = ebb_model_param_count(t->m);
+    double *any = calloc((size_t)np + 1, sizeof *any);
+    if (!any) return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < np; i++) any[i] = t->got[i];
+    ebb_shape sh = {1, {np}};
+    ebb_tensor *flags = NULL;
+    ebb_status st = ebb_tensor_from_host(&flags, any, sizeof *any * (size_t)np, &sh, EBB_FLOAT64,
+                                         ebb_device_cpu());
+    if (st == EBB_OK) st = ebb_dist_allreduce_mean_(t->o.dist, &flags, 1);
+    if (st == EBB_OK) st = ebb_tensor_to_host(flags, any, sizeof *any * (size_t)np);
+    ebb_tensor_free(flags);
+    for (int i = 0; st == EBB_OK && i < np; i++) {
+        if (!(any[i] > 0) || t->got[i] || !t->acc[i]) continue;
+        ebb_tensor *z = NULL;
+        ebb_shape ps = ebb_tensor_shape(t->acc[i]);
+        st = ebb_tensor_zeros(&z, &ps, ebb_tensor_dtype(t->acc[i]), ebb_tensor_device(t->acc[i]));
+        if (st == EBB_OK) st = ebb_tensor_copy_(t->acc[i], z);
+        ebb_tensor_free(z);
+        t->got[i] = 1;
+    }
+    free(any);
+    for (int i = 0; i < np; i++)
+        t->grads[i] = t->got[i] ? t->acc[i] : NULL;
+    if (st == EBB_OK) st = ebb_dist_allreduce_mean_(t->o.dist, t->grads, np);
+    for (int i = 0; i < np; i++) t->grads[i] = NULL; /* borrowed */
     return st;
 }
 
@@ -1763,6 +1811,8 @@ static ebb_status accumulate_step(ebb_trainer *t, int64_t first, int64_t n, int6
         if (k == 0 || ms.measured_peak_bytes > stats->measured_peak_bytes || ms.over_step >= 0)
             *stats = ms;
     }
+    if (st == EBB_OK && o->dist) st = dist_mean_grads(t);
+    if (st == EBB_OK && o->dist) st = dist_mean_loss(t, loss);
     /* unscaling and clipping, as between the last backward() and step() */
     for (int i = 0; i < np; i++)
         t->grads[i] = t->got[i] ? t->acc[i] : NULL;

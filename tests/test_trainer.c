@@ -915,6 +915,18 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
         o.allreduce_bucket_bytes = 64; /* a bucket per gradient */
     }
     o.resume = getenv("EBB_TEST_DP_RESUME"); /* a checkpoint to go on from */
+    /* a rate whose updates overflow: after the first, the steps' losses
+     * are not finite, and every rank undoes them together */
+    int skip = getenv("EBB_TEST_DP_SKIP") != NULL;
+    if (skip) {
+        o.skip_nonfinite = 1;
+        o.optimizer = ebb_optimizer_defaults(EBB_SGD, 1e38);
+        o.optimizer.momentum = 0.9;
+    }
+    if (getenv("EBB_TEST_DP_ACCUMULATE")) { /* the same update in micro-batches */
+        o.accumulate = atoi(getenv("EBB_TEST_DP_ACCUMULATE"));
+        o.batch /= o.accumulate;
+    }
     if (mismatch && rank == 1) o.optimizer.lr = 0.25;
     if (st == EBB_OK && mismatch) {
         st = ebb_trainer_open(&t, spec, &o);
@@ -934,9 +946,11 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
      * steps' buffers included */
     ebb_trainer_stats ts = ebb_trainer_get_stats(t);
     if (st == EBB_OK && (ts.step != (half ? 3 : 6) || ts.over_plan != 0 ||
-                         ts.measured_peak_bytes != ts.planned_peak_bytes)) {
-        fprintf(stderr, "[rank %d] %lld steps, %lld over their plan, peak %lld planned %lld\n",
-                rank, (long long)ts.step, (long long)ts.over_plan,
+                         ts.measured_peak_bytes != ts.planned_peak_bytes ||
+                         (skip ? ts.skipped == 0 : ts.skipped != 0))) {
+        fprintf(stderr, "[rank %d] %lld steps (%lld undone), %lld over their plan, peak %lld "
+                "planned %lld\n",
+                rank, (long long)ts.step, (long long)ts.skipped, (long long)ts.over_plan,
                 (long long)ts.measured_peak_bytes, (long long)ts.planned_peak_bytes);
         st = EBB_ERR_RUNTIME;
     }
@@ -945,7 +959,8 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
     const ebb_plan *plan = st == EBB_OK ? ebb_trainer_train_plan(t) : NULL;
     for (int i = 0; plan && zero && i < ebb_plan_param_count(plan); i++) {
         int owner = ebb_plan_param_owner(plan, i), mine = ebb_trainer_optimizer(t) &&
-            ebb_optimizer_state_tensor(ebb_trainer_optimizer(t), i, "exp_avg") != NULL;
+            ebb_optimizer_state_tensor(ebb_trainer_optimizer(t), i,
+                                       skip ? "momentum_buffer" : "exp_avg") != NULL;
         if ((o.zero && (owner < 0 || mine != (owner == rank))) || (!o.zero && (owner != -1 || !mine))) {
             fprintf(stderr, "[rank %d] parameter %d: owner %d, state here: %d\n", rank, i, owner,
                     mine);
@@ -1026,6 +1041,20 @@ static double rel_diff(const float *got, const float *want) {
     return worst / top;
 }
 
+/* The weights rank 0 saved to `path`, as weights_of() gives them. */
+static void weights_file(const char *path, float *out) {
+    ebb_safetensors *sf = NULL;
+    ebb_tensor *w = NULL, *b = NULL;
+    assert_int_equal(ebb_safetensors_open(&sf, path), EBB_OK);
+    assert_int_equal(ebb_safetensors_load(&w, sf, "fc.weight", ebb_device_cpu()), EBB_OK);
+    assert_int_equal(ebb_safetensors_load(&b, sf, "fc.bias", ebb_device_cpu()), EBB_OK);
+    ebb_safetensors_close(sf);
+    assert_int_equal(ebb_tensor_to_host(w, out, sizeof(float) * F * F), EBB_OK);
+    assert_int_equal(ebb_tensor_to_host(b, out + F * F, sizeof(float) * F), EBB_OK);
+    ebb_tensor_free(w);
+    ebb_tensor_free(b);
+}
+
 /* 2 and 4 ranks at global batch 16 leave the weights one process leaves at
  * batch 16 (the means summed in another order: 1e-6 relative), take the
  * same number of steps, and only rank 0 writes. */
@@ -1046,17 +1075,8 @@ static void test_data_parallel(void **state) {
         snprintf(out, sizeof out, "%s/dp%d.safetensors", dir, world);
         snprintf(ckpt, sizeof ckpt, "%s/dp%d_ckpt.safetensors", dir, world);
         assert_int_equal(dp_run(world, out, ckpt), world);
-        ebb_safetensors *sf = NULL;
-        assert_int_equal(ebb_safetensors_open(&sf, out), EBB_OK);
-        ebb_tensor *w = NULL, *b = NULL;
-        assert_int_equal(ebb_safetensors_load(&w, sf, "fc.weight", ebb_device_cpu()), EBB_OK);
-        assert_int_equal(ebb_safetensors_load(&b, sf, "fc.bias", ebb_device_cpu()), EBB_OK);
-        ebb_safetensors_close(sf);
         float got[F * F + F];
-        assert_int_equal(ebb_tensor_to_host(w, got, sizeof(float) * F * F), EBB_OK);
-        assert_int_equal(ebb_tensor_to_host(b, got + F * F, sizeof(float) * F), EBB_OK);
-        ebb_tensor_free(w);
-        ebb_tensor_free(b);
+        weights_file(out, got);
         double rel = rel_diff(got, one);
         printf("[ dp       ] %d ranks: weights within %.3g of one process's\n", world, rel);
         if (rel > 1e-6)
@@ -1090,6 +1110,40 @@ static void test_data_parallel(void **state) {
     if (rel > 1e-6)
         fail_msg("resumed on another world size: weights differ by %g relative", rel);
     unlink(ckpt);
+    /* 2 ranks at a global batch of 8, two micro-batches a step: the
+     * update of batch 16, as one process makes it */
+    char acc_w[320], acc_c[320];
+    snprintf(acc_w, sizeof acc_w, "%s/dp_acc.safetensors", dir);
+    snprintf(acc_c, sizeof acc_c, "%s/dp_acc_ckpt.safetensors", dir);
+    setenv("EBB_TEST_DP_ACCUMULATE", "2", 1);
+    assert_int_equal(dp_run(2, acc_w, acc_c), 2);
+    unsetenv("EBB_TEST_DP_ACCUMULATE");
+    float accumulated[F * F + F];
+    weights_file(acc_w, accumulated);
+    rel = rel_diff(accumulated, one);
+    printf("[ dp       ] 2 ranks, 2 micro-batches of 4 each a step: weights within %.3g of one "
+           "process's at batch 16\n", rel);
+    if (rel > 1e-6)
+        fail_msg("2 ranks accumulating: weights differ from one process's by %g relative", rel);
+    unlink(acc_w);
+    unlink(acc_c);
+    /* updates that overflow, unsharded and under ZeRO-1: the ranks undo
+     * the steps together (each rank checks the count), and ZeRO-1's undo
+     * leaves each rank its own share of the state (the child checks), so
+     * both end on the same weights */
+    float undone[2][F * F + F];
+    setenv("EBB_TEST_DP_SKIP", "1", 1);
+    for (int z = 0; z < 2; z++) {
+        setenv("EBB_TEST_DP_ZERO", z ? "1" : "0", 1);
+        assert_int_equal(dp_run(2, acc_w, acc_c), 2);
+        weights_file(acc_w, undone[z]);
+        unlink(acc_w);
+        unlink(acc_c);
+    }
+    if (memcmp(undone[0], undone[1], sizeof undone[0]) != 0)
+        fail_msg("2 ranks undoing steps: ZeRO-1's weights differ from the unsharded run's");
+    unsetenv("EBB_TEST_DP_ZERO");
+    unsetenv("EBB_TEST_DP_SKIP");
     /* ranks that do not train the same thing refuse together */
     setenv("EBB_TEST_DP_MISMATCH", "1", 1);
     assert_int_equal(dp_run(2, "/nonexistent/w", "/nonexistent/c"), 2);
@@ -1102,8 +1156,9 @@ static void test_data_parallel(void **state) {
     o.dist = d;
     o.batch = 16;
     o.accumulate = 2;
+    o.zero = 1;
     assert_int_equal(ebb_trainer_open(&t, spec, &o), EBB_ERR_UNSUPPORTED);
-    assert_errmsg_contains("does not take --accumulate yet");
+    assert_errmsg_contains("does not take --accumulate with --zero yet");
     assert_null(t);
     ebb_spec_free(spec);
     ebb_dist_free(d);
@@ -1167,16 +1222,7 @@ static void test_zero(void **state) {
     weights_of(t, resumed);
     ebb_trainer_free(t);
     ebb_spec_free(spec);
-    ebb_safetensors *sf = NULL;
-    ebb_tensor *wt = NULL, *bt = NULL;
-    assert_int_equal(ebb_safetensors_open(&sf, w[0]), EBB_OK);
-    assert_int_equal(ebb_safetensors_load(&wt, sf, "fc.weight", ebb_device_cpu()), EBB_OK);
-    assert_int_equal(ebb_safetensors_load(&bt, sf, "fc.bias", ebb_device_cpu()), EBB_OK);
-    ebb_safetensors_close(sf);
-    assert_int_equal(ebb_tensor_to_host(wt, straight, sizeof(float) * F * F), EBB_OK);
-    assert_int_equal(ebb_tensor_to_host(bt, straight + F * F, sizeof(float) * F), EBB_OK);
-    ebb_tensor_free(wt);
-    ebb_tensor_free(bt);
+    weights_file(w[0], straight);
     double rel = rel_diff(resumed, straight);
     printf("[ zero     ] sharded over 2 ranks, resumed in 1: weights within %.3g of 2 ranks'\n", rel);
     if (rel > 1e-6) fail_msg("resumed from a ZeRO-1 checkpoint: weights differ by %g", rel);

@@ -240,8 +240,12 @@ typedef struct ebb_trainer_options {
      * drop_last). Rank 0's weights are broadcast at open; batch_norm's running
      * statistics stay each rank's own (DDP's broadcast_buffers=False). Only
      * rank 0 writes checkpoints and weights (the others' calls return
-     * EBB_OK); every rank evaluates the whole eval_data. Not with accumulate,
-     * cuda_graph or skip_nonfinite. NULL: one process. */
+     * EBB_OK); every rank evaluates the whole eval_data. With accumulate,
+     * each rank sums its micro-batches' gradients and the sums are averaged
+     * over the ranks before the one update (one collective per dtype, the
+     * buffers laid end to end beside the plan); not with accumulate and
+     * zero together. Not with cuda_graph or skip_nonfinite. NULL: one
+     * process. */
     ebb_dist *dist;
     int64_t allreduce_bucket_bytes; /* data parallel: a bucket's size (0: 25 MiB; see
                                        ebb_train_options) */
