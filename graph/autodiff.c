@@ -52,6 +52,9 @@ typedef struct ad {
     /* data parallel: final gradients not averaged yet (the open bucket) */
     int *bucket, n_bucket;
     int64_t bucket_bytes;
+    /* allreduce_overlap: the bucket under way, its parameters, its buffer's
+     * slot (-1: a lone gradient travels as it is) and its number */
+    int *pending, n_pending, pending_buffer, pending_index;
 } ad;
 
 static int fail(compiler *c, ebb_status st) {
@@ -1284,6 +1287,20 @@ static int emit_allreduce(ad *a) {
     return 0;
 }
 
+/* data parallel: the updates of a bucket's parameters, once it is averaged,
+ * but those placement defers to the backward's end (graph/placement.c). */
+static int emit_bucket_updates(ad *a, const int *members, int m) {
+    int *now = malloc(((size_t)m + 1) * sizeof *now), n = 0;
+    if (!now)
+        return ebb_compiler_oom(a->c);
+    for (int k = 0; k < m; k++)
+        if (!(a->c->defer && a->c->defer[members[k]]))
+            now[n++] = members[k];
+    int rc = emit_updates(a, now, n);
+    free(now);
+    return rc;
+}
+
 /* ZeRO-1: each trained parameter's owner, as torch's ZeroRedundancyOptimizer
  * partitions them: largest first, each to the rank owning the fewest bytes
  * so far (the lowest such rank on a tie). Every rank computes the same. */
@@ -1365,10 +1382,107 @@ static int emit_broadcasts(ad *a) {
     return 0;
 }
 
+/* allreduce_overlap: whether the open bucket can travel while the backward
+ * goes on (ebb_dist_allreduce_mean_start takes one dtype). */
+static int can_overlap(const ad *a) {
+    const ebb_plan *p = a->c->plan;
+    if (!a->t->allreduce_overlap)
+        return 0;
+    for (int k = 1; k < a->n_bucket; k++)
+        if (p->values[a->pgrad[a->bucket[k]]].dtype != p->values[a->pgrad[a->bucket[0]]].dtype)
+            return 0;
+    return 1;
+}
+
+/* allreduce_overlap: the open bucket's all-reduce started, its updates left
+ * for when it is waited for (emit_wait). The step writes the buffer the
+ * gradients travel in, a value of the plan until the wait. */
+static int emit_start(ad *a) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    int n = a->n_bucket, buffer = -1;
+    int *in = malloc((size_t)n * sizeof *in);
+    char *name = ebb_compiler_strdupf("bucket%d", p->n_buckets);
+    if (!in || !name) {
+        free(in);
+        free(name);
+        return ebb_compiler_oom(c);
+    }
+    int64_t numel = 0;
+    for (int k = 0; k < n; k++) {
+        in[k] = a->pgrad[a->bucket[k]];
+        numel += ebb_shape_numel(&p->values[in[k]].shape);
+        a->reduced[a->bucket[k]] = 1;
+        a->pending[k] = a->bucket[k];
+    }
+    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE, "allreduce.start", name);
+    free(name);
+    int si = s ? ebb_compiler_step_index(c, s) : -1;
+    if (si >= 0 && n > 1) {
+        ebb_shape flat = {1, {numel}};
+        ebb_tensor *m = ebb_compiler_meta_new(c, &flat, p->values[in[0]].dtype);
+        buffer = m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, si, -1) : -1;
+    }
+    if (si < 0 || (n > 1 && buffer < 0) ||
+        ebb_compiler_step_set_slots(c, &p->steps[si], in, n, &buffer, buffer >= 0) != 0) {
+        free(in);
+        return -1;
+    }
+    free(in);
+    s = &p->steps[si];
+    s->pub.phase = EBB_PHASE_UPDATE;
+    s->overlap = 1;
+    s->has_workspace_cuda = 1;
+    a->n_pending = n;
+    a->pending_buffer = buffer;
+    a->pending_index = p->n_buckets++;
+    a->n_bucket = 0;
+    a->bucket_bytes = 0;
+    return 0;
+}
+
+/* allreduce_overlap: the wait for the bucket under way (the means into its
+ * gradients, in place), then its parameters' updates unless they wait for
+ * the backward's end (`updates`). Its scratch: libtorch's wrapping of the
+ * divisor, as the all-reduce step's. */
+static int emit_wait(ad *a, int updates) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    int n = a->n_pending;
+    if (n == 0)
+        return 0;
+    int *in = malloc(((size_t)n + 1) * sizeof *in), k = 0;
+    char *name = ebb_compiler_strdupf("bucket%d", a->pending_index);
+    if (!in || !name) {
+        free(in);
+        free(name);
+        return ebb_compiler_oom(c);
+    }
+    if (a->pending_buffer >= 0)
+        in[k++] = a->pending_buffer;
+    for (int j = 0; j < n; j++)
+        in[k++] = a->pgrad[a->pending[j]];
+    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE_WAIT, "allreduce.wait", name);
+    free(name);
+    if (!s || ebb_compiler_step_set_slots(c, s, in, k, NULL, 0) != 0) {
+        free(in);
+        return -1;
+    }
+    ebb_dtype dt = p->values[in[k - 1]].dtype;
+    free(in);
+    s->pub.phase = EBB_PHASE_UPDATE;
+    s->workspace = 8 + (dt == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dt));
+    s->has_workspace_cuda = 1;
+    a->n_pending = 0;
+    return updates ? emit_bucket_updates(a, a->pending, n) : 0;
+}
+
 /* data parallel: the parameters which[0..n) have their final gradients;
  * they join the open bucket, which is averaged once it is full (force: now)
  * and its parameters updated after (unless the updates wait for the
- * backward's end). */
+ * backward's end). With allreduce_overlap a full bucket's all-reduce only
+ * starts: the backward goes on while it travels, and it is waited for, and
+ * its parameters updated, when the next bucket is full. */
 static int bucket_add(ad *a, const int *which, int n, int force) {
     ebb_plan *p = a->c->plan;
     for (int k = 0; k < n; k++) {
@@ -1383,13 +1497,19 @@ static int bucket_add(ad *a, const int *which, int n, int force) {
         a->bucket_bytes += p->values[a->pgrad[i]].nbytes;
     }
     int64_t cap = a->t->allreduce_bucket_bytes > 0 ? a->t->allreduce_bucket_bytes : 25 << 20;
+    /* one collective at a time: the bucket under way first (the backward's
+     * end waits for it whatever is left to average) */
+    if ((force || (a->n_bucket > 0 && a->bucket_bytes >= cap)) && emit_wait(a, 1) != 0)
+        return -1;
     if (a->n_bucket == 0 || (!force && a->bucket_bytes < cap))
         return 0;
+    if (!force && can_overlap(a))
+        return emit_start(a);
     int m = a->n_bucket, *members = malloc((size_t)m * sizeof *members);
     if (!members)
         return ebb_compiler_oom(a->c);
     memcpy(members, a->bucket, (size_t)m * sizeof *members);
-    int rc = emit_allreduce(a) != 0 ? -1 : force ? 0 : emit_updates(a, members, m);
+    int rc = emit_allreduce(a) != 0 ? -1 : force ? 0 : emit_bucket_updates(a, members, m);
     free(members);
     return rc;
 }
@@ -1404,11 +1524,14 @@ static int updates_after_step(ad *a, int fi) {
         a->t->loss_scaling || a->depth > 0 || a->n_loops > 0)
         return 0;
     if (p->data_parallel > 1) {
-        /* a bucket of final gradients is averaged before their updates */
+        /* a bucket of final gradients is averaged before their updates; a
+         * deferred update still has its gradient averaged here, so that the
+         * buckets, which every rank must share, do not depend on placement
+         * (ZeRO-1's ranks place their own updates) */
         int which[EBB_MAX_PARAMS], n = 0;
         for (int j = 0; j < p->steps[fi].n_params && n < EBB_MAX_PARAMS; j++) {
             int i = p->steps[fi].param[j];
-            if (a->first_use[i] == fi && !(a->c->defer && a->c->defer[i]))
+            if (a->first_use[i] == fi)
                 which[n++] = i;
         }
         return bucket_add(a, which, n, 0);
@@ -1644,8 +1767,9 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
     a.updated = calloc((size_t)p->n_params + 1, 1);
     a.reduced = calloc((size_t)p->n_params + 1, 1);
     a.bucket = malloc(((size_t)p->n_params + 1) * sizeof *a.bucket);
+    a.pending = malloc(((size_t)p->n_params + 1) * sizeof *a.pending);
     if (!a.req || !a.grad || !a.pgrad || !a.regions || !a.loops || !a.copy || !a.first_use ||
-        !a.updated || !a.reduced || !a.bucket) {
+        !a.updated || !a.reduced || !a.bucket || !a.pending) {
         ebb_compiler_oom(c);
         goto out;
     }
@@ -1796,6 +1920,7 @@ out:
     free(a.first_use);
     free(a.updated);
     free(a.reduced);
+    free(a.pending);
     free(a.bucket);
     return rc;
 }

@@ -253,14 +253,26 @@ static void print_clip(const ebb_plan *p, FILE *f) {
     }
     if (p->data_parallel > 1) {
         int64_t most = 0;
-        for (int i = 0; i < p->n_steps; i++)
-            if (p->steps[i].pub.kind == EBB_STEP_ALLREDUCE && p->steps[i].workspace > most)
-                most = p->steps[i].workspace;
+        int overlap = 0;
+        for (int i = 0; i < p->n_steps; i++) {
+            const plan_step *s = &p->steps[i];
+            if (s->pub.kind != EBB_STEP_ALLREDUCE)
+                continue;
+            /* a started all-reduce's buffer is its output, a value */
+            int64_t b = s->overlap ? (s->pub.n_out ? p->values[s->pub.out[0]].nbytes : 0)
+                                   : s->workspace;
+            most = b > most ? b : most;
+            overlap |= s->overlap;
+        }
         char mb[32];
         ebb_bytes_str(most, mb, sizeof mb);
         fprintf(f, "data parallel over %d ranks: %d all-reduce step%s average the gradients, "
-                   "each bucket's updates right after it; the largest bucket's buffer %s\n",
-                p->data_parallel, p->n_buckets, p->n_buckets == 1 ? "" : "s", mb);
+                   "%s; the largest bucket's buffer %s\n",
+                p->data_parallel, p->n_buckets, p->n_buckets == 1 ? "" : "s",
+                overlap ? "each travelling while the backward goes on until the next bucket "
+                          "is full, then waited for and its updates made"
+                        : "each bucket's updates right after it",
+                mb);
         if (p->owner) {
             /* ZeRO-1: this rank's share of the updates and the state */
             int owned = 0, trained = 0, n_bc = 0;

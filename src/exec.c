@@ -27,6 +27,7 @@ typedef struct run_ctx {
     unsigned char *written; /* per slot: stored this run (a branch's rows: the branch ran) */
     ebb_optimizer *opt;  /* the update steps' optimizer (ebb_train_step) */
     ebb_dist *dist;      /* the all-reduce steps' group (data parallel) */
+    ebb_dist_work *pending; /* an all-reduce started, not yet waited for (allreduce_overlap) */
     ebb_tensor *one;     /* the loss's gradient with respect to itself */
     uint64_t seed;       /* dropout's masks: mixed with the step index */
     int64_t base;        /* allocator bytes that are not the plan's: grows with optimizer state */
@@ -462,7 +463,18 @@ static ebb_status unscale(run_ctx *r, const plan_step *s, int *jump) {
 static ebb_status allreduce(run_ctx *r, const plan_step *s) {
     for (int i = 0; i < s->pub.n_in; i++)
         r->args[i] = r->slots[s->pub.in[i]];
-    return ebb_dist_allreduce_mean_(r->dist, r->args, s->pub.n_in);
+    if (!s->overlap)
+        return ebb_dist_allreduce_mean_(r->dist, r->args, s->pub.n_in);
+    /* started: the buffer is the step's output, the work finished by the
+     * bucket's ALLREDUCE_WAIT step */
+    ebb_tensor *flat = NULL;
+    ebb_status st = ebb_dist_allreduce_mean_start(r->dist, r->args, s->pub.n_in, &flat,
+                                                  &r->pending);
+    if (st == EBB_OK && s->pub.n_out > 0)
+        slot_set(r, s->pub.out[0], flat);
+    else
+        ebb_tensor_free(flat);
+    return st;
 }
 
 /* ZeRO-1: the parameters rank `param` owns, as that rank updated them. */
@@ -649,6 +661,11 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
     case EBB_STEP_UNSCALE: return unscale(r, s, jump);
     case EBB_STEP_ALLREDUCE: return allreduce(r, s);
     case EBB_STEP_BROADCAST: return broadcast(r, s);
+    case EBB_STEP_ALLREDUCE_WAIT: {
+        ebb_dist_work *w = r->pending;
+        r->pending = NULL;
+        return ebb_dist_work_finish(w);
+    }
     case EBB_STEP_ZEROS: return zeros(r, s);
     case EBB_STEP_SKIP:
         *jump = !r->written[ps->in[0]];
@@ -955,6 +972,18 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
         stats->over_bytes = over_bytes;
     }
 done:
+    /* a run that failed with an all-reduce under way waits for it (bounded
+     * by the group's timeout) before its tensors go; the first error stands */
+    if (r.pending) {
+        char first[1024];
+        snprintf(first, sizeof first, "%s", ebb_errmsg());
+        ebb_status ws = ebb_dist_work_finish(r.pending);
+        r.pending = NULL;
+        if (st != EBB_OK)
+            ebb_error_set(st, "%s", first);
+        else
+            st = ws;
+    }
     if (st != EBB_OK)
         for (int i = 0; i < plan->n_outputs; i++) {
             ebb_tensor_free(outputs[i]);

@@ -266,6 +266,7 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
                                                       : 0,
                                  .allreduce_bucket_bytes = o->allreduce_bucket_bytes,
                                  .zero = zero_sharded(o),
+                                 .allreduce_overlap = o->allreduce_overlap,
                                  .rank = zero_sharded(o) ? ebb_dist_rank(o->dist) : 0,
                                  .low_weight_copies = o->low_weight_copies};
         co.train = &to;

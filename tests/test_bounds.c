@@ -1034,6 +1034,8 @@ static int collectives(const ebb_plan *p, int64_t *out, int cap) {
         const ebb_plan_step *s = ebb_plan_step_at(p, i);
         if (s->kind == EBB_STEP_BROADCAST && n < cap) {
             out[n++] = -1 - s->param;
+        } else if (s->kind == EBB_STEP_ALLREDUCE_WAIT && n < cap) {
+            out[n++] = -1000000; /* the started one finishes */
         } else if (s->kind == EBB_STEP_ALLREDUCE) {
             for (int k = 0; k < s->n_in && n < cap; k++)
                 out[n++] = ebb_plan_value_at(p, s->in[k])->nbytes;
@@ -1044,7 +1046,8 @@ static int collectives(const ebb_plan *p, int64_t *out, int cap) {
 }
 
 /* Every spec that trains, sharded by ZeRO-1 over 2 and 3 ranks with the
- * default buckets and with one per gradient: each rank's plan issues the
+ * default buckets, with one per gradient, and with one per gradient
+ * travelling while the backward goes on: each rank's plan issues the
  * same collectives in the same order (or the ranks would wait on each
  * other, or mix buffers), every trained parameter has exactly one owner
  * (the rank whose own plan says it is),
@@ -1066,11 +1069,12 @@ static void zero_ranks_agree(void **state) {
         int nt = 0;
         ebb_spec *s = load_any(l.paths[i], in_shapes, t_shapes, &nt);
         for (int world = 2; nt > 0 && world <= 3; world++)
-            for (int tiny = 0; tiny < 2; tiny++) {
+            for (int tiny = 0; tiny < 3; tiny++) {
                 ebb_train_options t = {.target_shapes = t_shapes, .n_target_shapes = nt,
                                        .optimizer = {.kind = EBB_ADAMW, .lr = 1e-3},
                                        .data_parallel = world,
-                                       .allreduce_bucket_bytes = tiny ? 1 : 0};
+                                       .allreduce_bucket_bytes = tiny ? 1 : 0,
+                                       .allreduce_overlap = tiny == 2};
                 ebb_compile_options o = {.input_shapes = in_shapes,
                                          .n_input_shapes = ebb_spec_input_count(s), .train = &t};
                 ebb_plan *whole = NULL;
@@ -1093,7 +1097,11 @@ static void zero_ranks_agree(void **state) {
                         n_first = n;
                     else if (n != n_first || memcmp(mine, first, (size_t)n * sizeof *mine) != 0)
                         BROKEN("%s: %d ranks%s: rank %d's collectives differ from rank 0's",
-                               l.paths[i], world, tiny ? ", a bucket per gradient" : "", r);
+                               l.paths[i], world,
+                               tiny == 2 ? ", a bucket per gradient, overlapped"
+                               : tiny    ? ", a bucket per gradient"
+                                         : "",
+                               r);
                     for (int k = 0; k < ebb_plan_param_count(p); k++) {
                         int owner = ebb_plan_param_owner(p, k);
                         if (owner < -1 || owner >= world ||

@@ -3285,6 +3285,18 @@ static void test_train_recipes(void **state) {
     expect_contains("stdout", &r, r.out, "ZeRO-1, rank 1 of 2: updates ");
     expect_contains("stdout", &r, r.out, "2 broadcast steps send each rank's updated parameters");
     cli_free(&r);
+    /* --overlap: each bucket started, then waited for when the next is full */
+    EBB(&r, "plan", "specs/mlp.yaml", "--train", "--data-parallel", "2", "--bucket-size", "8KiB",
+        "--overlap");
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "allreduce.start");
+    expect_contains("stdout", &r, r.out, "allreduce.wait");
+    expect_contains("stdout", &r, r.out, "each travelling while the backward goes on");
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "3", "--overlap");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--overlap applies to data-parallel training");
+    cli_free(&r);
     /* what the options refuse */
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "2", "--freeze", "fc9.*");
     expect_code(&r, 2);

@@ -915,6 +915,10 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
         o.allreduce_bucket_bytes = 64; /* a bucket per gradient */
     }
     o.resume = getenv("EBB_TEST_DP_RESUME"); /* a checkpoint to go on from */
+    if (getenv("EBB_TEST_DP_OVERLAP")) { /* buckets that travel during the backward */
+        o.allreduce_overlap = 1;
+        o.allreduce_bucket_bytes = 64;
+    }
     /* a rate whose updates overflow: after the first, the steps' losses
      * are not finite, and every rank undoes them together */
     int skip = getenv("EBB_TEST_DP_SKIP") != NULL;
@@ -1110,6 +1114,23 @@ static void test_data_parallel(void **state) {
     if (rel > 1e-6)
         fail_msg("resumed on another world size: weights differ by %g relative", rel);
     unlink(ckpt);
+    /* a bucket per gradient, each travelling while the backward goes on:
+     * the same weights, every step at its plan's peak (the child checks) */
+    char ov_w[320], ov_c[320];
+    snprintf(ov_w, sizeof ov_w, "%s/dp_overlap.safetensors", dir);
+    snprintf(ov_c, sizeof ov_c, "%s/dp_overlap_ckpt.safetensors", dir);
+    setenv("EBB_TEST_DP_OVERLAP", "1", 1);
+    assert_int_equal(dp_run(2, ov_w, ov_c), 2);
+    unsetenv("EBB_TEST_DP_OVERLAP");
+    float overlapped[F * F + F];
+    weights_file(ov_w, overlapped);
+    rel = rel_diff(overlapped, one);
+    printf("[ dp       ] 2 ranks, all-reduces overlapping the backward: weights within %.3g of "
+           "one process's\n", rel);
+    if (rel > 1e-6)
+        fail_msg("2 ranks overlapping: weights differ from one process's by %g relative", rel);
+    unlink(ov_w);
+    unlink(ov_c);
     /* 2 ranks at a global batch of 8, two micro-batches a step: the
      * update of batch 16, as one process makes it */
     char acc_w[320], acc_c[320];

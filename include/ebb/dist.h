@@ -76,6 +76,22 @@ EBB_API int ebb_dist_world_size(const ebb_dist *d);
  * end in a buffer the size of them all (DDP's bucket), held for the call. 
  * EBB_ERR_DIST when a rank was lost or the collective timed out. */
 EBB_API ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n);
+/* An all-reduce under way (ebb_dist_allreduce_mean_start). */
+typedef struct ebb_dist_work ebb_dist_work;
+/* ebb_dist_allreduce_mean_() in two halves, so that the caller can go on
+ * computing while the ranks exchange: this one starts it and returns. The
+ * tensors must share one dtype, and must not be read or written until
+ * ebb_dist_work_finish(). *flat receives a new handle on the buffer they
+ * travel in, laid end to end (NULL when a lone tensor travels as it is),
+ * for the caller to free after the finish; *out the work. On failure
+ * nothing is under way and both are NULL. */
+EBB_API ebb_status ebb_dist_allreduce_mean_start(ebb_dist *d, ebb_tensor *const *ts, int n,
+                                                 ebb_tensor **flat, ebb_dist_work **out);
+/* Waits for the work, then each of its tensors holds the mean over the
+ * ranks; frees w (NULL: nothing to do). EBB_ERR_DIST when a rank was lost
+ * or it timed out (w is freed then too). */
+EBB_API ebb_status ebb_dist_work_finish(ebb_dist_work *w);
+
 /* Every rank's ts[i] becomes rank `root`'s, in place. As for the mean, the
  * tensors of one dtype travel together in one buffer the size of them all
  * (ZeRO-1's broadcast steps count it). */

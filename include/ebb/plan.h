@@ -147,6 +147,14 @@ typedef struct ebb_train_options {
     /* Mixed precision: where a backward step gets the low copies of the
      * parameters its forward step cast (ebb_low_copies below). */
     ebb_low_copies low_weight_copies;
+    /* Data parallel: a full bucket's all-reduce only starts where it is
+     * full (its buffer a value of the plan), and the backward goes on while
+     * the ranks exchange; an EBB_STEP_ALLREDUCE_WAIT step finishes it, and
+     * its parameters are updated, when the next bucket is full (or at the
+     * backward's end). The gradients and the buffer then live longer, which
+     * the plan counts; one collective is under way at a time, as Gloo
+     * needs. DDP overlaps so. 0: each all-reduce waits where it starts. */
+    int allreduce_overlap;
 } ebb_train_options;
 
 /* Mixed precision (ebb_compile_options.precision), after torch.autocast:
@@ -242,6 +250,8 @@ typedef enum ebb_step_kind {
                            place (ebb_train_options.data_parallel) */
     EBB_STEP_BROADCAST, /* ZeRO-1: the parameters one rank owns (`param` is the rank) become
                            that rank's, on every rank (ebb_train_options.zero) */
+    EBB_STEP_ALLREDUCE_WAIT, /* ([buffer,] a bucket of gradients): waits for the all-reduce
+                                an ALLREDUCE step started (allreduce_overlap) */
 } ebb_step_kind;
 
 /* Which part of a training step a step belongs to (inference: all forward). */

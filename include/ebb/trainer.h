@@ -249,6 +249,9 @@ typedef struct ebb_trainer_options {
     ebb_dist *dist;
     int64_t allreduce_bucket_bytes; /* data parallel: a bucket's size (0: 25 MiB; see
                                        ebb_train_options) */
+    /* Data parallel: 1 lets each bucket's all-reduce travel while the
+     * backward goes on (ebb_train_options.allreduce_overlap). */
+    int allreduce_overlap;
     /* Data parallel: 1 shards the optimizer's state over the ranks (ZeRO-1,
      * ebb_train_options.zero): each rank updates and keeps the state of its
      * share of the parameters, and sends them to the others after each

@@ -274,6 +274,78 @@ ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n) {
     return EBB_OK;
 }
 
+#ifdef USE_C10D_GLOO
+using gloo_work = decltype(std::declval<c10d::ProcessGroupGloo &>().allreduce(
+    std::declval<std::vector<at::Tensor> &>()));
+#endif
+
+struct ebb_dist_work {
+    ebb_dist *d;
+    std::vector<at::Tensor> parts; // the tensors, flattened (views of the caller's)
+    std::vector<at::Tensor> flat;  // what travels: the buffer, or the lone tensor
+#ifdef USE_C10D_GLOO
+    gloo_work work;
+#endif
+};
+
+ebb_status ebb_dist_allreduce_mean_start(ebb_dist *d, ebb_tensor *const *ts, int n,
+                                         ebb_tensor **flat, ebb_dist_work **out) {
+    const char *fn = "ebb_dist_allreduce_mean_start";
+    EBB_OUT(fn, flat);
+    EBB_OUT(fn, out);
+    EBB_NEED(fn, d);
+    std::vector<at::Tensor> list;
+    ebb_status st = gather(fn, ts, n, true, list);
+    if (st != EBB_OK) return st;
+    for (auto &t : list)
+        if (t.scalar_type() != list[0].scalar_type())
+            return ebb_error_set(EBB_ERR_ARG, "%s: tensors of %s and %s; a started all-reduce "
+                                 "takes one dtype", fn, ebb::describe(list[0]).c_str(),
+                                 ebb::describe(t).c_str());
+    ebb_dist_work *w = new (std::nothrow) ebb_dist_work;
+    if (!w) return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
+    w->d = d;
+    try {
+        c10::InferenceMode guard;
+        for (auto &t : list) w->parts.push_back(t.reshape({-1}));
+        if (!w->parts.empty())
+            w->flat.push_back(w->parts.size() == 1 ? w->parts[0] : at::cat(w->parts));
+#ifdef USE_C10D_GLOO
+        if (!w->flat.empty() && d->world > 1) w->work = d->pg->allreduce(w->flat);
+#endif
+        if (w->parts.size() > 1) *flat = ebb::wrap(w->flat[0]);
+    } catch (...) {
+        delete w;
+        return dist_failure(fn, d->where);
+    }
+    *out = w;
+    return EBB_OK;
+}
+
+ebb_status ebb_dist_work_finish(ebb_dist_work *w) {
+    const char *fn = "ebb_dist_work_finish";
+    if (!w) return EBB_OK;
+    ebb_status st = EBB_OK;
+    try {
+        c10::InferenceMode guard;
+#ifdef USE_C10D_GLOO
+        if (w->work) finish(std::move(w->work), w->d->timeout);
+#endif
+        if (!w->flat.empty() && w->d->world > 1) {
+            w->flat[0].div_(w->d->world);
+            int64_t at = 0;
+            for (size_t i = 0; w->parts.size() > 1 && i < w->parts.size(); i++) {
+                w->parts[i].copy_(w->flat[0].narrow(0, at, w->parts[i].numel()));
+                at += w->parts[i].numel();
+            }
+        }
+    } catch (...) {
+        st = dist_failure(fn, w->d->where);
+    }
+    delete w;
+    return st;
+}
+
 ebb_status ebb_dist_broadcast_(ebb_dist *d, ebb_tensor *const *ts, int n, int root) {
     const char *fn = "ebb_dist_broadcast_";
     EBB_NEED(fn, d);

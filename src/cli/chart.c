@@ -7,7 +7,7 @@ const char ebb_cli_usage_chart[] =
     "                 [--train [--loss NAME] [--optimizer KIND] [--grads-only]\n"
     "                 [--clip-grad-norm X] [--clip-grad-value X] [--no-decay PATTERN]...\n"
     "                 [--loss-scale S] [--weight-copies HOW]\n"
-    "                 [--data-parallel N [--bucket-size SIZE] [--zero [--rank R]]]]\n"
+    "                 [--data-parallel N [--bucket-size SIZE] [--overlap] [--zero [--rank R]]]]\n"
     "                 [--memory-budget SIZE]\n"
     "                 [-o FILE.svg]\n"
     "\n"

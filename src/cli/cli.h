@@ -80,6 +80,7 @@ enum {
     OPT_WEIGHT_COPIES,
     OPT_ZERO,
     OPT_RANK,
+    OPT_OVERLAP,
 };
 
 /* --batch B: -i SYMBOL=B for the spec's batch, as ebb train takes it */
@@ -103,7 +104,8 @@ enum {
         {"data-parallel", required_argument, NULL, OPT_DATA_PARALLEL},                             \
         {"bucket-size", required_argument, NULL, OPT_BUCKET_SIZE},                                 \
         {"weight-copies", required_argument, NULL, OPT_WEIGHT_COPIES},                             \
-        {"zero", no_argument, NULL, OPT_ZERO}, {"rank", required_argument, NULL, OPT_RANK}, {      \
+        {"zero", no_argument, NULL, OPT_ZERO}, {"rank", required_argument, NULL, OPT_RANK},        \
+        {"overlap", no_argument, NULL, OPT_OVERLAP}, {                                              \
         "no-decay", required_argument, NULL, OPT_NO_DECAY                                          \
     }
 #define CLIP_HELP                                                                                  \
@@ -123,6 +125,8 @@ enum {
     "  --zero             with --data-parallel: ZeRO-1, the optimizer's state sharded\n"       \
     "                     over the ranks (ebb train --zero); the plan is one rank's\n"        \
     "  --rank R           with --zero: plan rank R's step (default 0)\n"                      \
+    "  --overlap          with --data-parallel: all-reduces travel while the backward\n"      \
+    "                     goes on (ebb train --overlap)\n"                                      \
     WEIGHT_COPIES_HELP
 
 #define COMMON_OPTIONS                                                                             \
@@ -157,6 +161,7 @@ typedef struct options {
     int64_t bucket_size;          /* --bucket-size (0: the default) */
     int weight_copies_set;        /* --weight-copies given */
     int zero, rank;               /* --zero, --rank R (-1: not given) */
+    int overlap;                  /* --overlap */
     ebb_low_copies weight_copies; /* --weight-copies */
     const char *no_decay[16];     /* --no-decay PATTERN */
     int n_no_decay;

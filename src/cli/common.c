@@ -341,6 +341,9 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
         case OPT_ZERO:
             o->zero = 1;
             break;
+        case OPT_OVERLAP:
+            o->overlap = 1;
+            break;
         case OPT_RANK: {
             char *end = NULL;
             long v = strtol(val, &end, 10);
@@ -455,6 +458,9 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
                                    "--data-parallel apply to --train (a step with updates)");
     if (o->weight_copies_set && !o->train)
         return ebb_cli_usage_error(usage, "%s", "--weight-copies applies to --train");
+    if (o->overlap && o->data_parallel < 2)
+        return ebb_cli_usage_error(usage, "%s", "--overlap applies to --data-parallel N (2 or "
+                                                "more)");
     if (o->zero && o->data_parallel < 2)
         return ebb_cli_usage_error(usage, "%s", "--zero shards the optimizer over the ranks of "
                                                 "--data-parallel N (2 or more)");
@@ -930,6 +936,7 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
     t->allreduce_bucket_bytes = o->bucket_size;
     t->low_weight_copies = o->weight_copies;
     t->zero = o->zero;
+    t->allreduce_overlap = o->overlap;
     t->rank = o->zero && o->rank > 0 ? o->rank : 0;
     t->loss_scaling = !o->grads_only && (o->loss_scale > 0 ||
                                          (o->loss_scale == 0 && pr == EBB_PRECISION_FP16));

@@ -7,7 +7,7 @@ const char ebb_cli_usage_plan[] =
     "                [--memory] [--train [--loss NAME] [--optimizer KIND]\n"
     "                [--clip-grad-norm X] [--clip-grad-value X] [--no-decay PATTERN]...\n"
     "                [--loss-scale S] [--weight-copies HOW]\n"
-    "                [--data-parallel N [--bucket-size SIZE] [--zero [--rank R]]]]\n"
+    "                [--data-parallel N [--bucket-size SIZE] [--overlap] [--zero [--rank R]]]]\n"
     "                [--memory-budget SIZE]\n"
     "\n"
     "  -i NAME=D0,D1,...  the shape of input NAME; or -i SYMBOL=N for a symbolic dim\n"

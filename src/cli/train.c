@@ -115,6 +115,8 @@ const char ebb_cli_usage_train[] =
     "                     loopback, gradients averaged by Gloo; --batch is the global\n"
     "                     batch); a process started by torchrun (RANK, WORLD_SIZE,\n"
     "                     MASTER_ADDR, MASTER_PORT set) joins its job without it\n"
+    "  --overlap          with --nproc: each bucket's all-reduce travels while the\n"
+    "                     backward goes on, waited for when the next bucket is full\n"
     "  --zero             with --nproc: shard the optimizer's state over the ranks\n"
     "                     (ZeRO-1): each updates its share of the parameters and\n"
     "                     sends them to the others; checkpoints hold the whole state\n"
@@ -256,6 +258,7 @@ enum {
     O_BUCKET_SIZE,
     O_WEIGHT_COPIES,
     O_ZERO,
+    O_OVERLAP,
 };
 
 #define COMMON_LONGS                                                                               \
@@ -311,6 +314,7 @@ const struct option ebb_cli_train_options[] = {
     {"bucket-size", required_argument, NULL, O_BUCKET_SIZE},
     {"weight-copies", required_argument, NULL, O_WEIGHT_COPIES},
     {"zero", no_argument, NULL, O_ZERO},
+    {"overlap", no_argument, NULL, O_OVERLAP},
     {NULL, 0, NULL, 0},
 };
 
@@ -328,6 +332,7 @@ typedef struct topts {
     int64_t nproc;     /* --nproc: ranks to start (0: one process) */
     int64_t bucket_size; /* --bucket-size (0: the default) */
     int zero;            /* --zero: ZeRO-1 */
+    int overlap;         /* --overlap: all-reduces travel while the backward goes on */
     ebb_low_copies weight_copies; /* --weight-copies */
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
     int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory, cuda_graph;
@@ -480,6 +485,9 @@ static int parse(int argc, char **argv, int train, topts *o) {
             break;
         case O_ZERO:
             o->zero = 1;
+            break;
+        case O_OVERLAP:
+            o->overlap = 1;
             break;
         case O_NPROC:
             if (parse_i64(v, 1, &o->nproc) != 0 || o->nproc > 64)
@@ -1271,10 +1279,13 @@ static int train_open(cli_run *c, int argc, char **argv) {
     topts *o = &c->o;
     int rc = parse(argc, argv, 1, o);
     if (rc) return rc;
-    if (o->zero && o->nproc <= 1 && !getenv("WORLD_SIZE"))
+    if ((o->zero || o->overlap) && o->nproc <= 1 && !getenv("WORLD_SIZE"))
         return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
-                                   "--zero shards the optimizer over the ranks of data-parallel "
-                                   "training (--nproc N, or torchrun's environment)");
+                                   o->zero ? "--zero shards the optimizer over the ranks of "
+                                             "data-parallel training (--nproc N, or torchrun's "
+                                             "environment)"
+                                           : "--overlap applies to data-parallel training "
+                                             "(--nproc N, or torchrun's environment)");
     if (o->bucket_size && o->nproc <= 1 && !getenv("WORLD_SIZE"))
         return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
                                    "--bucket-size applies to data-parallel training (--nproc N, "
@@ -1329,6 +1340,7 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->dist = c->dist;
     to->allreduce_bucket_bytes = o->bucket_size;
     to->zero = o->zero;
+    to->allreduce_overlap = o->overlap;
     to->low_weight_copies = o->weight_copies;
     to->skip_nonfinite = o->skip_nonfinite;
     to->trace = o->trace ? ebb_cli_trace_step : NULL;
