@@ -1302,7 +1302,7 @@ static int emit_bucket_updates(ad *a, const int *members, int m) {
 }
 
 /* ZeRO-1: each trained parameter's owner, as torch's ZeroRedundancyOptimizer
- * partitions them: largest first, each to the rank owning the fewest bytes
+ * partitions them: largest first, each to the rank owning the fewest elements
  * so far (the lowest such rank on a tie). Every rank computes the same. */
 static int assign_owners(compiler *c) {
     ebb_plan *p = c->plan;

@@ -1,12 +1,13 @@
 """Data-parallel training, ebb against PyTorch's DistributedDataParallel
 (issue 30): the same model, data and global batch in N processes on this
-machine, both over Gloo on loopback.
+machine, both over Gloo on loopback; step time, per-rank peak and the bytes
+each rank sends a step, for every N asked for.
 
-    python3 tests/bench/ddp.py --build build [--nproc 2] [--steps 300] [--batch 64]
+    python3 tests/bench/ddp.py --build build [--nproc 2,4] [--steps 300] [--batch 64]
 
 (`/usr/bin/python3` for Debian's torch 1.13, or the pip venv's python for
 2.x; the torch must match the libtorch ebb was built with only for the
-numbers to be comparable.)
+numbers to be comparable.) One process is always run too, as the baseline.
 
 - ebb: `ebb train specs/fashion_mlp.yaml --nproc N` (one process without
   --nproc, with --drop-last), SGD lr 0.01, the epoch's samples in file
@@ -21,9 +22,24 @@ numbers to be comparable.)
   profiled_peak), which does not see DDP's buckets: they are allocated with
   the model and kept, so the table adds them (the parameters' bytes) as a
   second figure.
-- Bytes sent per rank per step: a ring all-reduce of every gradient sends
-  2 (N - 1) / N of their bytes; both sides average every gradient once a
-  step, so the figure is the same and computed, not measured.
+- Bytes sent per rank per step, measured: the loopback interface's
+  transmit counters (bytes, packets) read before and after each run; every
+  byte one rank sends another passes there once, with its IPv4 and TCP
+  headers, and so do the receivers' ACKs. Each side runs twice, for
+  --steps and for a fifth of them: the difference over the difference in
+  steps is the steady traffic of a step, with what a run sends once
+  (rendezvous, ebb's check that every rank trains the same run, the
+  broadcast of rank 0's weights, DDP's parameter verification and
+  broadcast, PyTorch's warm-up steps and final barrier) cancelled out.
+  Divided by N: the ranks of a ring send alike. In parentheses the
+  headers' share (packets x header bytes), and TCP's retransmitted
+  segments a rank a step (/proc/net/snmp), which count too. Computed, for
+  comparison: a ring all-reduce of every gradient sends 2 (N - 1) / N of
+  their bytes, and both sides average every gradient once a step.
+- The script re-runs itself in a network namespace of its own (`unshare
+  -rn`) whose loopback carries nothing but its runs. Where that is refused
+  it counts the machine's loopback, and other traffic there adds noise
+  (the last line says which).
 
 Intra-op threads: EBB_BENCH_THREADS (default 1) on both sides. Each side
 runs alone, one after the other: on a machine with fewer cores than N x
@@ -32,8 +48,8 @@ threads the ranks share them.
 import argparse
 import json
 import os
+import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,32 +73,84 @@ import run as bench  # noqa: E402  (profiled_peak)
 SPEC = "specs/fashion_mlp.yaml"
 LR = 0.01
 WARMUP = 5
+PRIVATE_NETNS = "EBB_BENCH_PRIVATE_NETNS"  # set in the copy running in its own namespace
+
+
+def private_loopback():
+    """Gives this benchmark a loopback of its own: in the copy of the script
+    that runs in a new network namespace, brings its loopback up and returns
+    True; otherwise re-executes the script there with `unshare -rn` (which
+    does not return), or returns False where that is refused."""
+    if os.environ.get(PRIVATE_NETNS):
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        return True
+    if shutil.which("unshare") and shutil.which("ip"):
+        probe = subprocess.run(["unshare", "-rn", "ip", "link", "set", "lo", "up"],
+                               capture_output=True, check=False)
+        if probe.returncode == 0:
+            os.environ[PRIVATE_NETNS] = "1"
+            os.execvp("unshare", ["unshare", "-rn", sys.executable] + sys.argv)
+    return False
+
+
+def traffic():
+    """What this process's network namespace has sent so far: the loopback
+    interface's bytes and packets (/proc/net/dev) and TCP's retransmitted
+    segments (/proc/net/snmp), as a tuple."""
+    with open("/proc/net/dev") as f:
+        lo = [fields.split() for name, _, fields in (line.partition(":") for line in f)
+              if name.strip() == "lo"]
+    if not lo:
+        raise RuntimeError("no loopback interface in /proc/net/dev")
+    with open("/proc/net/snmp") as f:
+        names, values = [line.split() for line in f if line.startswith("Tcp:")]
+    return int(lo[0][8]), int(lo[0][9]), int(values[names.index("RetransSegs")])
+
+
+def header_bytes():
+    """Bytes of IPv4 and TCP header a packet on loopback carries (the
+    counters count from the IP header on): 20 + 20, and 12 more for the
+    timestamp option where net.ipv4.tcp_timestamps is on (Linux's default)."""
+    with open("/proc/sys/net/ipv4/tcp_timestamps") as f:
+        return 40 + (12 if f.read().strip() != "0" else 0)
+
+
+def counted(fn, *args):
+    """Runs fn(*args); returns its result and what was sent meanwhile
+    (traffic()'s figures, as differences)."""
+    before = traffic()
+    result = fn(*args)
+    return result, [x1 - x0 for x0, x1 in zip(before, traffic())]
 
 
 def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def ebb_side(build, nproc, steps, batch):
-    cmd = [os.path.join(build, "ebb"), "train", SPEC, "--data", "fashion-mnist", "--steps",
-           str(steps), "--batch", str(batch), "--device", "cpu", "--json", "--no-shuffle",
-           "--optimizer", "sgd", "--lr", str(LR), "--checkpoint",
-           os.path.join(tempfile.mkdtemp(prefix="ebb_ddp_"), "checkpoint.safetensors")]
-    cmd += ["--nproc", str(nproc)] if nproc > 1 else ["--drop-last"]
-    t0 = time.time()
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    wall = time.time() - t0
+    """Trains with `ebb train` (--nproc N for N > 1) and returns rank 0's
+    step time (ms) and its measured and planned step peak."""
+    with tempfile.TemporaryDirectory(prefix="ebb_ddp_") as tmp:
+        cmd = [os.path.join(build, "ebb"), "train", SPEC, "--data", "fashion-mnist", "--steps",
+               str(steps), "--batch", str(batch), "--device", "cpu", "--json", "--no-shuffle",
+               "--optimizer", "sgd", "--lr", str(LR), "--checkpoint",
+               os.path.join(tmp, "checkpoint.safetensors")]
+        cmd += ["--nproc", str(nproc)] if nproc > 1 else ["--drop-last"]
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError("%s failed (%d): %s" % (" ".join(cmd), out.returncode, out.stderr))
     epoch = [json.loads(line) for line in out.stdout.splitlines()
              if line.startswith("{") and json.loads(line)["type"] == "epoch"][-1]
     return {"ms": 1000.0 * epoch["seconds"] / steps, "peak": epoch["peak_bytes"],
-            "planned": epoch["planned_peak_bytes"], "wall": wall, "loss": epoch["loss"]}
+            "planned": epoch["planned_peak_bytes"]}
 
 
 def torch_rank(rank, nproc, port, steps, batch, queue):
+    """One PyTorch rank: WARMUP untimed steps, `steps` timed ones, one
+    profiled for the peak; rank 0 puts its figures on the queue."""
     torch.set_num_threads(THREADS)
     if nproc > 1:
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
@@ -116,12 +184,13 @@ def torch_rank(rank, nproc, port, steps, batch, queue):
         dist.barrier()
         dist.destroy_process_group()
     if rank == 0:
-        queue.put({"ms": 1000.0 * sum(times) / len(times),
-                   "ms_median": 1000.0 * statistics.median(times), "peak": peak,
+        queue.put({"ms": 1000.0 * sum(times) / len(times), "peak": peak,
                    "buckets": params if nproc > 1 else 0, "params": params})
 
 
 def torch_side(nproc, steps, batch):
+    """Trains with PyTorch in nproc spawned processes (DDP for more than
+    one) and returns rank 0's figures (torch_rank)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
@@ -135,31 +204,75 @@ def torch_side(nproc, steps, batch):
     return result
 
 
+def sent_per_step(run, nproc, steps):
+    """Runs run(steps) for the timed figures, and run(steps // 5) for the
+    traffic: returns the long run's result with "sent", "packets" and
+    "retransmits" added, per rank per step, the steady traffic of a step
+    (what a run sends once cancels out in the difference)."""
+    short = max(1, steps // 5)
+    result, long_run = counted(run, steps)
+    _, short_run = counted(run, short)
+    per_step = [(x1 - x0) / (steps - short) / nproc for x0, x1 in zip(short_run, long_run)]
+    result.update(zip(("sent", "packets", "retransmits"), per_step))
+    return result
+
+
+def print_table(rows, headers):
+    """Prints a markdown table, an ebb row and a PyTorch row for each
+    (processes, ebb's figures, PyTorch's figures) of rows; the ratios are to
+    PyTorch's at the same process count, its peak with DDP's buckets."""
+    print("| processes | engine | ms/step | x PyTorch time | step peak a rank "
+          "(ebb: planned = measured; PyTorch: step (+ DDP buckets)) | x PyTorch peak "
+          "| bytes sent a rank a step, measured (TCP/IP headers) | TCP retransmits a rank a step "
+          "| ring 2(N-1)/N x gradients | measured / ring |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for n, e, t in rows:
+        ring = t["params"] * 2 * (n - 1) // n
+        pyt_peak = t["peak"] + t["buckets"]
+        ebb_peak = "{:,} = {:,}".format(e["planned"], e["peak"])
+        pyt_peak_text = ("{:,} ({:,})".format(t["peak"], pyt_peak) if n > 1
+                         else "{:,}".format(pyt_peak))
+        for name, side, peak, peak_text in (("ebb", e, e["peak"], ebb_peak),
+                                            ("PyTorch", t, pyt_peak, pyt_peak_text)):
+            cells = [str(n), name, "%.3f" % side["ms"], "%.2f" % (side["ms"] / t["ms"]), peak_text,
+                     "%.3f" % (peak / pyt_peak),
+                     "{:,.0f} ({:,.0f})".format(side["sent"], side["packets"] * headers),
+                     "%.3f" % side["retransmits"], "{:,}".format(ring),
+                     "%.3f" % (side["sent"] / ring) if ring else "-"]
+            print("| " + " | ".join(cells) + " |")
+
+
+def nprocs(text):
+    """--nproc's value: process counts, comma-separated."""
+    ns = sorted({int(n) for n in text.split(",")})
+    if ns[0] < 1:
+        raise argparse.ArgumentTypeError("process counts are 1 or more: %s" % text)
+    return ns
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default="build")
-    ap.add_argument("--nproc", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--nproc", type=nprocs, default=[2, 4],
+                    help="process counts, comma-separated (default 2,4); one process always runs")
+    ap.add_argument("--steps", type=int, default=300, help="timed steps (at least 2)")
+    ap.add_argument("--batch", type=int, default=64, help="global batch")
     args = ap.parse_args()
+    if args.steps < 2:
+        ap.error("--steps must be at least 2: the traffic is the difference with a shorter run")
+    private = private_loopback()
     build = os.path.abspath(args.build)
     rows = []
-    for n in sorted({1, args.nproc}):
-        e = ebb_side(build, n, args.steps, args.batch)
-        t = torch_side(n, args.steps, args.batch)
-        grad_bytes = t["params"]
-        sent = int(grad_bytes * 2 * (n - 1) / n)
-        rows.append((n, e, t, sent))
-    print("| processes | ebb ms/step | PyTorch ms/step | ebb/PyT time | ebb peak planned = measured "
-          "| PyTorch step peak (+ DDP buckets) | ebb/PyT peak | bytes sent a step a rank |")
-    print("|---|---|---|---|---|---|---|---|")
-    for n, e, t, sent in rows:
-        pyt = t["peak"] + t["buckets"]
-        print("| %d | %.3f | %.3f | %.2f | %d = %d | %d (%d) | %.3f | %d |"
-              % (n, e["ms"], t["ms"], e["ms"] / t["ms"], e["planned"], e["peak"], t["peak"],
-                 pyt, e["peak"] / pyt, sent))
-    print("torch %s, %d intra-op thread(s), %d steps of global batch %d, %s"
-          % (torch.__version__, THREADS, args.steps, args.batch, time.strftime("%Y-%m-%d")))
+    for n in sorted({1, *args.nproc}):
+        e = sent_per_step(lambda steps: ebb_side(build, n, steps, args.batch), n, args.steps)
+        t = sent_per_step(lambda steps: torch_side(n, steps, args.batch), n, args.steps)
+        rows.append((n, e, t))
+    print_table(rows, header_bytes())
+    print("torch %s, %d intra-op thread(s), %d steps of global batch %d (traffic: the "
+          "difference with %d steps), %s loopback, %s"
+          % (torch.__version__, THREADS, args.steps, args.batch, max(1, args.steps // 5),
+             "a private" if private else "the machine's (other traffic counts)",
+             time.strftime("%Y-%m-%d")))
 
 
 if __name__ == "__main__":
