@@ -41,6 +41,16 @@ numbers to be comparable.) One process is always run too, as the baseline.
   it counts the machine's loopback, and other traffic there adds noise
   (the last line says which).
 
+With --zero both sides train with AdamW (lr 1e-3) and shard its state over
+the ranks: ebb with `ebb train --nproc N --zero` (ZeRO-1), PyTorch with DDP
+and `ZeroRedundancyOptimizer` over AdamW, which shards alike (each
+parameter to one rank, largest first to the least loaded) and broadcasts
+each rank's parameters after its step. The table then adds the optimizer
+state a rank holds: ebb's from its plan (`ebb plan --train --data-parallel
+N --zero --rank R --json`, what ebb_optimizer_new makes), PyTorch's summed
+over the state tensors after the run (AdamW's `step` counters included),
+rank 0's and the largest rank's. One process runs plain AdamW on both sides.
+
 Intra-op threads: EBB_BENCH_THREADS (default 1) on both sides. Each side
 runs alone, one after the other: on a machine with fewer cores than N x
 threads the ranks share them.
@@ -72,6 +82,7 @@ import run as bench  # noqa: E402  (profiled_peak)
 
 SPEC = "specs/fashion_mlp.yaml"
 LR = 0.01
+ZERO_LR = 1e-3  # AdamW's, for --zero
 WARMUP = 5
 PRIVATE_NETNS = "EBB_BENCH_PRIVATE_NETNS"  # set in the copy running in its own namespace
 
@@ -130,15 +141,17 @@ def free_port():
         return s.getsockname()[1]
 
 
-def ebb_side(build, nproc, steps, batch):
-    """Trains with `ebb train` (--nproc N for N > 1) and returns rank 0's
-    step time (ms) and its measured and planned step peak."""
+def ebb_side(build, nproc, steps, batch, zero):
+    """Trains with `ebb train` (--nproc N for N > 1; zero: AdamW, --zero)
+    and returns rank 0's step time (ms) and its measured and planned step
+    peak."""
     with tempfile.TemporaryDirectory(prefix="ebb_ddp_") as tmp:
         cmd = [os.path.join(build, "ebb"), "train", SPEC, "--data", "fashion-mnist", "--steps",
                str(steps), "--batch", str(batch), "--device", "cpu", "--json", "--no-shuffle",
-               "--optimizer", "sgd", "--lr", str(LR), "--checkpoint",
-               os.path.join(tmp, "checkpoint.safetensors")]
+               "--optimizer", "adamw" if zero else "sgd", "--lr", str(ZERO_LR if zero else LR),
+               "--checkpoint", os.path.join(tmp, "checkpoint.safetensors")]
         cmd += ["--nproc", str(nproc)] if nproc > 1 else ["--drop-last"]
+        cmd += ["--zero"] if zero and nproc > 1 else []
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError("%s failed (%d): %s" % (" ".join(cmd), out.returncode, out.stderr))
@@ -148,9 +161,26 @@ def ebb_side(build, nproc, steps, batch):
             "planned": epoch["planned_peak_bytes"]}
 
 
-def torch_rank(rank, nproc, port, steps, batch, queue):
+def ebb_state(build, nproc, batch, zero):
+    """The optimizer state each rank's plan holds (ebb_plan_optimizer_state_bytes),
+    rank by rank."""
+    out = []
+    for rank in range(nproc):
+        cmd = [os.path.join(build, "ebb"), "plan", SPEC, "--train", "--json", "--optimizer",
+               "adamw" if zero else "sgd", "-i", "batch=%d" % (batch // nproc)]
+        if zero and nproc > 1:
+            cmd += ["--data-parallel", str(nproc), "--zero", "--rank", str(rank)]
+        plan = json.loads(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                                         check=True).stdout)
+        out.append(plan["zero"]["optimizer_state_bytes"] if "zero" in plan
+                   else plan["optimizer_state_bytes"])
+    return out
+
+
+def torch_rank(rank, nproc, port, steps, batch, zero, queue):
     """One PyTorch rank: WARMUP untimed steps, `steps` timed ones, one
-    profiled for the peak; rank 0 puts its figures on the queue."""
+    profiled for the peak; rank 0 puts its figures on the queue, every rank
+    the bytes of its optimizer's state."""
     torch.set_num_threads(THREADS)
     if nproc > 1:
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
@@ -158,7 +188,14 @@ def torch_rank(rank, nproc, port, steps, batch, queue):
     torch.manual_seed(0)
     model = fashion.FashionMLP().train()
     net = torch.nn.parallel.DistributedDataParallel(model) if nproc > 1 else model
-    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    if zero and nproc > 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.AdamW,
+                                      lr=ZERO_LR)
+    elif zero:
+        opt = torch.optim.AdamW(net.parameters(), lr=ZERO_LR)
+    else:
+        opt = torch.optim.SGD(net.parameters(), lr=LR)
     images, labels = fashion.load_train()
 
     def step(k):
@@ -180,25 +217,37 @@ def torch_rank(rank, nproc, port, steps, batch, queue):
         times.append(time.perf_counter() - t0)
     peak = bench.profiled_peak(lambda: step(WARMUP + steps))
     params = sum(p.numel() * p.element_size() for p in model.parameters())
+    local = opt.optim if hasattr(opt, "optim") else opt  # ZeRO's local AdamW
+    state = sum(t.numel() * t.element_size() for s in local.state.values()
+                for t in s.values() if torch.is_tensor(t))
     if nproc > 1:
         dist.barrier()
         dist.destroy_process_group()
+    queue.put({"rank": rank, "state": state})
     if rank == 0:
         queue.put({"ms": 1000.0 * sum(times) / len(times), "peak": peak,
                    "buckets": params if nproc > 1 else 0, "params": params})
 
 
-def torch_side(nproc, steps, batch):
+def torch_side(nproc, steps, batch, zero):
     """Trains with PyTorch in nproc spawned processes (DDP for more than
-    one) and returns rank 0's figures (torch_rank)."""
+    one; zero: AdamW, sharded by ZeroRedundancyOptimizer) and returns rank
+    0's figures (torch_rank), with "states", every rank's optimizer state."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=torch_rank, args=(r, nproc, port, steps, batch, queue))
+    procs = [ctx.Process(target=torch_rank, args=(r, nproc, port, steps, batch, zero, queue))
              for r in range(nproc)]
     for p in procs:
         p.start()
-    result = queue.get(timeout=600)
+    result, states = None, [0] * nproc
+    for _ in range(nproc + 1):
+        got = queue.get(timeout=600)
+        if "rank" in got:
+            states[got["rank"]] = got["state"]
+        else:
+            result = got
+    result["states"] = states
     for p in procs:
         p.join(timeout=60)
     return result
@@ -217,15 +266,17 @@ def sent_per_step(run, nproc, steps):
     return result
 
 
-def print_table(rows, headers):
+def print_table(rows, headers, zero):
     """Prints a markdown table, an ebb row and a PyTorch row for each
     (processes, ebb's figures, PyTorch's figures) of rows; the ratios are to
-    PyTorch's at the same process count, its peak with DDP's buckets."""
+    PyTorch's at the same process count, its peak with DDP's buckets. zero:
+    with the optimizer state a rank holds, rank 0's and the largest."""
     print("| processes | engine | ms/step | x PyTorch time | step peak a rank "
           "(ebb: planned = measured; PyTorch: step (+ DDP buckets)) | x PyTorch peak "
           "| bytes sent a rank a step, measured (TCP/IP headers) | TCP retransmits a rank a step "
-          "| ring 2(N-1)/N x gradients | measured / ring |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| ring 2(N-1)/N x gradients | measured / ring |"
+          + (" optimizer state a rank: rank 0, largest |" if zero else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|" if zero else ""))
     for n, e, t in rows:
         ring = t["params"] * 2 * (n - 1) // n
         pyt_peak = t["peak"] + t["buckets"]
@@ -239,6 +290,8 @@ def print_table(rows, headers):
                      "{:,.0f} ({:,.0f})".format(side["sent"], side["packets"] * headers),
                      "%.3f" % side["retransmits"], "{:,}".format(ring),
                      "%.3f" % (side["sent"] / ring) if ring else "-"]
+            if zero:
+                cells.append("{:,}, {:,}".format(side["states"][0], max(side["states"])))
             print("| " + " | ".join(cells) + " |")
 
 
@@ -257,6 +310,9 @@ def main():
                     help="process counts, comma-separated (default 2,4); one process always runs")
     ap.add_argument("--steps", type=int, default=300, help="timed steps (at least 2)")
     ap.add_argument("--batch", type=int, default=64, help="global batch")
+    ap.add_argument("--zero", action="store_true",
+                    help="AdamW sharded over the ranks: ebb's --zero against "
+                         "ZeroRedundancyOptimizer")
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be at least 2: the traffic is the difference with a shorter run")
@@ -264,13 +320,17 @@ def main():
     build = os.path.abspath(args.build)
     rows = []
     for n in sorted({1, *args.nproc}):
-        e = sent_per_step(lambda steps: ebb_side(build, n, steps, args.batch), n, args.steps)
-        t = sent_per_step(lambda steps: torch_side(n, steps, args.batch), n, args.steps)
+        e = sent_per_step(lambda steps: ebb_side(build, n, steps, args.batch, args.zero), n,
+                          args.steps)
+        e["states"] = ebb_state(build, n, args.batch, args.zero)
+        t = sent_per_step(lambda steps: torch_side(n, steps, args.batch, args.zero), n,
+                          args.steps)
         rows.append((n, e, t))
-    print_table(rows, header_bytes())
-    print("torch %s, %d intra-op thread(s), %d steps of global batch %d (traffic: the "
+    print_table(rows, header_bytes(), args.zero)
+    print("torch %s, %s, %d intra-op thread(s), %d steps of global batch %d (traffic: the "
           "difference with %d steps), %s loopback, %s"
-          % (torch.__version__, THREADS, args.steps, args.batch, max(1, args.steps // 5),
+          % (torch.__version__, "AdamW sharded (ZeRO-1)" if args.zero else "SGD", THREADS,
+             args.steps, args.batch, max(1, args.steps // 5),
              "a private" if private else "the machine's (other traffic counts)",
              time.strftime("%Y-%m-%d")))
 
