@@ -1059,6 +1059,25 @@ static void weights_file(const char *path, float *out) {
     ebb_tensor_free(b);
 }
 
+/* 2 ranks with environment variable `var` set to `val` (dp_child reads
+ * it): rank 0's weights within 1e-6 relative of `want`, one process's. */
+static void dp_variant(const char *var, const char *val, const char *what, const float *want) {
+    char w[320], c[320];
+    snprintf(w, sizeof w, "%s/dp_variant.safetensors", dir);
+    snprintf(c, sizeof c, "%s/dp_variant_ckpt.safetensors", dir);
+    setenv(var, val, 1);
+    assert_int_equal(dp_run(2, w, c), 2);
+    unsetenv(var);
+    float got[F * F + F];
+    weights_file(w, got);
+    double rel = rel_diff(got, want);
+    printf("[ dp       ] 2 ranks, %s: weights within %.3g of one process's\n", what, rel);
+    if (rel > 1e-6)
+        fail_msg("2 ranks, %s: weights differ from one process's by %g relative", what, rel);
+    unlink(w);
+    unlink(c);
+}
+
 /* 2 and 4 ranks at global batch 16 leave the weights one process leaves at
  * batch 16 (the means summed in another order: 1e-6 relative), take the
  * same number of steps, and only rank 0 writes. */
@@ -1114,52 +1133,26 @@ static void test_data_parallel(void **state) {
     if (rel > 1e-6)
         fail_msg("resumed on another world size: weights differ by %g relative", rel);
     unlink(ckpt);
-    /* a bucket per gradient, each travelling while the backward goes on:
-     * the same weights, every step at its plan's peak (the child checks) */
-    char ov_w[320], ov_c[320];
-    snprintf(ov_w, sizeof ov_w, "%s/dp_overlap.safetensors", dir);
-    snprintf(ov_c, sizeof ov_c, "%s/dp_overlap_ckpt.safetensors", dir);
-    setenv("EBB_TEST_DP_OVERLAP", "1", 1);
-    assert_int_equal(dp_run(2, ov_w, ov_c), 2);
-    unsetenv("EBB_TEST_DP_OVERLAP");
-    float overlapped[F * F + F];
-    weights_file(ov_w, overlapped);
-    rel = rel_diff(overlapped, one);
-    printf("[ dp       ] 2 ranks, all-reduces overlapping the backward: weights within %.3g of "
-           "one process's\n", rel);
-    if (rel > 1e-6)
-        fail_msg("2 ranks overlapping: weights differ from one process's by %g relative", rel);
-    unlink(ov_w);
-    unlink(ov_c);
-    /* 2 ranks at a global batch of 8, two micro-batches a step: the
-     * update of batch 16, as one process makes it */
-    char acc_w[320], acc_c[320];
-    snprintf(acc_w, sizeof acc_w, "%s/dp_acc.safetensors", dir);
-    snprintf(acc_c, sizeof acc_c, "%s/dp_acc_ckpt.safetensors", dir);
-    setenv("EBB_TEST_DP_ACCUMULATE", "2", 1);
-    assert_int_equal(dp_run(2, acc_w, acc_c), 2);
-    unsetenv("EBB_TEST_DP_ACCUMULATE");
-    float accumulated[F * F + F];
-    weights_file(acc_w, accumulated);
-    rel = rel_diff(accumulated, one);
-    printf("[ dp       ] 2 ranks, 2 micro-batches of 4 each a step: weights within %.3g of one "
-           "process's at batch 16\n", rel);
-    if (rel > 1e-6)
-        fail_msg("2 ranks accumulating: weights differ from one process's by %g relative", rel);
-    unlink(acc_w);
-    unlink(acc_c);
+    /* a bucket per gradient, each travelling while the backward goes on
+     * (every step at its plan's peak: the child checks); and a global batch
+     * of 8 in two micro-batches a step, the update of batch 16 */
+    dp_variant("EBB_TEST_DP_OVERLAP", "1", "all-reduces overlapping the backward", one);
+    dp_variant("EBB_TEST_DP_ACCUMULATE", "2", "2 micro-batches of 4 each a step", one);
     /* updates that overflow, unsharded and under ZeRO-1: the ranks undo
      * the steps together (each rank checks the count), and ZeRO-1's undo
      * leaves each rank its own share of the state (the child checks), so
      * both end on the same weights */
     float undone[2][F * F + F];
+    char sk_w[320], sk_c[320];
+    snprintf(sk_w, sizeof sk_w, "%s/dp_skip.safetensors", dir);
+    snprintf(sk_c, sizeof sk_c, "%s/dp_skip_ckpt.safetensors", dir);
     setenv("EBB_TEST_DP_SKIP", "1", 1);
     for (int z = 0; z < 2; z++) {
         setenv("EBB_TEST_DP_ZERO", z ? "1" : "0", 1);
-        assert_int_equal(dp_run(2, acc_w, acc_c), 2);
-        weights_file(acc_w, undone[z]);
-        unlink(acc_w);
-        unlink(acc_c);
+        assert_int_equal(dp_run(2, sk_w, sk_c), 2);
+        weights_file(sk_w, undone[z]);
+        unlink(sk_w);
+        unlink(sk_c);
     }
     if (memcmp(undone[0], undone[1], sizeof undone[0]) != 0)
         fail_msg("2 ranks undoing steps: ZeRO-1's weights differ from the unsharded run's");
