@@ -41,6 +41,12 @@ numbers to be comparable.) One process is always run too, as the baseline.
   it counts the machine's loopback, and other traffic there adds noise
   (the last line says which).
 
+--model cnn trains specs/fashion_cnn.yaml and its twin (fashion.py's
+FashionCNN) instead; DDP keeps batch_norm's running statistics each rank's
+own (broadcast_buffers=False), as ebb does. --overlap lets ebb's buckets
+travel while the backward goes on (DDP's always do), and --bucket-kib sets
+both sides' bucket size (ebb's --bucket-size, DDP's bucket_cap_mb).
+
 With --zero both sides train with AdamW (lr 1e-3) and shard its state over
 the ranks: ebb with `ebb train --nproc N --zero` (ZeRO-1), PyTorch with DDP
 and `ZeroRedundancyOptimizer` over AdamW, which shards alike (each
@@ -80,7 +86,7 @@ sys.path.insert(0, HERE)
 import fashion  # noqa: E402  (FashionMLP, load_train; imports run.py)
 import run as bench  # noqa: E402  (profiled_peak)
 
-SPEC = "specs/fashion_mlp.yaml"
+SPECS = {"mlp": "specs/fashion_mlp.yaml", "cnn": "specs/fashion_cnn.yaml"}
 LR = 0.01
 ZERO_LR = 1e-3  # AdamW's, for --zero
 WARMUP = 5
@@ -141,17 +147,22 @@ def free_port():
         return s.getsockname()[1]
 
 
-def ebb_side(build, nproc, steps, batch, zero):
-    """Trains with `ebb train` (--nproc N for N > 1; zero: AdamW, --zero)
-    and returns rank 0's step time (ms) and its measured and planned step
-    peak."""
+def ebb_side(build, nproc, steps, batch, cfg):
+    """Trains with `ebb train` (--nproc N for N > 1; cfg: the model, and
+    AdamW with --zero, --overlap, --bucket-size as asked) and returns rank
+    0's step time (ms) and its measured and planned step peak."""
+    zero = cfg["zero"]
     with tempfile.TemporaryDirectory(prefix="ebb_ddp_") as tmp:
-        cmd = [os.path.join(build, "ebb"), "train", SPEC, "--data", "fashion-mnist", "--steps",
+        cmd = [os.path.join(build, "ebb"), "train", SPECS[cfg["model"]], "--data", "fashion-mnist",
+               "--steps",
                str(steps), "--batch", str(batch), "--device", "cpu", "--json", "--no-shuffle",
                "--optimizer", "adamw" if zero else "sgd", "--lr", str(ZERO_LR if zero else LR),
                "--checkpoint", os.path.join(tmp, "checkpoint.safetensors")]
         cmd += ["--nproc", str(nproc)] if nproc > 1 else ["--drop-last"]
         cmd += ["--zero"] if zero and nproc > 1 else []
+        cmd += ["--overlap"] if cfg["overlap"] and nproc > 1 else []
+        if cfg["bucket_kib"] and nproc > 1:
+            cmd += ["--bucket-size", "%dKiB" % cfg["bucket_kib"]]
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise RuntimeError("%s failed (%d): %s" % (" ".join(cmd), out.returncode, out.stderr))
@@ -161,12 +172,13 @@ def ebb_side(build, nproc, steps, batch, zero):
             "planned": epoch["planned_peak_bytes"]}
 
 
-def ebb_state(build, nproc, batch, zero):
+def ebb_state(build, nproc, batch, cfg):
     """The optimizer state each rank's plan holds (ebb_plan_optimizer_state_bytes),
     rank by rank."""
-    out = []
+    out, zero = [], cfg["zero"]
     for rank in range(nproc):
-        cmd = [os.path.join(build, "ebb"), "plan", SPEC, "--train", "--json", "--optimizer",
+        cmd = [os.path.join(build, "ebb"), "plan", SPECS[cfg["model"]], "--train", "--json",
+               "--optimizer",
                "adamw" if zero else "sgd", "-i", "batch=%d" % (batch // nproc)]
         if zero and nproc > 1:
             cmd += ["--data-parallel", str(nproc), "--zero", "--rank", str(rank)]
@@ -177,7 +189,7 @@ def ebb_state(build, nproc, batch, zero):
     return out
 
 
-def torch_rank(rank, nproc, port, steps, batch, zero, queue):
+def torch_rank(rank, nproc, port, steps, batch, cfg, queue):
     """One PyTorch rank: WARMUP untimed steps, `steps` timed ones, one
     profiled for the peak; rank 0 puts its figures on the queue, every rank
     the bytes of its optimizer's state."""
@@ -186,8 +198,13 @@ def torch_rank(rank, nproc, port, steps, batch, zero, queue):
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % port, rank=rank,
                                 world_size=nproc)
     torch.manual_seed(0)
-    model = fashion.FashionMLP().train()
-    net = torch.nn.parallel.DistributedDataParallel(model) if nproc > 1 else model
+    zero = cfg["zero"]
+    model = (fashion.FashionMLP() if cfg["model"] == "mlp" else fashion.FashionCNN()).train()
+    # batch_norm's running statistics stay each rank's own, as ebb keeps them
+    ddp = {"broadcast_buffers": False}
+    if cfg["bucket_kib"]:
+        ddp["bucket_cap_mb"] = cfg["bucket_kib"] / 1024.0
+    net = torch.nn.parallel.DistributedDataParallel(model, **ddp) if nproc > 1 else model
     if zero and nproc > 1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
         opt = ZeroRedundancyOptimizer(net.parameters(), optimizer_class=torch.optim.AdamW,
@@ -200,7 +217,8 @@ def torch_rank(rank, nproc, port, steps, batch, zero, queue):
 
     def step(k):
         idx = torch.arange(k * batch + rank, (k + 1) * batch, nproc)
-        x = images[idx].float().div_(255).view(-1, 784)
+        x = images[idx].float().div_(255)
+        x = x.view(-1, 784) if cfg["model"] == "mlp" else x.view(-1, 1, 28, 28)
         y = labels[idx].long()
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(net(x), y)
@@ -216,7 +234,7 @@ def torch_rank(rank, nproc, port, steps, batch, zero, queue):
         step(k)
         times.append(time.perf_counter() - t0)
     peak = bench.profiled_peak(lambda: step(WARMUP + steps))
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    params = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     local = opt.optim if hasattr(opt, "optim") else opt  # ZeRO's local AdamW
     state = sum(t.numel() * t.element_size() for s in local.state.values()
                 for t in s.values() if torch.is_tensor(t))
@@ -229,14 +247,14 @@ def torch_rank(rank, nproc, port, steps, batch, zero, queue):
                    "buckets": params if nproc > 1 else 0, "params": params})
 
 
-def torch_side(nproc, steps, batch, zero):
+def torch_side(nproc, steps, batch, cfg):
     """Trains with PyTorch in nproc spawned processes (DDP for more than
     one; zero: AdamW, sharded by ZeroRedundancyOptimizer) and returns rank
     0's figures (torch_rank), with "states", every rank's optimizer state."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=torch_rank, args=(r, nproc, port, steps, batch, zero, queue))
+    procs = [ctx.Process(target=torch_rank, args=(r, nproc, port, steps, batch, cfg, queue))
              for r in range(nproc)]
     for p in procs:
         p.start()
@@ -310,26 +328,36 @@ def main():
                     help="process counts, comma-separated (default 2,4); one process always runs")
     ap.add_argument("--steps", type=int, default=300, help="timed steps (at least 2)")
     ap.add_argument("--batch", type=int, default=64, help="global batch")
+    ap.add_argument("--model", choices=sorted(SPECS), default="mlp",
+                    help="the MLP (default) or the CNN, each with its PyTorch twin")
+    ap.add_argument("--overlap", action="store_true",
+                    help="ebb's buckets travel while the backward goes on (DDP's always do)")
+    ap.add_argument("--bucket-kib", type=int, default=0,
+                    help="a bucket's size on both sides (ebb's --bucket-size, DDP's "
+                         "bucket_cap_mb); default each side's own")
     ap.add_argument("--zero", action="store_true",
                     help="AdamW sharded over the ranks: ebb's --zero against "
                          "ZeroRedundancyOptimizer")
     args = ap.parse_args()
     if args.steps < 2:
         ap.error("--steps must be at least 2: the traffic is the difference with a shorter run")
+    cfg = {"model": args.model, "zero": args.zero, "overlap": args.overlap,
+           "bucket_kib": args.bucket_kib}
     private = private_loopback()
     build = os.path.abspath(args.build)
     rows = []
     for n in sorted({1, *args.nproc}):
-        e = sent_per_step(lambda steps: ebb_side(build, n, steps, args.batch, args.zero), n,
-                          args.steps)
-        e["states"] = ebb_state(build, n, args.batch, args.zero)
-        t = sent_per_step(lambda steps: torch_side(n, steps, args.batch, args.zero), n,
-                          args.steps)
+        e = sent_per_step(lambda steps: ebb_side(build, n, steps, args.batch, cfg), n, args.steps)
+        e["states"] = ebb_state(build, n, args.batch, cfg)
+        t = sent_per_step(lambda steps: torch_side(n, steps, args.batch, cfg), n, args.steps)
         rows.append((n, e, t))
     print_table(rows, header_bytes(), args.zero)
-    print("torch %s, %s, %d intra-op thread(s), %d steps of global batch %d (traffic: the "
-          "difference with %d steps), %s loopback, %s"
-          % (torch.__version__, "AdamW sharded (ZeRO-1)" if args.zero else "SGD", THREADS,
+    print("%s, torch %s, %s%s%s, %d intra-op thread(s), %d steps of global batch %d (traffic: "
+          "the difference with %d steps), %s loopback, %s"
+          % (SPECS[args.model], torch.__version__,
+             "AdamW sharded (ZeRO-1)" if args.zero else "SGD",
+             ", ebb --overlap" if args.overlap else "",
+             ", %d KiB buckets" % args.bucket_kib if args.bucket_kib else "", THREADS,
              args.steps, args.batch, max(1, args.steps // 5),
              "a private" if private else "the machine's (other traffic counts)",
              time.strftime("%Y-%m-%d")))
