@@ -1227,33 +1227,50 @@ static int emit_updates(ad *a, const int *which, int n) {
     }
 }
 
+/* data parallel: the open bucket's all-reduce step, `op`, at node
+ * "bucket<k>" (slots not set yet), its gradients marked averaged; *in
+ * receives their slots (a new array of n_bucket). The step's index, or -1. */
+static int bucket_step(ad *a, const char *op, int **in) {
+    compiler *c = a->c;
+    int n = a->n_bucket;
+    char *name = ebb_compiler_strdupf("bucket%d", c->plan->n_buckets);
+    *in = malloc((size_t)n * sizeof **in);
+    if (!*in || !name) {
+        free(*in);
+        free(name);
+        *in = NULL;
+        return ebb_compiler_oom(c);
+    }
+    for (int k = 0; k < n; k++) {
+        (*in)[k] = a->pgrad[a->bucket[k]];
+        a->reduced[a->bucket[k]] = 1;
+    }
+    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE, op, name);
+    free(name);
+    if (!s) {
+        free(*in);
+        *in = NULL;
+        return -1;
+    }
+    s->pub.phase = EBB_PHASE_UPDATE;
+    return ebb_compiler_step_index(c, s);
+}
+
 /* data parallel: one step averaging the open bucket's gradients over the
  * ranks; its scratch is the buffer that lays them end to end (one
  * collective per dtype; a lone gradient of its dtype needs none). */
 static int emit_allreduce(ad *a) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
-    int n = a->n_bucket;
+    int n = a->n_bucket, *in = NULL;
     if (n == 0)
         return 0;
-    int *in = malloc((size_t)n * sizeof *in);
-    char *name = ebb_compiler_strdupf("bucket%d", p->n_buckets);
-    if (!in || !name) {
-        free(in);
-        free(name);
-        return ebb_compiler_oom(c);
-    }
-    for (int k = 0; k < n; k++) {
-        in[k] = a->pgrad[a->bucket[k]];
-        a->reduced[a->bucket[k]] = 1;
-    }
-    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE, "allreduce", name);
-    free(name);
-    if (!s || ebb_compiler_step_set_slots(c, s, in, n, NULL, 0) != 0) {
+    int si = bucket_step(a, "allreduce", &in);
+    if (si < 0 || ebb_compiler_step_set_slots(c, &p->steps[si], in, n, NULL, 0) != 0) {
         free(in);
         return -1;
     }
-    s->pub.phase = EBB_PHASE_UPDATE;
+    plan_step *s = &p->steps[si];
     /* per dtype, one after another: the buffer (when more than one gradient
      * shares it), and libtorch's wrapping of the divisor, a Scalar: 8 bytes,
      * and a copy in the dtype unless that is float64 */
@@ -1400,37 +1417,27 @@ static int can_overlap(const ad *a) {
 static int emit_start(ad *a) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
-    int n = a->n_bucket, buffer = -1;
-    int *in = malloc((size_t)n * sizeof *in);
-    char *name = ebb_compiler_strdupf("bucket%d", p->n_buckets);
-    if (!in || !name) {
-        free(in);
-        free(name);
-        return ebb_compiler_oom(c);
-    }
+    int n = a->n_bucket, buffer = -1, *in = NULL;
+    int si = bucket_step(a, "allreduce.start", &in);
+    if (si < 0)
+        return -1;
     int64_t numel = 0;
     for (int k = 0; k < n; k++) {
-        in[k] = a->pgrad[a->bucket[k]];
         numel += ebb_shape_numel(&p->values[in[k]].shape);
-        a->reduced[a->bucket[k]] = 1;
         a->pending[k] = a->bucket[k];
     }
-    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE, "allreduce.start", name);
-    free(name);
-    int si = s ? ebb_compiler_step_index(c, s) : -1;
-    if (si >= 0 && n > 1) {
+    if (n > 1) {
         ebb_shape flat = {1, {numel}};
         ebb_tensor *m = ebb_compiler_meta_new(c, &flat, p->values[in[0]].dtype);
         buffer = m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, si, -1) : -1;
     }
-    if (si < 0 || (n > 1 && buffer < 0) ||
+    if ((n > 1 && buffer < 0) ||
         ebb_compiler_step_set_slots(c, &p->steps[si], in, n, &buffer, buffer >= 0) != 0) {
         free(in);
         return -1;
     }
     free(in);
-    s = &p->steps[si];
-    s->pub.phase = EBB_PHASE_UPDATE;
+    plan_step *s = &p->steps[si];
     s->overlap = 1;
     s->has_workspace_cuda = 1;
     a->n_pending = n;

@@ -1059,6 +1059,20 @@ static void weights_file(const char *path, float *out) {
     ebb_tensor_free(b);
 }
 
+/* One process trained with options o: its weights into w (weights_of),
+ * and its step count, which the caller checks. */
+static int64_t one_process(const ebb_trainer_options *o, float *w, const char *what) {
+    ebb_spec *spec = load_spec();
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("%s: %s", what, ebb_errmsg());
+    weights_of(t, w);
+    int64_t steps = ebb_trainer_get_stats(t).step;
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+    return steps;
+}
+
 /* 2 ranks with environment variable `var` set to `val` (dp_child reads
  * it): rank 0's weights within 1e-6 relative of `want`, one process's. */
 static void dp_variant(const char *var, const char *val, const char *what, const float *want) {
@@ -1083,16 +1097,9 @@ static void dp_variant(const char *var, const char *val, const char *what, const
  * same number of steps, and only rank 0 writes. */
 static void test_data_parallel(void **state) {
     (void)state;
-    ebb_spec *spec = load_spec();
     ebb_trainer_options o = dp_options();
-    ebb_trainer *t = NULL;
-    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
-        fail_msg("one process: %s", ebb_errmsg());
     float one[F * F + F];
-    weights_of(t, one);
-    assert_int_equal(ebb_trainer_get_stats(t).step, 6);
-    ebb_trainer_free(t);
-    ebb_spec_free(spec);
+    assert_int_equal(one_process(&o, one, "one process"), 6);
     for (int world = 2; world <= 4; world += 2) {
         char out[320], ckpt[320];
         snprintf(out, sizeof out, "%s/dp%d.safetensors", dir, world);
@@ -1118,16 +1125,10 @@ static void test_data_parallel(void **state) {
     assert_int_equal(dp_run(2, half_w, ckpt), 2);
     unlink(half_w);
     unsetenv("EBB_TEST_DP_HALF");
-    spec = load_spec();
     o = dp_options();
     o.resume = ckpt;
-    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
-        fail_msg("resumed in one process: %s", ebb_errmsg());
     float resumed[F * F + F];
-    weights_of(t, resumed);
-    assert_int_equal(ebb_trainer_get_stats(t).step, 6);
-    ebb_trainer_free(t);
-    ebb_spec_free(spec);
+    assert_int_equal(one_process(&o, resumed, "resumed in one process"), 6);
     double rel = rel_diff(resumed, one);
     printf("[ dp       ] 2 ranks then 1 (resumed): weights within %.3g of one process's\n", rel);
     if (rel > 1e-6)
@@ -1166,7 +1167,8 @@ static void test_data_parallel(void **state) {
     ebb_dist *d = NULL;
     ebb_dist_options one_rank = {.world_size = 1, .master_port = free_port(), .timeout_ms = 5000};
     assert_int_equal(ebb_dist_open(&d, &one_rank), EBB_OK);
-    spec = load_spec();
+    ebb_spec *spec = load_spec();
+    ebb_trainer *t = NULL;
     o.dist = d;
     o.batch = 16;
     o.accumulate = 2;
@@ -1180,6 +1182,20 @@ static void test_data_parallel(void **state) {
 
 /* The whole file's bytes into *buf (*n of them); fails the test when it
  * cannot be read. */
+static void read_all(const char *path, unsigned char **buf, size_t *n);
+
+/* Whether two files hold the same bytes. */
+static int same_file(const char *a, const char *b) {
+    unsigned char *ba = NULL, *bb = NULL;
+    size_t na = 0, nb = 0;
+    read_all(a, &ba, &na);
+    read_all(b, &bb, &nb);
+    int same = na == nb && memcmp(ba, bb, na) == 0;
+    free(ba);
+    free(bb);
+    return same;
+}
+
 static void read_all(const char *path, unsigned char **buf, size_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) fail_msg("%s: %s", path, strerror(errno));
@@ -1209,33 +1225,20 @@ static void test_zero(void **state) {
         assert_int_equal(dp_run(2, w[z], c[z]), 2);
     }
     for (int k = 0; k < 2; k++) {
-        const char *a = k ? c[0] : w[0], *b = k ? c[1] : w[1];
-        unsigned char *ba = NULL, *bb = NULL;
-        size_t na = 0, nb = 0;
-        read_all(a, &ba, &na);
-        read_all(b, &bb, &nb);
-        int same = na == nb && memcmp(ba, bb, na) == 0;
-        free(ba);
-        free(bb);
-        printf("[ zero     ] %s: %zu bytes, %s the unsharded run's\n", k ? "checkpoint" : "weights",
-               nb, same ? "the same as" : "NOT");
+        int same = same_file(k ? c[0] : w[0], k ? c[1] : w[1]);
+        printf("[ zero     ] %s: %s the unsharded run's\n", k ? "checkpoint" : "weights",
+               same ? "the same bytes as" : "NOT");
         if (!same) fail_msg("ZeRO-1's %s differs from the unsharded run's", k ? "checkpoint" : "weights");
     }
     /* half the run sharded, then resumed: one process, and 2 ranks sharded */
     setenv("EBB_TEST_DP_HALF", "1", 1);
     assert_int_equal(dp_run(2, w[1], c[1]), 2);
     unsetenv("EBB_TEST_DP_HALF");
-    ebb_spec *spec = load_spec();
     ebb_trainer_options o = dp_options();
     o.optimizer = ebb_optimizer_defaults(EBB_ADAMW, 0.05);
     o.resume = c[1];
-    ebb_trainer *t = NULL;
-    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
-        fail_msg("resumed in one process: %s", ebb_errmsg());
     float resumed[F * F + F], straight[F * F + F];
-    weights_of(t, resumed);
-    ebb_trainer_free(t);
-    ebb_spec_free(spec);
+    assert_int_equal(one_process(&o, resumed, "resumed in one process"), 6);
     weights_file(w[0], straight);
     double rel = rel_diff(resumed, straight);
     printf("[ zero     ] sharded over 2 ranks, resumed in 1: weights within %.3g of 2 ranks'\n", rel);
@@ -1246,13 +1249,7 @@ static void test_zero(void **state) {
     setenv("EBB_TEST_DP_RESUME", c[1], 1);
     assert_int_equal(dp_run(2, again, c[1]), 2);
     unsetenv("EBB_TEST_DP_RESUME");
-    unsigned char *ba = NULL, *bb = NULL;
-    size_t na = 0, nb = 0;
-    read_all(again, &ba, &na);
-    read_all(w[0], &bb, &nb);
-    int same = na == nb && memcmp(ba, bb, na) == 0;
-    free(ba);
-    free(bb);
+    int same = same_file(again, w[0]);
     unlink(again);
     if (!same) fail_msg("resumed in 2 ranks with ZeRO-1: the weights differ from the straight run's");
     unsetenv("EBB_TEST_DP_ZERO");
