@@ -36,6 +36,17 @@ if(TARGET torch_cuda OR TARGET c10_cuda OR TORCH_CUDA_LIBRARIES)
 endif()
 message(STATUS "ebb: libtorch ${Torch_VERSION} at ${TORCH_INSTALL_PREFIX}, CUDA ${EBB_WITH_CUDA}")
 
+# The process group (ops/tensor/dist.cpp) includes libtorch's c10d headers,
+# which include Gloo's; neither Debian's libtorch-dev nor pip's torch ships
+# them: Debian's libgloo-dev does (`make deps` installs it; on a machine
+# without an archive, pack it: EXTRA_DEBS=libgloo-dev ../shared/device/pack-deps.sh).
+find_path(EBB_GLOO_INCLUDE_DIR gloo/algorithm.h HINTS ${TORCH_INCLUDE_DIRS} ENV CPATH)
+if(NOT EBB_GLOO_INCLUDE_DIR)
+  message(FATAL_ERROR "ebb: Gloo's headers (gloo/algorithm.h), which libtorch's c10d headers "
+                      "include, are not found in the compiler's paths, libtorch's include "
+                      "folders or CPATH: install Debian's libgloo-dev (make deps does)")
+endif()
+
 # A python whose torch is the libtorch built against (`make TORCH=pip` sets
 # the virtual environment's): tests then check the committed PyTorch fixtures
 # against that torch too.

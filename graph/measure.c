@@ -14,6 +14,12 @@
  * (ebb_compile_options.measure_scratch). The plan still calls the step a
  * bound; its figure is now the kernel's own.
  *
+ * A step inside a routed branch (a switch, a top-k gate) gets any number of
+ * the batch's rows at run time, and a kernel's scratch need not grow with
+ * them: oneDNN's AMX matrix products in bfloat16 take more for an odd count
+ * than for the even one above it. Such a step is measured at every count
+ * the branch can get (probe_rows()) and its figure is the most of them.
+ *
  * libtorch keeps the engine cuDNN chose per shape for the process's life, so
  * a later call with those shapes takes what this one took. On CUDA each call
  * runs twice and the second is kept: the first makes the process's one-time
@@ -79,6 +85,10 @@ typedef struct call {
     ebb_tensor *in[32], *params[EBB_MAX_PARAMS], *out, *saved[EBB_MAX_SAVED], *grad_out;
     ebb_tensor *gin[32], *gp[EBB_MAX_PARAMS];
     ebb_shape in_shapes[32];
+    /* a step inside a routed branch: its operands' first dimension is the
+     * branch's rows, compiled as `full_rows` (the whole batch); the call
+     * runs with `rows` of them (0: as compiled) */
+    int64_t rows, full_rows;
 } call;
 
 /* Appends a tensor's strides ("/s0,s1,..."), the layout a kernel sees. */
@@ -123,6 +133,9 @@ static int call_key(const compiler *cc, const call *c, char *buf, size_t cap) {
         n += (size_t)snprintf(buf + n, cap - n, "|%d:%lld:%a:%s", v->set, (long long)v->i, v->f,
                               v->s ? v->s : "");
     }
+    if (c->rows > 0 && n < cap)
+        n += (size_t)snprintf(buf + n, cap - n, "|rows %lld of %lld", (long long)c->rows,
+                              (long long)c->full_rows);
     return n < cap ? 0 : -1;
 }
 
@@ -209,6 +222,24 @@ static ebb_status zeros_for(const compiler *cc, int v, ebb_device dev, ebb_tenso
     return ebb_tensor_zeros(out, &pv->shape, pv->dtype, dev);
 }
 
+/* The shape slot v has in this call: a routed operand (its first dimension
+ * the branch's compiled rows) with the call's rows. */
+static ebb_shape shape_in_call(const compiler *cc, const call *c, int v) {
+    ebb_shape sh = cc->plan->values[v].shape;
+    if (c->rows > 0 && sh.ndim > 0 && sh.dim[0] == c->full_rows)
+        sh.dim[0] = c->rows;
+    return sh;
+}
+
+/* Zeros for slot v in this call: as zeros_for(), or contiguous with the
+ * call's rows for a routed operand. */
+static ebb_status zeros_in_call(const compiler *cc, const call *c, int v, ebb_tensor **out) {
+    ebb_shape sh = shape_in_call(cc, c, v);
+    if (ebb_shape_equal(&sh, &cc->plan->values[v].shape))
+        return zeros_for(cc, v, c->dev, out);
+    return ebb_tensor_zeros(out, &sh, cc->plan->values[v].dtype, c->dev);
+}
+
 static ebb_status run_backward(const compiler *cc, call *c, int64_t *scratch) {
     const plan_step *s = c->s, *b = c->bw;
     const ebb_op_grad *g = s->op->grad;
@@ -217,7 +248,7 @@ static ebb_status run_backward(const compiler *cc, call *c, int64_t *scratch) {
     int gy = b->pub.n_in > 0 ? b->pub.in[b->pub.n_in - 1] : -1;
     ebb_status st = b->seed ? ebb_tensor_ones(&c->grad_out, &(ebb_shape){0, {0}},
                                               ebb_tensor_dtype(c->out), c->dev)
-                    : gy >= 0 ? zeros_for(cc, gy, c->dev, &c->grad_out)
+                    : gy >= 0 ? zeros_in_call(cc, c, gy, &c->grad_out)
                               : ebb_tensor_zeros(&c->grad_out, &os, ebb_tensor_dtype(c->out), c->dev);
     if (st != EBB_OK)
         return st;
@@ -267,8 +298,8 @@ static ebb_status measure_call(const compiler *cc, call *c, int64_t *bytes) {
     const plan_step *s = c->s;
     ebb_status st = EBB_OK;
     for (int i = 0; i < s->pub.n_in && st == EBB_OK; i++) {
-        c->in_shapes[i] = p->values[s->pub.in[i]].shape;
-        st = zeros_for(cc, s->pub.in[i], c->dev, &c->in[i]);
+        c->in_shapes[i] = shape_in_call(cc, c, s->pub.in[i]);
+        st = zeros_in_call(cc, c, s->pub.in[i], &c->in[i]);
     }
     for (int j = 0; j < s->n_params && st == EBB_OK; j++)
         st = ebb_tensor_zeros(&c->params[j], &p->params[s->param[j]].spec.shape,
@@ -312,38 +343,108 @@ static int bounded(const ebb_plan *p, const plan_step *s, ebb_device dev, enum s
            (p->training && s->op->grad && s->op->grad->workspace_cuda_is_bound);
 }
 
+/* The rows of the routed branch each step runs in (0: none): a forward
+ * step between its branch's ENTER and EXIT, a backward one between the
+ * branch's EXIT_BACKWARD and ENTER_BACKWARD (nested branches: the
+ * innermost). A branch's rows are its operands' first dimension, compiled
+ * as the whole batch. Returns NULL when out of memory. */
+static int64_t *branch_rows(const ebb_plan *p) {
+    int64_t *rows = calloc((size_t)p->n_steps + 1, sizeof *rows);
+    int64_t stack[64];
+    int depth = 0;
+    for (int i = 0; rows && i < p->n_steps; i++) {
+        const plan_step *s = &p->steps[i];
+        switch (s->pub.kind) {
+        case EBB_STEP_ENTER: /* (x, route) -> (rows, x_rows) */
+        case EBB_STEP_EXIT_BACKWARD: { /* -> grad_y[, grad_route] */
+            int v = s->pub.kind == EBB_STEP_ENTER ? 1 : 0;
+            if (depth < 64)
+                stack[depth] = s->pub.n_out > v && p->values[s->pub.out[v]].shape.ndim > 0
+                                   ? p->values[s->pub.out[v]].shape.dim[0]
+                                   : 0;
+            depth++;
+            break;
+        }
+        case EBB_STEP_EXIT:
+        case EBB_STEP_ENTER_BACKWARD:
+            depth -= depth > 0;
+            break;
+        default:
+            rows[i] = depth > 0 && depth <= 64 ? stack[depth - 1] : 0;
+        }
+    }
+    return rows;
+}
+
+/* The row counts a routed step is measured with besides the whole batch:
+ * every count up to PROBE_ALL, and above it the PROBE_ALL highest (a
+ * kernel's blocking repeats with a period far below it). */
+enum { PROBE_ALL = 512 };
+
+static int64_t probe_rows(int64_t full, int k) {
+    if (full - 1 <= 2 * PROBE_ALL)
+        return k + 1 < full ? k + 1 : 0;
+    if (k < PROBE_ALL)
+        return k + 1;
+    return k < 2 * PROBE_ALL ? full - 2 * PROBE_ALL + k : 0;
+}
+
+/* One call's scratch: the process's earlier result for its key, or measured. */
+static ebb_status scratch_of(compiler *c, call *k, int *prepared, int64_t *bytes) {
+    char key[2048];
+    *bytes = 0;
+    int keyed = call_key(c, k, key, sizeof key) == 0;
+    if (keyed && cache_get(key, bytes))
+        return EBB_OK;
+    ebb_status st = EBB_OK;
+    if (k->dev.type == EBB_DEVICE_CUDA && !*prepared) {
+        /* the libraries' per-stream state first, as ebb_run makes it */
+        st = ebb_device_prepare(k->dev, NULL);
+        *prepared = 1;
+    }
+    if (st == EBB_OK)
+        st = measure_call(c, k, bytes);
+    if (st == EBB_OK && keyed)
+        cache_put(key, *bytes);
+    return st;
+}
+
 int ebb_pass_measure(compiler *c, ebb_device dev) {
     ebb_plan *p = c->plan;
     int cuda = dev.type == EBB_DEVICE_CUDA, prepared = 0;
+    int64_t *rows = branch_rows(p);
+    if (!rows) {
+        c->status = ebb_error_set(EBB_ERR_NOMEM, "ebb_compile: out of memory");
+        return -1;
+    }
     for (int i = 0; i < p->n_steps; i++) {
         plan_step *s = &p->steps[i];
         enum stage stage = STAGE_FORWARD;
         if (!bounded(p, s, dev, &stage))
             continue;
         call k = {.s = stage == STAGE_BACKWARD ? &p->steps[s->fwd_step] : s,
-                  .bw = stage == STAGE_BACKWARD ? s : NULL, .stage = stage, .dev = dev};
-        char key[2048];
+                  .bw = stage == STAGE_BACKWARD ? s : NULL, .stage = stage, .dev = dev,
+                  .full_rows = rows[i]};
         int64_t bytes = 0;
-        int keyed = call_key(c, &k, key, sizeof key) == 0;
-        if (!(keyed && cache_get(key, &bytes))) {
-            ebb_status st = EBB_OK;
-            if (cuda && !prepared) {
-                /* the libraries' per-stream state first, as ebb_run makes it */
-                st = ebb_device_prepare(dev, NULL);
-                prepared = 1;
-            }
-            if (st == EBB_OK)
-                st = measure_call(c, &k, &bytes);
-            if (st != EBB_OK) {
-                char d[32];
-                c->status = ebb_error_prefix("ebb_compile: measuring the scratch of step %d "
-                                             "(%s %s, node %s) on %s",
-                                             i, s->op->name, STAGE_NAME[stage], s->pub.node,
-                                             ebb_device_str(dev, d, sizeof d));
-                return -1;
-            }
-            if (keyed)
-                cache_put(key, bytes);
+        ebb_status st = scratch_of(c, &k, &prepared, &bytes);
+        /* a routed branch gets any number of the rows, and a kernel's
+         * scratch need not grow with them (oneDNN's AMX matrix products
+         * take more for an odd count than for the even one above it): the
+         * most over every count. A count the op refuses is not a run. */
+        for (int r = 0; st == EBB_OK && rows[i] > 1 && (k.rows = probe_rows(rows[i], r)) > 0;
+             r++) {
+            int64_t b = 0;
+            if (scratch_of(c, &k, &prepared, &b) == EBB_OK && b > bytes)
+                bytes = b;
+        }
+        if (st != EBB_OK) {
+            char d[32];
+            free(rows);
+            c->status = ebb_error_prefix("ebb_compile: measuring the scratch of step %d "
+                                         "(%s %s, node %s) on %s",
+                                         i, s->op->name, STAGE_NAME[stage], s->pub.node,
+                                         ebb_device_str(dev, d, sizeof d));
+            return -1;
         }
         /* under mixed precision the op ran on its parameters' low copies,
          * which the step makes and frees around it */
@@ -356,5 +457,6 @@ int ebb_pass_measure(compiler *c, ebb_device dev) {
             s->workspace = bytes;
         }
     }
+    free(rows);
     return 0;
 }

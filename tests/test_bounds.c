@@ -42,6 +42,11 @@ static void list_specs(spec_list *l, const char *dir) {
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (n > 5 && strcmp(e->d_name + n - 5, ".yaml") == 0) {
+            /* EBB_TEST_SPECS=WORD: only the specs whose path holds WORD (a
+             * failure looked at alone; the counts then change) */
+            const char *only = getenv("EBB_TEST_SPECS");
+            if (only && *only && !strstr(path, only))
+                continue;
             if (l->n == l->cap) {
                 l->cap = l->cap ? 2 * l->cap : 32;
                 l->paths = realloc(l->paths, (size_t)l->cap * sizeof *l->paths);
@@ -53,6 +58,12 @@ static void list_specs(spec_list *l, const char *dir) {
         }
     }
     closedir(d);
+}
+
+/* Whether every spec is swept: the counts the sweeps expect hold only then. */
+static int whole_sweep(void) {
+    const char *only = getenv("EBB_TEST_SPECS");
+    return !only || !*only;
 }
 
 static void free_specs(spec_list *l) {
@@ -111,7 +122,28 @@ typedef struct check {
     ebb_optimizer *opt;   /* a training plan with update steps: ebb_train_step */
     double loss;
     char first[512];  /* the first step that broke its promise */
+    char nonfinite[512]; /* the parameters a non-finite loss left so, named */
 } check;
+
+/* The parameters holding a NaN or an infinity, named into buf (an
+ * infinity's difference with itself is NaN, as is a NaN's). */
+static const char *nonfinite_params(const ebb_model *m, char *buf, size_t cap) {
+    size_t n = (size_t)snprintf(buf, cap, "not finite after the step:");
+    int count = 0;
+    for (int i = 0; i < ebb_model_param_count(m); i++) {
+        const char *name = ebb_model_param_name(m, i);
+        ebb_tensor *t = ebb_model_param(m, name);
+        ebb_dtype dt = ebb_tensor_dtype(t);
+        double d = 0;
+        if (dt == EBB_INT64 || ebb_tensor_max_abs_diff(t, t, &d) != EBB_OK || isfinite(d))
+            continue;
+        if (count++ < 4 && n < cap)
+            n += (size_t)snprintf(buf + n, cap - n, " %s", name);
+    }
+    if (n < cap)
+        snprintf(buf + n, cap - n, count ? " (%d parameters)" : " no parameter", count);
+    return buf;
+}
 
 /* Collects per-step figures; failing here would jump out of ebb_run. */
 static void on_step(const ebb_trace_event *e, void *user) {
@@ -157,7 +189,8 @@ static int64_t traced_run(const ebb_plan *p, const ebb_model *m, ebb_tensor *con
             ebb_tensor_free(grads[k]);
         c->loss = loss;
         if (rs == EBB_OK && !isfinite(loss))
-            BROKEN("%s (%s): the loss is %g", c->spec, c->scenario, loss);
+            BROKEN("%s (%s): the loss is %g; %s", c->spec, c->scenario, loss,
+                   nonfinite_params(m, c->nonfinite, sizeof c->nonfinite));
     } else {
         rs = ebb_run_ex(p, m, in, out, &ro, &st);
     }
@@ -344,7 +377,7 @@ static void every_spec_keeps_its_promise(void **state) {
     spec_list l = {0};
     list_specs(&l, EBB_SOURCE_DIR "/specs");
     qsort(l.paths, (size_t)l.n, sizeof *l.paths, cmp_str);
-    assert_true(l.n >= 20);
+    assert_true(!whole_sweep() || (l.n >= 20));
     int n_exact = 0, n_bound = 0;
     n_broken = 0;
     for (int i = 0; i < l.n; i++)
@@ -355,7 +388,7 @@ static void every_spec_keeps_its_promise(void **state) {
     printf("  %d exact plans met to the byte, %d bounded plans never exceeded\n", n_exact,
            n_bound);
     /* the routed and looping specs are there, so the bound was exercised */
-    assert_true(n_bound >= 5);
+    assert_true(!whole_sweep() || (n_bound >= 5));
 }
 
 /* ---- training steps -------------------------------------------------------- */
@@ -458,7 +491,7 @@ static void every_spec_trains_as_planned(void **state) {
         fail_msg("%d training runs measured other than their plan promised (listed above)",
                  n_broken);
     printf("  %d specs trained as planned\n", n_trained);
-    assert_true(n_trained >= 21);
+    assert_true(!whole_sweep() || (n_trained >= 21));
 }
 
 /* ---- memory budgets ---------------------------------------------------- *
@@ -588,8 +621,8 @@ static void every_spec_trains_under_budgets(void **state) {
     printf("  %d budgeted plans fit (%d of them recomputing), %d budgets refused\n", n_fit,
            n_recomputed, n_refused);
     /* the budgets bite: most specs recompute to fit them */
-    assert_true(n_recomputed >= 30);
-    assert_true(n_refused >= 20);
+    assert_true(!whole_sweep() || (n_recomputed >= 30));
+    assert_true(!whole_sweep() || (n_refused >= 20));
 }
 
 /* The budget search ends in a clear refusal below what it can reach, and an
@@ -759,6 +792,86 @@ static void cuda_scratch_is_planned_apart(void **state) {
 
 /* ---- measured scratch ------------------------------------------------------ */
 
+/* A copy whose kernel takes 16 KiB of scratch for an odd number of rows and
+ * none for an even one, as oneDNN's AMX matrix products in bfloat16 take
+ * more for 3 rows than for 4. */
+static ebb_status odd_rows_copy_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    ebb_shape sh = ebb_tensor_shape(c->in[0]);
+    ebb_tensor *scratch = NULL;
+    ebb_status st = EBB_OK;
+    if (sh.ndim > 0 && sh.dim[0] % 2 == 1)
+        st = ebb_tensor_zeros(&scratch, &(ebb_shape){1, {4096}}, EBB_FLOAT32, CPU);
+    if (st == EBB_OK)
+        st = ebb_tensor_clone(out, c->in[0]);
+    ebb_tensor_free(scratch);
+    return st;
+}
+
+static int64_t odd_rows_copy_ws(const ebb_attr_value *attrs, const ebb_shape *in, int n_in,
+                                ebb_dtype dt) {
+    (void)attrs, (void)in, (void)n_in, (void)dt;
+    return 0; /* a guess, marked as one: the measure pass asks the kernel */
+}
+
+/* A step inside a routed branch gets any number of the batch's rows, and
+ * its measured scratch is the most over every count, not the whole batch's
+ * alone: a batch of 16 routed by a top-1 gate over two experts measures
+ * the odd counts' 16 KiB, and runs that send odd counts stay within it. */
+static void routed_steps_measure_every_row_count(void **state) {
+    (void)state;
+    static const ebb_op odd = {.name = "odd_rows_copy", .min_inputs = 1, .max_inputs = 1,
+                               .forward = odd_rows_copy_fwd, .workspace = odd_rows_copy_ws,
+                               .workspace_is_bound = 1};
+    if (!ebb_op_find("odd_rows_copy"))
+        assert_ok(ebb_op_register(&odd));
+    static const char moe[] = "ebb: 1\n"
+                              "inputs:\n"
+                              "  x: [16, 8]\n"
+                              "flow:\n"
+                              "  - from: {linear: {out: 8}}\n"
+                              "  - gate:\n"
+                              "      router: [{linear: {out: 2}}, {softmax: {dim: -1}}]\n"
+                              "      experts: [[odd_rows_copy], [odd_rows_copy]]\n"
+                              "      top_k: 1\n";
+    ebb_spec *s = NULL;
+    ebb_plan *p = NULL;
+    assert_ok(ebb_spec_load_string(&s, moe, sizeof moe - 1, "moe.yaml"));
+    ebb_compile_options o = {.measure_scratch = 1};
+    assert_ok(ebb_spec_compile(&p, s, &o));
+    int n_copies = 0;
+    for (int i = 0; i < ebb_plan_step_count(p); i++) {
+        const ebb_plan_step *st = ebb_plan_step_at(p, i);
+        if (strcmp(st->op, "odd_rows_copy") != 0)
+            continue;
+        n_copies++;
+        /* its output (16 x 8 floats) and the odd counts' scratch */
+        if (st->peak_bytes - st->live_bytes < 4096 * 4)
+            fail_msg("step %d (node %s) plans %lld bytes above its live ones; an odd count of "
+                     "rows takes %d",
+                     i, st->node, (long long)(st->peak_bytes - st->live_bytes), 4096 * 4);
+    }
+    assert_int_equal(n_copies, 2);
+    ebb_model *m = NULL;
+    assert_ok(ebb_model_new(&m, p, CPU, 5));
+    n_broken = 0;
+    int odd_runs = 0;
+    for (int seed = 1; seed <= 6; seed++) {
+        ebb_tensor *in[1] = {0};
+        make_inputs(p, (uint64_t)seed, 1.0, in);
+        check c = {.spec = "moe.yaml", .scenario = "a top-1 gate, odd rows measured", .exact = 0};
+        int64_t peak = traced_run(p, m, in, &c);
+        odd_runs += peak >= 4096 * 4;
+        free_inputs(in, 1);
+    }
+    if (n_broken)
+        fail_msg("%d routed runs broke their promise (listed above)", n_broken);
+    assert_true(odd_runs > 0); /* some run sent an odd count: the case was met */
+    ebb_model_free(m);
+    ebb_plan_free(p);
+    ebb_spec_free(s);
+}
+
+
 /* Any spec, with its inputs' shapes for a batch of BATCH and, where it has
  * targets (*nt of them), theirs too. */
 static ebb_spec *load_any(const char *path, ebb_shape *in_shapes, ebb_shape *t_shapes, int *nt) {
@@ -856,7 +969,7 @@ static void measured_scratch_makes_plans_exact(void **state) {
         fail_msg("%d measured plans broke their promise (listed above)", n_broken);
     printf("  %d plans measured, every step within its figure, %d met to the byte\n",
            n_measured, n_exact);
-    assert_true(n_measured >= 8);
+    assert_true(!whole_sweep() || (n_measured >= 8));
 }
 
 /* ---- mixed precision -------------------------------------------------------- */
@@ -1019,9 +1132,9 @@ static void sweep_precision(ebb_precision prec) {
     /* 1.13 refuses float16 on the CPU wherever a matrix product is (every
      * spec); 2.x must run it all */
     if (prec == EBB_PRECISION_FP16 && ebb_torch_version()[0] == '1')
-        assert_true(n_refused > 0);
+        assert_true(!whole_sweep() || (n_refused > 0));
     else
-        assert_true(n_refused == 0 && n_runs >= 40 && n_casts > 0 && n_kept > 0);
+        assert_true(!whole_sweep() || (n_refused == 0 && n_runs >= 40 && n_casts > 0 && n_kept > 0));
 }
 
 /* ---- ZeRO-1 ------------------------------------------------------------------ */
@@ -1130,7 +1243,7 @@ static void zero_ranks_agree(void **state) {
     free_specs(&l);
     if (n_broken) fail_msg("%d ZeRO-1 plans broke their promise (listed above)", n_broken);
     printf("  %d ZeRO-1 rank plans agree on their collectives\n", n_plans);
-    assert_true(n_plans >= 40);
+    assert_true(!whole_sweep() || (n_plans >= 40));
 }
 
 int main(void) {
@@ -1143,9 +1256,12 @@ int main(void) {
         EBB_TEST(every_spec_trains_under_budgets),
         EBB_TEST(budget_refusals_name_the_peak),
         EBB_TEST(measured_scratch_makes_plans_exact),
+        EBB_TEST(routed_steps_measure_every_row_count),
         EBB_TEST(mixed_precision_keeps_its_promise),
         EBB_TEST(float16_keeps_its_promise),
         EBB_TEST(zero_ranks_agree),
     };
+    if (getenv("CMOCKA_FILTER")) /* one test by name, as test_cli takes it */
+        cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

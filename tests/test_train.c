@@ -2445,9 +2445,12 @@ static void captured_run_close(captured_run *r) {
     *r = (captured_run){0};
 }
 
-/* Largest relative difference over every parameter of two models. */
-static double models_rel_diff(const ebb_model *a, const ebb_model *b) {
+/* Largest relative difference over every parameter of two models; the
+ * parameter it is in goes to *where when asked. */
+static double models_rel_diff_at(const ebb_model *a, const ebb_model *b, const char **where) {
     double worst = 0;
+    if (where)
+        *where = "(none)";
     for (int i = 0; i < ebb_model_param_count(a); i++) {
         const char *name = ebb_model_param_name(a, i);
         ebb_tensor *pa = ebb_model_param(a, name), *pb = ebb_model_param(b, name);
@@ -2456,9 +2459,35 @@ static double models_rel_diff(const ebb_model *a, const ebb_model *b) {
             continue; /* batch_norm's counter */
         double d = 0, m = max_abs_of(pb);
         assert_ok(ebb_tensor_max_abs_diff(pa, pb, &d));
-        worst = fmax(worst, d / fmax(m, 1e-6));
+        double r = d / fmax(m, 1e-6);
+        if (r > worst && where)
+            *where = name;
+        worst = fmax(worst, r);
     }
     return worst;
+}
+
+static double models_rel_diff(const ebb_model *a, const ebb_model *b) {
+    return models_rel_diff_at(a, b, NULL);
+}
+
+/* Two models' parameters within tol of each other, else a failure naming
+ * the parameter furthest apart. */
+static void assert_models_close(const ebb_model *got, const ebb_model *want, double tol,
+                                const char *what) {
+    const char *where = NULL;
+    double d = models_rel_diff_at(got, want, &where);
+    if (!(d <= tol))
+        fail_msg("%s: parameter %s is %.3e relative from the eager run's (at most %.0e)", what,
+                 where, d, tol);
+}
+
+/* A captured step's loss within tol of the eager step's, else a failure
+ * with both. */
+static void assert_loss_close(double got, double want, double tol, const char *what, int step) {
+    if (!(rel_scalar(got, want) <= tol))
+        fail_msg("%s, step %d: loss %.9g, the eager step's %.9g (%.3e relative, at most %.0e)",
+                 what, step, got, want, rel_scalar(got, want), tol);
 }
 
 /* Eager steps and the captured step, from the same initial weights and
@@ -2588,9 +2617,9 @@ static void test_train_capture(void **state) {
         for (int k = 1; k < N_STEPS; k++) {
             assert_ok(ebb_train_step_ex(sp, a.model, a.opt, &x[k], &y[k], &la, &ro, NULL));
             assert_ok(ebb_capture_train_step(cap, &x[k], &y[k], &lb));
-            assert_true(rel_scalar(lb, la) <= 1e-5);
+            assert_loss_close(lb, la, 1e-5, "SGD with momentum, captured", k);
         }
-        assert_true(models_rel_diff(b.model, a.model) <= 1e-5);
+        assert_models_close(b.model, a.model, 1e-5, "SGD with momentum, captured");
         ebb_capture_free(cap);
         cap = NULL;
         captured_run_close(&a);
@@ -2638,7 +2667,11 @@ static void test_capture_token_ids(void **state) {
     assert_ok(ebb_spec_load_string(&spec, LM_YAML, strlen(LM_YAML), "tiny_lm"));
     enum { B = 3, T = 6, N_STEPS = 3 };
     ebb_shape xs = {2, {B, T}};
-    ebb_optimizer_options oo = ebb_optimizer_defaults(EBB_ADAMW, 1e-2);
+    /* plain SGD: attention's key bias has no true gradient (softmax ignores
+     * what is added to every score of a row), and Adam would scale its
+     * rounding noise, which differs between the graph's kernels and eager
+     * ones, up to whole steps (the H200 measured 7% on in_proj_bias) */
+    ebb_optimizer_options oo = ebb_optimizer_defaults(EBB_SGD, 0.1);
     ebb_train_options t = {.target_shapes = &xs, .n_target_shapes = 1, .optimizer = oo};
     ebb_compile_options io = {.input_shapes = &xs, .n_input_shapes = 1};
     ebb_compile_options co = io;
@@ -2712,9 +2745,9 @@ static void test_capture_token_ids(void **state) {
         double le = 0, lg = 0;
         assert_ok(ebb_train_step_ex(plan, eager.model, eager.opt, &x[k], &y[k], &le, &ro, NULL));
         assert_ok(ebb_capture_train_step(cap, &x[k], &y[k], &lg));
-        assert_true(rel_scalar(lg, le) <= 1e-5);
+        assert_loss_close(lg, le, 1e-5, "gpt, captured", k);
     }
-    assert_true(models_rel_diff(graph.model, eager.model) <= 1e-5);
+    assert_models_close(graph.model, eager.model, 1e-5, "gpt, captured");
     assert_int_equal(ebb_capture_train_step(cap, &bad, &y[0], NULL), EBB_ERR_ARG);
     assert_errmsg_contains("index 16");
     /* a class index past the vocabulary: the scores are [B, T, 16], classes last */
@@ -2800,5 +2833,7 @@ int main(void) {
         fprintf(stderr, "test_train: %d tests for a table of %zu\n", n, sizeof tests / sizeof *tests);
         return 1;
     }
+    if (getenv("CMOCKA_FILTER")) /* one test by name, as test_cli takes it */
+        cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -39,8 +39,9 @@
 #   OUT               set by the device tool: the table and an archive of the
 #                     logs (gpu-check-table.txt, gpu-check-logs.tgz) go there
 # On the GPU machine of ../shared/device, .device/unpack.sh, when present, is
-# sourced first: it provides libyaml, cJSON and cmocka, and Fashion-MNIST when
-# packed with EXTRA_DEBS="dataset-fashion-mnist" bash ../shared/device/pack-deps.sh
+# sourced first: it provides libyaml, cJSON and cmocka, and Gloo's headers and
+# Fashion-MNIST when packed with
+# EXTRA_DEBS="dataset-fashion-mnist libgloo-dev" bash ../shared/device/pack-deps.sh
 set -euo pipefail
 
 usage() {
