@@ -36,6 +36,21 @@ if(TARGET torch_cuda OR TARGET c10_cuda OR TORCH_CUDA_LIBRARIES)
 endif()
 message(STATUS "ebb: libtorch ${Torch_VERSION} at ${TORCH_INSTALL_PREFIX}, CUDA ${EBB_WITH_CUDA}")
 
+# Data parallel on CUDA devices goes through libtorch's ProcessGroupNCCL,
+# whose header includes NCCL's: pip's torch brings it in its nvidia-nccl
+# wheel beside torch's folder, the CUDA toolkit in its include folder.
+# Without it the build has no NCCL and a group on a GPU is refused.
+set(EBB_NCCL_INCLUDE_DIR "")
+if(EBB_WITH_CUDA)
+  find_path(EBB_NCCL_INCLUDE_DIR_FOUND nccl.h
+            HINTS "${TORCH_INSTALL_PREFIX}/../nvidia/nccl/include" ${CUDAToolkit_INCLUDE_DIRS}
+                  /usr/local/cuda/include)
+  if(EBB_NCCL_INCLUDE_DIR_FOUND)
+    set(EBB_NCCL_INCLUDE_DIR "${EBB_NCCL_INCLUDE_DIR_FOUND}")
+  endif()
+  message(STATUS "ebb: NCCL's header: ${EBB_NCCL_INCLUDE_DIR_FOUND}")
+endif()
+
 # The process group (ops/tensor/dist.cpp) includes libtorch's c10d headers,
 # which include Gloo's; neither Debian's libtorch-dev nor pip's torch ships
 # them: Debian's libgloo-dev does (`make deps` installs it; on a machine

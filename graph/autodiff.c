@@ -1321,9 +1321,9 @@ static int emit_bucket_updates(ad *a, const int *members, int m) {
 /* ZeRO-1: each trained parameter's owner, as torch's ZeroRedundancyOptimizer
  * partitions them: largest first, each to the rank owning the fewest elements
  * so far (the lowest such rank on a tie). Every rank computes the same. */
-static int assign_owners(compiler *c) {
+static int assign_owners(compiler *c, int world) {
     ebb_plan *p = c->plan;
-    int n = p->n_params, world = p->data_parallel;
+    int n = p->n_params;
     int *order = malloc(((size_t)n + 1) * sizeof *order);
     int64_t *load = calloc((size_t)world, sizeof *load);
     p->owner = malloc(((size_t)n + 1) * sizeof *p->owner);
@@ -1718,7 +1718,7 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
                                      "data_parallel %d, allreduce_bucket_bytes %lld: a count of "
                                      "ranks and a size (0: the defaults)",
                                      t->data_parallel, (long long)t->allreduce_bucket_bytes));
-    if (t->data_parallel > 1 && t->grads_only)
+    if (t->data_parallel > 1 && t->grads_only && !t->zero)
         return fail(c, ebb_error_set(EBB_ERR_ARG,
                                      "data_parallel needs update steps; with grads_only the "
                                      "caller averages the gradients (ebb_dist_allreduce_mean_)"));
@@ -1731,7 +1731,9 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
                                      "rank's",
                                      t->zero, t->rank, t->data_parallel));
     p->rank = t->zero ? t->rank : 0;
-    if (t->zero && assign_owners(c) != 0)
+    /* with grads_only, ZeRO-1's owners only: the caller averages the
+     * gradients and updates its share (the trainer's --accumulate) */
+    if (t->zero && assign_owners(c, t->data_parallel) != 0)
         return -1;
     const ebb_op *loss_op = NULL;
     const ebb_attr_value *loss_attrs = NULL;

@@ -58,7 +58,7 @@ int ebb_plan_low_copies(const ebb_plan *p, int64_t *kept_bytes, int *recast) {
 }
 
 int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p) {
-    if (!p || !p->training || p->grads_only)
+    if (!p || !p->training || (p->grads_only && !p->owner))
         return 0;
     const ebb_optimizer_options *o = &p->optimizer;
     int slots = o->kind == EBB_SGD ? o->momentum != 0 : 2 + (o->amsgrad != 0);

@@ -817,7 +817,7 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
                              "ebb_run_options.dist is %s",
                              plan->name, plan->data_parallel,
                              opts && opts->dist ? "a group of another size" : "NULL");
-    if (plan->owner && ebb_dist_rank(opts->dist) != plan->rank)
+    if (plan->owner && plan->data_parallel > 1 && ebb_dist_rank(opts->dist) != plan->rank)
         return ebb_error_set(EBB_ERR_ARG,
                              "ebb_run: plan %s is rank %d's share of a sharded optimizer "
                              "(ebb_train_options.zero); this process is rank %d",

@@ -117,8 +117,12 @@ ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device devic
         }
         memcpy(m->names[i], pp->full_name, n);
         m->buffer[i] = pp->spec.buffer || pp->spec.counter;
-        m->frozen[i] = plan->training && !plan->grads_only && !m->buffer[i] &&
-                       (!plan->trained[i] || (plan->owner && plan->owner[i] != plan->rank));
+        /* no optimizer state for what the plan does not train, nor for
+         * what another ZeRO-1 rank owns (a grads_only plan's caller
+         * updates), which still gets its gradients */
+        m->frozen[i] = plan->training && !m->buffer[i] &&
+                       ((!plan->grads_only && !plan->trained[i]) ||
+                        (plan->owner && plan->owner[i] != plan->rank));
         ebb_status st =
             init_param(&m->params[i], &pp->spec, plan->dtype, device, param_seed(seed, pp->full_name));
         if (st != EBB_OK) {

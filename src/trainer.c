@@ -261,7 +261,7 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
                                  .loss_scaling = scaling_from(f, o) > 0 && o->accumulate <= 1,
                                  /* data parallel: buckets averaged in the backward (the
                                   * trainer averages accumulated sums itself) */
-                                 .data_parallel = o->dist && o->accumulate <= 1
+                                 .data_parallel = o->dist && (o->accumulate <= 1 || zero_sharded(o))
                                                       ? ebb_dist_world_size(o->dist)
                                                       : 0,
                                  .allreduce_bucket_bytes = o->allreduce_bucket_bytes,
@@ -1036,14 +1036,20 @@ static ebb_status check_options(const ebb_trainer_options *o) {
             return ebb_error_set(EBB_ERR_ARG, "--batch %lld is the global batch of %d ranks: "
                                               "it must be a multiple of %d",
                                  (long long)o->batch, w, w);
-        if (o->device.type != EBB_DEVICE_CPU)
+        ebb_device gd = ebb_dist_device(o->dist);
+        if (gd.type != o->device.type || gd.index != o->device.index) {
+            char a[32], b[32];
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "the model trains on %s and its process group's collectives "
+                                 "take tensors on %s (ebb_dist_options.device): they must be "
+                                 "the same device",
+                                 ebb_device_str(o->device, a, sizeof a),
+                                 ebb_device_str(gd, b, sizeof b));
+        }
+        if (o->cuda_graph)
             return ebb_error_set(EBB_ERR_UNSUPPORTED,
-                                 "data-parallel training runs on the CPU (Gloo); NCCL for CUDA "
-                                 "is not there yet: add --device cpu");
-        if ((o->accumulate > 1 && o->zero) || o->cuda_graph)
-            return ebb_error_set(EBB_ERR_UNSUPPORTED,
-                                 "data-parallel training does not take %s yet",
-                                 o->cuda_graph ? "--cuda-graph" : "--accumulate with --zero");
+                                 "data-parallel training does not take --cuda-graph: ebb's "
+                                 "captured step holds no collectives yet");
     }
     if (o->cuda_graph && o->skip_nonfinite)
         return ebb_error_set(EBB_ERR_ARG, "cuda_graph and skip_nonfinite cannot be combined: a "
@@ -1106,6 +1112,25 @@ static int zero_mine(const ebb_trainer *t, int i) {
     return owner < 0 || owner == t->rank;
 }
 
+/* --accumulate's update under ZeRO-1 (the plan's broadcast steps do it for
+ * one batch a step): each rank's parameters, as it updated them, to every
+ * other rank, one collective per owner. */
+static ebb_status zero_broadcast(ebb_trainer *t) {
+    int np = ebb_model_param_count(t->m), world = ebb_dist_world_size(t->o.dist);
+    ebb_tensor **mine = calloc((size_t)np + 1, sizeof *mine);
+    if (!mine) return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    ebb_status st = EBB_OK;
+    for (int r = 0; st == EBB_OK && r < world; r++) {
+        int n = 0;
+        for (int i = 0; i < np; i++)
+            if (ebb_plan_param_owner(t->plan, i) == r)
+                mine[n++] = ebb_model_param(t->m, ebb_model_param_name(t->m, i));
+        if (n > 0) st = ebb_dist_broadcast_(t->o.dist, mine, n, r);
+    }
+    free(mine);
+    return st;
+}
+
 /* After a resume, which loaded the whole state: the state of the
  * parameters other ranks own goes. */
 static void zero_drop_others(ebb_trainer *t) {
@@ -1147,7 +1172,7 @@ static ebb_status zero_gather(ebb_trainer *t, state *s, ebb_tensor ***made, int 
                     ts[m++] = ebb_optimizer_state_tensor(t->opt, i, slot_name(k));
                 } else {
                     ebb_shape sh = ebb_tensor_shape(p);
-                    st = ebb_tensor_zeros(&ts[m], &sh, ebb_tensor_dtype(p), ebb_device_cpu());
+                    st = ebb_tensor_zeros(&ts[m], &sh, ebb_tensor_dtype(p), ebb_dist_device(t->o.dist));
                     keep[(*n_made)++] = ts[m];
                     s->t[i * PER_PARAM + 1 + k] = ts[m++];
                 }
@@ -1158,7 +1183,7 @@ static ebb_status zero_gather(ebb_trainer *t, state *s, ebb_tensor ***made, int 
         ebb_tensor *counts = NULL; /* made here on either side */
         if (st == EBB_OK)
             st = ebb_tensor_from_host(&counts, steps, sizeof *steps * (size_t)count, &sh,
-                                      EBB_FLOAT64, ebb_device_cpu());
+                                      EBB_FLOAT64, ebb_dist_device(t->o.dist));
         if (st == EBB_OK) {
             ts[m++] = counts;
             st = t->rank == r ? ebb_dist_send(t->o.dist, ts, m, 0)
@@ -1376,7 +1401,7 @@ static ebb_status check_same_run(ebb_trainer *t) {
     ebb_shape sh = {1, {RUN_TEXT}};
     ebb_tensor *text = NULL, *bad = NULL;
     ebb_status st = ebb_tensor_from_host(&text, mine, sizeof mine, &sh, EBB_UINT8,
-                                         ebb_device_cpu());
+                                         ebb_dist_device(o->dist));
     if (st == EBB_OK) st = ebb_dist_broadcast_(o->dist, &text, 1, 0);
     if (st == EBB_OK) st = ebb_tensor_to_host(text, theirs, sizeof theirs);
     theirs[RUN_TEXT - 1] = '\0';
@@ -1399,7 +1424,8 @@ static ebb_status check_same_run(ebb_trainer *t) {
     if (st == EBB_OK && !why[0] && (*a || *b)) snprintf(why, sizeof why, "a longer description");
     double differs = why[0] ? 1.0 : 0.0;
     ebb_shape one = {1, {1}};
-    if (st == EBB_OK) st = ebb_tensor_full(&bad, &one, differs, EBB_FLOAT64, ebb_device_cpu());
+    if (st == EBB_OK)
+        st = ebb_tensor_full(&bad, &one, differs, EBB_FLOAT64, ebb_dist_device(o->dist));
     if (st == EBB_OK) st = ebb_dist_allreduce_mean_(o->dist, &bad, 1);
     if (st == EBB_OK) st = ebb_tensor_to_host(bad, &differs, sizeof differs);
     ebb_tensor_free(text);
@@ -1687,7 +1713,7 @@ static ebb_status check_step(ebb_trainer *t, double loss, int *skipped) {
         double bad = why[0] ? 1 : 0;
         ebb_tensor *flag = NULL;
         ebb_shape one = {1, {1}};
-        st = t->o.dist ? ebb_tensor_full(&flag, &one, bad, EBB_FLOAT64, ebb_device_cpu()) : EBB_OK;
+        st = t->o.dist ? ebb_tensor_full(&flag, &one, bad, EBB_FLOAT64, ebb_dist_device(t->o.dist)) : EBB_OK;
         if (st == EBB_OK && flag) st = ebb_dist_allreduce_mean_(t->o.dist, &flag, 1);
         if (st == EBB_OK && flag) st = ebb_tensor_to_host(flag, &bad, sizeof bad);
         ebb_tensor_free(flag);
@@ -1730,7 +1756,7 @@ static int64_t micro_batch(const ebb_trainer *t, int64_t m, int64_t *at) {
 static ebb_status dist_mean_loss(ebb_trainer *t, double *loss) {
     ebb_shape one = {1, {1}};
     ebb_tensor *l = NULL;
-    ebb_status st = ebb_tensor_full(&l, &one, *loss, EBB_FLOAT64, ebb_device_cpu());
+    ebb_status st = ebb_tensor_full(&l, &one, *loss, EBB_FLOAT64, ebb_dist_device(t->o.dist));
     if (st == EBB_OK) st = ebb_dist_allreduce_mean_(t->o.dist, &l, 1);
     if (st == EBB_OK) st = ebb_tensor_to_host(l, loss, sizeof *loss);
     ebb_tensor_free(l);
@@ -1750,7 +1776,7 @@ static ebb_status dist_mean_grads(ebb_trainer *t) {
     ebb_shape sh = {1, {np}};
     ebb_tensor *flags = NULL;
     ebb_status st = ebb_tensor_from_host(&flags, any, sizeof *any * (size_t)np, &sh, EBB_FLOAT64,
-                                         ebb_device_cpu());
+                                         ebb_dist_device(t->o.dist));
     if (st == EBB_OK) st = ebb_dist_allreduce_mean_(t->o.dist, &flags, 1);
     if (st == EBB_OK) st = ebb_tensor_to_host(flags, any, sizeof *any * (size_t)np);
     ebb_tensor_free(flags);
@@ -1831,7 +1857,15 @@ static ebb_status accumulate_step(ebb_trainer *t, int64_t first, int64_t n, int6
             t->grads[i] = NULL;
             st = ebb_tensor_clip_grad_value(&t->grads[i], t->acc[i], o->clip_grad_value);
         }
+    /* ZeRO-1: the ranks computed the same averaged gradients, clipped
+     * alike; each updates its share, then sends it to the others */
+    for (int i = 0; zero_sharded(o) && i < np; i++)
+        if (!zero_mine(t, i) && t->grads[i]) {
+            if (t->grads[i] != t->acc[i]) ebb_tensor_free(t->grads[i]);
+            t->grads[i] = NULL;
+        }
     if (st == EBB_OK) st = ebb_optimizer_step(t->opt, t->grads);
+    if (st == EBB_OK && zero_sharded(o)) st = zero_broadcast(t);
     for (int i = 0; i < np; i++)
         if (t->grads[i] == t->acc[i]) t->grads[i] = NULL; /* borrowed */
     free_tensors(t->grads, np);

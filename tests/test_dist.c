@@ -722,6 +722,67 @@ static void options_checked(void **state) {
     unsetenv("MASTER_ADDR");
 }
 
+/* A group on a CUDA device runs NCCL's collectives. Without a GPU (or in
+ * a build without NCCL) the open is refused, naming why; with one
+ * (EBB_TEST_DEVICE=cuda), a group of one on it runs every collective
+ * through NCCL (one GPU per rank: NCCL refuses two ranks on one device, so
+ * a machine with one GPU can run no more) and refuses CPU tensors. */
+static void nccl_on_a_gpu(void **state) {
+    (void)state;
+    ebb_device dev = ebb_test_device();
+    ebb_dist *d = NULL;
+    ebb_dist_options o = {.rank = 0, .world_size = 1, .master_port = free_port(),
+                          .timeout_ms = 20000, .device = ebb_device_cuda(0)};
+    /* torchrun's variables leave the device as it was */
+    setenv("WORLD_SIZE", "1", 1);
+    setenv("RANK", "0", 1);
+    char port[16];
+    snprintf(port, sizeof port, "%d", o.master_port);
+    setenv("MASTER_PORT", port, 1);
+    assert_ok(ebb_dist_options_from_env(&o));
+    unsetenv("WORLD_SIZE");
+    unsetenv("RANK");
+    unsetenv("MASTER_PORT");
+    assert_int_equal(o.device.type, EBB_DEVICE_CUDA);
+    o.timeout_ms = 20000;
+    if (dev.type != EBB_DEVICE_CUDA) {
+        ebb_status st = ebb_dist_open(&d, &o);
+        assert_null(d);
+        if (st == EBB_ERR_UNSUPPORTED)
+            assert_errmsg_contains("needs NCCL, and this build has none");
+        else {
+            assert_int_equal(st, EBB_ERR_ARG);
+            assert_errmsg_contains("cuda:0 is not one of this machine's");
+        }
+        return;
+    }
+    ebb_status st = ebb_dist_open(&d, &o);
+    if (st != EBB_OK)
+        fail_msg("ebb_dist_open on cuda:0: %s", ebb_errmsg());
+    assert_int_equal(ebb_dist_device(d).type, EBB_DEVICE_CUDA);
+    ebb_tensor *h = filled(5, 2.5, EBB_FLOAT32), *t = NULL, *u = NULL, *flat = NULL;
+    assert_ok(ebb_tensor_to(&t, h, dev, EBB_FLOAT32));
+    assert_ok(ebb_tensor_to(&u, h, dev, EBB_FLOAT64));
+    ebb_tensor *both[2] = {t, u};
+    assert_ok(ebb_dist_allreduce_mean_(d, both, 2));
+    assert_true(all_equal(t, 2.5) && all_equal(u, 2.5));
+    assert_ok(ebb_dist_broadcast_(d, both, 2, 0));
+    assert_true(all_equal(t, 2.5) && all_equal(u, 2.5));
+    ebb_dist_work *w = NULL;
+    assert_ok(ebb_dist_allreduce_mean_start(d, &t, 1, &flat, &w));
+    assert_ok(ebb_dist_work_finish(w));
+    assert_true(all_equal(t, 2.5));
+    assert_ok(ebb_dist_barrier(d));
+    /* a CPU tensor is not the group's */
+    assert_int_equal(ebb_dist_allreduce_mean_(d, &h, 1), EBB_ERR_ARG);
+    assert_errmsg_contains("on cuda:0");
+    ebb_tensor_free(flat);
+    ebb_tensor_free(h);
+    ebb_tensor_free(t);
+    ebb_tensor_free(u);
+    ebb_dist_free(d);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && !strcmp(argv[1], "--child"))
         return child_main(argc, argv);
@@ -735,6 +796,7 @@ int main(int argc, char **argv) {
         EBB_TEST(killed_rank_fails_the_others),
         EBB_TEST(hanging_rank_times_out),
         EBB_TEST(unreachable_rendezvous),
+        EBB_TEST(nccl_on_a_gpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -971,7 +971,9 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
             st = EBB_ERR_RUNTIME;
         }
     }
-    if (plan && zero &&
+    /* (an unsharded accumulation's plan computes gradients only: it keeps
+     * no figure for the state the trainer's optimizer holds) */
+    if (plan && zero && (o.zero || o.accumulate <= 1) &&
         ebb_optimizer_state_bytes(ebb_trainer_optimizer(t), NULL) != ebb_plan_optimizer_state_bytes(plan)) {
         fprintf(stderr, "[rank %d] optimizer state %lld bytes, planned %lld\n", rank,
                 (long long)ebb_optimizer_state_bytes(ebb_trainer_optimizer(t), NULL),
@@ -1163,18 +1165,33 @@ static void test_data_parallel(void **state) {
     setenv("EBB_TEST_DP_MISMATCH", "1", 1);
     assert_int_equal(dp_run(2, "/nonexistent/w", "/nonexistent/c"), 2);
     unsetenv("EBB_TEST_DP_MISMATCH");
-    /* what data parallel does not take yet */
+}
+
+/* A group of one on the model's device: the trainer runs a data-parallel
+ * run's collectives (Gloo's on the CPU; NCCL's on a GPU, with
+ * EBB_TEST_DEVICE=cuda: a group of one still runs them there) and leaves
+ * one process's weights to the bit. A group on another device than the
+ * model's is refused, naming both. */
+static void test_one_rank_on_its_device(void **state) {
+    (void)state;
+    ebb_device dev = ebb_test_device();
+    ebb_trainer_options o = dp_options();
+    o.device = dev;
+    float want[F * F + F], got[F * F + F];
+    int64_t steps = one_process(&o, want, "one process");
     ebb_dist *d = NULL;
-    ebb_dist_options one_rank = {.world_size = 1, .master_port = free_port(), .timeout_ms = 5000};
-    assert_int_equal(ebb_dist_open(&d, &one_rank), EBB_OK);
+    ebb_dist_options one = {.world_size = 1, .master_port = free_port(), .timeout_ms = 20000,
+                            .device = dev};
+    if (ebb_dist_open(&d, &one) != EBB_OK)
+        fail_msg("a group of one on the model's device: %s", ebb_errmsg());
+    o.dist = d;
+    assert_int_equal(one_process(&o, got, "a group of one"), steps);
+    assert_memory_equal(got, want, sizeof want);
+    o.device = dev.type == EBB_DEVICE_CPU ? ebb_device_cuda(0) : ebb_device_cpu();
     ebb_spec *spec = load_spec();
     ebb_trainer *t = NULL;
-    o.dist = d;
-    o.batch = 16;
-    o.accumulate = 2;
-    o.zero = 1;
-    assert_int_equal(ebb_trainer_open(&t, spec, &o), EBB_ERR_UNSUPPORTED);
-    assert_errmsg_contains("does not take --accumulate with --zero yet");
+    assert_int_equal(ebb_trainer_open(&t, spec, &o), EBB_ERR_ARG);
+    assert_errmsg_contains("they must be the same device");
     assert_null(t);
     ebb_spec_free(spec);
     ebb_dist_free(d);
@@ -1230,6 +1247,31 @@ static void test_zero(void **state) {
                same ? "the same bytes as" : "NOT");
         if (!same) fail_msg("ZeRO-1's %s differs from the unsharded run's", k ? "checkpoint" : "weights");
     }
+    /* with --accumulate: 2 micro-batches a step, each rank updating its
+     * share of the averaged sums, then sending it (the trainer, not the
+     * plan, does both): the unsharded accumulation's bytes */
+    char aw[2][320], ac[2][320];
+    setenv("EBB_TEST_DP_ACCUMULATE", "2", 1);
+    for (int z = 0; z < 2; z++) {
+        snprintf(aw[z], sizeof aw[z], "%s/zero_acc%d.safetensors", dir, z);
+        snprintf(ac[z], sizeof ac[z], "%s/zero_acc%d_ckpt.safetensors", dir, z);
+        setenv("EBB_TEST_DP_ZERO", z ? "1" : "0", 1);
+        assert_int_equal(dp_run(2, aw[z], ac[z]), 2);
+    }
+    unsetenv("EBB_TEST_DP_ACCUMULATE");
+    for (int k = 0; k < 2; k++) {
+        int same = same_file(k ? ac[0] : aw[0], k ? ac[1] : aw[1]);
+        printf("[ zero     ] accumulating 2 micro-batches, %s: %s the unsharded run's\n",
+               k ? "checkpoint" : "weights", same ? "the same bytes as" : "NOT");
+        if (!same)
+            fail_msg("ZeRO-1 with --accumulate: its %s differs from the unsharded run's",
+                     k ? "checkpoint" : "weights");
+    }
+    for (int z = 0; z < 2; z++) {
+        unlink(aw[z]);
+        unlink(ac[z]);
+    }
+    setenv("EBB_TEST_DP_ZERO", "1", 1);
     /* half the run sharded, then resumed: one process, and 2 ranks sharded */
     setenv("EBB_TEST_DP_HALF", "1", 1);
     assert_int_equal(dp_run(2, w[1], c[1]), 2);
@@ -1275,6 +1317,7 @@ int main(int argc, char **argv) {
         EBB_TEST(test_accumulate),
         EBB_TEST(test_early_stopping),
         EBB_TEST(test_data_parallel),
+        EBB_TEST(test_one_rank_on_its_device),
         EBB_TEST(test_zero),
         EBB_TEST(test_refusals),
     };

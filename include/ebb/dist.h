@@ -1,6 +1,7 @@
 /*
  * ebb/dist.h - processes that train together: a process group over
- * libtorch's c10d (a TCPStore rendezvous, Gloo's collectives).
+ * libtorch's c10d (a TCPStore rendezvous, Gloo's collectives on the CPU,
+ * NCCL's on CUDA devices).
  *
  *     ebb_dist_options o = {0};
  *     if (ebb_dist_options_from_env(&o) != EBB_OK) ...     // torchrun's RANK, WORLD_SIZE, ...
@@ -17,7 +18,9 @@
  * Rank 0 serves the rendezvous at master_addr:master_port; the others
  * connect to it. Each collective blocks until every rank has joined it, so
  * every rank must call the same collectives in the same order, with tensors
- * of the same shapes and dtype (the tensors on the CPU, contiguous).
+ * of the same shapes and dtype, contiguous, on the group's device: the CPU,
+ * or with ebb_dist_options.device a CUDA device per rank (NCCL: one rank a
+ * GPU, as NCCL refuses two ranks on one device).
  *
  * Failures are EBB_ERR_DIST and say which rank this is and what happened:
  * a rank that exits or is killed makes the others' next collective fail at
@@ -43,22 +46,27 @@ typedef struct ebb_dist_options {
     const char *master_addr; /* rank 0's address (IPv4 or a host name); NULL: 127.0.0.1 */
     int master_port;         /* rank 0's rendezvous port, 1 .. 65535 */
     int timeout_ms;          /* rendezvous and every collective; 0: 30000 */
+    ebb_device device;       /* the collectives' tensors: the CPU (zero, Gloo) or this
+                                rank's CUDA device (NCCL; in a CUDA build with NCCL) */
 } ebb_dist_options;
 
 /* Fills *o from the environment torchrun sets: RANK, WORLD_SIZE,
  * MASTER_ADDR (default 127.0.0.1) and MASTER_PORT; timeout_ms from
- * EBB_DIST_TIMEOUT_MS when set. EBB_ERR_ARG naming the variable that is
- * missing or not a number in range; *o is then unchanged. */
+ * EBB_DIST_TIMEOUT_MS when set; o->device is left as it is (torchrun's
+ * LOCAL_RANK is the GPU a rank usually takes). EBB_ERR_ARG naming the
+ * variable that is missing or not a number in range; *o is then unchanged. */
 EBB_API ebb_status ebb_dist_options_from_env(ebb_dist_options *o);
 
 /* Joins the group: the rendezvous, then Gloo's connections to every other
  * rank, which reach this one at its address on the route to master_addr
  * (or, when GLOO_SOCKET_IFNAME names an interface, as PyTorch takes it, at
- * that interface's). Blocks until every rank has joined, or timeout_ms. On success *out is
- * a new group (free it with ebb_dist_free). EBB_ERR_ARG for options out of
- * range; EBB_ERR_DIST when the rendezvous fails (the message names the
+ * that interface's); on a CUDA device, NCCL's communicator instead, made
+ * before the call returns. Blocks until every rank has joined, or
+ * timeout_ms. On success *out is a new group (free it with ebb_dist_free).
+ * EBB_ERR_ARG for options out of range or a CUDA device this machine does
+ * not have; EBB_ERR_DIST when the rendezvous fails (the message names the
  * address and port, and the rank); EBB_ERR_UNSUPPORTED in a build of
- * libtorch without Gloo. */
+ * libtorch without Gloo, or for a CUDA device in a build without NCCL. */
 EBB_API ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o);
 /* Leaves the group (NULL is allowed). */
 EBB_API void ebb_dist_free(ebb_dist *d);
@@ -67,11 +75,14 @@ EBB_API void ebb_dist_free(ebb_dist *d);
 EBB_API int ebb_dist_rank(const ebb_dist *d);
 /* The number of ranks in the group; 0 for NULL. */
 EBB_API int ebb_dist_world_size(const ebb_dist *d);
+/* Where the group's collectives take their tensors (ebb_dist_options.device);
+ * the CPU for NULL. */
+EBB_API ebb_device ebb_dist_device(const ebb_dist *d);
 
 /* Every rank's ts[i] becomes the mean over ranks of ts[i], in place: Gloo's
  * sum, then a division by the world size (the gradients of a data-parallel
  * step, as DDP averages them). ts[0..n) must be floating, contiguous and on
- * the CPU; NULL entries are skipped (every rank must skip the same ones).
+ * the group's device; NULL entries are skipped (every rank must skip the same ones).
  * The tensors of one dtype travel together in one collective, laid end to
  * end in a buffer the size of them all (DDP's bucket), held for the call. 
  * EBB_ERR_DIST when a rank was lost or the collective timed out. */

@@ -141,7 +141,11 @@ typedef struct ebb_train_options {
      * without it; after the updates one EBB_STEP_BROADCAST per rank sends
      * its parameters to the others, laid end to end in a buffer the size of
      * its share. `rank` is the rank this plan is for: each compiles its own,
-     * and ebb_train_step() checks it against ebb_run_options.dist. */
+     * and ebb_train_step() checks it against ebb_run_options.dist. With
+     * grads_only the plan only says who owns what (its model keeps no
+     * optimizer state for the others' parameters) and has no collectives:
+     * the caller averages the gradients, updates its share and broadcasts
+     * it, as the trainer's accumulation does. */
     int zero;
     int rank;
     /* Mixed precision: where a backward step gets the low copies of the
@@ -363,7 +367,8 @@ EBB_API int64_t ebb_plan_param_bytes(const ebb_plan *p);
  * compiled for keeps, which ebb_optimizer_new() makes (zeros) for every
  * parameter that is not a buffer, so that no step allocates it: beside the
  * parameters, not in any step's peak. Under ZeRO-1, this rank's share (the
- * parameters it owns). 0 for other plans and NULL p. */
+ * parameters it owns), a grads_only plan's included (its caller updates).
+ * 0 for other plans and NULL p. */
 EBB_API int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p);
 /* Mixed precision, a training plan: how many parameters' low copies its
  * forward keeps for its backward (ebb_train_options.low_weight_copies),

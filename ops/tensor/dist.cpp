@@ -1,8 +1,9 @@
 // A process group over libtorch's c10d (include/ebb/dist.h): a TCPStore
 // rendezvous served by rank 0, then Gloo's connections between every pair of
-// ranks. The same source builds against libtorch 1.13, where
-// ProcessGroupGloo is a ProcessGroup, and 2.x, where it is a Backend: the
-// calls used here are the same in both.
+// ranks, or, for tensors on a CUDA device, NCCL's communicator. The same
+// source builds against libtorch 1.13, where ProcessGroupGloo is a
+// ProcessGroup, and 2.x, where it and ProcessGroupNCCL are Backends: the
+// calls used here are the same in all of them.
 #include <chrono>
 #include <cstdlib>
 #include <thread>
@@ -21,15 +22,28 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+// NCCL where libtorch has it (its CUDA build defines USE_C10D_NCCL) and
+// CMake found NCCL's header (EBB_NCCL_HEADER)
+#if defined(EBB_WITH_CUDA) && defined(USE_C10D_NCCL) && defined(EBB_NCCL_HEADER)
+#define EBB_HAS_NCCL 1
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+#if TORCH_VERSION_MAJOR >= 2
+using backend_t = c10d::Backend;
+#else
+using backend_t = c10d::ProcessGroup;
+#endif
 #endif
 
 struct ebb_dist {
     int rank, world;
+    ebb_device device; // where the collectives' tensors are: the CPU (Gloo) or a GPU (NCCL)
     std::chrono::milliseconds timeout;
     std::string where; // "rank R of W": every message says which process it is
 #ifdef USE_C10D_GLOO
     c10::intrusive_ptr<c10d::Store> store;
-    c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+    c10::intrusive_ptr<backend_t> pg;
 #endif
 };
 
@@ -141,7 +155,7 @@ ebb_status ebb_dist_options_from_env(ebb_dist_options *o) {
                              v[0]);
     const char *addr = std::getenv("MASTER_ADDR");
     *o = ebb_dist_options{(int)v[1], (int)v[0], addr && *addr ? addr : nullptr, (int)v[2],
-                          (int)v[3]};
+                          (int)v[3], o->device};
     return EBB_OK;
 }
 
@@ -157,6 +171,26 @@ ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o) {
                              o->master_port);
     if (o->timeout_ms < 0)
         return ebb_error_set(EBB_ERR_ARG, "%s: timeout_ms %d is negative", fn, o->timeout_ms);
+    bool cuda = o->device.type == EBB_DEVICE_CUDA;
+    if (o->device.type != EBB_DEVICE_CPU && !cuda)
+        return ebb_error_set(EBB_ERR_ARG, "%s: device type %d is neither the CPU nor CUDA", fn,
+                             (int)o->device.type);
+    if (cuda) {
+#ifndef EBB_HAS_NCCL
+        return ebb_error_set(EBB_ERR_UNSUPPORTED,
+                             "%s: a group on cuda:%d needs NCCL, and this build has none (%s); "
+                             "train on the CPU with Gloo",
+                             fn, o->device.index,
+                             ebb_cuda_available() ? "its libtorch has NCCL but CMake found no "
+                                                    "nccl.h"
+                                                  : "a libtorch without CUDA");
+#else
+        if (o->device.index < 0 || o->device.index >= ebb_cuda_device_count())
+            return ebb_error_set(EBB_ERR_ARG, "%s: rank %d's device cuda:%d is not one of this "
+                                 "machine's %d CUDA devices", fn, o->rank, o->device.index,
+                                 ebb_cuda_device_count());
+#endif
+    }
 #ifndef USE_C10D_GLOO
     return ebb_error_set(EBB_ERR_UNSUPPORTED, "%s: this libtorch was built without Gloo", fn);
 #else
@@ -165,6 +199,7 @@ ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o) {
     if (!d) return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
     d->rank = o->rank;
     d->world = o->world_size;
+    d->device = o->device;
     d->timeout = std::chrono::milliseconds(o->timeout_ms ? o->timeout_ms : 30000);
     d->where = "rank " + std::to_string(o->rank) + " of " + std::to_string(o->world_size);
     std::string step = "the rendezvous at " + std::string(addr) + ":" +
@@ -177,6 +212,25 @@ ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o) {
         so.waitWorkers = true;
         so.timeout = d->timeout;
         d->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+        auto prefixed = c10::make_intrusive<c10d::PrefixStore>("ebb/0", d->store);
+#ifdef EBB_HAS_NCCL
+        if (cuda) {
+            // NCCL's communicator, made now (not at the first collective)
+            // so that a rank that never comes fails the open
+            step = "NCCL's communicator on cuda:" + std::to_string(o->device.index);
+            at::Device dev(at::kCUDA, (c10::DeviceIndex)o->device.index);
+            c10::cuda::CUDAGuard guard(dev);
+            auto no = c10d::ProcessGroupNCCL::Options::create();
+            no->timeout = d->timeout;
+            auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, o->rank,
+                                                                    o->world_size, no);
+            nccl->setBoundDeviceId(dev);
+            nccl->eagerConnectSingleDevice(dev);
+            d->pg = nccl;
+            *out = d;
+            return EBB_OK;
+        }
+#endif
         step = "connecting to the other ranks";
         auto po = c10d::ProcessGroupGloo::Options::create(d->timeout);
         // an interface named as PyTorch takes it, else the route to the master
@@ -187,7 +241,6 @@ ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o) {
                 : c10d::ProcessGroupGloo::createDeviceForHostname(
                       local_address_towards(addr, o->master_port)));
         po->threads = 2;
-        auto prefixed = c10::make_intrusive<c10d::PrefixStore>("ebb/0", d->store);
         d->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, o->rank, o->world_size, po);
     } catch (...) {
         ebb_status st = dist_failure(fn, d->where, step);
@@ -203,26 +256,38 @@ void ebb_dist_free(ebb_dist *d) { delete d; }
 
 int ebb_dist_rank(const ebb_dist *d) { return d ? d->rank : -1; }
 int ebb_dist_world_size(const ebb_dist *d) { return d ? d->world : 0; }
+ebb_device ebb_dist_device(const ebb_dist *d) { return d ? d->device : ebb_device_cpu(); }
 
 namespace {
 
-// The tensors a collective takes: non-NULL, CPU, contiguous; floating when
-// `floating`.
-ebb_status gather(const char *fn, ebb_tensor *const *ts, int n, bool floating,
-                  std::vector<at::Tensor> &out) {
+// The tensors a collective takes: non-NULL, contiguous, on the group's
+// device; floating when `floating`.
+ebb_status gather(const char *fn, const ebb_dist *d, ebb_tensor *const *ts, int n,
+                  bool floating, std::vector<at::Tensor> &out) {
     if (n < 0 || (n > 0 && !ts))
         return ebb_error_set(EBB_ERR_ARG, "%s: %d tensors at %p", fn, n, (const void *)ts);
     for (int i = 0; i < n; i++) {
         if (!ts[i]) continue;
         const at::Tensor &t = ts[i]->t;
-        if (!t.is_cpu() || !t.is_contiguous() || (floating && !at::isFloatingType(t.scalar_type())))
-            return ebb_error_set(EBB_ERR_ARG, "%s: tensor %d is %s; a collective takes %s, "
-                                 "contiguous tensors on the CPU", fn, i,
-                                 ebb::describe(t).c_str(), floating ? "floating" : "");
+        bool here = d->device.type == EBB_DEVICE_CUDA
+                        ? t.is_cuda() && t.get_device() == d->device.index
+                        : t.is_cpu();
+        if (!here || !t.is_contiguous() || (floating && !at::isFloatingType(t.scalar_type()))) {
+            char dev[32];
+            return ebb_error_set(EBB_ERR_ARG, "%s: tensor %d is %s; the group's collectives "
+                                 "take %scontiguous tensors on %s", fn, i,
+                                 ebb::describe(t).c_str(), floating ? "floating, " : "",
+                                 ebb_device_str(d->device, dev, sizeof dev));
+        }
         out.push_back(t);
     }
     return EBB_OK;
 }
+
+// A group of one has nothing to exchange, but NCCL's runs its collectives
+// still (NCCL has a path of its own for one rank), so that a machine with
+// one GPU runs the code that many do.
+bool alone(const ebb_dist *d) { return d->world == 1 && d->device.type != EBB_DEVICE_CUDA; }
 
 #ifdef USE_C10D_GLOO
 // Runs `op` once per dtype on the tensors of that dtype laid end to end in
@@ -257,8 +322,8 @@ ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n) {
     const char *fn = "ebb_dist_allreduce_mean_";
     EBB_NEED(fn, d);
     std::vector<at::Tensor> list;
-    ebb_status st = gather(fn, ts, n, true, list);
-    if (st != EBB_OK || list.empty() || d->world == 1) return st;
+    ebb_status st = gather(fn, d, ts, n, true, list);
+    if (st != EBB_OK || list.empty() || alone(d)) return st;
 #ifdef USE_C10D_GLOO
     try {
         c10::InferenceMode guard;
@@ -275,7 +340,7 @@ ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n) {
 }
 
 #ifdef USE_C10D_GLOO
-using gloo_work = decltype(std::declval<c10d::ProcessGroupGloo &>().allreduce(
+using gloo_work = decltype(std::declval<backend_t &>().allreduce(
     std::declval<std::vector<at::Tensor> &>()));
 #endif
 
@@ -295,7 +360,7 @@ ebb_status ebb_dist_allreduce_mean_start(ebb_dist *d, ebb_tensor *const *ts, int
     EBB_OUT(fn, out);
     EBB_NEED(fn, d);
     std::vector<at::Tensor> list;
-    ebb_status st = gather(fn, ts, n, true, list);
+    ebb_status st = gather(fn, d, ts, n, true, list);
     if (st != EBB_OK) return st;
     for (auto &t : list)
         if (t.scalar_type() != list[0].scalar_type())
@@ -311,7 +376,7 @@ ebb_status ebb_dist_allreduce_mean_start(ebb_dist *d, ebb_tensor *const *ts, int
         if (!w->parts.empty())
             w->flat.push_back(w->parts.size() == 1 ? w->parts[0] : at::cat(w->parts));
 #ifdef USE_C10D_GLOO
-        if (!w->flat.empty() && d->world > 1) w->work = d->pg->allreduce(w->flat);
+        if (!w->flat.empty() && !alone(d)) w->work = d->pg->allreduce(w->flat);
 #endif
         if (w->parts.size() > 1) *flat = ebb::wrap(w->flat[0]);
     } catch (...) {
@@ -331,7 +396,7 @@ ebb_status ebb_dist_work_finish(ebb_dist_work *w) {
 #ifdef USE_C10D_GLOO
         if (w->work) finish(std::move(w->work), w->d->timeout);
 #endif
-        if (!w->flat.empty() && w->d->world > 1) {
+        if (!w->flat.empty() && !alone(w->d)) {
             w->flat[0].div_(w->d->world);
             int64_t at = 0;
             for (size_t i = 0; w->parts.size() > 1 && i < w->parts.size(); i++) {
@@ -352,8 +417,8 @@ ebb_status ebb_dist_broadcast_(ebb_dist *d, ebb_tensor *const *ts, int n, int ro
     if (root < 0 || root >= d->world)
         return ebb_error_set(EBB_ERR_ARG, "%s: root %d is not a rank of %d", fn, root, d->world);
     std::vector<at::Tensor> list;
-    ebb_status st = gather(fn, ts, n, false, list);
-    if (st != EBB_OK || list.empty() || d->world == 1) return st;
+    ebb_status st = gather(fn, d, ts, n, false, list);
+    if (st != EBB_OK || list.empty() || alone(d)) return st;
 #ifdef USE_C10D_GLOO
     try {
         c10::InferenceMode guard;
@@ -378,7 +443,7 @@ static ebb_status p2p(const char *fn, ebb_dist *d, ebb_tensor *const *ts, int n,
         return ebb_error_set(EBB_ERR_ARG, "%s (%s): rank %d is not another rank of %d", fn,
                              d->where.c_str(), peer, d->world);
     std::vector<at::Tensor> list;
-    ebb_status st = gather(fn, ts, n, false, list);
+    ebb_status st = gather(fn, d, ts, n, false, list);
     if (st != EBB_OK || list.empty()) return st;
 #ifdef USE_C10D_GLOO
     try {
@@ -409,7 +474,7 @@ ebb_status ebb_dist_recv_(ebb_dist *d, ebb_tensor *const *ts, int n, int src) {
 ebb_status ebb_dist_barrier(ebb_dist *d) {
     const char *fn = "ebb_dist_barrier";
     EBB_NEED(fn, d);
-    if (d->world == 1) return EBB_OK;
+    if (alone(d)) return EBB_OK;
 #ifdef USE_C10D_GLOO
     try {
         finish(d->pg->barrier(), d->timeout);

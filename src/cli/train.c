@@ -1264,7 +1264,19 @@ static int launch_ranks(int n, int argc, char **argv) {
  * 0's checkpoints and weights alone). */
 static int join_ranks(cli_run *c) {
     ebb_dist_options d = {0};
-    ebb_status st = ebb_dist_options_from_env(&d);
+    /* the device: --device's, else cuda where there is one; a GPU without
+     * an index is the rank's own, cuda:LOCAL_RANK, and the group NCCL's */
+    ebb_device dev = ebb_device_default();
+    ebb_status st = c->o.device ? ebb_device_parse(&dev, c->o.device) : EBB_OK;
+    if (st != EBB_OK) {
+        fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+        return st == EBB_ERR_UNSUPPORTED ? EXIT_RUNTIME : EXIT_USAGE;
+    }
+    st = ebb_dist_options_from_env(&d);
+    const char *local = getenv("LOCAL_RANK");
+    if (st == EBB_OK && dev.type == EBB_DEVICE_CUDA && !(c->o.device && strchr(c->o.device, ':')))
+        dev.index = local && *local ? atoi(local) : d.rank;
+    d.device = dev;
     if (st == EBB_OK) st = ebb_dist_open(&c->dist, &d);
     if (st != EBB_OK) return ebb_cli_fail_status(st);
     if (d.rank != 0) {
@@ -1301,8 +1313,11 @@ static int train_open(cli_run *c, int argc, char **argv) {
         fprintf(stderr, "ebb: %s\n", ebb_errmsg());
         return EXIT_RUNTIME;
     }
-    if ((rc = check_files(c)) || (rc = load_spec(o, &c->dev, &c->spec)) ||
-        (rc = resolve_options(c)))
+    if ((rc = check_files(c)) || (rc = load_spec(o, &c->dev, &c->spec)))
+        return rc;
+    if (c->dist)
+        c->dev = ebb_dist_device(c->dist); /* the rank's own GPU (join_ranks) */
+    if ((rc = resolve_options(c)))
         return rc;
     ebb_trainer_options *to = &c->to;
     ebb_optimizer_options oo = to->optimizer;
