@@ -68,7 +68,8 @@ EBB_API ebb_status ebb_dist_options_from_env(ebb_dist_options *o);
  * address and port, and the rank); EBB_ERR_UNSUPPORTED in a build of
  * libtorch without Gloo, or for a CUDA device in a build without NCCL. */
 EBB_API ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o);
-/* Leaves the group (NULL is allowed). */
+/* Leaves the group (NULL is allowed): NCCL's communicator is shut down, or
+ * aborted when a collective of the group failed. */
 EBB_API void ebb_dist_free(ebb_dist *d);
 
 /* This process's rank in the group; -1 for NULL. */

@@ -41,6 +41,7 @@ struct ebb_dist {
     ebb_device device; // where the collectives' tensors are: the CPU (Gloo) or a GPU (NCCL)
     std::chrono::milliseconds timeout;
     std::string where; // "rank R of W": every message says which process it is
+    bool failed = false; // a collective failed: NCCL's communicator is aborted, not shut down
 #ifdef USE_C10D_GLOO
     c10::intrusive_ptr<c10d::Store> store;
     c10::intrusive_ptr<backend_t> pg;
@@ -52,7 +53,8 @@ namespace {
 // What a c10d or Gloo failure becomes: EBB_ERR_DIST naming the call, the
 // rank and, when given, the stage it failed at. gloo::IoException (a lost
 // peer) is a std::exception, not a c10::Error.
-ebb_status dist_failure(const char *fn, const std::string &where, const std::string &stage = "") {
+ebb_status dist_failure(const char *fn, ebb_dist *d, const std::string &stage = "") {
+    d->failed = true;
     std::string what;
     ebb_status st = EBB_ERR_DIST;
     try {
@@ -67,7 +69,7 @@ ebb_status dist_failure(const char *fn, const std::string &where, const std::str
     } catch (...) {
         what = "unknown C++ exception";
     }
-    return ebb_error_set(st, "%s (%s): %s%s%s", fn, where.c_str(), stage.c_str(),
+    return ebb_error_set(st, "%s (%s): %s%s%s", fn, d->where.c_str(), stage.c_str(),
                          stage.empty() ? "" : ": ", what.c_str());
 }
 
@@ -76,10 +78,12 @@ ebb_status dist_failure(const char *fn, const std::string &where, const std::str
 // work holds its tensors, and the worker drops its reference a moment after
 // wait() returns. Until then a tensor the plan frees would stay allocated,
 // and the bytes would show in a later step's measure. Bounded: after
-// 200,000 yields the work is left to the worker.
-template <class Work> void finish(Work &&work, std::chrono::milliseconds timeout) {
-    work->wait(timeout);
-    for (int spin = 0; spin < 200000 && work.use_count() > 1; spin++)
+// 200,000 yields the work is left to the worker. NCCL's watchdog holds its
+// works until its next poll (100 ms apart): not waited for.
+template <class Work> void finish(Work &&work, const ebb_dist *d) {
+    work->wait(d->timeout);
+    for (int spin = 0; d->device.type == EBB_DEVICE_CPU && spin < 200000 && work.use_count() > 1;
+         spin++)
         std::this_thread::yield();
     work.reset();
 }
@@ -243,8 +247,8 @@ ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o) {
         po->threads = 2;
         d->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, o->rank, o->world_size, po);
     } catch (...) {
-        ebb_status st = dist_failure(fn, d->where, step);
-        delete d;
+        ebb_status st = dist_failure(fn, d, step);
+        ebb_dist_free(d); // NCCL's half-made communicator aborted
         return st;
     }
     *out = d;
@@ -252,7 +256,23 @@ ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o) {
 #endif
 }
 
-void ebb_dist_free(ebb_dist *d) { delete d; }
+void ebb_dist_free(ebb_dist *d) {
+    if (!d) return;
+#ifdef EBB_HAS_NCCL
+    // NCCL's communicator goes as torch.distributed.destroy_process_group
+    // ends it; aborted after a failure, whose collectives may never finish
+    if (d->pg && d->device.type == EBB_DEVICE_CUDA) {
+        try {
+            if (d->failed)
+                d->pg->abort();
+            else
+                d->pg->shutdown();
+        } catch (...) {
+        }
+    }
+#endif
+    delete d;
+}
 
 int ebb_dist_rank(const ebb_dist *d) { return d ? d->rank : -1; }
 int ebb_dist_world_size(const ebb_dist *d) { return d ? d->world : 0; }
@@ -328,12 +348,12 @@ ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n) {
     try {
         c10::InferenceMode guard;
         per_dtype(list, [d](std::vector<at::Tensor> &flat) {
-            finish(d->pg->allreduce(flat), d->timeout);
+            finish(d->pg->allreduce(flat), d);
             flat[0].div_(d->world);
             return true;
         });
     } catch (...) {
-        return dist_failure(fn, d->where);
+        return dist_failure(fn, d);
     }
 #endif
     return EBB_OK;
@@ -381,7 +401,7 @@ ebb_status ebb_dist_allreduce_mean_start(ebb_dist *d, ebb_tensor *const *ts, int
         if (w->parts.size() > 1) *flat = ebb::wrap(w->flat[0]);
     } catch (...) {
         delete w;
-        return dist_failure(fn, d->where);
+        return dist_failure(fn, d);
     }
     *out = w;
     return EBB_OK;
@@ -394,7 +414,7 @@ ebb_status ebb_dist_work_finish(ebb_dist_work *w) {
     try {
         c10::InferenceMode guard;
 #ifdef USE_C10D_GLOO
-        if (w->work) finish(std::move(w->work), w->d->timeout);
+        if (w->work) finish(std::move(w->work), w->d);
 #endif
         if (!w->flat.empty() && !alone(w->d)) {
             w->flat[0].div_(w->d->world);
@@ -405,7 +425,7 @@ ebb_status ebb_dist_work_finish(ebb_dist_work *w) {
             }
         }
     } catch (...) {
-        st = dist_failure(fn, w->d->where);
+        st = dist_failure(fn, w->d);
     }
     delete w;
     return st;
@@ -425,11 +445,11 @@ ebb_status ebb_dist_broadcast_(ebb_dist *d, ebb_tensor *const *ts, int n, int ro
         per_dtype(list, [d, root](std::vector<at::Tensor> &flat) {
             c10d::BroadcastOptions bo;
             bo.rootRank = root;
-            finish(d->pg->broadcast(flat, bo), d->timeout);
+            finish(d->pg->broadcast(flat, bo), d);
             return d->rank != root; // the root's own tensors hold what it sent
         });
     } catch (...) {
-        return dist_failure(fn, d->where);
+        return dist_failure(fn, d);
     }
 #endif
     return EBB_OK;
@@ -450,13 +470,13 @@ static ebb_status p2p(const char *fn, ebb_dist *d, ebb_tensor *const *ts, int n,
         c10::InferenceMode guard;
         per_dtype(list, [d, peer, sending](std::vector<at::Tensor> &flat) {
             if (sending)
-                finish(d->pg->send(flat, peer, 0), d->timeout);
+                finish(d->pg->send(flat, peer, 0), d);
             else
-                finish(d->pg->recv(flat, peer, 0), d->timeout);
+                finish(d->pg->recv(flat, peer, 0), d);
             return !sending;
         });
     } catch (...) {
-        return dist_failure(fn, d->where, sending ? "sending to rank " + std::to_string(peer)
+        return dist_failure(fn, d, sending ? "sending to rank " + std::to_string(peer)
                                                   : "receiving from rank " + std::to_string(peer));
     }
 #endif
@@ -477,9 +497,9 @@ ebb_status ebb_dist_barrier(ebb_dist *d) {
     if (alone(d)) return EBB_OK;
 #ifdef USE_C10D_GLOO
     try {
-        finish(d->pg->barrier(), d->timeout);
+        finish(d->pg->barrier(), d);
     } catch (...) {
-        return dist_failure(fn, d->where);
+        return dist_failure(fn, d);
     }
 #endif
     return EBB_OK;
