@@ -621,6 +621,11 @@ done
 {
   echo
   echo "gpu-check $( (( dry_run )) && echo '(dry run) ')in $SECONDS s of a budget of $budget s, $failures failure(s); device $device${gpu_name:+: $gpu_name}"
+  # the host's CPU too: the CPU suites' kernels (oneDNN's AMX ones) depend on it
+  cpu_name=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo 2>/dev/null | head -n 1 || true)
+  cpu_isa=$(grep -o -w 'amx_bf16\|avx512_bf16\|avx512f' /proc/cpuinfo 2>/dev/null | sort -u |
+            tr '\n' ' ' || true)
+  echo "host CPU: ${cpu_name:-unknown}, $(nproc) cores${cpu_isa:+, $cpu_isa}"
   echo "${version:-ebb: not built}; libtorch $torch_prefix"
   echo "logs: $results (commands.txt, configure.log, build.log, ctest.log, peaks/, bench/, train/)"
 } | sed 's/^/info\t/' >"$summary.head"
