@@ -6,7 +6,8 @@
 #          CUDA libtorch; refuses a libtorch without CUDA
 #   test   ctest, the device-aware suites on the GPU (EBB_TEST_DEVICE=cuda)
 #   peaks  every spec in specs/bench/ at the bench's sizes, and a training step
-#          (ebb grad, ebb train), run on the GPU with --trace: the planned peak,
+#          (ebb grad, ebb train; ebb train under --memory-budget least and with
+#          --precision bf16), run on the GPU with --trace: the planned peak,
 #          rounded as the CUDA caching allocator rounds its blocks, against the
 #          measured one
 #   bench  forward times: ebb eager, ebb's CUDA-graph replay (--cuda-graph), the
@@ -389,7 +390,7 @@ step_peaks() {
   local rows
   mapfile -t rows < <(workloads)
   (( ${#rows[@]} )) || { fail_step peaks "no workloads: tests/bench/run.py's SUITE could not be read"; return; }
-  say "peaks: ${#rows[@]} runs of specs/bench/ and 2 training steps on $device (logs: $d)"
+  say "peaks: ${#rows[@]} runs of specs/bench/ and 4 training steps on $device (logs: $d)"
   for line in "${rows[@]}"; do
     IFS=$'\t' read -r w c params binds fills <<<"$line"
     spec_args "$params" "$binds"
@@ -407,7 +408,7 @@ step_peaks() {
     peak_line "bench/$w" "$c" "$d/$w.$c" "$rc"
   done
   train_peaks "$d"
-  step_result peaks "$f0" "$((${#rows[@]} + 2)) runs"
+  step_result peaks "$f0" "$((${#rows[@]} + 4)) runs"
 }
 
 # peak_line LABEL CONFIG BASE RC: the summary's line from BASE.trace.jsonl, or
@@ -428,7 +429,8 @@ peak_line() {
 
 # A training step of specs/mlp.yaml widened to hidden=1024, batch 512: ebb grad
 # (one step, the first the process runs) and ebb train (its 4th step, traced
-# once the optimizer state and libraries' workspaces exist).
+# once the optimizer state and libraries' workspaces exist), also under the
+# least memory budget and in bfloat16.
 train_peaks() {
   local d=$1 spec=specs/mlp.yaml p=(-p hidden=1024) batch=512 lim rc=0 line
   local sizes="hidden=1024,batch=$batch"
@@ -452,6 +454,20 @@ train_peaks() {
     --batch "$batch" --steps 6 --device "$device" --trace "$d/mlp.train.trace.jsonl" --trace-step 4 \
     --json --log-every 1 || rc=$?
   (( dry_run )) || peak_line "mlp.yaml train, step 4" "$sizes" "$d/mlp.train" "$rc"
+  # the same step planned for the least memory (recomputing in the backward),
+  # and in bfloat16 mixed precision
+  local extra label base
+  for extra in "--memory-budget least" "--precision bf16"; do
+    label="mlp.yaml train $extra, step 4"
+    base=$d/mlp.train.${extra##* }
+    lim=$(limit 60 $((100 + train_reserve))) || { record peak "$label" "$sizes" - - - SKIPPED "out of time"; continue; }
+    rc=0
+    # shellcheck disable=SC2086 # $extra is an option and its value
+    run peaks "$base.log" "$lim" "$ebb" train "$spec" "${p[@]}" --data "$d/mlp.xy4096.safetensors" \
+      --batch "$batch" --steps 6 --device "$device" --trace "$base.trace.jsonl" --trace-step 4 \
+      --json --log-every 1 $extra || rc=$?
+    (( dry_run )) || peak_line "$label" "$sizes" "$base" "$rc"
+  done
   # the same six steps replayed from a CUDA graph: the eager run's losses
   lim=$(limit 60 $((100 + train_reserve))) || { record peak "mlp.yaml train --cuda-graph" "$sizes" - - - SKIPPED "out of time"; return; }
   rc=0
