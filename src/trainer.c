@@ -260,10 +260,12 @@ static ebb_status compile_plan(const fields *f, int64_t batch, const ebb_trainer
                                  .grads_only = o->accumulate > 1,
                                  .loss_scaling = scaling_from(f, o) > 0 && o->accumulate <= 1,
                                  /* data parallel: buckets averaged in the backward (the
-                                  * trainer averages accumulated sums itself) */
-                                 .data_parallel = o->dist && (o->accumulate <= 1 || zero_sharded(o))
-                                                      ? ebb_dist_world_size(o->dist)
-                                                      : 0,
+                                  * trainer averages accumulated sums itself; under
+                                  * ZeRO-1 that plan still names each one's owner) */
+                                 .data_parallel =
+                                     o->dist && (o->accumulate <= 1 || zero_sharded(o))
+                                         ? ebb_dist_world_size(o->dist)
+                                         : 0,
                                  .allreduce_bucket_bytes = o->allreduce_bucket_bytes,
                                  .zero = zero_sharded(o),
                                  .allreduce_overlap = o->allreduce_overlap,
@@ -1172,7 +1174,8 @@ static ebb_status zero_gather(ebb_trainer *t, state *s, ebb_tensor ***made, int 
                     ts[m++] = ebb_optimizer_state_tensor(t->opt, i, slot_name(k));
                 } else {
                     ebb_shape sh = ebb_tensor_shape(p);
-                    st = ebb_tensor_zeros(&ts[m], &sh, ebb_tensor_dtype(p), ebb_dist_device(t->o.dist));
+                    st = ebb_tensor_zeros(&ts[m], &sh, ebb_tensor_dtype(p),
+                                          ebb_dist_device(t->o.dist));
                     keep[(*n_made)++] = ts[m];
                     s->t[i * PER_PARAM + 1 + k] = ts[m++];
                 }
