@@ -226,6 +226,8 @@ ebb_status ebb_tensor_adam_update_hyper_(ebb_tensor *param, const ebb_tensor *gr
     return EBB_OK;
 }
 
+} // extern "C": the helpers below are C++, whose types C linkage cannot carry
+
 // The CPU operands of Scalar arguments that libtorch would wrap in a tensor
 // mid-update (x.mul_(0.9), x.add_(eps)): made up front, as in Adam's update,
 // 0-dim tensors of the parameter's dtype; on a GPU the Scalars are passed as
@@ -263,6 +265,8 @@ void check_state(const char *what, const ebb_tensor *t, const at::Tensor &p, std
     if (bad.empty() && t) bad = mismatch(what, t->t, p);
 }
 } // namespace
+
+extern "C" {
 
 ebb_status ebb_tensor_rmsprop_update_(ebb_tensor *param, const ebb_tensor *grad,
                                       ebb_tensor *square_avg, ebb_tensor *grad_avg,
