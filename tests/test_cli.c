@@ -3297,6 +3297,12 @@ static void test_train_recipes(void **state) {
     expect_code(&r, 2);
     expect_contains("stderr", &r, r.err, "--overlap applies to data-parallel training");
     cli_free(&r);
+    /* NCCL takes a GPU per rank: one named GPU for every rank is refused */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "3", "--nproc", "2", "--device",
+        "cuda:0");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--device cuda:0 would put every rank on one GPU");
+    cli_free(&r);
     /* what the options refuse */
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "2", "--freeze", "fc9.*");
     expect_code(&r, 2);

@@ -1298,6 +1298,15 @@ static int train_open(cli_run *c, int argc, char **argv) {
                                              "environment)"
                                            : "--overlap applies to data-parallel training "
                                              "(--nproc N, or torchrun's environment)");
+    /* NCCL takes one GPU per rank: with --nproc every rank gets these
+     * options, and an index would give them all that one (a torchrun job
+     * may name each process's own) */
+    if (o->device && strncmp(o->device, "cuda:", 5) == 0 && o->nproc > 1 && !getenv("WORLD_SIZE"))
+        return ebb_cli_usage_error(ebb_cli_usage_train,
+                                   "--device %s would put every rank on one GPU, which NCCL "
+                                   "refuses: --device cuda gives each rank its own "
+                                   "(cuda:LOCAL_RANK)",
+                                   o->device);
     if (o->bucket_size && o->nproc <= 1 && !getenv("WORLD_SIZE"))
         return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
                                    "--bucket-size applies to data-parallel training (--nproc N, "
