@@ -31,6 +31,14 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* EBB_TEST_SPECS=WORD: only the specs whose path holds WORD are swept (a
+ * failure looked at alone; the counts the sweeps expect then do not hold).
+ * NULL when every spec is. */
+static const char *spec_filter(void) {
+    const char *only = getenv("EBB_TEST_SPECS");
+    return only && *only ? only : NULL;
+}
+
 static void list_specs(spec_list *l, const char *dir) {
     DIR *d = opendir(dir);
     assert_non_null(d);
@@ -42,10 +50,7 @@ static void list_specs(spec_list *l, const char *dir) {
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (n > 5 && strcmp(e->d_name + n - 5, ".yaml") == 0) {
-            /* EBB_TEST_SPECS=WORD: only the specs whose path holds WORD (a
-             * failure looked at alone; the counts then change) */
-            const char *only = getenv("EBB_TEST_SPECS");
-            if (only && *only && !strstr(path, only))
+            if (spec_filter() && !strstr(path, spec_filter()))
                 continue;
             if (l->n == l->cap) {
                 l->cap = l->cap ? 2 * l->cap : 32;
@@ -61,10 +66,7 @@ static void list_specs(spec_list *l, const char *dir) {
 }
 
 /* Whether every spec is swept: the counts the sweeps expect hold only then. */
-static int whole_sweep(void) {
-    const char *only = getenv("EBB_TEST_SPECS");
-    return !only || !*only;
-}
+static int whole_sweep(void) { return spec_filter() == NULL; }
 
 static void free_specs(spec_list *l) {
     for (int i = 0; i < l->n; i++)

@@ -681,13 +681,21 @@ static int parse(int argc, char **argv, int train, topts *o) {
 
 /* ---- the spec and the trainer's options ------------------------------------ */
 
-static int load_spec(const topts *o, ebb_device *dev, ebb_spec **spec) {
+/* --device's device, else cuda where there is one; 0 or an exit code. */
+static int parse_device(const topts *o, ebb_device *dev) {
     *dev = ebb_device_default();
     ebb_status st;
     if (o->device && (st = ebb_device_parse(dev, o->device)) != EBB_OK) {
         fprintf(stderr, "ebb: %s\n", ebb_errmsg());
         return st == EBB_ERR_UNSUPPORTED ? EXIT_RUNTIME : EXIT_USAGE;
     }
+    return 0;
+}
+
+static int load_spec(const topts *o, ebb_device *dev, ebb_spec **spec) {
+    int rc = parse_device(o, dev);
+    if (rc) return rc;
+    ebb_status st;
     ebb_spec_options so = {.params = o->params, .n_params = o->n_params};
     if ((st = ebb_spec_load_ex(spec, o->spec, &so)) != EBB_OK) return ebb_cli_fail_status(st);
     return 0;
@@ -1264,15 +1272,12 @@ static int launch_ranks(int n, int argc, char **argv) {
  * 0's checkpoints and weights alone). */
 static int join_ranks(cli_run *c) {
     ebb_dist_options d = {0};
-    /* the device: --device's, else cuda where there is one; a GPU without
-     * an index is the rank's own, cuda:LOCAL_RANK, and the group NCCL's */
-    ebb_device dev = ebb_device_default();
-    ebb_status st = c->o.device ? ebb_device_parse(&dev, c->o.device) : EBB_OK;
-    if (st != EBB_OK) {
-        fprintf(stderr, "ebb: %s\n", ebb_errmsg());
-        return st == EBB_ERR_UNSUPPORTED ? EXIT_RUNTIME : EXIT_USAGE;
-    }
-    st = ebb_dist_options_from_env(&d);
+    /* a GPU without an index is the rank's own, cuda:LOCAL_RANK, and the
+     * group NCCL's */
+    ebb_device dev;
+    int rc = parse_device(&c->o, &dev);
+    if (rc) return rc;
+    ebb_status st = ebb_dist_options_from_env(&d);
     const char *local = getenv("LOCAL_RANK");
     if (st == EBB_OK && dev.type == EBB_DEVICE_CUDA && !(c->o.device && strchr(c->o.device, ':')))
         dev.index = local && *local ? atoi(local) : d.rank;
