@@ -1256,24 +1256,58 @@ static int bucket_step(ad *a, const char *op, int **in) {
     return ebb_compiler_step_index(c, s);
 }
 
-/* data parallel: one step averaging the open bucket's gradients over the
- * ranks; its scratch is the buffer that lays them end to end (one
- * collective per dtype; a lone gradient of its dtype needs none). */
-static int emit_allreduce(ad *a) {
-    compiler *c = a->c;
-    ebb_plan *p = c->plan;
-    int n = a->n_bucket, *in = NULL;
-    if (n == 0)
-        return 0;
-    int si = bucket_step(a, "allreduce", &in);
-    if (si < 0 || ebb_compiler_step_set_slots(c, &p->steps[si], in, n, NULL, 0) != 0) {
-        free(in);
-        return -1;
+/* ZeRO-1: whether a bucket's step is a reduce-scatter, which leaves each
+ * rank the means of its own gradients only. Not where a step after the
+ * backward reads every gradient's mean (the global norm, the overflow
+ * check): those keep the all-reduce. */
+static int scatters(const ad *a) {
+    return a->c->plan->owner && !a->t->loss_scaling && !(a->t->clip_grad_norm > 0);
+}
+
+/* ZeRO-1's reduce-scatter of the bucket whose gradients are in[0..n) and
+ * whose owners are owners[0..n): its scratch as
+ * ebb_dist_reduce_scatter_mean_() allocates it, per dtype, one after
+ * another: the buffer the others' gradients leave in (when more than one),
+ * the one this rank's come back in from the world - 1 others, and the
+ * divisor's wrapping when this rank owns any. */
+static void scatter_scratch(ebb_plan *p, plan_step *s, const int *in, const int *owners, int n) {
+    int64_t cpu = 0, cuda = 0;
+    for (int k = 0; k < n; k++) {
+        ebb_dtype dt = p->values[in[k]].dtype;
+        int first = 1, n_send = 0, n_own = 0;
+        int64_t send = 0, own = 0;
+        for (int j = 0; j < n; j++) {
+            if (p->values[in[j]].dtype != dt)
+                continue;
+            first &= j >= k;
+            if (owners[j] == p->rank) {
+                n_own++;
+                own += p->values[in[j]].nbytes;
+            } else {
+                n_send++;
+                send += p->values[in[j]].nbytes;
+            }
+        }
+        if (!first)
+            continue;
+        int64_t recv = own * (p->data_parallel - 1);
+        int64_t wrap = n_own ? 8 + (dt == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dt)) : 0;
+        int64_t here = (n_send > 1 ? send : 0) + recv + wrap;
+        int64_t here_cuda =
+            (n_send > 1 ? ebb_cuda_block(send) : 0) + (recv ? ebb_cuda_block(recv) : 0);
+        cpu = here > cpu ? here : cpu;
+        cuda = here_cuda > cuda ? here_cuda : cuda;
     }
-    plan_step *s = &p->steps[si];
-    /* per dtype, one after another: the buffer (when more than one gradient
-     * shares it), and libtorch's wrapping of the divisor, a Scalar: 8 bytes,
-     * and a copy in the dtype unless that is float64 */
+    s->workspace = cpu;
+    s->workspace_cuda = cuda;
+    s->has_workspace_cuda = 1;
+}
+
+/* An all-reduce of the gradients in[0..n): its scratch, per dtype, one
+ * after another: the buffer (when more than one gradient shares it), and
+ * libtorch's wrapping of the divisor, a Scalar: 8 bytes, and a copy in the
+ * dtype unless that is float64. */
+static void allreduce_scratch(ebb_plan *p, plan_step *s, const int *in, int n) {
     int64_t cpu = 0, cuda = 0;
     for (int k = 0; k < n; k++) {
         ebb_dtype dt = p->values[in[k]].dtype;
@@ -1294,10 +1328,40 @@ static int emit_allreduce(ad *a) {
         cpu = here > cpu ? here : cpu;
         cuda = here_cuda > cuda ? here_cuda : cuda;
     }
-    free(in);
     s->workspace = cpu;
     s->workspace_cuda = cuda;
     s->has_workspace_cuda = 1;
+}
+
+/* data parallel: one step averaging the open bucket's gradients over the
+ * ranks, laid end to end in a buffer (one collective per dtype; a lone
+ * gradient of its dtype needs none). Under ZeRO-1 a reduce-scatter, unless
+ * scatters() says otherwise. */
+static int emit_allreduce(ad *a) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    int n = a->n_bucket, *in = NULL, scatter = scatters(a);
+    if (n == 0)
+        return 0;
+    int *owners = scatter ? malloc((size_t)n * sizeof *owners) : NULL;
+    if (scatter && !owners)
+        return ebb_compiler_oom(c);
+    for (int k = 0; scatter && k < n; k++)
+        owners[k] = p->owner[a->bucket[k]];
+    int si = bucket_step(a, scatter ? "reduce_scatter" : "allreduce", &in);
+    if (si < 0 || ebb_compiler_step_set_slots(c, &p->steps[si], in, n, NULL, 0) != 0) {
+        free(in);
+        free(owners);
+        return -1;
+    }
+    plan_step *s = &p->steps[si];
+    if (scatter) {
+        s->owners = owners;
+        scatter_scratch(p, s, in, owners, n);
+    } else {
+        allreduce_scratch(p, s, in, n);
+    }
+    free(in);
     p->n_buckets++;
     a->n_bucket = 0;
     a->bucket_bytes = 0;

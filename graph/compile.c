@@ -163,6 +163,7 @@ void ebb_plan_free(ebb_plan *p) {
         free((int *)s->pub.frees);
         free((int *)s->pub.jump_frees);
         free(s->op_owned);
+        free(s->owners);
     }
     free(p->steps);
     free(p->values);

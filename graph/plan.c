@@ -253,7 +253,7 @@ static void print_clip(const ebb_plan *p, FILE *f) {
     }
     if (p->data_parallel > 1) {
         int64_t most = 0;
-        int overlap = 0;
+        int overlap = 0, scatter = 0;
         for (int i = 0; i < p->n_steps; i++) {
             const plan_step *s = &p->steps[i];
             if (s->pub.kind != EBB_STEP_ALLREDUCE)
@@ -263,12 +263,20 @@ static void print_clip(const ebb_plan *p, FILE *f) {
                                    : s->workspace;
             most = b > most ? b : most;
             overlap |= s->overlap;
+            scatter += s->owners != NULL;
         }
-        char mb[32];
+        char mb[32], how[96];
         ebb_bytes_str(most, mb, sizeof mb);
-        fprintf(f, "data parallel over %d ranks: %d all-reduce step%s average the gradients, "
-                   "%s; the largest bucket's buffer %s\n",
-                p->data_parallel, p->n_buckets, p->n_buckets == 1 ? "" : "s",
+        if (scatter == p->n_buckets)
+            snprintf(how, sizeof how, "reduce-scatter: this rank gets the means of its own");
+        else if (scatter)
+            snprintf(how, sizeof how, "%d all-reduced, %d reduce-scattered",
+                     p->n_buckets - scatter, scatter);
+        else
+            snprintf(how, sizeof how, "all-reduce");
+        fprintf(f, "data parallel over %d ranks: %d bucket step%s average the gradients (%s), "
+                   "%s; the largest bucket's buffers %s\n",
+                p->data_parallel, p->n_buckets, p->n_buckets == 1 ? "" : "s", how,
                 overlap ? "each travelling while the backward goes on until the next bucket "
                           "is full, then waited for and its updates made"
                         : "each bucket's updates right after it",

@@ -459,10 +459,13 @@ static ebb_status unscale(run_ctx *r, const plan_step *s, int *jump) {
     return ebb_optimizer_unscale_(r->opt, r->args, s->pub.n_in, jump);
 }
 
-/* data parallel: a bucket of gradients, each its mean over the ranks */
+/* data parallel: a bucket of gradients, each its mean over the ranks (with
+ * ZeRO-1's reduce-scatter, the gradients this rank owns) */
 static ebb_status allreduce(run_ctx *r, const plan_step *s) {
     for (int i = 0; i < s->pub.n_in; i++)
         r->args[i] = r->slots[s->pub.in[i]];
+    if (s->owners)
+        return ebb_dist_reduce_scatter_mean_(r->dist, r->args, s->owners, s->pub.n_in);
     if (!s->overlap)
         return ebb_dist_allreduce_mean_(r->dist, r->args, s->pub.n_in);
     /* started: the buffer is the step's output, the work finished by the

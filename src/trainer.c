@@ -1767,8 +1767,9 @@ static ebb_status dist_mean_loss(ebb_trainer *t, double *loss) {
 }
 
 /* accumulate with ranks: the step's summed gradients averaged over the
- * ranks, as the unaccumulated plan's all-reduce steps average them, in one
- * collective per dtype. The ranks first agree on which parameters any of
+ * ranks, as the unaccumulated plan's bucket steps average them, in one
+ * collective per dtype (under ZeRO-1 a reduce-scatter where the plan's
+ * would be one). The ranks first agree on which parameters any of
  * their micro-batches reached: one no rank reached keeps no gradient (as
  * torch skips a None .grad); one only others reached adds zeros here. */
 static ebb_status dist_mean_grads(ebb_trainer *t) {
@@ -1795,7 +1796,19 @@ static ebb_status dist_mean_grads(ebb_trainer *t) {
     free(any);
     for (int i = 0; i < np; i++)
         t->grads[i] = t->got[i] ? t->acc[i] : NULL;
-    if (st == EBB_OK) st = ebb_dist_allreduce_mean_(t->o.dist, t->grads, np);
+    /* ZeRO-1: each rank needs the means of its own only, unless unscaling
+     * or clipping by the norm reads them all */
+    int *owner = NULL;
+    if (st == EBB_OK && zero_sharded(&t->o) && !(t->scale_from > 0) &&
+        !(t->o.clip_grad_norm > 0)) {
+        owner = malloc(((size_t)np + 1) * sizeof *owner);
+        if (!owner) st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+        for (int i = 0; owner && i < np; i++) owner[i] = ebb_plan_param_owner(t->plan, i);
+    }
+    if (st == EBB_OK)
+        st = owner ? ebb_dist_reduce_scatter_mean_(t->o.dist, t->grads, owner, np)
+                   : ebb_dist_allreduce_mean_(t->o.dist, t->grads, np);
+    free(owner);
     for (int i = 0; i < np; i++) t->grads[i] = NULL; /* borrowed */
     return st;
 }
@@ -1860,8 +1873,9 @@ static ebb_status accumulate_step(ebb_trainer *t, int64_t first, int64_t n, int6
             t->grads[i] = NULL;
             st = ebb_tensor_clip_grad_value(&t->grads[i], t->acc[i], o->clip_grad_value);
         }
-    /* ZeRO-1: the ranks computed the same averaged gradients, clipped
-     * alike; each updates its share, then sends it to the others */
+    /* ZeRO-1: each rank has the averaged gradients of its share (the
+     * ranks' all-reduced ones clipped alike); it updates its share, then
+     * sends it to the others */
     for (int i = 0; zero_sharded(o) && i < np; i++)
         if (!zero_mine(t, i) && t->grads[i]) {
             if (t->grads[i] != t->acc[i]) ebb_tensor_free(t->grads[i]);

@@ -78,6 +78,41 @@ static int all_equal(const ebb_tensor *t, double v) {
     return ok;
 }
 
+/* ZeRO's reduce-scatter: tensors of two dtypes with owners spread so that
+ * rank 0 owns two of one dtype, rank 1 all of the other, the last rank one,
+ * and with 4 ranks rank 2 none (it only sends); a NULL entry skipped. Each
+ * owner's tensor becomes the mean of every rank's (10 (i + 1) + rank), the
+ * others keep their own values; an owner that is not a rank is refused
+ * before anything travels. */
+static int child_reduce_scatter(ebb_dist *d, int rank, int world) {
+    enum { N = 6 };
+    const int64_t size[N] = {3, 1, 0, 4, 2, 5};
+    const int owner[N] = {0, world - 1, 0, 0, 1, 1};
+    ebb_tensor *ts[N] = {0};
+    int rc = 0;
+    for (int i = 0; i < N; i++)
+        if (size[i] && !(ts[i] = filled(size[i], 10.0 * (i + 1) + rank,
+                                        i < 4 ? EBB_FLOAT32 : EBB_FLOAT64)))
+            rc = fprintf(stderr, "[rank %d] filled: %s\n", rank, ebb_errmsg());
+    if (!rc && ebb_dist_reduce_scatter_mean_(d, ts, owner, N) != EBB_OK)
+        rc = fprintf(stderr, "[rank %d] reduce_scatter: %s\n", rank, ebb_errmsg());
+    for (int i = 0; !rc && i < N; i++) {
+        double want = 10.0 * (i + 1) + (owner[i] == rank ? (world - 1) / 2.0 : rank);
+        if (ts[i] && !all_equal(ts[i], want))
+            rc = fprintf(stderr, "[rank %d] reduce_scatter: tensor %d (owner %d) is not %g\n",
+                         rank, i, owner[i], want);
+    }
+    int bad[N] = {0, world, 0, 0, 0, 0};
+    char who[32];
+    snprintf(who, sizeof who, "owner is rank %d", world);
+    if (!rc && (ebb_dist_reduce_scatter_mean_(d, ts, bad, N) != EBB_ERR_ARG ||
+                !strstr(ebb_errmsg(), who)))
+        rc = fprintf(stderr, "[rank %d] an owner past the ranks: %s\n", rank, ebb_errmsg());
+    for (int i = 0; i < N; i++)
+        ebb_tensor_free(ts[i]);
+    return rc;
+}
+
 /* Every collective, checked: broadcast from the last rank, the mean of
  * rank-dependent values, skipped NULL entries, a refused integer tensor,
  * a barrier. */
@@ -96,6 +131,8 @@ static int child_collectives(ebb_dist *d, int rank, int world) {
         rc = fprintf(stderr, "[rank %d] allreduce: %s\n", rank, ebb_errmsg());
     if (!rc && ebb_dist_allreduce_mean_(d, &ints, 1) != EBB_ERR_ARG)
         rc = fprintf(stderr, "[rank %d] an int64 tensor was averaged\n", rank);
+    if (!rc)
+        rc = child_reduce_scatter(d, rank, world);
     if (!rc && ebb_dist_barrier(d) != EBB_OK)
         rc = fprintf(stderr, "[rank %d] barrier: %s\n", rank, ebb_errmsg());
     ebb_tensor_free(a);

@@ -980,6 +980,19 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
                 (long long)ebb_plan_optimizer_state_bytes(plan));
         st = EBB_ERR_RUNTIME;
     }
+    /* ZeRO-1 reduce-scatters its buckets, so each rank computed only its
+     * own gradients' means */
+    int n_buckets = 0, n_scatter = 0;
+    for (int i = 0; plan && i < ebb_plan_step_count(plan); i++) {
+        const ebb_plan_step *s = ebb_plan_step_at(plan, i);
+        n_buckets += s->kind == EBB_STEP_ALLREDUCE;
+        n_scatter += s->kind == EBB_STEP_ALLREDUCE && !strcmp(s->op, "reduce_scatter");
+    }
+    if (plan && o.zero && o.accumulate <= 1 && (n_buckets < 1 || n_scatter != n_buckets)) {
+        fprintf(stderr, "[rank %d] %d of %d buckets reduce-scattered\n", rank, n_scatter,
+                n_buckets);
+        st = EBB_ERR_RUNTIME;
+    }
     if (st != EBB_OK) fprintf(stderr, "[rank %d] %s\n", rank, ebb_errmsg());
     ebb_trainer_free(t);
     ebb_spec_free(spec);

@@ -137,8 +137,14 @@ typedef struct ebb_train_options {
      * parameter has one owner (largest first, each to the rank that owns
      * the fewest bytes so far: ebb_plan_param_owner()), and only the owner
      * updates it and holds its state, so a rank's update steps and state
-     * are about 1/data_parallel of them. The gradients are averaged as
-     * without it; after the updates one EBB_STEP_BROADCAST per rank sends
+     * are about 1/data_parallel of them. Each bucket is reduce-scattered
+     * (an EBB_STEP_ALLREDUCE step whose op is "reduce_scatter",
+     * ebb_dist_reduce_scatter_mean_()): a rank gets the means of the
+     * gradients it owns, and the others' gradients die there, with half the
+     * all-reduce's traffic. With loss_scaling or clip_grad_norm, whose
+     * steps read every gradient's mean, the buckets are all-reduced as
+     * without ZeRO, and so are those allreduce_overlap starts during the
+     * backward. After the updates one EBB_STEP_BROADCAST per rank sends
      * its parameters to the others, laid end to end in a buffer the size of
      * its share. `rank` is the rank this plan is for: each compiles its own,
      * and ebb_train_step() checks it against ebb_run_options.dist. With
@@ -251,7 +257,8 @@ typedef enum ebb_step_kind {
     EBB_STEP_UNSCALE,   /* (every gradient): divided by the loss scale in place; jumps past
                            the updates when one is not finite (ebb_train_options.loss_scaling) */
     EBB_STEP_ALLREDUCE, /* (a bucket of gradients): each becomes its mean over the ranks, in
-                           place (ebb_train_options.data_parallel) */
+                           place (ebb_train_options.data_parallel); op "reduce_scatter"
+                           (ZeRO-1): only those of the parameters this rank owns */
     EBB_STEP_BROADCAST, /* ZeRO-1: the parameters one rank owns (`param` is the rank) become
                            that rank's, on every rank (ebb_train_options.zero) */
     EBB_STEP_ALLREDUCE_WAIT, /* ([buffer,] a bucket of gradients): waits for the all-reduce

@@ -360,6 +360,100 @@ ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n) {
 }
 
 #ifdef USE_C10D_GLOO
+namespace {
+
+// One dtype's share of ebb_dist_reduce_scatter_mean_(): `list` and `owner`
+// hold its tensors (flat) and their owning ranks. An all-to-all sends each
+// other rank the tensors it owns, laid end to end in rank order (a lone
+// tensor as it is), and receives this rank's own from each of the others;
+// this rank's tensors then add the others' in rank order and divide.
+void reduce_scatter_one_dtype(ebb_dist *d, const std::vector<at::Tensor> &list,
+                              const std::vector<int> &owner) {
+    const int me = d->rank, world = d->world;
+    std::vector<at::Tensor> send_parts, mine;
+    std::vector<int64_t> send_counts(world, 0), recv_counts(world, 0);
+    for (int r = 0; r < world; r++)
+        for (size_t i = 0; i < list.size(); i++) {
+            if (owner[i] != r) continue;
+            if (r == me) {
+                mine.push_back(list[i]);
+            } else {
+                send_parts.push_back(list[i]);
+                send_counts[r] += list[i].numel();
+            }
+        }
+    int64_t own = 0;
+    for (auto &t : mine) own += t.numel();
+    for (int r = 0; r < world; r++) recv_counts[r] = r == me ? 0 : own;
+    auto opts = list[0].options();
+    at::Tensor send = send_parts.empty()       ? at::empty({0}, opts)
+                      : send_parts.size() == 1 ? send_parts[0]
+                                               : at::cat(send_parts);
+    at::Tensor recv = at::empty({own * (world - 1)}, opts);
+    finish(d->pg->alltoall_base(recv, send, recv_counts, send_counts), d);
+    // rank r's contribution to this rank's tensors starts at chunk(r)
+    auto chunk = [&](int r, int64_t at, int64_t n) {
+        return recv.narrow(0, (r < me ? r : r - 1) * own + at, n);
+    };
+    int64_t at = 0;
+    for (auto &t : mine) {
+        int64_t n = t.numel();
+        if (me > 0) { // ranks 0 .. me-1 summed first, in rank 0's chunk
+            at::Tensor below = chunk(0, at, n);
+            for (int r = 1; r < me; r++) below.add_(chunk(r, at, n));
+            t.add_(below);
+        }
+        for (int r = me + 1; r < world; r++) t.add_(chunk(r, at, n));
+        t.div_(world);
+        at += n;
+    }
+}
+
+} // namespace
+#endif
+
+ebb_status ebb_dist_reduce_scatter_mean_(ebb_dist *d, ebb_tensor *const *ts, const int *owner,
+                                         int n) {
+    const char *fn = "ebb_dist_reduce_scatter_mean_";
+    EBB_NEED(fn, d);
+    if (n > 0 && !owner)
+        return ebb_error_set(EBB_ERR_ARG, "%s: %d tensors and no owners", fn, n);
+    std::vector<at::Tensor> list;
+    ebb_status st = gather(fn, d, ts, n, true, list);
+    if (st != EBB_OK) return st;
+    std::vector<int> owners;
+    for (int i = 0; i < n; i++) {
+        if (!ts[i]) continue;
+        if (owner[i] < 0 || owner[i] >= d->world)
+            return ebb_error_set(EBB_ERR_ARG, "%s (%s): tensor %d's owner is rank %d, not one "
+                                 "of the group's %d", fn, d->where.c_str(), i, owner[i], d->world);
+        owners.push_back(owner[i]);
+    }
+    if (list.empty() || alone(d)) return EBB_OK;
+#ifdef USE_C10D_GLOO
+    try {
+        c10::InferenceMode guard;
+        std::vector<bool> done(list.size(), false);
+        for (size_t i = 0; i < list.size(); i++) {
+            if (done[i]) continue;
+            std::vector<at::Tensor> same;
+            std::vector<int> same_owner;
+            for (size_t j = i; j < list.size(); j++)
+                if (!done[j] && list[j].scalar_type() == list[i].scalar_type()) {
+                    same.push_back(list[j].view({-1}));
+                    same_owner.push_back(owners[j]);
+                    done[j] = true;
+                }
+            reduce_scatter_one_dtype(d, same, same_owner);
+        }
+    } catch (...) {
+        return dist_failure(fn, d);
+    }
+#endif
+    return EBB_OK;
+}
+
+#ifdef USE_C10D_GLOO
 using gloo_work = decltype(std::declval<backend_t &>().allreduce(
     std::declval<std::vector<at::Tensor> &>()));
 #endif
