@@ -1267,15 +1267,16 @@ static int scatters(const ad *a) {
 /* ZeRO-1's reduce-scatter of the bucket whose gradients are in[0..n) and
  * whose owners are owners[0..n): its scratch as
  * ebb_dist_reduce_scatter_mean_() allocates it, per dtype, one after
- * another: the buffer the others' gradients leave in (when more than one),
- * the one this rank's come back in from the world - 1 others, and the
- * divisor's wrapping when this rank owns any. */
+ * another: the buffer this rank's own gradients arrive in, for all the
+ * rounds, and beside it the larger of a round's outgoing buffer (the
+ * gradients rank + k owns, when more than one) and the divisor's wrapping
+ * (when this rank owns any). */
 static void scatter_scratch(ebb_plan *p, plan_step *s, const int *in, const int *owners, int n) {
     int64_t cpu = 0, cuda = 0;
     for (int k = 0; k < n; k++) {
         ebb_dtype dt = p->values[in[k]].dtype;
-        int first = 1, n_send = 0, n_own = 0;
-        int64_t send = 0, own = 0;
+        int first = 1, n_own = 0;
+        int64_t own = 0;
         for (int j = 0; j < n; j++) {
             if (p->values[in[j]].dtype != dt)
                 continue;
@@ -1283,18 +1284,26 @@ static void scatter_scratch(ebb_plan *p, plan_step *s, const int *in, const int 
             if (owners[j] == p->rank) {
                 n_own++;
                 own += p->values[in[j]].nbytes;
-            } else {
-                n_send++;
-                send += p->values[in[j]].nbytes;
             }
         }
         if (!first)
             continue;
-        int64_t recv = own * (p->data_parallel - 1);
-        int64_t wrap = n_own ? 8 + (dt == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dt)) : 0;
-        int64_t here = (n_send > 1 ? send : 0) + recv + wrap;
-        int64_t here_cuda =
-            (n_send > 1 ? ebb_cuda_block(send) : 0) + (recv ? ebb_cuda_block(recv) : 0);
+        int64_t out = n_own ? 8 + (dt == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dt)) : 0;
+        int64_t out_cuda = 0;
+        for (int round = 1; round < p->data_parallel; round++) {
+            int to = (p->rank + round) % p->data_parallel, count = 0;
+            int64_t bytes = 0;
+            for (int j = 0; j < n; j++)
+                if (p->values[in[j]].dtype == dt && owners[j] == to) {
+                    count++;
+                    bytes += p->values[in[j]].nbytes;
+                }
+            if (count > 1) {
+                out = bytes > out ? bytes : out;
+                out_cuda = ebb_cuda_block(bytes) > out_cuda ? ebb_cuda_block(bytes) : out_cuda;
+            }
+        }
+        int64_t here = own + out, here_cuda = (own ? ebb_cuda_block(own) : 0) + out_cuda;
         cpu = here > cpu ? here : cpu;
         cuda = here_cuda > cuda ? here_cuda : cuda;
     }

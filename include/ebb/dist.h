@@ -91,13 +91,13 @@ EBB_API ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, 
 /* ZeRO's reduce-scatter: each ts[i] has an owner, rank owner[i] (every rank
  * passes the same tensors' sizes and owners), and only the owner's ts[i]
  * becomes the mean over the ranks, in place; the other ranks' ts[i] are
- * left as they were. One all-to-all per dtype sends each rank the tensors
- * it owns, laid end to end (a lone tensor as it is), and receives this
- * rank's own from each of the others into a buffer of (world - 1) times
- * their size; the owner adds them in rank order and divides. Each rank
- * sends (world - 1) / world of the bytes on average, where an all-reduce
- * sends twice that. Takes what ebb_dist_allreduce_mean_() takes and fails
- * as it does; EBB_ERR_ARG names a tensor whose owner is not a rank. */
+ * left as they were. Per dtype, world - 1 rounds: in round k each rank
+ * sends rank + k the tensors that rank owns, laid end to end (a lone tensor
+ * as it is), and receives its own from rank - k into a buffer the size of
+ * them, adding them in; then it divides. Each rank sends (world - 1) /
+ * world of the bytes on average, where an all-reduce sends twice that.
+ * Takes what ebb_dist_allreduce_mean_() takes and fails as it does;
+ * EBB_ERR_ARG names a tensor whose owner is not a rank. */
 EBB_API ebb_status ebb_dist_reduce_scatter_mean_(ebb_dist *d, ebb_tensor *const *ts,
                                                  const int *owner, int n);
 /* An all-reduce under way (ebb_dist_allreduce_mean_start). */

@@ -363,50 +363,42 @@ ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n) {
 namespace {
 
 // One dtype's share of ebb_dist_reduce_scatter_mean_(): `list` and `owner`
-// hold its tensors (flat) and their owning ranks. An all-to-all sends each
-// other rank the tensors it owns, laid end to end in rank order (a lone
-// tensor as it is), and receives this rank's own from each of the others;
-// this rank's tensors then add the others' in rank order and divide.
+// hold its tensors (flat) and their owning ranks. World - 1 rounds of
+// pairwise exchange: in round k this rank sends rank me + k the tensors it
+// owns, laid end to end (a lone tensor as it is), receives its own from
+// rank me - k into one buffer the size of them, and adds them in. Each
+// round is an all-to-all with one peer each way, which Gloo and NCCL both
+// pair up. The buffer holds one rank's share at a time, where a single
+// all-to-all would hold world - 1 of them.
 void reduce_scatter_one_dtype(ebb_dist *d, const std::vector<at::Tensor> &list,
                               const std::vector<int> &owner) {
     const int me = d->rank, world = d->world;
-    std::vector<at::Tensor> send_parts, mine;
-    std::vector<int64_t> send_counts(world, 0), recv_counts(world, 0);
-    for (int r = 0; r < world; r++)
-        for (size_t i = 0; i < list.size(); i++) {
-            if (owner[i] != r) continue;
-            if (r == me) {
-                mine.push_back(list[i]);
-            } else {
-                send_parts.push_back(list[i]);
-                send_counts[r] += list[i].numel();
-            }
-        }
+    std::vector<at::Tensor> mine;
+    for (size_t i = 0; i < list.size(); i++)
+        if (owner[i] == me) mine.push_back(list[i]);
     int64_t own = 0;
     for (auto &t : mine) own += t.numel();
-    for (int r = 0; r < world; r++) recv_counts[r] = r == me ? 0 : own;
     auto opts = list[0].options();
-    at::Tensor send = send_parts.empty()       ? at::empty({0}, opts)
-                      : send_parts.size() == 1 ? send_parts[0]
-                                               : at::cat(send_parts);
-    at::Tensor recv = at::empty({own * (world - 1)}, opts);
-    finish(d->pg->alltoall_base(recv, send, recv_counts, send_counts), d);
-    // rank r's contribution to this rank's tensors starts at chunk(r)
-    auto chunk = [&](int r, int64_t at, int64_t n) {
-        return recv.narrow(0, (r < me ? r : r - 1) * own + at, n);
-    };
-    int64_t at = 0;
-    for (auto &t : mine) {
-        int64_t n = t.numel();
-        if (me > 0) { // ranks 0 .. me-1 summed first, in rank 0's chunk
-            at::Tensor below = chunk(0, at, n);
-            for (int r = 1; r < me; r++) below.add_(chunk(r, at, n));
-            t.add_(below);
+    at::Tensor recv = at::empty({own}, opts);
+    for (int k = 1; k < world; k++) {
+        const int to = (me + k) % world, from = (me - k + world) % world;
+        std::vector<at::Tensor> parts;
+        for (size_t i = 0; i < list.size(); i++)
+            if (owner[i] == to) parts.push_back(list[i]);
+        at::Tensor send = parts.empty()       ? at::empty({0}, opts)
+                          : parts.size() == 1 ? parts[0]
+                                              : at::cat(parts);
+        std::vector<int64_t> send_counts(world, 0), recv_counts(world, 0);
+        send_counts[to] = send.numel();
+        recv_counts[from] = own;
+        finish(d->pg->alltoall_base(recv, send, recv_counts, send_counts), d);
+        int64_t at = 0;
+        for (auto &t : mine) {
+            t.add_(recv.narrow(0, at, t.numel()));
+            at += t.numel();
         }
-        for (int r = me + 1; r < world; r++) t.add_(chunk(r, at, n));
-        t.div_(world);
-        at += n;
     }
+    for (auto &t : mine) t.div_(world);
 }
 
 } // namespace
