@@ -1256,13 +1256,10 @@ static int bucket_step(ad *a, const char *op, int **in) {
     return ebb_compiler_step_index(c, s);
 }
 
-/* ZeRO-1: whether a bucket's step is a reduce-scatter, which leaves each
- * rank the means of its own gradients only. Not where a step after the
- * backward reads every gradient's mean (the global norm, the overflow
- * check): those keep the all-reduce. */
-static int scatters(const ad *a) {
-    return a->c->plan->owner && !a->t->loss_scaling && !(a->t->clip_grad_norm > 0);
-}
+/* ZeRO-1: a bucket's step is a reduce-scatter, which leaves each rank the
+ * means of its own gradients only (the unscale and clip steps after the
+ * backward read those, and agree with the other ranks by a collective). */
+static int scatters(const ad *a) { return a->c->plan->owner != NULL; }
 
 /* ZeRO-1's reduce-scatter of the bucket whose gradients are in[0..n) and
  * whose owners are owners[0..n): its scratch as
@@ -1627,23 +1624,28 @@ static int updates_after_step(ad *a, int fi) {
 }
 
 /* A step after the backward that reads every trained parameter's gradient
- * (in place): its index, or -1 when no gradient exists (nothing to emit),
+ * (in place; ZeRO-1: those of the parameters this rank owns, and the step
+ * is there even when it owns none, since it meets the other ranks in a
+ * collective): its index, or -1 when no gradient exists (nothing to emit),
  * -2 on error. */
 static int gradients_step(ad *a, ebb_step_kind kind, const char *op) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
-    int *in = malloc(((size_t)p->n_params + 1) * sizeof *in), n = 0;
+    int *in = malloc(((size_t)p->n_params + 1) * sizeof *in), n = 0, any = 0;
     if (!in) {
         ebb_compiler_oom(c);
         return -2;
     }
     for (int i = 0; i < p->n_params; i++)
-        if (p->trained[i] && a->pgrad[i] >= 0)
-            in[n++] = a->pgrad[i];
-    plan_step *s = n ? ebb_compiler_step_new(c, kind, op, "gradients") : NULL;
-    int at = n == 0 ? -1 : s && ebb_compiler_step_set_slots(c, s, in, n, NULL, 0) == 0
-                               ? ebb_compiler_step_index(c, s)
-                               : -2;
+        if (p->trained[i] && a->pgrad[i] >= 0) {
+            any = 1;
+            if (!p->owner || p->owner[i] == p->rank)
+                in[n++] = a->pgrad[i];
+        }
+    plan_step *s = any ? ebb_compiler_step_new(c, kind, op, "gradients") : NULL;
+    int at = !any ? -1 : s && ebb_compiler_step_set_slots(c, s, in, n, NULL, 0) == 0
+                             ? ebb_compiler_step_index(c, s)
+                             : -2;
     if (at >= 0)
         p->steps[at].pub.phase = EBB_PHASE_UPDATE;
     free(in);
@@ -1653,30 +1655,48 @@ static int gradients_step(ad *a, ebb_step_kind kind, const char *op) {
 /* clip_grad_norm: one step after the backward reads every gradient and
  * scales them in place. Its scratch, as ebb_tensor_clip_grad_norm_()
  * allocates it: a norm per gradient, their stack, the total, then the
- * factor (one element each in the gradients' dtype). */
+ * factor (one element each in the gradients' dtype). ZeRO-1 adds, after
+ * those are freed, the float64 element of the squared norms' sum over the
+ * ranks (ebb_dist_clip_grad_norm_), the only scratch of a rank that owns no
+ * gradient. */
 static int emit_clip(ad *a) {
     int at = gradients_step(a, EBB_STEP_CLIP, "clip_grad_norm");
     if (at < 0)
         return at == -1 ? 0 : -1;
-    plan_step *s = &a->c->plan->steps[at];
-    int64_t n = s->pub.n_in, e = (int64_t)ebb_dtype_size(a->c->plan->values[s->pub.in[0]].dtype);
-    s->workspace = 2 * n * e + e;
-    s->workspace_cuda = n * ebb_cuda_block(e) + ebb_cuda_block(n * e) + ebb_cuda_block(e);
+    const ebb_plan *p = a->c->plan;
+    plan_step *s = &p->steps[at];
+    int64_t n = s->pub.n_in, e = n ? (int64_t)ebb_dtype_size(p->values[s->pub.in[0]].dtype) : 0;
+    s->workspace = n ? 2 * n * e + e : 0;
+    s->workspace_cuda = n ? n * ebb_cuda_block(e) + ebb_cuda_block(n * e) + ebb_cuda_block(e) : 0;
+    if (p->owner) {
+        s->workspace = s->workspace > 8 ? s->workspace : 8;
+        s->workspace_cuda = s->workspace_cuda > ebb_cuda_block(8) ? s->workspace_cuda
+                                                                  : ebb_cuda_block(8);
+    }
     s->has_workspace_cuda = 1;
     return 0;
 }
 
 /* loss_scaling: one step after the backward divides every gradient by the
  * scale and jumps past the updates when one is not finite (its target is
- * set once they are emitted). Its scratch is ebb_tensor_unscale_()'s. */
+ * set once they are emitted). Its scratch is ebb_tensor_unscale_()'s.
+ * ZeRO-1: this rank's gradients, and the ranks agree on the jump. */
 static int emit_unscale(ad *a, int *at) {
     *at = gradients_step(a, EBB_STEP_UNSCALE, "unscale");
     if (*at < 0)
         return *at == -1 ? 0 : -1;
-    plan_step *s = &a->c->plan->steps[*at];
-    ebb_dtype dt = a->c->plan->values[s->pub.in[0]].dtype;
-    s->workspace = ebb_tensor_unscale_scratch(dt, ebb_device_cpu());
-    s->workspace_cuda = ebb_tensor_unscale_scratch(dt, (ebb_device){EBB_DEVICE_CUDA, 0});
+    const ebb_plan *p = a->c->plan;
+    plan_step *s = &p->steps[*at];
+    if (s->pub.n_in) {
+        ebb_dtype dt = p->values[s->pub.in[0]].dtype;
+        s->workspace = ebb_tensor_unscale_scratch(dt, ebb_device_cpu());
+        s->workspace_cuda = ebb_tensor_unscale_scratch(dt, (ebb_device){EBB_DEVICE_CUDA, 0});
+    }
+    if (p->owner) { /* then the flag the ranks sum (ebb_optimizer_unscale_sharded_) */
+        s->workspace = s->workspace > 8 ? s->workspace : 8;
+        s->workspace_cuda = s->workspace_cuda > ebb_cuda_block(8) ? s->workspace_cuda
+                                                                  : ebb_cuda_block(8);
+    }
     s->has_workspace_cuda = 1;
     return 0;
 }

@@ -442,10 +442,14 @@ static ebb_status update(run_ctx *r, const plan_step *s) {
 
 /* clip_grad_norm: every gradient scaled in place before the first update
  * (a parameter without a gradient this step, a branch no row chose, is left
- * out, as torch skips a None .grad). */
+ * out, as torch skips a None .grad). ZeRO-1: this rank's, by the norm of
+ * every rank's. */
 static ebb_status clip(run_ctx *r, const plan_step *s) {
     for (int i = 0; i < s->pub.n_in; i++)
         r->args[i] = r->slots[s->pub.in[i]];
+    if (r->plan->owner)
+        return ebb_dist_clip_grad_norm_(r->dist, r->args, s->pub.n_in, r->plan->clip_grad_norm,
+                                        NULL);
     return ebb_tensor_clip_grad_norm_(r->args, s->pub.n_in, r->plan->clip_grad_norm, NULL);
 }
 
@@ -456,6 +460,8 @@ static ebb_status unscale(run_ctx *r, const plan_step *s, int *jump) {
         return ebb_error_set(EBB_ERR_ARG, "an unscale step needs an optimizer (ebb_train_step)");
     for (int i = 0; i < s->pub.n_in; i++)
         r->args[i] = r->slots[s->pub.in[i]];
+    if (r->plan->owner) /* ZeRO-1: this rank's gradients; the ranks agree on the skip */
+        return ebb_optimizer_unscale_sharded_(r->opt, r->args, s->pub.n_in, r->dist, jump);
     return ebb_optimizer_unscale_(r->opt, r->args, s->pub.n_in, jump);
 }
 

@@ -5,6 +5,7 @@
 #include <float.h>
 #include <math.h>
 
+#include "ebb/dist.h"
 #include "ebb/optim.h"
 #include "run_internal.h"
 
@@ -75,8 +76,10 @@ static void update(ebb_loss_scaler *s, int found_inf) {
     s->tracker = 0;
 }
 
-ebb_status ebb_optimizer_unscale_(ebb_optimizer *opt, ebb_tensor *const *grads, int n, int *skip) {
-    const char *fn = "ebb_optimizer_unscale_";
+/* ebb_optimizer_unscale_(), and with a group `d` its sharded form: the
+ * ranks agree whether any of them found a value that is not finite. */
+static ebb_status unscale(const char *fn, ebb_optimizer *opt, ebb_tensor *const *grads, int n,
+                          ebb_dist *d, int *skip) {
     if (skip) *skip = 0;
     if (!opt || !skip)
         return ebb_error_set(EBB_ERR_ARG, "%s: %s is NULL", fn, opt ? "skip" : "opt");
@@ -88,11 +91,29 @@ ebb_status ebb_optimizer_unscale_(ebb_optimizer *opt, ebb_tensor *const *grads, 
     double inv = (float)(1.0 / s->scale);
     int found = 0;
     ebb_status st = ebb_tensor_unscale_(grads, n, inv, &found);
+    double any = found;
+    if (st == EBB_OK && d)
+        st = ebb_dist_sum(d, &any, 1);
     if (st != EBB_OK)
         return ebb_error_prefix("%s", fn);
+    found = any > 0;
     update(s, found);
     *skip = found;
     return EBB_OK;
+}
+
+ebb_status ebb_optimizer_unscale_(ebb_optimizer *opt, ebb_tensor *const *grads, int n, int *skip) {
+    return unscale("ebb_optimizer_unscale_", opt, grads, n, NULL, skip);
+}
+
+ebb_status ebb_optimizer_unscale_sharded_(ebb_optimizer *opt, ebb_tensor *const *grads, int n,
+                                          ebb_dist *d, int *skip) {
+    const char *fn = "ebb_optimizer_unscale_sharded_";
+    if (!d) {
+        if (skip) *skip = 0;
+        return ebb_error_set(EBB_ERR_ARG, "%s: the group is NULL", fn);
+    }
+    return unscale(fn, opt, grads, n, d, skip);
 }
 
 ebb_status ebb_loss_scaler_tensor(ebb_tensor **out, const ebb_loss_scaler *s) {

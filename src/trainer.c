@@ -1768,8 +1768,7 @@ static ebb_status dist_mean_loss(ebb_trainer *t, double *loss) {
 
 /* accumulate with ranks: the step's summed gradients averaged over the
  * ranks, as the unaccumulated plan's bucket steps average them, in one
- * collective per dtype (under ZeRO-1 a reduce-scatter where the plan's
- * would be one). The ranks first agree on which parameters any of
+ * collective per dtype (under ZeRO-1 a reduce-scatter). The ranks first agree on which parameters any of
  * their micro-batches reached: one no rank reached keeps no gradient (as
  * torch skips a None .grad); one only others reached adds zeros here. */
 static ebb_status dist_mean_grads(ebb_trainer *t) {
@@ -1796,11 +1795,9 @@ static ebb_status dist_mean_grads(ebb_trainer *t) {
     free(any);
     for (int i = 0; i < np; i++)
         t->grads[i] = t->got[i] ? t->acc[i] : NULL;
-    /* ZeRO-1: each rank needs the means of its own only, unless unscaling
-     * or clipping by the norm reads them all */
+    /* ZeRO-1: each rank needs the means of its own only */
     int *owner = NULL;
-    if (st == EBB_OK && zero_sharded(&t->o) && !(t->scale_from > 0) &&
-        !(t->o.clip_grad_norm > 0)) {
+    if (st == EBB_OK && zero_sharded(&t->o)) {
         owner = malloc(((size_t)np + 1) * sizeof *owner);
         if (!owner) st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
         for (int i = 0; owner && i < np; i++) owner[i] = ebb_plan_param_owner(t->plan, i);
@@ -1856,31 +1853,29 @@ static ebb_status accumulate_step(ebb_trainer *t, int64_t first, int64_t n, int6
     }
     if (st == EBB_OK && o->dist) st = dist_mean_grads(t);
     if (st == EBB_OK && o->dist) st = dist_mean_loss(t, loss);
-    /* unscaling and clipping, as between the last backward() and step() */
+    /* unscaling and clipping, as between the last backward() and step();
+     * ZeRO-1: of this rank's share, the averaged gradients it has, agreeing
+     * with the other ranks on the overflow check and the norm */
+    int zero = zero_sharded(o);
     for (int i = 0; i < np; i++)
-        t->grads[i] = t->got[i] ? t->acc[i] : NULL;
+        t->grads[i] = t->got[i] && (!zero || zero_mine(t, i)) ? t->acc[i] : NULL;
     int overflow = 0;
     if (st == EBB_OK && t->scale_from > 0)
-        st = ebb_optimizer_unscale_(t->opt, t->grads, np, &overflow);
+        st = zero ? ebb_optimizer_unscale_sharded_(t->opt, t->grads, np, o->dist, &overflow)
+                  : ebb_optimizer_unscale_(t->opt, t->grads, np, &overflow);
     if (overflow) {
         for (int i = 0; i < np; i++) t->grads[i] = NULL;
         return st;
     }
     if (st == EBB_OK && o->clip_grad_norm > 0)
-        st = ebb_tensor_clip_grad_norm_(t->grads, np, o->clip_grad_norm, NULL);
+        st = zero ? ebb_dist_clip_grad_norm_(o->dist, t->grads, np, o->clip_grad_norm, NULL)
+                  : ebb_tensor_clip_grad_norm_(t->grads, np, o->clip_grad_norm, NULL);
     for (int i = 0; st == EBB_OK && o->clip_grad_value > 0 && i < np; i++)
-        if (t->got[i]) {
+        if (t->grads[i]) {
             t->grads[i] = NULL;
             st = ebb_tensor_clip_grad_value(&t->grads[i], t->acc[i], o->clip_grad_value);
         }
-    /* ZeRO-1: each rank has the averaged gradients of its share (the
-     * ranks' all-reduced ones clipped alike); it updates its share, then
-     * sends it to the others */
-    for (int i = 0; zero_sharded(o) && i < np; i++)
-        if (!zero_mine(t, i) && t->grads[i]) {
-            if (t->grads[i] != t->acc[i]) ebb_tensor_free(t->grads[i]);
-            t->grads[i] = NULL;
-        }
+    /* ZeRO-1: each rank updates its share, then sends it to the others */
     if (st == EBB_OK) st = ebb_optimizer_step(t->opt, t->grads);
     if (st == EBB_OK && zero_sharded(o)) st = zero_broadcast(t);
     for (int i = 0; i < np; i++)

@@ -1142,7 +1142,8 @@ static void sweep_precision(ebb_precision prec) {
 /* ---- ZeRO-1 ------------------------------------------------------------------ */
 
 /* One rank's collectives, in order, as Gloo matches them across ranks: an
- * all-reduce's or reduce-scatter's tensor sizes, a broadcast's root. */
+ * all-reduce's or reduce-scatter's tensor sizes, a broadcast's root, the
+ * sums inside the clip and unscale steps. */
 static int collectives(const ebb_plan *p, int64_t *out, int cap) {
     int n = 0;
     for (int i = 0; i < ebb_plan_step_count(p); i++) {
@@ -1151,6 +1152,8 @@ static int collectives(const ebb_plan *p, int64_t *out, int cap) {
             out[n++] = -1 - s->param;
         } else if (s->kind == EBB_STEP_ALLREDUCE_WAIT && n < cap) {
             out[n++] = -1000000; /* the started one finishes */
+        } else if ((s->kind == EBB_STEP_CLIP || s->kind == EBB_STEP_UNSCALE) && n < cap) {
+            out[n++] = s->kind == EBB_STEP_CLIP ? -3 : -4; /* ZeRO-1: a sum over the ranks */
         } else if (s->kind == EBB_STEP_ALLREDUCE) {
             for (int k = 0; k < s->n_in && n < cap; k++)
                 out[n++] = ebb_plan_value_at(p, s->in[k])->nbytes;
@@ -1162,8 +1165,9 @@ static int collectives(const ebb_plan *p, int64_t *out, int cap) {
 }
 
 /* Every spec that trains, sharded by ZeRO-1 over 2 and 3 ranks with the
- * default buckets, with one per gradient, and with one per gradient
- * travelling while the backward goes on: each rank's plan issues the
+ * default buckets, with one per gradient, with one per gradient
+ * travelling while the backward goes on, and with one per gradient
+ * clipped by the norm and loss-scaled: each rank's plan issues the
  * same collectives in the same order (or the ranks would wait on each
  * other, or mix buffers), the buckets are reduce-scattered (but those
  * started during the backward), every trained parameter has exactly one
@@ -1185,12 +1189,15 @@ static void zero_ranks_agree(void **state) {
         int nt = 0;
         ebb_spec *s = load_any(l.paths[i], in_shapes, t_shapes, &nt);
         for (int world = 2; nt > 0 && world <= 3; world++)
-            for (int tiny = 0; tiny < 3; tiny++) {
+            for (int tiny = 0; tiny < 4; tiny++) {
+                /* 3: a bucket per gradient, clipped and loss-scaled */
                 ebb_train_options t = {.target_shapes = t_shapes, .n_target_shapes = nt,
                                        .optimizer = {.kind = EBB_ADAMW, .lr = 1e-3},
                                        .data_parallel = world,
                                        .allreduce_bucket_bytes = tiny ? 1 : 0,
-                                       .allreduce_overlap = tiny == 2};
+                                       .allreduce_overlap = tiny == 2,
+                                       .clip_grad_norm = tiny == 3 ? 1.0 : 0,
+                                       .loss_scaling = tiny == 3};
                 ebb_compile_options o = {.input_shapes = in_shapes,
                                          .n_input_shapes = ebb_spec_input_count(s), .train = &t};
                 ebb_plan *whole = NULL;
@@ -1225,9 +1232,10 @@ static void zero_ranks_agree(void **state) {
                     else if (n != n_first || memcmp(mine, first, (size_t)n * sizeof *mine) != 0)
                         BROKEN("%s: %d ranks%s: rank %d's collectives differ from rank 0's",
                                l.paths[i], world,
-                               tiny == 2 ? ", a bucket per gradient, overlapped"
-                               : tiny    ? ", a bucket per gradient"
-                                         : "",
+                               tiny == 3   ? ", a bucket per gradient, clipped and scaled"
+                               : tiny == 2 ? ", a bucket per gradient, overlapped"
+                               : tiny      ? ", a bucket per gradient"
+                                           : "",
                                r);
                     for (int k = 0; k < ebb_plan_param_count(p); k++) {
                         int owner = ebb_plan_param_owner(p, k);

@@ -78,13 +78,14 @@ static int all_equal(const ebb_tensor *t, double v) {
     return ok;
 }
 
-/* ZeRO's reduce-scatter: tensors of two dtypes with owners spread so that
- * rank 0 owns two of one dtype, rank 1 all of the other, the last rank one,
- * and with 4 ranks rank 2 none (it only sends); a NULL entry skipped. Each
- * owner's tensor becomes the mean of every rank's (10 (i + 1) + rank), the
- * others keep their own values; an owner that is not a rank is refused
- * before anything travels. */
-static int child_reduce_scatter(ebb_dist *d, int rank, int world) {
+/* ZeRO's collectives. The reduce-scatter: tensors of two dtypes with
+ * owners spread so that rank 0 owns two of one dtype, rank 1 all of the
+ * other, the last rank one, and with 4 ranks rank 2 none (it only sends); a
+ * NULL entry skipped. Each owner's tensor becomes the mean of every rank's
+ * (10 (i + 1) + rank), the others keep their own values; an owner that is
+ * not a rank is refused before anything travels. Then ebb_dist_sum and the
+ * sharded clip_grad_norm_. */
+static int child_zero(ebb_dist *d, int rank, int world) {
     enum { N = 6 };
     const int64_t size[N] = {3, 1, 0, 4, 2, 5};
     const int owner[N] = {0, world - 1, 0, 0, 1, 1};
@@ -102,6 +103,29 @@ static int child_reduce_scatter(ebb_dist *d, int rank, int world) {
             rc = fprintf(stderr, "[rank %d] reduce_scatter: tensor %d (owner %d) is not %g\n",
                          rank, i, owner[i], want);
     }
+    /* the sum of host values, and the norm of gradients spread over the
+     * ranks: rank r holds [r + 1] x 4 (the last of 4 ranks holds none), the
+     * norm of them all is sqrt(4 sum (r + 1)^2), and max_norm half of it
+     * scales every rank's by about 1/2 */
+    double v[2] = {rank, 1};
+    if (!rc && (ebb_dist_sum(d, v, 2) != EBB_OK || v[0] != world * (world - 1) / 2.0 ||
+                v[1] != world))
+        rc = fprintf(stderr, "[rank %d] sum: %g %g (%s)\n", rank, v[0], v[1], ebb_errmsg());
+    int holds = !(world == 4 && rank == 3);
+    ebb_tensor *g = holds ? filled(4, rank + 1, EBB_FLOAT32) : NULL;
+    double sq = 0, total = -1;
+    for (int r = 0; r < world; r++)
+        sq += (world == 4 && r == 3) ? 0 : 4.0 * (r + 1) * (r + 1);
+    if (!rc && ebb_dist_clip_grad_norm_(d, &g, 1, sqrt(sq) / 2, &total) != EBB_OK)
+        rc = fprintf(stderr, "[rank %d] clip: %s\n", rank, ebb_errmsg());
+    float got[4] = {0};
+    if (!rc && g && ebb_tensor_to_host(g, got, sizeof got) != EBB_OK)
+        rc = fprintf(stderr, "[rank %d] clip: %s\n", rank, ebb_errmsg());
+    if (!rc && (fabs(total - sqrt(sq)) > 1e-6 * sqrt(sq) ||
+                (g && fabs(got[0] - (rank + 1) * 0.5) > 1e-5 * (rank + 1))))
+        rc = fprintf(stderr, "[rank %d] clip: norm %.9g (want %.9g), %.9g (want %.9g)\n", rank,
+                     total, sqrt(sq), got[0], (rank + 1) * 0.5);
+    ebb_tensor_free(g);
     int bad[N] = {0, world, 0, 0, 0, 0};
     char who[32];
     snprintf(who, sizeof who, "owner is rank %d", world);
@@ -132,7 +156,7 @@ static int child_collectives(ebb_dist *d, int rank, int world) {
     if (!rc && ebb_dist_allreduce_mean_(d, &ints, 1) != EBB_ERR_ARG)
         rc = fprintf(stderr, "[rank %d] an int64 tensor was averaged\n", rank);
     if (!rc)
-        rc = child_reduce_scatter(d, rank, world);
+        rc = child_zero(d, rank, world);
     if (!rc && ebb_dist_barrier(d) != EBB_OK)
         rc = fprintf(stderr, "[rank %d] barrier: %s\n", rank, ebb_errmsg());
     ebb_tensor_free(a);

@@ -927,6 +927,16 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
         o.optimizer = ebb_optimizer_defaults(EBB_SGD, 1e38);
         o.optimizer.momentum = 0.9;
     }
+    /* SGD with momentum, loss-scaled and clipped by the norm ("1"), or
+     * loss-scaled only ("0"): ZeRO-1's ranks unscale and clip their own
+     * shares, agreeing on the overflow check and the norm */
+    const char *clip = getenv("EBB_TEST_DP_CLIP");
+    if (clip) {
+        o.optimizer = ebb_optimizer_defaults(EBB_SGD, 0.5);
+        o.optimizer.momentum = 0.9;
+        o.loss_scale = 1024;
+        o.clip_grad_norm = atoi(clip) ? 0.05 : 0;
+    }
     if (getenv("EBB_TEST_DP_ACCUMULATE")) { /* the same update in micro-batches */
         o.accumulate = atoi(getenv("EBB_TEST_DP_ACCUMULATE"));
         o.batch /= o.accumulate;
@@ -964,7 +974,7 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
     for (int i = 0; plan && zero && i < ebb_plan_param_count(plan); i++) {
         int owner = ebb_plan_param_owner(plan, i), mine = ebb_trainer_optimizer(t) &&
             ebb_optimizer_state_tensor(ebb_trainer_optimizer(t), i,
-                                       skip ? "momentum_buffer" : "exp_avg") != NULL;
+                                       skip || clip ? "momentum_buffer" : "exp_avg") != NULL;
         if ((o.zero && (owner < 0 || mine != (owner == rank))) || (!o.zero && (owner != -1 || !mine))) {
             fprintf(stderr, "[rank %d] parameter %d: owner %d, state here: %d\n", rank, i, owner,
                     mine);
@@ -1284,6 +1294,32 @@ static void test_zero(void **state) {
         unlink(aw[z]);
         unlink(ac[z]);
     }
+    /* loss-scaled and clipped by the norm of all the gradients, which each
+     * rank computes from its share and the others' (summed in float64):
+     * within rounding of the unsharded run, which the clipping changed */
+    char cw[5][320];
+    float cwt[5][F * F + F];
+    for (int k = 0; k < 5; k++) { /* 0, 1: unsharded and sharded; 2: unclipped; 3, 4: accumulating */
+        snprintf(cw[k], sizeof cw[k], "%s/zero_clip%d.safetensors", dir, k);
+        setenv("EBB_TEST_DP_CLIP", k == 2 ? "0" : "1", 1);
+        setenv("EBB_TEST_DP_ZERO", k == 1 || k == 4 ? "1" : "0", 1);
+        if (k >= 3) setenv("EBB_TEST_DP_ACCUMULATE", "2", 1);
+        assert_int_equal(dp_run(2, cw[k], ac[0]), 2);
+        unsetenv("EBB_TEST_DP_ACCUMULATE");
+        weights_file(cw[k], cwt[k]);
+        unlink(cw[k]);
+    }
+    unlink(ac[0]);
+    unsetenv("EBB_TEST_DP_CLIP");
+    double crel = rel_diff(cwt[1], cwt[0]), clipped = rel_diff(cwt[2], cwt[0]);
+    double arel = rel_diff(cwt[4], cwt[3]);
+    printf("[ zero     ] clipped and loss-scaled: weights within %.3g of the unsharded run's "
+           "(%.3g from the unclipped run's); accumulating 2 micro-batches: within %.3g\n",
+           crel, clipped, arel);
+    if (crel > 1e-6 || arel > 1e-6)
+        fail_msg("ZeRO-1, clipped: weights differ from the unsharded run's by %g (accumulating: "
+                 "%g)", crel, arel);
+    if (clipped < 1e-3) fail_msg("clip_grad_norm 0.05 left the weights within %g", clipped);
     setenv("EBB_TEST_DP_ZERO", "1", 1);
     /* half the run sharded, then resumed: one process, and 2 ranks sharded */
     setenv("EBB_TEST_DP_HALF", "1", 1);

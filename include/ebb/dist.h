@@ -100,6 +100,22 @@ EBB_API ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, 
  * EBB_ERR_ARG names a tensor whose owner is not a rank. */
 EBB_API ebb_status ebb_dist_reduce_scatter_mean_(ebb_dist *d, ebb_tensor *const *ts,
                                                  const int *owner, int n);
+/* Every rank's values[0..n) (on the host) become their sum over the ranks,
+ * in float64: flags and partial sums the ranks must agree on. They travel
+ * as one float64 tensor of n elements on the group's device, held for the
+ * call. */
+EBB_API ebb_status ebb_dist_sum(ebb_dist *d, double *values, int n);
+/* ebb_tensor_clip_grad_norm_() for gradients sharded over the ranks (ZeRO):
+ * each rank passes the gradients it holds, grads[0..n) (NULL entries
+ * skipped; none at all is allowed, the rank still takes part), and scales
+ * them in place by the factor of the L2 norm of every rank's together: the
+ * square root of the sum over the ranks of each rank's squared norm
+ * (computed as ebb_tensor_clip_grad_norm_() computes it). *total_norm (may
+ * be NULL) receives that norm on every rank. Every rank must call it.
+ * Scratch: ebb_tensor_clip_grad_norm_()'s norms, then ebb_dist_sum()'s
+ * one element, then the factor. */
+EBB_API ebb_status ebb_dist_clip_grad_norm_(ebb_dist *d, ebb_tensor *const *grads, int n,
+                                            double max_norm, double *total_norm);
 /* An all-reduce under way (ebb_dist_allreduce_mean_start). */
 typedef struct ebb_dist_work ebb_dist_work;
 /* ebb_dist_allreduce_mean_() in two halves, so that the caller can go on

@@ -84,6 +84,7 @@
 #ifndef EBB_OPTIM_H
 #define EBB_OPTIM_H
 
+#include "dist.h"
 #include "tensor.h"
 
 #ifdef __cplusplus
@@ -341,6 +342,14 @@ EBB_API int64_t ebb_optimizer_scaled_skips(const ebb_optimizer *opt);
  * when the gradients differ in dtype or device. */
 EBB_API ebb_status ebb_optimizer_unscale_(ebb_optimizer *opt, ebb_tensor *const *grads, int n,
                                           int *skip);
+/* ebb_optimizer_unscale_() on a rank that holds a share of the gradients
+ * (ZeRO): grads[0..n) are its share (none at all is allowed), and the ranks
+ * of group `d` agree, with one ebb_dist_sum() of a flag, whether any share
+ * held a value that is not finite: then every rank skips its updates and
+ * backs its scale off alike. Every rank must call it. Its scratch:
+ * ebb_tensor_unscale_()'s, then ebb_dist_sum()'s one element. */
+EBB_API ebb_status ebb_optimizer_unscale_sharded_(ebb_optimizer *opt, ebb_tensor *const *grads,
+                                                  int n, ebb_dist *d, int *skip);
 
 /* ---- update kernels (the tensor layer) ---------------------------------------
  * One in-place update of one parameter, used by the optimizer above and

@@ -141,10 +141,11 @@ typedef struct ebb_train_options {
      * (an EBB_STEP_ALLREDUCE step whose op is "reduce_scatter",
      * ebb_dist_reduce_scatter_mean_()): a rank gets the means of the
      * gradients it owns, and the others' gradients die there, with half the
-     * all-reduce's traffic. With loss_scaling or clip_grad_norm, whose
-     * steps read every gradient's mean, the buckets are all-reduced as
-     * without ZeRO, and so are those allreduce_overlap starts during the
-     * backward. After the updates one EBB_STEP_BROADCAST per rank sends
+     * all-reduce's traffic (the buckets allreduce_overlap starts during the
+     * backward are all-reduced). The unscale and clip steps read this
+     * rank's gradients and agree with the other ranks by a collective:
+     * ebb_optimizer_unscale_sharded_(), ebb_dist_clip_grad_norm_(). After
+     * the updates one EBB_STEP_BROADCAST per rank sends
      * its parameters to the others, laid end to end in a buffer the size of
      * its share. `rank` is the rank this plan is for: each compiles its own,
      * and ebb_train_step() checks it against ebb_run_options.dist. With

@@ -5,6 +5,7 @@
 // ProcessGroup, and 2.x, where it and ProcessGroupNCCL are Backends: the
 // calls used here are the same in all of them.
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <thread>
 #include <string>
@@ -442,6 +443,67 @@ ebb_status ebb_dist_reduce_scatter_mean_(ebb_dist *d, ebb_tensor *const *ts, con
         return dist_failure(fn, d);
     }
 #endif
+    return EBB_OK;
+}
+
+ebb_status ebb_dist_sum(ebb_dist *d, double *values, int n) {
+    const char *fn = "ebb_dist_sum";
+    EBB_NEED(fn, d);
+    if (n < 0 || (n > 0 && !values))
+        return ebb_error_set(EBB_ERR_ARG, "%s: %d values at %p", fn, n, (const void *)values);
+    if (n == 0 || alone(d)) return EBB_OK;
+#ifdef USE_C10D_GLOO
+    try {
+        c10::InferenceMode guard;
+        at::Tensor host = at::from_blob(values, {n}, at::kDouble);
+        std::vector<at::Tensor> t{at::empty({n}, host.options().device(ebb::to_aten(d->device)))};
+        t[0].copy_(host);
+        finish(d->pg->allreduce(t), d);
+        if (t[0].is_cpu())
+            host.copy_(t[0]);
+        else
+            host.copy_(t[0].cpu());
+    } catch (...) {
+        return dist_failure(fn, d);
+    }
+#endif
+    return EBB_OK;
+}
+
+ebb_status ebb_dist_clip_grad_norm_(ebb_dist *d, ebb_tensor *const *grads, int n,
+                                    double max_norm, double *total_norm) {
+    const char *fn = "ebb_dist_clip_grad_norm_";
+    EBB_NEED(fn, d);
+    if (total_norm) *total_norm = 0;
+    const at::Tensor *first = nullptr;
+    ebb_status st = ebb::clip_grad_norm_check(fn, grads, n, max_norm, &first);
+    if (st != EBB_OK) return st;
+    // this rank's squared norm, read back (the one-element total freed
+    // first), then summed over the ranks
+    double sq = 0;
+    try {
+        c10::InferenceMode guard;
+        if (first) {
+            double v = ebb::grad_norm(grads, n).item<double>();
+            sq = v * v;
+        }
+    } catch (...) {
+        return ebb::fail_from_exception(fn);
+    }
+    st = ebb_dist_sum(d, &sq, 1);
+    if (st != EBB_OK) return ebb_error_prefix("%s", fn);
+    double total = std::sqrt(sq);
+    if (total_norm) *total_norm = total;
+    if (!first) return EBB_OK;
+    try {
+        c10::InferenceMode guard;
+        at::Tensor factor = at::full({}, ebb::clip_factor(total, first->scalar_type(), max_norm),
+                                     first->options());
+        for (int i = 0; i < n; i++)
+            if (grads[i]) grads[i]->t.mul_(factor);
+    } catch (...) {
+        return ebb::fail_from_exception(fn);
+    }
     return EBB_OK;
 }
 

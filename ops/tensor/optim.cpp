@@ -266,6 +266,57 @@ void check_state(const char *what, const ebb_tensor *t, const at::Tensor &p, std
 }
 } // namespace
 
+// clip_grad_norm_'s checks: grads[0..n) (NULL entries skipped) share a
+// floating dtype and a device; *first receives the first (nullptr: none).
+ebb_status ebb::clip_grad_norm_check(const char *fn, ebb_tensor *const *grads, int n,
+                                     double max_norm, const at::Tensor **first) {
+    *first = nullptr;
+    if (n < 0 || (n > 0 && !grads))
+        return ebb_error_set(EBB_ERR_ARG, "%s: %d gradients at %p", fn, n, (const void *)grads);
+    if (!(max_norm > 0))
+        return ebb_error_set(EBB_ERR_ARG, "%s: max_norm %g must be positive", fn, max_norm);
+    for (int i = 0; i < n; i++) {
+        if (!grads[i]) continue;
+        const at::Tensor &g = grads[i]->t;
+        if (!*first) {
+            *first = &g;
+            if (!at::isFloatingType(g.scalar_type()))
+                return ebb_error_set(EBB_ERR_ARG, "%s: gradient %d is %s; norms are of floating "
+                                     "point", fn, i, describe(g).c_str());
+        } else if (g.scalar_type() != (*first)->scalar_type() || g.device() != (*first)->device()) {
+            return ebb_error_set(EBB_ERR_SHAPE, "%s: gradient %d is %s, the first is %s", fn, i,
+                                 describe(g).c_str(), describe(**first).c_str());
+        }
+    }
+    return EBB_OK;
+}
+
+// The L2 norm of grads[0..n) together, as torch computes it: each
+// gradient's vector norm, then the norm of their stack. The scratch peaks
+// here, at 2n + 1 elements (the norms, their stack and the total), and
+// only the total is left.
+at::Tensor ebb::grad_norm(ebb_tensor *const *grads, int n) {
+    std::vector<at::Tensor> norms;
+    norms.reserve((size_t)n);
+    for (int i = 0; i < n; i++)
+        if (grads[i]) norms.push_back(at::linalg_vector_norm(grads[i]->t, 2));
+    return at::linalg_vector_norm(at::stack(norms), 2);
+}
+
+// max_norm / (total + 1e-6) clamped at 1, in the arithmetic of `dtype` as
+// torch's one-element kernels compute it (x.reciprocal() * max_norm is
+// Python's max_norm / x): float64 for double gradients, float32 otherwise.
+double ebb::clip_factor(double total, at::ScalarType dtype, double max_norm) {
+    if (dtype == at::kDouble) {
+        double f = (1.0 / (total + 1e-6)) * max_norm;
+        return f < 1.0 ? f : 1.0;
+    }
+    float v = static_cast<float>(total);
+    float r = 1.0f / (v + static_cast<float>(1e-6));
+    float c = r * static_cast<float>(max_norm);
+    return c < 1.0f ? c : 1.0f;
+}
+
 extern "C" {
 
 ebb_status ebb_tensor_rmsprop_update_(ebb_tensor *param, const ebb_tensor *grad,
@@ -396,65 +447,27 @@ ebb_status ebb_tensor_clip_grad_value(ebb_tensor **out, const ebb_tensor *grad, 
     return EBB_OK;
 }
 
-// torch.nn.utils.clip_grad_norm_ with norm_type 2, in its order: each
-// gradient's vector norm, the norm of their stack, then the factor
-// max_norm / (total + 1e-6) clamped at 1, computed as torch computes it on a
-// one-element float tensor (x.reciprocal() * max_norm is Python's
-// max_norm / x), and every gradient multiplied by it in place, even by 1.
+// torch.nn.utils.clip_grad_norm_ with norm_type 2, in its order: the norm
+// (grad_norm), the factor (clip_factor), and every gradient multiplied by
+// it in place, even by 1.
 ebb_status ebb_tensor_clip_grad_norm_(ebb_tensor *const *grads, int n, double max_norm,
                                       double *total_norm) {
     const char *fn = "ebb_tensor_clip_grad_norm_";
-    if (n < 0 || (n > 0 && !grads))
-        return ebb_error_set(EBB_ERR_ARG, "%s: %d gradients at %p", fn, n, (const void *)grads);
-    if (!(max_norm > 0))
-        return ebb_error_set(EBB_ERR_ARG, "%s: max_norm %g must be positive", fn, max_norm);
     if (total_norm) *total_norm = 0;
     const at::Tensor *first = nullptr;
-    for (int i = 0; i < n; i++) {
-        if (!grads[i]) continue;
-        const at::Tensor &g = grads[i]->t;
-        if (!first) {
-            first = &g;
-            if (!at::isFloatingType(g.scalar_type()))
-                return ebb_error_set(EBB_ERR_ARG, "%s: gradient %d is %s; norms are of floating "
-                                     "point", fn, i, describe(g).c_str());
-        } else if (g.scalar_type() != first->scalar_type() || g.device() != first->device()) {
-            return ebb_error_set(EBB_ERR_SHAPE, "%s: gradient %d is %s, the first is %s", fn, i,
-                                 describe(g).c_str(), describe(*first).c_str());
-        }
-    }
-    if (!first) return EBB_OK; // no gradient: nothing to clip, as torch returns 0
+    ebb_status st = ebb::clip_grad_norm_check(fn, grads, n, max_norm, &first);
+    if (st != EBB_OK || !first) return st; // no gradient: nothing to clip, as torch returns 0
     EBB_TRY(fn, {
-        at::Tensor total;
-        {
-            std::vector<at::Tensor> norms;
-            norms.reserve((size_t)n);
-            for (int i = 0; i < n; i++)
-                if (grads[i])
-                    norms.push_back(at::linalg_vector_norm(grads[i]->t, 2));
-            total = at::linalg_vector_norm(at::stack(norms), 2);
-        }
-        // the scratch peaks above, at 2n + 1 elements: the norms, their stack
-        // and the total
+        at::Tensor total = ebb::grad_norm(grads, n);
         at::Tensor factor;
         if (total.is_cpu()) {
-            // on the host, in the dtype's arithmetic, as the one-element
-            // kernels compute it; Scalar operands would be wrapped in tensors
-            double f;
-            if (total.scalar_type() == at::kDouble) {
-                double v = total.item<double>();
-                f = (1.0 / (v + 1e-6)) * max_norm;
-                f = f < 1.0 ? f : 1.0;
-                if (total_norm) *total_norm = v;
-            } else {
-                float v = total.to(at::kFloat).item<float>();
-                float r = 1.0f / (v + static_cast<float>(1e-6));
-                float c = r * static_cast<float>(max_norm);
-                f = c < 1.0f ? c : 1.0f;
-                if (total_norm) *total_norm = v;
-            }
+            // on the host; Scalar operands would be wrapped in tensors
+            double v = total.scalar_type() == at::kDouble ? total.item<double>()
+                                                          : total.to(at::kFloat).item<float>();
+            if (total_norm) *total_norm = v;
             total.reset();
-            factor = at::full({}, f, first->options());
+            factor = at::full({}, ebb::clip_factor(v, first->scalar_type(), max_norm),
+                              first->options());
         } else {
             // on the device, without a read back (a CUDA graph can hold it)
             factor = total.add(1e-6).reciprocal_().mul_(max_norm).clamp_max_(1.0);

@@ -72,6 +72,14 @@ at::Generator seeded_cuda_generator(int device, uint64_t seed);
 bool cuda_capturing();
 #endif
 
+// clip_grad_norm_'s parts (optim.cpp), which the ranks' version in
+// dist.cpp shares: the checks, the norm of the gradients together, and the
+// factor from the norm.
+ebb_status clip_grad_norm_check(const char *fn, ebb_tensor *const *grads, int n, double max_norm,
+                                const at::Tensor **first);
+at::Tensor grad_norm(ebb_tensor *const *grads, int n);
+double clip_factor(double total, at::ScalarType dtype, double max_norm);
+
 } // namespace ebb
 
 // Checks the out-pointer and clears it, so a failed call leaves *out NULL.
