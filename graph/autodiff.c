@@ -52,6 +52,10 @@ typedef struct ad {
     /* data parallel: final gradients not averaged yet (the open bucket) */
     int *bucket, n_bucket;
     int64_t bucket_bytes;
+    /* data parallel: the buckets travel during the backward, but every
+     * update waits for its end (clipping by the norm, loss scaling,
+     * updates_after_backward) */
+    int hold_updates;
     /* allreduce_overlap: the bucket under way, its parameters, its buffer's
      * slot (-1: a lone gradient travels as it is) and its number */
     int *pending, n_pending, pending_buffer, pending_index;
@@ -1576,7 +1580,8 @@ static int bucket_add(ad *a, const int *which, int n, int force) {
     int64_t cap = a->t->allreduce_bucket_bytes > 0 ? a->t->allreduce_bucket_bytes : 25 << 20;
     /* one collective at a time: the bucket under way first (the backward's
      * end waits for it whatever is left to average) */
-    if ((force || (a->n_bucket > 0 && a->bucket_bytes >= cap)) && emit_wait(a, 1) != 0)
+    if ((force || (a->n_bucket > 0 && a->bucket_bytes >= cap)) &&
+        emit_wait(a, !a->hold_updates) != 0)
         return -1;
     if (a->n_bucket == 0 || (!force && a->bucket_bytes < cap))
         return 0;
@@ -1586,7 +1591,9 @@ static int bucket_add(ad *a, const int *which, int n, int force) {
     if (!members)
         return ebb_compiler_oom(a->c);
     memcpy(members, a->bucket, (size_t)m * sizeof *members);
-    int rc = emit_allreduce(a) != 0 ? -1 : force ? 0 : emit_bucket_updates(a, members, m);
+    int rc = emit_allreduce(a) != 0               ? -1
+             : force || a->hold_updates ? 0
+                                        : emit_bucket_updates(a, members, m);
     free(members);
     return rc;
 }
@@ -1594,11 +1601,13 @@ static int bucket_add(ad *a, const int *which, int n, int force) {
 /* After the backward step of forward step fi: the parameters it was the
  * first reader of have their final gradient now. Inside a routed region or
  * an unrolled loop the update waits for the end, where no skip can jump
- * over it. */
+ * over it. With clipping by the norm, loss scaling or updates_after_backward
+ * every update waits for the end; data parallel's buckets still travel as
+ * they fill (ZeRO-1's then free the others' gradients there). */
 static int updates_after_step(ad *a, int fi) {
     ebb_plan *p = a->c->plan;
-    if (a->t->grads_only || a->t->updates_after_backward || a->t->clip_grad_norm > 0 ||
-        a->t->loss_scaling || a->depth > 0 || a->n_loops > 0)
+    if (a->t->grads_only || a->depth > 0 || a->n_loops > 0 ||
+        (a->hold_updates && p->data_parallel <= 1))
         return 0;
     if (p->data_parallel > 1) {
         /* a bucket of final gradients is averaged before their updates; a
@@ -1856,7 +1865,10 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
         if (c->keep[i] && p->steps[i].pub.kind == EBB_STEP_OP && add_kept_copies(c, i) != 0)
             return -1;
 
-    ad a = {.c = c, .t = t};
+    ad a = {.c = c,
+            .t = t,
+            .hold_updates = t->updates_after_backward || t->clip_grad_norm > 0 ||
+                            t->loss_scaling};
     int rc = -1;
     a.n_grad = p->n_values + 1;
     a.req = calloc((size_t)a.n_grad, 1);

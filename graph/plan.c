@@ -277,9 +277,13 @@ static void print_clip(const ebb_plan *p, FILE *f) {
         fprintf(f, "data parallel over %d ranks: %d bucket step%s average the gradients (%s), "
                    "%s; the largest bucket's buffers %s\n",
                 p->data_parallel, p->n_buckets, p->n_buckets == 1 ? "" : "s", how,
-                overlap ? "each travelling while the backward goes on until the next bucket "
-                          "is full, then waited for and its updates made"
-                        : "each bucket's updates right after it",
+                !p->updates_in_backward
+                    ? (overlap ? "each travelling while the backward goes on until the next "
+                                 "bucket is full, the updates after the backward"
+                               : "each as it fills, the updates after the backward")
+                : overlap ? "each travelling while the backward goes on until the next bucket "
+                            "is full, then waited for and its updates made"
+                          : "each bucket's updates right after it",
                 mb);
         if (p->owner) {
             /* ZeRO-1: this rank's share of the updates and the state */
