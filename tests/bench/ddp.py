@@ -47,6 +47,15 @@ own (broadcast_buffers=False), as ebb does. --overlap lets ebb's buckets
 travel while the backward goes on (DDP's always do), and --bucket-kib sets
 both sides' bucket size (ebb's --bucket-size, DDP's bucket_cap_mb).
 
+--model gpt trains specs/gpt.yaml (nanoGPT's shape at its defaults: 4
+blocks of width 128, 4 heads, 64-byte windows, vocabulary 256, the lm_head
+tied to the token embedding) and torch_models.GPT on every fortune Debian
+ships laid end to end (the `fortunes` package): ebb's `--data text:FILE
+--block 64`, the first 90% of the bytes with a window at each, in file
+order; PyTorch cuts the same windows. The loss is the mean over every
+token. The initial weights differ (each side's own init): the figures are
+time, peak and traffic, not the weights.
+
 With --zero both sides train with AdamW (lr 1e-3) and shard its state over
 the ranks: ebb with `ebb train --nproc N --zero` (ZeRO-1), PyTorch with DDP
 and `ZeroRedundancyOptimizer` over AdamW, which shards alike (each
@@ -85,8 +94,14 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 import fashion  # noqa: E402  (FashionMLP, load_train; imports run.py)
 import run as bench  # noqa: E402  (profiled_peak)
+import torch_models  # noqa: E402  (GPT, nanoGPT's model)
 
-SPECS = {"mlp": "specs/fashion_mlp.yaml", "cnn": "specs/fashion_cnn.yaml"}
+SPECS = {"mlp": "specs/fashion_mlp.yaml", "cnn": "specs/fashion_cnn.yaml",
+         "gpt": "specs/gpt.yaml"}
+# --model gpt: specs/gpt.yaml's defaults (nanoGPT's shape, byte-level) on
+# every fortune Debian ships, laid end to end as docs/training.md does
+GPT = {"vocab": 256, "block": 64, "layers": 4, "heads": 4, "d": 128}
+FORTUNES = "/usr/share/games/fortunes"
 LR = 0.01
 ZERO_LR = 1e-3  # AdamW's, for --zero
 WARMUP = 5
@@ -147,13 +162,34 @@ def free_port():
         return s.getsockname()[1]
 
 
+def fortunes_text(tmp):
+    """Debian's fortunes (not their .dat indexes), sorted by name and laid
+    end to end in tmp/fortunes.txt: its path."""
+    path = os.path.join(tmp, "fortunes.txt")
+    names = sorted(os.path.join(d, f) for d, _, fs in os.walk(FORTUNES) for f in fs
+                   if not f.endswith(".dat"))
+    with open(path, "wb") as out:
+        for name in names:
+            with open(name, "rb") as f:
+                out.write(f.read())
+    return path
+
+
+def data_args(cfg):
+    """ebb train's data arguments for the model: Fashion-MNIST, or the
+    fortunes in windows of GPT["block"] bytes."""
+    if cfg["model"] != "gpt":
+        return ["--data", "fashion-mnist"]
+    return ["--data", "text:" + cfg["text"], "--block", str(GPT["block"])]
+
+
 def ebb_side(build, nproc, steps, batch, cfg):
     """Trains with `ebb train` (--nproc N for N > 1; cfg: the model, and
     AdamW with --zero, --overlap, --bucket-size as asked) and returns rank
     0's step time (ms) and its measured and planned step peak."""
     zero = cfg["zero"]
     with tempfile.TemporaryDirectory(prefix="ebb_ddp_") as tmp:
-        cmd = [os.path.join(build, "ebb"), "train", SPECS[cfg["model"]], "--data", "fashion-mnist",
+        cmd = [os.path.join(build, "ebb"), "train", SPECS[cfg["model"]]] + data_args(cfg) + [
                "--steps",
                str(steps), "--batch", str(batch), "--device", "cpu", "--json", "--no-shuffle",
                "--optimizer", "adamw" if zero else "sgd", "--lr", str(ZERO_LR if zero else LR),
@@ -180,6 +216,7 @@ def ebb_state(build, nproc, batch, cfg):
         cmd = [os.path.join(build, "ebb"), "plan", SPECS[cfg["model"]], "--train", "--json",
                "--optimizer",
                "adamw" if zero else "sgd", "-i", "batch=%d" % (batch // nproc)]
+        cmd += ["-i", "seq=%d" % GPT["block"]] if cfg["model"] == "gpt" else []
         if zero and nproc > 1:
             cmd += ["--data-parallel", str(nproc), "--zero", "--rank", str(rank)]
         plan = json.loads(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
@@ -199,7 +236,10 @@ def torch_rank(rank, nproc, port, steps, batch, cfg, queue):
                                 world_size=nproc)
     torch.manual_seed(0)
     zero = cfg["zero"]
-    model = (fashion.FashionMLP() if cfg["model"] == "mlp" else fashion.FashionCNN()).train()
+    if cfg["model"] == "gpt":
+        model = torch_models.GPT(**GPT).train()
+    else:
+        model = (fashion.FashionMLP() if cfg["model"] == "mlp" else fashion.FashionCNN()).train()
     # batch_norm's running statistics stay each rank's own, as ebb keeps them
     ddp = {"broadcast_buffers": False}
     if cfg["bucket_kib"]:
@@ -213,15 +253,28 @@ def torch_rank(rank, nproc, port, steps, batch, cfg, queue):
         opt = torch.optim.AdamW(net.parameters(), lr=ZERO_LR)
     else:
         opt = torch.optim.SGD(net.parameters(), lr=LR)
-    images, labels = fashion.load_train()
+    if cfg["model"] == "gpt":
+        # ebb's text:FILE: the first 90% of the bytes, a window at each
+        with open(cfg["text"], "rb") as f:
+            raw = f.read()
+        tokens = torch.frombuffer(bytearray(raw[:len(raw) * 9 // 10]), dtype=torch.uint8).long()
+        offsets = torch.arange(GPT["block"])
+    else:
+        images, labels = fashion.load_train()
 
-    def step(k):
-        idx = torch.arange(k * batch + rank, (k + 1) * batch, nproc)
+    def batch_of(idx):
+        if cfg["model"] == "gpt":
+            at = idx.view(-1, 1) + offsets
+            return tokens[at], tokens[at + 1]
         x = images[idx].float().div_(255)
         x = x.view(-1, 784) if cfg["model"] == "mlp" else x.view(-1, 1, 28, 28)
-        y = labels[idx].long()
+        return x, labels[idx].long()
+
+    def step(k):
+        x, y = batch_of(torch.arange(k * batch + rank, (k + 1) * batch, nproc))
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(net(x), y)
+        out = net(x)
+        loss = F.cross_entropy(out.view(-1, out.size(-1)), y.view(-1))
         loss.backward()
         opt.step()
         return loss.item()
@@ -329,7 +382,8 @@ def main():
     ap.add_argument("--steps", type=int, default=300, help="timed steps (at least 2)")
     ap.add_argument("--batch", type=int, default=64, help="global batch")
     ap.add_argument("--model", choices=sorted(SPECS), default="mlp",
-                    help="the MLP (default) or the CNN, each with its PyTorch twin")
+                    help="the MLP (default), the CNN or nanoGPT on the fortunes, each with "
+                         "its PyTorch twin")
     ap.add_argument("--overlap", action="store_true",
                     help="ebb's buckets travel while the backward goes on (DDP's always do)")
     ap.add_argument("--bucket-kib", type=int, default=0,
@@ -344,6 +398,9 @@ def main():
     cfg = {"model": args.model, "zero": args.zero, "overlap": args.overlap,
            "bucket_kib": args.bucket_kib}
     private = private_loopback()
+    tmp = tempfile.TemporaryDirectory(prefix="ebb_ddp_text_")
+    if args.model == "gpt":
+        cfg["text"] = fortunes_text(tmp.name)
     build = os.path.abspath(args.build)
     rows = []
     for n in sorted({1, *args.nproc}):
@@ -361,6 +418,7 @@ def main():
              args.steps, args.batch, max(1, args.steps // 5),
              "a private" if private else "the machine's (other traffic counts)",
              time.strftime("%Y-%m-%d")))
+    tmp.cleanup()
 
 
 if __name__ == "__main__":
