@@ -58,7 +58,10 @@ typedef struct ad {
     int hold_updates;
     /* allreduce_overlap: the bucket under way, its parameters, its buffer's
      * slot (-1: a lone gradient travels as it is) and its number */
-    int *pending, n_pending, pending_buffer, pending_index;
+    int *pending, n_pending, pending_index;
+    int pending_step;       /* the step that started it */
+    int pending_buffers[2]; /* the buffers it wrote, values until the wait */
+    int n_pending_buffers;
 } ad;
 
 static int fail(compiler *c, ebb_status st) {
@@ -1473,49 +1476,80 @@ static int emit_broadcasts(ad *a) {
     return 0;
 }
 
-/* allreduce_overlap: whether the open bucket can travel while the backward
- * goes on (ebb_dist_allreduce_mean_start takes one dtype). */
-static int can_overlap(const ad *a) {
-    const ebb_plan *p = a->c->plan;
-    if (!a->t->allreduce_overlap)
-        return 0;
-    for (int k = 1; k < a->n_bucket; k++)
-        if (p->values[a->pgrad[a->bucket[k]]].dtype != p->values[a->pgrad[a->bucket[0]]].dtype)
-            return 0;
-    return 1;
+/* A flat value of `numel` elements of `dt` that step si writes: its slot,
+ * or -1. */
+static int buffer_value(compiler *c, int si, int64_t numel, ebb_dtype dt) {
+    ebb_shape flat = {1, {numel}};
+    ebb_tensor *m = ebb_compiler_meta_new(c, &flat, dt);
+    return m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, si, -1) : -1;
+}
+
+/* The gradients in[0..n) whose owners are owners[0..n) that go to rank
+ * `to` (in the dtype of in[0]): how many, and their elements. */
+static int owned_by(const ebb_plan *p, const int *in, const int *owners, int n, int to,
+                    int64_t *numel) {
+    int count = 0;
+    *numel = 0;
+    for (int k = 0; k < n; k++)
+        if (owners[k] == to) {
+            count++;
+            *numel += ebb_shape_numel(&p->values[in[k]].shape);
+        }
+    return count;
 }
 
 /* allreduce_overlap: the open bucket's all-reduce started, its updates left
  * for when it is waited for (emit_wait). The step writes the buffer the
- * gradients travel in, a value of the plan until the wait. */
+ * gradients travel in, a value of the plan until the wait. Under ZeRO-1 a
+ * reduce-scatter's first round: its values are the buffer that round sends
+ * (when it lays more than one gradient end to end) and the one this rank's
+ * own arrive in (when it owns any). */
 static int emit_start(ad *a) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
-    int n = a->n_bucket, buffer = -1, *in = NULL;
-    int si = bucket_step(a, "allreduce.start", &in);
-    if (si < 0)
+    int n = a->n_bucket, *in = NULL, out[2], n_out = 0, scatter = scatters(a);
+    int *owners = scatter ? malloc((size_t)n * sizeof *owners) : NULL;
+    if (scatter && !owners)
+        return ebb_compiler_oom(c);
+    for (int k = 0; scatter && k < n; k++)
+        owners[k] = p->owner[a->bucket[k]];
+    int si = bucket_step(a, scatter ? "reduce_scatter.start" : "allreduce.start", &in);
+    if (si < 0) {
+        free(owners);
         return -1;
+    }
     int64_t numel = 0;
     for (int k = 0; k < n; k++) {
         numel += ebb_shape_numel(&p->values[in[k]].shape);
         a->pending[k] = a->bucket[k];
     }
-    if (n > 1) {
-        ebb_shape flat = {1, {numel}};
-        ebb_tensor *m = ebb_compiler_meta_new(c, &flat, p->values[in[0]].dtype);
-        buffer = m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, si, -1) : -1;
+    ebb_dtype dt = p->values[in[0]].dtype;
+    int64_t sent = 0, own = 0;
+    if (scatter) {
+        if (owned_by(p, in, owners, n, (p->rank + 1) % p->data_parallel, &sent) > 1)
+            out[n_out++] = buffer_value(c, si, sent, dt);
+        if (owned_by(p, in, owners, n, p->rank, &own) > 0)
+            out[n_out++] = buffer_value(c, si, own, dt);
+    } else if (n > 1) {
+        out[n_out++] = buffer_value(c, si, numel, dt);
     }
-    if ((n > 1 && buffer < 0) ||
-        ebb_compiler_step_set_slots(c, &p->steps[si], in, n, &buffer, buffer >= 0) != 0) {
+    int ok = 1;
+    for (int k = 0; k < n_out; k++)
+        ok &= out[k] >= 0;
+    if (!ok || ebb_compiler_step_set_slots(c, &p->steps[si], in, n, out, n_out) != 0) {
         free(in);
+        free(owners);
         return -1;
     }
     free(in);
     plan_step *s = &p->steps[si];
     s->overlap = 1;
+    s->owners = owners;
     s->has_workspace_cuda = 1;
     a->n_pending = n;
-    a->pending_buffer = buffer;
+    a->pending_step = si;
+    memcpy(a->pending_buffers, out, sizeof out);
+    a->n_pending_buffers = n_out;
     a->pending_index = p->n_buckets++;
     a->n_bucket = 0;
     a->bucket_bytes = 0;
@@ -1525,37 +1559,70 @@ static int emit_start(ad *a) {
 /* allreduce_overlap: the wait for the bucket under way (the means into its
  * gradients, in place), then its parameters' updates unless they wait for
  * the backward's end (`updates`). Its scratch: libtorch's wrapping of the
- * divisor, as the all-reduce step's. */
+ * divisor, as the all-reduce step's; a reduce-scatter's runs its other
+ * rounds here too, each round's outgoing buffer in turn (when it lays
+ * more than one gradient end to end), and divides only when this rank owns
+ * any. */
 static int emit_wait(ad *a, int updates) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
-    int n = a->n_pending;
+    int n = a->n_pending, nb = a->n_pending_buffers;
     if (n == 0)
         return 0;
-    int *in = malloc(((size_t)n + 1) * sizeof *in), k = 0;
+    int *in = malloc(((size_t)n + 2) * sizeof *in), k = 0;
     char *name = ebb_compiler_strdupf("bucket%d", a->pending_index);
     if (!in || !name) {
         free(in);
         free(name);
         return ebb_compiler_oom(c);
     }
-    if (a->pending_buffer >= 0)
-        in[k++] = a->pending_buffer;
+    for (int j = 0; j < nb; j++)
+        in[k++] = a->pending_buffers[j];
     for (int j = 0; j < n; j++)
         in[k++] = a->pgrad[a->pending[j]];
-    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE_WAIT, "allreduce.wait", name);
+    const int *owners = p->steps[a->pending_step].owners;
+    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE_WAIT,
+                                         owners ? "reduce_scatter.wait" : "allreduce.wait", name);
     free(name);
     if (!s || ebb_compiler_step_set_slots(c, s, in, k, NULL, 0) != 0) {
         free(in);
         return -1;
     }
-    ebb_dtype dt = p->values[in[k - 1]].dtype;
-    free(in);
+    /* (the start step may have moved with the steps array) */
+    owners = p->steps[a->pending_step].owners;
+    const int *grads = in + nb;
+    ebb_dtype dt = p->values[grads[0]].dtype;
+    int64_t e = (int64_t)ebb_dtype_size(dt), wrap = 8 + (dt == EBB_FLOAT64 ? 0 : e), own = 0;
     s->pub.phase = EBB_PHASE_UPDATE;
-    s->workspace = 8 + (dt == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dt));
+    s->workspace = wrap;
+    if (owners) {
+        s->workspace = owned_by(p, grads, owners, n, p->rank, &own) > 0 ? wrap : 0;
+        for (int round = 2; round < p->data_parallel; round++) {
+            int64_t numel = 0;
+            if (owned_by(p, grads, owners, n, (p->rank + round) % p->data_parallel, &numel) < 2)
+                continue;
+            s->workspace = numel * e > s->workspace ? numel * e : s->workspace;
+            s->workspace_cuda = ebb_cuda_block(numel * e) > s->workspace_cuda
+                                    ? ebb_cuda_block(numel * e)
+                                    : s->workspace_cuda;
+        }
+    }
+    free(in);
     s->has_workspace_cuda = 1;
     a->n_pending = 0;
     return updates ? emit_bucket_updates(a, a->pending, n) : 0;
+}
+
+/* allreduce_overlap: whether the open bucket can travel while the backward
+ * goes on (the started collectives take one dtype). */
+static int can_overlap(const ad *a) {
+    const ebb_plan *p = a->c->plan;
+    if (!a->t->allreduce_overlap)
+        return 0;
+    for (int k = 1; k < a->n_bucket; k++)
+        if (p->values[a->pgrad[a->bucket[k]]].dtype != p->values[a->pgrad[a->bucket[0]]].dtype)
+            return 0;
+    return 1;
 }
 
 /* data parallel: the parameters which[0..n) have their final gradients;

@@ -258,9 +258,10 @@ static void print_clip(const ebb_plan *p, FILE *f) {
             const plan_step *s = &p->steps[i];
             if (s->pub.kind != EBB_STEP_ALLREDUCE)
                 continue;
-            /* a started all-reduce's buffer is its output, a value */
-            int64_t b = s->overlap ? (s->pub.n_out ? p->values[s->pub.out[0]].nbytes : 0)
-                                   : s->workspace;
+            /* a started collective's buffers are its outputs, values */
+            int64_t b = s->overlap ? 0 : s->workspace;
+            for (int k = 0; s->overlap && k < s->pub.n_out; k++)
+                b += p->values[s->pub.out[k]].nbytes;
             most = b > most ? b : most;
             overlap |= s->overlap;
             scatter += s->owners != NULL;

@@ -470,8 +470,24 @@ static ebb_status unscale(run_ctx *r, const plan_step *s, int *jump) {
 static ebb_status allreduce(run_ctx *r, const plan_step *s) {
     for (int i = 0; i < s->pub.n_in; i++)
         r->args[i] = r->slots[s->pub.in[i]];
-    if (s->owners)
+    if (s->owners && !s->overlap)
         return ebb_dist_reduce_scatter_mean_(r->dist, r->args, s->owners, s->pub.n_in);
+    if (s->owners) {
+        /* its first round started: the buffers are the step's outputs, in
+         * that order (those the compiler saw coming), the work finished by
+         * the bucket's ALLREDUCE_WAIT step */
+        ebb_tensor *made[2] = {NULL, NULL};
+        ebb_status st = ebb_dist_reduce_scatter_mean_start(r->dist, r->args, s->owners,
+                                                           s->pub.n_in, &made[0], &made[1],
+                                                           &r->pending);
+        for (int j = 0, k = 0; j < 2; j++) {
+            if (made[j] && k < s->pub.n_out)
+                slot_set(r, s->pub.out[k++], made[j]);
+            else
+                ebb_tensor_free(made[j]);
+        }
+        return st;
+    }
     if (!s->overlap)
         return ebb_dist_allreduce_mean_(r->dist, r->args, s->pub.n_in);
     /* started: the buffer is the step's output, the work finished by the

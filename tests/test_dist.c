@@ -187,11 +187,14 @@ static int child_survivor(ebb_dist *d, int rank, int world, int timeout_ms) {
 /* A data-parallel training plan (ebb_train_options.data_parallel): buckets
  * of 4 KiB make several all-reduce steps, each followed by its parameters'
  * updates inside the backward; two AdamW steps run as planned (the second
- * to the byte), and every rank ends with the same parameters. `zero`: the
- * same sharded by ZeRO-1, loss-scaled and clipped by the norm, so the
+ * to the byte), and every rank ends with the same parameters. `mode` 1:
+ * the same sharded by ZeRO-1, loss-scaled and clipped by the norm, so the
  * buckets are reduce-scattered as they fill and every update waits for the
- * sharded unscale and clip after the backward. */
-static int child_plan_of(ebb_dist *d, int rank, int world, int zero) {
+ * sharded unscale and clip after the backward; 2: sharded, the buckets'
+ * reduce-scatters started while the backward goes on (allreduce_overlap)
+ * and their updates made when each is waited for. */
+static int child_plan_of(ebb_dist *d, int rank, int world, int mode) {
+    int zero = mode != 0, held = mode == 1, overlap = mode == 2;
     ebb_spec *s = NULL;
     if (ebb_spec_load(&s, EBB_SOURCE_DIR "/specs/mlp.yaml") != EBB_OK)
         CHILD_FAIL("spec: %s", ebb_errmsg());
@@ -201,7 +204,8 @@ static int child_plan_of(ebb_dist *d, int rank, int world, int zero) {
                            .optimizer = {.kind = EBB_ADAMW, .lr = 1e-2},
                            .data_parallel = world, .allreduce_bucket_bytes = 4096,
                            .zero = zero, .rank = zero ? rank : 0,
-                           .clip_grad_norm = zero ? 0.5 : 0, .loss_scaling = zero};
+                           .clip_grad_norm = held ? 0.5 : 0, .loss_scaling = held,
+                           .allreduce_overlap = overlap};
     ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
     ebb_plan *p = NULL;
     ebb_model *m = NULL;
@@ -213,26 +217,30 @@ static int child_plan_of(ebb_dist *d, int rank, int world, int zero) {
         ebb_spec_free(s);
         return 1;
     }
-    int scattered = 0, in_backward = 0;
+    int scattered = 0, in_backward = 0, started = 0;
     for (int k = 0; k < ebb_plan_step_count(p); k++) {
         const ebb_plan_step *st = ebb_plan_step_at(p, k);
         buckets += st->kind == EBB_STEP_ALLREDUCE;
-        scattered += st->kind == EBB_STEP_ALLREDUCE && !strcmp(st->op, "reduce_scatter");
+        scattered += st->kind == EBB_STEP_ALLREDUCE && !strncmp(st->op, "reduce_scatter", 14);
+        started += st->kind == EBB_STEP_ALLREDUCE && strstr(st->op, ".start") != NULL;
         /* a bucket with backward steps after it travelled during the backward */
         in_backward |= seen && st->phase == EBB_PHASE_BACKWARD;
         seen |= st->kind == EBB_STEP_ALLREDUCE;
         inside |= seen && st->kind == EBB_STEP_UPDATE && k + 1 < ebb_plan_step_count(p) &&
                   ebb_plan_step_at(p, k + 1)->phase == EBB_PHASE_BACKWARD;
     }
-    if (buckets < 2 || !in_backward || inside != !zero ||
-        ebb_plan_updates_in_backward(p) != !zero || scattered != (zero ? buckets : 0))
-        rc = fprintf(stderr, "[rank %d] %d buckets (%d reduce-scattered), one during the "
-                     "backward %d, updates inside it %d\n", rank, buckets, scattered,
-                     in_backward, inside);
+    /* (a sharded rank's own updates may all come after the backward) */
+    if (buckets < 2 || !in_backward || (!zero && !inside) || (held && inside) ||
+        (!zero && !ebb_plan_updates_in_backward(p)) ||
+        (held && ebb_plan_updates_in_backward(p)) || scattered != (zero ? buckets : 0) ||
+        (started > 0) != overlap)
+        rc = fprintf(stderr, "[rank %d] %d buckets (%d reduce-scattered, %d started), one "
+                     "during the backward %d, updates inside it %d\n", rank, buckets,
+                     scattered, started, in_backward, inside);
     /* each rank its own batch, the same initial weights (seed 1) */
     if (!rc && (ebb_model_new(&m, p, ebb_device_cpu(), 1) != EBB_OK ||
                 ebb_optimizer_new(&opt, m, &t.optimizer) != EBB_OK ||
-                (zero && ebb_optimizer_set_loss_scaling(opt, NULL) != EBB_OK) ||
+                (held && ebb_optimizer_set_loss_scaling(opt, NULL) != EBB_OK) ||
                 ebb_tensor_randn(&x, &xs, EBB_FLOAT32, ebb_device_cpu(), 10 + (uint64_t)rank) !=
                     EBB_OK ||
                 ebb_tensor_zeros(&y, &ys, EBB_INT64, ebb_device_cpu()) != EBB_OK))
@@ -284,8 +292,10 @@ static int child_plan_of(ebb_dist *d, int rank, int world, int zero) {
 }
 
 static int child_plan(ebb_dist *d, int rank, int world) {
-    int rc = child_plan_of(d, rank, world, 0);
-    return child_plan_of(d, rank, world, 1) || rc; /* the other ranks run both */
+    int rc = 0;
+    for (int mode = 0; mode < 3; mode++) /* the other ranks run every mode */
+        rc |= child_plan_of(d, rank, world, mode);
+    return rc;
 }
 
 /* ---- two machines ---------------------------------------------------------- */

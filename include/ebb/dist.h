@@ -127,9 +127,23 @@ typedef struct ebb_dist_work ebb_dist_work;
  * nothing is under way and both are NULL. */
 EBB_API ebb_status ebb_dist_allreduce_mean_start(ebb_dist *d, ebb_tensor *const *ts, int n,
                                                  ebb_tensor **flat, ebb_dist_work **out);
+/* ebb_dist_reduce_scatter_mean_() in two halves, as
+ * ebb_dist_allreduce_mean_start() halves the all-reduce: this one starts its
+ * first round and returns; ebb_dist_work_finish() waits for it and runs the
+ * others (with 2 ranks there are no others). The tensors must share one
+ * dtype, and must not be read or written until then. *sent receives a new
+ * handle on the buffer the first round sends, when it laid more than one
+ * tensor end to end (else NULL), *recv one on the buffer this rank's own
+ * arrive in (NULL when it owns none), for the caller to free after the
+ * finish; *out the work. On failure nothing is under way and all three are
+ * NULL. */
+EBB_API ebb_status ebb_dist_reduce_scatter_mean_start(ebb_dist *d, ebb_tensor *const *ts,
+                                                      const int *owner, int n, ebb_tensor **sent,
+                                                      ebb_tensor **recv, ebb_dist_work **out);
 /* Waits for the work, then each of its tensors holds the mean over the
- * ranks; frees w (NULL: nothing to do). EBB_ERR_DIST when a rank was lost
- * or it timed out (w is freed then too). */
+ * ranks (a reduce-scatter's: the owner's); frees w (NULL: nothing to do).
+ * EBB_ERR_DIST when a rank was lost or it timed out (w is freed then
+ * too). */
 EBB_API ebb_status ebb_dist_work_finish(ebb_dist_work *w);
 
 /* Every rank's ts[i] becomes rank `root`'s, in place. As for the mean, the

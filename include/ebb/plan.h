@@ -141,8 +141,9 @@ typedef struct ebb_train_options {
      * (an EBB_STEP_ALLREDUCE step whose op is "reduce_scatter",
      * ebb_dist_reduce_scatter_mean_()): a rank gets the means of the
      * gradients it owns, and the others' gradients die there, with half the
-     * all-reduce's traffic (the buckets allreduce_overlap starts during the
-     * backward are all-reduced). The unscale and clip steps read this
+     * all-reduce's traffic (with allreduce_overlap, "reduce_scatter.start"
+     * and a "reduce_scatter.wait" EBB_STEP_ALLREDUCE_WAIT step, as for the
+     * all-reduce). The unscale and clip steps read this
      * rank's gradients and agree with the other ranks by a collective:
      * ebb_optimizer_unscale_sharded_(), ebb_dist_clip_grad_norm_(). After
      * the updates one EBB_STEP_BROADCAST per rank sends
@@ -262,8 +263,9 @@ typedef enum ebb_step_kind {
                            (ZeRO-1): only those of the parameters this rank owns */
     EBB_STEP_BROADCAST, /* ZeRO-1: the parameters one rank owns (`param` is the rank) become
                            that rank's, on every rank (ebb_train_options.zero) */
-    EBB_STEP_ALLREDUCE_WAIT, /* ([buffer,] a bucket of gradients): waits for the all-reduce
-                                an ALLREDUCE step started (allreduce_overlap) */
+    EBB_STEP_ALLREDUCE_WAIT, /* ([buffers,] a bucket of gradients): waits for the all-reduce
+                                (or reduce-scatter) an ALLREDUCE step started
+                                (allreduce_overlap) */
 } ebb_step_kind;
 
 /* Which part of a training step a step belongs to (inference: all forward). */

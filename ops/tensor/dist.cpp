@@ -6,6 +6,7 @@
 // calls used here are the same in all of them.
 #include <chrono>
 #include <cmath>
+#include <memory>
 #include <cstdlib>
 #include <thread>
 #include <string>
@@ -361,68 +362,99 @@ ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n) {
 }
 
 #ifdef USE_C10D_GLOO
+using gloo_work = decltype(std::declval<backend_t &>().allreduce(
+    std::declval<std::vector<at::Tensor> &>()));
+
 namespace {
 
-// One dtype's share of ebb_dist_reduce_scatter_mean_(): `list` and `owner`
-// hold its tensors (flat) and their owning ranks. World - 1 rounds of
-// pairwise exchange: in round k this rank sends rank me + k the tensors it
-// owns, laid end to end (a lone tensor as it is), receives its own from
-// rank me - k into one buffer the size of them, and adds them in. Each
-// round is an all-to-all with one peer each way, which Gloo and NCCL both
-// pair up. The buffer holds one rank's share at a time, where a single
-// all-to-all would hold world - 1 of them.
-void reduce_scatter_one_dtype(ebb_dist *d, const std::vector<at::Tensor> &list,
-                              const std::vector<int> &owner) {
-    const int me = d->rank, world = d->world;
-    std::vector<at::Tensor> mine;
-    for (size_t i = 0; i < list.size(); i++)
-        if (owner[i] == me) mine.push_back(list[i]);
+// ZeRO's reduce-scatter of one dtype's tensors (flat views) and their
+// owning ranks, in world - 1 rounds of pairwise exchange: in round k this
+// rank sends rank me + k the tensors it owns, laid end to end (a lone
+// tensor as it is), receives its own from rank me - k into `recv`, one
+// buffer the size of them, and adds them in. Each round is an all-to-all
+// with one peer each way, which Gloo and NCCL both pair up. The buffer
+// holds one rank's share at a time, where a single all-to-all would hold
+// world - 1 of them.
+struct scatter {
+    ebb_dist *d;
+    std::vector<at::Tensor> list, mine;
+    std::vector<int> owner;
+    at::Tensor recv;
     int64_t own = 0;
-    for (auto &t : mine) own += t.numel();
-    auto opts = list[0].options();
-    at::Tensor recv = at::empty({own}, opts);
-    for (int k = 1; k < world; k++) {
-        const int to = (me + k) % world, from = (me - k + world) % world;
+
+    scatter(ebb_dist *dist, std::vector<at::Tensor> tensors, std::vector<int> owners)
+        : d(dist), list(std::move(tensors)), owner(std::move(owners)) {
+        for (size_t i = 0; i < list.size(); i++)
+            if (owner[i] == d->rank) {
+                mine.push_back(list[i]);
+                own += list[i].numel();
+            }
+        recv = at::empty({own}, list[0].options());
+    }
+    // what round k sends: *laid when the tensors were laid end to end
+    at::Tensor outgoing(int k, bool *laid = nullptr) const {
+        const int to = (d->rank + k) % d->world;
         std::vector<at::Tensor> parts;
         for (size_t i = 0; i < list.size(); i++)
             if (owner[i] == to) parts.push_back(list[i]);
-        at::Tensor send = parts.empty()       ? at::empty({0}, opts)
-                          : parts.size() == 1 ? parts[0]
-                                              : at::cat(parts);
-        std::vector<int64_t> send_counts(world, 0), recv_counts(world, 0);
-        send_counts[to] = send.numel();
-        recv_counts[from] = own;
-        finish(d->pg->alltoall_base(recv, send, recv_counts, send_counts), d);
+        if (laid) *laid = parts.size() > 1;
+        return parts.empty() ? at::empty({0}, list[0].options())
+               : parts.size() == 1 ? parts[0]
+                                   : at::cat(parts);
+    }
+    gloo_work start(int k, at::Tensor &send) {
+        std::vector<int64_t> send_counts(d->world, 0), recv_counts(d->world, 0);
+        send_counts[(d->rank + k) % d->world] = send.numel();
+        recv_counts[(d->rank - k + d->world) % d->world] = own;
+        return d->pg->alltoall_base(recv, send, recv_counts, send_counts);
+    }
+    void add() {
         int64_t at = 0;
         for (auto &t : mine) {
             t.add_(recv.narrow(0, at, t.numel()));
             at += t.numel();
         }
     }
-    for (auto &t : mine) t.div_(world);
-}
+    // rounds first .. world - 1, each waited for, then the mean
+    void finish_from(int first) {
+        for (int k = first; k < d->world; k++) {
+            at::Tensor send = outgoing(k);
+            finish(start(k, send), d);
+            add();
+        }
+        for (auto &t : mine) t.div_(d->world);
+    }
+};
 
 } // namespace
 #endif
 
-ebb_status ebb_dist_reduce_scatter_mean_(ebb_dist *d, ebb_tensor *const *ts, const int *owner,
-                                         int n) {
-    const char *fn = "ebb_dist_reduce_scatter_mean_";
-    EBB_NEED(fn, d);
+// A reduce-scatter's arguments: what gather() takes, and each tensor's
+// owner a rank of the group; `owners` receives those of the non-NULL ones.
+static ebb_status scatter_args(const char *fn, const ebb_dist *d, ebb_tensor *const *ts,
+                               const int *owner, int n, std::vector<at::Tensor> &list,
+                               std::vector<int> &owners) {
     if (n > 0 && !owner)
         return ebb_error_set(EBB_ERR_ARG, "%s: %d tensors and no owners", fn, n);
-    std::vector<at::Tensor> list;
     ebb_status st = gather(fn, d, ts, n, true, list);
-    if (st != EBB_OK) return st;
-    std::vector<int> owners;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; st == EBB_OK && i < n; i++) {
         if (!ts[i]) continue;
         if (owner[i] < 0 || owner[i] >= d->world)
             return ebb_error_set(EBB_ERR_ARG, "%s (%s): tensor %d's owner is rank %d, not one "
                                  "of the group's %d", fn, d->where.c_str(), i, owner[i], d->world);
         owners.push_back(owner[i]);
     }
-    if (list.empty() || alone(d)) return EBB_OK;
+    return st;
+}
+
+ebb_status ebb_dist_reduce_scatter_mean_(ebb_dist *d, ebb_tensor *const *ts, const int *owner,
+                                         int n) {
+    const char *fn = "ebb_dist_reduce_scatter_mean_";
+    EBB_NEED(fn, d);
+    std::vector<at::Tensor> list;
+    std::vector<int> owners;
+    ebb_status st = scatter_args(fn, d, ts, owner, n, list, owners);
+    if (st != EBB_OK || list.empty() || alone(d)) return st;
 #ifdef USE_C10D_GLOO
     try {
         c10::InferenceMode guard;
@@ -437,7 +469,7 @@ ebb_status ebb_dist_reduce_scatter_mean_(ebb_dist *d, ebb_tensor *const *ts, con
                     same_owner.push_back(owners[j]);
                     done[j] = true;
                 }
-            reduce_scatter_one_dtype(d, same, same_owner);
+            scatter(d, std::move(same), std::move(same_owner)).finish_from(1);
         }
     } catch (...) {
         return dist_failure(fn, d);
@@ -507,17 +539,14 @@ ebb_status ebb_dist_clip_grad_norm_(ebb_dist *d, ebb_tensor *const *grads, int n
     return EBB_OK;
 }
 
-#ifdef USE_C10D_GLOO
-using gloo_work = decltype(std::declval<backend_t &>().allreduce(
-    std::declval<std::vector<at::Tensor> &>()));
-#endif
-
 struct ebb_dist_work {
     ebb_dist *d;
     std::vector<at::Tensor> parts; // the tensors, flattened (views of the caller's)
     std::vector<at::Tensor> flat;  // what travels: the buffer, or the lone tensor
 #ifdef USE_C10D_GLOO
     gloo_work work;
+    std::unique_ptr<scatter> sc; // a reduce-scatter's, its first round under way
+    at::Tensor sent;             // what that round sends
 #endif
 };
 
@@ -555,6 +584,49 @@ ebb_status ebb_dist_allreduce_mean_start(ebb_dist *d, ebb_tensor *const *ts, int
     return EBB_OK;
 }
 
+ebb_status ebb_dist_reduce_scatter_mean_start(ebb_dist *d, ebb_tensor *const *ts,
+                                              const int *owner, int n, ebb_tensor **sent,
+                                              ebb_tensor **recv, ebb_dist_work **out) {
+    const char *fn = "ebb_dist_reduce_scatter_mean_start";
+    EBB_OUT(fn, sent);
+    EBB_OUT(fn, recv);
+    EBB_OUT(fn, out);
+    EBB_NEED(fn, d);
+    std::vector<at::Tensor> list;
+    std::vector<int> owners;
+    ebb_status st = scatter_args(fn, d, ts, owner, n, list, owners);
+    if (st != EBB_OK) return st;
+    for (auto &t : list)
+        if (t.scalar_type() != list[0].scalar_type())
+            return ebb_error_set(EBB_ERR_ARG, "%s: tensors of %s and %s; a started "
+                                 "reduce-scatter takes one dtype", fn,
+                                 ebb::describe(list[0]).c_str(), ebb::describe(t).c_str());
+    ebb_dist_work *w = new (std::nothrow) ebb_dist_work;
+    if (!w) return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
+    w->d = d;
+#ifdef USE_C10D_GLOO
+    if (!list.empty() && !alone(d)) {
+        try {
+            c10::InferenceMode guard;
+            for (auto &t : list) t = t.view({-1});
+            w->sc.reset(new scatter(d, std::move(list), std::move(owners)));
+            bool laid = false;
+            w->sent = w->sc->outgoing(1, &laid);
+            w->work = w->sc->start(1, w->sent);
+            if (laid) *sent = ebb::wrap(w->sent);
+            if (!w->sc->mine.empty()) *recv = ebb::wrap(w->sc->recv);
+        } catch (...) {
+            ebb_tensor_free(*sent);
+            *sent = nullptr;
+            delete w;
+            return dist_failure(fn, d);
+        }
+    }
+#endif
+    *out = w;
+    return EBB_OK;
+}
+
 ebb_status ebb_dist_work_finish(ebb_dist_work *w) {
     const char *fn = "ebb_dist_work_finish";
     if (!w) return EBB_OK;
@@ -563,6 +635,11 @@ ebb_status ebb_dist_work_finish(ebb_dist_work *w) {
         c10::InferenceMode guard;
 #ifdef USE_C10D_GLOO
         if (w->work) finish(std::move(w->work), w->d);
+        if (w->sc) { // a reduce-scatter: its first round in, then the others
+            w->sent.reset();
+            w->sc->add();
+            w->sc->finish_from(2);
+        }
 #endif
         if (!w->flat.empty() && !alone(w->d)) {
             w->flat[0].div_(w->d->world);
