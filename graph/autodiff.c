@@ -1265,8 +1265,50 @@ static int bucket_step(ad *a, const char *op, int **in) {
 
 /* ZeRO-1: a bucket's step is a reduce-scatter, which leaves each rank the
  * means of its own gradients only (the unscale and clip steps after the
- * backward read those, and agree with the other ranks by a collective). */
-static int scatters(const ad *a) { return a->c->plan->owner != NULL; }
+ * backward read those, and agree with the other ranks by a collective).
+ * *owners receives the open bucket's owners, a new array (NULL without
+ * ZeRO-1); -1 when out of memory. */
+static int bucket_owners(ad *a, int **owners) {
+    const ebb_plan *p = a->c->plan;
+    *owners = NULL;
+    if (!p->owner)
+        return 0;
+    *owners = malloc(((size_t)a->n_bucket + 1) * sizeof **owners);
+    if (!*owners)
+        return ebb_compiler_oom(a->c);
+    for (int k = 0; k < a->n_bucket; k++)
+        (*owners)[k] = p->owner[a->bucket[k]];
+    return 0;
+}
+
+/* libtorch's wrapping of an all-reduce's divisor, a Scalar: 8 bytes, and a
+ * copy in the dtype unless that is float64. */
+static int64_t divisor_bytes(ebb_dtype dt) {
+    return 8 + (dt == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dt));
+}
+
+/* Of the gradients in[0..n) of dtype `dt` whose owners are owners[0..n)
+ * (NULL: every one), those rank `to` owns: how many, and their bytes. */
+static int owned_by(const ebb_plan *p, const int *in, const int *owners, int n, int to,
+                    ebb_dtype dt, int64_t *bytes) {
+    int count = 0;
+    *bytes = 0;
+    for (int k = 0; k < n; k++)
+        if (p->values[in[k]].dtype == dt && (!owners || owners[k] == to)) {
+            count++;
+            *bytes += p->values[in[k]].nbytes;
+        }
+    return count;
+}
+
+/* Whether in[k] is the first of in[0..n) in its dtype: the collectives run
+ * a dtype at a time, and the scratch is counted at its first. */
+static int first_of_dtype(const ebb_plan *p, const int *in, int k) {
+    for (int j = 0; j < k; j++)
+        if (p->values[in[j]].dtype == p->values[in[k]].dtype)
+            return 0;
+    return 1;
+}
 
 /* ZeRO-1's reduce-scatter of the bucket whose gradients are in[0..n) and
  * whose owners are owners[0..n): its scratch as
@@ -1276,37 +1318,18 @@ static int scatters(const ad *a) { return a->c->plan->owner != NULL; }
  * gradients rank + k owns, when more than one) and the divisor's wrapping
  * (when this rank owns any). */
 static void scatter_scratch(ebb_plan *p, plan_step *s, const int *in, const int *owners, int n) {
-    int64_t cpu = 0, cuda = 0;
+    int64_t cpu = 0, cuda = 0, own, bytes;
     for (int k = 0; k < n; k++) {
         ebb_dtype dt = p->values[in[k]].dtype;
-        int first = 1, n_own = 0;
-        int64_t own = 0;
-        for (int j = 0; j < n; j++) {
-            if (p->values[in[j]].dtype != dt)
-                continue;
-            first &= j >= k;
-            if (owners[j] == p->rank) {
-                n_own++;
-                own += p->values[in[j]].nbytes;
-            }
-        }
-        if (!first)
+        if (!first_of_dtype(p, in, k))
             continue;
-        int64_t out = n_own ? 8 + (dt == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dt)) : 0;
+        int64_t out = owned_by(p, in, owners, n, p->rank, dt, &own) ? divisor_bytes(dt) : 0;
         int64_t out_cuda = 0;
-        for (int round = 1; round < p->data_parallel; round++) {
-            int to = (p->rank + round) % p->data_parallel, count = 0;
-            int64_t bytes = 0;
-            for (int j = 0; j < n; j++)
-                if (p->values[in[j]].dtype == dt && owners[j] == to) {
-                    count++;
-                    bytes += p->values[in[j]].nbytes;
-                }
-            if (count > 1) {
+        for (int round = 1; round < p->data_parallel; round++)
+            if (owned_by(p, in, owners, n, (p->rank + round) % p->data_parallel, dt, &bytes) > 1) {
                 out = bytes > out ? bytes : out;
                 out_cuda = ebb_cuda_block(bytes) > out_cuda ? ebb_cuda_block(bytes) : out_cuda;
             }
-        }
         int64_t here = own + out, here_cuda = (own ? ebb_cuda_block(own) : 0) + out_cuda;
         cpu = here > cpu ? here : cpu;
         cuda = here_cuda > cuda ? here_cuda : cuda;
@@ -1318,26 +1341,16 @@ static void scatter_scratch(ebb_plan *p, plan_step *s, const int *in, const int 
 
 /* An all-reduce of the gradients in[0..n): its scratch, per dtype, one
  * after another: the buffer (when more than one gradient shares it), and
- * libtorch's wrapping of the divisor, a Scalar: 8 bytes, and a copy in the
- * dtype unless that is float64. */
+ * the divisor's wrapping. */
 static void allreduce_scratch(ebb_plan *p, plan_step *s, const int *in, int n) {
-    int64_t cpu = 0, cuda = 0;
+    int64_t cpu = 0, cuda = 0, bytes;
     for (int k = 0; k < n; k++) {
         ebb_dtype dt = p->values[in[k]].dtype;
-        int first = 1, count = 0;
-        int64_t bytes = 0;
-        for (int j = 0; j < n; j++) {
-            if (p->values[in[j]].dtype != dt)
-                continue;
-            first &= j >= k;
-            count++;
-            bytes += p->values[in[j]].nbytes;
-        }
-        if (!first)
-            continue; /* its dtype was counted at its first gradient */
-        int64_t wrap = 8 + (dt == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dt));
-        int64_t here = (count > 1 ? bytes : 0) + wrap;
-        int64_t here_cuda = count > 1 ? ebb_cuda_block(bytes) : 0;
+        if (!first_of_dtype(p, in, k))
+            continue;
+        int laid = owned_by(p, in, NULL, n, 0, dt, &bytes) > 1;
+        int64_t here = (laid ? bytes : 0) + divisor_bytes(dt);
+        int64_t here_cuda = laid ? ebb_cuda_block(bytes) : 0;
         cpu = here > cpu ? here : cpu;
         cuda = here_cuda > cuda ? here_cuda : cuda;
     }
@@ -1348,19 +1361,16 @@ static void allreduce_scratch(ebb_plan *p, plan_step *s, const int *in, int n) {
 
 /* data parallel: one step averaging the open bucket's gradients over the
  * ranks, laid end to end in a buffer (one collective per dtype; a lone
- * gradient of its dtype needs none). Under ZeRO-1 a reduce-scatter, unless
- * scatters() says otherwise. */
+ * gradient of its dtype needs none). Under ZeRO-1 a reduce-scatter. */
 static int emit_allreduce(ad *a) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
-    int n = a->n_bucket, *in = NULL, scatter = scatters(a);
+    int n = a->n_bucket, *in = NULL, *owners = NULL;
     if (n == 0)
         return 0;
-    int *owners = scatter ? malloc((size_t)n * sizeof *owners) : NULL;
-    if (scatter && !owners)
-        return ebb_compiler_oom(c);
-    for (int k = 0; scatter && k < n; k++)
-        owners[k] = p->owner[a->bucket[k]];
+    if (bucket_owners(a, &owners) != 0)
+        return -1;
+    int scatter = owners != NULL;
     int si = bucket_step(a, scatter ? "reduce_scatter" : "allreduce", &in);
     if (si < 0 || ebb_compiler_step_set_slots(c, &p->steps[si], in, n, NULL, 0) != 0) {
         free(in);
@@ -1484,20 +1494,6 @@ static int buffer_value(compiler *c, int si, int64_t numel, ebb_dtype dt) {
     return m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, si, -1) : -1;
 }
 
-/* The gradients in[0..n) whose owners are owners[0..n) that go to rank
- * `to` (in the dtype of in[0]): how many, and their elements. */
-static int owned_by(const ebb_plan *p, const int *in, const int *owners, int n, int to,
-                    int64_t *numel) {
-    int count = 0;
-    *numel = 0;
-    for (int k = 0; k < n; k++)
-        if (owners[k] == to) {
-            count++;
-            *numel += ebb_shape_numel(&p->values[in[k]].shape);
-        }
-    return count;
-}
-
 /* allreduce_overlap: the open bucket's all-reduce started, its updates left
  * for when it is waited for (emit_wait). The step writes the buffer the
  * gradients travel in, a value of the plan until the wait. Under ZeRO-1 a
@@ -1507,12 +1503,10 @@ static int owned_by(const ebb_plan *p, const int *in, const int *owners, int n, 
 static int emit_start(ad *a) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
-    int n = a->n_bucket, *in = NULL, out[2], n_out = 0, scatter = scatters(a);
-    int *owners = scatter ? malloc((size_t)n * sizeof *owners) : NULL;
-    if (scatter && !owners)
-        return ebb_compiler_oom(c);
-    for (int k = 0; scatter && k < n; k++)
-        owners[k] = p->owner[a->bucket[k]];
+    int n = a->n_bucket, *in = NULL, out[2], n_out = 0, *owners = NULL;
+    if (bucket_owners(a, &owners) != 0)
+        return -1;
+    int scatter = owners != NULL;
     int si = bucket_step(a, scatter ? "reduce_scatter.start" : "allreduce.start", &in);
     if (si < 0) {
         free(owners);
@@ -1524,12 +1518,12 @@ static int emit_start(ad *a) {
         a->pending[k] = a->bucket[k];
     }
     ebb_dtype dt = p->values[in[0]].dtype;
-    int64_t sent = 0, own = 0;
+    int64_t e = (int64_t)ebb_dtype_size(dt), sent, own;
     if (scatter) {
-        if (owned_by(p, in, owners, n, (p->rank + 1) % p->data_parallel, &sent) > 1)
-            out[n_out++] = buffer_value(c, si, sent, dt);
-        if (owned_by(p, in, owners, n, p->rank, &own) > 0)
-            out[n_out++] = buffer_value(c, si, own, dt);
+        if (owned_by(p, in, owners, n, (p->rank + 1) % p->data_parallel, dt, &sent) > 1)
+            out[n_out++] = buffer_value(c, si, sent / e, dt);
+        if (owned_by(p, in, owners, n, p->rank, dt, &own) > 0)
+            out[n_out++] = buffer_value(c, si, own / e, dt);
     } else if (n > 1) {
         out[n_out++] = buffer_value(c, si, numel, dt);
     }
@@ -1592,19 +1586,17 @@ static int emit_wait(ad *a, int updates) {
     owners = p->steps[a->pending_step].owners;
     const int *grads = in + nb;
     ebb_dtype dt = p->values[grads[0]].dtype;
-    int64_t e = (int64_t)ebb_dtype_size(dt), wrap = 8 + (dt == EBB_FLOAT64 ? 0 : e), own = 0;
+    int64_t bytes;
     s->pub.phase = EBB_PHASE_UPDATE;
-    s->workspace = wrap;
+    s->workspace = divisor_bytes(dt);
     if (owners) {
-        s->workspace = owned_by(p, grads, owners, n, p->rank, &own) > 0 ? wrap : 0;
+        s->workspace = owned_by(p, grads, owners, n, p->rank, dt, &bytes) ? divisor_bytes(dt) : 0;
         for (int round = 2; round < p->data_parallel; round++) {
-            int64_t numel = 0;
-            if (owned_by(p, grads, owners, n, (p->rank + round) % p->data_parallel, &numel) < 2)
+            if (owned_by(p, grads, owners, n, (p->rank + round) % p->data_parallel, dt, &bytes) < 2)
                 continue;
-            s->workspace = numel * e > s->workspace ? numel * e : s->workspace;
-            s->workspace_cuda = ebb_cuda_block(numel * e) > s->workspace_cuda
-                                    ? ebb_cuda_block(numel * e)
-                                    : s->workspace_cuda;
+            s->workspace = bytes > s->workspace ? bytes : s->workspace;
+            s->workspace_cuda = ebb_cuda_block(bytes) > s->workspace_cuda ? ebb_cuda_block(bytes)
+                                                                          : s->workspace_cuda;
         }
     }
     free(in);
