@@ -892,10 +892,15 @@ static int emit_backward(ad *a, int fi) {
         if (!gparam[j])
             continue;
         int al = failed ? -1 : alias_among(gparam[j], read_meta, reads, n_reads);
-        /* one tensor for several gradients (lstm_cell's two biases) */
+        /* one tensor for several gradients (lstm_cell's two biases): under
+         * ZeRO-1 one rank owns both, so that the tensor is averaged once,
+         * for both, where it is owned */
         for (int k = 0; !failed && al < 0 && k < j; k++)
-            if (gp_slot[k] >= 0 && ebb_tensor_same_storage(gparam[j], c->meta[gp_slot[k]]))
+            if (gp_slot[k] >= 0 && ebb_tensor_same_storage(gparam[j], c->meta[gp_slot[k]])) {
                 al = gp_slot[k];
+                if (p->owner)
+                    p->owner[f->param[j]] = p->owner[f->param[k]];
+            }
         for (int k = 0; !failed && al < 0 && k < n_in; k++)
             if (gin_slot[k] >= 0 && ebb_tensor_same_storage(gparam[j], c->meta[gin_slot[k]]))
                 al = gin_slot[k];
@@ -1288,13 +1293,16 @@ static int64_t divisor_bytes(ebb_dtype dt) {
 }
 
 /* Of the gradients in[0..n) of dtype `dt` whose owners are owners[0..n)
- * (NULL: every one), those rank `to` owns: how many, and their bytes. */
+ * (NULL: every one), those rank `to` owns: how many, and their bytes. A
+ * gradient that shares another's tensor (0 bytes of its own) or holds
+ * nothing travels not at all (ebb/dist.h), and does not count. */
 static int owned_by(const ebb_plan *p, const int *in, const int *owners, int n, int to,
                     ebb_dtype dt, int64_t *bytes) {
     int count = 0;
     *bytes = 0;
     for (int k = 0; k < n; k++)
-        if (p->values[in[k]].dtype == dt && (!owners || owners[k] == to)) {
+        if (p->values[in[k]].dtype == dt && p->values[in[k]].nbytes > 0 &&
+            (!owners || owners[k] == to)) {
             count++;
             *bytes += p->values[in[k]].nbytes;
         }
@@ -1503,7 +1511,7 @@ static int buffer_value(compiler *c, int si, int64_t numel, ebb_dtype dt) {
 static int emit_start(ad *a) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
-    int n = a->n_bucket, *in = NULL, out[2], n_out = 0, *owners = NULL;
+    int n = a->n_bucket, *in = NULL, out[2] = {-1, -1}, n_out = 0, *owners = NULL;
     if (bucket_owners(a, &owners) != 0)
         return -1;
     int scatter = owners != NULL;
@@ -1512,21 +1520,19 @@ static int emit_start(ad *a) {
         free(owners);
         return -1;
     }
-    int64_t numel = 0;
-    for (int k = 0; k < n; k++) {
-        numel += ebb_shape_numel(&p->values[in[k]].shape);
+    for (int k = 0; k < n; k++)
         a->pending[k] = a->bucket[k];
-    }
     ebb_dtype dt = p->values[in[0]].dtype;
-    int64_t e = (int64_t)ebb_dtype_size(dt), sent, own;
+    int64_t e = (int64_t)ebb_dtype_size(dt), sent, own, all;
     if (scatter) {
         if (owned_by(p, in, owners, n, (p->rank + 1) % p->data_parallel, dt, &sent) > 1)
             out[n_out++] = buffer_value(c, si, sent / e, dt);
         if (owned_by(p, in, owners, n, p->rank, dt, &own) > 0)
             out[n_out++] = buffer_value(c, si, own / e, dt);
-    } else if (n > 1) {
-        out[n_out++] = buffer_value(c, si, numel, dt);
+    } else if (owned_by(p, in, NULL, n, 0, dt, &all) > 1) {
+        out[n_out++] = buffer_value(c, si, all / e, dt);
     }
+
     int ok = 1;
     for (int k = 0; k < n_out; k++)
         ok &= out[k] >= 0;

@@ -480,8 +480,12 @@ static ebb_status allreduce(run_ctx *r, const plan_step *s) {
         ebb_status st = ebb_dist_reduce_scatter_mean_start(r->dist, r->args, s->owners,
                                                            s->pub.n_in, &made[0], &made[1],
                                                            &r->pending);
+        int n_made = (made[0] != NULL) + (made[1] != NULL);
+        if (st == EBB_OK && n_made != s->pub.n_out)
+            st = ebb_error_set(EBB_ERR_RUNTIME, "%s (%s): %d buffers made, the plan has %d",
+                               s->pub.op, s->pub.node, n_made, s->pub.n_out);
         for (int j = 0, k = 0; j < 2; j++) {
-            if (made[j] && k < s->pub.n_out)
+            if (made[j] && st == EBB_OK)
                 slot_set(r, s->pub.out[k++], made[j]);
             else
                 ebb_tensor_free(made[j]);

@@ -4,6 +4,7 @@
  * float32's, as GradScaler keeps the scale in a float32 tensor. */
 #include <float.h>
 #include <math.h>
+#include <stdio.h>
 
 #include "ebb/dist.h"
 #include "ebb/optim.h"
@@ -91,9 +92,18 @@ static ebb_status unscale(const char *fn, ebb_optimizer *opt, ebb_tensor *const 
     double inv = (float)(1.0 / s->scale);
     int found = 0;
     ebb_status st = ebb_tensor_unscale_(grads, n, inv, &found);
-    double any = found;
-    if (st == EBB_OK && d)
-        st = ebb_dist_sum(d, &any, 1);
+    double any = found || st != EBB_OK;
+    if (d) {
+        /* a rank that failed still takes part, so that the others are not
+         * left waiting (they skip the step); its error stands */
+        char why[512];
+        snprintf(why, sizeof why, "%s", st != EBB_OK ? ebb_errmsg() : "");
+        ebb_status ds = ebb_dist_sum(d, &any, 1);
+        if (st != EBB_OK)
+            ebb_error_set(st, "%s", why);
+        else
+            st = ds;
+    }
     if (st != EBB_OK)
         return ebb_error_prefix("%s", fn);
     found = any > 0;

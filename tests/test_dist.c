@@ -126,6 +126,21 @@ static int child_zero(ebb_dist *d, int rank, int world) {
         rc = fprintf(stderr, "[rank %d] clip: norm %.9g (want %.9g), %.9g (want %.9g)\n", rank,
                      total, sqrt(sq), got[0], (rank + 1) * 0.5);
     ebb_tensor_free(g);
+    /* one tensor listed twice (two gradients of one tensor): averaged once,
+     * by the all-reduce and by the reduce-scatter (one owner for both) */
+    ebb_tensor *twice = filled(3, 2.0 * rank, EBB_FLOAT32);
+    ebb_tensor *pair[2] = {twice, twice};
+    const int pair_owner[2] = {world - 1, world - 1};
+    if (!rc && (ebb_dist_allreduce_mean_(d, pair, 2) != EBB_OK || !all_equal(twice, world - 1.0)))
+        rc = fprintf(stderr, "[rank %d] allreduce of a tensor listed twice: %s\n", rank,
+                     ebb_errmsg());
+    ebb_tensor_free(twice);
+    pair[0] = pair[1] = twice = filled(3, 2.0 * rank, EBB_FLOAT32);
+    if (!rc && (ebb_dist_reduce_scatter_mean_(d, pair, pair_owner, 2) != EBB_OK ||
+                !all_equal(twice, rank == world - 1 ? world - 1.0 : 2.0 * rank)))
+        rc = fprintf(stderr, "[rank %d] reduce-scatter of a tensor listed twice: %s\n", rank,
+                     ebb_errmsg());
+    ebb_tensor_free(twice);
     int bad[N] = {0, world, 0, 0, 0, 0};
     char who[32];
     snprintf(who, sizeof who, "owner is rank %d", world);

@@ -1075,6 +1075,31 @@ static void test_lr_schedules(void **state) {
     ebb_safetensors_close(st);
 }
 
+/* One tensor for two parameters' gradients (lstm_cell's biases): clipping
+ * by the norm counts it twice, as torch's two .grad tensors would count,
+ * but scales it once; unscaling divides it once. */
+static void test_shared_gradient_scaled_once(void **state) {
+    (void)state;
+    const float v[2] = {3, 4};
+    ebb_shape sh = {1, {2}};
+    ebb_tensor *g = NULL;
+    assert_int_equal(ebb_tensor_from_host(&g, v, sizeof v, &sh, EBB_FLOAT32, CPU), EBB_OK);
+    ebb_tensor *both[2] = {g, g};
+    double total = 0;
+    assert_int_equal(ebb_tensor_clip_grad_norm_(both, 2, 1.0, &total), EBB_OK);
+    float got[2];
+    assert_int_equal(ebb_tensor_to_host(g, got, sizeof got), EBB_OK);
+    double f = 1.0 / (sqrt(50.0) + 1e-6);
+    assert_true(fabs(total - sqrt(50.0)) < 1e-5);
+    assert_true(fabs(got[0] - 3 * f) < 1e-6 && fabs(got[1] - 4 * f) < 1e-6);
+    int found = 1;
+    assert_int_equal(ebb_tensor_unscale_(both, 2, 0.5, &found), EBB_OK);
+    assert_int_equal(ebb_tensor_to_host(g, got, sizeof got), EBB_OK);
+    assert_int_equal(found, 0);
+    assert_true(fabs(got[0] - 1.5 * f) < 1e-6 && fabs(got[1] - 2 * f) < 1e-6);
+    ebb_tensor_free(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         PARITY("sgd"),
@@ -1100,6 +1125,7 @@ int main(void) {
         EBB_TEST(test_load_errors),
         EBB_TEST(test_state_bytes),
         EBB_TEST(test_lr_schedules),
+        EBB_TEST(test_shared_gradient_scaled_once),
     };
     return cmocka_run_group_tests(tests, make_dir, remove_dir);
 }

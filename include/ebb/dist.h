@@ -83,7 +83,9 @@ EBB_API ebb_device ebb_dist_device(const ebb_dist *d);
 /* Every rank's ts[i] becomes the mean over ranks of ts[i], in place: Gloo's
  * sum, then a division by the world size (the gradients of a data-parallel
  * step, as DDP averages them). ts[0..n) must be floating, contiguous and on
- * the group's device; NULL entries are skipped (every rank must skip the same ones).
+ * the group's device; NULL entries are skipped (every rank must skip the same ones),
+ * and so are tensors with no element and those an earlier entry holds (one
+ * tensor for two gradients is averaged once).
  * The tensors of one dtype travel together in one collective, laid end to
  * end in a buffer the size of them all (DDP's bucket), held for the call. 
  * EBB_ERR_DIST when a rank was lost or the collective timed out. */
@@ -94,10 +96,14 @@ EBB_API ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, 
  * left as they were. Per dtype, world - 1 rounds: in round k each rank
  * sends rank + k the tensors that rank owns, laid end to end (a lone tensor
  * as it is), and receives its own from rank - k into a buffer the size of
- * them, adding them in; then it divides. Each rank sends (world - 1) /
- * world of the bytes on average, where an all-reduce sends twice that.
- * Takes what ebb_dist_allreduce_mean_() takes and fails as it does;
- * EBB_ERR_ARG names a tensor whose owner is not a rank. */
+ * them, adding them in; then it divides. Each round is one all-to-all
+ * (Gloo sends every other rank a message in it, empty but for the one
+ * peer). Each rank sends (world - 1) / world of the bytes on average,
+ * where an all-reduce sends twice that. Takes what
+ * ebb_dist_allreduce_mean_() takes and fails as it does; EBB_ERR_ARG names
+ * a tensor whose owner is not a rank. As for the mean, a tensor listed
+ * twice (one tensor for two gradients; give both one owner) or holding no
+ * element travels once or not at all. */
 EBB_API ebb_status ebb_dist_reduce_scatter_mean_(ebb_dist *d, ebb_tensor *const *ts,
                                                  const int *owner, int n);
 /* Every rank's values[0..n) (on the host) become their sum over the ranks,
@@ -116,7 +122,8 @@ EBB_API ebb_status ebb_dist_sum(ebb_dist *d, double *values, int n);
  * one element, then the factor. */
 EBB_API ebb_status ebb_dist_clip_grad_norm_(ebb_dist *d, ebb_tensor *const *grads, int n,
                                             double max_norm, double *total_norm);
-/* An all-reduce under way (ebb_dist_allreduce_mean_start). */
+/* An all-reduce or a reduce-scatter under way
+ * (ebb_dist_allreduce_mean_start, ebb_dist_reduce_scatter_mean_start). */
 typedef struct ebb_dist_work ebb_dist_work;
 /* ebb_dist_allreduce_mean_() in two halves, so that the caller can go on
  * computing while the ranks exchange: this one starts it and returns. The
@@ -130,8 +137,9 @@ EBB_API ebb_status ebb_dist_allreduce_mean_start(ebb_dist *d, ebb_tensor *const 
 /* ebb_dist_reduce_scatter_mean_() in two halves, as
  * ebb_dist_allreduce_mean_start() halves the all-reduce: this one starts its
  * first round and returns; ebb_dist_work_finish() waits for it and runs the
- * others (with 2 ranks there are no others). The tensors must share one
- * dtype, and must not be read or written until then. *sent receives a new
+ * others (with 2 ranks there are no others; a group of one has nothing to
+ * do). The tensors must share one dtype, and must not be read or written
+ * until then. *sent receives a new
  * handle on the buffer the first round sends, when it laid more than one
  * tensor end to end (else NULL), *recv one on the buffer this rank's own
  * arrive in (NULL when it owns none), for the caller to free after the

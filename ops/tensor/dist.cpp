@@ -282,10 +282,24 @@ ebb_device ebb_dist_device(const ebb_dist *d) { return d ? d->device : ebb_devic
 
 namespace {
 
+// Whether `t` holds what an earlier tensor of `list` holds: one tensor for
+// two gradients (lstm_cell's biases), which an average in place must take
+// once.
+bool repeated(const std::vector<at::Tensor> &list, const at::Tensor &t) {
+    for (auto &u : list)
+        if (u.data_ptr() == t.data_ptr() && u.numel() == t.numel() &&
+            u.scalar_type() == t.scalar_type())
+            return true;
+    return false;
+}
+
 // The tensors a collective takes: non-NULL, contiguous, on the group's
-// device; floating when `floating`.
+// device; floating when `floating`. `once` (the averages in place): a
+// tensor that holds nothing, or what an earlier one holds, is left out.
+// `kept` (may be null) receives the indices of those taken.
 ebb_status gather(const char *fn, const ebb_dist *d, ebb_tensor *const *ts, int n,
-                  bool floating, std::vector<at::Tensor> &out) {
+                  bool floating, std::vector<at::Tensor> &out, bool once = false,
+                  std::vector<int> *kept = nullptr) {
     if (n < 0 || (n > 0 && !ts))
         return ebb_error_set(EBB_ERR_ARG, "%s: %d tensors at %p", fn, n, (const void *)ts);
     for (int i = 0; i < n; i++) {
@@ -301,7 +315,9 @@ ebb_status gather(const char *fn, const ebb_dist *d, ebb_tensor *const *ts, int 
                                  ebb::describe(t).c_str(), floating ? "floating, " : "",
                                  ebb_device_str(d->device, dev, sizeof dev));
         }
+        if (once && (t.numel() == 0 || repeated(out, t))) continue;
         out.push_back(t);
+        if (kept) kept->push_back(i);
     }
     return EBB_OK;
 }
@@ -344,7 +360,7 @@ ebb_status ebb_dist_allreduce_mean_(ebb_dist *d, ebb_tensor *const *ts, int n) {
     const char *fn = "ebb_dist_allreduce_mean_";
     EBB_NEED(fn, d);
     std::vector<at::Tensor> list;
-    ebb_status st = gather(fn, d, ts, n, true, list);
+    ebb_status st = gather(fn, d, ts, n, true, list, true);
     if (st != EBB_OK || list.empty() || alone(d)) return st;
 #ifdef USE_C10D_GLOO
     try {
@@ -372,7 +388,8 @@ namespace {
 // rank sends rank me + k the tensors it owns, laid end to end (a lone
 // tensor as it is), receives its own from rank me - k into `recv`, one
 // buffer the size of them, and adds them in. Each round is an all-to-all
-// with one peer each way, which Gloo and NCCL both pair up. The buffer
+// whose counts are zero but for one peer each way (Gloo still sends the
+// others an empty message). The buffer
 // holds one rank's share at a time, where a single all-to-all would hold
 // world - 1 of them.
 struct scatter {
@@ -436,14 +453,13 @@ static ebb_status scatter_args(const char *fn, const ebb_dist *d, ebb_tensor *co
                                std::vector<int> &owners) {
     if (n > 0 && !owner)
         return ebb_error_set(EBB_ERR_ARG, "%s: %d tensors and no owners", fn, n);
-    ebb_status st = gather(fn, d, ts, n, true, list);
-    for (int i = 0; st == EBB_OK && i < n; i++) {
-        if (!ts[i]) continue;
-        if (owner[i] < 0 || owner[i] >= d->world)
+    for (int i = 0; i < n; i++)
+        if (ts && ts[i] && (owner[i] < 0 || owner[i] >= d->world))
             return ebb_error_set(EBB_ERR_ARG, "%s (%s): tensor %d's owner is rank %d, not one "
                                  "of the group's %d", fn, d->where.c_str(), i, owner[i], d->world);
-        owners.push_back(owner[i]);
-    }
+    std::vector<int> kept;
+    ebb_status st = gather(fn, d, ts, n, true, list, true, &kept);
+    for (int i : kept) owners.push_back(owner[i]);
     return st;
 }
 
@@ -509,18 +525,24 @@ ebb_status ebb_dist_clip_grad_norm_(ebb_dist *d, ebb_tensor *const *grads, int n
     if (total_norm) *total_norm = 0;
     const at::Tensor *first = nullptr;
     ebb_status st = ebb::clip_grad_norm_check(fn, grads, n, max_norm, &first);
-    if (st != EBB_OK) return st;
     // this rank's squared norm, read back (the one-element total freed
-    // first), then summed over the ranks
+    // first), then summed over the ranks. A rank that failed here still
+    // takes part, with a NaN, so that the others are not left waiting.
     double sq = 0;
     try {
         c10::InferenceMode guard;
-        if (first) {
+        if (st == EBB_OK && first) {
             double v = ebb::grad_norm(grads, n).item<double>();
             sq = v * v;
         }
     } catch (...) {
-        return ebb::fail_from_exception(fn);
+        st = ebb::fail_from_exception(fn);
+    }
+    if (st != EBB_OK) {
+        std::string why = ebb_errmsg();
+        sq = NAN;
+        ebb_dist_sum(d, &sq, 1);
+        return ebb_error_set(st, "%s", why.c_str());
     }
     st = ebb_dist_sum(d, &sq, 1);
     if (st != EBB_OK) return ebb_error_prefix("%s", fn);
@@ -532,7 +554,7 @@ ebb_status ebb_dist_clip_grad_norm_(ebb_dist *d, ebb_tensor *const *grads, int n
         at::Tensor factor = at::full({}, ebb::clip_factor(total, first->scalar_type(), max_norm),
                                      first->options());
         for (int i = 0; i < n; i++)
-            if (grads[i]) grads[i]->t.mul_(factor);
+            if (grads[i] && !ebb::repeated_grad(grads, i)) grads[i]->t.mul_(factor);
     } catch (...) {
         return ebb::fail_from_exception(fn);
     }
@@ -557,7 +579,7 @@ ebb_status ebb_dist_allreduce_mean_start(ebb_dist *d, ebb_tensor *const *ts, int
     EBB_OUT(fn, out);
     EBB_NEED(fn, d);
     std::vector<at::Tensor> list;
-    ebb_status st = gather(fn, d, ts, n, true, list);
+    ebb_status st = gather(fn, d, ts, n, true, list, true);
     if (st != EBB_OK) return st;
     for (auto &t : list)
         if (t.scalar_type() != list[0].scalar_type())
@@ -605,19 +627,20 @@ ebb_status ebb_dist_reduce_scatter_mean_start(ebb_dist *d, ebb_tensor *const *ts
     if (!w) return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
     w->d = d;
 #ifdef USE_C10D_GLOO
-    if (!list.empty() && !alone(d)) {
+    if (!list.empty() && d->world > 1) { // a group of one holds the means already
         try {
             c10::InferenceMode guard;
             for (auto &t : list) t = t.view({-1});
             w->sc.reset(new scatter(d, std::move(list), std::move(owners)));
             bool laid = false;
             w->sent = w->sc->outgoing(1, &laid);
-            w->work = w->sc->start(1, w->sent);
             if (laid) *sent = ebb::wrap(w->sent);
             if (!w->sc->mine.empty()) *recv = ebb::wrap(w->sc->recv);
+            w->work = w->sc->start(1, w->sent); // last: nothing under way if anything threw
         } catch (...) {
             ebb_tensor_free(*sent);
-            *sent = nullptr;
+            ebb_tensor_free(*recv);
+            *sent = *recv = nullptr;
             delete w;
             return dist_failure(fn, d);
         }

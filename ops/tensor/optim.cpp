@@ -291,6 +291,18 @@ ebb_status ebb::clip_grad_norm_check(const char *fn, ebb_tensor *const *grads, i
     return EBB_OK;
 }
 
+// Whether grads[i] holds what an earlier gradient holds: one tensor for
+// two parameters' gradients (lstm_cell's biases). Its norm counts twice,
+// as torch's two .grad tensors would, but it is scaled in place once.
+bool ebb::repeated_grad(ebb_tensor *const *grads, int i) {
+    const at::Tensor &t = grads[i]->t;
+    for (int j = 0; j < i; j++)
+        if (grads[j] && grads[j]->t.data_ptr() == t.data_ptr() &&
+            grads[j]->t.numel() == t.numel() && grads[j]->t.scalar_type() == t.scalar_type())
+            return true;
+    return false;
+}
+
 // The L2 norm of grads[0..n) together, as torch computes it: each
 // gradient's vector norm, then the norm of their stack. The scratch peaks
 // here, at 2n + 1 elements (the norms, their stack and the total), and
@@ -475,7 +487,7 @@ ebb_status ebb_tensor_clip_grad_norm_(ebb_tensor *const *grads, int n, double ma
             if (total_norm) *total_norm = NAN;
         }
         for (int i = 0; i < n; i++)
-            if (grads[i]) grads[i]->t.mul_(factor);
+            if (grads[i] && !ebb::repeated_grad(grads, i)) grads[i]->t.mul_(factor);
     });
     return EBB_OK;
 }
@@ -561,7 +573,7 @@ ebb_status ebb_tensor_unscale_(ebb_tensor *const *grads, int n, double inv_scale
             std::vector<at::Tensor> list;
             list.reserve((size_t)n);
             for (int i = 0; i < n; i++)
-                if (grads[i]) list.push_back(grads[i]->t);
+                if (grads[i] && !ebb::repeated_grad(grads, i)) list.push_back(grads[i]->t);
             auto f32 = first->options().dtype(at::kFloat);
             at::Tensor found = at::zeros({1}, f32);
             at::Tensor inv = at::full({1}, inv_scale, f32);
@@ -570,7 +582,8 @@ ebb_status ebb_tensor_unscale_(ebb_tensor *const *grads, int n, double inv_scale
         } else {
             at::Tensor inv = at::full({}, inv_scale, first->options());
             for (int i = 0; i < n; i++) {
-                if (!grads[i] || grads[i]->t.numel() == 0) continue;
+                if (!grads[i] || grads[i]->t.numel() == 0 || ebb::repeated_grad(grads, i))
+                    continue;
                 at::Tensor &g = grads[i]->t;
                 if (!*found_inf) {
                     at::Tensor lo = at::min(g), hi = at::max(g);

@@ -78,6 +78,7 @@ bool cuda_capturing();
 ebb_status clip_grad_norm_check(const char *fn, ebb_tensor *const *grads, int n, double max_norm,
                                 const at::Tensor **first);
 at::Tensor grad_norm(ebb_tensor *const *grads, int n);
+bool repeated_grad(ebb_tensor *const *grads, int i);
 double clip_factor(double total, at::ScalarType dtype, double max_norm);
 
 } // namespace ebb
