@@ -1768,9 +1768,10 @@ static ebb_status dist_mean_loss(ebb_trainer *t, double *loss) {
 
 /* accumulate with ranks: the step's summed gradients averaged over the
  * ranks, as the unaccumulated plan's bucket steps average them, in one
- * collective per dtype (under ZeRO-1 a reduce-scatter). The ranks first agree on which parameters any of
- * their micro-batches reached: one no rank reached keeps no gradient (as
- * torch skips a None .grad); one only others reached adds zeros here. */
+ * collective per dtype (under ZeRO-1 a reduce-scatter). The ranks first
+ * agree on which parameters any of their micro-batches reached: one no rank
+ * reached keeps no gradient (as torch skips a None .grad); one only others
+ * reached adds zeros here. */
 static ebb_status dist_mean_grads(ebb_trainer *t) {
     int np = ebb_model_param_count(t->m);
     double *any = calloc((size_t)np + 1, sizeof *any);
