@@ -1318,6 +1318,20 @@ static int first_of_dtype(const ebb_plan *p, const int *in, int k) {
     return 1;
 }
 
+/* ZeRO-1's reduce-scatter, rounds `first` .. data_parallel - 1 of the
+ * bucket in[0..n) with owners[0..n), gradients of dtype `dt`: the largest
+ * outgoing buffer a round lays end to end (0 when each sends one gradient
+ * or none), and in *cuda its CUDA block. */
+static int64_t largest_round(const ebb_plan *p, const int *in, const int *owners, int n,
+                             ebb_dtype dt, int first, int64_t *cuda) {
+    int64_t most = 0, bytes;
+    for (int round = first; round < p->data_parallel; round++)
+        if (owned_by(p, in, owners, n, (p->rank + round) % p->data_parallel, dt, &bytes) > 1)
+            most = bytes > most ? bytes : most;
+    *cuda = most ? ebb_cuda_block(most) : 0;
+    return most;
+}
+
 /* ZeRO-1's reduce-scatter of the bucket whose gradients are in[0..n) and
  * whose owners are owners[0..n): its scratch as
  * ebb_dist_reduce_scatter_mean_() allocates it, per dtype, one after
@@ -1326,18 +1340,14 @@ static int first_of_dtype(const ebb_plan *p, const int *in, int k) {
  * gradients rank + k owns, when more than one) and the divisor's wrapping
  * (when this rank owns any). */
 static void scatter_scratch(ebb_plan *p, plan_step *s, const int *in, const int *owners, int n) {
-    int64_t cpu = 0, cuda = 0, own, bytes;
+    int64_t cpu = 0, cuda = 0, own, out_cuda;
     for (int k = 0; k < n; k++) {
         ebb_dtype dt = p->values[in[k]].dtype;
         if (!first_of_dtype(p, in, k))
             continue;
-        int64_t out = owned_by(p, in, owners, n, p->rank, dt, &own) ? divisor_bytes(dt) : 0;
-        int64_t out_cuda = 0;
-        for (int round = 1; round < p->data_parallel; round++)
-            if (owned_by(p, in, owners, n, (p->rank + round) % p->data_parallel, dt, &bytes) > 1) {
-                out = bytes > out ? bytes : out;
-                out_cuda = ebb_cuda_block(bytes) > out_cuda ? ebb_cuda_block(bytes) : out_cuda;
-            }
+        int64_t wrap = owned_by(p, in, owners, n, p->rank, dt, &own) ? divisor_bytes(dt) : 0;
+        int64_t out = largest_round(p, in, owners, n, dt, 1, &out_cuda);
+        out = out > wrap ? out : wrap;
         int64_t here = own + out, here_cuda = (own ? ebb_cuda_block(own) : 0) + out_cuda;
         cpu = here > cpu ? here : cpu;
         cuda = here_cuda > cuda ? here_cuda : cuda;
@@ -1532,7 +1542,6 @@ static int emit_start(ad *a) {
     } else if (owned_by(p, in, NULL, n, 0, dt, &all) > 1) {
         out[n_out++] = buffer_value(c, si, all / e, dt);
     }
-
     int ok = 1;
     for (int k = 0; k < n_out; k++)
         ok &= out[k] >= 0;
@@ -1595,15 +1604,10 @@ static int emit_wait(ad *a, int updates) {
     int64_t bytes;
     s->pub.phase = EBB_PHASE_UPDATE;
     s->workspace = divisor_bytes(dt);
-    if (owners) {
-        s->workspace = owned_by(p, grads, owners, n, p->rank, dt, &bytes) ? divisor_bytes(dt) : 0;
-        for (int round = 2; round < p->data_parallel; round++) {
-            if (owned_by(p, grads, owners, n, (p->rank + round) % p->data_parallel, dt, &bytes) < 2)
-                continue;
-            s->workspace = bytes > s->workspace ? bytes : s->workspace;
-            s->workspace_cuda = ebb_cuda_block(bytes) > s->workspace_cuda ? ebb_cuda_block(bytes)
-                                                                          : s->workspace_cuda;
-        }
+    if (owners) { /* the rounds after the first, then the mean of its own */
+        int64_t wrap = owned_by(p, grads, owners, n, p->rank, dt, &bytes) ? divisor_bytes(dt) : 0;
+        int64_t out = largest_round(p, grads, owners, n, dt, 2, &s->workspace_cuda);
+        s->workspace = out > wrap ? out : wrap;
     }
     free(in);
     s->has_workspace_cuda = 1;

@@ -333,16 +333,27 @@ bool alone(const ebb_dist *d) { return d->world == 1 && d->device.type != EBB_DE
 // a round trip each, which small layers cannot hide. A lone tensor of its
 // dtype travels as it is. `op` returns whether the buffer changed, so that
 // it is copied back.
-template <class Op> void per_dtype(std::vector<at::Tensor> &list, Op op) {
+// The indices of `list` grouped by dtype, each group in list order, the
+// groups in the order their dtypes first appear (the same on every rank).
+std::vector<std::vector<size_t>> dtype_groups(const std::vector<at::Tensor> &list) {
+    std::vector<std::vector<size_t>> groups;
     std::vector<bool> done(list.size(), false);
     for (size_t i = 0; i < list.size(); i++) {
         if (done[i]) continue;
-        std::vector<at::Tensor> same;
+        groups.emplace_back();
         for (size_t j = i; j < list.size(); j++)
             if (!done[j] && list[j].scalar_type() == list[i].scalar_type()) {
-                same.push_back(list[j].reshape({-1}));
+                groups.back().push_back(j);
                 done[j] = true;
             }
+    }
+    return groups;
+}
+
+template <class Op> void per_dtype(std::vector<at::Tensor> &list, Op op) {
+    for (const auto &group : dtype_groups(list)) {
+        std::vector<at::Tensor> same;
+        for (size_t j : group) same.push_back(list[j].reshape({-1}));
         std::vector<at::Tensor> flat{same.size() == 1 ? same[0] : at::cat(same)};
         if (!op(flat) || same.size() == 1) continue;
         int64_t at = 0;
@@ -474,17 +485,13 @@ ebb_status ebb_dist_reduce_scatter_mean_(ebb_dist *d, ebb_tensor *const *ts, con
 #ifdef USE_C10D_GLOO
     try {
         c10::InferenceMode guard;
-        std::vector<bool> done(list.size(), false);
-        for (size_t i = 0; i < list.size(); i++) {
-            if (done[i]) continue;
+        for (const auto &group : dtype_groups(list)) {
             std::vector<at::Tensor> same;
             std::vector<int> same_owner;
-            for (size_t j = i; j < list.size(); j++)
-                if (!done[j] && list[j].scalar_type() == list[i].scalar_type()) {
-                    same.push_back(list[j].view({-1}));
-                    same_owner.push_back(owners[j]);
-                    done[j] = true;
-                }
+            for (size_t j : group) {
+                same.push_back(list[j].view({-1}));
+                same_owner.push_back(owners[j]);
+            }
             scatter(d, std::move(same), std::move(same_owner)).finish_from(1);
         }
     } catch (...) {
