@@ -37,11 +37,13 @@ endif
 # Debian's libtorch falls back to the reference BLAS without it (25x slower).
 # fortunes: text under /usr/share/games/fortunes/ for language models
 # (docs/training.md).
+# python3-torch: Debian's torch over the same libtorch, which makes the
+# bfloat16 reference runs at test time (tests/CMakeLists.txt, reference_runs).
 DEB_PACKAGES := cmake g++ make pkg-config libtorch-dev libopenblas0-pthread \
                 libyaml-dev libcjson-dev zlib1g-dev libcmocka-dev graphviz librsvg2-bin \
-                libgloo-dev dataset-fashion-mnist fortunes iproute2
+                libgloo-dev dataset-fashion-mnist fortunes iproute2 python3-torch
 
-.PHONY: all build deps torch-pip fuzz-deps demo test test-asan bench fuzz gpu-check clean
+.PHONY: all build deps torch-pip fuzz-deps demo test test-cpu test-asan bench fuzz gpu-check clean
 
 all: build
 
@@ -110,6 +112,22 @@ demo: build
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS)
+
+# The numeric suites once more with the kernels another CPU would run:
+# CPU=avx2 (the default) caps ATen, oneDNN and the BLAS at what an AVX2 CPU
+# without AVX-512 picks, CPU=default at SSE (ATen's unvectorised loops).
+# tests/cpu_caps.sh first checks that each library took its cap. Planned
+# bytes must hold there too: oneDNN's scratch differs by instruction set.
+CPU ?= avx2
+CPU_CAPS_avx2    := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 DNNL_MAX_CPU_ISA=AVX2 \
+                    OPENBLAS_CORETYPE=Haswell MKL_ENABLE_INSTRUCTIONS=AVX2
+CPU_CAPS_default := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 DNNL_MAX_CPU_ISA=SSE41 \
+                    OPENBLAS_CORETYPE=Prescott MKL_ENABLE_INSTRUCTIONS=SSE4_2
+NUMERIC_TESTS := ^(test_parity|test_op_grad|test_op_conformance|test_ops|test_train|test_bounds.*|reference_runs|fixtures_match_torch)$$
+test-cpu: build
+	$(if $(CPU_CAPS_$(CPU)),,$(error CPU=$(CPU): use CPU=avx2 or CPU=default))
+	env $(CPU_CAPS_$(CPU)) bash tests/cpu_caps.sh $(BUILD) $(CPU)
+	env $(CPU_CAPS_$(CPU)) ctest --test-dir $(BUILD) --output-on-failure -j$(JOBS) -R '$(NUMERIC_TESTS)'
 
 # The whole suite again under AddressSanitizer and UBSan (Debian's libtorch),
 # in a build folder of its own. Leaks are reported too, less what

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "compile_internal.h"
+#include "ebb/cpu.h"
 
 /* ---- growing the plan ------------------------------------------------------ */
 
@@ -258,6 +259,15 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
     ebb_status st = ebb_init();
     if (st != EBB_OK)
         return st;
+    ebb_cpu_info ci;
+    if (opts->precision == EBB_PRECISION_BF16 && opts->device.type == EBB_DEVICE_CPU &&
+        ebb_cpu_info_get(&ci) == EBB_OK && !ci.bf16_usable)
+        return ebb_error_set(EBB_ERR_UNSUPPORTED,
+                             "ebb_compile: graph '%s' in bf16 on the CPU: libtorch %s hands "
+                             "bfloat16 to oneDNN by the CPU's own flags, and oneDNN, capped at "
+                             "%s (ONEDNN_MAX_CPU_ISA), refuses it; unset the cap, or use "
+                             "libtorch 2.x",
+                             g->name, ebb_torch_version(), ci.onednn);
     ebb_plan *p = NULL;
     st = ebb_compile_once(&p, g, opts, NULL, 0);
     if (st == EBB_OK && opts->memory_budget != 0)

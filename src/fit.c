@@ -26,9 +26,14 @@
  * it adds to resident memory. */
 #define RESERVE_FIXED (128 * MIB)
 
+/* The threads libtorch runs ops on: as ebb_init, --threads or
+ * ebb_set_num_threads set them, else what OMP_NUM_THREADS or the CPUs give. */
 static int64_t intra_op_threads(void) {
+    long n = ebb_tensor_num_threads();
+    if (n > 0)
+        return n;
     const char *env = getenv("OMP_NUM_THREADS");
-    long n = env ? strtol(env, NULL, 10) : 0;
+    n = env ? strtol(env, NULL, 10) : 0;
     if (n > 0)
         return n;
     cpu_set_t set;

@@ -741,6 +741,7 @@ static ebb_status state_check_finite(const state *s, const ebb_model *m, int par
 void ebb_checkpoint_info_free(ebb_checkpoint_info *ci) {
     if (!ci) return;
     free(ci->no_decay);
+    free(ci->keep_best);
     free(ci->data);
     free(ci->stateless);
     memset(ci, 0, sizeof *ci);
@@ -755,6 +756,26 @@ static int meta_i64(const ebb_safetensors *sf, const char *key, int64_t *out) {
     if (*end || errno || x < 0) return 0;
     *out = x;
     return 1;
+}
+
+/* keep_best's metric, its best value and the step of its checkpoint (a
+ * checkpoint without keep_best has none of them). */
+static ebb_status read_keep_best(const ebb_safetensors *sf, const char *path,
+                                 ebb_checkpoint_info *ci) {
+    const char *metric = ebb_safetensors_metadata(sf, "keep_best");
+    const char *value = ebb_safetensors_metadata(sf, "keep_best_value");
+    ci->keep_best_value = NAN;
+    if (!metric || !*metric) return EBB_OK;
+    char *end = NULL;
+    double v = value ? strtod(value, &end) : 0;
+    if (!value || end == value || *end || !meta_i64(sf, "keep_best_step", &ci->keep_best_step))
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s: keep_best %s without a number in keep_best_value and a step "
+                             "in keep_best_step",
+                             path, metric);
+    ci->keep_best_value = v;
+    if (!(ci->keep_best = strdup(metric))) return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    return EBB_OK;
 }
 
 ebb_status ebb_checkpoint_read_info(const char *path, ebb_checkpoint_info *ci) {
@@ -817,6 +838,7 @@ ebb_status ebb_checkpoint_read_info(const char *path, ebb_checkpoint_info *ci) {
     const char *no_decay = ebb_safetensors_metadata(sf, "no_decay");
     if (st == EBB_OK && no_decay && *no_decay && !(ci->no_decay = strdup(no_decay)))
         st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    if (st == EBB_OK) st = read_keep_best(sf, path, ci);
     if (st == EBB_OK && ((data && !(ci->data = strdup(data))) ||
                          (stateless && !(ci->stateless = strdup(stateless)))))
         st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
@@ -902,8 +924,12 @@ struct ebb_trainer {
     /* early stopping */
     double best_loss;
     int64_t best_epoch, bad_epochs;
-    int stop;
+    int stop, callback_stop; /* the run stops; a callback stopped it (nothing written) */
     char stop_reason[512];
+    /* keep_best: its metric (an index of best_metrics) and the file it
+     * keeps; the value and step are in s */
+    int best_kind;
+    char *best_path;
 };
 
 ebb_trainer_options ebb_trainer_defaults(void) {
@@ -1066,6 +1092,67 @@ static ebb_status check_options(const ebb_trainer_options *o) {
                                           "captured step is a whole one");
     if (o->checkpoint_every && !o->checkpoint)
         return ebb_error_set(EBB_ERR_ARG, "checkpoint_every needs a checkpoint path");
+    return EBB_OK;
+}
+
+/* ---- keep_best ---- */
+
+/* The figures keep_best may watch: the JSON epoch line's names. */
+enum { BEST_LOSS, BEST_PPL, BEST_EVAL_LOSS, BEST_EVAL_PPL, BEST_EVAL_ACC, BEST_EVAL_TOP_K };
+static const char *const best_metrics[] = {"loss", "perplexity", "eval_loss", "eval_perplexity",
+                                           "eval_accuracy", "eval_top_k_accuracy"};
+#define N_BEST_METRICS (int)(sizeof best_metrics / sizeof best_metrics[0])
+
+static int best_is_max(int kind) { return kind == BEST_EVAL_ACC || kind == BEST_EVAL_TOP_K; }
+
+/* The output's classes, as an evaluation counts them (0: not a classifier). */
+static int64_t classes_of(const ebb_trainer *t) {
+    if (!t->f.classify || ebb_plan_output_count(t->infer) < 1) return 0;
+    const ebb_plan_value *v = ebb_plan_value_at(t->infer, ebb_plan_output_slot(t->infer, 0));
+    return v->shape.ndim >= 1 ? v->shape.dim[v->shape.ndim - 1] : 0;
+}
+
+/* keep_best names a figure this run has at every epoch's end; the best
+ * goes beside the checkpoint, where a resumed run's best so far is kept.
+ * Its refusals name the flag and the figure alone (ebb_trainer_open does
+ * not point them into the spec: "loss" is no node of it). */
+static ebb_status open_keep_best(ebb_trainer *t) {
+    const char *k = t->o.keep_best, *ck = t->o.checkpoint;
+    t->s.best_value = NAN;
+    if (!k) return EBB_OK;
+    if (!ck)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "--keep-best %s needs a checkpoint path, beside which the best "
+                             "checkpoint is kept",
+                             k);
+    int kind = 0;
+    while (kind < N_BEST_METRICS && strcmp(k, best_metrics[kind])) kind++;
+    int64_t classes = classes_of(t);
+    const char *why = kind == N_BEST_METRICS ? "not a figure it can watch"
+                      : kind >= BEST_EVAL_LOSS && !t->test ? "it needs eval_data (--eval-data)"
+                      : (kind == BEST_PPL || kind == BEST_EVAL_PPL) && !t->s.per_token
+                          ? "the loss is not per token: there is no perplexity"
+                      : kind == BEST_EVAL_ACC && !classes
+                          ? "the loss counts no predictions (cross_entropy or nll do)"
+                      : kind == BEST_EVAL_TOP_K && !(t->o.top_k > 0 && t->o.top_k < classes)
+                          ? "no top-k accuracy is counted (top_k must be below the classes)"
+                          : NULL;
+    if (why)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "--keep-best %s: %s; it watches loss, perplexity, eval_loss, "
+                             "eval_perplexity, eval_accuracy or eval_top_k_accuracy",
+                             k, why);
+    size_t n = strlen(ck), ext = strlen(".safetensors");
+    int has_ext = n > ext && !strcmp(ck + n - ext, ".safetensors");
+    if (!(t->best_path = malloc(n + 16))) return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    snprintf(t->best_path, n + 16, has_ext ? "%.*s.best.safetensors" : "%.*s.best",
+             (int)(has_ext ? n - ext : n), ck);
+    t->best_kind = kind;
+    t->s.best_checkpoint = t->best_path;
+    if (t->ci.keep_best && !strcmp(t->ci.keep_best, k)) {
+        t->s.best_value = t->ci.keep_best_value;
+        t->s.best_step = t->ci.keep_best_step;
+    }
     return EBB_OK;
 }
 
@@ -1503,10 +1590,14 @@ ebb_status ebb_trainer_open(ebb_trainer **out, const ebb_spec *spec,
         t->o.schedule = &t->schedule;
     }
     t->s.first_skip_why = t->skip_why;
+    t->s.best_value = NAN;
     t->accum = opts->accumulate > 1 ? opts->accumulate : 1;
     ebb_status st = trainer_open(t, spec);
-    if (st != EBB_OK) {
+    if (st != EBB_OK)
         st = ebb_spec_annotate_error(spec, st);
+    else if (!opts->evaluate_only)
+        st = open_keep_best(t);
+    if (st != EBB_OK) {
         ebb_trainer_free(t);
         return st;
     }
@@ -1533,6 +1624,7 @@ void ebb_trainer_free(ebb_trainer *t) {
     ebb_dataset_free(t->train);
     ebb_dataset_free(t->test);
     free(t->data);
+    free(t->best_path);
     ebb_checkpoint_info_free(&t->ci);
     ebb_plan_free(t->plan);
     ebb_plan_free(t->infer);
@@ -1571,6 +1663,42 @@ static void fmt_eta(double s, char *buf, size_t size) {
         snprintf(buf, size, "%d:%02d", (int)(s / 60), (int)s % 60);
 }
 
+/* The start line's memory figures: what a memory budget, accumulation or
+ * clipping make of the step's peak, as this run's device counts it, which
+ * `ebb plan` prints and the steps measure. The plan knows the figures
+ * without recomputation or clipping as the larger of the CPU and CUDA
+ * counts only: off CUDA they are about the device's peak plus the
+ * difference the larger counts give. */
+static void print_peaks(const ebb_trainer *t, FILE *f) {
+    ebb_remat_stats rs;
+    char bb[32], pk[32], nb[32];
+    int64_t peak = t->s.planned_peak_bytes; /* ebb_plan_device_peak_bytes() */
+    int cuda = t->o.device.type == EBB_DEVICE_CUDA;
+    if (t->o.memory_budget && ebb_plan_remat_stats(t->plan, &rs) == EBB_OK)
+        fprintf(f,
+                "memory budget %s: the step's peak %s, %s%s keeping every activation; %d steps "
+                "recomputed, %.0f%% more compute\n",
+                rs.budget == EBB_MEMORY_BUDGET_LEAST ? "least"
+                                                     : ebb_bytes_str(rs.budget, bb, sizeof bb),
+                ebb_bytes_str(peak, pk, sizeof pk), cuda ? "" : "about ",
+                ebb_bytes_str(rs.no_recompute_peak_bytes - (rs.peak_bytes - peak), nb, sizeof nb),
+                rs.n_recompute_steps,
+                rs.flops ? 100.0 * (double)rs.recompute_flops / (double)rs.flops : 0.0);
+    if (t->accum > 1)
+        fprintf(f, "accumulate %lld: %lld micro-batches of %lld samples a step (%lld samples), "
+                   "each through the gradient plan (peak %s), summed into %s of gradient buffers "
+                   "held beside the parameters\n",
+                (long long)t->accum, (long long)t->accum, (long long)t->o.batch,
+                (long long)(t->accum * t->o.batch), ebb_bytes_str(peak, pk, sizeof pk),
+                ebb_bytes_str(t->s.accumulate_bytes, nb, sizeof nb));
+    if (t->o.clip_grad_norm > 0 && t->accum == 1)
+        fprintf(f,
+                "clip_grad_norm %g: the updates wait for the whole backward: the step's peak %s, "
+                "%s%s without clipping\n",
+                t->o.clip_grad_norm, ebb_bytes_str(peak, pk, sizeof pk), cuda ? "" : "about ",
+                ebb_bytes_str(peak - ebb_plan_clip_cost_bytes(t->plan), nb, sizeof nb));
+}
+
 static void print_start(const ebb_trainer *t) {
     FILE *f = t->o.progress;
     if (!f) return;
@@ -1596,48 +1724,29 @@ static void print_start(const ebb_trainer *t) {
     for (int k = 0; k < t->o.n_lr_scale && at < sizeof sched; k++)
         at += (size_t)snprintf(sched + at, sizeof sched - at, "%s%s",
                                k ? " " : ", lr scaled for ", t->o.lr_scale[k]);
+    int threads = ebb_tensor_num_threads(); /* on a CUDA device too: the host's side */
+    if (at < sizeof sched)
+        at += (size_t)snprintf(sched + at, sizeof sched - at, ", %d thread%s", threads,
+                               threads == 1 ? "" : "s");
     fprintf(f, "training %s on %s: %lld samples, batch %lld, %lld steps per epoch, %s lr %g%s\n",
             ebb_spec_file(t->f.spec), t->o.data, (long long)t->s.samples,
             (long long)(t->o.batch * t->accum),
             (long long)t->s.steps_per_epoch, ebb_optimizer_kind_name(t->o.optimizer.kind),
             t->sched ? ebb_lr_scheduler_base_lr(t->sched) : ebb_optimizer_get_options(t->opt).lr,
             sched);
-    ebb_remat_stats rs;
-    char bb[32], pk[32], nb[32];
-    if (t->o.memory_budget && ebb_plan_remat_stats(t->plan, &rs) == EBB_OK)
-        fprintf(f,
-                "memory budget %s: the step's peak %s, %s keeping every activation; %d steps "
-                "recomputed, %.0f%% more compute\n",
-                rs.budget == EBB_MEMORY_BUDGET_LEAST ? "least"
-                                                     : ebb_bytes_str(rs.budget, bb, sizeof bb),
-                ebb_bytes_str(rs.peak_bytes, pk, sizeof pk),
-                ebb_bytes_str(rs.no_recompute_peak_bytes, nb, sizeof nb), rs.n_recompute_steps,
-                rs.flops ? 100.0 * (double)rs.recompute_flops / (double)rs.flops : 0.0);
-    if (t->accum > 1)
-        fprintf(f, "accumulate %lld: %lld micro-batches of %lld samples a step (%lld samples), "
-                   "each through the gradient plan (peak %s), summed into %s of gradient buffers "
-                   "held beside the parameters\n",
-                (long long)t->accum, (long long)t->accum, (long long)t->o.batch,
-                (long long)(t->accum * t->o.batch),
-                ebb_bytes_str(t->s.planned_peak_bytes, pk, sizeof pk),
-                ebb_bytes_str(t->s.accumulate_bytes, nb, sizeof nb));
-    if (t->o.clip_grad_norm > 0 && t->accum == 1) {
-        int64_t cost = ebb_plan_clip_cost_bytes(t->plan), peak = 0;
-        if (ebb_plan_remat_stats(t->plan, &rs) == EBB_OK) peak = rs.peak_bytes;
-        fprintf(f, "clip_grad_norm %g: the updates wait for the whole backward: the step's peak %s, "
-                   "%s without clipping\n",
-                t->o.clip_grad_norm, ebb_bytes_str(peak, pk, sizeof pk),
-                ebb_bytes_str(peak - cost, nb, sizeof nb));
-    }
+    print_peaks(t, f);
     if (t->s.step > 0)
         fprintf(f, "resumed from %s at step %lld%s\n", t->o.resume, (long long)t->s.step,
                 t->s.step == t->s.total_steps ? ", the run's last: nothing to train" : "");
     fflush(f);
 }
 
-/* The log line every log_every steps, and on a terminal the progress line. */
-static void print_step(ebb_trainer *t, double rate) {
+/* The log line every log_every steps, with the rate the step took (as its
+ * event and the CSV and JSON lines give it), and on a terminal the progress
+ * line. */
+static void print_step(ebb_trainer *t, const ebb_train_event *ev) {
     FILE *f = t->o.progress;
+    double rate = ev->samples_per_s;
     if (!f) return;
     char lb[32], eta[32], mb[32], pb[32], pp[48];
     int64_t e = (t->s.step - 1) / t->s.steps_per_epoch, step = t->s.step, total = t->s.total_steps;
@@ -1646,8 +1755,7 @@ static void print_step(ebb_trainer *t, double rate) {
         if (!t->tty && t->sched)
             fprintf(f, "epoch %lld step %lld/%lld loss %s%s lr %.6g %.0f samples/s\n",
                     (long long)e + 1, (long long)step, (long long)total,
-                    fmt_loss(t->log_loss, t->log_n, lb, sizeof lb), pp,
-                    ebb_optimizer_get_options(t->opt).lr, rate);
+                    fmt_loss(t->log_loss, t->log_n, lb, sizeof lb), pp, ev->lr, rate);
         else if (!t->tty)
             fprintf(f, "epoch %lld step %lld/%lld loss %s%s %.0f samples/s\n", (long long)e + 1,
                     (long long)step, (long long)total,
@@ -1682,8 +1790,7 @@ static void print_epoch(const ebb_trainer *t, const ebb_train_event *ev) {
     fprintf(f, "epoch %lld: loss %s%s (%lld steps%s, %.1f s, %.0f samples/s)\n",
             (long long)ev->epoch, fmt_loss(ev->loss, 1, lb, sizeof lb),
             fmt_ppl(t->s.per_token, ev->loss, 1, pp, sizeof pp), (long long)ev->epoch_steps, skips,
-            ev->seconds,
-            (double)(ev->epoch_steps * t->o.batch * t->accum) / (ev->seconds > 1e-9 ? ev->seconds : 1e-9));
+            ev->seconds, ev->samples_per_s);
     if (ev->eval) {
         fputs("eval: ", f);
         metrics_line(ev->eval, f);
@@ -1986,7 +2093,75 @@ static int stop_by(ebb_trainer *t, const char *fmt, ...) {
     return 1;
 }
 
-/* An epoch's end: the evaluation, early stopping, its line and event. */
+/* Samples a second over steps from+1 .. to, taken in `secs`: the samples
+ * those steps saw, a short last batch counted as it was. */
+static double rate_of(const ebb_trainer *t, int64_t from, int64_t to, double secs) {
+    return (double)(samples_at(t, to) - samples_at(t, from)) / (secs > 1e-9 ? secs : 1e-9);
+}
+
+/* Early stopping's count after epoch e, whose evaluation loss is `loss`. */
+static void early_stop(ebb_trainer *t, int64_t e, double loss) {
+    if (e == 1 || loss < t->best_loss - t->o.early_stop_min_delta) {
+        t->best_loss = loss;
+        t->best_epoch = e;
+        t->bad_epochs = 0;
+    } else if (++t->bad_epochs >= t->o.early_stop_patience) {
+        stop_by(t,
+                "early stopping after epoch %lld: the evaluation loss has not fallen more "
+                "than %g below %.4f (epoch %lld) for %lld epochs",
+                (long long)e, t->o.early_stop_min_delta, t->best_loss, (long long)t->best_epoch,
+                (long long)t->bad_epochs);
+        if (t->o.progress) fprintf(t->o.progress, "%s\n", t->stop_reason);
+    }
+}
+
+/* Data parallel: rank 0's *v on every rank. */
+static ebb_status dist_root_value(ebb_trainer *t, double *v) {
+    ebb_shape one = {1, {1}};
+    ebb_tensor *x = NULL;
+    ebb_status st = ebb_tensor_full(&x, &one, *v, EBB_FLOAT64, ebb_dist_device(t->o.dist));
+    if (st == EBB_OK) st = ebb_dist_broadcast_(t->o.dist, &x, 1, 0);
+    if (st == EBB_OK) st = ebb_tensor_to_host(x, v, sizeof *v);
+    ebb_tensor_free(x);
+    return st;
+}
+
+static ebb_status write_checkpoint(ebb_trainer *t, const char *path);
+
+/* keep_best at an epoch's end: the best checkpoint, when the epoch's figure
+ * beats every earlier one. Data parallel: rank 0's figure decides for all
+ * (each rank's evaluation uses its own batch_norm statistics, and ZeRO-1's
+ * ranks must all take part in a checkpoint). */
+static ebb_status keep_best(ebb_trainer *t, const ebb_train_event *ev) {
+    const ebb_metrics *m = ev->eval; /* there for the eval_ figures (open_keep_best) */
+    int k = t->best_kind;
+    double v = k == BEST_LOSS        ? ev->loss
+               : k == BEST_PPL       ? exp(ev->loss)
+               : k == BEST_EVAL_LOSS ? m->loss
+               : k == BEST_EVAL_PPL  ? m->perplexity
+               : k == BEST_EVAL_ACC  ? m->accuracy
+                                     : m->top_k_accuracy;
+    ebb_status st = t->o.dist ? dist_root_value(t, &v) : EBB_OK;
+    double was = t->s.best_value;
+    int64_t was_step = t->s.best_step;
+    if (st != EBB_OK || isnan(v) || !(isnan(was) || (best_is_max(k) ? v > was : v < was)))
+        return st;
+    /* the file records the best it holds */
+    t->s.best_value = v;
+    t->s.best_step = t->s.step;
+    if ((st = write_checkpoint(t, t->best_path)) != EBB_OK) {
+        t->s.best_value = was;
+        t->s.best_step = was_step;
+        return st;
+    }
+    if (t->o.progress)
+        fprintf(t->o.progress, "%s %.6g, the best yet: checkpoint written to %s\n", t->o.keep_best,
+                v, t->best_path);
+    return EBB_OK;
+}
+
+/* An epoch's end: the evaluation, its line and event, early stopping, and
+ * the checkpoints (none after a callback's stop). */
 static ebb_status epoch_end(ebb_trainer *t) {
     ebb_metrics m = {0};
     int64_t e = (t->s.step - 1) / t->s.steps_per_epoch + 1;
@@ -2006,29 +2181,21 @@ static ebb_status epoch_end(ebb_trainer *t) {
                           .epoch_steps = t->epoch_steps,
                           .epoch_skipped = t->epoch_skipped,
                           .seconds = secs,
+                          .samples_per_s = rate_of(t, t->s.step - t->epoch_steps, t->s.step, secs),
                           .eval = t->test ? &m : NULL};
     print_epoch(t, &ev);
     if (t->o.on_epoch && t->o.on_epoch(t, &ev, t->o.user))
-        stop_by(t, "stopped by the epoch callback after epoch %lld", (long long)e);
-    if (!t->stop && t->o.early_stop_patience) {
-        if (e == 1 || m.loss < t->best_loss - t->o.early_stop_min_delta) {
-            t->best_loss = m.loss;
-            t->best_epoch = e;
-            t->bad_epochs = 0;
-        } else if (++t->bad_epochs >= t->o.early_stop_patience) {
-            stop_by(t,
-                    "early stopping after epoch %lld: the evaluation loss has not fallen more "
-                    "than %g below %.4f (epoch %lld) for %lld epochs",
-                    (long long)e, t->o.early_stop_min_delta, t->best_loss,
-                    (long long)t->best_epoch, (long long)t->bad_epochs);
-            if (t->o.progress) fprintf(t->o.progress, "%s\n", t->stop_reason);
-        }
-    }
+        t->callback_stop =
+            stop_by(t, "stopped by the epoch callback after epoch %lld", (long long)e);
+    if (!t->stop && t->o.early_stop_patience) early_stop(t, e, m.loss);
+    if (!t->callback_stop && t->best_path) st = keep_best(t, &ev);
+    if (st == EBB_OK && !t->callback_stop && t->o.checkpoint && !t->o.checkpoint_every)
+        st = ebb_trainer_checkpoint(t, NULL);
     ebb_metrics_free(&m);
     t->epoch_loss = 0;
     t->epoch_n = t->epoch_steps = t->epoch_skipped = 0;
     t->t_epoch = now_s();
-    return EBB_OK;
+    return st;
 }
 
 ebb_status ebb_trainer_step(ebb_trainer *t, double *loss) {
@@ -2051,19 +2218,19 @@ ebb_status ebb_trainer_step(ebb_trainer *t, double *loss) {
     t->epoch_n += counted;
     t->epoch_steps++;
     t->epoch_skipped += !counted;
-    double now = now_s();
-    ev.samples_per_s = (double)(t->s.done_steps * t->o.batch * t->accum) / (now - t->t0 > 1e-9 ? now - t->t0 : 1e-9);
+    ev.samples_per_s = rate_of(t, t->s.step - t->s.done_steps, t->s.step, now_s() - t->t0);
     if (t->o.on_step && t->o.on_step(t, &ev, t->o.user))
-        stop_by(t, "stopped by the step callback at step %lld", (long long)t->s.step);
-    print_step(t, ev.samples_per_s);
-    if (t->s.step % t->s.steps_per_epoch == 0 || t->s.step == t->s.total_steps) {
-        if (t->stop) {
-            /* a callback's stop ends the run here: no evaluation, nothing written */
-        } else if ((st = epoch_end(t)) != EBB_OK) {
-            return st;
-        }
-    }
-    if (!t->stop && t->o.checkpoint_every && t->s.step % t->o.checkpoint_every == 0)
+        t->callback_stop =
+            stop_by(t, "stopped by the step callback at step %lld", (long long)t->s.step);
+    print_step(t, &ev);
+    int last = t->s.step == t->s.total_steps;
+    /* a callback's stop ends the run here: no evaluation, nothing written */
+    if (!t->stop && (t->s.step % t->s.steps_per_epoch == 0 || last) &&
+        (st = epoch_end(t)) != EBB_OK)
+        return st;
+    /* the run's end (early stopping's too) gets its checkpoint */
+    int due = last || t->stop || (t->o.checkpoint_every && t->s.step % t->o.checkpoint_every == 0);
+    if (!t->callback_stop && due && t->o.checkpoint && t->s.last_checkpoint != t->s.step)
         st = ebb_trainer_checkpoint(t, NULL);
     return st;
 }
@@ -2072,18 +2239,15 @@ ebb_status ebb_trainer_run(ebb_trainer *t) {
     if (!t || t->o.evaluate_only)
         return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_run: %s",
                              t ? "the trainer was opened to evaluate only" : "NULL trainer");
-    t->stop = 0;
+    t->stop = t->callback_stop = 0;
     t->stop_reason[0] = '\0';
     print_start(t);
     t->t0 = t->t_epoch = now_s();
     ebb_status st = EBB_OK;
     while (st == EBB_OK && !t->stop && t->s.step < t->s.total_steps)
         st = ebb_trainer_step(t, NULL);
-    /* the run's end (early stopping's too) gets its checkpoint; a callback's
-     * stop writes nothing */
-    int callback_stop = t->stop && strncmp(t->stop_reason, "early", 5);
-    if (st == EBB_OK && !callback_stop && t->o.checkpoint_every &&
-        t->s.last_checkpoint != t->s.step)
+    /* a run resumed at its last step still gets its checkpoint */
+    if (st == EBB_OK && !t->callback_stop && t->o.checkpoint && t->s.last_checkpoint != t->s.step)
         st = ebb_trainer_checkpoint(t, NULL);
     return st;
 }
@@ -2110,19 +2274,73 @@ static ebb_status refuse_nonfinite(const ebb_trainer *t, const state *s, int par
                          who, path, (long long)t->s.step, why);
 }
 
-ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
-    if (!t || t->o.evaluate_only)
-        return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_checkpoint: %s",
-                             t ? "the trainer was opened to evaluate only" : "NULL trainer");
-    if (!path) path = t->o.checkpoint;
-    if (!path) return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_checkpoint: no path, and no "
-                                                 "options.checkpoint");
+/* A checkpoint's __metadata__: what ebb_checkpoint_read_info() reads back. */
+typedef struct ckpt_meta {
+    char step[32], epoch[32], seed[32], batch[32], clip_norm[32], clip_value[32], accum[32];
+    char no_decay[1024], sched[256], sched_steps[32], sched_lr[32], sched_base[32];
+    char best_value[32], best_step[32];
+    const char *pairs[2 * 24];
+    int n; /* pairs */
+} ckpt_meta;
+
+static void meta_add(ckpt_meta *m, const char *key, const char *value) {
+    m->pairs[2 * m->n] = key;
+    m->pairs[2 * m->n + 1] = value;
+    m->n++;
+}
+
+static void checkpoint_meta(const ebb_trainer *t, const char *stateless, ckpt_meta *m) {
+    const ebb_trainer_options *o = &t->o;
+    m->n = 0;
+    m->no_decay[0] = '\0';
+    for (int k = 0, at = 0; k < o->n_no_decay && at < (int)sizeof m->no_decay; k++)
+        at += snprintf(m->no_decay + at, sizeof m->no_decay - (size_t)at, "%s%s", k ? "," : "",
+                       o->no_decay[k]);
+    snprintf(m->accum, sizeof m->accum, "%lld", (long long)t->accum);
+    snprintf(m->clip_norm, sizeof m->clip_norm, "%.17g", o->clip_grad_norm);
+    snprintf(m->clip_value, sizeof m->clip_value, "%.17g", o->clip_grad_value);
+    snprintf(m->step, sizeof m->step, "%lld", (long long)t->s.step);
+    snprintf(m->epoch, sizeof m->epoch, "%lld", (long long)(t->s.step / t->s.steps_per_epoch));
+    snprintf(m->seed, sizeof m->seed, "%llu", (unsigned long long)o->seed);
+    snprintf(m->batch, sizeof m->batch, "%lld", (long long)o->batch);
+    meta_add(m, "ebb_checkpoint", "1");
+    meta_add(m, "step", m->step);
+    meta_add(m, "epoch", m->epoch);
+    meta_add(m, "seed", m->seed);
+    meta_add(m, "batch", m->batch);
+    meta_add(m, "shuffle", o->shuffle ? "1" : "0");
+    meta_add(m, "drop_last", o->drop_last ? "1" : "0");
+    meta_add(m, "data", t->data);
+    meta_add(m, "stateless", stateless);
+    meta_add(m, "clip_grad_norm", m->clip_norm);
+    meta_add(m, "clip_grad_value", m->clip_value);
+    meta_add(m, "accumulate", m->accum);
+    meta_add(m, "no_decay", m->no_decay);
+    if (t->sched) {
+        ebb_lr_schedule_str(&t->schedule, m->sched, sizeof m->sched);
+        snprintf(m->sched_steps, sizeof m->sched_steps, "%lld",
+                 (long long)ebb_lr_scheduler_steps(t->sched));
+        snprintf(m->sched_lr, sizeof m->sched_lr, "%.17g", ebb_lr_scheduler_lr(t->sched));
+        snprintf(m->sched_base, sizeof m->sched_base, "%.17g", ebb_lr_scheduler_base_lr(t->sched));
+        meta_add(m, "lr_schedule", m->sched);
+        meta_add(m, "lr_schedule_steps", m->sched_steps);
+        meta_add(m, "lr_schedule_lr", m->sched_lr);
+        meta_add(m, "lr_schedule_base", m->sched_base);
+    }
+    if (t->best_path) {
+        snprintf(m->best_value, sizeof m->best_value, "%.17g", t->s.best_value);
+        snprintf(m->best_step, sizeof m->best_step, "%lld", (long long)t->s.best_step);
+        meta_add(m, "keep_best", o->keep_best);
+        meta_add(m, "keep_best_value", m->best_value);
+        meta_add(m, "keep_best_step", m->best_step);
+    }
+}
+
+/* ebb_trainer_checkpoint() to `path`, leaving last_checkpoint alone. */
+static ebb_status write_checkpoint(ebb_trainer *t, const char *path) {
     /* data parallel: rank 0 writes for all, ZeRO-1's ranks sending it their state first */
     int zero = zero_sharded(&t->o);
-    if (t->rank != 0 && !zero) {
-        t->s.last_checkpoint = t->s.step;
-        return EBB_OK;
-    }
+    if (t->rank != 0 && !zero) return EBB_OK;
     state s = {0};
     ebb_tensor **made = NULL;
     int n_made = 0;
@@ -2131,60 +2349,31 @@ ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
     char *stateless = st == EBB_OK && t->rank == 0 ? stateless_params(t, s.steps) : NULL;
     if (st == EBB_OK && t->rank == 0 && !stateless)
         st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-    if (st == EBB_OK && t->rank != 0) {
-        free(made);
-        t->s.last_checkpoint = t->s.step; /* as rank 0's: the ranks agree when the next is due */
-        return EBB_OK;
-    }
-    if (st == EBB_OK) st = refuse_nonfinite(t, &s, 0, "--checkpoint", path);
-    if (st == EBB_OK) {
-        const ebb_trainer_options *o = &t->o;
-        char s_step[32], s_epoch[32], s_seed[32], s_batch[32], s_cn[32], s_cv[32], s_acc[32];
-        char s_nd[1024] = "";
-        for (int k = 0, at = 0; k < o->n_no_decay && at < (int)sizeof s_nd; k++)
-            at += snprintf(s_nd + at, sizeof s_nd - (size_t)at, "%s%s", k ? "," : "",
-                           o->no_decay[k]);
-        snprintf(s_acc, sizeof s_acc, "%lld", (long long)t->accum);
-        snprintf(s_cn, sizeof s_cn, "%.17g", o->clip_grad_norm);
-        snprintf(s_cv, sizeof s_cv, "%.17g", o->clip_grad_value);
-        snprintf(s_step, sizeof s_step, "%lld", (long long)t->s.step);
-        snprintf(s_epoch, sizeof s_epoch, "%lld", (long long)(t->s.step / t->s.steps_per_epoch));
-        snprintf(s_seed, sizeof s_seed, "%llu", (unsigned long long)o->seed);
-        snprintf(s_batch, sizeof s_batch, "%lld", (long long)o->batch);
-        char s_sched[256] = "", s_ssteps[32] = "", s_slr[32] = "", s_sbase[32] = "";
-        if (t->sched) {
-            ebb_lr_schedule_str(&t->schedule, s_sched, sizeof s_sched);
-            snprintf(s_ssteps, sizeof s_ssteps, "%lld", (long long)ebb_lr_scheduler_steps(t->sched));
-            snprintf(s_slr, sizeof s_slr, "%.17g", ebb_lr_scheduler_lr(t->sched));
-            snprintf(s_sbase, sizeof s_sbase, "%.17g", ebb_lr_scheduler_base_lr(t->sched));
-        }
-        const char *meta[] = {"ebb_checkpoint", "1",
-                              "step", s_step,
-                              "epoch", s_epoch,
-                              "seed", s_seed,
-                              "batch", s_batch,
-                              "shuffle", o->shuffle ? "1" : "0",
-                              "drop_last", o->drop_last ? "1" : "0",
-                              "data", t->data,
-                              "stateless", stateless,
-                              "clip_grad_norm", s_cn,
-                              "clip_grad_value", s_cv,
-                              "accumulate", s_acc,
-                              "no_decay", s_nd,
-                              /* last, left out without a schedule */
-                              "lr_schedule", s_sched,
-                              "lr_schedule_steps", s_ssteps,
-                              "lr_schedule_lr", s_slr,
-                              "lr_schedule_base", s_sbase};
+    const char *who = path == t->best_path ? "--keep-best" : "--checkpoint";
+    if (st == EBB_OK && t->rank == 0) st = refuse_nonfinite(t, &s, 0, who, path);
+    if (st == EBB_OK && t->rank == 0) {
+        ckpt_meta meta;
         ebb_optimizer_options oo = ebb_optimizer_get_options(t->opt);
-        st = state_write(&s, t->m, &oo, path, 1, meta,
-                         (int)(sizeof meta / sizeof meta[0] / 2) - (t->sched ? 0 : 4));
+        checkpoint_meta(t, stateless, &meta);
+        st = state_write(&s, t->m, &oo, path, 1, meta.pairs, meta.n);
     }
     state_free(&s);
     for (int k = 0; k < n_made; k++)
         ebb_tensor_free(made[k]);
     free(made);
     free(stateless);
+    return st;
+}
+
+ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path) {
+    if (!t || t->o.evaluate_only)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_checkpoint: %s",
+                             t ? "the trainer was opened to evaluate only" : "NULL trainer");
+    if (!path) path = t->o.checkpoint;
+    if (!path) return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_checkpoint: no path, and no "
+                                                 "options.checkpoint");
+    ebb_status st = write_checkpoint(t, path);
+    /* every rank counts it, as rank 0 does: the ranks agree when the next is due */
     if (st == EBB_OK) t->s.last_checkpoint = t->s.step;
     return st;
 }
@@ -2206,7 +2395,7 @@ const char *ebb_trainer_stop_reason(const ebb_trainer *t) {
 }
 
 ebb_trainer_stats ebb_trainer_get_stats(const ebb_trainer *t) {
-    ebb_trainer_stats s = {.first_skip_why = "", .last_checkpoint = -1};
+    ebb_trainer_stats s = {.first_skip_why = "", .last_checkpoint = -1, .best_value = NAN};
     if (!t) return s;
     s = t->s;
     if (t->train && s.steps_per_epoch > 0) {

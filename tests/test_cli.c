@@ -755,6 +755,48 @@ static void sort_words(char *list) {
     strcpy(list, out);
 }
 
+/* --threads and EBB_NUM_THREADS reach libtorch (the version's cpu line, the
+ * training start line); a bad count is a usage error naming it; bf16 on a
+ * CPU without native bfloat16 (oneDNN capped below avx512_core_bf16, which
+ * every x86 CPU then is) warns once. */
+static void test_threads_and_cpu(void **state) {
+    (void)state;
+    cli_result r;
+    setenv("EBB_NUM_THREADS", "3", 1);
+    EBB(&r, "version");
+    unsetenv("EBB_NUM_THREADS");
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "\ncpu: 3 threads; kernels ATen ");
+    cli_free(&r);
+
+    EBB(&r, "plan", "specs/mlp.yaml", "--threads", "0");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--threads 0: give a thread count from 1 to 1024");
+    cli_free(&r);
+    setenv("EBB_NUM_THREADS", "many", 1);
+    EBB(&r, "check", "specs/mlp.yaml");
+    unsetenv("EBB_NUM_THREADS");
+    expect_code(&r, 3);
+    expect_contains("stderr", &r, r.err, "EBB_NUM_THREADS=many: give a thread count");
+    cli_free(&r);
+
+    EBB(&r, "train", "specs/fashion_mlp.yaml", "--data", "fashion-mnist", "--steps", "1",
+        "--threads", "2", "--device", "cpu");
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, ", 2 threads\n");
+    cli_free(&r);
+
+    setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE", 1);
+    EBB(&r, "run", "specs/mlp.yaml", "--precision", "bf16", "--repeat", "2", "--device", "cpu");
+    unsetenv("ONEDNN_MAX_CPU_ISA");
+    expect_code(&r, 0);
+    const char *warn = "warning: --precision bf16 on a CPU without native bfloat16 arithmetic";
+    expect_contains("stderr", &r, r.err, warn);
+    if (strstr(strstr(r.err, warn) + 1, warn))
+        fail_msg("`%s` warned twice:\n%s", r.cmd, r.err);
+    cli_free(&r);
+}
+
 static void test_help_and_version(void **state) {
     (void)state;
     cli_result r, r2;
@@ -941,138 +983,141 @@ typedef struct exit_case {
     const char *args[14];
 } exit_case;
 
-static void test_exit_codes(void **state) {
-    (void)state;
-    static const exit_case cases[] = {
-        {0, NULL, {"check", "specs/mlp.yaml"}},
-        {0, NULL, {"plan", "specs/mlp.yaml", "-i", "x=8,64"}},
-        {0, NULL, {"dot", "specs/mlp.yaml"}},
-        {0, NULL, {"run", "specs/through.yaml", "--device", "cpu"}},
-        /* 1: the spec or an input is at fault */
-        {1, "cannot open", {"plan", "specs/no_such_spec.yaml"}},
-        {1, "cannot open", {"check", "specs/no_such_spec.yaml"}},
-        {1, "cannot open", {"run", "specs/no_such_spec.yaml"}},
-        {1, "cannot open", {"dot", "specs/no_such_spec.yaml"}},
-        {1, "unknown_op.yaml:7:14: error: ", {"plan", "tests/specs_bad/unknown_op.yaml"}},
-        {1, "dimension 1 of input 'x' is 64", {"plan", "specs/mlp.yaml", "-i", "x=8,65"}},
-        {1, "has 2 dimensions", {"run", "specs/mlp.yaml", "-i", "x=8"}},
-        {1, "no_such.safetensors", {"run", "specs/mlp.yaml", "--weights", "no_such.safetensors"}},
-        {1, "no_such.safetensors", {"run", "specs/mlp.yaml", "--inputs", "no_such.safetensors"}},
-        /* 2: usage */
-        {1, "no param 'width' to set", {"plan", "specs/mlp.yaml", "-p", "width=3"}},
-        {1, "'abc' is not a number", {"dot", "specs/mlp.yaml", "-p", "hidden=abc"}},
-        {2, "-p needs NAME=NUMBER", {"plan", "specs/mlp.yaml", "-p"}},
-        {2, "given twice", {"plan", "specs/mlp.yaml", "-i", "batch=2", "-i", "batch=3"}},
-        {2, "use .dot or .gv", {"dot", "specs/mlp.yaml", "-o", "x.txt"}},
-        {2, "missing COMMAND", {NULL}},
-        {2, "unknown command 'frob'", {"frob"}},
-        {2, "unknown command 'plna'; did you mean 'plan'?", {"plna", "specs/mlp.yaml"}},
-        {2, "unknown option --frob", {"plan", "specs/mlp.yaml", "--frob"}},
-        {2, "unknown option --json", {"run", "specs/mlp.yaml", "--json"}},
-        {2, "unknown option --frob", {"check", "--frob", "specs/mlp.yaml"}},
-        /* a near miss is named, and where the options are follows */
-        {2, "unknown option --weigths; did you mean --weights?",
-         {"run", "specs/mlp.yaml", "--weigths=w.safetensors"}},
-        {2, "unknown option --batchh; did you mean --batch?",
-         {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--batchh", "3"}},
-        {1, "dataset 'fashion-mnst': no such file or directory; a dataset is",
-         {"train", "specs/mlp.yaml", "--data", "fashion-mnst"}},
-        {2, "--cuda-graph needs a CUDA device; training would run on cpu",
-         {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--cuda-graph", "--device",
-          "cpu"}},
-        {2, "--lr-schedule: learning-rate schedule 'cosin:10': unknown kind 'cosin'; did you "
-            "mean 'cosine'?",
-         {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--lr-schedule", "cosin:10"}},
-        {1, "unknown loss op 'frob'",
-         {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--loss", "frob"}},
-        {2, "--optimizer: unknown optimizer 'adadeltta'; did you mean 'adadelta'?",
-         {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--optimizer", "adadeltta"}},
-        {2, "--momentum applies to --optimizer sgd and rmsprop",
-         {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--optimizer", "adagrad",
-          "--momentum", "0.9"}},
-        {2, "--cuda-graph and --skip-nonfinite cannot be combined",
-         {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--cuda-graph",
-          "--skip-nonfinite"}},
-        {2, "missing SPEC", {"plan"}},
-        {2, "missing SPEC", {"run"}},
-        {2, "missing SPEC", {"dot"}},
-        {2, "missing SPEC", {"check"}},
-        {2, "unexpected argument", {"plan", "specs/mlp.yaml", "specs/mlp.yaml"}},
-        {2, "--repeat", {"run", "specs/mlp.yaml", "--repeat", "0"}},
-        {2, "--seed", {"run", "specs/mlp.yaml", "--seed", "-1"}},
-        {2, "-i", {"plan", "specs/mlp.yaml", "-i"}},
-        {2, "positive integers", {"plan", "specs/mlp.yaml", "-i", "x=8,a"}},
-        {2, "NAME=D0", {"plan", "specs/mlp.yaml", "-i", "x"}},
-        {2, "bad device 'tpu'", {"run", "specs/mlp.yaml", "--device", "tpu"}},
-        /* options as git takes them */
-        {2, "option --json takes no value", {"plan", "specs/mlp.yaml", "--json=1"}},
-        {2, "--seed needs a non-negative integer", {"run", "specs/mlp.yaml", "--seed="}},
-        {2, "unexpected argument --json", {"plan", "--", "specs/mlp.yaml", "--json"}},
-        {2, "unknown option -x", {"dot", "-x", "specs/mlp.yaml"}},
-        {2, "unknown command 'frob'", {"help", "frob"}},
-        {2, "standard input (-) can be read once", {"run", "-", "--weights=-"}},
-        {2, "--non-strict applies to --weights", {"run", "specs/mlp.yaml", "--non-strict"}},
-        /* -i takes digits and single commas, nothing else */
-        {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x=4,64,"}},
-        {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x=+4,64"}},
-        {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x= 4,64"}},
-        {2,
-         "more than 8 dimensions (ebb's limit)",
-         {"plan", "specs/mlp.yaml", "-i", "x=1,1,1,1,1,1,1,1,1"}},
-        {2,
-         "a symbolic dimension takes one positive integer",
-         {"plan", "specs/mlp.yaml", "-i", "batch=+3"}},
-        {2,
-         "-i batch=8 contradicts -i x=4,64: dimension 0 of input 'x' is 'batch'",
-         {"plan", "specs/mlp.yaml", "-i", "x=4,64", "-i", "batch=8"}},
-        /* a directory is not a spec, and says so */
-        {1, "specs: is a directory, not a spec file", {"run", "specs"}},
-        {1, "specs: is a directory, not a spec file", {"check", "specs"}},
-        /* 3: outputs that cannot be written are found before the run */
-        {3,
-         "--outputs: cannot write 'specs': it is a directory",
-         {"run", "specs/mlp.yaml", "--outputs", "specs"}},
-        {3,
-         "--trace: cannot write 'no/such/t.jsonl': directory 'no/such': No such file",
-         {"run", "specs/mlp.yaml", "--trace", "no/such/t.jsonl"}},
-        {3, "--save-weights: cannot write", {"run", "specs/mlp.yaml", "--save-weights", "/"}},
-        {3,
-         "-o: cannot write 'specs.dot/x/y.dot': directory 'specs.dot/x'",
-         {"dot", "specs/mlp.yaml", "-o", "specs.dot/x/y.dot"}},
-        /* 1: a --memory-budget the plan cannot meet is the number given at
-         * fault, not memory that ran out */
-        {1,
-         "the memory budget is 1.0 KiB",
-         {"plan", "specs/mlp.yaml", "--train", "--memory-budget", "1KiB"}},
-        {1,
-         "over the memory budget of 1.0 KiB",
-         {"plan", "specs/mlp.yaml", "-i", "batch=8", "--memory-budget", "1KiB"}},
-        /* language models: text data and generation */
-        {2, "--block N is needed", {"train", "specs/bigram.yaml", "--data", "text:README.md"}},
-        {1,
-         "input 'x' is float32: declare it {shape: [batch, T], dtype: int64}",
-         {"train", "specs/mlp.yaml", "--data", "text:README.md", "--block", "64"}},
-        {2,
-         "--prompt is required",
-         {"generate", "specs/bigram.yaml", "--weights", "w", "--tokens", "1"}},
-        {2,
-         "--block N is needed",
-         {"generate", "specs/bigram.yaml", "--weights", "w", "--prompt", "a", "--tokens", "1"}},
-        {1,
-         "the output is float32 [1, 4, 100]; generate needs the scores of the next byte",
-         {"generate", "specs/bigram.yaml", "--weights", "w", "--prompt", "a", "--tokens", "1",
-          "--block", "4", "-p", "vocab=100"}},
-        {1,
-         "a language model takes byte tokens",
-         {"generate", "specs/mlp.yaml", "--weights", "w", "--prompt", "a", "--tokens", "1"}},
-        {1,
-         "cannot open 'nothere.safetensors'",
-         {"generate", "specs/bigram.yaml", "--weights", "nothere.safetensors", "--prompt", "a",
-          "--tokens", "1", "--block", "4"}},
-        /* 3: a plan that cannot fit is refused before anything runs */
-        {3, "this process can get", {"run", "specs/mlp.yaml", "-i", "batch=1000000000"}},
-    };
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+static const exit_case exit_cases[] = {
+    {0, NULL, {"check", "specs/mlp.yaml"}},
+    {0, NULL, {"plan", "specs/mlp.yaml", "-i", "x=8,64"}},
+    {0, NULL, {"dot", "specs/mlp.yaml"}},
+    {0, NULL, {"run", "specs/through.yaml", "--device", "cpu"}},
+    /* 1: the spec or an input is at fault */
+    {1, "cannot open", {"plan", "specs/no_such_spec.yaml"}},
+    {1, "cannot open", {"check", "specs/no_such_spec.yaml"}},
+    {1, "cannot open", {"run", "specs/no_such_spec.yaml"}},
+    {1, "cannot open", {"dot", "specs/no_such_spec.yaml"}},
+    {1, "unknown_op.yaml:7:14: error: ", {"plan", "tests/specs_bad/unknown_op.yaml"}},
+    {1, "dimension 1 of input 'x' is 64", {"plan", "specs/mlp.yaml", "-i", "x=8,65"}},
+    {1, "has 2 dimensions", {"run", "specs/mlp.yaml", "-i", "x=8"}},
+    {1, "no_such.safetensors", {"run", "specs/mlp.yaml", "--weights", "no_such.safetensors"}},
+    {1, "no_such.safetensors", {"run", "specs/mlp.yaml", "--inputs", "no_such.safetensors"}},
+    /* 2: usage */
+    {1, "no param 'width' to set", {"plan", "specs/mlp.yaml", "-p", "width=3"}},
+    {1, "'abc' is not a number", {"dot", "specs/mlp.yaml", "-p", "hidden=abc"}},
+    {2, "-p needs NAME=NUMBER", {"plan", "specs/mlp.yaml", "-p"}},
+    {2, "given twice", {"plan", "specs/mlp.yaml", "-i", "batch=2", "-i", "batch=3"}},
+    {2, "use .dot or .gv", {"dot", "specs/mlp.yaml", "-o", "x.txt"}},
+    {2, "missing COMMAND", {NULL}},
+    {2, "unknown command 'frob'", {"frob"}},
+    {2, "unknown command 'plna'; did you mean 'plan'?", {"plna", "specs/mlp.yaml"}},
+    {2, "unknown option --frob", {"plan", "specs/mlp.yaml", "--frob"}},
+    {2, "unknown option --json", {"run", "specs/mlp.yaml", "--json"}},
+    {2, "unknown option --frob", {"check", "--frob", "specs/mlp.yaml"}},
+    /* a near miss is named, and where the options are follows */
+    {2, "unknown option --weigths; did you mean --weights?",
+     {"run", "specs/mlp.yaml", "--weigths=w.safetensors"}},
+    {2, "unknown option --batchh; did you mean --batch?",
+     {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--batchh", "3"}},
+    {1, "dataset 'fashion-mnst': no such file or directory; a dataset is",
+     {"train", "specs/mlp.yaml", "--data", "fashion-mnst"}},
+    {2, "--cuda-graph needs a CUDA device; training would run on cpu",
+     {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--cuda-graph", "--device",
+      "cpu"}},
+    {2, "--lr-schedule: learning-rate schedule 'cosin:10': unknown kind 'cosin'; did you "
+        "mean 'cosine'?",
+     {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--lr-schedule", "cosin:10"}},
+    {1, "unknown loss op 'frob'",
+     {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--loss", "frob"}},
+    {2, "--optimizer: unknown optimizer 'adadeltta'; did you mean 'adadelta'?",
+     {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--optimizer", "adadeltta"}},
+    {2, "--momentum applies to --optimizer sgd and rmsprop",
+     {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--optimizer", "adagrad",
+      "--momentum", "0.9"}},
+    {2, "--cuda-graph and --skip-nonfinite cannot be combined",
+     {"train", "specs/mlp.yaml", "--data", "fashion-mnist", "--cuda-graph",
+      "--skip-nonfinite"}},
+    {2, "missing SPEC", {"plan"}},
+    {2, "missing SPEC", {"run"}},
+    {2, "missing SPEC", {"dot"}},
+    {2, "missing SPEC", {"check"}},
+    {2, "unexpected argument", {"plan", "specs/mlp.yaml", "specs/mlp.yaml"}},
+    {2, "--repeat", {"run", "specs/mlp.yaml", "--repeat", "0"}},
+    {2, "--seed", {"run", "specs/mlp.yaml", "--seed", "-1"}},
+    {2, "-i", {"plan", "specs/mlp.yaml", "-i"}},
+    {2, "positive integers", {"plan", "specs/mlp.yaml", "-i", "x=8,a"}},
+    {2, "NAME=D0", {"plan", "specs/mlp.yaml", "-i", "x"}},
+    {2, "bad device 'tpu'", {"run", "specs/mlp.yaml", "--device", "tpu"}},
+    /* options as git takes them */
+    {2, "option --json takes no value", {"plan", "specs/mlp.yaml", "--json=1"}},
+    {2, "--seed needs a non-negative integer", {"run", "specs/mlp.yaml", "--seed="}},
+    {2, "unexpected argument --json", {"plan", "--", "specs/mlp.yaml", "--json"}},
+    {2, "unknown option -x", {"dot", "-x", "specs/mlp.yaml"}},
+    {2, "unknown command 'frob'", {"help", "frob"}},
+    {2, "standard input (-) can be read once", {"run", "-", "--weights=-"}},
+    {2, "--non-strict applies to --weights", {"run", "specs/mlp.yaml", "--non-strict"}},
+    /* -i takes digits and single commas, nothing else */
+    {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x=4,64,"}},
+    {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x=+4,64"}},
+    {2, "no signs, spaces or empty entries", {"plan", "specs/mlp.yaml", "-i", "x= 4,64"}},
+    {2,
+     "more than 8 dimensions (ebb's limit)",
+     {"plan", "specs/mlp.yaml", "-i", "x=1,1,1,1,1,1,1,1,1"}},
+    {2,
+     "a symbolic dimension takes one positive integer",
+     {"plan", "specs/mlp.yaml", "-i", "batch=+3"}},
+    {2,
+     "-i batch=8 contradicts -i x=4,64: dimension 0 of input 'x' is 'batch'",
+     {"plan", "specs/mlp.yaml", "-i", "x=4,64", "-i", "batch=8"}},
+    /* a directory is not a spec, and says so */
+    {1, "specs: is a directory, not a spec file", {"run", "specs"}},
+    {1, "specs: is a directory, not a spec file", {"check", "specs"}},
+    /* 3: outputs that cannot be written are found before the run */
+    {3,
+     "--outputs: cannot write 'specs': it is a directory",
+     {"run", "specs/mlp.yaml", "--outputs", "specs"}},
+    {3,
+     "--trace: cannot write 'no/such/t.jsonl': directory 'no/such': No such file",
+     {"run", "specs/mlp.yaml", "--trace", "no/such/t.jsonl"}},
+    {3, "--save-weights: cannot write", {"run", "specs/mlp.yaml", "--save-weights", "/"}},
+    {3,
+     "-o: cannot write 'specs.dot/x/y.dot': directory 'specs.dot/x'",
+     {"dot", "specs/mlp.yaml", "-o", "specs.dot/x/y.dot"}},
+    /* 1: a --memory-budget the plan cannot meet is the number given at
+     * fault, not memory that ran out */
+    {1,
+     "the memory budget is 1.0 KiB",
+     {"plan", "specs/mlp.yaml", "--train", "--memory-budget", "1KiB"}},
+    {1,
+     "over the memory budget of 1.0 KiB",
+     {"plan", "specs/mlp.yaml", "-i", "batch=8", "--memory-budget", "1KiB"}},
+    /* language models: text data and generation */
+    {2, "--block N is needed", {"train", "specs/bigram.yaml", "--data", "text:README.md"}},
+    {1,
+     "input 'x' is float32: declare it {shape: [batch, T], dtype: int64}",
+     {"train", "specs/mlp.yaml", "--data", "text:README.md", "--block", "64"}},
+    {2,
+     "--prompt is required",
+     {"generate", "specs/bigram.yaml", "--weights", "w", "--tokens", "1"}},
+    {2,
+     "--block N is needed",
+     {"generate", "specs/bigram.yaml", "--weights", "w", "--prompt", "a", "--tokens", "1"}},
+    {1,
+     "the output is float32 [1, 4, 100]; generate needs the scores of the next byte",
+     {"generate", "specs/bigram.yaml", "--weights", "w", "--prompt", "a", "--tokens", "1",
+      "--block", "4", "-p", "vocab=100"}},
+    {1,
+     "a language model takes byte tokens",
+     {"generate", "specs/mlp.yaml", "--weights", "w", "--prompt", "a", "--tokens", "1"}},
+    {1,
+     "cannot open 'nothere.safetensors'",
+     {"generate", "specs/bigram.yaml", "--weights", "nothere.safetensors", "--prompt", "a",
+      "--tokens", "1", "--block", "4"}},
+    /* 3: a plan that cannot fit is refused before anything runs */
+    {3, "this process can get", {"run", "specs/mlp.yaml", "-i", "batch=1000000000"}},
+};
+#define N_EXIT_CASES (sizeof exit_cases / sizeof exit_cases[0])
+
+/* exit_cases[from, to): each command's exit code and what stderr says */
+static void check_exit_cases(size_t from, size_t to) {
+    const exit_case *cases = exit_cases;
+    for (size_t c = from; c < to && c < N_EXIT_CASES; c++) {
         cli_result r;
         run_prog(&r, NULL, NULL, cases[c].args);
         expect_code(&r, cases[c].code);
@@ -1104,6 +1149,17 @@ static void test_exit_codes(void **state) {
             fail_msg("`%s` ran before failing:\n%s", r.cmd, r.out);
         cli_free(&r);
     }
+}
+
+/* the table in halves, for the shards */
+static void test_exit_codes(void **state) {
+    (void)state;
+    check_exit_cases(0, N_EXIT_CASES / 2);
+}
+
+static void test_exit_codes_more(void **state) {
+    (void)state;
+    check_exit_cases(N_EXIT_CASES / 2, N_EXIT_CASES);
 }
 
 /* 3: a runtime error. This build's CUDA may be missing; where a device is
@@ -1415,19 +1471,24 @@ static void test_golden_dot(void **state) {
 }
 
 /* Every spec, both views, renders; every spec's JSON passes the checks. */
-static void test_all_specs_json_and_dot(void **state) {
-    (void)state;
-    int graphviz = have_graphviz();
+/* Every spec's plan as JSON (view 0), its graph (1) or its plan (2) as DOT
+ * that Graphviz renders: three tests, so that shards run them side by side. */
+static void all_specs_view(int view) {
+    if (view && !have_graphviz()) {
+        fprintf(stderr, "skipped rendering: Graphviz's dot is not installed\n");
+        skip();
+    }
     char *specs[256];
     int n = list_yaml("specs", specs, 256);
     for (int i = 0; i < n; i++) {
-        cJSON *j = plan_json(specs[i], NULL);
-        if (straight_line(j))
-            check_frees_at_last_use(j, specs[i]);
-        cJSON_Delete(j);
-        for (int view = 0; graphviz && view < 2; view++) {
+        if (view == 0) {
+            cJSON *j = plan_json(specs[i], NULL);
+            if (straight_line(j))
+                check_frees_at_last_use(j, specs[i]);
+            cJSON_Delete(j);
+        } else {
             cli_result r;
-            if (view)
+            if (view == 2)
                 EBB(&r, "dot", specs[i], "--plan");
             else
                 EBB(&r, "dot", specs[i]);
@@ -1437,6 +1498,21 @@ static void test_all_specs_json_and_dot(void **state) {
         }
         free(specs[i]);
     }
+}
+
+static void test_all_specs_json(void **state) {
+    (void)state;
+    all_specs_view(0);
+}
+
+static void test_all_specs_dot_graph(void **state) {
+    (void)state;
+    all_specs_view(1);
+}
+
+static void test_all_specs_dot_plan(void **state) {
+    (void)state;
+    all_specs_view(2);
 }
 
 static void test_dot_output_files(void **state) {
@@ -3721,6 +3797,95 @@ static void test_train_resume_strict(void **state) {
     cli_free(&r);
 }
 
+/* The command that wrote a checkpoint, run again with --resume added (and
+ * more steps), goes on: its --lr is the schedule's base, which the
+ * checkpoint keeps, not the rate the schedule had reached. --checkpoint
+ * alone writes one at the run's end, --keep-best keeps the best epoch's
+ * beside it, and the CSV's epoch row gives the epoch's samples a second. */
+static void test_train_resume_same_command(void **state) {
+    (void)state;
+    char data[PATH_MAX], ck[PATH_MAX], best[PATH_MAX], csv[PATH_MAX];
+    tmp_path(data, sizeof data, "rsc-data.safetensors");
+    tmp_path(ck, sizeof ck, "rsc-ck.safetensors");
+    tmp_path(best, sizeof best, "rsc-ck.best.safetensors");
+    tmp_path(csv, sizeof csv, "rsc-log.csv");
+    write_train_data(data, 48, 11);
+    cli_result r;
+#define RSC_ARGS "train", "specs/mlp.yaml", "--data", data, "--eval-data", data, "--batch", "16", \
+        "--lr", "0.001", "--lr-schedule", "cosine:6", "--checkpoint", ck, "--keep-best", "eval_loss"
+    EBB(&r, RSC_ARGS, "--steps", "3", "--log-csv", csv, "--log-every", "1");
+    expect_code(&r, 0);
+    char line[PATH_MAX + 64];
+    FMT(line, ", the best yet: checkpoint written to %s\n", best);
+    expect_contains("stdout", &r, r.out, line);
+    cli_free(&r);
+    ebb_checkpoint_info ci;
+    assert_ok(ebb_checkpoint_read_info(ck, &ci));
+    assert_int_equal(ci.step, 3);
+    assert_true(ci.optimizer.lr < 0.001); /* the schedule moved the rate from its base */
+    ebb_checkpoint_info_free(&ci);
+    assert_ok(ebb_checkpoint_read_info(best, &ci));
+    assert_int_equal(ci.step, 3);
+    ebb_checkpoint_info_free(&ci);
+    char *text = slurp(csv, NULL);
+    assert_non_null(text);
+    const char *row = strstr(text, "\nepoch,1,3,48,");
+    double rate = 0;
+    /* kind,epoch,step,samples,loss,lr,samples_per_s,...: the epoch row has no lr */
+    if (!row || sscanf(strstr(row, ",,") ? strstr(row, ",,") + 2 : "", "%lf", &rate) != 1 ||
+        !(rate > 0))
+        fail_msg("no epoch row with its samples_per_s in %s:\n%s", csv, text);
+    free(text);
+
+    EBB(&r, RSC_ARGS, "--steps", "6", "--resume", ck, "--json", "--log-every", "1");
+#undef RSC_ARGS
+    expect_code(&r, 0);
+    int step = 3;
+    for (char *l = strtok(r.out, "\n"); l; l = strtok(NULL, "\n")) {
+        cJSON *j = json_strict(l, strlen(l), "ebb train --json");
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(j, "type");
+        if (cJSON_IsString(type) && !strcmp(type->valuestring, "step")) {
+            double lr = cJSON_GetObjectItemCaseSensitive(j, "lr")->valuedouble;
+            double want = 1e-3 * (1 + cos(M_PI * step / 6.0)) / 2;
+            if (fabs(lr - want) > 1e-9 * 1e-3)
+                fail_msg("resumed step %d: lr %.9g, cosine:6 from 1e-3 gives %.9g", step + 1, lr,
+                         want);
+            step++;
+        }
+        cJSON_Delete(j);
+    }
+    assert_int_equal(step, 6);
+    cli_free(&r);
+}
+
+/* The spellings PyTorch, Lightning and Hugging Face users type get ebb's
+ * flag suggested, where the command has it. */
+static void test_option_aliases(void **state) {
+    (void)state;
+    static const struct {
+        const char *command, *written, *want;
+    } cases[] = {
+        {"train", "--learning-rate=0.1", "unknown option --learning-rate; did you mean --lr?\n"},
+        {"train", "--batch-size", "unknown option --batch-size; did you mean --batch?\n"},
+        {"train", "--num-epochs", "unknown option --num-epochs; did you mean --epochs?\n"},
+        {"train", "--max_steps", "unknown option --max_steps; did you mean --steps?\n"},
+        {"train", "--grad-accum", "unknown option --grad-accum; did you mean --accumulate?\n"},
+        {"train", "--gradient-clip",
+         "unknown option --gradient-clip; did you mean --clip-grad-norm?\n"},
+        {"train", "--wd", "unknown option --wd; did you mean --weight-decay?\n"},
+        /* ebb eval has no --lr to suggest */
+        {"eval", "--learning-rate", "unknown option --learning-rate\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_result r;
+        EBB(&r, cases[i].command, "specs/mlp.yaml", "--data", "d.safetensors", cases[i].written,
+            "1");
+        expect_code(&r, 2);
+        expect_contains("stderr", &r, r.err, cases[i].want);
+        cli_free(&r);
+    }
+}
+
 /* Starts `ebb train` of a million steps on `data`, checkpointing to `ck`
  * (and drawing `curve` when given), its stdout through a pipe; once the
  * first progress line is out, sends `sig`, then `sig2` at once when not 0.
@@ -4056,16 +4221,20 @@ static void test_text_generate(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_help_and_version),
+        EBB_TEST(test_threads_and_cpu),
         EBB_TEST(test_option_syntax_and_stdin),
         EBB_TEST(test_write_errors),
         EBB_TEST(test_exit_codes),
+        EBB_TEST(test_exit_codes_more),
         EBB_TEST(test_exit_code_runtime),
         EBB_TEST(test_check_all_specs),
         EBB_TEST(test_check_bad_specs),
         EBB_TEST(test_golden_listing),
         EBB_TEST(test_golden_json),
         EBB_TEST(test_golden_dot),
-        EBB_TEST(test_all_specs_json_and_dot),
+        EBB_TEST(test_all_specs_json),
+        EBB_TEST(test_all_specs_dot_graph),
+        EBB_TEST(test_all_specs_dot_plan),
         EBB_TEST(test_dot_output_files),
         EBB_TEST(test_plan_precision),
         EBB_TEST(test_plan_memory_and_keep_all),
@@ -4087,10 +4256,11 @@ int main(void) {
         EBB_TEST(test_output_aliases),
         EBB_TEST(test_train_lr_schedule),
         EBB_TEST(test_train_resume_strict),
+        EBB_TEST(test_train_resume_same_command),
+        EBB_TEST(test_option_aliases),
         EBB_TEST(test_over_plan_is_reported),
         EBB_TEST(test_text_generate),
     };
-    /* CMOCKA_FILTER=test_train_* runs those alone */
-    if (getenv("CMOCKA_FILTER")) cmocka_set_test_filter(getenv("CMOCKA_FILTER"));
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    /* CMOCKA_FILTER=test_train_* runs those alone; EBB_TEST_SHARD=K/N a shard */
+    return ebb_test_run("test_cli", tests, group_setup, group_teardown);
 }

@@ -253,8 +253,39 @@ static void test_handle_count(void **state) {
     assert_int_equal(ebb_tensor_live_count() - before, 0);
 }
 
+/* What each library runs here, as ebb_cpu_info reads it, and the thread
+ * count: set, read back, refused outside 1..1024. */
+static void test_cpu_info_and_threads(void **state) {
+    (void)state;
+    ebb_cpu_info ci;
+    assert_int_equal(ebb_cpu_info_get(NULL), EBB_ERR_ARG);
+    assert_ok(ebb_cpu_info_get(&ci));
+    assert_int_equal(ci.threads, ebb_tensor_num_threads());
+    assert_true(ci.threads >= 1);
+    assert_true(ci.aten[0] && ci.onednn[0] && ci.blas[0]);
+    /* native float16 implies native bfloat16 in oneDNN's ladder */
+    assert_true(!ci.fp16_native || ci.bf16_native);
+    char line[256];
+    ebb_cpu_info_str(&ci, line, sizeof line);
+    if (!strstr(line, ci.aten) || !strstr(line, ci.onednn) || !strstr(line, "thread"))
+        fail_msg("ebb_cpu_info_str: '%s' lacks the kernels or the threads", line);
+
+    int before = ebb_tensor_num_threads();
+    assert_ok(ebb_set_num_threads(2));
+    assert_int_equal(ebb_tensor_num_threads(), 2);
+    assert_ok(ebb_cpu_info_get(&ci));
+    assert_int_equal(ci.threads, 2);
+    assert_int_equal(ebb_set_num_threads(0), EBB_ERR_ARG);
+    assert_errmsg_contains("0 threads");
+    assert_int_equal(ebb_set_num_threads(1025), EBB_ERR_ARG);
+    assert_int_equal(ebb_tensor_num_threads(), 2);
+    assert_ok(ebb_set_num_threads(before));
+    assert_true(ebb_default_num_threads() >= 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        EBB_TEST(test_cpu_info_and_threads),
         EBB_TEST(test_bytes_exact_1000x1000),
         EBB_TEST(test_peak_and_reset),
         EBB_TEST(test_views_share_storage),

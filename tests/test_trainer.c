@@ -810,6 +810,284 @@ static void test_early_stopping(void **state) {
     ebb_spec_free(spec);
 }
 
+/* ---- what `ebb train` prints, and the checkpoints it keeps ------------------ */
+
+typedef struct logged {
+    int steps, epochs;
+    double lr[16]; /* each step's event: the rate it used */
+    double epoch_rate[4], epoch_samples[4], epoch_seconds[4];
+} logged;
+
+static int log_step(ebb_trainer *t, const ebb_train_event *e, void *user) {
+    (void)t;
+    logged *l = user;
+    if (l->steps < 16) l->lr[l->steps] = e->lr;
+    l->steps++;
+    return 0;
+}
+
+static int log_epoch(ebb_trainer *t, const ebb_train_event *e, void *user) {
+    (void)t;
+    logged *l = user;
+    if (l->epochs < 4) {
+        l->epoch_rate[l->epochs] = e->samples_per_s;
+        l->epoch_seconds[l->epochs] = e->seconds;
+        l->epoch_samples[l->epochs] = (double)(e->samples - (int64_t)N * l->epochs);
+    }
+    l->epochs++;
+    return 0;
+}
+
+/* A progress file read back whole (free it). */
+static char *read_progress(FILE *f) {
+    long len = ftell(f);
+    char *text = calloc((size_t)len + 1, 1);
+    assert_non_null(text);
+    rewind(f);
+    assert_int_equal(fread(text, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    return text;
+}
+
+/* The progress lines say what the steps did: each log line the rate its
+ * step used (a cosine's last step is not 0, the next step's rate), the
+ * epoch's rate its samples over its time (as the epoch event and the CSV
+ * give it), and the start line the step's peak as the run's device counts
+ * it, not the larger of the CPU and CUDA counts. */
+static void test_progress_reports(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    static const ebb_lr_schedule cosine = {.kind = EBB_LR_COSINE, .t_max = 8};
+    logged l = {0};
+    ebb_trainer_options o = options();
+    o.epochs = 2; /* 4 steps each, the last of 2 samples */
+    o.eval_data = NULL;
+    o.schedule = &cosine;
+    o.clip_grad_norm = 0.5;
+    o.log_every = 1;
+    o.on_step = log_step;
+    o.on_epoch = log_epoch;
+    o.user = &l;
+    o.progress = tmpfile();
+    assert_non_null(o.progress);
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("%s", ebb_errmsg());
+    char *text = read_progress(o.progress);
+    assert_int_equal(l.steps, 8);
+    assert_true(l.lr[7] > 0); /* cosine:8's last step: the text printed 0, the next one's */
+    for (int k = 0; k < 8; k++) {
+        char want[64];
+        snprintf(want, sizeof want, "step %d/8 loss ", k + 1);
+        const char *line = strstr(text, want), *at = line ? strstr(line, " lr ") : NULL;
+        if (!at || strchr(line, '\n') < at) fail_msg("no '%s... lr' line in:\n%s", want, text);
+        snprintf(want, sizeof want, " lr %.6g ", l.lr[k]);
+        if (strncmp(at, want, strlen(want)))
+            fail_msg("step %d used lr %.9g; its log line says '%.24s'", k + 1, l.lr[k], at);
+    }
+    assert_int_equal(l.epochs, 2);
+    for (int e = 0; e < 2; e++) {
+        double want = l.epoch_samples[e] / l.epoch_seconds[e];
+        if (!(l.epoch_samples[e] == N && fabs(l.epoch_rate[e] - want) <= 1e-9 * want))
+            fail_msg("epoch %d: %g samples/s, its %g samples over %g s are %g", e + 1,
+                     l.epoch_rate[e], l.epoch_samples[e], l.epoch_seconds[e], want);
+        char line[96];
+        snprintf(line, sizeof line, "(4 steps, %.1f s, %.0f samples/s)", l.epoch_seconds[e],
+                 l.epoch_rate[e]);
+        if (!strstr(text, line)) fail_msg("no epoch line with '%s' in:\n%s", line, text);
+    }
+    /* the CPU's figure, which the larger count would overstate here */
+    const ebb_plan *plan = ebb_trainer_train_plan(t);
+    ebb_remat_stats rs;
+    char cpu[32], larger[32], want[96];
+    assert_int_equal(ebb_plan_remat_stats(plan, &rs), EBB_OK);
+    ebb_bytes_str(ebb_plan_device_peak_bytes(plan, ebb_device_cpu()), cpu, sizeof cpu);
+    ebb_bytes_str(rs.peak_bytes, larger, sizeof larger);
+    assert_string_not_equal(cpu, larger);
+    snprintf(want, sizeof want, "backward: the step's peak %s, about ", cpu);
+    if (!strstr(text, want)) fail_msg("the start line lacks '%s':\n%s", want, text);
+    free(text);
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+}
+
+static int64_t checkpoint_step(const char *path) {
+    ebb_checkpoint_info ci;
+    if (ebb_checkpoint_read_info(path, &ci) != EBB_OK) fail_msg("%s", ebb_errmsg());
+    int64_t step = ci.step;
+    ebb_checkpoint_info_free(&ci);
+    return step;
+}
+
+/* At step 5 the checkpoint holds the first epoch's end. */
+static int check_epoch_checkpoint(ebb_trainer *t, const ebb_train_event *e, void *user) {
+    (void)user;
+    if (e->step == 5) assert_int_equal(checkpoint_step(ebb_trainer_get_options(t)->checkpoint), 4);
+    return 0;
+}
+
+/* options.checkpoint alone writes one at every epoch's end and at the
+ * run's end; checkpoint_every N every N steps and at the end, a step at a
+ * time too. */
+static void test_checkpoint_every_epoch(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    char path[400];
+    snprintf(path, sizeof path, "%s/epochs.safetensors", dir);
+    unlink(path);
+    ebb_trainer_options o = options();
+    o.eval_data = NULL;
+    o.steps = 6; /* an epoch of 4 steps, then 2 */
+    o.checkpoint = path;
+    o.on_step = check_epoch_checkpoint;
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("%s", ebb_errmsg());
+    assert_int_equal(checkpoint_step(path), 6);
+    assert_int_equal(ebb_trainer_get_stats(t).last_checkpoint, 6);
+    ebb_trainer_free(t);
+    /* step by step, every 4 steps: the last step is the run's end too */
+    unlink(path);
+    o.on_step = NULL;
+    o.checkpoint_every = 4;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK) fail_msg("%s", ebb_errmsg());
+    for (int k = 1; k <= 6; k++) {
+        if (ebb_trainer_step(t, NULL) != EBB_OK) fail_msg("step %d: %s", k, ebb_errmsg());
+        assert_int_equal(ebb_trainer_get_stats(t).last_checkpoint, k < 4 ? -1 : k < 6 ? 4 : 6);
+    }
+    assert_int_equal(checkpoint_step(path), 6);
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+}
+
+typedef struct watched {
+    int epochs;
+    double value[8];
+    float w[8][F * F + F]; /* the weights each epoch ended with */
+} watched;
+
+static int watch_eval(ebb_trainer *t, const ebb_train_event *e, void *user) {
+    watched *w = user;
+    if (w->epochs < 8) {
+        w->value[w->epochs] = e->eval->loss;
+        weights_of(t, w->w[w->epochs]);
+    }
+    w->epochs++;
+    return 0;
+}
+
+static int watch_accuracy(ebb_trainer *t, const ebb_train_event *e, void *user) {
+    (void)t;
+    watched *w = user;
+    if (w->epochs < 8) w->value[w->epochs] = e->eval->accuracy;
+    w->epochs++;
+    return 0;
+}
+
+/* The first epoch (from `from`) with the least value (max: the most). */
+static int best_epoch(const watched *w, int from, int max) {
+    int b = from;
+    for (int e = from; e < w->epochs; e++)
+        if (max ? w->value[e] > w->value[b] : w->value[e] < w->value[b]) b = e;
+    return b;
+}
+
+/* The weight in a checkpoint as host floats. */
+static void checkpoint_weights(const char *path, float *w) {
+    ebb_safetensors *sf = NULL;
+    ebb_tensor *a = NULL, *b = NULL;
+    assert_int_equal(ebb_safetensors_open(&sf, path), EBB_OK);
+    assert_int_equal(ebb_safetensors_load(&a, sf, "fc.weight", ebb_device_cpu()), EBB_OK);
+    assert_int_equal(ebb_safetensors_load(&b, sf, "fc.bias", ebb_device_cpu()), EBB_OK);
+    assert_int_equal(ebb_tensor_to_host(a, w, sizeof(float) * F * F), EBB_OK);
+    assert_int_equal(ebb_tensor_to_host(b, w + F * F, sizeof(float) * F), EBB_OK);
+    ebb_tensor_free(a);
+    ebb_tensor_free(b);
+    ebb_safetensors_close(sf);
+}
+
+/* keep_best: evaluated on the data's labels shifted by one, the loss rises
+ * as training learns the true ones, so the best epoch is an early one: its
+ * checkpoint (its weights, its step, the value) is kept beside the last,
+ * and a run resumed from the last keeps it until an epoch beats it.
+ * Accuracy is best highest. */
+static void test_keep_best(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    char anti[400], ck[400], best[400];
+    snprintf(anti, sizeof anti, "%s/anti.safetensors", dir);
+    snprintf(ck, sizeof ck, "%s/kb.safetensors", dir);
+    snprintf(best, sizeof best, "%s/kb.best.safetensors", dir);
+    int64_t shifted[N];
+    for (int i = 0; i < N; i++) shifted[i] = (ys[i] + 1) % F;
+    ebb_tensor *ts[2] = {NULL, NULL};
+    ebb_shape sx = EBB_SHAPE(N, F), sy = EBB_SHAPE(N);
+    const char *names[] = {"x", "y"};
+    ebb_device cpu = ebb_device_cpu();
+    assert_int_equal(ebb_tensor_from_host(&ts[0], xs, sizeof xs, &sx, EBB_FLOAT32, cpu), EBB_OK);
+    assert_int_equal(ebb_tensor_from_host(&ts[1], shifted, sizeof shifted, &sy, EBB_INT64, cpu),
+                     EBB_OK);
+    assert_int_equal(ebb_safetensors_write(anti, names, ts, 2), EBB_OK);
+    ebb_tensor_free(ts[0]);
+    ebb_tensor_free(ts[1]);
+
+    watched w = {0};
+    ebb_trainer_options o = options();
+    o.eval_data = anti;
+    o.epochs = 4;
+    o.checkpoint = ck;
+    o.keep_best = "eval_loss";
+    o.on_epoch = watch_eval;
+    o.user = &w;
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("%s", ebb_errmsg());
+    int b = best_epoch(&w, 0, 0);
+    assert_true(b < 3); /* else the last checkpoint would be the best one too */
+    ebb_trainer_stats s = ebb_trainer_get_stats(t);
+    assert_string_equal(s.best_checkpoint, best);
+    assert_int_equal(s.best_step, 4 * (b + 1));
+    assert_true(s.best_value == w.value[b]);
+    ebb_trainer_free(t);
+    ebb_checkpoint_info ci;
+    assert_int_equal(ebb_checkpoint_read_info(best, &ci), EBB_OK);
+    assert_int_equal(ci.step, 4 * (b + 1));
+    assert_string_equal(ci.keep_best, "eval_loss");
+    assert_true(ci.keep_best_value == w.value[b] && ci.keep_best_step == ci.step);
+    ebb_checkpoint_info_free(&ci);
+    float kept[F * F + F];
+    checkpoint_weights(best, kept);
+    assert_memory_equal(kept, w.w[b], sizeof kept);
+    assert_int_equal(checkpoint_step(ck), 16);
+
+    /* resumed for two epochs more, none better: the best stays */
+    o.resume = ck;
+    o.epochs = 6;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("resumed: %s", ebb_errmsg());
+    assert_int_equal(w.epochs, 6);
+    assert_true(best_epoch(&w, 4, 0) == 4 && w.value[4] > w.value[b]);
+    assert_int_equal(ebb_trainer_get_stats(t).best_step, 4 * (b + 1));
+    ebb_trainer_free(t);
+    assert_int_equal(checkpoint_step(best), 4 * (b + 1));
+
+    /* the highest accuracy, the first epoch to reach it */
+    w = (watched){0};
+    o = options();
+    o.epochs = 3;
+    o.checkpoint = ck;
+    o.keep_best = "eval_accuracy";
+    o.on_epoch = watch_accuracy;
+    o.user = &w;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("%s", ebb_errmsg());
+    b = best_epoch(&w, 0, 1);
+    assert_true(ebb_trainer_get_stats(t).best_value == w.value[b]);
+    assert_int_equal(checkpoint_step(best), 4 * (b + 1));
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+}
+
 /* Every refusal names what is wrong and leaves nothing behind. */
 static void test_refusals(void **state) {
     (void)state;
@@ -826,6 +1104,12 @@ static void test_refusals(void **state) {
         {"resume a file that is not a checkpoint", "not an ebb train checkpoint", EBB_ERR_ARG},
         {"drop_last past the data", "leaves no step", EBB_ERR_ARG},
         {"checkpoint_every without a path", "checkpoint path", EBB_ERR_ARG},
+        {"keep_best without a path", "--keep-best eval_loss needs a checkpoint path", EBB_ERR_ARG},
+        {"keep_best of no such figure", "--keep-best val_loss: not a figure", EBB_ERR_ARG},
+        {"keep_best of an evaluation without eval_data",
+         "--keep-best eval_accuracy: it needs eval_data", EBB_ERR_ARG},
+        {"keep_best of a perplexity not per token",
+         "--keep-best perplexity: the loss is not per token", EBB_ERR_ARG},
     };
     char missing[400];
     snprintf(missing, sizeof missing, "%s/nothere.safetensors", dir);
@@ -839,6 +1123,10 @@ static void test_refusals(void **state) {
         case 4: o.resume = data_path; break;
         case 5: o.batch = 64, o.drop_last = 1; break;
         case 6: o.checkpoint_every = 2; break;
+        case 7: o.keep_best = "eval_loss"; break;
+        case 8: o.keep_best = "val_loss", o.checkpoint = ckpt_path; break;
+        case 9: o.keep_best = "eval_accuracy", o.checkpoint = ckpt_path, o.eval_data = NULL; break;
+        case 10: o.keep_best = "perplexity", o.checkpoint = ckpt_path; break;
         }
         ebb_status st = ebb_trainer_open(&t, spec, &o);
         assert_null(t);
@@ -1365,10 +1653,13 @@ int main(int argc, char **argv) {
         EBB_TEST(test_text_language_model),
         EBB_TEST(test_accumulate),
         EBB_TEST(test_early_stopping),
+        EBB_TEST(test_progress_reports),
+        EBB_TEST(test_checkpoint_every_epoch),
+        EBB_TEST(test_keep_best),
         EBB_TEST(test_data_parallel),
         EBB_TEST(test_one_rank_on_its_device),
         EBB_TEST(test_zero),
         EBB_TEST(test_refusals),
     };
-    return cmocka_run_group_tests(tests, setup_files, teardown_files);
+    return ebb_test_run("test_trainer", tests, setup_files, teardown_files); /* EBB_TEST_SHARD */
 }

@@ -73,4 +73,47 @@ static inline ebb_device ebb_test_device(void) {
             fail_msg("error message \"%s\" lacks \"%s\"", ebb_errmsg(), (needle));                 \
     } while (0)
 
+/* Why bfloat16 cannot run on this CPU here (a static string), or NULL:
+ * libtorch 1.13 hands bfloat16 to oneDNN by the CPU's own flags, so under a
+ * ONEDNN_MAX_CPU_ISA below the CPU's AVX-512 (the AVX2 pass of .ci/run)
+ * oneDNN refuses it, and ebb_compile says so (ebb_cpu_info.bf16_usable).
+ * The bfloat16 cases skip there; libtorch 2.x runs them under the same caps. */
+static inline const char *ebb_test_bf16_unusable(void) {
+    ebb_cpu_info ci;
+    if (ebb_init() == EBB_OK && ebb_cpu_info_get(&ci) == EBB_OK && !ci.bf16_usable)
+        return "libtorch 1.13's bfloat16 kernels fail under ONEDNN_MAX_CPU_ISA below the CPU's "
+               "AVX-512";
+    return NULL;
+}
+
+/* Runs the group, or one shard of it: ctest registers a long suite several
+ * times with EBB_TEST_SHARD=K/N (tests/CMakeLists.txt), and shard K runs the
+ * tests at indices K-1, K-1+N, ... of the table, so that the shards run side
+ * by side and none takes minutes on a busy machine. CMOCKA_FILTER=NAME (a
+ * glob) picks tests by name, within the shard. */
+static inline int ebb_test_run_group(const char *name, const struct CMUnitTest *tests, size_t n,
+                                     CMFixtureFunction setup, CMFixtureFunction teardown) {
+    const char *filter = getenv("CMOCKA_FILTER");
+    if (filter && *filter)
+        cmocka_set_test_filter(filter);
+    const char *shard = getenv("EBB_TEST_SHARD");
+    unsigned k = 1, of = 1;
+    if (shard && *shard && (sscanf(shard, "%u/%u", &k, &of) != 2 || k < 1 || k > of)) {
+        fprintf(stderr, "%s: EBB_TEST_SHARD=%s: expected K/N with 1 <= K <= N\n", name, shard);
+        return 1;
+    }
+    struct CMUnitTest *mine = calloc(n ? n : 1, sizeof *mine);
+    if (!mine)
+        return 1;
+    size_t m = 0;
+    for (size_t i = k - 1; i < n; i += of)
+        mine[m++] = tests[i];
+    int rc = _cmocka_run_group_tests(name, mine, m, setup, teardown);
+    free(mine);
+    return rc;
+}
+
+#define ebb_test_run(name, tests, setup, teardown)                                                 \
+    ebb_test_run_group((name), (tests), sizeof(tests) / sizeof((tests)[0]), (setup), (teardown))
+
 #endif

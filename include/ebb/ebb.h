@@ -19,6 +19,7 @@
 #define EBB_H
 
 #include "common.h"
+#include "cpu.h"
 #include "data.h"
 #include "dist.h"
 #include "graph.h"

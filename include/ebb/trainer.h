@@ -139,7 +139,8 @@ typedef struct ebb_train_event {
     const ebb_run_stats *stats; /* STEP: measured and planned peak bytes */
     int64_t epoch_steps, epoch_skipped; /* EPOCH: its steps, and how many were skipped */
     double seconds;                     /* EPOCH: its time */
-    double samples_per_s;               /* since the run began */
+    double samples_per_s;  /* STEP: since the run began; EPOCH: over the epoch, as its
+                              line prints it */
     const ebb_metrics *eval; /* EPOCH: the evaluation of eval_data; NULL without one */
 } ebb_train_event;
 
@@ -243,9 +244,10 @@ typedef struct ebb_trainer_options {
      * EBB_OK); every rank evaluates the whole eval_data. With accumulate,
      * each rank sums its micro-batches' gradients and the sums are averaged
      * over the ranks before the one update (one collective per dtype, the
-     * buffers laid end to end beside the plan); not with accumulate and
-     * zero together. Not with cuda_graph or skip_nonfinite. NULL: one
-     * process. */
+     * buffers laid end to end beside the plan). With skip_nonfinite the
+     * ranks undo a step together when any of them finds a value that is
+     * not finite (under zero each checks the state it holds). Not with
+     * cuda_graph. NULL: one process. */
     ebb_dist *dist;
     int64_t allreduce_bucket_bytes; /* data parallel: a bucket's size (0: 25 MiB; see
                                        ebb_train_options) */
@@ -276,8 +278,25 @@ typedef struct ebb_trainer_options {
     int non_strict;           /* resume: a trained parameter without state in the file
                                  starts without (else an error naming it) */
     int allow_nonfinite;      /* NaN or Inf in weights or resume: a warning, not an error */
-    const char *checkpoint;   /* where ebb_trainer_checkpoint() writes (NULL: no file) */
-    int64_t checkpoint_every; /* write one every N steps, and at the run's end */
+    /* Where checkpoints go (NULL: none, unless ebb_trainer_checkpoint() is
+     * given a path): one at every epoch's end and at the run's end (early
+     * stopping's too; a callback's stop writes nothing), each replacing the
+     * last, atomically. ebb_trainer_checkpoint(t, NULL) writes here too. */
+    const char *checkpoint;
+    int64_t checkpoint_every; /* > 0: every N steps and at the run's end instead */
+    /* Keep the best checkpoint by a metric read at every epoch's end, one
+     * of the JSON epoch line's figures: "loss" and "perplexity" (the
+     * epoch's training mean), "eval_loss", "eval_perplexity",
+     * "eval_accuracy" and "eval_top_k_accuracy" (eval_data's evaluation).
+     * Accuracies are best highest, the others lowest. An epoch whose figure
+     * beats every earlier one (strictly; NaN never does) writes a
+     * checkpoint, atomically, beside `checkpoint`: PATH.safetensors keeps
+     * its best at PATH.best.safetensors, any other PATH at PATH.best
+     * (ebb_trainer_stats.best_checkpoint). Checkpoints record the metric
+     * and its best value, so a run resumed with the same keep_best
+     * replaces the file only for a better one. Needs `checkpoint`, and for
+     * the eval_ figures eval_data. NULL: none. */
+    const char *keep_best;
 
     /* evaluation and stopping */
     int top_k;                   /* top-k accuracy's k (defaults: 5); 0: none */
@@ -364,9 +383,15 @@ typedef struct ebb_trainer_stats {
     int nonfinite;         /* the last failure was a loss or state not finite */
     int per_token;         /* the loss is per token (see ebb_metrics.perplexity): the
                               progress lines give exp(loss), the perplexity, too */
+    /* keep_best: where the best checkpoint goes (NULL: no keep_best), the
+     * best value of the metric so far and the step of its checkpoint (NAN
+     * and 0: none yet; a resumed run starts from its checkpoint's) */
+    const char *best_checkpoint;
+    double best_value;
+    int64_t best_step;
 } ebb_trainer_stats;
-/* The counts so far (NULL t: zeros, last_checkpoint -1). first_skip_why
- * points into the trainer. */
+/* The counts so far (NULL t: zeros, last_checkpoint -1, best_value NAN).
+ * first_skip_why and best_checkpoint point into the trainer. */
 EBB_API ebb_trainer_stats ebb_trainer_get_stats(const ebb_trainer *t);
 
 /* The parts, borrowed from the trainer (NULL t: NULL). */
@@ -405,7 +430,11 @@ typedef struct ebb_checkpoint_info {
     int has_schedule; /* the schedule and where it was */
     ebb_lr_schedule schedule;
     int64_t schedule_steps;
-    double schedule_lr, schedule_base;
+    double schedule_lr, schedule_base; /* the rate the next step takes, and the rate
+                                          the schedule scales (PyTorch's base_lrs) */
+    char *keep_best;        /* the keep_best metric of the run; NULL: none */
+    double keep_best_value; /* its best value by then (NAN: none yet) */
+    int64_t keep_best_step; /* the step of the checkpoint kept for it (0: none) */
 } ebb_checkpoint_info;
 
 /* Reads a checkpoint's header into *out (free with

@@ -38,6 +38,8 @@ static void init_process(void) {
     keep_freed_memory();
     init_status = ebb_tensor_layer_init();
     if (init_status == EBB_OK)
+        init_status = ebb_tensor_threads_init();
+    if (init_status == EBB_OK)
         init_status = ebb_ops_register_builtin();
     if (init_status != EBB_OK)
         snprintf(init_errmsg, sizeof init_errmsg, "%s", ebb_errmsg());

@@ -12,6 +12,9 @@ extern "C" {
 
 /* Installs the accounting CPU allocator (ops/tensor/memory.cpp). */
 ebb_status ebb_tensor_layer_init(void);
+/* Sets the intra-op threads from EBB_NUM_THREADS or ebb_default_num_threads()
+ * (ops/tensor/cpu.cpp). */
+ebb_status ebb_tensor_threads_init(void);
 /* Registers the built-in operators (ops/). */
 ebb_status ebb_ops_register_builtin(void);
 

@@ -63,6 +63,7 @@ enum {
     OPT_OUTPUTS,
     OPT_TRACE,
     OPT_COMPLETION,
+    OPT_THREADS,
     OPT_TRAIN,
     OPT_LOSS,
     OPT_OPTIMIZER,
@@ -130,7 +131,8 @@ enum {
     WEIGHT_COPIES_HELP
 
 #define COMMON_OPTIONS                                                                             \
-    {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, OPT_COMPLETION }
+    {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, OPT_COMPLETION},    \
+        {"threads", required_argument, NULL, OPT_THREADS}
 
 typedef struct command {
     const char *name;
@@ -175,6 +177,7 @@ typedef struct options {
 /* Every command's help ends with these, which every command takes (train's
  * and eval's with their own, src/cli/train.c). */
 #define USAGE_COMMON                                                                               \
+    THREADS_HELP                                                                                   \
     "  -h, --help         this help\n"                                                             \
     "  --completion-helper\n"                                                                      \
     "                     print the options above, one a line (for shell completion)\n"            \

@@ -34,22 +34,101 @@ int ebb_cli_getopt_error(const char *usage, const struct option *longs, char **a
     return ebb_cli_unknown_option(usage, longs, argv[optind - 1]);
 }
 
+/* What PyTorch, Lightning and Hugging Face users type for a flag ebb spells
+ * otherwise, one alias a line (underscores read as dashes): suggested
+ * before the nearest spelling, where the command has that flag. */
+static const struct {
+    const char *alias, *flag;
+} option_aliases[] = {
+    {"learning-rate", "lr"},
+    {"wd", "weight-decay"},
+    {"batch-size", "batch"},
+    {"bs", "batch"},
+    {"per-device-train-batch-size", "batch"},
+    {"num-epochs", "epochs"},
+    {"max-epochs", "epochs"},
+    {"num-train-epochs", "epochs"},
+    {"max-steps", "steps"},
+    {"num-steps", "steps"},
+    {"total-steps", "steps"},
+    {"grad-accum", "accumulate"},
+    {"grad-accum-steps", "accumulate"},
+    {"gradient-accumulation-steps", "accumulate"},
+    {"accumulate-grad-batches", "accumulate"},
+    {"gradient-clip", "clip-grad-norm"},
+    {"gradient-clip-val", "clip-grad-norm"},
+    {"grad-clip", "clip-grad-norm"},
+    {"max-grad-norm", "clip-grad-norm"},
+    {"lr-scheduler-type", "lr-schedule"},
+    {"scheduler", "lr-schedule"},
+    {"resume-from-checkpoint", "resume"},
+    {"ckpt-path", "resume"},
+    {"save-steps", "checkpoint-every"},
+    {"every-n-train-steps", "checkpoint-every"},
+    {"monitor", "keep-best"},
+    {"save-best", "keep-best"},
+    {"patience", "early-stop"},
+    {"early-stopping-patience", "early-stop"},
+    {"logging-steps", "log-every"},
+    {"log-interval", "log-every"},
+    {"log-every-n-steps", "log-every"},
+    {"fp16", "precision"},
+    {"bf16", "precision"},
+    {"amp", "precision"},
+    {"mixed-precision", "precision"},
+    {"nproc-per-node", "nproc"},
+    {"world-size", "nproc"},
+    {"train-data", "data"},
+    {"dataset", "data"},
+    {"val-data", "eval-data"},
+    {"validation-data", "eval-data"},
+    {"eval-dataset", "eval-data"},
+    {"pretrained", "weights"},
+    {"max-new-tokens", "tokens"},
+    {"num-tokens", "tokens"},
+    {"num-threads", "threads"},
+    {"nthreads", "threads"},
+};
+
+static int has_long(const struct option *longs, const char *name) {
+    for (const struct option *lo = longs; lo->name; lo++)
+        if (!strcmp(lo->name, name))
+            return 1;
+    return 0;
+}
+
+/* The flag `name` (without its dashes) is an alias of, when the command
+ * has that flag; else the long option within two edits of it. NULL: none. */
+static const char *suggest_long(const struct option *longs, const char *name) {
+    for (size_t i = 0; i < sizeof option_aliases / sizeof option_aliases[0]; i++)
+        if (!strcmp(name, option_aliases[i].alias) && has_long(longs, option_aliases[i].flag))
+            return option_aliases[i].flag;
+    const char *best = NULL;
+    int best_d = 3;
+    for (const struct option *lo = longs; lo->name; lo++) {
+        if (!strcmp(lo->name, "completion-helper"))
+            continue;
+        int d = ebb_edit_distance(name, lo->name, 2);
+        if (d < best_d) {
+            best = lo->name;
+            best_d = d;
+        }
+    }
+    return best;
+}
+
 int ebb_cli_unknown_option(const char *usage, const struct option *longs, const char *written) {
-    char name[64], msg[160];
+    char name[64], key[64], msg[160];
     size_t n = strcspn(written, "=");
     snprintf(name, sizeof name, "%.*s", (int)(n < sizeof name ? n : sizeof name - 1), written);
     const char *best = NULL;
-    int best_d = 3;
-    if (!strncmp(name, "--", 2))
-        for (const struct option *lo = longs; lo->name; lo++) {
-            if (!strcmp(lo->name, "completion-helper"))
-                continue;
-            int d = ebb_edit_distance(name + 2, lo->name, 2);
-            if (d < best_d) {
-                best = lo->name;
-                best_d = d;
-            }
-        }
+    if (!strncmp(name, "--", 2)) {
+        /* --batch_size as --batch-size: Python's argparse users write both */
+        snprintf(key, sizeof key, "%s", name + 2);
+        for (char *p = key; *p; p++)
+            *p = *p == '_' ? '-' : *p;
+        best = suggest_long(longs, key);
+    }
     if (best)
         snprintf(msg, sizeof msg, "unknown option %s; did you mean --%s?", name, best);
     else
@@ -68,6 +147,32 @@ int ebb_cli_fail_status(ebb_status st) {
     case EBB_ERR_BUDGET: return EXIT_SPEC; /* the user's --memory-budget, not memory that ran out */
     default: return EXIT_RUNTIME;
     }
+}
+
+int ebb_cli_set_threads(const char *usage, const char *val) {
+    uint64_t n = 0;
+    if (ebb_cli_parse_u64(val, &n) != 0 || n < 1 || n > 1024)
+        return ebb_cli_usage_error(usage, "--threads %s: give a thread count from 1 to 1024", val);
+    ebb_status st = ebb_set_num_threads((int)n);
+    return st == EBB_OK ? 0 : ebb_cli_fail_status(st);
+}
+
+void ebb_cli_warn_precision(ebb_precision p, ebb_device d) {
+    static int warned;
+    ebb_cpu_info ci;
+    if (warned || d.type != EBB_DEVICE_CPU || ebb_cpu_info_get(&ci) != EBB_OK)
+        return;
+    int bf16 = p == EBB_PRECISION_BF16, fp16 = p == EBB_PRECISION_FP16;
+    if ((!bf16 || ci.bf16_native) && (!fp16 || ci.fp16_native))
+        return;
+    warned = 1;
+    /* the figures: specs/fashion_cnn.yaml and specs/gpt.yaml's training
+     * steps on an AVX2 EPYC (docs/training.md, "Mixed precision") */
+    fprintf(stderr,
+            "ebb: warning: --precision %s on a CPU without native %s arithmetic (oneDNN %s): "
+            "the plan's bytes fall, but its time rises (bf16 ran 6x slower than fp32 on a CNN "
+            "and 18x on gpt on an AVX2 CPU); fp32 is faster here\n",
+            ebb_precision_name(p), bf16 ? "bfloat16" : "float16", ci.onednn);
 }
 
 int ebb_cli_check_over(const ebb_plan *p, const ebb_run_stats *stats, int64_t measured,
@@ -291,6 +396,10 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
             break;
         case 'h': fputs(usage, stdout); return -1;
         case OPT_COMPLETION: list_options(c); return -1;
+        case OPT_THREADS:
+            if ((rc = ebb_cli_set_threads(usage, val)))
+                return rc;
+            break;
         case 'i':
         case 'p':
             if ((opt == 'i' ? o->n_shapes : o->n_params) == MAX_BINDINGS)

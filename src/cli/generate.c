@@ -23,7 +23,7 @@
 const char ebb_cli_usage_generate[] =
     "usage: ebb generate SPEC --weights W --prompt TEXT --tokens N [--temperature T]\n"
     "                    [--top-k K] [--seed S] [--block N] [--device DEV] [--verbose]\n"
-    "                    [-p NAME=VALUE]...\n"
+    "                    [-p NAME=VALUE]... [--threads N]\n"
     "\n"
     "Continues TEXT with N bytes sampled from a byte-level language model: the spec's\n"
     "input is [batch, T] byte tokens (int64), its output [batch, T, 256] the scores of\n"
@@ -45,7 +45,7 @@ const char ebb_cli_usage_generate[] =
     "  --device DEV       cpu or cuda[:N]; default cuda when available, else cpu\n"
     "  --verbose          on stderr: the window, the plan's peak against the measured\n"
     "                     one, and the bytes per second\n"
-    "  -p NAME=VALUE      set a spec parameter (params:)\n"
+    "  -p NAME=VALUE      set a spec parameter (params:)\n" THREADS_HELP
     "  -h, --help         this help\n"
     "  --completion-helper\n"
     "                     print the options above, one a line (for shell completion)\n";
@@ -61,6 +61,7 @@ enum {
     G_DEVICE,
     G_VERBOSE,
     G_COMPLETION,
+    G_THREADS,
 };
 
 const struct option ebb_cli_generate_options[] = {
@@ -75,6 +76,7 @@ const struct option ebb_cli_generate_options[] = {
     {"block", required_argument, NULL, G_BLOCK},
     {"device", required_argument, NULL, G_DEVICE},
     {"verbose", no_argument, NULL, G_VERBOSE},
+    {"threads", required_argument, NULL, G_THREADS},
     {NULL, 0, NULL, 0},
 };
 
@@ -138,6 +140,11 @@ static int parse(int argc, char **argv, gen_opts *o) {
         case G_VERBOSE:
             o->verbose = 1;
             break;
+        case G_THREADS: {
+            int rc = ebb_cli_set_threads(usage, v);
+            if (rc) return rc;
+            break;
+        }
         case G_TOKENS:
             if (parse_count(v, 0, 1000000000, &o->tokens))
                 return ebb_cli_usage_error(usage, "%s", "--tokens needs a count, 0 or more");

@@ -80,6 +80,7 @@ int ebb_cli_grad(int argc, char **argv) {
     rc = load_and_compile(&o, in_file, &s, &p, 0);
     if (rc)
         goto done;
+    ebb_cli_warn_precision(o.precision ? o.precision : ebb_spec_precision(s), dev);
     int n_in = ebb_plan_input_count(p);
     if ((st = ebb_model_new(&m, p, dev, o.seed)) != EBB_OK ||
         (o.weights && (st = ebb_model_load(m, o.weights)) != EBB_OK)) {

@@ -89,6 +89,10 @@ static int print_version(void) {
 #endif
     printf("ebb %s (libtorch %s, CUDA %s%s)\n", ebb_version(), ebb_torch_version(), cuda,
            ebb_cuda_available() ? ", a device is available" : "");
+    ebb_cpu_info ci;
+    char line[256];
+    if (ebb_cpu_info_get(&ci) == EBB_OK)
+        printf("cpu: %s\n", ebb_cpu_info_str(&ci, line, sizeof line));
     return 0;
 }
 

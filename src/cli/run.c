@@ -241,6 +241,7 @@ int ebb_cli_run(int argc, char **argv) {
     rc = load_and_compile(&o, in_file, &s, &p, 0);
     if (rc)
         goto done;
+    ebb_cli_warn_precision(o.precision ? o.precision : ebb_spec_precision(s), dev);
     /* before anything large is allocated: parameters, inputs, the run */
     if (!o.force && (st = ebb_plan_check_fits(p, dev, NULL, input_bytes(p), NULL)) != EBB_OK) {
         fprintf(stderr, "ebb: %s; --force runs it anyway\n", ebb_errmsg());

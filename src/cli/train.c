@@ -52,7 +52,7 @@ enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3, EXIT_SIGNAL_BASE = 128 }
     "  --precision P      fp32 (the default), bf16 or fp16: matrix products in the low\n"       \
     "                     dtype, norms, softmax and losses in float32, parameters\n"            \
     "                     float32; every cast a step of the plan\n"                             \
-    "  --json             one JSON object per line instead of text\n"                              \
+    "  --json             one JSON object per line instead of text\n" THREADS_HELP                 \
     "  -h, --help         this help\n"                                                             \
     "  --completion-helper\n"                                                                      \
     "                     print the options above, one a line (for shell completion)\n"
@@ -66,8 +66,9 @@ const char ebb_cli_usage_train[] =
     "                 [--accumulate N] [--no-decay PATTERN]... [--lr-scale PATTERN=F]...\n"
     "                 [--seed N] [--no-shuffle] [--drop-last] [--normalize MEAN,STD]\n"
     "                 [--weights W] [--save-weights W] [--checkpoint FILE]\n"
-    "                 [--checkpoint-every N] [--resume CKPT] [--log-every N]\n"
-    "                 [--curve FILE.svg] [--trace T.jsonl [--trace-step N]]\n"
+    "                 [--checkpoint-every N] [--keep-best METRIC] [--resume CKPT]\n"
+    "                 [--log-every N] [--curve FILE.svg]\n"
+    "                 [--trace T.jsonl [--trace-step N]]\n"
     "                 [--memory-budget SIZE] [--skip-nonfinite] [--allow-nonfinite]\n"
     "                 [--early-stop N[:DELTA]] [--top-k K]\n"
     "                 [--override] [--non-strict] [--strict-memory] [--cuda-graph]\n"
@@ -149,9 +150,16 @@ const char ebb_cli_usage_train[] =
     "                     inputs become (x - MEAN) / STD (after images scale to [0, 1])\n"
     "  --weights W        start from these weights (safetensors)\n"
     "  --save-weights W   write the trained weights there at the end\n"
-    "  --checkpoint FILE  where checkpoints go (default " DEFAULT_CHECKPOINT ")\n"
+    "  --checkpoint FILE  where checkpoints go (default " DEFAULT_CHECKPOINT "): given\n"
+    "                     (or with --checkpoint-every or --keep-best), one after every\n"
+    "                     epoch and at the end; else one on a signal only\n"
     "  --checkpoint-every N\n"
-    "                     write a checkpoint every N steps and at the end\n"
+    "                     write a checkpoint every N steps and at the end instead\n"
+    "  --keep-best METRIC also keep the checkpoint of the best epoch by METRIC, beside\n"
+    "                     --checkpoint (ck.safetensors: ck.best.safetensors): eval_loss,\n"
+    "                     eval_accuracy, eval_top_k_accuracy, eval_perplexity (of\n"
+    "                     --eval-data), loss or perplexity (the epoch's training\n"
+    "                     mean); accuracies best highest, the others lowest\n"
     "  --resume CKPT      continue from a checkpoint: weights, optimizer state, step;\n"
     "                     --checkpoint may name the same file\n"
     "  --override         with --resume: --optimizer, --lr, --momentum, --weight-decay,\n"
@@ -232,6 +240,7 @@ enum {
     O_MEMORY_BUDGET,
     O_DEVICE,
     O_JSON,
+    O_THREADS,
     O_COMPLETION,
     O_SKIP_NONFINITE,
     O_ALLOW_NONFINITE,
@@ -259,11 +268,13 @@ enum {
     O_WEIGHT_COPIES,
     O_ZERO,
     O_OVERLAP,
+    O_KEEP_BEST,
 };
 
 #define COMMON_LONGS                                                                               \
     {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, O_COMPLETION},      \
         {"device", required_argument, NULL, O_DEVICE}, {"json", no_argument, NULL, O_JSON},        \
+        {"threads", required_argument, NULL, O_THREADS},                                           \
         {"precision", required_argument, NULL, O_PRECISION},                                       \
         {"normalize", required_argument, NULL, O_NORMALIZE},                                       \
         {"data", required_argument, NULL, O_DATA}, {"batch", required_argument, NULL, O_BATCH},    \
@@ -315,6 +326,7 @@ const struct option ebb_cli_train_options[] = {
     {"weight-copies", required_argument, NULL, O_WEIGHT_COPIES},
     {"zero", no_argument, NULL, O_ZERO},
     {"overlap", no_argument, NULL, O_OVERLAP},
+    {"keep-best", required_argument, NULL, O_KEEP_BEST},
     {NULL, 0, NULL, 0},
 };
 
@@ -354,6 +366,7 @@ typedef struct topts {
     int n_lr_scale;
     char no_decay_text[1024];         /* the checkpoint's, split in place */
     const char *log_csv;
+    const char *keep_best; /* --keep-best METRIC */
     int64_t accumulate; /* --accumulate (0: not given) */
     double early_delta;
 } topts;
@@ -433,6 +446,12 @@ static int parse(int argc, char **argv, int train, topts *o) {
                                    v);
             break;
         case O_DEVICE: o->device = v; break;
+        case O_THREADS: {
+            int rc = ebb_cli_set_threads(usage, v);
+            if (rc)
+                return rc;
+            break;
+        }
         case O_PRECISION:
             if (ebb_precision_parse(&o->precision, v) != EBB_OK)
                 return ebb_cli_usage_error(usage, "--precision %s: expected fp32, bf16 or fp16", v);
@@ -452,6 +471,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
         case O_LOSS: o->loss = v; break;
         case O_METRICS: o->metrics = 1; break;
         case O_LOG_CSV: o->log_csv = v; break;
+        case O_KEEP_BEST: o->keep_best = v; break;
         case O_FREEZE:
             if (o->n_freeze == MAX_PARAMS)
                 return ebb_cli_usage_error(usage, "%s", "too many --freeze options");
@@ -724,10 +744,21 @@ typedef struct cli_run {
     ebb_dist *dist; /* a rank of a data-parallel run (--nproc, or torchrun's environment) */
 } cli_run;
 
+/* The --lr of the run a checkpoint holds, to compare with the command
+ * line's: a schedule's base, which --lr set (the optimizer's rate is where
+ * the schedule has moved it since), or without a schedule the optimizer's.
+ * NAN for a one-cycle schedule, which takes its rates from MAX_LR whatever
+ * --lr says. */
+static double checkpoint_lr(const ebb_checkpoint_info *ci) {
+    if (!ci->has_schedule) return ci->optimizer.lr;
+    return ci->schedule.kind == EBB_LR_ONE_CYCLE ? NAN : ci->schedule_base;
+}
+
 /* Each option given with --resume that contradicts the checkpoint, into
  * why; returns how many. */
 static int resume_conflicts(const topts *o, const ebb_checkpoint_info *ci, char *why, size_t size) {
     const ebb_optimizer_options *c = &ci->optimizer;
+    double lr = checkpoint_lr(ci);
     size_t at = 0;
     int n = 0;
     why[0] = '\0';
@@ -739,7 +770,7 @@ static int resume_conflicts(const topts *o, const ebb_checkpoint_info *ci, char 
     CONFLICT(o->optimizer && strcmp(o->optimizer, ebb_optimizer_kind_name(c->kind)),
              "--optimizer %s, the checkpoint's is %s", o->optimizer,
              ebb_optimizer_kind_name(c->kind));
-    CONFLICT(o->lr_set && o->lr != c->lr, "--lr %g, the checkpoint's is %g", o->lr, c->lr);
+    CONFLICT(o->lr_set && !isnan(lr) && o->lr != lr, "--lr %g, the checkpoint's is %g", o->lr, lr);
     CONFLICT(o->momentum_set && o->momentum != c->momentum, "--momentum %g, the checkpoint's is %g",
              o->momentum, c->momentum);
     CONFLICT(o->wd_set && o->weight_decay != c->weight_decay,
@@ -806,11 +837,13 @@ static int resolve_options(cli_run *c) {
                 o->no_decay[o->n_no_decay++] = tok;
         }
         o->clip_value = o->clip_value_set ? o->clip_value : c->ci.clip_grad_value;
+        /* the rate the next step takes: the checkpoint's, where its
+         * schedule left it, unless --override sets another */
         if (!o->optimizer || k == c->ci.optimizer.kind)
             oo = c->ci.optimizer;
-        else if (!o->lr_set)
+        else
             oo.lr = c->ci.optimizer.lr;
-        if (o->lr_set) oo.lr = o->lr;
+        if (o->lr_set && o->override) oo.lr = o->lr;
     }
     if (o->momentum_set && oo.kind != EBB_SGD && oo.kind != EBB_RMSPROP) {
         fprintf(stderr, "ebb: --momentum applies to --optimizer sgd and rmsprop; %s trains with %s\n",
@@ -848,6 +881,7 @@ static int check_files(const cli_run *c) {
         add_file(list, &n, "in", "--eval-data", ebb_dataset_field_file(test, i));
     /* the checkpoint resumed is read whole before the first is written */
     add_file(list, &n, "out=--resume", "--checkpoint", c->ckpt_path);
+    add_file(list, &n, "out=--resume", "--keep-best", ebb_trainer_get_stats(c->t).best_checkpoint);
     add_file(list, &n, "out", "--save-weights", o->save_weights);
     add_file(list, &n, "out", "--trace", o->trace);
     add_file(list, &n, "out", "--curve", o->curve);
@@ -1379,8 +1413,11 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->resume = o->resume;
     to->non_strict = o->non_strict;
     to->allow_nonfinite = o->allow_nonfinite;
-    to->checkpoint = c->ckpt_path;
+    /* the default path is for a signal's checkpoint; asked for, the trainer
+     * writes one every epoch (or every N steps) and at the end */
+    to->checkpoint = o->checkpoint || o->checkpoint_every || o->keep_best ? c->ckpt_path : NULL;
     to->checkpoint_every = o->checkpoint_every;
+    to->keep_best = o->keep_best;
     to->top_k = o->top_k;
     to->early_stop_patience = (int)o->early_stop;
     to->early_stop_min_delta = o->early_delta;
@@ -1393,6 +1430,12 @@ static int train_open(cli_run *c, int argc, char **argv) {
     c->tty = !o->json && isatty(1);
     ebb_status st = ebb_trainer_open(&c->t, c->spec, to);
     if (st != EBB_OK) return trainer_fail(c, st, 0);
+    ebb_cli_warn_precision(to->precision ? to->precision : ebb_spec_precision(c->spec), to->device);
+    const char *best = ebb_trainer_get_stats(c->t).best_checkpoint;
+    if (best && ebb_file_check_writable(best, "--keep-best") != EBB_OK) {
+        fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+        return EXIT_RUNTIME;
+    }
     if ((rc = check_files(c)) || (rc = open_outputs(c))) return rc;
     return 0;
 }
@@ -1537,7 +1580,10 @@ int ebb_cli_eval(int argc, char **argv) {
     c.to.top_k = o->top_k;
     c.to.warning = print_warning;
     ebb_status st = ebb_trainer_open(&c.t, c.spec, &c.to);
-    if (st == EBB_OK) st = ebb_trainer_evaluate(c.t, &m);
+    if (st == EBB_OK) {
+        ebb_cli_warn_precision(o->precision ? o->precision : ebb_spec_precision(c.spec), c.dev);
+        st = ebb_trainer_evaluate(c.t, &m);
+    }
     if (st != EBB_OK) {
         rc = trainer_fail(&c, st, 0);
         goto done;

@@ -30,6 +30,19 @@ int ebb_cli_weight_copies(const char *val, ebb_low_copies *out);
     "                     copies of the weights its forward cast: auto (kept where\n"          \
     "                     that does not raise the peak), keep, or recast\n"
 
+/* --threads, which every command takes (EBB_NUM_THREADS in the environment
+ * the same): set before the plan is compiled, since some kernels' scratch
+ * grows with the threads. */
+#define THREADS_HELP                                                                               \
+    "  --threads N        libtorch's intra-op threads (default: EBB_NUM_THREADS, else\n"          \
+    "                     one per core the load average leaves idle)\n"
+/* Sets the threads from --threads VAL: 0, or a usage error naming it. */
+int ebb_cli_set_threads(const char *usage, const char *val);
+
+/* Warns once per process where --precision P (bf16, fp16) on the CPU saves
+ * bytes but costs time: the CPU lacks that arithmetic, as oneDNN sees it. */
+void ebb_cli_warn_precision(ebb_precision p, ebb_device d);
+
 /* The usage error for an unknown option as written (argv's "--weigths=x"),
  * with a "did you mean" when one of `longs` is near. */
 int ebb_cli_unknown_option(const char *usage, const struct option *longs, const char *written);

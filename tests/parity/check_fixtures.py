@@ -30,9 +30,9 @@ that reads it (tests/parity/README.md explains them):
   grad_*: loss, grad.<p>          the same, <= 1e-5                          (test_train)
           grad.<p> in zero_grads  max|a - b| / (the file's largest |grad|) <= 1e-5
   grad_steps_*: <case>.loss.<t>   <= 1e-5;  <case>.final.<p>  <= 1e-6      (test_train)
-                <case>_bf16: loss <= 1e-3, final <= 3e-3 (bfloat16 autocast)
-  grad_steps20_*: the same, adamw_bf16 at STEPS20_BF16's bounds (test_train's
-                steps20_model); the elements a zero_grad.<p> mask marks are left
+                <case>_bf16: reported, not checked (bfloat16 autocast, below)
+  grad_steps20_*: the same, adamw_bf16 reported, not checked; the elements a
+                zero_grad.<p> mask marks are left
                 out of final.<p> (their gradient is zero in exact arithmetic, so
                 AdamW moves them by rounding noise; the script checks that they
                 stay within AdamW's reach of their decayed initial values)
@@ -85,10 +85,17 @@ OPTIM_SLOTS = ("momentum_buffer", "exp_avg", "exp_avg_sq", "max_exp_avg_sq", "sq
                "acc_delta", "sum")
 
 EXACT = ("exact",)
-# grad_steps20_*: test_train's bounds for the bfloat16 case (steps20_model:
-# losses, parameters after twenty steps); float32 as grad_steps_*
-STEPS20_BF16 = {"grad_steps20_conv_net.safetensors": (2e-3, 6e-2),
-                "grad_steps20_transformer_encoder.safetensors": (5e-4, 2e-2)}
+# The bfloat16 autocast cases' losses and parameters are reported against
+# the committed ones, never checked: their rounding follows the CPU's kernels
+# (AVX-512 or AVX2, oneDNN or ATen), so test_train compares ebb's bfloat16
+# runs with a run of the same torch made on the machine at test time (ctest's
+# reference_runs), not with these. The bound here only scales the report.
+BF16_REPORT_BOUND = 1e-3
+
+
+def bf16_case(fname, name):
+    """Whether `name` of fixture `fname` is a bfloat16 autocast result."""
+    return fname.startswith("grad_steps") and name.split(".")[0].endswith("_bf16")
 
 
 def read(path):
@@ -118,8 +125,7 @@ def criterion(fname, name, meta, committed):
         return ("max", 1e-5, None)
     if fname.startswith("grad_steps20_"):
         parts = name.split(".")
-        low = parts[0] == "adamw_bf16"
-        loss_bound, final_bound = STEPS20_BF16[fname] if low else (1e-5, 1e-6)
+        loss_bound, final_bound = (BF16_REPORT_BOUND,) * 2 if bf16_case(fname, name) else (1e-5, 1e-6)
         if len(parts) >= 3 and parts[1] == "loss":
             return ("max", loss_bound, None)
         if len(parts) >= 3 and parts[1] == "final":
@@ -128,13 +134,11 @@ def criterion(fname, name, meta, committed):
         return EXACT  # init.*, x.*, y.*, adamw.hp.*, zero_grad.*
     if fname.startswith("grad_steps_"):
         parts = name.split(".")
-        # a bfloat16 autocast case: test_train's bounds for it (BF16_LOSS_RTOL,
-        # BF16_STEP_RTOL), as two torches' bf16 kernels round differently
-        low = parts[0].endswith("_bf16")
+        low = bf16_case(fname, name)
         if len(parts) >= 3 and parts[1] == "loss":
-            return ("max", 1e-3 if low else 1e-5, None)
+            return ("max", BF16_REPORT_BOUND if low else 1e-5, None)
         if len(parts) >= 3 and parts[1] == "final":
-            return ("max", 3e-3 if low else 1e-6, None)
+            return ("max", BF16_REPORT_BOUND if low else 1e-6, None)
         return EXACT  # init.*, x.*, *.hp.*, *.clip.*
     if fname.startswith("grad_"):
         if name == "loss":
@@ -232,7 +236,8 @@ def compare(fname, new_dir, problems, fresh):
     if extra:
         problems.append(f"{fname}: this torch's script writes {', '.join(extra)}, "
                         f"which the committed file lacks ({where})")
-    r = {"exact": 0, "computed": 0, "identical": 0, "worst": None, "per_elem": None, "differ": []}
+    r = {"exact": 0, "computed": 0, "identical": 0, "worst": None, "per_elem": None, "differ": [],
+         "bf16": None}
     for name in sorted(set(committed) & set(new)):
         a, b = new[name], committed[name]
         if ncodes[name] != ccodes[name] or a.shape != b.shape:
@@ -249,6 +254,12 @@ def compare(fname, new_dir, problems, fresh):
                 else:
                     problems.append(f"{fname}: {name} must be bit for bit the committed one, "
                                     f"differs by up to {d:.3g} ({where})")
+            continue
+        if bf16_case(fname, name):
+            if not fresh:
+                d = deviation(a, b, how)
+                if r["bf16"] is None or not d <= r["bf16"][1]:
+                    r["bf16"] = (name, d)
             continue
         r["computed"] += 1
         if fresh:
@@ -332,6 +343,8 @@ def main():
                      f"{w[2]:.2e} = {w[0]:.3f} of {w[3]:g}")
             if overall is None or w[0] >= overall[0]:
                 overall = w + (fname,)
+        if r["bf16"] is not None:
+            line += f"; bfloat16 (reported, not checked) worst {r['bf16'][0]} {r['bf16'][1]:.2e}"
         if r["per_elem"] is not None and r["per_elem"][2] > 0:
             w = r["per_elem"]
             line += f"; per element {w[1]} {w[2]:.2e}"
