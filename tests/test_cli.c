@@ -3614,11 +3614,6 @@ static void test_output_aliases(void **state) {
     }
 }
 
-/* --resume takes nothing from the command line that contradicts the
- * checkpoint unless --override says so; optimizer state the file lost is
- * an error unless --non-strict; another dataset is a warning naming both;
- * a checkpoint past the run's last step is an error, one at it nothing to
- * do; a step near 2^63 is refused, not overflowed. */
 /* --lr-schedule: each step's rate in the JSON lines follows the schedule
  * (torch's recursive cosine, here against its closed form), a run stopped
  * at a checkpoint and resumed without the flag continues the checkpoint's
@@ -3711,6 +3706,11 @@ static void test_train_lr_schedule(void **state) {
     free(b);
 }
 
+/* --resume takes nothing from the command line that contradicts the
+ * checkpoint unless --override says so; optimizer state the file lost is
+ * an error unless --non-strict; another dataset is a warning naming both;
+ * a checkpoint past the run's last step is an error, one at it nothing to
+ * do; a step near 2^63 is refused, not overflowed. */
 static void test_train_resume_strict(void **state) {
     (void)state;
     char data[PATH_MAX], data80[PATH_MAX], ck[PATH_MAX], ck2[PATH_MAX], bad[PATH_MAX];

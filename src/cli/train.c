@@ -1260,6 +1260,15 @@ static int launch_ranks(int n, int argc, char **argv) {
     setenv("WORLD_SIZE", world, 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", port, 1);
+    /* the ranks share the cores this process would have used (a rank's own
+     * --threads still wins: it is read after EBB_NUM_THREADS) */
+    char threads[16];
+    int set_threads = !getenv("EBB_NUM_THREADS");
+    if (set_threads) {
+        int per_rank = ebb_tensor_num_threads() / n;
+        snprintf(threads, sizeof threads, "%d", per_rank > 1 ? per_rank : 1);
+        setenv("EBB_NUM_THREADS", threads, 1);
+    }
     int rc = -1, started = 0;
     for (int r = 0; r < n; r++) {
         snprintf(rank, sizeof rank, "%d", r);
@@ -1297,6 +1306,8 @@ static int launch_ranks(int n, int argc, char **argv) {
     unsetenv("WORLD_SIZE");
     unsetenv("MASTER_ADDR");
     unsetenv("MASTER_PORT");
+    if (set_threads)
+        unsetenv("EBB_NUM_THREADS");
     free(args);
     return rc;
 }
