@@ -353,31 +353,11 @@ static int step_params(compiler *c, const ebb_node *node, const ebb_param_spec *
 
 /* ---- mixed precision (ebb_compile_options.precision) ------------------------------------
  *
- * torch.autocast's policy, on the plan: an op of the low list computes in
- * the low dtype, one of the full list in float32, and any other in its
- * inputs' widest dtype. A `cast` step goes before each input that is in
- * another dtype; parameters are cast inside the step (plan_step.param_cast). */
-
-typedef enum { AUTOCAST_PROMOTE, AUTOCAST_LOW, AUTOCAST_FULL, AUTOCAST_KEEP } autocast_class;
-
-static autocast_class autocast_class_of(const ebb_op *op) {
-    static const char *const low[] = {"linear", "conv1d", "conv2d", "matmul",
-                                      "scaled_dot_product_attention", "multi_head_attention"};
-    static const char *const full[] = {"softmax", "log_softmax", "layer_norm",
-                                       "rms_norm", "group_norm", "cross_entropy", "nll",
-                                       "mse", "bce_with_logits", "mean", "sum",
-                                       "learned_halt", "threshold_halt"};
-    for (size_t i = 0; i < sizeof low / sizeof low[0]; i++)
-        if (strcmp(op->name, low[i]) == 0)
-            return AUTOCAST_LOW;
-    for (size_t i = 0; i < sizeof full / sizeof full[0]; i++)
-        if (strcmp(op->name, full[i]) == 0)
-            return AUTOCAST_FULL;
-    /* torch's mixed kernel: a low input, float32 weights and statistics */
-    if (strcmp(op->name, "batch_norm") == 0)
-        return AUTOCAST_KEEP;
-    return AUTOCAST_PROMOTE;
-}
+ * torch.autocast's policy, on the plan, as each op's descriptor classes it
+ * (ebb_op.autocast): a LOW op computes in the low dtype, a FULL one in
+ * float32, a KEEP one in its first input's, and any other in its inputs'
+ * widest dtype. A `cast` step goes before each input that is in another
+ * dtype; parameters are cast inside the step (plan_step.param_cast). */
 
 static int is_float(ebb_dtype dt) {
     return dt == EBB_FLOAT32 || dt == EBB_FLOAT64 || dt == EBB_BFLOAT16 || dt == EBB_FLOAT16;
@@ -488,15 +468,15 @@ static int autocast_inputs(compiler *c, const ebb_op *op, const ebb_attr_value *
                            const char *path, const int *in, int n_in, int *out, int *low,
                            int *low_input) {
     const ebb_plan *p = c->plan;
-    autocast_class k = c->full ? AUTOCAST_FULL : autocast_class_of(op);
-    *low = k == AUTOCAST_LOW;
+    ebb_op_autocast k = c->full ? EBB_AUTOCAST_FULL : op->autocast;
+    *low = k == EBB_AUTOCAST_LOW;
     *low_input = 0;
-    ebb_dtype target = k == AUTOCAST_LOW ? c->low : p->dtype;
-    if (k == AUTOCAST_KEEP && n_in > 0 && is_float(p->values[in[0]].dtype)) {
+    ebb_dtype target = k == EBB_AUTOCAST_LOW ? c->low : p->dtype;
+    if (k == EBB_AUTOCAST_KEEP && n_in > 0 && is_float(p->values[in[0]].dtype)) {
         target = p->values[in[0]].dtype;
         *low_input = target != p->dtype;
     }
-    if (k == AUTOCAST_PROMOTE) {
+    if (k == EBB_AUTOCAST_PROMOTE) {
         /* an op with floating parameters computes in theirs (float32) */
         ebb_shape shapes[64];
         ebb_param_spec specs[EBB_MAX_PARAMS];

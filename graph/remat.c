@@ -73,8 +73,13 @@ static int64_t op_flops(const ebb_plan *p, const plan_step *s) {
         int64_t rows = feat > 0 ? n / feat : 0;
         total += 2 * rows * ebb_shape_numel(w);
     }
-    if (s->op && strcmp(s->op->name, "multi_head_attention") == 0 && out->ndim == 3)
-        total += 4 * out->dim[0] * out->dim[1] * out->dim[1] * out->dim[2];
+    if (s->op && s->op->flops) {
+        ebb_shape in[64];
+        int n_in = s->pub.n_in < 64 ? s->pub.n_in : 64;
+        for (int i = 0; i < n_in; i++)
+            in[i] = p->values[s->pub.in[i]].shape;
+        total += s->op->flops(s->attrs, in, n_in, out);
+    }
     return total > 0 ? total : n;
 }
 

@@ -183,9 +183,10 @@ const ebb_op ebb_ops_activation[] = {
      .is_view = 1, .forward = identity_fwd, .doc = "identity at inference",
      .grad = &dropout_grad},
     {.name = "softmax", .min_inputs = 1, .max_inputs = 1, .attrs = softmax_attrs, .n_attrs = 1,
-     .forward = softmax_fwd, .doc = "softmax along dim", .grad = &softmax_grad},
+     .forward = softmax_fwd, .doc = "softmax along dim", .grad = &softmax_grad,
+     .autocast = EBB_AUTOCAST_FULL},
     {.name = "log_softmax", .min_inputs = 1, .max_inputs = 1, .attrs = softmax_attrs, .n_attrs = 1,
      .forward = log_softmax_fwd, .doc = "log of softmax along dim",
-     .grad = &log_softmax_grad},
+     .grad = &log_softmax_grad, .autocast = EBB_AUTOCAST_FULL},
 };
 const int ebb_ops_activation_count = EBB_COUNT(ebb_ops_activation);

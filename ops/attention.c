@@ -758,17 +758,28 @@ static const ebb_op_grad sdpa_grad = {.backward = sdpa_bwd, .forward_train = sdp
                                       .train_workspace_cuda = sdpa_train_workspace_cuda,
                                       .workspace_cuda_is_bound = 1, .draws = sdpa_draws};
 
+/* Self-attention's scores and weighted sums over its [B, T, E] output:
+ * 2 B T^2 E each; the projections are its parameters' products. */
+static int64_t mha_flops(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                         const ebb_shape *out) {
+    (void)a;
+    (void)in;
+    (void)n_in;
+    return out->ndim == 3 ? 4 * out->dim[0] * out->dim[1] * out->dim[1] * out->dim[2] : 0;
+}
+
 const ebb_op ebb_ops_attention[] = {
     {.name = "multi_head_attention", .min_inputs = 1, .max_inputs = 3, .attrs = mha_attrs,
      .n_attrs = EBB_COUNT(mha_attrs), .params = mha_params, .forward = mha_fwd,
      .doc = "multi-head attention over [B, T, E] (self; or cross with `using` key[, value])",
      .workspace = mha_workspace, .grad = &mha_grad, .workspace_cuda = mha_workspace_cuda,
-     .workspace_cuda_is_bound = 1},
+     .workspace_cuda_is_bound = 1, .autocast = EBB_AUTOCAST_LOW, .flops = mha_flops},
     {.name = "scaled_dot_product_attention", .min_inputs = 3, .max_inputs = 4,
      .attrs = sdpa_attrs, .n_attrs = EBB_COUNT(sdpa_attrs), .forward = sdpa_fwd,
      .doc = "softmax(q k^T / sqrt(E) [+ mask]) v over q, k, v [..., T, E] (merge three "
             "streams; a fourth, `using`, is the mask)",
      .workspace = sdpa_workspace, .workspace_is_bound = 1, .grad = &sdpa_grad,
-     .workspace_cuda = sdpa_workspace_cuda, .workspace_cuda_is_bound = 1},
+     .workspace_cuda = sdpa_workspace_cuda, .workspace_cuda_is_bound = 1,
+     .autocast = EBB_AUTOCAST_LOW},
 };
 const int ebb_ops_attention_count = EBB_COUNT(ebb_ops_attention);

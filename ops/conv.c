@@ -531,11 +531,11 @@ const ebb_op ebb_ops_conv[] = {
      .n_attrs = EBB_COUNT(conv_attrs), .params = conv1d_params, .forward = conv1d_fwd,
      .doc = "1-D convolution over [N, C, L]", .workspace = conv1d_workspace,
      .workspace_is_bound = 1, .grad = &conv1d_grad, .workspace_cuda = conv1d_workspace,
-     .workspace_cuda_is_bound = 1},
+     .workspace_cuda_is_bound = 1, .autocast = EBB_AUTOCAST_LOW},
     {.name = "conv2d", .min_inputs = 1, .max_inputs = 1, .attrs = conv_attrs,
      .n_attrs = EBB_COUNT(conv_attrs), .params = conv2d_params, .forward = conv2d_fwd,
      .doc = "2-D convolution over [N, C, H, W]", .workspace = conv2d_workspace,
      .workspace_is_bound = 1, .grad = &conv2d_grad, .workspace_cuda = conv2d_workspace,
-     .workspace_cuda_is_bound = 1},
+     .workspace_cuda_is_bound = 1, .autocast = EBB_AUTOCAST_LOW},
 };
 const int ebb_ops_conv_count = EBB_COUNT(ebb_ops_conv);

@@ -109,10 +109,10 @@ static const ebb_op_grad halt_grad = {.backward = linear_bwd, .saves_inputs = 1u
 const ebb_op ebb_ops_linear[] = {
     {.name = "linear", .min_inputs = 1, .max_inputs = 1, .attrs = linear_attrs, .n_attrs = 3,
      .params = linear_params, .forward = linear_fwd, .doc = "x @ weight^T + bias",
-     .grad = &linear_grad},
+     .grad = &linear_grad, .autocast = EBB_AUTOCAST_LOW},
     {.name = "learned_halt", .min_inputs = 1, .max_inputs = 1, .attrs = halt_attrs, .n_attrs = 1,
      .params = halt_params, .forward = halt_fwd,
      .doc = "linear(in, 1): a learned loop condition (true when its mean is > 0)",
-     .grad = &halt_grad},
+     .grad = &halt_grad, .autocast = EBB_AUTOCAST_FULL},
 };
 const int ebb_ops_linear_count = EBB_COUNT(ebb_ops_linear);

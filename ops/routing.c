@@ -236,7 +236,7 @@ const ebb_op ebb_ops_routing[] = {
     {.name = "threshold_halt", .min_inputs = 1, .max_inputs = 1, .attrs = threshold_attrs,
      .n_attrs = 1, .forward = threshold_halt_fwd, .doc = "max(x) - threshold, a loop condition",
      .workspace = threshold_halt_workspace, .grad = &threshold_halt_grad,
-     .workspace_cuda = ebb_ops_no_cuda_scratch},
+     .workspace_cuda = ebb_ops_no_cuda_scratch, .autocast = EBB_AUTOCAST_FULL},
     {.name = "_gate_mix", .min_inputs = 2, .max_inputs = 3, .attrs = gate_mix_attrs, .n_attrs = 1,
      .forward = gate_mix_fwd, .doc = "internal: one expert's weighted term of a dense gate",
      .grad = &gate_mix_grad},

@@ -142,9 +142,10 @@ static int64_t step_attr_int(const plan_step *s, const char *name, int64_t dflt)
 }
 
 /* A graph cannot read a value back, so the indices that the caller feeds
- * to a loss (class targets) or to an embedding (token ids) are checked
- * here, before each replay: CUDA's kernels assert on one out of range,
- * which ends the process's use of the device. */
+ * to an op whose descriptor names them (ebb_op.indices: a loss's class
+ * targets, an embedding's token ids) are checked here, before each replay:
+ * CUDA's kernels assert on one out of range, which ends the process's use
+ * of the device. */
 static ebb_status check_fed_indices(const ebb_capture *c, const char *fn) {
     const ebb_plan *p = c->plan;
     int first_target = p->n_inputs - p->n_targets;
@@ -152,9 +153,8 @@ static ebb_status check_fed_indices(const ebb_capture *c, const char *fn) {
         const plan_step *s = &p->steps[i];
         if (s->pub.kind != EBB_STEP_OP)
             continue;
-        int loss = s->pub.n_in >= 2 && (strcmp(s->op->name, "cross_entropy") == 0 ||
-                                        strcmp(s->op->name, "nll") == 0);
-        int lookup = s->pub.n_in >= 1 && strcmp(s->op->name, "embedding") == 0;
+        int loss = s->pub.n_in >= 2 && s->op->indices == EBB_INDICES_CLASSES;
+        int lookup = s->pub.n_in >= 1 && s->op->indices == EBB_INDICES_ROWS;
         if (!loss && !lookup)
             continue;
         int value = loss ? s->pub.in[1] : s->pub.in[0], fed = -1;

@@ -73,7 +73,8 @@ static ebb_status fields_init(fields *f, const ebb_spec *spec, const char *loss,
     f->n = f->n_in + f->n_tg;
     f->loss = loss ? loss : ebb_graph_loss(ebb_spec_graph(spec));
     if (!f->loss) return ebb_error_set(EBB_ERR_SPEC, "%s declares no `loss:`", ebb_spec_file(spec));
-    f->classify = !strcmp(f->loss, "cross_entropy") || !strcmp(f->loss, "nll");
+    const ebb_op *op = ebb_op_find(f->loss); /* a loss of class targets counts accuracy */
+    f->classify = op && op->indices == EBB_INDICES_CLASSES;
     return EBB_OK;
 }
 

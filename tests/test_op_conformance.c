@@ -39,11 +39,12 @@ typedef struct conf_case {
     unsigned bound;
 } conf_case;
 
-/* A loss's target, in[1]: int64 class indices in [0, C) for cross_entropy
- * and nll (returns C, in[0]'s last dim), probabilities in [0, 1) for
- * bce_with_logits (-1); 0 for other ops. */
+/* A loss's target, in[1]: int64 class indices in [0, C) for an op whose
+ * descriptor says so (cross_entropy, nll: returns C, in[0]'s last dim),
+ * probabilities in [0, 1) for bce_with_logits (-1); 0 for other ops. */
 static int64_t target_classes(const conf_case *c) {
-    if (strcmp(c->op, "cross_entropy") == 0 || strcmp(c->op, "nll") == 0)
+    const ebb_op *op = ebb_op_find(c->op);
+    if (op && op->indices == EBB_INDICES_CLASSES)
         return c->in[0].dim[c->in[0].ndim - 1];
     return strcmp(c->op, "bce_with_logits") == 0 ? -1 : 0;
 }
@@ -652,10 +653,49 @@ static void test_in_place_keeps_the_plan(void **state) {
     assert_true(r.runs >= 2 * MIN_CASES * ops);
 }
 
+/* What each descriptor says of itself holds for its schema: a LOW op
+ * (autocast's matrix products) multiplies parameters or inputs together, an
+ * op of CLASSES indices takes the classes as a second input (and an integer
+ * ignore_index if any), one of ROWS has the table's rows in an integer
+ * "num"; and the ops that say nothing keep the defaults. */
+static void test_descriptors_hold(void **state) {
+    (void)state;
+    int n_low = 0, n_indices = 0;
+    for (int k = 0; k < ebb_op_count(); k++) {
+        const ebb_op *op = ebb_op_at(k);
+        int two = op->max_inputs < 0 || op->max_inputs >= 2;
+        if ((unsigned)op->autocast > EBB_AUTOCAST_KEEP || (unsigned)op->indices > EBB_INDICES_ROWS)
+            fail_msg("%s: autocast %d, indices %d: not an enum value", op->name, (int)op->autocast,
+                     (int)op->indices);
+        if (op->autocast == EBB_AUTOCAST_LOW && !op->params && !two)
+            fail_msg("%s is autocast LOW but has no parameters and one input: nothing to "
+                     "multiply",
+                     op->name);
+        int ignore = ebb_op_attr_index(op, "ignore_index"), num = ebb_op_attr_index(op, "num");
+        if (op->indices == EBB_INDICES_CLASSES && op->max_inputs >= 0 && op->max_inputs < 2)
+            fail_msg("%s holds class indices in in[1]: it takes %d to %d inputs", op->name,
+                     op->min_inputs, op->max_inputs);
+        if (op->indices == EBB_INDICES_CLASSES && ignore >= 0 &&
+            op->attrs[ignore].type != EBB_ATTR_INT)
+            fail_msg("%s: its ignore_index is not an integer", op->name);
+        if (op->indices == EBB_INDICES_ROWS && (num < 0 || op->attrs[num].type != EBB_ATTR_INT))
+            fail_msg("%s holds row indices in in[0] but has no integer attr \"num\"", op->name);
+        n_low += op->autocast == EBB_AUTOCAST_LOW;
+        n_indices += op->indices != EBB_INDICES_NONE;
+    }
+    /* linear, the convolutions, matmul, attention; two losses and embedding */
+    assert_true(n_low >= 6);
+    assert_true(n_indices >= 3);
+    assert_int_equal(ebb_op_find("linear")->autocast, EBB_AUTOCAST_LOW);
+    assert_int_equal(ebb_op_find("relu")->autocast, EBB_AUTOCAST_PROMOTE);
+    assert_int_equal(ebb_op_find("relu")->indices, EBB_INDICES_NONE);
+}
+
 int main(void) {
     DEV = ebb_test_device();
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_every_op_has_cases),
+        EBB_TEST(test_descriptors_hold),
         EBB_TEST(test_coverage_check_names_unknown_ops),
         EBB_TEST(test_forward_keeps_the_plan),
         EBB_TEST(test_in_place_keeps_the_plan),

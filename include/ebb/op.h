@@ -250,6 +250,31 @@ typedef struct ebb_op_grad {
 
 #define EBB_MAX_SAVED 4
 
+/* What a mixed-precision plan (ebb_compile_options.precision bf16 or fp16)
+ * does with the op, as torch.autocast's lists class it. */
+typedef enum ebb_op_autocast {
+    EBB_AUTOCAST_PROMOTE = 0, /* the widest of its inputs' dtypes and its float parameters' */
+    EBB_AUTOCAST_LOW,         /* a matrix product: in the low dtype, on low copies */
+    EBB_AUTOCAST_FULL,        /* float32 whatever its inputs (softmax, norms, losses, sums) */
+    EBB_AUTOCAST_KEEP,        /* its first input's dtype, float32 parameters (batch_norm) */
+} ebb_op_autocast;
+
+/* Inputs holding indices that a CUDA kernel asserts on when one is out of
+ * range, which ends the process's use of the device: a captured CUDA graph
+ * checks those the caller feeds before each replay (ebb_capture_replay). */
+typedef enum ebb_op_indices {
+    EBB_INDICES_NONE = 0,
+    EBB_INDICES_CLASSES, /* in[1]: classes of in[0]'s last dimension (attr "ignore_index" skipped) */
+    EBB_INDICES_ROWS,    /* in[0]: rows of a table of attr "num" rows */
+} ebb_op_indices;
+
+/* The forward's floating-point operations beyond multiplying its parameters
+ * (2 per weight element and output row, which the compiler counts itself):
+ * attention's scores and weighted sums. Used to weigh what recomputation
+ * costs (ebb_compile_options.memory_budget). */
+typedef int64_t (*ebb_op_flops_fn)(const ebb_attr_value *attrs, const ebb_shape *in, int n_in,
+                                   const ebb_shape *out);
+
 struct ebb_op {
     const char *name;
     int min_inputs;
@@ -287,6 +312,12 @@ struct ebb_op {
      * kernel, by device): a plan with such a step is exact on the CPU and an
      * upper bound on CUDA (ebb_plan_peak_is_bound_on()). */
     int workspace_cuda_is_bound;
+    /* In a bf16 or fp16 plan (default PROMOTE: the widest input). */
+    ebb_op_autocast autocast;
+    /* Optional: flops besides the parameters' products; NULL: none. */
+    ebb_op_flops_fn flops;
+    /* Indices a CUDA graph's caller feeds that must be in range. */
+    ebb_op_indices indices;
 };
 
 /* What one allocation of n bytes holds on a CUDA device: the caching

@@ -1213,7 +1213,8 @@ static int open_outputs(cli_run *c) {
                    : ebb_optimizer_get_options(ebb_trainer_optimizer(c->t)).lr);
     const char *name = ebb_spec_name(c->spec);
     const char *loss = o->loss ? o->loss : ebb_graph_loss(ebb_spec_graph(c->spec));
-    int classify = loss && (!strcmp(loss, "cross_entropy") || !strcmp(loss, "nll"));
+    const ebb_op *loss_op = loss ? ebb_op_find(loss) : NULL;
+    int classify = loss_op && loss_op->indices == EBB_INDICES_CLASSES;
     ebb_cli_curve_info info = {
         .name = name && *name ? name : ebb_spec_file(c->spec),
         .context = context,
