@@ -30,7 +30,9 @@ typedef struct run_ctx {
     ebb_dist_work *pending; /* an all-reduce started, not yet waited for (allreduce_overlap) */
     ebb_tensor *one;     /* the loss's gradient with respect to itself */
     uint64_t seed;       /* dropout's masks: mixed with the step index */
+    ebb_device dev;      /* the model's */
     int64_t base;        /* allocator bytes that are not the plan's: grows with optimizer state */
+    int64_t run_peak;    /* the largest high-water mark sample_peak() has seen */
 } run_ctx;
 
 static void slot_set(run_ctx *r, int slot, ebb_tensor *t) {
@@ -804,6 +806,85 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
     return ebb_run_plan(plan, model, inputs, outputs, opts, stats, NULL);
 }
 
+/* The run's state: slots, scratch, counters and flags in one allocation;
+ * for a training plan also the shapes and written flags per slot and the
+ * loss's seed gradient (made before the baseline is taken, so that the
+ * run's figures are the plan's). The caller's inputs are borrowed into their
+ * slots. On failure what was made is freed; run_ctx_free is safe either
+ * way. */
+static ebb_status run_ctx_init(run_ctx *r, const ebb_plan *plan, const ebb_model *model,
+                               ebb_tensor *const *inputs, const ebb_run_options *opts,
+                               ebb_optimizer *opt) {
+    *r = (run_ctx){.plan = plan, .model = model, .opt = opt, .seed = opts ? opts->seed : 0,
+                   .dist = opts ? opts->dist : NULL, .dev = model->device};
+    ebb_status st = EBB_OK;
+    if (plan->training) {
+        ebb_shape scalar = {0};
+        const ebb_plan_value *loss = &plan->values[plan->outputs[0]];
+        r->shapes = calloc((size_t)plan->n_values + 1, sizeof *r->shapes);
+        r->written = calloc((size_t)plan->n_values + 1, 1);
+        if (!r->shapes || !r->written)
+            return ebb_error_set(EBB_ERR_NOMEM, "ebb_run: out of memory");
+        double seed_grad = opts && opts->loss_scale != 0 ? opts->loss_scale : 1.0;
+        if (plan->loss_scaling) {
+            double scale = ebb_optimizer_loss_scale(opt);
+            if (!(scale > 0))
+                return ebb_error_set(EBB_ERR_ARG,
+                                     "plan %s scales its loss, and the optimizer "
+                                     "has no loss scale (ebb_optimizer_set_loss_scaling)",
+                                     plan->name);
+            seed_grad *= scale;
+        }
+        if ((st = ebb_tensor_full(&r->one, &scalar, seed_grad, loss->dtype, r->dev)) != EBB_OK)
+            return st;
+    }
+    size_t n_ptr = (size_t)plan->n_values + (size_t)plan->max_in + (size_t)plan->max_params + 3;
+    void *block = calloc(1, n_ptr * sizeof(ebb_tensor *) +
+                                ((size_t)plan->n_counters + 1) * sizeof(int64_t) +
+                                (size_t)plan->n_values + 1);
+    if (!block)
+        return ebb_error_set(EBB_ERR_NOMEM, "ebb_run: out of memory");
+    r->slots = block;
+    r->args = r->slots + plan->n_values + 1;
+    r->params = r->args + plan->max_in + 1;
+    r->counters = (int64_t *)(r->params + plan->max_params + 1);
+    r->borrowed = (unsigned char *)(r->counters + plan->n_counters + 1);
+    for (int i = 0; i < plan->n_inputs; i++) {
+        r->slots[plan->inputs[i]] = inputs[i];
+        r->borrowed[plan->inputs[i]] = 1;
+        if (r->shapes)
+            r->shapes[plan->inputs[i]] = ebb_tensor_shape(inputs[i]);
+    }
+    return EBB_OK;
+}
+
+/* Releases every slot the run still holds (the caller's inputs stay the
+ * caller's) and the run's own allocations. */
+static void run_ctx_free(run_ctx *r) {
+    if (r->slots)
+        for (int v = 0; v < r->plan->n_values; v++)
+            if (r->slots[v])
+                slot_release(r, v);
+    free(r->slots);
+    free(r->shapes);
+    free(r->written);
+    ebb_tensor_free(r->one);
+    *r = (run_ctx){0};
+}
+
+/* The allocator's high-water mark since its last reset, over the run's
+ * baseline, kept in r->run_peak when it is the largest yet; -1 where the
+ * device cannot say. */
+static int64_t sample_peak(run_ctx *r) {
+    ebb_memory_stats ms;
+    if (ebb_memory_stats_get(r->dev, &ms) != EBB_OK)
+        return -1;
+    int64_t peak = ms.peak_bytes - r->base;
+    if (peak > r->run_peak)
+        r->run_peak = peak;
+    return peak;
+}
+
 ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
                         ebb_tensor **outputs, const ebb_run_options *opts, ebb_run_stats *stats,
                         ebb_optimizer *opt) {
@@ -838,7 +919,6 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
     if (opts && opts->check_fits && ebb_plan_check_fits(plan, dev, model, 0, NULL) != EBB_OK)
         return ebb_error_prefix("ebb_run");
 
-    /* one allocation holds the run's state: slots, scratch, counters, flags */
     if (plan->data_parallel > 1 &&
         (!opts || ebb_dist_world_size(opts->dist) != plan->data_parallel))
         return ebb_error_set(EBB_ERR_ARG,
@@ -851,58 +931,9 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
                              "ebb_run: plan %s is rank %d's share of a sharded optimizer "
                              "(ebb_train_options.zero); this process is rank %d",
                              plan->name, plan->rank, ebb_dist_rank(opts->dist));
-    run_ctx r = {.plan = plan, .model = model, .opt = opt, .seed = opts ? opts->seed : 0,
-                 .dist = opts ? opts->dist : NULL};
-    if (plan->training) {
-        /* made before the baseline is taken: the run's figures are the plan's */
-        ebb_shape scalar = {0};
-        const ebb_plan_value *loss = &plan->values[plan->outputs[0]];
-        r.shapes = calloc((size_t)plan->n_values + 1, sizeof *r.shapes);
-        r.written = calloc((size_t)plan->n_values + 1, 1);
-        if (!r.shapes || !r.written) {
-            free(r.shapes);
-            free(r.written);
-            return ebb_error_set(EBB_ERR_NOMEM, "ebb_run: out of memory");
-        }
-        double seed_grad = opts && opts->loss_scale != 0 ? opts->loss_scale : 1.0;
-        if (plan->loss_scaling) {
-            double scale = ebb_optimizer_loss_scale(opt);
-            if (!(scale > 0)) {
-                free(r.shapes);
-                free(r.written);
-                return ebb_error_set(EBB_ERR_ARG,
-                                     "plan %s scales its loss, and the optimizer "
-                                     "has no loss scale (ebb_optimizer_set_loss_scaling)",
-                                     plan->name);
-            }
-            seed_grad *= scale;
-        }
-        st = ebb_tensor_full(&r.one, &scalar, seed_grad, loss->dtype, dev);
-        if (st != EBB_OK) {
-            free(r.shapes);
-            free(r.written);
-            return st;
-        }
-    }
-    size_t n_ptr = (size_t)plan->n_values + (size_t)plan->max_in + (size_t)plan->max_params + 3;
-    void *block = calloc(1, n_ptr * sizeof(ebb_tensor *) +
-                                ((size_t)plan->n_counters + 1) * sizeof(int64_t) +
-                                (size_t)plan->n_values + 1);
-    if (!block) {
-        st = ebb_error_set(EBB_ERR_NOMEM, "ebb_run: out of memory");
+    run_ctx r;
+    if ((st = run_ctx_init(&r, plan, model, inputs, opts, opt)) != EBB_OK)
         goto done;
-    }
-    r.slots = block;
-    r.args = r.slots + plan->n_values + 1;
-    r.params = r.args + plan->max_in + 1;
-    r.counters = (int64_t *)(r.params + plan->max_params + 1);
-    r.borrowed = (unsigned char *)(r.counters + plan->n_counters + 1);
-    for (int i = 0; i < plan->n_inputs; i++) {
-        r.slots[plan->inputs[i]] = inputs[i];
-        r.borrowed[plan->inputs[i]] = 1;
-        if (r.shapes)
-            r.shapes[plan->inputs[i]] = ebb_tensor_shape(inputs[i]);
-    }
 
     /* cuBLAS's handle and workspace, made at the first matrix product and
      * kept for the process's life, exist before the baseline is taken: they
@@ -915,9 +946,8 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
     int64_t executed = 0;
     ebb_trace_fn trace = opts ? opts->trace : NULL;
     /* A traced run measures each step's own high-water mark: the allocator's
-     * peak is reset before every step, so the run's peak is kept here. So is
-     * an update step's, whose optimizer state moves the baseline. */
-    int64_t run_peak = 0;
+     * peak is reset before every step, so the run's peak is kept in r.run_peak.
+     * So is an update step's, whose optimizer state moves the baseline. */
     double step_t0 = 0.0;
     /* On the CPU every step's own peak is measured (the counters are two
      * atomics) and held to the plan's figure for it: the first step above
@@ -930,9 +960,7 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
         int jump = 0;
         int own_peak = trace || s->pub.kind == EBB_STEP_UPDATE || check_steps;
         if (own_peak) {
-            ebb_memory_stats ms;
-            if (ebb_memory_stats_get(dev, &ms) == EBB_OK && ms.peak_bytes - r.base > run_peak)
-                run_peak = ms.peak_bytes - r.base;
+            sample_peak(&r);
             ebb_memory_reset_peak(dev);
             step_t0 = now_seconds();
         }
@@ -948,27 +976,17 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
         for (int k = 0; k < n_freed; k++)
             slot_release(&r, freed[k]);
         if (trace) {
-            ebb_memory_stats ms;
             ebb_device_synchronize(dev);
+            step_peak = sample_peak(&r);
             ebb_trace_event ev = {.step = pc, .info = &s->pub, .freed = freed, .n_freed = n_freed,
                                   .jumped = jump, .live_bytes = ebb_memory_current(dev) - r.base,
-                                  .peak_bytes = -1, .seconds = now_seconds() - step_t0,
+                                  .peak_bytes = step_peak, .seconds = now_seconds() - step_t0,
                                   .planned_peak_bytes = dev.type == EBB_DEVICE_CUDA
                                                             ? s->cuda_peak_bytes
                                                             : s->pub.peak_bytes};
-            if (ebb_memory_stats_get(dev, &ms) == EBB_OK)
-                ev.peak_bytes = ms.peak_bytes - r.base;
-            if (ev.peak_bytes > run_peak)
-                run_peak = ev.peak_bytes;
-            step_peak = ev.peak_bytes;
             trace(&ev, opts->trace_user);
         } else if (own_peak) {
-            ebb_memory_stats ms;
-            if (ebb_memory_stats_get(dev, &ms) == EBB_OK) {
-                step_peak = ms.peak_bytes - r.base;
-                if (step_peak > run_peak)
-                    run_peak = step_peak;
-            }
+            step_peak = sample_peak(&r);
             ebb_memory_reset_peak(dev);
         }
         if (check_steps && over_step < 0 && step_peak > s->pub.peak_bytes) {
@@ -988,13 +1006,9 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
             goto done;
     }
     if (stats) {
-        ebb_memory_stats ms;
         ebb_device_synchronize(dev);
         stats->seconds = now_seconds() - t0;
-        stats->measured_peak_bytes =
-            ebb_memory_stats_get(dev, &ms) == EBB_OK ? ms.peak_bytes - r.base : -1;
-        if (stats->measured_peak_bytes >= 0 && run_peak > stats->measured_peak_bytes)
-            stats->measured_peak_bytes = run_peak;
+        stats->measured_peak_bytes = sample_peak(&r) < 0 ? -1 : r.run_peak;
         stats->planned_peak_bytes = ebb_plan_device_peak_bytes(plan, dev);
         stats->steps_executed = executed;
         stats->over_step = over_step;
@@ -1018,13 +1032,6 @@ done:
             ebb_tensor_free(outputs[i]);
             outputs[i] = NULL;
         }
-    if (r.slots)
-        for (int v = 0; v < plan->n_values; v++)
-            if (r.slots[v])
-                slot_release(&r, v);
-    free(r.slots);
-    free(r.shapes);
-    free(r.written);
-    ebb_tensor_free(r.one);
+    run_ctx_free(&r);
     return st;
 }
