@@ -657,166 +657,171 @@ static int alias_among(const ebb_tensor *t, ebb_tensor *const *metas, const int 
     return -1;
 }
 
-static int emit_backward(ad *a, int fi) {
+/* One backward rule as the compile runs it on meta tensors: what the step
+ * reads (saved inputs, the output, the extras, kept low copies, grad_out)
+ * and what the rule gave. bwd_call_free() releases whatever it still holds. */
+typedef struct bwd_call {
+    int n_in;
+    uint32_t saved, diff, skip; /* bit i: input i saved / differentiable / not needed */
+    int reads[32 + 2 + EBB_MAX_SAVED + EBB_MAX_PARAMS], n_reads;
+    ebb_tensor *read_meta[32 + 2 + EBB_MAX_SAVED + EBB_MAX_PARAMS];
+    ebb_tensor *ins[32], *params[EBB_MAX_PARAMS], *extras[EBB_MAX_SAVED];
+    ebb_shape in_shapes[32];
+    ebb_dtype in_dtypes[32];
+    int src_y;          /* the slot of the saved output */
+    ebb_tensor *seed;   /* grad_out when the output is the loss itself */
+    ebb_tensor *gin[32], *gparam[EBB_MAX_PARAMS]; /* the rule's gradients */
+} bwd_call;
+
+static void bwd_call_free(bwd_call *k) {
+    ebb_tensor_free(k->seed);
+    for (int i = 0; i < 32; i++)
+        ebb_tensor_free(k->gin[i]);
+    for (int j = 0; j < EBB_MAX_PARAMS; j++) {
+        ebb_tensor_free(k->gparam[j]);
+        ebb_tensor_free(k->params[j]);
+    }
+    memset(k, 0, sizeof *k);
+}
+
+static void bwd_read(bwd_call *k, int slot, ebb_tensor *meta) {
+    k->read_meta[k->n_reads] = meta;
+    k->reads[k->n_reads++] = slot;
+}
+
+/* The values forward step fi's rule reads, kept or recomputed here (which
+ * may append steps: the step is re-taken by index after). */
+static int bwd_gather(ad *a, int fi, bwd_call *k) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
     const ebb_op_grad *r = p->steps[fi].op->grad;
-    int n_in = p->steps[fi].pub.n_in, y = p->steps[fi].pub.out[0], gy = a->grad[y];
-    if (n_in > 32)
-        return fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
-                                     "node %s: %s has %d inputs; a backward step takes at most 32",
-                                     p->steps[fi].pub.node, p->steps[fi].op->name, n_in));
-    uint32_t all = n_in == 32 ? 0xffffffffu : ((1u << n_in) - 1);
-    uint32_t saved = r->saves_inputs & all, diff = r->differentiable & all;
-    /* the slots it reads the saved values from: kept, or recomputed here */
-    int src_in[32], src_y = y, src_x[EBB_MAX_SAVED];
-    for (int i = 0; i < n_in; i++)
-        if ((saved >> i & 1) && (src_in[i] = backward_read(a, p->steps[fi].pub.in[i])) < 0)
+    int y = p->steps[fi].pub.out[0], gy = a->grad[y];
+    uint32_t all = k->n_in == 32 ? 0xffffffffu : ((1u << k->n_in) - 1);
+    k->saved = r->saves_inputs & all;
+    k->diff = r->differentiable & all;
+    int src_in[32], src_x[EBB_MAX_SAVED];
+    k->src_y = y;
+    for (int i = 0; i < k->n_in; i++)
+        if ((k->saved >> i & 1) && (src_in[i] = backward_read(a, p->steps[fi].pub.in[i])) < 0)
             return -1;
-    if (r->saves_output && (src_y = backward_read(a, y)) < 0)
+    if (r->saves_output && (k->src_y = backward_read(a, y)) < 0)
         return -1;
-    for (int k = 0; k < r->n_saved; k++)
-        if ((src_x[k] = backward_read(a, p->steps[fi].pub.out[1 + k])) < 0)
+    for (int j = 0; j < r->n_saved; j++)
+        if ((src_x[j] = backward_read(a, p->steps[fi].pub.out[1 + j])) < 0)
             return -1;
     const plan_step *f = &p->steps[fi]; /* after the recompute steps: the list may have moved */
-    /* inputs whose gradient nothing needs: the rule may skip them */
-    uint32_t skip = 0;
-    for (int i = 0; i < n_in; i++) {
+    for (int i = 0; i < k->n_in; i++) {
         int x = f->pub.in[i];
-        if ((diff >> i & 1) && !(x < a->n_grad && a->req[x]))
-            skip |= 1u << i;
+        if ((k->diff >> i & 1) && !(x < a->n_grad && a->req[x]))
+            k->skip |= 1u << i; /* nothing needs its gradient: the rule may skip it */
+        k->in_shapes[i] = p->values[x].shape;
+        k->in_dtypes[i] = p->values[x].dtype;
+        if (k->saved >> i & 1)
+            bwd_read(k, src_in[i], k->ins[i] = c->meta[src_in[i]]);
     }
-
-    /* what the step reads: saved inputs, the output, the extras, grad_out */
-    int reads[32 + 2 + EBB_MAX_SAVED + EBB_MAX_PARAMS], n_reads = 0;
-    ebb_tensor *read_meta[32 + 2 + EBB_MAX_SAVED + EBB_MAX_PARAMS];
-    ebb_tensor *ins[32] = {0}, *params[EBB_MAX_PARAMS] = {0}, *extras[EBB_MAX_SAVED] = {0};
-    ebb_shape in_shapes[32];
-    ebb_dtype in_dtypes[32];
-    for (int i = 0; i < n_in; i++) {
-        in_shapes[i] = p->values[f->pub.in[i]].shape;
-        in_dtypes[i] = p->values[f->pub.in[i]].dtype;
-        if (saved >> i & 1) {
-            ins[i] = c->meta[src_in[i]];
-            read_meta[n_reads] = ins[i];
-            reads[n_reads++] = src_in[i];
-        }
-    }
-    if (r->saves_output) {
-        read_meta[n_reads] = c->meta[src_y];
-        reads[n_reads++] = src_y;
-    }
-    for (int k = 0; k < r->n_saved; k++) {
-        extras[k] = c->meta[src_x[k]];
-        read_meta[n_reads] = extras[k];
-        reads[n_reads++] = src_x[k];
-    }
+    if (r->saves_output)
+        bwd_read(k, k->src_y, c->meta[k->src_y]);
+    for (int j = 0; j < r->n_saved; j++)
+        bwd_read(k, src_x[j], k->extras[j] = c->meta[src_x[j]]);
     /* the parameters' low copies the forward kept, its last outputs */
     for (int j = 0, o = f->pub.n_out - ebb_step_kept_copies(f); j < f->n_params; j++)
         if (f->keep_copy >> j & 1) {
-            read_meta[n_reads] = c->meta[f->pub.out[o]];
-            reads[n_reads++] = f->pub.out[o++];
+            bwd_read(k, f->pub.out[o], c->meta[f->pub.out[o]]);
+            o++;
         }
-    ebb_tensor *seed = NULL;
     if (gy == SEED) {
         ebb_shape scalar = {0};
-        if (!(seed = ebb_compiler_meta_new(c, &scalar, p->values[y].dtype)))
+        if (!(k->seed = ebb_compiler_meta_new(c, &scalar, p->values[y].dtype)))
             return -1;
     } else {
-        read_meta[n_reads] = c->meta[gy];
-        reads[n_reads++] = gy;
+        bwd_read(k, gy, c->meta[gy]);
     }
-    ebb_status st = EBB_OK;
     for (int j = 0; j < f->n_params; j++)
-        if (!(params[j] = meta_param(c, f, j)))
-            st = c->status;
-    ebb_tensor *gin[32] = {0}, *gparam[EBB_MAX_PARAMS] = {0};
-    if (st == EBB_OK) {
-        ebb_op_grad_call gc = {.op = f->op, .attrs = f->attrs, .in = ins, .n_in = n_in,
-                               .params = params, .n_params = f->n_params,
-                               .out = r->saves_output ? c->meta[src_y] : NULL, .saved = extras,
-                               .n_saved = r->n_saved, .grad_out = seed ? seed : c->meta[gy],
-                               .node = f->pub.node, .in_shapes = in_shapes,
-                               .skip_input_grad = skip, .in_dtypes = in_dtypes};
-        st = dry_backward(c, f, &gc, gin, gparam);
-    }
-    /* every promised gradient, of the promised shape; nothing else */
+        if (!(k->params[j] = meta_param(c, f, j)))
+            return fail(c, ebb_error_prefix("node %s (%s.backward)", f->pub.node, f->op->name));
+    return 0;
+}
+
+/* Every gradient the rule promised, of the promised shape; nothing else. */
+static ebb_status bwd_check(const ebb_plan *p, const plan_step *f, const bwd_call *k) {
     char sa[96], sb[96];
-    for (int i = 0; st == EBB_OK && i < n_in; i++) {
+    for (int i = 0; i < k->n_in; i++) {
         const ebb_plan_value *v = &p->values[f->pub.in[i]];
-        if (!(diff >> i & 1)) {
-            if (gin[i])
-                st = ebb_error_set(EBB_ERR_ARG, "the rule gave input %d, marked not "
-                                                "differentiable, a gradient", i);
-        } else if (!gin[i]) {
-            if (!(skip >> i & 1))
-                st = ebb_error_set(EBB_ERR_ARG, "the rule gave no gradient for input %d", i);
-        } else {
-            ebb_shape gs = ebb_tensor_shape(gin[i]);
-            if (!ebb_shape_equal(&gs, &v->shape))
-                st = ebb_error_set(EBB_ERR_SHAPE, "the gradient of input %d is %s, the input %s",
-                                   i, ebb_shape_str(&gs, sa, sizeof sa),
-                                   ebb_shape_str(&v->shape, sb, sizeof sb));
-        }
+        ebb_shape gs = k->gin[i] ? ebb_tensor_shape(k->gin[i]) : v->shape;
+        if (!(k->diff >> i & 1) && k->gin[i])
+            return ebb_error_set(EBB_ERR_ARG, "the rule gave input %d, marked not "
+                                              "differentiable, a gradient", i);
+        if ((k->diff >> i & 1) && !k->gin[i] && !(k->skip >> i & 1))
+            return ebb_error_set(EBB_ERR_ARG, "the rule gave no gradient for input %d", i);
+        if (!ebb_shape_equal(&gs, &v->shape))
+            return ebb_error_set(EBB_ERR_SHAPE, "the gradient of input %d is %s, the input %s", i,
+                                 ebb_shape_str(&gs, sa, sizeof sa),
+                                 ebb_shape_str(&v->shape, sb, sizeof sb));
     }
-    for (int j = 0; st == EBB_OK && j < f->n_params; j++) {
+    for (int j = 0; j < f->n_params; j++) {
         const plan_param *pp = &p->params[f->param[j]];
         int want = !pp->spec.buffer && !pp->spec.counter;
-        if (want != (gparam[j] != NULL))
-            st = ebb_error_set(EBB_ERR_ARG, "the rule %s a gradient for %s '%s'",
-                               want ? "gave no" : "gave", want ? "parameter" : "buffer",
-                               pp->full_name);
-        else if (want) {
-            ebb_shape gs = ebb_tensor_shape(gparam[j]);
-            if (!ebb_shape_equal(&gs, &pp->spec.shape))
-                st = ebb_error_set(EBB_ERR_SHAPE, "the gradient of '%s' is %s, the parameter %s",
-                                   pp->full_name, ebb_shape_str(&gs, sa, sizeof sa),
-                                   ebb_shape_str(&pp->spec.shape, sb, sizeof sb));
-        }
+        if (want != (k->gparam[j] != NULL))
+            return ebb_error_set(EBB_ERR_ARG, "the rule %s a gradient for %s '%s'",
+                                 want ? "gave no" : "gave", want ? "parameter" : "buffer",
+                                 pp->full_name);
+        ebb_shape gs = want ? ebb_tensor_shape(k->gparam[j]) : pp->spec.shape;
+        if (!ebb_shape_equal(&gs, &pp->spec.shape))
+            return ebb_error_set(EBB_ERR_SHAPE, "the gradient of '%s' is %s, the parameter %s",
+                                 pp->full_name, ebb_shape_str(&gs, sa, sizeof sa),
+                                 ebb_shape_str(&pp->spec.shape, sb, sizeof sb));
     }
-    for (int j = 0; j < f->n_params; j++)
-        ebb_tensor_free(params[j]);
-    if (st != EBB_OK) {
-        ebb_tensor_free(seed);
-        for (int i = 0; i < 32; i++)
-            ebb_tensor_free(gin[i]);
-        for (int j = 0; j < EBB_MAX_PARAMS; j++)
-            ebb_tensor_free(gparam[j]);
+    return EBB_OK;
+}
+
+/* Runs the rule on the gathered metas and checks what it gave. Mixed
+ * precision: the rule's low parameter gradients become the parameters'
+ * dtype, as the step casts them back. */
+static int bwd_run(ad *a, int fi, bwd_call *k) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    const plan_step *f = &p->steps[fi];
+    int gy = a->grad[f->pub.out[0]];
+    ebb_op_grad_call gc = {.op = f->op, .attrs = f->attrs, .in = k->ins, .n_in = k->n_in,
+                           .params = k->params, .n_params = f->n_params,
+                           .out = f->op->grad->saves_output ? c->meta[k->src_y] : NULL,
+                           .saved = k->extras, .n_saved = f->op->grad->n_saved,
+                           .grad_out = k->seed ? k->seed : c->meta[gy], .node = f->pub.node,
+                           .in_shapes = k->in_shapes, .skip_input_grad = k->skip,
+                           .in_dtypes = k->in_dtypes};
+    ebb_status st = dry_backward(c, f, &gc, k->gin, k->gparam);
+    if (st == EBB_OK)
+        st = bwd_check(p, f, k);
+    if (st != EBB_OK)
         return fail(c, ebb_error_prefix("node %s (%s.backward)", f->pub.node, f->op->name));
-    }
-
-    /* mixed precision: the rule's low gradients are cast back to the
-     * parameters' dtype inside the step; the plan holds those */
     for (int j = 0; f->param_cast && j < f->n_params; j++) {
-        if (!gparam[j])
+        if (!k->gparam[j])
             continue;
-        const plan_param *pp = &p->params[f->param[j]];
-        ebb_tensor *full = ebb_compiler_meta_new(c, &pp->spec.shape, p->dtype);
-        ebb_tensor_free(gparam[j]);
-        gparam[j] = full;
-        if (!full) {
-            ebb_tensor_free(seed);
-            for (int i = 0; i < 32; i++)
-                ebb_tensor_free(gin[i]);
-            for (int k = 0; k < EBB_MAX_PARAMS; k++)
-                ebb_tensor_free(gparam[k]);
+        ebb_tensor_free(k->gparam[j]);
+        k->gparam[j] = ebb_compiler_meta_new(c, &p->params[f->param[j]].spec.shape, p->dtype);
+        if (!k->gparam[j])
             return -1;
-        }
     }
+    return 0;
+}
 
-    /* the step, then one value per gradient */
-    char *name = ebb_compiler_strdupf("%s.backward", f->op->name);
-    plan_step *b = name ? ebb_compiler_step_new(c, EBB_STEP_BACKWARD, name, f->pub.node) : NULL;
+/* The backward step of forward step fi: what it reads and saves, and its
+ * scratch (the rule's, low kernels' allowance, the casts back). */
+static plan_step *bwd_step_new(ad *a, int fi, const bwd_call *k) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    const ebb_op_grad *r = p->steps[fi].op->grad;
+    char *name = ebb_compiler_strdupf("%s.backward", p->steps[fi].op->name);
+    plan_step *b = name ? ebb_compiler_step_new(c, EBB_STEP_BACKWARD, name, p->steps[fi].pub.node)
+                        : NULL;
     if (!b) {
+        if (!name)
+            ebb_compiler_oom(c);
         free(name);
-        ebb_tensor_free(seed);
-        for (int i = 0; i < 32; i++)
-            ebb_tensor_free(gin[i]);
-        for (int j = 0; j < EBB_MAX_PARAMS; j++)
-            ebb_tensor_free(gparam[j]);
-        return name ? -1 : ebb_compiler_oom(c);
+        return NULL;
     }
-    f = &p->steps[fi]; /* the step list may have moved */
+    const plan_step *f = &p->steps[fi]; /* the step list may have moved */
+    int n_in = k->n_in, y = f->pub.out[0];
     b->op_owned = name;
     b->op = f->op;
     b->attrs = f->attrs;
@@ -824,104 +829,118 @@ static int emit_backward(ad *a, int fi) {
     b->n_params = f->n_params;
     b->fwd_step = fi;
     b->n_fwd_in = n_in;
-    b->saved_in = saved;
+    b->saved_in = k->saved;
     b->saves_out = r->saves_output;
     b->n_saved = r->n_saved;
-    b->seed = gy == SEED;
-    b->skip_in = skip;
+    b->seed = a->grad[y] == SEED;
+    b->skip_in = k->skip;
     b->grad_in = 0; /* the gradients the dry run gave, in input order */
     for (int i = 0; i < n_in; i++)
-        if (gin[i])
+        if (k->gin[i])
             b->grad_in |= 1u << i;
     b->pub.phase = EBB_PHASE_BACKWARD;
+    ebb_dtype dt = n_in > 0 ? p->values[f->pub.in[0]].dtype : p->dtype;
     if (r->workspace && n_in > 0)
-        b->workspace = r->workspace(f->attrs, in_shapes, n_in, p->values[f->pub.in[0]].dtype);
+        b->workspace = r->workspace(f->attrs, k->in_shapes, n_in, dt);
     if (r->workspace_cuda && n_in > 0) {
-        b->workspace_cuda = r->workspace_cuda(f->attrs, in_shapes, n_in,
-                                              p->values[f->pub.in[0]].dtype);
+        b->workspace_cuda = r->workspace_cuda(f->attrs, k->in_shapes, n_in, dt);
         b->has_workspace_cuda = 1;
     }
     b->param_cast = f->param_cast;
     b->param_dtype = f->param_dtype;
     b->keep_copy = f->keep_copy;
     b->low_kernel = f->low_kernel;
-    if (b->param_cast || b->low_kernel) {
-        if (!b->has_workspace_cuda) {
-            b->workspace_cuda = ebb_cuda_block(b->workspace);
-            b->has_workspace_cuda = 1;
-        }
+    if ((b->param_cast || b->low_kernel) && !b->has_workspace_cuda) {
+        b->workspace_cuda = ebb_cuda_block(b->workspace);
+        b->has_workspace_cuda = 1;
     }
     if (b->low_kernel) {
         ebb_shape ps[EBB_MAX_PARAMS];
         for (int j = 0; j < f->n_params; j++)
             ps[j] = p->params[f->param[j]].spec.shape;
         const ebb_shape *ys = &p->values[y].shape;
-        b->workspace += ebb_low_kernel_allowance(in_shapes, n_in, ps, f->n_params, ys, 2, 0);
-        b->workspace_cuda += ebb_low_kernel_allowance(in_shapes, n_in, ps, f->n_params, ys, 2, 1);
+        b->workspace += ebb_low_kernel_allowance(k->in_shapes, n_in, ps, f->n_params, ys, 2, 0);
+        b->workspace_cuda +=
+            ebb_low_kernel_allowance(k->in_shapes, n_in, ps, f->n_params, ys, 2, 1);
     }
     if (b->param_cast) {
         b->workspace = ebb_backward_cast_scratch(c, b, b->workspace, 0);
         b->workspace_cuda = ebb_backward_cast_scratch(c, b, b->workspace_cuda, 1);
     }
-    int bi = ebb_compiler_step_index(c, b);
-    int outs[32 + EBB_MAX_PARAMS], n_outs = 0, gin_slot[32], gp_slot[EBB_MAX_PARAMS];
-    int failed = 0;
-    for (int i = 0; i < n_in; i++) {
+    return b;
+}
+
+/* One value per gradient the rule gave, made by backward step bi: a view
+ * of what the step reads shares its slot, a view of the seed takes no
+ * bytes, and one tensor for several inputs or parameters is one value.
+ * The metas pass to the values (or are freed); gin_slot and gp_slot get
+ * the slots, -1 where there is none. */
+static int bwd_values(ad *a, int fi, int bi, bwd_call *k, int *gin_slot, int *gp_slot) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    const plan_step *f = &p->steps[fi];
+    int outs[32 + EBB_MAX_PARAMS], n_outs = 0, failed = 0;
+    for (int i = 0; i < k->n_in; i++) {
         gin_slot[i] = -1;
-        if (!gin[i])
+        if (!k->gin[i])
             continue;
-        int al = failed ? -1 : alias_among(gin[i], read_meta, reads, n_reads);
-        if (al < 0 && seed && ebb_tensor_same_storage(gin[i], seed))
+        int al = failed ? -1 : alias_among(k->gin[i], k->read_meta, k->reads, k->n_reads);
+        if (al < 0 && k->seed && ebb_tensor_same_storage(k->gin[i], k->seed))
             al = -2; /* a view of the seed: storage the executor owns */
-        for (int k = 0; al == -1 && k < i; k++) /* one tensor for several inputs */
-            if (gin_slot[k] >= 0 && ebb_tensor_same_storage(gin[i], c->meta[gin_slot[k]]))
-                al = gin_slot[k];
+        for (int j = 0; al == -1 && j < i; j++) /* one tensor for several inputs */
+            if (gin_slot[j] >= 0 && ebb_tensor_same_storage(k->gin[i], c->meta[gin_slot[j]]))
+                al = gin_slot[j];
         gin_slot[i] = failed ? -1
-                             : ebb_compiler_value_new(c, gin[i], EBB_VALUE_INTERMEDIATE, bi,
+                             : ebb_compiler_value_new(c, k->gin[i], EBB_VALUE_INTERMEDIATE, bi,
                                                       al >= 0 ? al : -1);
         if (!failed && al == -2)
             p->values[gin_slot[i]].nbytes = 0;
         if (failed)
-            ebb_tensor_free(gin[i]);
-        gin[i] = NULL;
+            ebb_tensor_free(k->gin[i]);
+        k->gin[i] = NULL;
         failed |= gin_slot[i] < 0;
         outs[n_outs++] = gin_slot[i];
     }
     for (int j = 0; j < f->n_params; j++) {
         gp_slot[j] = -1;
-        if (!gparam[j])
+        if (!k->gparam[j])
             continue;
-        int al = failed ? -1 : alias_among(gparam[j], read_meta, reads, n_reads);
+        int al = failed ? -1 : alias_among(k->gparam[j], k->read_meta, k->reads, k->n_reads);
         /* one tensor for several gradients (lstm_cell's two biases): under
          * ZeRO-1 one rank owns both, so that the tensor is averaged once,
          * for both, where it is owned */
-        for (int k = 0; !failed && al < 0 && k < j; k++)
-            if (gp_slot[k] >= 0 && ebb_tensor_same_storage(gparam[j], c->meta[gp_slot[k]])) {
-                al = gp_slot[k];
+        for (int m = 0; !failed && al < 0 && m < j; m++)
+            if (gp_slot[m] >= 0 && ebb_tensor_same_storage(k->gparam[j], c->meta[gp_slot[m]])) {
+                al = gp_slot[m];
                 if (p->owner)
-                    p->owner[f->param[j]] = p->owner[f->param[k]];
+                    p->owner[f->param[j]] = p->owner[f->param[m]];
             }
-        for (int k = 0; !failed && al < 0 && k < n_in; k++)
-            if (gin_slot[k] >= 0 && ebb_tensor_same_storage(gparam[j], c->meta[gin_slot[k]]))
-                al = gin_slot[k];
+        for (int i = 0; !failed && al < 0 && i < k->n_in; i++)
+            if (gin_slot[i] >= 0 && ebb_tensor_same_storage(k->gparam[j], c->meta[gin_slot[i]]))
+                al = gin_slot[i];
         gp_slot[j] = failed ? -1
-                            : ebb_compiler_value_new(c, gparam[j], EBB_VALUE_INTERMEDIATE, bi, al);
+                            : ebb_compiler_value_new(c, k->gparam[j], EBB_VALUE_INTERMEDIATE, bi,
+                                                     al);
         if (failed)
-            ebb_tensor_free(gparam[j]);
-        gparam[j] = NULL;
+            ebb_tensor_free(k->gparam[j]);
+        k->gparam[j] = NULL;
         failed |= gp_slot[j] < 0;
         outs[n_outs++] = gp_slot[j];
     }
-    ebb_tensor_free(seed);
-    if (failed || ebb_compiler_step_set_slots(c, &p->steps[bi], reads, n_reads, outs, n_outs) != 0)
+    if (failed ||
+        ebb_compiler_step_set_slots(c, &p->steps[bi], k->reads, k->n_reads, outs, n_outs) != 0)
         return -1;
+    return 0;
+}
 
-    /* hand the gradients on */
+/* Hands the gradients on to the values and parameters that need them. */
+static int bwd_hand_on(ad *a, int fi, const int *gin_slot, const int *gp_slot) {
+    ebb_plan *p = a->c->plan;
     char *node = ebb_compiler_strdupf("%s", p->steps[fi].pub.node);
     if (!node)
-        return ebb_compiler_oom(c);
+        return ebb_compiler_oom(a->c);
     int rc = 0;
-    for (int i = 0; rc == 0 && i < n_in; i++) {
+    for (int i = 0; rc == 0 && i < p->steps[fi].pub.n_in; i++) {
         int x = p->steps[fi].pub.in[i];
         if (gin_slot[i] >= 0 && x < a->n_grad && a->req[x])
             rc = accumulate(a, &a->grad[x], gin_slot[i], node);
@@ -933,6 +952,29 @@ static int emit_backward(ad *a, int fi) {
     }
     free(node);
     return rc;
+}
+
+/* The backward of forward step fi: its rule run on meta tensors, checked,
+ * made a step with a value per gradient, the gradients handed on. */
+static int emit_backward(ad *a, int fi) {
+    compiler *c = a->c;
+    const plan_step *f = &c->plan->steps[fi];
+    if (f->pub.n_in > 32)
+        return fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                     "node %s: %s has %d inputs; a backward step takes at most 32",
+                                     f->pub.node, f->op->name, f->pub.n_in));
+    bwd_call k = {.n_in = f->pub.n_in};
+    int gin_slot[32], gp_slot[EBB_MAX_PARAMS];
+    plan_step *b = NULL;
+    int rc = bwd_gather(a, fi, &k);
+    if (rc == 0)
+        rc = bwd_run(a, fi, &k);
+    if (rc == 0 && !(b = bwd_step_new(a, fi, &k)))
+        rc = -1;
+    if (rc == 0)
+        rc = bwd_values(a, fi, ebb_compiler_step_index(c, b), &k, gin_slot, gp_slot);
+    bwd_call_free(&k);
+    return rc == 0 ? bwd_hand_on(a, fi, gin_slot, gp_slot) : rc;
 }
 
 /* ---- switches and top-k gates ------------------------------------------------------- *
