@@ -1471,6 +1471,62 @@ static void test_register_checks_rules(void **state) {
     assert_null(ebb_op_find("test_rule_extras"));
 }
 
+/* Rules that register but give the wrong thing: a training compile runs
+ * each rule on meta tensors and refuses what it gave, naming the node and
+ * the rule (graph/autodiff.c, bwd_check), with nothing left behind. */
+static ebb_status short_grad_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    ebb_shape s = EBB_SHAPE(3);
+    return ebb_tensor_zeros(&gin[0], &s, ebb_tensor_dtype(c->grad_out),
+                            ebb_tensor_device(c->grad_out));
+}
+
+static ebb_status no_grad_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)c;
+    (void)gin;
+    (void)gp;
+    return EBB_OK;
+}
+
+static void expect_rule_refused(const char *op, const char *needle) {
+    char yaml[512];
+    snprintf(yaml, sizeof yaml,
+             "ebb: 1\nname: rules\ninputs:\n  x: [4, 3]\ntargets:\n  y: [4, 3]\n"
+             "loss: mse\nflow:\n  - from: {linear: {in: 3, out: 3}}\n  - {%s: {name: odd}}\n",
+             op);
+    ebb_spec *spec = NULL;
+    assert_ok(ebb_spec_load_string(&spec, yaml, strlen(yaml), "rules.yaml"));
+    ebb_shape xs = EBB_SHAPE(4, 3);
+    ebb_train_options t = {.target_shapes = &xs, .n_target_shapes = 1,
+                           .optimizer = {.kind = EBB_SGD, .lr = 0.1}};
+    ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
+    ebb_plan *plan = NULL;
+    int64_t live = ebb_tensor_live_count();
+    assert_int_not_equal(ebb_spec_compile(&plan, spec, &o), EBB_OK);
+    assert_null(plan);
+    assert_errmsg_contains("node odd (");
+    assert_errmsg_contains(needle);
+    printf("[ rules    ] %s\n", ebb_errmsg());
+    assert_int_equal(ebb_tensor_live_count(), live);
+    ebb_spec_free(spec);
+}
+
+static void test_compile_checks_what_rules_give(void **state) {
+    (void)state;
+    static const ebb_op_grad short_rule = {.backward = short_grad_bwd, .differentiable = 1u};
+    static const ebb_op_grad silent_rule = {.backward = no_grad_bwd, .differentiable = 1u};
+    static const ebb_op short_op = {.name = "test_rule_short", .min_inputs = 1, .max_inputs = 1,
+                                    .forward = ident_fwd, .grad = &short_rule};
+    static const ebb_op silent_op = {.name = "test_rule_silent", .min_inputs = 1,
+                                     .max_inputs = 1, .forward = ident_fwd, .grad = &silent_rule};
+    if (!ebb_op_find(short_op.name))
+        assert_ok(ebb_op_register(&short_op));
+    if (!ebb_op_find(silent_op.name))
+        assert_ok(ebb_op_register(&silent_op));
+    expect_rule_refused("test_rule_short", "the gradient of input 0 is [3], the input [4, 3]");
+    expect_rule_refused("test_rule_silent", "the rule gave no gradient for input 0");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_every_op_has_rule_and_cases),
@@ -1482,6 +1538,7 @@ int main(void) {
         EBB_TEST(test_dropout_train_is_seeded),
         EBB_TEST(test_autograd_switch_is_scoped),
         EBB_TEST(test_register_checks_rules),
+        EBB_TEST(test_compile_checks_what_rules_give),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
