@@ -2,6 +2,9 @@
 // the BLAS run here after the environment's caps, and the intra-op thread
 // count ebb_init chooses.
 #include <dlfcn.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include <cctype>
 #include <cstdio>
@@ -36,8 +39,14 @@ bool has_avx512_core() {
 }
 bool has_avx512_vnni() { return has_avx512_core() && __builtin_cpu_supports("avx512vnni"); }
 bool has_avx512_bf16() { return has_avx512_vnni() && __builtin_cpu_supports("avx512bf16"); }
-bool has_avx512_fp16() { return has_avx512_bf16() && __builtin_cpu_supports("avx512fp16"); }
-bool has_amx() { return has_avx512_fp16() && __builtin_cpu_supports("amx-bf16"); }
+// CPUID leaf 7's EDX: bit 23 AVX512_FP16, bit 22 AMX_BF16 (clang 14's
+// __builtin_cpu_supports knows neither name)
+bool leaf7_edx(int bit) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> bit & 1u);
+}
+bool has_avx512_fp16() { return has_avx512_bf16() && leaf7_edx(23); }
+bool has_amx() { return has_avx512_fp16() && leaf7_edx(22); }
 #define EBB_X86 1
 #else
 #define EBB_X86 0
