@@ -810,8 +810,8 @@ ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *
  * for a training plan also the shapes and written flags per slot and the
  * loss's seed gradient (made before the baseline is taken, so that the
  * run's figures are the plan's). The caller's inputs are borrowed into their
- * slots. On failure what was made is freed; run_ctx_free is safe either
- * way. */
+ * slots. On failure the caller still calls run_ctx_free, which frees what
+ * was made. */
 static ebb_status run_ctx_init(run_ctx *r, const ebb_plan *plan, const ebb_model *model,
                                ebb_tensor *const *inputs, const ebb_run_options *opts,
                                ebb_optimizer *opt) {

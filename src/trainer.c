@@ -1153,6 +1153,19 @@ static ebb_status open_keep_best(ebb_trainer *t) {
     if (t->ci.keep_best && !strcmp(t->ci.keep_best, k)) {
         t->s.best_value = t->ci.keep_best_value;
         t->s.best_step = t->ci.keep_best_step;
+        /* the best file can be newer than the checkpoint resumed (written
+         * at an epoch's end after a checkpoint_every one): a better figure
+         * it holds stands, so a resumed run never replaces it by a worse */
+        ebb_checkpoint_info bi;
+        if (ebb_checkpoint_read_info(t->best_path, &bi) == EBB_OK && bi.keep_best &&
+            !strcmp(bi.keep_best, k) && !isnan(bi.keep_best_value) &&
+            (isnan(t->s.best_value) || (best_is_max(kind) ? bi.keep_best_value > t->s.best_value
+                                                          : bi.keep_best_value < t->s.best_value))) {
+            t->s.best_value = bi.keep_best_value;
+            t->s.best_step = bi.keep_best_step;
+        }
+        ebb_checkpoint_info_free(&bi);
+        ebb_error_clear(); /* no best file yet is no error */
     }
     return EBB_OK;
 }

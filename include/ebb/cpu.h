@@ -52,9 +52,10 @@ EBB_API const char *ebb_cpu_info_str(const ebb_cpu_info *ci, char *buf, size_t s
  * ebb_default_num_threads() is used. EBB_ERR_ARG outside 1..1024. */
 EBB_API ebb_status ebb_set_num_threads(int n);
 
-/* The thread count ebb_init chooses without EBB_NUM_THREADS: libtorch's own
- * default (one per physical core), except on a machine already busier than
- * its cores, where it is 1 (docs/cli.md, "Threads", says why). */
+/* The thread count ebb_init chooses without EBB_NUM_THREADS: one per core
+ * that the 1-minute load average leaves idle, at least 1 and at most
+ * libtorch's own default (one per physical core); libtorch's count as it
+ * stands where OMP_NUM_THREADS is set (docs/cli.md, "Threads", says why). */
 EBB_API int ebb_default_num_threads(void);
 
 #ifdef __cplusplus

@@ -65,10 +65,18 @@ const isa_level levels[] = {
 };
 const int n_levels = sizeof levels / sizeof levels[0];
 
+int level_of(const char *name) {
+    for (int i = 0; i < n_levels; i++)
+        if (!std::strcmp(levels[i].name, name))
+            return i;
+    return n_levels;
+}
+
 // The level ONEDNN_MAX_CPU_ISA (DNNL_MAX_CPU_ISA before oneDNN 3.0) caps
 // oneDNN at: the highest level whose name the cap starts with, or every
-// level for none, ALL or DEFAULT. Names oneDNN has and this table lacks
-// (AVX2_VNNI, AVX10_1_512, ...) cap at the table's level below them.
+// level for none, ALL or DEFAULT. AVX10_1_512 is oneDNN's name for the
+// AVX512_CORE_FP16 level, AVX10_1_512_AMX... for AMX's; other names this
+// table lacks (AVX2_VNNI, ...) cap at the table's level below them.
 int onednn_cap() {
     const char *cap = std::getenv("ONEDNN_MAX_CPU_ISA");
     if (!cap || !*cap)
@@ -80,8 +88,10 @@ int onednn_cap() {
         ch = (char)std::tolower((unsigned char)ch);
     if (c == "all" || c == "default")
         return n_levels - 1;
+    if (c.rfind("avx10_1_512_amx", 0) == 0)
+        return level_of("avx512_core_amx");
     if (c.rfind("avx10", 0) == 0)
-        return n_levels - 1;
+        return level_of("avx512_core_fp16");
     int best = -1;
     for (int i = 0; i < n_levels; i++)
         if (c.rfind(levels[i].name, 0) == 0)
@@ -98,12 +108,6 @@ int onednn_level() {
     return top < cap ? top : cap;
 }
 
-int level_of(const char *name) {
-    for (int i = 0; i < n_levels; i++)
-        if (!std::strcmp(levels[i].name, name))
-            return i;
-    return n_levels;
-}
 #endif
 
 // "AVX2" from the build's own summary line "CPU capability usage: AVX2",

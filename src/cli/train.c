@@ -1257,19 +1257,28 @@ static int launch_ranks(int n, int argc, char **argv) {
         return EXIT_RUNTIME;
     }
     args[0] = (char *)"ebb";
-    for (int i = 0; i < argc; i++) args[1 + i] = argv[i];
+    /* --threads is the launcher's, which each rank gets an N-th of below */
+    for (int i = 0, k = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) {
+            while (i < argc) args[k++] = argv[i++];
+            break;
+        }
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            i++;
+            continue;
+        }
+        if (strncmp(argv[i], "--threads=", 10) != 0) args[k++] = argv[i];
+    }
     setenv("WORLD_SIZE", world, 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", port, 1);
-    /* the ranks share the cores this process would have used (a rank's own
-     * --threads still wins: it is read after EBB_NUM_THREADS) */
-    char threads[16];
-    int set_threads = !getenv("EBB_NUM_THREADS");
-    if (set_threads) {
-        int per_rank = ebb_tensor_num_threads() / n;
-        snprintf(threads, sizeof threads, "%d", per_rank > 1 ? per_rank : 1);
-        setenv("EBB_NUM_THREADS", threads, 1);
-    }
+    /* the ranks share the threads this process has (its --threads,
+     * EBB_NUM_THREADS or the default), as torchrun's OMP_NUM_THREADS does */
+    char threads[16], *had = getenv("EBB_NUM_THREADS");
+    char *outer = had ? strdup(had) : NULL;
+    int per_rank = ebb_tensor_num_threads() / n;
+    snprintf(threads, sizeof threads, "%d", per_rank > 1 ? per_rank : 1);
+    setenv("EBB_NUM_THREADS", threads, 1);
     int rc = -1, started = 0;
     for (int r = 0; r < n; r++) {
         snprintf(rank, sizeof rank, "%d", r);
@@ -1307,8 +1316,11 @@ static int launch_ranks(int n, int argc, char **argv) {
     unsetenv("WORLD_SIZE");
     unsetenv("MASTER_ADDR");
     unsetenv("MASTER_PORT");
-    if (set_threads)
+    if (outer)
+        setenv("EBB_NUM_THREADS", outer, 1);
+    else
         unsetenv("EBB_NUM_THREADS");
+    free(outer);
     free(args);
     return rc;
 }
