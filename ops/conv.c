@@ -487,6 +487,11 @@ static int64_t conv_bwd_workspace_of(int nsp, const ebb_attr_value *a, const ebb
     conv_dims d;
     if (conv_dims_of(nsp, a, &in[0], &d) != 0 || d.c % d.g != 0 || d.o % d.g != 0)
         return 0;
+    /* the stride libtorch is handed (ebb_tensor_conv_backward_stride): a
+     * bfloat16 stride longer than its dim needs becomes the shortest */
+    int64_t s = a[A_STRIDE].i, p = a[A_PADDING].i, dl = a[A_DILATION].i;
+    d.strided = ebb_tensor_conv_backward_stride(d.w, d.kw, s, p, dl, dt) != 1 ||
+                (nsp == 2 && ebb_tensor_conv_backward_stride(d.h, d.kh, s, p, dl, dt) != 1);
     int threads = ebb_tensor_num_threads();
     if (threads < 1)
         threads = 1;

@@ -502,6 +502,15 @@ EBB_API ebb_status ebb_tensor_conv_backward(ebb_tensor **grad_x, ebb_tensor **gr
                                     const ebb_tensor *x, const ebb_tensor *weight,
                                     const int64_t *stride, const int64_t *padding,
                                     const int64_t *dilation, int64_t groups);
+/* The stride ebb_tensor_conv_backward() hands libtorch along one spatial dim
+ * of extent `in` on the CPU: `stride`, except for bfloat16 where the stride
+ * is longer than the input needs for its one output position. oneDNN's
+ * bfloat16 weight gradient reads memory it never wrote there, so the
+ * shortest stride with that one position (the same convolution) is used.
+ * The plan's scratch figure for the backward follows the same rule. */
+EBB_API int64_t ebb_tensor_conv_backward_stride(int64_t in, int64_t kernel, int64_t stride,
+                                                int64_t padding, int64_t dilation,
+                                                ebb_dtype dtype);
 /* max_pool2d_with_indices: the output and the int64 argmax per output
  * element, which its backward scatters the gradient to. */
 EBB_API ebb_status ebb_tensor_max_pool2d_train(ebb_tensor **out, ebb_tensor **indices, const ebb_tensor *x,

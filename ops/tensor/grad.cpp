@@ -643,6 +643,24 @@ ebb_status ebb_tensor_rms_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_w
 
 /* ---- convolution and pooling ---------------------------------------------------- */
 
+// oneDNN's bfloat16 weight-gradient kernels on the CPU (libtorch 1.13 and
+// 2.x alike) read memory they never wrote when a stride is longer than the
+// input along its dim: the gradient comes out with garbage, NaN where freed
+// memory held NaN and wrong finite values elsewhere. Such a dim has one
+// output position for every stride beyond in + 2*padding - span, so the
+// shortest of those computes the same convolution, and oneDNN gets it
+// right. Checked against float32 on every map up to 3x2, kernel up to 5,
+// stride up to 4, padding up to k/2+1 and dilation up to 2, with freed
+// memory full of NaN and of 1e30 (docs/ops.md, "conv2d").
+extern "C" int64_t ebb_tensor_conv_backward_stride(int64_t in, int64_t kernel, int64_t stride,
+                                                  int64_t padding, int64_t dilation,
+                                                  ebb_dtype dtype) {
+    int64_t room = in + 2 * padding - dilation * (kernel - 1) - 1;
+    if (dtype != EBB_BFLOAT16 || room < 0 || stride <= room + 1)
+        return stride;
+    return room + 1;
+}
+
 ebb_status ebb_tensor_conv_backward(ebb_tensor **grad_x, ebb_tensor **grad_weight,
                                     ebb_tensor **grad_bias, const ebb_tensor *grad,
                                     const ebb_tensor *x, const ebb_tensor *weight,
@@ -670,8 +688,14 @@ ebb_status ebb_tensor_conv_backward(ebb_tensor **grad_x, ebb_tensor **grad_weigh
         std::vector<int64_t> bias_sizes{w.size(0)}, out_pad(static_cast<size_t>(nsp), 0);
         at::IntArrayRef s(stride, static_cast<size_t>(nsp)), p(padding, static_cast<size_t>(nsp)),
             dl(dilation, static_cast<size_t>(nsp));
+        std::vector<int64_t> sb(s.begin(), s.end());
+        if (xt.is_cpu())
+            for (size_t i = 0; i < sb.size(); i++)
+                sb[i] = ebb_tensor_conv_backward_stride(xt.size(static_cast<int64_t>(i) + 2),
+                                                        w.size(static_cast<int64_t>(i) + 2), sb[i],
+                                                        p[i], dl[i], ebb::from_aten(xt.scalar_type()));
         auto r = at::convolution_backward(
-            g, xt, w, grad_bias ? at::OptionalIntArrayRef(bias_sizes) : c10::nullopt, s, p, dl,
+            g, xt, w, grad_bias ? at::OptionalIntArrayRef(bias_sizes) : c10::nullopt, sb, p, dl,
             /*transposed=*/false, out_pad, groups,
             {grad_x != nullptr, grad_weight != nullptr, grad_bias != nullptr});
         at::Tensor gx = std::get<0>(r);
