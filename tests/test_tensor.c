@@ -1,4 +1,6 @@
 /* The tensor layer: creation, queries, errors, byte accounting, handles. */
+#include <math.h>
+
 #include "test_util.h"
 
 static const ebb_device CPU = {EBB_DEVICE_CPU, 0};
@@ -283,6 +285,98 @@ static void test_cpu_info_and_threads(void **state) {
     assert_true(ebb_default_num_threads() >= 1);
 }
 
+/* Fills freed memory with `v`: what the allocator hands out next was there. */
+static void litter(double v, int64_t elems) {
+    ebb_shape s = EBB_SHAPE(elems);
+    ebb_tensor *t = NULL;
+    assert_ok(ebb_tensor_full(&t, &s, v, EBB_FLOAT32, CPU));
+    ebb_tensor_free(t);
+}
+
+/* max |a - b| / max |b|, a in any floating dtype, b float32. */
+static double rel_err(const ebb_tensor *a, const ebb_tensor *b) {
+    ebb_tensor *a32 = NULL, *zero = NULL;
+    ebb_shape s = ebb_tensor_shape(b);
+    assert_ok(ebb_tensor_to(&a32, a, CPU, EBB_FLOAT32));
+    assert_ok(ebb_tensor_zeros(&zero, &s, EBB_FLOAT32, CPU));
+    double d = 0, scale = 0;
+    assert_ok(ebb_tensor_max_abs_diff(a32, b, &d));
+    assert_ok(ebb_tensor_max_abs_diff(b, zero, &scale));
+    ebb_tensor_free(a32);
+    ebb_tensor_free(zero);
+    return isfinite(d) ? d / (scale > 0 ? scale : 1) : INFINITY;
+}
+
+/* oneDNN's bfloat16 weight gradient reads memory it never wrote when a
+ * stride outruns its input dim (libtorch 1.13 and 2.x): resnet18 at 8x8
+ * trained to NaN. ebb_tensor_conv_backward hands it the shortest stride with
+ * the same output, so the gradients match float32's on the same values
+ * however the freed memory was left. */
+static void test_bf16_conv_backward_when_the_stride_outruns_the_input(void **state) {
+    (void)state;
+    assert_int_equal(ebb_tensor_conv_backward_stride(1, 3, 2, 1, 1, EBB_BFLOAT16), 1);
+    assert_int_equal(ebb_tensor_conv_backward_stride(2, 5, 4, 2, 1, EBB_BFLOAT16), 2);
+    assert_int_equal(ebb_tensor_conv_backward_stride(1, 1, 2, 0, 1, EBB_BFLOAT16), 1);
+    assert_int_equal(ebb_tensor_conv_backward_stride(8, 3, 2, 1, 1, EBB_BFLOAT16), 2);
+    assert_int_equal(ebb_tensor_conv_backward_stride(1, 3, 2, 1, 1, EBB_FLOAT32), 2);
+    static const struct {
+        int64_t n, c, o, h, w, k, s, p;
+    } cases[] = {
+        {16, 128, 256, 1, 1, 3, 2, 1}, /* resnet18's layer3.0.conv1 at 8x8 */
+        {16, 128, 256, 1, 1, 1, 2, 0}, /* ... and its downsample */
+        {4, 32, 32, 3, 1, 3, 2, 1},    {4, 32, 32, 1, 2, 5, 4, 2},
+        {4, 32, 32, 2, 2, 3, 3, 1},
+    };
+    int64_t live = ebb_tensor_live_count();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ebb_shape xs = EBB_SHAPE(cases[i].n, cases[i].c, cases[i].h, cases[i].w);
+        ebb_shape ws = EBB_SHAPE(cases[i].o, cases[i].c, cases[i].k, cases[i].k);
+        int64_t stride[2] = {cases[i].s, cases[i].s}, pad[2] = {cases[i].p, cases[i].p};
+        int64_t dil[2] = {1, 1};
+        ebb_tensor *r = NULL, *x = NULL, *w = NULL, *y = NULL, *g = NULL;
+        assert_ok(ebb_tensor_randn(&r, &xs, EBB_FLOAT32, CPU, 1 + i));
+        assert_ok(ebb_tensor_to(&x, r, CPU, EBB_BFLOAT16));
+        ebb_tensor_free(r);
+        assert_ok(ebb_tensor_randn(&r, &ws, EBB_FLOAT32, CPU, 100 + i));
+        assert_ok(ebb_tensor_to(&w, r, CPU, EBB_BFLOAT16));
+        ebb_tensor_free(r);
+        assert_ok(ebb_tensor_conv(&y, x, w, NULL, stride, pad, dil, 1));
+        ebb_shape ys = ebb_tensor_shape(y);
+        assert_ok(ebb_tensor_randn(&r, &ys, EBB_FLOAT32, CPU, 200 + i));
+        assert_ok(ebb_tensor_to(&g, r, CPU, EBB_BFLOAT16));
+        ebb_tensor_free(r);
+        /* float32 on the same (bfloat16) values */
+        ebb_tensor *x32 = NULL, *w32 = NULL, *g32 = NULL, *rx = NULL, *rw = NULL;
+        assert_ok(ebb_tensor_to(&x32, x, CPU, EBB_FLOAT32));
+        assert_ok(ebb_tensor_to(&w32, w, CPU, EBB_FLOAT32));
+        assert_ok(ebb_tensor_to(&g32, g, CPU, EBB_FLOAT32));
+        assert_ok(ebb_tensor_conv_backward(&rx, &rw, NULL, g32, x32, w32, stride, pad, dil, 1));
+        for (int trial = 0; trial < 6; trial++) {
+            int64_t wn = ebb_tensor_numel(w);
+            static const int64_t more[] = {1, 2, 1 << 16, 1 << 20};
+            for (size_t m = 0; m < sizeof more / sizeof more[0]; m++)
+                litter(trial % 2 ? 1e30 : NAN, m < 2 ? wn * more[m] : more[m]);
+            ebb_tensor *gx = NULL, *gw = NULL;
+            assert_ok(ebb_tensor_conv_backward(&gx, &gw, NULL, g, x, w, stride, pad, dil, 1));
+            double ex = rel_err(gx, rx), ew = rel_err(gw, rw);
+            /* float32 sums rounded once to bfloat16: 2^-8 of the largest */
+            if (!(ex < 1e-2 && ew < 1e-2))
+                fail_msg("case %zu (input [%lld, %lld, %lld, %lld], kernel %lld, stride %lld, "
+                         "padding %lld), trial %d: bfloat16 gradients off float32's by %g "
+                         "(input) and %g (weight) of the largest",
+                         i, (long long)cases[i].n, (long long)cases[i].c, (long long)cases[i].h,
+                         (long long)cases[i].w, (long long)cases[i].k, (long long)cases[i].s,
+                         (long long)cases[i].p, trial, ex, ew);
+            ebb_tensor_free(gx);
+            ebb_tensor_free(gw);
+        }
+        ebb_tensor *all[] = {x, w, y, g, x32, w32, g32, rx, rw};
+        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+            ebb_tensor_free(all[k]);
+    }
+    assert_int_equal(ebb_tensor_live_count(), live);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_cpu_info_and_threads),
@@ -296,6 +390,7 @@ int main(void) {
         EBB_TEST(test_index_ops),
         EBB_TEST(test_errors_and_devices),
         EBB_TEST(test_handle_count),
+        EBB_TEST(test_bf16_conv_backward_when_the_stride_outruns_the_input),
     };
     return cmocka_run_group_tests_name("tensor", tests, NULL, NULL);
 }

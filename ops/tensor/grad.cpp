@@ -651,7 +651,7 @@ ebb_status ebb_tensor_rms_norm_backward(ebb_tensor **grad_x, ebb_tensor **grad_w
 // shortest of those computes the same convolution, and oneDNN gets it
 // right. Checked against float32 on every map up to 3x2, kernel up to 5,
 // stride up to 4, padding up to k/2+1 and dilation up to 2, with freed
-// memory full of NaN and of 1e30 (docs/ops.md, "conv2d").
+// memory full of NaN and of 1e30 (docs/ops.md, conv1d and conv2d).
 extern "C" int64_t ebb_tensor_conv_backward_stride(int64_t in, int64_t kernel, int64_t stride,
                                                   int64_t padding, int64_t dilation,
                                                   ebb_dtype dtype) {
