@@ -29,40 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "compile_internal.h"
+#include "autodiff_internal.h"
 
 #define SEED (-2) /* the loss's own gradient: 1, supplied by the executor */
-
-typedef struct ad {
-    compiler *c;
-    const ebb_train_options *t;
-    unsigned char *req; /* per forward slot: depends on a trained parameter */
-    int *grad;          /* per forward slot: its gradient's slot, SEED or -1 */
-    int n_grad;
-    int *pgrad; /* per parameter */
-    struct region *regions; /* routed regions being walked back through, innermost last */
-    int depth;
-    struct loop_back *loops; /* unrolled while/until loops being walked back, innermost last */
-    int n_loops;
-    int *copy;      /* per forward slot under c->drop: its recomputed copy, or -1 */
-    int n_copy;
-    int *first_use; /* per parameter: the first forward step that reads it */
-    unsigned char *updated; /* per parameter: its update step is emitted */
-    unsigned char *reduced; /* per parameter (data parallel): its gradient is averaged */
-    /* data parallel: final gradients not averaged yet (the open bucket) */
-    int *bucket, n_bucket;
-    int64_t bucket_bytes;
-    /* data parallel: the buckets travel during the backward, but every
-     * update waits for its end (clipping by the norm, loss scaling,
-     * updates_after_backward) */
-    int hold_updates;
-    /* allreduce_overlap: the bucket under way, its parameters, its buffer's
-     * slot (-1: a lone gradient travels as it is) and its number */
-    int *pending, n_pending, pending_index;
-    int pending_step;       /* the step that started it */
-    int pending_buffers[2]; /* the buffers it wrote, values until the wait */
-    int n_pending_buffers;
-} ad;
 
 static int fail(compiler *c, ebb_status st) {
     c->status = st;
@@ -1221,606 +1190,8 @@ static int loop_backward(ad *a, int i) {
 
 /* ---- the pass --------------------------------------------------------------------- */
 
-/* One update step: the optimizer reads the parameter's final gradient. */
-static int emit_update(ad *a, int i) {
-    compiler *c = a->c;
-    ebb_plan *p = c->plan;
-    int g = a->pgrad[i];
-    plan_step *u = ebb_compiler_step_new(c, EBB_STEP_UPDATE, "update", p->params[i].full_name);
-    if (!u || ebb_compiler_step_set_slots(c, u, &g, 1, NULL, 0) != 0)
-        return -1;
-    u->pub.phase = EBB_PHASE_UPDATE;
-    u->pub.param = i;
-    const ebb_plan_value *gv = &p->values[g];
-    /* a parameter group without weight decay counts its update so */
-    ebb_optimizer_options oo = a->t->optimizer;
-    if (p->no_decay && p->no_decay[i]) {
-        oo.weight_decay = 0;
-        oo.complete = 1;
-    }
-    u->workspace = ebb_optimizer_update_scratch_bytes(&oo, gv->dtype, ebb_shape_numel(&gv->shape),
-                                                      (ebb_device){EBB_DEVICE_CPU, 0}, 1);
-    if (u->workspace < 0)
-        return fail(c, ebb_errcode());
-    /* clip_grad_value: the clamped copy of the gradient the update reads, a
-     * block of its own on a GPU */
-    if (a->t->clip_grad_value > 0) {
-        int64_t cuda = ebb_optimizer_update_scratch_bytes(&oo, gv->dtype,
-                                                          ebb_shape_numel(&gv->shape),
-                                                          (ebb_device){EBB_DEVICE_CUDA, 0}, 1);
-        u->workspace += gv->nbytes;
-        u->workspace_cuda = ebb_cuda_block(gv->nbytes) + (cuda > 0 ? cuda : 0);
-        u->has_workspace_cuda = 1;
-    }
-    a->updated[i] = 1;
-    return 0;
-}
-
-/* Updates the parameters in `which` (n of them) whose gradient is final,
- * smallest gradient first: each frees its gradient, and the scratch of the
- * next (about a parameter's size for Adam) then lands on less; largest
- * first would add the biggest scratch to every gradient. */
-static int emit_updates(ad *a, const int *which, int n) {
-    ebb_plan *p = a->c->plan;
-    for (;;) {
-        int best = -1;
-        int64_t best_bytes = 0;
-        for (int k = 0; k < n; k++) {
-            int i = which[k];
-            if (a->updated[i] || a->pgrad[i] < 0 || !p->trained[i] ||
-                (p->owner && p->owner[i] != p->rank))
-                continue; /* ZeRO-1: another rank updates it */
-            int64_t b = p->values[a->pgrad[i]].nbytes;
-            if (best < 0 || b < best_bytes)
-                best = i, best_bytes = b;
-        }
-        if (best < 0)
-            return 0;
-        if (emit_update(a, best) != 0)
-            return -1;
-    }
-}
-
-/* data parallel: the open bucket's all-reduce step, `op`, at node
- * "bucket<k>" (slots not set yet), its gradients marked averaged; *in
- * receives their slots (a new array of n_bucket). The step's index, or -1. */
-static int bucket_step(ad *a, const char *op, int **in) {
-    compiler *c = a->c;
-    int n = a->n_bucket;
-    char *name = ebb_compiler_strdupf("bucket%d", c->plan->n_buckets);
-    *in = malloc((size_t)n * sizeof **in);
-    if (!*in || !name) {
-        free(*in);
-        free(name);
-        *in = NULL;
-        return ebb_compiler_oom(c);
-    }
-    for (int k = 0; k < n; k++) {
-        (*in)[k] = a->pgrad[a->bucket[k]];
-        a->reduced[a->bucket[k]] = 1;
-    }
-    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE, op, name);
-    free(name);
-    if (!s) {
-        free(*in);
-        *in = NULL;
-        return -1;
-    }
-    s->pub.phase = EBB_PHASE_UPDATE;
-    return ebb_compiler_step_index(c, s);
-}
-
-/* ZeRO-1: a bucket's step is a reduce-scatter, which leaves each rank the
- * means of its own gradients only (the unscale and clip steps after the
- * backward read those, and agree with the other ranks by a collective).
- * *owners receives the open bucket's owners, a new array (NULL without
- * ZeRO-1); -1 when out of memory. */
-static int bucket_owners(ad *a, int **owners) {
-    const ebb_plan *p = a->c->plan;
-    *owners = NULL;
-    if (!p->owner)
-        return 0;
-    *owners = malloc(((size_t)a->n_bucket + 1) * sizeof **owners);
-    if (!*owners)
-        return ebb_compiler_oom(a->c);
-    for (int k = 0; k < a->n_bucket; k++)
-        (*owners)[k] = p->owner[a->bucket[k]];
-    return 0;
-}
-
-/* libtorch's wrapping of an all-reduce's divisor, a Scalar: 8 bytes, and a
- * copy in the dtype unless that is float64. */
-static int64_t divisor_bytes(ebb_dtype dt) {
-    return 8 + (dt == EBB_FLOAT64 ? 0 : (int64_t)ebb_dtype_size(dt));
-}
-
-/* Of the gradients in[0..n) of dtype `dt` whose owners are owners[0..n)
- * (NULL: every one), those rank `to` owns: how many, and their bytes. A
- * gradient that shares another's tensor (0 bytes of its own) or holds
- * nothing travels not at all (ebb/dist.h), and does not count. */
-static int owned_by(const ebb_plan *p, const int *in, const int *owners, int n, int to,
-                    ebb_dtype dt, int64_t *bytes) {
-    int count = 0;
-    *bytes = 0;
-    for (int k = 0; k < n; k++)
-        if (p->values[in[k]].dtype == dt && p->values[in[k]].nbytes > 0 &&
-            (!owners || owners[k] == to)) {
-            count++;
-            *bytes += p->values[in[k]].nbytes;
-        }
-    return count;
-}
-
-/* Whether in[k] is the first of in[0..n) in its dtype: the collectives run
- * a dtype at a time, and the scratch is counted at its first. */
-static int first_of_dtype(const ebb_plan *p, const int *in, int k) {
-    for (int j = 0; j < k; j++)
-        if (p->values[in[j]].dtype == p->values[in[k]].dtype)
-            return 0;
-    return 1;
-}
-
-/* ZeRO-1's reduce-scatter, rounds `first` .. data_parallel - 1 of the
- * bucket in[0..n) with owners[0..n), gradients of dtype `dt`: the largest
- * outgoing buffer a round lays end to end (0 when each sends one gradient
- * or none), and in *cuda its CUDA block. */
-static int64_t largest_round(const ebb_plan *p, const int *in, const int *owners, int n,
-                             ebb_dtype dt, int first, int64_t *cuda) {
-    int64_t most = 0, bytes;
-    for (int round = first; round < p->data_parallel; round++)
-        if (owned_by(p, in, owners, n, (p->rank + round) % p->data_parallel, dt, &bytes) > 1)
-            most = bytes > most ? bytes : most;
-    *cuda = most ? ebb_cuda_block(most) : 0;
-    return most;
-}
-
-/* ZeRO-1's reduce-scatter of the bucket whose gradients are in[0..n) and
- * whose owners are owners[0..n): its scratch as
- * ebb_dist_reduce_scatter_mean_() allocates it, per dtype, one after
- * another: the buffer this rank's own gradients arrive in, for all the
- * rounds, and beside it the larger of a round's outgoing buffer (the
- * gradients rank + k owns, when more than one) and the divisor's wrapping
- * (when this rank owns any). */
-static void scatter_scratch(ebb_plan *p, plan_step *s, const int *in, const int *owners, int n) {
-    int64_t cpu = 0, cuda = 0, own, out_cuda;
-    for (int k = 0; k < n; k++) {
-        ebb_dtype dt = p->values[in[k]].dtype;
-        if (!first_of_dtype(p, in, k))
-            continue;
-        int64_t wrap = owned_by(p, in, owners, n, p->rank, dt, &own) ? divisor_bytes(dt) : 0;
-        int64_t out = largest_round(p, in, owners, n, dt, 1, &out_cuda);
-        out = out > wrap ? out : wrap;
-        int64_t here = own + out, here_cuda = (own ? ebb_cuda_block(own) : 0) + out_cuda;
-        cpu = here > cpu ? here : cpu;
-        cuda = here_cuda > cuda ? here_cuda : cuda;
-    }
-    s->workspace = cpu;
-    s->workspace_cuda = cuda;
-    s->has_workspace_cuda = 1;
-}
-
-/* An all-reduce of the gradients in[0..n): its scratch, per dtype, one
- * after another: the buffer (when more than one gradient shares it), and
- * the divisor's wrapping. */
-static void allreduce_scratch(ebb_plan *p, plan_step *s, const int *in, int n) {
-    int64_t cpu = 0, cuda = 0, bytes;
-    for (int k = 0; k < n; k++) {
-        ebb_dtype dt = p->values[in[k]].dtype;
-        if (!first_of_dtype(p, in, k))
-            continue;
-        int laid = owned_by(p, in, NULL, n, 0, dt, &bytes) > 1;
-        int64_t here = (laid ? bytes : 0) + divisor_bytes(dt);
-        int64_t here_cuda = laid ? ebb_cuda_block(bytes) : 0;
-        cpu = here > cpu ? here : cpu;
-        cuda = here_cuda > cuda ? here_cuda : cuda;
-    }
-    s->workspace = cpu;
-    s->workspace_cuda = cuda;
-    s->has_workspace_cuda = 1;
-}
-
-/* data parallel: one step averaging the open bucket's gradients over the
- * ranks, laid end to end in a buffer (one collective per dtype; a lone
- * gradient of its dtype needs none). Under ZeRO-1 a reduce-scatter. */
-static int emit_allreduce(ad *a) {
-    compiler *c = a->c;
-    ebb_plan *p = c->plan;
-    int n = a->n_bucket, *in = NULL, *owners = NULL;
-    if (n == 0)
-        return 0;
-    if (bucket_owners(a, &owners) != 0)
-        return -1;
-    int scatter = owners != NULL;
-    int si = bucket_step(a, scatter ? "reduce_scatter" : "allreduce", &in);
-    if (si < 0 || ebb_compiler_step_set_slots(c, &p->steps[si], in, n, NULL, 0) != 0) {
-        free(in);
-        free(owners);
-        return -1;
-    }
-    plan_step *s = &p->steps[si];
-    if (scatter) {
-        s->owners = owners;
-        scatter_scratch(p, s, in, owners, n);
-    } else {
-        allreduce_scratch(p, s, in, n);
-    }
-    free(in);
-    p->n_buckets++;
-    a->n_bucket = 0;
-    a->bucket_bytes = 0;
-    return 0;
-}
-
-/* data parallel: the updates of a bucket's parameters, once it is averaged,
- * but those placement defers to the backward's end (graph/placement.c). */
-static int emit_bucket_updates(ad *a, const int *members, int m) {
-    int *now = malloc(((size_t)m + 1) * sizeof *now), n = 0;
-    if (!now)
-        return ebb_compiler_oom(a->c);
-    for (int k = 0; k < m; k++)
-        if (!(a->c->defer && a->c->defer[members[k]]))
-            now[n++] = members[k];
-    int rc = emit_updates(a, now, n);
-    free(now);
-    return rc;
-}
-
-/* ZeRO-1: each trained parameter's owner, as torch's ZeroRedundancyOptimizer
- * partitions them: largest first, each to the rank owning the fewest elements
- * so far (the lowest such rank on a tie). Every rank computes the same. */
-static int assign_owners(compiler *c, int world) {
-    ebb_plan *p = c->plan;
-    int n = p->n_params;
-    int *order = malloc(((size_t)n + 1) * sizeof *order);
-    int64_t *load = calloc((size_t)world, sizeof *load);
-    p->owner = malloc(((size_t)n + 1) * sizeof *p->owner);
-    if (!order || !load || !p->owner) {
-        free(order);
-        free(load);
-        return ebb_compiler_oom(c);
-    }
-    int m = 0;
-    for (int i = 0; i < n; i++) {
-        p->owner[i] = -1;
-        if (p->trained[i])
-            order[m++] = i;
-    }
-    /* by bytes, descending, then by index: a stable order on every rank */
-    for (int k = 1; k < m; k++)
-        for (int j = k; j > 0; j--) {
-            int64_t a = ebb_shape_numel(&p->params[order[j - 1]].spec.shape);
-            int64_t b = ebb_shape_numel(&p->params[order[j]].spec.shape);
-            if (a >= b)
-                break;
-            int t = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = t;
-        }
-    for (int k = 0; k < m; k++) {
-        int best = 0;
-        for (int r = 1; r < world; r++)
-            if (load[r] < load[best])
-                best = r;
-        p->owner[order[k]] = best;
-        load[best] += ebb_shape_numel(&p->params[order[k]].spec.shape);
-    }
-    free(order);
-    free(load);
-    return 0;
-}
-
-/* ZeRO-1, after the updates: per rank, one step that broadcasts the
- * parameters it owns (and so updated) to every other rank. Its scratch is
- * the buffer ebb_dist_broadcast_() lays them end to end in, per dtype (a
- * lone tensor of its dtype travels as it is). */
-static int emit_broadcasts(ad *a) {
-    compiler *c = a->c;
-    ebb_plan *p = c->plan;
-    for (int r = 0; r < p->data_parallel; r++) {
-        /* trained parameters are all of the plan's dtype */
-        int count = 0;
-        int64_t bytes = 0;
-        for (int i = 0; i < p->n_params; i++)
-            if (p->trained[i] && p->owner[i] == r) {
-                count++;
-                bytes += ebb_shape_numel(&p->params[i].spec.shape) *
-                         (int64_t)ebb_dtype_size(p->dtype);
-            }
-        if (count == 0)
-            continue;
-        char *name = ebb_compiler_strdupf("shard%d", r);
-        if (!name)
-            return ebb_compiler_oom(c);
-        plan_step *s = ebb_compiler_step_new(c, EBB_STEP_BROADCAST, "broadcast", name);
-        free(name);
-        if (!s)
-            return -1;
-        s->pub.phase = EBB_PHASE_UPDATE;
-        s->pub.param = r;
-        if (count > p->max_in) /* the executor gathers the parameters in its input scratch */
-            p->max_in = count;
-        s->workspace = count > 1 ? bytes : 0;
-        s->workspace_cuda = count > 1 ? ebb_cuda_block(bytes) : 0;
-        s->has_workspace_cuda = 1;
-    }
-    return 0;
-}
-
-/* A flat value of `numel` elements of `dt` that step si writes: its slot,
- * or -1. */
-static int buffer_value(compiler *c, int si, int64_t numel, ebb_dtype dt) {
-    ebb_shape flat = {1, {numel}};
-    ebb_tensor *m = ebb_compiler_meta_new(c, &flat, dt);
-    return m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, si, -1) : -1;
-}
-
-/* allreduce_overlap: the open bucket's all-reduce started, its updates left
- * for when it is waited for (emit_wait). The step writes the buffer the
- * gradients travel in, a value of the plan until the wait. Under ZeRO-1 a
- * reduce-scatter's first round: its values are the buffer that round sends
- * (when it lays more than one gradient end to end) and the one this rank's
- * own arrive in (when it owns any). */
-static int emit_start(ad *a) {
-    compiler *c = a->c;
-    ebb_plan *p = c->plan;
-    int n = a->n_bucket, *in = NULL, out[2] = {-1, -1}, n_out = 0, *owners = NULL;
-    if (bucket_owners(a, &owners) != 0)
-        return -1;
-    int scatter = owners != NULL;
-    int si = bucket_step(a, scatter ? "reduce_scatter.start" : "allreduce.start", &in);
-    if (si < 0) {
-        free(owners);
-        return -1;
-    }
-    for (int k = 0; k < n; k++)
-        a->pending[k] = a->bucket[k];
-    ebb_dtype dt = p->values[in[0]].dtype;
-    int64_t e = (int64_t)ebb_dtype_size(dt), sent, own, all;
-    if (scatter) {
-        if (owned_by(p, in, owners, n, (p->rank + 1) % p->data_parallel, dt, &sent) > 1)
-            out[n_out++] = buffer_value(c, si, sent / e, dt);
-        if (owned_by(p, in, owners, n, p->rank, dt, &own) > 0)
-            out[n_out++] = buffer_value(c, si, own / e, dt);
-    } else if (owned_by(p, in, NULL, n, 0, dt, &all) > 1) {
-        out[n_out++] = buffer_value(c, si, all / e, dt);
-    }
-    int ok = 1;
-    for (int k = 0; k < n_out; k++)
-        ok &= out[k] >= 0;
-    if (!ok || ebb_compiler_step_set_slots(c, &p->steps[si], in, n, out, n_out) != 0) {
-        free(in);
-        free(owners);
-        return -1;
-    }
-    free(in);
-    plan_step *s = &p->steps[si];
-    s->overlap = 1;
-    s->owners = owners;
-    s->has_workspace_cuda = 1;
-    a->n_pending = n;
-    a->pending_step = si;
-    memcpy(a->pending_buffers, out, sizeof out);
-    a->n_pending_buffers = n_out;
-    a->pending_index = p->n_buckets++;
-    a->n_bucket = 0;
-    a->bucket_bytes = 0;
-    return 0;
-}
-
-/* allreduce_overlap: the wait for the bucket under way (the means into its
- * gradients, in place), then its parameters' updates unless they wait for
- * the backward's end (`updates`). Its scratch: libtorch's wrapping of the
- * divisor, as the all-reduce step's; a reduce-scatter's runs its other
- * rounds here too, each round's outgoing buffer in turn (when it lays
- * more than one gradient end to end), and divides only when this rank owns
- * any. */
-static int emit_wait(ad *a, int updates) {
-    compiler *c = a->c;
-    ebb_plan *p = c->plan;
-    int n = a->n_pending, nb = a->n_pending_buffers;
-    if (n == 0)
-        return 0;
-    int *in = malloc(((size_t)n + 2) * sizeof *in), k = 0;
-    char *name = ebb_compiler_strdupf("bucket%d", a->pending_index);
-    if (!in || !name) {
-        free(in);
-        free(name);
-        return ebb_compiler_oom(c);
-    }
-    for (int j = 0; j < nb; j++)
-        in[k++] = a->pending_buffers[j];
-    for (int j = 0; j < n; j++)
-        in[k++] = a->pgrad[a->pending[j]];
-    const int *owners = p->steps[a->pending_step].owners;
-    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE_WAIT,
-                                         owners ? "reduce_scatter.wait" : "allreduce.wait", name);
-    free(name);
-    if (!s || ebb_compiler_step_set_slots(c, s, in, k, NULL, 0) != 0) {
-        free(in);
-        return -1;
-    }
-    /* (the start step may have moved with the steps array) */
-    owners = p->steps[a->pending_step].owners;
-    const int *grads = in + nb;
-    ebb_dtype dt = p->values[grads[0]].dtype;
-    int64_t bytes;
-    s->pub.phase = EBB_PHASE_UPDATE;
-    s->workspace = divisor_bytes(dt);
-    if (owners) { /* the rounds after the first, then the mean of its own */
-        int64_t wrap = owned_by(p, grads, owners, n, p->rank, dt, &bytes) ? divisor_bytes(dt) : 0;
-        int64_t out = largest_round(p, grads, owners, n, dt, 2, &s->workspace_cuda);
-        s->workspace = out > wrap ? out : wrap;
-    }
-    free(in);
-    s->has_workspace_cuda = 1;
-    a->n_pending = 0;
-    return updates ? emit_bucket_updates(a, a->pending, n) : 0;
-}
-
-/* allreduce_overlap: whether the open bucket can travel while the backward
- * goes on (the started collectives take one dtype). */
-static int can_overlap(const ad *a) {
-    const ebb_plan *p = a->c->plan;
-    if (!a->t->allreduce_overlap)
-        return 0;
-    for (int k = 1; k < a->n_bucket; k++)
-        if (p->values[a->pgrad[a->bucket[k]]].dtype != p->values[a->pgrad[a->bucket[0]]].dtype)
-            return 0;
-    return 1;
-}
-
-/* data parallel: the parameters which[0..n) have their final gradients;
- * they join the open bucket, which is averaged once it is full (force: now)
- * and its parameters updated after (unless the updates wait for the
- * backward's end). With allreduce_overlap a full bucket's all-reduce only
- * starts: the backward goes on while it travels, and it is waited for, and
- * its parameters updated, when the next bucket is full. */
-static int bucket_add(ad *a, const int *which, int n, int force) {
-    ebb_plan *p = a->c->plan;
-    for (int k = 0; k < n; k++) {
-        int i = which[k], seen = 0;
-        if (a->pgrad[i] < 0 || !p->trained[i] || a->updated[i] || a->reduced[i])
-            continue; /* ZeRO-1 updates another rank's parameters nowhere: `reduced` says */
-        for (int j = 0; j < a->n_bucket; j++)
-            seen |= a->bucket[j] == i;
-        if (seen)
-            continue;
-        a->bucket[a->n_bucket++] = i;
-        a->bucket_bytes += p->values[a->pgrad[i]].nbytes;
-    }
-    int64_t cap = a->t->allreduce_bucket_bytes > 0 ? a->t->allreduce_bucket_bytes : 25 << 20;
-    /* one collective at a time: the bucket under way first (the backward's
-     * end waits for it whatever is left to average) */
-    if ((force || (a->n_bucket > 0 && a->bucket_bytes >= cap)) &&
-        emit_wait(a, !a->hold_updates) != 0)
-        return -1;
-    if (a->n_bucket == 0 || (!force && a->bucket_bytes < cap))
-        return 0;
-    if (!force && can_overlap(a))
-        return emit_start(a);
-    int m = a->n_bucket, *members = malloc((size_t)m * sizeof *members);
-    if (!members)
-        return ebb_compiler_oom(a->c);
-    memcpy(members, a->bucket, (size_t)m * sizeof *members);
-    int rc = emit_allreduce(a) != 0               ? -1
-             : force || a->hold_updates ? 0
-                                        : emit_bucket_updates(a, members, m);
-    free(members);
-    return rc;
-}
-
-/* After the backward step of forward step fi: the parameters it was the
- * first reader of have their final gradient now. Inside a routed region or
- * an unrolled loop the update waits for the end, where no skip can jump
- * over it. With clipping by the norm, loss scaling or updates_after_backward
- * every update waits for the end; data parallel's buckets still travel as
- * they fill (ZeRO-1's then free the others' gradients there). */
-static int updates_after_step(ad *a, int fi) {
-    ebb_plan *p = a->c->plan;
-    if (a->t->grads_only || a->depth > 0 || a->n_loops > 0 ||
-        (a->hold_updates && p->data_parallel <= 1))
-        return 0;
-    if (p->data_parallel > 1) {
-        /* a bucket of final gradients is averaged before their updates; a
-         * deferred update still has its gradient averaged here, so that the
-         * buckets, which every rank must share, do not depend on placement
-         * (ZeRO-1's ranks place their own updates) */
-        int which[EBB_MAX_PARAMS], n = 0;
-        for (int j = 0; j < p->steps[fi].n_params && n < EBB_MAX_PARAMS; j++) {
-            int i = p->steps[fi].param[j];
-            if (a->first_use[i] == fi)
-                which[n++] = i;
-        }
-        return bucket_add(a, which, n, 0);
-    }
-    int which[EBB_MAX_PARAMS], n = 0;
-    for (int j = 0; j < p->steps[fi].n_params && n < EBB_MAX_PARAMS; j++) {
-        int i = p->steps[fi].param[j];
-        /* a deferred update waits for the backward's end (graph/placement.c) */
-        if (a->first_use[i] == fi && !(a->c->defer && a->c->defer[i]))
-            which[n++] = i;
-    }
-    return emit_updates(a, which, n);
-}
-
-/* A step after the backward that reads every trained parameter's gradient
- * (in place; ZeRO-1: those of the parameters this rank owns, and the step
- * is there even when it owns none, since it meets the other ranks in a
- * collective): its index, or -1 when no gradient exists (nothing to emit),
- * -2 on error. */
-static int gradients_step(ad *a, ebb_step_kind kind, const char *op) {
-    compiler *c = a->c;
-    ebb_plan *p = c->plan;
-    int *in = malloc(((size_t)p->n_params + 1) * sizeof *in), n = 0, any = 0;
-    if (!in) {
-        ebb_compiler_oom(c);
-        return -2;
-    }
-    for (int i = 0; i < p->n_params; i++)
-        if (p->trained[i] && a->pgrad[i] >= 0) {
-            any = 1;
-            if (!p->owner || p->owner[i] == p->rank)
-                in[n++] = a->pgrad[i];
-        }
-    plan_step *s = any ? ebb_compiler_step_new(c, kind, op, "gradients") : NULL;
-    int at = !any ? -1 : s && ebb_compiler_step_set_slots(c, s, in, n, NULL, 0) == 0
-                             ? ebb_compiler_step_index(c, s)
-                             : -2;
-    if (at >= 0)
-        p->steps[at].pub.phase = EBB_PHASE_UPDATE;
-    free(in);
-    return at;
-}
-
-/* clip_grad_norm: one step after the backward reads every gradient and
- * scales them in place. Its scratch, as ebb_tensor_clip_grad_norm_()
- * allocates it: a norm per gradient, their stack, the total, then the
- * factor (one element each in the gradients' dtype). ZeRO-1 adds, after
- * those are freed, the float64 element of the squared norms' sum over the
- * ranks (ebb_dist_clip_grad_norm_), the only scratch of a rank that owns no
- * gradient. */
-static int emit_clip(ad *a) {
-    int at = gradients_step(a, EBB_STEP_CLIP, "clip_grad_norm");
-    if (at < 0)
-        return at == -1 ? 0 : -1;
-    const ebb_plan *p = a->c->plan;
-    plan_step *s = &p->steps[at];
-    int64_t n = s->pub.n_in, e = n ? (int64_t)ebb_dtype_size(p->values[s->pub.in[0]].dtype) : 0;
-    s->workspace = n ? 2 * n * e + e : 0;
-    s->workspace_cuda = n ? n * ebb_cuda_block(e) + ebb_cuda_block(n * e) + ebb_cuda_block(e) : 0;
-    if (p->owner) {
-        s->workspace = s->workspace > 8 ? s->workspace : 8;
-        s->workspace_cuda = s->workspace_cuda > ebb_cuda_block(8) ? s->workspace_cuda
-                                                                  : ebb_cuda_block(8);
-    }
-    s->has_workspace_cuda = 1;
-    return 0;
-}
-
-/* loss_scaling: one step after the backward divides every gradient by the
- * scale and jumps past the updates when one is not finite (its target is
- * set once they are emitted). Its scratch is ebb_tensor_unscale_()'s.
- * ZeRO-1: this rank's gradients, and the ranks agree on the jump. */
-static int emit_unscale(ad *a, int *at) {
-    *at = gradients_step(a, EBB_STEP_UNSCALE, "unscale");
-    if (*at < 0)
-        return *at == -1 ? 0 : -1;
-    const ebb_plan *p = a->c->plan;
-    plan_step *s = &p->steps[*at];
-    if (s->pub.n_in) {
-        ebb_dtype dt = p->values[s->pub.in[0]].dtype;
-        s->workspace = ebb_tensor_unscale_scratch(dt, ebb_device_cpu());
-        s->workspace_cuda = ebb_tensor_unscale_scratch(dt, (ebb_device){EBB_DEVICE_CUDA, 0});
-    }
-    if (p->owner) { /* then the flag the ranks sum (ebb_optimizer_unscale_sharded_) */
-        s->workspace = s->workspace > 8 ? s->workspace : 8;
-        s->workspace_cuda = s->workspace_cuda > ebb_cuda_block(8) ? s->workspace_cuda
-                                                                  : ebb_cuda_block(8);
-    }
-    s->has_workspace_cuda = 1;
-    return 0;
-}
-
+/* The step's outputs: the loss, and with grads_only the gradients; then the
+ * updates and what comes with them (graph/updates.c). */
 static int finish(ad *a, int loss) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
@@ -1866,50 +1237,13 @@ static int finish(ad *a, int loss) {
         }
         return 0;
     }
-    /* data parallel: every gradient not averaged yet, in one last bucket
-     * (before loss scaling and clipping read them) */
-    if (p->data_parallel > 1) {
-        int *all = malloc(((size_t)p->n_params + 1) * sizeof *all);
-        if (!all)
-            return ebb_compiler_oom(c);
-        for (int i = 0; i < p->n_params; i++)
-            all[i] = i;
-        int rc = bucket_add(a, all, p->n_params, 1);
-        free(all);
-        if (rc != 0)
-            return -1;
-    }
-    int unscale = -1;
-    if (a->t->loss_scaling && emit_unscale(a, &unscale) != 0)
-        return -1;
-    if (a->t->clip_grad_norm > 0 && emit_clip(a) != 0)
-        return -1;
-    /* what no backward step has updated yet */
-    int *all = malloc(((size_t)p->n_params + 1) * sizeof *all);
-    if (!all)
-        return ebb_compiler_oom(c);
-    for (int i = 0; i < p->n_params; i++)
-        all[i] = i;
-    int rc = emit_updates(a, all, p->n_params);
-    free(all);
-    if (rc == 0 && p->owner)
-        rc = emit_broadcasts(a);
-    if (unscale >= 0) /* past the clip and the updates (and ZeRO's broadcasts: no rank updated) */
-        p->steps[unscale].pub.jump = p->n_steps;
-    /* the plan says whether any update runs before the backward ends */
-    for (int i = 0, seen = 0; rc == 0 && i < p->n_steps; i++) {
-        if (seen && p->steps[i].pub.phase == EBB_PHASE_BACKWARD)
-            p->updates_in_backward = 1;
-        seen |= p->steps[i].pub.kind == EBB_STEP_UPDATE;
-    }
-    return rc;
+    return ebb_ad_after_backward(a);
 }
 
-int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options *opts) {
+/* The training options the plan keeps, checked: clipping, loss scaling,
+ * data parallel and ZeRO-1's owners. */
+static int take_train_options(compiler *c, const ebb_train_options *t) {
     ebb_plan *p = c->plan;
-    const ebb_train_options *t = opts->train;
-    if (choose_trained(c, t) != 0 || choose_no_decay(c, t) != 0 || bind_targets(c, g, t) != 0)
-        return -1;
     p->training = 1;
     p->grads_only = t->grads_only;
     p->optimizer = t->optimizer;
@@ -1946,7 +1280,199 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
     p->rank = t->zero ? t->rank : 0;
     /* with grads_only, ZeRO-1's owners only: the caller averages the
      * gradients and updates its share (the trainer's --accumulate) */
-    if (t->zero && assign_owners(c, t->data_parallel) != 0)
+    if (t->zero && ebb_ad_assign_owners(c, t->data_parallel) != 0)
+        return -1;
+    return 0;
+}
+
+/* The walk's state for a forward of n_fwd steps: no gradient anywhere yet,
+ * each parameter's first reader found. */
+static int ad_init(ad *a, int n_fwd) {
+    ebb_plan *p = a->c->plan;
+    a->n_grad = p->n_values + 1;
+    a->req = calloc((size_t)a->n_grad, 1);
+    a->grad = malloc((size_t)a->n_grad * sizeof *a->grad);
+    a->pgrad = malloc(((size_t)p->n_params + 1) * sizeof *a->pgrad);
+    a->regions = malloc(MAX_REGIONS * sizeof *a->regions);
+    a->loops = malloc(MAX_LOOPS * sizeof *a->loops);
+    a->copy = malloc((size_t)a->n_grad * sizeof *a->copy);
+    a->first_use = malloc(((size_t)p->n_params + 1) * sizeof *a->first_use);
+    a->updated = calloc((size_t)p->n_params + 1, 1);
+    a->reduced = calloc((size_t)p->n_params + 1, 1);
+    a->bucket = malloc(((size_t)p->n_params + 1) * sizeof *a->bucket);
+    a->pending = malloc(((size_t)p->n_params + 1) * sizeof *a->pending);
+    if (!a->req || !a->grad || !a->pgrad || !a->regions || !a->loops || !a->copy || !a->first_use ||
+        !a->updated || !a->reduced || !a->bucket || !a->pending)
+        return ebb_compiler_oom(a->c);
+    a->n_copy = a->n_grad;
+    for (int v = 0; v < a->n_copy; v++)
+        a->copy[v] = -1;
+    for (int i = 0; i < p->n_params; i++)
+        a->first_use[i] = -1;
+    for (int i = n_fwd - 1; i >= 0; i--)
+        for (int j = 0; p->steps[i].pub.kind == EBB_STEP_OP && j < p->steps[i].n_params; j++)
+            a->first_use[p->steps[i].param[j]] = i;
+    for (int v = 0; v < a->n_grad; v++)
+        a->grad[v] = -1;
+    for (int i = 0; i < p->n_params; i++)
+        a->pgrad[i] = -1;
+    return 0;
+}
+
+static void ad_free(ad *a) {
+    free(a->req);
+    free(a->grad);
+    free(a->pgrad);
+    free(a->regions);
+    free(a->loops);
+    free(a->copy);
+    free(a->first_use);
+    free(a->updated);
+    free(a->reduced);
+    free(a->pending);
+    free(a->bucket);
+}
+
+/* Which values of the forward's n_fwd steps depend on a trained parameter,
+ * into a->req. */
+static void mark_required(ad *a, int n_fwd) {
+    const ebb_plan *p = a->c->plan;
+    for (int i = 0; i < n_fwd; i++) {
+        const plan_step *s = &p->steps[i];
+        int r = 0;
+        if (s->pub.n_out == 0)
+            continue; /* a loop's test */
+        if (s->pub.kind == EBB_STEP_ROUTE) {
+            /* a top-k table passes gradients to the router; a switch's
+             * choice is a hard one and passes none */
+            a->req[s->pub.out[0]] = s->mode == EBB_ROUTE_TOPK && a->req[s->pub.in[0]];
+            continue;
+        } else if (s->pub.kind == EBB_STEP_ENTER) {
+            a->req[s->pub.out[1]] = a->req[s->pub.in[0]];
+            continue;
+        } else if (s->pub.kind == EBB_STEP_EXIT) {
+            a->req[s->pub.out[0]] |= a->req[s->pub.in[0]] || a->req[s->pub.in[2]];
+            continue;
+        } else if (s->pub.kind == EBB_STEP_ALIAS) {
+            r = a->req[s->pub.in[0]] || a->req[s->pub.out[0]]; /* a loop's result, rewritten */
+        } else if (s->pub.kind == EBB_STEP_OP) {
+            uint32_t diff = s->op->grad ? s->op->grad->differentiable : 0xffffffffu;
+            for (int k = 0; k < s->pub.n_in; k++)
+                r |= a->req[s->pub.in[k]] && (k >= 32 || (diff >> k & 1));
+            for (int j = 0; j < s->n_params; j++)
+                r |= p->trained[s->param[j]];
+        }
+        a->req[s->pub.out[0]] = (unsigned char)r;
+    }
+}
+
+/* The loss step, reading the final stream and the targets, its gradient
+ * seeded: its value's slot and, in *at, its step; -1 on error. */
+static int emit_loss(ad *a, const ebb_op *loss_op, const ebb_attr_value *loss_attrs, int final,
+                     int *at) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    int loss_in[1 + 16] = {final};
+    int n_loss_in = 1 + p->n_targets;
+    for (int i = 0; i < p->n_targets && i < 16; i++)
+        loss_in[1 + i] = p->inputs[p->n_inputs - p->n_targets + i];
+    int loss = ebb_lower_op(c, loss_op, loss_attrs, "loss", "loss", loss_in, n_loss_in);
+    if (loss < 0)
+        return -1;
+    int loss_step = *at = p->n_steps - 1;
+    p->steps[loss_step].pub.phase = EBB_PHASE_LOSS;
+    if (loss_op->grad && loss_op->grad->forward_train && add_extras(c, loss_step) != 0)
+        return -1;
+    if (p->values[loss].shape.ndim != 0) {
+        char sb[96];
+        fail(c, ebb_error_set(EBB_ERR_SHAPE, "loss %s gives %s; a loss must be a scalar",
+                              loss_op->name, ebb_shape_str(&p->values[loss].shape, sb, sizeof sb)));
+        return -1;
+    }
+    if (!loss_op->grad) {
+        fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED, "loss %s has no backward rule",
+                              loss_op->name));
+        return -1;
+    }
+    /* the loss and every forward value are below n_grad */
+    if (loss >= a->n_grad) {
+        int *g2 = realloc(a->grad, ((size_t)loss + 1) * sizeof *g2);
+        unsigned char *r2 = g2 ? realloc(a->req, (size_t)loss + 1) : NULL;
+        if (g2)
+            a->grad = g2;
+        if (r2)
+            a->req = r2;
+        if (!g2 || !r2)
+            return ebb_compiler_oom(c);
+        for (int v = a->n_grad; v <= loss; v++) {
+            a->grad[v] = -1;
+            a->req[v] = 0;
+        }
+        a->n_grad = loss + 1;
+    }
+    a->req[loss] = 1;
+    a->grad[loss] = SEED;
+    return loss;
+}
+
+/* The backward: the loss step, then the forward from its end, each step a
+ * gradient reaches given its backward (and the updates it makes due). */
+static int walk_back(ad *a, int loss_step, int n_fwd) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    for (int k = -1; k < n_fwd; k++) {
+        int i = k < 0 ? loss_step : n_fwd - 1 - k;
+        const plan_step *s = &p->steps[i];
+        if (s->pub.kind == EBB_STEP_EXIT || s->pub.kind == EBB_STEP_ENTER ||
+            s->pub.kind == EBB_STEP_ROUTE) {
+            if (routed_backward(a, i) != 0)
+                return -1;
+            continue;
+        }
+        if (s->pub.kind == EBB_STEP_JUMP_IF)
+            continue; /* a loop's test: a hard decision, no gradient */
+        if (s->pub.kind == EBB_STEP_ALIAS && s->unrolled) {
+            if (loop_backward(a, i) != 0)
+                return -1;
+            continue;
+        }
+        if (s->pub.kind != EBB_STEP_OP && s->pub.kind != EBB_STEP_ALIAS) {
+            fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED, "node %s: training through a %s step is "
+                                                        "not supported",
+                                  s->pub.node, s->pub.op));
+            return -1;
+        }
+        int y = s->pub.out[0];
+        if (a->grad[y] == -1 || !a->req[y])
+            continue;
+        if (s->pub.kind == EBB_STEP_ALIAS) {
+            char *node = ebb_compiler_strdupf("%s", s->pub.node);
+            int x = s->pub.in[0];
+            int r2 = node ? accumulate(a, &a->grad[x], a->grad[y], node) : ebb_compiler_oom(c);
+            free(node);
+            if (r2 != 0)
+                return -1;
+            continue;
+        }
+        if (!s->op->grad) {
+            fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                  "node %s: op %s has no backward rule (ebb_op.grad), so it "
+                                  "cannot be trained through",
+                                  s->pub.node, s->op->name));
+            return -1;
+        }
+        if (emit_backward(a, i) != 0 || ebb_ad_updates_after_step(a, i) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options *opts) {
+    ebb_plan *p = c->plan;
+    const ebb_train_options *t = opts->train;
+    if (choose_trained(c, t) != 0 || choose_no_decay(c, t) != 0 || bind_targets(c, g, t) != 0)
+        return -1;
+    if (take_train_options(c, t) != 0)
         return -1;
     const ebb_op *loss_op = NULL;
     const ebb_attr_value *loss_attrs = NULL;
@@ -1981,63 +1507,9 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
             .hold_updates = t->updates_after_backward || t->clip_grad_norm > 0 ||
                             t->loss_scaling};
     int rc = -1;
-    a.n_grad = p->n_values + 1;
-    a.req = calloc((size_t)a.n_grad, 1);
-    a.grad = malloc((size_t)a.n_grad * sizeof *a.grad);
-    a.pgrad = malloc(((size_t)p->n_params + 1) * sizeof *a.pgrad);
-    a.regions = malloc(MAX_REGIONS * sizeof *a.regions);
-    a.loops = malloc(MAX_LOOPS * sizeof *a.loops);
-    a.copy = malloc((size_t)a.n_grad * sizeof *a.copy);
-    a.first_use = malloc(((size_t)p->n_params + 1) * sizeof *a.first_use);
-    a.updated = calloc((size_t)p->n_params + 1, 1);
-    a.reduced = calloc((size_t)p->n_params + 1, 1);
-    a.bucket = malloc(((size_t)p->n_params + 1) * sizeof *a.bucket);
-    a.pending = malloc(((size_t)p->n_params + 1) * sizeof *a.pending);
-    if (!a.req || !a.grad || !a.pgrad || !a.regions || !a.loops || !a.copy || !a.first_use ||
-        !a.updated || !a.reduced || !a.bucket || !a.pending) {
-        ebb_compiler_oom(c);
+    if (ad_init(&a, n_fwd) != 0)
         goto out;
-    }
-    a.n_copy = a.n_grad;
-    for (int v = 0; v < a.n_copy; v++)
-        a.copy[v] = -1;
-    for (int i = 0; i < p->n_params; i++)
-        a.first_use[i] = -1;
-    for (int i = n_fwd - 1; i >= 0; i--)
-        for (int j = 0; p->steps[i].pub.kind == EBB_STEP_OP && j < p->steps[i].n_params; j++)
-            a.first_use[p->steps[i].param[j]] = i;
-    for (int v = 0; v < a.n_grad; v++)
-        a.grad[v] = -1;
-    for (int i = 0; i < p->n_params; i++)
-        a.pgrad[i] = -1;
-    /* which values depend on a trained parameter */
-    for (int i = 0; i < n_fwd; i++) {
-        const plan_step *s = &p->steps[i];
-        int r = 0;
-        if (s->pub.n_out == 0)
-            continue; /* a loop's test */
-        if (s->pub.kind == EBB_STEP_ROUTE) {
-            /* a top-k table passes gradients to the router; a switch's
-             * choice is a hard one and passes none */
-            a.req[s->pub.out[0]] = s->mode == EBB_ROUTE_TOPK && a.req[s->pub.in[0]];
-            continue;
-        } else if (s->pub.kind == EBB_STEP_ENTER) {
-            a.req[s->pub.out[1]] = a.req[s->pub.in[0]];
-            continue;
-        } else if (s->pub.kind == EBB_STEP_EXIT) {
-            a.req[s->pub.out[0]] |= a.req[s->pub.in[0]] || a.req[s->pub.in[2]];
-            continue;
-        } else if (s->pub.kind == EBB_STEP_ALIAS) {
-            r = a.req[s->pub.in[0]] || a.req[s->pub.out[0]]; /* a loop's result, rewritten */
-        } else if (s->pub.kind == EBB_STEP_OP) {
-            uint32_t diff = s->op->grad ? s->op->grad->differentiable : 0xffffffffu;
-            for (int k = 0; k < s->pub.n_in; k++)
-                r |= a.req[s->pub.in[k]] && (k >= 32 || (diff >> k & 1));
-            for (int j = 0; j < s->n_params; j++)
-                r |= p->trained[s->param[j]];
-        }
-        a.req[s->pub.out[0]] = (unsigned char)r;
-    }
+    mark_required(&a, n_fwd);
     if (!a.req[final]) {
         fail(c, ebb_error_set(EBB_ERR_ARG,
                               "ebb_compile: the output of graph '%s' does not depend on any "
@@ -2045,107 +1517,11 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
                               g->name));
         goto out;
     }
-
-    int loss_in[1 + 16] = {final};
-    int n_loss_in = 1 + p->n_targets;
-    for (int i = 0; i < p->n_targets && i < 16; i++)
-        loss_in[1 + i] = p->inputs[p->n_inputs - p->n_targets + i];
-    int loss = ebb_lower_op(c, loss_op, loss_attrs, "loss", "loss", loss_in, n_loss_in);
-    if (loss < 0)
+    int loss_step = -1, loss = emit_loss(&a, loss_op, loss_attrs, final, &loss_step);
+    if (loss < 0 || walk_back(&a, loss_step, n_fwd) != 0)
         goto out;
-    int loss_step = p->n_steps - 1;
-    p->steps[loss_step].pub.phase = EBB_PHASE_LOSS;
-    if (loss_op->grad && loss_op->grad->forward_train && add_extras(c, loss_step) != 0)
-        goto out;
-    if (p->values[loss].shape.ndim != 0) {
-        char sb[96];
-        fail(c, ebb_error_set(EBB_ERR_SHAPE, "loss %s gives %s; a loss must be a scalar",
-                              loss_op->name, ebb_shape_str(&p->values[loss].shape, sb, sizeof sb)));
-        goto out;
-    }
-    if (!loss_op->grad) {
-        fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED, "loss %s has no backward rule",
-                              loss_op->name));
-        goto out;
-    }
-    /* the loss and every forward value are below n_grad */
-    if (loss >= a.n_grad) {
-        int *g2 = realloc(a.grad, ((size_t)loss + 1) * sizeof *g2);
-        unsigned char *r2 = g2 ? realloc(a.req, (size_t)loss + 1) : NULL;
-        if (g2)
-            a.grad = g2;
-        if (r2)
-            a.req = r2;
-        if (!g2 || !r2) {
-            ebb_compiler_oom(c);
-            goto out;
-        }
-        for (int v = a.n_grad; v <= loss; v++) {
-            a.grad[v] = -1;
-            a.req[v] = 0;
-        }
-        a.n_grad = loss + 1;
-    }
-    a.req[loss] = 1;
-    a.grad[loss] = SEED;
-
-    /* the loss step, then the forward from its end */
-    for (int k = -1; k < n_fwd; k++) {
-        int i = k < 0 ? loss_step : n_fwd - 1 - k;
-        const plan_step *s = &p->steps[i];
-        if (s->pub.kind == EBB_STEP_EXIT || s->pub.kind == EBB_STEP_ENTER ||
-            s->pub.kind == EBB_STEP_ROUTE) {
-            if (routed_backward(&a, i) != 0)
-                goto out;
-            continue;
-        }
-        if (s->pub.kind == EBB_STEP_JUMP_IF)
-            continue; /* a loop's test: a hard decision, no gradient */
-        if (s->pub.kind == EBB_STEP_ALIAS && s->unrolled) {
-            if (loop_backward(&a, i) != 0)
-                goto out;
-            continue;
-        }
-        if (s->pub.kind != EBB_STEP_OP && s->pub.kind != EBB_STEP_ALIAS) {
-            fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED, "node %s: training through a %s step is "
-                                                        "not supported",
-                                  s->pub.node, s->pub.op));
-            goto out;
-        }
-        int y = s->pub.out[0];
-        if (a.grad[y] == -1 || !a.req[y])
-            continue;
-        if (s->pub.kind == EBB_STEP_ALIAS) {
-            char *node = ebb_compiler_strdupf("%s", s->pub.node);
-            int x = s->pub.in[0];
-            int r2 = node ? accumulate(&a, &a.grad[x], a.grad[y], node) : ebb_compiler_oom(c);
-            free(node);
-            if (r2 != 0)
-                goto out;
-            continue;
-        }
-        if (!s->op->grad) {
-            fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
-                                  "node %s: op %s has no backward rule (ebb_op.grad), so it "
-                                  "cannot be trained through",
-                                  s->pub.node, s->op->name));
-            goto out;
-        }
-        if (emit_backward(&a, i) != 0 || updates_after_step(&a, i) != 0)
-            goto out;
-    }
     rc = finish(&a, loss);
 out:
-    free(a.req);
-    free(a.grad);
-    free(a.pgrad);
-    free(a.regions);
-    free(a.loops);
-    free(a.copy);
-    free(a.first_use);
-    free(a.updated);
-    free(a.reduced);
-    free(a.pending);
-    free(a.bucket);
+    ad_free(&a);
     return rc;
 }
