@@ -1,4 +1,7 @@
-/* Shared by the compiler's passes (graph/compile.c and one file per pass).
+/* Shared by the compiler's files, by level: compiler.c (the state and the
+ * helpers that grow the plan) at the bottom, one file per pass above it,
+ * pipeline.c running the passes, the searches (remat.c, placement.c,
+ * copies.c) above that, and ebb_compile() (compile.c) on top.
  *
  * The compiler fills an ebb_plan in place: lowering appends values and steps,
  * the later passes annotate them. Every helper that can fail sets c->status
@@ -56,7 +59,7 @@ typedef struct compiler {
     ebb_status status;
 } compiler;
 
-/* ---- building the plan (graph/compile.c) --------------------------------- */
+/* ---- building the plan (graph/compiler.c) -------------------------------- */
 
 int ebb_compiler_oom(compiler *c);
 char *ebb_compiler_strdupf(const char *fmt, ...)
@@ -76,6 +79,9 @@ int ebb_compiler_step_index(const compiler *c, const plan_step *s);
 /* A new handle on a slot's meta tensor, and a new meta tensor. */
 ebb_tensor *ebb_compiler_meta_ref(compiler *c, int slot);
 ebb_tensor *ebb_compiler_meta_new(compiler *c, const ebb_shape *s, ebb_dtype dt);
+/* The parameters (bit j for s->param[j]) a mixed-precision step runs on
+ * low copies of. */
+uint32_t ebb_low_copy_params(const ebb_plan *p, const plan_step *s);
 /* Mixed precision (graph/lower.c): the dtype a step computes parameter k in
  * (its low copy's, or the parameter's own), and the bytes the low copies it
  * makes in its scratch take (`cuda`: in the caching allocator's blocks;
@@ -97,28 +103,30 @@ int64_t ebb_low_kernel_allowance(const ebb_shape *in, int n_in, const ebb_shape 
  * The rule's own figure where the step casts nothing. */
 int64_t ebb_backward_cast_scratch(const compiler *c, const plan_step *b, int64_t rule, int cuda);
 
-/* One compile, with the forward values in `drop` (n_drop slots; NULL: none)
- * recomputed in the backward rather than kept: ebb_compile() without the
- * budget search. */
-ebb_status ebb_compile_once(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
-                            const unsigned char *drop, int n_drop);
-/* ebb_compile_once() with the updates of the parameters in `defer` (per
- * parameter; NULL: none) moved to the backward's end. */
-ebb_status ebb_compile_placed(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
-                              const unsigned char *drop, int n_drop, const unsigned char *defer);
-/* ebb_compile_placed() without recomputation, with the steps in `keep`
- * (per forward step, n_keep of them; NULL: none) keeping their parameters'
- * low copies for the backward. */
-ebb_status ebb_compile_kept(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
-                            const unsigned char *defer, const unsigned char *keep, int n_keep);
+/* What the searches choose, for one compile (NULL arrays: none):
+ *  - drop, per forward slot (n_drop): recomputed in the backward rather
+ *    than kept (remat.c);
+ *  - defer, per parameter: its update moved to the backward's end
+ *    (placement.c);
+ *  - keep, per forward step (n_keep): its parameters' low copies kept for
+ *    the backward (copies.c). */
+typedef struct ebb_choices {
+    const unsigned char *drop;
+    int n_drop;
+    const unsigned char *defer;
+    const unsigned char *keep;
+    int n_keep;
+} ebb_choices;
+
+/* graph/pipeline.c: one compile, every pass in order, with the choices
+ * given (NULL: keep every value, defer nothing, keep no low copy). */
+ebb_status ebb_pipeline(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
+                        const ebb_choices *choices);
 /* graph/copies.c: under mixed precision, keeps the low copies of the
  * parameters a training forward casts for its backward where that does not
  * raise the step's peak (or as ebb_train_options.low_weight_copies says);
  * *plan is replaced when a copy is kept. */
 ebb_status ebb_keep_low_copies(ebb_plan **plan, const ebb_graph *g, const ebb_compile_options *opts);
-/* graph/copies.c: the parameters (bit j for s->param[j]) a mixed-precision
- * step runs on low copies of. */
-uint32_t ebb_low_copy_params(const ebb_plan *p, const plan_step *s);
 /* graph/placement.c: moves updates whose scratch or timing makes the
  * step's peak to the backward's end, one at a time while the peak falls
  * (*plan is replaced by the better plan). */
@@ -146,7 +154,7 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
  * keeping every value) with the cheapest plan whose peak fits, or fails
  * naming the least peak reached. */
 ebb_status ebb_remat_fit(ebb_plan **plan, const ebb_graph *g, const ebb_compile_options *opts);
-/* graph/remat.c: estimated floating-point operations of one step. */
+/* graph/predict.c: estimated floating-point operations of one step. */
 int64_t ebb_step_flops(const ebb_plan *p, const plan_step *s);
 /* graph/liveness.c: the free lists on every control-flow edge. */
 int ebb_pass_liveness(compiler *c);

@@ -23,16 +23,6 @@
 
 #include "compile_internal.h"
 
-uint32_t ebb_low_copy_params(const ebb_plan *p, const plan_step *s) {
-    uint32_t m = 0;
-    for (int j = 0; s->param_cast && j < s->n_params; j++) {
-        const plan_param *pp = &p->params[s->param[j]];
-        if (!pp->spec.counter && s->param_dtype != p->dtype)
-            m |= 1u << j;
-    }
-    return m;
-}
-
 typedef struct candidate {
     int fwd, bwd;         /* the forward step and its backward */
     int n;                /* its low copies */
@@ -147,7 +137,8 @@ ebb_status ebb_keep_low_copies(ebb_plan **plan, const ebb_graph *g, const ebb_co
             any = keep[i];
         ebb_plan *q = NULL;
         if (any)
-            st = ebb_compile_kept(&q, g, opts, p->deferred, keep, p->n_steps);
+            st = ebb_pipeline(&q, g, opts,
+                              &(ebb_choices){.defer = p->deferred, .keep = keep, .n_keep = p->n_steps});
         int better = q && (how == EBB_LOW_COPIES_KEEP ||
                            (q->peak_bytes <= p->peak_bytes && q->cuda_peak_bytes <= p->cuda_peak_bytes));
         if (st != EBB_OK && how == EBB_LOW_COPIES_AUTO) {

@@ -27,7 +27,7 @@ static int64_t objective(const ebb_plan *p) { return p->budget_peak_bytes; }
  * the caller only when it is not a plain refusal of this placement). */
 static ebb_status try_placement(ebb_plan **out, const ebb_graph *g, const ebb_compile_options *opts,
                                 const unsigned char *defer) {
-    return ebb_compile_placed(out, g, opts, NULL, 0, defer);
+    return ebb_pipeline(out, g, opts, &(ebb_choices){.defer = defer});
 }
 
 /* The parameter whose update makes the plan's CPU or CUDA peak, or -1. */

@@ -5,6 +5,31 @@
 #include "ebb/train.h"
 #include "plan_internal.h"
 
+/* ---- values ------------------------------------------------------------------ */
+
+void ebb_plan_value_id(const ebb_plan *p, int slot, char *buf, size_t size) {
+    if (!buf || size == 0)
+        return;
+    if (!p || slot < 0 || slot >= p->n_values) {
+        buf[0] = '\0';
+        return;
+    }
+    const ebb_plan_value *v = &p->values[slot];
+    if (v->kind == EBB_VALUE_INPUT && v->name)
+        snprintf(buf, size, "%s", v->name);
+    else
+        snprintf(buf, size, "v%d", slot);
+}
+
+int ebb_plan_value_last_use(const ebb_plan *p, int slot) {
+    int last = p && slot >= 0 && slot < p->n_values ? p->values[slot].producer : -1;
+    for (int i = 0; p && i < p->n_steps; i++)
+        for (int k = 0; k < p->steps[i].pub.n_in; k++)
+            if (p->steps[i].pub.in[k] == slot)
+                last = i;
+    return last;
+}
+
 int ebb_plan_step_count(const ebb_plan *p) { return p ? p->n_steps : 0; }
 
 const ebb_plan_step *ebb_plan_step_at(const ebb_plan *p, int i) {

@@ -24,29 +24,6 @@ void ebb_json_string(FILE *f, const char *s) {
     fputc('"', f);
 }
 
-void ebb_plan_value_id(const ebb_plan *p, int slot, char *buf, size_t size) {
-    if (!buf || size == 0)
-        return;
-    if (!p || slot < 0 || slot >= p->n_values) {
-        buf[0] = '\0';
-        return;
-    }
-    const ebb_plan_value *v = &p->values[slot];
-    if (v->kind == EBB_VALUE_INPUT && v->name)
-        snprintf(buf, size, "%s", v->name);
-    else
-        snprintf(buf, size, "v%d", slot);
-}
-
-int ebb_plan_value_last_use(const ebb_plan *p, int slot) {
-    int last = p && slot >= 0 && slot < p->n_values ? p->values[slot].producer : -1;
-    for (int i = 0; p && i < p->n_steps; i++)
-        for (int k = 0; k < p->steps[i].pub.n_in; k++)
-            if (p->steps[i].pub.in[k] == slot)
-                last = i;
-    return last;
-}
-
 static void shape_json(FILE *f, const ebb_shape *s) {
     fputc('[', f);
     for (int d = 0; d < s->ndim; d++)

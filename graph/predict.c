@@ -272,3 +272,56 @@ out:
     free(seen);
     return result;
 }
+
+/* ---- estimated compute ---------------------------------------------------------- */
+
+static int64_t numel_of(const ebb_plan *p, int slot) {
+    return ebb_shape_numel(&p->values[slot].shape);
+}
+
+/* Forward FLOPs of an op step: 2 per multiply-add through each weight
+ * matrix (a linear's, a convolution's, a recurrent cell's), attention's two
+ * products, else one per output element. */
+static int64_t op_flops(const ebb_plan *p, const plan_step *s) {
+    if (s->pub.n_out < 1)
+        return 0;
+    const ebb_shape *out = &p->values[s->pub.out[0]].shape;
+    int64_t n = ebb_shape_numel(out), total = 0;
+    for (int j = 0; j < s->n_params; j++) {
+        const ebb_shape *w = &p->params[s->param[j]].spec.shape;
+        if (w->ndim < 2 || w->dim[0] <= 0)
+            continue;
+        /* rows the weight multiplies: the output's elements over its feature
+         * dim (last for a linear, 1 for a convolution) */
+        int64_t feat = out->ndim ? out->dim[out->ndim - 1] : 1;
+        if (out->ndim > 1 && out->dim[1] == w->dim[0] && feat != w->dim[0])
+            feat = out->dim[1];
+        int64_t rows = feat > 0 ? n / feat : 0;
+        total += 2 * rows * ebb_shape_numel(w);
+    }
+    if (s->op && s->op->flops) {
+        ebb_shape in[64];
+        int n_in = s->pub.n_in < 64 ? s->pub.n_in : 64;
+        for (int i = 0; i < n_in; i++)
+            in[i] = p->values[s->pub.in[i]].shape;
+        total += s->op->flops(s->attrs, in, n_in, out);
+    }
+    return total > 0 ? total : n;
+}
+
+int64_t ebb_step_flops(const ebb_plan *p, const plan_step *s) {
+    switch (s->pub.kind) {
+    case EBB_STEP_OP:
+        return op_flops(p, s);
+    case EBB_STEP_BACKWARD: /* the input's gradient and the weights': twice the forward */
+        return 2 * op_flops(p, &p->steps[s->fwd_step]);
+    case EBB_STEP_ACCUM:
+    case EBB_STEP_EXIT_BACKWARD:
+    case EBB_STEP_ENTER_BACKWARD:
+        return s->pub.n_out ? numel_of(p, s->pub.out[0]) : 0;
+    case EBB_STEP_UPDATE: /* a handful per element: Adam's moments, SGD's momentum */
+        return 4 * numel_of(p, s->pub.in[0]);
+    default:
+        return 0;
+    }
+}

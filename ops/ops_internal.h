@@ -4,6 +4,9 @@
 
 #include "ebb/op.h"
 
+/* Registers the built-in operators (builtin.c; ebb_init, init.c, calls it). */
+ebb_status ebb_ops_register_builtin(void);
+
 extern const ebb_op ebb_ops_activation[];
 extern const int ebb_ops_activation_count;
 extern const ebb_op ebb_ops_linear[];

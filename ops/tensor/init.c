@@ -1,18 +1,14 @@
-/* Process-wide initialisation, dtypes and device names. */
-#include <pthread.h>
-#if defined(__GLIBC__)
-#include <malloc.h>
-#endif
+/* The tensor layer's process-wide setup (ebb_init, ops/init.c, calls it),
+ * dtypes and device names. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__GLIBC__) /* (from the headers above) */
+#include <malloc.h>
+#endif
 
 #include "ebb/common.h"
 #include "internal.h"
-
-static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-static ebb_status init_status = EBB_OK;
-static char init_errmsg[512];
 
 /* A plan frees most of a step's bytes by its end and the next step asks for
  * them again. glibc's default gives such memory back to the kernel (trims
@@ -34,22 +30,10 @@ static void keep_freed_memory(void) {
 #endif
 }
 
-static void init_process(void) {
+ebb_status ebb_tensor_process_init(void) {
     keep_freed_memory();
-    init_status = ebb_tensor_layer_init();
-    if (init_status == EBB_OK)
-        init_status = ebb_tensor_threads_init();
-    if (init_status == EBB_OK)
-        init_status = ebb_ops_register_builtin();
-    if (init_status != EBB_OK)
-        snprintf(init_errmsg, sizeof init_errmsg, "%s", ebb_errmsg());
-}
-
-ebb_status ebb_init(void) {
-    pthread_once(&init_once, init_process);
-    if (init_status != EBB_OK)
-        return ebb_error_set(init_status, "%s", init_errmsg);
-    return EBB_OK;
+    ebb_status st = ebb_tensor_layer_init();
+    return st == EBB_OK ? ebb_tensor_threads_init() : st;
 }
 
 const char *ebb_version(void) { return EBB_VERSION; }

@@ -15,8 +15,9 @@ ebb_status ebb_tensor_layer_init(void);
 /* Sets the intra-op threads from EBB_NUM_THREADS or ebb_default_num_threads()
  * (ops/tensor/cpu.cpp). */
 ebb_status ebb_tensor_threads_init(void);
-/* Registers the built-in operators (ops/). */
-ebb_status ebb_ops_register_builtin(void);
+/* The tensor layer's setup, once per process (ebb_init): freed memory kept
+ * in the process, the accounting allocator, the threads. */
+ebb_status ebb_tensor_process_init(void);
 
 /* A CUDA graph (ops/tensor/cuda_graph.cpp). ebb_cuda_graph_capture() calls
  * body(ctx, 0) twice on a side stream to warm up, then records body(ctx, 1);

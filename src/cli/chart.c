@@ -195,9 +195,9 @@ static ebb_status read_trace(const char *path, const ebb_plan *p, ebb_chart_trac
     return EBB_OK;
 }
 
-int ebb_cli_chart(int argc, char **argv) {
+int ebb_cli_chart(const command *self, int argc, char **argv) {
     options o;
-    int rc = parse_options(argc, argv, ebb_cli_find_command("chart"), &o);
+    int rc = parse_options(argc, argv, self, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
     /* the chart is SVG whatever the name says; a name that says otherwise

@@ -77,9 +77,9 @@ static ebb_status check_training(const ebb_spec *s) {
     return st;
 }
 
-int ebb_cli_check(int argc, char **argv) {
+int ebb_cli_check(const command *self, int argc, char **argv) {
     options o;
-    int rc = parse_options(argc, argv, ebb_cli_find_command("check"), &o);
+    int rc = parse_options(argc, argv, self, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
     int failed = 0;

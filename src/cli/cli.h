@@ -140,6 +140,8 @@ typedef struct command {
     const char *shorts;           /* getopt's short options */
     const struct option *longs;   /* the long ones: the parser's table */
     int many;                     /* takes several SPECs, not one */
+    /* the command itself, handed its own row (argv[0] is its name) */
+    int (*main)(const struct command *self, int argc, char **argv);
 } command;
 
 typedef struct options {
@@ -189,28 +191,26 @@ typedef struct options {
 extern const char ebb_cli_usage_main[];
 extern const char ebb_cli_usage_check[];
 extern const struct option ebb_cli_check_options[];
-int ebb_cli_check(int argc, char **argv);
+int ebb_cli_check(const command *self, int argc, char **argv);
 extern const char ebb_cli_usage_plan[];
 extern const struct option ebb_cli_plan_options[];
-int ebb_cli_plan(int argc, char **argv);
+int ebb_cli_plan(const command *self, int argc, char **argv);
 extern const char ebb_cli_usage_dot[];
 extern const struct option ebb_cli_dot_options[];
-int ebb_cli_dot(int argc, char **argv);
+int ebb_cli_dot(const command *self, int argc, char **argv);
 extern const char ebb_cli_usage_chart[];
 extern const struct option ebb_cli_chart_options[];
-int ebb_cli_chart(int argc, char **argv);
+int ebb_cli_chart(const command *self, int argc, char **argv);
 extern const char ebb_cli_usage_run[];
 extern const struct option ebb_cli_run_options[];
-int ebb_cli_run(int argc, char **argv);
+int ebb_cli_run(const command *self, int argc, char **argv);
 extern const char ebb_cli_usage_grad[];
 extern const struct option ebb_cli_grad_options[];
-int ebb_cli_grad(int argc, char **argv);
+int ebb_cli_grad(const command *self, int argc, char **argv);
 extern const char ebb_cli_usage_generate[];
 extern const struct option ebb_cli_generate_options[];
-int ebb_cli_generate(int argc, char **argv);
+int ebb_cli_generate(const command *self, int argc, char **argv);
 
-/* The command named `name`, or NULL (main.c). */
-const command *ebb_cli_find_command(const char *name);
 
 /* ---- common.c ---- */
 

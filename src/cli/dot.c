@@ -110,9 +110,9 @@ static const char *const dot_text[] = {".dot", ".gv"};
 static const char *const dot_rendered[] = {".svg", ".png", ".pdf", ".jpg",
                                            ".jpeg", ".gif", ".ps", ".eps"};
 
-int ebb_cli_dot(int argc, char **argv) {
+int ebb_cli_dot(const command *self, int argc, char **argv) {
     options o;
-    int rc = parse_options(argc, argv, ebb_cli_find_command("dot"), &o);
+    int rc = parse_options(argc, argv, self, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
     const char *ext = o.out_file ? strrchr(o.out_file, '.') : NULL;

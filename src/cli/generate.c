@@ -444,7 +444,8 @@ static void gen_close(gen *g) {
     ebb_spec_free(g->spec);
 }
 
-int ebb_cli_generate(int argc, char **argv) {
+int ebb_cli_generate(const command *self, int argc, char **argv) {
+    (void)self; /* its own parser */
     gen g;
     memset(&g, 0, sizeof g);
     int rc = parse(argc, argv, &g.o);

@@ -45,9 +45,9 @@ const struct option ebb_cli_grad_options[] = {
     {NULL, 0, NULL, 0},
 };
 
-int ebb_cli_grad(int argc, char **argv) {
+int ebb_cli_grad(const command *self, int argc, char **argv) {
     options o;
-    int rc = parse_options(argc, argv, ebb_cli_find_command("grad"), &o);
+    int rc = parse_options(argc, argv, self, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
     if (!o.inputs || !o.grads)

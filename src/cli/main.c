@@ -39,19 +39,19 @@ const char ebb_cli_usage_main[] =
     "            141 the reader of stdout went away\n";
 
 static const command commands[] = {
-    {"check", ebb_cli_usage_check, "h", ebb_cli_check_options, 1},
-    {"plan", ebb_cli_usage_plan, "hi:p:", ebb_cli_plan_options, 0},
-    {"run", ebb_cli_usage_run, "hi:p:", ebb_cli_run_options, 0},
-    {"grad", ebb_cli_usage_grad, "hi:p:", ebb_cli_grad_options, 0},
-    {"dot", ebb_cli_usage_dot, "hi:p:o:", ebb_cli_dot_options, 0},
-    {"chart", ebb_cli_usage_chart, "hi:p:o:", ebb_cli_chart_options, 0},
-    {"train", ebb_cli_usage_train, EBB_CLI_TRAIN_SHORTS, ebb_cli_train_options, 0},
-    {"eval", ebb_cli_usage_eval, EBB_CLI_TRAIN_SHORTS, ebb_cli_eval_options, 0},
-    {"generate", ebb_cli_usage_generate, "hp:", ebb_cli_generate_options, 0},
+    {"check", ebb_cli_usage_check, "h", ebb_cli_check_options, 1, ebb_cli_check},
+    {"plan", ebb_cli_usage_plan, "hi:p:", ebb_cli_plan_options, 0, ebb_cli_plan},
+    {"run", ebb_cli_usage_run, "hi:p:", ebb_cli_run_options, 0, ebb_cli_run},
+    {"grad", ebb_cli_usage_grad, "hi:p:", ebb_cli_grad_options, 0, ebb_cli_grad},
+    {"dot", ebb_cli_usage_dot, "hi:p:o:", ebb_cli_dot_options, 0, ebb_cli_dot},
+    {"chart", ebb_cli_usage_chart, "hi:p:o:", ebb_cli_chart_options, 0, ebb_cli_chart},
+    {"train", ebb_cli_usage_train, EBB_CLI_TRAIN_SHORTS, ebb_cli_train_options, 0, ebb_cli_train},
+    {"eval", ebb_cli_usage_eval, EBB_CLI_TRAIN_SHORTS, ebb_cli_eval_options, 0, ebb_cli_eval},
+    {"generate", ebb_cli_usage_generate, "hp:", ebb_cli_generate_options, 0, ebb_cli_generate},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 
-const command *ebb_cli_find_command(const char *name) {
+static const command *find_command(const char *name) {
     for (int i = 0; i < N_COMMANDS; i++)
         if (!strcmp(commands[i].name, name))
             return &commands[i];
@@ -157,7 +157,7 @@ static int dispatch(int argc, char **argv) {
         /* `ebb help plan`, as git: that command's help */
         if (argc > 3)
             return ebb_cli_usage_error(ebb_cli_usage_main, "%s", "help takes one COMMAND");
-        const command *c = argc == 3 ? ebb_cli_find_command(argv[2]) : NULL;
+        const command *c = argc == 3 ? find_command(argv[2]) : NULL;
         if (argc == 3 && !c)
             return unknown_command(argv[2]);
         fputs(c ? c->usage : ebb_cli_usage_main, stdout);
@@ -168,7 +168,7 @@ static int dispatch(int argc, char **argv) {
             return ebb_cli_usage_error(ebb_cli_usage_main, "unexpected argument %s", argv[2]);
         return print_version();
     }
-    const command *c = ebb_cli_find_command(cmd);
+    const command *c = find_command(cmd);
     if (!c && cmd[0] == '-')
         return ebb_cli_usage_error(ebb_cli_usage_main, "unknown option %s", cmd);
     if (!c)
@@ -184,23 +184,7 @@ static int dispatch(int argc, char **argv) {
         return EXIT_RUNTIME;
     }
     /* the command's name is argv[0] to its parser, as a program's own */
-    if (!strcmp(cmd, "check"))
-        return ebb_cli_check(argc - 1, argv + 1);
-    if (!strcmp(cmd, "plan"))
-        return ebb_cli_plan(argc - 1, argv + 1);
-    if (!strcmp(cmd, "run"))
-        return ebb_cli_run(argc - 1, argv + 1);
-    if (!strcmp(cmd, "chart"))
-        return ebb_cli_chart(argc - 1, argv + 1);
-    if (!strcmp(cmd, "grad"))
-        return ebb_cli_grad(argc - 1, argv + 1);
-    if (!strcmp(cmd, "train"))
-        return ebb_cli_train(argc - 1, argv + 1);
-    if (!strcmp(cmd, "eval"))
-        return ebb_cli_eval(argc - 1, argv + 1);
-    if (!strcmp(cmd, "generate"))
-        return ebb_cli_generate(argc - 1, argv + 1);
-    return ebb_cli_dot(argc - 1, argv + 1);
+    return c->main(c, argc - 1, argv + 1);
 }
 
 int main(int argc, char **argv) {

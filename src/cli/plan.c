@@ -57,9 +57,9 @@ static void memory_chart(const ebb_plan *p) {
     }
 }
 
-int ebb_cli_plan(int argc, char **argv) {
+int ebb_cli_plan(const command *self, int argc, char **argv) {
     options o;
-    int rc = parse_options(argc, argv, ebb_cli_find_command("plan"), &o);
+    int rc = parse_options(argc, argv, self, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
     ebb_spec *s = NULL;

@@ -208,9 +208,9 @@ static void bound_reason(const ebb_plan *p, ebb_device dev, char *buf, size_t si
                         "what they take");
 }
 
-int ebb_cli_run(int argc, char **argv) {
+int ebb_cli_run(const command *self, int argc, char **argv) {
     options o;
-    int rc = parse_options(argc, argv, ebb_cli_find_command("run"), &o);
+    int rc = parse_options(argc, argv, self, &o);
     if (rc)
         return rc < 0 ? 0 : rc;
     ebb_device dev = ebb_device_default();

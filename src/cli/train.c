@@ -1532,7 +1532,8 @@ static int finish(cli_run *c) {
     return 0;
 }
 
-int ebb_cli_train(int argc, char **argv) {
+int ebb_cli_train(const struct command *self, int argc, char **argv) {
+    (void)self; /* its own parser (parse below) */
     cli_run c;
     memset(&c, 0, sizeof c);
     int rc = train_open(&c, argc, argv);
@@ -1581,7 +1582,8 @@ static void print_metrics_json(const ebb_metrics *m, int full) {
     printf("}\n");
 }
 
-int ebb_cli_eval(int argc, char **argv) {
+int ebb_cli_eval(const struct command *self, int argc, char **argv) {
+    (void)self;
     cli_run c;
     memset(&c, 0, sizeof c);
     topts *o = &c.o;

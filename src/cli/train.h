@@ -83,7 +83,8 @@ int ebb_cli_check_aliases(const char *const *list);
 int ebb_cli_check_over(const ebb_plan *p, const ebb_run_stats *stats, int64_t measured,
                        int strict, const char *when);
 
-int ebb_cli_train(int argc, char **argv);
-int ebb_cli_eval(int argc, char **argv);
+struct command; /* cli.h: the dispatcher's row, handed to the command */
+int ebb_cli_train(const struct command *self, int argc, char **argv);
+int ebb_cli_eval(const struct command *self, int argc, char **argv);
 
 #endif /* EBB_CLI_TRAIN_H */
