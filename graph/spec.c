@@ -18,7 +18,7 @@
 
 #include "graph_internal.h"
 #include "edit_distance.h"
-#include "spec_internal.h"
+#include "spec_yaml.h"
 
 #define ERR_MAX 2048
 

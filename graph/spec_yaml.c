@@ -9,7 +9,7 @@
 
 #include <yaml.h>
 
-#include "spec_internal.h"
+#include "spec_yaml.h"
 
 /* ---- arena ------------------------------------------------------------------ */
 

@@ -1,7 +1,7 @@
 /* Shared by the spec loader's files: a small YAML tree with positions, built
  * from libyaml events under explicit limits, and the arena that owns it. */
-#ifndef EBB_SPEC_INTERNAL_H
-#define EBB_SPEC_INTERNAL_H
+#ifndef EBB_SPEC_YAML_H
+#define EBB_SPEC_YAML_H
 
 #include <stddef.h>
 
