@@ -8,10 +8,10 @@
 
 #include "autodiff_internal.h"
 
-/* data parallel: the open bucket's all-reduce step, `op`, at node
- * "bucket<k>" (slots not set yet), its gradients marked averaged; *in
+/* data parallel: the open bucket's collective step of `kind`, `op`, at
+ * node "bucket<k>" (slots not set yet), its gradients marked averaged; *in
  * receives their slots (a new array of n_bucket). The step's index, or -1. */
-static int bucket_step(ad *a, const char *op, int **in) {
+static int bucket_step(ad *a, ebb_step_kind kind, const char *op, int **in) {
     compiler *c = a->c;
     int n = a->n_bucket;
     char *name = ebb_compiler_strdupf("bucket%d", c->plan->n_buckets);
@@ -26,7 +26,7 @@ static int bucket_step(ad *a, const char *op, int **in) {
         (*in)[k] = a->pgrad[a->bucket[k]];
         a->reduced[a->bucket[k]] = 1;
     }
-    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE, op, name);
+    plan_step *s = ebb_compiler_step_new(c, kind, op, name);
     free(name);
     if (!s) {
         free(*in);
@@ -158,7 +158,8 @@ int ebb_ad_allreduce(ad *a) {
     if (bucket_owners(a, &owners) != 0)
         return -1;
     int scatter = owners != NULL;
-    int si = bucket_step(a, scatter ? "reduce_scatter" : "allreduce", &in);
+    int si = scatter ? bucket_step(a, EBB_STEP_REDUCE_SCATTER, "reduce_scatter", &in)
+                     : bucket_step(a, EBB_STEP_ALLREDUCE, "allreduce", &in);
     if (si < 0 || ebb_compiler_step_set_slots(c, &p->steps[si], in, n, NULL, 0) != 0) {
         free(in);
         free(owners);
@@ -280,7 +281,8 @@ int ebb_ad_allreduce_start(ad *a) {
     if (bucket_owners(a, &owners) != 0)
         return -1;
     int scatter = owners != NULL;
-    int si = bucket_step(a, scatter ? "reduce_scatter.start" : "allreduce.start", &in);
+    int si = scatter ? bucket_step(a, EBB_STEP_REDUCE_SCATTER_START, "reduce_scatter.start", &in)
+                     : bucket_step(a, EBB_STEP_ALLREDUCE_START, "allreduce.start", &in);
     if (si < 0) {
         free(owners);
         return -1;
@@ -344,8 +346,9 @@ int ebb_ad_allreduce_wait(ad *a) {
     for (int j = 0; j < n; j++)
         in[k++] = a->pgrad[a->pending[j]];
     const int *owners = p->steps[a->pending_step].owners;
-    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE_WAIT,
-                                         owners ? "reduce_scatter.wait" : "allreduce.wait", name);
+    plan_step *s = owners ? ebb_compiler_step_new(c, EBB_STEP_REDUCE_SCATTER_WAIT,
+                                                  "reduce_scatter.wait", name)
+                          : ebb_compiler_step_new(c, EBB_STEP_ALLREDUCE_WAIT, "allreduce.wait", name);
     free(name);
     if (!s || ebb_compiler_step_set_slots(c, s, in, k, NULL, 0) != 0) {
         free(in);

@@ -32,6 +32,10 @@ int ebb_plan_value_last_use(const ebb_plan *p, int slot) {
 
 int ebb_plan_step_count(const ebb_plan *p) { return p ? p->n_steps : 0; }
 
+int ebb_step_kind_is_collective(ebb_step_kind kind) {
+    return kind >= EBB_STEP_ALLREDUCE && kind <= EBB_STEP_REDUCE_SCATTER_WAIT;
+}
+
 const ebb_plan_step *ebb_plan_step_at(const ebb_plan *p, int i) {
     return p && i >= 0 && i < p->n_steps ? &p->steps[i].pub : NULL;
 }
@@ -281,8 +285,10 @@ static void print_clip(const ebb_plan *p, FILE *f) {
         int overlap = 0, scatter = 0;
         for (int i = 0; i < p->n_steps; i++) {
             const plan_step *s = &p->steps[i];
-            if (s->pub.kind != EBB_STEP_ALLREDUCE)
-                continue;
+            ebb_step_kind k = s->pub.kind;
+            if (k != EBB_STEP_ALLREDUCE && k != EBB_STEP_REDUCE_SCATTER &&
+                k != EBB_STEP_ALLREDUCE_START && k != EBB_STEP_REDUCE_SCATTER_START)
+                continue; /* not a bucket's first step */
             /* a started collective's buffers are its outputs, values */
             int64_t b = s->overlap ? 0 : s->workspace;
             for (int k = 0; s->overlap && k < s->pub.n_out; k++)

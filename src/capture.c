@@ -68,8 +68,7 @@ static ebb_status check_capturable(const ebb_plan *plan, const ebb_model *model)
                                  "ebb_plan_capture: plan %s routes rows by value at step %d (node "
                                  "%s); a switch or top-k gate cannot be captured into a CUDA graph",
                                  plan->name, i, s->node);
-        if (s->kind == EBB_STEP_ALLREDUCE || s->kind == EBB_STEP_BROADCAST ||
-            s->kind == EBB_STEP_ALLREDUCE_WAIT)
+        if (ebb_step_kind_is_collective(s->kind))
             return ebb_error_set(EBB_ERR_UNSUPPORTED,
                                  "ebb_plan_capture: plan %s averages gradients over processes at "
                                  "step %d; a CUDA graph cannot hold Gloo's collectives",

@@ -467,45 +467,58 @@ static ebb_status unscale(run_ctx *r, const plan_step *s, int *jump) {
     return ebb_optimizer_unscale_(r->opt, r->args, s->pub.n_in, jump);
 }
 
-/* data parallel: a bucket of gradients, each its mean over the ranks (with
- * ZeRO-1's reduce-scatter, the gradients this rank owns) */
-static ebb_status allreduce(run_ctx *r, const plan_step *s) {
+/* ---- collectives ---------------------------------------------------------------
+ *
+ * One step kind per collective, each documented where exec_step dispatches
+ * it. A bucket's gradients are the step's inputs; with allreduce_overlap
+ * the started collective's buffers are its outputs, values of the plan
+ * until the bucket's wait step, and the work under way is r->pending. */
+
+/* The step's inputs, in order, into r->args. */
+static void gather_args(run_ctx *r, const plan_step *s) {
     for (int i = 0; i < s->pub.n_in; i++)
         r->args[i] = r->slots[s->pub.in[i]];
-    if (s->owners && !s->overlap)
-        return ebb_dist_reduce_scatter_mean_(r->dist, r->args, s->owners, s->pub.n_in);
-    if (s->owners) {
-        /* its first round started: the buffers are the step's outputs, in
-         * that order (those the compiler saw coming), the work finished by
-         * the bucket's ALLREDUCE_WAIT step */
-        ebb_tensor *made[2] = {NULL, NULL};
-        ebb_status st = ebb_dist_reduce_scatter_mean_start(r->dist, r->args, s->owners,
-                                                           s->pub.n_in, &made[0], &made[1],
-                                                           &r->pending);
-        int n_made = (made[0] != NULL) + (made[1] != NULL);
-        if (st == EBB_OK && n_made != s->pub.n_out)
-            st = ebb_error_set(EBB_ERR_RUNTIME, "%s (%s): %d buffers made, the plan has %d",
-                               s->pub.op, s->pub.node, n_made, s->pub.n_out);
-        for (int j = 0, k = 0; j < 2; j++) {
-            if (made[j] && st == EBB_OK)
-                slot_set(r, s->pub.out[k++], made[j]);
-            else
-                ebb_tensor_free(made[j]);
-        }
-        return st;
+}
+
+/* The buffers a started collective made, into the step's outputs in order
+ * (those the compiler saw coming: any other count is a bug, named). */
+static ebb_status hand_buffers(run_ctx *r, const plan_step *s, ebb_tensor **made, int n,
+                               ebb_status st) {
+    int n_made = 0;
+    for (int j = 0; j < n; j++)
+        n_made += made[j] != NULL;
+    if (st == EBB_OK && n_made != s->pub.n_out)
+        st = ebb_error_set(EBB_ERR_RUNTIME, "%s (%s): %d buffers made, the plan has %d",
+                           s->pub.op, s->pub.node, n_made, s->pub.n_out);
+    for (int j = 0, k = 0; j < n; j++) {
+        if (made[j] && st == EBB_OK)
+            slot_set(r, s->pub.out[k++], made[j]);
+        else
+            ebb_tensor_free(made[j]);
     }
-    if (!s->overlap)
-        return ebb_dist_allreduce_mean_(r->dist, r->args, s->pub.n_in);
-    /* started: the buffer is the step's output, the work finished by the
-     * bucket's ALLREDUCE_WAIT step */
+    return st;
+}
+
+static ebb_status allreduce_start(run_ctx *r, const plan_step *s) {
+    gather_args(r, s);
     ebb_tensor *flat = NULL;
     ebb_status st = ebb_dist_allreduce_mean_start(r->dist, r->args, s->pub.n_in, &flat,
                                                   &r->pending);
-    if (st == EBB_OK && s->pub.n_out > 0)
-        slot_set(r, s->pub.out[0], flat);
-    else
-        ebb_tensor_free(flat);
-    return st;
+    return hand_buffers(r, s, &flat, 1, st);
+}
+
+static ebb_status reduce_scatter_start(run_ctx *r, const plan_step *s) {
+    gather_args(r, s);
+    ebb_tensor *made[2] = {NULL, NULL};
+    ebb_status st = ebb_dist_reduce_scatter_mean_start(r->dist, r->args, s->owners, s->pub.n_in,
+                                                       &made[0], &made[1], &r->pending);
+    return hand_buffers(r, s, made, 2, st);
+}
+
+static ebb_status collective_wait(run_ctx *r) {
+    ebb_dist_work *w = r->pending;
+    r->pending = NULL;
+    return ebb_dist_work_finish(w);
 }
 
 /* ZeRO-1: the parameters rank `param` owns, as that rank updated them. */
@@ -690,13 +703,42 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
     case EBB_STEP_UPDATE: return update(r, s);
     case EBB_STEP_CLIP: return clip(r, s);
     case EBB_STEP_UNSCALE: return unscale(r, s, jump);
-    case EBB_STEP_ALLREDUCE: return allreduce(r, s);
+    /* Opcode: ALLREDUCE  (a bucket of gradients)
+     * Synopsis: each gradient := its mean over the ranks, in place
+     * The gradients travel laid end to end in one buffer per dtype, the
+     * step's scratch (a lone gradient of its dtype as it is). */
+    case EBB_STEP_ALLREDUCE:
+        gather_args(r, s);
+        return ebb_dist_allreduce_mean_(r->dist, r->args, ps->n_in);
+    /* Opcode: REDUCE_SCATTER  (a bucket of gradients)
+     * Synopsis: the gradients this rank owns := their means over the ranks
+     * ZeRO-1: half the all-reduce's traffic; the others' gradients die here
+     * (s->owners: each gradient's owning rank). */
+    case EBB_STEP_REDUCE_SCATTER:
+        gather_args(r, s);
+        return ebb_dist_reduce_scatter_mean_(r->dist, r->args, s->owners, ps->n_in);
+    /* Opcode: ALLREDUCE_START  (a bucket of gradients) -> [buffer]
+     * Synopsis: the bucket's all-reduce started; r->pending := the work
+     * allreduce_overlap: the backward goes on while the ranks exchange; the
+     * buffer (when several gradients share it) is the step's output. */
+    case EBB_STEP_ALLREDUCE_START: return allreduce_start(r, s);
+    /* Opcode: REDUCE_SCATTER_START  (a bucket of gradients) -> [buffers]
+     * Synopsis: the reduce-scatter's first round started; r->pending := it
+     * Its outputs: the buffer that round sends (when it lays several
+     * gradients end to end) and the one this rank's own arrive in. */
+    case EBB_STEP_REDUCE_SCATTER_START: return reduce_scatter_start(r, s);
+    /* Opcode: ALLREDUCE_WAIT  ([buffer,] a bucket of gradients)
+     * Synopsis: waits for r->pending; each gradient := its mean, in place */
+    case EBB_STEP_ALLREDUCE_WAIT: return collective_wait(r);
+    /* Opcode: REDUCE_SCATTER_WAIT  ([buffers,] a bucket of gradients)
+     * Synopsis: the reduce-scatter's other rounds, then this rank's means
+     * The rounds after the first run inside ebb_dist_work_finish. */
+    case EBB_STEP_REDUCE_SCATTER_WAIT: return collective_wait(r);
+    /* Opcode: BROADCAST  () ; param = the sending rank
+     * Synopsis: ZeRO-1: the parameters rank `param` owns := its values
+     * After the updates, every rank's share reaches the others, laid end
+     * to end in a buffer the size of that share, the step's scratch. */
     case EBB_STEP_BROADCAST: return broadcast(r, s);
-    case EBB_STEP_ALLREDUCE_WAIT: {
-        ebb_dist_work *w = r->pending;
-        r->pending = NULL;
-        return ebb_dist_work_finish(w);
-    }
     case EBB_STEP_ZEROS: return zeros(r, s);
     case EBB_STEP_SKIP:
         *jump = !r->written[ps->in[0]];

@@ -1155,15 +1155,16 @@ static int collectives(const ebb_plan *p, int64_t *out, int cap) {
         const ebb_plan_step *s = ebb_plan_step_at(p, i);
         if (s->kind == EBB_STEP_BROADCAST && n < cap) {
             out[n++] = -1 - s->param;
-        } else if (s->kind == EBB_STEP_ALLREDUCE_WAIT && n < cap) {
+        } else if ((s->kind == EBB_STEP_ALLREDUCE_WAIT || s->kind == EBB_STEP_REDUCE_SCATTER_WAIT) &&
+                   n < cap) {
             out[n++] = -1000000; /* the started one finishes */
         } else if ((s->kind == EBB_STEP_CLIP || s->kind == EBB_STEP_UNSCALE) && n < cap) {
             out[n++] = s->kind == EBB_STEP_CLIP ? -3 : -4; /* ZeRO-1: a sum over the ranks */
-        } else if (s->kind == EBB_STEP_ALLREDUCE) {
+        } else if (ebb_test_bucket_step(s->kind)) {
             for (int k = 0; k < s->n_in && n < cap; k++)
                 out[n++] = ebb_plan_value_at(p, s->in[k])->nbytes;
             if (n < cap) /* the bucket's end, and which collective it is */
-                out[n++] = strncmp(s->op, "reduce_scatter", 14) ? 0 : -2;
+                out[n++] = ebb_test_scatter_step(s->kind) ? -2 : 0;
         }
     }
     return n;
@@ -1224,11 +1225,11 @@ static void zero_ranks_agree(void **state) {
                      * travel during the backward too */
                     for (int k = 0; k < ebb_plan_step_count(p); k++) {
                         const ebb_plan_step *st = ebb_plan_step_at(p, k);
-                        if (st->kind != EBB_STEP_ALLREDUCE)
+                        if (!ebb_test_bucket_step(st->kind))
                             continue;
-                        n_scatter += !strncmp(st->op, "reduce_scatter", 14);
-                        n_started += !strcmp(st->op, "reduce_scatter.start");
-                        if (!strncmp(st->op, "allreduce", 9))
+                        n_scatter += ebb_test_scatter_step(st->kind);
+                        n_started += st->kind == EBB_STEP_REDUCE_SCATTER_START;
+                        if (!ebb_test_scatter_step(st->kind))
                             BROKEN("%s: rank %d of %d: step %d is an all-reduce (%s)",
                                    l.paths[i], r, world, k, st->op);
                     }

@@ -235,12 +235,30 @@ static int child_plan_of(ebb_dist *d, int rank, int world, int mode) {
     int scattered = 0, in_backward = 0, started = 0;
     for (int k = 0; k < ebb_plan_step_count(p); k++) {
         const ebb_plan_step *st = ebb_plan_step_at(p, k);
-        buckets += st->kind == EBB_STEP_ALLREDUCE;
-        scattered += st->kind == EBB_STEP_ALLREDUCE && !strncmp(st->op, "reduce_scatter", 14);
-        started += st->kind == EBB_STEP_ALLREDUCE && strstr(st->op, ".start") != NULL;
+        buckets += ebb_test_bucket_step(st->kind);
+        scattered += ebb_test_scatter_step(st->kind);
+        started += st->kind == EBB_STEP_ALLREDUCE_START ||
+                   st->kind == EBB_STEP_REDUCE_SCATTER_START;
+        int meets = ebb_test_bucket_step(st->kind) || st->kind == EBB_STEP_ALLREDUCE_WAIT ||
+                    st->kind == EBB_STEP_REDUCE_SCATTER_WAIT || st->kind == EBB_STEP_BROADCAST;
+        if (ebb_step_kind_is_collective(st->kind) != meets) {
+            fprintf(stderr, "[rank %d] step %d (%s): collective %d, expected %d\n", rank, k,
+                    st->op, ebb_step_kind_is_collective(st->kind), meets);
+            rc = 1;
+        }
+        /* each kind is its op */
+        if (ebb_test_bucket_step(st->kind) &&
+            ((strncmp(st->op, "reduce_scatter", 14) == 0) != ebb_test_scatter_step(st->kind) ||
+             (strstr(st->op, ".start") != NULL) !=
+                 (st->kind == EBB_STEP_ALLREDUCE_START ||
+                  st->kind == EBB_STEP_REDUCE_SCATTER_START))) {
+            fprintf(stderr, "[rank %d] step %d: op %s of kind %d\n", rank, k, st->op,
+                    (int)st->kind);
+            rc = 1;
+        }
         /* a bucket with backward steps after it travelled during the backward */
         in_backward |= seen && st->phase == EBB_PHASE_BACKWARD;
-        seen |= st->kind == EBB_STEP_ALLREDUCE;
+        seen |= ebb_test_bucket_step(st->kind);
         inside |= seen && st->kind == EBB_STEP_UPDATE && k + 1 < ebb_plan_step_count(p) &&
                   ebb_plan_step_at(p, k + 1)->phase == EBB_PHASE_BACKWARD;
     }

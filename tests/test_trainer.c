@@ -1283,8 +1283,8 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
     int n_buckets = 0, n_scatter = 0;
     for (int i = 0; plan && i < ebb_plan_step_count(plan); i++) {
         const ebb_plan_step *s = ebb_plan_step_at(plan, i);
-        n_buckets += s->kind == EBB_STEP_ALLREDUCE;
-        n_scatter += s->kind == EBB_STEP_ALLREDUCE && !strcmp(s->op, "reduce_scatter");
+        n_buckets += ebb_test_bucket_step(s->kind);
+        n_scatter += s->kind == EBB_STEP_REDUCE_SCATTER;
     }
     if (plan && o.zero && o.accumulate <= 1 && (n_buckets < 1 || n_scatter != n_buckets)) {
         fprintf(stderr, "[rank %d] %d of %d buckets reduce-scattered\n", rank, n_scatter,

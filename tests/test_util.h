@@ -116,4 +116,15 @@ static inline int ebb_test_run_group(const char *name, const struct CMUnitTest *
 #define ebb_test_run(name, tests, setup, teardown)                                                 \
     ebb_test_run_group((name), (tests), sizeof(tests) / sizeof((tests)[0]), (setup), (teardown))
 
+/* Whether a step of this kind starts a bucket's collective (an all-reduce or
+ * ZeRO-1's reduce-scatter, blocking or started), and whether it is a
+ * reduce-scatter's. */
+static inline int ebb_test_bucket_step(ebb_step_kind k) {
+    return k == EBB_STEP_ALLREDUCE || k == EBB_STEP_REDUCE_SCATTER ||
+           k == EBB_STEP_ALLREDUCE_START || k == EBB_STEP_REDUCE_SCATTER_START;
+}
+static inline int ebb_test_scatter_step(ebb_step_kind k) {
+    return k == EBB_STEP_REDUCE_SCATTER || k == EBB_STEP_REDUCE_SCATTER_START;
+}
+
 #endif

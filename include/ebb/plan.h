@@ -138,12 +138,11 @@ typedef struct ebb_train_options {
      * the fewest bytes so far: ebb_plan_param_owner()), and only the owner
      * updates it and holds its state, so a rank's update steps and state
      * are about 1/data_parallel of them. Each bucket is reduce-scattered
-     * (an EBB_STEP_ALLREDUCE step whose op is "reduce_scatter",
-     * ebb_dist_reduce_scatter_mean_()): a rank gets the means of the
-     * gradients it owns, and the others' gradients die there, with half the
-     * all-reduce's traffic (with allreduce_overlap, "reduce_scatter.start"
-     * and a "reduce_scatter.wait" EBB_STEP_ALLREDUCE_WAIT step, as for the
-     * all-reduce). The unscale and clip steps read this
+     * (an EBB_STEP_REDUCE_SCATTER step, ebb_dist_reduce_scatter_mean_()):
+     * a rank gets the means of the gradients it owns, and the others'
+     * gradients die there, with half the all-reduce's traffic (with
+     * allreduce_overlap, an EBB_STEP_REDUCE_SCATTER_START step and an
+     * EBB_STEP_REDUCE_SCATTER_WAIT step, as for the all-reduce). The unscale and clip steps read this
      * rank's gradients and agree with the other ranks by a collective:
      * ebb_optimizer_unscale_sharded_(), ebb_dist_clip_grad_norm_(). After
      * the updates one EBB_STEP_BROADCAST per rank sends
@@ -160,8 +159,9 @@ typedef struct ebb_train_options {
      * parameters its forward step cast (ebb_low_copies below). */
     ebb_low_copies low_weight_copies;
     /* Data parallel: a full bucket's all-reduce only starts where it is
-     * full (its buffer a value of the plan), and the backward goes on while
-     * the ranks exchange; an EBB_STEP_ALLREDUCE_WAIT step finishes it, and
+     * full (an EBB_STEP_ALLREDUCE_START step, its buffer a value of the
+     * plan), and the backward goes on while the ranks exchange; an
+     * EBB_STEP_ALLREDUCE_WAIT step finishes it, and
      * its parameters are updated, when the next bucket is full (or at the
      * backward's end). The gradients and the buffer then live longer, which
      * the plan counts; one collective is under way at a time, as Gloo
@@ -258,15 +258,28 @@ typedef enum ebb_step_kind {
                            clip_grad_norm (ebb_train_options) */
     EBB_STEP_UNSCALE,   /* (every gradient): divided by the loss scale in place; jumps past
                            the updates when one is not finite (ebb_train_options.loss_scaling) */
+    /* The collectives of data parallel (ebb_train_options.data_parallel),
+     * one kind each; src/exec.c documents each at its case. */
     EBB_STEP_ALLREDUCE, /* (a bucket of gradients): each becomes its mean over the ranks, in
-                           place (ebb_train_options.data_parallel); op "reduce_scatter"
-                           (ZeRO-1): only those of the parameters this rank owns */
+                           place */
     EBB_STEP_BROADCAST, /* ZeRO-1: the parameters one rank owns (`param` is the rank) become
                            that rank's, on every rank (ebb_train_options.zero) */
-    EBB_STEP_ALLREDUCE_WAIT, /* ([buffers,] a bucket of gradients): waits for the all-reduce
-                                (or reduce-scatter) an ALLREDUCE step started
+    EBB_STEP_ALLREDUCE_WAIT, /* ([buffer,] a bucket of gradients): waits for the all-reduce an
+                                ALLREDUCE_START step started, its means into the gradients
                                 (allreduce_overlap) */
+    EBB_STEP_REDUCE_SCATTER, /* ZeRO-1 (a bucket of gradients): those of the parameters this
+                                rank owns become their means over the ranks, in place */
+    EBB_STEP_ALLREDUCE_START, /* allreduce_overlap (a bucket of gradients) -> [buffer]: the
+                                 bucket's all-reduce started; the backward goes on */
+    EBB_STEP_REDUCE_SCATTER_START, /* ZeRO-1 with allreduce_overlap (a bucket of gradients)
+                                      -> [buffers]: its first round started */
+    EBB_STEP_REDUCE_SCATTER_WAIT, /* ([buffers,] a bucket of gradients): the reduce-scatter's
+                                     other rounds, then the means this rank owns */
 } ebb_step_kind;
+
+/* Whether steps of this kind meet the other ranks (every kind from
+ * EBB_STEP_ALLREDUCE on above): every rank runs them, in the same order. */
+EBB_API int ebb_step_kind_is_collective(ebb_step_kind kind);
 
 /* Which part of a training step a step belongs to (inference: all forward). */
 typedef enum ebb_step_phase {
