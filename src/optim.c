@@ -1,6 +1,7 @@
 /* Optimizers: per-parameter state beside a model's parameters, the update
  * kernels of the tensor layer (ops/tensor/optim.cpp) applied to it, and the
  * state saved and loaded under optim.* names. */
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1103,5 +1104,62 @@ ebb_status ebb_optimizer_load(ebb_optimizer *opt, const char *path) {
             opt->weight_decay[i] = o.weight_decay;
     opt->o = o;
     opt->scaler = scaler;
+    return EBB_OK;
+}
+
+/* ---- loss scaling's state: its options checked, its tensor ------------------------- */
+
+#define SCALER_VERSION 1
+#define SCALER_LEN 6
+
+ebb_status ebb_loss_scaling_check(const ebb_loss_scaling *o, const char *fn) {
+    if (!(isfinite(o->init_scale) && o->init_scale > 0 && o->init_scale <= FLT_MAX))
+        return ebb_error_set(EBB_ERR_ARG, "%s: init_scale %g must be positive and finite in float32",
+                             fn, o->init_scale);
+    if (!(isfinite(o->growth_factor) && o->growth_factor > 1))
+        return ebb_error_set(EBB_ERR_ARG, "%s: growth_factor %g must be above 1", fn,
+                             o->growth_factor);
+    if (!(o->backoff_factor > 0 && o->backoff_factor < 1))
+        return ebb_error_set(EBB_ERR_ARG, "%s: backoff_factor %g must be in (0, 1)", fn,
+                             o->backoff_factor);
+    if (o->growth_interval <= 0)
+        return ebb_error_set(EBB_ERR_ARG, "%s: growth_interval %d must be positive", fn,
+                             o->growth_interval);
+    return EBB_OK;
+}
+
+ebb_status ebb_loss_scaler_tensor(ebb_tensor **out, const ebb_loss_scaler *s) {
+    double v[SCALER_LEN] = {SCALER_VERSION, s->scale,    s->growth,
+                            s->backoff,     s->interval, s->tracker};
+    ebb_shape shape = {1, {SCALER_LEN}};
+    return ebb_tensor_from_host(out, v, sizeof v, &shape, EBB_FLOAT64, ebb_device_cpu());
+}
+
+ebb_status ebb_loss_scaler_from(ebb_loss_scaler *out, const ebb_tensor *t, const char *fn,
+                                const char *path) {
+    ebb_shape shape = ebb_tensor_shape(t);
+    char buf[64];
+    if (ebb_tensor_dtype(t) != EBB_FLOAT64 || shape.ndim != 1 || shape.dim[0] != SCALER_LEN)
+        return ebb_error_set(EBB_ERR_SHAPE, "%s: %s: '%s' is %s %s; expected float64 [%d]", fn,
+                             path, EBB_SCALER_NAME, ebb_dtype_name(ebb_tensor_dtype(t)),
+                             ebb_shape_str(&shape, buf, sizeof buf), SCALER_LEN);
+    double v[SCALER_LEN];
+    ebb_status st = ebb_tensor_to_host(t, v, sizeof v);
+    if (st != EBB_OK)
+        return ebb_error_prefix("%s: %s", fn, path);
+    if (v[0] != SCALER_VERSION)
+        return ebb_error_set(EBB_ERR_ARG, "%s: %s: '%s' has format version %g; this ebb reads %d",
+                             fn, path, EBB_SCALER_NAME, v[0], SCALER_VERSION);
+    ebb_loss_scaling o = {.init_scale = v[1], .growth_factor = v[2], .backoff_factor = v[3],
+                          .growth_interval = (int)v[4]};
+    st = v[4] == (int)v[4] ? ebb_loss_scaling_check(&o, fn)
+                           : ebb_error_set(EBB_ERR_ARG, "growth_interval %g is not a whole number",
+                                           v[4]);
+    if (st == EBB_OK && !(v[5] >= 0 && v[5] < v[4] && v[5] == (int)v[5]))
+        st = ebb_error_set(EBB_ERR_ARG, "growth_tracker %g is not a count below %g", v[5], v[4]);
+    if (st != EBB_OK)
+        return ebb_error_prefix("%s: '%s'", path, EBB_SCALER_NAME);
+    *out = (ebb_loss_scaler){.on = 1, .scale = v[1], .growth = v[2], .backoff = v[3],
+                             .interval = (int)v[4], .tracker = (int)v[5]};
     return EBB_OK;
 }

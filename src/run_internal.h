@@ -76,6 +76,8 @@ typedef struct ebb_loss_scaler {
 /* The optimizer's scaler (src/optim.c). */
 ebb_loss_scaler *ebb_optimizer_scaler(ebb_optimizer *opt);
 const ebb_loss_scaler *ebb_optimizer_scaler_const(const ebb_optimizer *opt);
+/* Loss scaling's options checked, the message prefixed by `fn` (src/optim.c). */
+ebb_status ebb_loss_scaling_check(const ebb_loss_scaling *o, const char *fn);
 /* optim.scaler, as ebb_optimizer_save() writes it: a new float64 tensor. */
 #define EBB_SCALER_NAME "optim.scaler"
 ebb_status ebb_loss_scaler_tensor(ebb_tensor **out, const ebb_loss_scaler *s);
