@@ -31,13 +31,6 @@
 
 #include "autodiff_internal.h"
 
-#define SEED (-2) /* the loss's own gradient: 1, supplied by the executor */
-
-static int fail(compiler *c, ebb_status st) {
-    c->status = st;
-    return -1;
-}
-
 /* ---- names -------------------------------------------------------------------- */
 
 /* "fc1.weight" is named by "fc1.weight" and by "fc1". */
@@ -52,9 +45,10 @@ static int choose_trained(compiler *c, const ebb_train_options *t) {
     if (!p->trained)
         return ebb_compiler_oom(c);
     if (t->n_trained > 0 && !t->trained)
-        return fail(c, ebb_error_set(EBB_ERR_ARG, "ebb_compile: ebb_train_options.trained is NULL "
+        return ebb_compiler_fail(c, ebb_error_set(EBB_ERR_ARG,
+                                                  "ebb_compile: ebb_train_options.trained is NULL "
                                                   "with n_trained %d",
-                                     t->n_trained));
+                                                  t->n_trained));
     for (int i = 0; i < p->n_params; i++)
         p->trained[i] = !p->params[i].spec.buffer && !p->params[i].spec.counter && !t->trained;
     for (int k = 0; k < t->n_trained; k++) {
@@ -63,18 +57,20 @@ static int choose_trained(compiler *c, const ebb_train_options *t) {
         for (int i = 0; name && i < p->n_params; i++)
             if (names_param(name, p->params[i].full_name)) {
                 if (p->params[i].spec.buffer || p->params[i].spec.counter)
-                    return fail(c, ebb_error_set(EBB_ERR_ARG,
-                                                 "ebb_compile: '%s' is a buffer, not a trained "
-                                                 "parameter",
-                                                 p->params[i].full_name));
+                    return ebb_compiler_fail(
+                        c, ebb_error_set(EBB_ERR_ARG,
+                                         "ebb_compile: '%s' is a buffer, not a trained "
+                                         "parameter",
+                                         p->params[i].full_name));
                 p->trained[i] = 1;
                 hits++;
             }
         if (!hits)
-            return fail(c, ebb_error_set(EBB_ERR_ARG,
-                                         "ebb_compile: ebb_train_options.trained names '%s', "
-                                         "which is no parameter or node of plan %s",
-                                         name ? name : "(null)", p->name));
+            return ebb_compiler_fail(
+                c, ebb_error_set(EBB_ERR_ARG,
+                                 "ebb_compile: ebb_train_options.trained names '%s', "
+                                 "which is no parameter or node of plan %s",
+                                 name ? name : "(null)", p->name));
     }
     return 0;
 }
@@ -86,9 +82,10 @@ static int choose_no_decay(compiler *c, const ebb_train_options *t) {
     if (t->n_no_decay <= 0)
         return 0;
     if (!t->no_decay)
-        return fail(c, ebb_error_set(EBB_ERR_ARG, "ebb_compile: ebb_train_options.no_decay is "
+        return ebb_compiler_fail(c, ebb_error_set(EBB_ERR_ARG,
+                                                  "ebb_compile: ebb_train_options.no_decay is "
                                                   "NULL with n_no_decay %d",
-                                     t->n_no_decay));
+                                                  t->n_no_decay));
     p->no_decay = calloc((size_t)p->n_params + 1, 1);
     if (!p->no_decay)
         return ebb_compiler_oom(c);
@@ -100,9 +97,10 @@ static int choose_no_decay(compiler *c, const ebb_train_options *t) {
                 hits++;
             }
         if (!hits)
-            return fail(c, ebb_error_set(EBB_ERR_ARG,
-                                         "--no-decay '%s' matches no trained parameter of plan %s",
-                                         t->no_decay[k] ? t->no_decay[k] : "(null)", p->name));
+            return ebb_compiler_fail(
+                c, ebb_error_set(EBB_ERR_ARG,
+                                 "--no-decay '%s' matches no trained parameter of plan %s",
+                                 t->no_decay[k] ? t->no_decay[k] : "(null)", p->name));
     }
     return 0;
 }
@@ -113,17 +111,19 @@ static int bind_targets(compiler *c, const ebb_graph *g, const ebb_train_options
     ebb_plan *p = c->plan;
     int n = t->n_target_shapes;
     if (n > 15)
-        return fail(c, ebb_error_set(EBB_ERR_ARG, "ebb_compile: %d targets; a loss takes at most 15",
-                                     n));
+        return ebb_compiler_fail(
+            c, ebb_error_set(EBB_ERR_ARG, "ebb_compile: %d targets; a loss takes at most 15", n));
     if (n < 1 || !t->target_shapes)
-        return fail(c, ebb_error_set(EBB_ERR_ARG,
-                                     "ebb_compile: a training compile needs the targets' shapes "
-                                     "(ebb_train_options.target_shapes)"));
+        return ebb_compiler_fail(
+            c,
+            ebb_error_set(EBB_ERR_ARG, "ebb_compile: a training compile needs the targets' shapes "
+                                       "(ebb_train_options.target_shapes)"));
     if (g->targets.n && n != g->targets.n)
-        return fail(c, ebb_error_set(EBB_ERR_ARG,
-                                     "ebb_compile: graph '%s' declares %d target(s), %d shape(s) "
-                                     "given",
-                                     g->name, g->targets.n, n));
+        return ebb_compiler_fail(
+            c, ebb_error_set(EBB_ERR_ARG,
+                             "ebb_compile: graph '%s' declares %d target(s), %d shape(s) "
+                             "given",
+                             g->name, g->targets.n, n));
     int *inputs = realloc(p->inputs, (size_t)(p->n_inputs + n) * sizeof *inputs);
     if (!inputs)
         return ebb_compiler_oom(c);
@@ -136,8 +136,9 @@ static int bind_targets(compiler *c, const ebb_graph *g, const ebb_train_options
         for (int d = 0; ok && d < s->ndim; d++)
             ok = s->dim[d] >= 0 && s->dim[d] <= ((int64_t)1 << 40);
         if (!ok)
-            return fail(c, ebb_error_set(EBB_ERR_SHAPE, "ebb_compile: target %d has shape %s", i,
-                                         ebb_shape_str(s, buf, sizeof buf)));
+            return ebb_compiler_fail(c, ebb_error_set(EBB_ERR_SHAPE,
+                                                      "ebb_compile: target %d has shape %s", i,
+                                                      ebb_shape_str(s, buf, sizeof buf)));
         ebb_tensor *m =
             ebb_compiler_meta_new(c, s, t->target_dtypes ? t->target_dtypes[i] : p->dtype);
         if (!m)
@@ -158,23 +159,24 @@ static int choose_loss(compiler *c, const ebb_graph *g, const ebb_train_options 
                        const ebb_op **op, const ebb_attr_value **attrs) {
     if (!t->loss) {
         if (!g->loss)
-            return fail(c, ebb_error_set(EBB_ERR_ARG,
-                                         "ebb_compile: graph '%s' declares no loss; give one "
-                                         "(ebb_loss(), a spec's `loss:`, or "
-                                         "ebb_train_options.loss)",
-                                         g->name));
+            return ebb_compiler_fail(
+                c, ebb_error_set(EBB_ERR_ARG,
+                                 "ebb_compile: graph '%s' declares no loss; give one "
+                                 "(ebb_loss(), a spec's `loss:`, or "
+                                 "ebb_train_options.loss)",
+                                 g->name));
         *op = g->loss;
         *attrs = g->loss_attrs;
         return 0;
     }
     *op = ebb_op_find(t->loss);
     if (!*op)
-        return fail(c, ebb_error_set(EBB_ERR_ARG, "ebb_compile: unknown loss op '%s'", t->loss));
+        return ebb_compiler_fail(c, ebb_error_set(EBB_ERR_ARG, "ebb_compile: unknown loss op '%s'", t->loss));
     char *owned = NULL;
     ebb_attr_value v[EBB_MAX_ATTRS];
     ebb_status st = ebb_attrs_resolve(*op, t->loss_attrs, v, &owned);
     if (st != EBB_OK)
-        return fail(c, st);
+        return ebb_compiler_fail(c, st);
     size_t text = owned ? strlen(owned) + 1 : 0;
     attr_block *a = calloc(1, sizeof *a + EBB_MAX_ATTRS * sizeof(ebb_attr_value) + text);
     if (!a) {
@@ -345,8 +347,8 @@ static int add_extras(compiler *c, int si) {
     if (st != EBB_OK) {
         for (int k = 0; k < EBB_MAX_SAVED; k++)
             ebb_tensor_free(saved[k]);
-        return fail(c, ebb_error_prefix("node %s (%s, training forward)", s->pub.node,
-                                        s->op->name));
+        return ebb_compiler_fail(
+            c, ebb_error_prefix("node %s (%s, training forward)", s->pub.node, s->op->name));
     }
     int outs[1 + EBB_MAX_SAVED];
     outs[0] = s->pub.out[0];
@@ -507,26 +509,6 @@ static int backward_read(ad *a, int v) {
 }
 
 /* ---- gradients ---------------------------------------------------------------- */
-
-static int accumulate(ad *a, int *into, int g, const char *node) {
-    compiler *c = a->c;
-    if (*into == -1) {
-        *into = g;
-        return 0;
-    }
-    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_ACCUM, "accumulate", node);
-    if (!s)
-        return -1;
-    s->pub.phase = EBB_PHASE_BACKWARD;
-    int si = ebb_compiler_step_index(c, s);
-    ebb_tensor *m = ebb_compiler_meta_ref(c, *into);
-    int out = m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, si, -1) : -1;
-    int in[2] = {*into, g};
-    if (out < 0 || ebb_compiler_step_set_slots(c, &c->plan->steps[si], in, 2, &out, 1) != 0)
-        return -1;
-    *into = out;
-    return 0;
-}
 
 /* The dry run of a backward, for the gradients' shapes and which of them
  * share storage with what the step reads (the caller compares storages).
@@ -707,7 +689,7 @@ static int bwd_gather(ad *a, int fi, bwd_call *k) {
     }
     for (int j = 0; j < f->n_params; j++)
         if (!(k->params[j] = meta_param(c, f, j)))
-            return fail(c, ebb_error_prefix("node %s (%s.backward)", f->pub.node, f->op->name));
+            return ebb_compiler_fail(c, ebb_error_prefix("node %s (%s.backward)", f->pub.node, f->op->name));
     return 0;
 }
 
@@ -762,7 +744,7 @@ static int bwd_run(ad *a, int fi, bwd_call *k) {
     if (st == EBB_OK)
         st = bwd_check(p, f, k);
     if (st != EBB_OK)
-        return fail(c, ebb_error_prefix("node %s (%s.backward)", f->pub.node, f->op->name));
+        return ebb_compiler_fail(c, ebb_error_prefix("node %s (%s.backward)", f->pub.node, f->op->name));
     for (int j = 0; f->param_cast && j < f->n_params; j++) {
         if (!k->gparam[j])
             continue;
@@ -912,12 +894,12 @@ static int bwd_hand_on(ad *a, int fi, const int *gin_slot, const int *gp_slot) {
     for (int i = 0; rc == 0 && i < p->steps[fi].pub.n_in; i++) {
         int x = p->steps[fi].pub.in[i];
         if (gin_slot[i] >= 0 && x < a->n_grad && a->req[x])
-            rc = accumulate(a, &a->grad[x], gin_slot[i], node);
+            rc = ebb_ad_accumulate(a, &a->grad[x], gin_slot[i], node);
     }
     for (int j = 0; rc == 0 && j < p->steps[fi].n_params; j++) {
         int pi = p->steps[fi].param[j];
         if (gp_slot[j] >= 0 && p->trained[pi])
-            rc = accumulate(a, &a->pgrad[pi], gp_slot[j], node);
+            rc = ebb_ad_accumulate(a, &a->pgrad[pi], gp_slot[j], node);
     }
     free(node);
     return rc;
@@ -929,9 +911,10 @@ static int emit_backward(ad *a, int fi) {
     compiler *c = a->c;
     const plan_step *f = &c->plan->steps[fi];
     if (f->pub.n_in > 32)
-        return fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
-                                     "node %s: %s has %d inputs; a backward step takes at most 32",
-                                     f->pub.node, f->op->name, f->pub.n_in));
+        return ebb_compiler_fail(
+            c, ebb_error_set(EBB_ERR_UNSUPPORTED,
+                             "node %s: %s has %d inputs; a backward step takes at most 32",
+                             f->pub.node, f->op->name, f->pub.n_in));
     bwd_call k = {.n_in = f->pub.n_in};
     int gin_slot[32], gp_slot[EBB_MAX_PARAMS];
     plan_step *b = NULL;
@@ -944,248 +927,6 @@ static int emit_backward(ad *a, int fi) {
         rc = bwd_values(a, fi, ebb_compiler_step_index(c, b), &k, gin_slot, gp_slot);
     bwd_call_free(&k);
     return rc == 0 ? bwd_hand_on(a, fi, gin_slot, gp_slot) : rc;
-}
-
-/* ---- switches and top-k gates ------------------------------------------------------- *
- *
- * Walking backwards, a routed region is met at its last exit and left at its
- * route. At the last exit, zero accumulators are made for x's gradient (and
- * for a top-k gate the table's); then per branch, last first: a skip step
- * that jumps past the branch's backward when its forward did not run (the
- * rows were never written), the exit's backward (the branch's rows of the
- * gradient, weighted for top-k, the weights' gradient into the table's
- * column), the branch body's ordinary backward steps, and the enter's
- * backward (the rows added into x's gradient). At the route, x's gradient is
- * handed on, and for top-k the router's, through the renormalisation. */
-
-#define MAX_REGIONS 16
-
-typedef struct region {
-    int route, x, table, scores; /* forward slots and step */
-    int gx, gtable;              /* gradient accumulators, -1 when not wanted */
-    int mode;
-    int skip[256];               /* per branch: its skip step, -1 */
-} region;
-
-static int new_zeros(ad *a, int like, const char *node) {
-    compiler *c = a->c;
-    plan_step *z = ebb_compiler_step_new(c, EBB_STEP_ZEROS, "zeros", node);
-    if (!z)
-        return -1;
-    z->pub.phase = EBB_PHASE_BACKWARD;
-    z->shape_of = like;
-    int zi = ebb_compiler_step_index(c, z);
-    ebb_tensor *m = ebb_compiler_meta_ref(c, like);
-    int out = m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, zi, -1) : -1;
-    if (out < 0 || ebb_compiler_step_set_slots(c, &c->plan->steps[zi], NULL, 0, &out, 1) != 0)
-        return -1;
-    return out;
-}
-
-static plan_step *control(ad *a, ebb_step_kind kind, const char *name, const char *node,
-                          const int *in, int n_in, const int *out, int n_out) {
-    compiler *c = a->c;
-    plan_step *st = ebb_compiler_step_new(c, kind, name, node);
-    if (!st)
-        return NULL;
-    st->pub.phase = EBB_PHASE_BACKWARD;
-    int si = ebb_compiler_step_index(c, st);
-    if (ebb_compiler_step_set_slots(c, st, in, n_in, out, n_out) != 0)
-        return NULL;
-    return &c->plan->steps[si];
-}
-
-static int routed_backward(ad *a, int i) {
-    compiler *c = a->c;
-    ebb_plan *p = c->plan;
-    /* a copy: every step made below may move p->steps (its slot arrays and
-     * node name are the step's own and stay put) */
-    const plan_step step = p->steps[i], *s = &step;
-    region *regions = a->regions;
-    char *node = ebb_compiler_strdupf("%s", s->pub.node);
-    if (!node)
-        return ebb_compiler_oom(c);
-    int rc = 0;
-    if (s->pub.kind == EBB_STEP_EXIT) {
-        int acc = s->pub.out[0], j = s->branch;
-        const plan_step *enter = &p->steps[p->values[s->pub.in[1]].producer];
-        int x = enter->pub.in[0], table = enter->pub.in[1];
-        if (j == s->n_branches - 1 || a->depth == 0 || regions[a->depth - 1].table != table) {
-            /* entering the region from its end */
-            if (a->depth == MAX_REGIONS) {
-                free(node);
-                return fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
-                                             "node %s: routed regions nest more than 16 deep",
-                                             s->pub.node));
-            }
-            region *rg = &regions[a->depth++];
-            const plan_step *route = &p->steps[p->values[table].producer];
-            *rg = (region){.route = p->values[table].producer, .x = x, .table = table,
-                           .scores = route->pub.in[0], .gx = -1, .gtable = -1, .mode = s->mode};
-            for (int b = 0; b < 256; b++)
-                rg->skip[b] = -1;
-            if (a->grad[acc] >= 0 && a->req[x])
-                rg->gx = new_zeros(a, x, node);
-            if (rc == 0 && a->grad[acc] >= 0 && s->mode == EBB_ROUTE_TOPK && a->req[table])
-                rg->gtable = new_zeros(a, table, node);
-            if ((a->req[x] && rg->gx < 0 && a->grad[acc] >= 0) ||
-                (s->mode == EBB_ROUTE_TOPK && a->req[table] && a->grad[acc] >= 0 &&
-                 rg->gtable < 0))
-                rc = -1;
-        }
-        region *rg = &regions[a->depth - 1];
-        int y = s->pub.in[0], rows = s->pub.in[1];
-        if (rc == 0 && a->grad[acc] >= 0 && (a->req[y] || rg->gtable >= 0)) {
-            plan_step *sk = control(a, EBB_STEP_SKIP, "skip", node, &rows, 1, NULL, 0);
-            rc = sk ? 0 : -1;
-            if (sk)
-                rg->skip[j] = ebb_compiler_step_index(c, sk);
-            int in[5] = {a->grad[acc], rows, table, y, rg->gtable};
-            int gy = -1;
-            if (rc == 0) {
-                plan_step *eb = NULL;
-                ebb_tensor *m = ebb_compiler_meta_ref(c, y);
-                int bi = p->n_steps;
-                gy = m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, bi, -1) : -1;
-                int out[2] = {gy, rg->gtable};
-                int topk = rg->gtable >= 0;
-                if (gy >= 0)
-                    eb = control(a, EBB_STEP_EXIT_BACKWARD, "exit.backward", node, in,
-                                 topk ? 5 : 3, out, topk ? 2 : 1);
-                if (eb) {
-                    eb->mode = topk ? EBB_ROUTE_TOPK : EBB_ROUTE_SWITCH;
-                    eb->branch = j;
-                }
-                rc = eb ? 0 : -1;
-            }
-            if (rc == 0 && a->req[y])
-                rc = accumulate(a, &a->grad[y], gy, node);
-        }
-    } else if (s->pub.kind == EBB_STEP_ENTER && a->depth > 0) {
-        region *rg = &regions[a->depth - 1];
-        int j = s->branch, xr = s->pub.out[1], rows = s->pub.out[0];
-        if (rg->gx >= 0 && a->grad[xr] >= 0) {
-            int in[3] = {a->grad[xr], rows, rg->gx};
-            rc = control(a, EBB_STEP_ENTER_BACKWARD, "enter.backward", node, in, 3, &rg->gx, 1)
-                     ? 0
-                     : -1;
-        }
-        if (rc == 0 && rg->skip[j] >= 0)
-            p->steps[rg->skip[j]].pub.jump = p->n_steps;
-    } else if (s->pub.kind == EBB_STEP_ROUTE && a->depth > 0) {
-        region rg = regions[--a->depth];
-        if (rg.gx >= 0)
-            rc = accumulate(a, &a->grad[rg.x], rg.gx, node);
-        if (rc == 0 && rg.gtable >= 0 && a->req[rg.scores]) {
-            ebb_tensor *m = ebb_compiler_meta_ref(c, rg.scores);
-            int gs = m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, p->n_steps, -1) : -1;
-            int in[3] = {rg.scores, rg.table, rg.gtable};
-            rc = gs >= 0 && control(a, EBB_STEP_ROUTE_BACKWARD, "route.backward", node, in, 3,
-                                    &gs, 1)
-                     ? 0
-                     : -1;
-            if (rc == 0)
-                rc = accumulate(a, &a->grad[rg.scores], gs, node);
-        }
-    }
-    free(node);
-    return rc;
-}
-
-/* ---- while/until loops -------------------------------------------------------------- *
- *
- * lower.c unrolls them for training: s0 := x, R := s0, then per iteration k
- * the test, y_k = body(s_k), R := y_k (so R ends as the last iteration's
- * output). Walking back, G holds the gradient of the state after the
- * iteration being walked: first R's, then, per iteration that ran, the
- * gradient its body gives its input. An iteration that did not run is
- * skipped (its body's output was never written), which leaves G as it was:
- * the result's gradient belongs to the last iteration that ran. The tests
- * are hard decisions, as a switch's, and get no gradient. */
-
-typedef struct loop_back {
-    int loop;    /* the loop's id (plan_step.counter) */
-    int g;       /* G's slot; -1 before the first iteration is met */
-    int skip;    /* the skip step of the iteration being walked, -1 */
-    int dead;    /* no gradient reaches the result */
-} loop_back;
-
-#define MAX_LOOPS 16
-
-/* G := g, or a new G slot viewing g. */
-static int move_into(ad *a, int g, int *G, const char *node) {
-    compiler *c = a->c;
-    int out = *G;
-    ebb_tensor *m = NULL;
-    if (out < 0) {
-        m = ebb_compiler_meta_ref(c, g);
-        if (!m)
-            return -1;
-    }
-    plan_step *al = ebb_compiler_step_new(c, EBB_STEP_ALIAS, "alias", node);
-    if (!al) {
-        ebb_tensor_free(m);
-        return -1;
-    }
-    al->pub.phase = EBB_PHASE_BACKWARD;
-    int ai = ebb_compiler_step_index(c, al);
-    if (out < 0 && (out = ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, ai, g)) < 0)
-        return -1;
-    *G = out;
-    return ebb_compiler_step_set_slots(c, &c->plan->steps[ai], &g, 1, &out, 1);
-}
-
-static int loop_backward(ad *a, int i) {
-    compiler *c = a->c;
-    ebb_plan *p = c->plan;
-    /* a copy, as in routed_backward: move_into and the skip step move p->steps */
-    const plan_step step = p->steps[i], *s = &step;
-    int loop = s->counter, result = s->pub.out[0], in = s->pub.in[0];
-    loop_back *lb = a->n_loops ? &a->loops[a->n_loops - 1] : NULL;
-    if (!lb || lb->loop != loop) {
-        if (s->unrolled == 2) /* no iteration at all: R is x */
-            return accumulate(a, &a->grad[in], a->grad[result], s->pub.node);
-        if (a->n_loops == MAX_LOOPS)
-            return fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
-                                         "node %s: loops nest more than %d deep", s->pub.node,
-                                         MAX_LOOPS));
-        lb = &a->loops[a->n_loops++];
-        *lb = (loop_back){.loop = loop, .g = -1, .skip = -1, .dead = a->grad[result] < 0};
-    }
-    char *node = ebb_compiler_strdupf("%s", s->pub.node);
-    if (!node)
-        return ebb_compiler_oom(c);
-    int rc = 0;
-    if (!lb->dead) {
-        if (lb->g < 0) {
-            rc = move_into(a, a->grad[result], &lb->g, node); /* the last iteration: G := R's */
-        } else if (a->grad[in] < 0) {
-            rc = fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
-                                       "node %s: the loop body's output does not depend on its "
-                                       "state, so no gradient reaches earlier iterations",
-                                       node));
-        } else {
-            /* close the iteration after this one: G := what its body gave its input */
-            rc = move_into(a, a->grad[in], &lb->g, node);
-            if (rc == 0)
-                p->steps[lb->skip].pub.jump = p->n_steps;
-        }
-        if (rc == 0 && s->unrolled == 1) {
-            plan_step *sk = ebb_compiler_step_new(c, EBB_STEP_SKIP, "skip", node);
-            rc = sk && ebb_compiler_step_set_slots(c, sk, &in, 1, NULL, 0) == 0 ? 0 : -1;
-            if (rc == 0) {
-                sk->pub.phase = EBB_PHASE_BACKWARD;
-                lb->skip = ebb_compiler_step_index(c, sk);
-            }
-        }
-        /* the iteration's output (or, at the head, the loop's input) has G */
-        if (rc == 0)
-            a->grad[in] = lb->g;
-    }
-    if (s->unrolled == 2)
-        a->n_loops--;
-    free(node);
-    return rc;
 }
 
 /* ---- the pass --------------------------------------------------------------------- */
@@ -1248,35 +989,40 @@ static int take_train_options(compiler *c, const ebb_train_options *t) {
     p->grads_only = t->grads_only;
     p->optimizer = t->optimizer;
     if (!(t->clip_grad_norm >= 0) || !(t->clip_grad_value >= 0))
-        return fail(c, ebb_error_set(EBB_ERR_ARG,
-                                     "clip_grad_norm %g, clip_grad_value %g: clipping takes a "
-                                     "positive number (0: none)",
-                                     t->clip_grad_norm, t->clip_grad_value));
+        return ebb_compiler_fail(
+            c, ebb_error_set(EBB_ERR_ARG,
+                             "clip_grad_norm %g, clip_grad_value %g: clipping takes a "
+                             "positive number (0: none)",
+                             t->clip_grad_norm, t->clip_grad_value));
     p->clip_grad_norm = t->grads_only ? 0 : t->clip_grad_norm;
     p->clip_grad_value = t->grads_only ? 0 : t->clip_grad_value;
     if (t->loss_scaling && t->grads_only)
-        return fail(c, ebb_error_set(EBB_ERR_ARG,
-                                     "loss_scaling needs update steps; a grads_only plan takes its "
-                                     "scale from ebb_run_options.loss_scale, and the caller "
-                                     "unscales (ebb_optimizer_unscale_)"));
+        return ebb_compiler_fail(
+            c, ebb_error_set(EBB_ERR_ARG,
+                             "loss_scaling needs update steps; a grads_only plan takes its "
+                             "scale from ebb_run_options.loss_scale, and the caller "
+                             "unscales (ebb_optimizer_unscale_)"));
     p->loss_scaling = t->loss_scaling != 0;
     if (t->data_parallel < 0 || t->allreduce_bucket_bytes < 0)
-        return fail(c, ebb_error_set(EBB_ERR_ARG,
-                                     "data_parallel %d, allreduce_bucket_bytes %lld: a count of "
-                                     "ranks and a size (0: the defaults)",
-                                     t->data_parallel, (long long)t->allreduce_bucket_bytes));
+        return ebb_compiler_fail(
+            c, ebb_error_set(EBB_ERR_ARG,
+                             "data_parallel %d, allreduce_bucket_bytes %lld: a count of "
+                             "ranks and a size (0: the defaults)",
+                             t->data_parallel, (long long)t->allreduce_bucket_bytes));
     if (t->data_parallel > 1 && t->grads_only && !t->zero)
-        return fail(c, ebb_error_set(EBB_ERR_ARG,
-                                     "data_parallel needs update steps; with grads_only the "
-                                     "caller averages the gradients (ebb_dist_allreduce_mean_)"));
+        return ebb_compiler_fail(
+            c,
+            ebb_error_set(EBB_ERR_ARG, "data_parallel needs update steps; with grads_only the "
+                                       "caller averages the gradients (ebb_dist_allreduce_mean_)"));
     p->data_parallel = t->grads_only ? 0 : t->data_parallel;
     if (t->zero && (t->zero != 1 || t->data_parallel < 2 || t->rank < 0 ||
                     t->rank >= t->data_parallel))
-        return fail(c, ebb_error_set(EBB_ERR_ARG,
-                                     "zero %d, rank %d of data_parallel %d: ZeRO-1 (zero 1) shards "
-                                     "the optimizer over 2 or more ranks, and the plan is one "
-                                     "rank's",
-                                     t->zero, t->rank, t->data_parallel));
+        return ebb_compiler_fail(
+            c, ebb_error_set(EBB_ERR_ARG,
+                             "zero %d, rank %d of data_parallel %d: ZeRO-1 (zero 1) shards "
+                             "the optimizer over 2 or more ranks, and the plan is one "
+                             "rank's",
+                             t->zero, t->rank, t->data_parallel));
     p->rank = t->zero ? t->rank : 0;
     /* with grads_only, ZeRO-1's owners only: the caller averages the
      * gradients and updates its share (the trainer's --accumulate) */
@@ -1385,13 +1131,14 @@ static int emit_loss(ad *a, const ebb_op *loss_op, const ebb_attr_value *loss_at
         return -1;
     if (p->values[loss].shape.ndim != 0) {
         char sb[96];
-        fail(c, ebb_error_set(EBB_ERR_SHAPE, "loss %s gives %s; a loss must be a scalar",
-                              loss_op->name, ebb_shape_str(&p->values[loss].shape, sb, sizeof sb)));
+        ebb_compiler_fail(
+            c, ebb_error_set(EBB_ERR_SHAPE, "loss %s gives %s; a loss must be a scalar",
+                             loss_op->name, ebb_shape_str(&p->values[loss].shape, sb, sizeof sb)));
         return -1;
     }
     if (!loss_op->grad) {
-        fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED, "loss %s has no backward rule",
-                              loss_op->name));
+        ebb_compiler_fail(
+            c, ebb_error_set(EBB_ERR_UNSUPPORTED, "loss %s has no backward rule", loss_op->name));
         return -1;
     }
     /* the loss and every forward value are below n_grad */
@@ -1425,21 +1172,20 @@ static int walk_back(ad *a, int loss_step, int n_fwd) {
         const plan_step *s = &p->steps[i];
         if (s->pub.kind == EBB_STEP_EXIT || s->pub.kind == EBB_STEP_ENTER ||
             s->pub.kind == EBB_STEP_ROUTE) {
-            if (routed_backward(a, i) != 0)
-                return -1;
+            if (ebb_ad_routed_backward(a, i) != 0) return -1;
             continue;
         }
         if (s->pub.kind == EBB_STEP_JUMP_IF)
             continue; /* a loop's test: a hard decision, no gradient */
         if (s->pub.kind == EBB_STEP_ALIAS && s->unrolled) {
-            if (loop_backward(a, i) != 0)
-                return -1;
+            if (ebb_ad_loop_backward(a, i) != 0) return -1;
             continue;
         }
         if (s->pub.kind != EBB_STEP_OP && s->pub.kind != EBB_STEP_ALIAS) {
-            fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED, "node %s: training through a %s step is "
-                                                        "not supported",
-                                  s->pub.node, s->pub.op));
+            ebb_compiler_fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                               "node %s: training through a %s step is "
+                                               "not supported",
+                                               s->pub.node, s->pub.op));
             return -1;
         }
         int y = s->pub.out[0];
@@ -1448,17 +1194,18 @@ static int walk_back(ad *a, int loss_step, int n_fwd) {
         if (s->pub.kind == EBB_STEP_ALIAS) {
             char *node = ebb_compiler_strdupf("%s", s->pub.node);
             int x = s->pub.in[0];
-            int r2 = node ? accumulate(a, &a->grad[x], a->grad[y], node) : ebb_compiler_oom(c);
+            int r2 = node ? ebb_ad_accumulate(a, &a->grad[x], a->grad[y], node) : ebb_compiler_oom(c);
             free(node);
             if (r2 != 0)
                 return -1;
             continue;
         }
         if (!s->op->grad) {
-            fail(c, ebb_error_set(EBB_ERR_UNSUPPORTED,
-                                  "node %s: op %s has no backward rule (ebb_op.grad), so it "
-                                  "cannot be trained through",
-                                  s->pub.node, s->op->name));
+            ebb_compiler_fail(
+                c, ebb_error_set(EBB_ERR_UNSUPPORTED,
+                                 "node %s: op %s has no backward rule (ebb_op.grad), so it "
+                                 "cannot be trained through",
+                                 s->pub.node, s->op->name));
             return -1;
         }
         if (emit_backward(a, i) != 0 || ebb_ad_updates_after_step(a, i) != 0)
@@ -1511,10 +1258,11 @@ int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options
         goto out;
     mark_required(&a, n_fwd);
     if (!a.req[final]) {
-        fail(c, ebb_error_set(EBB_ERR_ARG,
-                              "ebb_compile: the output of graph '%s' does not depend on any "
-                              "trained parameter, so the loss has no gradient",
-                              g->name));
+        ebb_compiler_fail(
+            c, ebb_error_set(EBB_ERR_ARG,
+                             "ebb_compile: the output of graph '%s' does not depend on any "
+                             "trained parameter, so the loss has no gradient",
+                             g->name));
         goto out;
     }
     int loss_step = -1, loss = emit_loss(&a, loss_op, loss_attrs, final, &loss_step);

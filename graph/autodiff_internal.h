@@ -1,7 +1,10 @@
 /* The autodiff pass's state, shared by its three files, one level each:
  *
- *   autodiff.c     the gradients: a backward step per op step, the routed
- *                  regions and unrolled loops walked back, the loss;
+ *   autodiff.c     the gradients: the loss, a backward step per op step,
+ *                  the walk back from the loss;
+ *   backflow.c     the walk through routed regions (switches, top-k gates)
+ *                  and unrolled loops, and the sums where a value's
+ *                  gradient arrives twice;
  *   updates.c      what the gradients become: update steps, data
  *                  parallel's buckets (when one travels), clipping by the
  *                  norm, loss scaling's unscale;
@@ -14,6 +17,26 @@
 #define EBB_AUTODIFF_INTERNAL_H
 
 #include "compile_internal.h"
+
+#define SEED (-2) /* the loss's own gradient: 1, supplied by the executor */
+
+/* A routed region being walked back through (backflow.c). */
+#define MAX_REGIONS 16
+typedef struct region {
+    int route, x, table, scores; /* forward slots and step */
+    int gx, gtable;              /* gradient accumulators, -1 when not wanted */
+    int mode;
+    int skip[256];               /* per branch: its skip step, -1 */
+} region;
+
+/* An unrolled while/until loop being walked back through (backflow.c). */
+#define MAX_LOOPS 16
+typedef struct loop_back {
+    int loop;    /* the loop's id (plan_step.counter) */
+    int g;       /* G's slot; -1 before the first iteration is met */
+    int skip;    /* the skip step of the iteration being walked, -1 */
+    int dead;    /* no gradient reaches the result */
+} loop_back;
 
 typedef struct ad {
     compiler *c;
@@ -45,6 +68,16 @@ typedef struct ad {
     int pending_buffers[2]; /* the buffers it wrote, values until the wait */
     int n_pending_buffers;
 } ad;
+
+/* ---- backflow.c ---------------------------------------------------------------- */
+
+/* Adds gradient g into *into (-1: g becomes it) with an ACCUM step at
+ * `node`. */
+int ebb_ad_accumulate(ad *a, int *into, int g, const char *node);
+/* The backward of forward step i, an EXIT, ENTER or ROUTE step. */
+int ebb_ad_routed_backward(ad *a, int i);
+/* The backward of forward step i, an unrolled loop's result (ALIAS). */
+int ebb_ad_loop_backward(ad *a, int i);
 
 /* ---- updates.c ---------------------------------------------------------------- */
 

@@ -62,6 +62,8 @@ typedef struct compiler {
 /* ---- building the plan (graph/compiler.c) -------------------------------- */
 
 int ebb_compiler_oom(compiler *c);
+/* c->status := st (its message already set); returns -1. */
+int ebb_compiler_fail(compiler *c, ebb_status st);
 char *ebb_compiler_strdupf(const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 1, 2)))

@@ -36,6 +36,11 @@ int *ebb_compiler_dup_ints(const int *v, int n) {
     return d;
 }
 
+int ebb_compiler_fail(compiler *c, ebb_status st) {
+    c->status = st;
+    return -1;
+}
+
 int ebb_compiler_oom(compiler *c) {
     c->status = ebb_error_set(EBB_ERR_NOMEM, "ebb_compile: out of memory");
     return -1;

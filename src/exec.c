@@ -530,6 +530,51 @@ static ebb_status broadcast(run_ctx *r, const plan_step *s) {
     return ebb_dist_broadcast_(r->dist, r->args, n, s->pub.param);
 }
 
+/* One collective step; every rank runs the same ones in the same order. */
+static ebb_status collective(run_ctx *r, const plan_step *s) {
+    const ebb_plan_step *ps = &s->pub;
+    switch (ps->kind) {
+    /* Opcode: ALLREDUCE  (a bucket of gradients)
+     * Synopsis: each gradient := its mean over the ranks, in place
+     * The gradients travel laid end to end in one buffer per dtype, the
+     * step's scratch (a lone gradient of its dtype as it is). */
+    case EBB_STEP_ALLREDUCE:
+        gather_args(r, s);
+        return ebb_dist_allreduce_mean_(r->dist, r->args, ps->n_in);
+    /* Opcode: REDUCE_SCATTER  (a bucket of gradients)
+     * Synopsis: the gradients this rank owns := their means over the ranks
+     * ZeRO-1: half the all-reduce's traffic; the others' gradients die here
+     * (s->owners: each gradient's owning rank). */
+    case EBB_STEP_REDUCE_SCATTER:
+        gather_args(r, s);
+        return ebb_dist_reduce_scatter_mean_(r->dist, r->args, s->owners, ps->n_in);
+    /* Opcode: ALLREDUCE_START  (a bucket of gradients) -> [buffer]
+     * Synopsis: the bucket's all-reduce started; r->pending := the work
+     * allreduce_overlap: the backward goes on while the ranks exchange; the
+     * buffer (when several gradients share it) is the step's output. */
+    case EBB_STEP_ALLREDUCE_START: return allreduce_start(r, s);
+    /* Opcode: REDUCE_SCATTER_START  (a bucket of gradients) -> [buffers]
+     * Synopsis: the reduce-scatter's first round started; r->pending := it
+     * Its outputs: the buffer that round sends (when it lays several
+     * gradients end to end) and the one this rank's own arrive in. */
+    case EBB_STEP_REDUCE_SCATTER_START: return reduce_scatter_start(r, s);
+    /* Opcode: ALLREDUCE_WAIT  ([buffer,] a bucket of gradients)
+     * Synopsis: waits for r->pending; each gradient := its mean, in place */
+    case EBB_STEP_ALLREDUCE_WAIT: return collective_wait(r);
+    /* Opcode: REDUCE_SCATTER_WAIT  ([buffers,] a bucket of gradients)
+     * Synopsis: the reduce-scatter's other rounds, then this rank's means
+     * The rounds after the first run inside ebb_dist_work_finish. */
+    case EBB_STEP_REDUCE_SCATTER_WAIT: return collective_wait(r);
+    /* Opcode: BROADCAST  () ; param = the sending rank
+     * Synopsis: ZeRO-1: the parameters rank `param` owns := its values
+     * After the updates, every rank's share reaches the others, laid end
+     * to end in a buffer the size of that share, the step's scratch. */
+    case EBB_STEP_BROADCAST: return broadcast(r, s);
+    default:
+        return ebb_error_set(EBB_ERR_RUNTIME, "step %s (%s) is no collective", ps->op, ps->node);
+    }
+}
+
 /* ---- routed regions in the backward ---------------------------------------- */
 
 /* EXIT's backward: the branch's rows of the accumulator's gradient, weighted
@@ -703,42 +748,13 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
     case EBB_STEP_UPDATE: return update(r, s);
     case EBB_STEP_CLIP: return clip(r, s);
     case EBB_STEP_UNSCALE: return unscale(r, s, jump);
-    /* Opcode: ALLREDUCE  (a bucket of gradients)
-     * Synopsis: each gradient := its mean over the ranks, in place
-     * The gradients travel laid end to end in one buffer per dtype, the
-     * step's scratch (a lone gradient of its dtype as it is). */
     case EBB_STEP_ALLREDUCE:
-        gather_args(r, s);
-        return ebb_dist_allreduce_mean_(r->dist, r->args, ps->n_in);
-    /* Opcode: REDUCE_SCATTER  (a bucket of gradients)
-     * Synopsis: the gradients this rank owns := their means over the ranks
-     * ZeRO-1: half the all-reduce's traffic; the others' gradients die here
-     * (s->owners: each gradient's owning rank). */
     case EBB_STEP_REDUCE_SCATTER:
-        gather_args(r, s);
-        return ebb_dist_reduce_scatter_mean_(r->dist, r->args, s->owners, ps->n_in);
-    /* Opcode: ALLREDUCE_START  (a bucket of gradients) -> [buffer]
-     * Synopsis: the bucket's all-reduce started; r->pending := the work
-     * allreduce_overlap: the backward goes on while the ranks exchange; the
-     * buffer (when several gradients share it) is the step's output. */
-    case EBB_STEP_ALLREDUCE_START: return allreduce_start(r, s);
-    /* Opcode: REDUCE_SCATTER_START  (a bucket of gradients) -> [buffers]
-     * Synopsis: the reduce-scatter's first round started; r->pending := it
-     * Its outputs: the buffer that round sends (when it lays several
-     * gradients end to end) and the one this rank's own arrive in. */
-    case EBB_STEP_REDUCE_SCATTER_START: return reduce_scatter_start(r, s);
-    /* Opcode: ALLREDUCE_WAIT  ([buffer,] a bucket of gradients)
-     * Synopsis: waits for r->pending; each gradient := its mean, in place */
-    case EBB_STEP_ALLREDUCE_WAIT: return collective_wait(r);
-    /* Opcode: REDUCE_SCATTER_WAIT  ([buffers,] a bucket of gradients)
-     * Synopsis: the reduce-scatter's other rounds, then this rank's means
-     * The rounds after the first run inside ebb_dist_work_finish. */
-    case EBB_STEP_REDUCE_SCATTER_WAIT: return collective_wait(r);
-    /* Opcode: BROADCAST  () ; param = the sending rank
-     * Synopsis: ZeRO-1: the parameters rank `param` owns := its values
-     * After the updates, every rank's share reaches the others, laid end
-     * to end in a buffer the size of that share, the step's scratch. */
-    case EBB_STEP_BROADCAST: return broadcast(r, s);
+    case EBB_STEP_ALLREDUCE_START:
+    case EBB_STEP_REDUCE_SCATTER_START:
+    case EBB_STEP_ALLREDUCE_WAIT:
+    case EBB_STEP_REDUCE_SCATTER_WAIT:
+    case EBB_STEP_BROADCAST: return collective(r, s);
     case EBB_STEP_ZEROS: return zeros(r, s);
     case EBB_STEP_SKIP:
         *jump = !r->written[ps->in[0]];

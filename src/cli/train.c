@@ -935,60 +935,6 @@ static int trainer_fail(const cli_run *c, ebb_status st, int running) {
     return rc;
 }
 
-/* The signal that asked training to stop (0: none). The loop looks at it
- * between steps only, so that a step and a checkpoint are never cut short. */
-static volatile sig_atomic_t stop_signal;
-static atomic_int stop_count; /* signals received: two may arrive at once, on two threads */
-static const int stop_signals[] = {SIGINT, SIGTERM, SIGHUP};
-#define N_STOP_SIGNALS 3
-static volatile sig_atomic_t stop_installed[N_STOP_SIGNALS];
-static struct sigaction stop_old[N_STOP_SIGNALS], stop_default;
-
-static void on_stop_signal(int sig) {
-    if (atomic_fetch_add(&stop_count, 1) > 0) {
-        /* a second signal stops at once: its default action, once this
-         * handler returns and unblocks it, leaving no checkpoint's
-         * temporary file behind */
-        ebb_file_remove_temporaries();
-        sigaction(sig, &stop_default, NULL);
-        raise(sig);
-        return;
-    }
-    stop_signal = sig;
-    for (int i = 0; i < N_STOP_SIGNALS; i++)
-        if (stop_installed[i]) sigaction(stop_signals[i], &stop_default, NULL);
-}
-
-/* A signal ignored when the command started (nohup's SIGHUP, SIGINT in a
- * background job) stays ignored. */
-static void signals_install(void) {
-    struct sigaction sa, old;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESTART; /* what the signal interrupts (a write to a pipe) goes on */
-    sigemptyset(&sa.sa_mask);
-    stop_default = (struct sigaction){.sa_handler = SIG_DFL};
-    sigemptyset(&stop_default.sa_mask);
-    stop_signal = 0;
-    atomic_store(&stop_count, 0);
-    for (int i = 0; i < N_STOP_SIGNALS; i++)
-        if (sigaction(stop_signals[i], NULL, &old) == 0 && old.sa_handler != SIG_IGN)
-            stop_installed[i] = sigaction(stop_signals[i], &sa, &stop_old[i]) == 0;
-}
-
-static void signals_restore(void) {
-    for (int i = 0; i < N_STOP_SIGNALS; i++)
-        if (stop_installed[i]) {
-            sigaction(stop_signals[i], &stop_old[i], NULL);
-            stop_installed[i] = 0;
-        }
-}
-
-static const char *signal_name(int sig) {
-    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "?";
-}
-
-
 /* A mean loss as a JSON line prints it: "0.123456789", or null when every
  * step it covers was skipped or the value is not finite. */
 static const char *json_loss(double sum, int64_t n, char *buf, size_t size) {
@@ -1115,7 +1061,7 @@ static int on_step(ebb_trainer *t, const ebb_train_event *e, void *user) {
         c->csv_n = 0;
         if (stop) return 1;
     }
-    if (c->curve && (e->step % c->window == 0 || e->step == e->total_steps || stop_signal)) {
+    if (c->curve && (e->step % c->window == 0 || e->step == e->total_steps || ebb_cli_stop_signal())) {
         ebb_status st = ebb_cli_curve_step(c->curve, e->step, e->samples,
                                            c->curve_n ? c->curve_loss / (double)c->curve_n : NAN);
         c->curve_loss = 0;
@@ -1135,7 +1081,7 @@ static int on_step(ebb_trainer *t, const ebb_train_event *e, void *user) {
         c->json_n = 0;
         fflush(stdout);
     }
-    return stop_signal != 0;
+    return ebb_cli_stop_signal() != 0;
 }
 
 /* After every epoch: the JSON line and the learning curves, redrawn (a run
@@ -1231,100 +1177,6 @@ static int open_outputs(cli_run *c) {
 
 /* ---- data parallel --------------------------------------------------------- */
 
-/* --nproc N: this command again in N processes, ranks 0 .. N-1 of a group
- * meeting on a free loopback port, as torchrun would start them. Waits for
- * every rank; a rank that fails makes the others fail too (their next
- * collective, or their timeout), and the first failure is the exit code.
- * Returns -1 when every rank succeeded. */
-static int launch_ranks(int n, int argc, char **argv) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        fprintf(stderr, "ebb: --nproc: no free loopback port: %s\n", strerror(errno));
-        if (fd >= 0) close(fd);
-        return EXIT_RUNTIME;
-    }
-    close(fd);
-    char port[16], world[16], rank[16];
-    snprintf(port, sizeof port, "%d", ntohs(a.sin_port));
-    snprintf(world, sizeof world, "%d", n);
-    char **args = calloc((size_t)argc + 2, sizeof *args);
-    pid_t pids[64] = {0};
-    if (!args) {
-        fprintf(stderr, "ebb: out of memory\n");
-        return EXIT_RUNTIME;
-    }
-    args[0] = (char *)"ebb";
-    /* --threads is the launcher's, which each rank gets an N-th of below */
-    for (int i = 0, k = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--")) {
-            while (i < argc) args[k++] = argv[i++];
-            break;
-        }
-        if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-            i++;
-            continue;
-        }
-        if (strncmp(argv[i], "--threads=", 10) != 0) args[k++] = argv[i];
-    }
-    setenv("WORLD_SIZE", world, 1);
-    setenv("MASTER_ADDR", "127.0.0.1", 1);
-    setenv("MASTER_PORT", port, 1);
-    /* the ranks share the threads this process has (its --threads,
-     * EBB_NUM_THREADS or the default), as torchrun's OMP_NUM_THREADS does */
-    char threads[16], *had = getenv("EBB_NUM_THREADS");
-    char *outer = had ? strdup(had) : NULL;
-    int per_rank = ebb_tensor_num_threads() / n;
-    snprintf(threads, sizeof threads, "%d", per_rank > 1 ? per_rank : 1);
-    setenv("EBB_NUM_THREADS", threads, 1);
-    int rc = -1, started = 0;
-    for (int r = 0; r < n; r++) {
-        snprintf(rank, sizeof rank, "%d", r);
-        setenv("RANK", rank, 1);
-        setenv("LOCAL_RANK", rank, 1);
-        int e = posix_spawn(&pids[r], "/proc/self/exe", NULL, NULL, args, environ);
-        if (e != 0) {
-            fprintf(stderr, "ebb: --nproc: cannot start rank %d: %s\n", r, strerror(e));
-            rc = EXIT_RUNTIME;
-            break;
-        }
-        started++;
-    }
-    for (int left = started; left > 0; left--) {
-        int status = 0;
-        pid_t p = waitpid(-1, &status, 0);
-        if (p < 0) break;
-        int r = 0;
-        while (r < started && pids[r] != p) r++;
-        int code = WIFEXITED(status) ? WEXITSTATUS(status) : EXIT_RUNTIME;
-        if (code != 0) {
-            if (WIFSIGNALED(status))
-                fprintf(stderr, "ebb: rank %d of %d was killed by signal %d\n", r, n,
-                        WTERMSIG(status));
-            else
-                fprintf(stderr, "ebb: rank %d of %d exited with status %d\n", r, n, code);
-            if (rc < 0) rc = code;
-        }
-    }
-    /* a launch that could not start every rank ends the ones it started */
-    if (started < n)
-        for (int r = 0; r < started; r++) kill(pids[r], SIGTERM);
-    unsetenv("RANK");
-    unsetenv("LOCAL_RANK");
-    unsetenv("WORLD_SIZE");
-    unsetenv("MASTER_ADDR");
-    unsetenv("MASTER_PORT");
-    if (outer)
-        setenv("EBB_NUM_THREADS", outer, 1);
-    else
-        unsetenv("EBB_NUM_THREADS");
-    free(outer);
-    free(args);
-    return rc;
-}
-
 /* A rank of a data-parallel run: joins the group from the environment;
  * every rank but 0 keeps quiet and writes no file (the trainer writes rank
  * 0's checkpoints and weights alone). */
@@ -1374,7 +1226,7 @@ static int train_open(cli_run *c, int argc, char **argv) {
         return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
                                    "--bucket-size applies to data-parallel training (--nproc N, "
                                    "or a torchrun job)");
-    if (o->nproc > 1 && !getenv("WORLD_SIZE")) return launch_ranks((int)o->nproc, argc, argv);
+    if (o->nproc > 1 && !getenv("WORLD_SIZE")) return ebb_cli_launch_ranks((int)o->nproc, argc, argv);
     if (getenv("WORLD_SIZE") && (rc = join_ranks(c))) return rc;
     c->ckpt_path = o->checkpoint ? o->checkpoint : DEFAULT_CHECKPOINT;
     if ((o->save_weights && ebb_file_check_writable(o->save_weights, "--save-weights") != EBB_OK) ||
@@ -1465,7 +1317,7 @@ static int train_open(cli_run *c, int argc, char **argv) {
 }
 
 static void train_close(cli_run *c) {
-    signals_restore();
+    ebb_cli_signals_restore();
     ebb_file_abort(c->tw);
     ebb_cli_curve_free(c->curve);
     if (c->csv) fclose(c->csv);
@@ -1503,8 +1355,8 @@ static int stopped(cli_run *c) {
     fprintf(stderr,
             "ebb: interrupted by %s after step %lld; checkpoint written to %s (resume with "
             "--resume %s)\n",
-            signal_name(stop_signal), (long long)s.step, c->ckpt_path, c->ckpt_path);
-    return EXIT_SIGNAL_BASE + stop_signal;
+            ebb_cli_signal_name(ebb_cli_stop_signal()), (long long)s.step, c->ckpt_path, c->ckpt_path);
+    return EXIT_SIGNAL_BASE + ebb_cli_stop_signal();
 }
 
 /* The run's end (the trainer wrote the last checkpoint): the weights and
@@ -1538,13 +1390,13 @@ int ebb_cli_train(const struct command *self, int argc, char **argv) {
     memset(&c, 0, sizeof c);
     int rc = train_open(&c, argc, argv);
     if (!rc) {
-        signals_install();
+        ebb_cli_signals_install();
         ebb_status st = ebb_trainer_run(c.t);
         if (c.rc)
             rc = c.rc;
         else if (st != EBB_OK)
             rc = trainer_fail(&c, st, 1);
-        else if (stop_signal)
+        else if (ebb_cli_stop_signal())
             rc = stopped(&c);
         else
             rc = finish(&c);

@@ -83,6 +83,18 @@ int ebb_cli_check_aliases(const char *const *list);
 int ebb_cli_check_over(const ebb_plan *p, const ebb_run_stats *stats, int64_t measured,
                        int strict, const char *when);
 
+/* --nproc N (src/cli/launch.c): this command again in N processes, ranks
+ * 0 .. N-1 meeting on a free loopback port, waited for; the first failure
+ * is the exit code, -1 when every rank succeeded. */
+int ebb_cli_launch_ranks(int n, int argc, char **argv);
+/* SIGINT, SIGTERM and SIGHUP ask training to stop between steps (a second
+ * one stops at once); one ignored when the command started stays ignored. */
+void ebb_cli_signals_install(void);
+void ebb_cli_signals_restore(void);
+/* The signal that asked training to stop, 0 when none has; its name. */
+int ebb_cli_stop_signal(void);
+const char *ebb_cli_signal_name(int sig);
+
 struct command; /* cli.h: the dispatcher's row, handed to the command */
 int ebb_cli_train(const struct command *self, int argc, char **argv);
 int ebb_cli_eval(const struct command *self, int argc, char **argv);
