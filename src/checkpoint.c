@@ -235,6 +235,28 @@ static ebb_status read_keep_best(const ebb_safetensors *sf, const char *path,
     return EBB_OK;
 }
 
+/* Early stopping's state, when the run recorded it: all three or none. */
+static ebb_status read_early_stop(const ebb_safetensors *sf, const char *path,
+                                  ebb_checkpoint_info *ci) {
+    const char *loss = ebb_safetensors_metadata(sf, "early_stop_best_loss");
+    if (!loss) return EBB_OK;
+    char *end = NULL;
+    double v = strtod(loss, &end);
+    if (end == loss || *end || !isfinite(v) ||
+        !meta_i64(sf, "early_stop_best_epoch", &ci->early_stop_best_epoch) ||
+        !meta_i64(sf, "early_stop_bad_epochs", &ci->early_stop_bad_epochs) ||
+        ci->early_stop_best_epoch < 1) {
+        ci->early_stop_best_epoch = ci->early_stop_bad_epochs = 0;
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s: early_stop_best_loss '%s' without a finite number, an epoch "
+                             "from 1 in early_stop_best_epoch and a count in "
+                             "early_stop_bad_epochs",
+                             path, loss);
+    }
+    ci->early_stop_best_loss = v;
+    return EBB_OK;
+}
+
 ebb_status ebb_checkpoint_read_info(const char *path, ebb_checkpoint_info *ci) {
     if (!path || !ci) return ebb_error_set(EBB_ERR_ARG, "ebb_checkpoint_read_info: NULL argument");
     memset(ci, 0, sizeof *ci);
@@ -296,6 +318,7 @@ ebb_status ebb_checkpoint_read_info(const char *path, ebb_checkpoint_info *ci) {
     if (st == EBB_OK && no_decay && *no_decay && !(ci->no_decay = strdup(no_decay)))
         st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
     if (st == EBB_OK) st = read_keep_best(sf, path, ci);
+    if (st == EBB_OK) st = read_early_stop(sf, path, ci);
     if (st == EBB_OK && ((data && !(ci->data = strdup(data))) ||
                          (stateless && !(ci->stateless = strdup(stateless)))))
         st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");

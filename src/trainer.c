@@ -427,6 +427,10 @@ static ebb_status resume(ebb_trainer *t) {
     else if ((st = check_missing_state(t)) != EBB_OK)
         return st;
     zero_drop_others(t);
+    /* early stopping goes on counting from where the run stopped */
+    t->best_loss = t->ci.early_stop_best_loss;
+    t->best_epoch = t->ci.early_stop_best_epoch;
+    t->bad_epochs = t->ci.early_stop_bad_epochs;
     if (t->ci.data && t->data && strcmp(t->ci.data, t->data))
         warn(t, "--data %s is not the data %s was trained on: %s now, %s then", t->o.data, ck,
              t->data, t->ci.data);
@@ -1042,7 +1046,7 @@ static double rate_of(const ebb_trainer *t, int64_t from, int64_t to, double sec
 
 /* Early stopping's count after epoch e, whose evaluation loss is `loss`. */
 static void early_stop(ebb_trainer *t, int64_t e, double loss) {
-    if (e == 1 || loss < t->best_loss - t->o.early_stop_min_delta) {
+    if (t->best_epoch == 0 || loss < t->best_loss - t->o.early_stop_min_delta) {
         t->best_loss = loss;
         t->best_epoch = e;
         t->bad_epochs = 0;
@@ -1221,8 +1225,8 @@ static ebb_status refuse_nonfinite(const ebb_trainer *t, const state *s, int par
 typedef struct ckpt_meta {
     char step[32], epoch[32], seed[32], batch[32], clip_norm[32], clip_value[32], accum[32];
     char no_decay[1024], sched[256], sched_steps[32], sched_lr[32], sched_base[32];
-    char best_value[32], best_step[32];
-    const char *pairs[2 * 24];
+    char best_value[32], best_step[32], stop_loss[32], stop_epoch[32], stop_bad[32];
+    const char *pairs[2 * 28];
     int n; /* pairs */
 } ckpt_meta;
 
@@ -1276,6 +1280,14 @@ static void checkpoint_meta(const ebb_trainer *t, const char *stateless, ckpt_me
         meta_add(m, "keep_best", o->keep_best);
         meta_add(m, "keep_best_value", m->best_value);
         meta_add(m, "keep_best_step", m->best_step);
+    }
+    if (o->early_stop_patience > 0 && t->best_epoch > 0) {
+        snprintf(m->stop_loss, sizeof m->stop_loss, "%.17g", t->best_loss);
+        snprintf(m->stop_epoch, sizeof m->stop_epoch, "%lld", (long long)t->best_epoch);
+        snprintf(m->stop_bad, sizeof m->stop_bad, "%lld", (long long)t->bad_epochs);
+        meta_add(m, "early_stop_best_loss", m->stop_loss);
+        meta_add(m, "early_stop_best_epoch", m->stop_epoch);
+        meta_add(m, "early_stop_bad_epochs", m->stop_bad);
     }
 }
 

@@ -807,6 +807,34 @@ static void test_early_stopping(void **state) {
     assert_non_null(strstr(why, "early stopping after epoch 3"));
     assert_int_equal(ebb_trainer_get_stats(t).step, 12);
     ebb_trainer_free(t);
+
+    /* stopped after epoch 2 (one epoch without improvement so far) and
+     * resumed: the checkpoint carries the count, so the run stops after
+     * epoch 3, as the straight one did */
+    o.epochs = 2;
+    o.checkpoint = ckpt_path;
+    ev = (events){0};
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("first two epochs: %s", ebb_errmsg());
+    assert_null(ebb_trainer_stop_reason(t));
+    ebb_trainer_free(t);
+    ebb_checkpoint_info ci;
+    assert_int_equal(ebb_checkpoint_read_info(ckpt_path, &ci), EBB_OK);
+    assert_int_equal(ci.early_stop_best_epoch, 1);
+    assert_int_equal(ci.early_stop_bad_epochs, 1);
+    assert_true(isfinite(ci.early_stop_best_loss) && ci.early_stop_best_loss > 0);
+    ebb_checkpoint_info_free(&ci);
+    o.epochs = 10;
+    o.resume = ckpt_path;
+    ev = (events){.epochs = 2}; /* count_epoch checks the epochs' numbers */
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("resumed: %s", ebb_errmsg());
+    assert_int_equal(ev.epochs, 3);
+    why = ebb_trainer_stop_reason(t);
+    if (!why || !strstr(why, "early stopping after epoch 3:") || !strstr(why, "(epoch 1)"))
+        fail_msg("resumed run: stop reason '%s'", why ? why : "(none)");
+    ebb_trainer_free(t);
+    remove(ckpt_path);
     ebb_spec_free(spec);
 }
 

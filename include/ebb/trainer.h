@@ -435,6 +435,11 @@ typedef struct ebb_checkpoint_info {
     char *keep_best;        /* the keep_best metric of the run; NULL: none */
     double keep_best_value; /* its best value by then (NAN: none yet) */
     int64_t keep_best_step; /* the step of the checkpoint kept for it (0: none) */
+    /* early stopping's state (ebb_trainer_options.early_stop_patience): the
+     * best evaluation loss, its epoch (0: none yet, or not recorded) and the
+     * epochs since without improvement; a resumed run goes on counting */
+    double early_stop_best_loss;
+    int64_t early_stop_best_epoch, early_stop_bad_epochs;
 } ebb_checkpoint_info;
 
 /* Reads a checkpoint's header into *out (free with
