@@ -1151,6 +1151,10 @@ ebb_status ebb_trainer_step(ebb_trainer *t, double *loss) {
         return ebb_error_set(EBB_ERR_ARG, "the run is at its last step, %lld",
                              (long long)t->s.total_steps);
     if (t->t0 == 0) t->t0 = t->t_epoch = ebb_now_seconds();
+    /* a step after a stop (early stopping's, a callback's) is the caller
+     * going on: the stop was that step's news, not this one's */
+    t->stop = t->callback_stop = 0;
+    t->stop_reason[0] = '\0';
     ebb_run_stats stats = {0};
     ebb_train_event ev;
     ebb_status st = run_step(t, &ev, &stats);

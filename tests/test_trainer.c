@@ -833,6 +833,14 @@ static void test_early_stopping(void **state) {
     why = ebb_trainer_stop_reason(t);
     if (!why || !strstr(why, "early stopping after epoch 3:") || !strstr(why, "(epoch 1)"))
         fail_msg("resumed run: stop reason '%s'", why ? why : "(none)");
+    /* a step taken by hand after the stop goes on: no stop, and no
+     * checkpoint until one is due (the run's was written at step 12) */
+    double loss = NAN;
+    assert_int_equal(ebb_trainer_step(t, &loss), EBB_OK);
+    assert_true(isfinite(loss));
+    assert_null(ebb_trainer_stop_reason(t));
+    assert_int_equal(ebb_trainer_get_stats(t).step, 13);
+    assert_int_equal(ebb_trainer_get_stats(t).last_checkpoint, 12);
     ebb_trainer_free(t);
     remove(ckpt_path);
     ebb_spec_free(spec);

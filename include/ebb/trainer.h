@@ -339,7 +339,9 @@ EBB_API void ebb_trainer_free(ebb_trainer *t);
 EBB_API ebb_status ebb_trainer_run(ebb_trainer *t);
 /* One training step on the next batch (*loss may be NULL: NAN when the step
  * was skipped); the epoch's end, its evaluation and checkpoints follow as
- * in ebb_trainer_run(). EBB_ERR_ARG past the run's last step. */
+ * in ebb_trainer_run(). EBB_ERR_ARG past the run's last step. Early
+ * stopping or a callback may stop at this step (ebb_trainer_stop_reason(),
+ * until the next step); a step after a stop goes on training. */
 EBB_API ebb_status ebb_trainer_step(ebb_trainer *t, double *loss);
 /* Evaluates the model on eval_data with the inference plan, in file order;
  * *out receives the metrics (free with ebb_metrics_free()). EBB_ERR_ARG
