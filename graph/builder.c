@@ -99,6 +99,15 @@ static int valid_name(const char *s) {
     return 1;
 }
 
+void ebb_inputs_wanted(int min, int max, char *buf, size_t size) {
+    if (min == max)
+        snprintf(buf, size, "%d input%s", min, min == 1 ? "" : "s");
+    else if (max < 0)
+        snprintf(buf, size, "at least %d inputs", min);
+    else
+        snprintf(buf, size, "%d to %d inputs", min, max);
+}
+
 const char *ebb_graph_step_kind_name(step_kind k) {
     static const char *names[] = {"from",   "through", "also", "split", "merge",
                                   "gate",   "switch",  "loop", "tag"};
@@ -1236,12 +1245,7 @@ ebb_graph *ebb_build(ebb_builder *b) {
         if (b->status == EBB_OK && b->loss) {
             int n = 1 + b->targets.n, min = b->loss->min_inputs, max = b->loss->max_inputs;
             char want[64];
-            if (min == max)
-                snprintf(want, sizeof want, "%d input%s", min, min == 1 ? "" : "s");
-            else if (max < 0)
-                snprintf(want, sizeof want, "at least %d inputs", min);
-            else
-                snprintf(want, sizeof want, "%d to %d inputs", min, max);
+            ebb_inputs_wanted(min, max, want, sizeof want);
             if (n < min || (max >= 0 && n > max))
                 fail(b, "ebb_build: loss %s takes %s (the final stream, then the targets), but "
                         "the graph declares %d target%s",

@@ -84,6 +84,10 @@ struct ebb_graph {
     ebb_node *owned; /* every node of this graph */
 };
 
+/* An op's input count as a message wants it: "1 input", "at least 2
+ * inputs", "2 to 3 inputs" (max < 0: no upper bound). */
+void ebb_inputs_wanted(int min, int max, char *buf, size_t size);
+
 const char *ebb_graph_step_kind_name(step_kind k);
 /* Resolves "key=value, ..." attribute text (NULL: none) against op's schema
  * into out[0..op->n_attrs), defaults filled, as ebb_node_op() does. STRING

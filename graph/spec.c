@@ -265,12 +265,7 @@ static int read_loss(loader *ld, ebb_builder *b, const ynode *key, const ynode *
     int n = 1 + s->n_targets, min = op->min_inputs, max = op->max_inputs;
     if (n < min || (max >= 0 && n > max)) {
         char want[64];
-        if (min == max)
-            snprintf(want, sizeof want, "%d input%s", min, min == 1 ? "" : "s");
-        else if (max < 0)
-            snprintf(want, sizeof want, "at least %d inputs", min);
-        else
-            snprintf(want, sizeof want, "%d to %d inputs", min, max);
+        ebb_inputs_wanted(min, max, want, sizeof want);
         return ebb_load_fail_at(ld, opn,
                                 "%s takes %s (the final stream, then the targets), but the "
                                 "spec declares %d target%s",

@@ -41,12 +41,7 @@ static int check_arity(loader *ld, const ynode *at, const char *what, int min, i
     if (n_inputs >= min && (max < 0 || n_inputs <= max))
         return 0;
     char want[64];
-    if (min == max)
-        snprintf(want, sizeof want, "%d input%s", min, min == 1 ? "" : "s");
-    else if (max < 0)
-        snprintf(want, sizeof want, "at least %d inputs", min);
-    else
-        snprintf(want, sizeof want, "%d to %d inputs", min, max);
+    ebb_inputs_wanted(min, max, want, sizeof want);
     if (ld->merging && n_inputs == ld->merging)
         return ebb_load_fail_at(ld, at, "%s takes %s, but the merge gives it the %d open streams",
                                 what, want, n_inputs);
