@@ -1077,6 +1077,145 @@ ebb_status ebb_plan_chart_svg(const ebb_plan *p, const ebb_chart_trace *trace, F
     return ebb_plan_chart_svg_ex(p, trace, f, NULL, NULL);
 }
 
+/* The chart's per-step arrays (and the legend's items, *items); c->oom
+ * says whether any allocation failed. */
+static void chart_alloc(chart *c, legend_item **items) {
+    const ebb_plan *p = c->p;
+    size_t n1 = (size_t)(c->n ? c->n : 1);
+    *items = calloc(n1 + 24, sizeof **items);
+    c->fams = calloc(n1, sizeof *c->fams);
+    c->cls = malloc((size_t)(p->n_values ? p->n_values : 1) * sizeof *c->cls);
+    c->kept_sum = calloc(n1 + 1, sizeof *c->kept_sum);
+    c->other_sum = calloc(n1 + 1, sizeof *c->other_sum);
+    c->stack = calloc(n1 + 1, sizeof *c->stack);
+    c->ws = calloc(n1, sizeof *c->ws);
+    c->count = calloc(n1 + 1, sizeof *c->count);
+    c->low_base = calloc(n1, sizeof *c->low_base);
+    int low_oom = !c->low_base;
+    for (int d = 0; d < N_LOW; d++) {
+        c->low_sum[d] = calloc(n1 + 1, sizeof *c->low_sum[d]);
+        c->other_low[d] = calloc(n1 + 1, sizeof *c->other_low[d]);
+        low_oom |= !c->low_sum[d] || !c->other_low[d];
+    }
+    if (c->trace) {
+        c->m_live = calloc(n1, sizeof *c->m_live);
+        c->m_peak = calloc(n1, sizeof *c->m_peak);
+        c->seen = calloc(n1, 1);
+    }
+    if (!*items || !c->fams || !c->cls || !c->kept_sum || !c->other_sum || !c->stack || !c->ws ||
+        !c->count || low_oom || (c->trace && (!c->m_live || !c->m_peak || !c->seen)))
+        c->oom = 1;
+}
+
+static void chart_free(chart *c, legend_item *items) {
+    free(items);
+    free(c->bands);
+    free(c->fams);
+    free(c->cls);
+    free(c->kept_sum);
+    free(c->other_sum);
+    free(c->stack);
+    free(c->ws);
+    free(c->count);
+    free(c->low_base);
+    for (int d = 0; d < N_LOW; d++) {
+        free(c->low_sum[d]);
+        free(c->other_low[d]);
+    }
+    free(c->m_live);
+    free(c->m_peak);
+    free(c->seen);
+}
+
+/* Big plans: bands too small to see merge into "other"; the kept and
+ * merged sums per step, and per low dtype, then each step's stack. */
+static void split_bands(chart *c) {
+    int merge = c->n_bands > MERGE_BANDS || c->n > MERGE_STEPS;
+    for (int b = 0; b < c->n_bands; b++) {
+        band *bd = &c->bands[b];
+        bd->kept = !merge || ((double)bd->bytes * c->scale >= MIN_BAND_H &&
+                              c->dx * (bd->death - bd->birth + 1) >= MIN_BAND_W);
+        int64_t *sum = bd->kept ? c->kept_sum : c->other_sum;
+        sum[bd->birth] += bd->bytes;
+        sum[bd->death + 1] -= bd->bytes;
+        c->n_other += !bd->kept;
+        if (bd->low) {
+            /* a low dtype's bands, all and merged: the same sums, per dtype */
+            int d = bd->low - 1;
+            c->any_low[d] = 1;
+            c->low_sum[d][bd->birth] += bd->bytes;
+            c->low_sum[d][bd->death + 1] -= bd->bytes;
+            if (bd->kept) {
+                c->low_fams[d] |= (int64_t)1 << (bd->family % N_PALETTE);
+            } else {
+                c->any_low_other[d] = 1;
+                c->other_low[d][bd->birth] += bd->bytes;
+                c->other_low[d][bd->death + 1] -= bd->bytes;
+            }
+        }
+    }
+    for (int i = 0; i < c->n; i++) {
+        if (i > 0) {
+            c->kept_sum[i] += c->kept_sum[i - 1];
+            c->other_sum[i] += c->other_sum[i - 1];
+            for (int d = 0; d < N_LOW; d++) {
+                c->low_sum[d][i] += c->low_sum[d][i - 1];
+                c->other_low[d][i] += c->other_low[d][i - 1];
+            }
+        }
+        c->stack[i] = c->kept_sum[i] + c->other_sum[i] + c->ws[i];
+    }
+}
+
+/* The title and the lines under it: the planned peak, what lies beside
+ * the step, clipping's cost, and a trace's measured peak. */
+static void draw_titles(chart *c) {
+    const ebb_plan *p = c->p;
+    FILE *f = c->f;
+    const ebb_chart_trace *trace = c->trace;
+    char head[512], hb[32], kb[32];
+    snprintf(head, sizeof head, "%s: live intermediate bytes over %d steps", p->name, c->n);
+    draw_text(f, LEFT, 22, "class=\"title\"", head);
+    size_t at = (size_t)snprintf(head, sizeof head, "planned peak %s (%s), keep_all %s; %d values",
+                                 bytes_text(p->peak_bytes, hb, sizeof hb),
+                                 p->keep_all        ? "nothing freed: keep_all"
+                                 : p->peak_is_bound ? "an upper bound"
+                                                    : "exact",
+                                 bytes_text(p->keep_all_peak_bytes, kb, sizeof kb), c->n_bands);
+    if (c->n_other && at < sizeof head)
+        at += (size_t)snprintf(head + at, sizeof head - at, " (%d too small to draw, merged)",
+                               c->n_other);
+    if (p->training && !p->grads_only && at < sizeof head) {
+        char pb[32], ob[32];
+        at += (size_t)snprintf(head + at, sizeof head - at,
+                               "; beside them parameters %s, optimizer state %s",
+                               bytes_text(ebb_plan_param_bytes(p), pb, sizeof pb),
+                               bytes_text(ebb_plan_optimizer_state_bytes(p), ob, sizeof ob));
+    }
+    if (p->clip_grad_norm > 0 && at < sizeof head) {
+        /* clipping by norm holds every gradient until the updates: its cost */
+        char cb[32];
+        int64_t cost = ebb_plan_clip_cost_bytes(p);
+        snprintf(head + at, sizeof head - at,
+                 "; clip_grad_norm %g: updates after the backward, peak %s%s than without "
+                 "clipping",
+                 p->clip_grad_norm, bytes_text(cost < 0 ? -cost : cost, cb, sizeof cb),
+                 cost < 0 ? " lower" : " higher");
+    }
+    draw_text(f, LEFT, 40, "class=\"sub\"", head);
+    if (trace) {
+        int64_t mp = 0;
+        for (int i = 0; i < c->n; i++)
+            mp = c->seen[i] && c->m_peak[i] > mp ? c->m_peak[i] : mp;
+        at = (size_t)snprintf(head, sizeof head, "measured peak %s over %d executed steps",
+                              bytes_text(mp, hb, sizeof hb), trace->n_samples);
+        if (c->n_over && at < sizeof head)
+            snprintf(head + at, sizeof head - at, "; %d step%s measured more than planned",
+                     c->n_over, c->n_over == 1 ? "" : "s");
+        draw_text(f, LEFT, 56, "class=\"sub\"", head);
+    }
+}
+
 ebb_status ebb_plan_chart_svg_ex(const ebb_plan *p, const ebb_chart_trace *trace, FILE *f,
                                  ebb_node_label_fn label, void *user) {
     if (!p || !f)
@@ -1092,31 +1231,9 @@ ebb_status ebb_plan_chart_svg_ex(const ebb_plan *p, const ebb_chart_trace *trace
                                  k, trace->samples[k].step, p->name, p->n_steps);
     chart c = {.p = p, .f = f, .n = p->n_steps, .trace = trace, .bin = 1, .label = label,
                .user = user};
-    size_t n1 = (size_t)(c.n ? c.n : 1);
-    legend_item *items = calloc(n1 + 24, sizeof *items);
-    c.fams = calloc(n1, sizeof *c.fams);
-    c.cls = malloc((size_t)(p->n_values ? p->n_values : 1) * sizeof *c.cls);
-    c.kept_sum = calloc(n1 + 1, sizeof *c.kept_sum);
-    c.other_sum = calloc(n1 + 1, sizeof *c.other_sum);
-    c.stack = calloc(n1 + 1, sizeof *c.stack);
-    c.ws = calloc(n1, sizeof *c.ws);
-    c.count = calloc(n1 + 1, sizeof *c.count);
-    c.low_base = calloc(n1, sizeof *c.low_base);
-    int low_oom = !c.low_base;
-    for (int d = 0; d < N_LOW; d++) {
-        c.low_sum[d] = calloc(n1 + 1, sizeof *c.low_sum[d]);
-        c.other_low[d] = calloc(n1 + 1, sizeof *c.other_low[d]);
-        low_oom |= !c.low_sum[d] || !c.other_low[d];
-    }
-    if (trace) {
-        c.m_live = calloc(n1, sizeof *c.m_live);
-        c.m_peak = calloc(n1, sizeof *c.m_peak);
-        c.seen = calloc(n1, 1);
-    }
+    legend_item *items = NULL;
+    chart_alloc(&c, &items);
     ebb_status st = EBB_OK;
-    if (!items || !c.fams || !c.cls || !c.kept_sum || !c.other_sum || !c.stack || !c.ws ||
-        !c.count || low_oom || (trace && (!c.m_live || !c.m_peak || !c.seen)))
-        c.oom = 1;
     if (!c.oom) walk(&c);
     if (c.oom) goto out;
     for (int k = 0; trace && k < trace->n_samples; k++) {
@@ -1160,42 +1277,7 @@ ebb_status ebb_plan_chart_svg_ex(const ebb_plan *p, const ebb_chart_trace *trace
     int64_t tick = tick_step(top + top / 16, &c.ymax);
     c.scale = PLOT_H / (double)c.ymax;
 
-    /* big plans: bands too small to see merge into "other" */
-    int merge = c.n_bands > MERGE_BANDS || c.n > MERGE_STEPS;
-    for (int b = 0; b < c.n_bands; b++) {
-        band *bd = &c.bands[b];
-        bd->kept = !merge || ((double)bd->bytes * c.scale >= MIN_BAND_H &&
-                              c.dx * (bd->death - bd->birth + 1) >= MIN_BAND_W);
-        int64_t *sum = bd->kept ? c.kept_sum : c.other_sum;
-        sum[bd->birth] += bd->bytes;
-        sum[bd->death + 1] -= bd->bytes;
-        c.n_other += !bd->kept;
-        if (bd->low) {
-            /* a low dtype's bands, all and merged: the same sums, per dtype */
-            int d = bd->low - 1;
-            c.any_low[d] = 1;
-            c.low_sum[d][bd->birth] += bd->bytes;
-            c.low_sum[d][bd->death + 1] -= bd->bytes;
-            if (bd->kept) {
-                c.low_fams[d] |= (int64_t)1 << (bd->family % N_PALETTE);
-            } else {
-                c.any_low_other[d] = 1;
-                c.other_low[d][bd->birth] += bd->bytes;
-                c.other_low[d][bd->death + 1] -= bd->bytes;
-            }
-        }
-    }
-    for (int i = 0; i < c.n; i++) {
-        if (i > 0) {
-            c.kept_sum[i] += c.kept_sum[i - 1];
-            c.other_sum[i] += c.other_sum[i - 1];
-            for (int d = 0; d < N_LOW; d++) {
-                c.low_sum[d][i] += c.low_sum[d][i - 1];
-                c.other_low[d][i] += c.other_low[d][i - 1];
-            }
-        }
-        c.stack[i] = c.kept_sum[i] + c.other_sum[i] + c.ws[i];
-    }
+    split_bands(&c);
     int unnamed = 0;
     for (int i = 0; i < c.n; i++)
         unnamed |= (double)(p->steps[i].pub.peak_bytes - c.stack[i]) * c.scale >= 0.5;
@@ -1236,47 +1318,7 @@ ebb_status ebb_plan_chart_svg_ex(const ebb_plan *p, const ebb_chart_trace *trace
     xml_text(f, p->name);
     fputs("</title>\n<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>\n", f);
 
-    char head[512], hb[32], kb[32];
-    snprintf(head, sizeof head, "%s: live intermediate bytes over %d steps", p->name, c.n);
-    draw_text(f, LEFT, 22, "class=\"title\"", head);
-    size_t at = (size_t)snprintf(head, sizeof head, "planned peak %s (%s), keep_all %s; %d values",
-                                 bytes_text(p->peak_bytes, hb, sizeof hb),
-                                 p->keep_all        ? "nothing freed: keep_all"
-                                 : p->peak_is_bound ? "an upper bound"
-                                                    : "exact",
-                                 bytes_text(p->keep_all_peak_bytes, kb, sizeof kb), c.n_bands);
-    if (c.n_other && at < sizeof head)
-        at += (size_t)snprintf(head + at, sizeof head - at, " (%d too small to draw, merged)",
-                               c.n_other);
-    if (p->training && !p->grads_only && at < sizeof head) {
-        char pb[32], ob[32];
-        at += (size_t)snprintf(head + at, sizeof head - at,
-                               "; beside them parameters %s, optimizer state %s",
-                               bytes_text(ebb_plan_param_bytes(p), pb, sizeof pb),
-                               bytes_text(ebb_plan_optimizer_state_bytes(p), ob, sizeof ob));
-    }
-    if (p->clip_grad_norm > 0 && at < sizeof head) {
-        /* clipping by norm holds every gradient until the updates: its cost */
-        char cb[32];
-        int64_t cost = ebb_plan_clip_cost_bytes(p);
-        snprintf(head + at, sizeof head - at,
-                 "; clip_grad_norm %g: updates after the backward, peak %s%s than without "
-                 "clipping",
-                 p->clip_grad_norm, bytes_text(cost < 0 ? -cost : cost, cb, sizeof cb),
-                 cost < 0 ? " lower" : " higher");
-    }
-    draw_text(f, LEFT, 40, "class=\"sub\"", head);
-    if (trace) {
-        int64_t mp = 0;
-        for (int i = 0; i < c.n; i++)
-            mp = c.seen[i] && c.m_peak[i] > mp ? c.m_peak[i] : mp;
-        at = (size_t)snprintf(head, sizeof head, "measured peak %s over %d executed steps",
-                              bytes_text(mp, hb, sizeof hb), trace->n_samples);
-        if (c.n_over && at < sizeof head)
-            snprintf(head + at, sizeof head - at, "; %d step%s measured more than planned",
-                     c.n_over, c.n_over == 1 ? "" : "s");
-        draw_text(f, LEFT, 56, "class=\"sub\"", head);
-    }
+    draw_titles(&c);
 
     if (c.n > 0) {
         draw_phases(&c);
@@ -1300,22 +1342,6 @@ ebb_status ebb_plan_chart_svg_ex(const ebb_plan *p, const ebb_chart_trace *trace
                            p->name);
 out:
     if (c.oom) st = ebb_error_set(EBB_ERR_NOMEM, "ebb_plan_chart_svg: out of memory");
-    free(items);
-    free(c.bands);
-    free(c.fams);
-    free(c.cls);
-    free(c.kept_sum);
-    free(c.other_sum);
-    free(c.stack);
-    free(c.ws);
-    free(c.count);
-    free(c.low_base);
-    for (int d = 0; d < N_LOW; d++) {
-        free(c.low_sum[d]);
-        free(c.other_low[d]);
-    }
-    free(c.m_live);
-    free(c.m_peak);
-    free(c.seen);
+    chart_free(&c, items);
     return st;
 }

@@ -304,11 +304,111 @@ static int near_read(const ebb_plan *p, int rows, int v, int i) {
 
 void ebb_plan_write_dot(const ebb_plan *p, FILE *f) { ebb_plan_write_dot_ex(p, f, NULL, NULL); }
 
+/* Step i's node: its op, node, the value it makes, its live bytes and
+ * frees, the far reads it names rather than draws, its jump; shaded by its
+ * peak against the plan's (`peak`; `pb` its text). */
+static void dot_step(const ebb_plan *p, FILE *f, int i, int rows, const char *pb, int64_t peak,
+                     ebb_node_label_fn node_label, void *user) {
+    char id[64], sb[96], hb[32], label[1024];
+    const ebb_plan_step *s = &p->steps[i].pub;
+    size_t at = 0;
+    label_add(label, sizeof label, &at, "%s%d: ", "", i);
+    label_add(label, sizeof label, &at, "%s", s->op, 0);
+    const char *named = node_label ? node_label(user, s->node) : NULL;
+    if (named)
+        label_add(label, sizeof label, &at, "\n%s", named, 0);
+    else if (strcmp(s->node, s->op))
+        label_add(label, sizeof label, &at, "\n%s", s->node, 0);
+    /* the value it makes */
+    if (s->n_out > 0) {
+        int v = s->out[s->kind == EBB_STEP_ENTER ? 1 : 0];
+        const ebb_plan_value *val = &p->values[v];
+        ebb_plan_value_id(p, v, id, sizeof id);
+        ebb_shape_str(&val->shape, sb, sizeof sb);
+        label_add(label, sizeof label, &at, "\n%s ", id, 0);
+        label_add(label, sizeof label, &at, "%s", sb, 0);
+        if (val->nbytes > 0)
+            label_add(label, sizeof label, &at, " %s",
+                      ebb_bytes_str(val->nbytes, hb, sizeof hb), 0);
+        else if (s->in_place)
+            label_add(label, sizeof label, &at, "%s", " in place", 0);
+        else if (val->alias_of >= 0)
+            label_add(label, sizeof label, &at, "%s", " view", 0);
+    }
+    ebb_bytes_str(s->live_bytes, hb, sizeof hb);
+    if (i == p->peak_step) {
+        label_add(label, sizeof label, &at, "\npeak %s", pb, 0);
+        label_add(label, sizeof label, &at, ", live %s after", hb, 0);
+    } else {
+        label_add(label, sizeof label, &at, "\nlive %s", hb, 0);
+    }
+    for (int k = 0; k < s->n_frees; k++) {
+        ebb_plan_value_id(p, s->frees[k], id, sizeof id);
+        label_add(label, sizeof label, &at, k == 0 ? "\nfrees %s" : k % 5 ? " %s" : "\n%s", id,
+                  0);
+    }
+    /* the far reads, named rather than drawn */
+    int far = 0;
+    for (int k = 0; k < s->n_in; k++) {
+        int v = s->in[k], dup = 0;
+        for (int j = 0; j < k; j++)
+            dup |= s->in[j] == v;
+        if (dup || near_read(p, rows, v, i))
+            continue;
+        ebb_plan_value_id(p, v, id, sizeof id);
+        const char *fmt = far == 0 ? "\nreads %s" : far % 2 ? ", %s" : ",\n%s";
+        label_add(label, sizeof label, &at, fmt, id, 0);
+        if (p->values[v].producer >= 0)
+            label_add(label, sizeof label, &at, "%s from %d", "", p->values[v].producer);
+        far++;
+    }
+    if (s->jump >= 0)
+        label_add(label, sizeof label, &at, "%sjumps to %d", "\n", s->jump);
+    /* heat: white at 0 bytes to saturated orange at the peak */
+    double heat = (double)s->peak_bytes / (double)peak;
+    if (heat > 1)
+        heat = 1;
+    fprintf(f, "  s%d [label=", i);
+    q(f, label);
+    fprintf(f, ", fillcolor=\"0.08 %.3f 1.0\"", 0.85 * heat);
+    if (i == p->peak_step)
+        fputs(", color=red, penwidth=3, xlabel=\"peak\"", f);
+    if (s->kind != EBB_STEP_OP)
+        fputs(", style=\"filled,diagonals\"", f);
+    if (s->recompute) /* the trade a memory budget made: drawn apart */
+        fputs(", style=\"rounded,filled,dashed\", color=\"#2b6cb0\", penwidth=2, "
+              "fontcolor=\"#2b6cb0\"",
+              f);
+    fputs("];\n", f);
+}
+
+/* The near reads as edges, each labelled with the value it carries. */
+static void dot_read_edges(const ebb_plan *p, FILE *f, int rows) {
+    char id[64];
+    for (int i = 0; i < p->n_steps; i++) {
+        const ebb_plan_step *s = &p->steps[i].pub;
+        for (int k = 0; k < s->n_in; k++) {
+            int v = s->in[k], dup = 0;
+            for (int j = 0; j < k; j++)
+                dup |= s->in[j] == v;
+            if (dup || !near_read(p, rows, v, i))
+                continue;
+            int prod = p->values[v].producer;
+            ebb_plan_value_id(p, v, id, sizeof id);
+            if (prod < 0)
+                fprintf(f, "  v%d -> s%d [label=\"%s\"];\n", v, i, id);
+            else
+                fprintf(f, "  s%d -> s%d [label=\"%s\"%s];\n", prod, i, id,
+                        i - prod > 1 ? ", constraint=false" : "");
+        }
+    }
+}
+
 void ebb_plan_write_dot_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn node_label, void *user) {
     if (!p || !f)
         return;
     int rows = plan_rows(p->n_steps);
-    char id[64], sb[96], hb[32], pb[32], label[1024];
+    char sb[96], pb[32], label[1024];
     fputs("digraph ", f);
     q(f, p->name);
     ebb_bytes_str(p->peak_bytes, pb, sizeof pb);
@@ -335,78 +435,8 @@ void ebb_plan_write_dot_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn node_la
         fputs("];\n", f);
     }
     int64_t peak = p->peak_bytes > 0 ? p->peak_bytes : 1;
-    for (int i = 0; i < p->n_steps; i++) {
-        const ebb_plan_step *s = &p->steps[i].pub;
-        size_t at = 0;
-        label_add(label, sizeof label, &at, "%s%d: ", "", i);
-        label_add(label, sizeof label, &at, "%s", s->op, 0);
-        const char *named = node_label ? node_label(user, s->node) : NULL;
-        if (named)
-            label_add(label, sizeof label, &at, "\n%s", named, 0);
-        else if (strcmp(s->node, s->op))
-            label_add(label, sizeof label, &at, "\n%s", s->node, 0);
-        /* the value it makes */
-        if (s->n_out > 0) {
-            int v = s->out[s->kind == EBB_STEP_ENTER ? 1 : 0];
-            const ebb_plan_value *val = &p->values[v];
-            ebb_plan_value_id(p, v, id, sizeof id);
-            ebb_shape_str(&val->shape, sb, sizeof sb);
-            label_add(label, sizeof label, &at, "\n%s ", id, 0);
-            label_add(label, sizeof label, &at, "%s", sb, 0);
-            if (val->nbytes > 0)
-                label_add(label, sizeof label, &at, " %s",
-                          ebb_bytes_str(val->nbytes, hb, sizeof hb), 0);
-            else if (s->in_place)
-                label_add(label, sizeof label, &at, "%s", " in place", 0);
-            else if (val->alias_of >= 0)
-                label_add(label, sizeof label, &at, "%s", " view", 0);
-        }
-        ebb_bytes_str(s->live_bytes, hb, sizeof hb);
-        if (i == p->peak_step) {
-            label_add(label, sizeof label, &at, "\npeak %s", pb, 0);
-            label_add(label, sizeof label, &at, ", live %s after", hb, 0);
-        } else {
-            label_add(label, sizeof label, &at, "\nlive %s", hb, 0);
-        }
-        for (int k = 0; k < s->n_frees; k++) {
-            ebb_plan_value_id(p, s->frees[k], id, sizeof id);
-            label_add(label, sizeof label, &at, k == 0 ? "\nfrees %s" : k % 5 ? " %s" : "\n%s", id,
-                      0);
-        }
-        /* the far reads, named rather than drawn */
-        int far = 0;
-        for (int k = 0; k < s->n_in; k++) {
-            int v = s->in[k], dup = 0;
-            for (int j = 0; j < k; j++)
-                dup |= s->in[j] == v;
-            if (dup || near_read(p, rows, v, i))
-                continue;
-            ebb_plan_value_id(p, v, id, sizeof id);
-            const char *fmt = far == 0 ? "\nreads %s" : far % 2 ? ", %s" : ",\n%s";
-            label_add(label, sizeof label, &at, fmt, id, 0);
-            if (p->values[v].producer >= 0)
-                label_add(label, sizeof label, &at, "%s from %d", "", p->values[v].producer);
-            far++;
-        }
-        if (s->jump >= 0)
-            label_add(label, sizeof label, &at, "%sjumps to %d", "\n", s->jump);
-        /* heat: white at 0 bytes to saturated orange at the peak */
-        double heat = (double)s->peak_bytes / (double)peak;
-        if (heat > 1)
-            heat = 1;
-        fprintf(f, "  s%d [label=", i);
-        q(f, label);
-        fprintf(f, ", fillcolor=\"0.08 %.3f 1.0\"", 0.85 * heat);
-        if (i == p->peak_step)
-            fputs(", color=red, penwidth=3, xlabel=\"peak\"", f);
-        if (s->kind != EBB_STEP_OP)
-            fputs(", style=\"filled,diagonals\"", f);
-        if (s->recompute) /* the trade a memory budget made: drawn apart */
-            fputs(", style=\"rounded,filled,dashed\", color=\"#2b6cb0\", penwidth=2, "
-                  "fontcolor=\"#2b6cb0\"",
-                  f);
-        fputs("];\n", f);
-    }
+    for (int i = 0; i < p->n_steps; i++)
+        dot_step(p, f, i, rows, pb, peak, node_label, user);
     /* columns: steps chained top to bottom; rows: one rank, in column order */
     for (int i = 0; i + 1 < p->n_steps; i++)
         if ((i + 1) % rows)
@@ -425,23 +455,7 @@ void ebb_plan_write_dot_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn node_la
         if (!read_first)
             fprintf(f, "  v%d -> s0 [style=invis];\n", p->inputs[i]);
     }
-    for (int i = 0; i < p->n_steps; i++) {
-        const ebb_plan_step *s = &p->steps[i].pub;
-        for (int k = 0; k < s->n_in; k++) {
-            int v = s->in[k], dup = 0;
-            for (int j = 0; j < k; j++)
-                dup |= s->in[j] == v;
-            if (dup || !near_read(p, rows, v, i))
-                continue;
-            int prod = p->values[v].producer;
-            ebb_plan_value_id(p, v, id, sizeof id);
-            if (prod < 0)
-                fprintf(f, "  v%d -> s%d [label=\"%s\"];\n", v, i, id);
-            else
-                fprintf(f, "  s%d -> s%d [label=\"%s\"%s];\n", prod, i, id,
-                        i - prod > 1 ? ", constraint=false" : "");
-        }
-    }
+    dot_read_edges(p, f, rows);
     for (int i = 0; i < p->n_outputs; i++) {
         int v = p->outputs[i];
         snprintf(label, sizeof label, "%s %s", p->output_names[i],

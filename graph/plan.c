@@ -371,22 +371,9 @@ static void print_clip(const ebb_plan *p, FILE *f) {
 
 void ebb_plan_print(const ebb_plan *p, FILE *f) { ebb_plan_print_ex(p, f, NULL, NULL); }
 
-void ebb_plan_print_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn label, void *user) {
-    if (!p || !f)
-        return;
-    /* the spec column only where some step has a label */
-    int labeled = 0;
-    for (int i = 0; label && i < p->n_steps && !labeled; i++)
-        labeled = label(user, p->steps[i].pub.node) != NULL;
-    if (!labeled)
-        label = NULL;
-    fprintf(f, "plan %s%s\n", p->name, p->keep_all ? " (keep_all)" : "");
-    for (int i = 0; i < p->n_inputs; i++) {
-        const ebb_plan_value *v = &p->values[p->inputs[i]];
-        char sb[128];
-        fprintf(f, "input  %s %s %s\n", v->name, ebb_dtype_name(v->dtype),
-                ebb_shape_str(&v->shape, sb, sizeof sb));
-    }
+/* The step table: one row per step, the phase headers of a training plan
+ * and, with `label`, the spec column. */
+static void print_steps(const ebb_plan *p, FILE *f, ebb_node_label_fn label, void *user) {
     /* the op column fits the longest name ("layer_norm.backward") */
     int opw = 12;
     for (int i = 0; i < p->n_steps; i++)
@@ -425,6 +412,96 @@ void ebb_plan_print_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn label, void
         }
         fputc('\n', f);
     }
+}
+
+/* What the backward keeps from the forward, and until when. */
+static void print_saved(const ebb_plan *p, FILE *f) {
+    int n_saved = 0;
+    int64_t saved_bytes = 0;
+    for (int v = 0; v < p->n_values; v++)
+        if (ebb_plan_value_saved(p, v)) {
+            char id[64], sb[32];
+            int last = ebb_plan_value_last_use(p, v), made = p->values[v].producer;
+            ebb_plan_value_id(p, v, id, sizeof id);
+            ebb_bytes_str(p->values[v].nbytes, sb, sizeof sb);
+            fprintf(f, n_saved++ ? "\n  " : "saved for the backward:\n  ");
+            int root = v;
+            while (p->values[root].alias_of >= 0)
+                root = p->values[root].alias_of;
+            char of[80] = "";
+            if (root != v) {
+                char rid[64];
+                ebb_plan_value_id(p, root, rid, sizeof rid);
+                snprintf(of, sizeof of, " of %s's storage", rid);
+            }
+            ebb_bytes_str(p->values[root].nbytes, sb, sizeof sb);
+            fprintf(f, "%s (%s%s, %s) from step %d (%s) to step %d (%s)", id, sb, of,
+                    p->steps[made].pub.op, made, p->steps[made].pub.node, last,
+                    p->steps[last].pub.op);
+            saved_bytes += p->values[root].nbytes;
+        }
+    if (n_saved) {
+        char tb[32];
+        ebb_bytes_str(saved_bytes, tb, sizeof tb);
+        fprintf(f, "\n%d values (%s) cross from the forward into the backward; every other "
+                   "forward value dies in the forward\n",
+                n_saved, tb);
+    }
+}
+
+/* A training plan's summary: what it trains and how, what it costs beside
+ * the step, and its searches' choices. */
+static void print_training(const ebb_plan *p, FILE *f) {
+    print_saved(p, f);
+    int trained = 0;
+    for (int i = 0; i < p->n_params; i++)
+        trained += p->trained[i];
+    fprintf(f, "training step: %d target(s), %d of %d parameter tensors trained, %s\n",
+            p->n_targets, trained, p->n_params,
+            p->grads_only            ? "gradients handed out (no updates)"
+            : p->updates_in_backward && p->n_deferred
+                ? "each updated as soon as its gradient is final, which frees the gradient, "
+                  "but those below"
+            : p->updates_in_backward ? "each updated as soon as its gradient is final, which "
+                                       "frees the gradient"
+                                     : "updated after the backward");
+    char pb[32], ob[32];
+    ebb_bytes_str(ebb_plan_param_bytes(p), pb, sizeof pb);
+    ebb_bytes_str(ebb_plan_optimizer_state_bytes(p), ob, sizeof ob);
+    if (!p->grads_only)
+        fprintf(f, "beside the step, for the whole run: parameters %s, optimizer state %s "
+                   "(made with the optimizer: no step allocates it)\n",
+                pb, ob);
+    if (p->no_decay && !p->grads_only) {
+        fputs("without weight decay (a parameter group):", f);
+        for (int i = 0, k = 0; i < p->n_params; i++)
+            if (p->no_decay[i])
+                fprintf(f, k++ ? ", %s" : " %s", p->params[i].full_name);
+        fputc('\n', f);
+    }
+    print_remat(p, f);
+    print_placement(p, f);
+    print_low_copies(p, f);
+    print_clip(p, f);
+}
+
+void ebb_plan_print_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn label, void *user) {
+    if (!p || !f)
+        return;
+    /* the spec column only where some step has a label */
+    int labeled = 0;
+    for (int i = 0; label && i < p->n_steps && !labeled; i++)
+        labeled = label(user, p->steps[i].pub.node) != NULL;
+    if (!labeled)
+        label = NULL;
+    fprintf(f, "plan %s%s\n", p->name, p->keep_all ? " (keep_all)" : "");
+    for (int i = 0; i < p->n_inputs; i++) {
+        const ebb_plan_value *v = &p->values[p->inputs[i]];
+        char sb[128];
+        fprintf(f, "input  %s %s %s\n", v->name, ebb_dtype_name(v->dtype),
+                ebb_shape_str(&v->shape, sb, sizeof sb));
+    }
+    print_steps(p, f, label, user);
     for (int i = 0; i < p->n_outputs; i++) {
         const ebb_plan_value *v = &p->values[p->outputs[i]];
         char sb[128];
@@ -443,70 +520,8 @@ void ebb_plan_print_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn label, void
     ebb_bytes_str(p->keep_all_peak_bytes, keep, sizeof keep);
     fprintf(f, "%d steps, %d values, %d parameter tensors (%s)\n", p->n_steps, p->n_values,
             p->n_params, pb);
-    if (p->training) {
-        /* what the backward keeps from the forward, and until when */
-        int n_saved = 0;
-        int64_t saved_bytes = 0;
-        for (int v = 0; v < p->n_values; v++)
-            if (ebb_plan_value_saved(p, v)) {
-                char id[64], sb[32];
-                int last = ebb_plan_value_last_use(p, v), made = p->values[v].producer;
-                ebb_plan_value_id(p, v, id, sizeof id);
-                ebb_bytes_str(p->values[v].nbytes, sb, sizeof sb);
-                fprintf(f, n_saved++ ? "\n  " : "saved for the backward:\n  ");
-                int root = v;
-                while (p->values[root].alias_of >= 0)
-                    root = p->values[root].alias_of;
-                char of[80] = "";
-                if (root != v) {
-                    char rid[64];
-                    ebb_plan_value_id(p, root, rid, sizeof rid);
-                    snprintf(of, sizeof of, " of %s's storage", rid);
-                }
-                ebb_bytes_str(p->values[root].nbytes, sb, sizeof sb);
-                fprintf(f, "%s (%s%s, %s) from step %d (%s) to step %d (%s)", id, sb, of,
-                        p->steps[made].pub.op, made, p->steps[made].pub.node, last,
-                        p->steps[last].pub.op);
-                saved_bytes += p->values[root].nbytes;
-            }
-        if (n_saved) {
-            char tb[32];
-            ebb_bytes_str(saved_bytes, tb, sizeof tb);
-            fprintf(f, "\n%d values (%s) cross from the forward into the backward; every other "
-                       "forward value dies in the forward\n",
-                    n_saved, tb);
-        }
-        int trained = 0;
-        for (int i = 0; i < p->n_params; i++)
-            trained += p->trained[i];
-        fprintf(f, "training step: %d target(s), %d of %d parameter tensors trained, %s\n",
-                p->n_targets, trained, p->n_params,
-                p->grads_only            ? "gradients handed out (no updates)"
-                : p->updates_in_backward && p->n_deferred
-                    ? "each updated as soon as its gradient is final, which frees the gradient, "
-                      "but those below"
-                : p->updates_in_backward ? "each updated as soon as its gradient is final, which "
-                                           "frees the gradient"
-                                         : "updated after the backward");
-        char pb[32], ob[32];
-        ebb_bytes_str(ebb_plan_param_bytes(p), pb, sizeof pb);
-        ebb_bytes_str(ebb_plan_optimizer_state_bytes(p), ob, sizeof ob);
-        if (!p->grads_only)
-            fprintf(f, "beside the step, for the whole run: parameters %s, optimizer state %s "
-                       "(made with the optimizer: no step allocates it)\n",
-                    pb, ob);
-        if (p->no_decay && !p->grads_only) {
-            fputs("without weight decay (a parameter group):", f);
-            for (int i = 0, k = 0; i < p->n_params; i++)
-                if (p->no_decay[i])
-                    fprintf(f, k++ ? ", %s" : " %s", p->params[i].full_name);
-            fputc('\n', f);
-        }
-        print_remat(p, f);
-        print_placement(p, f);
-        print_low_copies(p, f);
-        print_clip(p, f);
-    }
+    if (p->training)
+        print_training(p, f);
     int n_in_place = 0;
     for (int i = 0; i < p->n_steps; i++)
         if (p->steps[i].pub.in_place)

@@ -43,33 +43,8 @@ static void ids_json(FILE *f, const ebb_plan *p, const int *slots, int n) {
     fputc(']', f);
 }
 
-void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
-    if (!p || !f)
-        return;
-    char id[64];
-    fputs("{\"name\": ", f);
-    ebb_json_string(f, p->name);
-    fprintf(f, ", \"keep_all\": %s,\n \"inputs\": [", p->keep_all ? "true" : "false");
-    for (int i = 0; i < p->n_inputs; i++) {
-        const ebb_plan_value *v = &p->values[p->inputs[i]];
-        fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
-        ebb_json_string(f, v->name);
-        fputs(", \"shape\": ", f);
-        shape_json(f, &v->shape);
-        fprintf(f, ", \"dtype\": \"%s\"}", ebb_dtype_name(v->dtype));
-    }
-    fputs("],\n \"outputs\": [", f);
-    for (int i = 0; i < p->n_outputs; i++) {
-        const ebb_plan_value *v = &p->values[p->outputs[i]];
-        ebb_plan_value_id(p, p->outputs[i], id, sizeof id);
-        fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
-        ebb_json_string(f, p->output_names[i]);
-        fputs(", \"value\": ", f);
-        ebb_json_string(f, id);
-        fputs(", \"shape\": ", f);
-        shape_json(f, &v->shape);
-        fprintf(f, ", \"dtype\": \"%s\"}", ebb_dtype_name(v->dtype));
-    }
+/* "params": each parameter's name, shape, dtype, bytes and tied names. */
+static void params_json(const ebb_plan *p, FILE *f) {
     fputs("],\n \"params\": [", f);
     for (int i = 0; i < p->n_params; i++) {
         const plan_param *pp = &p->params[i];
@@ -91,6 +66,11 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
         }
         fputc('}', f);
     }
+}
+
+/* "values": every slot, with its producer, last use, view and tag. */
+static void values_json(const ebb_plan *p, FILE *f) {
+    char id[64];
     fputs("],\n \"values\": [", f);
     for (int v = 0; v < p->n_values; v++) {
         const ebb_plan_value *val = &p->values[v];
@@ -119,6 +99,11 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
             fputs("null", f);
         fputc('}', f);
     }
+}
+
+/* "steps": every step, its slots, phase, figures and jump. */
+static void steps_json(const ebb_plan *p, FILE *f) {
+    char id[64];
     fputs("],\n \"steps\": [", f);
     for (int i = 0; i < p->n_steps; i++) {
         const ebb_plan_step *s = &p->steps[i].pub;
@@ -153,16 +138,11 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
         }
         fputc('}', f);
     }
-    fprintf(f,
-            "],\n \"peak_bytes\": %lld, \"peak_kind\": \"%s\", \"peak_step\": %d, "
-            "\"keep_all_peak_bytes\": %lld, \"training\": %s, \"targets\": %d",
-            (long long)p->peak_bytes, p->peak_is_bound ? "bound" : "exact", p->peak_step,
-            (long long)p->keep_all_peak_bytes, p->training ? "true" : "false", p->n_targets);
-    fprintf(f, ", \"param_bytes\": %lld", (long long)ebb_plan_param_bytes(p));
-    if (p->training)
-        fprintf(f, ", \"updates_in_backward\": %s, \"optimizer_state_bytes\": %lld",
-                p->updates_in_backward ? "true" : "false",
-                (long long)ebb_plan_optimizer_state_bytes(p));
+}
+
+/* What a training plan adds: no_decay, placement, low copies, clipping,
+ * data parallel, ZeRO-1, loss scaling and the memory budget. */
+static void training_json(const ebb_plan *p, FILE *f) {
     if (p->no_decay) {
         fputs(",\n \"no_decay\": [", f);
         for (int i = 0, k = 0; i < p->n_params; i++)
@@ -219,5 +199,48 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
                 (long long)p->budget_peak_bytes, (long long)p->no_recompute_peak_bytes, n_re,
                 p->remat_segment, (long long)p->flops, (long long)p->recompute_flops);
     }
+}
+
+void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
+    if (!p || !f)
+        return;
+    char id[64];
+    fputs("{\"name\": ", f);
+    ebb_json_string(f, p->name);
+    fprintf(f, ", \"keep_all\": %s,\n \"inputs\": [", p->keep_all ? "true" : "false");
+    for (int i = 0; i < p->n_inputs; i++) {
+        const ebb_plan_value *v = &p->values[p->inputs[i]];
+        fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
+        ebb_json_string(f, v->name);
+        fputs(", \"shape\": ", f);
+        shape_json(f, &v->shape);
+        fprintf(f, ", \"dtype\": \"%s\"}", ebb_dtype_name(v->dtype));
+    }
+    fputs("],\n \"outputs\": [", f);
+    for (int i = 0; i < p->n_outputs; i++) {
+        const ebb_plan_value *v = &p->values[p->outputs[i]];
+        ebb_plan_value_id(p, p->outputs[i], id, sizeof id);
+        fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
+        ebb_json_string(f, p->output_names[i]);
+        fputs(", \"value\": ", f);
+        ebb_json_string(f, id);
+        fputs(", \"shape\": ", f);
+        shape_json(f, &v->shape);
+        fprintf(f, ", \"dtype\": \"%s\"}", ebb_dtype_name(v->dtype));
+    }
+    params_json(p, f);
+    values_json(p, f);
+    steps_json(p, f);
+    fprintf(f,
+            "],\n \"peak_bytes\": %lld, \"peak_kind\": \"%s\", \"peak_step\": %d, "
+            "\"keep_all_peak_bytes\": %lld, \"training\": %s, \"targets\": %d",
+            (long long)p->peak_bytes, p->peak_is_bound ? "bound" : "exact", p->peak_step,
+            (long long)p->keep_all_peak_bytes, p->training ? "true" : "false", p->n_targets);
+    fprintf(f, ", \"param_bytes\": %lld", (long long)ebb_plan_param_bytes(p));
+    if (p->training)
+        fprintf(f, ", \"updates_in_backward\": %s, \"optimizer_state_bytes\": %lld",
+                p->updates_in_backward ? "true" : "false",
+                (long long)ebb_plan_optimizer_state_bytes(p));
+    training_json(p, f);
     fputs("}\n", f);
 }
