@@ -208,6 +208,104 @@ static void bound_reason(const ebb_plan *p, ebb_device dev, char *buf, size_t si
                         "what they take");
 }
 
+/* The plan's inputs on `dev`: read from --inputs, else seeded normal
+ * values (indices 0); NaN or Inf a warning, or with --strict-finite an
+ * error. Returns 0 or an exit code. */
+static int make_inputs(const options *o, const ebb_plan *p, ebb_safetensors *in_file,
+                       ebb_device dev, ebb_tensor **inputs) {
+    int n_in = ebb_plan_input_count(p);
+    ebb_status st = EBB_OK;
+    for (int i = 0; i < n_in; i++) {
+        const ebb_plan_value *v = ebb_plan_value_at(p, ebb_plan_input_slot(p, i));
+        int64_t bad = 0;
+        if (in_file && ebb_safetensors_dtype_str(in_file, v->name))
+            st = ebb_safetensors_load_ex(&inputs[i], in_file, v->name, dev, &bad);
+        else if (in_file)
+            st = ebb_error_set(EBB_ERR_ARG, "%s: no tensor named '%s' (an input of %s)", o->inputs,
+                               v->name, o->spec);
+        else if (v->dtype == EBB_FLOAT32 || v->dtype == EBB_FLOAT64 || v->dtype == EBB_FLOAT16 ||
+                 v->dtype == EBB_BFLOAT16)
+            st = ebb_tensor_randn(&inputs[i], &v->shape, v->dtype, dev, o->seed + 1000 + (uint64_t)i);
+        else /* indices: 0 is valid for every embedding and every loss */
+            st = ebb_tensor_zeros(&inputs[i], &v->shape, v->dtype, dev);
+        if (st == EBB_OK && bad && o->strict_finite)
+            st = ebb_error_set(EBB_ERR_ARG, "%s: input '%s' holds %lld NaN or infinite values (of "
+                                            "%lld)",
+                               o->inputs, v->name, (long long)bad,
+                               (long long)ebb_tensor_numel(inputs[i]));
+        else if (st == EBB_OK && bad)
+            warn_nonfinite(o->inputs, v->name, bad, ebb_tensor_numel(inputs[i]), "input");
+        if (st != EBB_OK)
+            return ebb_cli_fail_status(st);
+    }
+    return 0;
+}
+
+/* --cuda-graph: the plan captured once, its replays timed into times[];
+ * the eager run before gave the trace and memory figures. */
+static int time_replays(const ebb_plan *p, ebb_model *m, ebb_tensor **inputs, ebb_tensor **outputs,
+                        int n_out, int repeat, ebb_device dev, double *times) {
+    ebb_capture *cap = NULL;
+    ebb_status st = ebb_plan_capture(&cap, p, m, inputs);
+    if (st != EBB_OK)
+        return ebb_cli_fail_status(st);
+    for (int r = 0; r < repeat && st == EBB_OK; r++) {
+        for (int k = 0; k < n_out; k++) {
+            ebb_tensor_free(outputs[k]);
+            outputs[k] = NULL;
+        }
+        double t0 = now();
+        st = ebb_capture_replay(cap, inputs, outputs);
+        if (st == EBB_OK)
+            st = ebb_device_synchronize(dev);
+        times[r] = now() - t0;
+    }
+    ebb_capture_free(cap);
+    return st != EBB_OK ? ebb_cli_fail_status(st) : 0;
+}
+
+/* --outputs: the outputs by name into one safetensors file. */
+static int write_outputs(const char *path, const ebb_plan *p, ebb_tensor **outputs, int n_out) {
+    const char **names = calloc((size_t)n_out, sizeof *names);
+    if (!names)
+        return ebb_cli_fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+    for (int k = 0; k < n_out; k++)
+        names[k] = ebb_plan_output_name(p, k);
+    ebb_status st = ebb_safetensors_write(path, names, outputs, n_out);
+    free(names);
+    if (st != EBB_OK)
+        return st == EBB_ERR_NOMEM ? ebb_cli_fail_status(st) : fail_write();
+    return 0;
+}
+
+/* The run's figures: measured against planned peak (and why a bound was
+ * not reached), then the time, median of the sorted times[]. */
+static void print_peak(const ebb_plan *p, ebb_device dev, int64_t peak) {
+    char mb[32], pb[32], kb[32];
+    ebb_bytes_str(peak, mb, sizeof mb);
+    ebb_bytes_str(ebb_plan_device_peak_bytes(p, dev), pb, sizeof pb);
+    ebb_bytes_str(ebb_plan_keep_all_peak_bytes(p), kb, sizeof kb);
+    int bound = ebb_plan_peak_is_bound_on(p, dev);
+    printf("peak intermediate bytes: measured %lld (%s), planned %lld (%s, %s), keep_all %lld "
+           "(%s)\n",
+           (long long)peak, mb, (long long)ebb_plan_device_peak_bytes(p, dev), pb,
+           bound ? "upper bound" : "exact", (long long)ebb_plan_keep_all_peak_bytes(p), kb);
+    if (bound && peak < ebb_plan_device_peak_bytes(p, dev)) {
+        char why[256];
+        bound_reason(p, dev, why, sizeof why);
+        printf("(%s; this run's took %.0f%% of it)\n", why,
+               100.0 * (double)peak / (double)ebb_plan_device_peak_bytes(p, dev));
+    }
+}
+
+static void print_time(ebb_device dev, const double *times, int repeat, int cuda_graph) {
+    char dn[32];
+    printf("time on %s%s: median %.3f ms over %d run%s (min %.3f, max %.3f)\n",
+           ebb_device_str(dev, dn, sizeof dn), cuda_graph ? " (CUDA graph replay)" : "",
+           times[repeat / 2] * 1e3, repeat, repeat == 1 ? "" : "s", times[0] * 1e3,
+           times[repeat - 1] * 1e3);
+}
+
 int ebb_cli_run(const command *self, int argc, char **argv) {
     options o;
     int rc = parse_options(argc, argv, self, &o);
@@ -265,31 +363,8 @@ int ebb_cli_run(const command *self, int argc, char **argv) {
         rc = ebb_cli_fail_status(st);
         goto done;
     }
-    for (int i = 0; i < n_in; i++) {
-        const ebb_plan_value *v = ebb_plan_value_at(p, ebb_plan_input_slot(p, i));
-        int64_t bad = 0;
-        if (in_file && ebb_safetensors_dtype_str(in_file, v->name))
-            st = ebb_safetensors_load_ex(&inputs[i], in_file, v->name, dev, &bad);
-        else if (in_file)
-            st = ebb_error_set(EBB_ERR_ARG, "%s: no tensor named '%s' (an input of %s)", o.inputs,
-                               v->name, o.spec);
-        else if (v->dtype == EBB_FLOAT32 || v->dtype == EBB_FLOAT64 || v->dtype == EBB_FLOAT16 ||
-                 v->dtype == EBB_BFLOAT16)
-            st = ebb_tensor_randn(&inputs[i], &v->shape, v->dtype, dev, o.seed + 1000 + (uint64_t)i);
-        else /* indices: 0 is valid for every embedding and every loss */
-            st = ebb_tensor_zeros(&inputs[i], &v->shape, v->dtype, dev);
-        if (st == EBB_OK && bad && o.strict_finite)
-            st = ebb_error_set(EBB_ERR_ARG, "%s: input '%s' holds %lld NaN or infinite values (of "
-                                            "%lld)",
-                               o.inputs, v->name, (long long)bad,
-                               (long long)ebb_tensor_numel(inputs[i]));
-        else if (st == EBB_OK && bad)
-            warn_nonfinite(o.inputs, v->name, bad, ebb_tensor_numel(inputs[i]), "input");
-        if (st != EBB_OK) {
-            rc = ebb_cli_fail_status(st);
-            goto done;
-        }
-    }
+    if ((rc = make_inputs(&o, p, in_file, dev, inputs)))
+        goto done;
     ebb_cli_trace to = {.plan = p};
     if (o.trace) {
         if (ebb_file_begin(&tw, o.trace, "--trace") != EBB_OK) {
@@ -320,30 +395,8 @@ int ebb_cli_run(const command *self, int argc, char **argv) {
     }
     if (over.over_step < 0)
         over = stats;
-    if (o.cuda_graph) {
-        /* the eager run above gave the trace and memory figures; now time replays */
-        ebb_capture *cap = NULL;
-        if ((st = ebb_plan_capture(&cap, p, m, inputs)) != EBB_OK) {
-            rc = ebb_cli_fail_status(st);
-            goto done;
-        }
-        for (int r = 0; r < o.repeat && st == EBB_OK; r++) {
-            for (int k = 0; k < n_out; k++) {
-                ebb_tensor_free(outputs[k]);
-                outputs[k] = NULL;
-            }
-            double t0 = now();
-            st = ebb_capture_replay(cap, inputs, outputs);
-            if (st == EBB_OK)
-                st = ebb_device_synchronize(dev);
-            times[r] = now() - t0;
-        }
-        ebb_capture_free(cap);
-        if (st != EBB_OK) {
-            rc = ebb_cli_fail_status(st);
-            goto done;
-        }
-    }
+    if (o.cuda_graph && (rc = time_replays(p, m, inputs, outputs, n_out, o.repeat, dev, times)))
+        goto done;
     if (dev.type == EBB_DEVICE_CUDA) {
         ebb_memory_stats ms;
         if (ebb_memory_stats_get(dev, &ms) == EBB_OK &&
@@ -365,26 +418,10 @@ int ebb_cli_run(const command *self, int argc, char **argv) {
     for (int k = 0; k < n_out; k++)
         print_summary(ebb_plan_output_name(p, k), outputs[k]);
     qsort(times, (size_t)o.repeat, sizeof *times, cmp_double);
-    char mb[32], pb[32], kb[32], dn[32];
-    ebb_bytes_str(peak, mb, sizeof mb);
-    ebb_bytes_str(ebb_plan_device_peak_bytes(p, dev), pb, sizeof pb);
-    ebb_bytes_str(ebb_plan_keep_all_peak_bytes(p), kb, sizeof kb);
-    int bound = ebb_plan_peak_is_bound_on(p, dev);
-    printf("peak intermediate bytes: measured %lld (%s), planned %lld (%s, %s), keep_all %lld "
-           "(%s)\n",
-           (long long)peak, mb, (long long)ebb_plan_device_peak_bytes(p, dev), pb,
-           bound ? "upper bound" : "exact", (long long)ebb_plan_keep_all_peak_bytes(p), kb);
-    if (bound && peak < ebb_plan_device_peak_bytes(p, dev)) {
-        char why[256];
-        bound_reason(p, dev, why, sizeof why);
-        printf("(%s; this run's took %.0f%% of it)\n", why,
-               100.0 * (double)peak / (double)ebb_plan_device_peak_bytes(p, dev));
-    }
+    print_peak(p, dev, peak);
     if ((rc = ebb_cli_check_over(p, &over, peak, o.strict_memory, NULL)))
         goto done;
-    printf("time on %s%s: median %.3f ms over %d run%s (min %.3f, max %.3f)\n",
-           ebb_device_str(dev, dn, sizeof dn), o.cuda_graph ? " (CUDA graph replay)" : "", times[o.repeat / 2] * 1e3, o.repeat,
-           o.repeat == 1 ? "" : "s", times[0] * 1e3, times[o.repeat - 1] * 1e3);
+    print_time(dev, times, o.repeat, o.cuda_graph);
     /* what was printed goes out before a file that may be stdout itself */
     fflush(stdout);
     if (tw) {
@@ -395,21 +432,8 @@ int ebb_cli_run(const command *self, int argc, char **argv) {
             goto done;
         }
     }
-    if (o.outputs) {
-        const char **names = calloc((size_t)n_out, sizeof *names);
-        if (!names) {
-            rc = ebb_cli_fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
-            goto done;
-        }
-        for (int k = 0; k < n_out; k++)
-            names[k] = ebb_plan_output_name(p, k);
-        st = ebb_safetensors_write(o.outputs, names, outputs, n_out);
-        free(names);
-        if (st != EBB_OK) {
-            rc = st == EBB_ERR_NOMEM ? ebb_cli_fail_status(st) : fail_write();
-            goto done;
-        }
-    }
+    if (o.outputs && (rc = write_outputs(o.outputs, p, outputs, n_out)))
+        goto done;
     if (o.save_weights && (st = ebb_model_save(m, o.save_weights)) != EBB_OK)
         rc = st == EBB_ERR_NOMEM ? ebb_cli_fail_status(st) : fail_write();
 done:
