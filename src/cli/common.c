@@ -718,6 +718,53 @@ static int shape_args(const ebb_spec *s, const options *o, const char **args, in
     return 0;
 }
 
+/* Input i's shape from the --inputs file, when the file holds it (*found):
+ * checked against the spec's declaration and against `asked` (the -i that
+ * set the input's shape, NULL: none; or one that bound a symbol of it), then
+ * stored in *shape. Returns 0 or an exit code. */
+static int shape_from_file(const ebb_spec *s, const options *o, const ebb_safetensors *inputs,
+                           int i, const char *const *bindings, int n_bind, const char *asked,
+                           ebb_shape *shape, int *found) {
+    const char *name = ebb_spec_input_name(s, i);
+    char a[128], b[128];
+    const char *file_dtype = inputs ? ebb_safetensors_dtype_str(inputs, name) : NULL;
+    ebb_shape fs;
+    *found = file_dtype != NULL;
+    if (!file_dtype)
+        return 0;
+    if (ebb_safetensors_find(inputs, name, NULL, &fs) != EBB_OK) {
+        fprintf(stderr, "ebb: %s: input '%s' has dtype %s, which ebb does not support\n",
+                o->inputs, name, file_dtype);
+        return EXIT_SPEC;
+    }
+    int agrees = fs.ndim == ebb_spec_input_ndim(s, i);
+    for (int d = 0; agrees && d < fs.ndim; d++) {
+        int64_t fixed = ebb_spec_input_dim(s, i, d, NULL);
+        agrees = fixed < 0 || fixed == fs.dim[d];
+    }
+    if (!agrees) {
+        fprintf(stderr, "ebb: %s: input '%s' is %s, but %s declares it %s\n", o->inputs, name,
+                ebb_shape_str(&fs, a, sizeof a), ebb_spec_file(s),
+                declared_shape(s, i, b, sizeof b));
+        return EXIT_SPEC;
+    }
+    /* the file's shape is used unless the user asked for another */
+    for (int d = 0; !asked && d < fs.ndim; d++) {
+        const char *sym = NULL;
+        ebb_spec_input_dim(s, i, d, &sym);
+        if (sym && binding_for(bindings, n_bind, sym) && shape->dim[d] != fs.dim[d])
+            asked = binding_for(bindings, n_bind, sym);
+    }
+    if (asked && !ebb_shape_equal(&fs, shape)) {
+        fprintf(stderr, "ebb: %s: input '%s' is %s, but -i %s compiles the plan for %s\n",
+                o->inputs, name, ebb_shape_str(&fs, a, sizeof a), asked,
+                ebb_shape_str(shape, b, sizeof b));
+        return EXIT_SPEC;
+    }
+    *shape = fs;
+    return 0;
+}
+
 static int resolve_shapes(const ebb_spec *s, const options *o, const ebb_safetensors *inputs,
                           ebb_shape *shapes, int quiet) {
     int n = ebb_spec_input_count(s);
@@ -812,7 +859,6 @@ static int resolve_shapes(const ebb_spec *s, const options *o, const ebb_safeten
     }
     for (int i = 0; i < n; i++) {
         const char *name = ebb_spec_input_name(s, i);
-        char a[128], b[128];
         /* a symbol bound with -i must not be contradicted by a shape given
          * for an input that uses it: one of the two would be ignored */
         for (int d = 0; explicit_shape[i] && d < given[i].ndim; d++) {
@@ -828,41 +874,11 @@ static int resolve_shapes(const ebb_spec *s, const options *o, const ebb_safeten
         }
         if (explicit_shape[i])
             shapes[i] = given[i];
-        const char *file_dtype = inputs ? ebb_safetensors_dtype_str(inputs, name) : NULL;
-        ebb_shape fs;
-        if (file_dtype && ebb_safetensors_find(inputs, name, NULL, &fs) != EBB_OK) {
-            fprintf(stderr, "ebb: %s: input '%s' has dtype %s, which ebb does not support\n",
-                    o->inputs, name, file_dtype);
-            return EXIT_SPEC;
-        }
-        if (file_dtype) {
-            int agrees = fs.ndim == ebb_spec_input_ndim(s, i);
-            for (int d = 0; agrees && d < fs.ndim; d++) {
-                int64_t fixed = ebb_spec_input_dim(s, i, d, NULL);
-                agrees = fixed < 0 || fixed == fs.dim[d];
-            }
-            if (!agrees) {
-                fprintf(stderr, "ebb: %s: input '%s' is %s, but %s declares it %s\n", o->inputs,
-                        name, ebb_shape_str(&fs, a, sizeof a), ebb_spec_file(s),
-                        declared_shape(s, i, b, sizeof b));
-                return EXIT_SPEC;
-            }
-            /* the file's shape is used unless the user asked for another */
-            const char *asked = explicit_arg[i];
-            for (int d = 0; !asked && d < fs.ndim; d++) {
-                const char *sym = NULL;
-                ebb_spec_input_dim(s, i, d, &sym);
-                if (sym && binding_for(bindings, n_bind, sym) && shapes[i].dim[d] != fs.dim[d])
-                    asked = binding_for(bindings, n_bind, sym);
-            }
-            if (asked && !ebb_shape_equal(&fs, &shapes[i])) {
-                fprintf(stderr, "ebb: %s: input '%s' is %s, but -i %s compiles the plan for %s\n",
-                        o->inputs, name, ebb_shape_str(&fs, a, sizeof a), asked,
-                        ebb_shape_str(&shapes[i], b, sizeof b));
-                return EXIT_SPEC;
-            }
-            shapes[i] = fs;
-        } else if (!explicit_shape[i] && !quiet) {
+        int found = 0, rc2 = shape_from_file(s, o, inputs, i, bindings, n_bind, explicit_arg[i],
+                                             &shapes[i], &found);
+        if (rc2)
+            return rc2;
+        if (!found && !explicit_shape[i] && !quiet) {
             for (int d = 0; d < ebb_spec_input_ndim(s, i); d++) {
                 const char *sym = NULL;
                 if (ebb_spec_input_dim(s, i, d, &sym) < 0 && sym &&
