@@ -309,7 +309,6 @@ int ebb_ad_allreduce_start(ad *a) {
     }
     free(in);
     plan_step *s = &p->steps[si];
-    s->overlap = 1;
     s->owners = owners;
     s->has_workspace_cuda = 1;
     a->n_pending = n;

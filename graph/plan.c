@@ -290,11 +290,12 @@ static void print_clip(const ebb_plan *p, FILE *f) {
                 k != EBB_STEP_ALLREDUCE_START && k != EBB_STEP_REDUCE_SCATTER_START)
                 continue; /* not a bucket's first step */
             /* a started collective's buffers are its outputs, values */
-            int64_t b = s->overlap ? 0 : s->workspace;
-            for (int k = 0; s->overlap && k < s->pub.n_out; k++)
-                b += p->values[s->pub.out[k]].nbytes;
+            int started = k == EBB_STEP_ALLREDUCE_START || k == EBB_STEP_REDUCE_SCATTER_START;
+            int64_t b = started ? 0 : s->workspace;
+            for (int j = 0; started && j < s->pub.n_out; j++)
+                b += p->values[s->pub.out[j]].nbytes;
             most = b > most ? b : most;
-            overlap |= s->overlap;
+            overlap |= started;
             scatter += s->owners != NULL;
         }
         char mb[32], how[96];

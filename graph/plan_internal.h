@@ -42,9 +42,7 @@ typedef struct plan_step {
     int sense;           /* JUMP_IF: jump when (mean > 0) == sense */
     /* training */
     int train;           /* OP: runs the rule's forward_train; pub.out[1..] are its extras */
-    int overlap;         /* ALLREDUCE: only starts it (its buffer, if any, is pub.out[0]);
-                            an ALLREDUCE_WAIT step finishes it */
-    int *owners;         /* ALLREDUCE "reduce_scatter" (ZeRO-1): per input, the rank that
+    int *owners;         /* REDUCE_SCATTER(_START) (ZeRO-1): per input, the rank that
                             owns its parameter; only this rank's own become means */
     int fwd_step;        /* BACKWARD: the forward step it differentiates */
     int n_fwd_in;        /* BACKWARD: the forward step's input count */
