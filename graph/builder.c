@@ -597,9 +597,7 @@ ebb_node *ebb_node_graph(ebb_builder *b, const ebb_graph *g) {
     ebb_node *n = node_new(b, NODE_GRAPH, "ebb_node_graph");
     if (!n)
         return NULL;
-    ebb_graph *mg = (ebb_graph *)g;
-    atomic_fetch_add(&mg->refs, 1);
-    n->graph = mg;
+    n->graph = ebb_graph_ref(g);
     return n;
 }
 
@@ -1351,6 +1349,12 @@ ebb_node *ebb_subflow_end(ebb_builder *sub) {
 }
 
 /* ---- graphs ---------------------------------------------------------------- */
+
+ebb_graph *ebb_graph_ref(const ebb_graph *g) {
+    ebb_graph *mg = (ebb_graph *)g; /* the count is the one field a reference changes */
+    atomic_fetch_add(&mg->refs, 1);
+    return mg;
+}
 
 void ebb_graph_free(ebb_graph *g) {
     if (!g || atomic_fetch_sub(&g->refs, 1) != 1)

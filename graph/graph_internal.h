@@ -84,6 +84,10 @@ struct ebb_graph {
     ebb_node *owned; /* every node of this graph */
 };
 
+/* Takes a reference to g, released by ebb_graph_free(): a graph is never
+ * changed once built, so whoever holds one may share it. */
+ebb_graph *ebb_graph_ref(const ebb_graph *g);
+
 /* An op's input count as a message wants it: "1 input", "at least 2
  * inputs", "2 to 3 inputs" (max < 0: no upper bound). */
 void ebb_inputs_wanted(int min, int max, char *buf, size_t size);

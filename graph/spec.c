@@ -506,6 +506,134 @@ void ebb_spec_free(ebb_spec *s) {
     free(s);
 }
 
+/* ---- a spec around a graph built in C -------------------------------------------------------- */
+
+/* Reads f->shape, "batch, 784" or "[batch, 784]", into x. */
+static ebb_status parse_field_shape(const char *graph, const ebb_spec_field *f, spec_input *x,
+                                    arena *mem) {
+    const char *p = f->shape ? f->shape : "";
+    p += strspn(p, " \t");
+    int bracket = *p == '[';
+    p += bracket;
+    for (x->ndim = 0;; x->ndim++) {
+        p += strspn(p, " \t");
+        if (!*p || *p == ']') break;
+        size_t len = strcspn(p, ", \t]");
+        char *tok = ebb_arena_strndup(mem, p, len);
+        if (!tok) return ebb_error_set(EBB_ERR_NOMEM, "ebb_spec_from_graph: out of memory");
+        p += len;
+        if (x->ndim == EBB_MAX_DIMS)
+            return ebb_error_set(EBB_ERR_ARG, "%s: '%s' has shape '%s', more than %d dimensions",
+                                 graph, f->name, f->shape, EBB_MAX_DIMS);
+        char *end = NULL;
+        errno = 0;
+        long long v = isdigit((unsigned char)tok[0]) ? strtoll(tok, &end, 10) : 0;
+        x->sym[x->ndim] = NULL;
+        if (end && !*end && !errno && v >= 1 && v <= INT64_MAX / 1024)
+            x->dim[x->ndim] = v;
+        else if (!end && ebb_load_is_ident(tok))
+            x->dim[x->ndim] = -1, x->sym[x->ndim] = tok;
+        else
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "%s: '%s' has shape '%s': a dimension is a size of 1 or more or "
+                                 "a symbolic name like batch, got '%s'",
+                                 graph, f->name, f->shape, tok);
+        p += strspn(p, " \t");
+        if (*p == ',') p++;
+    }
+    if ((*p == ']') != bracket || (bracket && p[1 + strspn(p + 1, " \t")] != '\0'))
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s: '%s' has shape '%s': expected dimensions like \"batch, 784\" "
+                             "or \"[batch, 784]\"",
+                             graph, f->name, f->shape ? f->shape : "(null)");
+    return EBB_OK;
+}
+
+/* Fills list[0..count) from the fields that name graph's `names`, in the
+ * graph's order; `what` is "input" or "target". */
+static ebb_status take_fields(ebb_spec *s, const char *what, int count,
+                              const char *(*name_at)(const ebb_graph *, int),
+                              const ebb_spec_field *fields, int n, int *used, spec_input **out) {
+    const char *graph = s->name;
+    spec_input *list = count ? ebb_arena_alloc(&s->mem, (size_t)count * sizeof *list) : NULL;
+    if (count && !list) return ebb_error_set(EBB_ERR_NOMEM, "ebb_spec_from_graph: out of memory");
+    for (int i = 0; i < count; i++) {
+        const char *name = name_at(s->graph, i);
+        int at = -1;
+        for (int k = 0; k < n; k++) {
+            if (!fields[k].name || strcmp(fields[k].name, name) != 0) continue;
+            if (at >= 0)
+                return ebb_error_set(EBB_ERR_ARG, "%s: %s '%s' is declared twice (fields %d and %d)",
+                                     graph, what, name, at, k);
+            at = k;
+        }
+        if (at < 0)
+            return ebb_error_set(EBB_ERR_ARG, "%s: %s '%s' has no field giving its shape", graph,
+                                 what, name);
+        used[at] = 1;
+        spec_input *x = &list[i];
+        memset(x, 0, sizeof *x);
+        x->name = name;
+        ebb_status st = parse_field_shape(graph, &fields[at], x, &s->mem);
+        if (st != EBB_OK) return st;
+        if (fields[at].dtype) {
+            if (ebb_dtype_parse(&x->dtype, fields[at].dtype) != EBB_OK)
+                return ebb_error_set(EBB_ERR_ARG, "%s: %s '%s' has dtype '%s': %s", graph, what,
+                                     name, fields[at].dtype, ebb_errmsg());
+            x->has_dtype = 1;
+        }
+    }
+    *out = list;
+    return EBB_OK;
+}
+
+static ebb_status from_graph(ebb_spec *s, const ebb_spec_field *fields, int n) {
+    const ebb_graph *g = s->graph;
+    int *used = calloc((size_t)(n ? n : 1), sizeof *used);
+    if (!used) return ebb_error_set(EBB_ERR_NOMEM, "ebb_spec_from_graph: out of memory");
+    ebb_status st = take_fields(s, "input", ebb_graph_input_count(g), ebb_graph_input_name, fields,
+                                n, used, &s->inputs);
+    if (st == EBB_OK)
+        st = take_fields(s, "target", ebb_graph_target_count(g), ebb_graph_target_name, fields, n,
+                         used, &s->targets);
+    for (int k = 0; st == EBB_OK && k < n; k++)
+        if (!used[k])
+            st = ebb_error_set(EBB_ERR_ARG,
+                               "%s: field %d ('%s') is neither an input nor a target of the graph "
+                               "(%d input%s, %d target%s)",
+                               s->name, k, fields[k].name ? fields[k].name : "(null)",
+                               ebb_graph_input_count(g), ebb_graph_input_count(g) == 1 ? "" : "s",
+                               ebb_graph_target_count(g), ebb_graph_target_count(g) == 1 ? "" : "s");
+    free(used);
+    if (st == EBB_OK) {
+        s->n_inputs = ebb_graph_input_count(g);
+        s->n_targets = ebb_graph_target_count(g);
+    }
+    return st;
+}
+
+ebb_status ebb_spec_from_graph(ebb_spec **out, const ebb_graph *g, const ebb_spec_field *fields,
+                               int n) {
+    if (!out || !g || n < 0 || (n > 0 && !fields))
+        return ebb_error_set(EBB_ERR_ARG, "ebb_spec_from_graph: %s",
+                             !out ? "out is NULL" : !g ? "graph is NULL" : "bad fields");
+    *out = NULL;
+    ebb_spec *s = calloc(1, sizeof *s);
+    if (!s) return ebb_error_set(EBB_ERR_NOMEM, "ebb_spec_from_graph: out of memory");
+    s->loss_loc = -1;
+    s->precision = EBB_PRECISION_DEFAULT;
+    s->graph = ebb_graph_ref(g);
+    s->name = s->file = ebb_arena_strdup(&s->mem, ebb_graph_name(g));
+    ebb_status st = s->file ? from_graph(s, fields, n)
+                            : ebb_error_set(EBB_ERR_NOMEM, "ebb_spec_from_graph: out of memory");
+    if (st != EBB_OK) {
+        ebb_spec_free(s);
+        return st;
+    }
+    *out = s;
+    return EBB_OK;
+}
+
 /* Checks "name=number" overrides before anything is parsed. */
 static ebb_status check_overrides(const ebb_spec_options *opts) {
     if (!opts || opts->n_params == 0)

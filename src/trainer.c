@@ -717,6 +717,23 @@ ebb_status ebb_trainer_open(ebb_trainer **out, const ebb_spec *spec,
     return EBB_OK;
 }
 
+ebb_status ebb_trainer_open_graph(ebb_trainer **out, const ebb_graph *g,
+                                  const ebb_spec_field *fields, int n_fields,
+                                  const ebb_trainer_options *opts) {
+    if (!out || !g || !opts)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_open_graph: NULL argument");
+    *out = NULL;
+    ebb_spec *spec = NULL;
+    ebb_status st = ebb_spec_from_graph(&spec, g, fields, n_fields);
+    if (st == EBB_OK) st = ebb_trainer_open(out, spec, opts);
+    if (st != EBB_OK) {
+        ebb_spec_free(spec);
+        return st;
+    }
+    (*out)->own_spec = spec;
+    return EBB_OK;
+}
+
 void ebb_trainer_free(ebb_trainer *t) {
     if (!t) return;
     ebb_tensors_free(t->ts, MAX_FIELDS);
@@ -740,6 +757,7 @@ void ebb_trainer_free(ebb_trainer *t) {
     ebb_checkpoint_info_free(&t->ci);
     ebb_plan_free(t->plan);
     ebb_plan_free(t->infer);
+    ebb_spec_free(t->own_spec);
     free(t);
 }
 

@@ -58,6 +58,7 @@ typedef void (*warn_fn)(const char *message, void *user);
 
 struct ebb_trainer {
     ebb_trainer_options o;
+    ebb_spec *own_spec; /* ebb_trainer_open_graph's, freed with the trainer */
     ebb_lr_schedule schedule; /* o.schedule points here */
     fields f;
     ebb_checkpoint_info ci; /* o.resume's */

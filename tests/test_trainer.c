@@ -324,6 +324,98 @@ static void test_resume_is_bit_identical(void **state) {
     ebb_spec_free(spec);
 }
 
+/* SPEC's model built with the builder calls. */
+static ebb_graph *built_model(const char *loss) {
+    ebb_builder *b = ebb_builder_new("built");
+    ebb_input(b, "x");
+    ebb_from(b, ebb_node_op(b, "linear", "in=4, out=4, name=fc"));
+    ebb_target(b, "y");
+    if (loss) ebb_loss(b, loss, NULL);
+    ebb_graph *g = ebb_build(b);
+    ebb_builder_free(b);
+    if (!g) fail_msg("build: %s", ebb_errmsg());
+    return g;
+}
+
+/* A graph built in C trains as the spec that declares it does: the same
+ * steps from the same seed end on the same weights, bit for bit. The
+ * trainer holds its own reference to the graph, and a field list that does
+ * not fit the graph is refused, naming the field. */
+static void test_graph_built_in_c(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    float from_spec[F * F + F], from_c[F * F + F];
+    ebb_trainer_options o = options();
+    o.steps = 7;
+    o.clip_grad_norm = 0.5;
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("spec: %s", ebb_errmsg());
+    weights_of(t, from_spec);
+    ebb_trainer_free(t);
+    ebb_spec_free(spec);
+
+    ebb_graph *g = built_model("cross_entropy");
+    const ebb_spec_field fields[] = {{"y", "[batch]", "int64"}, {"x", "batch, 4", NULL}};
+    if (ebb_trainer_open_graph(&t, g, fields, 2, &o) != EBB_OK) fail_msg("open: %s", ebb_errmsg());
+    ebb_graph_free(g); /* the trainer keeps its own reference */
+    if (ebb_trainer_run(t) != EBB_OK) fail_msg("graph: %s", ebb_errmsg());
+    assert_int_equal(ebb_trainer_get_stats(t).step, 7);
+    weights_of(t, from_c);
+    assert_memory_equal(from_spec, from_c, sizeof from_spec);
+    ebb_trainer_free(t);
+
+    /* what a wrapped spec says of itself */
+    g = built_model("cross_entropy");
+    assert_int_equal(ebb_spec_from_graph(&spec, g, fields, 2), EBB_OK);
+    ebb_graph_free(g);
+    assert_string_equal(ebb_spec_name(spec), "built");
+    assert_int_equal(ebb_spec_input_count(spec), 1);
+    assert_int_equal(ebb_spec_input_ndim(spec, 0), 2);
+    const char *sym = NULL;
+    assert_int_equal(ebb_spec_input_dim(spec, 0, 0, &sym), -1);
+    assert_string_equal(sym, "batch");
+    assert_int_equal(ebb_spec_input_dim(spec, 0, 1, &sym), 4);
+    ebb_dtype dt = EBB_FLOAT32;
+    assert_true(ebb_spec_target_dtype(spec, 0, &dt));
+    assert_int_equal(dt, EBB_INT64);
+    assert_false(ebb_spec_input_dtype(spec, 0, &dt));
+    ebb_spec_free(spec);
+
+    /* refusals, each naming the field */
+    static const struct {
+        ebb_spec_field f[3];
+        int n;
+        const char *says;
+    } bad[] = {
+        {{{"x", "batch, 4", NULL}}, 1, "target 'y' has no field"},
+        {{{"y", "batch", "int64"}}, 1, "input 'x' has no field"},
+        {{{"x", "batch, 4", NULL}, {"y", "batch", "int64"}, {"z", "3", NULL}}, 3,
+         "field 2 ('z') is neither an input nor a target"},
+        {{{"x", "batch, 4", NULL}, {"x", "batch, 4", NULL}, {"y", "batch", NULL}}, 3,
+         "input 'x' is declared twice"},
+        {{{"x", "batch, -4", NULL}, {"y", "batch", "int64"}}, 2, "got '-4'"},
+        {{{"x", "[batch, 4", NULL}, {"y", "batch", "int64"}}, 2, "expected dimensions like"},
+        {{{"x", "batch, 4", NULL}, {"y", "batch", "int65"}}, 2, "target 'y' has dtype 'int65'"},
+    };
+    g = built_model("cross_entropy");
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        spec = (ebb_spec *)1;
+        assert_int_equal(ebb_spec_from_graph(&spec, g, bad[i].f, bad[i].n), EBB_ERR_ARG);
+        assert_null(spec);
+        if (!strstr(ebb_errmsg(), bad[i].says) || strncmp(ebb_errmsg(), "built: ", 7) != 0)
+            fail_msg("case %zu: \"%s\" does not say \"%s\"", i, ebb_errmsg(), bad[i].says);
+    }
+    ebb_graph_free(g);
+    /* a graph without a loss cannot be trained, and nothing is left open */
+    g = built_model(NULL);
+    t = (ebb_trainer *)1;
+    assert_int_equal(ebb_trainer_open_graph(&t, g, fields, 2, &o), EBB_ERR_SPEC);
+    assert_null(t);
+    assert_non_null(strstr(ebb_errmsg(), "built declares no `loss:`"));
+    ebb_graph_free(g);
+}
+
 /* Three micro-batches of 6 make the update of one batch of 18: the same
  * samples per step, each micro-batch's gradients weighted by its share
  * (the epoch's last step has micro-batches of 6, 6 and 2, weighted 6/14,
@@ -1681,6 +1773,7 @@ int main(int argc, char **argv) {
         EBB_TEST(test_metrics_of_a_known_classifier),
         EBB_TEST(test_run_calls_back_and_learns),
         EBB_TEST(test_resume_is_bit_identical),
+        EBB_TEST(test_graph_built_in_c),
         EBB_TEST(test_freeze),
         EBB_TEST(test_lr_scale),
         EBB_TEST(test_half_batches),

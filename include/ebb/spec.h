@@ -78,7 +78,32 @@ EBB_API ebb_status ebb_spec_load_ex(ebb_spec **out, const char *path, const ebb_
 EBB_API ebb_status ebb_spec_load_string_ex(ebb_spec **out, const char *text, size_t len,
                                    const char *display_name, const ebb_spec_options *opts);
 
-/* Frees a spec and the graph it owns. NULL is allowed. */
+/* ---- a spec around a graph built in C ------------------------------------ */
+
+/* What a spec's `inputs:` or `targets:` says of one of them. */
+typedef struct ebb_spec_field {
+    const char *name;  /* an input (ebb_input) or target (ebb_target) of the graph */
+    const char *shape; /* its dimensions as a spec lists them, "batch, 784" or
+                        * "[batch, 784]": sizes, and symbolic names bound when
+                        * it is compiled (the trainer binds batch, and --block
+                        * binds an input's second one) */
+    const char *dtype; /* "int64", ...; NULL: the plan's dtype, as a spec without
+                        * `dtype:` (float32 unless the compile says otherwise) */
+} ebb_spec_field;
+
+/* A spec around a graph built with the builder calls (graph.h), so that
+ * whatever takes a spec (ebb_spec_compile, the trainer) takes a C-built
+ * model too. `fields` declares each input and target of g exactly once, in
+ * any order. The spec holds its own reference to g (free yours when you
+ * like), is named after g in its errors, and has no params and the default
+ * precision. EBB_ERR_ARG, naming the field, for a name that is neither an
+ * input nor a target of g, one declared twice or not at all, and a shape or
+ * dtype that does not parse. On success *out is a new spec (free with
+ * ebb_spec_free). */
+EBB_API ebb_status ebb_spec_from_graph(ebb_spec **out, const ebb_graph *g,
+                                       const ebb_spec_field *fields, int n);
+
+/* Frees a spec and its reference to its graph. NULL is allowed. */
 EBB_API void ebb_spec_free(ebb_spec *s);
 
 /* The graph the spec declares, owned by the spec (valid until ebb_spec_free;

@@ -330,6 +330,13 @@ EBB_API ebb_trainer_options ebb_trainer_defaults(void);
  * Every failure frees what it made and names the option or the file. */
 EBB_API ebb_status ebb_trainer_open(ebb_trainer **out, const ebb_spec *spec,
                                     const ebb_trainer_options *opts);
+/* ebb_trainer_open() for a graph built in C (graph.h) rather than a YAML
+ * spec: `fields` gives the shape (and dtype) of each of its inputs and
+ * targets, as ebb_spec_from_graph() takes them, and the graph declares its
+ * loss with ebb_loss(). The trainer holds its own reference to g. */
+EBB_API ebb_status ebb_trainer_open_graph(ebb_trainer **out, const ebb_graph *g,
+                                          const ebb_spec_field *fields, int n_fields,
+                                          const ebb_trainer_options *opts);
 /* Frees the trainer, its plans, model, optimizer and data. NULL: no-op. */
 EBB_API void ebb_trainer_free(ebb_trainer *t);
 
