@@ -10,40 +10,41 @@ const char ebb_cli_usage_chart[] =
     "                 [--data-parallel N [--bucket-size SIZE] [--overlap] [--zero [--rank R]]]]\n"
     "                 [--memory-budget SIZE]\n"
     "                 [-o FILE.svg]\n"
-    "\n"
-    "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
-    "  --batch B          -i SYMBOL=B for the first input's symbolic first dimension\n"
-    "  -p PARAM=N         replace the value of one of the spec's params\n"
-    "  --keep-all         chart the plan compiled without freeing, to compare\n"
-    "  --train            chart a training step: forward, loss, backward and updates,\n"
-    "                     each shaded; the activations kept for the backward outlined\n"
-    "  --loss NAME        with --train: this loss op instead of the spec's `loss:`\n"
-    "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
-    "  --grads-only       with --train: the step `ebb grad` runs (gradients handed out,\n"
-    "                     no updates), to chart `ebb grad --trace`\n"
-    CLIP_HELP
-    "  --memory-budget SIZE\n"
-    "                     chart the step that fits SIZE by recomputing (64MiB)\n"
-    "  --trace FILE       draw the measured bytes of `ebb run --trace FILE` (or `ebb grad\n"
-    "                     --trace FILE`) over the plan (run with the same -i, -p and\n"
-    "                     --keep-all)\n"
-    "  -o FILE            write the SVG to FILE (default: stdout); replaced atomically,\n"
-    "                     a device written into\n" PRECISION_HELP USAGE_COMMON
+    "\n";
+
+const cli_flag ebb_cli_chart_flags[] = {
+    SHAPE_FLAG("NAME=DIMS", "input shape, or SYMBOL=N (symbolic dimensions default to 1)"),
+    BATCH_FLAG,
+    PARAM_FLAG,
+    FLAG_SWITCH("keep-all", options, keep_all, "chart the plan compiled without freeing, to compare"),
+    FLAG_SWITCH("train", options, train,
+                "chart a training step: forward, loss, backward and updates,\n"
+                "each shaded; the activations kept for the backward outlined"),
+    LOSS_OPTIMIZER_FLAGS,
+    FLAG_SWITCH("grads-only", options, grads_only,
+                "with --train: the step `ebb grad` runs (gradients handed out,\n"
+                "no updates), to chart `ebb grad --trace`"),
+    CLIP_FLAGS,
+    FLAG_ROW(0, "memory-budget", "SIZE", cli_set_budget, options, memory_budget,
+             "chart the step that fits SIZE by recomputing (64MiB)"),
+    FLAG_PATH("trace", "FILE", options, trace,
+              "draw the measured bytes of `ebb run --trace FILE` (or `ebb grad\n"
+              "--trace FILE`) over the plan (run with the same -i, -p and\n"
+              "--keep-all)"),
+    {'o', NULL, "FILE", cli_set_path, offsetof(options, out_file), 0,
+     "write the SVG to FILE (default: stdout); replaced atomically,\n"
+     "a device written into", NULL},
+    PRECISION_FLAG(options, precision),
+    COMMON_FLAGS,
+    END_OF_OPTIONS_HELP,
+    FLAG_END,
+};
+
+const char ebb_cli_usage_chart_tail[] =
     "\n"
     "Each value is a band from the step that makes it to the step that frees it, as\n"
     "tall as its bytes; the planned peak is a labelled line. A SPEC of - is read\n"
     "from standard input.\n";
-
-const struct option ebb_cli_chart_options[] = {
-    COMMON_OPTIONS,
-    BATCH_OPTION,
-    PRECISION_OPTION,
-    {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
-    {"trace", required_argument, NULL, OPT_TRACE},
-    {"grads-only", no_argument, NULL, OPT_GRADS_ONLY},
-    TRAIN_OPTIONS,
-    {NULL, 0, NULL, 0},
-};
 
 /* A whole-number field of a trace line. */
 static int trace_int(const cJSON *line, const char *key, int64_t *out) {

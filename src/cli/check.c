@@ -3,16 +3,18 @@
 #include "cli.h"
 
 const char ebb_cli_usage_check[] = "usage: ebb check [--] SPEC...\n"
-                                 "\n"
-                                 "Loads and compiles each spec (symbolic dimensions set to 1),\n"
-                                 "and its training step too (at 2) when it declares a loss. Prints\n"
-                                 "'SPEC: ok (N steps, P parameters)', P counted as PyTorch's\n"
-                                 "parameters() (tied weights once, buffers apart), or\n"
-                                 "'SPEC:LINE:COL: error: ...' on stderr. Exit 1 on any error.\n"
-                                 "A SPEC of - is read from standard input.\n"
-                                 "\n" USAGE_COMMON;
+                                   "\n"
+                                   "Loads and compiles each spec (symbolic dimensions set to 1),\n"
+                                   "and its training step too (at 2) when it declares a loss. Prints\n"
+                                   "'SPEC: ok (N steps, P parameters)', P counted as PyTorch's\n"
+                                   "parameters() (tied weights once, buffers apart), or\n"
+                                   "'SPEC:LINE:COL: error: ...' on stderr. Exit 1 on any error.\n"
+                                   "A SPEC of - is read from standard input.\n"
+                                   "\n";
 
-const struct option ebb_cli_check_options[] = {COMMON_OPTIONS, {NULL, 0, NULL, 0}};
+const cli_flag ebb_cli_check_flags[] = {COMMON_FLAGS, END_OF_OPTIONS_HELP, FLAG_END};
+
+const char ebb_cli_usage_check_tail[] = "";
 
 /* Trained parameters' elements and buffers' (batch_norm's running
  * statistics), as PyTorch counts parameters() and buffers() apart. */

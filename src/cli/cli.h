@@ -27,6 +27,7 @@
 #include "ebb/ebb.h"
 #include "ebb/safetensors.h"
 #include "ebb/spec.h"
+#include "flags.h"
 /* the library's file writer: every file the command writes goes through it */
 #include "../edit_distance.h"
 #include "../fileio.h"
@@ -42,116 +43,72 @@ enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3 };
 #define STDIN_SPEC_NAME "<stdin>"
 #define STDIN_PATH "/dev/stdin"
 
-/* Long-only options get values past any character, so that getopt's short
- * option letters and these never meet. */
-enum {
-    OPT_JSON = 256,
-    OPT_KEEP_ALL,
-    OPT_MEMORY,
-    OPT_PLAN,
-    OPT_CUDA_GRAPH,
-    OPT_FORCE,
-    OPT_STRICT_MEMORY,
-    OPT_STRICT_FINITE,
-    OPT_NON_STRICT,
-    OPT_SEED,
-    OPT_REPEAT,
-    OPT_DEVICE,
-    OPT_WEIGHTS,
-    OPT_SAVE_WEIGHTS,
-    OPT_INPUTS,
-    OPT_OUTPUTS,
-    OPT_TRACE,
-    OPT_COMPLETION,
-    OPT_THREADS,
-    OPT_TRAIN,
-    OPT_LOSS,
-    OPT_OPTIMIZER,
-    OPT_GRADS,
-    OPT_GRADS_ONLY,
-    OPT_MEMORY_BUDGET,
-    OPT_CLIP_GRAD_NORM,
-    OPT_CLIP_GRAD_VALUE,
-    OPT_NO_DECAY,
-    OPT_BATCH,
-    OPT_PRECISION,
-    OPT_LOSS_SCALE,
-    OPT_DATA_PARALLEL,
-    OPT_BUCKET_SIZE,
-    OPT_WEIGHT_COPIES,
-    OPT_ZERO,
-    OPT_RANK,
-    OPT_OVERLAP,
-};
+/* --data-parallel N and --rank R (common.c) */
+int cli_set_ranks(const cli_flag *f, const char *v, void *field, const char *usage);
+int cli_set_rank(const cli_flag *f, const char *v, void *field, const char *usage);
 
+/* Rows the commands over `options` share (flags.h). */
+#define SHAPE_FLAG(arg, help)                                                                      \
+    {'i', NULL, arg, cli_set_list, offsetof(options, shapes), 0, help, "NAME=D0,D1,..."}
+#define PARAM_FLAG                                                                                 \
+    {'p', NULL, "PARAM=N", cli_set_list, offsetof(options, params), 0,                             \
+     "replace the value of one of the spec's params", "NAME=NUMBER"}
 /* --batch B: -i SYMBOL=B for the spec's batch, as ebb train takes it */
-#define BATCH_OPTION {"batch", required_argument, NULL, OPT_BATCH}
-/* --precision fp32|bf16|fp16: mixed precision (ebb_compile_options.precision) */
-#define PRECISION_OPTION {"precision", required_argument, NULL, OPT_PRECISION}
-#define PRECISION_HELP                                                                             \
-    "  --precision P      fp32 (the default), bf16 or fp16: matrix products in the low\n"       \
-    "                     dtype, norms, softmax and losses in float32, parameters\n"            \
-    "                     float32; every cast a step of the plan\n"
+#define BATCH_FLAG                                                                                 \
+    FLAG_COUNT("batch", "B", options, batch,                                                       \
+               "-i SYMBOL=B for the first input's symbolic first dimension")
+#define SEED_FLAG(T, F, help)                                                                      \
+    {0, "seed", "N", cli_set_u64, offsetof(T, F), 0, help, "a non-negative integer"}
+/* --loss and --optimizer of a planned training step (plan, dot, chart) */
+#define LOSS_OPTIMIZER_FLAGS                                                                       \
+    FLAG_PATH("loss", "NAME", options, loss,                                                       \
+              "with --train: this loss op instead of the spec's `loss:`"),                         \
+        FLAG_ROW(0, "optimizer", "KIND", cli_set_optimizer, options, optimizer,                    \
+                 "with --train: the updates to count (default adamw)")
+/* The training step's recipes, which plan, dot and chart take alike (with
+ * --train) */
+#define CLIP_FLAGS                                                                                 \
+    FLAG_ROW(0, "clip-grad-norm", "X", cli_set_positive, options, clip_norm,                       \
+             "with --train: scale the gradients to a global L2 norm of at\n"                       \
+             "most X (the updates wait for every gradient; the listing says\n"                     \
+             "what that costs)"),                                                                  \
+        FLAG_ROW(0, "clip-grad-value", "X", cli_set_positive, options, clip_value,                 \
+                 "with --train: clamp each gradient to [-X, X] in its update"),                    \
+        FLAG_ROW(0, "no-decay", "PATTERN", cli_set_pattern, options, no_decay,                     \
+                 "with --train: the parameters whose full name matches update\n"                   \
+                 "without weight decay ('*.bias'; repeatable)"),                                   \
+        FLAG_ROW(0, "loss-scale", "S", cli_set_loss_scale, options, loss_scale,                    \
+                 "with --train: plan dynamic loss scaling (GradScaler's unscale\n"                 \
+                 "step, the updates after the backward); `none`: without it\n"                     \
+                 "(default: with --precision fp16, as ebb train)"),                                \
+        FLAG_ROW(0, "data-parallel", "N", cli_set_ranks, options, data_parallel,                   \
+                 "with --train: one rank's step of N (ebb train --nproc N): the\n"                 \
+                 "gradients averaged in all-reduce steps, bucket by bucket"),                      \
+        FLAG_ROW(0, "bucket-size", "SIZE", cli_set_bytes, options, bucket_size,                    \
+                 "with --data-parallel: a bucket's size (default 25MiB)"),                         \
+        FLAG_SWITCH("zero", options, zero,                                                         \
+                    "with --data-parallel: ZeRO-1, the optimizer's state sharded\n"                \
+                    "over the ranks (ebb train --zero); the plan is one rank's"),                  \
+        FLAG_ROW(0, "rank", "R", cli_set_rank, options, rank,                                      \
+                 "with --zero: plan rank R's step (default 0)"),                                   \
+        FLAG_SWITCH("overlap", options, overlap,                                                   \
+                    "with --data-parallel: all-reduces travel while the backward\n"                \
+                    "goes on (ebb train --overlap)"),                                              \
+        FLAG_GIVEN("weight-copies", "HOW", cli_set_weight_copies, options, weight_copies,          \
+                   weight_copies_set, WEIGHT_COPIES_HELP)
 
-/* The training step's options, which plan, dot and chart take alike (with
- * --train), and their help. */
-#define TRAIN_OPTIONS                                                                              \
-    {"train", no_argument, NULL, OPT_TRAIN}, {"loss", required_argument, NULL, OPT_LOSS},          \
-        {"optimizer", required_argument, NULL, OPT_OPTIMIZER},                                     \
-        {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},                             \
-        {"clip-grad-norm", required_argument, NULL, OPT_CLIP_GRAD_NORM},                           \
-        {"clip-grad-value", required_argument, NULL, OPT_CLIP_GRAD_VALUE},                         \
-        {"loss-scale", required_argument, NULL, OPT_LOSS_SCALE},                                   \
-        {"data-parallel", required_argument, NULL, OPT_DATA_PARALLEL},                             \
-        {"bucket-size", required_argument, NULL, OPT_BUCKET_SIZE},                                 \
-        {"weight-copies", required_argument, NULL, OPT_WEIGHT_COPIES},                             \
-        {"zero", no_argument, NULL, OPT_ZERO}, {"rank", required_argument, NULL, OPT_RANK},        \
-        {"overlap", no_argument, NULL, OPT_OVERLAP}, {                                              \
-        "no-decay", required_argument, NULL, OPT_NO_DECAY                                          \
-    }
-#define CLIP_HELP                                                                                  \
-    "  --clip-grad-norm X with --train: scale the gradients to a global L2 norm of at\n"           \
-    "                     most X (the updates wait for every gradient; the listing says\n"        \
-    "                     what that costs)\n"                                                      \
-    "  --clip-grad-value X\n"                                                                      \
-    "                     with --train: clamp each gradient to [-X, X] in its update\n"           \
-    "  --no-decay PATTERN with --train: the parameters whose full name matches update\n"         \
-    "                     without weight decay ('*.bias'; repeatable)\n"                        \
-    "  --loss-scale S     with --train: plan dynamic loss scaling (GradScaler's unscale\n"      \
-    "                     step, the updates after the backward); `none`: without it\n"        \
-    "                     (default: with --precision fp16, as ebb train)\n"                   \
-    "  --data-parallel N  with --train: one rank's step of N (ebb train --nproc N): the\n"      \
-    "                     gradients averaged in all-reduce steps, bucket by bucket\n"         \
-    "  --bucket-size SIZE with --data-parallel: a bucket's size (default 25MiB)\n"           \
-    "  --zero             with --data-parallel: ZeRO-1, the optimizer's state sharded\n"       \
-    "                     over the ranks (ebb train --zero); the plan is one rank's\n"        \
-    "  --rank R           with --zero: plan rank R's step (default 0)\n"                      \
-    "  --overlap          with --data-parallel: all-reduces travel while the backward\n"      \
-    "                     goes on (ebb train --overlap)\n"                                      \
-    WEIGHT_COPIES_HELP
+/* Every command's help ends with COMMON_FLAGS; these commands' with `--` too. */
+#define END_OF_OPTIONS_HELP                                                                        \
+    FLAG_HELP_TEXT("  --                 end of options: what follows is a SPEC even if it "      \
+                   "starts with -\n")
 
-#define COMMON_OPTIONS                                                                             \
-    {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, OPT_COMPLETION},    \
-        {"threads", required_argument, NULL, OPT_THREADS}
-
-typedef struct command {
-    const char *name;
-    const char *usage;
-    const char *shorts;           /* getopt's short options */
-    const struct option *longs;   /* the long ones: the parser's table */
-    int many;                     /* takes several SPECs, not one */
-    /* the command itself, handed its own row (argv[0] is its name) */
-    int (*main)(const struct command *self, int argc, char **argv);
-} command;
 
 typedef struct options {
     const char *spec;
     const char **specs; /* check: every SPEC, in order */
     int n_specs;
-    const char *shapes[MAX_BINDINGS];
-    int n_shapes;
-    const char *params[MAX_BINDINGS];
-    int n_params;
+    cli_list shapes;    /* -i */
+    cli_list params;    /* -p */
     int json, keep_all, memory, plan_view, repeat, cuda_graph, force, strict_finite, non_strict;
     int strict_memory;
     int train, grads_only;
@@ -167,48 +124,45 @@ typedef struct options {
     int zero, rank;               /* --zero, --rank R (-1: not given) */
     int overlap;                  /* --overlap */
     ebb_low_copies weight_copies; /* --weight-copies */
-    const char *no_decay[16];     /* --no-decay PATTERN */
-    int n_no_decay;
-    uint64_t batch;               /* --batch; 0: not given */
+    cli_list no_decay;            /* --no-decay PATTERN */
+    int64_t batch;                /* --batch; 0: not given */
     ebb_precision precision;      /* --precision; default: the spec's */
     ebb_device run_device;        /* where the plan will run (run, grad): the compile
                                      measures there the scratch its ops can only bound */
     int measure_scratch;          /* run, grad on the CPU: measure oneDNN's too */
 } options;
 
-/* Every command's help ends with these, which every command takes (train's
- * and eval's with their own, src/cli/train.c). */
-#define USAGE_COMMON                                                                               \
-    THREADS_HELP                                                                                   \
-    "  -h, --help         this help\n"                                                             \
-    "  --completion-helper\n"                                                                      \
-    "                     print the options above, one a line (for shell completion)\n"            \
-    "  --                 end of options: what follows is a SPEC even if it starts with -\n"
-
-/* Each command: its usage text, its options (the parser's table) and its
- * function, which parses its own arguments (argv[0] is the command's name)
- * and returns the exit code. */
+/* Each command: its usage (the help's head), its flags (flags.h), the
+ * help's tail where it has one, and its function, which parses its own
+ * arguments (argv[0] is the command's name) and returns the exit code. */
 extern const char ebb_cli_usage_main[];
 extern const char ebb_cli_usage_check[];
-extern const struct option ebb_cli_check_options[];
+extern const cli_flag ebb_cli_check_flags[];
+extern const char ebb_cli_usage_check_tail[];
 int ebb_cli_check(const command *self, int argc, char **argv);
 extern const char ebb_cli_usage_plan[];
-extern const struct option ebb_cli_plan_options[];
+extern const cli_flag ebb_cli_plan_flags[];
+extern const char ebb_cli_usage_plan_tail[];
 int ebb_cli_plan(const command *self, int argc, char **argv);
 extern const char ebb_cli_usage_dot[];
-extern const struct option ebb_cli_dot_options[];
+extern const cli_flag ebb_cli_dot_flags[];
+extern const char ebb_cli_usage_dot_tail[];
 int ebb_cli_dot(const command *self, int argc, char **argv);
 extern const char ebb_cli_usage_chart[];
-extern const struct option ebb_cli_chart_options[];
+extern const cli_flag ebb_cli_chart_flags[];
+extern const char ebb_cli_usage_chart_tail[];
 int ebb_cli_chart(const command *self, int argc, char **argv);
 extern const char ebb_cli_usage_run[];
-extern const struct option ebb_cli_run_options[];
+extern const cli_flag ebb_cli_run_flags[];
+extern const char ebb_cli_usage_run_tail[];
 int ebb_cli_run(const command *self, int argc, char **argv);
 extern const char ebb_cli_usage_grad[];
-extern const struct option ebb_cli_grad_options[];
+extern const cli_flag ebb_cli_grad_flags[];
+extern const char ebb_cli_usage_grad_tail[];
 int ebb_cli_grad(const command *self, int argc, char **argv);
 extern const char ebb_cli_usage_generate[];
-extern const struct option ebb_cli_generate_options[];
+extern const cli_flag ebb_cli_generate_flags[];
+extern const char ebb_cli_usage_generate_tail[];
 int ebb_cli_generate(const command *self, int argc, char **argv);
 
 

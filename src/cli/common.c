@@ -321,31 +321,6 @@ int ebb_cli_parse_u64(const char *s, uint64_t *out) {
 }
 
 /* "-i" or "--seed": how the user spells the option with getopt value `val`. */
-static const char *option_name(const command *c, int val, char *buf, size_t size) {
-    if (val > 0 && val < 256 && val != 'h') {
-        snprintf(buf, size, "-%c", val);
-        return buf;
-    }
-    for (const struct option *lo = c->longs; lo->name; lo++)
-        if (lo->val == val) {
-            snprintf(buf, size, "--%s", lo->name);
-            return buf;
-        }
-    snprintf(buf, size, "-%c", val > 0 && val < 256 ? val : '?');
-    return buf;
-}
-
-/* The options the parser takes, one a line ("--seed=" when it takes a
- * value), as git's --git-completion-helper prints them; the tests compare
- * this list with the help text. */
-static void list_options(const command *c) {
-    for (const char *s = c->shorts; *s; s++)
-        if (*s != ':')
-            printf("-%c\n", *s);
-    for (const struct option *lo = c->longs; lo->name; lo++)
-        printf("--%s%s\n", lo->name, lo->has_arg == required_argument ? "=" : "");
-}
-
 int ebb_cli_weight_copies(const char *val, ebb_low_copies *out) {
     static const char *const names[] = {"auto", "keep", "recast"};
     for (int i = 0; i < 3; i++)
@@ -356,7 +331,8 @@ int ebb_cli_weight_copies(const char *val, ebb_low_copies *out) {
     return -1;
 }
 
-static int add_spec(const command *c, options *o, const char *arg) {
+static int add_spec(const command *c, void *opts, const char *arg) {
+    options *o = opts;
     if (c->many)
         o->specs[o->n_specs++] = arg;
     else if (o->spec)
@@ -365,197 +341,29 @@ static int add_spec(const command *c, options *o, const char *arg) {
     return 0;
 }
 
-/* Parses argv[1..] (argv[0] is the command's name); returns 0, -1 when help
- * was printed, or an exit code. */
-int parse_options(int argc, char **argv, const command *c, options *o) {
-    memset(o, 0, sizeof *o);
-    o->repeat = 1;
-    o->rank = -1;
+int cli_set_ranks(const cli_flag *f, const char *v, void *field, const char *usage) {
+    (void)f;
+    char *end = NULL;
+    long n = strtol(v, &end, 10);
+    if (end == v || *end || n < 1 || n > 4096)
+        return ebb_cli_usage_error(usage, "--data-parallel %s: expected 1 to 4096 ranks", v);
+    *(int *)field = (int)n;
+    return 0;
+}
+
+int cli_set_rank(const cli_flag *f, const char *v, void *field, const char *usage) {
+    (void)f;
+    char *end = NULL;
+    long n = strtol(v, &end, 10);
+    if (end == v || *end || n < 0 || n > 4095)
+        return ebb_cli_usage_error(usage, "--rank %s: expected a rank, 0 to 4095", v);
+    *(int *)field = (int)n;
+    return 0;
+}
+
+/* What depends on several flags at once: 0 or a usage error. */
+static int check_options(const command *c, const options *o) {
     const char *usage = c->usage;
-    /* kept until exit: the command reads them to the end */
-    static const char **specs;
-    if (c->many && !(specs = calloc((size_t)argc + 1, sizeof *specs)))
-        return ebb_cli_fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
-    o->specs = specs;
-    /* '-' first: arguments come back in order (as 1) whatever POSIXLY_CORRECT
-     * says, so options may follow the SPEC; ':' next: a missing value is
-     * told apart from an unknown option */
-    char shorts[32];
-    snprintf(shorts, sizeof shorts, "-:%s", c->shorts);
-    opterr = 0;
-    optind = 0;
-    char name[64];
-    int opt, rc;
-    while ((opt = getopt_long(argc, argv, shorts, c->longs, NULL)) != -1) {
-        const char *val = optarg;
-        const char **slot = NULL;
-        switch (opt) {
-        case 1:
-            if ((rc = add_spec(c, o, val)))
-                return rc;
-            break;
-        case 'h': fputs(usage, stdout); return -1;
-        case OPT_COMPLETION: list_options(c); return -1;
-        case OPT_THREADS:
-            if ((rc = ebb_cli_set_threads(usage, val)))
-                return rc;
-            break;
-        case 'i':
-        case 'p':
-            if ((opt == 'i' ? o->n_shapes : o->n_params) == MAX_BINDINGS)
-                return ebb_cli_usage_error(usage, "too many %s options", opt == 'i' ? "-i" : "-p");
-            if (opt == 'i')
-                o->shapes[o->n_shapes++] = val;
-            else
-                o->params[o->n_params++] = val;
-            break;
-        case OPT_JSON: o->json = 1; break;
-        case OPT_KEEP_ALL: o->keep_all = 1; break;
-        case OPT_MEMORY: o->memory = 1; break;
-        case OPT_PLAN: o->plan_view = 1; break;
-        case OPT_CUDA_GRAPH: o->cuda_graph = 1; break;
-        case OPT_FORCE: o->force = 1; break;
-        case OPT_STRICT_MEMORY: o->strict_memory = 1; break;
-        case OPT_STRICT_FINITE: o->strict_finite = 1; break;
-        case OPT_NON_STRICT: o->non_strict = 1; break;
-        case OPT_TRAIN: o->train = 1; break;
-        case OPT_GRADS_ONLY: o->grads_only = 1; break;
-        case OPT_LOSS: slot = &o->loss; break;
-        case OPT_OPTIMIZER: slot = &o->optimizer; break;
-        case OPT_CLIP_GRAD_NORM:
-        case OPT_CLIP_GRAD_VALUE: {
-            char *end = NULL;
-            double v = strtod(val, &end);
-            if (end == val || *end || !(v > 0) || !isfinite(v))
-                return ebb_cli_usage_error(usage, "%s needs a positive number",
-                                           opt == OPT_CLIP_GRAD_NORM ? "--clip-grad-norm"
-                                                                     : "--clip-grad-value");
-            *(opt == OPT_CLIP_GRAD_NORM ? &o->clip_norm : &o->clip_value) = v;
-            break;
-        }
-        case OPT_BUCKET_SIZE:
-            if (ebb_bytes_parse(val, &o->bucket_size) != EBB_OK || o->bucket_size <= 0)
-                return ebb_cli_usage_error(usage, "--bucket-size %s: expected a byte count above "
-                                                  "0, like 4MiB", val);
-            break;
-        case OPT_DATA_PARALLEL: {
-            char *end = NULL;
-            long v = strtol(val, &end, 10);
-            if (end == val || *end || v < 1 || v > 4096)
-                return ebb_cli_usage_error(usage, "--data-parallel %s: expected 1 to 4096 ranks",
-                                           val);
-            o->data_parallel = (int)v;
-            break;
-        }
-        case OPT_ZERO:
-            o->zero = 1;
-            break;
-        case OPT_OVERLAP:
-            o->overlap = 1;
-            break;
-        case OPT_RANK: {
-            char *end = NULL;
-            long v = strtol(val, &end, 10);
-            if (end == val || *end || v < 0 || v > 4095)
-                return ebb_cli_usage_error(usage, "--rank %s: expected a rank, 0 to 4095", val);
-            o->rank = (int)v;
-            break;
-        }
-        case OPT_WEIGHT_COPIES:
-            if (ebb_cli_weight_copies(val, &o->weight_copies) != 0)
-                return ebb_cli_usage_error(usage, "--weight-copies %s: expected auto, keep or "
-                                                  "recast", val);
-            o->weight_copies_set = 1;
-            break;
-        case OPT_LOSS_SCALE: {
-            char *end = NULL;
-            double v = strcmp(val, "none") == 0 ? -1 : strtod(val, &end);
-            if (v != -1 && (end == val || *end || !(v > 0) || !(v <= 3.4e38)))
-                return ebb_cli_usage_error(usage, "--loss-scale %s: expected a positive scale "
-                                           "(65536) or none", val);
-            o->loss_scale = v;
-            break;
-        }
-        case OPT_PRECISION:
-            if (ebb_precision_parse(&o->precision, val) != EBB_OK)
-                return ebb_cli_usage_error(usage, "--precision %s: expected fp32, bf16 or fp16",
-                                           val);
-            break;
-        case OPT_NO_DECAY:
-            if (o->n_no_decay == (int)(sizeof o->no_decay / sizeof *o->no_decay))
-                return ebb_cli_usage_error(usage, "%s", "too many --no-decay options");
-            if (strchr(val, ','))
-                return ebb_cli_usage_error(usage, "--no-decay %s: one pattern each, no comma",
-                                           val);
-            o->no_decay[o->n_no_decay++] = val;
-            break;
-        case OPT_GRADS: slot = &o->grads; break;
-        case OPT_MEMORY_BUDGET:
-            if (!strcmp(val, "least"))
-                o->memory_budget = EBB_MEMORY_BUDGET_LEAST;
-            else if (ebb_bytes_parse(val, &o->memory_budget) != EBB_OK || o->memory_budget == 0)
-                return ebb_cli_usage_error(usage, "--memory-budget %s: expected a byte count above 0, "
-                                          "like 64MiB or 1.5GB, or `least`",
-                                   val);
-            break;
-        case OPT_BATCH:
-            if (ebb_cli_parse_u64(val, &o->batch) != 0 || o->batch == 0 || o->batch > 1000000000)
-                return ebb_cli_usage_error(usage, "%s", "--batch needs a positive integer");
-            break;
-        case OPT_SEED:
-        case OPT_REPEAT: {
-            uint64_t v;
-            const char *n = opt == OPT_SEED ? "--seed" : "--repeat";
-            if (ebb_cli_parse_u64(val, &v) != 0)
-                return ebb_cli_usage_error(usage, "%s needs a non-negative integer", n);
-            if (opt == OPT_SEED)
-                o->seed = v;
-            else if (v < 1 || v > 1000000)
-                return ebb_cli_usage_error(usage, "%s must be between 1 and 1000000", n);
-            else
-                o->repeat = (int)v;
-            break;
-        }
-        case OPT_DEVICE: slot = &o->device; break;
-        case OPT_WEIGHTS: slot = &o->weights; break;
-        case OPT_SAVE_WEIGHTS: slot = &o->save_weights; break;
-        case OPT_INPUTS: slot = &o->inputs; break;
-        case OPT_OUTPUTS: slot = &o->outputs; break;
-        case OPT_TRACE: slot = &o->trace; break;
-        case 'o': slot = &o->out_file; break;
-        case ':':
-            option_name(c, optopt, name, sizeof name);
-            if (optopt == 'i')
-                return ebb_cli_usage_error(usage, "%s needs NAME=D0,D1,...", name);
-            if (optopt == 'p')
-                return ebb_cli_usage_error(usage, "%s needs NAME=NUMBER", name);
-            if (optopt == OPT_SEED || optopt == OPT_REPEAT)
-                return ebb_cli_usage_error(usage, "%s needs a non-negative integer", name);
-            return ebb_cli_usage_error(usage, "%s needs a value", name);
-        default: /* '?' */
-            /* a known long option given a value it does not take */
-            for (const struct option *lo = c->longs; optopt && lo->name; lo++)
-                if (lo->val == optopt && lo->has_arg == no_argument &&
-                    !strncmp(argv[optind - 1], "--", 2)) {
-                    snprintf(name, sizeof name, "--%s", lo->name);
-                    return ebb_cli_usage_error(usage, "option %s takes no value", name);
-                }
-            if (optopt > 0 && optopt < 256) {
-                snprintf(name, sizeof name, "-%c", optopt);
-                return ebb_cli_usage_error(usage, "unknown option %s", name);
-            }
-            /* an unknown or ambiguous long option, as written */
-            return ebb_cli_unknown_option(usage, c->longs, argv[optind - 1]);
-        }
-        if (slot) {
-            if (!*val)
-                return ebb_cli_usage_error(usage, "%s needs a value", option_name(c, opt, name, sizeof name));
-            *slot = val;
-        }
-    }
-    for (; optind < argc; optind++) /* after `--` */
-        if ((rc = add_spec(c, o, argv[optind])))
-            return rc;
     if (!o->spec)
         return ebb_cli_usage_error(usage, "%s", "missing SPEC");
     if (o->non_strict && !o->weights)
@@ -586,8 +394,6 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
         return ebb_cli_usage_error(usage, "%s",
                            "--loss, --optimizer and --grads-only apply to --train, which is not "
                            "given");
-    if (o->optimizer && ebb_optimizer_kind_parse(NULL, o->optimizer) != EBB_OK)
-        return ebb_cli_usage_error(usage, "--optimizer: %s", ebb_errmsg());
     /* standard input can be read once */
     int from_stdin = (o->inputs && !strcmp(o->inputs, "-")) + (o->weights && !strcmp(o->weights, "-"));
     for (int i = 0; i < (c->many ? o->n_specs : 1); i++)
@@ -624,6 +430,21 @@ int parse_options(int argc, char **argv, const command *c, options *o) {
                            o->out_file,
                            NULL};
     return ebb_cli_check_aliases(files);
+}
+
+/* Parses argv[1..] (argv[0] is the command's name); returns 0, -1 when help
+ * was printed, or an exit code. */
+int parse_options(int argc, char **argv, const command *c, options *o) {
+    memset(o, 0, sizeof *o);
+    o->repeat = 1;
+    o->rank = -1;
+    /* kept until exit: the command reads them to the end */
+    static const char **specs;
+    if (c->many && !(specs = calloc((size_t)argc + 1, sizeof *specs)))
+        return ebb_cli_fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
+    o->specs = specs;
+    int rc = cli_flags_parse(c, argc, argv, o, add_spec);
+    return rc ? rc : check_options(c, o);
 }
 
 /* Dimensions written as the -i help says: positive decimal integers joined
@@ -698,8 +519,8 @@ static int is_symbol(const ebb_spec *s, const char *name, size_t len) {
 static int shape_args(const ebb_spec *s, const options *o, const char **args, int *n, char *buf,
                       size_t size) {
     *n = 0;
-    for (int k = 0; k < o->n_shapes; k++)
-        args[(*n)++] = o->shapes[k];
+    for (int k = 0; k < o->shapes.n; k++)
+        args[(*n)++] = o->shapes.v[k];
     if (!o->batch)
         return 0;
     const char *sym = NULL;
@@ -942,7 +763,7 @@ static ebb_status load_spec_stdin(ebb_spec **spec, const ebb_spec_options *so) {
 }
 
 ebb_status load_spec_path(const char *path, const options *o, ebb_spec **spec) {
-    ebb_spec_options so = {.params = o->params, .n_params = o->n_params};
+    ebb_spec_options so = {.params = o->params.v, .n_params = o->params.n};
     if (!strcmp(path, "-"))
         return load_spec_stdin(spec, &so);
     if (!spec_file_ok(path))
@@ -1053,8 +874,8 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
     *t = (ebb_train_options){.target_shapes = shapes, .n_target_shapes = n,
                              .target_dtypes = dtypes, .loss = o->loss,
                              .grads_only = o->grads_only, .clip_grad_norm = o->clip_norm,
-                             .clip_grad_value = o->clip_value, .no_decay = o->no_decay,
-                             .n_no_decay = o->n_no_decay};
+                             .clip_grad_value = o->clip_value, .no_decay = o->no_decay.v,
+                             .n_no_decay = o->no_decay.n};
     /* as ebb train: on with fp16 unless --loss-scale none */
     ebb_precision pr = o->precision ? o->precision : ebb_spec_precision(s);
     t->data_parallel = o->data_parallel;

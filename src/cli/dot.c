@@ -9,33 +9,32 @@ const char ebb_cli_usage_dot[] =
     "               [--data-parallel N [--bucket-size SIZE] [--overlap] [--zero [--rank R]]]]\n"
     "               [--memory-budget SIZE]]\n"
     "               [-i NAME=DIMS]... [-p PARAM=N]... [-o FILE]\n"
-    "\n"
-    "  -i NAME=DIMS       with --plan: input shape, or SYMBOL=N\n"
-    "  --batch B          -i SYMBOL=B for the first input's symbolic first dimension\n"
-    "  -p PARAM=N         replace the value of one of the spec's params\n"
-    "  --plan             draw the plan (steps, values, bytes) instead of the graph\n"
-    "  --train            with --plan: draw the training step\n"
-    "  --loss NAME        with --train: this loss op instead of the spec's `loss:`\n"
-    "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
-    CLIP_HELP
-    "  --memory-budget SIZE\n"
-    "                     with --plan: the step that fits SIZE (64MiB, or `least`);\n"
-    "                     recomputed steps are drawn dashed, in blue\n"
-    "  -o FILE            write to FILE (default: DOT on stdout): .dot or .gv get DOT\n"
-    "                     text; .svg, .png, .pdf, .jpg, .jpeg, .gif, .ps or .eps render\n"
-    "                     through Graphviz. A file is replaced atomically, a device\n"
-    "                     written into.\n" PRECISION_HELP USAGE_COMMON
-    "\n"
-    "A SPEC of - is read from standard input.\n";
+    "\n";
 
-const struct option ebb_cli_dot_options[] = {
-    COMMON_OPTIONS,
-    BATCH_OPTION,
-    PRECISION_OPTION,
-    {"plan", no_argument, NULL, OPT_PLAN},
-    TRAIN_OPTIONS,
-    {NULL, 0, NULL, 0},
+const cli_flag ebb_cli_dot_flags[] = {
+    SHAPE_FLAG("NAME=DIMS", "with --plan: input shape, or SYMBOL=N"),
+    BATCH_FLAG,
+    PARAM_FLAG,
+    FLAG_SWITCH("plan", options, plan_view,
+                "draw the plan (steps, values, bytes) instead of the graph"),
+    FLAG_SWITCH("train", options, train, "with --plan: draw the training step"),
+    LOSS_OPTIMIZER_FLAGS,
+    CLIP_FLAGS,
+    FLAG_ROW(0, "memory-budget", "SIZE", cli_set_budget, options, memory_budget,
+             "with --plan: the step that fits SIZE (64MiB, or `least`);\n"
+             "recomputed steps are drawn dashed, in blue"),
+    {'o', NULL, "FILE", cli_set_path, offsetof(options, out_file), 0,
+     "write to FILE (default: DOT on stdout): .dot or .gv get DOT\n"
+     "text; .svg, .png, .pdf, .jpg, .jpeg, .gif, .ps or .eps render\n"
+     "through Graphviz. A file is replaced atomically, a device\n"
+     "written into.", NULL},
+    PRECISION_FLAG(options, precision),
+    COMMON_FLAGS,
+    END_OF_OPTIONS_HELP,
+    FLAG_END,
 };
+
+const char ebb_cli_usage_dot_tail[] = "\nA SPEC of - is read from standard input.\n";
 
 static int have_program(const char *name) {
     const char *path = getenv("PATH");

@@ -11,39 +11,36 @@ const char ebb_cli_usage_grad[] =
     "Runs the spec's training step without updating anything: the forward, the loss\n"
     "against the targets, and the backward. Writes one gradient per trained parameter,\n"
     "named like the parameter, and prints the loss and the measured and planned peak.\n"
-    "\n"
-    "  --inputs FILE      the inputs and the targets, by name (required)\n"
-    "  --grads FILE       where the gradients go (required)\n"
-    "  --weights FILE     load parameters by name (default: seeded initialisation)\n"
-    "  -i NAME=DIMS       input shape, or SYMBOL=N, when the file does not give it\n"
-    "  --batch B          -i SYMBOL=B for the first input's symbolic first dimension\n"
-    "  -p PARAM=N         replace the value of one of the spec's params\n"
-    "  --loss NAME        this loss op instead of the spec's `loss:`\n"
-    "  --trace FILE       one JSON object per executed step, backward steps included\n"
-    "  --device D         cpu, cuda or cuda:N (default: cuda when available, else cpu)\n"
-    "  --seed N           seed for parameters and dropout (default 0)\n"
-    "  --memory-budget SIZE\n"
-    "                     recompute forward values in the backward to fit SIZE (64MiB,\n"
-    "                     or `least`);\n"
-    "                     the gradients are the same\n"
-    "  --strict-memory    a step that measures more than the plan promised is an error\n"
-    "                     (exit 3), not a warning\n" PRECISION_HELP USAGE_COMMON;
+    "\n";
 
-const struct option ebb_cli_grad_options[] = {
-    COMMON_OPTIONS,
-    BATCH_OPTION,
-    PRECISION_OPTION,
-    {"inputs", required_argument, NULL, OPT_INPUTS},
-    {"grads", required_argument, NULL, OPT_GRADS},
-    {"weights", required_argument, NULL, OPT_WEIGHTS},
-    {"loss", required_argument, NULL, OPT_LOSS},
-    {"trace", required_argument, NULL, OPT_TRACE},
-    {"device", required_argument, NULL, OPT_DEVICE},
-    {"seed", required_argument, NULL, OPT_SEED},
-    {"memory-budget", required_argument, NULL, OPT_MEMORY_BUDGET},
-    {"strict-memory", no_argument, NULL, OPT_STRICT_MEMORY},
-    {NULL, 0, NULL, 0},
+const cli_flag ebb_cli_grad_flags[] = {
+    FLAG_PATH("inputs", "FILE", options, inputs, "the inputs and the targets, by name (required)"),
+    FLAG_PATH("grads", "FILE", options, grads, "where the gradients go (required)"),
+    FLAG_PATH("weights", "FILE", options, weights,
+              "load parameters by name (default: seeded initialisation)"),
+    SHAPE_FLAG("NAME=DIMS", "input shape, or SYMBOL=N, when the file does not give it"),
+    BATCH_FLAG,
+    PARAM_FLAG,
+    FLAG_PATH("loss", "NAME", options, loss, "this loss op instead of the spec's `loss:`"),
+    FLAG_PATH("trace", "FILE", options, trace,
+              "one JSON object per executed step, backward steps included"),
+    FLAG_PATH("device", "D", options, device,
+              "cpu, cuda or cuda:N (default: cuda when available, else cpu)"),
+    SEED_FLAG(options, seed, "seed for parameters and dropout (default 0)"),
+    FLAG_ROW(0, "memory-budget", "SIZE", cli_set_budget, options, memory_budget,
+             "recompute forward values in the backward to fit SIZE (64MiB,\n"
+             "or `least`);\n"
+             "the gradients are the same"),
+    FLAG_SWITCH("strict-memory", options, strict_memory,
+                "a step that measures more than the plan promised is an error\n"
+                "(exit 3), not a warning"),
+    PRECISION_FLAG(options, precision),
+    COMMON_FLAGS,
+    END_OF_OPTIONS_HELP,
+    FLAG_END,
 };
+
+const char ebb_cli_usage_grad_tail[] = "";
 
 int ebb_cli_grad(const command *self, int argc, char **argv) {
     options o;

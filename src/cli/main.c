@@ -39,15 +39,16 @@ const char ebb_cli_usage_main[] =
     "            141 the reader of stdout went away\n";
 
 static const command commands[] = {
-    {"check", ebb_cli_usage_check, "h", ebb_cli_check_options, 1, ebb_cli_check},
-    {"plan", ebb_cli_usage_plan, "hi:p:", ebb_cli_plan_options, 0, ebb_cli_plan},
-    {"run", ebb_cli_usage_run, "hi:p:", ebb_cli_run_options, 0, ebb_cli_run},
-    {"grad", ebb_cli_usage_grad, "hi:p:", ebb_cli_grad_options, 0, ebb_cli_grad},
-    {"dot", ebb_cli_usage_dot, "hi:p:o:", ebb_cli_dot_options, 0, ebb_cli_dot},
-    {"chart", ebb_cli_usage_chart, "hi:p:o:", ebb_cli_chart_options, 0, ebb_cli_chart},
-    {"train", ebb_cli_usage_train, EBB_CLI_TRAIN_SHORTS, ebb_cli_train_options, 0, ebb_cli_train},
-    {"eval", ebb_cli_usage_eval, EBB_CLI_TRAIN_SHORTS, ebb_cli_eval_options, 0, ebb_cli_eval},
-    {"generate", ebb_cli_usage_generate, "hp:", ebb_cli_generate_options, 0, ebb_cli_generate},
+    {"check", ebb_cli_usage_check, ebb_cli_check_flags, ebb_cli_usage_check_tail, 1, ebb_cli_check},
+    {"plan", ebb_cli_usage_plan, ebb_cli_plan_flags, ebb_cli_usage_plan_tail, 0, ebb_cli_plan},
+    {"run", ebb_cli_usage_run, ebb_cli_run_flags, ebb_cli_usage_run_tail, 0, ebb_cli_run},
+    {"grad", ebb_cli_usage_grad, ebb_cli_grad_flags, ebb_cli_usage_grad_tail, 0, ebb_cli_grad},
+    {"dot", ebb_cli_usage_dot, ebb_cli_dot_flags, ebb_cli_usage_dot_tail, 0, ebb_cli_dot},
+    {"chart", ebb_cli_usage_chart, ebb_cli_chart_flags, ebb_cli_usage_chart_tail, 0, ebb_cli_chart},
+    {"train", ebb_cli_usage_train, ebb_cli_train_flags, ebb_cli_usage_train_tail, 0, ebb_cli_train},
+    {"eval", ebb_cli_usage_eval, ebb_cli_eval_flags, ebb_cli_usage_eval_tail, 0, ebb_cli_eval},
+    {"generate", ebb_cli_usage_generate, ebb_cli_generate_flags, ebb_cli_usage_generate_tail, 0,
+     ebb_cli_generate},
 };
 #define N_COMMANDS (int)(sizeof commands / sizeof commands[0])
 
@@ -160,7 +161,10 @@ static int dispatch(int argc, char **argv) {
         const command *c = argc == 3 ? find_command(argv[2]) : NULL;
         if (argc == 3 && !c)
             return unknown_command(argv[2]);
-        fputs(c ? c->usage : ebb_cli_usage_main, stdout);
+        if (c)
+            cli_flags_help(c, stdout);
+        else
+            fputs(ebb_cli_usage_main, stdout);
         return 0;
     }
     if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) {

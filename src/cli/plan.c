@@ -9,37 +9,33 @@ const char ebb_cli_usage_plan[] =
     "                [--loss-scale S] [--weight-copies HOW]\n"
     "                [--data-parallel N [--bucket-size SIZE] [--overlap] [--zero [--rank R]]]]\n"
     "                [--memory-budget SIZE]\n"
-    "\n"
-    "  -i NAME=D0,D1,...  the shape of input NAME; or -i SYMBOL=N for a symbolic dim\n"
-    "                     (symbolic dimensions not given are 1)\n"
-    "  --batch B          -i SYMBOL=B for the first input's symbolic first dimension\n"
-    "  -p PARAM=N         replace the value of one of the spec's params\n"
-    "  --json             the plan as JSON (see docs/cli.md)\n"
-    "  --keep-all         compile without freeing, to compare\n"
-    "  --memory           draw predicted live bytes per step\n"
-    "  --train            plan a training step: forward, the spec's loss against its\n"
-    "                     targets, backward and one update per parameter\n"
-    "  --loss NAME        with --train: this loss op instead of the spec's `loss:`\n"
-    "  --optimizer KIND   with --train: the updates to count (default adamw)\n"
-    CLIP_HELP
-    "  --memory-budget SIZE\n"
-    "                     the most the step may take at its peak (64MiB, 1.5GB, bytes,\n"
-    "                     or `least`):\n"
-    "                     a training plan recomputes forward values in the backward to\n"
-    "                     fit, and the listing shows what it recomputes and what it costs\n" PRECISION_HELP USAGE_COMMON
-    "\n"
-    "A SPEC of - is read from standard input.\n";
+    "\n";
 
-const struct option ebb_cli_plan_options[] = {
-    COMMON_OPTIONS,
-    BATCH_OPTION,
-    PRECISION_OPTION,
-    {"json", no_argument, NULL, OPT_JSON},
-    {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
-    {"memory", no_argument, NULL, OPT_MEMORY},
-    TRAIN_OPTIONS,
-    {NULL, 0, NULL, 0},
+const cli_flag ebb_cli_plan_flags[] = {
+    SHAPE_FLAG("NAME=D0,D1,...", "the shape of input NAME; or -i SYMBOL=N for a symbolic dim\n"
+                                 "(symbolic dimensions not given are 1)"),
+    BATCH_FLAG,
+    PARAM_FLAG,
+    FLAG_SWITCH("json", options, json, "the plan as JSON (see docs/cli.md)"),
+    FLAG_SWITCH("keep-all", options, keep_all, "compile without freeing, to compare"),
+    FLAG_SWITCH("memory", options, memory, "draw predicted live bytes per step"),
+    FLAG_SWITCH("train", options, train,
+                "plan a training step: forward, the spec's loss against its\n"
+                "targets, backward and one update per parameter"),
+    LOSS_OPTIMIZER_FLAGS,
+    CLIP_FLAGS,
+    FLAG_ROW(0, "memory-budget", "SIZE", cli_set_budget, options, memory_budget,
+             "the most the step may take at its peak (64MiB, 1.5GB, bytes,\n"
+             "or `least`):\n"
+             "a training plan recomputes forward values in the backward to\n"
+             "fit, and the listing shows what it recomputes and what it costs"),
+    PRECISION_FLAG(options, precision),
+    COMMON_FLAGS,
+    END_OF_OPTIONS_HELP,
+    FLAG_END,
 };
+
+const char ebb_cli_usage_plan_tail[] = "\nA SPEC of - is read from standard input.\n";
 
 static void memory_chart(const ebb_plan *p) {
     int at = 0;

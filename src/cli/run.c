@@ -8,54 +8,63 @@ const char ebb_cli_usage_run[] =
     "               [--inputs X.safetensors] [--outputs Y.safetensors]\n"
     "               [--trace T.jsonl] [--repeat N] [--keep-all] [--cuda-graph] [--force]\n"
     "               [--strict-finite] [--strict-memory]\n"
-    "\n"
-    "  -i NAME=DIMS       input shape, or SYMBOL=N (symbolic dimensions default to 1)\n"
-    "  --batch B          -i SYMBOL=B for the first input's symbolic first dimension\n"
-    "  -p PARAM=N         replace the value of one of the spec's params\n"
-    "  --device D         cpu, cuda or cuda:N (default: cuda when available, else cpu)\n"
-    "  --seed N           seed for parameters and random inputs (default 0)\n"
-    "  --weights FILE     load parameters by name; every missing, unexpected or\n"
-    "                     mis-shaped tensor is listed, and any is an error\n"
-    "  --non-strict       with --weights: list those on stderr as a warning, load the\n"
-    "                     parameters that match and keep the others' seeded values\n"
-    "  --save-weights F   write the parameters\n"
-    "  --inputs FILE      read inputs by name (default: seeded random normal)\n"
-    "  --outputs FILE     write outputs by name\n"
-    "  --trace FILE       one JSON object per executed step, then a summary\n"
-    "  --repeat N         run N times and report the median time (default 1)\n"
-    "  --keep-all         free nothing until the end, to compare\n"
-    "  --cuda-graph       capture the plan into a CUDA graph once, time its replays\n"
-    "  --force            run even if the plan's peak does not fit in what this process\n"
-    "                     can get (RLIMIT_AS, RLIMIT_DATA, cgroup limit, MemAvailable)\n"
-    "  --strict-finite    NaN or Inf in --weights or --inputs is an error, not a warning\n"
-    "  --strict-memory    a step that measures more than the plan promised is an error\n"
-    "                     (exit 3), not a warning\n" PRECISION_HELP USAGE_COMMON
+    "\n";
+
+/* --repeat N: 1 to a million runs */
+static int set_repeat(const cli_flag *f, const char *v, void *field, const char *usage) {
+    uint64_t n = 0;
+    int rc = cli_set_u64(f, v, &n, usage);
+    if (rc) return rc;
+    if (n < 1 || n > 1000000)
+        return ebb_cli_usage_error(usage, "%s", "--repeat must be between 1 and 1000000");
+    *(int *)field = (int)n;
+    return 0;
+}
+
+const cli_flag ebb_cli_run_flags[] = {
+    SHAPE_FLAG("NAME=DIMS", "input shape, or SYMBOL=N (symbolic dimensions default to 1)"),
+    BATCH_FLAG,
+    PARAM_FLAG,
+    FLAG_PATH("device", "D", options, device,
+              "cpu, cuda or cuda:N (default: cuda when available, else cpu)"),
+    SEED_FLAG(options, seed, "seed for parameters and random inputs (default 0)"),
+    FLAG_PATH("weights", "FILE", options, weights,
+              "load parameters by name; every missing, unexpected or\n"
+              "mis-shaped tensor is listed, and any is an error"),
+    FLAG_SWITCH("non-strict", options, non_strict,
+                "with --weights: list those on stderr as a warning, load the\n"
+                "parameters that match and keep the others' seeded values"),
+    FLAG_PATH("save-weights", "F", options, save_weights, "write the parameters"),
+    FLAG_PATH("inputs", "FILE", options, inputs,
+              "read inputs by name (default: seeded random normal)"),
+    FLAG_PATH("outputs", "FILE", options, outputs, "write outputs by name"),
+    FLAG_PATH("trace", "FILE", options, trace,
+              "one JSON object per executed step, then a summary"),
+    {0, "repeat", "N", set_repeat, offsetof(options, repeat), 0,
+     "run N times and report the median time (default 1)", "a non-negative integer"},
+    FLAG_SWITCH("keep-all", options, keep_all, "free nothing until the end, to compare"),
+    FLAG_SWITCH("cuda-graph", options, cuda_graph,
+                "capture the plan into a CUDA graph once, time its replays"),
+    FLAG_SWITCH("force", options, force,
+                "run even if the plan's peak does not fit in what this process\n"
+                "can get (RLIMIT_AS, RLIMIT_DATA, cgroup limit, MemAvailable)"),
+    FLAG_SWITCH("strict-finite", options, strict_finite,
+                "NaN or Inf in --weights or --inputs is an error, not a warning"),
+    FLAG_SWITCH("strict-memory", options, strict_memory,
+                "a step that measures more than the plan promised is an error\n"
+                "(exit 3), not a warning"),
+    PRECISION_FLAG(options, precision),
+    COMMON_FLAGS,
+    END_OF_OPTIONS_HELP,
+    FLAG_END,
+};
+
+const char ebb_cli_usage_run_tail[] =
     "\n"
     "SPEC, --weights or --inputs (one of them) may be -, standard input; a\n"
     "safetensors file from a pipe is read into memory first. Output files are\n"
     "replaced atomically (a link is followed); a device or pipe such as\n"
     "/dev/stdout is written into. Errors writing them exit 3.\n";
-
-const struct option ebb_cli_run_options[] = {
-    COMMON_OPTIONS,
-    BATCH_OPTION,
-    PRECISION_OPTION,
-    {"device", required_argument, NULL, OPT_DEVICE},
-    {"seed", required_argument, NULL, OPT_SEED},
-    {"weights", required_argument, NULL, OPT_WEIGHTS},
-    {"non-strict", no_argument, NULL, OPT_NON_STRICT},
-    {"save-weights", required_argument, NULL, OPT_SAVE_WEIGHTS},
-    {"inputs", required_argument, NULL, OPT_INPUTS},
-    {"outputs", required_argument, NULL, OPT_OUTPUTS},
-    {"trace", required_argument, NULL, OPT_TRACE},
-    {"repeat", required_argument, NULL, OPT_REPEAT},
-    {"keep-all", no_argument, NULL, OPT_KEEP_ALL},
-    {"cuda-graph", no_argument, NULL, OPT_CUDA_GRAPH},
-    {"force", no_argument, NULL, OPT_FORCE},
-    {"strict-finite", no_argument, NULL, OPT_STRICT_FINITE},
-    {"strict-memory", no_argument, NULL, OPT_STRICT_MEMORY},
-    {NULL, 0, NULL, 0},
-};
 
 static void ids(FILE *f, const ebb_plan *p, const int *slots, int n) {
     char id[64];

@@ -38,24 +38,13 @@
 #include "ebb/trainer.h"
 #include "../fileio.h"
 #include "curve.h"
+#include "flags.h"
 #include "train.h"
 
 enum { EXIT_SPEC = 1, EXIT_USAGE = 2, EXIT_RUNTIME = 3, EXIT_SIGNAL_BASE = 128 };
 
 #define MAX_FIELDS 64
-#define MAX_PARAMS 64
 #define DEFAULT_CHECKPOINT "checkpoint.safetensors"
-
-#define USAGE_COMMON                                                                               \
-    "  -p NAME=VALUE      set a spec parameter (params:)\n"                                        \
-    "  --device DEV       cpu or cuda[:N]; default cuda when available, else cpu\n"              \
-    "  --precision P      fp32 (the default), bf16 or fp16: matrix products in the low\n"       \
-    "                     dtype, norms, softmax and losses in float32, parameters\n"            \
-    "                     float32; every cast a step of the plan\n"                             \
-    "  --json             one JSON object per line instead of text\n" THREADS_HELP                 \
-    "  -h, --help         this help\n"                                                             \
-    "  --completion-helper\n"                                                                      \
-    "                     print the options above, one a line (for shell completion)\n"
 
 const char ebb_cli_usage_train[] =
     "usage: ebb train SPEC --data D [--eval-data D] [--epochs N | --steps N] [--batch B]\n"
@@ -82,117 +71,7 @@ const char ebb_cli_usage_train[] =
     "of the spec, samples first, or text:FILE, a text's bytes as tokens in windows\n"
     "of --block bytes, the next byte the target (its first 90%; text:FILE:test the\n"
     "last 10%, text:FILE:all every byte).\n"
-    "\n"
-    "  --data D           the training data (required)\n"
-    "  --eval-data D      evaluated after every epoch: loss and accuracy\n"
-    "  --early-stop N[:DELTA]\n"
-    "                     stop when --eval-data's loss has not fallen by more than\n"
-    "                     DELTA (default 0) for N epochs\n"
-    "  --top-k K          also count top-K accuracy in evaluations (default 5; 0: none)\n"
-    "  --epochs N         passes over the data (default 1)\n"
-    "  --steps N          stop after N steps instead\n"
-    "  --batch B          samples per step (default 64)\n"
-    "  --block N          the sequence length: the spec's input's second dimension when\n"
-    "                     it is a symbol ([batch, seq]), the window of text data\n"
-    "  --optimizer KIND   sgd, adam, adamw, rmsprop, adagrad or adadelta (default adamw),\n"
-    "                     with torch.optim's defaults\n"
-    "  --lr X             learning rate (default 1e-3; sgd needs one)\n"
-    "  --lr-schedule S    change the rate after every step as torch.optim.lr_scheduler\n"
-    "                     does: step:SIZE[:GAMMA], multistep:M1,M2[:GAMMA],\n"
-    "                     exponential:GAMMA, cosine:T_MAX[:ETA_MIN],\n"
-    "                     linear:ITERS[:START[:END]], warmup-cosine:WARMUP:TOTAL,\n"
-    "                     onecycle:MAX_LR:TOTAL[:PCT] (steps, not epochs); kept in\n"
-    "                     checkpoints and resumed where it was\n"
-    "  --momentum X       sgd's momentum (default 0)\n"
-    "  --loss NAME        this loss op instead of the spec's `loss:` (as for plan and grad)\n"
-    "  --clip-grad-norm X scale the gradients to a global L2 norm of at most X before\n"
-    "                     the updates, as torch.nn.utils.clip_grad_norm_ (the updates\n"
-    "                     then wait for the whole backward: the start line says what\n"
-    "                     that costs)\n"
-    "  --clip-grad-value X\n"
-    "                     clamp each gradient to [-X, X] before its update, as\n"
-    "                     torch.nn.utils.clip_grad_value_\n"
-    "  --nproc N          train data-parallel in N processes on this machine (ranks on\n"
-    "                     loopback, gradients averaged by Gloo; --batch is the global\n"
-    "                     batch); a process started by torchrun (RANK, WORLD_SIZE,\n"
-    "                     MASTER_ADDR, MASTER_PORT set) joins its job without it\n"
-    "  --overlap          with --nproc: each bucket's all-reduce travels while the\n"
-    "                     backward goes on, waited for when the next bucket is full\n"
-    "  --zero             with --nproc: shard the optimizer's state over the ranks\n"
-    "                     (ZeRO-1): each updates its share of the parameters and\n"
-    "                     sends them to the others; checkpoints hold the whole state\n"
-    "  --bucket-size SIZE with --nproc: gradients averaged in buckets of SIZE (default\n"
-    "                     25MiB, as DDP's), each bucket's updates right after it\n"
-    "  --loss-scale S     dynamic loss scaling from scale S, as torch.amp.GradScaler: a\n"
-    "                     step whose gradients overflow updates nothing and halves the\n"
-    "                     scale, 2000 good steps double it; `none` turns it off\n"
-    "                     (default: from 65536 with --precision fp16, else none)\n"
-    WEIGHT_COPIES_HELP
-    "  --accumulate N     each step sums the gradients of N micro-batches of --batch\n"
-    "                     samples before one update (--batch 16 --accumulate 4: the\n"
-    "                     update of batch 64, the activations of batch 16)\n"
-    "  --no-decay PATTERN no weight decay for the parameters whose full name matches\n"
-    "                     ('*.bias'; repeatable), as a torch.optim param group with\n"
-    "                     weight_decay 0\n"
-    "  --lr-scale PATTERN=FACTOR\n"
-    "                     the parameters whose full name matches train at FACTOR times\n"
-    "                     the rate ('*.bias=0.25'; repeatable), as a torch.optim param\n"
-    "                     group with its own lr; schedules move it in proportion\n"
-    "  --freeze PATTERN   train no parameter whose full name matches the shell pattern\n"
-    "                     ('fc1.*', '*.bias'; repeatable): no gradient, update or state\n"
-    "  --log-csv FILE     a CSV row per log point (every --log-every steps, and every\n"
-    "                     epoch with its evaluation), written as training goes\n"
-    "  --weight-decay X   (default: torch.optim's, 0.01 for adamw, else 0)\n"
-    "  --seed N           initial weights, shuffling and dropout (default 0)\n"
-    "  --no-shuffle       the samples in file order\n"
-    "  --drop-last        drop the last partial batch of each epoch\n"
-    "  --normalize MEAN,STD\n"
-    "                     inputs become (x - MEAN) / STD (after images scale to [0, 1])\n"
-    "  --weights W        start from these weights (safetensors)\n"
-    "  --save-weights W   write the trained weights there at the end\n"
-    "  --checkpoint FILE  where checkpoints go (default " DEFAULT_CHECKPOINT "): given\n"
-    "                     (or with --checkpoint-every or --keep-best), one after every\n"
-    "                     epoch and at the end; else one on a signal only\n"
-    "  --checkpoint-every N\n"
-    "                     write a checkpoint every N steps and at the end instead\n"
-    "  --keep-best METRIC also keep the checkpoint of the best epoch by METRIC, beside\n"
-    "                     --checkpoint (ck.safetensors: ck.best.safetensors): eval_loss,\n"
-    "                     eval_accuracy, eval_top_k_accuracy, eval_perplexity (of\n"
-    "                     --eval-data), loss or perplexity (the epoch's training\n"
-    "                     mean); accuracies best highest, the others lowest\n"
-    "  --resume CKPT      continue from a checkpoint: weights, optimizer state, step;\n"
-    "                     --checkpoint may name the same file\n"
-    "  --override         with --resume: --optimizer, --lr, --momentum, --weight-decay,\n"
-    "                     --seed, --batch, --no-shuffle, --drop-last, --lr-schedule and\n"
-    "                     --clip-grad-* that contradict the checkpoint win (else that is\n"
-    "                     an error)\n"
-    "  --non-strict       with --resume: a trained parameter the checkpoint holds no\n"
-    "                     optimizer state for starts without (else an error)\n"
-    "  --log-every N      a line every N steps (default: one per epoch)\n"
-    "  --curve FILE.svg   draw the training loss (a point per --log-every N steps, else\n"
-    "                     about 200 over the run) and, with --eval-data, the test loss\n"
-    "                     and accuracy per epoch; rewritten after every epoch\n"
-    "  --trace T          one training step's trace in `ebb run --trace`'s format, one\n"
-    "                     JSON line per plan step: `ebb chart SPEC --train -i batch=B\n"
-    "                     --trace T` draws it over the training plan\n"
-    "  --trace-step N     the step --trace traces (default: the run's first)\n"
-    "  --memory-budget SIZE\n"
-    "                     plan the step to fit SIZE (64MiB, 1.5GB, or `least`) by\n"
-    "                     recomputing activations in the backward; same updates\n"
-    "  --skip-nonfinite   undo and count a step whose loss (or updated state) is NaN or\n"
-    "                     infinite, as torch's GradScaler skips one; else such a step\n"
-    "                     stops training (exit 1) with nothing written\n"
-    "  --allow-nonfinite  NaN or Inf in --weights or --resume is a warning, not an "
-    "error\n"
-    "  --strict-memory    a step that measures more than its plan promised stops training\n"
-    "                     (exit 3, nothing written), rather than a warning\n"
-    "  --cuda-graph       on a CUDA device, capture the training step (forward, loss,\n"
-    "                     backward, updates) into a CUDA graph at the first full batch\n"
-    "                     and replay it for every full batch after; the same updates,\n"
-    "                     much less launch time for small models (a last partial batch\n"
-    "                     and a traced step run eagerly)\n" USAGE_COMMON "\n"
-    "SIGINT (Ctrl-C), SIGTERM and SIGHUP finish the step under way, write a checkpoint\n"
-    "and exit 128 + the signal (130, 143, 129); a second signal stops at once.\n";
+    "\n";
 
 const char ebb_cli_usage_eval[] =
     "usage: ebb eval SPEC --weights W --data D [--batch B] [--block N] [--device DEV]\n"
@@ -203,143 +82,24 @@ const char ebb_cli_usage_eval[] =
     "'accuracy 0.8912 top-5 0.9981 loss 0.3123 on 10000 samples' for a cross_entropy\n"
     "or nll spec, else 'loss X on N samples' (the loss op with its default options);\n"
     "a per-token loss ([B, T, V] scores, a language model) adds its perplexity.\n"
-    "\n"
-    "  --weights W        the trained weights (required)\n"
-    "  --data D           the data (required)\n"
-    "  --batch B          samples per run (default 256)\n"
-    "  --block N          the sequence length, as for ebb train\n"
-    "  --metrics          per-class accuracy and the confusion matrix too\n"
-    "  --top-k K          count top-K accuracy (default 5; 0: none)\n"
-    "  --normalize MEAN,STD\n"
-    "                     as for ebb train\n"
-    "  --allow-nonfinite  NaN or Inf in --weights is a warning, not an error\n" USAGE_COMMON;
+    "\n";
 
-enum {
-    O_DATA = 300,
-    O_EVAL_DATA,
-    O_EPOCHS,
-    O_STEPS,
-    O_BATCH,
-    O_OPTIMIZER,
-    O_LR,
-    O_MOMENTUM,
-    O_WEIGHT_DECAY,
-    O_SEED,
-    O_NO_SHUFFLE,
-    O_DROP_LAST,
-    O_NORMALIZE,
-    O_WEIGHTS,
-    O_SAVE_WEIGHTS,
-    O_CHECKPOINT,
-    O_CHECKPOINT_EVERY,
-    O_RESUME,
-    O_LOG_EVERY,
-    O_TRACE,
-    O_TRACE_STEP,
-    O_CURVE,
-    O_MEMORY_BUDGET,
-    O_DEVICE,
-    O_JSON,
-    O_THREADS,
-    O_COMPLETION,
-    O_SKIP_NONFINITE,
-    O_ALLOW_NONFINITE,
-    O_OVERRIDE,
-    O_NON_STRICT,
-    O_STRICT_MEMORY,
-    O_CUDA_GRAPH,
-    O_LR_SCHEDULE,
-    O_LOSS,
-    O_TOP_K,
-    O_METRICS,
-    O_EARLY_STOP,
-    O_CLIP_GRAD_NORM,
-    O_CLIP_GRAD_VALUE,
-    O_FREEZE,
-    O_LOG_CSV,
-    O_ACCUMULATE,
-    O_NO_DECAY,
-    O_LR_SCALE,
-    O_BLOCK,
-    O_PRECISION,
-    O_LOSS_SCALE,
-    O_NPROC,
-    O_BUCKET_SIZE,
-    O_WEIGHT_COPIES,
-    O_ZERO,
-    O_OVERLAP,
-    O_KEEP_BEST,
-};
+typedef struct norm_opt {
+    double mean, std;
+} norm_opt;
 
-#define COMMON_LONGS                                                                               \
-    {"help", no_argument, NULL, 'h'}, {"completion-helper", no_argument, NULL, O_COMPLETION},      \
-        {"device", required_argument, NULL, O_DEVICE}, {"json", no_argument, NULL, O_JSON},        \
-        {"threads", required_argument, NULL, O_THREADS},                                           \
-        {"precision", required_argument, NULL, O_PRECISION},                                       \
-        {"normalize", required_argument, NULL, O_NORMALIZE},                                       \
-        {"data", required_argument, NULL, O_DATA}, {"batch", required_argument, NULL, O_BATCH},    \
-        {"weights", required_argument, NULL, O_WEIGHTS},                                           \
-        {"top-k", required_argument, NULL, O_TOP_K},                                               \
-        {"block", required_argument, NULL, O_BLOCK}, {                                             \
-        "allow-nonfinite", no_argument, NULL, O_ALLOW_NONFINITE                                    \
-    }
-
-const struct option ebb_cli_train_options[] = {
-    COMMON_LONGS,
-    {"eval-data", required_argument, NULL, O_EVAL_DATA},
-    {"epochs", required_argument, NULL, O_EPOCHS},
-    {"steps", required_argument, NULL, O_STEPS},
-    {"optimizer", required_argument, NULL, O_OPTIMIZER},
-    {"lr", required_argument, NULL, O_LR},
-    {"momentum", required_argument, NULL, O_MOMENTUM},
-    {"weight-decay", required_argument, NULL, O_WEIGHT_DECAY},
-    {"seed", required_argument, NULL, O_SEED},
-    {"no-shuffle", no_argument, NULL, O_NO_SHUFFLE},
-    {"drop-last", no_argument, NULL, O_DROP_LAST},
-    {"save-weights", required_argument, NULL, O_SAVE_WEIGHTS},
-    {"checkpoint", required_argument, NULL, O_CHECKPOINT},
-    {"checkpoint-every", required_argument, NULL, O_CHECKPOINT_EVERY},
-    {"resume", required_argument, NULL, O_RESUME},
-    {"log-every", required_argument, NULL, O_LOG_EVERY},
-    {"trace", required_argument, NULL, O_TRACE},
-    {"trace-step", required_argument, NULL, O_TRACE_STEP},
-    {"curve", required_argument, NULL, O_CURVE},
-    {"memory-budget", required_argument, NULL, O_MEMORY_BUDGET},
-    {"skip-nonfinite", no_argument, NULL, O_SKIP_NONFINITE},
-    {"override", no_argument, NULL, O_OVERRIDE},
-    {"non-strict", no_argument, NULL, O_NON_STRICT},
-    {"strict-memory", no_argument, NULL, O_STRICT_MEMORY},
-    {"cuda-graph", no_argument, NULL, O_CUDA_GRAPH},
-    {"lr-schedule", required_argument, NULL, O_LR_SCHEDULE},
-    {"loss", required_argument, NULL, O_LOSS},
-    {"early-stop", required_argument, NULL, O_EARLY_STOP},
-    {"clip-grad-norm", required_argument, NULL, O_CLIP_GRAD_NORM},
-    {"clip-grad-value", required_argument, NULL, O_CLIP_GRAD_VALUE},
-    {"freeze", required_argument, NULL, O_FREEZE},
-    {"log-csv", required_argument, NULL, O_LOG_CSV},
-    {"accumulate", required_argument, NULL, O_ACCUMULATE},
-    {"no-decay", required_argument, NULL, O_NO_DECAY},
-    {"lr-scale", required_argument, NULL, O_LR_SCALE},
-    {"loss-scale", required_argument, NULL, O_LOSS_SCALE},
-    {"nproc", required_argument, NULL, O_NPROC},
-    {"bucket-size", required_argument, NULL, O_BUCKET_SIZE},
-    {"weight-copies", required_argument, NULL, O_WEIGHT_COPIES},
-    {"zero", no_argument, NULL, O_ZERO},
-    {"overlap", no_argument, NULL, O_OVERLAP},
-    {"keep-best", required_argument, NULL, O_KEEP_BEST},
-    {NULL, 0, NULL, 0},
-};
-
-const struct option ebb_cli_eval_options[] = {
-    COMMON_LONGS, {"metrics", no_argument, NULL, O_METRICS}, {NULL, 0, NULL, 0}};
+typedef struct early_stop_opt {
+    int64_t epochs; /* 0: none */
+    double min_delta;
+} early_stop_opt;
 
 typedef struct topts {
     const char *spec, *data, *eval_data, *optimizer, *weights, *save_weights, *checkpoint;
     const char *resume, *trace, *device, *curve;
-    const char *params[MAX_PARAMS];
-    int n_params;
+    cli_list params; /* -p */
     int64_t epochs, steps, batch, checkpoint_every, log_every, trace_step, block;
-    double lr, momentum, weight_decay, norm_mean, norm_std;
+    double lr, momentum, weight_decay;
+    norm_opt norm;     /* --normalize MEAN,STD */
     double loss_scale; /* --loss-scale: > 0 the first scale, -1 none, 0 the default */
     int64_t nproc;     /* --nproc: ranks to start (0: one process) */
     int64_t bucket_size; /* --bucket-size (0: the default) */
@@ -348,310 +108,316 @@ typedef struct topts {
     ebb_low_copies weight_copies; /* --weight-copies */
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
     int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory, cuda_graph;
-    const char *lr_schedule; /* --lr-schedule, parsed into sched */
+    int sched_set;           /* --lr-schedule, parsed into sched */
     const char *loss;        /* --loss: instead of the spec's */
     ebb_lr_schedule sched;
     uint64_t seed;
     int64_t memory_budget; /* 0: none */
     ebb_precision precision; /* --precision */
     int top_k, metrics;    /* --top-k, --metrics */
-    int64_t early_stop;    /* --early-stop N[:DELTA] */
+    early_stop_opt early_stop;    /* --early-stop N[:DELTA] */
     double clip_norm, clip_value; /* --clip-grad-norm, --clip-grad-value (0: none) */
     int clip_norm_set, clip_value_set;
-    const char *freeze[MAX_PARAMS]; /* --freeze */
-    int n_freeze;
-    const char *no_decay[MAX_PARAMS]; /* --no-decay, or the checkpoint's */
-    int n_no_decay;
-    const char *lr_scale[MAX_PARAMS]; /* --lr-scale PATTERN=FACTOR */
-    int n_lr_scale;
-    char no_decay_text[1024];         /* the checkpoint's, split in place */
+    cli_list freeze;              /* --freeze */
+    cli_list no_decay;            /* --no-decay, or the checkpoint's */
+    cli_list lr_scale;            /* --lr-scale PATTERN=FACTOR */
+    char no_decay_text[1024];     /* the checkpoint's, split in place */
     const char *log_csv;
     const char *keep_best; /* --keep-best METRIC */
     int64_t accumulate; /* --accumulate (0: not given) */
-    double early_delta;
 } topts;
 
-static int parse_i64(const char *s, int64_t lo, int64_t *out) {
+/* ---- the flags ---------------------------------------------------------------- */
+
+/* --early-stop EPOCHS[:MIN_DELTA] */
+static int set_early_stop(const cli_flag *f, const char *v, void *field, const char *usage) {
+    (void)f;
     char *end = NULL;
     errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end || errno || v < lo)
-        return -1;
-    *out = v;
+    long long p = strtoll(v, &end, 10);
+    double delta = 0;
+    if (*end == ':') {
+        char *dend = NULL;
+        delta = strtod(end + 1, &dend);
+        end = end[1] && !*dend && isfinite(delta) && delta >= 0 ? dend : end;
+    }
+    if (end == v || *end || errno || p < 1 || p > 1000000)
+        return ebb_cli_usage_error(usage,
+                                   "--early-stop %s: expected EPOCHS[:MIN_DELTA], EPOCHS at least 1",
+                                   v);
+    early_stop_opt *e = field;
+    e->epochs = p;
+    e->min_delta = delta;
     return 0;
 }
 
-static int parse_double(const char *s, double *out) {
+static int set_top_k(const cli_flag *f, const char *v, void *field, const char *usage) {
+    (void)f;
+    uint64_t n = 0;
+    if (ebb_cli_parse_u64(v, &n) != 0 || n > 1000000)
+        return ebb_cli_usage_error(usage, "%s", "--top-k needs a count, 0 or more");
+    *(int *)field = (int)n;
+    return 0;
+}
+
+static int set_schedule(const cli_flag *f, const char *v, void *field, const char *usage) {
+    (void)f;
+    if (ebb_lr_schedule_parse(field, v) != EBB_OK)
+        return ebb_cli_usage_error(usage, "--lr-schedule: %s", ebb_errmsg());
+    return 0;
+}
+
+static int set_nproc(const cli_flag *f, const char *v, void *field, const char *usage) {
+    (void)f;
+    uint64_t n = 0;
+    if (ebb_cli_parse_u64(v, &n) != 0 || n < 1 || n > 64)
+        return ebb_cli_usage_error(usage, "--nproc %s: expected 1 to 64 processes", v);
+    *(int64_t *)field = (int64_t)n;
+    return 0;
+}
+
+/* --lr-scale PATTERN=FACTOR */
+static int set_lr_scale(const cli_flag *f, const char *v, void *field, const char *usage) {
+    const char *eq = strrchr(v, '=');
     char *end = NULL;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (!*s || *end || errno || !isfinite(v) || v < 0)
-        return -1;
-    *out = v;
+    double factor = eq ? strtod(eq + 1, &end) : NAN;
+    if (!eq || eq == v || end == eq + 1 || (end && *end) || !isfinite(factor) || factor < 0)
+        return ebb_cli_usage_error(usage,
+                                   "--lr-scale %s: expected PATTERN=FACTOR, a factor >= 0 "
+                                   "('*.bias=0.25')",
+                                   v);
+    return cli_set_list(f, v, field, usage);
+}
+
+/* --normalize MEAN,STD */
+static int set_normalize(const cli_flag *f, const char *v, void *field, const char *usage) {
+    (void)f;
+    norm_opt *n = field;
+    char *end = NULL;
+    n->mean = strtod(v, &end);
+    if (end == v || *end != ',')
+        return ebb_cli_usage_error(usage, "--normalize %s: expected MEAN,STD", v);
+    const char *s2 = end + 1;
+    n->std = strtod(s2, &end);
+    if (end == s2 || *end || !isfinite(n->mean) || !(n->std > 0) || !isfinite(n->std))
+        return ebb_cli_usage_error(usage, "--normalize %s: expected MEAN,STD with STD > 0", v);
+    return 0;
+}
+
+const cli_flag ebb_cli_train_flags[] = {
+    FLAG_PATH("data", "D", topts, data,
+             "the training data (required)"),
+    FLAG_PATH("eval-data", "D", topts, eval_data,
+             "evaluated after every epoch: loss and accuracy"),
+    FLAG_ROW(0, "early-stop", "N[:DELTA]", set_early_stop, topts, early_stop,
+             "stop when --eval-data's loss has not fallen by more than\n"
+             "DELTA (default 0) for N epochs"),
+    FLAG_ROW(0, "top-k", "K", set_top_k, topts, top_k,
+             "also count top-K accuracy in evaluations (default 5; 0: none)"),
+    FLAG_COUNT("epochs", "N", topts, epochs,
+             "passes over the data (default 1)"),
+    FLAG_COUNT("steps", "N", topts, steps,
+             "stop after N steps instead"),
+    FLAG_GIVEN("batch", "B", cli_set_count, topts, batch, batch_set,
+             "samples per step (default 64)"),
+    FLAG_COUNT("block", "N", topts, block,
+             "the sequence length: the spec's input's second dimension when\n"
+             "it is a symbol ([batch, seq]), the window of text data"),
+    FLAG_ROW(0, "optimizer", "KIND", cli_set_optimizer, topts, optimizer,
+             "sgd, adam, adamw, rmsprop, adagrad or adadelta (default adamw),\n"
+             "with torch.optim's defaults"),
+    FLAG_GIVEN("lr", "X", cli_set_rate, topts, lr, lr_set,
+             "learning rate (default 1e-3; sgd needs one)"),
+    FLAG_GIVEN("lr-schedule", "S", set_schedule, topts, sched, sched_set,
+             "change the rate after every step as torch.optim.lr_scheduler\n"
+             "does: step:SIZE[:GAMMA], multistep:M1,M2[:GAMMA],\n"
+             "exponential:GAMMA, cosine:T_MAX[:ETA_MIN],\n"
+             "linear:ITERS[:START[:END]], warmup-cosine:WARMUP:TOTAL,\n"
+             "onecycle:MAX_LR:TOTAL[:PCT] (steps, not epochs); kept in\n"
+             "checkpoints and resumed where it was"),
+    FLAG_GIVEN("momentum", "X", cli_set_rate, topts, momentum, momentum_set,
+             "sgd's momentum (default 0)"),
+    FLAG_PATH("loss", "NAME", topts, loss,
+             "this loss op instead of the spec's `loss:` (as for plan and grad)"),
+    FLAG_GIVEN("clip-grad-norm", "X", cli_set_positive, topts, clip_norm, clip_norm_set,
+             "scale the gradients to a global L2 norm of at most X before\n"
+             "the updates, as torch.nn.utils.clip_grad_norm_ (the updates\n"
+             "then wait for the whole backward: the start line says what\n"
+             "that costs)"),
+    FLAG_GIVEN("clip-grad-value", "X", cli_set_positive, topts, clip_value, clip_value_set,
+             "clamp each gradient to [-X, X] before its update, as\n"
+             "torch.nn.utils.clip_grad_value_"),
+    FLAG_ROW(0, "nproc", "N", set_nproc, topts, nproc,
+             "train data-parallel in N processes on this machine (ranks on\n"
+             "loopback, gradients averaged by Gloo; --batch is the global\n"
+             "batch); a process started by torchrun (RANK, WORLD_SIZE,\n"
+             "MASTER_ADDR, MASTER_PORT set) joins its job without it"),
+    FLAG_SWITCH("overlap", topts, overlap,
+             "with --nproc: each bucket's all-reduce travels while the\n"
+             "backward goes on, waited for when the next bucket is full"),
+    FLAG_SWITCH("zero", topts, zero,
+             "with --nproc: shard the optimizer's state over the ranks\n"
+             "(ZeRO-1): each updates its share of the parameters and\n"
+             "sends them to the others; checkpoints hold the whole state"),
+    FLAG_ROW(0, "bucket-size", "SIZE", cli_set_bytes, topts, bucket_size,
+             "with --nproc: gradients averaged in buckets of SIZE (default\n"
+             "25MiB, as DDP's), each bucket's updates right after it"),
+    FLAG_ROW(0, "loss-scale", "S", cli_set_loss_scale, topts, loss_scale,
+             "dynamic loss scaling from scale S, as torch.amp.GradScaler: a\n"
+             "step whose gradients overflow updates nothing and halves the\n"
+             "scale, 2000 good steps double it; `none` turns it off\n"
+             "(default: from 65536 with --precision fp16, else none)"),
+    FLAG_ROW(0, "weight-copies", "HOW", cli_set_weight_copies, topts, weight_copies,
+             "with a low --precision: where each backward gets the low\n"
+             "copies of the weights its forward cast: auto (kept where\n"
+             "that does not raise the peak), keep, or recast"),
+    FLAG_COUNT("accumulate", "N", topts, accumulate,
+             "each step sums the gradients of N micro-batches of --batch\n"
+             "samples before one update (--batch 16 --accumulate 4: the\n"
+             "update of batch 64, the activations of batch 16)"),
+    FLAG_ROW(0, "no-decay", "PATTERN", cli_set_pattern, topts, no_decay,
+             "no weight decay for the parameters whose full name matches\n"
+             "('*.bias'; repeatable), as a torch.optim param group with\n"
+             "weight_decay 0"),
+    FLAG_ROW(0, "lr-scale", "PATTERN=FACTOR", set_lr_scale, topts, lr_scale,
+             "the parameters whose full name matches train at FACTOR times\n"
+             "the rate ('*.bias=0.25'; repeatable), as a torch.optim param\n"
+             "group with its own lr; schedules move it in proportion"),
+    FLAG_ROW(0, "freeze", "PATTERN", cli_set_list, topts, freeze,
+             "train no parameter whose full name matches the shell pattern\n"
+             "('fc1.*', '*.bias'; repeatable): no gradient, update or state"),
+    FLAG_PATH("log-csv", "FILE", topts, log_csv,
+             "a CSV row per log point (every --log-every steps, and every\n"
+             "epoch with its evaluation), written as training goes"),
+    FLAG_GIVEN("weight-decay", "X", cli_set_rate, topts, weight_decay, wd_set,
+             "(default: torch.optim's, 0.01 for adamw, else 0)"),
+    {0, "seed", "N", cli_set_u64, offsetof(topts, seed), offsetof(topts, seed_set) + 1,
+     "initial weights, shuffling and dropout (default 0)",
+     "a non-negative integer"},
+    FLAG_SWITCH("no-shuffle", topts, no_shuffle,
+             "the samples in file order"),
+    FLAG_SWITCH("drop-last", topts, drop_last,
+             "drop the last partial batch of each epoch"),
+    FLAG_GIVEN("normalize", "MEAN,STD", set_normalize, topts, norm, normalize,
+             "inputs become (x - MEAN) / STD (after images scale to [0, 1])"),
+    FLAG_PATH("weights", "W", topts, weights,
+             "start from these weights (safetensors)"),
+    FLAG_PATH("save-weights", "W", topts, save_weights,
+             "write the trained weights there at the end"),
+    FLAG_PATH("checkpoint", "FILE", topts, checkpoint,
+             "where checkpoints go (default checkpoint.safetensors): given\n"
+             "(or with --checkpoint-every or --keep-best), one after every\n"
+             "epoch and at the end; else one on a signal only"),
+    FLAG_COUNT("checkpoint-every", "N", topts, checkpoint_every,
+             "write a checkpoint every N steps and at the end instead"),
+    FLAG_PATH("keep-best", "METRIC", topts, keep_best,
+             "also keep the checkpoint of the best epoch by METRIC, beside\n"
+             "--checkpoint (ck.safetensors: ck.best.safetensors): eval_loss,\n"
+             "eval_accuracy, eval_top_k_accuracy, eval_perplexity (of\n"
+             "--eval-data), loss or perplexity (the epoch's training\n"
+             "mean); accuracies best highest, the others lowest"),
+    FLAG_PATH("resume", "CKPT", topts, resume,
+             "continue from a checkpoint: weights, optimizer state, step;\n"
+             "--checkpoint may name the same file"),
+    FLAG_SWITCH("override", topts, override,
+             "with --resume: --optimizer, --lr, --momentum, --weight-decay,\n"
+             "--seed, --batch, --no-shuffle, --drop-last, --lr-schedule and\n"
+             "--clip-grad-* that contradict the checkpoint win (else that is\n"
+             "an error)"),
+    FLAG_SWITCH("non-strict", topts, non_strict,
+             "with --resume: a trained parameter the checkpoint holds no\n"
+             "optimizer state for starts without (else an error)"),
+    FLAG_COUNT("log-every", "N", topts, log_every,
+             "a line every N steps (default: one per epoch)"),
+    FLAG_PATH("curve", "FILE.svg", topts, curve,
+             "draw the training loss (a point per --log-every N steps, else\n"
+             "about 200 over the run) and, with --eval-data, the test loss\n"
+             "and accuracy per epoch; rewritten after every epoch"),
+    FLAG_PATH("trace", "T", topts, trace,
+             "one training step's trace in `ebb run --trace`'s format, one\n"
+             "JSON line per plan step: `ebb chart SPEC --train -i batch=B\n"
+             "--trace T` draws it over the training plan"),
+    FLAG_COUNT("trace-step", "N", topts, trace_step,
+             "the step --trace traces (default: the run's first)"),
+    FLAG_ROW(0, "memory-budget", "SIZE", cli_set_budget, topts, memory_budget,
+             "plan the step to fit SIZE (64MiB, 1.5GB, or `least`) by\n"
+             "recomputing activations in the backward; same updates"),
+    FLAG_SWITCH("skip-nonfinite", topts, skip_nonfinite,
+             "undo and count a step whose loss (or updated state) is NaN or\n"
+             "infinite, as torch's GradScaler skips one; else such a step\n"
+             "stops training (exit 1) with nothing written"),
+    FLAG_SWITCH("allow-nonfinite", topts, allow_nonfinite,
+             "NaN or Inf in --weights or --resume is a warning, not an error"),
+    FLAG_SWITCH("strict-memory", topts, strict_memory,
+             "a step that measures more than its plan promised stops training\n"
+             "(exit 3, nothing written), rather than a warning"),
+    FLAG_SWITCH("cuda-graph", topts, cuda_graph,
+             "on a CUDA device, capture the training step (forward, loss,\n"
+             "backward, updates) into a CUDA graph at the first full batch\n"
+             "and replay it for every full batch after; the same updates,\n"
+             "much less launch time for small models (a last partial batch\n"
+             "and a traced step run eagerly)"),
+    {'p', NULL, "NAME=VALUE", cli_set_list, offsetof(topts, params), 0,
+     "set a spec parameter (params:)", "NAME=VALUE"},
+    FLAG_PATH("device", "DEV", topts, device,
+             "cpu or cuda[:N]; default cuda when available, else cpu"),
+    PRECISION_FLAG(topts, precision),
+    FLAG_SWITCH("json", topts, json,
+             "one JSON object per line instead of text"),
+    COMMON_FLAGS,
+    FLAG_END,
+};
+
+const cli_flag ebb_cli_eval_flags[] = {
+    FLAG_PATH("weights", "W", topts, weights,
+             "the trained weights (required)"),
+    FLAG_PATH("data", "D", topts, data,
+             "the data (required)"),
+    FLAG_GIVEN("batch", "B", cli_set_count, topts, batch, batch_set,
+             "samples per run (default 256)"),
+    FLAG_COUNT("block", "N", topts, block,
+             "the sequence length, as for ebb train"),
+    FLAG_SWITCH("metrics", topts, metrics,
+             "per-class accuracy and the confusion matrix too"),
+    FLAG_ROW(0, "top-k", "K", set_top_k, topts, top_k,
+             "count top-K accuracy (default 5; 0: none)"),
+    FLAG_GIVEN("normalize", "MEAN,STD", set_normalize, topts, norm, normalize,
+             "as for ebb train"),
+    FLAG_SWITCH("allow-nonfinite", topts, allow_nonfinite,
+             "NaN or Inf in --weights is a warning, not an error"),
+    {'p', NULL, "NAME=VALUE", cli_set_list, offsetof(topts, params), 0,
+     "set a spec parameter (params:)", "NAME=VALUE"},
+    FLAG_PATH("device", "DEV", topts, device,
+             "cpu or cuda[:N]; default cuda when available, else cpu"),
+    PRECISION_FLAG(topts, precision),
+    FLAG_SWITCH("json", topts, json,
+             "one JSON object per line instead of text"),
+    COMMON_FLAGS,
+    FLAG_END,
+};
+
+const char ebb_cli_usage_train_tail[] =
+    "\n"
+    "SIGINT (Ctrl-C), SIGTERM and SIGHUP finish the step under way, write a checkpoint\n"
+    "and exit 128 + the signal (130, 143, 129); a second signal stops at once.\n";
+const char ebb_cli_usage_eval_tail[] = "";
+
+static int add_spec(const command *c, void *opts, const char *arg) {
+    topts *o = opts;
+    if (o->spec) return ebb_cli_usage_error(c->usage, "unexpected argument %s", arg);
+    o->spec = arg;
     return 0;
 }
 
 /* Returns 0, -1 when help was printed, or an exit code. */
-static int parse(int argc, char **argv, int train, topts *o) {
-    const char *usage = train ? ebb_cli_usage_train : ebb_cli_usage_eval;
-    const struct option *longs = train ? ebb_cli_train_options : ebb_cli_eval_options;
+static int parse(const command *c, int argc, char **argv, int train, topts *o) {
+    const char *usage = c->usage;
     memset(o, 0, sizeof *o);
     o->epochs = 1;
     o->batch = train ? 64 : 256;
     o->top_k = 5;
-    opterr = 0;
-    optind = 0;
-    int opt;
-    while ((opt = getopt_long(argc, argv, "-:" EBB_CLI_TRAIN_SHORTS, longs, NULL)) != -1) {
-        const char *v = optarg;
-        int64_t n = 0;
-        switch (opt) {
-        case 1:
-            if (o->spec)
-                return ebb_cli_usage_error(usage, "unexpected argument %s", v);
-            o->spec = v;
-            break;
-        case 'h': fputs(usage, stdout); return -1;
-        case O_COMPLETION:
-            for (const char *s = EBB_CLI_TRAIN_SHORTS; *s; s++)
-                if (*s != ':')
-                    printf("-%c\n", *s);
-            for (const struct option *lo = longs; lo->name; lo++)
-                printf("--%s%s\n", lo->name, lo->has_arg == required_argument ? "=" : "");
-            return -1;
-        case 'p':
-            if (o->n_params == MAX_PARAMS)
-                return ebb_cli_usage_error(usage, "%s", "too many -p options");
-            o->params[o->n_params++] = v;
-            break;
-        case O_DATA: o->data = v; break;
-        case O_EVAL_DATA: o->eval_data = v; break;
-        case O_OPTIMIZER:
-            if (ebb_optimizer_kind_parse(NULL, v) != EBB_OK)
-                return ebb_cli_usage_error(usage, "--optimizer: %s", ebb_errmsg());
-            o->optimizer = v;
-            break;
-        case O_WEIGHTS: o->weights = v; break;
-        case O_SAVE_WEIGHTS: o->save_weights = v; break;
-        case O_CHECKPOINT: o->checkpoint = v; break;
-        case O_RESUME: o->resume = v; break;
-        case O_TRACE: o->trace = v; break;
-        case O_CURVE: o->curve = v; break;
-        case O_MEMORY_BUDGET:
-            if (!strcmp(v, "least"))
-                o->memory_budget = EBB_MEMORY_BUDGET_LEAST;
-            else if (ebb_bytes_parse(v, &o->memory_budget) != EBB_OK || o->memory_budget == 0)
-                return ebb_cli_usage_error(usage, "--memory-budget %s: expected a byte count above 0, "
-                                          "like 64MiB or 1.5GB, or `least`",
-                                   v);
-            break;
-        case O_DEVICE: o->device = v; break;
-        case O_THREADS: {
-            int rc = ebb_cli_set_threads(usage, v);
-            if (rc)
-                return rc;
-            break;
-        }
-        case O_PRECISION:
-            if (ebb_precision_parse(&o->precision, v) != EBB_OK)
-                return ebb_cli_usage_error(usage, "--precision %s: expected fp32, bf16 or fp16", v);
-            break;
-        case O_JSON: o->json = 1; break;
-        case O_NO_SHUFFLE: o->no_shuffle = 1; break;
-        case O_DROP_LAST: o->drop_last = 1; break;
-        case O_SKIP_NONFINITE:
-            o->skip_nonfinite = 1;
-            break;
-        case O_STRICT_MEMORY:
-            o->strict_memory = 1;
-            break;
-        case O_CUDA_GRAPH:
-            o->cuda_graph = 1;
-            break;
-        case O_LOSS: o->loss = v; break;
-        case O_METRICS: o->metrics = 1; break;
-        case O_LOG_CSV: o->log_csv = v; break;
-        case O_KEEP_BEST: o->keep_best = v; break;
-        case O_FREEZE:
-            if (o->n_freeze == MAX_PARAMS)
-                return ebb_cli_usage_error(usage, "%s", "too many --freeze options");
-            o->freeze[o->n_freeze++] = v;
-            break;
-        case O_NO_DECAY:
-            if (o->n_no_decay == MAX_PARAMS)
-                return ebb_cli_usage_error(usage, "%s", "too many --no-decay options");
-            if (strchr(v, ','))
-                return ebb_cli_usage_error(usage, "--no-decay %s: one pattern each, no comma", v);
-            o->no_decay[o->n_no_decay++] = v;
-            break;
-        case O_LR_SCALE: {
-            const char *eq = strrchr(v, '=');
-            char *end = NULL;
-            double f = eq ? strtod(eq + 1, &end) : NAN;
-            if (o->n_lr_scale == MAX_PARAMS)
-                return ebb_cli_usage_error(usage, "%s", "too many --lr-scale options");
-            if (!eq || eq == v || end == eq + 1 || (end && *end) || !isfinite(f) || f < 0)
-                return ebb_cli_usage_error(usage,
-                                           "--lr-scale %s: expected PATTERN=FACTOR, a factor "
-                                           ">= 0 ('*.bias=0.25')",
-                                           v);
-            o->lr_scale[o->n_lr_scale++] = v;
-            break;
-        }
-        case O_BUCKET_SIZE:
-            if (ebb_bytes_parse(v, &o->bucket_size) != EBB_OK || o->bucket_size <= 0)
-                return ebb_cli_usage_error(usage, "--bucket-size %s: expected a byte count above "
-                                                  "0, like 4MiB", v);
-            break;
-        case O_ZERO:
-            o->zero = 1;
-            break;
-        case O_OVERLAP:
-            o->overlap = 1;
-            break;
-        case O_NPROC:
-            if (parse_i64(v, 1, &o->nproc) != 0 || o->nproc > 64)
-                return ebb_cli_usage_error(usage, "--nproc %s: expected 1 to 64 processes", v);
-            break;
-        case O_WEIGHT_COPIES:
-            if (ebb_cli_weight_copies(v, &o->weight_copies) != 0)
-                return ebb_cli_usage_error(usage, "--weight-copies %s: expected auto, keep or "
-                                                  "recast", v);
-            break;
-        case O_LOSS_SCALE:
-            if (strcmp(v, "none") == 0)
-                o->loss_scale = -1;
-            else if (parse_double(v, &o->loss_scale) != 0 || !(o->loss_scale > 0) ||
-                     o->loss_scale > 3.4e38)
-                return ebb_cli_usage_error(usage, "--loss-scale %s: expected a positive scale "
-                                           "(65536) or none", v);
-            break;
-        case O_CLIP_GRAD_NORM:
-        case O_CLIP_GRAD_VALUE: {
-            double d;
-            if (parse_double(v, &d) != 0 || !(d > 0))
-                return ebb_cli_usage_error(usage, "%s needs a positive number",
-                                           opt == O_CLIP_GRAD_NORM ? "--clip-grad-norm"
-                                                                   : "--clip-grad-value");
-            if (opt == O_CLIP_GRAD_NORM)
-                o->clip_norm = d, o->clip_norm_set = 1;
-            else
-                o->clip_value = d, o->clip_value_set = 1;
-            break;
-        }
-        case O_TOP_K:
-            if (parse_i64(v, 0, &n) != 0 || n > 1000000)
-                return ebb_cli_usage_error(usage, "%s", "--top-k needs a count, 0 or more");
-            o->top_k = (int)n;
-            break;
-        case O_EARLY_STOP: {
-            char *end = NULL;
-            errno = 0;
-            long long p = strtoll(v, &end, 10);
-            o->early_delta = 0;
-            if (*end == ':' && parse_double(end + 1, &o->early_delta) == 0) end += strlen(end);
-            if (end == v || *end || errno || p < 1 || p > 1000000)
-                return ebb_cli_usage_error(usage,
-                                           "--early-stop %s: expected EPOCHS[:MIN_DELTA], "
-                                           "EPOCHS at least 1",
-                                           v);
-            o->early_stop = p;
-            break;
-        }
-        case O_LR_SCHEDULE:
-            if (ebb_lr_schedule_parse(&o->sched, v) != EBB_OK)
-                return ebb_cli_usage_error(usage, "--lr-schedule: %s", ebb_errmsg());
-            o->lr_schedule = v;
-            break;
-        case O_ALLOW_NONFINITE:
-            o->allow_nonfinite = 1;
-            break;
-        case O_OVERRIDE:
-            o->override = 1;
-            break;
-        case O_NON_STRICT:
-            o->non_strict = 1;
-            break;
-        case O_EPOCHS:
-        case O_STEPS:
-        case O_BATCH:
-        case O_BLOCK:
-        case O_CHECKPOINT_EVERY:
-        case O_LOG_EVERY:
-        case O_TRACE_STEP:
-        case O_ACCUMULATE:
-            if (parse_i64(v, 1, &n) != 0 || n > 1000000000)
-                return ebb_cli_usage_error(usage, "%s needs a positive integer",
-                                   opt == O_EPOCHS       ? "--epochs"
-                                   : opt == O_STEPS      ? "--steps"
-                                   : opt == O_BATCH      ? "--batch"
-                                   : opt == O_BLOCK      ? "--block"
-                                   : opt == O_LOG_EVERY  ? "--log-every"
-                                   : opt == O_TRACE_STEP ? "--trace-step"
-                                   : opt == O_ACCUMULATE ? "--accumulate"
-                                                         : "--checkpoint-every");
-            if (opt == O_EPOCHS)
-                o->epochs = n;
-            else if (opt == O_STEPS)
-                o->steps = n;
-            else if (opt == O_BATCH)
-                o->batch = n, o->batch_set = 1;
-            else if (opt == O_BLOCK)
-                o->block = n;
-            else if (opt == O_LOG_EVERY)
-                o->log_every = n;
-            else if (opt == O_TRACE_STEP)
-                o->trace_step = n;
-            else if (opt == O_ACCUMULATE)
-                o->accumulate = n;
-            else
-                o->checkpoint_every = n;
-            break;
-        case O_SEED: {
-            uint64_t seed = 0;
-            if (ebb_cli_parse_u64(v, &seed) != 0)
-                return ebb_cli_usage_error(usage, "%s", "--seed needs a non-negative integer");
-            o->seed = seed;
-            o->seed_set = 1;
-            break;
-        }
-        case O_LR:
-        case O_MOMENTUM:
-        case O_WEIGHT_DECAY: {
-            double d;
-            const char *nm = opt == O_LR ? "--lr" : opt == O_MOMENTUM ? "--momentum" : "--weight-decay";
-            if (parse_double(v, &d) != 0)
-                return ebb_cli_usage_error(usage, "%s needs a non-negative number", nm);
-            if (opt == O_LR)
-                o->lr = d, o->lr_set = 1;
-            else if (opt == O_MOMENTUM)
-                o->momentum = d, o->momentum_set = 1;
-            else
-                o->weight_decay = d, o->wd_set = 1;
-            break;
-        }
-        case O_NORMALIZE: {
-            char *end = NULL;
-            o->norm_mean = strtod(v, &end);
-            if (end == v || *end != ',')
-                return ebb_cli_usage_error(usage, "--normalize %s: expected MEAN,STD", v);
-            const char *s2 = end + 1;
-            o->norm_std = strtod(s2, &end);
-            if (end == s2 || *end || !isfinite(o->norm_mean) || !(o->norm_std > 0) ||
-                !isfinite(o->norm_std))
-                return ebb_cli_usage_error(usage, "--normalize %s: expected MEAN,STD with STD > 0", v);
-            o->normalize = 1;
-            break;
-        }
-        default: /* ':' or '?' */
-            return ebb_cli_getopt_error(usage, longs, argv, opt);
-        }
-    }
-    for (; optind < argc; optind++) {
-        if (o->spec)
-            return ebb_cli_usage_error(usage, "unexpected argument %s", argv[optind]);
-        o->spec = argv[optind];
-    }
+    int rc = cli_flags_parse(c, argc, argv, o, add_spec);
+    if (rc) return rc;
     if (!o->spec)
         return ebb_cli_usage_error(usage, "%s", "missing SPEC");
     if (!o->data)
@@ -682,7 +448,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
         return ebb_cli_usage_error(usage, "%s",
                                    "--cuda-graph and --skip-nonfinite cannot be combined: a "
                                    "replayed step cannot be undone (its updates are in the graph)");
-    if (train && o->early_stop && !o->eval_data)
+    if (train && o->early_stop.epochs && !o->eval_data)
         return ebb_cli_usage_error(usage, "%s",
                                    "--early-stop watches --eval-data's loss, which is not given");
     if (train && o->trace_step && !o->trace)
@@ -700,6 +466,7 @@ static int parse(int argc, char **argv, int train, topts *o) {
 }
 
 /* ---- the spec and the trainer's options ------------------------------------ */
+/* ---- the spec and the trainer's options ------------------------------------ */
 
 /* --device's device, else cuda where there is one; 0 or an exit code. */
 static int parse_device(const topts *o, ebb_device *dev) {
@@ -716,7 +483,7 @@ static int load_spec(const topts *o, ebb_device *dev, ebb_spec **spec) {
     int rc = parse_device(o, dev);
     if (rc) return rc;
     ebb_status st;
-    ebb_spec_options so = {.params = o->params, .n_params = o->n_params};
+    ebb_spec_options so = {.params = o->params.v, .n_params = o->params.n};
     if ((st = ebb_spec_load_ex(spec, o->spec, &so)) != EBB_OK) return ebb_cli_fail_status(st);
     return 0;
 }
@@ -783,9 +550,9 @@ static int resume_conflicts(const topts *o, const ebb_checkpoint_info *ci, char 
     CONFLICT(o->drop_last && !ci->drop_last,
              "--drop-last, the checkpoint keeps the last partial batch");
     char nd[1024] = "";
-    for (int k = 0, at = 0; k < o->n_no_decay && at < (int)sizeof nd; k++)
-        at += snprintf(nd + at, sizeof nd - (size_t)at, "%s%s", k ? "," : "", o->no_decay[k]);
-    CONFLICT(o->n_no_decay && strcmp(nd, ci->no_decay ? ci->no_decay : ""),
+    for (int k = 0, at = 0; k < o->no_decay.n && at < (int)sizeof nd; k++)
+        at += snprintf(nd + at, sizeof nd - (size_t)at, "%s%s", k ? "," : "", o->no_decay.v[k]);
+    CONFLICT(o->no_decay.n && strcmp(nd, ci->no_decay ? ci->no_decay : ""),
              "--no-decay %s, the checkpoint's is %s", nd, ci->no_decay ? ci->no_decay : "none");
     CONFLICT(o->accumulate && o->accumulate != ci->accumulate,
              "--accumulate %lld, the checkpoint's is %lld", (long long)o->accumulate,
@@ -797,7 +564,7 @@ static int resume_conflicts(const topts *o, const ebb_checkpoint_info *ci, char 
              "--clip-grad-value %g, the checkpoint's is %g%s", o->clip_value,
              ci->clip_grad_value, ci->clip_grad_value > 0 ? "" : " (none)");
     char have[256], had[256];
-    CONFLICT(o->lr_schedule &&
+    CONFLICT(o->sched_set &&
                  (!ci->has_schedule || memcmp(&o->sched, &ci->schedule, sizeof o->sched)),
              "--lr-schedule %s, the checkpoint's is %s",
              ebb_lr_schedule_str(&o->sched, have, sizeof have),
@@ -829,12 +596,12 @@ static int resolve_options(cli_run *c) {
         o->drop_last |= c->ci.drop_last;
         o->clip_norm = o->clip_norm_set ? o->clip_norm : c->ci.clip_grad_norm;
         o->accumulate = o->accumulate ? o->accumulate : c->ci.accumulate;
-        if (!o->n_no_decay && c->ci.no_decay) {
+        if (!o->no_decay.n && c->ci.no_decay) {
             /* the checkpoint's groups, split at their commas */
             snprintf(o->no_decay_text, sizeof o->no_decay_text, "%s", c->ci.no_decay);
-            for (char *tok = strtok(o->no_decay_text, ","); tok && o->n_no_decay < MAX_PARAMS;
+            for (char *tok = strtok(o->no_decay_text, ","); tok && o->no_decay.n < CLI_LIST_MAX;
                  tok = strtok(NULL, ","))
-                o->no_decay[o->n_no_decay++] = tok;
+                o->no_decay.v[o->no_decay.n++] = tok;
         }
         o->clip_value = o->clip_value_set ? o->clip_value : c->ci.clip_grad_value;
         /* the rate the next step takes: the checkpoint's, where its
@@ -855,7 +622,7 @@ static int resolve_options(cli_run *c) {
     c->kind = ebb_optimizer_kind_name(oo.kind);
     c->to.optimizer = oo;
     /* --lr-schedule's, or the checkpoint's, continued where it stopped */
-    c->to.schedule = o->lr_schedule ? &o->sched : c->ci.has_schedule ? &c->ci.schedule : NULL;
+    c->to.schedule = o->sched_set ? &o->sched : c->ci.has_schedule ? &c->ci.schedule : NULL;
     return 0;
 }
 
@@ -1014,8 +781,8 @@ static int trace_done(cli_run *c, const ebb_train_event *e) {
     const char *seq = NULL;
     if (o->block && ebb_spec_input_dim(c->spec, 0, 1, &seq) < 0 && seq)
         printf(" -i %s=%lld", seq, (long long)o->block);
-    for (int i = 0; i < o->n_params; i++)
-        printf(" -p %s", o->params[i]);
+    for (int i = 0; i < o->params.n; i++)
+        printf(" -p %s", o->params.v[i]);
     if (strcmp(c->kind, "adamw")) printf(" --optimizer %s", c->kind);
     if (o->accumulate > 1) printf(" --grads-only"); /* a micro-batch's gradient plan */
     if (o->memory_budget == EBB_MEMORY_BUDGET_LEAST)
@@ -1202,9 +969,9 @@ static int join_ranks(cli_run *c) {
 }
 
 /* Returns 0, -1 when help was printed, or an exit code. */
-static int train_open(cli_run *c, int argc, char **argv) {
+static int train_open(cli_run *c, const command *self, int argc, char **argv) {
     topts *o = &c->o;
-    int rc = parse(argc, argv, 1, o);
+    int rc = parse(self, argc, argv, 1, o);
     if (rc) return rc;
     if ((o->zero || o->overlap) && o->nproc <= 1 && !getenv("WORLD_SIZE"))
         return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
@@ -1250,8 +1017,8 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->data = o->data;
     to->eval_data = o->eval_data;
     to->normalize = o->normalize;
-    to->norm_mean = o->norm_mean;
-    to->norm_std = o->norm_std;
+    to->norm_mean = o->norm.mean;
+    to->norm_std = o->norm.std;
     to->epochs = o->epochs;
     to->steps = o->steps;
     to->batch = o->batch;
@@ -1263,12 +1030,12 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->schedule = sched;
     to->loss = o->loss;
     to->accumulate = (int)o->accumulate;
-    to->no_decay = o->no_decay;
-    to->n_no_decay = o->n_no_decay;
-    to->lr_scale = o->lr_scale;
-    to->n_lr_scale = o->n_lr_scale;
-    to->freeze = o->freeze;
-    to->n_freeze = o->n_freeze;
+    to->no_decay = o->no_decay.v;
+    to->n_no_decay = o->no_decay.n;
+    to->lr_scale = o->lr_scale.v;
+    to->n_lr_scale = o->lr_scale.n;
+    to->freeze = o->freeze.v;
+    to->n_freeze = o->freeze.n;
     to->clip_grad_norm = o->clip_norm;
     to->clip_grad_value = o->clip_value;
     to->memory_budget = o->memory_budget;
@@ -1295,8 +1062,8 @@ static int train_open(cli_run *c, int argc, char **argv) {
     to->checkpoint_every = o->checkpoint_every;
     to->keep_best = o->keep_best;
     to->top_k = o->top_k;
-    to->early_stop_patience = (int)o->early_stop;
-    to->early_stop_min_delta = o->early_delta;
+    to->early_stop_patience = (int)o->early_stop.epochs;
+    to->early_stop_min_delta = o->early_stop.min_delta;
     to->on_step = on_step;
     to->on_epoch = on_epoch;
     to->user = c;
@@ -1384,11 +1151,10 @@ static int finish(cli_run *c) {
     return 0;
 }
 
-int ebb_cli_train(const struct command *self, int argc, char **argv) {
-    (void)self; /* its own parser (parse below) */
+int ebb_cli_train(const command *self, int argc, char **argv) {
     cli_run c;
     memset(&c, 0, sizeof c);
-    int rc = train_open(&c, argc, argv);
+    int rc = train_open(&c, self, argc, argv);
     if (!rc) {
         ebb_cli_signals_install();
         ebb_status st = ebb_trainer_run(c.t);
@@ -1434,12 +1200,11 @@ static void print_metrics_json(const ebb_metrics *m, int full) {
     printf("}\n");
 }
 
-int ebb_cli_eval(const struct command *self, int argc, char **argv) {
-    (void)self;
+int ebb_cli_eval(const command *self, int argc, char **argv) {
     cli_run c;
     memset(&c, 0, sizeof c);
     topts *o = &c.o;
-    int rc = parse(argc, argv, 0, o);
+    int rc = parse(self, argc, argv, 0, o);
     if (rc) return rc < 0 ? 0 : rc;
     ebb_metrics m = {0};
     if ((rc = load_spec(o, &c.dev, &c.spec))) goto done;
@@ -1449,8 +1214,8 @@ int ebb_cli_eval(const struct command *self, int argc, char **argv) {
     c.to.batch = o->batch;
     c.to.block = o->block;
     c.to.normalize = o->normalize;
-    c.to.norm_mean = o->norm_mean;
-    c.to.norm_std = o->norm_std;
+    c.to.norm_mean = o->norm.mean;
+    c.to.norm_std = o->norm.std;
     c.to.device = c.dev;
     c.to.precision = o->precision;
     c.to.weights = o->weights;

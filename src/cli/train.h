@@ -8,13 +8,14 @@
 #include <stdio.h>
 
 #include "ebb/ebb.h"
+#include "flags.h"
 
 extern const char ebb_cli_usage_train[];
 extern const char ebb_cli_usage_eval[];
-extern const struct option ebb_cli_train_options[];
-extern const struct option ebb_cli_eval_options[];
-/* getopt's short options of both commands */
-#define EBB_CLI_TRAIN_SHORTS "hp:"
+extern const char ebb_cli_usage_train_tail[];
+extern const char ebb_cli_usage_eval_tail[];
+extern const cli_flag ebb_cli_train_flags[];
+extern const cli_flag ebb_cli_eval_flags[];
 
 /* Prints "ebb: " and fmt (with arg), then the command's synopsis (the usage
  * text up to its first blank line) and where its options are listed, to
@@ -25,18 +26,13 @@ int ebb_cli_usage_error(const char *usage, const char *fmt, const char *arg);
 int ebb_cli_weight_copies(const char *val, ebb_low_copies *out);
 /* --weight-copies auto|keep|recast (ebb_train_options.low_weight_copies) */
 #define WEIGHT_COPIES_HELP                                                                         \
-    "  --weight-copies HOW\n"                                                                      \
-    "                     with a low --precision: where each backward gets the low\n"          \
-    "                     copies of the weights its forward cast: auto (kept where\n"          \
-    "                     that does not raise the peak), keep, or recast\n"
+    "with a low --precision: where each backward gets the low\n"                                   \
+    "copies of the weights its forward cast: auto (kept where\n"                                   \
+    "that does not raise the peak), keep, or recast"
 
 /* --threads, which every command takes (EBB_NUM_THREADS in the environment
  * the same): set before the plan is compiled, since some kernels' scratch
- * grows with the threads. */
-#define THREADS_HELP                                                                               \
-    "  --threads N        libtorch's intra-op threads (default: EBB_NUM_THREADS, else\n"          \
-    "                     one per core the load average leaves idle)\n"
-/* Sets the threads from --threads VAL: 0, or a usage error naming it. */
+ * grows with the threads. Sets the threads from --threads VAL: 0, or a usage error naming it. */
 int ebb_cli_set_threads(const char *usage, const char *val);
 
 /* Warns once per process where --precision P (bf16, fp16) on the CPU saves
@@ -95,8 +91,7 @@ void ebb_cli_signals_restore(void);
 int ebb_cli_stop_signal(void);
 const char *ebb_cli_signal_name(int sig);
 
-struct command; /* cli.h: the dispatcher's row, handed to the command */
-int ebb_cli_train(const struct command *self, int argc, char **argv);
-int ebb_cli_eval(const struct command *self, int argc, char **argv);
+int ebb_cli_train(const command *self, int argc, char **argv);
+int ebb_cli_eval(const command *self, int argc, char **argv);
 
 #endif /* EBB_CLI_TRAIN_H */
