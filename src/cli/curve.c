@@ -153,6 +153,9 @@ typedef struct frame {
     double top;                    /* the plot's top */
     double plot_w, x0, x1, lo, hi; /* x in the axis' unit; loss from lo to hi */
     double per_x;                  /* samples per x unit: an epoch's, or 1 */
+    double ystep;                  /* between the loss axis' ticks */
+    int in_epochs;                 /* x in epochs, else samples seen */
+    int acc;                       /* test accuracy drawn, on a right axis */
 } frame;
 
 static double px(const frame *g, int64_t samples) {
@@ -209,19 +212,18 @@ static const char style[] =
     ".vtest{fill:#c46a12;font-weight:bold}\n"
     "</style>\n";
 
-ebb_status ebb_cli_curve_write(const ebb_cli_curve *c, FILE *f) {
+/* The axes' ranges: x in epochs for a run of at least one, else samples
+ * seen; the loss from 0 (or below, for a loss that goes there) to a tick
+ * above every loss drawn. */
+static void frame_scale(const ebb_cli_curve *c, frame *g) {
     const ebb_cli_curve_info *in = &c->info;
-    int acc = in->accuracy && in->eval;
-    frame g = {.f = f};
-    g.plot_w = WIDTH - LEFT - (acc ? RIGHT_AXIS : RIGHT_NONE);
-    /* x: epochs for a run of at least one, else samples seen */
-    int in_epochs = in->last_samples >= in->samples_per_epoch;
-    g.per_x = in_epochs ? (double)in->samples_per_epoch : 1;
-    g.x0 = (double)in->first_samples / g.per_x;
-    g.x1 = (double)in->last_samples / g.per_x;
-    if (!(g.x1 > g.x0)) g.x1 = g.x0 + 1;
-    /* loss: from 0 (or below, for a loss that goes there) to a tick above
-     * every loss drawn */
+    g->acc = in->accuracy && in->eval;
+    g->plot_w = WIDTH - LEFT - (g->acc ? RIGHT_AXIS : RIGHT_NONE);
+    g->in_epochs = in->last_samples >= in->samples_per_epoch;
+    g->per_x = g->in_epochs ? (double)in->samples_per_epoch : 1;
+    g->x0 = (double)in->first_samples / g->per_x;
+    g->x1 = (double)in->last_samples / g->per_x;
+    if (!(g->x1 > g->x0)) g->x1 = g->x0 + 1;
     double lmax = 0, lmin = 0;
     for (int i = 0; i < c->n_steps; i++)
         if (isfinite(c->steps[i].loss)) {
@@ -234,20 +236,25 @@ ebb_status ebb_cli_curve_write(const ebb_cli_curve *c, FILE *f) {
             lmin = fmin(lmin, c->epochs[i].test_loss);
         }
     if (!(lmax > lmin)) lmax = lmin + 1;
-    double ystep = tick_step((lmax - lmin) * 1.04, 6);
-    g.lo = floor(lmin / ystep) * ystep;
-    g.hi = ceil(lmax * 1.04 / ystep) * ystep;
-    /* the title; under it the context, then how far the run got, on one
-     * line when they fit, else on two, each cut to the picture's width */
-    char title[512], sub[2][768], more[256];
-    snprintf(title, sizeof title, "%s: %s", c->name,
-             acc        ? "training loss, test loss and test accuracy"
+    g->ystep = tick_step((lmax - lmin) * 1.04, 6);
+    g->lo = floor(lmin / g->ystep) * g->ystep;
+    g->hi = ceil(lmax * 1.04 / g->ystep) * g->ystep;
+}
+
+/* The title; under it the context, then how far the run got, on one line
+ * when they fit, else on two (sub[0], sub[1]), each cut to the picture's
+ * width. Returns how many lines sub holds; sets g->top under them. */
+static int headings(const ebb_cli_curve *c, frame *g, char title[512], char sub[2][768]) {
+    const ebb_cli_curve_info *in = &c->info;
+    char more[256];
+    snprintf(title, 512, "%s: %s", c->name,
+             g->acc     ? "training loss, test loss and test accuracy"
              : in->eval ? "training loss and test loss"
                         : "training loss");
     const epoch_point *last = c->n_epochs ? &c->epochs[c->n_epochs - 1] : NULL;
     int64_t epochs_total = (in->last_samples + in->samples_per_epoch - 1) / in->samples_per_epoch;
     more[0] = '\0';
-    if (last && acc && isfinite(last->test_accuracy)) {
+    if (last && g->acc && isfinite(last->test_accuracy)) {
         int best = 0;
         for (int i = 1; i < c->n_epochs; i++)
             if (c->epochs[i].test_accuracy >= c->epochs[best].test_accuracy) /* the latest */
@@ -265,19 +272,171 @@ ebb_status ebb_cli_curve_write(const ebb_cli_curve *c, FILE *f) {
     }
     size_t fit = (size_t)((WIDTH - LEFT - 8) / CHAR_W);
     int n_sub = 1;
-    snprintf(sub[0], sizeof sub[0], "%s%s%s", c->context, *c->context && *more ? "; " : "", more);
+    snprintf(sub[0], 768, "%s%s%s", c->context, *c->context && *more ? "; " : "", more);
     if (strlen(sub[0]) > fit && *c->context && *more) {
-        snprintf(sub[0], sizeof sub[0], "%s", c->context);
-        snprintf(sub[1], sizeof sub[1], "%s", more);
+        snprintf(sub[0], 768, "%s", c->context);
+        snprintf(sub[1], 768, "%s", more);
         n_sub = 2;
     }
     for (int k = 0; k < n_sub; k++)
         cut(sub[k], fit);
     cut(title, (size_t)(fit / 1.4)); /* bold 14px */
-    g.top = TOP + LINE_H * (n_sub - 1);
+    g->top = TOP + LINE_H * (n_sub - 1);
+    return n_sub;
+}
 
-    double bottom = g.top + PLOT_H, right = LEFT + g.plot_w;
-    double height = bottom + 80;
+/* Loss ticks and grid on the left, accuracy on the right, x below. */
+static void draw_axes(FILE *f, const frame *g) {
+    double bottom = g->top + PLOT_H, right = LEFT + g->plot_w, ystep = g->ystep;
+    int in_epochs = g->in_epochs, acc = g->acc;
+    char buf[64];
+    fputs("<g id=\"axes\">\n", f);
+    for (int k = 0;; k++) {
+        double v = g->lo + k * ystep;
+        if (v > g->hi + ystep * 1e-6) break;
+        double y = py_loss(g, v);
+        fputs("<path class=\"grid\" d=\"M", f);
+        num(f, LEFT, 1);
+        fputc(' ', f);
+        num(f, y, 1);
+        fputc('H', f);
+        num(f, right, 1);
+        fputs("\"/>\n", f);
+        tick_label(v, ystep, g->hi, buf, sizeof buf);
+        draw_text(f, LEFT - 6, y + 4, "text-anchor=\"end\"", buf);
+    }
+    double xstep = tick_step(g->x1 - g->x0, 10);
+    if (in_epochs && xstep < 1 && g->x1 - g->x0 >= 2) xstep = 1; /* whole epochs */
+    for (double v = ceil(g->x0 / xstep - 1e-9) * xstep; v <= g->x1 + xstep * 1e-6; v += xstep) {
+        double x = LEFT + g->plot_w * (v - g->x0) / (g->x1 - g->x0);
+        fputs("<path class=\"frame\" d=\"M", f);
+        num(f, x, 1);
+        fputc(' ', f);
+        num(f, bottom, 1);
+        fputs("v4\"/>\n", f);
+        tick_label(v, xstep, g->x1, buf, sizeof buf);
+        draw_text(f, x, bottom + 16, "text-anchor=\"middle\"", buf);
+    }
+    fputs("<path class=\"frame\" d=\"M", f);
+    num(f, LEFT, 1);
+    fputc(' ', f);
+    num(f, g->top, 1);
+    fputc('V', f);
+    num(f, bottom, 1);
+    fputc('H', f);
+    num(f, right, 1);
+    if (acc) {
+        fputc('V', f);
+        num(f, g->top, 1);
+    }
+    fputs("\"/>\n", f);
+    if (acc)
+        for (int k = 0; k <= 5; k++) {
+            double y = py_acc(g, k * 0.2);
+            fputs("<path class=\"frame\" d=\"M", f);
+            num(f, right, 1);
+            fputc(' ', f);
+            num(f, y, 1);
+            fputs("h4\"/>\n", f);
+            snprintf(buf, sizeof buf, "%.1f", k * 0.2);
+            draw_text(f, right + 8, y + 4, NULL, buf);
+        }
+    draw_text(f, LEFT + g->plot_w / 2, bottom + 36, "text-anchor=\"middle\"",
+              in_epochs ? "epoch" : "samples seen");
+    fputs("<text transform=\"translate(18 ", f);
+    num(f, g->top + PLOT_H / 2, 1);
+    fputs(") rotate(-90)\" text-anchor=\"middle\">loss</text>\n", f);
+    if (acc) {
+        fputs("<text transform=\"translate(", f);
+        num(f, WIDTH - 14, 1);
+        fputc(' ', f);
+        num(f, g->top + PLOT_H / 2, 1);
+        fputs(") rotate(90)\" text-anchor=\"middle\">test accuracy</text>\n", f);
+    }
+    fputs("</g>\n", f);
+}
+
+/* The training loss: one point per window of steps. */
+static void draw_train(FILE *f, const ebb_cli_curve *c, const frame *g) {
+    const ebb_cli_curve_info *in = &c->info;
+    fprintf(f, "<polyline id=\"train-loss\" class=\"train\" data-window=\"%lld\" points=\"",
+            (long long)in->window);
+    for (int i = 0, first = 1; i < c->n_steps; i++)
+        if (isfinite(c->steps[i].loss)) {
+            put_point(f, px(g, c->steps[i].samples), py_loss(g, c->steps[i].loss), first);
+            first = 0;
+        }
+    fprintf(f, "\"><title>training loss, the mean of every %lld step%s</title></polyline>\n",
+            (long long)in->window, in->window == 1 ? "" : "s");
+    /* a few points are marked: a line alone hides how few they are */
+    if (c->n_steps <= 40) {
+        fputs("<path class=\"dtrain\" d=\"", f);
+        for (int i = 0; i < c->n_steps; i++)
+            if (isfinite(c->steps[i].loss)) {
+                fputc('M', f);
+                put_point(f, px(g, c->steps[i].samples), py_loss(g, c->steps[i].loss), 1);
+                fputs("h0", f);
+            }
+        fputs("\"/>\n", f);
+    }
+}
+
+/* Per epoch: test loss, test accuracy, each point with its figures. */
+static void draw_epochs(FILE *f, const ebb_cli_curve *c, const frame *g) {
+    const ebb_cli_curve_info *in = &c->info;
+    const epoch_point *last = c->n_epochs ? &c->epochs[c->n_epochs - 1] : NULL;
+    int acc = g->acc;
+    char buf[64];
+    for (int s = 0; s < 2; s++) {
+        int is_acc = s == 1;
+        if (is_acc ? !acc : !in->eval) continue;
+        fprintf(f, "<polyline id=\"%s\" class=\"%s\" points=\"",
+                is_acc ? "test-accuracy" : "test-loss", is_acc ? "acc" : "test");
+        for (int i = 0, first = 1; i < c->n_epochs; i++) {
+            double v = is_acc ? c->epochs[i].test_accuracy : c->epochs[i].test_loss;
+            if (!isfinite(v)) continue;
+            put_point(f, px(g, c->epochs[i].samples), is_acc ? py_acc(g, v) : py_loss(g, v),
+                      first);
+            first = 0;
+        }
+        fprintf(f, "\"><title>%s after each epoch</title></polyline>\n",
+                is_acc ? "test accuracy" : "test loss");
+        fprintf(f, "<g id=\"%s-points\">\n", is_acc ? "test-accuracy" : "test-loss");
+        for (int i = 0; i < c->n_epochs; i++) {
+            const epoch_point *e = &c->epochs[i];
+            double v = is_acc ? e->test_accuracy : e->test_loss;
+            if (!isfinite(v)) continue;
+            fprintf(f, "<circle class=\"%s\" cx=\"", is_acc ? "dacc" : "dtest");
+            num(f, px(g, e->samples), 1);
+            fputs("\" cy=\"", f);
+            num(f, is_acc ? py_acc(g, v) : py_loss(g, v), 1);
+            fprintf(f, "\" r=\"3\"><title>epoch %lld: training loss %.4f, test loss %.4f",
+                    (long long)e->epoch, e->loss, e->test_loss);
+            if (acc) fprintf(f, ", test accuracy %.4f", e->test_accuracy);
+            fputs("</title></circle>\n", f);
+        }
+        fputs("</g>\n", f);
+    }
+    /* the last figures, written by their dots: what a reader looks for */
+    if (last && acc && isfinite(last->test_accuracy)) {
+        snprintf(buf, sizeof buf, "%.4f", last->test_accuracy);
+        draw_text(f, px(g, last->samples) - 6, py_acc(g, last->test_accuracy) - 9,
+                  "class=\"vacc\" text-anchor=\"end\"", buf);
+    }
+    if (last && in->eval && isfinite(last->test_loss)) {
+        snprintf(buf, sizeof buf, "%.4f", last->test_loss);
+        draw_text(f, px(g, last->samples) - 6, py_loss(g, last->test_loss) - 9,
+                  "class=\"vtest\" text-anchor=\"end\"", buf);
+    }
+}
+
+ebb_status ebb_cli_curve_write(const ebb_cli_curve *c, FILE *f) {
+    const ebb_cli_curve_info *in = &c->info;
+    frame g = {.f = f};
+    frame_scale(c, &g);
+    char title[512], sub[2][768], buf[64];
+    int n_sub = headings(c, &g, title, sub);
+    double bottom = g.top + PLOT_H, height = bottom + 80;
 
     fputs("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" "
           "width=\"",
@@ -290,7 +449,7 @@ ebb_status ebb_cli_curve_write(const ebb_cli_curve *c, FILE *f) {
     fputc(' ', f);
     num(f, height, 0);
     fprintf(f, "\" data-steps=\"%d\" data-epochs=\"%d\" data-x=\"%s\">\n", c->n_steps, c->n_epochs,
-            in_epochs ? "epochs" : "samples");
+            g.in_epochs ? "epochs" : "samples");
     fputs(style, f);
     fputs("<title>learning curves of ", f);
     xml_text(f, c->name);
@@ -299,137 +458,9 @@ ebb_status ebb_cli_curve_write(const ebb_cli_curve *c, FILE *f) {
     for (int k = 0; k < n_sub; k++)
         draw_text(f, LEFT, 42 + LINE_H * k, "class=\"sub\"", sub[k]);
 
-    /* axes: loss ticks and grid on the left, accuracy on the right, x below */
-    char buf[64];
-    fputs("<g id=\"axes\">\n", f);
-    for (int k = 0;; k++) {
-        double v = g.lo + k * ystep;
-        if (v > g.hi + ystep * 1e-6) break;
-        double y = py_loss(&g, v);
-        fputs("<path class=\"grid\" d=\"M", f);
-        num(f, LEFT, 1);
-        fputc(' ', f);
-        num(f, y, 1);
-        fputc('H', f);
-        num(f, right, 1);
-        fputs("\"/>\n", f);
-        tick_label(v, ystep, g.hi, buf, sizeof buf);
-        draw_text(f, LEFT - 6, y + 4, "text-anchor=\"end\"", buf);
-    }
-    double xstep = tick_step(g.x1 - g.x0, 10);
-    if (in_epochs && xstep < 1 && g.x1 - g.x0 >= 2) xstep = 1; /* whole epochs */
-    for (double v = ceil(g.x0 / xstep - 1e-9) * xstep; v <= g.x1 + xstep * 1e-6; v += xstep) {
-        double x = LEFT + g.plot_w * (v - g.x0) / (g.x1 - g.x0);
-        fputs("<path class=\"frame\" d=\"M", f);
-        num(f, x, 1);
-        fputc(' ', f);
-        num(f, bottom, 1);
-        fputs("v4\"/>\n", f);
-        tick_label(v, xstep, g.x1, buf, sizeof buf);
-        draw_text(f, x, bottom + 16, "text-anchor=\"middle\"", buf);
-    }
-    fputs("<path class=\"frame\" d=\"M", f);
-    num(f, LEFT, 1);
-    fputc(' ', f);
-    num(f, g.top, 1);
-    fputc('V', f);
-    num(f, bottom, 1);
-    fputc('H', f);
-    num(f, right, 1);
-    if (acc) {
-        fputc('V', f);
-        num(f, g.top, 1);
-    }
-    fputs("\"/>\n", f);
-    if (acc)
-        for (int k = 0; k <= 5; k++) {
-            double y = py_acc(&g, k * 0.2);
-            fputs("<path class=\"frame\" d=\"M", f);
-            num(f, right, 1);
-            fputc(' ', f);
-            num(f, y, 1);
-            fputs("h4\"/>\n", f);
-            snprintf(buf, sizeof buf, "%.1f", k * 0.2);
-            draw_text(f, right + 8, y + 4, NULL, buf);
-        }
-    draw_text(f, LEFT + g.plot_w / 2, bottom + 36, "text-anchor=\"middle\"",
-              in_epochs ? "epoch" : "samples seen");
-    fputs("<text transform=\"translate(18 ", f);
-    num(f, g.top + PLOT_H / 2, 1);
-    fputs(") rotate(-90)\" text-anchor=\"middle\">loss</text>\n", f);
-    if (acc) {
-        fputs("<text transform=\"translate(", f);
-        num(f, WIDTH - 14, 1);
-        fputc(' ', f);
-        num(f, g.top + PLOT_H / 2, 1);
-        fputs(") rotate(90)\" text-anchor=\"middle\">test accuracy</text>\n", f);
-    }
-    fputs("</g>\n", f);
-
-    /* the training loss: one point per window of steps */
-    fprintf(f, "<polyline id=\"train-loss\" class=\"train\" data-window=\"%lld\" points=\"",
-            (long long)in->window);
-    for (int i = 0, first = 1; i < c->n_steps; i++)
-        if (isfinite(c->steps[i].loss)) {
-            put_point(f, px(&g, c->steps[i].samples), py_loss(&g, c->steps[i].loss), first);
-            first = 0;
-        }
-    fprintf(f, "\"><title>training loss, the mean of every %lld step%s</title></polyline>\n",
-            (long long)in->window, in->window == 1 ? "" : "s");
-    /* a few points are marked: a line alone hides how few they are */
-    if (c->n_steps <= 40) {
-        fputs("<path class=\"dtrain\" d=\"", f);
-        for (int i = 0; i < c->n_steps; i++)
-            if (isfinite(c->steps[i].loss)) {
-                fputc('M', f);
-                put_point(f, px(&g, c->steps[i].samples), py_loss(&g, c->steps[i].loss), 1);
-                fputs("h0", f);
-            }
-        fputs("\"/>\n", f);
-    }
-
-    /* per epoch: test loss, test accuracy, each point with its figures */
-    for (int s = 0; s < 2; s++) {
-        int is_acc = s == 1;
-        if (is_acc ? !acc : !in->eval) continue;
-        fprintf(f, "<polyline id=\"%s\" class=\"%s\" points=\"",
-                is_acc ? "test-accuracy" : "test-loss", is_acc ? "acc" : "test");
-        for (int i = 0, first = 1; i < c->n_epochs; i++) {
-            double v = is_acc ? c->epochs[i].test_accuracy : c->epochs[i].test_loss;
-            if (!isfinite(v)) continue;
-            put_point(f, px(&g, c->epochs[i].samples), is_acc ? py_acc(&g, v) : py_loss(&g, v),
-                      first);
-            first = 0;
-        }
-        fprintf(f, "\"><title>%s after each epoch</title></polyline>\n",
-                is_acc ? "test accuracy" : "test loss");
-        fprintf(f, "<g id=\"%s-points\">\n", is_acc ? "test-accuracy" : "test-loss");
-        for (int i = 0; i < c->n_epochs; i++) {
-            const epoch_point *e = &c->epochs[i];
-            double v = is_acc ? e->test_accuracy : e->test_loss;
-            if (!isfinite(v)) continue;
-            fprintf(f, "<circle class=\"%s\" cx=\"", is_acc ? "dacc" : "dtest");
-            num(f, px(&g, e->samples), 1);
-            fputs("\" cy=\"", f);
-            num(f, is_acc ? py_acc(&g, v) : py_loss(&g, v), 1);
-            fprintf(f, "\" r=\"3\"><title>epoch %lld: training loss %.4f, test loss %.4f",
-                    (long long)e->epoch, e->loss, e->test_loss);
-            if (acc) fprintf(f, ", test accuracy %.4f", e->test_accuracy);
-            fputs("</title></circle>\n", f);
-        }
-        fputs("</g>\n", f);
-    }
-    /* the last figures, written by their dots: what a reader looks for */
-    if (last && acc && isfinite(last->test_accuracy)) {
-        snprintf(buf, sizeof buf, "%.4f", last->test_accuracy);
-        draw_text(f, px(&g, last->samples) - 6, py_acc(&g, last->test_accuracy) - 9,
-                  "class=\"vacc\" text-anchor=\"end\"", buf);
-    }
-    if (last && in->eval && isfinite(last->test_loss)) {
-        snprintf(buf, sizeof buf, "%.4f", last->test_loss);
-        draw_text(f, px(&g, last->samples) - 6, py_loss(&g, last->test_loss) - 9,
-                  "class=\"vtest\" text-anchor=\"end\"", buf);
-    }
+    draw_axes(f, &g);
+    draw_train(f, c, &g);
+    draw_epochs(f, c, &g);
 
     /* the legend, under the x axis' label */
     double ly = bottom + 64, lx = LEFT;
@@ -438,7 +469,7 @@ ebb_status ebb_cli_curve_write(const ebb_cli_curve *c, FILE *f) {
              in->window == 1 ? "" : "s");
     lx = legend_item(f, lx, ly, C_TRAIN, 0, buf);
     if (in->eval) lx = legend_item(f, lx, ly, C_TEST, 1, "test loss");
-    if (acc) legend_item(f, lx, ly, C_ACC, 1, "test accuracy (right axis)");
+    if (g.acc) legend_item(f, lx, ly, C_ACC, 1, "test accuracy (right axis)");
     fputs("</g>\n</svg>\n", f);
     if (ferror(f))
         return ebb_error_set(EBB_ERR_IO, "--curve: cannot write the learning curves of %s",
