@@ -69,9 +69,10 @@ int ebb_state_slot_used(const ebb_optimizer_options *o, int k) {
     return name && *name;
 }
 
-ebb_status ebb_state_write(const state *s, const ebb_model *m, const ebb_optimizer_options *oo,
-                           const char *path, int with_params, const char *const *meta, int n_meta) {
-    int cap = s->n * (PER_PARAM + 1) + 2, n = 0;
+ebb_status ebb_state_write(const state *s, const ebb_model *m, const ebb_model *ema,
+                           const ebb_optimizer_options *oo, const char *path, int with_params,
+                           const char *const *meta, int n_meta) {
+    int cap = s->n * (PER_PARAM + 1) + ebb_model_param_count(ema) + 2, n = 0;
     char **names = calloc((size_t)cap, sizeof *names);
     ebb_tensor **ts = calloc((size_t)cap, sizeof *ts);
     char *made = calloc((size_t)cap, 1);
@@ -113,6 +114,12 @@ ebb_status ebb_state_write(const state *s, const ebb_model *m, const ebb_optimiz
         made[n] = 1;
         st = ebb_tensor_from_host(&ts[n++], v, sizeof v, &sh, EBB_FLOAT64, ebb_device_cpu());
     }
+    for (int i = 0; st == EBB_OK && i < ebb_model_param_count(ema); i++) {
+        const char *pn = ebb_model_param_name(ema, i);
+        size_t len = strlen(pn) + 8;
+        if ((names[n] = malloc(len))) snprintf(names[n], len, "ema.%s", pn);
+        ts[n++] = ebb_model_param(ema, pn);
+    }
     if (st == EBB_OK && s->scaler.on) {
         names[n] = strdup(EBB_SCALER_NAME);
         made[n] = 1;
@@ -140,7 +147,7 @@ ebb_status ebb_state_load_optimizer(const state *s, const ebb_model *m, ebb_opti
                              strerror(errno));
     char path[64];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
-    ebb_status st = ebb_state_write(s, m, oo, path, 0, NULL, 0);
+    ebb_status st = ebb_state_write(s, m, NULL, oo, path, 0, NULL, 0);
     if (st == EBB_OK) st = ebb_optimizer_load(opt, path);
     close(fd);
     return st;
@@ -257,6 +264,24 @@ static ebb_status read_early_stop(const ebb_safetensors *sf, const char *path,
     return EBB_OK;
 }
 
+/* The weights' average's decay and updates, when the run kept one. */
+static ebb_status read_ema(const ebb_safetensors *sf, const char *path, ebb_checkpoint_info *ci) {
+    const char *decay = ebb_safetensors_metadata(sf, "ema_decay");
+    if (!decay) return EBB_OK;
+    char *end = NULL;
+    double v = strtod(decay, &end);
+    if (end == decay || *end || !(v > 0 && v < 1) ||
+        !meta_i64(sf, "ema_updates", &ci->ema_updates) || ci->ema_updates < 0) {
+        ci->ema_updates = 0;
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s: ema_decay '%s' without a decay between 0 and 1 and a count "
+                             "in ema_updates",
+                             path, decay);
+    }
+    ci->ema_decay = v;
+    return EBB_OK;
+}
+
 ebb_status ebb_checkpoint_read_info(const char *path, ebb_checkpoint_info *ci) {
     if (!path || !ci) return ebb_error_set(EBB_ERR_ARG, "ebb_checkpoint_read_info: NULL argument");
     memset(ci, 0, sizeof *ci);
@@ -319,6 +344,7 @@ ebb_status ebb_checkpoint_read_info(const char *path, ebb_checkpoint_info *ci) {
         st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
     if (st == EBB_OK) st = read_keep_best(sf, path, ci);
     if (st == EBB_OK) st = read_early_stop(sf, path, ci);
+    if (st == EBB_OK) st = read_ema(sf, path, ci);
     if (st == EBB_OK && ((data && !(ci->data = strdup(data))) ||
                          (stateless && !(ci->stateless = strdup(stateless)))))
         st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
@@ -349,15 +375,18 @@ ebb_status ebb_checkpoint_read_info(const char *path, ebb_checkpoint_info *ci) {
     return EBB_OK;
 }
 
-ebb_status ebb_checkpoint_load_weights(const char *path, ebb_model *m) {
+ebb_status ebb_checkpoint_load_weights(const char *path, const char *prefix, ebb_model *m) {
     ebb_safetensors *sf = NULL;
     ebb_status st = ebb_safetensors_open(&sf, path);
+    char name[512];
     for (int i = 0; st == EBB_OK && i < ebb_model_param_count(m); i++) {
         const char *pn = ebb_model_param_name(m, i);
-        if (!ebb_safetensors_dtype_str(sf, pn))
-            st = ebb_error_set(EBB_ERR_ARG, "%s: missing parameter '%s'", path, pn);
+        snprintf(name, sizeof name, "%s%s", prefix, pn);
+        if (!ebb_safetensors_dtype_str(sf, name))
+            st = ebb_error_set(EBB_ERR_ARG, "%s: missing %s '%s'", path,
+                               *prefix ? "average of parameter" : "parameter", name);
         else
-            st = ebb_safetensors_load_into(sf, pn, ebb_model_param(m, pn));
+            st = ebb_safetensors_load_into(sf, name, ebb_model_param(m, pn));
     }
     ebb_safetensors_close(sf);
     return st;

@@ -139,6 +139,10 @@ static ebb_status check_options(const ebb_trainer_options *o) {
         return ebb_error_set(EBB_ERR_ARG, "the trainer's counts (steps, checkpoint_every, "
                                           "log_every, trace_step, top_k, early_stop_patience) "
                                           "cannot be negative");
+    if (o->ema_decay != 0 && !(o->ema_decay > 0 && o->ema_decay < 1))
+        return ebb_error_set(EBB_ERR_ARG, "ema_decay %g: the average's decay is between 0 and 1 "
+                                          "(0.999, say), or 0 for none",
+                             o->ema_decay);
     if (o->early_stop_patience && !o->eval_data)
         return ebb_error_set(EBB_ERR_ARG, "early stopping watches the evaluation loss: it "
                                           "needs eval_data");
@@ -403,7 +407,7 @@ static ebb_status zero_gather(ebb_trainer *t, state *s, ebb_tensor ***made, int 
 static ebb_status resume(ebb_trainer *t) {
     const char *ck = t->o.resume;
     int same_kind = t->o.optimizer.kind == t->ci.optimizer.kind;
-    ebb_status st = ebb_checkpoint_load_weights(ck, t->m);
+    ebb_status st = ebb_checkpoint_load_weights(ck, "", t->m);
     if (st == EBB_OK && same_kind) st = ebb_optimizer_load(t->opt, ck);
     state s = {0};
     if (st == EBB_OK) st = ebb_state_view(&s, t->m, t->opt);
@@ -640,6 +644,59 @@ static ebb_status check_same_run(ebb_trainer *t) {
     return EBB_OK;
 }
 
+/* ---- the weights' moving average (ema_decay) ---- */
+
+static ebb_status copy_params(ebb_model *to, const ebb_model *from) {
+    ebb_status st = EBB_OK;
+    for (int i = 0; st == EBB_OK && i < ebb_model_param_count(from); i++) {
+        const char *n = ebb_model_param_name(from, i);
+        st = ebb_tensor_copy_(ebb_model_param(to, n), ebb_model_param(from, n));
+    }
+    return st;
+}
+
+/* A model beside the trained one that holds its average: the checkpoint's
+ * when the run resumed kept one, else a copy of the weights (which the
+ * first step's average replaces). */
+static ebb_status open_ema(ebb_trainer *t) {
+    ebb_status st = ebb_model_new(&t->ema, t->plan, t->o.device, t->o.seed);
+    if (st == EBB_OK && t->o.resume && t->ci.ema_decay > 0) {
+        t->ema_updates = t->ci.ema_updates;
+        return ebb_checkpoint_load_weights(t->o.resume, "ema.", t->ema);
+    }
+    if (st == EBB_OK && t->o.resume)
+        warn(t, "%s kept no average of the weights: --ema starts one from its weights",
+             t->o.resume);
+    return st == EBB_OK ? copy_params(t->ema, t->m) : st;
+}
+
+/* After a step that updated: each average moves (1 - decay) of the way to
+ * its weight, ema + (1 - decay) * (w - ema) as torch's lerp_ for a weight
+ * under one half; the first step copies the weights (AveragedModel's
+ * n_averaged == 0), and so does every step for a tensor of integers. */
+static ebb_status update_ema(ebb_trainer *t) {
+    ebb_status st = EBB_OK;
+    for (int i = 0; st == EBB_OK && i < ebb_model_param_count(t->m); i++) {
+        const char *n = ebb_model_param_name(t->m, i);
+        ebb_tensor *w = ebb_model_param(t->m, n), *avg = ebb_model_param(t->ema, n), *d = NULL;
+        ebb_dtype dt = ebb_tensor_dtype(w);
+        int real = dt == EBB_FLOAT32 || dt == EBB_FLOAT64 || dt == EBB_FLOAT16 || dt == EBB_BFLOAT16;
+        if (t->ema_updates == 0 || !real) {
+            st = ebb_tensor_copy_(avg, w);
+            continue;
+        }
+        st = ebb_tensor_binary(&d, EBB_SUB, w, avg);
+        if (st == EBB_OK) st = ebb_tensor_affine_(d, 1 - t->o.ema_decay, 0);
+        if (st == EBB_OK) st = ebb_tensor_add_(avg, d);
+        ebb_tensor_free(d);
+    }
+    t->ema_updates += st == EBB_OK;
+    return st == EBB_OK ? st : ebb_error_prefix("the weights' average (ema_decay)");
+}
+
+/* What evaluation and save_weights read: the average when there is one. */
+static const ebb_model *eval_model(const ebb_trainer *t) { return t->ema ? t->ema : t->m; }
+
 static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
     ebb_trainer_options *o = &t->o;
     ebb_status st = check_options(o);
@@ -671,6 +728,7 @@ static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
               t->opt, &(ebb_loss_scaling){.init_scale = t->scale_from})) != EBB_OK) ||
         (st = set_no_decay(t)) != EBB_OK || (st = set_lr_scales(t)) != EBB_OK ||
         (o->resume && (st = resume(t)) != EBB_OK) || (st = plan_steps(t)) != EBB_OK ||
+        (o->ema_decay > 0 && (st = open_ema(t)) != EBB_OK) ||
         (st = open_schedule(t)) != EBB_OK)
         return st;
     if (!(t->order = malloc(sizeof *t->order * (size_t)t->s.samples)))
@@ -681,6 +739,9 @@ static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
         return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
     if (t->accum > 1 && (st = open_accumulation(t)) != EBB_OK) return st;
     if (o->dist && ((st = check_same_run(t)) != EBB_OK || (st = broadcast_params(t)) != EBB_OK))
+        return st;
+    /* every rank's average starts from rank 0's weights, as they do */
+    if (o->dist && t->ema && t->ema_updates == 0 && (st = copy_params(t->ema, t->m)) != EBB_OK)
         return st;
     t->s.planned_peak_bytes = ebb_plan_device_peak_bytes(t->plan, o->device);
     t->s.loss_scale = t->scale_from > 0 ? ebb_optimizer_loss_scale(t->opt) : 0;
@@ -750,6 +811,7 @@ void ebb_trainer_free(ebb_trainer *t) {
     ebb_lr_scheduler_free(t->sched);
     ebb_optimizer_free(t->opt);
     ebb_model_free(t->m);
+    ebb_model_free(t->ema);
     ebb_dataset_free(t->train);
     ebb_dataset_free(t->test);
     free(t->data);
@@ -1028,6 +1090,7 @@ static ebb_status run_step(ebb_trainer *t, ebb_train_event *ev, ebb_run_stats *s
     t->s.overflowed += overflowed;
     t->s.loss_scale = t->scale_from > 0 ? ebb_optimizer_loss_scale(t->opt) : 0;
     if (!overflowed && (st = check_step(t, loss, &skipped)) != EBB_OK) return st;
+    if (t->ema && !skipped && (st = update_ema(t)) != EBB_OK) return st;
     *ev = (ebb_train_event){.kind = EBB_TRAIN_STEP,
                             .step = t->s.step,
                             .total_steps = t->s.total_steps,
@@ -1225,7 +1288,7 @@ ebb_status ebb_trainer_evaluate(ebb_trainer *t, ebb_metrics *out) {
     memset(out, 0, sizeof *out);
     if (!t->test) return ebb_error_set(EBB_ERR_ARG, "the trainer has no eval_data to evaluate");
     ebb_status st =
-        ebb_metrics_evaluate(&t->f, t->infer, t->m, t->test, t->o.batch, t->o.top_k, out);
+        ebb_metrics_evaluate(&t->f, t->infer, eval_model(t), t->test, t->o.batch, t->o.top_k, out);
     return st == EBB_OK ? st : ebb_spec_annotate_error(t->f.spec, st);
 }
 
@@ -1248,7 +1311,8 @@ typedef struct ckpt_meta {
     char step[32], epoch[32], seed[32], batch[32], clip_norm[32], clip_value[32], accum[32];
     char no_decay[1024], sched[256], sched_steps[32], sched_lr[32], sched_base[32];
     char best_value[32], best_step[32], stop_loss[32], stop_epoch[32], stop_bad[32];
-    const char *pairs[2 * 28];
+    char ema_decay[32], ema_updates[32];
+    const char *pairs[2 * 32];
     int n; /* pairs */
 } ckpt_meta;
 
@@ -1311,6 +1375,12 @@ static void checkpoint_meta(const ebb_trainer *t, const char *stateless, ckpt_me
         meta_add(m, "early_stop_best_epoch", m->stop_epoch);
         meta_add(m, "early_stop_bad_epochs", m->stop_bad);
     }
+    if (t->ema) {
+        snprintf(m->ema_decay, sizeof m->ema_decay, "%.17g", o->ema_decay);
+        snprintf(m->ema_updates, sizeof m->ema_updates, "%lld", (long long)t->ema_updates);
+        meta_add(m, "ema_decay", m->ema_decay);
+        meta_add(m, "ema_updates", m->ema_updates);
+    }
 }
 
 /* ebb_trainer_checkpoint() to `path`, leaving last_checkpoint alone. */
@@ -1332,7 +1402,7 @@ static ebb_status write_checkpoint(ebb_trainer *t, const char *path) {
         ckpt_meta meta;
         ebb_optimizer_options oo = ebb_optimizer_get_options(t->opt);
         checkpoint_meta(t, stateless, &meta);
-        st = ebb_state_write(&s, t->m, &oo, path, 1, meta.pairs, meta.n);
+        st = ebb_state_write(&s, t->m, t->ema, &oo, path, 1, meta.pairs, meta.n);
     }
     ebb_state_free(&s);
     for (int k = 0; k < n_made; k++)
@@ -1359,10 +1429,10 @@ ebb_status ebb_trainer_save_weights(const ebb_trainer *t, const char *path) {
     if (!t || !path) return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_save_weights: NULL argument");
     if (t->rank != 0) return EBB_OK; /* data parallel: rank 0 writes for all */
     state s = {0};
-    ebb_status st = ebb_state_view(&s, t->m, NULL);
+    ebb_status st = ebb_state_view(&s, eval_model(t), NULL);
     if (st == EBB_OK) st = refuse_nonfinite(t, &s, 1, "--save-weights", path);
     ebb_state_free(&s);
-    return st == EBB_OK ? ebb_model_save(t->m, path) : st;
+    return st == EBB_OK ? ebb_model_save(eval_model(t), path) : st;
 }
 
 /* ---- accessors ---- */

@@ -59,6 +59,8 @@ typedef void (*warn_fn)(const char *message, void *user);
 struct ebb_trainer {
     ebb_trainer_options o;
     ebb_spec *own_spec; /* ebb_trainer_open_graph's, freed with the trainer */
+    ebb_model *ema;      /* the weights' moving average (o.ema_decay), or NULL */
+    int64_t ema_updates; /* steps averaged into it */
     ebb_lr_schedule schedule; /* o.schedule points here */
     fields f;
     ebb_checkpoint_info ci; /* o.resume's */
@@ -170,9 +172,11 @@ int ebb_state_slot_used(const ebb_optimizer_options *o, int k);
  * the optimizer state as ebb_optimizer_save() names it, under options oo (a
  * slot oo does not keep is left out, and so is all of a parameter's state
  * when it lacks a slot oo keeps: it starts afresh, as torch.optim's would);
- * and n_meta metadata pairs. */
-ebb_status ebb_state_write(const state *s, const ebb_model *m, const ebb_optimizer_options *oo,
-                           const char *path, int with_params, const char *const *meta, int n_meta);
+ * the weights' average, when `ema` is given, as "ema." + each name; and
+ * n_meta metadata pairs. */
+ebb_status ebb_state_write(const state *s, const ebb_model *m, const ebb_model *ema,
+                           const ebb_optimizer_options *oo, const char *path, int with_params,
+                           const char *const *meta, int n_meta);
 
 /* Replaces the optimizer's state and update counts with s's, under options
  * oo, through an anonymous file in memory: ebb_optimizer_load() is the one
@@ -190,8 +194,9 @@ ebb_status ebb_state_restore(const state *s, ebb_model *m, ebb_optimizer *opt);
 ebb_status ebb_state_check_finite(const state *s, const ebb_model *m, int params_only, warn_fn warn,
                                   void *user, const char *file);
 
-/* Every parameter of the model, read from the checkpoint in place. */
-ebb_status ebb_checkpoint_load_weights(const char *path, ebb_model *m);
+/* Every parameter of the model, read from the checkpoint in place: the
+ * tensor named `prefix` + its name ("": the weights; "ema.": their average). */
+ebb_status ebb_checkpoint_load_weights(const char *path, const char *prefix, ebb_model *m);
 
 /* ---- src/progress.c: the lines a run prints ---- */
 

@@ -30,6 +30,7 @@
 #include "test_util.h"
 #include "test_dir.h"
 
+#include "ebb/safetensors.h"
 #include "ebb/trainer.h"
 
 #define N 50
@@ -414,6 +415,116 @@ static void test_graph_built_in_c(void **state) {
     assert_null(t);
     assert_non_null(strstr(ebb_errmsg(), "built declares no `loss:`"));
     ebb_graph_free(g);
+}
+
+/* The weights after each step, for the moving average's test. */
+typedef struct weight_log {
+    float w[16][F * F + F];
+    int n, stop_at;
+} weight_log;
+
+static int log_weights(ebb_trainer *t, const ebb_train_event *e, void *user) {
+    weight_log *l = user;
+    if (l->n < 16) weights_of(t, l->w[l->n++]);
+    return l->stop_at && e->step == l->stop_at;
+}
+
+/* fc's weight and bias as a weights file holds them. */
+static void weights_in(const char *path, float *w) {
+    ebb_safetensors *sf = NULL;
+    assert_int_equal(ebb_safetensors_open(&sf, path), EBB_OK);
+    ebb_tensor *tw = NULL, *tb = NULL;
+    assert_int_equal(ebb_safetensors_load(&tw, sf, "fc.weight", ebb_device_cpu()), EBB_OK);
+    assert_int_equal(ebb_safetensors_load(&tb, sf, "fc.bias", ebb_device_cpu()), EBB_OK);
+    assert_int_equal(ebb_tensor_to_host(tw, w, sizeof(float) * F * F), EBB_OK);
+    assert_int_equal(ebb_tensor_to_host(tb, w + F * F, sizeof(float) * F), EBB_OK);
+    ebb_tensor_free(tw);
+    ebb_tensor_free(tb);
+    ebb_safetensors_close(sf);
+}
+
+/* ema_decay keeps torch's EMA of the weights: the first step's weights,
+ * then avg += (1 - decay) * (w - avg) after each step (computed here in
+ * double from the weights the step callback sees). save_weights writes the
+ * average and evaluation reads it; a checkpoint holds it, so a run stopped
+ * and resumed ends on the straight run's average, bit for bit. */
+static void test_ema(void **state) {
+    (void)state;
+    ebb_spec *spec = load_spec();
+    const double decay = 0.75;
+    char avg_path[320], avg2_path[320];
+    snprintf(avg_path, sizeof avg_path, "%s/avg.safetensors", dir);
+    snprintf(avg2_path, sizeof avg2_path, "%s/avg2.safetensors", dir);
+    weight_log *log = calloc(1, sizeof *log);
+    assert_non_null(log);
+    ebb_trainer_options o = options();
+    o.steps = 9;
+    o.ema_decay = decay;
+    o.on_step = log_weights;
+    o.user = log;
+    ebb_trainer *t = NULL;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK)
+        fail_msg("ema: %s", ebb_errmsg());
+    assert_int_equal(log->n, 9);
+    assert_int_equal(ebb_trainer_save_weights(t, avg_path), EBB_OK);
+    float got[F * F + F], last[F * F + F];
+    weights_in(avg_path, got);
+    weights_of(t, last); /* the trained weights themselves are not the average */
+    double worst = 0, apart = 0;
+    for (int i = 0; i < F * F + F; i++) {
+        double avg = log->w[0][i];
+        for (int k = 1; k < log->n; k++) avg += (1 - decay) * (log->w[k][i] - avg);
+        worst = fmax(worst, fabs(avg - got[i]) / fmax(1, fabs(avg)));
+        apart = fmax(apart, fabs((double)last[i] - got[i]));
+    }
+    if (worst > 1e-6) fail_msg("the average is %g from torch's formula", worst);
+    assert_true(apart > 1e-3);
+    /* evaluation reads the average: as a model loaded from the saved file */
+    ebb_metrics m1, m2;
+    assert_int_equal(ebb_trainer_evaluate(t, &m1), EBB_OK);
+    ebb_trainer_free(t);
+    ebb_trainer_options eo = options();
+    eo.evaluate_only = 1;
+    eo.weights = avg_path;
+    if (ebb_trainer_open(&t, spec, &eo) != EBB_OK) fail_msg("eval: %s", ebb_errmsg());
+    assert_int_equal(ebb_trainer_evaluate(t, &m2), EBB_OK);
+    assert_true(m1.loss == m2.loss && m1.accuracy == m2.accuracy);
+    ebb_metrics_free(&m1);
+    ebb_metrics_free(&m2);
+    ebb_trainer_free(t);
+
+    /* stopped after step 4 and resumed: the same average */
+    *log = (weight_log){.stop_at = 4};
+    o.checkpoint = ckpt_path;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK ||
+        ebb_trainer_checkpoint(t, NULL) != EBB_OK)
+        fail_msg("first half: %s", ebb_errmsg());
+    ebb_trainer_free(t);
+    ebb_checkpoint_info ci;
+    assert_int_equal(ebb_checkpoint_read_info(ckpt_path, &ci), EBB_OK);
+    assert_true(ci.ema_decay == decay);
+    assert_int_equal(ci.ema_updates, 4);
+    ebb_checkpoint_info_free(&ci);
+    *log = (weight_log){0};
+    o.resume = ckpt_path;
+    if (ebb_trainer_open(&t, spec, &o) != EBB_OK || ebb_trainer_run(t) != EBB_OK ||
+        ebb_trainer_save_weights(t, avg2_path) != EBB_OK)
+        fail_msg("resumed: %s", ebb_errmsg());
+    assert_int_equal(log->n, 5);
+    ebb_trainer_free(t);
+    float resumed[F * F + F];
+    weights_in(avg2_path, resumed);
+    assert_memory_equal(got, resumed, sizeof got);
+
+    /* a decay outside (0, 1) is refused, naming it */
+    o = options();
+    o.ema_decay = 1;
+    t = (ebb_trainer *)1;
+    assert_int_equal(ebb_trainer_open(&t, spec, &o), EBB_ERR_ARG);
+    assert_null(t);
+    assert_non_null(strstr(ebb_errmsg(), "ema_decay 1"));
+    free(log);
+    ebb_spec_free(spec);
 }
 
 /* Three micro-batches of 6 make the update of one batch of 18: the same
@@ -1774,6 +1885,7 @@ int main(int argc, char **argv) {
         EBB_TEST(test_run_calls_back_and_learns),
         EBB_TEST(test_resume_is_bit_identical),
         EBB_TEST(test_graph_built_in_c),
+        EBB_TEST(test_ema),
         EBB_TEST(test_freeze),
         EBB_TEST(test_lr_scale),
         EBB_TEST(test_half_batches),

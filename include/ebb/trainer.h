@@ -303,6 +303,15 @@ typedef struct ebb_trainer_options {
     int early_stop_patience;     /* stop when the evaluation loss has not improved for
                                     this many epochs (needs eval_data); 0: never */
     double early_stop_min_delta; /* an improvement is a fall by more than this */
+    /* An exponential moving average of the weights, as torch.optim.swa_utils'
+     * AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(ema_decay),
+     * use_buffers=True): after every step that updated, each parameter's and
+     * buffer's average moves (1 - ema_decay) of the way to it (the first step
+     * copies it). Evaluation, keep_best and save_weights use the average;
+     * checkpoints hold it beside the weights ("ema." + name) and a resumed
+     * run goes on averaging. It costs one more copy of the parameters,
+     * outside the plan's figures. 0: none; else between 0 and 1. */
+    double ema_decay;
 
     /* observers */
     ebb_train_callback on_step, on_epoch;
@@ -350,18 +359,21 @@ EBB_API ebb_status ebb_trainer_run(ebb_trainer *t);
  * stopping or a callback may stop at this step (ebb_trainer_stop_reason(),
  * until the next step); a step after a stop goes on training. */
 EBB_API ebb_status ebb_trainer_step(ebb_trainer *t, double *loss);
-/* Evaluates the model on eval_data with the inference plan, in file order;
+/* Evaluates the model (the weights' average with ema_decay) on eval_data
+ * with the inference plan, in file order;
  * *out receives the metrics (free with ebb_metrics_free()). EBB_ERR_ARG
  * when the trainer has no eval_data. */
 EBB_API ebb_status ebb_trainer_evaluate(ebb_trainer *t, ebb_metrics *out);
 
 /* Writes a checkpoint to `path` (NULL: ebb_trainer_options.checkpoint):
  * weights, optimizer state (optim.* as ebb_optimizer_save() names them),
- * the step, the seed, the data order and the schedule, in one atomic
+ * the weights' average (ema.*, with ema_decay), the step, the seed, the
+ * data order and the schedule, in one atomic
  * safetensors file, which ebb_trainer_options.resume continues. Refuses a
  * state that holds NaN or Inf, leaving the file as it was. */
 EBB_API ebb_status ebb_trainer_checkpoint(ebb_trainer *t, const char *path);
-/* Writes the weights alone (ebb_model_save()), refusing NaN or Inf. */
+/* Writes the weights alone (ebb_model_save()), refusing NaN or Inf: their
+ * average with ema_decay, the trained weights without. */
 EBB_API ebb_status ebb_trainer_save_weights(const ebb_trainer *t, const char *path);
 
 /* Why the last ebb_trainer_run() stopped before the run's end ("early
@@ -449,6 +461,10 @@ typedef struct ebb_checkpoint_info {
      * epochs since without improvement; a resumed run goes on counting */
     double early_stop_best_loss;
     int64_t early_stop_best_epoch, early_stop_bad_epochs;
+    /* the weights' moving average (ebb_trainer_options.ema_decay): its decay
+     * (0: the run kept none) and the steps averaged into it */
+    double ema_decay;
+    int64_t ema_updates;
 } ebb_checkpoint_info;
 
 /* Reads a checkpoint's header into *out (free with

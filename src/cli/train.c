@@ -54,7 +54,7 @@ const char ebb_cli_usage_train[] =
     "                 [--clip-grad-value X] [--freeze PATTERN]... [--log-csv FILE]\n"
     "                 [--accumulate N] [--no-decay PATTERN]... [--lr-scale PATTERN=F]...\n"
     "                 [--seed N] [--no-shuffle] [--drop-last] [--normalize MEAN,STD]\n"
-    "                 [--weights W] [--save-weights W] [--checkpoint FILE]\n"
+    "                 [--weights W] [--save-weights W] [--ema DECAY] [--checkpoint FILE]\n"
     "                 [--checkpoint-every N] [--keep-best METRIC] [--resume CKPT]\n"
     "                 [--log-every N] [--curve FILE.svg]\n"
     "                 [--trace T.jsonl [--trace-step N]]\n"
@@ -125,6 +125,7 @@ typedef struct topts {
     const char *log_csv;
     const char *keep_best; /* --keep-best METRIC */
     int64_t accumulate; /* --accumulate (0: not given) */
+    double ema;         /* --ema DECAY (0: none) */
 } topts;
 
 /* ---- the flags ---------------------------------------------------------------- */
@@ -173,6 +174,16 @@ static int set_nproc(const cli_flag *f, const char *v, void *field, const char *
     if (ebb_cli_parse_u64(v, &n) != 0 || n < 1 || n > 64)
         return ebb_cli_usage_error(usage, "--nproc %s: expected 1 to 64 processes", v);
     *(int64_t *)field = (int64_t)n;
+    return 0;
+}
+
+/* --ema DECAY, between 0 and 1 */
+static int set_ema(const cli_flag *f, const char *v, void *field, const char *usage) {
+    double d = 0;
+    if (cli_set_rate(f, v, &d, usage) != 0 || !(d > 0 && d < 1))
+        return ebb_cli_usage_error(usage, "--ema %s: expected a decay between 0 and 1, like 0.999",
+                                   v);
+    *(double *)field = d;
     return 0;
 }
 
@@ -304,6 +315,11 @@ const cli_flag ebb_cli_train_flags[] = {
              "start from these weights (safetensors)"),
     FLAG_PATH("save-weights", "W", topts, save_weights,
              "write the trained weights there at the end"),
+    FLAG_ROW(0, "ema", "DECAY", set_ema, topts, ema,
+             "also keep an exponential moving average of the weights, as\n"
+             "torch's AveragedModel with get_ema_multi_avg_fn(DECAY)\n"
+             "(0.999, say): evaluations, --keep-best and --save-weights\n"
+             "use the average; checkpoints hold it too"),
     FLAG_PATH("checkpoint", "FILE", topts, checkpoint,
              "where checkpoints go (default checkpoint.safetensors): given\n"
              "(or with --checkpoint-every or --keep-best), one after every\n"
@@ -569,6 +585,8 @@ static int resume_conflicts(const topts *o, const ebb_checkpoint_info *ci, char 
              "--lr-schedule %s, the checkpoint's is %s",
              ebb_lr_schedule_str(&o->sched, have, sizeof have),
              ci->has_schedule ? ebb_lr_schedule_str(&ci->schedule, had, sizeof had) : "none");
+    CONFLICT(o->ema && ci->ema_decay > 0 && o->ema != ci->ema_decay,
+             "--ema %g, the checkpoint's average decays by %g", o->ema, ci->ema_decay);
 #undef CONFLICT
     return n;
 }
@@ -596,6 +614,7 @@ static int resolve_options(cli_run *c) {
         o->drop_last |= c->ci.drop_last;
         o->clip_norm = o->clip_norm_set ? o->clip_norm : c->ci.clip_grad_norm;
         o->accumulate = o->accumulate ? o->accumulate : c->ci.accumulate;
+        o->ema = o->ema ? o->ema : c->ci.ema_decay; /* its average goes on */
         if (!o->no_decay.n && c->ci.no_decay) {
             /* the checkpoint's groups, split at their commas */
             snprintf(o->no_decay_text, sizeof o->no_decay_text, "%s", c->ci.no_decay);
@@ -1064,6 +1083,7 @@ static int train_open(cli_run *c, const command *self, int argc, char **argv) {
     to->top_k = o->top_k;
     to->early_stop_patience = (int)o->early_stop.epochs;
     to->early_stop_min_delta = o->early_stop.min_delta;
+    to->ema_decay = o->ema;
     to->on_step = on_step;
     to->on_epoch = on_epoch;
     to->user = c;
