@@ -94,38 +94,29 @@ typedef struct early_stop_opt {
 } early_stop_opt;
 
 typedef struct topts {
-    const char *spec, *data, *eval_data, *optimizer, *weights, *save_weights, *checkpoint;
-    const char *resume, *trace, *device, *curve;
+    /* the library's options, which most rows set straight (the start is
+     * ebb_trainer_defaults()); the fields below are the command's own, or
+     * ones it works out before the trainer sees them */
+    ebb_trainer_options to;
+    const char *spec, *data, *optimizer, *save_weights, *checkpoint;
+    const char *trace, *device, *curve;
     cli_list params; /* -p */
-    int64_t epochs, steps, batch, checkpoint_every, log_every, trace_step, block;
     double lr, momentum, weight_decay;
-    norm_opt norm;     /* --normalize MEAN,STD */
-    double loss_scale; /* --loss-scale: > 0 the first scale, -1 none, 0 the default */
-    int64_t nproc;     /* --nproc: ranks to start (0: one process) */
-    int64_t bucket_size; /* --bucket-size (0: the default) */
-    int zero;            /* --zero: ZeRO-1 */
-    int overlap;         /* --overlap: all-reduces travel while the backward goes on */
-    ebb_low_copies weight_copies; /* --weight-copies */
-    int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, drop_last, json;
-    int skip_nonfinite, allow_nonfinite, override, non_strict, strict_memory, cuda_graph;
-    int sched_set;           /* --lr-schedule, parsed into sched */
-    const char *loss;        /* --loss: instead of the spec's */
+    norm_opt norm;   /* --normalize MEAN,STD */
+    int64_t nproc;   /* --nproc: ranks to start (0: one process) */
+    int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, json;
+    int override, strict_memory;
+    int sched_set; /* --lr-schedule, parsed into sched */
     ebb_lr_schedule sched;
-    uint64_t seed;
-    int64_t memory_budget; /* 0: none */
-    ebb_precision precision; /* --precision */
-    int top_k, metrics;    /* --top-k, --metrics */
+    int metrics;                  /* --metrics */
     early_stop_opt early_stop;    /* --early-stop N[:DELTA] */
-    double clip_norm, clip_value; /* --clip-grad-norm, --clip-grad-value (0: none) */
     int clip_norm_set, clip_value_set;
     cli_list freeze;              /* --freeze */
     cli_list no_decay;            /* --no-decay, or the checkpoint's */
     cli_list lr_scale;            /* --lr-scale PATTERN=FACTOR */
     char no_decay_text[1024];     /* the checkpoint's, split in place */
     const char *log_csv;
-    const char *keep_best; /* --keep-best METRIC */
     int64_t accumulate; /* --accumulate (0: not given) */
-    double ema;         /* --ema DECAY (0: none) */
 } topts;
 
 /* ---- the flags ---------------------------------------------------------------- */
@@ -218,20 +209,20 @@ static int set_normalize(const cli_flag *f, const char *v, void *field, const ch
 const cli_flag ebb_cli_train_flags[] = {
     FLAG_PATH("data", "D", topts, data,
              "the training data (required)"),
-    FLAG_PATH("eval-data", "D", topts, eval_data,
+    FLAG_PATH("eval-data", "D", topts, to.eval_data,
              "evaluated after every epoch: loss and accuracy"),
     FLAG_ROW(0, "early-stop", "N[:DELTA]", set_early_stop, topts, early_stop,
              "stop when --eval-data's loss has not fallen by more than\n"
              "DELTA (default 0) for N epochs"),
-    FLAG_ROW(0, "top-k", "K", set_top_k, topts, top_k,
+    FLAG_ROW(0, "top-k", "K", set_top_k, topts, to.top_k,
              "also count top-K accuracy in evaluations (default 5; 0: none)"),
-    FLAG_COUNT("epochs", "N", topts, epochs,
+    FLAG_COUNT("epochs", "N", topts, to.epochs,
              "passes over the data (default 1)"),
-    FLAG_COUNT("steps", "N", topts, steps,
+    FLAG_COUNT("steps", "N", topts, to.steps,
              "stop after N steps instead"),
-    FLAG_GIVEN("batch", "B", cli_set_count, topts, batch, batch_set,
+    FLAG_GIVEN("batch", "B", cli_set_count, topts, to.batch, batch_set,
              "samples per step (default 64)"),
-    FLAG_COUNT("block", "N", topts, block,
+    FLAG_COUNT("block", "N", topts, to.block,
              "the sequence length: the spec's input's second dimension when\n"
              "it is a symbol ([batch, seq]), the window of text data"),
     FLAG_ROW(0, "optimizer", "KIND", cli_set_optimizer, topts, optimizer,
@@ -248,14 +239,14 @@ const cli_flag ebb_cli_train_flags[] = {
              "checkpoints and resumed where it was"),
     FLAG_GIVEN("momentum", "X", cli_set_rate, topts, momentum, momentum_set,
              "sgd's momentum (default 0)"),
-    FLAG_PATH("loss", "NAME", topts, loss,
+    FLAG_PATH("loss", "NAME", topts, to.loss,
              "this loss op instead of the spec's `loss:` (as for plan and grad)"),
-    FLAG_GIVEN("clip-grad-norm", "X", cli_set_positive, topts, clip_norm, clip_norm_set,
+    FLAG_GIVEN("clip-grad-norm", "X", cli_set_positive, topts, to.clip_grad_norm, clip_norm_set,
              "scale the gradients to a global L2 norm of at most X before\n"
              "the updates, as torch.nn.utils.clip_grad_norm_ (the updates\n"
              "then wait for the whole backward: the start line says what\n"
              "that costs)"),
-    FLAG_GIVEN("clip-grad-value", "X", cli_set_positive, topts, clip_value, clip_value_set,
+    FLAG_GIVEN("clip-grad-value", "X", cli_set_positive, topts, to.clip_grad_value, clip_value_set,
              "clamp each gradient to [-X, X] before its update, as\n"
              "torch.nn.utils.clip_grad_value_"),
     FLAG_ROW(0, "nproc", "N", set_nproc, topts, nproc,
@@ -263,22 +254,22 @@ const cli_flag ebb_cli_train_flags[] = {
              "loopback, gradients averaged by Gloo; --batch is the global\n"
              "batch); a process started by torchrun (RANK, WORLD_SIZE,\n"
              "MASTER_ADDR, MASTER_PORT set) joins its job without it"),
-    FLAG_SWITCH("overlap", topts, overlap,
+    FLAG_SWITCH("overlap", topts, to.allreduce_overlap,
              "with --nproc: each bucket's all-reduce travels while the\n"
              "backward goes on, waited for when the next bucket is full"),
-    FLAG_SWITCH("zero", topts, zero,
+    FLAG_SWITCH("zero", topts, to.zero,
              "with --nproc: shard the optimizer's state over the ranks\n"
              "(ZeRO-1): each updates its share of the parameters and\n"
              "sends them to the others; checkpoints hold the whole state"),
-    FLAG_ROW(0, "bucket-size", "SIZE", cli_set_bytes, topts, bucket_size,
+    FLAG_ROW(0, "bucket-size", "SIZE", cli_set_bytes, topts, to.allreduce_bucket_bytes,
              "with --nproc: gradients averaged in buckets of SIZE (default\n"
              "25MiB, as DDP's), each bucket's updates right after it"),
-    FLAG_ROW(0, "loss-scale", "S", cli_set_loss_scale, topts, loss_scale,
+    FLAG_ROW(0, "loss-scale", "S", cli_set_loss_scale, topts, to.loss_scale,
              "dynamic loss scaling from scale S, as torch.amp.GradScaler: a\n"
              "step whose gradients overflow updates nothing and halves the\n"
              "scale, 2000 good steps double it; `none` turns it off\n"
              "(default: from 65536 with --precision fp16, else none)"),
-    FLAG_ROW(0, "weight-copies", "HOW", cli_set_weight_copies, topts, weight_copies,
+    FLAG_ROW(0, "weight-copies", "HOW", cli_set_weight_copies, topts, to.low_weight_copies,
              "with a low --precision: where each backward gets the low\n"
              "copies of the weights its forward cast: auto (kept where\n"
              "that does not raise the peak), keep, or recast"),
@@ -302,20 +293,20 @@ const cli_flag ebb_cli_train_flags[] = {
              "epoch with its evaluation), written as training goes"),
     FLAG_GIVEN("weight-decay", "X", cli_set_rate, topts, weight_decay, wd_set,
              "(default: torch.optim's, 0.01 for adamw, else 0)"),
-    {0, "seed", "N", cli_set_u64, offsetof(topts, seed), offsetof(topts, seed_set) + 1,
+    {0, "seed", "N", cli_set_u64, offsetof(topts, to.seed), offsetof(topts, seed_set) + 1,
      "initial weights, shuffling and dropout (default 0)",
      "a non-negative integer"},
     FLAG_SWITCH("no-shuffle", topts, no_shuffle,
              "the samples in file order"),
-    FLAG_SWITCH("drop-last", topts, drop_last,
+    FLAG_SWITCH("drop-last", topts, to.drop_last,
              "drop the last partial batch of each epoch"),
     FLAG_GIVEN("normalize", "MEAN,STD", set_normalize, topts, norm, normalize,
              "inputs become (x - MEAN) / STD (after images scale to [0, 1])"),
-    FLAG_PATH("weights", "W", topts, weights,
+    FLAG_PATH("weights", "W", topts, to.weights,
              "start from these weights (safetensors)"),
     FLAG_PATH("save-weights", "W", topts, save_weights,
              "write the trained weights there at the end"),
-    FLAG_ROW(0, "ema", "DECAY", set_ema, topts, ema,
+    FLAG_ROW(0, "ema", "DECAY", set_ema, topts, to.ema_decay,
              "also keep an exponential moving average of the weights, as\n"
              "torch's AveragedModel with get_ema_multi_avg_fn(DECAY)\n"
              "(0.999, say): evaluations, --keep-best and --save-weights\n"
@@ -324,15 +315,15 @@ const cli_flag ebb_cli_train_flags[] = {
              "where checkpoints go (default checkpoint.safetensors): given\n"
              "(or with --checkpoint-every or --keep-best), one after every\n"
              "epoch and at the end; else one on a signal only"),
-    FLAG_COUNT("checkpoint-every", "N", topts, checkpoint_every,
+    FLAG_COUNT("checkpoint-every", "N", topts, to.checkpoint_every,
              "write a checkpoint every N steps and at the end instead"),
-    FLAG_PATH("keep-best", "METRIC", topts, keep_best,
+    FLAG_PATH("keep-best", "METRIC", topts, to.keep_best,
              "also keep the checkpoint of the best epoch by METRIC, beside\n"
              "--checkpoint (ck.safetensors: ck.best.safetensors): eval_loss,\n"
              "eval_accuracy, eval_top_k_accuracy, eval_perplexity (of\n"
              "--eval-data), loss or perplexity (the epoch's training\n"
              "mean); accuracies best highest, the others lowest"),
-    FLAG_PATH("resume", "CKPT", topts, resume,
+    FLAG_PATH("resume", "CKPT", topts, to.resume,
              "continue from a checkpoint: weights, optimizer state, step;\n"
              "--checkpoint may name the same file"),
     FLAG_SWITCH("override", topts, override,
@@ -340,10 +331,10 @@ const cli_flag ebb_cli_train_flags[] = {
              "--seed, --batch, --no-shuffle, --drop-last, --lr-schedule and\n"
              "--clip-grad-* that contradict the checkpoint win (else that is\n"
              "an error)"),
-    FLAG_SWITCH("non-strict", topts, non_strict,
+    FLAG_SWITCH("non-strict", topts, to.non_strict,
              "with --resume: a trained parameter the checkpoint holds no\n"
              "optimizer state for starts without (else an error)"),
-    FLAG_COUNT("log-every", "N", topts, log_every,
+    FLAG_COUNT("log-every", "N", topts, to.log_every,
              "a line every N steps (default: one per epoch)"),
     FLAG_PATH("curve", "FILE.svg", topts, curve,
              "draw the training loss (a point per --log-every N steps, else\n"
@@ -353,21 +344,21 @@ const cli_flag ebb_cli_train_flags[] = {
              "one training step's trace in `ebb run --trace`'s format, one\n"
              "JSON line per plan step: `ebb chart SPEC --train -i batch=B\n"
              "--trace T` draws it over the training plan"),
-    FLAG_COUNT("trace-step", "N", topts, trace_step,
+    FLAG_COUNT("trace-step", "N", topts, to.trace_step,
              "the step --trace traces (default: the run's first)"),
-    FLAG_ROW(0, "memory-budget", "SIZE", cli_set_budget, topts, memory_budget,
+    FLAG_ROW(0, "memory-budget", "SIZE", cli_set_budget, topts, to.memory_budget,
              "plan the step to fit SIZE (64MiB, 1.5GB, or `least`) by\n"
              "recomputing activations in the backward; same updates"),
-    FLAG_SWITCH("skip-nonfinite", topts, skip_nonfinite,
+    FLAG_SWITCH("skip-nonfinite", topts, to.skip_nonfinite,
              "undo and count a step whose loss (or updated state) is NaN or\n"
              "infinite, as torch's GradScaler skips one; else such a step\n"
              "stops training (exit 1) with nothing written"),
-    FLAG_SWITCH("allow-nonfinite", topts, allow_nonfinite,
+    FLAG_SWITCH("allow-nonfinite", topts, to.allow_nonfinite,
              "NaN or Inf in --weights or --resume is a warning, not an error"),
     FLAG_SWITCH("strict-memory", topts, strict_memory,
              "a step that measures more than its plan promised stops training\n"
              "(exit 3, nothing written), rather than a warning"),
-    FLAG_SWITCH("cuda-graph", topts, cuda_graph,
+    FLAG_SWITCH("cuda-graph", topts, to.cuda_graph,
              "on a CUDA device, capture the training step (forward, loss,\n"
              "backward, updates) into a CUDA graph at the first full batch\n"
              "and replay it for every full batch after; the same updates,\n"
@@ -377,7 +368,7 @@ const cli_flag ebb_cli_train_flags[] = {
      "set a spec parameter (params:)", "NAME=VALUE"},
     FLAG_PATH("device", "DEV", topts, device,
              "cpu or cuda[:N]; default cuda when available, else cpu"),
-    PRECISION_FLAG(topts, precision),
+    PRECISION_FLAG(topts, to.precision),
     FLAG_SWITCH("json", topts, json,
              "one JSON object per line instead of text"),
     COMMON_FLAGS,
@@ -385,27 +376,27 @@ const cli_flag ebb_cli_train_flags[] = {
 };
 
 const cli_flag ebb_cli_eval_flags[] = {
-    FLAG_PATH("weights", "W", topts, weights,
+    FLAG_PATH("weights", "W", topts, to.weights,
              "the trained weights (required)"),
     FLAG_PATH("data", "D", topts, data,
              "the data (required)"),
-    FLAG_GIVEN("batch", "B", cli_set_count, topts, batch, batch_set,
+    FLAG_GIVEN("batch", "B", cli_set_count, topts, to.batch, batch_set,
              "samples per run (default 256)"),
-    FLAG_COUNT("block", "N", topts, block,
+    FLAG_COUNT("block", "N", topts, to.block,
              "the sequence length, as for ebb train"),
     FLAG_SWITCH("metrics", topts, metrics,
              "per-class accuracy and the confusion matrix too"),
-    FLAG_ROW(0, "top-k", "K", set_top_k, topts, top_k,
+    FLAG_ROW(0, "top-k", "K", set_top_k, topts, to.top_k,
              "count top-K accuracy (default 5; 0: none)"),
     FLAG_GIVEN("normalize", "MEAN,STD", set_normalize, topts, norm, normalize,
              "as for ebb train"),
-    FLAG_SWITCH("allow-nonfinite", topts, allow_nonfinite,
+    FLAG_SWITCH("allow-nonfinite", topts, to.allow_nonfinite,
              "NaN or Inf in --weights is a warning, not an error"),
     {'p', NULL, "NAME=VALUE", cli_set_list, offsetof(topts, params), 0,
      "set a spec parameter (params:)", "NAME=VALUE"},
     FLAG_PATH("device", "DEV", topts, device,
              "cpu or cuda[:N]; default cuda when available, else cpu"),
-    PRECISION_FLAG(topts, precision),
+    PRECISION_FLAG(topts, to.precision),
     FLAG_SWITCH("json", topts, json,
              "one JSON object per line instead of text"),
     COMMON_FLAGS,
@@ -429,45 +420,44 @@ static int add_spec(const command *c, void *opts, const char *arg) {
 static int parse(const command *c, int argc, char **argv, int train, topts *o) {
     const char *usage = c->usage;
     memset(o, 0, sizeof *o);
-    o->epochs = 1;
-    o->batch = train ? 64 : 256;
-    o->top_k = 5;
+    o->to = ebb_trainer_defaults();
+    o->to.batch = train ? o->to.batch : 256;
     int rc = cli_flags_parse(c, argc, argv, o, add_spec);
     if (rc) return rc;
     if (!o->spec)
         return ebb_cli_usage_error(usage, "%s", "missing SPEC");
     if (!o->data)
         return ebb_cli_usage_error(usage, "%s", "--data is required");
-    if (!train && !o->weights)
+    if (!train && !o->to.weights)
         return ebb_cli_usage_error(usage, "%s", "--weights is required (the trained weights)");
-    if (train && o->weights && o->resume)
+    if (train && o->to.weights && o->to.resume)
         return ebb_cli_usage_error(usage, "%s", "--weights and --resume both give the weights: pick one");
     if (train && o->momentum_set && o->optimizer && strcmp(o->optimizer, "sgd") &&
         strcmp(o->optimizer, "rmsprop"))
         return ebb_cli_usage_error(usage, "%s", "--momentum applies to --optimizer sgd and rmsprop");
-    if (train && o->momentum_set && !o->optimizer && !o->resume)
+    if (train && o->momentum_set && !o->optimizer && !o->to.resume)
         return ebb_cli_usage_error(usage, "%s",
                                    "--momentum applies to --optimizer sgd and rmsprop (default "
                                    "adamw)");
-    if (train && o->optimizer && !strcmp(o->optimizer, "sgd") && !o->lr_set && !o->resume)
+    if (train && o->optimizer && !strcmp(o->optimizer, "sgd") && !o->lr_set && !o->to.resume)
         return ebb_cli_usage_error(usage, "%s", "--optimizer sgd needs --lr");
-    if (train && (o->override || o->non_strict) && !o->resume)
+    if (train && (o->override || o->to.non_strict) && !o->to.resume)
         return ebb_cli_usage_error(usage, "%s",
                                    o->override
                                        ? "--override applies to --resume, which is not given"
                                        : "--non-strict applies to --resume, which is not given");
-    if (train && o->cuda_graph && o->accumulate > 1)
+    if (train && o->to.cuda_graph && o->accumulate > 1)
         return ebb_cli_usage_error(usage, "%s",
                                    "--cuda-graph and --accumulate cannot be combined: the "
                                    "captured step is a whole one");
-    if (train && o->cuda_graph && o->skip_nonfinite)
+    if (train && o->to.cuda_graph && o->to.skip_nonfinite)
         return ebb_cli_usage_error(usage, "%s",
                                    "--cuda-graph and --skip-nonfinite cannot be combined: a "
                                    "replayed step cannot be undone (its updates are in the graph)");
-    if (train && o->early_stop.epochs && !o->eval_data)
+    if (train && o->early_stop.epochs && !o->to.eval_data)
         return ebb_cli_usage_error(usage, "%s",
                                    "--early-stop watches --eval-data's loss, which is not given");
-    if (train && o->trace_step && !o->trace)
+    if (train && o->to.trace_step && !o->trace)
         return ebb_cli_usage_error(usage, "%s", "--trace-step needs --trace T.jsonl, the file it writes");
     /* the picture is SVG whatever the name says; a name that says otherwise
      * is a mistake (as for `ebb chart -o`) */
@@ -558,12 +548,12 @@ static int resume_conflicts(const topts *o, const ebb_checkpoint_info *ci, char 
              o->momentum, c->momentum);
     CONFLICT(o->wd_set && o->weight_decay != c->weight_decay,
              "--weight-decay %g, the checkpoint's is %g", o->weight_decay, c->weight_decay);
-    CONFLICT(o->seed_set && o->seed != ci->seed, "--seed %llu, the checkpoint's is %llu",
-             (unsigned long long)o->seed, (unsigned long long)ci->seed);
-    CONFLICT(o->batch_set && o->batch != ci->batch, "--batch %lld, the checkpoint's is %lld",
-             (long long)o->batch, (long long)ci->batch);
+    CONFLICT(o->seed_set && o->to.seed != ci->seed, "--seed %llu, the checkpoint's is %llu",
+             (unsigned long long)o->to.seed, (unsigned long long)ci->seed);
+    CONFLICT(o->batch_set && o->to.batch != ci->batch, "--batch %lld, the checkpoint's is %lld",
+             (long long)o->to.batch, (long long)ci->batch);
     CONFLICT(o->no_shuffle && ci->shuffle, "--no-shuffle, the checkpoint shuffles");
-    CONFLICT(o->drop_last && !ci->drop_last,
+    CONFLICT(o->to.drop_last && !ci->drop_last,
              "--drop-last, the checkpoint keeps the last partial batch");
     char nd[1024] = "";
     for (int k = 0, at = 0; k < o->no_decay.n && at < (int)sizeof nd; k++)
@@ -573,11 +563,11 @@ static int resume_conflicts(const topts *o, const ebb_checkpoint_info *ci, char 
     CONFLICT(o->accumulate && o->accumulate != ci->accumulate,
              "--accumulate %lld, the checkpoint's is %lld", (long long)o->accumulate,
              (long long)ci->accumulate);
-    CONFLICT(o->clip_norm_set && o->clip_norm != ci->clip_grad_norm,
-             "--clip-grad-norm %g, the checkpoint's is %g%s", o->clip_norm, ci->clip_grad_norm,
+    CONFLICT(o->clip_norm_set && o->to.clip_grad_norm != ci->clip_grad_norm,
+             "--clip-grad-norm %g, the checkpoint's is %g%s", o->to.clip_grad_norm, ci->clip_grad_norm,
              ci->clip_grad_norm > 0 ? "" : " (none)");
-    CONFLICT(o->clip_value_set && o->clip_value != ci->clip_grad_value,
-             "--clip-grad-value %g, the checkpoint's is %g%s", o->clip_value,
+    CONFLICT(o->clip_value_set && o->to.clip_grad_value != ci->clip_grad_value,
+             "--clip-grad-value %g, the checkpoint's is %g%s", o->to.clip_grad_value,
              ci->clip_grad_value, ci->clip_grad_value > 0 ? "" : " (none)");
     char have[256], had[256];
     CONFLICT(o->sched_set &&
@@ -585,8 +575,8 @@ static int resume_conflicts(const topts *o, const ebb_checkpoint_info *ci, char 
              "--lr-schedule %s, the checkpoint's is %s",
              ebb_lr_schedule_str(&o->sched, have, sizeof have),
              ci->has_schedule ? ebb_lr_schedule_str(&ci->schedule, had, sizeof had) : "none");
-    CONFLICT(o->ema && ci->ema_decay > 0 && o->ema != ci->ema_decay,
-             "--ema %g, the checkpoint's average decays by %g", o->ema, ci->ema_decay);
+    CONFLICT(o->to.ema_decay && ci->ema_decay > 0 && o->to.ema_decay != ci->ema_decay,
+             "--ema %g, the checkpoint's average decays by %g", o->to.ema_decay, ci->ema_decay);
 #undef CONFLICT
     return n;
 }
@@ -599,22 +589,22 @@ static int resolve_options(cli_run *c) {
     ebb_optimizer_kind k = EBB_ADAMW;
     if (o->optimizer) ebb_optimizer_kind_parse(&k, o->optimizer); /* checked by parse() */
     ebb_optimizer_options oo = ebb_optimizer_defaults(k, o->lr_set ? o->lr : ebb_optimizer_default_lr(k));
-    if (o->resume) {
-        ebb_status st = ebb_checkpoint_read_info(o->resume, &c->ci);
+    if (o->to.resume) {
+        ebb_status st = ebb_checkpoint_read_info(o->to.resume, &c->ci);
         if (st != EBB_OK) return ebb_cli_fail_status(st);
         char why[2048];
         if (resume_conflicts(o, &c->ci, why, sizeof why) && !o->override) {
             fprintf(stderr, "ebb: --resume %s: %s (--override makes the command line win)\n",
-                    o->resume, why);
+                    o->to.resume, why);
             return EXIT_USAGE;
         }
-        o->seed = o->seed_set ? o->seed : c->ci.seed;
-        o->batch = o->batch_set ? o->batch : c->ci.batch;
+        o->to.seed = o->seed_set ? o->to.seed : c->ci.seed;
+        o->to.batch = o->batch_set ? o->to.batch : c->ci.batch;
         o->no_shuffle |= !c->ci.shuffle;
-        o->drop_last |= c->ci.drop_last;
-        o->clip_norm = o->clip_norm_set ? o->clip_norm : c->ci.clip_grad_norm;
+        o->to.drop_last |= c->ci.drop_last;
+        o->to.clip_grad_norm = o->clip_norm_set ? o->to.clip_grad_norm : c->ci.clip_grad_norm;
         o->accumulate = o->accumulate ? o->accumulate : c->ci.accumulate;
-        o->ema = o->ema ? o->ema : c->ci.ema_decay; /* its average goes on */
+        o->to.ema_decay = o->to.ema_decay ? o->to.ema_decay : c->ci.ema_decay; /* its average goes on */
         if (!o->no_decay.n && c->ci.no_decay) {
             /* the checkpoint's groups, split at their commas */
             snprintf(o->no_decay_text, sizeof o->no_decay_text, "%s", c->ci.no_decay);
@@ -622,7 +612,7 @@ static int resolve_options(cli_run *c) {
                  tok = strtok(NULL, ","))
                 o->no_decay.v[o->no_decay.n++] = tok;
         }
-        o->clip_value = o->clip_value_set ? o->clip_value : c->ci.clip_grad_value;
+        o->to.clip_grad_value = o->clip_value_set ? o->to.clip_grad_value : c->ci.clip_grad_value;
         /* the rate the next step takes: the checkpoint's, where its
          * schedule left it, unless --override sets another */
         if (!o->optimizer || k == c->ci.optimizer.kind)
@@ -633,7 +623,7 @@ static int resolve_options(cli_run *c) {
     }
     if (o->momentum_set && oo.kind != EBB_SGD && oo.kind != EBB_RMSPROP) {
         fprintf(stderr, "ebb: --momentum applies to --optimizer sgd and rmsprop; %s trains with %s\n",
-                o->resume ? o->resume : "the run", ebb_optimizer_kind_name(oo.kind));
+                o->to.resume ? o->to.resume : "the run", ebb_optimizer_kind_name(oo.kind));
         return EXIT_USAGE;
     }
     if (o->momentum_set) oo.momentum = o->momentum;
@@ -659,8 +649,8 @@ static int check_files(const cli_run *c) {
     const char *list[3 * (16 + 2 * MAX_FIELDS) + 1];
     int n = 0;
     add_file(list, &n, "in", "SPEC", o->spec);
-    add_file(list, &n, "in", "--weights", o->weights);
-    add_file(list, &n, "in", "--resume", o->resume);
+    add_file(list, &n, "in", "--weights", o->to.weights);
+    add_file(list, &n, "in", "--resume", o->to.resume);
     for (int i = 0; i < ebb_dataset_field_count(train) && i < MAX_FIELDS; i++)
         add_file(list, &n, "in", "--data", ebb_dataset_field_file(train, i));
     for (int i = 0; i < ebb_dataset_field_count(test) && i < MAX_FIELDS; i++)
@@ -689,8 +679,8 @@ static int trainer_fail(const cli_run *c, ebb_status st, int running) {
     if (c->tty && running) printf("\n");
     fflush(stdout);
     if (st == EBB_ERR_ARG && strstr(msg, "NaN or infinite") &&
-        (strstr(msg, c->o.weights ? c->o.weights : "\x01") ||
-         strstr(msg, c->o.resume ? c->o.resume : "\x01")) && !running) {
+        (strstr(msg, c->o.to.weights ? c->o.to.weights : "\x01") ||
+         strstr(msg, c->o.to.resume ? c->o.to.resume : "\x01")) && !running) {
         fprintf(stderr, "ebb: %s; --allow-nonfinite loads it anyway\n", msg);
         return EXIT_SPEC;
     }
@@ -796,20 +786,20 @@ static int trace_done(cli_run *c, const ebb_train_event *e) {
     ebb_spec_input_dim(c->spec, 0, 0, &sym);
     printf("trace of step %lld written to %s; draw it with: ebb chart %s --train -i %s=%lld",
            (long long)e->step, o->trace, ebb_spec_file(c->spec), sym ? sym : "batch",
-           (long long)o->batch);
+           (long long)o->to.batch);
     const char *seq = NULL;
-    if (o->block && ebb_spec_input_dim(c->spec, 0, 1, &seq) < 0 && seq)
-        printf(" -i %s=%lld", seq, (long long)o->block);
+    if (o->to.block && ebb_spec_input_dim(c->spec, 0, 1, &seq) < 0 && seq)
+        printf(" -i %s=%lld", seq, (long long)o->to.block);
     for (int i = 0; i < o->params.n; i++)
         printf(" -p %s", o->params.v[i]);
     if (strcmp(c->kind, "adamw")) printf(" --optimizer %s", c->kind);
     if (o->accumulate > 1) printf(" --grads-only"); /* a micro-batch's gradient plan */
-    if (o->memory_budget == EBB_MEMORY_BUDGET_LEAST)
+    if (o->to.memory_budget == EBB_MEMORY_BUDGET_LEAST)
         printf(" --memory-budget least");
-    else if (o->memory_budget)
-        printf(" --memory-budget %lld", (long long)o->memory_budget);
-    if (o->precision == EBB_PRECISION_BF16 || o->precision == EBB_PRECISION_FP16)
-        printf(" --precision %s", ebb_precision_name(o->precision));
+    else if (o->to.memory_budget)
+        printf(" --memory-budget %lld", (long long)o->to.memory_budget);
+    if (o->to.precision == EBB_PRECISION_BF16 || o->to.precision == EBB_PRECISION_FP16)
+        printf(" --precision %s", ebb_precision_name(o->to.precision));
     printf(" --trace %s -o chart.svg\n", o->trace);
     fflush(stdout);
     return 0;
@@ -841,7 +831,7 @@ static int on_step(ebb_trainer *t, const ebb_train_event *e, void *user) {
     c->json_n += counted;
     c->csv_loss += counted ? e->loss : 0;
     c->csv_n += counted;
-    if (c->csv && o->log_every && e->step % o->log_every == 0) {
+    if (c->csv && o->to.log_every && e->step % o->to.log_every == 0) {
         int stop = csv_row(c, "step", e, c->csv_n ? c->csv_loss / (double)c->csv_n : NAN);
         c->csv_loss = 0;
         c->csv_n = 0;
@@ -854,7 +844,7 @@ static int on_step(ebb_trainer *t, const ebb_train_event *e, void *user) {
         c->curve_n = 0;
         if (st != EBB_OK) return (c->rc = ebb_cli_fail_status(st));
     }
-    if (o->json && o->log_every && e->step % o->log_every == 0) {
+    if (o->json && o->to.log_every && e->step % o->to.log_every == 0) {
         char lb[32];
         printf("{\"type\": \"step\", \"epoch\": %lld, \"step\": %lld, \"steps\": %lld, "
                "\"loss\": %s",
@@ -885,7 +875,7 @@ static int on_epoch(ebb_trainer *t, const ebb_train_event *e, void *user) {
                (long long)e->epoch, (long long)e->step, json_loss(e->loss, 1, lb, sizeof lb),
                e->seconds, (long long)ts.measured_peak_bytes, (long long)ts.planned_peak_bytes);
         if (per_token) printf(", \"perplexity\": %s", json_ppl(e->loss, 1, lb, sizeof lb));
-        if (c->o.skip_nonfinite) printf(", \"skipped\": %lld", (long long)e->epoch_skipped);
+        if (c->o.to.skip_nonfinite) printf(", \"skipped\": %lld", (long long)e->epoch_skipped);
         if (m)
             printf(", \"eval_loss\": %s, \"eval_samples\": %lld", json_loss(m->loss, 1, lb, sizeof lb),
                    (long long)m->samples);
@@ -933,18 +923,18 @@ static int open_outputs(cli_run *c) {
               c->csv);
     }
     int64_t left = s.total_steps - s.step;
-    c->window = o->log_every ? o->log_every : left / 200 + (left % 200 != 0);
+    c->window = o->to.log_every ? o->to.log_every : left / 200 + (left % 200 != 0);
     if (c->window < 1) c->window = 1;
     if (!o->curve) return 0;
     char context[1024];
     /* the base rate: a schedule's first one may be 0 (a warmup) */
     ebb_lr_scheduler *sched = ebb_trainer_scheduler(c->t);
     snprintf(context, sizeof context, "%s on %s, batch %lld, %s lr %g", ebb_spec_file(c->spec),
-             o->data, (long long)o->batch, c->kind,
+             o->data, (long long)o->to.batch, c->kind,
              sched ? ebb_lr_scheduler_base_lr(sched)
                    : ebb_optimizer_get_options(ebb_trainer_optimizer(c->t)).lr);
     const char *name = ebb_spec_name(c->spec);
-    const char *loss = o->loss ? o->loss : ebb_graph_loss(ebb_spec_graph(c->spec));
+    const char *loss = o->to.loss ? o->to.loss : ebb_graph_loss(ebb_spec_graph(c->spec));
     const ebb_op *loss_op = loss ? ebb_op_find(loss) : NULL;
     int classify = loss_op && loss_op->indices == EBB_INDICES_CLASSES;
     ebb_cli_curve_info info = {
@@ -954,8 +944,8 @@ static int open_outputs(cli_run *c) {
         .first_samples = s.samples_seen,
         .last_samples = s.samples_total,
         .window = c->window,
-        .eval = o->eval_data != NULL,
-        .accuracy = o->eval_data && classify,
+        .eval = o->to.eval_data != NULL,
+        .accuracy = o->to.eval_data && classify,
     };
     ebb_status st = ebb_cli_curve_new(&c->curve, &info);
     return st == EBB_OK ? 0 : ebb_cli_fail_status(st);
@@ -992,9 +982,9 @@ static int train_open(cli_run *c, const command *self, int argc, char **argv) {
     topts *o = &c->o;
     int rc = parse(self, argc, argv, 1, o);
     if (rc) return rc;
-    if ((o->zero || o->overlap) && o->nproc <= 1 && !getenv("WORLD_SIZE"))
+    if ((o->to.zero || o->to.allreduce_overlap) && o->nproc <= 1 && !getenv("WORLD_SIZE"))
         return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
-                                   o->zero ? "--zero shards the optimizer over the ranks of "
+                                   o->to.zero ? "--zero shards the optimizer over the ranks of "
                                              "data-parallel training (--nproc N, or torchrun's "
                                              "environment)"
                                            : "--overlap applies to data-parallel training "
@@ -1008,7 +998,7 @@ static int train_open(cli_run *c, const command *self, int argc, char **argv) {
                                    "refuses: --device cuda gives each rank its own "
                                    "(cuda:LOCAL_RANK)",
                                    o->device);
-    if (o->bucket_size && o->nproc <= 1 && !getenv("WORLD_SIZE"))
+    if (o->to.allreduce_bucket_bytes && o->nproc <= 1 && !getenv("WORLD_SIZE"))
         return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
                                    "--bucket-size applies to data-parallel training (--nproc N, "
                                    "or a torchrun job)");
@@ -1032,22 +1022,16 @@ static int train_open(cli_run *c, const command *self, int argc, char **argv) {
     ebb_trainer_options *to = &c->to;
     ebb_optimizer_options oo = to->optimizer;
     const ebb_lr_schedule *sched = to->schedule;
-    *to = ebb_trainer_defaults();
+    /* the rows set most of the library's options (o->to); these are the
+     * ones the command works out */
+    *to = o->to;
     to->data = o->data;
-    to->eval_data = o->eval_data;
     to->normalize = o->normalize;
     to->norm_mean = o->norm.mean;
     to->norm_std = o->norm.std;
-    to->epochs = o->epochs;
-    to->steps = o->steps;
-    to->batch = o->batch;
-    to->block = o->block;
-    to->drop_last = o->drop_last;
     to->shuffle = !o->no_shuffle;
-    to->seed = o->seed;
     to->optimizer = oo;
     to->schedule = sched;
-    to->loss = o->loss;
     to->accumulate = (int)o->accumulate;
     to->no_decay = o->no_decay.v;
     to->n_no_decay = o->no_decay.n;
@@ -1055,40 +1039,20 @@ static int train_open(cli_run *c, const command *self, int argc, char **argv) {
     to->n_lr_scale = o->lr_scale.n;
     to->freeze = o->freeze.v;
     to->n_freeze = o->freeze.n;
-    to->clip_grad_norm = o->clip_norm;
-    to->clip_grad_value = o->clip_value;
-    to->memory_budget = o->memory_budget;
-    to->precision = o->precision;
-    to->loss_scale = o->loss_scale;
     to->device = c->dev;
-    to->cuda_graph = o->cuda_graph;
     to->dist = c->dist;
-    to->allreduce_bucket_bytes = o->bucket_size;
-    to->zero = o->zero;
-    to->allreduce_overlap = o->overlap;
-    to->low_weight_copies = o->weight_copies;
-    to->skip_nonfinite = o->skip_nonfinite;
     to->trace = o->trace ? ebb_cli_trace_step : NULL;
     to->trace_user = &c->trace;
-    to->trace_step = o->trace_step;
-    to->weights = o->weights;
-    to->resume = o->resume;
-    to->non_strict = o->non_strict;
-    to->allow_nonfinite = o->allow_nonfinite;
     /* the default path is for a signal's checkpoint; asked for, the trainer
      * writes one every epoch (or every N steps) and at the end */
-    to->checkpoint = o->checkpoint || o->checkpoint_every || o->keep_best ? c->ckpt_path : NULL;
-    to->checkpoint_every = o->checkpoint_every;
-    to->keep_best = o->keep_best;
-    to->top_k = o->top_k;
+    to->checkpoint = o->checkpoint || o->to.checkpoint_every || o->to.keep_best ? c->ckpt_path
+                                                                                 : NULL;
     to->early_stop_patience = (int)o->early_stop.epochs;
     to->early_stop_min_delta = o->early_stop.min_delta;
-    to->ema_decay = o->ema;
     to->on_step = on_step;
     to->on_epoch = on_epoch;
     to->user = c;
     to->progress = o->json ? NULL : stdout;
-    to->log_every = o->log_every;
     to->warning = print_warning;
     c->tty = !o->json && isatty(1);
     ebb_status st = ebb_trainer_open(&c->t, c->spec, to);
@@ -1137,7 +1101,7 @@ static int stopped(cli_run *c) {
         fprintf(stderr, "ebb: %s\n", ebb_errmsg());
     if (c->tw)
         fprintf(stderr, "ebb: --trace: step %lld was not reached; %s is left as it was\n",
-                (long long)(c->o.trace_step ? c->o.trace_step : s.step + 1), c->o.trace);
+                (long long)(c->o.to.trace_step ? c->o.to.trace_step : s.step + 1), c->o.trace);
     report_skips(&s);
     fprintf(stderr,
             "ebb: interrupted by %s after step %lld; checkpoint written to %s (resume with "
@@ -1160,7 +1124,7 @@ static int finish(cli_run *c) {
         if (!o->json) printf("weights written to %s\n", o->save_weights);
     }
     if (c->curve && !o->json) printf("learning curves drawn in %s\n", o->curve);
-    if (o->cuda_graph && !o->json)
+    if (o->to.cuda_graph && !o->json)
         printf("%lld of %lld steps replayed from a CUDA graph\n", (long long)s.replayed,
                (long long)s.done_steps);
     report_skips(&s);
@@ -1228,23 +1192,17 @@ int ebb_cli_eval(const command *self, int argc, char **argv) {
     if (rc) return rc < 0 ? 0 : rc;
     ebb_metrics m = {0};
     if ((rc = load_spec(o, &c.dev, &c.spec))) goto done;
-    c.to = ebb_trainer_defaults();
+    c.to = o->to;
     c.to.evaluate_only = 1;
     c.to.eval_data = o->data;
-    c.to.batch = o->batch;
-    c.to.block = o->block;
     c.to.normalize = o->normalize;
     c.to.norm_mean = o->norm.mean;
     c.to.norm_std = o->norm.std;
     c.to.device = c.dev;
-    c.to.precision = o->precision;
-    c.to.weights = o->weights;
-    c.to.allow_nonfinite = o->allow_nonfinite;
-    c.to.top_k = o->top_k;
     c.to.warning = print_warning;
     ebb_status st = ebb_trainer_open(&c.t, c.spec, &c.to);
     if (st == EBB_OK) {
-        ebb_cli_warn_precision(o->precision ? o->precision : ebb_spec_precision(c.spec), c.dev);
+        ebb_cli_warn_precision(o->to.precision ? o->to.precision : ebb_spec_precision(c.spec), c.dev);
         st = ebb_trainer_evaluate(c.t, &m);
     }
     if (st != EBB_OK) {
