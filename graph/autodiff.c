@@ -1003,30 +1003,30 @@ static int take_train_options(compiler *c, const ebb_train_options *t) {
                              "scale from ebb_run_options.loss_scale, and the caller "
                              "unscales (ebb_optimizer_unscale_)"));
     p->loss_scaling = t->loss_scaling != 0;
-    if (t->data_parallel < 0 || t->allreduce_bucket_bytes < 0)
+    const ebb_parallel_options *par = &t->parallel;
+    if (par->world < 0 || par->bucket_bytes < 0)
         return ebb_compiler_fail(
             c, ebb_error_set(EBB_ERR_ARG,
-                             "data_parallel %d, allreduce_bucket_bytes %lld: a count of "
+                             "parallel.world %d, parallel.bucket_bytes %lld: a count of "
                              "ranks and a size (0: the defaults)",
-                             t->data_parallel, (long long)t->allreduce_bucket_bytes));
-    if (t->data_parallel > 1 && t->grads_only && !t->zero)
+                             par->world, (long long)par->bucket_bytes));
+    if (par->world > 1 && t->grads_only && !par->zero)
         return ebb_compiler_fail(
-            c,
-            ebb_error_set(EBB_ERR_ARG, "data_parallel needs update steps; with grads_only the "
-                                       "caller averages the gradients (ebb_dist_allreduce_mean_)"));
-    p->data_parallel = t->grads_only ? 0 : t->data_parallel;
-    if (t->zero && (t->zero != 1 || t->data_parallel < 2 || t->rank < 0 ||
-                    t->rank >= t->data_parallel))
+            c, ebb_error_set(EBB_ERR_ARG, "data parallel needs update steps; with grads_only the "
+                                          "caller averages the gradients "
+                                          "(ebb_dist_allreduce_mean_)"));
+    if (par->zero && (par->zero != 1 || par->world < 2 || par->rank < 0 || par->rank >= par->world))
         return ebb_compiler_fail(
             c, ebb_error_set(EBB_ERR_ARG,
-                             "zero %d, rank %d of data_parallel %d: ZeRO-1 (zero 1) shards "
-                             "the optimizer over 2 or more ranks, and the plan is one "
-                             "rank's",
-                             t->zero, t->rank, t->data_parallel));
-    p->rank = t->zero ? t->rank : 0;
+                             "zero %d, rank %d of world %d: ZeRO-1 (zero 1) shards the "
+                             "optimizer over 2 or more ranks, and the plan is one rank's",
+                             par->zero, par->rank, par->world));
+    p->parallel = *par;
+    p->parallel.world = t->grads_only ? 0 : par->world;
+    p->parallel.rank = par->zero ? par->rank : 0;
     /* with grads_only, ZeRO-1's owners only: the caller averages the
      * gradients and updates its share (the trainer's --accumulate) */
-    if (t->zero && ebb_ad_assign_owners(c, t->data_parallel) != 0)
+    if (par->zero && ebb_ad_assign_owners(c, par->world) != 0)
         return -1;
     return 0;
 }

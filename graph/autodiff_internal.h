@@ -61,7 +61,7 @@ typedef struct ad {
      * update waits for its end (clipping by the norm, loss scaling,
      * updates_after_backward) */
     int hold_updates;
-    /* allreduce_overlap: the bucket under way, its parameters, its buffer's
+    /* parallel.overlap: the bucket under way, its parameters, its buffer's
      * slot (-1: a lone gradient travels as it is) and its number */
     int *pending, n_pending, pending_index;
     int pending_step;       /* the step that started it */
@@ -95,11 +95,11 @@ int ebb_ad_assign_owners(compiler *c, int world);
 /* The open bucket averaged over the ranks (reduce-scatter under ZeRO-1);
  * the bucket is empty after. */
 int ebb_ad_allreduce(ad *a);
-/* allreduce_overlap: the open bucket's collective started (a->pending). */
+/* parallel.overlap: the open bucket's collective started (a->pending). */
 int ebb_ad_allreduce_start(ad *a);
-/* allreduce_overlap: the wait for the started one. */
+/* parallel.overlap: the wait for the started one. */
 int ebb_ad_allreduce_wait(ad *a);
-/* allreduce_overlap: whether the open bucket can travel during the backward. */
+/* parallel.overlap: whether the open bucket can travel during the backward. */
 int ebb_ad_can_overlap(const ad *a);
 /* ZeRO-1: per rank, the broadcast of the parameters it updated. */
 int ebb_ad_broadcasts(ad *a);

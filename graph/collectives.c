@@ -94,8 +94,8 @@ static int first_of_dtype(const ebb_plan *p, const int *in, int k) {
 static int64_t largest_round(const ebb_plan *p, const int *in, const int *owners, int n,
                              ebb_dtype dt, int first, int64_t *cuda) {
     int64_t most = 0, bytes;
-    for (int round = first; round < p->data_parallel; round++)
-        if (owned_by(p, in, owners, n, (p->rank + round) % p->data_parallel, dt, &bytes) > 1)
+    for (int round = first; round < p->parallel.world; round++)
+        if (owned_by(p, in, owners, n, (p->parallel.rank + round) % p->parallel.world, dt, &bytes) > 1)
             most = bytes > most ? bytes : most;
     *cuda = most ? ebb_cuda_block(most) : 0;
     return most;
@@ -114,7 +114,7 @@ static void scatter_scratch(ebb_plan *p, plan_step *s, const int *in, const int 
         ebb_dtype dt = p->values[in[k]].dtype;
         if (!first_of_dtype(p, in, k))
             continue;
-        int64_t wrap = owned_by(p, in, owners, n, p->rank, dt, &own) ? divisor_bytes(dt) : 0;
+        int64_t wrap = owned_by(p, in, owners, n, p->parallel.rank, dt, &own) ? divisor_bytes(dt) : 0;
         int64_t out = largest_round(p, in, owners, n, dt, 1, &out_cuda);
         out = out > wrap ? out : wrap;
         int64_t here = own + out, here_cuda = (own ? ebb_cuda_block(own) : 0) + out_cuda;
@@ -230,7 +230,7 @@ int ebb_ad_assign_owners(compiler *c, int world) {
 int ebb_ad_broadcasts(ad *a) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
-    for (int r = 0; r < p->data_parallel; r++) {
+    for (int r = 0; r < p->parallel.world; r++) {
         /* trained parameters are all of the plan's dtype */
         int count = 0;
         int64_t bytes = 0;
@@ -268,7 +268,7 @@ static int buffer_value(compiler *c, int si, int64_t numel, ebb_dtype dt) {
     return m ? ebb_compiler_value_new(c, m, EBB_VALUE_INTERMEDIATE, si, -1) : -1;
 }
 
-/* allreduce_overlap: the open bucket's all-reduce started, its updates left
+/* parallel.overlap: the open bucket's all-reduce started, its updates left
  * for when it is waited for (emit_wait). The step writes the buffer the
  * gradients travel in, a value of the plan until the wait. Under ZeRO-1 a
  * reduce-scatter's first round: its values are the buffer that round sends
@@ -292,9 +292,9 @@ int ebb_ad_allreduce_start(ad *a) {
     ebb_dtype dt = p->values[in[0]].dtype;
     int64_t e = (int64_t)ebb_dtype_size(dt), sent, own, all;
     if (scatter) {
-        if (owned_by(p, in, owners, n, (p->rank + 1) % p->data_parallel, dt, &sent) > 1)
+        if (owned_by(p, in, owners, n, (p->parallel.rank + 1) % p->parallel.world, dt, &sent) > 1)
             out[n_out++] = buffer_value(c, si, sent / e, dt);
-        if (owned_by(p, in, owners, n, p->rank, dt, &own) > 0)
+        if (owned_by(p, in, owners, n, p->parallel.rank, dt, &own) > 0)
             out[n_out++] = buffer_value(c, si, own / e, dt);
     } else if (owned_by(p, in, NULL, n, 0, dt, &all) > 1) {
         out[n_out++] = buffer_value(c, si, all / e, dt);
@@ -321,7 +321,7 @@ int ebb_ad_allreduce_start(ad *a) {
     return 0;
 }
 
-/* allreduce_overlap: the wait for the bucket under way (the means into its
+/* parallel.overlap: the wait for the bucket under way (the means into its
  * gradients, in place); a->pending keeps its parameters. Its scratch: libtorch's wrapping of the
  * divisor, as the all-reduce step's; a reduce-scatter's runs its other
  * rounds here too, each round's outgoing buffer in turn (when it lays
@@ -361,7 +361,7 @@ int ebb_ad_allreduce_wait(ad *a) {
     s->pub.phase = EBB_PHASE_UPDATE;
     s->workspace = divisor_bytes(dt);
     if (owners) { /* the rounds after the first, then the mean of its own */
-        int64_t wrap = owned_by(p, grads, owners, n, p->rank, dt, &bytes) ? divisor_bytes(dt) : 0;
+        int64_t wrap = owned_by(p, grads, owners, n, p->parallel.rank, dt, &bytes) ? divisor_bytes(dt) : 0;
         int64_t out = largest_round(p, grads, owners, n, dt, 2, &s->workspace_cuda);
         s->workspace = out > wrap ? out : wrap;
     }
@@ -371,11 +371,11 @@ int ebb_ad_allreduce_wait(ad *a) {
     return 0;
 }
 
-/* allreduce_overlap: whether the open bucket can travel while the backward
+/* parallel.overlap: whether the open bucket can travel while the backward
  * goes on (the started collectives take one dtype). */
 int ebb_ad_can_overlap(const ad *a) {
     const ebb_plan *p = a->c->plan;
-    if (!a->t->allreduce_overlap)
+    if (!a->t->parallel.overlap)
         return 0;
     for (int k = 1; k < a->n_bucket; k++)
         if (p->values[a->pgrad[a->bucket[k]]].dtype != p->values[a->pgrad[a->bucket[0]]].dtype)

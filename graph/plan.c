@@ -94,7 +94,7 @@ int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p) {
     int64_t n = 0;
     for (int i = 0; i < p->n_params; i++)
         if (!p->params[i].spec.counter && !p->params[i].spec.buffer && p->trained[i] &&
-            !(p->owner && p->owner[i] != p->rank))
+            !(p->owner && p->owner[i] != p->parallel.rank))
             n += slots * param_nbytes(p, i);
     return n;
 }
@@ -280,7 +280,7 @@ static void print_clip(const ebb_plan *p, FILE *f) {
                    "every gradient by it and skips the updates when one is not finite\n",
                 at);
     }
-    if (p->data_parallel > 1) {
+    if (p->parallel.world > 1) {
         int64_t most = 0;
         int overlap = 0, scatter = 0;
         for (int i = 0; i < p->n_steps; i++) {
@@ -309,7 +309,7 @@ static void print_clip(const ebb_plan *p, FILE *f) {
             snprintf(how, sizeof how, "all-reduce");
         fprintf(f, "data parallel over %d ranks: %d bucket step%s average the gradients (%s), "
                    "%s; the largest bucket's buffers %s\n",
-                p->data_parallel, p->n_buckets, p->n_buckets == 1 ? "" : "s", how,
+                p->parallel.world, p->n_buckets, p->n_buckets == 1 ? "" : "s", how,
                 !p->updates_in_backward
                     ? (overlap ? "each travelling while the backward goes on until the next "
                                  "bucket is full, the updates after the backward"
@@ -327,7 +327,7 @@ static void print_clip(const ebb_plan *p, FILE *f) {
                     continue;
                 trained++;
                 all += param_nbytes(p, i);
-                if (p->owner[i] == p->rank) {
+                if (p->owner[i] == p->parallel.rank) {
                     owned++;
                     bytes += param_nbytes(p, i);
                 }
@@ -345,7 +345,7 @@ static void print_clip(const ebb_plan *p, FILE *f) {
             fprintf(f, "ZeRO-1, rank %d of %d: updates %d of %d parameter tensors (%s of %s) and "
                        "holds their optimizer state (%s); %d broadcast step%s send each rank's "
                        "updated parameters to the others, the largest buffer %s\n",
-                    p->rank, p->data_parallel, owned, trained, ob, ab, sb, n_bc,
+                    p->parallel.rank, p->parallel.world, owned, trained, ob, ab, sb, n_bc,
                     n_bc == 1 ? "" : "s", bb);
         }
     }

@@ -117,11 +117,12 @@ struct ebb_plan {
     int64_t unclipped_peak_bytes; /* clip_grad_norm or loss_scaling: the step's peak with the
                                      updates inside the backward (without either) */
     int loss_scaling;  /* ebb_train_options': the backward starts from the optimizer's scale */
-    int data_parallel; /* ebb_train_options': the ranks the gradients are averaged over */
+    /* ebb_train_options.parallel as compiled: world 0 for a grads_only plan, rank 0
+     * without zero */
+    ebb_parallel_options parallel;
     int n_buckets;     /* its EBB_STEP_ALLREDUCE steps */
-    /* ZeRO-1 (ebb_train_options.zero): the rank this plan is for, and per
-     * parameter the rank that updates it (-1: none); NULL: not sharded */
-    int rank;
+    /* ZeRO-1 (parallel.zero): per parameter the rank that updates it (-1:
+     * none); NULL: not sharded */
     int *owner;
     /* graph/placement.c: updates moved to the backward's end because the
      * step's peak is lower so (per parameter), and the peak with every

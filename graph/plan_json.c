@@ -171,12 +171,12 @@ static void training_json(const ebb_plan *p, FILE *f) {
                 "\"unclipped_peak_bytes\": %lld}",
                 p->clip_grad_norm, p->clip_grad_value, (long long)p->budget_peak_bytes,
                 (long long)(p->clip_grad_norm > 0 ? p->unclipped_peak_bytes : p->budget_peak_bytes));
-    if (p->data_parallel > 1)
-        fprintf(f, ",\n \"data_parallel\": {\"ranks\": %d, \"buckets\": %d}", p->data_parallel,
+    if (p->parallel.world > 1)
+        fprintf(f, ",\n \"data_parallel\": {\"ranks\": %d, \"buckets\": %d}", p->parallel.world,
                 p->n_buckets);
     if (p->owner) {
         fprintf(f, ",\n \"zero\": {\"rank\": %d, \"optimizer_state_bytes\": %lld, \"owner\": [",
-                p->rank, (long long)ebb_plan_optimizer_state_bytes(p));
+                p->parallel.rank, (long long)ebb_plan_optimizer_state_bytes(p));
         for (int i = 0; i < p->n_params; i++)
             fprintf(f, i ? ", %d" : "%d", p->owner[i]);
         fputs("]}", f);

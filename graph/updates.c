@@ -57,7 +57,7 @@ static int emit_updates(ad *a, const int *which, int n) {
         for (int k = 0; k < n; k++) {
             int i = which[k];
             if (a->updated[i] || a->pgrad[i] < 0 || !p->trained[i] ||
-                (p->owner && p->owner[i] != p->rank))
+                (p->owner && p->owner[i] != p->parallel.rank))
                 continue; /* ZeRO-1: another rank updates it */
             int64_t b = p->values[a->pgrad[i]].nbytes;
             if (best < 0 || b < best_bytes)
@@ -84,7 +84,7 @@ static int emit_bucket_updates(ad *a, const int *members, int m) {
     return rc;
 }
 
-/* allreduce_overlap: the wait for the bucket under way, then its
+/* parallel.overlap: the wait for the bucket under way, then its
  * parameters' updates unless they wait for the backward's end (`updates`). */
 static int wait_pending(ad *a, int updates) {
     int n = a->n_pending;
@@ -96,7 +96,7 @@ static int wait_pending(ad *a, int updates) {
 /* data parallel: the parameters which[0..n) have their final gradients;
  * they join the open bucket, which is averaged once it is full (force: now)
  * and its parameters updated after (unless the updates wait for the
- * backward's end). With allreduce_overlap a full bucket's all-reduce only
+ * backward's end). With parallel.overlap a full bucket's all-reduce only
  * starts: the backward goes on while it travels, and it is waited for, and
  * its parameters updated, when the next bucket is full. */
 static int bucket_add(ad *a, const int *which, int n, int force) {
@@ -112,7 +112,7 @@ static int bucket_add(ad *a, const int *which, int n, int force) {
         a->bucket[a->n_bucket++] = i;
         a->bucket_bytes += p->values[a->pgrad[i]].nbytes;
     }
-    int64_t cap = a->t->allreduce_bucket_bytes > 0 ? a->t->allreduce_bucket_bytes : 25 << 20;
+    int64_t cap = a->t->parallel.bucket_bytes > 0 ? a->t->parallel.bucket_bytes : 25 << 20;
     /* one collective at a time: the bucket under way first (the backward's
      * end waits for it whatever is left to average) */
     if ((force || (a->n_bucket > 0 && a->bucket_bytes >= cap)) &&
@@ -142,9 +142,9 @@ static int bucket_add(ad *a, const int *which, int n, int force) {
 int ebb_ad_updates_after_step(ad *a, int fi) {
     ebb_plan *p = a->c->plan;
     if (a->t->grads_only || a->depth > 0 || a->n_loops > 0 ||
-        (a->hold_updates && p->data_parallel <= 1))
+        (a->hold_updates && p->parallel.world <= 1))
         return 0;
-    if (p->data_parallel > 1) {
+    if (p->parallel.world > 1) {
         /* a bucket of final gradients is averaged before their updates; a
          * deferred update still has its gradient averaged here, so that the
          * buckets, which every rank must share, do not depend on placement
@@ -183,7 +183,7 @@ static int gradients_step(ad *a, ebb_step_kind kind, const char *op) {
     for (int i = 0; i < p->n_params; i++)
         if (p->trained[i] && a->pgrad[i] >= 0) {
             any = 1;
-            if (!p->owner || p->owner[i] == p->rank)
+            if (!p->owner || p->owner[i] == p->parallel.rank)
                 in[n++] = a->pgrad[i];
         }
     plan_step *s = any ? ebb_compiler_step_new(c, kind, op, "gradients") : NULL;
@@ -253,7 +253,7 @@ int ebb_ad_after_backward(ad *a) {
     ebb_plan *p = c->plan;
     /* data parallel: every gradient not averaged yet, in one last bucket
      * (before loss scaling and clipping read them) */
-    if (p->data_parallel > 1) {
+    if (p->parallel.world > 1) {
         int *all = malloc(((size_t)p->n_params + 1) * sizeof *all);
         if (!all)
             return ebb_compiler_oom(c);

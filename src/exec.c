@@ -27,7 +27,7 @@ typedef struct run_ctx {
     unsigned char *written; /* per slot: stored this run (a branch's rows: the branch ran) */
     ebb_optimizer *opt;  /* the update steps' optimizer (ebb_train_step) */
     ebb_dist *dist;      /* the all-reduce steps' group (data parallel) */
-    ebb_dist_work *pending; /* an all-reduce started, not yet waited for (allreduce_overlap) */
+    ebb_dist_work *pending; /* an all-reduce started, not yet waited for (parallel.overlap) */
     ebb_tensor *one;     /* the loss's gradient with respect to itself */
     uint64_t seed;       /* dropout's masks: mixed with the step index */
     ebb_device dev;      /* the model's */
@@ -470,7 +470,7 @@ static ebb_status unscale(run_ctx *r, const plan_step *s, int *jump) {
 /* ---- collectives ---------------------------------------------------------------
  *
  * One step kind per collective, each documented where exec_step dispatches
- * it. A bucket's gradients are the step's inputs; with allreduce_overlap
+ * it. A bucket's gradients are the step's inputs; with parallel.overlap
  * the started collective's buffers are its outputs, values of the plan
  * until the bucket's wait step, and the work under way is r->pending. */
 
@@ -550,7 +550,7 @@ static ebb_status collective(run_ctx *r, const plan_step *s) {
         return ebb_dist_reduce_scatter_mean_(r->dist, r->args, s->owners, ps->n_in);
     /* Opcode: ALLREDUCE_START  (a bucket of gradients) -> [buffer]
      * Synopsis: the bucket's all-reduce started; r->pending := the work
-     * allreduce_overlap: the backward goes on while the ranks exchange; the
+     * parallel.overlap: the backward goes on while the ranks exchange; the
      * buffer (when several gradients share it) is the step's output. */
     case EBB_STEP_ALLREDUCE_START: return allreduce_start(r, s);
     /* Opcode: REDUCE_SCATTER_START  (a bucket of gradients) -> [buffers]
@@ -977,18 +977,18 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
     if (opts && opts->check_fits && ebb_plan_check_fits(plan, dev, model, 0, NULL) != EBB_OK)
         return ebb_error_prefix("ebb_run");
 
-    if (plan->data_parallel > 1 &&
-        (!opts || ebb_dist_world_size(opts->dist) != plan->data_parallel))
+    if (plan->parallel.world > 1 &&
+        (!opts || ebb_dist_world_size(opts->dist) != plan->parallel.world))
         return ebb_error_set(EBB_ERR_ARG,
                              "ebb_run: plan %s averages its gradients over %d ranks; "
                              "ebb_run_options.dist is %s",
-                             plan->name, plan->data_parallel,
+                             plan->name, plan->parallel.world,
                              opts && opts->dist ? "a group of another size" : "NULL");
-    if (plan->owner && plan->data_parallel > 1 && ebb_dist_rank(opts->dist) != plan->rank)
+    if (plan->owner && plan->parallel.world > 1 && ebb_dist_rank(opts->dist) != plan->parallel.rank)
         return ebb_error_set(EBB_ERR_ARG,
                              "ebb_run: plan %s is rank %d's share of a sharded optimizer "
-                             "(ebb_train_options.zero); this process is rank %d",
-                             plan->name, plan->rank, ebb_dist_rank(opts->dist));
+                             "(ebb_parallel_options.zero); this process is rank %d",
+                             plan->name, plan->parallel.rank, ebb_dist_rank(opts->dist));
     run_ctx r;
     if ((st = run_ctx_init(&r, plan, model, inputs, opts, opt)) != EBB_OK)
         goto done;

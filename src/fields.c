@@ -140,6 +140,18 @@ static ebb_status check_text_spec(const fields *f, const char *desc) {
     return EBB_OK;
 }
 
+/* The trainer's parallel options as a rank's plan takes them: world and
+ * rank from dist (none for accumulation's gradient plan, whose sums the
+ * trainer averages, unless ZeRO-1 needs its owners). */
+static ebb_parallel_options parallel_of(const ebb_trainer_options *o) {
+    ebb_parallel_options par = o->parallel;
+    int zero = ebb_zero_sharded(o);
+    par.world = o->dist && (o->accumulate <= 1 || zero) ? ebb_dist_world_size(o->dist) : 0;
+    par.zero = zero;
+    par.rank = zero ? ebb_dist_rank(o->dist) : 0;
+    return par;
+}
+
 /* The parameters trained: those of the inference plan `infer` that no
  * freeze pattern matches, into names (n of them; borrowed from infer). */
 static ebb_status trained_names(const ebb_trainer_options *o, const ebb_plan *infer,
@@ -216,14 +228,7 @@ ebb_status ebb_fields_compile_plan(const fields *f, int64_t batch, const ebb_tra
                                  /* data parallel: buckets averaged in the backward (the
                                   * trainer averages accumulated sums itself; under
                                   * ZeRO-1 that plan still names each one's owner) */
-                                 .data_parallel =
-                                     o->dist && (o->accumulate <= 1 || ebb_zero_sharded(o))
-                                         ? ebb_dist_world_size(o->dist)
-                                         : 0,
-                                 .allreduce_bucket_bytes = o->allreduce_bucket_bytes,
-                                 .zero = ebb_zero_sharded(o),
-                                 .allreduce_overlap = o->allreduce_overlap,
-                                 .rank = ebb_zero_sharded(o) ? ebb_dist_rank(o->dist) : 0,
+                                 .parallel = parallel_of(o),
                                  .low_weight_copies = o->low_weight_copies};
         co.train = &to;
         co.memory_budget = o->memory_budget;

@@ -153,7 +153,7 @@ static ebb_status check_options(const ebb_trainer_options *o) {
                              "--device cuda)",
                              ebb_device_str(o->device, d, sizeof d));
     }
-    if (o->zero && !o->dist)
+    if (o->parallel.zero && !o->dist)
         return ebb_error_set(EBB_ERR_ARG, "zero shards the optimizer over the ranks of a "
                                           "data-parallel run; there is no dist (--nproc)");
     if (o->dist) {
@@ -304,7 +304,7 @@ static ebb_status check_missing_state(ebb_trainer *t) {
                          t->o.resume, names, verb, (long long)t->ci.step);
 }
 
-/* ---- ZeRO-1 (ebb_trainer_options.zero) ---- */
+/* ---- ZeRO-1 (ebb_trainer_options.parallel.zero) ---- */
 
 /* Whether this rank holds parameter i's optimizer state. */
 static int zero_mine(const ebb_trainer *t, int i) {

@@ -41,7 +41,7 @@ typedef struct fields {
 
 /* ZeRO-1 shards the optimizer when there are ranks to shard it over. */
 static inline int ebb_zero_sharded(const ebb_trainer_options *o) {
-    return o->zero && o->dist && ebb_dist_world_size(o->dist) > 1;
+    return o->parallel.zero && o->dist && ebb_dist_world_size(o->dist) > 1;
 }
 
 /* Every parameter, its optimizer state (NULL where it has none) and its

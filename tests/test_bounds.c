@@ -1199,9 +1199,9 @@ static void zero_ranks_agree(void **state) {
                 /* 3: a bucket per gradient, clipped and loss-scaled */
                 ebb_train_options t = {.target_shapes = t_shapes, .n_target_shapes = nt,
                                        .optimizer = {.kind = EBB_ADAMW, .lr = 1e-3},
-                                       .data_parallel = world,
-                                       .allreduce_bucket_bytes = tiny ? 1 : 0,
-                                       .allreduce_overlap = tiny == 2,
+                                       .parallel = {.world = world,
+                                                    .bucket_bytes = tiny ? 1 : 0,
+                                                    .overlap = tiny == 2},
                                        .clip_grad_norm = tiny == 3 ? 1.0 : 0,
                                        .loss_scaling = tiny == 3};
                 ebb_compile_options o = {.input_shapes = in_shapes,
@@ -1214,8 +1214,8 @@ static void zero_ranks_agree(void **state) {
                 int *owned = calloc((size_t)ebb_plan_param_count(whole) + 1, sizeof *owned);
                 assert_non_null(owned);
                 for (int r = 0; r < world; r++) {
-                    t.zero = 1;
-                    t.rank = r;
+                    t.parallel.zero = 1;
+                    t.parallel.rank = r;
                     ebb_plan *p = NULL;
                     if (ebb_spec_compile(&p, s, &o) != EBB_OK)
                         fail_msg("%s: rank %d of %d: %s", l.paths[i], r, world, ebb_errmsg());

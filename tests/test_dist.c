@@ -199,14 +199,14 @@ static int child_survivor(ebb_dist *d, int rank, int world, int timeout_ms) {
     return 0;
 }
 
-/* A data-parallel training plan (ebb_train_options.data_parallel): buckets
+/* A data-parallel training plan (ebb_train_options.parallel): buckets
  * of 4 KiB make several all-reduce steps, each followed by its parameters'
  * updates inside the backward; two AdamW steps run as planned (the second
  * to the byte), and every rank ends with the same parameters. `mode` 1:
  * the same sharded by ZeRO-1, loss-scaled and clipped by the norm, so the
  * buckets are reduce-scattered as they fill and every update waits for the
  * sharded unscale and clip after the backward; 2: sharded, the buckets'
- * reduce-scatters started while the backward goes on (allreduce_overlap)
+ * reduce-scatters started while the backward goes on (parallel.overlap)
  * and their updates made when each is waited for. */
 static int child_plan_of(ebb_dist *d, int rank, int world, int mode) {
     int zero = mode != 0, held = mode == 1, overlap = mode == 2;
@@ -217,10 +217,12 @@ static int child_plan_of(ebb_dist *d, int rank, int world, int mode) {
     ebb_dtype yd = EBB_INT64;
     ebb_train_options t = {.target_shapes = &ys, .n_target_shapes = 1, .target_dtypes = &yd,
                            .optimizer = {.kind = EBB_ADAMW, .lr = 1e-2},
-                           .data_parallel = world, .allreduce_bucket_bytes = 4096,
-                           .zero = zero, .rank = zero ? rank : 0,
-                           .clip_grad_norm = held ? 0.5 : 0, .loss_scaling = held,
-                           .allreduce_overlap = overlap};
+                           .parallel = {.world = world,
+                                        .bucket_bytes = 4096,
+                                        .zero = zero,
+                                        .rank = zero ? rank : 0,
+                                        .overlap = overlap},
+                           .clip_grad_norm = held ? 0.5 : 0, .loss_scaling = held};
     ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
     ebb_plan *p = NULL;
     ebb_model *m = NULL;

@@ -1438,13 +1438,13 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
     const char *zero = getenv("EBB_TEST_DP_ZERO");
     if (zero) {
         o.optimizer = ebb_optimizer_defaults(EBB_ADAMW, 0.05);
-        o.zero = atoi(zero);
-        o.allreduce_bucket_bytes = 64; /* a bucket per gradient */
+        o.parallel.zero = atoi(zero);
+        o.parallel.bucket_bytes = 64; /* a bucket per gradient */
     }
     o.resume = getenv("EBB_TEST_DP_RESUME"); /* a checkpoint to go on from */
     if (getenv("EBB_TEST_DP_OVERLAP")) { /* buckets that travel during the backward */
-        o.allreduce_overlap = 1;
-        o.allreduce_bucket_bytes = 64;
+        o.parallel.overlap = 1;
+        o.parallel.bucket_bytes = 64;
     }
     /* a rate whose updates overflow: after the first, the steps' losses
      * are not finite, and every rank undoes them together */
@@ -1502,7 +1502,7 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
         int owner = ebb_plan_param_owner(plan, i), mine = ebb_trainer_optimizer(t) &&
             ebb_optimizer_state_tensor(ebb_trainer_optimizer(t), i,
                                        skip || clip ? "momentum_buffer" : "exp_avg") != NULL;
-        if ((o.zero && (owner < 0 || mine != (owner == rank))) || (!o.zero && (owner != -1 || !mine))) {
+        if ((o.parallel.zero && (owner < 0 || mine != (owner == rank))) || (!o.parallel.zero && (owner != -1 || !mine))) {
             fprintf(stderr, "[rank %d] parameter %d: owner %d, state here: %d\n", rank, i, owner,
                     mine);
             st = EBB_ERR_RUNTIME;
@@ -1510,7 +1510,7 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
     }
     /* (an unsharded accumulation's plan computes gradients only: it keeps
      * no figure for the state the trainer's optimizer holds) */
-    if (plan && zero && (o.zero || o.accumulate <= 1) &&
+    if (plan && zero && (o.parallel.zero || o.accumulate <= 1) &&
         ebb_optimizer_state_bytes(ebb_trainer_optimizer(t), NULL) != ebb_plan_optimizer_state_bytes(plan)) {
         fprintf(stderr, "[rank %d] optimizer state %lld bytes, planned %lld\n", rank,
                 (long long)ebb_optimizer_state_bytes(ebb_trainer_optimizer(t), NULL),
@@ -1525,7 +1525,7 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
         n_buckets += ebb_test_bucket_step(s->kind);
         n_scatter += s->kind == EBB_STEP_REDUCE_SCATTER;
     }
-    if (plan && o.zero && o.accumulate <= 1 && (n_buckets < 1 || n_scatter != n_buckets)) {
+    if (plan && o.parallel.zero && o.accumulate <= 1 && (n_buckets < 1 || n_scatter != n_buckets)) {
         fprintf(stderr, "[rank %d] %d of %d buckets reduce-scattered\n", rank, n_scatter,
                 n_buckets);
         st = EBB_ERR_RUNTIME;

@@ -50,6 +50,59 @@ typedef struct ebb_plan ebb_plan;
 
 /* A training step: what ebb_compile() appends to the forward when
  * ebb_compile_options.train is set (see ebb/train.h). */
+/* Data parallel training (ebb/dist.h): how one rank's step shares its
+ * gradients with the other ranks'. ebb_train_options.parallel and
+ * ebb_trainer_options.parallel hold one, and a plan keeps what it was
+ * compiled with. */
+typedef struct ebb_parallel_options {
+    /* > 1: the step is one rank's of a group of this many processes, and
+     * each gradient is averaged over the ranks before its update. The
+     * gradients are gathered into buckets in the order they become final;
+     * a bucket is averaged (an EBB_STEP_ALLREDUCE step, one collective)
+     * once it holds bucket_bytes, or at the backward's end, and its
+     * parameters are updated right after, so the updates of a large model
+     * still run inside the backward. The bucket's buffer (its gradients
+     * laid end to end) is the step's scratch. ebb_train_step() then needs
+     * ebb_run_options.dist. 0 or 1: one process. (The trainer takes it,
+     * and rank, from its ebb_dist.) */
+    int world;
+    /* ZeRO-1: the rank this plan is for (each compiles its own, and
+     * ebb_train_step() checks it against ebb_run_options.dist). */
+    int rank;
+    /* ZeRO-1, with world > 1: the optimizer's state is sharded over the
+     * ranks, as torch's ZeroRedundancyOptimizer shards it. Each trained
+     * parameter has one owner (largest first, each to the rank that owns
+     * the fewest bytes so far: ebb_plan_param_owner()), and only the owner
+     * updates it and holds its state, so a rank's update steps and state
+     * are about 1/world of them. Each bucket is reduce-scattered (an
+     * EBB_STEP_REDUCE_SCATTER step, ebb_dist_reduce_scatter_mean_()): a
+     * rank gets the means of the gradients it owns, and the others'
+     * gradients die there, with half the all-reduce's traffic (with
+     * overlap, an EBB_STEP_REDUCE_SCATTER_START step and an
+     * EBB_STEP_REDUCE_SCATTER_WAIT step, as for the all-reduce). The
+     * unscale and clip steps read this rank's gradients and agree with the
+     * other ranks by a collective: ebb_optimizer_unscale_sharded_(),
+     * ebb_dist_clip_grad_norm_(). After the updates one EBB_STEP_BROADCAST
+     * per rank sends its parameters to the others, laid end to end in a
+     * buffer the size of its share. With grads_only the plan only says who
+     * owns what (its model keeps no optimizer state for the others'
+     * parameters) and has no collectives: the caller averages the
+     * gradients, updates its share and broadcasts it, as the trainer's
+     * accumulation does. 0: every rank keeps all of it. */
+    int zero;
+    /* A bucket's size (DDP's bucket_cap_mb); 0: 25 MiB. */
+    int64_t bucket_bytes;
+    /* A full bucket's all-reduce only starts where it is full (an
+     * EBB_STEP_ALLREDUCE_START step, its buffer a value of the plan), and
+     * the backward goes on while the ranks exchange; an
+     * EBB_STEP_ALLREDUCE_WAIT step finishes it, and its parameters are
+     * updated, when the next bucket is full (or at the backward's end).
+     * The gradients and the buffer then live longer, which the plan
+     * counts; one collective is under way at a time, as Gloo needs. DDP
+     * overlaps so. 0: each all-reduce waits where it starts. */
+    int overlap;
+} ebb_parallel_options;
+
 /* Mixed precision: a matrix product's backward needs the same low copy of
  * its weight that its forward cast. The forward can keep it for the
  * backward, a value the plan counts from one step to the other (as
@@ -120,53 +173,11 @@ typedef struct ebb_train_options {
      * set ebb_run_options.loss_scale and call ebb_optimizer_unscale_()
      * instead. */
     int loss_scaling;
-    /* Data parallel (ebb/dist.h): > 1, the step is one rank's of a group of
-     * this many processes, and each gradient is averaged over the ranks
-     * before its update. The gradients are gathered into buckets in the
-     * order they become final; a bucket is averaged (an EBB_STEP_ALLREDUCE
-     * step, one collective) once it holds allreduce_bucket_bytes, or at the
-     * backward's end, and its parameters are updated right after, so the
-     * updates of a large model still run inside the backward. The bucket's
-     * buffer (its gradients laid end to end) is the step's scratch.
-     * ebb_train_step() then needs ebb_run_options.dist. 0 or 1: one process. */
-    int data_parallel;
-    /* A bucket's size (DDP's bucket_cap_mb); 0: 25 MiB. */
-    int64_t allreduce_bucket_bytes;
-    /* ZeRO-1, with data_parallel > 1: the optimizer's state is sharded over
-     * the ranks, as torch's ZeroRedundancyOptimizer shards it. Each trained
-     * parameter has one owner (largest first, each to the rank that owns
-     * the fewest bytes so far: ebb_plan_param_owner()), and only the owner
-     * updates it and holds its state, so a rank's update steps and state
-     * are about 1/data_parallel of them. Each bucket is reduce-scattered
-     * (an EBB_STEP_REDUCE_SCATTER step, ebb_dist_reduce_scatter_mean_()):
-     * a rank gets the means of the gradients it owns, and the others'
-     * gradients die there, with half the all-reduce's traffic (with
-     * allreduce_overlap, an EBB_STEP_REDUCE_SCATTER_START step and an
-     * EBB_STEP_REDUCE_SCATTER_WAIT step, as for the all-reduce). The unscale and clip steps read this
-     * rank's gradients and agree with the other ranks by a collective:
-     * ebb_optimizer_unscale_sharded_(), ebb_dist_clip_grad_norm_(). After
-     * the updates one EBB_STEP_BROADCAST per rank sends
-     * its parameters to the others, laid end to end in a buffer the size of
-     * its share. `rank` is the rank this plan is for: each compiles its own,
-     * and ebb_train_step() checks it against ebb_run_options.dist. With
-     * grads_only the plan only says who owns what (its model keeps no
-     * optimizer state for the others' parameters) and has no collectives:
-     * the caller averages the gradients, updates its share and broadcasts
-     * it, as the trainer's accumulation does. */
-    int zero;
-    int rank;
+    /* Data parallel (ebb_parallel_options above); zeroes: one process. */
+    ebb_parallel_options parallel;
     /* Mixed precision: where a backward step gets the low copies of the
      * parameters its forward step cast (ebb_low_copies below). */
     ebb_low_copies low_weight_copies;
-    /* Data parallel: a full bucket's all-reduce only starts where it is
-     * full (an EBB_STEP_ALLREDUCE_START step, its buffer a value of the
-     * plan), and the backward goes on while the ranks exchange; an
-     * EBB_STEP_ALLREDUCE_WAIT step finishes it, and
-     * its parameters are updated, when the next bucket is full (or at the
-     * backward's end). The gradients and the buffer then live longer, which
-     * the plan counts; one collective is under way at a time, as Gloo
-     * needs. DDP overlaps so. 0: each all-reduce waits where it starts. */
-    int allreduce_overlap;
 } ebb_train_options;
 
 /* Mixed precision (ebb_compile_options.precision), after torch.autocast:
@@ -258,20 +269,20 @@ typedef enum ebb_step_kind {
                            clip_grad_norm (ebb_train_options) */
     EBB_STEP_UNSCALE,   /* (every gradient): divided by the loss scale in place; jumps past
                            the updates when one is not finite (ebb_train_options.loss_scaling) */
-    /* The collectives of data parallel (ebb_train_options.data_parallel),
+    /* The collectives of data parallel (ebb_parallel_options.world),
      * one kind each; src/exec.c documents each at its case. */
     EBB_STEP_ALLREDUCE, /* (a bucket of gradients): each becomes its mean over the ranks, in
                            place */
     EBB_STEP_BROADCAST, /* ZeRO-1: the parameters one rank owns (`param` is the rank) become
-                           that rank's, on every rank (ebb_train_options.zero) */
+                           that rank's, on every rank (ebb_parallel_options.zero) */
     EBB_STEP_ALLREDUCE_WAIT, /* ([buffer,] a bucket of gradients): waits for the all-reduce an
                                 ALLREDUCE_START step started, its means into the gradients
-                                (allreduce_overlap) */
+                                (ebb_parallel_options.overlap) */
     EBB_STEP_REDUCE_SCATTER, /* ZeRO-1 (a bucket of gradients): those of the parameters this
                                 rank owns become their means over the ranks, in place */
-    EBB_STEP_ALLREDUCE_START, /* allreduce_overlap (a bucket of gradients) -> [buffer]: the
+    EBB_STEP_ALLREDUCE_START, /* overlap (a bucket of gradients) -> [buffer]: the
                                  bucket's all-reduce started; the backward goes on */
-    EBB_STEP_REDUCE_SCATTER_START, /* ZeRO-1 with allreduce_overlap (a bucket of gradients)
+    EBB_STEP_REDUCE_SCATTER_START, /* ZeRO-1 with overlap (a bucket of gradients)
                                       -> [buffers]: its first round started */
     EBB_STEP_REDUCE_SCATTER_WAIT, /* ([buffers,] a bucket of gradients): the reduce-scatter's
                                      other rounds, then the means this rank owns */
@@ -398,7 +409,7 @@ EBB_API int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p);
  * their bytes (kept_bytes, may be NULL), and how many its backward casts
  * again (recast, may be NULL). NULL p or no copies: 0. */
 EBB_API int ebb_plan_low_copies(const ebb_plan *p, int64_t *kept_bytes, int *recast);
-/* ZeRO-1 (ebb_train_options.zero): the rank that updates parameter i and
+/* ZeRO-1 (ebb_parallel_options.zero): the rank that updates parameter i and
  * holds its optimizer state; -1 for a plan that does not shard, or a
  * parameter no rank updates (a buffer, a frozen one) or i out of range. */
 EBB_API int ebb_plan_param_owner(const ebb_plan *p, int i);

@@ -163,7 +163,7 @@ typedef struct ebb_run_options {
      * (loss * loss_scale).backward() in PyTorch (gradient accumulation's
      * 1/N, a loss scaler's factor); the loss read back is not scaled. */
     double loss_scale;
-    /* training plans compiled with ebb_train_options.data_parallel: the
+    /* training plans compiled with ebb_train_options.parallel: the
      * group their all-reduce steps average over (its world size must be the
      * plan's); NULL for other plans. */
     ebb_dist *dist;

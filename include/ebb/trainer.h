@@ -230,7 +230,7 @@ typedef struct ebb_trainer_options {
      * epoch's order (the same on every rank) is dealt out as
      * DistributedSampler deals it, sample i to rank i % world_size, so the
      * ranks' shares of a step make up the batch one process would take.
-     * The training plan is compiled with ebb_train_options.data_parallel:
+     * The training plan is compiled with ebb_train_options.parallel:
      * each rank computes its share's gradients, bucket by bucket they are
      * averaged over the ranks inside the backward, and every rank makes the
      * same updates: the weights one process would reach, to the order of
@@ -246,21 +246,17 @@ typedef struct ebb_trainer_options {
      * over the ranks before the one update (one collective per dtype, the
      * buffers laid end to end beside the plan). With skip_nonfinite the
      * ranks undo a step together when any of them finds a value that is
-     * not finite (under zero each checks the state it holds). Not with
+     * not finite (under parallel.zero each checks the state it holds). Not with
      * cuda_graph. NULL: one process. */
     ebb_dist *dist;
-    int64_t allreduce_bucket_bytes; /* data parallel: a bucket's size (0: 25 MiB; see
-                                       ebb_train_options) */
-    /* Data parallel: 1 lets each bucket's all-reduce travel while the
-     * backward goes on (ebb_train_options.allreduce_overlap). */
-    int allreduce_overlap;
-    /* Data parallel: 1 shards the optimizer's state over the ranks (ZeRO-1,
-     * ebb_train_options.zero): each rank updates and keeps the state of its
-     * share of the parameters, and sends them to the others after each
-     * step. Checkpoints still hold the whole state (rank 0 gathers it from
+    /* Data parallel, as ebb_parallel_options (ebb/plan.h) says: zero
+     * (ZeRO-1), bucket_bytes and overlap. world and rank are dist's, which
+     * the trainer sets. With zero each rank updates and keeps the state of
+     * its share of the parameters, and sends them to the others after each
+     * step; checkpoints still hold the whole state (rank 0 gathers it from
      * the others to write them), so a run resumes on any world size, with
-     * or without it. 0: every rank keeps all of it. */
-    int zero;
+     * or without it. */
+    ebb_parallel_options parallel;
     /* mixed precision: where the backward gets the weights' low copies
      * (ebb_train_options.low_weight_copies); by default kept where free */
     ebb_low_copies low_weight_copies;

@@ -81,17 +81,17 @@ int cli_set_rank(const cli_flag *f, const char *v, void *field, const char *usag
                  "with --train: plan dynamic loss scaling (GradScaler's unscale\n"                 \
                  "step, the updates after the backward); `none`: without it\n"                     \
                  "(default: with --precision fp16, as ebb train)"),                                \
-        FLAG_ROW(0, "data-parallel", "N", cli_set_ranks, options, data_parallel,                   \
+        FLAG_ROW(0, "data-parallel", "N", cli_set_ranks, options, parallel.world,                   \
                  "with --train: one rank's step of N (ebb train --nproc N): the\n"                 \
                  "gradients averaged in all-reduce steps, bucket by bucket"),                      \
-        FLAG_ROW(0, "bucket-size", "SIZE", cli_set_bytes, options, bucket_size,                    \
+        FLAG_ROW(0, "bucket-size", "SIZE", cli_set_bytes, options, parallel.bucket_bytes,                    \
                  "with --data-parallel: a bucket's size (default 25MiB)"),                         \
-        FLAG_SWITCH("zero", options, zero,                                                         \
+        FLAG_SWITCH("zero", options, parallel.zero,                                                         \
                     "with --data-parallel: ZeRO-1, the optimizer's state sharded\n"                \
                     "over the ranks (ebb train --zero); the plan is one rank's"),                  \
-        FLAG_ROW(0, "rank", "R", cli_set_rank, options, rank,                                      \
+        FLAG_ROW(0, "rank", "R", cli_set_rank, options, parallel.rank,                                      \
                  "with --zero: plan rank R's step (default 0)"),                                   \
-        FLAG_SWITCH("overlap", options, overlap,                                                   \
+        FLAG_SWITCH("overlap", options, parallel.overlap,                                                   \
                     "with --data-parallel: all-reduces travel while the backward\n"                \
                     "goes on (ebb train --overlap)"),                                              \
         FLAG_GIVEN("weight-copies", "HOW", cli_set_weight_copies, options, weight_copies,          \
@@ -118,11 +118,10 @@ typedef struct options {
     int64_t memory_budget; /* 0: none */
     double clip_norm, clip_value; /* --clip-grad-norm, --clip-grad-value; 0: none */
     double loss_scale;            /* --loss-scale: > 0 on, -1 none, 0 on with fp16 */
-    int data_parallel;            /* --data-parallel N: ranks (0: one process) */
-    int64_t bucket_size;          /* --bucket-size (0: the default) */
+    /* --data-parallel N (world; 0: one process), --bucket-size, --zero,
+     * --rank R (-1: not given) and --overlap */
+    ebb_parallel_options parallel;
     int weight_copies_set;        /* --weight-copies given */
-    int zero, rank;               /* --zero, --rank R (-1: not given) */
-    int overlap;                  /* --overlap */
     ebb_low_copies weight_copies; /* --weight-copies */
     cli_list no_decay;            /* --no-decay PATTERN */
     int64_t batch;                /* --batch; 0: not given */

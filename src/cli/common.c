@@ -368,27 +368,27 @@ static int check_options(const command *c, const options *o) {
         return ebb_cli_usage_error(usage, "%s", "missing SPEC");
     if (o->non_strict && !o->weights)
         return ebb_cli_usage_error(usage, "%s", "--non-strict applies to --weights, which is not given");
-    if ((o->clip_norm > 0 || o->clip_value > 0 || o->loss_scale != 0 || o->data_parallel) &&
+    if ((o->clip_norm > 0 || o->clip_value > 0 || o->loss_scale != 0 || o->parallel.world) &&
         (!o->train || o->grads_only))
         return ebb_cli_usage_error(usage, "%s",
                                    "--clip-grad-norm, --clip-grad-value, --loss-scale and "
                                    "--data-parallel apply to --train (a step with updates)");
     if (o->weight_copies_set && !o->train)
         return ebb_cli_usage_error(usage, "%s", "--weight-copies applies to --train");
-    if (o->overlap && o->data_parallel < 2)
+    if (o->parallel.overlap && o->parallel.world < 2)
         return ebb_cli_usage_error(usage, "%s", "--overlap applies to --data-parallel N (2 or "
                                                 "more)");
-    if (o->zero && o->data_parallel < 2)
+    if (o->parallel.zero && o->parallel.world < 2)
         return ebb_cli_usage_error(usage, "%s", "--zero shards the optimizer over the ranks of "
                                                 "--data-parallel N (2 or more)");
-    if (o->rank >= 0 && !o->zero)
+    if (o->parallel.rank >= 0 && !o->parallel.zero)
         return ebb_cli_usage_error(usage, "%s", "--rank applies to --zero");
-    if (o->rank >= o->data_parallel && o->zero) {
+    if (o->parallel.rank >= o->parallel.world && o->parallel.zero) {
         char r[32];
-        snprintf(r, sizeof r, "%d", o->rank);
+        snprintf(r, sizeof r, "%d", o->parallel.rank);
         return ebb_cli_usage_error(usage, "--rank %s: not a rank of --data-parallel", r);
     }
-    if (o->bucket_size && !o->data_parallel)
+    if (o->parallel.bucket_bytes && !o->parallel.world)
         return ebb_cli_usage_error(usage, "%s", "--bucket-size applies to --data-parallel");
     if ((o->loss || o->optimizer || o->grads_only) && !o->train && strcmp(c->name, "grad") != 0)
         return ebb_cli_usage_error(usage, "%s",
@@ -437,7 +437,7 @@ static int check_options(const command *c, const options *o) {
 int parse_options(int argc, char **argv, const command *c, options *o) {
     memset(o, 0, sizeof *o);
     o->repeat = 1;
-    o->rank = -1;
+    o->parallel.rank = -1;
     /* kept until exit: the command reads them to the end */
     static const char **specs;
     if (c->many && !(specs = calloc((size_t)argc + 1, sizeof *specs)))
@@ -878,12 +878,9 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
                              .n_no_decay = o->no_decay.n};
     /* as ebb train: on with fp16 unless --loss-scale none */
     ebb_precision pr = o->precision ? o->precision : ebb_spec_precision(s);
-    t->data_parallel = o->data_parallel;
-    t->allreduce_bucket_bytes = o->bucket_size;
+    t->parallel = o->parallel;
+    t->parallel.rank = o->parallel.zero && o->parallel.rank > 0 ? o->parallel.rank : 0;
     t->low_weight_copies = o->weight_copies;
-    t->zero = o->zero;
-    t->allreduce_overlap = o->overlap;
-    t->rank = o->zero && o->rank > 0 ? o->rank : 0;
     t->loss_scaling = !o->grads_only && (o->loss_scale > 0 ||
                                          (o->loss_scale == 0 && pr == EBB_PRECISION_FP16));
     t->optimizer.kind = EBB_ADAMW;

@@ -254,14 +254,14 @@ const cli_flag ebb_cli_train_flags[] = {
              "loopback, gradients averaged by Gloo; --batch is the global\n"
              "batch); a process started by torchrun (RANK, WORLD_SIZE,\n"
              "MASTER_ADDR, MASTER_PORT set) joins its job without it"),
-    FLAG_SWITCH("overlap", topts, to.allreduce_overlap,
+    FLAG_SWITCH("overlap", topts, to.parallel.overlap,
              "with --nproc: each bucket's all-reduce travels while the\n"
              "backward goes on, waited for when the next bucket is full"),
-    FLAG_SWITCH("zero", topts, to.zero,
+    FLAG_SWITCH("zero", topts, to.parallel.zero,
              "with --nproc: shard the optimizer's state over the ranks\n"
              "(ZeRO-1): each updates its share of the parameters and\n"
              "sends them to the others; checkpoints hold the whole state"),
-    FLAG_ROW(0, "bucket-size", "SIZE", cli_set_bytes, topts, to.allreduce_bucket_bytes,
+    FLAG_ROW(0, "bucket-size", "SIZE", cli_set_bytes, topts, to.parallel.bucket_bytes,
              "with --nproc: gradients averaged in buckets of SIZE (default\n"
              "25MiB, as DDP's), each bucket's updates right after it"),
     FLAG_ROW(0, "loss-scale", "S", cli_set_loss_scale, topts, to.loss_scale,
@@ -982,9 +982,9 @@ static int train_open(cli_run *c, const command *self, int argc, char **argv) {
     topts *o = &c->o;
     int rc = parse(self, argc, argv, 1, o);
     if (rc) return rc;
-    if ((o->to.zero || o->to.allreduce_overlap) && o->nproc <= 1 && !getenv("WORLD_SIZE"))
+    if ((o->to.parallel.zero || o->to.parallel.overlap) && o->nproc <= 1 && !getenv("WORLD_SIZE"))
         return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
-                                   o->to.zero ? "--zero shards the optimizer over the ranks of "
+                                   o->to.parallel.zero ? "--zero shards the optimizer over the ranks of "
                                              "data-parallel training (--nproc N, or torchrun's "
                                              "environment)"
                                            : "--overlap applies to data-parallel training "
@@ -998,7 +998,7 @@ static int train_open(cli_run *c, const command *self, int argc, char **argv) {
                                    "refuses: --device cuda gives each rank its own "
                                    "(cuda:LOCAL_RANK)",
                                    o->device);
-    if (o->to.allreduce_bucket_bytes && o->nproc <= 1 && !getenv("WORLD_SIZE"))
+    if (o->to.parallel.bucket_bytes && o->nproc <= 1 && !getenv("WORLD_SIZE"))
         return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
                                    "--bucket-size applies to data-parallel training (--nproc N, "
                                    "or a torchrun job)");
