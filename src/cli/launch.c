@@ -26,8 +26,11 @@ enum { EXIT_RUNTIME = 3 };
 /* --nproc N: this command again in N processes, ranks 0 .. N-1 of a group
  * meeting on a free loopback port, as torchrun would start them. Waits for
  * every rank; a rank that fails makes the others fail too (their next
- * collective, or their timeout), and the first failure is the exit code.
- * Returns -1 when every rank succeeded. */
+ * collective, or their timeout). The exit code is the first rank's that
+ * failed of its own accord (1, a spec or data error; 2, a usage error), else
+ * the first failure: a rank that refuses its options may close its
+ * connections before it exits, and the others' lost connection (3) is then
+ * only the consequence. Returns -1 when every rank succeeded. */
 int ebb_cli_launch_ranks(int n, int argc, char **argv) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
@@ -71,7 +74,7 @@ int ebb_cli_launch_ranks(int n, int argc, char **argv) {
     int per_rank = ebb_tensor_num_threads() / n;
     snprintf(threads, sizeof threads, "%d", per_rank > 1 ? per_rank : 1);
     setenv("EBB_NUM_THREADS", threads, 1);
-    int rc = -1, started = 0;
+    int rc = -1, own = -1, started = 0;
     for (int r = 0; r < n; r++) {
         snprintf(rank, sizeof rank, "%d", r);
         setenv("RANK", rank, 1);
@@ -98,8 +101,10 @@ int ebb_cli_launch_ranks(int n, int argc, char **argv) {
             else
                 fprintf(stderr, "ebb: rank %d of %d exited with status %d\n", r, n, code);
             if (rc < 0) rc = code;
+            if (own < 0 && (code == 1 || code == 2)) own = code;
         }
     }
+    if (own > 0) rc = own;
     /* a launch that could not start every rank ends the ones it started */
     if (started < n)
         for (int r = 0; r < started; r++) kill(pids[r], SIGTERM);

@@ -1002,6 +1002,14 @@ static int train_open(cli_run *c, const command *self, int argc, char **argv) {
         return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
                                    "--bucket-size applies to data-parallel training (--nproc N, "
                                    "or a torchrun job)");
+    /* told before any rank starts: a rank that refuses it alone can take
+     * the others down with a lost connection first */
+    if (o->nproc > 1 && o->batch_set && o->to.batch % o->nproc != 0) {
+        fprintf(stderr, "ebb: --batch %lld is the global batch of %lld ranks: it must be a "
+                        "multiple of %lld\n",
+                (long long)o->to.batch, (long long)o->nproc, (long long)o->nproc);
+        return EXIT_USAGE;
+    }
     if (o->nproc > 1 && !getenv("WORLD_SIZE")) return ebb_cli_launch_ranks((int)o->nproc, argc, argv);
     if (getenv("WORLD_SIZE") && (rc = join_ranks(c))) return rc;
     c->ckpt_path = o->checkpoint ? o->checkpoint : DEFAULT_CHECKPOINT;
