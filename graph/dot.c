@@ -232,9 +232,7 @@ static int dot_flow(dotctx *c, const ebb_graph *g, const char *prefix, tagmap *t
     return open[0];
 }
 
-void ebb_graph_write_dot(const ebb_graph *g, FILE *f) { ebb_graph_write_dot_ex(g, f, NULL, NULL); }
-
-void ebb_graph_write_dot_ex(const ebb_graph *g, FILE *f,
+void ebb_graph_write_dot(const ebb_graph *g, FILE *f,
                             const char *(*label)(void *user, const char *node), void *user) {
     if (!g || !f)
         return;
@@ -301,8 +299,6 @@ static int near_read(const ebb_plan *p, int rows, int v, int i) {
         return i / rows == 0 && i < NEAR_STEPS;
     return prod / rows == i / rows && i - prod <= NEAR_STEPS && i > prod;
 }
-
-void ebb_plan_write_dot(const ebb_plan *p, FILE *f) { ebb_plan_write_dot_ex(p, f, NULL, NULL); }
 
 /* Step i's node: its op, node, the value it makes, its live bytes and
  * frees, the far reads it names rather than draws, its jump; shaded by its
@@ -404,7 +400,7 @@ static void dot_read_edges(const ebb_plan *p, FILE *f, int rows) {
     }
 }
 
-void ebb_plan_write_dot_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn node_label, void *user) {
+void ebb_plan_write_dot(const ebb_plan *p, FILE *f, ebb_node_label_fn node_label, void *user) {
     if (!p || !f)
         return;
     int rows = plan_rows(p->n_steps);

@@ -329,7 +329,7 @@ static ebb_status mha_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tenso
         return ebb_error_set(EBB_ERR_ARG, "multi_head_attention backward: expected %d parameters, "
                              "got %d", bias ? 4 : 2, c->n_params);
     double p = c->attrs[A_DROPOUT].f;
-    ebb_status st = ebb_tensor_multi_head_attention_backward_ex(
+    ebb_status st = ebb_tensor_multi_head_attention_backward(
         gin, gp, c->grad_out, c->in, c->n_in, c->params[0], bias ? c->params[1] : NULL,
         c->params[bias ? 2 : 1], bias ? c->params[3] : NULL, c->attrs[A_HEADS].i,
         c->attrs[A_CAUSAL].i != 0, p > 0 && c->n_saved > 0 ? c->saved[0] : NULL, p);
@@ -685,7 +685,7 @@ static int64_t sdpa_train_workspace_cuda(const ebb_attr_value *a, const ebb_shap
 static ebb_status sdpa_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
     (void)gp;
     double p = c->attrs[S_DROPOUT].f;
-    ebb_status st = ebb_tensor_attention_backward_ex(
+    ebb_status st = ebb_tensor_attention_backward(
         &gin[0], &gin[1], &gin[2], c->grad_out, c->in[0], c->in[1], c->in[2],
         sdpa_mask(c->in, c->n_in), p > 0 && c->n_saved > 0 ? c->saved[0] : NULL,
         c->attrs[S_CAUSAL].i != 0, p);
@@ -695,7 +695,7 @@ static ebb_status sdpa_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tens
 }
 
 /* The backward's scratch beyond the three gradients it returns, following
- * ebb_tensor_attention_backward_ex. Fused: the forward kernel's output and
+ * ebb_tensor_attention_backward. Fused: the forward kernel's output and
  * log-sum-exp beside its blocks, then beside the backward kernel's
  * gradients and blocks. Otherwise, with G, Q, K the gradients of v, q, k:
  * the probabilities recomputed as in the forward (P), the dropped ones (P)

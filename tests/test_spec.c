@@ -2115,7 +2115,7 @@ static void test_node_labels(void **state) {
     free(text);
     f = open_memstream(&text, &len);
     assert_non_null(f);
-    ebb_plan_write_dot_ex(p, f, ebb_spec_node_label, s);
+    ebb_plan_write_dot(p, f, ebb_spec_node_label, s);
     fclose(f);
     assert_non_null(strstr(text, "feedforward[3]"));
     free(text);

@@ -283,14 +283,12 @@ EBB_API const char *ebb_graph_loss(const ebb_graph *g);
 EBB_API int ebb_graph_step_count(const ebb_graph *g);
 /* Writes the graph as Graphviz DOT: split/merge fan out and in, gate and
  * switch as diamonds with branches in clusters, loop bodies as clusters with
- * their back edge, `using` reads as dashed edges. NULL g or f: writes nothing. */
-EBB_API void ebb_graph_write_dot(const ebb_graph *g, FILE *f);
-/* ebb_graph_write_dot() naming each op node by label(user, path) where that
- * is not NULL (a spec's block and place, ebb_spec_node_label()), instead of
- * its path. The callback's type is plan.h's ebb_node_label_fn. */
-EBB_API void ebb_graph_write_dot_ex(const ebb_graph *g, FILE *f,
-                                    const char *(*label)(void *user, const char *node),
-                                    void *user);
+ * their back edge, `using` reads as dashed edges. Each op node is named by
+ * label(user, path) where `label` is given and says something (a spec's
+ * block and place, ebb_spec_node_label()), else by its path; the callback's
+ * type is plan.h's ebb_node_label_fn. NULL g or f: writes nothing. */
+EBB_API void ebb_graph_write_dot(const ebb_graph *g, FILE *f,
+                                 const char *(*label)(void *user, const char *node), void *user);
 
 #ifdef __cplusplus
 }

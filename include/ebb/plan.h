@@ -440,12 +440,10 @@ EBB_API void ebb_plan_write_json(const ebb_plan *p, FILE *f);
  * naming the value it makes (shape, bytes) and its live bytes, fill by
  * bytes, the peak step outlined with the peak figure. Edges join only steps
  * a short way apart in one column; a value read from further away is named
- * on its reader ("reads v3 from 2"). NULL p or f: writes nothing. */
-EBB_API void ebb_plan_write_dot(const ebb_plan *p, FILE *f);
-/* ebb_plan_write_dot() naming each step by its label, where it has one,
- * instead of its node path. */
-EBB_API void ebb_plan_write_dot_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn label,
-                                   void *user);
+ * on its reader ("reads v3 from 2"). A step is named by label(user, node)
+ * where `label` is given and has one for it, else by its node path. NULL p
+ * or f: writes nothing. */
+EBB_API void ebb_plan_write_dot(const ebb_plan *p, FILE *f, ebb_node_label_fn label, void *user);
 
 /* One executed step of a run as measured: a line of `ebb run --trace`
  * (ebb_trace_event holds the same figures). */

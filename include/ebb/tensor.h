@@ -534,12 +534,6 @@ EBB_API ebb_status ebb_tensor_adaptive_avg_pool2d_backward(ebb_tensor **grad_x, 
 /* The weight's gradient of an embedding lookup (embedding_dense_backward). */
 EBB_API ebb_status ebb_tensor_embedding_backward(ebb_tensor **grad_weight, const ebb_tensor *grad,
                                          const ebb_tensor *indices, int64_t num_weights);
-/* Of ebb_tensor_attention: the gradients of q, k and v from the output's,
- * the probabilities recomputed from q and k rather than kept. */
-EBB_API ebb_status ebb_tensor_attention_backward(ebb_tensor **grad_q, ebb_tensor **grad_k,
-                                                 ebb_tensor **grad_v, const ebb_tensor *grad,
-                                                 const ebb_tensor *q, const ebb_tensor *k,
-                                                 const ebb_tensor *v, bool causal);
 /* ebb_tensor_attention() with an attention mask and dropout, as
  * F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout,
  * is_causal=causal): `mask` (NULL: none) broadcasts to the scores [..., L,
@@ -551,26 +545,23 @@ EBB_API ebb_status ebb_tensor_attention_ex(ebb_tensor **out, ebb_tensor **keep,
                                            const ebb_tensor *q, const ebb_tensor *k,
                                            const ebb_tensor *v, const ebb_tensor *mask,
                                            bool causal, double dropout, uint64_t seed);
-/* Of ebb_tensor_attention_ex: the same mask, the forward's keep mask (NULL
- * without dropout) and dropout. */
-EBB_API ebb_status ebb_tensor_attention_backward_ex(ebb_tensor **grad_q, ebb_tensor **grad_k,
-                                                    ebb_tensor **grad_v, const ebb_tensor *grad,
-                                                    const ebb_tensor *q, const ebb_tensor *k,
-                                                    const ebb_tensor *v, const ebb_tensor *mask,
-                                                    const ebb_tensor *keep, bool causal,
-                                                    double dropout);
+/* Of ebb_tensor_attention and ebb_tensor_attention_ex: the gradients of q,
+ * k and v from the output's, the probabilities recomputed from q and k
+ * rather than kept; with the forward's mask (NULL: none), its keep mask
+ * (NULL without dropout) and dropout (0: none). */
+EBB_API ebb_status ebb_tensor_attention_backward(ebb_tensor **grad_q, ebb_tensor **grad_k,
+                                                 ebb_tensor **grad_v, const ebb_tensor *grad,
+                                                 const ebb_tensor *q, const ebb_tensor *k,
+                                                 const ebb_tensor *v, const ebb_tensor *mask,
+                                                 const ebb_tensor *keep, bool causal,
+                                                 double dropout);
 /* Of the multi_head_attention op (ops/attention.c): grad_in[0..n_in) for
  * query[, key[, value]] and grad_params[] in the op's parameter order
  * (in_proj_weight, [in_proj_bias,] out_proj.weight[, out_proj.bias]).
- * Recomputes the attention probabilities from the inputs. */
+ * Recomputes the attention probabilities from the inputs; a training
+ * forward that dropped some (dropout > 0) gives the bool mask `keep` [B, H,
+ * T, S] it kept (ebb_tensor_attention_ex's), else NULL and 0. */
 EBB_API ebb_status ebb_tensor_multi_head_attention_backward(
-    ebb_tensor **grad_in, ebb_tensor **grad_params, const ebb_tensor *grad, ebb_tensor *const *in,
-    int n_in, const ebb_tensor *w_in, const ebb_tensor *b_in, const ebb_tensor *w_out,
-    const ebb_tensor *b_out, int64_t heads, bool causal);
-/* ebb_tensor_multi_head_attention_backward() of a training forward that
- * dropped attention probabilities (dropout > 0) with the bool mask `keep`
- * [B, H, T, S] it kept (ebb_tensor_attention_ex's). */
-EBB_API ebb_status ebb_tensor_multi_head_attention_backward_ex(
     ebb_tensor **grad_in, ebb_tensor **grad_params, const ebb_tensor *grad, ebb_tensor *const *in,
     int n_in, const ebb_tensor *w_in, const ebb_tensor *b_in, const ebb_tensor *w_out,
     const ebb_tensor *b_out, int64_t heads, bool causal, const ebb_tensor *keep, double dropout);

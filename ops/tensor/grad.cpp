@@ -938,15 +938,6 @@ extern "C" {
 ebb_status ebb_tensor_multi_head_attention_backward(
     ebb_tensor **grad_in, ebb_tensor **grad_params, const ebb_tensor *grad, ebb_tensor *const *in,
     int n_in, const ebb_tensor *w_in, const ebb_tensor *b_in, const ebb_tensor *w_out,
-    const ebb_tensor *b_out, int64_t heads, bool causal) {
-    return ebb_tensor_multi_head_attention_backward_ex(grad_in, grad_params, grad, in, n_in, w_in,
-                                                       b_in, w_out, b_out, heads, causal, NULL,
-                                                       0.0);
-}
-
-ebb_status ebb_tensor_multi_head_attention_backward_ex(
-    ebb_tensor **grad_in, ebb_tensor **grad_params, const ebb_tensor *grad, ebb_tensor *const *in,
-    int n_in, const ebb_tensor *w_in, const ebb_tensor *b_in, const ebb_tensor *w_out,
     const ebb_tensor *b_out, int64_t heads, bool causal, const ebb_tensor *keep, double dropout) {
     static const char fn[] = "ebb_tensor_multi_head_attention_backward";
     if (dropout > 0 && !keep)
@@ -1092,14 +1083,6 @@ ebb_status ebb_tensor_attention_ex(ebb_tensor **out, ebb_tensor **keep, const eb
 }
 
 ebb_status ebb_tensor_attention_backward(ebb_tensor **grad_q, ebb_tensor **grad_k,
-                                         ebb_tensor **grad_v, const ebb_tensor *grad,
-                                         const ebb_tensor *q, const ebb_tensor *k,
-                                         const ebb_tensor *v, bool causal) {
-    return ebb_tensor_attention_backward_ex(grad_q, grad_k, grad_v, grad, q, k, v, NULL, NULL,
-                                            causal, 0.0);
-}
-
-ebb_status ebb_tensor_attention_backward_ex(ebb_tensor **grad_q, ebb_tensor **grad_k,
                                             ebb_tensor **grad_v, const ebb_tensor *grad,
                                             const ebb_tensor *q, const ebb_tensor *k,
                                             const ebb_tensor *v, const ebb_tensor *mask,

@@ -161,9 +161,9 @@ int ebb_cli_dot(const command *self, int argc, char **argv) {
         rc = ebb_cli_fail_status(ebb_error_set(EBB_ERR_NOMEM, "out of memory"));
     if (mem) {
         if (p)
-            ebb_plan_write_dot_ex(p, mem, ebb_spec_node_label, s);
+            ebb_plan_write_dot(p, mem, ebb_spec_node_label, s);
         else
-            ebb_graph_write_dot_ex(ebb_spec_graph(s), mem, ebb_spec_node_label, s);
+            ebb_graph_write_dot(ebb_spec_graph(s), mem, ebb_spec_node_label, s);
         fclose(mem);
         ebb_file_out *w = NULL;
         if (!o.out_file)
