@@ -97,6 +97,12 @@ int cli_set_rank(const cli_flag *f, const char *v, void *field, const char *usag
         FLAG_GIVEN("weight-copies", "HOW", cli_set_weight_copies, options, weight_copies,          \
                    weight_copies_set, WEIGHT_COPIES_HELP)
 
+/* --strict-memory (run, grad) */
+#define STRICT_MEMORY_FLAG                                                                         \
+    FLAG_SWITCH("strict-memory", options, strict_memory,                                           \
+                "a step that measures more than the plan promised is an error\n"                   \
+                "(exit 3), not a warning")
+
 /* Every command's help ends with COMMON_FLAGS; these commands' with `--` too. */
 #define END_OF_OPTIONS_HELP                                                                        \
     FLAG_HELP_TEXT("  --                 end of options: what follows is a SPEC even if it "      \

@@ -31,9 +31,7 @@ const cli_flag ebb_cli_grad_flags[] = {
              "recompute forward values in the backward to fit SIZE (64MiB,\n"
              "or `least`);\n"
              "the gradients are the same"),
-    FLAG_SWITCH("strict-memory", options, strict_memory,
-                "a step that measures more than the plan promised is an error\n"
-                "(exit 3), not a warning"),
+    STRICT_MEMORY_FLAG,
     PRECISION_FLAG(options, precision),
     COMMON_FLAGS,
     END_OF_OPTIONS_HELP,

@@ -50,9 +50,7 @@ const cli_flag ebb_cli_run_flags[] = {
                 "can get (RLIMIT_AS, RLIMIT_DATA, cgroup limit, MemAvailable)"),
     FLAG_SWITCH("strict-finite", options, strict_finite,
                 "NaN or Inf in --weights or --inputs is an error, not a warning"),
-    FLAG_SWITCH("strict-memory", options, strict_memory,
-                "a step that measures more than the plan promised is an error\n"
-                "(exit 3), not a warning"),
+    STRICT_MEMORY_FLAG,
     PRECISION_FLAG(options, precision),
     COMMON_FLAGS,
     END_OF_OPTIONS_HELP,

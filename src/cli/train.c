@@ -206,61 +206,71 @@ static int set_normalize(const cli_flag *f, const char *v, void *field, const ch
     return 0;
 }
 
+/* -p, --device, --precision, --json and every command's: train's and
+ * eval's last rows */
+#define TRAIN_EVAL_FLAGS                                                                           \
+    {'p', NULL, "NAME=VALUE", cli_set_list, offsetof(topts, params), 0,                            \
+     "set a spec parameter (params:)", "NAME=VALUE"},                                              \
+        FLAG_PATH("device", "DEV", topts, device,                                                  \
+                  "cpu or cuda[:N]; default cuda when available, else cpu"),                       \
+        PRECISION_FLAG(topts, to.precision),                                                       \
+        FLAG_SWITCH("json", topts, json, "one JSON object per line instead of text"), COMMON_FLAGS
+
 const cli_flag ebb_cli_train_flags[] = {
     FLAG_PATH("data", "D", topts, data,
-             "the training data (required)"),
+              "the training data (required)"),
     FLAG_PATH("eval-data", "D", topts, to.eval_data,
-             "evaluated after every epoch: loss and accuracy"),
+              "evaluated after every epoch: loss and accuracy"),
     FLAG_ROW(0, "early-stop", "N[:DELTA]", set_early_stop, topts, early_stop,
              "stop when --eval-data's loss has not fallen by more than\n"
              "DELTA (default 0) for N epochs"),
     FLAG_ROW(0, "top-k", "K", set_top_k, topts, to.top_k,
              "also count top-K accuracy in evaluations (default 5; 0: none)"),
     FLAG_COUNT("epochs", "N", topts, to.epochs,
-             "passes over the data (default 1)"),
+               "passes over the data (default 1)"),
     FLAG_COUNT("steps", "N", topts, to.steps,
-             "stop after N steps instead"),
+               "stop after N steps instead"),
     FLAG_GIVEN("batch", "B", cli_set_count, topts, to.batch, batch_set,
-             "samples per step (default 64)"),
+               "samples per step (default 64)"),
     FLAG_COUNT("block", "N", topts, to.block,
-             "the sequence length: the spec's input's second dimension when\n"
-             "it is a symbol ([batch, seq]), the window of text data"),
+               "the sequence length: the spec's input's second dimension when\n"
+               "it is a symbol ([batch, seq]), the window of text data"),
     FLAG_ROW(0, "optimizer", "KIND", cli_set_optimizer, topts, optimizer,
              "sgd, adam, adamw, rmsprop, adagrad or adadelta (default adamw),\n"
              "with torch.optim's defaults"),
     FLAG_GIVEN("lr", "X", cli_set_rate, topts, lr, lr_set,
-             "learning rate (default 1e-3; sgd needs one)"),
+               "learning rate (default 1e-3; sgd needs one)"),
     FLAG_GIVEN("lr-schedule", "S", set_schedule, topts, sched, sched_set,
-             "change the rate after every step as torch.optim.lr_scheduler\n"
-             "does: step:SIZE[:GAMMA], multistep:M1,M2[:GAMMA],\n"
-             "exponential:GAMMA, cosine:T_MAX[:ETA_MIN],\n"
-             "linear:ITERS[:START[:END]], warmup-cosine:WARMUP:TOTAL,\n"
-             "onecycle:MAX_LR:TOTAL[:PCT] (steps, not epochs); kept in\n"
-             "checkpoints and resumed where it was"),
+               "change the rate after every step as torch.optim.lr_scheduler\n"
+               "does: step:SIZE[:GAMMA], multistep:M1,M2[:GAMMA],\n"
+               "exponential:GAMMA, cosine:T_MAX[:ETA_MIN],\n"
+               "linear:ITERS[:START[:END]], warmup-cosine:WARMUP:TOTAL,\n"
+               "onecycle:MAX_LR:TOTAL[:PCT] (steps, not epochs); kept in\n"
+               "checkpoints and resumed where it was"),
     FLAG_GIVEN("momentum", "X", cli_set_rate, topts, momentum, momentum_set,
-             "sgd's momentum (default 0)"),
+               "sgd's momentum (default 0)"),
     FLAG_PATH("loss", "NAME", topts, to.loss,
-             "this loss op instead of the spec's `loss:` (as for plan and grad)"),
+              "this loss op instead of the spec's `loss:` (as for plan and grad)"),
     FLAG_GIVEN("clip-grad-norm", "X", cli_set_positive, topts, to.clip_grad_norm, clip_norm_set,
-             "scale the gradients to a global L2 norm of at most X before\n"
-             "the updates, as torch.nn.utils.clip_grad_norm_ (the updates\n"
-             "then wait for the whole backward: the start line says what\n"
-             "that costs)"),
+               "scale the gradients to a global L2 norm of at most X before\n"
+               "the updates, as torch.nn.utils.clip_grad_norm_ (the updates\n"
+               "then wait for the whole backward: the start line says what\n"
+               "that costs)"),
     FLAG_GIVEN("clip-grad-value", "X", cli_set_positive, topts, to.clip_grad_value, clip_value_set,
-             "clamp each gradient to [-X, X] before its update, as\n"
-             "torch.nn.utils.clip_grad_value_"),
+               "clamp each gradient to [-X, X] before its update, as\n"
+               "torch.nn.utils.clip_grad_value_"),
     FLAG_ROW(0, "nproc", "N", set_nproc, topts, nproc,
              "train data-parallel in N processes on this machine (ranks on\n"
              "loopback, gradients averaged by Gloo; --batch is the global\n"
              "batch); a process started by torchrun (RANK, WORLD_SIZE,\n"
              "MASTER_ADDR, MASTER_PORT set) joins its job without it"),
     FLAG_SWITCH("overlap", topts, to.parallel.overlap,
-             "with --nproc: each bucket's all-reduce travels while the\n"
-             "backward goes on, waited for when the next bucket is full"),
+                "with --nproc: each bucket's all-reduce travels while the\n"
+                "backward goes on, waited for when the next bucket is full"),
     FLAG_SWITCH("zero", topts, to.parallel.zero,
-             "with --nproc: shard the optimizer's state over the ranks\n"
-             "(ZeRO-1): each updates its share of the parameters and\n"
-             "sends them to the others; checkpoints hold the whole state"),
+                "with --nproc: shard the optimizer's state over the ranks\n"
+                "(ZeRO-1): each updates its share of the parameters and\n"
+                "sends them to the others; checkpoints hold the whole state"),
     FLAG_ROW(0, "bucket-size", "SIZE", cli_set_bytes, topts, to.parallel.bucket_bytes,
              "with --nproc: gradients averaged in buckets of SIZE (default\n"
              "25MiB, as DDP's), each bucket's updates right after it"),
@@ -274,9 +284,9 @@ const cli_flag ebb_cli_train_flags[] = {
              "copies of the weights its forward cast: auto (kept where\n"
              "that does not raise the peak), keep, or recast"),
     FLAG_COUNT("accumulate", "N", topts, accumulate,
-             "each step sums the gradients of N micro-batches of --batch\n"
-             "samples before one update (--batch 16 --accumulate 4: the\n"
-             "update of batch 64, the activations of batch 16)"),
+               "each step sums the gradients of N micro-batches of --batch\n"
+               "samples before one update (--batch 16 --accumulate 4: the\n"
+               "update of batch 64, the activations of batch 16)"),
     FLAG_ROW(0, "no-decay", "PATTERN", cli_set_pattern, topts, no_decay,
              "no weight decay for the parameters whose full name matches\n"
              "('*.bias'; repeatable), as a torch.optim param group with\n"
@@ -289,117 +299,103 @@ const cli_flag ebb_cli_train_flags[] = {
              "train no parameter whose full name matches the shell pattern\n"
              "('fc1.*', '*.bias'; repeatable): no gradient, update or state"),
     FLAG_PATH("log-csv", "FILE", topts, log_csv,
-             "a CSV row per log point (every --log-every steps, and every\n"
-             "epoch with its evaluation), written as training goes"),
+              "a CSV row per log point (every --log-every steps, and every\n"
+              "epoch with its evaluation), written as training goes"),
     FLAG_GIVEN("weight-decay", "X", cli_set_rate, topts, weight_decay, wd_set,
-             "(default: torch.optim's, 0.01 for adamw, else 0)"),
+               "(default: torch.optim's, 0.01 for adamw, else 0)"),
     {0, "seed", "N", cli_set_u64, offsetof(topts, to.seed), offsetof(topts, seed_set) + 1,
      "initial weights, shuffling and dropout (default 0)",
      "a non-negative integer"},
     FLAG_SWITCH("no-shuffle", topts, no_shuffle,
-             "the samples in file order"),
+                "the samples in file order"),
     FLAG_SWITCH("drop-last", topts, to.drop_last,
-             "drop the last partial batch of each epoch"),
+                "drop the last partial batch of each epoch"),
     FLAG_GIVEN("normalize", "MEAN,STD", set_normalize, topts, norm, normalize,
-             "inputs become (x - MEAN) / STD (after images scale to [0, 1])"),
+               "inputs become (x - MEAN) / STD (after images scale to [0, 1])"),
     FLAG_PATH("weights", "W", topts, to.weights,
-             "start from these weights (safetensors)"),
+              "start from these weights (safetensors)"),
     FLAG_PATH("save-weights", "W", topts, save_weights,
-             "write the trained weights there at the end"),
+              "write the trained weights there at the end"),
     FLAG_ROW(0, "ema", "DECAY", set_ema, topts, to.ema_decay,
              "also keep an exponential moving average of the weights, as\n"
              "torch's AveragedModel with get_ema_multi_avg_fn(DECAY)\n"
              "(0.999, say): evaluations, --keep-best and --save-weights\n"
              "use the average; checkpoints hold it too"),
     FLAG_PATH("checkpoint", "FILE", topts, checkpoint,
-             "where checkpoints go (default checkpoint.safetensors): given\n"
-             "(or with --checkpoint-every or --keep-best), one after every\n"
-             "epoch and at the end; else one on a signal only"),
+              "where checkpoints go (default checkpoint.safetensors): given\n"
+              "(or with --checkpoint-every or --keep-best), one after every\n"
+              "epoch and at the end; else one on a signal only"),
     FLAG_COUNT("checkpoint-every", "N", topts, to.checkpoint_every,
-             "write a checkpoint every N steps and at the end instead"),
+               "write a checkpoint every N steps and at the end instead"),
     FLAG_PATH("keep-best", "METRIC", topts, to.keep_best,
-             "also keep the checkpoint of the best epoch by METRIC, beside\n"
-             "--checkpoint (ck.safetensors: ck.best.safetensors): eval_loss,\n"
-             "eval_accuracy, eval_top_k_accuracy, eval_perplexity (of\n"
-             "--eval-data), loss or perplexity (the epoch's training\n"
-             "mean); accuracies best highest, the others lowest"),
+              "also keep the checkpoint of the best epoch by METRIC, beside\n"
+              "--checkpoint (ck.safetensors: ck.best.safetensors): eval_loss,\n"
+              "eval_accuracy, eval_top_k_accuracy, eval_perplexity (of\n"
+              "--eval-data), loss or perplexity (the epoch's training\n"
+              "mean); accuracies best highest, the others lowest"),
     FLAG_PATH("resume", "CKPT", topts, to.resume,
-             "continue from a checkpoint: weights, optimizer state, step;\n"
-             "--checkpoint may name the same file"),
+              "continue from a checkpoint: weights, optimizer state, step;\n"
+              "--checkpoint may name the same file"),
     FLAG_SWITCH("override", topts, override,
-             "with --resume: --optimizer, --lr, --momentum, --weight-decay,\n"
-             "--seed, --batch, --no-shuffle, --drop-last, --lr-schedule and\n"
-             "--clip-grad-* that contradict the checkpoint win (else that is\n"
-             "an error)"),
+                "with --resume: --optimizer, --lr, --momentum, --weight-decay,\n"
+                "--seed, --batch, --no-shuffle, --drop-last, --lr-schedule and\n"
+                "--clip-grad-* that contradict the checkpoint win (else that is\n"
+                "an error)"),
     FLAG_SWITCH("non-strict", topts, to.non_strict,
-             "with --resume: a trained parameter the checkpoint holds no\n"
-             "optimizer state for starts without (else an error)"),
+                "with --resume: a trained parameter the checkpoint holds no\n"
+                "optimizer state for starts without (else an error)"),
     FLAG_COUNT("log-every", "N", topts, to.log_every,
-             "a line every N steps (default: one per epoch)"),
+               "a line every N steps (default: one per epoch)"),
     FLAG_PATH("curve", "FILE.svg", topts, curve,
-             "draw the training loss (a point per --log-every N steps, else\n"
-             "about 200 over the run) and, with --eval-data, the test loss\n"
-             "and accuracy per epoch; rewritten after every epoch"),
+              "draw the training loss (a point per --log-every N steps, else\n"
+              "about 200 over the run) and, with --eval-data, the test loss\n"
+              "and accuracy per epoch; rewritten after every epoch"),
     FLAG_PATH("trace", "T", topts, trace,
-             "one training step's trace in `ebb run --trace`'s format, one\n"
-             "JSON line per plan step: `ebb chart SPEC --train -i batch=B\n"
-             "--trace T` draws it over the training plan"),
+              "one training step's trace in `ebb run --trace`'s format, one\n"
+              "JSON line per plan step: `ebb chart SPEC --train -i batch=B\n"
+              "--trace T` draws it over the training plan"),
     FLAG_COUNT("trace-step", "N", topts, to.trace_step,
-             "the step --trace traces (default: the run's first)"),
+               "the step --trace traces (default: the run's first)"),
     FLAG_ROW(0, "memory-budget", "SIZE", cli_set_budget, topts, to.memory_budget,
              "plan the step to fit SIZE (64MiB, 1.5GB, or `least`) by\n"
              "recomputing activations in the backward; same updates"),
     FLAG_SWITCH("skip-nonfinite", topts, to.skip_nonfinite,
-             "undo and count a step whose loss (or updated state) is NaN or\n"
-             "infinite, as torch's GradScaler skips one; else such a step\n"
-             "stops training (exit 1) with nothing written"),
+                "undo and count a step whose loss (or updated state) is NaN or\n"
+                "infinite, as torch's GradScaler skips one; else such a step\n"
+                "stops training (exit 1) with nothing written"),
     FLAG_SWITCH("allow-nonfinite", topts, to.allow_nonfinite,
-             "NaN or Inf in --weights or --resume is a warning, not an error"),
+                "NaN or Inf in --weights or --resume is a warning, not an error"),
     FLAG_SWITCH("strict-memory", topts, strict_memory,
-             "a step that measures more than its plan promised stops training\n"
-             "(exit 3, nothing written), rather than a warning"),
+                "a step that measures more than its plan promised stops training\n"
+                "(exit 3, nothing written), rather than a warning"),
     FLAG_SWITCH("cuda-graph", topts, to.cuda_graph,
-             "on a CUDA device, capture the training step (forward, loss,\n"
-             "backward, updates) into a CUDA graph at the first full batch\n"
-             "and replay it for every full batch after; the same updates,\n"
-             "much less launch time for small models (a last partial batch\n"
-             "and a traced step run eagerly)"),
-    {'p', NULL, "NAME=VALUE", cli_set_list, offsetof(topts, params), 0,
-     "set a spec parameter (params:)", "NAME=VALUE"},
-    FLAG_PATH("device", "DEV", topts, device,
-             "cpu or cuda[:N]; default cuda when available, else cpu"),
-    PRECISION_FLAG(topts, to.precision),
-    FLAG_SWITCH("json", topts, json,
-             "one JSON object per line instead of text"),
-    COMMON_FLAGS,
+                "on a CUDA device, capture the training step (forward, loss,\n"
+                "backward, updates) into a CUDA graph at the first full batch\n"
+                "and replay it for every full batch after; the same updates,\n"
+                "much less launch time for small models (a last partial batch\n"
+                "and a traced step run eagerly)"),
+    TRAIN_EVAL_FLAGS,
     FLAG_END,
 };
 
 const cli_flag ebb_cli_eval_flags[] = {
     FLAG_PATH("weights", "W", topts, to.weights,
-             "the trained weights (required)"),
+              "the trained weights (required)"),
     FLAG_PATH("data", "D", topts, data,
-             "the data (required)"),
+              "the data (required)"),
     FLAG_GIVEN("batch", "B", cli_set_count, topts, to.batch, batch_set,
-             "samples per run (default 256)"),
+               "samples per run (default 256)"),
     FLAG_COUNT("block", "N", topts, to.block,
-             "the sequence length, as for ebb train"),
+               "the sequence length, as for ebb train"),
     FLAG_SWITCH("metrics", topts, metrics,
-             "per-class accuracy and the confusion matrix too"),
+                "per-class accuracy and the confusion matrix too"),
     FLAG_ROW(0, "top-k", "K", set_top_k, topts, to.top_k,
              "count top-K accuracy (default 5; 0: none)"),
     FLAG_GIVEN("normalize", "MEAN,STD", set_normalize, topts, norm, normalize,
-             "as for ebb train"),
+               "as for ebb train"),
     FLAG_SWITCH("allow-nonfinite", topts, to.allow_nonfinite,
-             "NaN or Inf in --weights is a warning, not an error"),
-    {'p', NULL, "NAME=VALUE", cli_set_list, offsetof(topts, params), 0,
-     "set a spec parameter (params:)", "NAME=VALUE"},
-    FLAG_PATH("device", "DEV", topts, device,
-             "cpu or cuda[:N]; default cuda when available, else cpu"),
-    PRECISION_FLAG(topts, to.precision),
-    FLAG_SWITCH("json", topts, json,
-             "one JSON object per line instead of text"),
-    COMMON_FLAGS,
+                "NaN or Inf in --weights is a warning, not an error"),
+    TRAIN_EVAL_FLAGS,
     FLAG_END,
 };
 
