@@ -1,9 +1,172 @@
-/* The flag rows' parser, help and completion list (flags.h), and the
- * setters of the usual kinds of value. */
+/* The flag rows' parser, help and completion list (flags.h), the setters
+ * of the usual kinds of value, and what every command's parsing needs:
+ * usage errors (with the nearest flag for an unknown one), exit codes for a
+ * status, --threads. */
 #define _GNU_SOURCE /* getopt_long */
 #include "cli.h"
 
 #define HELP_COLUMN 21 /* where a flag's help starts */
+
+/* ---- usage errors and exit codes ---------------------------------------------- */
+
+int ebb_cli_usage_error(const char *usage, const char *fmt, const char *arg) {
+    fprintf(stderr, "ebb: ");
+    fprintf(stderr, fmt, arg);
+    fputc('\n', stderr);
+    /* one line where the options are, as git does: the mistake stays in
+     * view (the command list without a command, which is short) */
+    char cmd[32];
+    if (usage == ebb_cli_usage_main || sscanf(usage, "usage: ebb %31s", cmd) != 1) {
+        fputs(usage, stderr);
+        return EXIT_USAGE;
+    }
+    fprintf(stderr, "try 'ebb help %s' for its usage and options\n", cmd);
+    return EXIT_USAGE;
+}
+
+/* What PyTorch, Lightning and Hugging Face users type for a flag ebb spells
+ * otherwise, one alias a line (underscores read as dashes): suggested
+ * before the nearest spelling, where the command has that flag. */
+static const struct {
+    const char *alias, *flag;
+} option_aliases[] = {
+    {"learning-rate", "lr"},
+    {"wd", "weight-decay"},
+    {"batch-size", "batch"},
+    {"bs", "batch"},
+    {"per-device-train-batch-size", "batch"},
+    {"num-epochs", "epochs"},
+    {"max-epochs", "epochs"},
+    {"num-train-epochs", "epochs"},
+    {"max-steps", "steps"},
+    {"num-steps", "steps"},
+    {"total-steps", "steps"},
+    {"grad-accum", "accumulate"},
+    {"grad-accum-steps", "accumulate"},
+    {"gradient-accumulation-steps", "accumulate"},
+    {"accumulate-grad-batches", "accumulate"},
+    {"gradient-clip", "clip-grad-norm"},
+    {"gradient-clip-val", "clip-grad-norm"},
+    {"grad-clip", "clip-grad-norm"},
+    {"max-grad-norm", "clip-grad-norm"},
+    {"lr-scheduler-type", "lr-schedule"},
+    {"scheduler", "lr-schedule"},
+    {"resume-from-checkpoint", "resume"},
+    {"ckpt-path", "resume"},
+    {"save-steps", "checkpoint-every"},
+    {"every-n-train-steps", "checkpoint-every"},
+    {"monitor", "keep-best"},
+    {"save-best", "keep-best"},
+    {"patience", "early-stop"},
+    {"early-stopping-patience", "early-stop"},
+    {"logging-steps", "log-every"},
+    {"log-interval", "log-every"},
+    {"log-every-n-steps", "log-every"},
+    {"fp16", "precision"},
+    {"bf16", "precision"},
+    {"amp", "precision"},
+    {"mixed-precision", "precision"},
+    {"nproc-per-node", "nproc"},
+    {"world-size", "nproc"},
+    {"train-data", "data"},
+    {"dataset", "data"},
+    {"val-data", "eval-data"},
+    {"validation-data", "eval-data"},
+    {"eval-dataset", "eval-data"},
+    {"pretrained", "weights"},
+    {"max-new-tokens", "tokens"},
+    {"num-tokens", "tokens"},
+    {"num-threads", "threads"},
+    {"nthreads", "threads"},
+};
+
+static int has_long(const struct option *longs, const char *name) {
+    for (const struct option *lo = longs; lo->name; lo++)
+        if (!strcmp(lo->name, name))
+            return 1;
+    return 0;
+}
+
+/* The flag `name` (without its dashes) is an alias of, when the command
+ * has that flag; else the long option within two edits of it. NULL: none. */
+static const char *suggest_long(const struct option *longs, const char *name) {
+    for (size_t i = 0; i < sizeof option_aliases / sizeof option_aliases[0]; i++)
+        if (!strcmp(name, option_aliases[i].alias) && has_long(longs, option_aliases[i].flag))
+            return option_aliases[i].flag;
+    const char *best = NULL;
+    int best_d = 3;
+    for (const struct option *lo = longs; lo->name; lo++) {
+        if (!strcmp(lo->name, "completion-helper"))
+            continue;
+        int d = ebb_edit_distance(name, lo->name, 2);
+        if (d < best_d) {
+            best = lo->name;
+            best_d = d;
+        }
+    }
+    return best;
+}
+
+int ebb_cli_unknown_option(const char *usage, const struct option *longs, const char *written) {
+    char name[64], key[64], msg[160];
+    size_t n = strcspn(written, "=");
+    snprintf(name, sizeof name, "%.*s", (int)(n < sizeof name ? n : sizeof name - 1), written);
+    const char *best = NULL;
+    if (!strncmp(name, "--", 2)) {
+        /* --batch_size as --batch-size: Python's argparse users write both */
+        snprintf(key, sizeof key, "%s", name + 2);
+        for (char *p = key; *p; p++)
+            *p = *p == '_' ? '-' : *p;
+        best = suggest_long(longs, key);
+    }
+    if (best)
+        snprintf(msg, sizeof msg, "unknown option %s; did you mean --%s?", name, best);
+    else
+        snprintf(msg, sizeof msg, "unknown option %s", name);
+    return ebb_cli_usage_error(usage, "%s", msg);
+}
+
+int ebb_cli_fail_status(ebb_status st) {
+    fprintf(stderr, "ebb: %s\n", ebb_errmsg());
+    switch (st) {
+    case EBB_ERR_SPEC:
+    case EBB_ERR_BUILD:
+    case EBB_ERR_SHAPE:
+    case EBB_ERR_ARG:
+    case EBB_ERR_IO:
+    case EBB_ERR_BUDGET: return EXIT_SPEC; /* the user's --memory-budget, not memory that ran out */
+    default: return EXIT_RUNTIME;
+    }
+}
+
+int ebb_cli_set_threads(const char *usage, const char *val) {
+    uint64_t n = 0;
+    if (ebb_cli_parse_u64(val, &n) != 0 || n < 1 || n > 1024)
+        return ebb_cli_usage_error(usage, "--threads %s: give a thread count from 1 to 1024", val);
+    ebb_status st = ebb_set_num_threads((int)n);
+    return st == EBB_OK ? 0 : ebb_cli_fail_status(st);
+}
+
+int ebb_cli_parse_u64(const char *s, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!*s || *end || errno || *s == '-')
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int ebb_cli_weight_copies(const char *val, ebb_low_copies *out) {
+    static const char *const names[] = {"auto", "keep", "recast"};
+    for (int i = 0; i < 3; i++)
+        if (strcmp(val, names[i]) == 0) {
+            *out = (ebb_low_copies)i; /* EBB_LOW_COPIES_AUTO, _KEEP, _RECAST */
+            return 0;
+        }
+    return -1;
+}
+
 
 /* ---- setters ---------------------------------------------------------------- */
 

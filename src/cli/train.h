@@ -42,10 +42,6 @@ void ebb_cli_warn_precision(ebb_precision p, ebb_device d);
 /* The usage error for an unknown option as written (argv's "--weigths=x"),
  * with a "did you mean" when one of `longs` is near. */
 int ebb_cli_unknown_option(const char *usage, const struct option *longs, const char *written);
-/* The usage error for what getopt_long returned as `c` in a command's own
- * option loop: ':' (an option without its value) or '?' (an unknown one,
- * with the nearest long option suggested). */
-int ebb_cli_getopt_error(const char *usage, const struct option *longs, char **argv, int c);
 /* A non-negative decimal integer (a seed, a count) into *out: 0, or -1 for
  * anything else (a sign, trailing text, overflow). */
 int ebb_cli_parse_u64(const char *s, uint64_t *out);
