@@ -985,24 +985,32 @@ static int finish(ad *a, int loss) {
  * data parallel and ZeRO-1's owners. */
 static int take_train_options(compiler *c, const ebb_train_options *t) {
     ebb_plan *p = c->plan;
+    ebb_train_options *k = &p->train_options;
     p->training = 1;
-    p->grads_only = t->grads_only;
-    p->optimizer = t->optimizer;
+    /* verbatim, less what points into the caller's memory (the plan has
+     * its own per-parameter arrays), then made what the plan does */
+    *k = *t;
+    k->target_shapes = NULL;
+    k->n_target_shapes = 0;
+    k->target_dtypes = NULL;
+    k->loss = k->loss_attrs = NULL;
+    k->trained = k->no_decay = NULL;
+    k->n_trained = k->n_no_decay = 0;
     if (!(t->clip_grad_norm >= 0) || !(t->clip_grad_value >= 0))
         return ebb_compiler_fail(
             c, ebb_error_set(EBB_ERR_ARG,
                              "clip_grad_norm %g, clip_grad_value %g: clipping takes a "
                              "positive number (0: none)",
                              t->clip_grad_norm, t->clip_grad_value));
-    p->clip_grad_norm = t->grads_only ? 0 : t->clip_grad_norm;
-    p->clip_grad_value = t->grads_only ? 0 : t->clip_grad_value;
+    k->clip_grad_norm = t->grads_only ? 0 : t->clip_grad_norm;
+    k->clip_grad_value = t->grads_only ? 0 : t->clip_grad_value;
     if (t->loss_scaling && t->grads_only)
         return ebb_compiler_fail(
             c, ebb_error_set(EBB_ERR_ARG,
                              "loss_scaling needs update steps; a grads_only plan takes its "
                              "scale from ebb_run_options.loss_scale, and the caller "
                              "unscales (ebb_optimizer_unscale_)"));
-    p->loss_scaling = t->loss_scaling != 0;
+    k->loss_scaling = t->loss_scaling != 0;
     const ebb_parallel_options *par = &t->parallel;
     if (par->world < 0 || par->bucket_bytes < 0)
         return ebb_compiler_fail(
@@ -1021,9 +1029,8 @@ static int take_train_options(compiler *c, const ebb_train_options *t) {
                              "zero %d, rank %d of world %d: ZeRO-1 (zero 1) shards the "
                              "optimizer over 2 or more ranks, and the plan is one rank's",
                              par->zero, par->rank, par->world));
-    p->parallel = *par;
-    p->parallel.world = t->grads_only ? 0 : par->world;
-    p->parallel.rank = par->zero ? par->rank : 0;
+    k->parallel.world = t->grads_only ? 0 : par->world;
+    k->parallel.rank = par->zero ? par->rank : 0;
     /* with grads_only, ZeRO-1's owners only: the caller averages the
      * gradients and updates its share (the trainer's --accumulate) */
     if (par->zero && ebb_ad_assign_owners(c, par->world) != 0)

@@ -1185,21 +1185,22 @@ static void draw_titles(chart *c) {
     if (c->n_other && at < sizeof head)
         at += (size_t)snprintf(head + at, sizeof head - at, " (%d too small to draw, merged)",
                                c->n_other);
-    if (p->training && !p->grads_only && at < sizeof head) {
+    if (p->training && !p->train_options.grads_only && at < sizeof head) {
         char pb[32], ob[32];
         at += (size_t)snprintf(head + at, sizeof head - at,
                                "; beside them parameters %s, optimizer state %s",
                                bytes_text(ebb_plan_param_bytes(p), pb, sizeof pb),
                                bytes_text(ebb_plan_optimizer_state_bytes(p), ob, sizeof ob));
     }
-    if (p->clip_grad_norm > 0 && at < sizeof head) {
+    if (p->train_options.clip_grad_norm > 0 && at < sizeof head) {
         /* clipping by norm holds every gradient until the updates: its cost */
         char cb[32];
         int64_t cost = ebb_plan_clip_cost_bytes(p);
         snprintf(head + at, sizeof head - at,
                  "; clip_grad_norm %g: updates after the backward, peak %s%s than without "
                  "clipping",
-                 p->clip_grad_norm, bytes_text(cost < 0 ? -cost : cost, cb, sizeof cb),
+                 p->train_options.clip_grad_norm,
+                 bytes_text(cost < 0 ? -cost : cost, cb, sizeof cb),
                  cost < 0 ? " lower" : " higher");
     }
     draw_text(f, LEFT, 40, "class=\"sub\"", head);

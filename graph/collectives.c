@@ -94,8 +94,10 @@ static int first_of_dtype(const ebb_plan *p, const int *in, int k) {
 static int64_t largest_round(const ebb_plan *p, const int *in, const int *owners, int n,
                              ebb_dtype dt, int first, int64_t *cuda) {
     int64_t most = 0, bytes;
-    for (int round = first; round < p->parallel.world; round++)
-        if (owned_by(p, in, owners, n, (p->parallel.rank + round) % p->parallel.world, dt, &bytes) > 1)
+    for (int round = first; round < p->train_options.parallel.world; round++)
+        if (owned_by(p, in, owners, n,
+                     (p->train_options.parallel.rank + round) % p->train_options.parallel.world, dt,
+                     &bytes) > 1)
             most = bytes > most ? bytes : most;
     *cuda = most ? ebb_cuda_block(most) : 0;
     return most;
@@ -114,7 +116,9 @@ static void scatter_scratch(ebb_plan *p, plan_step *s, const int *in, const int 
         ebb_dtype dt = p->values[in[k]].dtype;
         if (!first_of_dtype(p, in, k))
             continue;
-        int64_t wrap = owned_by(p, in, owners, n, p->parallel.rank, dt, &own) ? divisor_bytes(dt) : 0;
+        int64_t wrap = owned_by(p, in, owners, n, p->train_options.parallel.rank, dt, &own)
+                           ? divisor_bytes(dt)
+                           : 0;
         int64_t out = largest_round(p, in, owners, n, dt, 1, &out_cuda);
         out = out > wrap ? out : wrap;
         int64_t here = own + out, here_cuda = (own ? ebb_cuda_block(own) : 0) + out_cuda;
@@ -230,7 +234,7 @@ int ebb_ad_assign_owners(compiler *c, int world) {
 int ebb_ad_broadcasts(ad *a) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
-    for (int r = 0; r < p->parallel.world; r++) {
+    for (int r = 0; r < p->train_options.parallel.world; r++) {
         /* trained parameters are all of the plan's dtype */
         int count = 0;
         int64_t bytes = 0;
@@ -292,9 +296,11 @@ int ebb_ad_allreduce_start(ad *a) {
     ebb_dtype dt = p->values[in[0]].dtype;
     int64_t e = (int64_t)ebb_dtype_size(dt), sent, own, all;
     if (scatter) {
-        if (owned_by(p, in, owners, n, (p->parallel.rank + 1) % p->parallel.world, dt, &sent) > 1)
+        if (owned_by(p, in, owners, n,
+                     (p->train_options.parallel.rank + 1) % p->train_options.parallel.world, dt,
+                     &sent) > 1)
             out[n_out++] = buffer_value(c, si, sent / e, dt);
-        if (owned_by(p, in, owners, n, p->parallel.rank, dt, &own) > 0)
+        if (owned_by(p, in, owners, n, p->train_options.parallel.rank, dt, &own) > 0)
             out[n_out++] = buffer_value(c, si, own / e, dt);
     } else if (owned_by(p, in, NULL, n, 0, dt, &all) > 1) {
         out[n_out++] = buffer_value(c, si, all / e, dt);
@@ -361,7 +367,9 @@ int ebb_ad_allreduce_wait(ad *a) {
     s->pub.phase = EBB_PHASE_UPDATE;
     s->workspace = divisor_bytes(dt);
     if (owners) { /* the rounds after the first, then the mean of its own */
-        int64_t wrap = owned_by(p, grads, owners, n, p->parallel.rank, dt, &bytes) ? divisor_bytes(dt) : 0;
+        int64_t wrap = owned_by(p, grads, owners, n, p->train_options.parallel.rank, dt, &bytes)
+                           ? divisor_bytes(dt)
+                           : 0;
         int64_t out = largest_round(p, grads, owners, n, dt, 2, &s->workspace_cuda);
         s->workspace = out > wrap ? out : wrap;
     }

@@ -94,7 +94,7 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
         st = ebb_place_updates(&p, g, opts);
     if (st == EBB_OK)
         st = ebb_keep_low_copies(&p, g, opts);
-    if (st == EBB_OK && (p->clip_grad_norm > 0 || p->loss_scaling))
+    if (st == EBB_OK && (p->train_options.clip_grad_norm > 0 || p->train_options.loss_scaling))
         st = unclipped_peak(p, g, opts);
     if (st != EBB_OK) {
         ebb_plan_free(p);

@@ -159,7 +159,7 @@ ebb_status ebb_keep_low_copies(ebb_plan **plan, const ebb_graph *g, const ebb_co
             ebb_plan_free(q);
         }
     }
-    (*plan)->low_copies = how;
+    (*plan)->train_options.low_weight_copies = how;
     free(cand);
     free(keep);
     return st;

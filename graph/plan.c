@@ -87,14 +87,14 @@ int ebb_plan_low_copies(const ebb_plan *p, int64_t *kept_bytes, int *recast) {
 }
 
 int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p) {
-    if (!p || !p->training || (p->grads_only && !p->owner))
+    if (!p || !p->training || (p->train_options.grads_only && !p->owner))
         return 0;
-    const ebb_optimizer_options *o = &p->optimizer;
+    const ebb_optimizer_options *o = &p->train_options.optimizer;
     int slots = o->kind == EBB_SGD ? o->momentum != 0 : 2 + (o->amsgrad != 0);
     int64_t n = 0;
     for (int i = 0; i < p->n_params; i++)
         if (!p->params[i].spec.counter && !p->params[i].spec.buffer && p->trained[i] &&
-            !(p->owner && p->owner[i] != p->parallel.rank))
+            !(p->owner && p->owner[i] != p->train_options.parallel.rank))
             n += slots * param_nbytes(p, i);
     return n;
 }
@@ -246,15 +246,16 @@ static void print_low_copies(const ebb_plan *p, FILE *f) {
     char kb[32];
     ebb_bytes_str(p->kept_copy_bytes, kb, sizeof kb);
     fputs("low weight copies:", f);
+    ebb_low_copies how = p->train_options.low_weight_copies;
     if (p->n_kept_copies)
         fprintf(f, " %d kept from the forward for the backward (%s)%s", p->n_kept_copies, kb,
-                p->low_copies == EBB_LOW_COPIES_AUTO ? ", which does not raise the peak" : "");
+                how == EBB_LOW_COPIES_AUTO ? ", which does not raise the peak" : "");
     if (p->n_recast_copies)
         fprintf(f, "%s %d cast again in the backward, %s", p->n_kept_copies ? ";" : "",
                 p->n_recast_copies,
-                p->memory_budget                        ? "as a memory budget recomputes"
-                : p->low_copies == EBB_LOW_COPIES_RECAST ? "as the options ask"
-                                                         : "as keeping them would raise the peak");
+                p->memory_budget               ? "as a memory budget recomputes"
+                : how == EBB_LOW_COPIES_RECAST ? "as the options ask"
+                                               : "as keeping them would raise the peak");
     fputc('\n', f);
     if (!p->n_kept_copies)
         return;
@@ -267,11 +268,13 @@ static void print_low_copies(const ebb_plan *p, FILE *f) {
 
 /* What gradient clipping does to the step, and what it costs. */
 static void print_clip(const ebb_plan *p, FILE *f) {
-    if (p->clip_grad_value > 0)
-        fprintf(f, "clip_grad_value %g: each update clamps its gradient to [-%g, %g] first, into "
-                   "a copy the size of the gradient\n",
-                p->clip_grad_value, p->clip_grad_value, p->clip_grad_value);
-    if (p->loss_scaling) {
+    if (p->train_options.clip_grad_value > 0)
+        fprintf(f,
+                "clip_grad_value %g: each update clamps its gradient to [-%g, %g] first, into "
+                "a copy the size of the gradient\n",
+                p->train_options.clip_grad_value, p->train_options.clip_grad_value,
+                p->train_options.clip_grad_value);
+    if (p->train_options.loss_scaling) {
         int at = -1;
         for (int i = 0; i < p->n_steps && at < 0; i++)
             if (p->steps[i].pub.kind == EBB_STEP_UNSCALE)
@@ -280,7 +283,7 @@ static void print_clip(const ebb_plan *p, FILE *f) {
                    "every gradient by it and skips the updates when one is not finite\n",
                 at);
     }
-    if (p->parallel.world > 1) {
+    if (p->train_options.parallel.world > 1) {
         int64_t most = 0;
         int overlap = 0, scatter = 0;
         for (int i = 0; i < p->n_steps; i++) {
@@ -309,7 +312,7 @@ static void print_clip(const ebb_plan *p, FILE *f) {
             snprintf(how, sizeof how, "all-reduce");
         fprintf(f, "data parallel over %d ranks: %d bucket step%s average the gradients (%s), "
                    "%s; the largest bucket's buffers %s\n",
-                p->parallel.world, p->n_buckets, p->n_buckets == 1 ? "" : "s", how,
+                p->train_options.parallel.world, p->n_buckets, p->n_buckets == 1 ? "" : "s", how,
                 !p->updates_in_backward
                     ? (overlap ? "each travelling while the backward goes on until the next "
                                  "bucket is full, the updates after the backward"
@@ -327,7 +330,7 @@ static void print_clip(const ebb_plan *p, FILE *f) {
                     continue;
                 trained++;
                 all += param_nbytes(p, i);
-                if (p->owner[i] == p->parallel.rank) {
+                if (p->owner[i] == p->train_options.parallel.rank) {
                     owned++;
                     bytes += param_nbytes(p, i);
                 }
@@ -342,26 +345,27 @@ static void print_clip(const ebb_plan *p, FILE *f) {
             ebb_bytes_str(all, ab, sizeof ab);
             ebb_bytes_str(ebb_plan_optimizer_state_bytes(p), sb, sizeof sb);
             ebb_bytes_str(biggest, bb, sizeof bb);
-            fprintf(f, "ZeRO-1, rank %d of %d: updates %d of %d parameter tensors (%s of %s) and "
-                       "holds their optimizer state (%s); %d broadcast step%s send each rank's "
-                       "updated parameters to the others, the largest buffer %s\n",
-                    p->parallel.rank, p->parallel.world, owned, trained, ob, ab, sb, n_bc,
-                    n_bc == 1 ? "" : "s", bb);
+            fprintf(f,
+                    "ZeRO-1, rank %d of %d: updates %d of %d parameter tensors (%s of %s) and "
+                    "holds their optimizer state (%s); %d broadcast step%s send each rank's "
+                    "updated parameters to the others, the largest buffer %s\n",
+                    p->train_options.parallel.rank, p->train_options.parallel.world, owned, trained,
+                    ob, ab, sb, n_bc, n_bc == 1 ? "" : "s", bb);
         }
     }
-    if (!(p->clip_grad_norm > 0) && !p->loss_scaling)
+    if (!(p->train_options.clip_grad_norm > 0) && !p->train_options.loss_scaling)
         return;
     char pb[32], ub[32], cb[32];
     int64_t cost = p->budget_peak_bytes - p->unclipped_peak_bytes;
     ebb_bytes_str(p->budget_peak_bytes, pb, sizeof pb);
     ebb_bytes_str(p->unclipped_peak_bytes, ub, sizeof ub);
     ebb_bytes_str(cost < 0 ? -cost : cost, cb, sizeof cb);
-    if (p->clip_grad_norm > 0)
+    if (p->train_options.clip_grad_norm > 0)
         fprintf(f,
                 "clip_grad_norm %g: the updates wait for every gradient (their norm needs them "
                 "all): peak %s (the larger of the CPU and CUDA counts) against %s without "
                 "clipping, %s%s\n",
-                p->clip_grad_norm, pb, ub, cost < 0 ? "less by " : "+", cb);
+                p->train_options.clip_grad_norm, pb, ub, cost < 0 ? "less by " : "+", cb);
     else
         fprintf(f,
                 "loss scaling: the updates wait for every gradient (an overflow in any skips them "
@@ -459,7 +463,7 @@ static void print_training(const ebb_plan *p, FILE *f) {
         trained += p->trained[i];
     fprintf(f, "training step: %d target(s), %d of %d parameter tensors trained, %s\n",
             p->n_targets, trained, p->n_params,
-            p->grads_only            ? "gradients handed out (no updates)"
+            p->train_options.grads_only            ? "gradients handed out (no updates)"
             : p->updates_in_backward && p->n_deferred
                 ? "each updated as soon as its gradient is final, which frees the gradient, "
                   "but those below"
@@ -469,11 +473,11 @@ static void print_training(const ebb_plan *p, FILE *f) {
     char pb[32], ob[32];
     ebb_bytes_str(ebb_plan_param_bytes(p), pb, sizeof pb);
     ebb_bytes_str(ebb_plan_optimizer_state_bytes(p), ob, sizeof ob);
-    if (!p->grads_only)
+    if (!p->train_options.grads_only)
         fprintf(f, "beside the step, for the whole run: parameters %s, optimizer state %s "
                    "(made with the optimizer: no step allocates it)\n",
                 pb, ob);
-    if (p->no_decay && !p->grads_only) {
+    if (p->no_decay && !p->train_options.grads_only) {
         fputs("without weight decay (a parameter group):", f);
         for (int i = 0, k = 0; i < p->n_params; i++)
             if (p->no_decay[i])

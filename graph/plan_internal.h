@@ -107,19 +107,19 @@ struct ebb_plan {
     /* training plans (ebb_compile_options.train) */
     int training;
     int n_targets;     /* the last n_targets of inputs[] */
-    int grads_only;    /* outputs 1.. are gradients, no update steps */
     unsigned char *trained;  /* per parameter */
     unsigned char *no_decay; /* per parameter: updated without weight decay (NULL: none) */
     int *out_param;    /* per output: the parameter whose gradient it is, or -1 */
-    ebb_optimizer_options optimizer; /* what the update steps' scratch was counted for */
+    /* the training options it was compiled with, their arrays left out
+     * (trained and no_decay are the per-parameter arrays above): grads_only
+     * (outputs 1.. are gradients, no update steps), the optimizer the update
+     * steps' scratch was counted for, clipping and loss scaling (0 with
+     * grads_only), parallel (world 0 with grads_only, rank 0 without zero)
+     * and low_weight_copies */
+    ebb_train_options train_options;
     int updates_in_backward; /* each update follows its gradient's last backward step */
-    double clip_grad_norm, clip_grad_value; /* ebb_train_options' */
     int64_t unclipped_peak_bytes; /* clip_grad_norm or loss_scaling: the step's peak with the
                                      updates inside the backward (without either) */
-    int loss_scaling;  /* ebb_train_options': the backward starts from the optimizer's scale */
-    /* ebb_train_options.parallel as compiled: world 0 for a grads_only plan, rank 0
-     * without zero */
-    ebb_parallel_options parallel;
     int n_buckets;     /* its EBB_STEP_ALLREDUCE steps */
     /* ZeRO-1 (parallel.zero): per parameter the rank that updates it (-1:
      * none); NULL: not sharded */
@@ -136,7 +136,6 @@ struct ebb_plan {
      * peak (or the options say so) */
     int n_kept_copies, n_recast_copies;
     int64_t kept_copy_bytes;
-    ebb_low_copies low_copies; /* ebb_train_options.low_weight_copies */
     /* a memory budget (graph/remat.c) */
     int64_t memory_budget;           /* EBB_MEMORY_BUDGET_LEAST: the peak it reached */
     int budget_least;                /* compiled for EBB_MEMORY_BUDGET_LEAST */

@@ -165,23 +165,25 @@ static void training_json(const ebb_plan *p, FILE *f) {
     if (p->n_kept_copies || p->n_recast_copies)
         fprintf(f, ",\n \"low_weight_copies\": {\"kept\": %d, \"kept_bytes\": %lld, \"recast\": %d}",
                 p->n_kept_copies, (long long)p->kept_copy_bytes, p->n_recast_copies);
-    if (p->clip_grad_norm > 0 || p->clip_grad_value > 0)
+    if (p->train_options.clip_grad_norm > 0 || p->train_options.clip_grad_value > 0)
         fprintf(f,
                 ",\n \"clip\": {\"grad_norm\": %.17g, \"grad_value\": %.17g, \"peak_bytes\": %lld, "
                 "\"unclipped_peak_bytes\": %lld}",
-                p->clip_grad_norm, p->clip_grad_value, (long long)p->budget_peak_bytes,
-                (long long)(p->clip_grad_norm > 0 ? p->unclipped_peak_bytes : p->budget_peak_bytes));
-    if (p->parallel.world > 1)
-        fprintf(f, ",\n \"data_parallel\": {\"ranks\": %d, \"buckets\": %d}", p->parallel.world,
-                p->n_buckets);
+                p->train_options.clip_grad_norm, p->train_options.clip_grad_value,
+                (long long)p->budget_peak_bytes,
+                (long long)(p->train_options.clip_grad_norm > 0 ? p->unclipped_peak_bytes
+                                                                : p->budget_peak_bytes));
+    if (p->train_options.parallel.world > 1)
+        fprintf(f, ",\n \"data_parallel\": {\"ranks\": %d, \"buckets\": %d}",
+                p->train_options.parallel.world, p->n_buckets);
     if (p->owner) {
         fprintf(f, ",\n \"zero\": {\"rank\": %d, \"optimizer_state_bytes\": %lld, \"owner\": [",
-                p->parallel.rank, (long long)ebb_plan_optimizer_state_bytes(p));
+                p->train_options.parallel.rank, (long long)ebb_plan_optimizer_state_bytes(p));
         for (int i = 0; i < p->n_params; i++)
             fprintf(f, i ? ", %d" : "%d", p->owner[i]);
         fputs("]}", f);
     }
-    if (p->loss_scaling)
+    if (p->train_options.loss_scaling)
         fprintf(f,
                 ",\n \"loss_scaling\": {\"peak_bytes\": %lld, \"updates_in_backward_peak_bytes\": "
                 "%lld}",

@@ -325,11 +325,13 @@ done:
 /* ---- reading the trade ----------------------------------------------------------- */
 
 int ebb_plan_updates_in_backward(const ebb_plan *p) { return p ? p->updates_in_backward : 0; }
-double ebb_plan_clip_grad_norm(const ebb_plan *p) { return p ? p->clip_grad_norm : 0; }
-int ebb_plan_loss_scaling(const ebb_plan *p) { return p ? p->loss_scaling : 0; }
+double ebb_plan_clip_grad_norm(const ebb_plan *p) {
+    return p ? p->train_options.clip_grad_norm : 0;
+}
+int ebb_plan_loss_scaling(const ebb_plan *p) { return p ? p->train_options.loss_scaling : 0; }
 int ebb_plan_param_decays(const ebb_plan *p, int i) {
     if (!p || !p->training || i < 0 || i >= p->n_params || !p->trained[i]) return 0;
-    const ebb_optimizer_options *o = &p->optimizer;
+    const ebb_optimizer_options *o = &p->train_options.optimizer;
     int decay = o->weight_decay != 0 || (o->kind == EBB_ADAMW && !o->complete);
     return decay && !(p->no_decay && p->no_decay[i]);
 }
@@ -337,9 +339,12 @@ int64_t ebb_plan_eager_peak_bytes(const ebb_plan *p) {
     if (!p || !p->training) return 0;
     return p->n_deferred ? p->eager_peak_bytes : p->budget_peak_bytes;
 }
-double ebb_plan_clip_grad_value(const ebb_plan *p) { return p ? p->clip_grad_value : 0; }
+double ebb_plan_clip_grad_value(const ebb_plan *p) {
+    return p ? p->train_options.clip_grad_value : 0;
+}
 int64_t ebb_plan_clip_cost_bytes(const ebb_plan *p) {
-    return p && p->clip_grad_norm > 0 ? p->budget_peak_bytes - p->unclipped_peak_bytes : 0;
+    return p && p->train_options.clip_grad_norm > 0 ? p->budget_peak_bytes - p->unclipped_peak_bytes
+                                                    : 0;
 }
 
 ebb_status ebb_plan_remat_stats(const ebb_plan *p, ebb_remat_stats *out) {

@@ -57,7 +57,7 @@ static int emit_updates(ad *a, const int *which, int n) {
         for (int k = 0; k < n; k++) {
             int i = which[k];
             if (a->updated[i] || a->pgrad[i] < 0 || !p->trained[i] ||
-                (p->owner && p->owner[i] != p->parallel.rank))
+                (p->owner && p->owner[i] != p->train_options.parallel.rank))
                 continue; /* ZeRO-1: another rank updates it */
             int64_t b = p->values[a->pgrad[i]].nbytes;
             if (best < 0 || b < best_bytes)
@@ -142,9 +142,9 @@ static int bucket_add(ad *a, const int *which, int n, int force) {
 int ebb_ad_updates_after_step(ad *a, int fi) {
     ebb_plan *p = a->c->plan;
     if (a->t->grads_only || a->depth > 0 || a->n_loops > 0 ||
-        (a->hold_updates && p->parallel.world <= 1))
+        (a->hold_updates && p->train_options.parallel.world <= 1))
         return 0;
-    if (p->parallel.world > 1) {
+    if (p->train_options.parallel.world > 1) {
         /* a bucket of final gradients is averaged before their updates; a
          * deferred update still has its gradient averaged here, so that the
          * buckets, which every rank must share, do not depend on placement
@@ -183,7 +183,7 @@ static int gradients_step(ad *a, ebb_step_kind kind, const char *op) {
     for (int i = 0; i < p->n_params; i++)
         if (p->trained[i] && a->pgrad[i] >= 0) {
             any = 1;
-            if (!p->owner || p->owner[i] == p->parallel.rank)
+            if (!p->owner || p->owner[i] == p->train_options.parallel.rank)
                 in[n++] = a->pgrad[i];
         }
     plan_step *s = any ? ebb_compiler_step_new(c, kind, op, "gradients") : NULL;
@@ -253,7 +253,7 @@ int ebb_ad_after_backward(ad *a) {
     ebb_plan *p = c->plan;
     /* data parallel: every gradient not averaged yet, in one last bucket
      * (before loss scaling and clipping read them) */
-    if (p->parallel.world > 1) {
+    if (p->train_options.parallel.world > 1) {
         int *all = malloc(((size_t)p->n_params + 1) * sizeof *all);
         if (!all)
             return ebb_compiler_oom(c);

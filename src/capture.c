@@ -299,7 +299,7 @@ ebb_status ebb_train_capture(ebb_capture **out, const ebb_plan *plan, ebb_model 
     int n_x = plan->n_inputs - plan->n_targets;
     if (n_x && !inputs)
         return ebb_error_set(EBB_ERR_ARG, "%s: plan %s needs %d input(s)", fn, plan->name, n_x);
-    if (!plan->training || plan->grads_only)
+    if (!plan->training || plan->train_options.grads_only)
         return ebb_error_set(EBB_ERR_ARG,
                              "%s: plan %s has no update steps (compile it with "
                              "ebb_compile_options.train, without grads_only)",

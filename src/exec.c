@@ -432,9 +432,10 @@ static ebb_status update(run_ctx *r, const plan_step *s) {
     int64_t before = first ? ebb_optimizer_state_bytes(r->opt, NULL) : 0;
     /* clip_grad_value: the update reads a clamped copy (the plan counts it) */
     ebb_tensor *clamped = NULL;
-    ebb_status st = r->plan->clip_grad_value > 0
-                        ? ebb_tensor_clip_grad_value(&clamped, g, r->plan->clip_grad_value)
-                        : EBB_OK;
+    ebb_status st =
+        r->plan->train_options.clip_grad_value > 0
+            ? ebb_tensor_clip_grad_value(&clamped, g, r->plan->train_options.clip_grad_value)
+            : EBB_OK;
     if (st == EBB_OK) st = ebb_optimizer_update(r->opt, s->pub.param, clamped ? clamped : g);
     ebb_tensor_free(clamped);
     if (first)
@@ -450,9 +451,10 @@ static ebb_status clip(run_ctx *r, const plan_step *s) {
     for (int i = 0; i < s->pub.n_in; i++)
         r->args[i] = r->slots[s->pub.in[i]];
     if (r->plan->owner)
-        return ebb_dist_clip_grad_norm_(r->dist, r->args, s->pub.n_in, r->plan->clip_grad_norm,
-                                        NULL);
-    return ebb_tensor_clip_grad_norm_(r->args, s->pub.n_in, r->plan->clip_grad_norm, NULL);
+        return ebb_dist_clip_grad_norm_(r->dist, r->args, s->pub.n_in,
+                                        r->plan->train_options.clip_grad_norm, NULL);
+    return ebb_tensor_clip_grad_norm_(r->args, s->pub.n_in, r->plan->train_options.clip_grad_norm,
+                                      NULL);
 }
 
 /* loss_scaling: every gradient divided by the scale in place, and the
@@ -884,7 +886,7 @@ static ebb_status run_ctx_init(run_ctx *r, const ebb_plan *plan, const ebb_model
         if (!r->shapes || !r->written)
             return ebb_error_set(EBB_ERR_NOMEM, "ebb_run: out of memory");
         double seed_grad = opts && opts->loss_scale != 0 ? opts->loss_scale : 1.0;
-        if (plan->loss_scaling) {
+        if (plan->train_options.loss_scaling) {
             double scale = ebb_optimizer_loss_scale(opt);
             if (!(scale > 0))
                 return ebb_error_set(EBB_ERR_ARG,
@@ -977,18 +979,20 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
     if (opts && opts->check_fits && ebb_plan_check_fits(plan, dev, model, 0, NULL) != EBB_OK)
         return ebb_error_prefix("ebb_run");
 
-    if (plan->parallel.world > 1 &&
-        (!opts || ebb_dist_world_size(opts->dist) != plan->parallel.world))
+    if (plan->train_options.parallel.world > 1 &&
+        (!opts || ebb_dist_world_size(opts->dist) != plan->train_options.parallel.world))
         return ebb_error_set(EBB_ERR_ARG,
                              "ebb_run: plan %s averages its gradients over %d ranks; "
                              "ebb_run_options.dist is %s",
-                             plan->name, plan->parallel.world,
+                             plan->name, plan->train_options.parallel.world,
                              opts && opts->dist ? "a group of another size" : "NULL");
-    if (plan->owner && plan->parallel.world > 1 && ebb_dist_rank(opts->dist) != plan->parallel.rank)
+    if (plan->owner && plan->train_options.parallel.world > 1 &&
+        ebb_dist_rank(opts->dist) != plan->train_options.parallel.rank)
         return ebb_error_set(EBB_ERR_ARG,
                              "ebb_run: plan %s is rank %d's share of a sharded optimizer "
                              "(ebb_parallel_options.zero); this process is rank %d",
-                             plan->name, plan->parallel.rank, ebb_dist_rank(opts->dist));
+                             plan->name, plan->train_options.parallel.rank,
+                             ebb_dist_rank(opts->dist));
     run_ctx r;
     if ((st = run_ctx_init(&r, plan, model, inputs, opts, opt)) != EBB_OK)
         goto done;

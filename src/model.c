@@ -121,8 +121,8 @@ ebb_status ebb_model_new(ebb_model **out, const ebb_plan *plan, ebb_device devic
          * what another ZeRO-1 rank owns (a grads_only plan's caller
          * updates), which still gets its gradients */
         m->frozen[i] = plan->training && !m->buffer[i] &&
-                       ((!plan->grads_only && !plan->trained[i]) ||
-                        (plan->owner && plan->owner[i] != plan->parallel.rank));
+                       ((!plan->train_options.grads_only && !plan->trained[i]) ||
+                        (plan->owner && plan->owner[i] != plan->train_options.parallel.rank));
         ebb_status st =
             init_param(&m->params[i], &pp->spec, plan->dtype, device, param_seed(seed, pp->full_name));
         if (st != EBB_OK) {

@@ -18,7 +18,7 @@ static const char *kind_name(ebb_optimizer_kind k) {
 /* The update steps' scratch was counted for the plan's optimizer options:
  * what changes it must agree (the learning rate and betas may differ). */
 ebb_status ebb_train_check_optimizer(const ebb_plan *p, const ebb_optimizer *opt, const char *fn) {
-    ebb_optimizer_options have = ebb_optimizer_get_options(opt), want = p->optimizer;
+    ebb_optimizer_options have = ebb_optimizer_get_options(opt), want = p->train_options.optimizer;
     int want_decay = want.weight_decay != 0 || (want.kind == EBB_ADAMW && !want.complete);
     const char *what = have.kind != want.kind                              ? "kind"
                        : (have.momentum != 0) != (want.momentum != 0)     ? "momentum"
@@ -135,7 +135,7 @@ ebb_status ebb_train_step_ex(const ebb_plan *plan, ebb_model *model, ebb_optimiz
     const char *fn = "ebb_train_step";
     if (!plan || !model || !opt)
         return ebb_error_set(EBB_ERR_ARG, "%s: plan, model and optimizer are required", fn);
-    if (!plan->training || plan->grads_only)
+    if (!plan->training || plan->train_options.grads_only)
         return ebb_error_set(EBB_ERR_ARG,
                              plan->training
                                  ? "%s: plan %s was compiled with grads_only (no update steps); "
@@ -168,7 +168,7 @@ static ebb_status grad_run(const ebb_plan *plan, const ebb_model *model, ebb_ten
         return ebb_error_set(EBB_ERR_ARG, "%s: plan, model and grads are required", fn);
     for (int i = 0; i < model->n_params; i++)
         grads[i] = NULL;
-    if (!plan->training || !plan->grads_only)
+    if (!plan->training || !plan->train_options.grads_only)
         return ebb_error_set(EBB_ERR_ARG,
                              plan->training
                                  ? "%s: plan %s has update steps; compile it with "
