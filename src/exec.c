@@ -932,6 +932,24 @@ static void run_ctx_free(run_ctx *r) {
     *r = (run_ctx){0};
 }
 
+/* A data-parallel plan needs its group: of its size, and for a ZeRO-1
+ * plan this process as the rank the plan is for. */
+static ebb_status check_dist(const ebb_plan *plan, const ebb_run_options *opts) {
+    const ebb_parallel_options *par = &plan->train_options.parallel;
+    if (par->world > 1 && (!opts || ebb_dist_world_size(opts->dist) != par->world))
+        return ebb_error_set(EBB_ERR_ARG,
+                             "ebb_run: plan %s averages its gradients over %d ranks; "
+                             "ebb_run_options.dist is %s",
+                             plan->name, par->world,
+                             opts && opts->dist ? "a group of another size" : "NULL");
+    if (plan->owner && par->world > 1 && ebb_dist_rank(opts->dist) != par->rank)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "ebb_run: plan %s is rank %d's share of a sharded optimizer "
+                             "(ebb_parallel_options.zero); this process is rank %d",
+                             plan->name, par->rank, ebb_dist_rank(opts->dist));
+    return EBB_OK;
+}
+
 /* The allocator's high-water mark since its last reset, over the run's
  * baseline, kept in r->run_peak when it is the largest yet; -1 where the
  * device cannot say. */
@@ -979,20 +997,8 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
     if (opts && opts->check_fits && ebb_plan_check_fits(plan, dev, model, 0, NULL) != EBB_OK)
         return ebb_error_prefix("ebb_run");
 
-    if (plan->train_options.parallel.world > 1 &&
-        (!opts || ebb_dist_world_size(opts->dist) != plan->train_options.parallel.world))
-        return ebb_error_set(EBB_ERR_ARG,
-                             "ebb_run: plan %s averages its gradients over %d ranks; "
-                             "ebb_run_options.dist is %s",
-                             plan->name, plan->train_options.parallel.world,
-                             opts && opts->dist ? "a group of another size" : "NULL");
-    if (plan->owner && plan->train_options.parallel.world > 1 &&
-        ebb_dist_rank(opts->dist) != plan->train_options.parallel.rank)
-        return ebb_error_set(EBB_ERR_ARG,
-                             "ebb_run: plan %s is rank %d's share of a sharded optimizer "
-                             "(ebb_parallel_options.zero); this process is rank %d",
-                             plan->name, plan->train_options.parallel.rank,
-                             ebb_dist_rank(opts->dist));
+    if ((st = check_dist(plan, opts)) != EBB_OK)
+        return st;
     run_ctx r;
     if ((st = run_ctx_init(&r, plan, model, inputs, opts, opt)) != EBB_OK)
         goto done;
