@@ -671,24 +671,18 @@ static ebb_status open_ema(ebb_trainer *t) {
 }
 
 /* After a step that updated: each average moves (1 - decay) of the way to
- * its weight, ema + (1 - decay) * (w - ema) as torch's lerp_ for a weight
- * under one half; the first step copies the weights (AveragedModel's
- * n_averaged == 0), and so does every step for a tensor of integers. */
+ * its weight (lerp_, as get_ema_multi_avg_fn does, in place); the first
+ * step copies the weights (AveragedModel's n_averaged == 0), and so does
+ * every step for a tensor of integers. */
 static ebb_status update_ema(ebb_trainer *t) {
     ebb_status st = EBB_OK;
     for (int i = 0; st == EBB_OK && i < ebb_model_param_count(t->m); i++) {
         const char *n = ebb_model_param_name(t->m, i);
-        ebb_tensor *w = ebb_model_param(t->m, n), *avg = ebb_model_param(t->ema, n), *d = NULL;
+        ebb_tensor *w = ebb_model_param(t->m, n), *avg = ebb_model_param(t->ema, n);
         ebb_dtype dt = ebb_tensor_dtype(w);
         int real = dt == EBB_FLOAT32 || dt == EBB_FLOAT64 || dt == EBB_FLOAT16 || dt == EBB_BFLOAT16;
-        if (t->ema_updates == 0 || !real) {
-            st = ebb_tensor_copy_(avg, w);
-            continue;
-        }
-        st = ebb_tensor_binary(&d, EBB_SUB, w, avg);
-        if (st == EBB_OK) st = ebb_tensor_affine_(d, 1 - t->o.ema_decay, 0);
-        if (st == EBB_OK) st = ebb_tensor_add_(avg, d);
-        ebb_tensor_free(d);
+        st = t->ema_updates == 0 || !real ? ebb_tensor_copy_(avg, w)
+                                          : ebb_tensor_lerp_(avg, w, 1 - t->o.ema_decay);
     }
     t->ema_updates += st == EBB_OK;
     return st == EBB_OK ? st : ebb_error_prefix("the weights' average (ema_decay)");

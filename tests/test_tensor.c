@@ -37,6 +37,33 @@ static void test_peak_and_reset(void **state) {
     assert_int_equal(s1.peak_bytes, s1.current_bytes);
 }
 
+/* lerp_ moves a in place by weight towards b: a + w (b - a), with no
+ * allocation (the weights' moving average, --ema, runs it every step). */
+static void test_lerp_in_place(void **state) {
+    (void)state;
+    float av[4] = {1, 2, -3, 0.5f}, bv[4] = {5, 2, 1, -0.5f}, got[4];
+    ebb_shape s = EBB_SHAPE(4);
+    ebb_tensor *a = NULL, *b = NULL;
+    assert_ok(ebb_tensor_from_host(&a, av, sizeof av, &s, EBB_FLOAT32, CPU));
+    assert_ok(ebb_tensor_from_host(&b, bv, sizeof bv, &s, EBB_FLOAT32, CPU));
+    ebb_memory_stats s0, s1;
+    assert_ok(ebb_memory_stats_get(CPU, &s0));
+    assert_ok(ebb_tensor_lerp_(a, b, 0.25));
+    assert_ok(ebb_memory_stats_get(CPU, &s1));
+    assert_int_equal(s1.allocations, s0.allocations);
+    assert_ok(ebb_tensor_to_host(a, got, sizeof got));
+    for (int i = 0; i < 4; i++)
+        assert_float_equal(got[i], av[i] + 0.25f * (bv[i] - av[i]), 1e-6);
+    ebb_shape t = EBB_SHAPE(3);
+    ebb_tensor *c = NULL;
+    assert_ok(ebb_tensor_zeros(&c, &t, EBB_FLOAT32, CPU));
+    assert_int_not_equal(ebb_tensor_lerp_(a, c, 0.5), EBB_OK); /* [4] with [3] */
+    assert_int_equal(ebb_tensor_lerp_(NULL, c, 0.5), EBB_ERR_ARG);
+    ebb_tensor_free(a);
+    ebb_tensor_free(b);
+    ebb_tensor_free(c);
+}
+
 static void test_views_share_storage(void **state) {
     (void)state;
     int64_t before = ebb_memory_current(CPU);
@@ -382,6 +409,7 @@ int main(void) {
         EBB_TEST(test_cpu_info_and_threads),
         EBB_TEST(test_bytes_exact_1000x1000),
         EBB_TEST(test_peak_and_reset),
+        EBB_TEST(test_lerp_in_place),
         EBB_TEST(test_views_share_storage),
         EBB_TEST(test_host_roundtrip_and_queries),
         EBB_TEST(test_seeded_random_is_reproducible),

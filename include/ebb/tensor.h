@@ -197,6 +197,9 @@ EBB_API ebb_status ebb_tensor_add_(ebb_tensor *a, const ebb_tensor *b);
 /* acc + a * b (broadcasting), one allocation. */
 EBB_API ebb_status ebb_tensor_addcmul(ebb_tensor **out, const ebb_tensor *acc, const ebb_tensor *a,
                               const ebb_tensor *b);
+/* a += weight * (b - a) in place, as torch's lerp_ (b broadcast to a); no
+ * allocation. */
+EBB_API ebb_status ebb_tensor_lerp_(ebb_tensor *a, const ebb_tensor *b, double weight);
 /* x * scale + shift. */
 EBB_API ebb_status ebb_tensor_affine(ebb_tensor **out, const ebb_tensor *x, double scale, double shift);
 /* The same, in place: x := x * scale + shift. */

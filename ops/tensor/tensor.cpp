@@ -586,6 +586,13 @@ ebb_status ebb_tensor_add_(ebb_tensor *a, const ebb_tensor *b) {
     return EBB_OK;
 }
 
+ebb_status ebb_tensor_lerp_(ebb_tensor *a, const ebb_tensor *b, double weight) {
+    EBB_NEED("ebb_tensor_lerp_", a);
+    EBB_NEED("ebb_tensor_lerp_", b);
+    EBB_TRY("ebb_tensor_lerp_", a->t.lerp_(b->t, weight);)
+    return EBB_OK;
+}
+
 ebb_status ebb_tensor_addcmul(ebb_tensor **out, const ebb_tensor *acc, const ebb_tensor *a,
                               const ebb_tensor *b) {
     EBB_OUT("ebb_tensor_addcmul", out);
