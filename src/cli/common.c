@@ -170,9 +170,8 @@ static int add_spec(const command *c, void *opts, const char *arg) {
 
 int cli_set_ranks(const cli_flag *f, const char *v, void *field, const char *usage) {
     (void)f;
-    char *end = NULL;
-    long n = strtol(v, &end, 10);
-    if (end == v || *end || n < 1 || n > 4096)
+    int64_t n = 0;
+    if (cli_parse_int(v, 1, 4096, &n) != 0)
         return ebb_cli_usage_error(usage, "--data-parallel %s: expected 1 to 4096 ranks", v);
     *(int *)field = (int)n;
     return 0;
@@ -180,9 +179,8 @@ int cli_set_ranks(const cli_flag *f, const char *v, void *field, const char *usa
 
 int cli_set_rank(const cli_flag *f, const char *v, void *field, const char *usage) {
     (void)f;
-    char *end = NULL;
-    long n = strtol(v, &end, 10);
-    if (end == v || *end || n < 0 || n > 4095)
+    int64_t n = 0;
+    if (cli_parse_int(v, 0, 4095, &n) != 0)
         return ebb_cli_usage_error(usage, "--rank %s: expected a rank, 0 to 4095", v);
     *(int *)field = (int)n;
     return 0;

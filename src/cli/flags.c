@@ -217,11 +217,18 @@ int cli_set_pattern(const cli_flag *f, const char *v, void *field, const char *u
     return cli_set_list(f, v, field, usage);
 }
 
+int cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end || errno || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
 int cli_set_count(const cli_flag *f, const char *v, void *field, const char *usage) {
-    uint64_t n = 0;
-    if (ebb_cli_parse_u64(v, &n) != 0 || n < 1 || n > 1000000000)
+    if (cli_parse_int(v, 1, 1000000000, field) != 0)
         return flag_error(f, usage, "%s needs a positive integer", NULL);
-    *(int64_t *)field = (int64_t)n;
     return 0;
 }
 

@@ -45,6 +45,10 @@ struct cli_flag {
     const char *needs; /* "X needs NEEDS" when the value is missing; NULL: "a value" */
 };
 
+/* A decimal integer from lo to hi into *out: 0, or -1 for anything else
+ * (empty, trailing text, out of range). For a setter's own checks. */
+int cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
+
 /* Setters for the usual kinds of value. */
 int cli_set_switch(const cli_flag *f, const char *v, void *field, const char *usage); /* int = 1 */
 int cli_set_path(const cli_flag *f, const char *v, void *field, const char *usage); /* non-empty */

@@ -43,25 +43,16 @@ typedef struct gen_opts {
     int verbose;
 } gen_opts;
 
-static int parse_count(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end || errno || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
 static int set_tokens(const cli_flag *f, const char *v, void *field, const char *usage) {
     (void)f;
-    if (parse_count(v, 0, 1000000000, field))
+    if (cli_parse_int(v, 0, 1000000000, field))
         return ebb_cli_usage_error(usage, "%s", "--tokens needs a count, 0 or more");
     return 0;
 }
 
 static int set_top_k(const cli_flag *f, const char *v, void *field, const char *usage) {
     (void)f;
-    if (parse_count(v, 0, VOCAB, field))
+    if (cli_parse_int(v, 0, VOCAB, field))
         return ebb_cli_usage_error(usage, "%s", "--top-k needs a count from 0 to 256");
     return 0;
 }

@@ -145,8 +145,8 @@ static int set_early_stop(const cli_flag *f, const char *v, void *field, const c
 
 static int set_top_k(const cli_flag *f, const char *v, void *field, const char *usage) {
     (void)f;
-    uint64_t n = 0;
-    if (ebb_cli_parse_u64(v, &n) != 0 || n > 1000000)
+    int64_t n = 0;
+    if (cli_parse_int(v, 0, 1000000, &n) != 0)
         return ebb_cli_usage_error(usage, "%s", "--top-k needs a count, 0 or more");
     *(int *)field = (int)n;
     return 0;
@@ -161,10 +161,8 @@ static int set_schedule(const cli_flag *f, const char *v, void *field, const cha
 
 static int set_nproc(const cli_flag *f, const char *v, void *field, const char *usage) {
     (void)f;
-    uint64_t n = 0;
-    if (ebb_cli_parse_u64(v, &n) != 0 || n < 1 || n > 64)
+    if (cli_parse_int(v, 1, 64, field) != 0)
         return ebb_cli_usage_error(usage, "--nproc %s: expected 1 to 64 processes", v);
-    *(int64_t *)field = (int64_t)n;
     return 0;
 }
 
