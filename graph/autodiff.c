@@ -1011,6 +1011,15 @@ static int take_train_options(compiler *c, const ebb_train_options *t) {
                              "scale from ebb_run_options.loss_scale, and the caller "
                              "unscales (ebb_optimizer_unscale_)"));
     k->loss_scaling = t->loss_scaling != 0;
+    if (t->accumulate < 0 || (t->accumulate > 1 && t->grads_only))
+        return ebb_compiler_fail(
+            c, ebb_error_set(EBB_ERR_ARG,
+                             t->accumulate < 0
+                                 ? "accumulate %d: a count of micro-batches (0 or 1: none)"
+                                 : "accumulate %d sums the gradients inside the plan; a "
+                                   "grads_only plan hands them out instead",
+                             t->accumulate));
+    k->accumulate = t->accumulate > 1 ? t->accumulate : 0;
     const ebb_parallel_options *par = &t->parallel;
     if (par->world < 0 || par->bucket_bytes < 0)
         return ebb_compiler_fail(
@@ -1032,7 +1041,7 @@ static int take_train_options(compiler *c, const ebb_train_options *t) {
     k->parallel.world = t->grads_only ? 0 : par->world;
     k->parallel.rank = par->zero ? par->rank : 0;
     /* with grads_only, ZeRO-1's owners only: the caller averages the
-     * gradients and updates its share (the trainer's --accumulate) */
+     * gradients and updates its share */
     if (par->zero && ebb_ad_assign_owners(c, par->world) != 0)
         return -1;
     return 0;
@@ -1052,10 +1061,11 @@ static int ad_init(ad *a, int n_fwd) {
     a->first_use = malloc(((size_t)p->n_params + 1) * sizeof *a->first_use);
     a->updated = calloc((size_t)p->n_params + 1, 1);
     a->reduced = calloc((size_t)p->n_params + 1, 1);
+    a->summed = calloc((size_t)p->n_params + 1, 1);
     a->bucket = malloc(((size_t)p->n_params + 1) * sizeof *a->bucket);
     a->pending = malloc(((size_t)p->n_params + 1) * sizeof *a->pending);
     if (!a->req || !a->grad || !a->pgrad || !a->regions || !a->loops || !a->copy || !a->first_use ||
-        !a->updated || !a->reduced || !a->bucket || !a->pending)
+        !a->updated || !a->reduced || !a->summed || !a->bucket || !a->pending)
         return ebb_compiler_oom(a->c);
     a->n_copy = a->n_grad;
     for (int v = 0; v < a->n_copy; v++)
@@ -1082,6 +1092,7 @@ static void ad_free(ad *a) {
     free(a->first_use);
     free(a->updated);
     free(a->reduced);
+    free(a->summed);
     free(a->pending);
     free(a->bucket);
 }

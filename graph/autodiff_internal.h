@@ -54,6 +54,7 @@ typedef struct ad {
     int *first_use; /* per parameter: the first forward step that reads it */
     unsigned char *updated; /* per parameter: its update step is emitted */
     unsigned char *reduced; /* per parameter (data parallel): its gradient is averaged */
+    unsigned char *summed;  /* per parameter (accumulate): its GRAD_SUM step is emitted */
     /* data parallel: final gradients not averaged yet (the open bucket) */
     int *bucket, n_bucket;
     int64_t bucket_bytes;

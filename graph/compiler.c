@@ -175,6 +175,7 @@ void ebb_plan_free(ebb_plan *p) {
         free((int *)s->pub.jump_frees);
         free(s->op_owned);
         free(s->owners);
+        free(s->sums_of);
     }
     free(p->steps);
     free(p->values);

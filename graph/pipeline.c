@@ -100,14 +100,15 @@ ebb_status ebb_pipeline(ebb_plan **out, const ebb_graph *g, const ebb_compile_op
     p->budget_peak_bytes = p->cuda_peak_bytes > p->peak_bytes ? p->cuda_peak_bytes : p->peak_bytes;
     p->no_recompute_peak_bytes = p->budget_peak_bytes;
     /* loss scaling: a step whose gradients overflow skips its updates, so
-     * where the peak is among them, that step stays below it */
+     * where the peak is among them, that step stays below it; so do an
+     * accumulation's micro-batches before the last */
     for (int i = 0, after = 0; i < p->n_steps; i++) {
         const plan_step *s = &p->steps[i];
         if (after && (s->pub.peak_bytes >= p->peak_bytes || s->cuda_peak_bytes >= p->cuda_peak_bytes)) {
             p->peak_is_bound = p->cuda_peak_is_bound = 1;
             break;
         }
-        after |= s->pub.kind == EBB_STEP_UNSCALE;
+        after |= s->pub.kind == EBB_STEP_UNSCALE || s->pub.kind == EBB_STEP_GRAD_SUMS;
     }
     for (int i = 0; i < p->n_steps; i++) {
         int64_t fl = ebb_step_flops(p, &p->steps[i]);

@@ -86,6 +86,14 @@ int ebb_plan_low_copies(const ebb_plan *p, int64_t *kept_bytes, int *recast) {
     return p ? p->n_kept_copies : 0;
 }
 
+int64_t ebb_plan_grad_sums_bytes(const ebb_plan *p) {
+    int64_t n = 0;
+    for (int i = 0; p && p->train_options.accumulate > 1 && i < p->n_steps; i++)
+        for (int k = 0; p->steps[i].pub.kind == EBB_STEP_GRAD_SUMS && k < p->steps[i].pub.n_out; k++)
+            n += p->values[p->steps[i].pub.out[k]].nbytes;
+    return n;
+}
+
 int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p) {
     if (!p || !p->training || (p->train_options.grads_only && !p->owner))
         return 0;
@@ -477,6 +485,15 @@ static void print_training(const ebb_plan *p, FILE *f) {
         fprintf(f, "beside the step, for the whole run: parameters %s, optimizer state %s "
                    "(made with the optimizer: no step allocates it)\n",
                 pb, ob);
+    if (p->train_options.accumulate > 1) {
+        char sb[32];
+        ebb_bytes_str(ebb_plan_grad_sums_bytes(p), sb, sizeof sb);
+        fprintf(f, "accumulation: %d micro-batches a step, each gradient added into its sum as "
+                   "soon as it is final; the sums (%s, made at the first micro-batch) stay "
+                   "beside the parameters, and only the step's last micro-batch goes on past "
+                   "grad_sums to the update\n",
+                p->train_options.accumulate, sb);
+    }
     if (p->no_decay && !p->train_options.grads_only) {
         fputs("without weight decay (a parameter group):", f);
         for (int i = 0, k = 0; i < p->n_params; i++)

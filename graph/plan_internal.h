@@ -44,6 +44,9 @@ typedef struct plan_step {
     int train;           /* OP: runs the rule's forward_train; pub.out[1..] are its extras */
     int *owners;         /* REDUCE_SCATTER(_START) (ZeRO-1): per input, the rank that
                             owns its parameter; only this rank's own become means */
+    int *sums_of;        /* GRAD_SUMS: per output, the parameter whose sum it is */
+    int agree;           /* GRAD_SUMS, data parallel with routing or loops: the ranks
+                            agree on which sums hold a gradient (src/exec.c) */
     int fwd_step;        /* BACKWARD: the forward step it differentiates */
     int n_fwd_in;        /* BACKWARD: the forward step's input count */
     uint32_t saved_in;   /* BACKWARD: forward inputs in pub.in, in order; then the
@@ -114,7 +117,8 @@ struct ebb_plan {
      * (trained and no_decay are the per-parameter arrays above): grads_only
      * (outputs 1.. are gradients, no update steps), the optimizer the update
      * steps' scratch was counted for, clipping and loss scaling (0 with
-     * grads_only), parallel (world 0 with grads_only, rank 0 without zero)
+     * grads_only), accumulate (0 for none), parallel (world 0 with
+     * grads_only, rank 0 without zero)
      * and low_weight_copies */
     ebb_train_options train_options;
     int updates_in_backward; /* each update follows its gradient's last backward step */

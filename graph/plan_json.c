@@ -74,7 +74,7 @@ static void values_json(const ebb_plan *p, FILE *f) {
     fputs("],\n \"values\": [", f);
     for (int v = 0; v < p->n_values; v++) {
         const ebb_plan_value *val = &p->values[v];
-        static const char *kinds[] = {"input", "intermediate", "output"};
+        static const char *kinds[] = {"input", "intermediate", "output", "held"};
         ebb_plan_value_id(p, v, id, sizeof id);
         fputs(v ? ",\n  {\"id\": " : "\n  {\"id\": ", f);
         ebb_json_string(f, id);
@@ -125,7 +125,7 @@ static void steps_json(const ebb_plan *p, FILE *f) {
         fputs(", \"frees\": ", f);
         ids_json(f, p, s->frees, s->n_frees);
         fprintf(f, ", \"phase\": \"%s\"", ebb_plan_phase_name(s->phase));
-        if (s->kind == EBB_STEP_UPDATE)
+        if (s->kind == EBB_STEP_UPDATE || s->kind == EBB_STEP_GRAD_SUM)
             fprintf(f, ", \"param\": %d", s->param);
         if (s->recompute)
             fputs(", \"recompute\": true", f);
@@ -173,6 +173,9 @@ static void training_json(const ebb_plan *p, FILE *f) {
                 (long long)p->budget_peak_bytes,
                 (long long)(p->train_options.clip_grad_norm > 0 ? p->unclipped_peak_bytes
                                                                 : p->budget_peak_bytes));
+    if (p->train_options.accumulate > 1)
+        fprintf(f, ",\n \"accumulate\": {\"micro_batches\": %d, \"grad_sums_bytes\": %lld}",
+                p->train_options.accumulate, (long long)ebb_plan_grad_sums_bytes(p));
     if (p->train_options.parallel.world > 1)
         fprintf(f, ",\n \"data_parallel\": {\"ranks\": %d, \"buckets\": %d}",
                 p->train_options.parallel.world, p->n_buckets);

@@ -182,6 +182,7 @@ static int output_class(walk *w, const ebb_plan *p, const plan_step *s, int k) {
             return new_class(w, route_batch(p, s->pub.in[1]) * 8);
         return new_class(w, value_full_bytes(&p->values[s->pub.in[0]]));
     case EBB_STEP_ALIAS: return w->cls[s->pub.in[0]];
+    case EBB_STEP_GRAD_SUMS: return -1; /* the optimizer's sums, counted beside the parameters */
     default:
         if (val->alias_of >= 0)
             return w->cls[val->alias_of];
@@ -319,6 +320,8 @@ int64_t ebb_step_flops(const ebb_plan *p, const plan_step *s) {
     case EBB_STEP_EXIT_BACKWARD:
     case EBB_STEP_ENTER_BACKWARD:
         return s->pub.n_out ? numel_of(p, s->pub.out[0]) : 0;
+    case EBB_STEP_GRAD_SUM: /* an add */
+        return numel_of(p, s->pub.in[0]);
     case EBB_STEP_UPDATE: /* a handful per element: Adam's moments, SGD's momentum */
         return 4 * numel_of(p, s->pub.in[0]);
     default:

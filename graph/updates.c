@@ -1,8 +1,10 @@
 /* What a training plan does with the final gradients: one UPDATE step per
  * trained parameter (as soon as its gradient is final, or after the whole
  * backward), data parallel's buckets (when one is averaged and its updates
- * may follow), clipping by the norm and loss scaling's unscale step. The
- * collectives' own steps are graph/collectives.c's. */
+ * may follow), clipping by the norm and loss scaling's unscale step; with
+ * accumulation first the sums the gradients are added into, and the step
+ * that ends every micro-batch but the last. The collectives' own steps are
+ * graph/collectives.c's. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -133,6 +135,97 @@ static int bucket_add(ad *a, const int *which, int n, int force) {
     return rc;
 }
 
+/* ---- accumulation (ebb_train_options.accumulate) ---- */
+
+static int accumulating(const ad *a) { return a->t->accumulate > 1; }
+
+/* Parameter i's final gradient added into its sum, where it dies: the
+ * optimizer holds the sum, and the step makes nothing the plan counts
+ * (the buffer, made at the run's first, is counted beside the
+ * parameters). */
+static int emit_sum(ad *a, int i) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    int g = a->pgrad[i];
+    plan_step *s = ebb_compiler_step_new(c, EBB_STEP_GRAD_SUM, "grad_sum", p->params[i].full_name);
+    if (!s || ebb_compiler_step_set_slots(c, s, &g, 1, NULL, 0) != 0)
+        return -1;
+    s->pub.phase = EBB_PHASE_BACKWARD;
+    s->pub.param = i;
+    a->summed[i] = 1; /* a->pgrad[i] stays, for the sum's shape */
+    return 0;
+}
+
+/* Whether a step makes which gradients exist depend on the data: a route,
+ * a branch, a loop. */
+static int routes(ebb_step_kind k) {
+    return k == EBB_STEP_ROUTE || k == EBB_STEP_ENTER || k == EBB_STEP_JUMP_IF ||
+           k == EBB_STEP_LOOP_INIT || k == EBB_STEP_SKIP;
+}
+
+/* The sums of the parameters which[0..n) whose gradient is final. */
+static int emit_sums(ad *a, const int *which, int n) {
+    const ebb_plan *p = a->c->plan;
+    for (int k = 0; k < n; k++) {
+        int i = which[k];
+        if (a->pgrad[i] >= 0 && p->trained[i] && !a->summed[i] && emit_sum(a, i) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* After the backward: the sums not added yet, then the GRAD_SUMS step,
+ * whose outputs (the sums, values the optimizer holds) are the gradients
+ * the rest of the plan reads; *at gets its index, whose jump to the end is
+ * set once the plan is complete. */
+static int emit_sums_step(ad *a, int *at) {
+    compiler *c = a->c;
+    ebb_plan *p = c->plan;
+    int *all = malloc(((size_t)p->n_params + 1) * sizeof *all);
+    int *out = malloc(((size_t)p->n_params + 1) * sizeof *out);
+    int *of = malloc(((size_t)p->n_params + 1) * sizeof *of), n = 0, rc = 0;
+    if (!all || !out || !of)
+        rc = ebb_compiler_oom(c);
+    for (int i = 0; rc == 0 && i < p->n_params; i++)
+        all[i] = i;
+    if (rc == 0)
+        rc = emit_sums(a, all, p->n_params);
+    for (int i = 0; rc == 0 && i < p->n_params; i++) {
+        if (!a->summed[i])
+            continue;
+        ebb_tensor *m = ebb_compiler_meta_ref(c, a->pgrad[i]);
+        int v = m ? ebb_compiler_value_new(c, m, EBB_VALUE_HELD, p->n_steps, -1) : -1;
+        if (v < 0)
+            rc = m ? -1 : ebb_compiler_oom(c);
+        else
+            a->pgrad[i] = out[n] = v, of[n++] = i;
+    }
+    plan_step *s = rc == 0 ? ebb_compiler_step_new(c, EBB_STEP_GRAD_SUMS, "grad_sums",
+                                                   "gradients") : NULL;
+    if (rc == 0 && (!s || ebb_compiler_step_set_slots(c, s, NULL, 0, out, n) != 0))
+        rc = -1;
+    if (rc == 0) {
+        s->pub.phase = EBB_PHASE_UPDATE;
+        /* data parallel, where a micro-batch may reach a parameter on one
+         * rank only: the ranks' float64 flags, a copy of them and the
+         * divisor's wrapping (a bound; such a plan's peak is one anyway) */
+        for (int i = 0; p->train_options.parallel.world > 1 && i < p->n_steps && !s->agree; i++)
+            s->agree = routes(p->steps[i].pub.kind);
+        if (s->agree) {
+            s->workspace = 16 * (int64_t)n + 8;
+            s->workspace_cuda = 2 * ebb_cuda_block(8 * (int64_t)n) + ebb_cuda_block(8);
+            s->has_workspace_cuda = 1;
+        }
+        s->sums_of = of;
+        of = NULL;
+        *at = ebb_compiler_step_index(c, s);
+    }
+    free(all);
+    free(out);
+    free(of);
+    return rc;
+}
+
 /* After the backward step of forward step fi: the parameters it was the
  * first reader of have their final gradient now. Inside a routed region or
  * an unrolled loop the update waits for the end, where no skip can jump
@@ -142,8 +235,15 @@ static int bucket_add(ad *a, const int *which, int n, int force) {
 int ebb_ad_updates_after_step(ad *a, int fi) {
     ebb_plan *p = a->c->plan;
     if (a->t->grads_only || a->depth > 0 || a->n_loops > 0 ||
-        (a->hold_updates && p->train_options.parallel.world <= 1))
+        (a->hold_updates && p->train_options.parallel.world <= 1 && !accumulating(a)))
         return 0;
+    if (accumulating(a)) { /* into the sums as each is final; the rest waits for them */
+        int which[EBB_MAX_PARAMS], n = 0;
+        for (int j = 0; j < p->steps[fi].n_params && n < EBB_MAX_PARAMS; j++)
+            if (a->first_use[p->steps[fi].param[j]] == fi)
+                which[n++] = p->steps[fi].param[j];
+        return emit_sums(a, which, n);
+    }
     if (p->train_options.parallel.world > 1) {
         /* a bucket of final gradients is averaged before their updates; a
          * deferred update still has its gradient averaged here, so that the
@@ -251,6 +351,9 @@ static int emit_unscale(ad *a, int *at) {
 int ebb_ad_after_backward(ad *a) {
     compiler *c = a->c;
     ebb_plan *p = c->plan;
+    int sums = -1;
+    if (accumulating(a) && emit_sums_step(a, &sums) != 0)
+        return -1;
     /* data parallel: every gradient not averaged yet, in one last bucket
      * (before loss scaling and clipping read them) */
     if (p->train_options.parallel.world > 1) {
@@ -281,6 +384,8 @@ int ebb_ad_after_backward(ad *a) {
         rc = ebb_ad_broadcasts(a);
     if (unscale >= 0) /* past the clip and the updates (and ZeRO's broadcasts: no rank updated) */
         p->steps[unscale].pub.jump = p->n_steps;
+    if (sums >= 0) /* a micro-batch before the step's last ends there */
+        p->steps[sums].pub.jump = p->n_steps;
     /* the plan says whether any update runs before the backward ends */
     for (int i = 0, seen = 0; rc == 0 && i < p->n_steps; i++) {
         if (seen && p->steps[i].pub.phase == EBB_PHASE_BACKWARD)

@@ -304,6 +304,11 @@ ebb_status ebb_train_capture(ebb_capture **out, const ebb_plan *plan, ebb_model 
                              "%s: plan %s has no update steps (compile it with "
                              "ebb_compile_options.train, without grads_only)",
                              fn, plan->name);
+    if (plan->train_options.accumulate > 1)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "%s: plan %s sums %d micro-batches a step, and a captured step is "
+                             "one run (compile it without ebb_train_options.accumulate)",
+                             fn, plan->name, plan->train_options.accumulate);
     ebb_status st = ebb_train_check_optimizer(plan, opt, fn);
     if (st == EBB_OK)
         st = check_capturable(plan, model);

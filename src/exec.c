@@ -30,6 +30,7 @@ typedef struct run_ctx {
     ebb_dist_work *pending; /* an all-reduce started, not yet waited for (parallel.overlap) */
     ebb_tensor *one;     /* the loss's gradient with respect to itself */
     uint64_t seed;       /* dropout's masks: mixed with the step index */
+    int micro_batch, micro_batches; /* accumulation: this run's place in its step */
     ebb_device dev;      /* the model's */
     int64_t base;        /* allocator bytes that are not the plan's: grows with optimizer state */
     int64_t run_peak;    /* the largest high-water mark sample_peak() has seen */
@@ -469,6 +470,67 @@ static ebb_status unscale(run_ctx *r, const plan_step *s, int *jump) {
     return ebb_optimizer_unscale_(r->opt, r->args, s->pub.n_in, jump);
 }
 
+/* ---- accumulation ------------------------------------------------------------ */
+
+/* The micro-batch's gradient of one parameter added into the optimizer's
+ * sum; a sum made here moves the baseline, as new optimizer state does. */
+static ebb_status grad_sum(run_ctx *r, const plan_step *s) {
+    ebb_tensor *g = r->slots[s->pub.in[0]];
+    if (!g)
+        return EBB_OK; /* no gradient reached it: a branch no row chose */
+    int64_t made = 0;
+    ebb_status st = ebb_optimizer_sum_add(r->opt, s->pub.param, g, &made);
+    r->base += made;
+    return st;
+}
+
+/* Data parallel: the ranks agree on which sums hold a gradient, and a sum
+ * only other ranks' micro-batches reached is zeros here, so that every
+ * rank's buckets hold the same gradients (a sum no rank reached stays out,
+ * as torch skips a None .grad). The flags travel as float64 (the step's
+ * scratch). */
+static ebb_status agree_sums(run_ctx *r, const plan_step *s) {
+    int n = s->pub.n_out;
+    double *any = calloc((size_t)n + 1, sizeof *any);
+    if (!any)
+        return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+    for (int k = 0; k < n; k++)
+        any[k] = ebb_optimizer_sum(r->opt, s->sums_of[k]) != NULL;
+    ebb_shape sh = {1, {n}};
+    ebb_tensor *flags = NULL;
+    ebb_status st = ebb_tensor_from_host(&flags, any, sizeof *any * (size_t)n, &sh, EBB_FLOAT64,
+                                         ebb_dist_device(r->dist));
+    if (st == EBB_OK)
+        st = ebb_dist_allreduce_mean_(r->dist, &flags, 1);
+    if (st == EBB_OK)
+        st = ebb_tensor_to_host(flags, any, sizeof *any * (size_t)n);
+    ebb_tensor_free(flags);
+    for (int k = 0; st == EBB_OK && k < n; k++) {
+        int64_t made = 0;
+        if (any[k] > 0)
+            st = ebb_optimizer_sum_zeros(r->opt, s->sums_of[k], &made);
+        r->base += made;
+    }
+    free(any);
+    return st;
+}
+
+/* The sums as the gradients the rest of the plan reads, borrowed from the
+ * optimizer; or, for a micro-batch before its step's last, the jump to the
+ * end. */
+static ebb_status grad_sums(run_ctx *r, const plan_step *s, int *jump) {
+    if (r->micro_batches > 1 && r->micro_batch < r->micro_batches - 1) {
+        *jump = 1;
+        return EBB_OK;
+    }
+    ebb_status st = s->agree ? agree_sums(r, s) : EBB_OK;
+    for (int k = 0; st == EBB_OK && k < s->pub.n_out; k++) {
+        slot_set(r, s->pub.out[k], ebb_optimizer_sum(r->opt, s->sums_of[k]));
+        r->borrowed[s->pub.out[k]] = 1;
+    }
+    return st;
+}
+
 /* ---- collectives ---------------------------------------------------------------
  *
  * One step kind per collective, each documented where exec_step dispatches
@@ -750,6 +812,8 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
     case EBB_STEP_UPDATE: return update(r, s);
     case EBB_STEP_CLIP: return clip(r, s);
     case EBB_STEP_UNSCALE: return unscale(r, s, jump);
+    case EBB_STEP_GRAD_SUM: return grad_sum(r, s);
+    case EBB_STEP_GRAD_SUMS: return grad_sums(r, s, jump);
     case EBB_STEP_ALLREDUCE:
     case EBB_STEP_REDUCE_SCATTER:
     case EBB_STEP_ALLREDUCE_START:
@@ -876,7 +940,12 @@ static ebb_status run_ctx_init(run_ctx *r, const ebb_plan *plan, const ebb_model
                                ebb_tensor *const *inputs, const ebb_run_options *opts,
                                ebb_optimizer *opt) {
     *r = (run_ctx){.plan = plan, .model = model, .opt = opt, .seed = opts ? opts->seed : 0,
-                   .dist = opts ? opts->dist : NULL, .dev = model->device};
+                   .dist = opts ? opts->dist : NULL, .dev = model->device,
+                   .micro_batch = opts ? opts->micro_batch : 0,
+                   .micro_batches = opts ? opts->micro_batches : 0};
+    /* accumulation: the step's first micro-batch starts the sums afresh */
+    if (plan->train_options.accumulate > 1 && r->micro_batch == 0)
+        ebb_optimizer_sums_restart(opt);
     ebb_status st = EBB_OK;
     if (plan->training) {
         ebb_shape scalar = {0};
@@ -950,6 +1019,22 @@ static ebb_status check_dist(const ebb_plan *plan, const ebb_run_options *opts) 
     return EBB_OK;
 }
 
+/* A micro-batch's place in its step, which only an accumulating plan takes. */
+static ebb_status check_micro(const ebb_plan *plan, const ebb_run_options *opts) {
+    int k = opts ? opts->micro_batch : 0, n = opts ? opts->micro_batches : 0;
+    if (k < 0 || n < 0 || (n > 0 && k >= n) || (n == 0 && k != 0))
+        return ebb_error_set(EBB_ERR_ARG,
+                             "ebb_run: micro_batch %d of micro_batches %d: a micro-batch is "
+                             "0 .. micro_batches - 1",
+                             k, n);
+    if (n > 1 && plan->train_options.accumulate <= 1)
+        return ebb_error_set(EBB_ERR_ARG,
+                             "ebb_run: plan %s updates from every run; compile it with "
+                             "ebb_train_options.accumulate to sum %d micro-batches",
+                             plan->name, n);
+    return EBB_OK;
+}
+
 /* The allocator's high-water mark since its last reset, over the run's
  * baseline, kept in r->run_peak when it is the largest yet; -1 where the
  * device cannot say. */
@@ -997,7 +1082,7 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
     if (opts && opts->check_fits && ebb_plan_check_fits(plan, dev, model, 0, NULL) != EBB_OK)
         return ebb_error_prefix("ebb_run");
 
-    if ((st = check_dist(plan, opts)) != EBB_OK)
+    if ((st = check_dist(plan, opts)) != EBB_OK || (st = check_micro(plan, opts)) != EBB_OK)
         return st;
     run_ctx r;
     if ((st = run_ctx_init(&r, plan, model, inputs, opts, opt)) != EBB_OK)

@@ -141,12 +141,11 @@ static ebb_status check_text_spec(const fields *f, const char *desc) {
 }
 
 /* The trainer's parallel options as a rank's plan takes them: world and
- * rank from dist (none for accumulation's gradient plan, whose sums the
- * trainer averages, unless ZeRO-1 needs its owners). */
+ * rank from dist. */
 static ebb_parallel_options parallel_of(const ebb_trainer_options *o) {
     ebb_parallel_options par = o->parallel;
     int zero = ebb_zero_sharded(o);
-    par.world = o->dist && (o->accumulate <= 1 || zero) ? ebb_dist_world_size(o->dist) : 0;
+    par.world = o->dist ? ebb_dist_world_size(o->dist) : 0;
     par.zero = zero;
     par.rank = zero ? ebb_dist_rank(o->dist) : 0;
     return par;
@@ -222,12 +221,8 @@ ebb_status ebb_fields_compile_plan(const fields *f, int64_t batch, const ebb_tra
                                  .n_trained = n_trained,
                                  .no_decay = o->no_decay,
                                  .n_no_decay = o->n_no_decay,
-                                 /* accumulation: the gradients, then one update */
-                                 .grads_only = o->accumulate > 1,
-                                 .loss_scaling = ebb_fields_scaling(f, o) > 0 && o->accumulate <= 1,
-                                 /* data parallel: buckets averaged in the backward (the
-                                  * trainer averages accumulated sums itself; under
-                                  * ZeRO-1 that plan still names each one's owner) */
+                                 .accumulate = o->accumulate,
+                                 .loss_scaling = ebb_fields_scaling(f, o) > 0,
                                  .parallel = parallel_of(o),
                                  .low_weight_copies = o->low_weight_copies};
         co.train = &to;

@@ -55,6 +55,11 @@ struct ebb_optimizer {
     ebb_tensor *hyper, *hyper_host;
     int hyper_on;
     ebb_loss_scaler scaler; /* GradScaler's state (src/loss_scale.c) */
+    /* gradient accumulation (run_internal.h): per parameter its sum's
+     * buffer, made at its first micro-batch and kept, and whether it holds
+     * a gradient of this step */
+    ebb_tensor **sums;
+    unsigned char *summed;
 };
 
 ebb_loss_scaler *ebb_optimizer_scaler(ebb_optimizer *opt) { return &opt->scaler; }
@@ -383,6 +388,10 @@ void ebb_optimizer_free(ebb_optimizer *opt) {
     ebb_tensor_free(opt->hyper_host);
     for (int i = 0; i < opt->n; i++)
         state_clear(&opt->state[i]);
+    for (int i = 0; opt->sums && i < opt->n; i++)
+        ebb_tensor_free(opt->sums[i]);
+    free(opt->sums);
+    free(opt->summed);
     free(opt->state);
     free(opt->weight_decay);
     free(opt->lr_scale);
@@ -792,6 +801,74 @@ int64_t ebb_optimizer_state_bytes(const ebb_optimizer *opt, int64_t *most) {
     }
     if (most) *most = all;
     return now;
+}
+
+/* ---- gradient accumulation's sums ---- */
+
+void ebb_optimizer_sums_restart(ebb_optimizer *opt) {
+    if (opt && opt->summed) memset(opt->summed, 0, (size_t)opt->n);
+}
+
+/* Parameter i's sum made, zeros of the parameter's shape and dtype (the
+ * gradient's), its bytes into *made. */
+static ebb_status sum_buffer(ebb_optimizer *opt, int i, int64_t *made) {
+    if (!opt->sums) {
+        opt->sums = calloc((size_t)opt->n + 1, sizeof *opt->sums);
+        opt->summed = calloc((size_t)opt->n + 1, 1);
+        if (!opt->sums || !opt->summed) {
+            free(opt->sums);
+            free(opt->summed);
+            opt->sums = NULL;
+            opt->summed = NULL;
+            return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+        }
+    }
+    if (opt->sums[i]) return EBB_OK;
+    const ebb_tensor *p = param_of(opt, i);
+    ebb_shape sh = ebb_tensor_shape(p);
+    ebb_status st = ebb_tensor_zeros(&opt->sums[i], &sh, ebb_tensor_dtype(p), ebb_tensor_device(p));
+    if (st == EBB_OK) *made += (int64_t)ebb_tensor_nbytes(opt->sums[i]);
+    return st;
+}
+
+ebb_status ebb_optimizer_sum_add(ebb_optimizer *opt, int i, const ebb_tensor *g, int64_t *made) {
+    if (!opt || i < 0 || i >= opt->n || !g)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_optimizer_sum_add: no parameter %d", i);
+    ebb_status st = sum_buffer(opt, i, made);
+    if (st != EBB_OK) return st;
+    /* the step's first gradient is copied, as PyTorch assigns .grad, so
+     * that the sum is bit for bit what one backward gave */
+    st = opt->summed[i] ? ebb_tensor_add_(opt->sums[i], g) : ebb_tensor_copy_(opt->sums[i], g);
+    if (st == EBB_OK) opt->summed[i] = 1;
+    return st;
+}
+
+ebb_status ebb_optimizer_sum_zeros(ebb_optimizer *opt, int i, int64_t *made) {
+    if (!opt || i < 0 || i >= opt->n)
+        return ebb_error_set(EBB_ERR_ARG, "ebb_optimizer_sum_zeros: no parameter %d", i);
+    if (opt->summed && opt->summed[i]) return EBB_OK;
+    /* made again rather than scaled by 0, which keeps a stale NaN; the old
+     * buffer goes first, so that the bytes held do not change */
+    if (opt->sums && opt->sums[i]) {
+        *made -= (int64_t)ebb_tensor_nbytes(opt->sums[i]);
+        ebb_tensor_free(opt->sums[i]);
+        opt->sums[i] = NULL;
+    }
+    ebb_status st = sum_buffer(opt, i, made);
+    if (st == EBB_OK) opt->summed[i] = 1;
+    return st;
+}
+
+ebb_tensor *ebb_optimizer_sum(const ebb_optimizer *opt, int i) {
+    if (!opt || !opt->sums || i < 0 || i >= opt->n || !opt->summed[i]) return NULL;
+    return opt->sums[i];
+}
+
+int64_t ebb_optimizer_sums_bytes(const ebb_optimizer *opt) {
+    int64_t n = 0;
+    for (int i = 0; opt && opt->sums && i < opt->n; i++)
+        if (opt->sums[i]) n += (int64_t)ebb_tensor_nbytes(opt->sums[i]);
+    return n;
 }
 
 /* The kernels' own allocations are described beside them

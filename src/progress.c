@@ -63,8 +63,8 @@ static void print_peaks(const ebb_trainer *t, FILE *f) {
                 rs.flops ? 100.0 * (double)rs.recompute_flops / (double)rs.flops : 0.0);
     if (t->accum > 1)
         fprintf(f, "accumulate %lld: %lld micro-batches of %lld samples a step (%lld samples), "
-                   "each through the gradient plan (peak %s), summed into %s of gradient buffers "
-                   "held beside the parameters\n",
+                   "each a run of the plan (peak %s) adding its gradients into %s of sums held "
+                   "beside the parameters; the step's last goes on to the update\n",
                 (long long)t->accum, (long long)t->accum, (long long)t->o.batch,
                 (long long)(t->accum * t->o.batch), ebb_bytes_str(peak, pk, sizeof pk),
                 ebb_bytes_str(t->s.accumulate_bytes, nb, sizeof nb));

@@ -26,13 +26,24 @@ ebb_status ebb_train_check_optimizer(const ebb_plan *plan, const ebb_optimizer *
  * optimizer's step count, so that every step draws new masks. */
 uint64_t ebb_train_run_seed(uint64_t seed, const ebb_optimizer *opt);
 
-/* ebb_grad_ex() that leaves batch_norm's running statistics as the forward
- * updated them, as a PyTorch forward in training mode does: gradient
- * accumulation's micro-batches (src/trainer.c). */
-ebb_status ebb_grad_keep_buffers(const ebb_plan *plan, const ebb_model *model,
-                                 ebb_tensor *const *inputs, ebb_tensor *const *targets,
-                                 double *loss, ebb_tensor **grads, const ebb_run_options *opts,
-                                 ebb_run_stats *stats);
+/* ---- gradient accumulation's sums (src/optim.c) ----------------------------
+ * A plan compiled with ebb_train_options.accumulate adds each micro-batch's
+ * gradients into a sum per parameter that the optimizer holds for the run
+ * (EBB_STEP_GRAD_SUM), and the step's last micro-batch updates from them
+ * (EBB_STEP_GRAD_SUMS). A sum's buffer is made at its first gradient and
+ * kept; *made gets the bytes a call allocated (or released: negative),
+ * which the run counts beside the parameters, as new optimizer state. */
+/* The step's first micro-batch: no sum holds a gradient of it yet. */
+void ebb_optimizer_sums_restart(ebb_optimizer *opt);
+/* Adds g into parameter i's sum; the step's first gradient is copied. */
+ebb_status ebb_optimizer_sum_add(ebb_optimizer *opt, int i, const ebb_tensor *g, int64_t *made);
+/* Data parallel: parameter i's sum, which no micro-batch of this rank
+ * reached and another rank's did, made zeros (a sum holding one stays). */
+ebb_status ebb_optimizer_sum_zeros(ebb_optimizer *opt, int i, int64_t *made);
+/* Parameter i's sum, borrowed; NULL when no gradient of this step reached it. */
+ebb_tensor *ebb_optimizer_sum(const ebb_optimizer *opt, int i);
+/* The bytes the sums' buffers hold. */
+int64_t ebb_optimizer_sums_bytes(const ebb_optimizer *opt);
 
 /* ---- an optimizer in a CUDA graph (src/optim.c) ----------------------------
  * A captured update cannot take its learning rate and bias corrections as

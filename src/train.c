@@ -109,8 +109,9 @@ static ebb_status run_training(const ebb_plan *plan, const ebb_model *model, ebb
     ebb_status st = buffers_save(&saved, plan, model);
     if (st == EBB_OK) {
         ebb_run_options o = opts ? *opts : (ebb_run_options){0};
+        /* accumulation: every micro-batch of a step draws its own masks */
         if (opt)
-            o.seed = ebb_train_run_seed(o.seed, opt);
+            o.seed = ebb_train_run_seed(o.seed, opt) + 0x9E3779B97F4A7C15ull * (uint64_t)o.micro_batch;
         st = ebb_run_plan(plan, model, all, outputs, &o, stats, opt);
     }
     if (st == EBB_OK && loss)
@@ -158,11 +159,9 @@ ebb_status ebb_train_step(const ebb_plan *plan, ebb_model *model, ebb_optimizer 
     return ebb_train_step_ex(plan, model, opt, inputs, targets, loss, NULL, stats);
 }
 
-/* ebb_grad_ex(), with batch_norm's running statistics put back after the
- * run (restore) or left as the forward updated them. */
-static ebb_status grad_run(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
-                           ebb_tensor *const *targets, double *loss, ebb_tensor **grads,
-                           int restore, const ebb_run_options *opts, ebb_run_stats *stats) {
+ebb_status ebb_grad_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
+                       ebb_tensor *const *targets, double *loss, ebb_tensor **grads,
+                       const ebb_run_options *opts, ebb_run_stats *stats) {
     const char *fn = "ebb_grad";
     if (!plan || !model || !grads)
         return ebb_error_set(EBB_ERR_ARG, "%s: plan, model and grads are required", fn);
@@ -183,26 +182,13 @@ static ebb_status grad_run(const ebb_plan *plan, const ebb_model *model, ebb_ten
     if (!out)
         return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory", fn);
     ebb_status st =
-        run_training(plan, model, NULL, inputs, targets, loss, out, restore, opts, stats, fn);
+        run_training(plan, model, NULL, inputs, targets, loss, out, 1, opts, stats, fn);
     if (st == EBB_OK)
         for (int k = 1; k < plan->n_outputs; k++)
             grads[plan->out_param[k]] = out[k];
     ebb_tensor_free(out[0]);
     free(out);
     return st;
-}
-
-ebb_status ebb_grad_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
-                       ebb_tensor *const *targets, double *loss, ebb_tensor **grads,
-                       const ebb_run_options *opts, ebb_run_stats *stats) {
-    return grad_run(plan, model, inputs, targets, loss, grads, 1, opts, stats);
-}
-
-ebb_status ebb_grad_keep_buffers(const ebb_plan *plan, const ebb_model *model,
-                                 ebb_tensor *const *inputs, ebb_tensor *const *targets,
-                                 double *loss, ebb_tensor **grads, const ebb_run_options *opts,
-                                 ebb_run_stats *stats) {
-    return grad_run(plan, model, inputs, targets, loss, grads, 0, opts, stats);
 }
 
 ebb_status ebb_grad(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,

@@ -312,25 +312,6 @@ static int zero_mine(const ebb_trainer *t, int i) {
     return owner < 0 || owner == t->rank;
 }
 
-/* --accumulate's update under ZeRO-1 (the plan's broadcast steps do it for
- * one batch a step): each rank's parameters, as it updated them, to every
- * other rank, one collective per owner. */
-static ebb_status zero_broadcast(ebb_trainer *t) {
-    int np = ebb_model_param_count(t->m), world = ebb_dist_world_size(t->o.dist);
-    ebb_tensor **mine = calloc((size_t)np + 1, sizeof *mine);
-    if (!mine) return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-    ebb_status st = EBB_OK;
-    for (int r = 0; st == EBB_OK && r < world; r++) {
-        int n = 0;
-        for (int i = 0; i < np; i++)
-            if (ebb_plan_param_owner(t->plan, i) == r)
-                mine[n++] = ebb_model_param(t->m, ebb_model_param_name(t->m, i));
-        if (n > 0) st = ebb_dist_broadcast_(t->o.dist, mine, n, r);
-    }
-    free(mine);
-    return st;
-}
-
 /* After a resume, which loaded the whole state: the state of the
  * parameters other ranks own goes. */
 static void zero_drop_others(ebb_trainer *t) {
@@ -544,25 +525,6 @@ static ebb_status set_lr_scales(ebb_trainer *t) {
     return EBB_OK;
 }
 
-/* accumulate: a zeroed gradient buffer per trained parameter, held for the
- * run, and room for one micro-batch's gradients. */
-static ebb_status open_accumulation(ebb_trainer *t) {
-    int n = ebb_model_param_count(t->m);
-    t->acc = calloc((size_t)n + 1, sizeof *t->acc);
-    t->grads = calloc((size_t)n + 1, sizeof *t->grads);
-    t->got = calloc((size_t)n + 1, 1);
-    if (!t->acc || !t->grads || !t->got) return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < n; i++) {
-        if (!ebb_plan_param_trained(t->plan, i)) continue;
-        const ebb_tensor *p = ebb_model_param(t->m, ebb_model_param_name(t->m, i));
-        ebb_shape sh = ebb_tensor_shape(p);
-        ebb_status st = ebb_tensor_zeros(&t->acc[i], &sh, ebb_tensor_dtype(p), t->o.device);
-        if (st != EBB_OK) return st;
-        t->s.accumulate_bytes += ebb_tensor_numel(p) * (int64_t)ebb_dtype_size(ebb_tensor_dtype(p));
-    }
-    return EBB_OK;
-}
-
 /* Data parallel: every rank starts from rank 0's parameters (its buffers
  * included). */
 static ebb_status broadcast_params(ebb_trainer *t) {
@@ -731,7 +693,7 @@ static ebb_status trainer_open(ebb_trainer *t, const ebb_spec *spec) {
     t->shard_samples = t->s.samples / t->world;
     if (t->world > 1 && !(t->shard = malloc(sizeof *t->shard * (size_t)(t->shard_samples + 1))))
         return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-    if (t->accum > 1 && (st = open_accumulation(t)) != EBB_OK) return st;
+    t->s.accumulate_bytes = ebb_plan_grad_sums_bytes(t->plan);
     if (o->dist && ((st = check_same_run(t)) != EBB_OK || (st = broadcast_params(t)) != EBB_OK))
         return st;
     /* every rank's average starts from rank 0's weights, as they do */
@@ -794,12 +756,6 @@ void ebb_trainer_free(ebb_trainer *t) {
     ebb_tensors_free(t->ts, MAX_FIELDS);
     if (t->shard != t->order) free(t->shard);
     free(t->order);
-    int np = t->m ? ebb_model_param_count(t->m) : 0;
-    if (t->acc) ebb_tensors_free(t->acc, np);
-    if (t->grads) ebb_tensors_free(t->grads, np);
-    free(t->acc);
-    free(t->grads);
-    free(t->got);
     ebb_state_free(&t->undo);
     ebb_capture_free(t->cap);
     ebb_lr_scheduler_free(t->sched);
@@ -892,122 +848,36 @@ static ebb_status dist_mean_loss(ebb_trainer *t, double *loss) {
     return st;
 }
 
-/* accumulate with ranks: the step's summed gradients averaged over the
- * ranks, as the unaccumulated plan's bucket steps average them, in one
- * collective per dtype (under ZeRO-1 a reduce-scatter). The ranks first
- * agree on which parameters any of their micro-batches reached: one no rank
- * reached keeps no gradient (as torch skips a None .grad); one only others
- * reached adds zeros here. */
-static ebb_status dist_mean_grads(ebb_trainer *t) {
-    int np = ebb_model_param_count(t->m);
-    double *any = calloc((size_t)np + 1, sizeof *any);
-    if (!any) return ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < np; i++) any[i] = t->got[i];
-    ebb_shape sh = {1, {np}};
-    ebb_tensor *flags = NULL;
-    ebb_status st = ebb_tensor_from_host(&flags, any, sizeof *any * (size_t)np, &sh, EBB_FLOAT64,
-                                         ebb_dist_device(t->o.dist));
-    if (st == EBB_OK) st = ebb_dist_allreduce_mean_(t->o.dist, &flags, 1);
-    if (st == EBB_OK) st = ebb_tensor_to_host(flags, any, sizeof *any * (size_t)np);
-    ebb_tensor_free(flags);
-    for (int i = 0; st == EBB_OK && i < np; i++) {
-        if (!(any[i] > 0) || t->got[i] || !t->acc[i]) continue;
-        ebb_tensor *z = NULL;
-        ebb_shape ps = ebb_tensor_shape(t->acc[i]);
-        st = ebb_tensor_zeros(&z, &ps, ebb_tensor_dtype(t->acc[i]), ebb_tensor_device(t->acc[i]));
-        if (st == EBB_OK) st = ebb_tensor_copy_(t->acc[i], z);
-        ebb_tensor_free(z);
-        t->got[i] = 1;
-    }
-    free(any);
-    for (int i = 0; i < np; i++)
-        t->grads[i] = t->got[i] ? t->acc[i] : NULL;
-    /* ZeRO-1: each rank needs the means of its own only */
-    int *owner = NULL;
-    if (st == EBB_OK && ebb_zero_sharded(&t->o)) {
-        owner = malloc(((size_t)np + 1) * sizeof *owner);
-        if (!owner) st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
-        for (int i = 0; owner && i < np; i++) owner[i] = ebb_plan_param_owner(t->plan, i);
-    }
-    if (st == EBB_OK)
-        st = owner ? ebb_dist_reduce_scatter_mean_(t->o.dist, t->grads, owner, np)
-                   : ebb_dist_allreduce_mean_(t->o.dist, t->grads, np);
-    free(owner);
-    for (int i = 0; i < np; i++) t->grads[i] = NULL; /* borrowed */
-    return st;
-}
-
-/* accumulate: micro-batches first .. first + n of epoch e through the
- * gradient plan, each micro-batch's loss scaled by its share of the step's
- * `total` samples, their gradients summed into the buffers (the first
- * copied, as PyTorch assigns .grad, then added), clipped, and one optimizer
- * step from the sums. *loss: the step's mean loss; *stats: the micro-batch
- * that measured most. */
+/* accumulate: micro-batches first .. first + n of the epoch, each a run of
+ * the plan with its loss scaled by its share of the step's `total`
+ * samples. The plan adds their gradients into the optimizer's sums, and
+ * its last run goes on to average, unscale, clip and update from them.
+ * *loss: the step's mean loss; *stats: the micro-batch that measured most. */
 static ebb_status accumulate_step(ebb_trainer *t, int64_t first, int64_t n, int64_t total,
                                   int traced, double *loss, ebb_run_stats *stats) {
     const ebb_trainer_options *o = &t->o;
-    int np = ebb_model_param_count(t->m);
     ebb_status st = EBB_OK;
-    memset(t->got, 0, (size_t)np);
     *loss = 0;
     for (int64_t k = 0; st == EBB_OK && k < n; k++) {
         int64_t at = 0, cnt = micro_batch(t, first + k, &at);
-        /* a micro-batch's dropout masks: the run's seed and its place in the run */
-        uint64_t micro = (uint64_t)(t->s.step * t->accum + k);
-        ebb_run_options ro = {.seed = o->seed + 0x2545f4914f6cdd1dull * (micro + 1),
+        ebb_run_options ro = {.seed = o->seed,
                               .trace = traced && k == 0 ? o->trace : NULL,
                               .trace_user = o->trace_user,
-                              .loss_scale = (double)cnt / (double)total *
-                                            (t->scale_from > 0 ? ebb_optimizer_loss_scale(t->opt)
-                                                               : 1.0)};
+                              .loss_scale = (double)cnt / (double)total,
+                              .dist = o->dist,
+                              .micro_batch = (int)k,
+                              .micro_batches = (int)n};
         ebb_run_stats ms = {0};
         double l = NAN;
         st = ebb_fields_make_batch(&t->f, t->train, t->shard + at, cnt, o->device, t->ts);
         if (st == EBB_OK)
-            st = ebb_grad_keep_buffers(t->plan, t->m, t->ts, t->ts + t->f.n_in, &l, t->grads,
-                                       &ro, &ms);
+            st = ebb_train_step_ex(t->plan, t->m, t->opt, t->ts, t->ts + t->f.n_in, &l, &ro, &ms);
         ebb_tensors_free(t->ts, t->f.n);
-        for (int i = 0; st == EBB_OK && i < np; i++) {
-            if (!t->grads[i] || !t->acc[i]) continue;
-            st = t->got[i] ? ebb_tensor_add_(t->acc[i], t->grads[i])
-                           : ebb_tensor_copy_(t->acc[i], t->grads[i]);
-            t->got[i] = 1;
-        }
-        ebb_tensors_free(t->grads, np);
         *loss += l * (double)cnt / (double)total;
         if (k == 0 || ms.measured_peak_bytes > stats->measured_peak_bytes || ms.over_step >= 0)
             *stats = ms;
     }
-    if (st == EBB_OK && o->dist) st = dist_mean_grads(t);
     if (st == EBB_OK && o->dist) st = dist_mean_loss(t, loss);
-    /* unscaling and clipping, as between the last backward() and step();
-     * ZeRO-1: of this rank's share, the averaged gradients it has, agreeing
-     * with the other ranks on the overflow check and the norm */
-    int zero = ebb_zero_sharded(o);
-    for (int i = 0; i < np; i++)
-        t->grads[i] = t->got[i] && (!zero || zero_mine(t, i)) ? t->acc[i] : NULL;
-    int overflow = 0;
-    if (st == EBB_OK && t->scale_from > 0)
-        st = zero ? ebb_optimizer_unscale_sharded_(t->opt, t->grads, np, o->dist, &overflow)
-                  : ebb_optimizer_unscale_(t->opt, t->grads, np, &overflow);
-    if (overflow) {
-        for (int i = 0; i < np; i++) t->grads[i] = NULL;
-        return st;
-    }
-    if (st == EBB_OK && o->clip_grad_norm > 0)
-        st = zero ? ebb_dist_clip_grad_norm_(o->dist, t->grads, np, o->clip_grad_norm, NULL)
-                  : ebb_tensor_clip_grad_norm_(t->grads, np, o->clip_grad_norm, NULL);
-    for (int i = 0; st == EBB_OK && o->clip_grad_value > 0 && i < np; i++)
-        if (t->grads[i]) {
-            t->grads[i] = NULL;
-            st = ebb_tensor_clip_grad_value(&t->grads[i], t->acc[i], o->clip_grad_value);
-        }
-    /* ZeRO-1: each rank updates its share, then sends it to the others */
-    if (st == EBB_OK) st = ebb_optimizer_step(t->opt, t->grads);
-    if (st == EBB_OK && ebb_zero_sharded(o)) st = zero_broadcast(t);
-    for (int i = 0; i < np; i++)
-        if (t->grads[i] == t->acc[i]) t->grads[i] = NULL; /* borrowed */
-    ebb_tensors_free(t->grads, np);
     return st;
 }
 

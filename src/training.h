@@ -80,9 +80,6 @@ struct ebb_trainer {
     ebb_capture *cap;  /* cuda_graph: the step, captured at the first full batch */
     int64_t accum, micro_per_epoch; /* micro-batches per step (1: none), and per epoch */
     double scale_from; /* loss scaling's first scale; 0: no loss scaling */
-    ebb_tensor **acc;   /* accumulate: per parameter, its gradient buffer (NULL: not trained) */
-    ebb_tensor **grads; /* accumulate: one micro-batch's gradients, or the step's to apply */
-    unsigned char *got; /* accumulate: per parameter, a gradient reached it this step */
     ebb_lr_scheduler *sched;
     ebb_trainer_stats s;
     char skip_why[512];

@@ -1297,7 +1297,8 @@ static void trainer_close(trainer *tr) {
 }
 
 /* trainer_open's flags */
-enum { OPEN_GRADS_ONLY = 1, OPEN_LOSS_SCALING = 2, OPEN_KEEP_COPIES = 4, OPEN_RECAST_COPIES = 8 };
+enum { OPEN_GRADS_ONLY = 1, OPEN_LOSS_SCALING = 2, OPEN_KEEP_COPIES = 4, OPEN_RECAST_COPIES = 8,
+       OPEN_ACCUMULATE = 16 /* two micro-batches a step, each half the fixture's batch */ };
 
 /* Compiles the step model for the fixture's case c, with the fixture's
  * initial parameters and an optimizer of the case's options. */
@@ -1329,10 +1330,13 @@ static void trainer_open(trainer *tr, const char *fixture, const char *yaml, con
     }
     tr->oo = case_options(tr->st, c);
     ebb_shape xs = ebb_tensor_shape(tr->x[0]), ys = ebb_tensor_shape(tr->y[0]);
+    if (flags & OPEN_ACCUMULATE)
+        xs.dim[0] = ys.dim[0] = (xs.dim[0] + 1) / 2;
     /* the target's dtype and the loss come from the spec's `targets:` and
      * `loss:`; its shape from the data (the spec's `batch` would be 1) */
     ebb_train_options t = {.target_shapes = &ys, .n_target_shapes = 1, .optimizer = tr->oo,
                            .grads_only = grads_only,
+                           .accumulate = flags & OPEN_ACCUMULATE ? 2 : 0,
                            .loss_scaling = (flags & OPEN_LOSS_SCALING) != 0,
                            .low_weight_copies = flags & OPEN_KEEP_COPIES     ? EBB_LOW_COPIES_KEEP
                                                 : flags & OPEN_RECAST_COPIES ? EBB_LOW_COPIES_RECAST
@@ -2034,6 +2038,132 @@ static void snap_free(snapshot *sn) {
     free(sn->state);
     free(sn->counts);
     *sn = (snapshot){0};
+}
+
+/* Rows [from, from + n) of x, a tensor of its own. */
+static ebb_tensor *rows_of(const ebb_tensor *x, int64_t from, int64_t n) {
+    ebb_tensor *view = NULL, *copy = NULL;
+    assert_ok(ebb_tensor_narrow(&view, x, 0, from, n));
+    assert_ok(ebb_tensor_clone(&copy, view));
+    ebb_tensor_free(view);
+    return copy;
+}
+
+/* An accumulating plan's shape: one grad_sum per trained parameter, in
+ * the backward; one grad_sums step, whose jump ends the plan and whose
+ * outputs are the optimizer's sums (held, counted beside the parameters). */
+static void check_accumulating_plan(const ebb_plan *plan, const char *what, problems *pr) {
+    int n = ebb_plan_step_count(plan), n_sums = 0, n_trained = 0;
+    int64_t held = 0, trained_bytes = 0;
+    int *sums = calloc((size_t)ebb_plan_param_count(plan) + 1, sizeof *sums);
+    assert_non_null(sums);
+    for (int i = 0; i < n; i++) {
+        const ebb_plan_step *s = ebb_plan_step_at(plan, i);
+        if (s->kind == EBB_STEP_GRAD_SUM && s->phase == EBB_PHASE_BACKWARD && s->n_in == 1 &&
+            s->n_out == 0 && s->param >= 0)
+            sums[s->param]++;
+        if (s->kind != EBB_STEP_GRAD_SUMS) continue;
+        n_sums++;
+        if (s->jump != n || s->n_in != 0)
+            problem(pr, "%s: grad_sums (step %d) jumps to %d of %d steps, reads %d", what, i,
+                    s->jump, n, s->n_in);
+        for (int k = 0; k < s->n_out; k++) {
+            const ebb_plan_value *v = ebb_plan_value_at(plan, s->out[k]);
+            if (v->kind != EBB_VALUE_HELD) problem(pr, "%s: a sum is no held value", what);
+            held += v->nbytes;
+        }
+    }
+    for (int i = 0; i < ebb_plan_param_count(plan); i++) {
+        if (!ebb_plan_param_trained(plan, i)) continue;
+        n_trained++;
+        const char *name = NULL;
+        const ebb_param_spec *ps = ebb_plan_param_at(plan, i, &name);
+        trained_bytes += ebb_shape_numel(&ps->shape) * 4;
+        if (sums[i] != 1) problem(pr, "%s: %d grad_sum steps for %s", what, sums[i], name);
+    }
+    if (n_sums != 1 || held != trained_bytes || ebb_plan_grad_sums_bytes(plan) != held)
+        problem(pr, "%s: %d grad_sums steps holding %lld bytes (plan: %lld), %d trained "
+                    "parameters of %lld bytes",
+                what, n_sums, (long long)held, (long long)ebb_plan_grad_sums_bytes(plan),
+                n_trained, (long long)trained_bytes);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    ebb_plan_print(plan, f);
+    fclose(f);
+    if (!strstr(text, "accumulation: 2 micro-batches a step") || !strstr(text, "grad_sums"))
+        problem(pr, "%s: the listing does not show the accumulation:\n%s", what, text);
+    free(text);
+    free(sums);
+}
+
+/* Every steps case again, each batch as two micro-batches of an
+ * accumulating plan (ebb_train_options.accumulate 2), each micro-batch's
+ * loss weighted by its share: after ten steps the parameters are torch's
+ * within the case's bounds. The first micro-batch of a step changes no
+ * parameter and no state (it stops at grad_sums); every run stays within
+ * its plan, and the step's last, after the first step, meets it to the
+ * byte; no handle is left but the optimizer's state and sums. */
+static void test_accumulated_steps(void **state) {
+    const char *c = *state;
+    problems pr = {0};
+    trainer tr;
+    trainer_open(&tr, "grad_steps_mlp", MLP_YAML, c, OPEN_ACCUMULATE, &pr);
+    char what[96];
+    snprintf(what, sizeof what, "%s, accumulated", c);
+    check_plan_shape(tr.plan, 0, NULL, what, &pr);
+    check_accumulating_plan(tr.plan, what, &pr);
+    int n = ebb_model_param_count(tr.model), sum_handles = 0;
+    for (int i = 0; i < n; i++) sum_handles += ebb_plan_param_trained(tr.plan, i) != 0;
+    for (int t = 0; t < STEPS && !pr.n; t++) {
+        int64_t b = ebb_tensor_shape(tr.x[t]).dim[0], half = (b + 1) / 2;
+        double step_loss = 0;
+        for (int k = 0; k < 2; k++) {
+            int64_t from = k ? half : 0, cnt = k ? b - half : half;
+            ebb_tensor *x = rows_of(tr.x[t], from, cnt), *y = rows_of(tr.y[t], from, cnt);
+            snapshot sn = {0};
+            if (k == 0) snap_take(&sn, &tr);
+            int64_t live = ebb_tensor_live_count() - state_handles(tr.opt, n);
+            ebb_run_options ro = {.loss_scale = (double)cnt / (double)b,
+                                  .micro_batch = k,
+                                  .micro_batches = 2};
+            ebb_run_stats rs = {0};
+            double l = NAN;
+            ebb_status st = ebb_train_step_ex(tr.plan, tr.model, tr.opt, &x, &y, &l, &ro, &rs);
+            if (st != EBB_OK)
+                problem(&pr, "%s step %d micro-batch %d: %s", what, t, k, ebb_errmsg());
+            step_loss += l * (double)cnt / (double)b;
+            int64_t left = ebb_tensor_live_count() - state_handles(tr.opt, n) - live;
+            if (left != (t == 0 && k == 0 ? sum_handles : 0))
+                problem(&pr, "%s step %d micro-batch %d: %lld handles left", what, t, k,
+                        (long long)left);
+            if (rs.measured_peak_bytes > rs.planned_peak_bytes || rs.over_step >= 0 ||
+                (t > 0 && k == 1 && cnt == half &&
+                 rs.measured_peak_bytes != rs.planned_peak_bytes))
+                problem(&pr, "%s step %d micro-batch %d: measured %lld, planned %lld (step %d "
+                             "over)",
+                        what, t, k, (long long)rs.measured_peak_bytes,
+                        (long long)rs.planned_peak_bytes, rs.over_step);
+            if (k == 0) {
+                snap_check(&sn, &tr, "a step's first micro-batch", &pr);
+                snap_free(&sn);
+                if (rs.steps_executed >= ebb_plan_step_count(tr.plan))
+                    problem(&pr, "%s: the first micro-batch ran all %lld steps", what,
+                            (long long)rs.steps_executed);
+            }
+            ebb_tensor_free(x);
+            ebb_tensor_free(y);
+        }
+        char k[64];
+        snprintf(k, sizeof k, "%s.loss.%d", c, t);
+        if (!(rel_scalar(step_loss, fx_scalar(tr.st, k)) <= tr.loss_tol))
+            problem(&pr, "%s step %d: loss %.9g, torch %.9g", what, t, step_loss,
+                    fx_scalar(tr.st, k));
+    }
+    if (!pr.n) check_final(&tr, &pr);
+    trainer_close(&tr);
+    fail_on_problems(&pr, what);
 }
 
 /* A step given `x` and `target` (and `opt`, or the trainer's) must fail with
@@ -2825,7 +2955,18 @@ int main(void) {
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];
     static char least_names[N_GRAD][64];
-    struct CMUnitTest tests[26 + 2 * N_GRAD];
+    /* the float32 steps cases, each again as two micro-batches a step (a
+     * bfloat16 case's micro-batch gradients are rounded to bfloat16 each,
+     * as under torch.autocast, and so differ from the whole batch's by
+     * more than its tolerance) */
+    static const char *const step_cases[] = {
+        "sgd_momentum",     "adam",           "adamw",        "sgd_clip_norm",
+        "adamw_clip_value", "adam_clip_both", "sgd_no_decay", "adamw_no_decay",
+        "sgd_bias_lr",      "adamw_bias_lr",
+    };
+    enum { N_STEP_CASES = sizeof step_cases / sizeof *step_cases };
+    static char accumulated_names[N_STEP_CASES][64];
+    struct CMUnitTest tests[26 + 2 * N_GRAD + N_STEP_CASES];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -2851,6 +2992,12 @@ int main(void) {
     tests[n++] = named_test("steps_adamw_bias_lr", test_steps, (void *)"adamw_bias_lr");
     tests[n++] = named_test("steps_adamw_bf16", test_steps, (void *)"adamw_bf16");
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_steps_batch_norm);
+    for (size_t i = 0; i < N_STEP_CASES; i++) {
+        snprintf(accumulated_names[i], sizeof accumulated_names[i], "accumulated_steps_%s",
+                 step_cases[i]);
+        tests[n++] = named_test(accumulated_names[i], test_accumulated_steps,
+                                (void *)step_cases[i]);
+    }
     tests[n++] = named_test("steps20_conv_net", test_steps20, (void *)&STEPS20_MODELS[0]);
     tests[n++] = named_test("steps20_transformer_encoder", test_steps20,
                             (void *)&STEPS20_MODELS[1]);

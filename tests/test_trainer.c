@@ -1508,9 +1508,7 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
             st = EBB_ERR_RUNTIME;
         }
     }
-    /* (an unsharded accumulation's plan computes gradients only: it keeps
-     * no figure for the state the trainer's optimizer holds) */
-    if (plan && zero && (o.parallel.zero || o.accumulate <= 1) &&
+    if (plan && zero &&
         ebb_optimizer_state_bytes(ebb_trainer_optimizer(t), NULL) != ebb_plan_optimizer_state_bytes(plan)) {
         fprintf(stderr, "[rank %d] optimizer state %lld bytes, planned %lld\n", rank,
                 (long long)ebb_optimizer_state_bytes(ebb_trainer_optimizer(t), NULL),
@@ -1525,7 +1523,7 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
         n_buckets += ebb_test_bucket_step(s->kind);
         n_scatter += s->kind == EBB_STEP_REDUCE_SCATTER;
     }
-    if (plan && o.parallel.zero && o.accumulate <= 1 && (n_buckets < 1 || n_scatter != n_buckets)) {
+    if (plan && o.parallel.zero && (n_buckets < 1 || n_scatter != n_buckets)) {
         fprintf(stderr, "[rank %d] %d of %d buckets reduce-scattered\n", rank, n_scatter,
                 n_buckets);
         st = EBB_ERR_RUNTIME;

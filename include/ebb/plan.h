@@ -87,8 +87,8 @@ typedef struct ebb_parallel_options {
      * buffer the size of its share. With grads_only the plan only says who
      * owns what (its model keeps no optimizer state for the others'
      * parameters) and has no collectives: the caller averages the
-     * gradients, updates its share and broadcasts it, as the trainer's
-     * accumulation does. 0: every rank keeps all of it. */
+     * gradients, updates its share and broadcasts it. 0: every rank keeps
+     * all of it. */
     int zero;
     /* A bucket's size (DDP's bucket_cap_mb); 0: 25 MiB. */
     int64_t bucket_bytes;
@@ -173,6 +173,20 @@ typedef struct ebb_train_options {
      * set ebb_run_options.loss_scale and call ebb_optimizer_unscale_()
      * instead. */
     int loss_scaling;
+    /* Gradient accumulation: > 1 makes one update of several runs, the
+     * micro-batches of a step (ebb_run_options.micro_batch). Each run's
+     * gradients are added, as soon as each is final, into a sum per
+     * parameter that the optimizer holds for the run (an EBB_STEP_GRAD_SUM
+     * step; the step's first micro-batch copies into it, as PyTorch assigns
+     * .grad, and its buffers are made at the first). Then one
+     * EBB_STEP_GRAD_SUMS step ends every micro-batch but the last; the
+     * last goes on, with the sums as the gradients, through the steps an
+     * unaccumulated plan runs after its backward: data parallel's
+     * collectives, unscale, clip and the updates. Scale each micro-batch's
+     * loss by its share of the step (ebb_run_options.loss_scale). The sums'
+     * bytes live beside the parameters (ebb_plan_grad_sums_bytes()). The
+     * value is kept for the listing and the caller; 0 or 1: none. */
+    int accumulate;
     /* Data parallel (ebb_parallel_options above); zeroes: one process. */
     ebb_parallel_options parallel;
     /* Mixed precision: where a backward step gets the low copies of the
@@ -269,6 +283,10 @@ typedef enum ebb_step_kind {
                            clip_grad_norm (ebb_train_options) */
     EBB_STEP_UNSCALE,   /* (every gradient): divided by the loss scale in place; jumps past
                            the updates when one is not finite (ebb_train_options.loss_scaling) */
+    EBB_STEP_GRAD_SUM,  /* (a gradient): added into its parameter's sum, which the
+                           optimizer holds across micro-batches (ebb_train_options.accumulate) */
+    EBB_STEP_GRAD_SUMS, /* () -> (the sums): jumps to the end unless this run is its step's
+                           last micro-batch, which goes on to update from the sums */
     /* The collectives of data parallel (ebb_parallel_options.world),
      * one kind each; src/exec.c documents each at its case. */
     EBB_STEP_ALLREDUCE, /* (a bucket of gradients): each becomes its mean over the ranks, in
@@ -324,7 +342,8 @@ typedef struct ebb_plan_step {
     int64_t peak_bytes; /* predicted live bytes during the step: before its frees,
                            with the op's internal scratch (ebb_op.workspace) */
     ebb_step_phase phase;
-    int param;          /* UPDATE: the parameter it updates; else -1 */
+    int param;          /* UPDATE, GRAD_SUM: the parameter it updates or sums into;
+                           BROADCAST: the sending rank; else -1 */
     int recompute;      /* OP in the backward: a forward step run again because
                            its output was not kept (ebb_compile_options.memory_budget) */
 } ebb_plan_step;
@@ -333,6 +352,8 @@ typedef enum ebb_value_kind {
     EBB_VALUE_INPUT,        /* a graph input: owned by the caller */
     EBB_VALUE_INTERMEDIATE, /* made and freed by the plan */
     EBB_VALUE_OUTPUT,       /* handed to the caller */
+    EBB_VALUE_HELD,         /* held across runs by the optimizer (gradient accumulation's
+                               sums), counted beside the parameters, not in the peaks */
 } ebb_value_kind;
 
 /* One value slot, read-only. */
@@ -404,6 +425,12 @@ EBB_API int64_t ebb_plan_param_bytes(const ebb_plan *p);
  * parameters it owns), a grads_only plan's included (its caller updates).
  * 0 for other plans and NULL p. */
 EBB_API int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p);
+/* A training plan with ebb_train_options.accumulate: the bytes of the
+ * gradient sums the optimizer holds across a step's micro-batches, one per
+ * trained parameter, made at the first micro-batch and kept for the run,
+ * beside the parameters (not in any step's peak). 0 for other plans and
+ * NULL p. */
+EBB_API int64_t ebb_plan_grad_sums_bytes(const ebb_plan *p);
 /* Mixed precision, a training plan: how many parameters' low copies its
  * forward keeps for its backward (ebb_train_options.low_weight_copies),
  * their bytes (kept_bytes, may be NULL), and how many its backward casts

@@ -167,6 +167,12 @@ typedef struct ebb_run_options {
      * group their all-reduce steps average over (its world size must be the
      * plan's); NULL for other plans. */
     ebb_dist *dist;
+    /* Training plans compiled with ebb_train_options.accumulate: this run
+     * is micro-batch `micro_batch` (from 0) of the `micro_batches` that
+     * make one update. Its gradients are added into the sums (the first
+     * copied); only the last goes on to the update. 0 and 0: the whole
+     * step in one run. */
+    int micro_batch, micro_batches;
 } ebb_run_options;
 
 /* Runs the plan. `inputs` holds one tensor per graph input (borrowed; never

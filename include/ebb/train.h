@@ -153,7 +153,16 @@ EBB_API ebb_status ebb_train_step(const ebb_plan *plan, ebb_model *model, ebb_op
 /* ebb_train_step() with run options (NULL: none): a per-step trace, the
  * check_fits refusal, and the seed of dropout's masks (each step of a run
  * draws from the seed and its step index; ebb_train_step() uses the
- * optimizer's step count, so every step draws new masks). */
+ * optimizer's step count, so every step draws new masks). A plan compiled
+ * with ebb_train_options.accumulate N takes a step as N calls, micro_batch
+ * 0 .. N - 1 of micro_batches N, each loss_scale its micro-batch's share
+ * of the step's samples (each micro-batch draws its own masks); only the
+ * last updates:
+ *
+ *     for (int k = 0; k < 4; k++) {
+ *         ebb_run_options ro = {.loss_scale = 0.25, .micro_batch = k, .micro_batches = 4};
+ *         ebb_train_step_ex(plan, model, opt, &x[k], &y[k], &loss[k], &ro, NULL);
+ *     } */
 EBB_API ebb_status ebb_train_step_ex(const ebb_plan *plan, ebb_model *model, ebb_optimizer *opt,
                                      ebb_tensor *const *inputs, ebb_tensor *const *targets,
                                      double *loss, const ebb_run_options *opts,

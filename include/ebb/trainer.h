@@ -188,9 +188,11 @@ typedef struct ebb_trainer_options {
      * are added into a buffer per trained parameter, and the optimizer
      * updates once from their sum, as PyTorch's loop of (loss / N).backward()
      * then step() does; the weights equal one step at the whole batch's
-     * size, to rounding. The step runs the gradient plan (grads_only,
-     * ebb_grad()); the buffers, one trained parameter's size each, are held
-     * for the run beside the parameters (ebb_trainer_stats.accumulate_bytes).
+     * size, to rounding. Each micro-batch is a run of the training plan,
+     * compiled with ebb_train_options.accumulate: it adds the gradients
+     * into the optimizer's sums, and only the step's last goes on to the
+     * update; the sums, one trained parameter's size each, are held for the
+     * run beside the parameters (ebb_trainer_stats.accumulate_bytes).
      * Clipping applies to the sum. 0 or 1: none. Not with cuda_graph. */
     int accumulate;
     /* Frozen parameters: full names matched by any of these fnmatch(3)
@@ -394,7 +396,8 @@ typedef struct ebb_trainer_stats {
     int64_t over_plan;     /* steps that measured more than their plan */
     int64_t measured_peak_bytes, planned_peak_bytes; /* the most any step measured; the plan's */
     int64_t last_checkpoint; /* the step of the last checkpoint written (-1: none) */
-    int64_t accumulate_bytes; /* accumulate: the gradient buffers held for the run */
+    int64_t accumulate_bytes; /* accumulate: the gradient sums held for the run
+                                 (ebb_plan_grad_sums_bytes()) */
     int64_t failed_step;   /* the step whose run failed (0: none); a failure elsewhere (an
                               evaluation, a checkpoint) leaves it 0 */
     int nonfinite;         /* the last failure was a loss or state not finite */

@@ -6,7 +6,7 @@ const char ebb_cli_usage_chart[] =
     "usage: ebb chart SPEC [-i NAME=DIMS]... [-p PARAM=N]... [--keep-all] [--trace T.jsonl]\n"
     "                 [--train [--loss NAME] [--optimizer KIND] [--grads-only]\n"
     "                 [--clip-grad-norm X] [--clip-grad-value X] [--no-decay PATTERN]...\n"
-    "                 [--loss-scale S] [--weight-copies HOW]\n"
+    "                 [--loss-scale S] [--accumulate N] [--weight-copies HOW]\n"
     "                 [--data-parallel N [--bucket-size SIZE] [--overlap] [--zero [--rank R]]]]\n"
     "                 [--memory-budget SIZE]\n"
     "                 [-o FILE.svg]\n"

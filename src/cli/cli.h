@@ -81,6 +81,10 @@ int cli_set_rank(const cli_flag *f, const char *v, void *field, const char *usag
                  "with --train: plan dynamic loss scaling (GradScaler's unscale\n"                 \
                  "step, the updates after the backward); `none`: without it\n"                     \
                  "(default: with --precision fp16, as ebb train)"),                                \
+        FLAG_COUNT("accumulate", "N", options, accumulate,                                         \
+                   "with --train: sum N micro-batches' gradients before one update\n"             \
+                   "(ebb train --accumulate N): a grad_sum step per parameter and\n"              \
+                   "one grad_sums step, past which only a step's last goes"),                    \
         FLAG_ROW(0, "data-parallel", "N", cli_set_ranks, options, parallel.world,                   \
                  "with --train: one rank's step of N (ebb train --nproc N): the\n"                 \
                  "gradients averaged in all-reduce steps, bucket by bucket"),                      \
@@ -124,6 +128,7 @@ typedef struct options {
     int64_t memory_budget; /* 0: none */
     double clip_norm, clip_value; /* --clip-grad-norm, --clip-grad-value; 0: none */
     double loss_scale;            /* --loss-scale: > 0 on, -1 none, 0 on with fp16 */
+    int64_t accumulate;           /* --accumulate N: micro-batches a step (0: not given) */
     /* --data-parallel N (world; 0: one process), --bucket-size, --zero,
      * --rank R (-1: not given) and --overlap */
     ebb_parallel_options parallel;

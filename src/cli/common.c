@@ -193,11 +193,13 @@ static int check_options(const command *c, const options *o) {
         return ebb_cli_usage_error(usage, "%s", "missing SPEC");
     if (o->non_strict && !o->weights)
         return ebb_cli_usage_error(usage, "%s", "--non-strict applies to --weights, which is not given");
-    if ((o->clip_norm > 0 || o->clip_value > 0 || o->loss_scale != 0 || o->parallel.world) &&
+    if ((o->clip_norm > 0 || o->clip_value > 0 || o->loss_scale != 0 || o->parallel.world ||
+         o->accumulate) &&
         (!o->train || o->grads_only))
         return ebb_cli_usage_error(usage, "%s",
-                                   "--clip-grad-norm, --clip-grad-value, --loss-scale and "
-                                   "--data-parallel apply to --train (a step with updates)");
+                                   "--clip-grad-norm, --clip-grad-value, --loss-scale, "
+                                   "--accumulate and --data-parallel apply to --train (a step "
+                                   "with updates)");
     if (o->weight_copies_set && !o->train)
         return ebb_cli_usage_error(usage, "%s", "--weight-copies applies to --train");
     if (o->parallel.overlap && o->parallel.world < 2)
@@ -703,6 +705,7 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
                              .n_no_decay = o->no_decay.n};
     /* as ebb train: on with fp16 unless --loss-scale none */
     ebb_precision pr = o->precision ? o->precision : ebb_spec_precision(s);
+    t->accumulate = (int)o->accumulate;
     t->parallel = o->parallel;
     t->parallel.rank = o->parallel.zero && o->parallel.rank > 0 ? o->parallel.rank : 0;
     t->low_weight_copies = o->weight_copies;

@@ -5,7 +5,7 @@
 const char ebb_cli_usage_dot[] =
     "usage: ebb dot SPEC [--plan [--train [--loss NAME] [--optimizer KIND]\n"
     "               [--clip-grad-norm X] [--clip-grad-value X] [--no-decay PATTERN]...\n"
-    "               [--loss-scale S] [--weight-copies HOW]\n"
+    "               [--loss-scale S] [--accumulate N] [--weight-copies HOW]\n"
     "               [--data-parallel N [--bucket-size SIZE] [--overlap] [--zero [--rank R]]]]\n"
     "               [--memory-budget SIZE]]\n"
     "               [-i NAME=DIMS]... [-p PARAM=N]... [-o FILE]\n"

@@ -6,7 +6,7 @@ const char ebb_cli_usage_plan[] =
     "usage: ebb plan SPEC [-i NAME=D0,D1,...]... [-p PARAM=N]... [--json] [--keep-all]\n"
     "                [--memory] [--train [--loss NAME] [--optimizer KIND]\n"
     "                [--clip-grad-norm X] [--clip-grad-value X] [--no-decay PATTERN]...\n"
-    "                [--loss-scale S] [--weight-copies HOW]\n"
+    "                [--loss-scale S] [--accumulate N] [--weight-copies HOW]\n"
     "                [--data-parallel N [--bucket-size SIZE] [--overlap] [--zero [--rank R]]]]\n"
     "                [--memory-budget SIZE]\n"
     "\n";
