@@ -1630,6 +1630,57 @@ static void test_plan_precision(void **state) {
     cli_free(&r);
 }
 
+/* --accumulate N: a grad_sum step per trained parameter, one grad_sums step
+ * that jumps to the end, the sums held beside the parameters (the listing
+ * and the JSON say so, and their bytes are the parameters'); without
+ * --train, or not a count, a usage error. */
+static void test_plan_accumulate(void **state) {
+    (void)state;
+    cli_result r;
+    EBB(&r, "plan", "specs/mlp.yaml", "-i", "batch=8", "--train", "--accumulate", "4");
+    expect_code(&r, 0);
+    expect_contains("stdout", &r, r.out, "  grad_sum             fc1.weight");
+    expect_contains("stdout", &r, r.out, "  grad_sums            gradients");
+    expect_contains("stdout", &r, r.out, "accumulation: 4 micro-batches a step");
+    cli_free(&r);
+    EBB(&r, "plan", "specs/mlp.yaml", "-i", "batch=8", "--train", "--accumulate", "4", "--json");
+    expect_code(&r, 0);
+    cJSON *plan = cJSON_Parse(r.out);
+    if (!plan) fail_msg("`%s`: not JSON", r.cmd);
+    cJSON *acc = cJSON_GetObjectItemCaseSensitive(plan, "accumulate");
+    long long sums = int_field(acc, "grad_sums_bytes", "accumulate");
+    if (int_field(acc, "micro_batches", "accumulate") != 4 ||
+        sums != int_field(plan, "param_bytes", "plan"))
+        fail_msg("`%s`: accumulate %s, param_bytes %lld", r.cmd, cJSON_PrintUnformatted(acc),
+                 int_field(plan, "param_bytes", "plan"));
+    int n_sum = 0, n_sums = 0, n_held = 0, n = 0;
+    cJSON *s;
+    cJSON_ArrayForEach(s, cJSON_GetObjectItemCaseSensitive(plan, "steps")) {
+        const char *op = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(s, "op"));
+        n_sum += op && !strcmp(op, "grad_sum");
+        n_sums += op && !strcmp(op, "grad_sums");
+        n++;
+    }
+    cJSON *v;
+    cJSON_ArrayForEach(v, cJSON_GetObjectItemCaseSensitive(plan, "values")) {
+        const char *kind = cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(v, "kind"));
+        n_held += kind && !strcmp(kind, "held");
+    }
+    if (n_sum != 6 || n_sums != 1 || n_held != 6)
+        fail_msg("`%s`: %d grad_sum, %d grad_sums steps of %d, %d held values", r.cmd, n_sum,
+                 n_sums, n, n_held);
+    cJSON_Delete(plan);
+    cli_free(&r);
+    EBB(&r, "plan", "specs/mlp.yaml", "--accumulate", "4");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--accumulate and --data-parallel apply to --train");
+    cli_free(&r);
+    EBB(&r, "plan", "specs/mlp.yaml", "--train", "--accumulate", "0");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--accumulate needs a positive integer");
+    cli_free(&r);
+}
+
 static void test_plan_memory_and_keep_all(void **state) {
     (void)state;
     cJSON *plan = plan_json("specs/mlp.yaml", "batch=8");
@@ -4240,6 +4291,7 @@ int main(void) {
         EBB_TEST(test_all_specs_dot_plan),
         EBB_TEST(test_dot_output_files),
         EBB_TEST(test_plan_precision),
+        EBB_TEST(test_plan_accumulate),
         EBB_TEST(test_plan_memory_and_keep_all),
         EBB_TEST(test_trace_straight_line),
         EBB_TEST(test_trace_loop_iterations),

@@ -286,7 +286,9 @@ typedef enum ebb_step_kind {
     EBB_STEP_GRAD_SUM,  /* (a gradient): added into its parameter's sum, which the
                            optimizer holds across micro-batches (ebb_train_options.accumulate) */
     EBB_STEP_GRAD_SUMS, /* () -> (the sums): jumps to the end unless this run is its step's
-                           last micro-batch, which goes on to update from the sums */
+                           last micro-batch, which goes on to update from the sums (data
+                           parallel with routing or loops: it first meets the other ranks,
+                           which agree on which sums hold a gradient) */
     /* The collectives of data parallel (ebb_parallel_options.world),
      * one kind each; src/exec.c documents each at its case. */
     EBB_STEP_ALLREDUCE, /* (a bucket of gradients): each becomes its mean over the ranks, in
