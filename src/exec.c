@@ -472,8 +472,11 @@ static ebb_status unscale(run_ctx *r, const plan_step *s, int *jump) {
 
 /* ---- accumulation ------------------------------------------------------------ */
 
-/* The micro-batch's gradient of one parameter added into the optimizer's
- * sum; a sum made here moves the baseline, as new optimizer state does. */
+/* Opcode: GRAD_SUM  (a gradient) ; param = its parameter
+ * Synopsis: sums[param] := gradient (the step's first micro-batch), or
+ * sums[param] + gradient, in place
+ * The sums are the optimizer's, kept across runs; one made here moves the
+ * baseline, as new optimizer state does. */
 static ebb_status grad_sum(run_ctx *r, const plan_step *s) {
     ebb_tensor *g = r->slots[s->pub.in[0]];
     if (!g)
@@ -515,9 +518,11 @@ static ebb_status agree_sums(run_ctx *r, const plan_step *s) {
     return st;
 }
 
-/* The sums as the gradients the rest of the plan reads, borrowed from the
- * optimizer; or, for a micro-batch before its step's last, the jump to the
- * end. */
+/* Opcode: GRAD_SUMS  () -> (the sums)
+ * Synopsis: a micro-batch before its step's last jumps to the end; the
+ * last's outputs := the sums, borrowed from the optimizer
+ * What follows (buckets, unscale, clip, updates) reads the sums as an
+ * unaccumulated plan reads the backward's gradients. */
 static ebb_status grad_sums(run_ctx *r, const plan_step *s, int *jump) {
     if (r->micro_batches > 1 && r->micro_batch < r->micro_batches - 1) {
         *jump = 1;
