@@ -3297,6 +3297,161 @@ static void expect_same_bytes(const char *path, const char *want, const char *wh
     free(b);
 }
 
+/* ---- the --nproc launcher as an agent ------------------------------------------ */
+
+/* The processes whose parent is `parent`, from /proc (at most max). */
+static int children_of(pid_t parent, pid_t *out, int max) {
+    DIR *d = opendir("/proc");
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d)) && n < max) {
+        if (e->d_name[0] < '1' || e->d_name[0] > '9') continue;
+        char path[64], buf[512];
+        FMT(path, "/proc/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        size_t len = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f) fclose(f);
+        buf[len] = 0;
+        const char *close_paren = strrchr(buf, ')');
+        long ppid = 0;
+        char state = 0;
+        if (close_paren && sscanf(close_paren + 1, " %c %ld", &state, &ppid) == 2 &&
+            ppid == (long)parent && state != 'Z')
+            out[n++] = (pid_t)atol(e->d_name);
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* Whether pid is gone (or a zombie nobody has reaped yet). */
+static int process_gone(pid_t pid) {
+    char path[64], buf[512];
+    FMT(path, "/proc/%ld/stat", (long)pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return 1;
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    const char *close_paren = strrchr(buf, ')');
+    return close_paren && close_paren[1] == ' ' && close_paren[2] == 'Z';
+}
+
+/* Starts `ebb train` with --nproc 2 on data (a long run, collectives timing
+ * out after 3 s) with stderr into err; waits for its two ranks, into ranks.
+ * Returns the launcher's pid. */
+static pid_t start_launcher(const char *data, const char *ck, const char *err, pid_t *ranks) {
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644), null = open("/dev/null", O_RDWR);
+        if (chdir(EBB_SOURCE_DIR) != 0 || fd < 0 || null < 0 || dup2(null, 0) < 0 ||
+            dup2(null, 1) < 0 || dup2(fd, 2) < 0)
+            _exit(126);
+        setenv("EBB_DIST_TIMEOUT_MS", "3000", 1);
+        alarm(CLI_ALARM_SECONDS);
+        execl(cli_path, "ebb", "train", "specs/mlp.yaml", "--data", data, "--epochs", "100000",
+              "--batch", "16", "--nproc", "2", "--device", "cpu", "--checkpoint", ck, (char *)NULL);
+        _exit(127);
+    }
+    for (int i = 0; i < 600 && children_of(pid, ranks, 2) < 2; i++) usleep(50 * 1000);
+    if (children_of(pid, ranks, 2) < 2) {
+        kill(pid, SIGKILL);
+        fail_msg("the launcher started no two ranks in 30 s");
+    }
+    usleep(1500 * 1000); /* into their training */
+    return pid;
+}
+
+/* Waits up to `seconds` for the launcher; its wait status, or -1. */
+static int wait_launcher(pid_t pid, int seconds) {
+    for (int i = 0; i < seconds * 20; i++) {
+        int status = 0;
+        if (waitpid(pid, &status, WNOHANG) == pid) return status;
+        usleep(50 * 1000);
+    }
+    return -1;
+}
+
+/* Every rank ends within `seconds`; those that do not are killed and named. */
+static void expect_ranks_gone(const pid_t *ranks, int n, int seconds, const char *what) {
+    for (int i = 0; i < seconds * 20; i++) {
+        int left = 0;
+        for (int r = 0; r < n; r++) left += !process_gone(ranks[r]);
+        if (!left) return;
+        usleep(50 * 1000);
+    }
+    for (int r = 0; r < n; r++) kill(ranks[r], SIGKILL);
+    fail_msg("%s: a rank outlived its job by %d s", what, seconds);
+}
+
+/* The launcher of `ebb train --nproc 2` is an agent, as torchrun's, and no
+ * job hangs or leaves a process behind: a stopped rank ends the job
+ * (the other's collective times out, and the stopped one is continued and
+ * stopped, or killed after the grace period), a SIGTERM to the launcher
+ * reaches the ranks, which stop with a checkpoint (143), and the ranks of
+ * a launcher killed outright stop by their parent-death signal. Bounded:
+ * 3 s collective timeouts, 10 s of grace. */
+static void test_launcher_agent(void **state) {
+    (void)state;
+    char data[PATH_MAX], ck[PATH_MAX], err[PATH_MAX];
+    tmp_path(data, sizeof data, "agent.safetensors");
+    tmp_path(ck, sizeof ck, "agent-ck.safetensors");
+    tmp_path(err, sizeof err, "agent.err");
+    enum { N = 96, F = 64 };
+    ebb_shape xs = {2, {N, F}}, ys = {1, {N}};
+    ebb_tensor *t[2] = {NULL, NULL};
+    static int64_t yv[N];
+    for (int i = 0; i < N; i++) yv[i] = i % 10;
+    assert_ok(ebb_tensor_randn(&t[0], &xs, EBB_FLOAT32, ebb_device_cpu(), 7));
+    assert_ok(ebb_tensor_from_host(&t[1], yv, sizeof yv, &ys, EBB_INT64, ebb_device_cpu()));
+    const char *names[2] = {"x", "y"};
+    assert_ok(ebb_safetensors_write(data, names, t, 2));
+    ebb_tensor_free(t[0]);
+    ebb_tensor_free(t[1]);
+    pid_t ranks[2];
+
+    /* a rank stopped (SIGSTOP): the job ends, failed, within the timeout
+     * and the grace period */
+    pid_t l = start_launcher(data, ck, err, ranks);
+    kill(ranks[1], SIGSTOP);
+    int status = wait_launcher(l, 30);
+    if (status == -1) {
+        kill(l, SIGKILL);
+        kill(ranks[0], SIGKILL);
+        kill(ranks[1], SIGKILL);
+        fail_msg("a stopped rank held its job for 30 s");
+    }
+    size_t len = 0;
+    char *text = slurp(err, &len);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 3 || !text || !strstr(text, "of 2 exited with status 3"))
+        fail_msg("a stopped rank: the launcher's status %d, stderr:\n%s", status, text ? text : "");
+    free(text);
+    expect_ranks_gone(ranks, 2, 5, "a stopped rank");
+
+    /* SIGTERM to the launcher: passed to the ranks, which stop between
+     * steps with a checkpoint */
+    l = start_launcher(data, ck, err, ranks);
+    kill(l, SIGTERM);
+    status = wait_launcher(l, 30);
+    text = slurp(err, &len);
+    if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 143 || !text ||
+        !strstr(text, "interrupted by SIGTERM")) {
+        if (status == -1) kill(l, SIGKILL);
+        fail_msg("SIGTERM to the launcher: its status %d, stderr:\n%s", status, text ? text : "");
+    }
+    free(text);
+    expect_ranks_gone(ranks, 2, 5, "SIGTERM to the launcher");
+
+    /* SIGKILL to the launcher: the ranks go too (their parent-death signal) */
+    l = start_launcher(data, ck, err, ranks);
+    kill(l, SIGKILL);
+    status = wait_launcher(l, 10);
+    if (status == -1 || !WIFSIGNALED(status)) fail_msg("the killed launcher: status %d", status);
+    expect_ranks_gone(ranks, 2, 20, "SIGKILL to the launcher");
+    unlink(ck);
+}
+
 /* A run whose loss turns NaN (SGD at lr 1e6) stops at that step, exit 1,
  * and leaves the good checkpoint and weights it would have replaced as
  * they were; --skip-nonfinite undoes such steps and counts them. Weights
@@ -4305,6 +4460,7 @@ int main(void) {
         EBB_TEST(test_fit_check),
         EBB_TEST(test_train_and_eval),
         EBB_TEST(test_train_recipes),
+        EBB_TEST(test_launcher_agent),
         EBB_TEST(test_train_sigint_checkpoint),
         EBB_TEST(test_train_sigterm_sighup),
         EBB_TEST(test_train_nonfinite),

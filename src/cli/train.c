@@ -1005,7 +1005,8 @@ static int train_open(cli_run *c, const command *self, int argc, char **argv) {
         return EXIT_USAGE;
     }
     if (o->nproc > 1 && !getenv("WORLD_SIZE")) return ebb_cli_launch_ranks((int)o->nproc, argc, argv);
-    if (getenv("WORLD_SIZE") && (rc = join_ranks(c))) return rc;
+    if (getenv("WORLD_SIZE") && ((rc = ebb_cli_follow_launcher()) || (rc = join_ranks(c))))
+        return rc;
     c->ckpt_path = o->checkpoint ? o->checkpoint : DEFAULT_CHECKPOINT;
     if ((o->save_weights && ebb_file_check_writable(o->save_weights, "--save-weights") != EBB_OK) ||
         (o->trace && ebb_file_check_writable(o->trace, "--trace") != EBB_OK) ||

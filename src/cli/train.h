@@ -76,9 +76,13 @@ int ebb_cli_check_over(const ebb_plan *p, const ebb_run_stats *stats, int64_t me
                        int strict, const char *when);
 
 /* --nproc N (src/cli/launch.c): this command again in N processes, ranks
- * 0 .. N-1 meeting on a free loopback port, waited for; the first failure
- * is the exit code, -1 when every rank succeeded. */
+ * 0 .. N-1 meeting on a free loopback port, watched as torchrun's agent
+ * watches them (its signals passed on, the others stopped once one fails);
+ * the first failure is the exit code, -1 when every rank succeeded. */
 int ebb_cli_launch_ranks(int n, int argc, char **argv);
+/* A rank --nproc started: dies with its launcher (a parent-death signal).
+ * 0, or the runtime exit code when the launcher is already gone. */
+int ebb_cli_follow_launcher(void);
 /* SIGINT, SIGTERM and SIGHUP ask training to stop between steps (a second
  * one stops at once); one ignored when the command started stays ignored. */
 void ebb_cli_signals_install(void);
