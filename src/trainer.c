@@ -837,14 +837,20 @@ static int64_t micro_batch(const ebb_trainer *t, int64_t m, int64_t *at) {
 }
 
 /* data parallel: the ranks' mean of this rank's loss (the gradients were
- * averaged inside the step, by its all-reduce steps) */
+ * averaged inside the step, by its all-reduce steps), and with it whether
+ * any rank's step callback asked to stop: the flag's mean, and the value
+ * the askers returned (the same signal, as a rule: their mean). */
 static ebb_status dist_mean_loss(ebb_trainer *t, double *loss) {
-    ebb_shape one = {1, {1}};
+    double v[3] = {*loss, t->stop_wish != 0, t->stop_wish};
+    ebb_shape three = {1, {3}};
     ebb_tensor *l = NULL;
-    ebb_status st = ebb_tensor_full(&l, &one, *loss, EBB_FLOAT64, ebb_dist_device(t->o.dist));
+    ebb_status st = ebb_tensor_from_host(&l, v, sizeof v, &three, EBB_FLOAT64,
+                                         ebb_dist_device(t->o.dist));
     if (st == EBB_OK) st = ebb_dist_allreduce_mean_(t->o.dist, &l, 1);
-    if (st == EBB_OK) st = ebb_tensor_to_host(l, loss, sizeof *loss);
+    if (st == EBB_OK) st = ebb_tensor_to_host(l, v, sizeof v);
     ebb_tensor_free(l);
+    *loss = v[0];
+    if (st == EBB_OK && v[1] > 0) t->stop_heard = (int)lround(v[2] / v[1]);
     return st;
 }
 
@@ -1098,6 +1104,7 @@ ebb_status ebb_trainer_step(ebb_trainer *t, double *loss) {
     if (t->t0 == 0) t->t0 = t->t_epoch = ebb_now_seconds();
     /* a step after a stop (early stopping's, a callback's) is the caller
      * going on: the stop was that step's news, not this one's */
+    if (t->callback_stop) t->s.stopped_by = t->stop_wish = t->stop_heard = 0;
     t->stop = t->callback_stop = 0;
     t->stop_reason[0] = '\0';
     ebb_run_stats stats = {0};
@@ -1114,9 +1121,17 @@ ebb_status ebb_trainer_step(ebb_trainer *t, double *loss) {
     t->epoch_skipped += !counted;
     ev.samples_per_s =
         rate_of(t, t->s.step - t->s.done_steps, t->s.step, ebb_now_seconds() - t->t0);
-    if (t->o.on_step && t->o.on_step(t, &ev, t->o.user))
+    int wish = t->o.on_step ? t->o.on_step(t, &ev, t->o.user) : 0;
+    if (wish && t->world > 1 && !t->stop_wish) /* told with the next step's loss */
+        t->stop_wish = wish;
+    else if (wish && t->world <= 1)
+        t->s.stopped_by = wish;
+    if (t->world > 1 && t->stop_heard) /* every rank stops here, together */
+        t->s.stopped_by = t->stop_heard;
+    if (t->s.stopped_by)
         t->callback_stop =
-            stop_by(t, "stopped by the step callback at step %lld", (long long)t->s.step);
+            stop_by(t, "stopped by the step callback%s at step %lld",
+                    t->world > 1 && !t->stop_wish ? " of another rank" : "", (long long)t->s.step);
     ebb_progress_step(t, &ev);
     int last = t->s.step == t->s.total_steps;
     /* a callback's stop ends the run here: no evaluation, nothing written */
@@ -1135,6 +1150,7 @@ ebb_status ebb_trainer_run(ebb_trainer *t) {
         return ebb_error_set(EBB_ERR_ARG, "ebb_trainer_run: %s",
                              t ? "the trainer was opened to evaluate only" : "NULL trainer");
     t->stop = t->callback_stop = 0;
+    t->s.stopped_by = t->stop_wish = t->stop_heard = 0;
     t->stop_reason[0] = '\0';
     ebb_progress_start(t);
     t->t0 = t->t_epoch = ebb_now_seconds();

@@ -95,6 +95,9 @@ struct ebb_trainer {
     double best_loss;
     int64_t best_epoch, bad_epochs;
     int stop, callback_stop; /* the run stops; a callback stopped it (nothing written) */
+    /* data parallel: this rank's step callback asked to stop (what it
+     * returned), sent with the next step's loss; what any rank asked, heard */
+    int stop_wish, stop_heard;
     char stop_reason[512];
     /* keep_best: its metric (an index of best_metrics) and the file it
      * keeps; the value and step are in s */

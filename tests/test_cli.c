@@ -3337,21 +3337,28 @@ static int process_gone(pid_t pid) {
 }
 
 /* Starts `ebb train` with --nproc 2 on data (a long run, collectives timing
- * out after 3 s) with stderr into err; waits for its two ranks, into ranks.
- * Returns the launcher's pid. */
-static pid_t start_launcher(const char *data, const char *ck, const char *err, pid_t *ranks) {
+ * out after 3 s; `extra` one more flag or NULL) with stderr into err; waits
+ * for its two ranks, into ranks, and their first step (rank 0's log line:
+ * both are training then, their signal handlers in place). Returns the
+ * launcher's pid. */
+static pid_t start_launcher(const char *data, const char *ck, const char *err, const char *extra,
+                            pid_t *ranks) {
     fflush(NULL);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
+        char out[PATH_MAX + 8];
+        snprintf(out, sizeof out, "%s.out", err);
         int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644), null = open("/dev/null", O_RDWR);
-        if (chdir(EBB_SOURCE_DIR) != 0 || fd < 0 || null < 0 || dup2(null, 0) < 0 ||
-            dup2(null, 1) < 0 || dup2(fd, 2) < 0)
+        int ofd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (chdir(EBB_SOURCE_DIR) != 0 || fd < 0 || ofd < 0 || null < 0 || dup2(null, 0) < 0 ||
+            dup2(ofd, 1) < 0 || dup2(fd, 2) < 0)
             _exit(126);
         setenv("EBB_DIST_TIMEOUT_MS", "3000", 1);
         alarm(CLI_ALARM_SECONDS);
         execl(cli_path, "ebb", "train", "specs/mlp.yaml", "--data", data, "--epochs", "100000",
-              "--batch", "16", "--nproc", "2", "--device", "cpu", "--checkpoint", ck, (char *)NULL);
+              "--batch", "16", "--nproc", "2", "--device", "cpu", "--checkpoint", ck,
+              "--log-every", "1", extra, (char *)NULL);
         _exit(127);
     }
     for (int i = 0; i < 600 && children_of(pid, ranks, 2) < 2; i++) usleep(50 * 1000);
@@ -3359,7 +3366,18 @@ static pid_t start_launcher(const char *data, const char *ck, const char *err, p
         kill(pid, SIGKILL);
         fail_msg("the launcher started no two ranks in 30 s");
     }
-    usleep(1500 * 1000); /* into their training */
+    char out[PATH_MAX + 8];
+    FMT(out, "%s.out", err);
+    for (int i = 0; i < 1200; i++) {
+        size_t len = 0;
+        char *text = slurp(out, &len);
+        int stepped = text && strstr(text, " step 1/");
+        free(text);
+        if (stepped) return pid;
+        usleep(50 * 1000);
+    }
+    kill(pid, SIGKILL);
+    fail_msg("the ranks made no step in 60 s");
     return pid;
 }
 
@@ -3413,7 +3431,7 @@ static void test_launcher_agent(void **state) {
 
     /* a rank stopped (SIGSTOP): the job ends, failed, within the timeout
      * and the grace period */
-    pid_t l = start_launcher(data, ck, err, ranks);
+    pid_t l = start_launcher(data, ck, err, NULL, ranks);
     kill(ranks[1], SIGSTOP);
     int status = wait_launcher(l, 30);
     if (status == -1) {
@@ -3431,7 +3449,7 @@ static void test_launcher_agent(void **state) {
 
     /* SIGTERM to the launcher: passed to the ranks, which stop between
      * steps with a checkpoint */
-    l = start_launcher(data, ck, err, ranks);
+    l = start_launcher(data, ck, err, NULL, ranks);
     kill(l, SIGTERM);
     status = wait_launcher(l, 30);
     text = slurp(err, &len);
@@ -3443,8 +3461,37 @@ static void test_launcher_agent(void **state) {
     free(text);
     expect_ranks_gone(ranks, 2, 5, "SIGTERM to the launcher");
 
+    /* SIGTERM to one rank, ZeRO-1's rank 0: every rank stops after the next
+     * step, together, and the job's one checkpoint (the state gathered)
+     * goes on from there; the other rank names no file of its own */
+    unlink(ck);
+    l = start_launcher(data, ck, err, "--zero", ranks);
+    kill(ranks[0], SIGTERM);
+    status = wait_launcher(l, 30);
+    text = slurp(err, &len);
+    long long at = -1;
+    const char *said = text ? strstr(text, "rank 1: interrupted by SIGTERM after step ") : NULL;
+    if (said) sscanf(said + strlen("rank 1: interrupted by SIGTERM after step "), "%lld", &at);
+    char want[PATH_MAX + 96];
+    FMT(want, "interrupted by SIGTERM after step %lld; checkpoint written to %s", at, ck);
+    if (status == -1 || !WIFEXITED(status) || WEXITSTATUS(status) != 143 || at < 1 ||
+        !strstr(text, want) || strstr(text, "killed by signal")) {
+        if (status == -1) kill(l, SIGKILL);
+        fail_msg("SIGTERM to rank 0: the launcher's status %d, stderr:\n%s", status,
+                 text ? text : "");
+    }
+    free(text);
+    expect_ranks_gone(ranks, 2, 5, "SIGTERM to one rank");
+    char steps[32];
+    FMT(steps, "%lld", at + 1);
+    cli_result r;
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--batch", "16", "--nproc", "2", "--zero",
+        "--device", "cpu", "--resume", ck, "--steps", steps);
+    expect_code(&r, 0);
+    cli_free(&r);
+
     /* SIGKILL to the launcher: the ranks go too (their parent-death signal) */
-    l = start_launcher(data, ck, err, ranks);
+    l = start_launcher(data, ck, err, NULL, ranks);
     kill(l, SIGKILL);
     status = wait_launcher(l, 10);
     if (status == -1 || !WIFSIGNALED(status)) fail_msg("the killed launcher: status %d", status);

@@ -147,7 +147,11 @@ typedef struct ebb_train_event {
 /* Called with the trainer, the event and ebb_trainer_options.user. Return
  * 0 to go on, anything else to stop training after this event (nothing
  * more runs or is written; ebb_trainer_run() returns EBB_OK and
- * ebb_trainer_stop_reason() says the callback stopped it). */
+ * ebb_trainer_stop_reason() says the callback stopped it; a step
+ * callback's value is ebb_trainer_stats.stopped_by). Data parallel: a
+ * step callback's stop reaches every rank, which stop together one step
+ * later (ebb_trainer_stats.stopped_by); an epoch callback's stops its own
+ * rank only. */
 typedef int (*ebb_train_callback)(ebb_trainer *t, const ebb_train_event *e, void *user);
 
 /* ---- options -------------------------------------------------------------- */
@@ -396,6 +400,12 @@ typedef struct ebb_trainer_stats {
     int64_t over_plan;     /* steps that measured more than their plan */
     int64_t measured_peak_bytes, planned_peak_bytes; /* the most any step measured; the plan's */
     int64_t last_checkpoint; /* the step of the last checkpoint written (-1: none) */
+    /* What the step callback that stopped the last ebb_trainer_run()
+     * returned (`ebb train` returns the signal); 0 when none did. Data
+     * parallel: one rank's callback stops every rank, after the next step,
+     * whose loss exchange carries it (so that they stop, and checkpoint,
+     * together), with the value it returned. */
+    int stopped_by;
     int64_t accumulate_bytes; /* accumulate: the gradient sums held for the run
                                  (ebb_plan_grad_sums_bytes()) */
     int64_t failed_step;   /* the step whose run failed (0: none); a failure elsewhere (an

@@ -136,9 +136,13 @@ static int watch_ranks(pid_t *pids, int n, int started) {
             if (code == 0) continue;
             if (rc < 0) rc = code;
             if (own < 0 && (code == 1 || code == 2)) own = code;
-            /* (after the launcher's signal the others are stopping already,
-             * and a second signal would stop them at once) */
-            if (failed < 0 && left > 0 && !passed) {
+            /* a rank a signal stopped (128 + SIGINT, SIGTERM, SIGHUP) stops
+             * with the others, which its step told; after the launcher's
+             * own signal they are all stopping. A second signal would stop
+             * them at once, in the middle of their checkpoint. */
+            int stopping = passed;
+            for (int i = 0; i < N_STOP_SIGNALS; i++) stopping |= code == 128 + stop_signals[i];
+            if (failed < 0 && left > 0 && !stopping) {
                 failed = r;
                 signal_ranks(pids, started, SIGTERM);
                 kill_at = seconds_now() + LAUNCH_GRACE_S;

@@ -851,7 +851,7 @@ static int on_step(ebb_trainer *t, const ebb_train_event *e, void *user) {
         c->json_n = 0;
         fflush(stdout);
     }
-    return ebb_cli_stop_signal() != 0;
+    return ebb_cli_stop_signal(); /* the trainer's stopped_by, on every rank */
 }
 
 /* After every epoch: the JSON line and the learning curves, redrawn (a run
@@ -1093,8 +1093,9 @@ static void report_skips(const ebb_trainer_stats *s) {
                 s->first_skip_why);
 }
 
-/* A signal asked to stop: the checkpoint, and what else is said. */
-static int stopped(cli_run *c) {
+/* A signal asked to stop (`sig`, on this rank or, with ranks, on any): the
+ * checkpoint, and what else is said. Rank 0 writes it; the others say so. */
+static int stopped(cli_run *c, int sig) {
     ebb_trainer_stats s = ebb_trainer_get_stats(c->t);
     if (c->tty) printf("\n");
     fflush(stdout);
@@ -1106,11 +1107,17 @@ static int stopped(cli_run *c) {
         fprintf(stderr, "ebb: --trace: step %lld was not reached; %s is left as it was\n",
                 (long long)(c->o.to.trace_step ? c->o.to.trace_step : s.step + 1), c->o.trace);
     report_skips(&s);
-    fprintf(stderr,
-            "ebb: interrupted by %s after step %lld; checkpoint written to %s (resume with "
-            "--resume %s)\n",
-            ebb_cli_signal_name(ebb_cli_stop_signal()), (long long)s.step, c->ckpt_path, c->ckpt_path);
-    return EXIT_SIGNAL_BASE + ebb_cli_stop_signal();
+    int rank = c->dist ? ebb_dist_rank(c->dist) : 0;
+    if (rank == 0)
+        fprintf(stderr,
+                "ebb: interrupted by %s after step %lld; checkpoint written to %s (resume with "
+                "--resume %s)\n",
+                ebb_cli_signal_name(sig), (long long)s.step, c->ckpt_path, c->ckpt_path);
+    else
+        fprintf(stderr, "ebb: rank %d: interrupted by %s after step %lld, with every rank; rank 0 "
+                        "wrote the checkpoint\n",
+                rank, ebb_cli_signal_name(sig), (long long)s.step);
+    return EXIT_SIGNAL_BASE + sig;
 }
 
 /* The run's end (the trainer wrote the last checkpoint): the weights and
@@ -1149,8 +1156,8 @@ int ebb_cli_train(const command *self, int argc, char **argv) {
             rc = c.rc;
         else if (st != EBB_OK)
             rc = trainer_fail(&c, st, 1);
-        else if (ebb_cli_stop_signal())
-            rc = stopped(&c);
+        else if (ebb_trainer_get_stats(c.t).stopped_by)
+            rc = stopped(&c, ebb_trainer_get_stats(c.t).stopped_by);
         else
             rc = finish(&c);
     }
