@@ -1,6 +1,7 @@
 /* Reading a plan: accessors and the EXPLAIN listing. */
 #include <stdio.h>
 #include <string.h>
+#include <zlib.h>
 
 #include "ebb/train.h"
 #include "plan_internal.h"
@@ -84,6 +85,56 @@ int ebb_plan_low_copies(const ebb_plan *p, int64_t *kept_bytes, int *recast) {
     if (recast)
         *recast = p ? p->n_recast_copies : 0;
     return p ? p->n_kept_copies : 0;
+}
+
+/* ---- fingerprint ------------------------------------------------------------- */
+
+static uLong crc_bytes(uLong crc, const void *b, size_t n) {
+    return crc32(crc, (const Bytef *)b, (uInt)n);
+}
+static uLong crc_int(uLong crc, int64_t v) { return crc_bytes(crc, &v, sizeof v); }
+static uLong crc_text(uLong crc, const char *s) {
+    return s ? crc_bytes(crc, s, strlen(s) + 1) : crc_int(crc, -1);
+}
+static uLong crc_value(uLong crc, const ebb_plan_value *v) {
+    crc = crc_int(crc, v->dtype);
+    crc = crc_int(crc, v->shape.ndim);
+    for (int d = 0; d < v->shape.ndim; d++) crc = crc_int(crc, v->shape.dim[d]);
+    return crc;
+}
+
+uint32_t ebb_plan_fingerprint(const ebb_plan *p) {
+    uLong crc = crc32(0L, Z_NULL, 0);
+    if (!p) return 0;
+    crc = crc_int(crc, p->training);
+    for (int i = 0; i < p->n_params; i++) {
+        crc = crc_text(crc, p->params[i].full_name);
+        crc = crc_int(crc, p->params[i].spec.shape.ndim);
+        for (int d = 0; d < p->params[i].spec.shape.ndim; d++)
+            crc = crc_int(crc, p->params[i].spec.shape.dim[d]);
+        crc = crc_int(crc, p->trained ? p->trained[i] : 0);
+    }
+    /* the forward and the loss: the backward and the updates follow from
+     * them and the training options, while what the searches choose for
+     * memory (recomputation, kept low copies, where updates go) may differ
+     * by rank under ZeRO-1 without changing a value */
+    for (int i = 0; i < p->n_steps; i++) {
+        const plan_step *s = &p->steps[i];
+        if (s->pub.phase != EBB_PHASE_FORWARD && s->pub.phase != EBB_PHASE_LOSS) continue;
+        crc = crc_int(crc, s->pub.kind);
+        crc = crc_text(crc, s->pub.op);
+        crc = crc_text(crc, s->pub.node);
+        for (int k = 0; k < s->pub.n_in; k++) crc = crc_value(crc, &p->values[s->pub.in[k]]);
+        if (s->pub.n_out > 0) crc = crc_value(crc, &p->values[s->pub.out[0]]);
+        for (int k = 0; s->op && s->attrs && k < s->op->n_attrs; k++) {
+            const ebb_attr_value *a = &s->attrs[k];
+            crc = crc_int(crc, a->set);
+            crc = crc_int(crc, a->i);
+            crc = crc_bytes(crc, &a->f, sizeof a->f);
+            crc = crc_text(crc, a->s);
+        }
+    }
+    return (uint32_t)crc;
 }
 
 int64_t ebb_plan_grad_sums_bytes(const ebb_plan *p) {

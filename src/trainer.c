@@ -21,6 +21,7 @@
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include "training.h"
 
@@ -537,14 +538,62 @@ static ebb_status broadcast_params(ebb_trainer *t) {
     return st;
 }
 
+/* CRC-32 of a list of patterns (--no-decay, --lr-scale, --freeze). */
+static uint32_t crc_patterns(const char *const *v, int n) {
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (int i = 0; i < n; i++)
+        if (v[i]) crc = crc32(crc, (const Bytef *)v[i], (uInt)strlen(v[i]) + 1);
+    return (uint32_t)crc;
+}
+
+/* CRC-32 of the learning-rate schedule's settings (0: none). */
+static uint32_t crc_schedule(const ebb_lr_schedule *s) {
+    if (!s) return 0;
+    double v[] = {s->kind, (double)s->step_size, s->n_milestones, s->gamma, (double)s->t_max,
+                  s->eta_min, (double)s->total_iters, s->start_factor, s->end_factor,
+                  (double)s->warmup_steps, (double)s->total_steps, s->max_lr, s->pct_start};
+    uLong crc = crc32(crc32(0L, Z_NULL, 0), (const Bytef *)v, sizeof v);
+    for (int i = 0; i < s->n_milestones && i < EBB_MAX_MILESTONES; i++)
+        crc = crc32(crc, (const Bytef *)&s->milestones[i], sizeof s->milestones[i]);
+    return (uint32_t)crc;
+}
+
+/* CRC-32 of the training data's first samples (up to 8), every field as
+ * its batch holds it: another dataset of the same size and shapes, or
+ * another normalisation, differs here. */
+static ebb_status crc_data(ebb_trainer *t, uint32_t *out) {
+    int64_t idx[8], n = t->s.samples < 8 ? t->s.samples : 8;
+    for (int64_t i = 0; i < n; i++) idx[i] = i;
+    ebb_tensor *ts[MAX_FIELDS] = {0};
+    ebb_status st = ebb_fields_make_batch(&t->f, t->train, idx, n, ebb_device_cpu(), ts);
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (int k = 0; st == EBB_OK && k < t->f.n; k++) {
+        size_t bytes = ebb_tensor_nbytes(ts[k]);
+        void *host = malloc(bytes ? bytes : 1);
+        if (!host) st = ebb_error_set(EBB_ERR_NOMEM, "out of memory");
+        if (st == EBB_OK) st = ebb_tensor_to_host(ts[k], host, bytes);
+        if (st == EBB_OK) crc = crc32(crc, (const Bytef *)host, (uInt)bytes);
+        free(host);
+    }
+    ebb_tensors_free(ts, t->f.n);
+    *out = (uint32_t)crc;
+    return st;
+}
+
 /* Data parallel: every rank must train the same plan with the same options
  * on the same data, or their gradients mean nothing together. Rank 0's
  * description is sent to every rank, each compares it with its own, and
  * then every rank learns whether any differed, so that all of them refuse
- * together (the one that differs naming what), before anything is trained. */
+ * together (the one that differs naming what), before anything is trained.
+ * The description names the plan's fingerprint (ebb_plan_fingerprint: the
+ * spec as compiled, its ops and attributes), every option that changes the
+ * arithmetic or meets the other ranks, and the data's fingerprint. */
 #define RUN_TEXT 1024
 static ebb_status check_same_run(ebb_trainer *t) {
     const ebb_trainer_options *o = &t->o;
+    uint32_t data_crc = 0;
+    ebb_status data_st = crc_data(t, &data_crc);
+    if (data_st != EBB_OK) return data_st;
     int64_t numel = 0;
     for (int i = 0; i < ebb_model_param_count(t->m); i++)
         numel += ebb_tensor_numel(ebb_model_param(t->m, ebb_model_param_name(t->m, i)));
@@ -557,13 +606,20 @@ static ebb_status check_same_run(ebb_trainer *t) {
              "plan %s:%d-steps:%d-parameters:%lld-values batch %lld block %lld epochs %lld "
              "steps %lld seed %llu shuffle %d samples %lld optimizer %s lr %.17g "
              "weight-decay %.17g momentum %.17g precision %s loss-scale %.17g clip-grad-norm "
-             "%.17g clip-grad-value %.17g zero %d",
+             "%.17g clip-grad-value %.17g zero %d plan-fingerprint %08x loss %s accumulate %d "
+             "drop-last %d normalize %d:%.17g:%.17g no-decay %08x lr-scale %08x freeze %08x "
+             "schedule %08x skip-nonfinite %d ema %.17g checkpoint-every %lld data %08x",
              ebb_plan_name(t->plan), steps, ebb_model_param_count(t->m), (long long)numel,
              (long long)o->batch, (long long)o->block, (long long)o->epochs, (long long)o->steps,
              (unsigned long long)o->seed, o->shuffle, (long long)t->s.samples,
              ebb_optimizer_kind_name(o->optimizer.kind), o->optimizer.lr, o->optimizer.weight_decay,
              o->optimizer.momentum, ebb_precision_name(o->precision), o->loss_scale,
-             o->clip_grad_norm, o->clip_grad_value, ebb_zero_sharded(o));
+             o->clip_grad_norm, o->clip_grad_value, ebb_zero_sharded(o),
+             ebb_plan_fingerprint(t->plan), o->loss ? o->loss : "spec", (int)t->accum, o->drop_last,
+             o->normalize, o->norm_mean, o->norm_std, crc_patterns(o->no_decay, o->n_no_decay),
+             crc_patterns(o->lr_scale, o->n_lr_scale), crc_patterns(o->freeze, o->n_freeze),
+             crc_schedule(o->schedule), o->skip_nonfinite, o->ema_decay,
+             (long long)o->checkpoint_every, (unsigned)data_crc);
     ebb_shape sh = {1, {RUN_TEXT}};
     ebb_tensor *text = NULL, *bad = NULL;
     ebb_status st = ebb_tensor_from_host(&text, mine, sizeof mine, &sh, EBB_UINT8,

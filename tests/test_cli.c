@@ -20,7 +20,10 @@
 #include <math.h>
 #include <sched.h>
 #include <signal.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -3499,6 +3502,136 @@ static void test_launcher_agent(void **state) {
     unlink(ck);
 }
 
+/* Starts rank `rank` of 2 by hand, as torchrun would (port `port`), running
+ * `ebb train SPEC --data DATA --steps 2 --batch 16 --device cpu [extra]`,
+ * stderr into err; returns its pid. */
+static pid_t start_rank(int rank, int port, const char *spec, const char *data, const char *extra,
+                        const char *err) {
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        char r[16], p[16];
+        snprintf(r, sizeof r, "%d", rank);
+        snprintf(p, sizeof p, "%d", port);
+        setenv("RANK", r, 1);
+        setenv("LOCAL_RANK", r, 1);
+        setenv("WORLD_SIZE", "2", 1);
+        setenv("MASTER_ADDR", "127.0.0.1", 1);
+        setenv("MASTER_PORT", p, 1);
+        setenv("EBB_DIST_TIMEOUT_MS", "10000", 1);
+        unsetenv("EBB_LAUNCHER_PID");
+        int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644), null = open("/dev/null", O_RDWR);
+        if (chdir(EBB_SOURCE_DIR) != 0 || fd < 0 || null < 0 || dup2(null, 0) < 0 ||
+            dup2(null, 1) < 0 || dup2(fd, 2) < 0)
+            _exit(126);
+        alarm(CLI_ALARM_SECONDS);
+        const char *argv[16] = {"ebb", "train", spec, "--data", data, "--steps", "2", "--batch",
+                                "16", "--device", "cpu"};
+        int n = 11;
+        char copy[256];
+        snprintf(copy, sizeof copy, "%s", extra ? extra : "");
+        for (char *w = strtok(copy, " "); w && n < 15; w = strtok(NULL, " ")) argv[n++] = w;
+        argv[n] = NULL;
+        execv(cli_path, (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* A free loopback port. */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+        fail_msg("no free port: %s", strerror(errno));
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* Two ranks started by hand that differ in what they train, as a stale
+ * spec, option or dataset on one machine would: both refuse before the
+ * first step (exit 1), and rank 1 names the first field that differs.
+ * Each case against rank 0's `ebb train specs/mlp.yaml --data DATA`. */
+static void test_ranks_that_differ(void **state) {
+    (void)state;
+    char data[PATH_MAX], other[PATH_MAX], spec[PATH_MAX], err0[PATH_MAX], err1[PATH_MAX];
+    tmp_path(data, sizeof data, "differ.safetensors");
+    tmp_path(other, sizeof other, "differ-other.safetensors");
+    /* another mlp.yaml, so that the plan's name is the same */
+    tmp_path(spec, sizeof spec, "differ");
+    mkdir(spec, 0755);
+    tmp_path(spec, sizeof spec, "differ/mlp.yaml");
+    tmp_path(err0, sizeof err0, "differ0.err");
+    tmp_path(err1, sizeof err1, "differ1.err");
+    enum { N = 96, F = 64 };
+    ebb_shape xs = {2, {N, F}}, ys = {1, {N}};
+    static int64_t yv[N];
+    for (int i = 0; i < N; i++) yv[i] = i % 10;
+    for (int k = 0; k < 2; k++) {
+        ebb_tensor *t[2] = {NULL, NULL};
+        assert_ok(ebb_tensor_randn(&t[0], &xs, EBB_FLOAT32, ebb_device_cpu(), 7 + (uint64_t)k));
+        assert_ok(ebb_tensor_from_host(&t[1], yv, sizeof yv, &ys, EBB_INT64, ebb_device_cpu()));
+        const char *names[2] = {"x", "y"};
+        assert_ok(ebb_safetensors_write(k ? other : data, names, t, 2));
+        ebb_tensor_free(t[0]);
+        ebb_tensor_free(t[1]);
+    }
+    /* specs/mlp.yaml under its own name with tanh for its first relu, and
+     * with another dropout */
+    size_t len = 0;
+    char path[PATH_MAX];
+    FMT(path, "%s/specs/mlp.yaml", EBB_SOURCE_DIR);
+    char *text = slurp(path, &len);
+    assert_non_null(text);
+    char tanh_spec[PATH_MAX], drop_spec[PATH_MAX];
+    FMT(tanh_spec, "%s", spec);
+    tmp_path(drop_spec, sizeof drop_spec, "differ/dropout");
+    mkdir(drop_spec, 0755);
+    tmp_path(drop_spec, sizeof drop_spec, "differ/dropout/mlp.yaml");
+    for (int k = 0; k < 2; k++) {
+        const char *from = k ? "p: 0.1" : "  - relu", *to = k ? "p: 0.5" : "  - tanh";
+        char *at = strstr(text, from);
+        assert_non_null(at);
+        FILE *f = fopen(k ? drop_spec : tanh_spec, "w");
+        assert_non_null(f);
+        fprintf(f, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+        fclose(f);
+    }
+    free(text);
+    static const struct {
+        const char *spec1, *data1, *extra0, *extra1, *names;
+    } cases[] = {
+        {"tanh", NULL, NULL, NULL, "plan-fingerprint"},
+        {"dropout", NULL, NULL, NULL, "plan-fingerprint"},
+        {NULL, NULL, NULL, "--no-decay *.bias", "no-decay"},
+        {NULL, NULL, NULL, "--lr-scale *.bias=0.5", "lr-scale"},
+        {NULL, "other", NULL, NULL, "data"},
+        {NULL, NULL, "--zero", "--zero --checkpoint-every 1", "checkpoint-every"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int port = free_port();
+        const char *s1 = !cases[i].spec1                      ? "specs/mlp.yaml"
+                         : !strcmp(cases[i].spec1, "tanh") ? tanh_spec
+                                                              : drop_spec;
+        pid_t r0 = start_rank(0, port, "specs/mlp.yaml", data, cases[i].extra0, err0);
+        pid_t r1 = start_rank(1, port, s1, cases[i].data1 ? other : data, cases[i].extra1, err1);
+        int st0 = wait_launcher(r0, 60), st1 = wait_launcher(r1, 60);
+        if (st0 == -1) kill(r0, SIGKILL);
+        if (st1 == -1) kill(r1, SIGKILL);
+        char *e1 = slurp(err1, &len);
+        char want[128];
+        FMT(want, "rank 1 of 2 is not training what rank 0 is: %s ", cases[i].names);
+        if (st0 == -1 || st1 == -1 || !WIFEXITED(st0) || WEXITSTATUS(st0) != 1 ||
+            !WIFEXITED(st1) || WEXITSTATUS(st1) != 1 || !e1 || !strstr(e1, want))
+            fail_msg("ranks differing in %s: status %d and %d, rank 1 said:\n%s",
+                     cases[i].names, st0, st1, e1 ? e1 : "");
+        free(e1);
+    }
+}
+
 /* A run whose loss turns NaN (SGD at lr 1e6) stops at that step, exit 1,
  * and leaves the good checkpoint and weights it would have replaced as
  * they were; --skip-nonfinite undoes such steps and counts them. Weights
@@ -4508,6 +4641,7 @@ int main(void) {
         EBB_TEST(test_train_and_eval),
         EBB_TEST(test_train_recipes),
         EBB_TEST(test_launcher_agent),
+        EBB_TEST(test_ranks_that_differ),
         EBB_TEST(test_train_sigint_checkpoint),
         EBB_TEST(test_train_sigterm_sighup),
         EBB_TEST(test_train_nonfinite),

@@ -427,6 +427,15 @@ EBB_API int64_t ebb_plan_param_bytes(const ebb_plan *p);
  * parameters it owns), a grads_only plan's included (its caller updates).
  * 0 for other plans and NULL p. */
 EBB_API int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p);
+/* A fingerprint (CRC-32) of what the plan computes: its parameters' names
+ * and shapes and which are trained, and every forward and loss step's
+ * kind, op, node, attributes, the shapes and dtypes it reads and its
+ * result's. The backward and updates follow from those and the training
+ * options; what the compiler chooses for memory (recomputation, kept
+ * copies, where updates go), which may differ by rank under ZeRO-1, is
+ * left out. Data-parallel ranks compare theirs before the first step (the
+ * trainer does). NULL p: 0. */
+EBB_API uint32_t ebb_plan_fingerprint(const ebb_plan *p);
 /* A training plan with ebb_train_options.accumulate: the bytes of the
  * gradient sums the optimizer holds across a step's micro-batches, one per
  * trained parameter, made at the first micro-batch and kept for the run,
