@@ -86,6 +86,13 @@ ebb_status ebb_compile(ebb_plan **out, const ebb_graph *g, const ebb_compile_opt
                              "%s (ONEDNN_MAX_CPU_ISA), refuses it; unset the cap, or use "
                              "libtorch 2.x",
                              g->name, ebb_torch_version(), ci.onednn);
+    if (opts->precision == EBB_PRECISION_FP16 && opts->device.type == EBB_DEVICE_CPU &&
+        ebb_cpu_info_get(&ci) == EBB_OK && !ci.fp16_usable)
+        return ebb_error_set(EBB_ERR_UNSUPPORTED,
+                             "ebb_compile: graph '%s' in fp16 on the CPU: libtorch %s has no "
+                             "float16 matrix product on the CPU; use bf16, libtorch 2.x, or a "
+                             "CUDA device",
+                             g->name, ebb_torch_version());
     ebb_plan *p = NULL;
     st = ebb_pipeline(&p, g, opts, NULL);
     if (st == EBB_OK && opts->memory_budget != 0)

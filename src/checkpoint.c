@@ -300,6 +300,13 @@ ebb_status ebb_checkpoint_read_info(const char *path, ebb_checkpoint_info *ci) {
                            "%s: not an ebb train checkpoint (its __metadata__ lacks "
                            "ebb_checkpoint, step, seed, batch, shuffle or drop_last)",
                            path);
+    else if (ci->step < 0 || ci->batch < 1 || (shuffle != 0 && shuffle != 1) ||
+             (drop != 0 && drop != 1))
+        st = ebb_error_set(EBB_ERR_ARG,
+                           "%s: step %lld, batch %lld, shuffle %lld, drop_last %lld: a step is "
+                           "0 or more, a batch 1 or more, shuffle and drop_last 0 or 1",
+                           path, (long long)ci->step, (long long)ci->batch, (long long)shuffle,
+                           (long long)drop);
     else if (ebb_safetensors_find(sf, "optim.options", &dt, &sh) != EBB_OK || dt != EBB_FLOAT64 ||
              sh.ndim != 1 || (sh.dim[0] != 15 && sh.dim[0] != 11))
         st = ebb_error_set(EBB_ERR_ARG, "%s: no optim.options (float64 [15])", path);

@@ -3358,6 +3358,10 @@ static pid_t start_launcher(const char *data, const char *ck, const char *err, c
             dup2(ofd, 1) < 0 || dup2(fd, 2) < 0)
             _exit(126);
         setenv("EBB_DIST_TIMEOUT_MS", "3000", 1);
+        /* whatever the test runner ignores, the command starts with the defaults */
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGHUP, SIG_DFL);
         alarm(CLI_ALARM_SECONDS);
         execl(cli_path, "ebb", "train", "specs/mlp.yaml", "--data", data, "--epochs", "100000",
               "--batch", "16", "--nproc", "2", "--device", "cpu", "--checkpoint", ck,
@@ -4247,6 +4251,72 @@ static void test_train_resume_same_command(void **state) {
     cli_free(&r);
 }
 
+/* Values that used to pass, or fail late with another layer's message:
+ * each a usage error naming the flag, or a refusal naming the file. */
+static void test_small_refusals(void **state) {
+    (void)state;
+    cli_result r;
+    static const struct {
+        const char *args[8], *want;
+    } cases[] = {
+        {{"plan", "specs/mlp.yaml", "--train", "--weight-copies", "keep"},
+         "--weight-copies keep or recast applies to a low precision"},
+        {{"train", "specs/mlp.yaml", "--data", "d", "--weight-copies", "recast"},
+         "--weight-copies keep or recast applies to a low precision"},
+        {{"train", "specs/mlp.yaml", "--data", "d", "--loss-scale", "1e-45"},
+         "--loss-scale 1e-45: expected a positive scale, a normal float32"},
+        {{"train", "specs/mlp.yaml", "--data", "d", "--block", "2147483648"},
+         "--block needs a positive integer, at most 1000000000"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        run_prog(&r, NULL, NULL, cases[i].args);
+        expect_code(&r, 2);
+        expect_contains("stderr", &r, r.err, cases[i].want);
+        cli_free(&r);
+    }
+    /* a rank of a torchrun job asked to launch ranks of its own */
+    setenv("WORLD_SIZE", "1", 1);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", "d", "--nproc", "2");
+    unsetenv("WORLD_SIZE");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--nproc: this process is already a rank of a job");
+    cli_free(&r);
+    /* a checkpoint whose shuffle flag is 5 */
+    char data[PATH_MAX], ck[PATH_MAX];
+    tmp_path(data, sizeof data, "refusals.safetensors");
+    tmp_path(ck, sizeof ck, "refusals-ck.safetensors");
+    enum { N = 32, F = 64 };
+    ebb_shape xs = {2, {N, F}}, ys = {1, {N}};
+    ebb_tensor *t[2] = {NULL, NULL};
+    static int64_t yv[N];
+    assert_ok(ebb_tensor_randn(&t[0], &xs, EBB_FLOAT32, ebb_device_cpu(), 3));
+    assert_ok(ebb_tensor_from_host(&t[1], yv, sizeof yv, &ys, EBB_INT64, ebb_device_cpu()));
+    const char *names[2] = {"x", "y"};
+    assert_ok(ebb_safetensors_write(data, names, t, 2));
+    ebb_tensor_free(t[0]);
+    ebb_tensor_free(t[1]);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "1", "--batch", "16",
+        "--checkpoint", ck);
+    expect_code(&r, 0);
+    cli_free(&r);
+    size_t len = 0;
+    char *bytes = slurp(ck, &len);
+    assert_non_null(bytes);
+    char *at = memmem(bytes, len, "\"shuffle\":\"1\"", 13);
+    if (!at) fail_msg("%s: no \"shuffle\":\"1\" in its header", ck);
+    at[11] = '5';
+    FILE *f = fopen(ck, "wb");
+    assert_non_null(f);
+    assert_true(fwrite(bytes, 1, len, f) == len);
+    fclose(f);
+    free(bytes);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "2", "--batch", "16",
+        "--resume", ck);
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "shuffle 5, drop_last 0: a step is 0 or more");
+    cli_free(&r);
+}
+
 /* The spellings PyTorch, Lightning and Hugging Face users type get ebb's
  * flag suggested, where the command has it. */
 static void test_option_aliases(void **state) {
@@ -4642,6 +4712,7 @@ int main(void) {
         EBB_TEST(test_train_recipes),
         EBB_TEST(test_launcher_agent),
         EBB_TEST(test_ranks_that_differ),
+        EBB_TEST(test_small_refusals),
         EBB_TEST(test_train_sigint_checkpoint),
         EBB_TEST(test_train_sigterm_sighup),
         EBB_TEST(test_train_nonfinite),

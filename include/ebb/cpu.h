@@ -34,6 +34,8 @@ typedef struct ebb_cpu_info {
     int bf16_usable;   /* 0 where libtorch's bfloat16 CPU kernels fail outright: libtorch
                           1.13 hands bfloat16 to oneDNN by the CPU's own flags, so a
                           ONEDNN_MAX_CPU_ISA below AVX-512 on an AVX-512 CPU refuses it */
+    int fp16_usable;   /* 0 where libtorch has no float16 matrix product on the CPU
+                          (Debian's 1.13: addmm is not implemented for Half) */
 } ebb_cpu_info;
 
 /* Fills *out with this process's CPU kernels (after ebb_init). EBB_ERR_ARG

@@ -40,9 +40,14 @@ extern "C" {
 
 typedef struct ebb_dist ebb_dist;
 
+/* The most ranks a group takes (a full mesh of sockets: each rank also
+ * needs about 2 descriptors per rank, which ebb_dist_new() checks against
+ * RLIMIT_NOFILE). */
+#define EBB_DIST_MAX_WORLD 4096
+
 typedef struct ebb_dist_options {
     int rank;                /* this process, 0 .. world_size - 1 */
-    int world_size;          /* processes in the group, >= 1 */
+    int world_size;          /* processes in the group, 1 .. EBB_DIST_MAX_WORLD */
     const char *master_addr; /* rank 0's address (IPv4 or a host name); NULL: 127.0.0.1 */
     int master_port;         /* rank 0's rendezvous port, 1 .. 65535 */
     int timeout_ms;          /* rendezvous and every collective; 0: 30000 */

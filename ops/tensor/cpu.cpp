@@ -146,6 +146,22 @@ void blas_kernels(char *buf, size_t size) {
 
 } // namespace
 
+// Whether libtorch multiplies float16 matrices on the CPU: asked once, of
+// libtorch itself (1.13 has no CPU addmm for Half; 2.x has).
+static int fp16_matmul_works() {
+    static const int works = [] {
+        try {
+            c10::InferenceMode guard;
+            at::Tensor a = at::ones({2, 2}, at::kHalf);
+            at::addmm(a, a, a);
+            return 1;
+        } catch (...) {
+            return 0;
+        }
+    }();
+    return works;
+}
+
 extern "C" ebb_status ebb_cpu_info_get(ebb_cpu_info *out) {
     if (!out)
         return ebb_error_set(EBB_ERR_ARG, "ebb_cpu_info_get: out is NULL");
@@ -154,6 +170,7 @@ extern "C" ebb_status ebb_cpu_info_get(ebb_cpu_info *out) {
     aten_capability(out->aten, sizeof out->aten);
     blas_kernels(out->blas, sizeof out->blas);
     out->bf16_usable = 1;
+    out->fp16_usable = fp16_matmul_works();
 #if EBB_X86
     int level = onednn_level();
     std::snprintf(out->onednn, sizeof out->onednn, "%s", level >= 0 ? levels[level].name : "none");

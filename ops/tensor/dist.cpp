@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <netdb.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -141,8 +142,8 @@ ebb_status ebb_dist_options_from_env(ebb_dist_options *o) {
         const char *name;
         long lo, hi;
         bool required;
-    } vars[] = {{"WORLD_SIZE", 1, 1 << 20, true},
-                {"RANK", 0, (1 << 20) - 1, true},
+    } vars[] = {{"WORLD_SIZE", 1, EBB_DIST_MAX_WORLD, true},
+                {"RANK", 0, EBB_DIST_MAX_WORLD - 1, true},
                 {"MASTER_PORT", 1, 65535, true},
                 {"EBB_DIST_TIMEOUT_MS", 1, 24L * 3600 * 1000, false}};
     long v[4] = {0, 0, 0, 0};
@@ -172,6 +173,19 @@ ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o) {
     if (o->world_size < 1 || o->rank < 0 || o->rank >= o->world_size)
         return ebb_error_set(EBB_ERR_ARG, "%s: rank %d of world_size %d; a rank is 0 to "
                              "world_size - 1", fn, o->rank, o->world_size);
+    if (o->world_size > EBB_DIST_MAX_WORLD)
+        return ebb_error_set(EBB_ERR_ARG, "%s: world_size %d; a group has at most %d ranks", fn,
+                             o->world_size, EBB_DIST_MAX_WORLD);
+    /* Gloo meets every other rank over a socket of its own (and the store
+     * holds one per rank on rank 0): a group the descriptors cannot hold
+     * would fail deep inside its connect, long after the timeout */
+    struct rlimit nofile;
+    long need = 2L * o->world_size + 64;
+    if (getrlimit(RLIMIT_NOFILE, &nofile) == 0 && nofile.rlim_cur != RLIM_INFINITY &&
+        (long)nofile.rlim_cur < need)
+        return ebb_error_set(EBB_ERR_ARG, "%s: world_size %d needs about %ld file descriptors, "
+                             "and this process may open %ld (ulimit -n)", fn, o->world_size,
+                             need, (long)nofile.rlim_cur);
     if (o->master_port < 1 || o->master_port > 65535)
         return ebb_error_set(EBB_ERR_ARG, "%s: master_port %d is not a port (1 to 65535)", fn,
                              o->master_port);

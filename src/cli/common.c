@@ -705,6 +705,12 @@ static int train_options(const ebb_spec *s, const options *o, const ebb_safetens
                              .n_no_decay = o->no_decay.n};
     /* as ebb train: on with fp16 unless --loss-scale none */
     ebb_precision pr = o->precision ? o->precision : ebb_spec_precision(s);
+    if (o->weight_copies != EBB_LOW_COPIES_AUTO && pr != EBB_PRECISION_BF16 &&
+        pr != EBB_PRECISION_FP16) {
+        fprintf(stderr, "ebb: --weight-copies keep or recast applies to a low precision "
+                        "(--precision bf16 or fp16, or the spec's precision:)\n");
+        return EXIT_USAGE;
+    }
     t->accumulate = (int)o->accumulate;
     t->parallel = o->parallel;
     t->parallel.rank = o->parallel.zero && o->parallel.rank > 0 ? o->parallel.rank : 0;

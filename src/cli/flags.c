@@ -228,7 +228,7 @@ int cli_parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
 
 int cli_set_count(const cli_flag *f, const char *v, void *field, const char *usage) {
     if (cli_parse_int(v, 1, 1000000000, field) != 0)
-        return flag_error(f, usage, "%s needs a positive integer", NULL);
+        return flag_error(f, usage, "%s needs a positive integer, at most 1000000000", NULL);
     return 0;
 }
 
@@ -294,8 +294,10 @@ int cli_set_weight_copies(const cli_flag *f, const char *v, void *field, const c
 
 int cli_set_loss_scale(const cli_flag *f, const char *v, void *field, const char *usage) {
     double s = -1;
-    if (strcmp(v, "none") != 0 && (parse_nonneg(v, &s) != 0 || !(s > 0) || s > 3.4e38))
-        return flag_error(f, usage, "%s %s: expected a positive scale (65536) or none", v);
+    /* a normal float32, which the scaled gradients are */
+    if (strcmp(v, "none") != 0 && (parse_nonneg(v, &s) != 0 || !(s >= 1.1754944e-38) || s > 3.4e38))
+        return flag_error(f, usage,
+                          "%s %s: expected a positive scale, a normal float32 (65536), or none", v);
     *(double *)field = s;
     return 0;
 }

@@ -580,6 +580,12 @@ static int resume_conflicts(const topts *o, const ebb_checkpoint_info *ci, char 
  * not change unless --override says so. */
 static int resolve_options(cli_run *c) {
     topts *o = &c->o;
+    ebb_precision pr = o->to.precision ? o->to.precision : ebb_spec_precision(c->spec);
+    if (o->to.low_weight_copies != EBB_LOW_COPIES_AUTO && pr != EBB_PRECISION_BF16 &&
+        pr != EBB_PRECISION_FP16)
+        return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
+                                   "--weight-copies keep or recast applies to a low precision "
+                                   "(--precision bf16 or fp16, or the spec's precision:)");
     ebb_optimizer_kind k = EBB_ADAMW;
     if (o->optimizer) ebb_optimizer_kind_parse(&k, o->optimizer); /* checked by parse() */
     ebb_optimizer_options oo = ebb_optimizer_defaults(k, o->lr_set ? o->lr : ebb_optimizer_default_lr(k));
@@ -1003,6 +1009,17 @@ static int train_open(cli_run *c, const command *self, int argc, char **argv) {
                         "multiple of %lld\n",
                 (long long)o->to.batch, (long long)o->nproc, (long long)o->nproc);
         return EXIT_USAGE;
+    }
+    /* a rank of a job that torchrun (or a hand) started is not a launcher;
+     * the ranks --nproc starts say who launched them */
+    if (o->nproc > 1 && getenv("WORLD_SIZE") && !getenv("EBB_LAUNCHER_PID")) {
+        char set[64];
+        snprintf(set, sizeof set, "%.32s", getenv("WORLD_SIZE"));
+        return ebb_cli_usage_error(ebb_cli_usage_train,
+                                   "--nproc: this process is already a rank of a job "
+                                   "(WORLD_SIZE=%s is set, as torchrun sets it); drop --nproc, "
+                                   "or unset WORLD_SIZE to launch the ranks here",
+                                   set);
     }
     if (o->nproc > 1 && !getenv("WORLD_SIZE")) return ebb_cli_launch_ranks((int)o->nproc, argc, argv);
     if (getenv("WORLD_SIZE") && ((rc = ebb_cli_follow_launcher()) || (rc = join_ranks(c))))
