@@ -3,7 +3,12 @@
  * at open and keeps only the descriptor: a load reads the tensor's bytes with
  * pread, in chunks, into the destination tensor. Nothing is mapped, so a file
  * that shrinks under a reader (truncated, or rewritten in place by cp) is a
- * "truncated while reading" error instead of a SIGBUS. */
+ * "truncated while reading" error instead of a SIGBUS.
+ *
+ * Every file ebb writes carries a CRC-32 (zlib's) of each tensor's bytes in
+ * its metadata, "crc32:NAME": "8 hex digits", which other readers ignore;
+ * a load checks it as it reads, so a flipped bit is an error naming the
+ * tensor rather than a wrong weight. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
@@ -16,6 +21,7 @@
 #include <unistd.h>
 
 #include <cjson/cJSON.h>
+#include <zlib.h>
 
 #include "ebb/safetensors.h"
 #include "fileio.h"
@@ -134,15 +140,31 @@ static int add_int(cJSON *array, unsigned long long v) {
     return num && cJSON_AddItemToArray(array, num);
 }
 
-/* Builds the JSON header for items in data order; NULL when out of memory. */
+#define CRC_PREFIX "crc32:"
+
+/* Builds the JSON header for items in data order, with each tensor's
+ * CRC-32 (crcs[], by item); NULL when out of memory. */
 static char *build_header(const char *const *names, ebb_tensor *const *tensors,
-                          const write_item *items, int n, const char *const *kv, int n_kv) {
+                          const write_item *items, const uint32_t *crcs, int n,
+                          const char *const *kv, int n_kv) {
     cJSON *root = cJSON_CreateObject();
     int ok = root != NULL;
     cJSON *meta = ok ? cJSON_AddObjectToObject(root, "__metadata__") : NULL;
     ok = ok && meta && cJSON_AddStringToObject(meta, "format", "pt");
     for (int i = 0; ok && i < n_kv; i++)
         ok = cJSON_AddStringToObject(meta, kv[2 * i], kv[2 * i + 1]) != NULL;
+    for (int i = 0; ok && i < n; i++) {
+        const char *name = names[items[i].index];
+        size_t len = strlen(CRC_PREFIX) + strlen(name) + 1;
+        char *key = malloc(len), hex[16];
+        ok = key != NULL;
+        if (ok) {
+            snprintf(key, len, "%s%s", CRC_PREFIX, name);
+            snprintf(hex, sizeof hex, "%08x", (unsigned)crcs[i]);
+            ok = cJSON_AddStringToObject(meta, key, hex) != NULL;
+        }
+        free(key);
+    }
     unsigned long long offset = 0;
     for (int i = 0; ok && i < n; i++) {
         const ebb_tensor *t = tensors[items[i].index];
@@ -174,50 +196,65 @@ static ebb_status write_all(FILE *f, const void *data, size_t n, const char *pat
     return EBB_OK;
 }
 
-/* Writes header and data into the writer's stream. */
+/* Item i's bytes on the host, into *buf (grown to *cap as needed). */
+static ebb_status item_bytes(const char *const *names, ebb_tensor *const *tensors,
+                             const write_item *item, void **buf, size_t *cap) {
+    size_t nb = item->nbytes;
+    if (nb > *cap) {
+        void *grown = realloc(*buf, nb);
+        if (!grown)
+            return ebb_error_set(EBB_ERR_NOMEM,
+                                 "ebb_safetensors_write: out of memory (%zu bytes for '%s')", nb,
+                                 names[item->index]);
+        *buf = grown;
+        *cap = nb;
+    }
+    ebb_status st = ebb_tensor_to_host(tensors[item->index], *buf, nb);
+    if (st != EBB_OK)
+        ebb_error_prefix("ebb_safetensors_write: tensor '%s'", names[item->index]);
+    return st;
+}
+
+/* Writes header and data into the writer's stream. The tensors are read
+ * twice: once for their checksums, which the header holds, then for the
+ * data. */
 static ebb_status write_body(FILE *f, const char *path, const char *const *names,
                              ebb_tensor *const *tensors, const write_item *items, int n,
                              const char *const *kv, int n_kv) {
-    char *header = build_header(names, tensors, items, n, kv, n_kv);
-    if (!header)
-        return ebb_error_set(EBB_ERR_NOMEM,
-                             "ebb_safetensors_write: out of memory building the header");
+    void *buf = NULL;
+    size_t cap = 0;
+    uint32_t *crcs = calloc((size_t)n + 1, sizeof *crcs);
+    ebb_status st = crcs ? EBB_OK
+                         : ebb_error_set(EBB_ERR_NOMEM, "ebb_safetensors_write: out of memory");
+    for (int i = 0; st == EBB_OK && i < n; i++) {
+        crcs[i] = (uint32_t)crc32(0L, Z_NULL, 0);
+        if (items[i].nbytes && (st = item_bytes(names, tensors, &items[i], &buf, &cap)) == EBB_OK)
+            crcs[i] = (uint32_t)crc32_z(crcs[i], buf, items[i].nbytes);
+    }
+    char *header = st == EBB_OK ? build_header(names, tensors, items, crcs, n, kv, n_kv) : NULL;
+    free(crcs);
+    if (st != EBB_OK || !header) {
+        free(buf);
+        return st != EBB_OK ? st
+                            : ebb_error_set(EBB_ERR_NOMEM,
+                                            "ebb_safetensors_write: out of memory building the "
+                                            "header");
+    }
     size_t hlen = strlen(header), padded = hlen;
     while ((8 + padded) % 8) /* data starts 8-byte aligned */
         padded++;
     unsigned char len8[8];
     for (int i = 0; i < 8; i++)
         len8[i] = (unsigned char)((unsigned long long)padded >> (8 * i));
-    ebb_status st = write_all(f, len8, 8, path);
+    st = write_all(f, len8, 8, path);
     if (st == EBB_OK)
         st = write_all(f, header, hlen, path);
     for (size_t i = hlen; st == EBB_OK && i < padded; i++)
         st = write_all(f, " ", 1, path);
     free(header);
-
-    void *buf = NULL;
-    size_t cap = 0;
-    for (int i = 0; st == EBB_OK && i < n; i++) {
-        size_t nb = items[i].nbytes;
-        if (nb == 0)
-            continue;
-        if (nb > cap) {
-            void *grown = realloc(buf, nb);
-            if (!grown) {
-                st = ebb_error_set(EBB_ERR_NOMEM,
-                                   "ebb_safetensors_write: out of memory (%zu bytes for '%s')", nb,
-                                   names[items[i].index]);
-                break;
-            }
-            buf = grown;
-            cap = nb;
-        }
-        st = ebb_tensor_to_host(tensors[items[i].index], buf, nb);
-        if (st != EBB_OK)
-            ebb_error_prefix("ebb_safetensors_write: tensor '%s'", names[items[i].index]);
-        else
-            st = write_all(f, buf, nb, path);
-    }
+    for (int i = 0; st == EBB_OK && i < n; i++)
+        if (items[i].nbytes && (st = item_bytes(names, tensors, &items[i], &buf, &cap)) == EBB_OK)
+            st = write_all(f, buf, items[i].nbytes, path);
     free(buf);
     return st;
 }
@@ -235,10 +272,12 @@ ebb_status ebb_safetensors_write_meta(const char *path, const char *const *names
                              n_metadata);
     for (int i = 0; i < n_metadata; i++)
         if (!metadata[2 * i] || !metadata[2 * i + 1] || !metadata[2 * i][0] ||
-            !strcmp(metadata[2 * i], "format"))
+            !strcmp(metadata[2 * i], "format") ||
+            !strncmp(metadata[2 * i], CRC_PREFIX, strlen(CRC_PREFIX)))
             return ebb_error_set(EBB_ERR_ARG,
-                                 "ebb_safetensors_write: metadata key %d is NULL, empty or "
-                                 "\"format\" (reserved), or its value is NULL",
+                                 "ebb_safetensors_write: metadata key %d is NULL, empty, "
+                                 "\"format\" or \"" CRC_PREFIX "...\" (reserved), or its value "
+                                 "is NULL",
                                  i);
     if (!path || !path[0] || n < 0 || (n > 0 && (!names || !tensors)))
         return ebb_error_set(EBB_ERR_ARG,
@@ -754,6 +793,11 @@ static ebb_status read_into(const ebb_safetensors *st, const st_entry *e, ebb_te
         }
     }
     size_t chunk = flat ? READ_CHUNK : nbytes;
+    /* the checksum ebb wrote, when the file has one */
+    char key[600];
+    snprintf(key, sizeof key, "%s%s", CRC_PREFIX, e->name);
+    const char *want = ebb_safetensors_metadata(st, key);
+    uLong crc = crc32(0L, Z_NULL, 0);
     void *buf = s == EBB_OK ? malloc(chunk) : NULL;
     if (s == EBB_OK && !buf)
         s = ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory (%zu bytes for '%s')", fn, chunk,
@@ -769,6 +813,8 @@ static ebb_status read_into(const ebb_safetensors *st, const st_entry *e, ebb_te
         }
         if (nonfinite)
             *nonfinite += count_nonfinite(buf, n, dt);
+        if (want)
+            crc = crc32_z(crc, buf, n);
         if (!flat) {
             s = ebb_tensor_copy_from_host(dst, buf, n);
         } else {
@@ -783,6 +829,13 @@ static ebb_status read_into(const ebb_safetensors *st, const st_entry *e, ebb_te
     }
     free(buf);
     ebb_tensor_free(flat);
+    char have[16];
+    snprintf(have, sizeof have, "%08lx", crc & 0xffffffffUL);
+    if (s == EBB_OK && want && strcmp(have, want) != 0)
+        s = ebb_error_set(EBB_ERR_IO,
+                          "%s: tensor '%s' in '%s' is damaged: its bytes' CRC-32 is %s, and the "
+                          "file says %s",
+                          fn, e->name, st->path, have, want);
     return s;
 }
 

@@ -4315,6 +4315,26 @@ static void test_small_refusals(void **state) {
     expect_code(&r, 1);
     expect_contains("stderr", &r, r.err, "shuffle 5, drop_last 0: a step is 0 or more");
     cli_free(&r);
+    /* weights with one bit flipped in their last tensor's bytes: refused,
+     * naming the tensor (each tensor's CRC-32 is in the file's metadata) */
+    char w[PATH_MAX];
+    tmp_path(w, sizeof w, "refusals-w.safetensors");
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "1", "--batch", "16",
+        "--save-weights", w);
+    expect_code(&r, 0);
+    cli_free(&r);
+    bytes = slurp(w, &len);
+    assert_non_null(bytes);
+    bytes[len - 1] ^= 0x10;
+    f = fopen(w, "wb");
+    assert_non_null(f);
+    assert_true(fwrite(bytes, 1, len, f) == len);
+    fclose(f);
+    free(bytes);
+    EBB(&r, "eval", "specs/mlp.yaml", "--data", data, "--weights", w);
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "is damaged: its bytes' CRC-32 is");
+    cli_free(&r);
 }
 
 /* The spellings PyTorch, Lightning and Hugging Face users type get ebb's

@@ -173,8 +173,60 @@ static void test_roundtrip_all_dtypes(void **state) {
         ebb_tensor_free(ts[i]);
 }
 
+/* A bit flipped anywhere in a tensor's bytes (200 flips, one at a time)
+ * is caught when that tensor loads: an error naming it and the file, and
+ * the other tensors still load. */
+static void test_flipped_bits_are_caught(void **state) {
+    (void)state;
+    ebb_shape ws = EBB_SHAPE(16, 8), bs = EBB_SHAPE(8);
+    ebb_tensor *ts[2] = {NULL, NULL};
+    assert_ok(ebb_tensor_randn(&ts[0], &ws, EBB_FLOAT32, CPU, 1));
+    assert_ok(ebb_tensor_randn(&ts[1], &bs, EBB_FLOAT64, CPU, 2));
+    const char *names[] = {"fc.weight", "fc.bias"};
+    const char *path = path_of("flips.safetensors");
+    assert_ok(ebb_safetensors_write(path, names, ts, 2));
+    size_t n = 0;
+    unsigned char *buf = ebb_test_read_file(path, &n);
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)buf[i] << (8 * i);
+    size_t data = 8 + (size_t)hlen, bytes = n - data; /* bias (F64) first, then weight */
+    uint64_t rng = 12345;
+    for (int k = 0; k < 200; k++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        size_t at = data + (size_t)(rng >> 33) % bytes;
+        unsigned char bit = (unsigned char)(1u << ((rng >> 20) % 8));
+        buf[at] ^= bit;
+        FILE *f = fopen(path, "wb");
+        assert_int_equal(fwrite(buf, 1, n, f), n);
+        fclose(f);
+        buf[at] ^= bit;
+        const char *hit = at - data < 64 ? "fc.bias" : "fc.weight";
+        ebb_safetensors *st = NULL;
+        assert_ok(ebb_safetensors_open(&st, path));
+        for (int i = 0; i < 2; i++) {
+            ebb_tensor *t = NULL;
+            ebb_status s = ebb_safetensors_load(&t, st, names[i], CPU);
+            if (!strcmp(names[i], hit)) {
+                assert_int_equal(s, EBB_ERR_IO);
+                char want[700];
+                snprintf(want, sizeof want, "tensor '%s' in '%s' is damaged", hit, path);
+                assert_errmsg_contains(want);
+            } else {
+                assert_ok(s);
+            }
+            ebb_tensor_free(t);
+        }
+        ebb_safetensors_close(st);
+    }
+    free(buf);
+    ebb_tensor_free(ts[0]);
+    ebb_tensor_free(ts[1]);
+}
+
 /* The bytes are those of the format: PyTorch reads them. Data starts 8-byte
- * aligned, larger elements first. */
+ * aligned, larger elements first; the metadata holds each tensor's CRC-32
+ * (zlib's, as Python's zlib.crc32 gives it). */
 static void test_exact_bytes(void **state) {
     (void)state;
     float w[4] = {1, 2, 3, 4};
@@ -194,7 +246,8 @@ static void test_exact_bytes(void **state) {
     assert_int_equal((8 + hlen) % 8, 0);
     assert_int_equal(n, 8 + hlen + 24);
     const char *want =
-        "{\"__metadata__\":{\"format\":\"pt\"},"
+        "{\"__metadata__\":{\"format\":\"pt\",\"crc32:scale \\\"q\\\"\":\"8d3a01b8\","
+        "\"crc32:layer.weight\":\"8ba71454\"},"
         "\"scale \\\"q\\\"\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]},"
         "\"layer.weight\":{\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[8,24]}}";
     size_t wl = strlen(want);
@@ -567,7 +620,9 @@ static void test_mutated_headers(void **state) {
         for (int i = 0; i < ebb_safetensors_count(st); i++) {
             ebb_tensor *t = NULL;
             ebb_status s = ebb_safetensors_load(&t, st, ebb_safetensors_name_at(st, i), CPU);
-            assert_true(s == EBB_OK || s == EBB_ERR_UNSUPPORTED);
+            /* an edit in a checksum: the tensor's bytes no longer match it */
+            assert_true(s == EBB_OK || s == EBB_ERR_UNSUPPORTED ||
+                        (s == EBB_ERR_IO && strstr(ebb_errmsg(), "is damaged")));
             ebb_tensor_free(t);
         }
         ebb_safetensors_close(st);
@@ -1934,6 +1989,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         EBB_TEST(test_roundtrip_all_dtypes),
         EBB_TEST(test_exact_bytes),
+        EBB_TEST(test_flipped_bits_are_caught),
         EBB_TEST(test_foreign_layout),
         EBB_TEST(test_load_mismatch),
         EBB_TEST(test_unsupported_dtype),
