@@ -3300,6 +3300,24 @@ static void expect_same_bytes(const char *path, const char *want, const char *wh
     free(b);
 }
 
+/* n samples for specs/mlp.yaml (x float32 [n, 64] from seed, y int64 the
+ * sample's index mod 10) written to path. */
+static void write_mlp_data(const char *path, int64_t n, uint64_t seed) {
+    ebb_shape xs = {2, {n, 64}}, ys = {1, {n}};
+    ebb_tensor *t[2] = {NULL, NULL};
+    int64_t *yv = malloc(sizeof *yv * (size_t)n);
+    assert_non_null(yv);
+    for (int64_t i = 0; i < n; i++) yv[i] = i % 10;
+    assert_ok(ebb_tensor_randn(&t[0], &xs, EBB_FLOAT32, ebb_device_cpu(), seed));
+    assert_ok(ebb_tensor_from_host(&t[1], yv, sizeof *yv * (size_t)n, &ys, EBB_INT64,
+                                   ebb_device_cpu()));
+    free(yv);
+    const char *names[2] = {"x", "y"};
+    assert_ok(ebb_safetensors_write(path, names, t, 2));
+    ebb_tensor_free(t[0]);
+    ebb_tensor_free(t[1]);
+}
+
 /* ---- the --nproc launcher as an agent ------------------------------------------ */
 
 /* The processes whose parent is `parent`, from /proc (at most max). */
@@ -3423,17 +3441,7 @@ static void test_launcher_agent(void **state) {
     tmp_path(data, sizeof data, "agent.safetensors");
     tmp_path(ck, sizeof ck, "agent-ck.safetensors");
     tmp_path(err, sizeof err, "agent.err");
-    enum { N = 96, F = 64 };
-    ebb_shape xs = {2, {N, F}}, ys = {1, {N}};
-    ebb_tensor *t[2] = {NULL, NULL};
-    static int64_t yv[N];
-    for (int i = 0; i < N; i++) yv[i] = i % 10;
-    assert_ok(ebb_tensor_randn(&t[0], &xs, EBB_FLOAT32, ebb_device_cpu(), 7));
-    assert_ok(ebb_tensor_from_host(&t[1], yv, sizeof yv, &ys, EBB_INT64, ebb_device_cpu()));
-    const char *names[2] = {"x", "y"};
-    assert_ok(ebb_safetensors_write(data, names, t, 2));
-    ebb_tensor_free(t[0]);
-    ebb_tensor_free(t[1]);
+    write_mlp_data(data, 96, 7);
     pid_t ranks[2];
 
     /* a rank stopped (SIGSTOP): the job ends, failed, within the timeout
@@ -3570,19 +3578,8 @@ static void test_ranks_that_differ(void **state) {
     tmp_path(spec, sizeof spec, "differ/mlp.yaml");
     tmp_path(err0, sizeof err0, "differ0.err");
     tmp_path(err1, sizeof err1, "differ1.err");
-    enum { N = 96, F = 64 };
-    ebb_shape xs = {2, {N, F}}, ys = {1, {N}};
-    static int64_t yv[N];
-    for (int i = 0; i < N; i++) yv[i] = i % 10;
-    for (int k = 0; k < 2; k++) {
-        ebb_tensor *t[2] = {NULL, NULL};
-        assert_ok(ebb_tensor_randn(&t[0], &xs, EBB_FLOAT32, ebb_device_cpu(), 7 + (uint64_t)k));
-        assert_ok(ebb_tensor_from_host(&t[1], yv, sizeof yv, &ys, EBB_INT64, ebb_device_cpu()));
-        const char *names[2] = {"x", "y"};
-        assert_ok(ebb_safetensors_write(k ? other : data, names, t, 2));
-        ebb_tensor_free(t[0]);
-        ebb_tensor_free(t[1]);
-    }
+    write_mlp_data(data, 96, 7);
+    write_mlp_data(other, 96, 8);
     /* specs/mlp.yaml under its own name with tanh for its first relu, and
      * with another dropout */
     size_t len = 0;
@@ -3650,17 +3647,7 @@ static void test_train_recipes(void **state) {
     tmp_path(w0, sizeof w0, "recipes-w0.safetensors");
     tmp_path(w1, sizeof w1, "recipes-w1.safetensors");
     tmp_path(csv, sizeof csv, "recipes.csv");
-    enum { N = 96, F = 64 };
-    ebb_shape xs = {2, {N, F}}, ys = {1, {N}};
-    ebb_tensor *t[2] = {NULL, NULL};
-    static int64_t yv[N];
-    for (int i = 0; i < N; i++) yv[i] = i % 10;
-    assert_ok(ebb_tensor_randn(&t[0], &xs, EBB_FLOAT32, ebb_device_cpu(), 7));
-    assert_ok(ebb_tensor_from_host(&t[1], yv, sizeof yv, &ys, EBB_INT64, ebb_device_cpu()));
-    const char *names[2] = {"x", "y"};
-    assert_ok(ebb_safetensors_write(data, names, t, 2));
-    ebb_tensor_free(t[0]);
-    ebb_tensor_free(t[1]);
+    write_mlp_data(data, 96, 7);
 
     cli_result r;
     /* the initial weights (seed 0), which a frozen parameter keeps */
@@ -4285,16 +4272,7 @@ static void test_small_refusals(void **state) {
     char data[PATH_MAX], ck[PATH_MAX];
     tmp_path(data, sizeof data, "refusals.safetensors");
     tmp_path(ck, sizeof ck, "refusals-ck.safetensors");
-    enum { N = 32, F = 64 };
-    ebb_shape xs = {2, {N, F}}, ys = {1, {N}};
-    ebb_tensor *t[2] = {NULL, NULL};
-    static int64_t yv[N];
-    assert_ok(ebb_tensor_randn(&t[0], &xs, EBB_FLOAT32, ebb_device_cpu(), 3));
-    assert_ok(ebb_tensor_from_host(&t[1], yv, sizeof yv, &ys, EBB_INT64, ebb_device_cpu()));
-    const char *names[2] = {"x", "y"};
-    assert_ok(ebb_safetensors_write(data, names, t, 2));
-    ebb_tensor_free(t[0]);
-    ebb_tensor_free(t[1]);
+    write_mlp_data(data, 32, 3);
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "1", "--batch", "16",
         "--checkpoint", ck);
     expect_code(&r, 0);

@@ -173,6 +173,14 @@ static void test_roundtrip_all_dtypes(void **state) {
         ebb_tensor_free(ts[i]);
 }
 
+/* The header's length: the file's first 8 bytes, little-endian. */
+static uint64_t header_length(const unsigned char *buf) {
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)buf[i] << (8 * i);
+    return hlen;
+}
+
 /* A bit flipped anywhere in a tensor's bytes (200 flips, one at a time)
  * is caught when that tensor loads: an error naming it and the file, and
  * the other tensors still load. */
@@ -187,9 +195,7 @@ static void test_flipped_bits_are_caught(void **state) {
     assert_ok(ebb_safetensors_write(path, names, ts, 2));
     size_t n = 0;
     unsigned char *buf = ebb_test_read_file(path, &n);
-    uint64_t hlen = 0;
-    for (int i = 0; i < 8; i++)
-        hlen |= (uint64_t)buf[i] << (8 * i);
+    uint64_t hlen = header_length(buf);
     size_t data = 8 + (size_t)hlen, bytes = n - data; /* bias (F64) first, then weight */
     uint64_t rng = 12345;
     for (int k = 0; k < 200; k++) {
@@ -240,9 +246,7 @@ static void test_exact_bytes(void **state) {
     assert_ok(ebb_safetensors_write(path, names, ts, 2));
     size_t n = 0;
     unsigned char *buf = ebb_test_read_file(path, &n);
-    uint64_t hlen = 0;
-    for (int i = 0; i < 8; i++)
-        hlen |= (uint64_t)buf[i] << (8 * i);
+    uint64_t hlen = header_length(buf);
     assert_int_equal((8 + hlen) % 8, 0);
     assert_int_equal(n, 8 + hlen + 24);
     const char *want =

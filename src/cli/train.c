@@ -977,11 +977,9 @@ static int join_ranks(cli_run *c) {
     return 0;
 }
 
-/* Returns 0, -1 when help was printed, or an exit code. */
-static int train_open(cli_run *c, const command *self, int argc, char **argv) {
-    topts *o = &c->o;
-    int rc = parse(self, argc, argv, 1, o);
-    if (rc) return rc;
+/* The data-parallel flags against each other and the environment, before
+ * any rank starts. 0, or the usage exit code. */
+static int check_parallel_flags(const topts *o) {
     if ((o->to.parallel.zero || o->to.parallel.overlap) && o->nproc <= 1 && !getenv("WORLD_SIZE"))
         return ebb_cli_usage_error(ebb_cli_usage_train, "%s",
                                    o->to.parallel.zero ? "--zero shards the optimizer over the ranks of "
@@ -1021,6 +1019,15 @@ static int train_open(cli_run *c, const command *self, int argc, char **argv) {
                                    "or unset WORLD_SIZE to launch the ranks here",
                                    set);
     }
+    return 0;
+}
+
+/* Returns 0, -1 when help was printed, or an exit code. */
+static int train_open(cli_run *c, const command *self, int argc, char **argv) {
+    topts *o = &c->o;
+    int rc = parse(self, argc, argv, 1, o);
+    if (rc) return rc;
+    if ((rc = check_parallel_flags(o))) return rc;
     if (o->nproc > 1 && !getenv("WORLD_SIZE")) return ebb_cli_launch_ranks((int)o->nproc, argc, argv);
     if (getenv("WORLD_SIZE") && ((rc = ebb_cli_follow_launcher()) || (rc = join_ranks(c))))
         return rc;
