@@ -34,6 +34,7 @@
 #include "ebb/safetensors.h"
 #include "ebb/spec.h"
 #include "test_mounts.h"
+#include "test_net.h"
 #include "test_util.h"
 #include "test_xml.h"
 
@@ -3551,18 +3552,6 @@ static pid_t start_rank(int rank, int port, const char *spec, const char *data, 
     return pid;
 }
 
-/* A free loopback port. */
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
-        fail_msg("no free port: %s", strerror(errno));
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* Two ranks started by hand that differ in what they train, as a stale
  * spec, option or dataset on one machine would: both refuse before the
  * first step (exit 1), and rank 1 names the first field that differs.
@@ -3613,7 +3602,7 @@ static void test_ranks_that_differ(void **state) {
         {NULL, NULL, "--zero", "--zero --checkpoint-every 1", "checkpoint-every"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        int port = free_port();
+        int port = ebb_test_free_port();
         const char *s1 = !cases[i].spec1                      ? "specs/mlp.yaml"
                          : !strcmp(cases[i].spec1, "tanh") ? tanh_spec
                                                               : drop_spec;

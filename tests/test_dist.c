@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "test_net.h"
 #include "test_util.h"
 
 extern char **environ;
@@ -33,18 +34,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* A port nobody listens on now: the kernel's choice for a socket bound to 0. */
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
-    assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-    close(fd);
-    return ntohs(a.sin_port);
 }
 
 /* ---- the children ---------------------------------------------------------- */
@@ -693,7 +682,7 @@ static int machines_teardown(void **state) {
  * *killed (may be NULL) receives how many died by a signal. */
 static int run_ranks_on(const machines *m, const char *scenario, int world, int first, int n,
                         int timeout_ms, double deadline_s, int *killed) {
-    int port = free_port();
+    int port = ebb_test_free_port();
     pid_t pids[8];
     assert_true(n <= 8 && (!m || first + n <= 2));
     char sp[16], sw[16], sr[16], st[16], ns[32];
@@ -807,7 +796,7 @@ static void options_checked(void **state) {
     assert_errmsg_contains("master_port 70000");
     assert_null(d);
     /* a world of one needs no peer: every collective leaves the tensors */
-    o.master_port = free_port();
+    o.master_port = ebb_test_free_port();
     o.timeout_ms = 5000;
     assert_ok(ebb_dist_open(&d, &o));
     ebb_tensor *t = filled(3, 2.5, EBB_FLOAT32);
@@ -854,7 +843,7 @@ static void nccl_on_a_gpu(void **state) {
     (void)state;
     ebb_device dev = ebb_test_device();
     ebb_dist *d = NULL;
-    ebb_dist_options o = {.rank = 0, .world_size = 1, .master_port = free_port(),
+    ebb_dist_options o = {.rank = 0, .world_size = 1, .master_port = ebb_test_free_port(),
                           .timeout_ms = 20000, .device = ebb_device_cuda(0)};
     /* torchrun's variables leave the device as it was */
     setenv("WORLD_SIZE", "1", 1);

@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "test_net.h"
 #include "test_util.h"
 #include "test_dir.h"
 
@@ -1535,22 +1536,11 @@ static int dp_child(int rank, int world, int port, const char *data, const char 
     return st == EBB_OK && ebb_tensor_live_count() == 0 ? 0 : 1;
 }
 
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0)
-        fail_msg("no free port: %s", strerror(errno));
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 /* Runs `world` ranks; returns how many exited 0 within 90 s (the rest are
  * killed then). */
 static int dp_run(int world, const char *out, const char *ckpt) {
     char sp[16], sw[16], sr[16];
-    snprintf(sp, sizeof sp, "%d", free_port());
+    snprintf(sp, sizeof sp, "%d", ebb_test_free_port());
     snprintf(sw, sizeof sw, "%d", world);
     pid_t pids[8];
     for (int r = 0; r < world; r++) {
@@ -1728,7 +1718,7 @@ static void test_one_rank_on_its_device(void **state) {
     float want[F * F + F], got[F * F + F];
     int64_t steps = one_process(&o, want, "one process");
     ebb_dist *d = NULL;
-    ebb_dist_options one = {.world_size = 1, .master_port = free_port(), .timeout_ms = 20000,
+    ebb_dist_options one = {.world_size = 1, .master_port = ebb_test_free_port(), .timeout_ms = 20000,
                             .device = dev};
     if (ebb_dist_open(&d, &one) != EBB_OK)
         fail_msg("a group of one on the model's device: %s", ebb_errmsg());
