@@ -35,7 +35,7 @@ typedef struct ebb_cpu_info {
                           1.13 hands bfloat16 to oneDNN by the CPU's own flags, so a
                           ONEDNN_MAX_CPU_ISA below AVX-512 on an AVX-512 CPU refuses it */
     int fp16_usable;   /* 0 where libtorch has no float16 matrix product on the CPU
-                          (Debian's 1.13: addmm is not implemented for Half) */
+                          (Debian's 1.13 has no Half addmm on the CPU) */
 } ebb_cpu_info;
 
 /* Fills *out with this process's CPU kernels (after ebb_init). EBB_ERR_ARG
