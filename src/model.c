@@ -401,6 +401,12 @@ ebb_status ebb_model_load_ex(ebb_model *m, const char *path, const ebb_model_loa
         int64_t bad = 0;
         s = ebb_safetensors_load_into_ex(st, name_in_file(m, st, i), m->params[i],
                                          count ? &bad : NULL);
+        if (s == EBB_ERR_CORRUPT && opts && opts->damaged) {
+            /* read as the file has it: the caller was told */
+            opts->damaged(path, m->names[i], ebb_errmsg(), opts->user);
+            ebb_error_clear();
+            s = EBB_OK;
+        }
         if (s != EBB_OK || bad == 0)
             continue;
         if (opts->strict_finite)

@@ -832,7 +832,7 @@ static ebb_status read_into(const ebb_safetensors *st, const st_entry *e, ebb_te
     char have[16];
     snprintf(have, sizeof have, "%08lx", crc & 0xffffffffUL);
     if (s == EBB_OK && want && strcmp(have, want) != 0)
-        s = ebb_error_set(EBB_ERR_IO,
+        s = ebb_error_set(EBB_ERR_CORRUPT,
                           "%s: tensor '%s' in '%s' is damaged: its bytes' CRC-32 is %s, and the "
                           "file says %s",
                           fn, e->name, st->path, have, want);

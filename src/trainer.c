@@ -51,6 +51,13 @@ static void warn(const ebb_trainer *t, const char *fmt, ...) {
 
 static void warn_cb(const char *message, void *user) { warn(user, "%s", message); }
 
+/* --non-strict: a damaged tensor, read as the file has it */
+static void warn_damaged(const char *path, const char *name, const char *message, void *user) {
+    (void)path;
+    (void)name;
+    warn(user, "%s; --non-strict: read as it is", message);
+}
+
 static void warn_nonfinite(const char *path, const char *name, int64_t count, int64_t numel,
                            void *user) {
     warn(user, "%s: parameter '%s' holds %lld NaN or infinite values (of %lld)", path, name,
@@ -389,8 +396,16 @@ static ebb_status zero_gather(ebb_trainer *t, state *s, ebb_tensor ***made, int 
 static ebb_status resume(ebb_trainer *t) {
     const char *ck = t->o.resume;
     int same_kind = t->o.optimizer.kind == t->ci.optimizer.kind;
-    ebb_status st = ebb_checkpoint_load_weights(ck, "", t->m);
+    ebb_status st =
+        ebb_checkpoint_load_weights(ck, "", t->m, t->o.non_strict ? warn_damaged : NULL, t);
     if (st == EBB_OK && same_kind) st = ebb_optimizer_load(t->opt, ck);
+    if (st == EBB_ERR_CORRUPT && t->o.non_strict) {
+        /* the load replaces the state only when all of it is whole */
+        warn(t, "%s; --non-strict: the optimizer starts without the checkpoint's state",
+             ebb_errmsg());
+        ebb_error_clear();
+        st = EBB_OK;
+    }
     state s = {0};
     if (st == EBB_OK) st = ebb_state_view(&s, t->m, t->opt);
     if (st == EBB_OK && same_kind && !same_options(&t->o.optimizer, &t->ci.optimizer)) {
@@ -680,7 +695,8 @@ static ebb_status open_ema(ebb_trainer *t) {
     ebb_status st = ebb_model_new(&t->ema, t->plan, t->o.device, t->o.seed);
     if (st == EBB_OK && t->o.resume && t->ci.ema_decay > 0) {
         t->ema_updates = t->ci.ema_updates;
-        return ebb_checkpoint_load_weights(t->o.resume, "ema.", t->ema);
+        return ebb_checkpoint_load_weights(t->o.resume, "ema.", t->ema,
+                                           t->o.non_strict ? warn_damaged : NULL, t);
     }
     if (st == EBB_OK && t->o.resume)
         warn(t, "%s kept no average of the weights: --ema starts one from its weights",

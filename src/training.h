@@ -195,8 +195,11 @@ ebb_status ebb_state_check_finite(const state *s, const ebb_model *m, int params
                                   void *user, const char *file);
 
 /* Every parameter of the model, read from the checkpoint in place: the
- * tensor named `prefix` + its name ("": the weights; "ema.": their average). */
-ebb_status ebb_checkpoint_load_weights(const char *path, const char *prefix, ebb_model *m);
+ * tensor named `prefix` + its name ("": the weights; "ema.": their average).
+ * A tensor that does not match its checksum is EBB_ERR_CORRUPT, or, when
+ * `damaged` is not NULL, read as it is and reported to it. */
+ebb_status ebb_checkpoint_load_weights(const char *path, const char *prefix, ebb_model *m,
+                                       ebb_damaged_fn damaged, void *user);
 
 /* ---- src/progress.c: the lines a run prints ---- */
 

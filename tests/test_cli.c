@@ -3515,6 +3515,128 @@ static void test_launcher_agent(void **state) {
     unlink(ck);
 }
 
+/* Whether `path` is a whole safetensors file: it opens, and every tensor
+ * reads back matching its checksum. Its "step" into *step when asked. */
+static int whole_file(const char *path, long long *step) {
+    ebb_safetensors *st = NULL;
+    if (ebb_safetensors_open(&st, path) != EBB_OK) return 0;
+    int ok = 1;
+    for (int i = 0; ok && i < ebb_safetensors_count(st); i++) {
+        ebb_tensor *t = NULL;
+        ok = ebb_safetensors_load(&t, st, ebb_safetensors_name_at(st, i), ebb_device_cpu()) ==
+             EBB_OK;
+        ebb_tensor_free(t);
+    }
+    const char *s = ebb_safetensors_metadata(st, "step");
+    if (step) *step = s ? atoll(s) : -1;
+    ebb_safetensors_close(st);
+    return ok;
+}
+
+/* Every file the launcher's stderr names as a checkpoint ("checkpoint
+ * written to F", "continue with --resume F") exists and is whole, at the
+ * step said; how many were named. */
+static int expect_named_checkpoints(const char *text, const char *what) {
+    static const char *says[] = {"checkpoint written to ", "continue with --resume "};
+    int named = 0;
+    for (int k = 0; k < 2; k++)
+        for (const char *at = strstr(text, says[k]); at; at = strstr(at + 1, says[k])) {
+            char path[PATH_MAX];
+            if (sscanf(at + strlen(says[k]), "%4095s", path) != 1) continue;
+            size_t n = strlen(path);
+            while (n && strchr(" ,;()", path[n - 1])) path[--n] = '\0';
+            long long step = -1, said = -1;
+            if (!whole_file(path, &step))
+                fail_msg("%s: stderr names %s, which is missing or damaged:\n%s", what, path, text);
+            const char *after = k == 0 ? strstr(text, " after step ") : NULL;
+            if (after && after < at && sscanf(after + 12, "%lld", &said) == 1 && said != step)
+                fail_msg("%s: stderr says step %lld, and %s holds step %lld", what, said, path,
+                         step);
+            named++;
+        }
+    return named;
+}
+
+/* The agent's fault loop (issue 49): `ebb train --nproc 2` (ZeRO-1 on
+ * every other run) meets a fault at a random moment after its first step:
+ * a rank killed, stopped or sent SIGTERM, SIGINT or SIGHUP, or the
+ * launcher sent SIGTERM or SIGINT or killed. Every run must end (no hang:
+ * the launcher within 40 s), leave no rank behind, and lose no checkpoint:
+ * a signal to any one process ends the job with 128+signal and one whole
+ * checkpoint at the step it names; every file stderr names exists and is
+ * whole, and so is the checkpoint file whatever happened. EBB_FAULT_RUNS
+ * runs (default 50), from EBB_FAULT_SEED (default 49). Bounded: 3 s
+ * collective timeouts, 10 s of grace. */
+static void test_agent_fault_loop(void **state) {
+    (void)state;
+    static const struct {
+        const char *what;
+        int sig, to_launcher;
+    } faults[] = {
+        {"SIGKILL to a rank", SIGKILL, 0}, {"SIGSTOP to a rank", SIGSTOP, 0},
+        {"SIGTERM to a rank", SIGTERM, 0}, {"SIGINT to a rank", SIGINT, 0},
+        {"SIGHUP to a rank", SIGHUP, 0},   {"SIGTERM to the launcher", SIGTERM, 1},
+        {"SIGINT to the launcher", SIGINT, 1}, {"SIGKILL to the launcher", SIGKILL, 1},
+    };
+    const int n_faults = (int)(sizeof faults / sizeof *faults);
+    const char *env = getenv("EBB_FAULT_RUNS");
+    int runs = env ? atoi(env) : 50;
+    env = getenv("EBB_FAULT_SEED");
+    uint64_t rng = env ? strtoull(env, NULL, 10) : 49;
+    char data[PATH_MAX], ck[PATH_MAX], err[PATH_MAX];
+    tmp_path(data, sizeof data, "faults.safetensors");
+    tmp_path(ck, sizeof ck, "faults-ck.safetensors");
+    tmp_path(err, sizeof err, "faults.err");
+    write_mlp_data(data, 96, 7);
+    int seen[8] = {0}, checkpoints = 0;
+    double t0 = ebb_test_now_s(), longest = 0;
+    for (int run = 0; run < runs; run++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        int f = (int)((rng >> 33) % (uint64_t)n_faults), r = (int)((rng >> 20) & 1);
+        int zero = run % 2, delay_ms = (int)((rng >> 40) % 1200);
+        char what[128];
+        FMT(what, "run %d (%s%s, after %d ms)", run, faults[f].what, zero ? ", --zero" : "",
+            delay_ms);
+        unlink(ck);
+        pid_t ranks[2];
+        pid_t l = start_launcher(data, ck, err, zero ? "--zero" : NULL, ranks);
+        usleep((useconds_t)delay_ms * 1000);
+        double hit = ebb_test_now_s();
+        kill(faults[f].to_launcher ? l : ranks[r], faults[f].sig);
+        int status = wait_launcher(l, 40);
+        if (status == -1) {
+            kill(l, SIGKILL);
+            kill(ranks[0], SIGKILL);
+            kill(ranks[1], SIGKILL);
+            fail_msg("%s: the job hung for 40 s", what);
+        }
+        double took = ebb_test_now_s() - hit;
+        if (took > longest) longest = took;
+        expect_ranks_gone(ranks, 2, faults[f].sig == SIGKILL && faults[f].to_launcher ? 20 : 5,
+                          what);
+        size_t len = 0;
+        char *text = slurp(err, &len);
+        if (!text) fail_msg("%s: no stderr", what);
+        int named = expect_named_checkpoints(text, what);
+        checkpoints += named;
+        if (access(ck, F_OK) == 0 && !whole_file(ck, NULL))
+            fail_msg("%s: %s is damaged", what, ck);
+        int stop = faults[f].sig != SIGKILL && faults[f].sig != SIGSTOP;
+        if (stop && (!WIFEXITED(status) || WEXITSTATUS(status) != 128 + faults[f].sig || !named))
+            fail_msg("%s: the launcher's status %d (want exit %d with a checkpoint), stderr:\n%s",
+                     what, status, 128 + faults[f].sig, text);
+        if (!stop && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+            fail_msg("%s: the job exited 0, stderr:\n%s", what, text);
+        free(text);
+        seen[f]++;
+    }
+    unlink(ck);
+    printf("%d runs in %.0f s: ", runs, ebb_test_now_s() - t0);
+    for (int f = 0; f < n_faults; f++) printf("%s%d %s", f ? ", " : "", seen[f], faults[f].what);
+    printf("; %d checkpoints named, each whole; the slowest job ended %.1f s after its fault\n",
+           checkpoints, longest);
+}
+
 /* Starts rank `rank` of 2 by hand, as torchrun would (port `port`), running
  * `ebb train SPEC --data DATA --steps 2 --batch 16 --device cpu [extra]`,
  * stderr into err; returns its pid. */
@@ -4229,6 +4351,19 @@ static void test_train_resume_same_command(void **state) {
 
 /* Values that used to pass, or fail late with another layer's message:
  * each a usage error naming the flag, or a refusal naming the file. */
+/* One bit flipped in a file's last byte (a safetensors file's last tensor). */
+static void flip_last_byte(const char *path) {
+    size_t len = 0;
+    char *bytes = slurp(path, &len);
+    assert_non_null(bytes);
+    bytes[len - 1] ^= 0x10;
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_true(fwrite(bytes, 1, len, f) == len);
+    fclose(f);
+    free(bytes);
+}
+
 static void test_small_refusals(void **state) {
     (void)state;
     cli_result r;
@@ -4290,17 +4425,33 @@ static void test_small_refusals(void **state) {
         "--save-weights", w);
     expect_code(&r, 0);
     cli_free(&r);
-    bytes = slurp(w, &len);
-    assert_non_null(bytes);
-    bytes[len - 1] ^= 0x10;
-    f = fopen(w, "wb");
-    assert_non_null(f);
-    assert_true(fwrite(bytes, 1, len, f) == len);
-    fclose(f);
-    free(bytes);
+    flip_last_byte(w);
     EBB(&r, "eval", "specs/mlp.yaml", "--data", data, "--weights", w);
     expect_code(&r, 1);
     expect_contains("stderr", &r, r.err, "is damaged: its bytes' CRC-32 is");
+    cli_free(&r);
+    /* --non-strict reads it as it is, and says so */
+    EBB(&r, "run", "specs/mlp.yaml", "--weights", w, "--non-strict");
+    expect_code(&r, 0);
+    expect_contains("stderr", &r, r.err, "is damaged: its bytes' CRC-32 is");
+    expect_contains("stderr", &r, r.err, "--non-strict: read as it is");
+    cli_free(&r);
+    /* a damaged checkpoint: refused, and resumed under --non-strict */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "1", "--batch", "16",
+        "--checkpoint", ck);
+    expect_code(&r, 0);
+    cli_free(&r);
+    flip_last_byte(ck);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "2", "--batch", "16",
+        "--resume", ck);
+    expect_code(&r, 1);
+    expect_contains("stderr", &r, r.err, "is damaged: its bytes' CRC-32 is");
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "2", "--batch", "16",
+        "--resume", ck, "--non-strict");
+    expect_code(&r, 0);
+    expect_contains("stderr", &r, r.err, "is damaged: its bytes' CRC-32 is");
+    expect_contains("stderr", &r, r.err, "--non-strict: ");
     cli_free(&r);
 }
 
@@ -4698,6 +4849,7 @@ int main(void) {
         EBB_TEST(test_train_and_eval),
         EBB_TEST(test_train_recipes),
         EBB_TEST(test_launcher_agent),
+        EBB_TEST(test_agent_fault_loop),
         EBB_TEST(test_ranks_that_differ),
         EBB_TEST(test_small_refusals),
         EBB_TEST(test_train_sigint_checkpoint),

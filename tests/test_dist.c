@@ -30,12 +30,6 @@
 
 extern char **environ;
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* ---- the children ---------------------------------------------------------- */
 
 #define CHILD_FAIL(...)                                                                            \
@@ -174,9 +168,9 @@ static int child_collectives(ebb_dist *d, int rank, int world) {
 static int child_survivor(ebb_dist *d, int rank, int world, int timeout_ms) {
     usleep(300 * 1000); /* the victim is gone, or asleep */
     ebb_tensor *t = filled(4, 1.0, EBB_FLOAT32);
-    double t0 = now_s();
+    double t0 = ebb_test_now_s();
     ebb_status st = ebb_dist_allreduce_mean_(d, &t, 1);
-    double took = now_s() - t0;
+    double took = ebb_test_now_s() - t0;
     ebb_tensor_free(t);
     char want[32];
     snprintf(want, sizeof want, "rank %d of %d", rank, world);
@@ -425,12 +419,12 @@ static int child_machine(ebb_dist *d, int rank, int world, int port, double join
                      master ? strerror(master) : "accepted");
     if (!rc && !link_bytes(veth, &rx0, &tx0))
         rc = fprintf(stderr, "[rank %d] no %s in /proc/self/net/dev\n", rank, veth);
-    double t0 = now_s();
+    double t0 = ebb_test_now_s();
     if (child_collectives(d, rank, world))
         rc = 1;
     if (child_plan(d, rank, world))
         rc = 1;
-    double took = now_s() - t0;
+    double took = ebb_test_now_s() - t0;
     if (!rc && (!link_bytes(veth, &rx, &tx) || rx - rx0 < 100 * 1024 || tx - tx0 < 100 * 1024))
         rc = fprintf(stderr, "[rank %d] %s carried %lld bytes in, %lld out\n", rank, veth,
                      rx - rx0, tx - tx0);
@@ -458,12 +452,36 @@ static int child_main(int argc, char **argv) {
                           .timeout_ms = timeout_ms};
     if (argc == 8)
         o.master_addr = machine_addr[0]; /* MASTER_ADDR: rank 0's machine */
+    /* "job:ID" joins as job ID, "stranger" as another job */
+    if (!strncmp(scenario, "job:", 4))
+        o.job_id = scenario + 4;
+    else if (!strcmp(scenario, "stranger"))
+        o.job_id = "another";
     ebb_dist *d = NULL;
-    double t0 = now_s();
+    double t0 = ebb_test_now_s();
     ebb_status st = ebb_dist_open(&d, &o);
+    double took = ebb_test_now_s() - t0;
+    const char *refused = !strcmp(scenario, "partial")    ? "ranks came within"
+                          : !strcmp(scenario, "stranger") ? "its rank 0 runs job 'mine'"
+                                                          : NULL;
+    if (refused) {
+        /* the rendezvous refuses this rank, within its timeout */
+        if (st != EBB_ERR_DIST || !strstr(ebb_errmsg(), refused))
+            CHILD_FAIL("open gave %s: %s", ebb_status_name(st), ebb_errmsg());
+        if (took > timeout_ms / 1000.0 + 3.0)
+            CHILD_FAIL("open failed after %.2f s, long past its %d ms", took, timeout_ms);
+        printf("[rank %d] refused in %.2f s: %s\n", rank, took, ebb_errmsg());
+        return 0;
+    }
+    if (!strcmp(scenario, "twin") && st != EBB_OK) {
+        /* one of two processes given the same rank: refused by name */
+        if (st != EBB_ERR_DIST || !strstr(ebb_errmsg(), "already joined as rank 1"))
+            CHILD_FAIL("open gave %s: %s", ebb_status_name(st), ebb_errmsg());
+        printf("[rank %d] refused: %s\n", rank, ebb_errmsg());
+        return 3;
+    }
     if (!strcmp(scenario, "no_master")) {
         /* rank 1 of 2 alone: nobody serves the rendezvous */
-        double took = now_s() - t0;
         char want[64];
         snprintf(want, sizeof want, "the rendezvous at 127.0.0.1:%d", port);
         if (st != EBB_ERR_DIST || !strstr(ebb_errmsg(), want) || !strstr(ebb_errmsg(), "rank 1 of 2"))
@@ -481,7 +499,10 @@ static int child_main(int argc, char **argv) {
     } else if (!strcmp(scenario, "plan")) {
         rc = child_plan(d, rank, world);
     } else if (!strcmp(scenario, "machine")) {
-        rc = child_machine(d, rank, world, port, now_s() - t0);
+        rc = child_machine(d, rank, world, port, ebb_test_now_s() - t0);
+    } else if (!strncmp(scenario, "job:", 4) || !strcmp(scenario, "twin")) {
+        rc = ebb_dist_barrier(d) != EBB_OK;
+        usleep(500 * 1000); /* rank 0 serves the store while a twin is turned away */
     } else if (!strcmp(scenario, "killed") || !strcmp(scenario, "hanging")) {
         if (rank == world - 1) {
             if (!strcmp(scenario, "killed"))
@@ -502,13 +523,13 @@ static int child_main(int argc, char **argv) {
 
 /* ---- the parent ------------------------------------------------------------ */
 
-/* Waits for `pid` until `end` (now_s()), killing it then: its wait status,
+/* Waits for `pid` until `end` (ebb_test_now_s()), killing it then: its wait status,
  * or -1 when it had to be killed. */
 static int reap(pid_t pid, double end) {
     int status = 0;
     pid_t r;
     while ((r = waitpid(pid, &status, WNOHANG)) == 0 || (r < 0 && errno == EINTR)) {
-        if (now_s() > end) {
+        if (ebb_test_now_s() > end) {
             kill(pid, SIGKILL);
             waitpid(pid, NULL, 0);
             return -1;
@@ -573,10 +594,10 @@ static int ip_in(pid_t holder, char *why, size_t len, const char *fmt, ...) {
         return -1;
     }
     /* what it prints, until it closes its end or the 5 s are up */
-    double end = now_s() + 5;
+    double end = ebb_test_now_s() + 5;
     size_t got = 0;
     struct pollfd pf = {.fd = p[0], .events = POLLIN};
-    while (got + 1 < sizeof out && now_s() < end) {
+    while (got + 1 < sizeof out && ebb_test_now_s() < end) {
         if (poll(&pf, 1, 100) <= 0)
             continue;
         ssize_t r = read(p[0], out + got, sizeof out - 1 - got);
@@ -680,45 +701,65 @@ static int machines_teardown(void **state) {
  * loopback, or each on its machine of `m` when not NULL; waits for them
  * until `deadline_s` (killing any left then), and returns how many exited 0;
  * *killed (may be NULL) receives how many died by a signal. */
-static int run_ranks_on(const machines *m, const char *scenario, int world, int first, int n,
-                        int timeout_ms, double deadline_s, int *killed) {
-    int port = ebb_test_free_port();
-    pid_t pids[8];
-    assert_true(n <= 8 && (!m || first + n <= 2));
-    char sp[16], sw[16], sr[16], st[16], ns[32];
+/* Starts this test as a child: `scenario` as rank `rank` of `world` at
+ * `port`, in the network namespace `netns` (NULL: this one's). */
+static pid_t spawn_child(const char *scenario, int rank, int world, int port, int timeout_ms,
+                         const char *netns) {
+    char sp[16], sw[16], sr[16], st[16];
     snprintf(sp, sizeof sp, "%d", port);
     snprintf(sw, sizeof sw, "%d", world);
+    snprintf(sr, sizeof sr, "%d", rank);
     snprintf(st, sizeof st, "%d", timeout_ms);
-    for (int i = 0; i < n; i++) {
-        snprintf(sr, sizeof sr, "%d", first + i);
-        snprintf(ns, sizeof ns, "/proc/%d/ns/net", m ? (int)m->holder[first + i] : 0);
-        char *argv[] = {"/proc/self/exe", "--child", (char *)scenario, sr, sw, sp, st,
-                        m ? ns : NULL, NULL};
-        assert_int_equal(posix_spawn(&pids[i], "/proc/self/exe", NULL, NULL, argv, environ), 0);
-    }
-    int ok = 0, dead = 0, left = n;
-    double end = now_s() + deadline_s;
+    char *argv[] = {"/proc/self/exe", "--child", (char *)scenario, sr, sw, sp, st,
+                    (char *)netns, NULL};
+    pid_t pid = 0;
+    assert_int_equal(posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ), 0);
+    return pid;
+}
+
+/* Waits for the children pids[0..n) until deadline_s from now, killing
+ * those still running then; status[i] is each one's wait status, or -1
+ * for one that had to be killed. */
+static void reap_children(pid_t *pids, int n, double deadline_s, int *status) {
+    int left = n;
+    double end = ebb_test_now_s() + deadline_s;
     while (left > 0) {
         for (int i = 0; i < n; i++) {
-            int status = 0;
-            if (pids[i] <= 0 || waitpid(pids[i], &status, WNOHANG) != pids[i])
+            if (pids[i] <= 0 || waitpid(pids[i], &status[i], WNOHANG) != pids[i])
                 continue;
-            ok += WIFEXITED(status) && WEXITSTATUS(status) == 0;
-            dead += WIFSIGNALED(status);
             pids[i] = 0;
             left--;
         }
-        if (left > 0 && now_s() > end) {
+        if (left > 0 && ebb_test_now_s() > end) {
             for (int i = 0; i < n; i++)
                 if (pids[i] > 0) {
                     kill(pids[i], SIGKILL);
                     waitpid(pids[i], NULL, 0);
-                    fprintf(stderr, "rank %d of %s ran past %.0f s: killed\n", first + i,
-                            scenario, deadline_s);
+                    fprintf(stderr, "child %d ran past %.0f s: killed\n", i, deadline_s);
+                    status[i] = -1;
                 }
             break;
         }
         usleep(20 * 1000);
+    }
+}
+
+static int run_ranks_on(const machines *m, const char *scenario, int world, int first, int n,
+                        int timeout_ms, double deadline_s, int *killed) {
+    int port = ebb_test_free_port();
+    pid_t pids[8];
+    int status[8];
+    assert_true(n <= 8 && (!m || first + n <= 2));
+    for (int i = 0; i < n; i++) {
+        char ns[32];
+        snprintf(ns, sizeof ns, "/proc/%d/ns/net", m ? (int)m->holder[first + i] : 0);
+        pids[i] = spawn_child(scenario, first + i, world, port, timeout_ms, m ? ns : NULL);
+    }
+    reap_children(pids, n, deadline_s, status);
+    int ok = 0, dead = 0;
+    for (int i = 0; i < n; i++) {
+        ok += status[i] != -1 && WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0;
+        dead += status[i] != -1 && WIFSIGNALED(status[i]);
     }
     if (killed)
         *killed = dead;
@@ -758,9 +799,9 @@ static void two_machines_over_a_veth_pair(void **state) {
                "and the veth driver; here: %s\n", m->skip);
         skip();
     }
-    double t0 = now_s();
+    double t0 = ebb_test_now_s();
     assert_int_equal(run_ranks_on(m, "machine", 2, 0, 2, 10000, 60, NULL), 2);
-    printf("two machines: %.2f s in all\n", now_s() - t0);
+    printf("two machines: %.2f s in all\n", ebb_test_now_s() - t0);
 }
 
 /* rank 1 of 2 is killed after joining: rank 0's collective fails at once */
@@ -782,6 +823,46 @@ static void hanging_rank_times_out(void **state) {
 static void unreachable_rendezvous(void **state) {
     (void)state;
     assert_int_equal(run_ranks("no_master", 2, 1, 1, 1000, 60, NULL), 1);
+}
+
+/* 2 ranks of a world of 8 come: both are refused, saying how many came,
+ * within the timeout (Gloo's own connect would not keep to it) */
+static void a_partial_world_times_out(void **state) {
+    (void)state;
+    double t0 = ebb_test_now_s();
+    assert_int_equal(run_ranks("partial", 8, 0, 2, 2000, 60, NULL), 2);
+    printf("refused in %.2f s with the libtorch loads\n", ebb_test_now_s() - t0);
+}
+
+/* Two jobs on one port: a rank of another job is refused by its job id,
+ * and a second process given rank 1 by its rank; the job itself runs. */
+static void strangers_are_refused(void **state) {
+    (void)state;
+    int port = ebb_test_free_port(), status[4];
+    pid_t pids[4];
+    pids[0] = spawn_child("job:mine", 0, 2, port, 8000, NULL);
+    pids[1] = spawn_child("stranger", 1, 2, port, 8000, NULL);
+    reap_children(pids + 1, 1, 60, status + 1); /* refused before anyone claims rank 1 */
+    pids[2] = spawn_child("job:mine", 1, 2, port, 8000, NULL);
+    reap_children(pids, 3, 60, status);
+    for (int i = 0; i < 3; i++)
+        assert_true(status[i] != -1 && WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0);
+    /* hand-started, with no job id: one of two rank 1s is turned away (both
+     * wait for rank 0, then claim rank 1 at once) */
+    port = ebb_test_free_port();
+    pids[1] = spawn_child("twin", 1, 2, port, 8000, NULL);
+    pids[2] = spawn_child("twin", 1, 2, port, 8000, NULL);
+    usleep(1500 * 1000);
+    pids[0] = spawn_child("twin", 0, 2, port, 8000, NULL);
+    reap_children(pids, 3, 60, status);
+    int joined = 0, refused = 0;
+    for (int i = 0; i < 3; i++) {
+        assert_true(status[i] != -1 && WIFEXITED(status[i]));
+        joined += WEXITSTATUS(status[i]) == 0;
+        refused += WEXITSTATUS(status[i]) == 3;
+    }
+    assert_int_equal(joined, 2);
+    assert_int_equal(refused, 1);
 }
 
 /* Options: refused out of range, and read from torchrun's environment. */
@@ -813,12 +894,23 @@ static void options_checked(void **state) {
     setenv("MASTER_ADDR", "10.0.0.7", 1);
     setenv("MASTER_PORT", "29511", 1);
     unsetenv("EBB_DIST_TIMEOUT_MS");
+    unsetenv("EBB_JOB_ID");
+    unsetenv("TORCHELASTIC_RUN_ID");
     assert_ok(ebb_dist_options_from_env(&o));
     assert_int_equal(o.rank, 3);
     assert_int_equal(o.world_size, 4);
     assert_string_equal(o.master_addr, "10.0.0.7");
     assert_int_equal(o.master_port, 29511);
     assert_int_equal(o.timeout_ms, 0);
+    assert_null(o.job_id);
+    setenv("TORCHELASTIC_RUN_ID", "torchrun-id", 1);
+    assert_ok(ebb_dist_options_from_env(&o));
+    assert_string_equal(o.job_id, "torchrun-id");
+    setenv("EBB_JOB_ID", "ebb-id", 1);
+    assert_ok(ebb_dist_options_from_env(&o));
+    assert_string_equal(o.job_id, "ebb-id");
+    unsetenv("EBB_JOB_ID");
+    unsetenv("TORCHELASTIC_RUN_ID");
     setenv("RANK", "4", 1);
     assert_int_equal(ebb_dist_options_from_env(&o), EBB_ERR_ARG);
     assert_errmsg_contains("RANK 4 is not below WORLD_SIZE 4");
@@ -908,6 +1000,8 @@ int main(int argc, char **argv) {
         EBB_TEST(killed_rank_fails_the_others),
         EBB_TEST(hanging_rank_times_out),
         EBB_TEST(unreachable_rendezvous),
+        EBB_TEST(a_partial_world_times_out),
+        EBB_TEST(strangers_are_refused),
         EBB_TEST(nccl_on_a_gpu),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -228,12 +228,6 @@ static int64_t address_space_now(void) {
     return pages < 0 ? -1 : pages * (int64_t)sysconf(_SC_PAGESIZE);
 }
 
-static double now_seconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* The address space a plan may add to the process. Real activations of any
  * of the specs below would need gigabytes. */
 #define HEADROOM ((int64_t)384 << 20)
@@ -253,7 +247,7 @@ static void plan_in_child(const char *yaml, const char *path, const char *bindin
     r->limit_bites = ebb_tensor_zeros(&probe, &gib, EBB_FLOAT32, CPU) == EBB_ERR_NOMEM;
     ebb_tensor_free(probe);
     alarm(60); /* a dry run that computes for real would take minutes */
-    double t0 = now_seconds();
+    double t0 = ebb_test_now_s();
     ebb_memory_stats before, after;
     ebb_memory_reset_peak(CPU);
     ebb_memory_stats_get(CPU, &before);
@@ -270,7 +264,7 @@ static void plan_in_child(const char *yaml, const char *path, const char *bindin
     if (st == EBB_OK)
         st = ebb_spec_compile(&p, s, &o);
     ebb_memory_stats_get(CPU, &after);
-    r->seconds = now_seconds() - t0;
+    r->seconds = ebb_test_now_s() - t0;
     r->status = st;
     r->cpu_peak = after.peak_bytes - before.current_bytes;
     if (st == EBB_OK)

@@ -11,12 +11,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
 #include "ebb/ebb.h"
 
 static int64_t ebb_test_handles_before;
+
+/* Seconds (C11's clock): for deadlines and the times tests print. */
+static inline double ebb_test_now_s(void) {
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 static int ebb_test_setup(void **state) {
     (void)state;

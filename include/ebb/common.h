@@ -49,6 +49,8 @@ typedef enum ebb_status {
                             not memory that ran out */
     EBB_ERR_DIST,        /* another process of a process group was lost, or a collective
                             or the rendezvous timed out (ebb/dist.h) */
+    EBB_ERR_CORRUPT,     /* a file's bytes do not match the checksum written beside
+                            them: flipped bits, a bad disk or a bad copy */
 } ebb_status;
 
 /* A short constant name for a status, e.g. "EBB_ERR_SHAPE" (a static string);

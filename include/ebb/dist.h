@@ -53,11 +53,16 @@ typedef struct ebb_dist_options {
     int timeout_ms;          /* rendezvous and every collective; 0: 30000 */
     ebb_device device;       /* the collectives' tensors: the CPU (zero, Gloo) or this
                                 rank's CUDA device (NCCL; in a CUDA build with NCCL) */
+    const char *job_id;      /* the job this rank belongs to; every rank must give the same
+                                (NULL: ""). A rank of another job is refused at the
+                                rendezvous, so two jobs on one port never cross-join */
 } ebb_dist_options;
 
 /* Fills *o from the environment torchrun sets: RANK, WORLD_SIZE,
  * MASTER_ADDR (default 127.0.0.1) and MASTER_PORT; timeout_ms from
- * EBB_DIST_TIMEOUT_MS when set; o->device is left as it is (torchrun's
+ * EBB_DIST_TIMEOUT_MS when set; job_id from EBB_JOB_ID (which `ebb train
+ * --nproc` sets), else torchrun's TORCHELASTIC_RUN_ID, else NULL (the
+ * pointer is into the environment); o->device is left as it is (torchrun's
  * LOCAL_RANK is the GPU a rank usually takes). EBB_ERR_ARG naming the
  * variable that is missing or not a number in range; *o is then unchanged. */
 EBB_API ebb_status ebb_dist_options_from_env(ebb_dist_options *o);
@@ -66,11 +71,14 @@ EBB_API ebb_status ebb_dist_options_from_env(ebb_dist_options *o);
  * rank, which reach this one at its address on the route to master_addr
  * (or, when GLOO_SOCKET_IFNAME names an interface, as PyTorch takes it, at
  * that interface's); on a CUDA device, NCCL's communicator instead, made
- * before the call returns. Blocks until every rank has joined, or
- * timeout_ms. On success *out is a new group (free it with ebb_dist_free).
- * EBB_ERR_ARG for options out of range or a CUDA device this machine does
- * not have; EBB_ERR_DIST when the rendezvous fails (the message names the
- * address and port, and the rank); EBB_ERR_UNSUPPORTED in a build of
+ * before the call returns. Before any connection is made, every rank
+ * checks in at the rendezvous: its job_id must be rank 0's, its rank not
+ * already taken, and all world_size ranks must come. Blocks until every
+ * rank has joined, or timeout_ms. On success *out is a new group (free it
+ * with ebb_dist_free). EBB_ERR_ARG for options out of range or a CUDA
+ * device this machine does not have; EBB_ERR_DIST when the rendezvous fails
+ * (the message names the address and port, and the rank, and says how many
+ * ranks came, or which job or rank was the stranger's); EBB_ERR_UNSUPPORTED in a build of
  * libtorch without Gloo, or for a CUDA device in a build without NCCL. */
 EBB_API ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o);
 /* Leaves the group (NULL is allowed): NCCL's communicator is shut down, or

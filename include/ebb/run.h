@@ -87,6 +87,11 @@ typedef struct ebb_load_report {
     int n_loaded;      /* parameters read from the file */
 } ebb_load_report;
 typedef void (*ebb_load_mismatch_fn)(const ebb_load_report *report, void *user);
+/* Called for a tensor whose bytes do not match the checksum ebb wrote beside
+ * it (see ebb_model_load_options.damaged): the file, the parameter's name,
+ * and the message a strict load fails with. */
+typedef void (*ebb_damaged_fn)(const char *path, const char *name, const char *message,
+                               void *user);
 
 /* Zero-initialised options give ebb_model_load()'s behaviour. */
 typedef struct ebb_model_load_options {
@@ -101,6 +106,10 @@ typedef struct ebb_model_load_options {
     /* With non_strict, when not NULL: called once, before any value is
      * read, when something does not match (never when all matches). */
     ebb_load_mismatch_fn mismatch;
+    /* A tensor whose bytes do not match their checksum (flipped bits) is
+     * an error, EBB_ERR_CORRUPT naming it; when `damaged` is not NULL, it
+     * is read as the file has it and reported here instead (--non-strict). */
+    ebb_damaged_fn damaged;
 } ebb_model_load_options;
 /* ebb_model_load() with options (NULL: none, a strict load). The NaN and Inf
  * count is taken from the bytes as they are read, not in a second pass. With

@@ -100,7 +100,9 @@ EBB_API const char *ebb_safetensors_metadata(const ebb_safetensors *st, const ch
  * and shapes and the file). dst may be on any device except meta; views of
  * dst see the new values. If the file turns out shorter than its header said
  * (it was truncated after open), EBB_ERR_IO says so; dst then holds part of
- * the new values. */
+ * the new values. A tensor whose bytes do not match the CRC-32 that ebb
+ * wrote beside it in the metadata ("crc32:NAME") is EBB_ERR_CORRUPT, naming
+ * the tensor and the file; dst then holds the bytes as the file has them. */
 EBB_API ebb_status ebb_safetensors_load_into(const ebb_safetensors *st, const char *name,
                                      ebb_tensor *dst);
 /* The named tensor as a new tensor on `device` (the caller frees it). */

@@ -278,7 +278,10 @@ typedef struct ebb_trainer_options {
                                  (under `optimizer`, which may differ from its own; a
                                  different kind starts without state), schedule and step */
     int non_strict;           /* resume: a trained parameter without state in the file
-                                 starts without (else an error naming it) */
+                                 starts without (else an error naming it); a tensor
+                                 that does not match its checksum is a warning: a
+                                 weight is read as it is, damaged optimizer state is
+                                 left out (else EBB_ERR_CORRUPT naming it) */
     int allow_nonfinite;      /* NaN or Inf in weights or resume: a warning, not an error */
     /* Where checkpoints go (NULL: none, unless ebb_trainer_checkpoint() is
      * given a path): one at every epoch's end and at the run's end (early

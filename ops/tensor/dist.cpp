@@ -124,6 +124,54 @@ std::string local_address_towards(const char *master, int port) {
     return out;
 }
 
+#ifdef USE_C10D_GLOO
+std::vector<uint8_t> bytes_of(const std::string &s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+// Every rank checks in at the store before Gloo or NCCL connects, within
+// what is left of the timeout (Gloo's own connect does not keep to it):
+// - the job: rank 0 writes its job id, and every other rank compares its
+//   own, so a rank of another job on the same port is refused by name;
+// - the rank: each rank number is claimed once, so two processes given the
+//   same RANK (or two hand-started jobs on one port) cannot both join;
+// - the world: the last rank to arrive lets every rank on; a rank that
+//   waits past the deadline says how many came.
+// Throws std::runtime_error with the reason.
+void check_in(ebb_dist *d, const std::string &job, std::chrono::steady_clock::time_point end) {
+    using namespace std::chrono;
+    c10d::Store &store = *d->store;
+    auto left = [end]() {
+        auto ms = duration_cast<milliseconds>(end - steady_clock::now());
+        return ms.count() > 1 ? ms : milliseconds(1);
+    };
+    if (d->rank == 0) {
+        store.set("ebb/job", bytes_of(job));
+    } else {
+        store.wait({"ebb/job"}, left());
+        std::vector<uint8_t> got = store.get("ebb/job");
+        std::string theirs(got.begin(), got.end());
+        if (theirs != job)
+            throw std::runtime_error(
+                "its rank 0 runs job '" + theirs + "', and this rank belongs to job '" + job +
+                "' (two jobs on one port? each job needs a MASTER_PORT of its own; the job is "
+                "EBB_JOB_ID, or torchrun's run id)");
+    }
+    if (store.add("ebb/rank/" + std::to_string(d->rank), 1) != 1)
+        throw std::runtime_error("another process has already joined as rank " +
+                                 std::to_string(d->rank) + " (two processes given the same RANK, "
+                                 "or two jobs on one port)");
+    if (store.add("ebb/arrived", 1) == d->world)
+        store.set("ebb/all", bytes_of("1"));
+    try {
+        store.wait({"ebb/all"}, left());
+    } catch (const std::exception &) {
+        int64_t came = store.add("ebb/arrived", 0);
+        throw std::runtime_error(std::to_string(came) + " of " + std::to_string(d->world) +
+                                 " ranks came within " + std::to_string(d->timeout.count()) +
+                                 " ms");
+    }
+}
+#endif
+
 bool parse_int(const char *s, long lo, long hi, long *out) {
     if (!s || !*s) return false;
     char *end = nullptr;
@@ -161,8 +209,18 @@ ebb_status ebb_dist_options_from_env(ebb_dist_options *o) {
         return ebb_error_set(EBB_ERR_ARG, "%s: RANK %ld is not below WORLD_SIZE %ld", fn, v[1],
                              v[0]);
     const char *addr = std::getenv("MASTER_ADDR");
-    *o = ebb_dist_options{(int)v[1], (int)v[0], addr && *addr ? addr : nullptr, (int)v[2],
-                          (int)v[3], o->device};
+    const char *job = std::getenv("EBB_JOB_ID");
+    if (!job || !*job)
+        job = std::getenv("TORCHELASTIC_RUN_ID");
+    ebb_device device = o->device;
+    *o = ebb_dist_options{};
+    o->rank = (int)v[1];
+    o->world_size = (int)v[0];
+    o->master_addr = addr && *addr ? addr : nullptr;
+    o->master_port = (int)v[2];
+    o->timeout_ms = (int)v[3];
+    o->device = device;
+    o->job_id = job && *job ? job : nullptr;
     return EBB_OK;
 }
 
@@ -224,14 +282,16 @@ ebb_status ebb_dist_open(ebb_dist **out, const ebb_dist_options *o) {
     d->where = "rank " + std::to_string(o->rank) + " of " + std::to_string(o->world_size);
     std::string step = "the rendezvous at " + std::string(addr) + ":" +
                        std::to_string(o->master_port);
+    auto end = std::chrono::steady_clock::now() + d->timeout;
     try {
         c10d::TCPStoreOptions so;
         so.port = (uint16_t)o->master_port;
         so.isServer = o->rank == 0;
         so.numWorkers = (size_t)o->world_size;
-        so.waitWorkers = true;
+        so.waitWorkers = false; // check_in counts the ranks, within the timeout
         so.timeout = d->timeout;
         d->store = c10::make_intrusive<c10d::TCPStore>(addr, so);
+        check_in(d, o->job_id ? o->job_id : "", end);
         auto prefixed = c10::make_intrusive<c10d::PrefixStore>("ebb/0", d->store);
 #ifdef EBB_HAS_NCCL
         if (cuda) {

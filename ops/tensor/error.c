@@ -62,6 +62,7 @@ const char *ebb_status_name(ebb_status status) {
     case EBB_ERR_UNSUPPORTED: return "EBB_ERR_UNSUPPORTED";
     case EBB_ERR_BUDGET: return "EBB_ERR_BUDGET";
     case EBB_ERR_DIST: return "EBB_ERR_DIST";
+    case EBB_ERR_CORRUPT: return "EBB_ERR_CORRUPT";
     }
     return "EBB_ERR_UNKNOWN";
 }

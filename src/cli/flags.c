@@ -134,6 +134,7 @@ int ebb_cli_fail_status(ebb_status st) {
     case EBB_ERR_SHAPE:
     case EBB_ERR_ARG:
     case EBB_ERR_IO:
+    case EBB_ERR_CORRUPT:
     case EBB_ERR_BUDGET: return EXIT_SPEC; /* the user's --memory-budget, not memory that ran out */
     default: return EXIT_RUNTIME;
     }

@@ -213,6 +213,13 @@ int ebb_cli_launch_ranks(int n, int argc, char **argv) {
     setenv("WORLD_SIZE", world, 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", port, 1);
+    /* the job's name at the rendezvous: a rank of another job that finds
+     * this port is refused there (one set by the caller is kept) */
+    char job[64];
+    int own_job = !getenv("EBB_JOB_ID");
+    snprintf(job, sizeof job, "ebb-%ld-%s-%lld", (long)getpid(), port, (long long)time(NULL));
+    if (own_job)
+        setenv("EBB_JOB_ID", job, 1);
     /* the ranks share the threads this process has (its --threads,
      * EBB_NUM_THREADS or the default), as torchrun's OMP_NUM_THREADS does */
     char threads[16], *had = getenv("EBB_NUM_THREADS");
@@ -237,6 +244,8 @@ int ebb_cli_launch_ranks(int n, int argc, char **argv) {
     unsetenv("WORLD_SIZE");
     unsetenv("MASTER_ADDR");
     unsetenv("MASTER_PORT");
+    if (own_job)
+        unsetenv("EBB_JOB_ID");
     if (outer)
         setenv("EBB_NUM_THREADS", outer, 1);
     else

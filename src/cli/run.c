@@ -162,6 +162,14 @@ static void warn_mismatch(const ebb_load_report *r, void *user) {
             r->text, r->n_loaded, r->n_loaded == 1 ? "" : "s");
 }
 
+/* --non-strict: a tensor of --weights whose bytes do not match its checksum. */
+static void warn_damaged(const char *path, const char *name, const char *message, void *user) {
+    (void)path;
+    (void)name;
+    (void)user;
+    fprintf(stderr, "ebb: warning: %s; --non-strict: read as it is\n", message);
+}
+
 /* Bytes of the graph inputs the command will create or load. */
 static int64_t input_bytes(const ebb_plan *p) {
     int64_t n = 0;
@@ -364,7 +372,8 @@ int ebb_cli_run(const command *self, int argc, char **argv) {
                                  .nonfinite = warn_nonfinite,
                                  .user = "parameter",
                                  .non_strict = o.non_strict,
-                                 .mismatch = warn_mismatch};
+                                 .mismatch = warn_mismatch,
+                                 .damaged = o.non_strict ? warn_damaged : NULL};
     if ((st = ebb_model_new(&m, p, dev, o.seed)) != EBB_OK ||
         (o.weights && (st = ebb_model_load_ex(m, o.weights, &lo)) != EBB_OK)) {
         rc = ebb_cli_fail_status(st);
