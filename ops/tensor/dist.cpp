@@ -164,10 +164,15 @@ void check_in(ebb_dist *d, const std::string &job, std::chrono::steady_clock::ti
     try {
         store.wait({"ebb/all"}, left());
     } catch (const std::exception &) {
-        int64_t came = store.add("ebb/arrived", 0);
-        throw std::runtime_error(std::to_string(came) + " of " + std::to_string(d->world) +
-                                 " ranks came within " + std::to_string(d->timeout.count()) +
-                                 " ms");
+        // how many came, unless rank 0 gave up first and took the store
+        std::string came = "not all " + std::to_string(d->world);
+        try {
+            came = std::to_string(store.add("ebb/arrived", 0)) + " of " +
+                   std::to_string(d->world);
+        } catch (const std::exception &) {
+        }
+        throw std::runtime_error(came + " ranks came within " +
+                                 std::to_string(d->timeout.count()) + " ms");
     }
 }
 #endif
