@@ -8,6 +8,7 @@ ebb_status ebb_ops_register_builtin(void) {
         int n;
     } families[] = {
         {ebb_ops_activation, ebb_ops_activation_count},
+        {ebb_ops_pointwise, ebb_ops_pointwise_count},
         {ebb_ops_linear, ebb_ops_linear_count},
         {ebb_ops_norm, ebb_ops_norm_count},
         {ebb_ops_combine, ebb_ops_combine_count},

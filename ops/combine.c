@@ -1,5 +1,5 @@
-/* Ops over several inputs: the merge reductions and cat/stack. They take the
- * stream plus `using` tensors, or the open streams of a merge. */
+/* Ops over several inputs: the merge reductions, sub and div, and cat/stack.
+ * They take the stream plus `using` tensors, or the open streams of a merge. */
 #include "ops_internal.h"
 
 /* Two inputs are one binary op. More fold into the output, which stays the
@@ -18,6 +18,12 @@ static ebb_status mul_fwd(const ebb_op_call *c, ebb_tensor **out) {
 }
 static ebb_status max_fwd(const ebb_op_call *c, ebb_tensor **out) {
     return merge(c, EBB_MAXIMUM, out);
+}
+static ebb_status sub_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    return ebb_tensor_binary(out, EBB_SUB, c->in[0], c->in[1]);
+}
+static ebb_status div_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    return ebb_tensor_binary(out, EBB_DIV, c->in[0], c->in[1]);
 }
 
 /* The mean of N streams is their sum, accumulated in the output and scaled
@@ -115,6 +121,47 @@ static ebb_status mul_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tenso
 static ebb_status max_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
     (void)gp;
     return fold_bwd(c, EBB_MAXIMUM, gin);
+}
+
+/* Frees gin[0..n) after a failure. */
+static ebb_status drop_grads(ebb_tensor **gin, int n, ebb_status st) {
+    for (int i = 0; st != EBB_OK && i < n; i++) {
+        ebb_tensor_free(gin[i]);
+        gin[i] = NULL;
+    }
+    return st;
+}
+
+/* a - b: a gets the gradient summed to its shape, b its negation. Where b
+ * has the output's shape the negation is a new tensor (grad_out itself is
+ * not negated in place: it may be a's gradient too); else b's sum is
+ * negated in place. */
+static ebb_status sub_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    ebb_shape out = ebb_tensor_shape(c->grad_out);
+    ebb_status st = ebb_tensor_sum_to(&gin[0], c->grad_out, &c->in_shapes[0]);
+    if (st == EBB_OK && ebb_shape_equal(&c->in_shapes[1], &out))
+        st = ebb_tensor_unary(&gin[1], EBB_NEG, c->grad_out);
+    else if (st == EBB_OK && (st = ebb_tensor_sum_to(&gin[1], c->grad_out, &c->in_shapes[1])) ==
+                                 EBB_OK)
+        st = ebb_tensor_unary_(gin[1], EBB_NEG);
+    return drop_grads(gin, 2, st);
+}
+
+/* a / b, as derivatives.yaml: a's gradient is q = grad / b, b's is
+ * -grad * a / b^2 = -q * out (the output saved, so a need not be), each
+ * summed to its input's shape. */
+static ebb_status div_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    ebb_tensor *q = NULL, *t = NULL;
+    ebb_status st = ebb_tensor_binary(&q, EBB_DIV, c->grad_out, c->in[1]);
+    if (st == EBB_OK) st = ebb_tensor_sum_to(&gin[0], q, &c->in_shapes[0]);
+    if (st == EBB_OK) st = ebb_tensor_binary(&t, EBB_MUL, q, c->out);
+    ebb_tensor_free(q);
+    if (st == EBB_OK) st = ebb_tensor_unary_(t, EBB_NEG);
+    if (st == EBB_OK) st = ebb_tensor_sum_to(&gin[1], t, &c->in_shapes[1]);
+    ebb_tensor_free(t);
+    return drop_grads(gin, 2, st);
 }
 
 /* d(mean)/dx_i = 1/N, summed to x_i's shape. */
@@ -245,6 +292,35 @@ static int64_t mul_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, i
     return peak - live;
 }
 
+/* div: q = grad / b, then a's sum of it, then t = q * out (negated in
+ * place), then b's sum of t; q goes once t is made (unless it is a's
+ * gradient), t after b's sum. A sum to the output's own shape is the
+ * tensor itself (a's is then q, b's t). */
+static int64_t div_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                 ebb_dtype dt) {
+    (void)a;
+    ebb_shape out = broadcast_shape(in, n_in);
+    int64_t e = grad_elem(dt), n = ebb_shape_numel(&out), o = n * e, peak = o, live = o;
+    int same_a = ebb_shape_equal(&in[0], &out), same_b = ebb_shape_equal(&in[1], &out);
+    int64_t ra = same_a ? 0 : ebb_shape_numel(&in[0]) * e;
+    int64_t rb = same_b ? 0 : ebb_shape_numel(&in[1]) * e;
+    if (!same_a) {
+        int64_t now = live + ra + ebb_ops_reduce_scratch(n, ra / e, dt);
+        peak = now > peak ? now : peak;
+        live += ra;
+    }
+    live += o; /* t */
+    peak = live > peak ? live : peak;
+    if (!same_a)
+        live -= o; /* q */
+    if (!same_b) {
+        int64_t now = live + rb + ebb_ops_reduce_scratch(n, rb / e, dt);
+        peak = now > peak ? now : peak;
+    }
+    int64_t grads = (same_a ? o : ra) + (same_b ? o : rb);
+    return peak - grads;
+}
+
 /* average: grad_out / N (a Scalar operand, then a tensor of the output's
  * size) is summed to every input; inputs of the output's shape all get that
  * one tensor, so it is scratch only when none has that shape. */
@@ -367,6 +443,14 @@ static const ebb_op_grad max_grad = {.backward = max_bwd, .saves_inputs = ALL_IN
                                      .differentiable = ALL_INPUTS,
                                      .workspace = max_bwd_workspace,
                                      .workspace_cuda = max_bwd_workspace_cuda};
+/* sub's gradients are add's, negated in place or made negated: no more
+ * scratch than add's sums */
+static const ebb_op_grad sub_grad = {.backward = sub_bwd, .differentiable = ALL_INPUTS,
+                                     .workspace = add_bwd_workspace};
+/* div reads its divisor and its output */
+static const ebb_op_grad div_grad = {.backward = div_bwd, .saves_inputs = 2u, .saves_output = 1,
+                                     .differentiable = ALL_INPUTS,
+                                     .workspace = div_bwd_workspace};
 static const ebb_op_grad cat_grad = {.backward = cat_bwd, .differentiable = ALL_INPUTS};
 static const ebb_op_grad stack_grad = {.backward = stack_bwd, .differentiable = ALL_INPUTS};
 
@@ -384,6 +468,10 @@ const ebb_op ebb_ops_combine[] = {
      .grad = &average_grad, .workspace_cuda = average_workspace_cuda},
     {.name = "maximum", .min_inputs = 2, .max_inputs = -1, .forward = max_fwd,
      .doc = "elementwise maximum of its inputs (merge: max)", .grad = &max_grad},
+    {.name = "sub", .min_inputs = 2, .max_inputs = 2, .forward = sub_fwd,
+     .doc = "the first input minus the second, broadcast", .grad = &sub_grad},
+    {.name = "div", .min_inputs = 2, .max_inputs = 2, .forward = div_fwd,
+     .doc = "the first input divided by the second, broadcast", .grad = &div_grad},
     {.name = "cat", .min_inputs = 1, .max_inputs = -1, .attrs = dim_attr, .n_attrs = 1,
      .forward = cat_fwd, .doc = "concatenate along dim", .grad = &cat_grad},
     {.name = "stack", .min_inputs = 1, .max_inputs = -1, .attrs = dim_attr, .n_attrs = 1,

@@ -9,6 +9,8 @@ ebb_status ebb_ops_register_builtin(void);
 
 extern const ebb_op ebb_ops_activation[];
 extern const int ebb_ops_activation_count;
+extern const ebb_op ebb_ops_pointwise[];
+extern const int ebb_ops_pointwise_count;
 extern const ebb_op ebb_ops_linear[];
 extern const int ebb_ops_linear_count;
 extern const ebb_op ebb_ops_norm[];

@@ -214,6 +214,39 @@ static const conf_case cases[] = {
     {"sum", 1, {SH(4, 8)}, "dim=0", 0, 0},
     {"sum", 1, {SH(2, 3, 5)}, "dims=\"1,2\"", 0, 0},
     {"sum", 1, {SH(2, 3, 5)}, "keepdim=true", 0, 0},
+    /* elementwise math (log, sqrt, rsqrt, pow and div's divisor drawn in
+     * [0.5, 2): ebb_test_positive_input) */
+    {"neg", 1, {SH(4, 8)}, NULL, 0, 0},
+    {"neg", 1, {SH(2, 3, 5)}, NULL, 0, 0},
+    {"exp", 1, {SH(4, 8)}, NULL, 0, 0},
+    {"exp", 1, {SH(2, 3, 5)}, NULL, 0, 0},
+    {"log", 1, {SH(4, 8)}, NULL, 0, 0},
+    {"log", 1, {SH(2, 3, 5)}, NULL, 0, 0},
+    {"sqrt", 1, {SH(4, 8)}, NULL, 0, 0},
+    {"sqrt", 1, {SH(2, 3, 5)}, NULL, 0, 0},
+    {"rsqrt", 1, {SH(4, 8)}, NULL, 0, 0},
+    {"rsqrt", 1, {SH(2, 3, 5)}, NULL, 0, 0},
+    {"abs", 1, {SH(4, 8)}, NULL, 0, 0},
+    {"abs", 1, {SH(2, 3, 5)}, NULL, 0, 0},
+    {"sin", 1, {SH(4, 8)}, NULL, 0, 0},
+    {"sin", 1, {SH(2, 3, 5)}, NULL, 0, 0},
+    {"cos", 1, {SH(4, 8)}, NULL, 0, 0},
+    {"cos", 1, {SH(2, 3, 5)}, NULL, 0, 0},
+    {"pow", 1, {SH(4, 8)}, "exponent=2", 0, 0},
+    {"pow", 1, {SH(2, 3, 5)}, "exponent=-0.5", 0, 0},
+    {"pow", 1, {SH(4, 8)}, "exponent=0", 0, 0},
+    {"pow", 1, {SH(3, 5)}, "exponent=1", 0, 0},
+    {"clamp", 1, {SH(4, 8)}, "min=-0.5, max=0.5", 0, 0},
+    {"clamp", 1, {SH(2, 3, 5)}, "min=0", 0, 0},
+    {"clamp", 1, {SH(3, 5)}, "max=0.25", 0, 0},
+    {"sub", 2, {SH(4, 8)}, NULL, 0, 0},
+    {"sub", 2, {SH(2, 3, 5)}, NULL, 0, 0},
+    {"sub", 2, {SH(4, 1), SH(8)}, NULL, 0, 0},
+    {"sub", 2, {SH(8), SH(4, 8)}, NULL, 0, 0},
+    {"div", 2, {SH(4, 8)}, NULL, 0, 0},
+    {"div", 2, {SH(2, 3, 5)}, NULL, 0, 0},
+    {"div", 2, {SH(4, 1), SH(8)}, NULL, 0, 0},
+    {"div", 2, {SH(4, 8), SH(8)}, NULL, 0, 0},
     /* combining: equal shapes, and shapes that broadcast (the output can be
      * larger than the first two inputs) */
     {"add", 0, {SH(4, 8)}, NULL, 0, 0},
@@ -415,6 +448,9 @@ static ebb_status make_inputs(const conf_case *c, int n_in, const ebb_shape *sha
             ebb_tensor_free(u);
         } else if (i == 1 && target_classes(c) < 0) {
             st = ebb_tensor_uniform(&in[i], &shapes[i], 0.0, 1.0, dtypes[i], CPU, 12);
+        } else if (ebb_test_positive_input(c->op, i)) {
+            st = ebb_tensor_uniform(&in[i], &shapes[i], 0.5, 2.0, dtypes[i], CPU,
+                                    11 + (uint64_t)i);
         } else {
             st = ebb_tensor_randn(&in[i], &shapes[i], dtypes[i], CPU, 11 + (uint64_t)i);
         }

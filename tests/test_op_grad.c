@@ -245,6 +245,39 @@ static const grad_case cases[] = {
     {"sum", 1, {SH(4, 8)}, "dim=0", 0},
     {"sum", 1, {SH(2, 3, 5)}, "dims=\"1,2\"", 0},
     {"sum", 1, {SH(2, 3, 5)}, "keepdim=true", 0},
+    /* elementwise math (log, sqrt, rsqrt, pow and div's divisor drawn in
+     * [0.5, 2): ebb_test_positive_input) */
+    {"neg", 1, {SH(4, 8)}, NULL, 0},
+    {"neg", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"exp", 1, {SH(4, 8)}, NULL, 0},
+    {"exp", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"log", 1, {SH(4, 8)}, NULL, 0},
+    {"log", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"sqrt", 1, {SH(4, 8)}, NULL, 0},
+    {"sqrt", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"rsqrt", 1, {SH(4, 8)}, NULL, 0},
+    {"rsqrt", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"abs", 1, {SH(4, 8)}, NULL, 0},
+    {"abs", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"sin", 1, {SH(4, 8)}, NULL, 0},
+    {"sin", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"cos", 1, {SH(4, 8)}, NULL, 0},
+    {"cos", 1, {SH(2, 3, 5)}, NULL, 0},
+    {"pow", 1, {SH(4, 8)}, "exponent=2", 0},
+    {"pow", 1, {SH(2, 3, 5)}, "exponent=-0.5", 0},
+    {"pow", 1, {SH(4, 8)}, "exponent=0", 0},
+    {"pow", 1, {SH(3, 5)}, "exponent=1", 0},
+    {"clamp", 1, {SH(4, 8)}, "min=-0.5, max=0.5", 0},
+    {"clamp", 1, {SH(2, 3, 5)}, "min=0", 0},
+    {"clamp", 1, {SH(3, 5)}, "max=0.25", 0},
+    {"sub", 2, {SH(4, 8)}, NULL, 0},
+    {"sub", 2, {SH(2, 3, 5)}, NULL, 0},
+    {"sub", 2, {SH(4, 1), SH(8)}, NULL, 0},
+    {"sub", 2, {SH(8), SH(4, 8)}, NULL, 0},
+    {"div", 2, {SH(4, 8)}, NULL, 0},
+    {"div", 2, {SH(2, 3, 5)}, NULL, 0},
+    {"div", 2, {SH(4, 1), SH(8)}, NULL, 0},
+    {"div", 2, {SH(4, 8), SH(8)}, NULL, 0},
     /* combining: equal shapes, and shapes that broadcast (the output can be
      * larger than the first two inputs) */
     {"add", 0, {SH(4, 8)}, NULL, 0},
@@ -676,6 +709,9 @@ static void case_values_make(case_values *v, const ebb_op *op, const grad_case *
                                          seed + 1));
             assert_ok(ebb_tensor_cast(&v->in[0], u, EBB_INT64));
             ebb_tensor_free(u);
+        } else if (ebb_test_positive_input(gc->op, i)) {
+            assert_ok(ebb_tensor_uniform(&v->in[i], &v->shapes[i], 0.5, 2.0, dt, cpu,
+                                         seed + 1 + i));
         } else {
             assert_ok(ebb_tensor_randn(&v->in[i], &v->shapes[i], dt, cpu, seed + 1 + i));
         }

@@ -170,6 +170,9 @@ typedef enum ebb_unary_op {
     EBB_SQRT,
     EBB_ABS,
     EBB_GELU_TANH, /* GELU's tanh approximation (F.gelu(x, approximate="tanh")) */
+    EBB_RSQRT,     /* 1 / sqrt(x) */
+    EBB_SIN,
+    EBB_COS,
 } ebb_unary_op;
 
 typedef enum ebb_binary_op {
@@ -213,6 +216,15 @@ EBB_API ebb_status ebb_tensor_fold(ebb_tensor **out, ebb_binary_op op, ebb_tenso
  * output, then scaled there by 1/n. Integer inputs give the default float
  * type (float32), as sum * (1/n) would. */
 EBB_API ebb_status ebb_tensor_average(ebb_tensor **out, ebb_tensor *const *xs, int n);
+/* x ** exponent, elementwise (torch.pow with a number exponent). */
+EBB_API ebb_status ebb_tensor_pow(ebb_tensor **out, const ebb_tensor *x, double exponent);
+/* The same, in place: x := x ** exponent. */
+EBB_API ebb_status ebb_tensor_pow_(ebb_tensor *x, double exponent);
+/* x limited to [lo, hi] (torch.clamp); -INFINITY or INFINITY is no bound on
+ * that side. NaN stays NaN. lo > hi gives hi everywhere, as torch.clamp. */
+EBB_API ebb_status ebb_tensor_clamp(ebb_tensor **out, const ebb_tensor *x, double lo, double hi);
+/* The same, in place. */
+EBB_API ebb_status ebb_tensor_clamp_(ebb_tensor *x, double lo, double hi);
 /* A boolean tensor: x OP value. */
 EBB_API ebb_status ebb_tensor_compare(ebb_tensor **out, ebb_compare_op op, const ebb_tensor *x,
                               double value);
@@ -415,11 +427,25 @@ EBB_API ebb_status ebb_tensor_bce_with_logits(ebb_tensor **out, const ebb_tensor
  * differentiate; an out-pointer given as NULL is a gradient not wanted (not
  * computed). On failure every out is NULL and ebb_errmsg() names the shapes. */
 
-/* relu, tanh and sigmoid take their OUTPUT as `saved`, gelu and silu their
- * input (threshold_backward, tanh_backward, sigmoid_backward, gelu_backward,
- * silu_backward). Other unary ops are EBB_ERR_UNSUPPORTED. */
+/* relu, tanh, sigmoid, exp, sqrt and rsqrt take their OUTPUT as `saved`;
+ * gelu, silu, log, abs, sin and cos their input; neg reads only grad
+ * (pass it as `saved`). As derivatives.yaml: threshold_backward,
+ * tanh_backward, sigmoid_backward, gelu_backward, silu_backward; exp:
+ * grad * y; log: grad / x; sqrt: grad / y * 0.5; rsqrt: grad * y^3 *
+ * -0.5; abs: grad * sgn(x); sin: grad * cos(x); cos: -grad * sin(x). Each
+ * allocates its result only, besides a Scalar operand (sqrt, rsqrt). */
 EBB_API ebb_status ebb_tensor_unary_backward(ebb_tensor **grad_x, ebb_unary_op op, const ebb_tensor *grad,
                                      const ebb_tensor *saved);
+/* Of x ** exponent: grad * exponent * x ** (exponent - 1) (zeros for an
+ * exponent of 0), as derivatives.yaml's pow_backward: the power, then two
+ * products in place (one a Scalar operand). */
+EBB_API ebb_status ebb_tensor_pow_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                           const ebb_tensor *x, double exponent);
+/* Of ebb_tensor_clamp(x, lo, hi): grad where lo <= x <= hi, else 0 (NaN
+ * included, as torch's): a copy of grad, zeroed through one bool mask at a
+ * time. */
+EBB_API ebb_status ebb_tensor_clamp_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                             const ebb_tensor *x, double lo, double hi);
 /* From the (log_)softmax output: _(log_)softmax_backward_data. */
 EBB_API ebb_status ebb_tensor_softmax_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                        const ebb_tensor *out, int64_t dim, bool log);

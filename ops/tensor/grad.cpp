@@ -143,10 +143,61 @@ ebb_status ebb_tensor_unary_backward(ebb_tensor **grad_x, ebb_unary_op op, const
         case EBB_TANH: r = at::tanh_backward(g, s); break;         // s: the output
         case EBB_SIGMOID: r = at::sigmoid_backward(g, s); break;   // s: the output
         case EBB_SILU: r = at::silu_backward(g, s); break;         // s: the input
+        case EBB_NEG: r = at::neg(g); break;
+        case EBB_EXP: r = at::mul(g, s); break;                    // s: the output
+        case EBB_LOG: r = at::div(g, s); break;                    // s: the input
+        case EBB_SQRT: r = at::div(g, s).mul_(0.5); break;         // s: the output
+        case EBB_RSQRT:                                            // s: the output
+            r = at::mul(s, s);
+            r.mul_(s).mul_(g).mul_(-0.5);
+            break;
+        case EBB_ABS: r = at::sgn(s).mul_(g); break;               // s: the input
+        case EBB_SIN: r = at::cos(s).mul_(g); break;               // s: the input
+        case EBB_COS: r = at::sin(s).mul_(g).neg_(); break;        // s: the input
         default:
             return ebb_error_set(EBB_ERR_UNSUPPORTED, "%s: no derivative for unary op %d", fn,
                                  static_cast<int>(op));
         }
+        *grad_x = wrap(std::move(r));
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_pow_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                   const ebb_tensor *x, double exponent) {
+    static const char fn[] = "ebb_tensor_pow_backward";
+    EBB_OUT(fn, grad_x);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, x);
+    EBB_TRY(fn, {
+        const at::Tensor &g = grad->t, &s = x->t;
+        check_same("input", g, s);
+        if (exponent == 0.0) {
+            *grad_x = wrap(at::zeros_like(g));
+        } else {
+            at::Tensor r = at::pow(s, exponent - 1.0);
+            r.mul_(exponent).mul_(g);
+            *grad_x = wrap(std::move(r));
+        }
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_clamp_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                     const ebb_tensor *x, double lo, double hi) {
+    static const char fn[] = "ebb_tensor_clamp_backward";
+    EBB_OUT(fn, grad_x);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, x);
+    EBB_TRY(fn, {
+        const at::Tensor &g = grad->t, &s = x->t;
+        check_same("input", g, s);
+        at::Tensor r = g.clone();
+        // one mask at a time, negated in place; a NaN input gets no
+        // gradient, as torch's (its comparisons are false). 1.13 has no
+        // meta kernel for logical_not: the dry run needs the shape only
+        if (!std::isinf(lo) && !s.is_meta()) r.masked_fill_(at::ge(s, lo).logical_not_(), 0);
+        if (!std::isinf(hi) && !s.is_meta()) r.masked_fill_(at::le(s, hi).logical_not_(), 0);
         *grad_x = wrap(std::move(r));
     })
     return EBB_OK;

@@ -521,7 +521,11 @@ ebb_status ebb_tensor_unary(ebb_tensor **out, ebb_unary_op op, const ebb_tensor 
         case EBB_EXP: r = at::exp(t); break;
         case EBB_LOG: r = at::log(t); break;
         case EBB_SQRT: r = at::sqrt(t); break;
-        case EBB_ABS: r = at::abs(t); break;
+        // aten::abs has no meta kernel in 1.13: the dry run needs the shape only
+        case EBB_ABS: r = t.is_meta() ? at::empty_like(t) : at::abs(t); break;
+        case EBB_RSQRT: r = at::rsqrt(t); break;
+        case EBB_SIN: r = at::sin(t); break;
+        case EBB_COS: r = at::cos(t); break;
         default: return ebb_error_set(EBB_ERR_ARG, "ebb_tensor_unary: unknown op %d", (int)op);
         }
         *out = wrap(std::move(r));
@@ -551,9 +555,53 @@ ebb_status ebb_tensor_unary_(ebb_tensor *x, ebb_unary_op op) {
         case EBB_EXP: t.exp_(); break;
         case EBB_LOG: t.log_(); break;
         case EBB_SQRT: t.sqrt_(); break;
-        case EBB_ABS: t.abs_(); break;
+        case EBB_ABS:
+            if (!t.is_meta()) t.abs_();
+            break;
+        case EBB_RSQRT: t.rsqrt_(); break;
+        case EBB_SIN: t.sin_(); break;
+        case EBB_COS: t.cos_(); break;
         default: return ebb_error_set(EBB_ERR_ARG, "ebb_tensor_unary_: unknown op %d", (int)op);
         }
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_pow(ebb_tensor **out, const ebb_tensor *x, double exponent) {
+    EBB_OUT("ebb_tensor_pow", out);
+    EBB_NEED("ebb_tensor_pow", x);
+    EBB_TRY("ebb_tensor_pow", *out = wrap(at::pow(x->t, exponent));)
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_pow_(ebb_tensor *x, double exponent) {
+    EBB_NEED("ebb_tensor_pow_", x);
+    EBB_TRY("ebb_tensor_pow_", x->t.pow_(exponent);)
+    return EBB_OK;
+}
+
+namespace {
+// A clamp bound: none for an infinite one (clamping to it changes nothing).
+c10::optional<at::Scalar> bound(double v) {
+    return std::isinf(v) ? c10::optional<at::Scalar>() : c10::optional<at::Scalar>(v);
+}
+} // namespace
+
+ebb_status ebb_tensor_clamp(ebb_tensor **out, const ebb_tensor *x, double lo, double hi) {
+    EBB_OUT("ebb_tensor_clamp", out);
+    EBB_NEED("ebb_tensor_clamp", x);
+    EBB_TRY("ebb_tensor_clamp", {
+        c10::optional<at::Scalar> l = bound(lo), h = bound(hi);
+        *out = wrap(l || h ? at::clamp(x->t, l, h) : x->t.clone());
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_clamp_(ebb_tensor *x, double lo, double hi) {
+    EBB_NEED("ebb_tensor_clamp_", x);
+    EBB_TRY("ebb_tensor_clamp_", {
+        c10::optional<at::Scalar> l = bound(lo), h = bound(hi);
+        if (l || h) x->t.clamp_(l, h);
     })
     return EBB_OK;
 }
