@@ -17,6 +17,7 @@ ebb_status ebb_ops_register_builtin(void) {
         {ebb_ops_pool, ebb_ops_pool_count},
         {ebb_ops_embedding, ebb_ops_embedding_count},
         {ebb_ops_attention, ebb_ops_attention_count},
+        {ebb_ops_rotary, ebb_ops_rotary_count},
         {ebb_ops_recurrent, ebb_ops_recurrent_count},
         {ebb_ops_shape, ebb_ops_shape_count},
         {ebb_ops_math, ebb_ops_math_count},

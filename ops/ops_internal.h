@@ -28,6 +28,8 @@ extern const ebb_op ebb_ops_embedding[];
 extern const int ebb_ops_embedding_count;
 extern const ebb_op ebb_ops_attention[];
 extern const int ebb_ops_attention_count;
+extern const ebb_op ebb_ops_rotary[];
+extern const int ebb_ops_rotary_count;
 extern const ebb_op ebb_ops_recurrent[];
 extern const int ebb_ops_recurrent_count;
 extern const ebb_op ebb_ops_shape[];

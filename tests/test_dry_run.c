@@ -106,6 +106,8 @@ static const op_case cases[] = {
     /* math */
     {"cast", "dtype=bfloat16", 1, {S(4, 8)}, {0}},
     {"scale", "factor=0.5", 1, {S(4, 8)}, {0}},
+    {"rotary_embedding", NULL, 1, {S(2, 4, 16, 8)}, {0}},
+    {"repeat_kv", "repeats=4", 1, {S(2, 2, 16, 8)}, {0}},
     {"neg", NULL, 1, {S(4, 8)}, {0}},
     {"exp", NULL, 1, {S(4, 8)}, {0}},
     {"log", NULL, 1, {S(4, 8)}, {0}},

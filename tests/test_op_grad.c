@@ -245,6 +245,14 @@ static const grad_case cases[] = {
     {"sum", 1, {SH(4, 8)}, "dim=0", 0},
     {"sum", 1, {SH(2, 3, 5)}, "dims=\"1,2\"", 0},
     {"sum", 1, {SH(2, 3, 5)}, "keepdim=true", 0},
+    /* rotary positions on [B, H, T, D] and [B, T, H, D], both layouts;
+     * grouped-query heads */
+    {"rotary_embedding", 1, {SH(2, 3, 5, 8)}, NULL, 0},
+    {"rotary_embedding", 1, {SH(2, 5, 3, 8)}, "seq_dim=1, interleaved=true", 0},
+    {"rotary_embedding", 1, {SH(7, 4)}, "theta=500000", 0},
+    {"repeat_kv", 1, {SH(2, 2, 5, 4)}, "repeats=3", 0},
+    {"repeat_kv", 1, {SH(2, 4, 3)}, "repeats=2, dim=0", 0},
+    {"repeat_kv", 1, {SH(2, 4, 5, 3)}, "repeats=1", 0},
     /* elementwise math (log, sqrt, rsqrt, pow and div's divisor drawn in
      * [0.5, 2): ebb_test_positive_input) */
     {"neg", 1, {SH(4, 8)}, NULL, 0},

@@ -973,6 +973,9 @@ static const grad_case GRAD_CASES[] = {
     /* nanoGPT: attention over head-split views is a bound on 1.13 (a batched
      * product may copy them, depending on strides) */
     {.name = "gpt"},
+    /* LLaMA (specs/llama.yaml, Hugging Face's keys): rotary positions,
+     * grouped-query heads, SwiGLU and RMSNorm; attention a bound as gpt's */
+    {.name = "llama"},
     /* torchvision's ResNet-18 (specs/resnet18.yaml at the fixture's params):
      * twenty training batch norms; convolutions are a bound, as conv_net's */
     {.name = "resnet18"},
@@ -2950,7 +2953,7 @@ int main(void) {
         "grad_gru_loop",     "grad_switch_routed",      "grad_switch",
         "grad_gate_topk",    "grad_loop_while",         "grad_loop_until",
         "grad_repeat",       "grad_tag_using",          "grad_gpt",
-        "grad_resnet18",
+        "grad_llama",        "grad_resnet18",
     };
     enum { N_GRAD = sizeof GRAD_CASES / sizeof *GRAD_CASES };
     static grad_case least[N_GRAD];

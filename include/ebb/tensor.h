@@ -368,6 +368,28 @@ EBB_API ebb_status ebb_tensor_rms_norm(ebb_tensor **out, const ebb_tensor *x, co
 EBB_API ebb_status ebb_tensor_embedding(ebb_tensor **out, const ebb_tensor *weight,
                                 const ebb_tensor *indices);
 
+/* Rotary position embeddings (RoFormer; as LLaMA applies them to queries
+ * and keys): the last dim's pairs of x, at position t along seq_dim (a dim
+ * before the last; negative counts from the end), turned by the angle
+ * t / theta^(2j / D) for pair j of D / 2. The pairs are (j, j + D/2) (the
+ * halves, Hugging Face's rotate_half) or, with `interleaved`, (2j, 2j + 1)
+ * (Meta's complex layout). The cos and sin tables, made in float32 as
+ * Hugging Face's LlamaRotaryEmbedding makes them and held in x's dtype,
+ * [T, D/2] each, are the only allocation beside the output. `inverse` turns
+ * by minus the angle: the rotation's gradient. The last dim must be even. */
+EBB_API ebb_status ebb_tensor_rotary(ebb_tensor **out, const ebb_tensor *x, int64_t seq_dim,
+                                     double theta, bool interleaved, bool inverse);
+/* Each slice of x along dim repeated `repeats` times in a row
+ * (torch.repeat_interleave(x, repeats, dim)): grouped-query attention's
+ * repeat_kv, [B, H_kv, T, D] -> [B, H_kv * repeats, T, D]. One copy, the
+ * output; repeats 1 gives x itself. */
+EBB_API ebb_status ebb_tensor_repeat_interleave(ebb_tensor **out, const ebb_tensor *x,
+                                                int64_t dim, int64_t repeats);
+/* Of ebb_tensor_repeat_interleave(): each slice's copies in grad summed. */
+EBB_API ebb_status ebb_tensor_repeat_interleave_backward(ebb_tensor **grad_x,
+                                                         const ebb_tensor *grad, int64_t dim,
+                                                         int64_t repeats);
+
 /* softmax(q k^T / sqrt(E)) v over q [..., L, E], k [..., S, E], v [..., S, Ev]
  * (batch dims broadcast). causal masks key j > query i (top-left aligned, as
  * PyTorch's is_causal). Uses at::scaled_dot_product_attention on libtorch 2.x,

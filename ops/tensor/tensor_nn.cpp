@@ -652,4 +652,154 @@ ebb_status ebb_tensor_lstm_cell(ebb_tensor **h_out, ebb_tensor **c_out, const eb
     return EBB_OK;
 }
 
+/* ---- rotary position embeddings, and repeated key/value heads ------------ */
+
+} // extern "C"
+
+namespace {
+
+// The rotation's cos and sin tables, [T, D/2] in x's dtype and device, laid
+// out to broadcast against x's halves ([T, 1, ..., 1, D/2] with the
+// positions at dim `seq`). Made as Hugging Face's LlamaRotaryEmbedding makes
+// them, in float32: inv_freq_j = 1 / theta^(2j / D), angle = t * inv_freq_j,
+// each rounded to float32; the cos and sin of the float32 angle are then
+// rounded from double. `inverse` negates sin (the rotation back). Each table
+// is filled on the host as a float32 CPU tensor and, for another dtype or
+// device, converted before the next is made.
+std::pair<at::Tensor, at::Tensor> rotary_tables(const at::Tensor &x, int64_t seq, double theta,
+                                                bool inverse) {
+    int64_t T = x.size(seq), D = x.size(-1), h = D / 2;
+    std::vector<int64_t> shape(x.dim() - seq, 1);
+    shape.front() = T;
+    shape.back() = h;
+    auto opts = x.options();
+    if (x.is_meta())
+        return {at::empty(shape, opts), at::empty(shape, opts)};
+    std::vector<float> inv(h);
+    for (int64_t j = 0; j < h; j++)
+        inv[j] = 1.0f / (float)std::pow((double)(float)theta, (double)((float)(2 * j) / (float)D));
+    at::Tensor tables[2];
+    for (int k = 0; k < 2; k++) {
+        at::Tensor t = at::empty({T, h}, at::TensorOptions().dtype(at::kFloat));
+        float *p = t.data_ptr<float>();
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t j = 0; j < h; j++) {
+                double a = (double)((float)i * inv[j]);
+                double v = k == 0 ? std::cos(a) : std::sin(a);
+                p[i * h + j] = (float)(k == 1 && inverse ? -v : v);
+            }
+        if (opts.dtype() != at::kFloat || !x.is_cpu())
+            t = t.to(opts);
+        tables[k] = t.view(shape);
+    }
+    return {tables[0], tables[1]};
+}
+
+// x's rotated halves: [..., :h] and [..., h:], or the even and odd elements
+// of the last dim (interleaved, Meta's layout).
+std::pair<at::Tensor, at::Tensor> halves(const at::Tensor &t, bool interleaved) {
+    int64_t h = t.size(-1) / 2;
+    if (!interleaved)
+        return {t.narrow(-1, 0, h), t.narrow(-1, h, h)};
+    at::Tensor pairs = t.unflatten(-1, {h, 2});
+    return {pairs.select(-1, 0), pairs.select(-1, 1)};
+}
+
+} // namespace
+
+extern "C" {
+
+ebb_status ebb_tensor_rotary(ebb_tensor **out, const ebb_tensor *x, int64_t seq_dim,
+                             double theta, bool interleaved, bool inverse) {
+    static const char fn[] = "ebb_tensor_rotary";
+    EBB_OUT(fn, out);
+    EBB_NEED(fn, x);
+    EBB_TRY(fn, {
+        const at::Tensor &t = x->t;
+        int64_t nd = t.dim(), seq = seq_dim < 0 ? seq_dim + nd : seq_dim;
+        if (nd < 2 || seq < 0 || seq >= nd - 1)
+            return ebb_error_set(EBB_ERR_SHAPE, "%s: the positions' dim %lld of the input %s is "
+                                 "not one of its dims before the last", fn, (long long)seq_dim,
+                                 dims(t).c_str());
+        if (t.size(-1) % 2)
+            return ebb_error_set(EBB_ERR_SHAPE, "%s: the input %s has an odd last dim; a rotation "
+                                 "turns pairs", fn, dims(t).c_str());
+        if (!(theta > 0) || !std::isfinite(theta))
+            return ebb_error_set(EBB_ERR_ARG, "%s: theta %g is not a positive number", fn, theta);
+        if (!at::isFloatingType(t.scalar_type()))
+            return ebb_error_set(EBB_ERR_ARG, "%s: the input is %s; only floating values rotate",
+                                 fn, c10::toString(t.scalar_type()));
+        auto tables = rotary_tables(t, seq, theta, inverse);
+        const at::Tensor &c = tables.first, &s = tables.second;
+        auto xs = halves(t, interleaved);
+        if (ebb::autograd_on()) {
+            // the same arithmetic, recorded for autograd (the tests' reference)
+            at::Tensor r1 = xs.first * c - xs.second * s, r2 = xs.second * c + xs.first * s;
+            *out = wrap(interleaved ? at::stack({r1, r2}, -1).flatten(-2) : at::cat({r1, r2}, -1));
+            return EBB_OK;
+        }
+        at::Tensor r = at::empty_like(t, at::MemoryFormat::Contiguous);
+        auto rs = halves(r, interleaved);
+        if (!t.is_meta()) {
+            // r1 = x1 cos - x2 sin, r2 = x2 cos + x1 sin, written into r
+            at::mul_out(rs.first, xs.first, c);
+            rs.first.addcmul_(xs.second, s, -1);
+            at::mul_out(rs.second, xs.second, c);
+            rs.second.addcmul_(xs.first, s, 1);
+        }
+        *out = wrap(std::move(r));
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_repeat_interleave(ebb_tensor **out, const ebb_tensor *x, int64_t dim,
+                                        int64_t repeats) {
+    static const char fn[] = "ebb_tensor_repeat_interleave";
+    EBB_OUT(fn, out);
+    EBB_NEED(fn, x);
+    EBB_TRY(fn, {
+        const at::Tensor &t = x->t;
+        if (t.dim() < 1 || dim < -t.dim() || dim >= t.dim())
+            return ebb_error_set(EBB_ERR_SHAPE, "%s: dim %lld of the input %s", fn,
+                                 (long long)dim, dims(t).c_str());
+        if (repeats < 1)
+            return ebb_error_set(EBB_ERR_ARG, "%s: repeats %lld; give 1 or more", fn,
+                                 (long long)repeats);
+        int64_t d = dim < 0 ? dim + t.dim() : dim;
+        if (repeats == 1) {
+            *out = wrap(t);
+        } else {
+            // [.., n, ..] -> [.., n, repeats, ..] broadcast, copied out as [.., n * repeats, ..]
+            std::vector<int64_t> big(t.sizes().begin(), t.sizes().end());
+            big.insert(big.begin() + d + 1, repeats);
+            std::vector<int64_t> flat(t.sizes().begin(), t.sizes().end());
+            flat[d] *= repeats;
+            *out = wrap(t.unsqueeze(d + 1).expand(big).reshape(flat));
+        }
+    })
+    return EBB_OK;
+}
+
+ebb_status ebb_tensor_repeat_interleave_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
+                                                 int64_t dim, int64_t repeats) {
+    static const char fn[] = "ebb_tensor_repeat_interleave_backward";
+    EBB_OUT(fn, grad_x);
+    EBB_NEED(fn, grad);
+    EBB_TRY(fn, {
+        const at::Tensor &g = grad->t;
+        int64_t d = dim < 0 ? dim + g.dim() : dim;
+        if (g.dim() < 1 || d < 0 || d >= g.dim() || repeats < 1 || g.size(d) % repeats)
+            return ebb_error_set(EBB_ERR_SHAPE, "%s: the gradient %s does not repeat dim %lld "
+                                 "%lld times", fn, dims(g).c_str(), (long long)dim,
+                                 (long long)repeats);
+        if (repeats == 1) {
+            *grad_x = wrap(g);
+        } else {
+            // each input slice's copies side by side, summed
+            *grad_x = wrap(g.unflatten(d, {g.size(d) / repeats, repeats}).sum(d + 1));
+        }
+    })
+    return EBB_OK;
+}
+
 } // extern "C"

@@ -558,6 +558,141 @@ def gpt_fixture():
           f"{os.path.getsize(path)} bytes")
 
 
+class RMSNorm(torch.nn.Module):
+    """Hugging Face's LlamaRMSNorm (torch 1.13 has no nn.RMSNorm)."""
+
+    def __init__(self, d, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return self.weight * (x * torch.rsqrt(var + self.eps))
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rope_cos_sin(t, dim, theta, dtype):
+    """LlamaRotaryEmbedding's tables, made in float32: [T, dim]."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    freqs = torch.outer(torch.arange(t).float(), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+class LlamaBlock(torch.nn.Module):
+    """LlamaDecoderLayer: pre-norm causal self-attention with rotary
+    positions and grouped-query heads, and a SwiGLU MLP, each residual; no
+    biases. Attention written out (torch 1.13 has no
+    F.scaled_dot_product_attention), repeat_kv as Hugging Face's."""
+
+    def __init__(self, d, heads, kv_heads, hidden, theta):
+        super().__init__()
+        self.heads, self.kv_heads, self.theta = heads, kv_heads, theta
+        hd = d // heads
+        self.input_layernorm = RMSNorm(d)
+        self.self_attn = torch.nn.Module()
+        self.self_attn.q_proj = torch.nn.Linear(d, heads * hd, bias=False)
+        self.self_attn.k_proj = torch.nn.Linear(d, kv_heads * hd, bias=False)
+        self.self_attn.v_proj = torch.nn.Linear(d, kv_heads * hd, bias=False)
+        self.self_attn.o_proj = torch.nn.Linear(heads * hd, d, bias=False)
+        self.post_attention_layernorm = RMSNorm(d)
+        self.mlp = torch.nn.Module()
+        self.mlp.gate_proj = torch.nn.Linear(d, hidden, bias=False)
+        self.mlp.up_proj = torch.nn.Linear(d, hidden, bias=False)
+        self.mlp.down_proj = torch.nn.Linear(hidden, d, bias=False)
+
+    def attention(self, x):
+        b, t, c = x.shape
+        hd = c // self.heads
+        a = self.self_attn
+        q = a.q_proj(x).view(b, t, self.heads, hd).transpose(1, 2)
+        k = a.k_proj(x).view(b, t, self.kv_heads, hd).transpose(1, 2)
+        v = a.v_proj(x).view(b, t, self.kv_heads, hd).transpose(1, 2)
+        cos, sin = rope_cos_sin(t, hd, self.theta, x.dtype)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        n = self.heads // self.kv_heads
+        k, v = (z[:, :, None].expand(b, self.kv_heads, n, t, hd).reshape(b, self.heads, t, hd)
+                for z in (k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (hd ** 0.5))
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
+        return a.o_proj(y)
+
+    def forward(self, x):
+        x = x + self.attention(self.input_layernorm(x))
+        m = self.mlp
+        h = self.post_attention_layernorm(x)
+        return x + m.down_proj(F.silu(m.gate_proj(h)) * m.up_proj(h))
+
+
+class Llama(torch.nn.Module):
+    """LlamaForCausalLM's structure and state_dict keys: model.embed_tokens,
+    model.layers, model.norm and an untied lm_head."""
+
+    def __init__(self, vocab, layers, heads, kv_heads, d, hidden, theta=10000.0):
+        super().__init__()
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = torch.nn.Embedding(vocab, d)
+        self.model.layers = torch.nn.ModuleList(
+            [LlamaBlock(d, heads, kv_heads, hidden, theta) for _ in range(layers)])
+        self.model.norm = RMSNorm(d)
+        self.lm_head = torch.nn.Linear(d, vocab, bias=False)
+
+    def forward(self, idx):
+        x = self.model.embed_tokens(idx)
+        for blk in self.model.layers:
+            x = blk(x)
+        return self.lm_head(self.model.norm(x))
+
+
+# specs/llama.yaml at the fixture's size: 4 query heads sharing 2 key/value
+# heads, batch 3 of 10 tokens
+LLAMA_SIZE = dict(vocab=64, layers=2, heads=4, kv_heads=2, d=32, hidden=96)
+LLAMA_BATCH, LLAMA_T = 3, 10
+
+
+def llama_fixture():
+    """grad_llama.safetensors: specs/llama.yaml against the Llama above,
+    weights under LlamaForCausalLM's keys, the RMSNorms' weights moved away
+    from 1 so that their gradients matter."""
+    fname = "grad_llama.safetensors"
+    torch.manual_seed(42)
+    model = Llama(**LLAMA_SIZE)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.add_(torch.randn(p.shape) * 0.2)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    state = mf.replayed(fname, state)
+    model.load_state_dict(state)
+    g = torch.Generator().manual_seed(43)
+    idx = torch.randint(0, LLAMA_SIZE["vocab"], (LLAMA_BATCH, LLAMA_T), generator=g)
+    y = torch.randint(0, LLAMA_SIZE["vocab"], (LLAMA_BATCH, LLAMA_T), generator=g)
+    io = mf.replayed(fname, {"x": idx, "y": y})
+    idx, y = io["x"], io["y"]
+    loss, grads = gpt_grads(model, idx, y)
+    m64 = Llama(**LLAMA_SIZE).double()
+    m64.load_state_dict({k: v.double() for k, v in state.items()})
+    loss64, grads64 = gpt_grads(m64, idx, y)
+    floor = max(rel(grads[n], grads64[n]) for n in grads)
+    tensors = dict(state)
+    tensors.update({"x": idx, "y": y, "loss": loss.float()})
+    tensors.update({f"grad.{n}": v for n, v in grads.items()})
+    path = os.path.join(OUT, fname)
+    params = ",".join(f"{k}={v}" for k, v in LLAMA_SIZE.items())
+    write(path, tensors, {"spec": "specs/llama.yaml", "params": params, "loss": "cross_entropy",
+                          "loss_attrs": "", "zero_grads": ""})
+    print(f"grad_llama: cross_entropy loss {loss.item():.6g}, {len(grads)} gradients, "
+          f"float32 vs float64 rel. error {floor:.2e}, {os.path.getsize(path)} bytes")
+
+
 # ---- ten training steps ----------------------------------------------------------
 
 STEPS, BATCH = 10, 6
@@ -863,7 +998,7 @@ def main():
     global OUT
     OUT, names = mf.parse_args(sys.argv[1:])
     os.makedirs(OUT, exist_ok=True)
-    names = names or list(mf.MODELS) + list(SPECS) + ["gpt", "steps", "steps20"]
+    names = names or list(mf.MODELS) + list(SPECS) + ["gpt", "llama", "steps", "steps20"]
     for name in names:
         if name == "steps":
             steps_fixture("grad_steps_mlp", False, {
@@ -899,9 +1034,11 @@ def main():
             spec_fixture(name)
         elif name == "gpt":
             gpt_fixture()
+        elif name == "llama":
+            llama_fixture()
         else:
             sys.exit(f"unknown fixture '{name}': one of "
-                     f"{', '.join(list(mf.MODELS) + list(SPECS) + ['gpt', 'steps', 'steps20'])}")
+                     f"{', '.join(list(mf.MODELS) + list(SPECS) + ['gpt', 'llama', 'steps', 'steps20'])}")
 
 
 if __name__ == "__main__":
