@@ -518,6 +518,11 @@ int ebb_lower_op_node(compiler *c, const ebb_op *op, const ebb_attr_value *attrs
                       int n_in) {
     ebb_shape shapes[64];
     ebb_tensor *ins[64];
+    const ebb_op *same = op->identity_for && n_in == 1 && op->identity_for(attrs)
+                             ? ebb_op_find("identity")
+                             : NULL;
+    if (same)
+        op = same; /* the node keeps its name; the plan lists the identity it is */
     if (n_in < op->min_inputs || (op->max_inputs >= 0 && n_in > op->max_inputs)) {
         c->status = ebb_error_set(EBB_ERR_BUILD, "node %s: %s takes %d to %d inputs, given %d",
                                   prefix, op->name, op->min_inputs, op->max_inputs, n_in);

@@ -132,7 +132,52 @@ const char *ebb_load_suggest_text(const suggest *s, char *buf, size_t size, cons
     return buf;
 }
 
+/* What users of PyTorch write for an op ebb names otherwise, compared
+ * without case (RMSNorm, LayerNorm): the suggestion wins over any spelling
+ * that is merely close (`view` is near `silu`, and means `reshape`). */
+static const char *const torch_spellings[][2] = {
+    {"arange", "positions"},
+    {"view", "reshape"},
+    {"chunk", "narrow"},
+    {"subtract", "sub"},
+    {"divide", "div"},
+    {"true_divide", "div"},
+    {"multiply", "mul"},
+    {"power", "pow"},
+    {"clip", "clamp"},
+    {"negative", "neg"},
+    {"bmm", "matmul"},
+    {"mm", "matmul"},
+    {"swish", "silu"},
+    {"rope", "rotary_embedding"},
+    {"apply_rotary_emb", "rotary_embedding"},
+    {"repeat_interleave", "repeat_kv"},
+    {"rmsnorm", "rms_norm"},
+    {"layernorm", "layer_norm"},
+    {"groupnorm", "group_norm"},
+    {"batchnorm1d", "batch_norm"},
+    {"batchnorm2d", "batch_norm"},
+    {"sdpa", "scaled_dot_product_attention"},
+    {"multiheadattention", "multi_head_attention"},
+    {"concat", "cat"},
+    {"concatenate", "cat"},
+};
+
+/* Whether a and b are the same word but for case. */
+static int same_word(const char *a, const char *b) {
+    for (; *a && *b; a++, b++)
+        if (tolower((unsigned char)*a) != tolower((unsigned char)*b))
+            return 0;
+    return *a == *b;
+}
+
 void ebb_load_suggest_ops(suggest *s) {
+    for (size_t i = 0; i < sizeof torch_spellings / sizeof *torch_spellings; i++)
+        if (same_word(s->word, torch_spellings[i][0]) && ebb_op_find(torch_spellings[i][1])) {
+            s->best = torch_spellings[i][1];
+            s->dist = -1; /* nothing closer can replace it */
+            return;
+        }
     for (int i = 0; i < ebb_op_count(); i++) {
         const ebb_op *op = ebb_op_at(i);
         if (op->name[0] != '_')

@@ -165,6 +165,10 @@ static const ebb_attr_spec dropout_attrs[] = {
     {.name = "p", .type = EBB_ATTR_FLOAT, .default_number = 0.5, .doc = "drop probability (training only)"},
 };
 
+/* Dropout at p = 0 gives its input back, in training too (as PyTorch's
+ * F.dropout does): lowered to identity, it draws and keeps no mask. */
+static int dropout_is_identity(const ebb_attr_value *a) { return a[0].f == 0.0; }
+
 #define SIMPLE(n, f, d, g)                                                                         \
     {.name = n, .min_inputs = 1, .max_inputs = 1, .forward = f, .doc = d,                         \
      .forward_inplace = f##_inplace, .grad = &g}
@@ -181,7 +185,7 @@ const ebb_op ebb_ops_activation[] = {
      .doc = "returns its input", .grad = &identity_grad},
     {.name = "dropout", .min_inputs = 1, .max_inputs = 1, .attrs = dropout_attrs, .n_attrs = 1,
      .is_view = 1, .forward = identity_fwd, .doc = "identity at inference",
-     .grad = &dropout_grad},
+     .grad = &dropout_grad, .identity_for = dropout_is_identity},
     {.name = "softmax", .min_inputs = 1, .max_inputs = 1, .attrs = softmax_attrs, .n_attrs = 1,
      .forward = softmax_fwd, .doc = "softmax along dim", .grad = &softmax_grad,
      .autocast = EBB_AUTOCAST_FULL},

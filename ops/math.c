@@ -376,6 +376,91 @@ static ebb_status causal_mask_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, e
 }
 static const ebb_op_grad causal_mask_grad = {.backward = causal_mask_bwd, .differentiable = 0u};
 
+/* ---- where ------------------------------------------------------------------
+ *
+ * Tensor.where(cond, y) (torch.where(cond, x, y)) over three streams (a
+ * merge, or the stream and two `using` tensors): the values x, a bool
+ * condition, the values y where it does not hold; all broadcast. The stream
+ * comes first, as masked_fill's: `x where cond, else y`. */
+
+static ebb_status where_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    return ebb_tensor_where(out, c->in[1], c->in[0], c->in[2]);
+}
+
+static ebb_status where_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
+    (void)gp;
+    return ebb_tensor_where_backward(&gin[0], &gin[2], c->grad_out, c->in[1], &c->in_shapes[0],
+                                     &c->in_shapes[2]);
+}
+
+/* The output's shape: the three inputs broadcast. */
+static ebb_shape where_shape(const ebb_shape *in) {
+    ebb_shape s = {0};
+    for (int i = 0; i < 3; i++)
+        s.ndim = in[i].ndim > s.ndim ? in[i].ndim : s.ndim;
+    for (int d = 0; d < s.ndim; d++) {
+        s.dim[d] = 1;
+        for (int i = 0; i < 3; i++) {
+            int at = d - (s.ndim - in[i].ndim);
+            if (at >= 0 && in[i].dim[at] != 1)
+                s.dim[d] = in[i].dim[at];
+        }
+    }
+    return s;
+}
+
+/* x's gradient: the negated condition (a bool of the condition's shape) and
+ * grad_out with zeros where it did not hold, then (where x was broadcast)
+ * its sum; the mask goes once the fill is made, the fill once it is summed.
+ * Then y's: the fill where the condition held, and its sum. A sum to the
+ * output's own shape is the fill itself. (dt is x's dtype.) */
+static int64_t where_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                   ebb_dtype dt) {
+    (void)a, (void)n_in;
+    ebb_shape out = where_shape(in);
+    int64_t n = ebb_shape_numel(&out), e = (int64_t)ebb_dtype_size(dt), o = n * e;
+    int64_t live = 0, peak = ebb_shape_numel(&in[1]) + o, grads = 0;
+    for (int i = 0; i <= 2; i += 2) {
+        peak = live + o > peak ? live + o : peak;
+        if (ebb_shape_equal(&in[i], &out)) {
+            live += o;
+            grads += o;
+            continue;
+        }
+        int64_t r = ebb_shape_numel(&in[i]) * e;
+        int64_t now = live + o + r + ebb_ops_reduce_scratch(n, r / e, dt);
+        peak = now > peak ? now : peak;
+        live += r;
+        grads += r;
+    }
+    return peak - grads;
+}
+
+/* CUDA: the same walk in the caching allocator's blocks; the sums' partial
+ * results stay in the kernel. */
+static int64_t where_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                        ebb_dtype dt) {
+    (void)a, (void)n_in;
+    ebb_shape out = where_shape(in);
+    int64_t o = ebb_cuda_block(ebb_shape_numel(&out) * (int64_t)ebb_dtype_size(dt));
+    int64_t live = 0, peak = ebb_cuda_block(ebb_shape_numel(&in[1])) + o, grads = 0;
+    for (int i = 0; i <= 2; i += 2) {
+        peak = live + o > peak ? live + o : peak;
+        int64_t r = ebb_shape_equal(&in[i], &out)
+                        ? 0
+                        : ebb_cuda_block(ebb_shape_numel(&in[i]) * (int64_t)ebb_dtype_size(dt));
+        peak = live + o + r > peak ? live + o + r : peak;
+        live += r ? r : o;
+        grads += r ? r : o;
+    }
+    return peak - grads;
+}
+
+static const ebb_op_grad where_grad = {.backward = where_bwd, .saves_inputs = 0x2u,
+                                       .differentiable = 0x5u,
+                                       .workspace = where_bwd_workspace,
+                                       .workspace_cuda = where_bwd_workspace_cuda};
+
 /* ---- cast ------------------------------------------------------------------
  *
  * The stream in another floating dtype: what a mixed-precision plan puts
@@ -438,6 +523,9 @@ const ebb_op ebb_ops_math[] = {
      .n_attrs = EBB_COUNT(masked_fill_attrs), .forward = masked_fill_fwd,
      .doc = "the stream with `value` where a bool `using` mask is true",
      .grad = &masked_fill_grad},
+    {.name = "where", .min_inputs = 3, .max_inputs = 3, .forward = where_fwd,
+     .doc = "the stream where the second input (bool) holds, else the third",
+     .grad = &where_grad},
     {.name = "causal_mask", .min_inputs = 1, .max_inputs = 1, .forward = causal_mask_fwd,
      .doc = "bool [T, S], true where key j > query i, for an input [..., T, S]",
      .grad = &causal_mask_grad},

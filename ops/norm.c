@@ -290,10 +290,12 @@ static int64_t rms_norm_workspace(const ebb_attr_value *a, const ebb_shape *in, 
     (void)n_in;
     int64_t numel = ebb_shape_numel(&in[0]), d = in[0].ndim >= 1 ? in[0].dim[in[0].ndim - 1] : 0;
     int64_t e = (int64_t)ebb_dtype_size(dt);
-    if (numel <= 0 || d == 0)
-        return 0;
-    int64_t x2 = numel * e, rows = numel / d * e;
     int64_t mean_scalar = ebb_ops_wrapped_scalar_bytes(EBB_INT64, dt);
+    if (d == 0)
+        return 0;
+    if (numel <= 0)
+        return mean_scalar; /* an empty batch: the mean still divides by d */
+    int64_t x2 = numel * e, rows = numel / d * e;
     int64_t two_pass = ebb_ops_reduce_scratch(numel, numel / d, dt);
     if (two_pass > mean_scalar)
         mean_scalar = two_pass;

@@ -34,7 +34,7 @@ static const struct {
     {"exponential", EBB_LR_EXPONENTIAL, "exponential:GAMMA"},
     {"cosine", EBB_LR_COSINE, "cosine:T_MAX[:ETA_MIN]"},
     {"linear", EBB_LR_LINEAR, "linear:ITERS[:START[:END]]"},
-    {"warmup-cosine", EBB_LR_WARMUP_COSINE, "warmup-cosine:WARMUP:TOTAL"},
+    {"warmup-cosine", EBB_LR_WARMUP_COSINE, "warmup-cosine:WARMUP:TOTAL[:MIN_LR]"},
     {"onecycle", EBB_LR_ONE_CYCLE, "onecycle:MAX_LR:TOTAL[:PCT]"},
 };
 #define N_KINDS ((int)(sizeof kinds / sizeof kinds[0]))
@@ -176,9 +176,11 @@ ebb_status ebb_lr_schedule_parse(ebb_lr_schedule *out, const char *text) {
             return bad(text, form, "END must be a number");
         break;
     case EBB_LR_WARMUP_COSINE:
-        if (args != 2 || parse_count(field[1], &s.warmup_steps) ||
+        if (args < 2 || args > 3 || parse_count(field[1], &s.warmup_steps) ||
             parse_count(field[2], &s.total_steps))
-            return bad(text, form, "takes two whole numbers of steps");
+            return bad(text, form, "takes two whole numbers of steps and an optional floor rate");
+        if (args == 3 && parse_real(field[3], &s.min_lr))
+            return bad(text, form, "MIN_LR must be a number");
         break;
     case EBB_LR_ONE_CYCLE:
         s.pct_start = 0.3;
@@ -233,8 +235,12 @@ char *ebb_lr_schedule_str(const ebb_lr_schedule *s, char *buf, size_t size) {
                  num(a, sizeof a, s->start_factor), num(b, sizeof b, s->end_factor));
         break;
     case EBB_LR_WARMUP_COSINE:
-        snprintf(buf, size, "warmup-cosine:%lld:%lld", (long long)s->warmup_steps,
-                 (long long)s->total_steps);
+        if (s->min_lr != 0)
+            snprintf(buf, size, "warmup-cosine:%lld:%lld:%s", (long long)s->warmup_steps,
+                     (long long)s->total_steps, num(a, sizeof a, s->min_lr));
+        else
+            snprintf(buf, size, "warmup-cosine:%lld:%lld", (long long)s->warmup_steps,
+                     (long long)s->total_steps);
         break;
     case EBB_LR_ONE_CYCLE:
         snprintf(buf, size, "onecycle:%s:%lld:%s", num(a, sizeof a, s->max_lr),
@@ -278,6 +284,8 @@ static ebb_status check(const ebb_lr_schedule *s) {
     case EBB_LR_WARMUP_COSINE:
         if (s->total_steps < 1 || s->warmup_steps < 0 || s->warmup_steps > s->total_steps)
             why = "0 <= WARMUP <= TOTAL, and TOTAL >= 1";
+        else if (!(s->min_lr >= 0) || !isfinite(s->min_lr))
+            why = "MIN_LR must be >= 0";
         break;
     case EBB_LR_ONE_CYCLE:
         if (s->total_steps < 1)
@@ -355,7 +363,15 @@ static double next_lr(const ebb_lr_scheduler *r, double lr) {
         return lr * (1. + (s->end_factor - s->start_factor) /
                               ((double)s->total_iters * s->start_factor +
                                (double)(t - 1) * (s->end_factor - s->start_factor)));
-    case EBB_LR_WARMUP_COSINE: return r->base_lr * warmup_cosine_factor(s, t);
+    case EBB_LR_WARMUP_COSINE:
+        if (s->min_lr != 0 && t >= s->warmup_steps) {
+            /* nanoGPT's get_lr: the cosine from the base rate down to
+             * MIN_LR at TOTAL, and MIN_LR after */
+            int64_t at = t < s->total_steps ? t : s->total_steps;
+            double f = warmup_cosine_factor(s, at);
+            return s->min_lr + f * (r->base_lr - s->min_lr);
+        }
+        return r->base_lr * warmup_cosine_factor(s, t);
     case EBB_LR_ONE_CYCLE: return one_cycle_lr(s, t);
     }
     return lr;

@@ -4378,6 +4378,12 @@ static void test_small_refusals(void **state) {
          "--loss-scale 1e-45: expected a positive scale, a normal float32"},
         {{"train", "specs/mlp.yaml", "--data", "d", "--block", "2147483648"},
          "--block needs a positive integer, at most 1000000000"},
+        {{"train", "specs/mlp.yaml", "--data", "d", "--betas", "0.9"},
+         "--betas 0.9: expected B1,B2, each from 0 to below 1"},
+        {{"train", "specs/mlp.yaml", "--data", "d", "--betas", "0.9,1"},
+         "--betas 0.9,1: expected B1,B2"},
+        {{"train", "specs/mlp.yaml", "--data", "d", "--eps", "0"},
+         "--eps needs a positive number"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         run_prog(&r, NULL, NULL, cases[i].args);
@@ -4392,11 +4398,27 @@ static void test_small_refusals(void **state) {
     expect_code(&r, 2);
     expect_contains("stderr", &r, r.err, "--nproc: this process is already a rank of a job");
     cli_free(&r);
-    /* a checkpoint whose shuffle flag is 5 */
     char data[PATH_MAX], ck[PATH_MAX];
     tmp_path(data, sizeof data, "refusals.safetensors");
     tmp_path(ck, sizeof ck, "refusals-ck.safetensors");
     write_mlp_data(data, 32, 3);
+    /* --betas and --eps: adam's and adamw's, kept in the checkpoint */
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "1", "--batch", "16",
+        "--optimizer", "sgd", "--lr", "0.1", "--betas", "0.9,0.95");
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--betas applies to --optimizer adam and adamw");
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "1", "--batch", "16",
+        "--betas", "0.9,0.95", "--eps", "1e-6", "--checkpoint", ck);
+    expect_code(&r, 0);
+    cli_free(&r);
+    EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "2", "--batch", "16",
+        "--betas", "0.9,0.999", "--eps", "1e-8", "--resume", ck);
+    expect_code(&r, 2);
+    expect_contains("stderr", &r, r.err, "--betas 0.9,0.999, the checkpoint's are 0.9,0.95");
+    expect_contains("stderr", &r, r.err, "--eps 1e-08, the checkpoint's is 1e-06");
+    cli_free(&r);
+    /* a checkpoint whose shuffle flag is 5 */
     EBB(&r, "train", "specs/mlp.yaml", "--data", data, "--steps", "1", "--batch", "16",
         "--checkpoint", ck);
     expect_code(&r, 0);

@@ -119,6 +119,7 @@ static const op_case cases[] = {
     {"pow", "exponent=3", 1, {S(4, 8)}, {0}},
     {"clamp", "min=-1, max=1", 1, {S(4, 8)}, {0}},
     {"sub", NULL, 2, {S(4, 8), S(8)}, {0}},
+    {"where", NULL, 3, {S(4, 8), S(4, 1), S(8)}, {0, EBB_BOOL, 0}},
     {"div", NULL, 2, {S(4, 1), S(4, 8)}, {0}},
     {"mean", "dim=1", 1, {S(4, 8)}, {0}},
     {"mean", NULL, 1, {S(4, 8)}, {0}},

@@ -247,6 +247,10 @@ static const conf_case cases[] = {
     {"clamp", 1, {SH(4, 8)}, "min=-0.5, max=0.5", 0, 0},
     {"clamp", 1, {SH(2, 3, 5)}, "min=0", 0, 0},
     {"clamp", 1, {SH(3, 5)}, "max=0.25", 0, 0},
+    {"where", 3, {SH(4, 8), SH(4, 8), SH(4, 8)}, NULL, 0, 0},
+    {"where", 3, {SH(2, 3, 5), SH(2, 3, 5), SH(2, 3, 5)}, NULL, 0, 0},
+    {"where", 3, {SH(8), SH(4, 1), SH(4, 8)}, NULL, 0, 0},
+    {"where", 3, {SH(4, 5), SH(3, 4, 5), SH(1, 5)}, NULL, 0, 0},
     {"sub", 2, {SH(4, 8)}, NULL, 0, 0},
     {"sub", 2, {SH(2, 3, 5)}, NULL, 0, 0},
     {"sub", 2, {SH(4, 1), SH(8)}, NULL, 0, 0},
@@ -400,9 +404,10 @@ static void fail_case(report *r, const char *what, const char *fmt, ...) {
     r->failures++;
 }
 
-/* masked_fill's second input is a bool mask */
+/* masked_fill's and where's second inputs are bool masks */
 static int bool_mask(const conf_case *c, int i) {
-    return i == 1 && strcmp(c->op, "masked_fill") == 0;
+    return (i == 1 && strcmp(c->op, "masked_fill") == 0) ||
+           (i == 1 && strcmp(c->op, "where") == 0);
 }
 
 static void case_shapes(const conf_case *c, int n_in, ebb_shape *shapes, ebb_dtype *dtypes,

@@ -59,10 +59,11 @@ static int64_t target_classes(const grad_case *gc) {
     return strcmp(gc->op, "bce_with_logits") == 0 ? -1 : 0;
 }
 
-/* masked_fill's second input is a bool mask, made from the sign of random
- * values */
+/* masked_fill's and where's second inputs are bool masks, made from
+ * the sign of random values */
 static int bool_mask(const grad_case *gc, int i) {
-    return i == 1 && strcmp(gc->op, "masked_fill") == 0;
+    return (i == 1 && strcmp(gc->op, "masked_fill") == 0) ||
+           (i == 1 && strcmp(gc->op, "where") == 0);
 }
 
 #define SH(...) {(int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), {__VA_ARGS__}}
@@ -278,6 +279,10 @@ static const grad_case cases[] = {
     {"clamp", 1, {SH(4, 8)}, "min=-0.5, max=0.5", 0},
     {"clamp", 1, {SH(2, 3, 5)}, "min=0", 0},
     {"clamp", 1, {SH(3, 5)}, "max=0.25", 0},
+    {"where", 3, {SH(4, 8), SH(4, 8), SH(4, 8)}, NULL, 0},
+    {"where", 3, {SH(2, 3, 5), SH(2, 3, 5), SH(2, 3, 5)}, NULL, 0},
+    {"where", 3, {SH(8), SH(4, 1), SH(4, 8)}, NULL, 0},
+    {"where", 3, {SH(4, 5), SH(3, 4, 5), SH(1, 5)}, NULL, 0},
     {"sub", 2, {SH(4, 8)}, NULL, 0},
     {"sub", 2, {SH(2, 3, 5)}, NULL, 0},
     {"sub", 2, {SH(4, 1), SH(8)}, NULL, 0},

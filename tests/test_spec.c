@@ -545,6 +545,65 @@ static ebb_graph *twin_gpt(void) {
     return finish(b);
 }
 
+/* llama.yaml's `block`, copy i: rotary, grouped-query attention (4 query
+ * heads over 2 key/value heads of 32) and the SwiGLU MLP, RMSNorm before each */
+static ebb_node *llama_block(ebb_builder *b, int i) {
+    char norm1[80], norm2[80], q[80], k[80], v[80], o[80], gate[80], up[80], down[80];
+    snprintf(norm1, sizeof norm1, "eps=1e-5, name=model.layers.%d.input_layernorm", i);
+    snprintf(q, sizeof q, "out=128, bias=false, name=model.layers.%d.self_attn.q_proj", i);
+    snprintf(k, sizeof k, "out=64, bias=false, name=model.layers.%d.self_attn.k_proj", i);
+    snprintf(v, sizeof v, "out=64, bias=false, name=model.layers.%d.self_attn.v_proj", i);
+    snprintf(o, sizeof o, "out=128, bias=false, name=model.layers.%d.self_attn.o_proj", i);
+    snprintf(norm2, sizeof norm2, "eps=1e-5, name=model.layers.%d.post_attention_layernorm", i);
+    snprintf(gate, sizeof gate, "out=352, bias=false, name=model.layers.%d.mlp.gate_proj", i);
+    snprintf(up, sizeof up, "out=352, bias=false, name=model.layers.%d.mlp.up_proj", i);
+    snprintf(down, sizeof down, "out=128, bias=false, name=model.layers.%d.mlp.down_proj", i);
+    ebb_builder *blk = ebb_subflow_begin(b);
+    ebb_builder *a = ebb_subflow_begin(blk);
+    ebb_through(a, op(a, "rms_norm", norm1));
+    const char *proj[3] = {q, k, v};
+    ebb_node *qkv[3];
+    for (int j = 0; j < 3; j++) {
+        ebb_builder *br = ebb_subflow_begin(a);
+        ebb_through(br, op(br, "linear", proj[j]));
+        ebb_through(br, sub(br, "reshape", j ? "shape=\"0,0,2,-1\"" : "shape=\"0,0,4,-1\"",
+                            "transpose", "dim0=1, dim1=2", NULL));
+        if (j < 2) ebb_through(br, op(br, "rotary_embedding", "theta=10000"));
+        if (j > 0) ebb_through(br, op(br, "repeat_kv", "repeats=2"));
+        qkv[j] = ebb_subflow_end(br);
+    }
+    ebb_splitv(a, qkv, 3);
+    ebb_merge_node(a, op(a, "scaled_dot_product_attention", "causal=true"));
+    ebb_through(a, op(a, "transpose", "dim0=1, dim1=2"));
+    ebb_through(a, op(a, "reshape", "shape=\"0,0,128\""));
+    ebb_through(a, op(a, "linear", o));
+    ebb_also(blk, ebb_subflow_end(a));
+    ebb_builder *m = ebb_subflow_begin(blk);
+    ebb_through(m, op(m, "rms_norm", norm2));
+    ebb_node *halves[2] = {sub(m, "linear", gate, "silu", NULL, NULL), op(m, "linear", up)};
+    ebb_splitv(m, halves, 2);
+    ebb_merge_node(m, op(m, "mul", NULL));
+    ebb_through(m, op(m, "linear", down));
+    ebb_also(blk, ebb_subflow_end(m));
+    return ebb_subflow_end(blk);
+}
+
+/* LLaMA: token embeddings, 4 blocks, RMSNorm, an untied lm_head */
+static ebb_graph *twin_llama(void) {
+    ebb_builder *b = ebb_builder_new("llama");
+    ebb_input(b, "idx");
+    ebb_target(b, "y");
+    ebb_loss(b, "cross_entropy", NULL);
+    ebb_from(b, op(b, "embedding", "num=256, dim=128, name=model.embed_tokens"));
+    ebb_node *layers[4];
+    for (int i = 0; i < 4; i++)
+        layers[i] = llama_block(b, i);
+    ebb_through(b, ebb_node_seqv(b, layers, 4));
+    ebb_through(b, op(b, "rms_norm", "eps=1e-5, name=model.norm"));
+    ebb_through(b, op(b, "linear", "out=256, bias=false, name=lm_head"));
+    return finish(b);
+}
+
 typedef struct twin {
     const char *file;
     ebb_graph *(*build)(void);
@@ -580,6 +639,7 @@ static const twin TWINS[] = {
     {"transformer_encoder.yaml", twin_transformer_encoder, {"batch=2", "seq=5"}},
     {"bigram.yaml", twin_bigram, {"batch=2", "seq=5"}},
     {"gpt.yaml", twin_gpt, {"batch=2", "seq=8"}},
+    {"llama.yaml", twin_llama, {"batch=2", "seq=8"}},
 };
 #define N_TWINS ((int)(sizeof TWINS / sizeof TWINS[0]))
 
@@ -1012,6 +1072,21 @@ static void test_load_file_errors(void **state) {
     assert_int_equal(ebb_spec_load(&s, BAD_DIR "/unknown_op.yaml"), EBB_ERR_SPEC);
     assert_string_equal(ebb_errmsg(), BAD_DIR "/unknown_op.yaml:7:14: error: flow[1].through: "
                                               "unknown op or block 'relu6'; did you mean 'relu'?");
+    /* PyTorch's spellings get ebb's op, not the nearest name */
+    static const char *const torch_names[][2] = {
+        {"arange", "positions"}, {"view", "reshape"},   {"chunk", "narrow"},
+        {"RMSNorm", "rms_norm"}, {"rope", "rotary_embedding"}, {"subtract", "sub"},
+    };
+    for (size_t i = 0; i < sizeof torch_names / sizeof *torch_names; i++) {
+        char text[256], want[128];
+        snprintf(text, sizeof text,
+                 "ebb: 1\ninputs: {x: [2, 4]}\nflow:\n  - from: {linear: {out: 4}}\n  - %s\n",
+                 torch_names[i][0]);
+        snprintf(want, sizeof want, "unknown op or block '%s'; did you mean '%s'?",
+                 torch_names[i][0], torch_names[i][1]);
+        assert_int_equal(ebb_spec_load_string(&s, text, strlen(text), NULL), EBB_ERR_SPEC);
+        assert_errmsg_contains(want);
+    }
 }
 
 static void test_inputs_and_params(void **state) {

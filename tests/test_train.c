@@ -1070,6 +1070,53 @@ static void test_tied_weights(void **state) {
     ebb_safetensors_close(st);
 }
 
+/* A training plan of a small classifier with `extra` after its relu. */
+static ebb_plan *classifier_plan(const char *extra) {
+    char text[512];
+    snprintf(text, sizeof text,
+             "ebb: 1\ninputs: {x: {shape: [batch, 16]}}\n"
+             "targets: {y: {shape: [batch], dtype: int64}}\nloss: cross_entropy\n"
+             "flow:\n  - from: {linear: {out: 32}}\n  - relu\n%s  - {linear: {out: 4}}\n",
+             extra);
+    ebb_spec *spec = NULL;
+    assert_ok(ebb_spec_load_string(&spec, text, strlen(text), "dropout.yaml"));
+    ebb_shape xs = EBB_SHAPE(8, 16), ys = EBB_SHAPE(8);
+    ebb_train_options t = {.target_shapes = &ys, .n_target_shapes = 1,
+                           .optimizer = ebb_optimizer_defaults(EBB_SGD, 0.1)};
+    ebb_compile_options o = {.input_shapes = &xs, .n_input_shapes = 1, .train = &t};
+    ebb_plan *plan = NULL;
+    if (ebb_spec_compile(&plan, spec, &o) != EBB_OK)
+        fail_msg("compile with '%s': %s", extra, ebb_errmsg());
+    ebb_spec_free(spec);
+    return plan;
+}
+
+/* Whether a plan has a step of `op`. */
+static int has_op_step(const ebb_plan *p, const char *op) {
+    for (int i = 0; i < ebb_plan_step_count(p); i++) {
+        const ebb_plan_step *s = ebb_plan_step_at(p, i);
+        if (s->op && !strcmp(s->op, op)) return 1;
+    }
+    return 0;
+}
+
+/* Dropout at p = 0 gives its input back, in training too (F.dropout's):
+ * the compiler lowers it to identity, so the step keeps no mask and makes
+ * no copy, and the plan's peak is that of the model without it. */
+static void test_dropout_zero_costs_nothing(void **state) {
+    (void)state;
+    ebb_plan *none = classifier_plan(""), *zero = classifier_plan("  - {dropout: {p: 0}}\n"),
+             *some = classifier_plan("  - {dropout: {p: 0.1}}\n");
+    assert_false(has_op_step(zero, "dropout"));
+    assert_true(has_op_step(zero, "identity"));
+    assert_true(has_op_step(some, "dropout"));
+    assert_int_equal(ebb_plan_peak_bytes(zero, NULL), ebb_plan_peak_bytes(none, NULL));
+    assert_true(ebb_plan_peak_bytes(some, NULL) > ebb_plan_peak_bytes(none, NULL));
+    ebb_plan_free(none);
+    ebb_plan_free(zero);
+    ebb_plan_free(some);
+}
+
 /* keep_all frees nothing and computes the same: its gradients are bitwise
  * the liveness plan's, its peak is the figure the liveness plan reports as
  * its keep_all peak, and its run measures what it plans. */
@@ -2969,7 +3016,7 @@ int main(void) {
     };
     enum { N_STEP_CASES = sizeof step_cases / sizeof *step_cases };
     static char accumulated_names[N_STEP_CASES][64];
-    struct CMUnitTest tests[26 + 2 * N_GRAD + N_STEP_CASES];
+    struct CMUnitTest tests[27 + 2 * N_GRAD + N_STEP_CASES];
     int n = 0;
     for (size_t i = 0; i < N_GRAD; i++)
         tests[n++] = named_test(grad_names[i], test_grad, (void *)&GRAD_CASES[i]);
@@ -2981,6 +3028,7 @@ int main(void) {
         tests[n++] = named_test(least_names[i], test_grad, &least[i]);
     }
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_keep_all);
+    tests[n++] = (struct CMUnitTest)EBB_TEST(test_dropout_zero_costs_nothing);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_tied_weights);
     tests[n++] = (struct CMUnitTest)EBB_TEST(test_update_placement);
     tests[n++] = named_test("steps_sgd_momentum", test_steps, (void *)"sgd_momentum");

@@ -318,6 +318,11 @@ struct ebb_op {
     ebb_op_flops_fn flops;
     /* Indices a CUDA graph's caller feeds that must be in range. */
     ebb_op_indices indices;
+    /* Optional: non-zero when, for these attributes, the op gives back its
+     * first input unchanged (dropout at p = 0). The compiler
+     * then lowers the node to `identity`, a view whose gradient passes
+     * through: no copy, no mask, nothing kept. */
+    int (*identity_for)(const ebb_attr_value *attrs);
 };
 
 /* What one allocation of n bytes holds on a CUDA device: the caching

@@ -32,9 +32,11 @@
  *   linear       linear:ITERS[:START[:END]]       LinearLR(start_factor=1/3, end_factor=1,
  *                                                          total_iters=ITERS)
  *   warmup-cosine warmup-cosine:WARMUP:TOTAL      LambdaLR with transformers'
- *                                                 get_cosine_schedule_with_warmup: a linear
+ *                 [:MIN_LR]                       get_cosine_schedule_with_warmup: a linear
  *                                                 warmup from 0 over WARMUP steps, then a
- *                                                 half cosine to 0 at TOTAL
+ *                                                 half cosine to 0 at TOTAL; with MIN_LR
+ *                                                 (a rate), the cosine ends at MIN_LR and
+ *                                                 stays there, as nanoGPT's get_lr
  *   onecycle     onecycle:MAX_LR:TOTAL[:PCT]      OneCycleLR(max_lr, total_steps, pct_start=0.3,
  *                                                 anneal_strategy="cos", div_factor=25,
  *                                                 final_div_factor=1e4,
@@ -78,6 +80,8 @@ typedef struct ebb_lr_schedule {
     int64_t warmup_steps;                     /* warmup-cosine */
     int64_t total_steps;                      /* warmup-cosine, onecycle */
     double max_lr, pct_start;                 /* onecycle */
+    double min_lr;                            /* warmup-cosine: the rate the decay ends at
+                                                 (0: HF's schedule exactly) */
 } ebb_lr_schedule;
 
 /* Parses a schedule's text form (the table above; numbers as C writes

@@ -234,6 +234,10 @@ EBB_API ebb_status ebb_tensor_matmul(ebb_tensor **out, const ebb_tensor *a, cons
  * (Tensor.masked_fill); a mask of another dtype is EBB_ERR_ARG. */
 EBB_API ebb_status ebb_tensor_masked_fill(ebb_tensor **out, const ebb_tensor *x,
                                           const ebb_tensor *mask, double value);
+/* a where the bool cond is true, else b (torch.where(cond, a, b)); all
+ * three broadcast. A cond of another dtype is EBB_ERR_ARG. */
+EBB_API ebb_status ebb_tensor_where(ebb_tensor **out, const ebb_tensor *cond, const ebb_tensor *a,
+                                    const ebb_tensor *b);
 /* A bool [rows, cols] that is true above the diagonal (column j > row i):
  * the positions a causal attention masks, triu(ones, 1). */
 EBB_API ebb_status ebb_tensor_causal_mask(ebb_tensor **out, int64_t rows, int64_t cols,
@@ -468,6 +472,12 @@ EBB_API ebb_status ebb_tensor_pow_backward(ebb_tensor **grad_x, const ebb_tensor
  * time. */
 EBB_API ebb_status ebb_tensor_clamp_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                              const ebb_tensor *x, double lo, double hi);
+/* Of ebb_tensor_where(cond, a, b): grad where cond (zeros elsewhere) for a,
+ * grad where not cond for b, each summed to its input's shape (a and b).
+ * a's is made first, through the negated mask, which goes before b's. */
+EBB_API ebb_status ebb_tensor_where_backward(ebb_tensor **grad_a, ebb_tensor **grad_b,
+                                             const ebb_tensor *grad, const ebb_tensor *cond,
+                                             const ebb_shape *a, const ebb_shape *b);
 /* From the (log_)softmax output: _(log_)softmax_backward_data. */
 EBB_API ebb_status ebb_tensor_softmax_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                        const ebb_tensor *out, int64_t dim, bool log);

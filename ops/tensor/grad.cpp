@@ -203,6 +203,39 @@ ebb_status ebb_tensor_clamp_backward(ebb_tensor **grad_x, const ebb_tensor *grad
     return EBB_OK;
 }
 
+ebb_status ebb_tensor_where_backward(ebb_tensor **grad_a, ebb_tensor **grad_b,
+                                     const ebb_tensor *grad, const ebb_tensor *cond,
+                                     const ebb_shape *a, const ebb_shape *b) {
+    static const char fn[] = "ebb_tensor_where_backward";
+    EBB_OUT(fn, grad_a);
+    EBB_OUT(fn, grad_b);
+    EBB_NEED(fn, grad);
+    EBB_NEED(fn, cond);
+    EBB_NEED(fn, a);
+    EBB_NEED(fn, b);
+    EBB_TRY(fn, {
+        const at::Tensor &g = grad->t, &c = cond->t;
+        // a's gradient summed before b's is made, the negated mask gone
+        // before the sum; 1.13 has no meta logical_not, and the dry run
+        // needs the shapes only
+        at::Tensor fill = g.is_meta() ? at::empty_like(g) : g.masked_fill(c.logical_not(), 0);
+        at::Tensor ga = reduce_to(fill, ebb::dims_of(a));
+        fill.reset(); // gone before b's is made, unless it is a's gradient
+        fill = g.is_meta() ? at::empty_like(g) : g.masked_fill(c, 0);
+        at::Tensor gb = reduce_to(fill, ebb::dims_of(b));
+        fill.reset();
+        ebb_tensor *ta = wrap(std::move(ga));
+        try {
+            *grad_b = wrap(std::move(gb));
+        } catch (...) {
+            ebb_tensor_free(ta);
+            throw;
+        }
+        *grad_a = ta;
+    })
+    return EBB_OK;
+}
+
 ebb_status ebb_tensor_softmax_backward(ebb_tensor **grad_x, const ebb_tensor *grad,
                                        const ebb_tensor *out, int64_t dim, bool log) {
     static const char fn[] = "ebb_tensor_softmax_backward";

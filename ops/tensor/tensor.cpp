@@ -852,6 +852,28 @@ ebb_status ebb_tensor_masked_fill(ebb_tensor **out, const ebb_tensor *x, const e
     return EBB_OK;
 }
 
+ebb_status ebb_tensor_where(ebb_tensor **out, const ebb_tensor *cond, const ebb_tensor *a,
+                            const ebb_tensor *b) {
+    static const char fn[] = "ebb_tensor_where";
+    EBB_OUT(fn, out);
+    EBB_NEED(fn, cond);
+    EBB_NEED(fn, a);
+    EBB_NEED(fn, b);
+    EBB_TRY(fn, {
+        if (cond->t.scalar_type() != at::kBool)
+            return ebb_error_set(EBB_ERR_ARG, "%s: the condition %s is %s, not bool", fn,
+                                 ebb::dims(cond->t).c_str(),
+                                 c10::toString(cond->t.scalar_type()));
+        if (a->t.is_meta()) { // 1.13 has no meta where: the broadcast shape and dtype
+            auto size = at::infer_size(at::infer_size(cond->t.sizes(), a->t.sizes()), b->t.sizes());
+            *out = wrap(at::empty(size, a->t.options().dtype(at::result_type(a->t, b->t))));
+        } else {
+            *out = wrap(at::where(cond->t, a->t, b->t));
+        }
+    })
+    return EBB_OK;
+}
+
 ebb_status ebb_tensor_causal_mask(ebb_tensor **out, int64_t rows, int64_t cols,
                                   ebb_device device) {
     static const char fn[] = "ebb_tensor_causal_mask";

@@ -50,6 +50,7 @@ const char ebb_cli_usage_train[] =
     "usage: ebb train SPEC --data D [--eval-data D] [--epochs N | --steps N] [--batch B]\n"
     "                 [--block N] [--precision P] [--weight-copies HOW]\n"
     "                 [--optimizer KIND] [--lr X] [--lr-schedule S] [--momentum X]\n"
+    "                 [--betas B1,B2] [--eps X]\n"
     "                 [--weight-decay X] [--loss NAME] [--clip-grad-norm X]\n"
     "                 [--clip-grad-value X] [--freeze PATTERN]... [--log-csv FILE]\n"
     "                 [--accumulate N] [--no-decay PATTERN]... [--lr-scale PATTERN=F]...\n"
@@ -102,6 +103,9 @@ typedef struct topts {
     const char *trace, *device, *curve;
     cli_list params; /* -p */
     double lr, momentum, weight_decay;
+    double betas[2]; /* --betas B1,B2 */
+    double eps;      /* --eps: the optimizer's */
+    int betas_set, eps_set;
     norm_opt norm;   /* --normalize MEAN,STD */
     int64_t nproc;   /* --nproc: ranks to start (0: one process) */
     int lr_set, momentum_set, wd_set, seed_set, batch_set, normalize, no_shuffle, json;
@@ -156,6 +160,22 @@ static int set_schedule(const cli_flag *f, const char *v, void *field, const cha
     (void)f;
     if (ebb_lr_schedule_parse(field, v) != EBB_OK)
         return ebb_cli_usage_error(usage, "--lr-schedule: %s", ebb_errmsg());
+    return 0;
+}
+
+/* --betas B1,B2: Adam's averaging factors, each in [0, 1) */
+static int set_betas(const cli_flag *f, const char *v, void *field, const char *usage) {
+    (void)f;
+    double *b = field;
+    char *end = NULL, *end2 = NULL;
+    b[0] = strtod(v, &end);
+    int ok = end != v && *end == ',';
+    if (ok) b[1] = strtod(end + 1, &end2);
+    ok = ok && end2 != end + 1 && !*end2;
+    for (int i = 0; ok && i < 2; i++) ok = b[i] >= 0 && b[i] < 1;
+    if (!ok)
+        return ebb_cli_usage_error(usage, "--betas %s: expected B1,B2, each from 0 to below 1 "
+                                          "(torch.optim's 0.9,0.999)", v);
     return 0;
 }
 
@@ -247,6 +267,12 @@ const cli_flag ebb_cli_train_flags[] = {
                "checkpoints and resumed where it was"),
     FLAG_GIVEN("momentum", "X", cli_set_rate, topts, momentum, momentum_set,
                "sgd's momentum (default 0)"),
+    FLAG_GIVEN("betas", "B1,B2", set_betas, topts, betas, betas_set,
+               "adam's and adamw's averaging factors (default 0.9,0.999;\n"
+               "nanoGPT trains with 0.9,0.95)"),
+    FLAG_GIVEN("eps", "X", cli_set_positive, topts, eps, eps_set,
+               "the optimizer's eps, added to its denominator (default\n"
+               "torch.optim's: 1e-8, adagrad 1e-10, adadelta 1e-6)"),
     FLAG_PATH("loss", "NAME", topts, to.loss,
               "this loss op instead of the spec's `loss:` (as for plan and grad)"),
     FLAG_GIVEN("clip-grad-norm", "X", cli_set_positive, topts, to.clip_grad_norm, clip_norm_set,
@@ -335,13 +361,14 @@ const cli_flag ebb_cli_train_flags[] = {
               "continue from a checkpoint: weights, optimizer state, step;\n"
               "--checkpoint may name the same file"),
     FLAG_SWITCH("override", topts, override,
-                "with --resume: --optimizer, --lr, --momentum, --weight-decay,\n"
-                "--seed, --batch, --no-shuffle, --drop-last, --lr-schedule and\n"
-                "--clip-grad-* that contradict the checkpoint win (else that is\n"
-                "an error)"),
+                "with --resume: --optimizer, --lr, --momentum, --betas, --eps,\n"
+                "--weight-decay, --seed, --batch, --no-shuffle, --drop-last,\n"
+                "--lr-schedule and --clip-grad-* that contradict the checkpoint\n"
+                "win (else that is an error)"),
     FLAG_SWITCH("non-strict", topts, to.non_strict,
                 "with --resume: a trained parameter the checkpoint holds no\n"
-                "optimizer state for starts without (else an error)"),
+                "optimizer state for starts without, and a tensor that does\n"
+                "not match its checksum is read as it is (else errors)"),
     FLAG_COUNT("log-every", "N", topts, to.log_every,
                "a line every N steps (default: one per epoch)"),
     FLAG_PATH("curve", "FILE.svg", topts, curve,
@@ -542,6 +569,10 @@ static int resume_conflicts(const topts *o, const ebb_checkpoint_info *ci, char 
              o->momentum, c->momentum);
     CONFLICT(o->wd_set && o->weight_decay != c->weight_decay,
              "--weight-decay %g, the checkpoint's is %g", o->weight_decay, c->weight_decay);
+    CONFLICT(o->betas_set && (o->betas[0] != c->beta1 || o->betas[1] != c->beta2),
+             "--betas %g,%g, the checkpoint's are %g,%g", o->betas[0], o->betas[1], c->beta1,
+             c->beta2);
+    CONFLICT(o->eps_set && o->eps != c->eps, "--eps %g, the checkpoint's is %g", o->eps, c->eps);
     CONFLICT(o->seed_set && o->to.seed != ci->seed, "--seed %llu, the checkpoint's is %llu",
              (unsigned long long)o->to.seed, (unsigned long long)ci->seed);
     CONFLICT(o->batch_set && o->to.batch != ci->batch, "--batch %lld, the checkpoint's is %lld",
@@ -626,8 +657,23 @@ static int resolve_options(cli_run *c) {
                 o->to.resume ? o->to.resume : "the run", ebb_optimizer_kind_name(oo.kind));
         return EXIT_USAGE;
     }
+    if (o->betas_set && oo.kind != EBB_ADAM && oo.kind != EBB_ADAMW) {
+        fprintf(stderr, "ebb: --betas applies to --optimizer adam and adamw; %s trains with %s\n",
+                o->to.resume ? o->to.resume : "the run", ebb_optimizer_kind_name(oo.kind));
+        return EXIT_USAGE;
+    }
+    if (o->eps_set && oo.kind == EBB_SGD) {
+        fprintf(stderr, "ebb: --eps applies to every --optimizer but sgd; %s trains with sgd\n",
+                o->to.resume ? o->to.resume : "the run");
+        return EXIT_USAGE;
+    }
     if (o->momentum_set) oo.momentum = o->momentum;
     if (o->wd_set) oo.weight_decay = o->weight_decay;
+    if (o->betas_set) {
+        oo.beta1 = o->betas[0];
+        oo.beta2 = o->betas[1];
+    }
+    if (o->eps_set) oo.eps = o->eps;
     c->kind = ebb_optimizer_kind_name(oo.kind);
     c->to.optimizer = oo;
     /* --lr-schedule's, or the checkpoint's, continued where it stopped */

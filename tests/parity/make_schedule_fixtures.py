@@ -45,6 +45,19 @@ def warmup_cosine(warmup, total):
     return factor
 
 
+def warmup_cosine_min(warmup, total, min_lr):
+    """The cosine down to min_lr at total and min_lr after (nanoGPT's
+    get_lr, past its warmup), as a factor of BASE_LR."""
+    cosine = warmup_cosine(warmup, total)
+
+    def factor(step):
+        if step < warmup:
+            return cosine(step)
+        f = cosine(min(step, total))
+        return (min_lr + f * (BASE_LR - min_lr)) / BASE_LR
+    return factor
+
+
 # ebb's text form: a function making PyTorch's scheduler of an optimizer
 SCHEDULES = {
     "step:7:0.5": lambda o: sched.StepLR(o, 7, gamma=0.5),
@@ -58,6 +71,7 @@ SCHEDULES = {
                                                   total_iters=20),
     "warmup-cosine:10:100": lambda o: sched.LambdaLR(o, warmup_cosine(10, 100)),
     "warmup-cosine:0:60": lambda o: sched.LambdaLR(o, warmup_cosine(0, 60)),
+    "warmup-cosine:10:60:0.01": lambda o: sched.LambdaLR(o, warmup_cosine_min(10, 60, 0.01)),
     "onecycle:0.5:100": lambda o: sched.OneCycleLR(o, 0.5, total_steps=100,
                                                    cycle_momentum=False),
     "onecycle:0.05:120:0.25": lambda o: sched.OneCycleLR(o, 0.05, total_steps=120,
