@@ -3,18 +3,10 @@
 
 #include "ops_internal.h"
 
-#define UNARY(fn, kind)                                                                            \
-    static ebb_status fn(const ebb_op_call *c, ebb_tensor **out) {                                 \
-        return ebb_tensor_unary(out, kind, c->in[0]);                                              \
-    }                                                                                              \
-    static ebb_status fn##_inplace(const ebb_op_call *c, ebb_tensor *x) {                          \
-        (void)c;                                                                                   \
-        return ebb_tensor_unary_(x, kind);                                                         \
-    }
-UNARY(relu_fwd, EBB_RELU)
-UNARY(tanh_fwd, EBB_TANH)
-UNARY(sigmoid_fwd, EBB_SIGMOID)
-UNARY(silu_fwd, EBB_SILU)
+EBB_OPS_UNARY(relu_fwd, EBB_RELU)
+EBB_OPS_UNARY(tanh_fwd, EBB_TANH)
+EBB_OPS_UNARY(sigmoid_fwd, EBB_SIGMOID)
+EBB_OPS_UNARY(silu_fwd, EBB_SILU)
 
 /* gelu's `approximate`, as F.gelu's: "none" (the erf form) or "tanh". */
 static ebb_status gelu_kind(const ebb_op_call *c, ebb_unary_op *kind) {

@@ -48,6 +48,17 @@ ebb_status ebb_ops_parse_ints(const char *op, const char *attr, const char *text
  * *out; the error names the op and the input shape (ops/shape.c). */
 ebb_status ebb_ops_check_dim(const char *op, int64_t dim, const ebb_shape *x, int64_t *out);
 
+/* An elementwise op's forward `fn` and its in-place forward `fn`_inplace:
+ * ebb_tensor_unary() of `kind` (relu, exp, ...). */
+#define EBB_OPS_UNARY(fn, kind)                                                                    \
+    static ebb_status fn(const ebb_op_call *c, ebb_tensor **out) {                                 \
+        return ebb_tensor_unary(out, kind, c->in[0]);                                              \
+    }                                                                                              \
+    static ebb_status fn##_inplace(const ebb_op_call *c, ebb_tensor *x) {                          \
+        (void)c;                                                                                   \
+        return ebb_tensor_unary_(x, kind);                                                         \
+    }
+
 /* Non-zero for the floating dtypes. */
 static inline int ebb_ops_is_floating(ebb_dtype dt) {
     return dt == EBB_FLOAT32 || dt == EBB_FLOAT64 || dt == EBB_FLOAT16 || dt == EBB_BFLOAT16;

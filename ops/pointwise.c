@@ -7,22 +7,14 @@
 
 #include "ops_internal.h"
 
-#define UNARY(fn, kind)                                                                            \
-    static ebb_status fn(const ebb_op_call *c, ebb_tensor **out) {                                 \
-        return ebb_tensor_unary(out, kind, c->in[0]);                                              \
-    }                                                                                              \
-    static ebb_status fn##_inplace(const ebb_op_call *c, ebb_tensor *x) {                          \
-        (void)c;                                                                                   \
-        return ebb_tensor_unary_(x, kind);                                                         \
-    }
-UNARY(neg_fwd, EBB_NEG)
-UNARY(exp_fwd, EBB_EXP)
-UNARY(log_fwd, EBB_LOG)
-UNARY(sqrt_fwd, EBB_SQRT)
-UNARY(rsqrt_fwd, EBB_RSQRT)
-UNARY(abs_fwd, EBB_ABS)
-UNARY(sin_fwd, EBB_SIN)
-UNARY(cos_fwd, EBB_COS)
+EBB_OPS_UNARY(neg_fwd, EBB_NEG)
+EBB_OPS_UNARY(exp_fwd, EBB_EXP)
+EBB_OPS_UNARY(log_fwd, EBB_LOG)
+EBB_OPS_UNARY(sqrt_fwd, EBB_SQRT)
+EBB_OPS_UNARY(rsqrt_fwd, EBB_RSQRT)
+EBB_OPS_UNARY(abs_fwd, EBB_ABS)
+EBB_OPS_UNARY(sin_fwd, EBB_SIN)
+EBB_OPS_UNARY(cos_fwd, EBB_COS)
 
 enum { A_EXPONENT = 0 };
 enum { A_MIN = 0, A_MAX = 1 };

@@ -502,7 +502,12 @@ static int child_main(int argc, char **argv) {
         rc = child_machine(d, rank, world, port, ebb_test_now_s() - t0);
     } else if (!strncmp(scenario, "job:", 4) || !strcmp(scenario, "twin")) {
         rc = ebb_dist_barrier(d) != EBB_OK;
-        usleep(500 * 1000); /* rank 0 serves the store while a twin is turned away */
+        /* rank 0 serves the store until the parent has seen the other twin
+         * turned away (twin_done), however late that one comes */
+        char done[64];
+        snprintf(done, sizeof done, "/tmp/ebb_twin_%d", port);
+        for (int i = 0; !strcmp(scenario, "twin") && i < 600 && access(done, F_OK) != 0; i++)
+            usleep(50 * 1000);
     } else if (!strcmp(scenario, "killed") || !strcmp(scenario, "hanging")) {
         if (rank == world - 1) {
             if (!strcmp(scenario, "killed"))
@@ -717,11 +722,12 @@ static pid_t spawn_child(const char *scenario, int rank, int world, int port, in
     return pid;
 }
 
-/* Waits for the children pids[0..n) until deadline_s from now, killing
- * those still running then; status[i] is each one's wait status, or -1
- * for one that had to be killed. */
+/* Waits for the children pids[0..n) (0: one already reaped) until
+ * deadline_s from now, killing those still running then; status[i] is each
+ * one's wait status, or -1 for one that had to be killed. */
 static void reap_children(pid_t *pids, int n, double deadline_s, int *status) {
-    int left = n;
+    int left = 0;
+    for (int i = 0; i < n; i++) left += pids[i] > 0; /* 0: reaped before */
     double end = ebb_test_now_s() + deadline_s;
     while (left > 0) {
         for (int i = 0; i < n; i++) {
@@ -847,14 +853,28 @@ static void strangers_are_refused(void **state) {
     reap_children(pids, 3, 60, status);
     for (int i = 0; i < 3; i++)
         assert_true(status[i] != -1 && WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0);
-    /* hand-started, with no job id: one of two rank 1s is turned away (both
-     * wait for rank 0, then claim rank 1 at once) */
+    /* hand-started, with no job id: one of two rank 1s is turned away; the
+     * two that joined wait for it (a file) before they leave */
     port = ebb_test_free_port();
-    pids[1] = spawn_child("twin", 1, 2, port, 8000, NULL);
-    pids[2] = spawn_child("twin", 1, 2, port, 8000, NULL);
-    usleep(1500 * 1000);
-    pids[0] = spawn_child("twin", 0, 2, port, 8000, NULL);
+    char done[64];
+    snprintf(done, sizeof done, "/tmp/ebb_twin_%d", port);
+    unlink(done);
+    pids[0] = spawn_child("twin", 0, 2, port, 20000, NULL);
+    pids[1] = spawn_child("twin", 1, 2, port, 20000, NULL);
+    pids[2] = spawn_child("twin", 1, 2, port, 20000, NULL);
+    int first = -1;
+    for (double end = ebb_test_now_s() + 60; first < 0 && ebb_test_now_s() < end;) {
+        for (int i = 0; i < 3 && first < 0; i++)
+            if (waitpid(pids[i], &status[i], WNOHANG) == pids[i]) first = i;
+        usleep(20 * 1000);
+    }
+    FILE *f = fopen(done, "w");
+    assert_non_null(f);
+    fclose(f);
+    if (first >= 0) pids[first] = 0;
     reap_children(pids, 3, 60, status);
+    unlink(done);
+    assert_true(first >= 0);
     int joined = 0, refused = 0;
     for (int i = 0; i < 3; i++) {
         assert_true(status[i] != -1 && WIFEXITED(status[i]));

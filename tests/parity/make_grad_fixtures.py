@@ -521,28 +521,27 @@ def gpt_grads(model, idx, y):
     return loss.detach(), grads
 
 
-def gpt_fixture():
-    """grad_gpt.safetensors: specs/gpt.yaml against the GPT above. Weights
-    under nanoGPT's state_dict keys, lm_head.weight included (the tied
-    tensor, as torch saves it); grad.<p> per parameter torch has (the tied
-    weight once, the sum of both uses)."""
-    fname = "grad_gpt.safetensors"
-    torch.manual_seed(40)
-    model = GPT(**GPT_SIZE)
-    with torch.no_grad():  # LayerNorms away from 1 and 0, so their gradients matter
+def lm_fixture(fname, make, size, batch, t, seeds, spec, note):
+    """A language model's gradient fixture: `make(**size)` seeded with
+    seeds[0], its norms' weights moved away from 1 and 0 (so that their
+    gradients matter), batch x t tokens drawn from seeds[1]; its state_dict,
+    x, y, the cross-entropy loss and grad.<p> per parameter torch has."""
+    torch.manual_seed(seeds[0])
+    model = make(**size)
+    with torch.no_grad():
         for n, p in model.named_parameters():
-            if ".ln_" in n or "ln_f" in n:
+            if ".ln_" in n or "ln_f" in n or "norm" in n:
                 p.add_(torch.randn(p.shape) * 0.2)
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     state = mf.replayed(fname, state)
     model.load_state_dict(state)
-    g = torch.Generator().manual_seed(41)
-    idx = torch.randint(0, GPT_SIZE["vocab"], (GPT_BATCH, GPT_T), generator=g)
-    y = torch.randint(0, GPT_SIZE["vocab"], (GPT_BATCH, GPT_T), generator=g)
+    g = torch.Generator().manual_seed(seeds[1])
+    idx = torch.randint(0, size["vocab"], (batch, t), generator=g)
+    y = torch.randint(0, size["vocab"], (batch, t), generator=g)
     io = mf.replayed(fname, {"x": idx, "y": y})
     idx, y = io["x"], io["y"]
     loss, grads = gpt_grads(model, idx, y)
-    m64 = GPT(**GPT_SIZE).double()
+    m64 = make(**size).double()
     m64.load_state_dict({k: v.double() for k, v in state.items()})
     loss64, grads64 = gpt_grads(m64, idx, y)
     floor = max(rel(grads[n], grads64[n]) for n in grads)
@@ -550,12 +549,21 @@ def gpt_fixture():
     tensors.update({"x": idx, "y": y, "loss": loss.float()})
     tensors.update({f"grad.{n}": v for n, v in grads.items()})
     path = os.path.join(OUT, fname)
-    params = ",".join(f"{k}={v}" for k, v in GPT_SIZE.items())
-    write(path, tensors, {"spec": "specs/gpt.yaml", "params": params, "loss": "cross_entropy",
+    params = ",".join(f"{k}={v}" for k, v in size.items())
+    write(path, tensors, {"spec": spec, "params": params, "loss": "cross_entropy",
                           "loss_attrs": "", "zero_grads": ""})
-    print(f"grad_gpt: cross_entropy loss {loss.item():.6g}, {len(grads)} gradients "
-          f"(lm_head tied to transformer.wte), float32 vs float64 rel. error {floor:.2e}, "
+    print(f"{fname[:-len('.safetensors')]}: cross_entropy loss {loss.item():.6g}, "
+          f"{len(grads)} gradients{note}, float32 vs float64 rel. error {floor:.2e}, "
           f"{os.path.getsize(path)} bytes")
+
+
+def gpt_fixture():
+    """grad_gpt.safetensors: specs/gpt.yaml against the GPT above. Weights
+    under nanoGPT's state_dict keys, lm_head.weight included (the tied
+    tensor, as torch saves it); grad.<p> per parameter torch has (the tied
+    weight once, the sum of both uses)."""
+    lm_fixture("grad_gpt.safetensors", GPT, GPT_SIZE, GPT_BATCH, GPT_T, (40, 41),
+               "specs/gpt.yaml", " (lm_head tied to transformer.wte)")
 
 
 class RMSNorm(torch.nn.Module):
@@ -660,37 +668,9 @@ LLAMA_BATCH, LLAMA_T = 3, 10
 
 def llama_fixture():
     """grad_llama.safetensors: specs/llama.yaml against the Llama above,
-    weights under LlamaForCausalLM's keys, the RMSNorms' weights moved away
-    from 1 so that their gradients matter."""
-    fname = "grad_llama.safetensors"
-    torch.manual_seed(42)
-    model = Llama(**LLAMA_SIZE)
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.add_(torch.randn(p.shape) * 0.2)
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    state = mf.replayed(fname, state)
-    model.load_state_dict(state)
-    g = torch.Generator().manual_seed(43)
-    idx = torch.randint(0, LLAMA_SIZE["vocab"], (LLAMA_BATCH, LLAMA_T), generator=g)
-    y = torch.randint(0, LLAMA_SIZE["vocab"], (LLAMA_BATCH, LLAMA_T), generator=g)
-    io = mf.replayed(fname, {"x": idx, "y": y})
-    idx, y = io["x"], io["y"]
-    loss, grads = gpt_grads(model, idx, y)
-    m64 = Llama(**LLAMA_SIZE).double()
-    m64.load_state_dict({k: v.double() for k, v in state.items()})
-    loss64, grads64 = gpt_grads(m64, idx, y)
-    floor = max(rel(grads[n], grads64[n]) for n in grads)
-    tensors = dict(state)
-    tensors.update({"x": idx, "y": y, "loss": loss.float()})
-    tensors.update({f"grad.{n}": v for n, v in grads.items()})
-    path = os.path.join(OUT, fname)
-    params = ",".join(f"{k}={v}" for k, v in LLAMA_SIZE.items())
-    write(path, tensors, {"spec": "specs/llama.yaml", "params": params, "loss": "cross_entropy",
-                          "loss_attrs": "", "zero_grads": ""})
-    print(f"grad_llama: cross_entropy loss {loss.item():.6g}, {len(grads)} gradients, "
-          f"float32 vs float64 rel. error {floor:.2e}, {os.path.getsize(path)} bytes")
+    weights under LlamaForCausalLM's keys."""
+    lm_fixture("grad_llama.safetensors", Llama, LLAMA_SIZE, LLAMA_BATCH, LLAMA_T, (42, 43),
+               "specs/llama.yaml", "")
 
 
 # ---- ten training steps ----------------------------------------------------------
