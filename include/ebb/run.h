@@ -69,7 +69,9 @@ EBB_API ebb_tensor *ebb_model_param(const ebb_model *m, const char *name);
  * callback gets the whole list. Each tensor is read (pread) straight into
  * its parameter. A file that shrinks during the load (truncated by another
  * process) is an EBB_ERR_IO error, and the parameters read until then hold
- * the file's values: discard or reload the model. */
+ * the file's values: discard or reload the model. So is a tensor whose
+ * bytes do not match the CRC-32 ebb wrote beside it, EBB_ERR_CORRUPT naming
+ * the tensor (see ebb_model_load_options.damaged). */
 EBB_API ebb_status ebb_model_load(ebb_model *m, const char *path);
 
 /* Called by ebb_model_load_ex() for each parameter that holds NaN or
