@@ -135,7 +135,8 @@ test-cpu: build
 # failed allocation returns NULL, as without ASan, so the tests that run
 # under a small RLIMIT_AS see libtorch's out-of-memory errors. The consumer
 # test is left out: a program not built with ASan cannot load an ASan-built
-# libebb.
+# libebb. The launcher's fault loop (test_cli, test_agent_fault_loop) runs
+# 16 jobs here, each three sanitized processes, and its 50 in the plain builds.
 ASAN_BUILD ?= build-asan
 SANITIZE := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 test-asan: deps
@@ -144,7 +145,7 @@ test-asan: deps
 	cmake --build $(ASAN_BUILD) -j$(JOBS)
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:allocator_may_return_null=1 \
 	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/asan.supp:print_suppressions=0 \
-	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 EBB_FAULT_RUNS=16 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j$(JOBS) -E install_consumer
 
 # ebb against hand-written libtorch C++ and PyTorch eager, side by side
