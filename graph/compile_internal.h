@@ -78,6 +78,9 @@ plan_step *ebb_compiler_step_new(compiler *c, ebb_step_kind kind, const char *op
 int ebb_compiler_step_set_slots(compiler *c, plan_step *s, const int *in, int n_in, const int *out,
                             int n_out);
 int ebb_compiler_step_index(const compiler *c, const plan_step *s);
+/* Drops the steps marked in gone[] (one flag per step) from a plan not yet
+ * through liveness, renumbering jumps and producers; 0 or -1. */
+int ebb_compiler_steps_remove(compiler *c, const unsigned char *gone);
 /* A new handle on a slot's meta tensor, and a new meta tensor. */
 ebb_tensor *ebb_compiler_meta_ref(compiler *c, int slot);
 ebb_tensor *ebb_compiler_meta_new(compiler *c, const ebb_shape *s, ebb_dtype dt);
@@ -149,6 +152,9 @@ int ebb_lower_op(compiler *c, const ebb_op *op, const ebb_attr_value *attrs, con
 int ebb_lower_op_node(compiler *c, const ebb_op *op, const ebb_attr_value *attrs,
                       const ebb_node *node, const char *prefix, const char *path, const int *in,
                       int n_in);
+/* graph/kv_cache.c: generation (opts->kv_cache > 0): causal attention
+ * through a key/value cache of state values (see the file's comment). */
+int ebb_pass_kv_cache(compiler *c, const ebb_compile_options *opts);
 /* graph/autodiff.c: a training compile's loss, backward and update steps
  * after the lowered forward (see the file's comment). */
 int ebb_pass_autodiff(compiler *c, const ebb_graph *g, const ebb_compile_options *opts);

@@ -149,6 +149,42 @@ ebb_tensor *ebb_compiler_meta_new(compiler *c, const ebb_shape *s, ebb_dtype dt)
     return t;
 }
 
+/* Drops the steps marked in gone[] (before liveness: nothing reads their
+ * outputs). Jumps and producers are renumbered; a dropped step's outputs
+ * stay as slots no step writes, of no bytes. */
+int ebb_compiler_steps_remove(compiler *c, const unsigned char *gone) {
+    ebb_plan *p = c->plan;
+    int *to = malloc(((size_t)p->n_steps + 1) * sizeof *to), n = 0;
+    if (!to)
+        return ebb_compiler_oom(c);
+    for (int i = 0; i < p->n_steps; i++)
+        to[i] = n, n += !gone[i];
+    to[p->n_steps] = n;
+    for (int i = 0; i < p->n_steps; i++) {
+        plan_step *s = &p->steps[i];
+        if (!gone[i]) {
+            if (s->pub.jump >= 0)
+                s->pub.jump = to[s->pub.jump];
+            p->steps[to[i]] = *s;
+            continue;
+        }
+        for (int k = 0; k < s->pub.n_out; k++) {
+            p->values[s->pub.out[k]].producer = -1;
+            p->values[s->pub.out[k]].nbytes = 0;
+        }
+        free((char *)s->pub.node);
+        free((int *)s->pub.in);
+        free((int *)s->pub.out);
+        free(s->op_owned);
+    }
+    for (int v = 0; v < p->n_values; v++)
+        if (p->values[v].producer >= 0)
+            p->values[v].producer = to[p->values[v].producer];
+    p->n_steps = n;
+    free(to);
+    return 0;
+}
+
 /* ---- what a step runs on ---------------------------------------------------- */
 
 uint32_t ebb_low_copy_params(const ebb_plan *p, const plan_step *s) {

@@ -39,6 +39,9 @@ int ebb_pass_liveness(compiler *c) {
     }
     for (int i = 0; i < p->n_inputs; i++)
         bit_set(keep, p->inputs[i]);
+    for (int v = 0; v < nv; v++) /* a key/value cache: the caller's, like the inputs */
+        if (p->values[v].kind == EBB_VALUE_STATE)
+            bit_set(keep, v);
     /* Outputs are live at the exit, so no edge frees the value they end with;
      * a slot that is rewritten before the end (a loop state that is also the
      * output) may still drop its earlier values. */

@@ -1,7 +1,8 @@
 /* One compile: the passes run in order for one set of choices the
  * searches made (values recomputed, updates deferred, low copies kept):
  *   1. lowering (lower.c): the nested flow becomes a flat list of steps over
- *      value slots, every value shaped by a dry run;
+ *      value slots, every value shaped by a dry run; for generation, causal
+ *      attention then reads and writes a key/value cache (kv_cache.c);
  *   2. autodiff (autodiff.c, updates.c, collectives.c), for training: the
  *      loss, the backward, the updates and the collectives;
  *   3. measurement (measure.c) of the steps whose scratch an op can only
@@ -55,6 +56,8 @@ ebb_status ebb_pipeline(ebb_plan **out, const ebb_graph *g, const ebb_compile_op
     strcpy(p->name, g->name);
 
     if (ebb_pass_lower(&c, g, opts) != 0)
+        goto fail;
+    if (opts->kv_cache > 0 && ebb_pass_kv_cache(&c, opts) != 0)
         goto fail;
     if (opts->train && ebb_pass_autodiff(&c, g, opts) != 0)
         goto fail;

@@ -145,6 +145,16 @@ int64_t ebb_plan_grad_sums_bytes(const ebb_plan *p) {
     return n;
 }
 
+int64_t ebb_plan_kv_cache_length(const ebb_plan *p) { return p ? p->kv_cache : 0; }
+
+int64_t ebb_plan_kv_cache_bytes(const ebb_plan *p) {
+    int64_t n = 0;
+    for (int v = 0; p && v < p->n_values; v++)
+        if (p->values[v].kind == EBB_VALUE_STATE)
+            n += p->values[v].nbytes;
+    return n;
+}
+
 int64_t ebb_plan_optimizer_state_bytes(const ebb_plan *p) {
     if (!p || !p->training || (p->train_options.grads_only && !p->owner))
         return 0;
@@ -558,6 +568,34 @@ static void print_training(const ebb_plan *p, FILE *f) {
     print_clip(p, f);
 }
 
+/* Generation's key/value cache: what it holds, for which steps. */
+static void print_kv_cache(const ebb_plan *p, FILE *f) {
+    char cb[32], sb[128];
+    int n = 0;
+    ebb_bytes_str(ebb_plan_kv_cache_bytes(p), cb, sizeof cb);
+    for (int v = 0; v < p->n_values; v++)
+        n += p->values[v].kind == EBB_VALUE_STATE;
+    fprintf(f, "key/value cache: %lld positions, %d tensors (%s) held by the run's ebb_kv_cache "
+               "beside the parameters, not in the peak; each step's tokens start where the "
+               "cache's filled positions end\n",
+            (long long)p->kv_cache, n, cb);
+    for (int i = 0; i < p->n_steps; i++) {
+        const ebb_plan_step *s = &p->steps[i].pub;
+        if (s->kind != EBB_STEP_OP || !p->steps[i].op->state_inputs)
+            continue;
+        for (int k = 0; k < s->n_in; k++) {
+            const ebb_plan_value *v = &p->values[s->in[k]];
+            if (v->kind != EBB_VALUE_STATE)
+                continue;
+            ebb_bytes_str(v->nbytes, cb, sizeof cb);
+            fprintf(f, "  v%d %s %s (%s): step %d (%s) writes %s, then reads every filled "
+                       "position\n",
+                    s->in[k], ebb_dtype_name(v->dtype), ebb_shape_str(&v->shape, sb, sizeof sb),
+                    cb, i, s->node, k == 3 ? "the keys" : "the values");
+        }
+    }
+}
+
 void ebb_plan_print_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn label, void *user) {
     if (!p || !f)
         return;
@@ -593,6 +631,8 @@ void ebb_plan_print_ex(const ebb_plan *p, FILE *f, ebb_node_label_fn label, void
     ebb_bytes_str(p->keep_all_peak_bytes, keep, sizeof keep);
     fprintf(f, "%d steps, %d values, %d parameter tensors (%s)\n", p->n_steps, p->n_values,
             p->n_params, pb);
+    if (p->kv_cache > 0)
+        print_kv_cache(p, f);
     if (p->training)
         print_training(p, f);
     int n_in_place = 0;

@@ -148,6 +148,9 @@ struct ebb_plan {
     int64_t flops;                   /* estimated: every step but the recompute steps */
     int64_t recompute_flops;
     int remat_segment;               /* the checkpoint spacing chosen; 0: none */
+    /* generation (ebb_compile_options.kv_cache): the cache's length in
+     * positions; its tensors are the EBB_VALUE_STATE values, in slot order */
+    int64_t kv_cache;
     void *attrs; /* attribute values of compiler-made ops (a list) */
 };
 

@@ -74,7 +74,7 @@ static void values_json(const ebb_plan *p, FILE *f) {
     fputs("],\n \"values\": [", f);
     for (int v = 0; v < p->n_values; v++) {
         const ebb_plan_value *val = &p->values[v];
-        static const char *kinds[] = {"input", "intermediate", "output", "held"};
+        static const char *kinds[] = {"input", "intermediate", "output", "held", "state"};
         ebb_plan_value_id(p, v, id, sizeof id);
         fputs(v ? ",\n  {\"id\": " : "\n  {\"id\": ", f);
         ebb_json_string(f, id);
@@ -242,6 +242,9 @@ void ebb_plan_write_json(const ebb_plan *p, FILE *f) {
             (long long)p->peak_bytes, p->peak_is_bound ? "bound" : "exact", p->peak_step,
             (long long)p->keep_all_peak_bytes, p->training ? "true" : "false", p->n_targets);
     fprintf(f, ", \"param_bytes\": %lld", (long long)ebb_plan_param_bytes(p));
+    if (p->kv_cache > 0)
+        fprintf(f, ", \"kv_cache\": {\"positions\": %lld, \"bytes\": %lld}",
+                (long long)p->kv_cache, (long long)ebb_plan_kv_cache_bytes(p));
     if (p->training)
         fprintf(f, ", \"updates_in_backward\": %s, \"optimizer_state_bytes\": %lld",
                 p->updates_in_backward ? "true" : "false",

@@ -758,6 +758,174 @@ static const ebb_op_grad sdpa_grad = {.backward = sdpa_bwd, .forward_train = sdp
                                       .train_workspace_cuda = sdpa_train_workspace_cuda,
                                       .workspace_cuda_is_bound = 1, .draws = sdpa_draws};
 
+/* ---- _cached_attention ---------------------------------------------------------
+ *
+ * What a plan compiled with a key/value cache (ebb_compile_options.kv_cache)
+ * runs in place of a causal scaled_dot_product_attention: inputs q [B, H, t,
+ * D], k [B, Hkv, t, D], v [B, Hkv, t, Dv] (the key and value heads before
+ * grouped-query attention repeats them, H = Hkv * repeats) and the cache's
+ * two tensors kc [B, Hkv, C, D] and vc [B, Hkv, C, Dv], state the run holds
+ * (ebb_op.state_inputs). The run's t positions start at ebb_op_call.position:
+ *   - k and v are written into the cache at [position, position + t);
+ *   - from position 0 (a prompt) the attention is the causal one the plan
+ *     without a cache computes, on the same tensors, by the same calls;
+ *   - one position later on (a generated token) its query attends to the
+ *     position + 1 keys the cache holds, without a mask; grouped heads are
+ *     read as [B, Hkv, repeats, D] queries per key head, so the cache is
+ *     never repeated.
+ * t > 1 after position 0 is refused: a cache takes a prompt from its start,
+ * then a position a run. */
+
+enum { C_REPEATS };
+
+static const ebb_attr_spec cached_attrs[] = {
+    {.name = "repeats", .type = EBB_ATTR_INT, .default_number = 1,
+     .doc = "query heads per key/value head (grouped-query attention)"},
+};
+
+static ebb_status cached_check(const ebb_op_call *c, const ebb_shape *sh) {
+    int64_t rep = c->attrs[C_REPEATS].i;
+    const ebb_shape *q = &sh[0], *k = &sh[1], *v = &sh[2], *kc = &sh[3], *vc = &sh[4];
+    int ok = rep >= 1;
+    for (int i = 0; i < 5; i++)
+        ok = ok && sh[i].ndim == 4 && sh[i].dim[0] == q->dim[0];
+    ok = ok && q->dim[1] == k->dim[1] * rep && k->dim[1] == v->dim[1] &&
+         q->dim[2] == k->dim[2] && k->dim[2] == v->dim[2] && q->dim[3] == k->dim[3] &&
+         kc->dim[1] == k->dim[1] && kc->dim[3] == k->dim[3] && vc->dim[1] == v->dim[1] &&
+         vc->dim[3] == v->dim[3] && vc->dim[2] == kc->dim[2];
+    if (ok)
+        return EBB_OK;
+    char b[5][96];
+    for (int i = 0; i < 5; i++)
+        ebb_shape_str(&sh[i], b[i], sizeof b[i]);
+    return ebb_error_set(EBB_ERR_SHAPE,
+                         "query %s, key %s, value %s, cache %s and %s with repeats=%lld do not "
+                         "fit [B, H, t, D], [B, Hkv, t, D] twice, [B, Hkv, C, D] twice "
+                         "(H = Hkv * repeats)",
+                         b[0], b[1], b[2], b[3], b[4], (long long)rep);
+}
+
+/* From position 0: the causal attention over the run's own keys. */
+static ebb_status cached_prompt(const ebb_op_call *c, ebb_tensor **out) {
+    int64_t rep = c->attrs[C_REPEATS].i;
+    ebb_tensor *k = NULL, *v = NULL;
+    ebb_status st = ebb_tensor_repeat_interleave(&k, c->in[1], 1, rep);
+    if (st == EBB_OK)
+        st = ebb_tensor_repeat_interleave(&v, c->in[2], 1, rep);
+    if (st == EBB_OK)
+        st = ebb_tensor_attention(out, c->in[0], k, v, true);
+    ebb_tensor_free(k);
+    ebb_tensor_free(v);
+    return st;
+}
+
+/* One position after `pos` others: its query over the pos + 1 cached keys. */
+static ebb_status cached_next(const ebb_op_call *c, const ebb_shape *sh, int64_t pos,
+                              ebb_tensor **out) {
+    int64_t rep = c->attrs[C_REPEATS].i, b = sh[0].dim[0], hkv = sh[1].dim[1];
+    ebb_tensor *k = NULL, *v = NULL, *q = NULL, *o = NULL;
+    ebb_status st = ebb_tensor_narrow(&k, c->in[3], 2, 0, pos + 1);
+    if (st == EBB_OK)
+        st = ebb_tensor_narrow(&v, c->in[4], 2, 0, pos + 1);
+    if (st == EBB_OK && rep == 1) {
+        st = ebb_tensor_attention(out, c->in[0], k, v, false);
+    } else if (st == EBB_OK) {
+        /* query head h reads key head h / repeats: [B, Hkv, repeats, D] */
+        ebb_shape grouped = EBB_SHAPE(b, hkv, rep, sh[0].dim[3]);
+        ebb_shape heads = EBB_SHAPE(b, sh[0].dim[1], 1, sh[2].dim[3]);
+        st = ebb_tensor_reshape(&q, c->in[0], &grouped);
+        if (st == EBB_OK)
+            st = ebb_tensor_attention(&o, q, k, v, false);
+        if (st == EBB_OK)
+            st = ebb_tensor_reshape(out, o, &heads);
+    }
+    ebb_tensor *tmp[] = {k, v, q, o};
+    for (int i = 0; i < 4; i++)
+        ebb_tensor_free(tmp[i]);
+    return st;
+}
+
+static ebb_status cached_fwd(const ebb_op_call *c, ebb_tensor **out) {
+    *out = NULL;
+    ebb_shape sh[5];
+    for (int i = 0; i < 5; i++)
+        sh[i] = ebb_tensor_shape(c->in[i]);
+    ebb_status st = cached_check(c, sh);
+    int64_t pos = c->position, t = sh[0].dim[2], cap = sh[3].dim[2];
+    if (st == EBB_OK && pos + t > cap)
+        st = ebb_error_set(EBB_ERR_ARG,
+                           "the key/value cache holds %lld positions: %lld are filled and this "
+                           "run adds %lld",
+                           (long long)cap, (long long)pos, (long long)t);
+    else if (st == EBB_OK && pos > 0 && t > 1)
+        st = ebb_error_set(EBB_ERR_UNSUPPORTED,
+                           "a run of %lld positions after %lld in the key/value cache: the "
+                           "cache takes a prompt from position 0, then one position a run",
+                           (long long)t, (long long)pos);
+    ebb_tensor *kc = NULL, *vc = NULL;
+    if (st == EBB_OK)
+        st = ebb_tensor_narrow(&kc, c->in[3], 2, pos, t);
+    if (st == EBB_OK)
+        st = ebb_tensor_narrow(&vc, c->in[4], 2, pos, t);
+    if (st == EBB_OK)
+        st = ebb_tensor_copy_(kc, c->in[1]);
+    if (st == EBB_OK)
+        st = ebb_tensor_copy_(vc, c->in[2]);
+    ebb_tensor_free(kc);
+    ebb_tensor_free(vc);
+    if (st == EBB_OK)
+        st = pos == 0 ? cached_prompt(c, out) : cached_next(c, sh, pos, out);
+    if (st != EBB_OK)
+        ebb_error_prefix("_cached_attention");
+    return st;
+}
+
+/* The scratch beyond the output. From position 0: the repeated keys and
+ * values beside scaled_dot_product_attention's scratch for the same
+ * shapes. One position (t = 1) may also be a later one, whose query reads
+ * a full cache at most: the grouped query (a copy, when a reshape cannot
+ * view it), the attention's scratch over C keys and its output before the
+ * heads are merged back (a copy counted whole). The larger of the two,
+ * which is an upper bound: the cache fills as the run goes. `cuda`: in the
+ * caching allocator's blocks. */
+static int64_t cached_scratch(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                              ebb_dtype dt, int cuda) {
+    if (n_in != 5 || in[0].ndim != 4 || in[1].ndim != 4 || in[2].ndim != 4 || in[3].ndim != 4)
+        return 0;
+    int64_t rep = a[C_REPEATS].i > 0 ? a[C_REPEATS].i : 1, size = (int64_t)ebb_dtype_size(dt);
+    int64_t b = in[0].dim[0], h = in[0].dim[1], t = in[0].dim[2], d = in[0].dim[3];
+    int64_t dv = in[2].dim[3], cap = in[3].dim[2];
+    const ebb_attr_value causal[2] = {{EBB_ATTR_BOOL, 1, 1, 0, NULL},
+                                      {EBB_ATTR_FLOAT, 1, 0, 0, NULL}};
+    const ebb_attr_value open[2] = {{EBB_ATTR_BOOL, 1, 0, 0, NULL},
+                                    {EBB_ATTR_FLOAT, 1, 0, 0, NULL}};
+    ebb_shape prompt[3] = {in[0], EBB_SHAPE(b, h, t, d), EBB_SHAPE(b, h, t, dv)};
+    int64_t kr = rep > 1 ? b * h * t * d * size : 0, vr = rep > 1 ? b * h * t * dv * size : 0;
+    int64_t first = cuda ? ebb_cuda_block(kr) + ebb_cuda_block(vr) +
+                               sdpa_cuda_scratch(causal, prompt, 3, dt, 0)
+                         : kr + vr + sdpa_scratch(causal, prompt, 3, dt, 0);
+    if (t != 1)
+        return first;
+    int64_t hkv = h / rep;
+    ebb_shape next[3] = {EBB_SHAPE(b, hkv, rep, d), EBB_SHAPE(b, hkv, cap, d),
+                         EBB_SHAPE(b, hkv, cap, dv)};
+    int64_t q = rep > 1 ? b * h * d * size : 0, o = rep > 1 ? b * h * dv * size : 0;
+    int64_t later = cuda ? ebb_cuda_block(q) + ebb_cuda_block(o) +
+                               sdpa_cuda_scratch(open, next, 3, dt, 0)
+                         : q + o + sdpa_scratch(open, next, 3, dt, 0);
+    return first > later ? first : later;
+}
+
+static int64_t cached_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                ebb_dtype dt) {
+    return cached_scratch(a, in, n_in, dt, 0);
+}
+
+static int64_t cached_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
+                                     ebb_dtype dt) {
+    return cached_scratch(a, in, n_in, dt, 1);
+}
+
 /* Self-attention's scores and weighted sums over its [B, T, E] output:
  * 2 B T^2 E each; the projections are its parameters' products. */
 static int64_t mha_flops(const ebb_attr_value *a, const ebb_shape *in, int n_in,
@@ -781,5 +949,11 @@ const ebb_op ebb_ops_attention[] = {
      .workspace = sdpa_workspace, .workspace_is_bound = 1, .grad = &sdpa_grad,
      .workspace_cuda = sdpa_workspace_cuda, .workspace_cuda_is_bound = 1,
      .autocast = EBB_AUTOCAST_LOW},
+    {.name = "_cached_attention", .min_inputs = 5, .max_inputs = 5, .attrs = cached_attrs,
+     .n_attrs = EBB_COUNT(cached_attrs), .forward = cached_fwd,
+     .doc = "causal attention through a key/value cache (what a plan compiled with "
+            "kv_cache runs for scaled_dot_product_attention)",
+     .workspace = cached_workspace, .workspace_cuda = cached_workspace_cuda,
+     .workspace_cuda_is_bound = 1, .autocast = EBB_AUTOCAST_LOW, .state_inputs = 0x18u},
 };
 const int ebb_ops_attention_count = EBB_COUNT(ebb_ops_attention);

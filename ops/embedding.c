@@ -103,7 +103,9 @@ static const ebb_op_grad embedding_grad = {.backward = embedding_bwd, .saves_inp
 /* ---- positions ------------------------------------------------------------------
  * 0, 1, ..., n-1 as int64, n the input's size along `dim`: torch.arange(T)
  * for a position embedding, from the stream whose length it numbers. Only
- * the input's shape is read, so the input need not stay alive for it. */
+ * the input's shape is read, so the input need not stay alive for it. With
+ * a key/value cache the run's tokens follow those the cache holds, and
+ * count from there (ebb_op_call.position). */
 
 static const ebb_attr_spec positions_attrs[] = {
     {.name = "dim", .type = EBB_ATTR_INT, .default_number = 1,
@@ -116,7 +118,8 @@ static ebb_status positions_fwd(const ebb_op_call *c, ebb_tensor **out) {
     int64_t d = 0;
     ebb_status st = ebb_ops_check_dim("positions", c->attrs[0].i, &x, &d);
     if (st == EBB_OK)
-        st = ebb_tensor_arange(out, 0, x.dim[d], EBB_INT64, ebb_tensor_device(c->in[0]));
+        st = ebb_tensor_arange(out, c->position, c->position + x.dim[d], EBB_INT64,
+                               ebb_tensor_device(c->in[0]));
     return st;
 }
 

@@ -8,7 +8,7 @@ enum { A_REPEATS = 0, A_DIM = 1 };
 
 static ebb_status rotary_fwd(const ebb_op_call *c, ebb_tensor **out) {
     const ebb_attr_value *a = c->attrs;
-    return ebb_tensor_rotary(out, c->in[0], a[A_SEQ_DIM].i, a[A_THETA].f,
+    return ebb_tensor_rotary(out, c->in[0], a[A_SEQ_DIM].i, c->position, a[A_THETA].f,
                              a[A_INTERLEAVED].i != 0, false);
 }
 
@@ -17,7 +17,7 @@ static ebb_status rotary_fwd(const ebb_op_call *c, ebb_tensor **out) {
 static ebb_status rotary_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_tensor **gp) {
     (void)gp;
     const ebb_attr_value *a = c->attrs;
-    return ebb_tensor_rotary(&gin[0], c->grad_out, a[A_SEQ_DIM].i, a[A_THETA].f,
+    return ebb_tensor_rotary(&gin[0], c->grad_out, a[A_SEQ_DIM].i, 0, a[A_THETA].f,
                              a[A_INTERLEAVED].i != 0, true);
 }
 

@@ -32,6 +32,8 @@ typedef struct run_ctx {
     uint64_t seed;       /* dropout's masks: mixed with the step index */
     int micro_batch, micro_batches; /* accumulation: this run's place in its step */
     ebb_device dev;      /* the model's */
+    ebb_kv_cache *kv;    /* generation: the key/value cache the state values are bound to */
+    int64_t kv_written;  /* positions this run wrote into it */
     int64_t base;        /* allocator bytes that are not the plan's: grows with optimizer state */
     int64_t run_peak;    /* the largest high-water mark sample_peak() has seen */
 } run_ctx;
@@ -775,7 +777,10 @@ static ebb_status exec_step(run_ctx *r, const plan_step *s, int *jump) {
         if (cs != EBB_OK)
             return cs;
         ebb_op_call call = {.op = s->op, .attrs = s->attrs, .in = r->args, .n_in = ps->n_in,
-                            .params = r->params, .n_params = s->n_params, .node = ps->node};
+                            .params = r->params, .n_params = s->n_params, .node = ps->node,
+                            .position = ebb_kv_cache_length(r->kv)};
+        if (s->op->state_inputs) /* its new positions: ebb_op.state_inputs */
+            r->kv_written = ebb_tensor_shape(r->args[0]).dim[ebb_tensor_ndim(r->args[0]) - 2];
         if (s->param_cast) {
             /* never in place: the copies go when the call returns, but
              * those kept for the backward */
@@ -946,6 +951,7 @@ static ebb_status run_ctx_init(run_ctx *r, const ebb_plan *plan, const ebb_model
                                ebb_optimizer *opt) {
     *r = (run_ctx){.plan = plan, .model = model, .opt = opt, .seed = opts ? opts->seed : 0,
                    .dist = opts ? opts->dist : NULL, .dev = model->device,
+                   .kv = opts ? opts->kv_cache : NULL,
                    .micro_batch = opts ? opts->micro_batch : 0,
                    .micro_batches = opts ? opts->micro_batches : 0};
     /* accumulation: the step's first micro-batch starts the sums afresh */
@@ -989,6 +995,12 @@ static ebb_status run_ctx_init(run_ctx *r, const ebb_plan *plan, const ebb_model
         if (r->shapes)
             r->shapes[plan->inputs[i]] = ebb_tensor_shape(inputs[i]);
     }
+    /* the key/value cache's tensors are the caller's too */
+    if ((st = ebb_kv_cache_bind(r->kv, plan, r->dev, r->slots)) != EBB_OK)
+        return st;
+    for (int v = 0; v < plan->n_values; v++)
+        if (plan->values[v].kind == EBB_VALUE_STATE)
+            r->borrowed[v] = 1;
     return EBB_OK;
 }
 
@@ -1153,6 +1165,8 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
         }
         pc = jump ? s->pub.jump : pc + 1;
     }
+    if ((st = ebb_kv_cache_advance(r.kv, r.kv_written)) != EBB_OK)
+        goto done;
     for (int i = 0; i < plan->n_outputs; i++) {
         ebb_tensor *t = r.slots[plan->outputs[i]];
         if (!t && plan->training && i > 0)

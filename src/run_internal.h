@@ -13,6 +13,16 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
                         ebb_tensor **outputs, const ebb_run_options *opts, ebb_run_stats *stats,
                         ebb_optimizer *opt);
 
+/* ---- the key/value cache (src/kv_cache.c) ---------------------------------
+ * Binds the cache's tensors into `slots` (per plan value) at the plan's
+ * EBB_VALUE_STATE values, refusing a cache made for another plan (or none
+ * for a plan that needs one: the message says which); c may be NULL for a
+ * plan without a cache. */
+ebb_status ebb_kv_cache_bind(const ebb_kv_cache *c, const ebb_plan *plan, ebb_device device,
+                             ebb_tensor **slots);
+/* A run that wrote `positions` more succeeded: they count as filled. */
+ebb_status ebb_kv_cache_advance(ebb_kv_cache *c, int64_t positions);
+
 /* The seed a step's random draws use in a run seeded with `run_seed`
  * (dropout's masks): what ebb_run_plan hands that step. */
 uint64_t ebb_run_step_seed(const ebb_plan *plan, uint64_t run_seed, int step);

@@ -18,7 +18,7 @@ static const ebb_device CPU = {EBB_DEVICE_CPU, 0};
 
 /* ---- one-op graphs for every op in the registry --------------------------- */
 
-#define MAX_CASE_INPUTS 4
+#define MAX_CASE_INPUTS 5
 
 /* A valid call of an op: attributes in ebb_node_op() text, input shapes and
  * dtypes (0 is float32). An op may have several cases (input counts, modes). */
@@ -81,6 +81,8 @@ static const op_case cases[] = {
     {"scaled_dot_product_attention", "causal=true", 3, {S(2, 4, 5, 8), S(2, 4, 5, 8), S(2, 4, 5, 8)},
      {0}},
     {"scaled_dot_product_attention", NULL, 3, {S(3, 5, 8), S(3, 7, 8), S(3, 7, 6)}, {0}},
+    {"_cached_attention", "repeats=2", 5,
+     {S(2, 4, 3, 8), S(2, 2, 3, 8), S(2, 2, 3, 8), S(2, 2, 10, 8), S(2, 2, 10, 8)}, {0}},
     /* attention */
     {"multi_head_attention", "num_heads=2", 1, {S(2, 5, 8)}, {0}},
     {"multi_head_attention", "num_heads=2, causal=true, bias=false", 2, {S(2, 5, 8), S(2, 7, 8)},
@@ -132,7 +134,7 @@ static const op_case cases[] = {
 };
 #undef S
 
-static const char *const input_names[MAX_CASE_INPUTS] = {"x0", "x1", "x2", "x3"};
+static const char *const input_names[MAX_CASE_INPUTS] = {"x0", "x1", "x2", "x3", "x4"};
 
 /* One graph: the op applied to x0, with x1.. given by `using`. */
 static ebb_graph *one_op_graph(const op_case *c) {

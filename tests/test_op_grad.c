@@ -373,6 +373,8 @@ static int case_fits(const grad_case *c, const ebb_op *op, int n_in) {
 static int missing(const ebb_op *op, char *msg, size_t size) {
     int gaps = 0;
     msg[0] = '\0';
+    if (op->state_inputs)
+        return 0; /* it updates state a run holds (a key/value cache): inference only */
     if (!op->grad || !op->grad->backward) {
         snprintf(msg, size, "op '%s' has no backward rule (.grad in its descriptor)", op->name);
         gaps++;

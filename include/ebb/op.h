@@ -100,6 +100,11 @@ typedef struct ebb_op_call {
     int n_params;
     const char *node; /* node path, for error messages */
     uint64_t seed;    /* training forward: this step's random seed (dropout) */
+    /* Generation with a key/value cache (ebb_kv_cache): the positions the
+     * cache held before this run, which is where the run's tokens stand in
+     * the sequence; 0 otherwise. `positions` and `rotary_embedding` count
+     * from it, and _cached_attention writes there. */
+    int64_t position;
 } ebb_op_call;
 
 /* Computes the output into *out (a new handle). On failure returns a status
@@ -323,6 +328,12 @@ struct ebb_op {
      * then lowers the node to `identity`, a view whose gradient passes
      * through: no copy, no mask, nothing kept. */
     int (*identity_for)(const ebb_attr_value *attrs);
+    /* Bit i: input i is state the op updates in place, held across runs
+     * by the caller rather than made by the plan (generation's key/value
+     * cache, ebb_kv_cache); the positions a run adds to it are its first
+     * input's second-to-last dim. Such an op only serves inference: it has
+     * no backward rule, and a spec cannot name it. */
+    uint32_t state_inputs;
 };
 
 /* What one allocation of n bytes holds on a CUDA device: the caching

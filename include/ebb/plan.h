@@ -247,6 +247,19 @@ typedef struct ebb_compile_options {
     /* Mixed precision for a float32 plan (ebb_precision above); by default
      * the spec's `precision:` (ebb_spec_compile), else float32. */
     ebb_precision precision;
+    /* Generation: 0, or the length in positions of a key/value cache the
+     * plan reads and writes (docs/plans.md, "Generation"). Every causal
+     * scaled_dot_product_attention becomes a _cached_attention step that
+     * writes its keys and values into the cache, a [B, Hkv, kv_cache, D]
+     * tensor for each, before grouped-query attention's repeat_kv (which
+     * the plan then leaves out); `positions` and `rotary_embedding` count
+     * from the positions the cache holds. The caches are EBB_VALUE_STATE
+     * values, held by an ebb_kv_cache (run.h) across runs, so one plan for
+     * the prompt ([B, T]) and one for each next token ([B, 1]) share them.
+     * An inference plan only; a graph with no causal attention, with
+     * multi_head_attention, or with attention inside a loop or a branch is
+     * refused (EBB_ERR_UNSUPPORTED, naming the node). */
+    int64_t kv_cache;
 } ebb_compile_options;
 
 /* ebb_compile_options.memory_budget: as little memory as recomputing can
@@ -356,6 +369,9 @@ typedef enum ebb_value_kind {
     EBB_VALUE_OUTPUT,       /* handed to the caller */
     EBB_VALUE_HELD,         /* held across runs by the optimizer (gradient accumulation's
                                sums), counted beside the parameters, not in the peaks */
+    EBB_VALUE_STATE,        /* held across runs by the caller's ebb_kv_cache (a layer's
+                               keys or values), counted beside the parameters, not in
+                               the peaks */
 } ebb_value_kind;
 
 /* One value slot, read-only. */
@@ -415,6 +431,12 @@ EBB_API int ebb_plan_keep_all(const ebb_plan *p);
 /* The compiled graph's name, owned by the plan. NULL p: NULL. */
 EBB_API const char *ebb_plan_name(const ebb_plan *p);
 
+/* A plan compiled with ebb_compile_options.kv_cache: the cache's length
+ * in positions, and the bytes of its keys and values (every EBB_VALUE_STATE
+ * value), which an ebb_kv_cache holds beside the parameters. 0 for other
+ * plans (and NULL p). */
+EBB_API int64_t ebb_plan_kv_cache_length(const ebb_plan *p);
+EBB_API int64_t ebb_plan_kv_cache_bytes(const ebb_plan *p);
 /* Number of parameters the plan's ops need, in a fixed order. NULL p: 0. */
 EBB_API int ebb_plan_param_count(const ebb_plan *p);
 /* The bytes the parameters hold, which live beside the plan's intermediates

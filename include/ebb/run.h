@@ -25,6 +25,9 @@
 extern "C" {
 #endif
 
+/* Generation's key/value cache: see "key/value cache" below. */
+typedef struct ebb_kv_cache ebb_kv_cache;
+
 /* (declared in optim.h and run.h alike; C99 allows one typedef) */
 #ifndef EBB_MODEL_TYPEDEF
 #define EBB_MODEL_TYPEDEF
@@ -184,6 +187,12 @@ typedef struct ebb_run_options {
      * copied); only the last goes on to the update. 0 and 0: the whole
      * step in one run. */
     int micro_batch, micro_batches;
+    /* Plans compiled with ebb_compile_options.kv_cache (and only those):
+     * the key/value cache the run reads and writes. The run's tokens stand
+     * at the positions after those the cache holds (ebb_kv_cache_length);
+     * a run that succeeds adds its positions to them, one that fails
+     * leaves the count as it was. */
+    ebb_kv_cache *kv_cache;
 } ebb_run_options;
 
 /* Runs the plan. `inputs` holds one tensor per graph input (borrowed; never
@@ -200,6 +209,42 @@ EBB_API ebb_status ebb_run(const ebb_plan *plan, const ebb_model *model, ebb_ten
  * inputs, or a NULL input tensor: EBB_ERR_ARG. */
 EBB_API ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_tensor *const *inputs,
                       ebb_tensor **outputs, const ebb_run_options *opts, ebb_run_stats *stats);
+
+/* ---- key/value cache ------------------------------------------------------
+ *
+ * Generation compiles two plans from one graph with the same kv_cache
+ * length (ebb_compile_options.kv_cache): one for the prompt, [B, T], and
+ * one for each next token, [B, 1]. Both read and write one ebb_kv_cache:
+ *
+ *     ebb_kv_cache *kv = NULL;
+ *     ebb_kv_cache_new(&kv, prompt_plan, ebb_model_device(m));
+ *     ebb_run_options ro = {.kv_cache = kv};
+ *     ebb_run_ex(prompt_plan, m, &prompt, &logits, &ro, NULL);  // fills 0..T-1
+ *     ebb_run_ex(next_plan, m, &token, &logits, &ro, NULL);     // position T
+ *     ...
+ *     ebb_kv_cache_free(kv);
+ *
+ * The cache holds each causal attention's keys and values for every
+ * position so far: one tensor per EBB_VALUE_STATE value of the plan,
+ * ebb_plan_kv_cache_bytes() in all, made once. A cache serves one model
+ * and one sequence batch at a time, so a thread runs its own. */
+
+/* A cache of zeros for `plan`'s keys and values, on `device` (the model's),
+ * with no position filled. EBB_ERR_ARG when the plan has no cache, or
+ * EBB_ERR_NOMEM. Free with ebb_kv_cache_free(). */
+EBB_API ebb_status ebb_kv_cache_new(ebb_kv_cache **out, const ebb_plan *plan, ebb_device device);
+/* Frees the cache and its tensors. NULL is allowed. */
+EBB_API void ebb_kv_cache_free(ebb_kv_cache *c);
+/* The positions filled so far (where the next run's tokens start), and how
+ * many the cache can hold. NULL c: 0. */
+EBB_API int64_t ebb_kv_cache_length(const ebb_kv_cache *c);
+EBB_API int64_t ebb_kv_cache_capacity(const ebb_kv_cache *c);
+/* The bytes its tensors hold. NULL c: 0. */
+EBB_API int64_t ebb_kv_cache_bytes(const ebb_kv_cache *c);
+/* Forgets the positions from `length` on, which the next run writes again:
+ * 0 starts a new sequence. EBB_ERR_ARG when length is negative or more than
+ * the positions filled. */
+EBB_API ebb_status ebb_kv_cache_truncate(ebb_kv_cache *c, int64_t length);
 
 /* ---- will it fit? ------------------------------------------------------ */
 

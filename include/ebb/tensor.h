@@ -380,9 +380,12 @@ EBB_API ebb_status ebb_tensor_embedding(ebb_tensor **out, const ebb_tensor *weig
  * (Meta's complex layout). The cos and sin tables, made in float32 as
  * Hugging Face's LlamaRotaryEmbedding makes them and held in x's dtype,
  * [T, D/2] each, are the only allocation beside the output. `inverse` turns
- * by minus the angle: the rotation's gradient. The last dim must be even. */
+ * by minus the angle: the rotation's gradient. The last dim must be even.
+ * Positions count from `start` (0, or where a key/value cache's new tokens
+ * begin): row t of the tables is position start + t, the same values a
+ * call from 0 gives at that row. */
 EBB_API ebb_status ebb_tensor_rotary(ebb_tensor **out, const ebb_tensor *x, int64_t seq_dim,
-                                     double theta, bool interleaved, bool inverse);
+                                     int64_t start, double theta, bool interleaved, bool inverse);
 /* Each slice of x along dim repeated `repeats` times in a row
  * (torch.repeat_interleave(x, repeats, dim)): grouped-query attention's
  * repeat_kv, [B, H_kv, T, D] -> [B, H_kv * repeats, T, D]. One copy, the

@@ -666,8 +666,8 @@ namespace {
 // rounded from double. `inverse` negates sin (the rotation back). Each table
 // is filled on the host as a float32 CPU tensor and, for another dtype or
 // device, converted before the next is made.
-std::pair<at::Tensor, at::Tensor> rotary_tables(const at::Tensor &x, int64_t seq, double theta,
-                                                bool inverse) {
+std::pair<at::Tensor, at::Tensor> rotary_tables(const at::Tensor &x, int64_t seq, int64_t start,
+                                                double theta, bool inverse) {
     int64_t T = x.size(seq), D = x.size(-1), h = D / 2;
     std::vector<int64_t> shape(x.dim() - seq, 1);
     shape.front() = T;
@@ -684,7 +684,7 @@ std::pair<at::Tensor, at::Tensor> rotary_tables(const at::Tensor &x, int64_t seq
         float *p = t.data_ptr<float>();
         for (int64_t i = 0; i < T; i++)
             for (int64_t j = 0; j < h; j++) {
-                double a = (double)((float)i * inv[j]);
+                double a = (double)((float)(start + i) * inv[j]);
                 double v = k == 0 ? std::cos(a) : std::sin(a);
                 p[i * h + j] = (float)(k == 1 && inverse ? -v : v);
             }
@@ -710,7 +710,7 @@ std::pair<at::Tensor, at::Tensor> halves(const at::Tensor &t, bool interleaved) 
 extern "C" {
 
 ebb_status ebb_tensor_rotary(ebb_tensor **out, const ebb_tensor *x, int64_t seq_dim,
-                             double theta, bool interleaved, bool inverse) {
+                             int64_t start, double theta, bool interleaved, bool inverse) {
     static const char fn[] = "ebb_tensor_rotary";
     EBB_OUT(fn, out);
     EBB_NEED(fn, x);
@@ -729,7 +729,10 @@ ebb_status ebb_tensor_rotary(ebb_tensor **out, const ebb_tensor *x, int64_t seq_
         if (!at::isFloatingType(t.scalar_type()))
             return ebb_error_set(EBB_ERR_ARG, "%s: the input is %s; only floating values rotate",
                                  fn, c10::toString(t.scalar_type()));
-        auto tables = rotary_tables(t, seq, theta, inverse);
+        if (start < 0)
+            return ebb_error_set(EBB_ERR_ARG, "%s: positions start at %lld; give 0 or more", fn,
+                                 (long long)start);
+        auto tables = rotary_tables(t, seq, start, theta, inverse);
         const at::Tensor &c = tables.first, &s = tables.second;
         auto xs = halves(t, interleaved);
         if (ebb::autograd_on()) {
