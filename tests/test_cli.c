@@ -1113,6 +1113,22 @@ static const exit_case exit_cases[] = {
      "cannot open 'nothere.safetensors'",
      {"generate", "specs/bigram.yaml", "--weights", "nothere.safetensors", "--prompt", "a",
       "--tokens", "1", "--block", "4"}},
+    {2,
+     "--prompt and --prompt-file: give one of them",
+     {"generate", "specs/bigram.yaml", "--weights", "w", "--prompt", "a", "--prompt-file", "p",
+      "--tokens", "1"}},
+    {2,
+     "--prompt-file: cannot open 'nothere.txt'",
+     {"generate", "specs/bigram.yaml", "--weights", "w", "--prompt-file", "nothere.txt",
+      "--tokens", "1", "--block", "4"}},
+    {2,
+     "--batch needs a count from 1 to 4096",
+     {"generate", "specs/bigram.yaml", "--weights", "w", "--prompt", "a", "--tokens", "1",
+      "--batch", "0"}},
+    {2,
+     "--stop needs a byte",
+     {"generate", "specs/bigram.yaml", "--weights", "w", "--prompt", "a", "--tokens", "1",
+      "--stop", "256"}},
     /* 3: a plan that cannot fit is refused before anything runs */
     {3, "this process can get", {"run", "specs/mlp.yaml", "-i", "batch=1000000000"}},
 };
@@ -4816,7 +4832,9 @@ static void test_text_generate(void **state) {
     expect_code(&r, 0);
     if (strcmp(r.out, "cdefghabcdefghabcdefghab"))
         fail_msg("`%s` printed \"%s\"", r.cmd, r.out);
-    expect_contains("stderr", &r, r.err, "a window of [1, 16], planned peak");
+    expect_contains("stderr", &r, r.err, "no key/value cache: ");
+    expect_contains("stderr", &r, r.err, "has no causal scaled_dot_product_attention");
+    expect_contains("stderr", &r, r.err, "each byte (the window): [1, 16] plan, peak");
     expect_contains("stderr", &r, r.err, "(exact)");
     cli_free(&r);
     /* a draw: the same seed, the same bytes */
@@ -4835,6 +4853,79 @@ static void test_text_generate(void **state) {
     cli_free(&r2);
     unlink(w);
     unlink(text_path);
+}
+
+/* `ebb generate` through a key/value cache (specs/gpt.yaml's causal
+ * attention): the same bytes as without one, past the window (where the
+ * window slides and the cache is filled again for every byte), for one
+ * sequence and for a batch read from a prompt file, which --stop ends. */
+static void test_generate_cache(void **state) {
+    (void)state;
+    char text_path[PATH_MAX], data[PATH_MAX + 16], w[PATH_MAX], prompt[PATH_MAX];
+    tmp_path(text_path, sizeof text_path, "gen.txt");
+    tmp_path(w, sizeof w, "gpt.safetensors");
+    tmp_path(prompt, sizeof prompt, "prompt.txt");
+    FMT(data, "text:%s", text_path);
+    char text[400];
+    for (size_t i = 0; i < sizeof text; i++)
+        text[i] = "the cat sat.\n"[i % 13];
+    assert_int_equal(write_file(text_path, text, sizeof text), 0);
+    assert_int_equal(write_file(prompt, "the ", 4), 0);
+    cli_result r, r2;
+    EBB(&r, "train", "specs/gpt.yaml", "-p", "layers=1", "-p", "d=16", "-p", "heads=2", "-p",
+        "block=16", "--data", data, "--block", "16", "--steps", "8", "--lr", "0.01",
+        "--save-weights", w, "--device", "cpu");
+    expect_code(&r, 0);
+    cli_free(&r);
+    /* 40 bytes after 4: the cache until the window's 16, then the window */
+    EBB(&r, "generate", "specs/gpt.yaml", "-p", "layers=1", "-p", "d=16", "-p", "heads=2", "-p",
+        "block=16", "--weights", w, "--block", "16", "--prompt", "the ", "--tokens", "40",
+        "--seed", "4", "--device", "cpu", "--verbose");
+    EBB(&r2, "generate", "specs/gpt.yaml", "-p", "layers=1", "-p", "d=16", "-p", "heads=2", "-p",
+        "block=16", "--weights", w, "--block", "16", "--prompt", "the ", "--tokens", "40",
+        "--seed", "4", "--device", "cpu", "--verbose", "--no-cache");
+    expect_code(&r, 0);
+    expect_code(&r2, 0);
+    assert_int_equal(r.out_len, 44);
+    if (r.out_len != r2.out_len || memcmp(r.out, r2.out, r.out_len))
+        fail_msg("the cache changed the text:\n%s\nwithout it:\n%s", r.out, r2.out);
+    expect_contains("stderr", &r, r.err, "key/value cache of 16 positions, 2.0 KiB");
+    expect_contains("stderr", &r, r.err, "the prompt: [1, 4] plan");
+    expect_contains("stderr", &r, r.err, "each next byte: [1, 1] plan");
+    expect_contains("stderr", &r, r.err, "; 12 runs,");
+    expect_contains("stderr", &r, r.err, "the full window: [1, 16] plan");
+    expect_contains("stderr", &r, r.err, "; 27 runs,");
+    expect_contains("stderr", &r2, r2.err, "no key/value cache: --no-cache");
+    cli_free(&r);
+    cli_free(&r2);
+    /* two sequences from a prompt file, each ending at its first '.' */
+    EBB(&r, "generate", "specs/gpt.yaml", "-p", "layers=1", "-p", "d=16", "-p", "heads=2", "-p",
+        "block=16", "--weights", w, "--block", "16", "--prompt-file", prompt, "--tokens", "30",
+        "--batch", "2", "--stop", ".", "--seed", "4", "--device", "cpu");
+    EBB(&r2, "generate", "specs/gpt.yaml", "-p", "layers=1", "-p", "d=16", "-p", "heads=2", "-p",
+        "block=16", "--weights", w, "--block", "16", "--prompt-file", prompt, "--tokens", "30",
+        "--batch", "2", "--stop", ".", "--seed", "4", "--device", "cpu", "--no-cache");
+    expect_code(&r, 0);
+    expect_code(&r2, 0);
+    if (r.out_len != r2.out_len || memcmp(r.out, r2.out, r.out_len))
+        fail_msg("the cache changed the batch's text:\n%s\nwithout it:\n%s", r.out, r2.out);
+    const char *one = strstr(r.out, "--- sample 1\nthe "), *two = strstr(r.out, "\n--- sample 2\nthe ");
+    if (!one || !two || one != r.out)
+        fail_msg("`%s` printed no two samples:\n%s", r.cmd, r.out);
+    /* each sample ends at its first '.' (then the newline ebb adds), or
+     * after 30 bytes */
+    for (int k = 0; k < 2; k++) {
+        const char *body = (k == 0 ? one : two + 1) + strlen("--- sample 1\nthe ");
+        const char *end = k == 0 ? two : r.out + r.out_len;
+        const char *dot = memchr(body, '.', (size_t)(end - body));
+        if (dot ? end - dot != 2 || dot[1] != '\n' : end - body > 31)
+            fail_msg("sample %d runs past its stop:\n%s", k + 1, r.out);
+    }
+    cli_free(&r);
+    cli_free(&r2);
+    unlink(w);
+    unlink(text_path);
+    unlink(prompt);
 }
 
 int main(void) {
@@ -4884,6 +4975,7 @@ int main(void) {
         EBB_TEST(test_option_aliases),
         EBB_TEST(test_over_plan_is_reported),
         EBB_TEST(test_text_generate),
+        EBB_TEST(test_generate_cache),
     };
     /* CMOCKA_FILTER=test_train_* runs those alone; EBB_TEST_SHARD=K/N a shard */
     return ebb_test_run("test_cli", tests, group_setup, group_teardown);

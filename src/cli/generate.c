@@ -168,8 +168,8 @@ static int parse(const command *c, int argc, char **argv, gen_opts *o) {
     if (!o->prompt == !o->prompt_file)
         return ebb_cli_usage_error(usage, "%s",
                                    o->prompt ? "--prompt and --prompt-file: give one of them"
-                                             : "--prompt (or --prompt-file) is required (the "
-                                               "text to continue)");
+                                             : "--prompt is required (the text to continue; or "
+                                               "--prompt-file)");
     if (o->prompt && !*o->prompt)
         return ebb_cli_usage_error(usage, "%s", "--prompt needs one byte or more to continue");
     if (o->tokens < 0)
