@@ -883,11 +883,14 @@ static ebb_status cached_fwd(const ebb_op_call *c, ebb_tensor **out) {
 /* The scratch beyond the output. From position 0: the repeated keys and
  * values beside scaled_dot_product_attention's scratch for the same
  * shapes. One position (t = 1) may also be a later one, whose query reads
- * a full cache at most: the grouped query (a copy, when a reshape cannot
- * view it), the attention's scratch over C keys and its output before the
- * heads are merged back (a copy counted whole). The larger of the two,
- * which is an upper bound: the cache fills as the run goes. `cuda`: in the
- * caching allocator's blocks. */
+ * up to a full cache: the attention's scratch over C keys, whose batch dims
+ * [B, Hkv] a product folds into one without copies (the cache's narrowed
+ * view and the grouped query merge them), so the figure is the one for a
+ * single batch dim; the fused kernels' output, laid out [B, L, H, D], is
+ * copied when the heads are merged back. Counted too: the grouped query,
+ * where a reshape cannot view it (a query that is not contiguous). The
+ * larger of the two, which is an upper bound: the cache fills as the run
+ * goes. `cuda`: in the caching allocator's blocks. */
 static int64_t cached_scratch(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                               ebb_dtype dt, int cuda) {
     if (n_in != 5 || in[0].ndim != 4 || in[1].ndim != 4 || in[2].ndim != 4 || in[3].ndim != 4)
@@ -907,12 +910,15 @@ static int64_t cached_scratch(const ebb_attr_value *a, const ebb_shape *in, int 
     if (t != 1)
         return first;
     int64_t hkv = h / rep;
-    ebb_shape next[3] = {EBB_SHAPE(b, hkv, rep, d), EBB_SHAPE(b, hkv, cap, d),
+    int fused = !cuda && ebb_attention_fused(dt, d, dv, rep, cap);
+    ebb_shape four[3] = {EBB_SHAPE(b, hkv, rep, d), EBB_SHAPE(b, hkv, cap, d),
                          EBB_SHAPE(b, hkv, cap, dv)};
-    int64_t q = rep > 1 ? b * h * d * size : 0, o = rep > 1 ? b * h * dv * size : 0;
-    int64_t later = cuda ? ebb_cuda_block(q) + ebb_cuda_block(o) +
-                               sdpa_cuda_scratch(open, next, 3, dt, 0)
-                         : q + o + sdpa_scratch(open, next, 3, dt, 0);
+    ebb_shape three[3] = {EBB_SHAPE(b * hkv, rep, d), EBB_SHAPE(b * hkv, cap, d),
+                          EBB_SHAPE(b * hkv, cap, dv)};
+    int64_t q = rep > 1 ? b * h * d * size : 0, o = rep > 1 && fused ? b * h * dv * size : 0;
+    int64_t later = cuda ? ebb_cuda_block(q) + ebb_cuda_block(b * h * dv * size) +
+                               sdpa_cuda_scratch(open, four, 3, dt, 0)
+                         : q + o + sdpa_scratch(open, fused ? four : three, 3, dt, 0);
     return first > later ? first : later;
 }
 
