@@ -126,6 +126,7 @@ typedef struct options {
     const char *device, *weights, *save_weights, *inputs, *outputs, *trace, *out_file;
     const char *loss, *optimizer, *grads;
     int64_t memory_budget; /* 0: none */
+    int64_t kv_cache;      /* --kv-cache N: generation's key/value cache (0: none) */
     double clip_norm, clip_value; /* --clip-grad-norm, --clip-grad-value; 0: none */
     double loss_scale;            /* --loss-scale: > 0 on, -1 none, 0 on with fp16 */
     int64_t accumulate;           /* --accumulate N: micro-batches a step (0: not given) */

@@ -738,7 +738,8 @@ int load_and_compile(const options *o, const ebb_safetensors *inputs, ebb_spec *
                               .memory_budget = o->memory_budget,
                               .device = o->run_device,
                               .measure_scratch = o->measure_scratch,
-                              .precision = o->precision};
+                              .precision = o->precision,
+                              .kv_cache = o->kv_cache};
     ebb_shape target_shapes[MAX_INPUTS];
     ebb_dtype target_dtypes[MAX_INPUTS];
     ebb_train_options to = {0};

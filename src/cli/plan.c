@@ -8,7 +8,7 @@ const char ebb_cli_usage_plan[] =
     "                [--clip-grad-norm X] [--clip-grad-value X] [--no-decay PATTERN]...\n"
     "                [--loss-scale S] [--accumulate N] [--weight-copies HOW]\n"
     "                [--data-parallel N [--bucket-size SIZE] [--overlap] [--zero [--rank R]]]]\n"
-    "                [--memory-budget SIZE]\n"
+    "                [--memory-budget SIZE] [--kv-cache N]\n"
     "\n";
 
 const cli_flag ebb_cli_plan_flags[] = {
@@ -29,6 +29,10 @@ const cli_flag ebb_cli_plan_flags[] = {
              "or `least`):\n"
              "a training plan recomputes forward values in the backward to\n"
              "fit, and the listing shows what it recomputes and what it costs"),
+    FLAG_COUNT("kv-cache", "N", options, kv_cache,
+               "generation: plan causal attention through a key/value cache\n"
+               "of N positions, which the listing shows (-i SYMBOL=1 for the\n"
+               "plan of one next token)"),
     PRECISION_FLAG(options, precision),
     COMMON_FLAGS,
     END_OF_OPTIONS_HELP,
