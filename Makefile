@@ -162,7 +162,7 @@ endif
 bench: deps $(TORCH_DEPS)
 	$(call install_missing,$(BENCH_PACKAGES))
 	cmake -S . -B $(BUILD) -DEBB_BUILD_BENCH=ON $(TORCH_CMAKE_FLAGS) $(CMAKE_FLAGS)
-	cmake --build $(BUILD) -j$(JOBS) --target ebb_bench ebb_fashion_bench ebb_remat_bench ebb_first_steps_bench
+	cmake --build $(BUILD) -j$(JOBS) --target ebb_bench ebb_fashion_bench ebb_remat_bench ebb_first_steps_bench ebb_generate_bench
 	EBB_BENCH_PYTHON=$(BENCH_PY) bash tests/bench/run.sh $(BUILD)
 
 # On a machine with an NVIDIA GPU and a CUDA libtorch (../shared/device):

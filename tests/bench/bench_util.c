@@ -109,9 +109,9 @@ ebb_status bench_export_model(const char *prefix, const ebb_model *m, const ebb_
         const char *name = ebb_model_param_name(m, i);
         st = bench_export_tensor(js, bin, &first, &offset, name, ebb_model_param(m, name));
     }
-    if (st == EBB_OK)
+    if (st == EBB_OK && x)
         st = bench_export_tensor(js, bin, &first, &offset, "input:x", x);
-    if (st == EBB_OK)
+    if (st == EBB_OK && y)
         st = bench_export_tensor(js, bin, &first, &offset, "target:y", y);
     if (st == EBB_OK)
         fprintf(js, "\n]}\n");

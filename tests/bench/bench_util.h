@@ -1,5 +1,5 @@
 /* Pieces the bench programs share (bench_ebb.c, bench_fashion.c,
- * bench_remat.c, bench_first_steps.c, bench_precision.c): the error reply of
+ * bench_remat.c, bench_first_steps.c, bench_precision.c, bench_generate.c): the error reply of
  * their protocol, the export run.py's load_export reads (a JSON manifest of
  * float32 tensors and one .bin of their values), and the seeded targets. */
 #ifndef EBB_BENCH_UTIL_H
@@ -23,7 +23,8 @@ ebb_status bench_export_tensor(FILE *js, FILE *bin, int *first, long long *offse
                                const char *name, const ebb_tensor *t);
 
 /* PREFIX.json and PREFIX.bin: the model's parameters in its order (float32;
- * an int64 counter as its values), then "input:x" and "target:y". */
+ * an int64 counter as its values), then "input:x" and "target:y" (each left
+ * out when NULL). */
 ebb_status bench_export_model(const char *prefix, const ebb_model *m, const ebb_tensor *x,
                               const ebb_tensor *y);
 

@@ -832,6 +832,9 @@ def main():
     ap.add_argument("--no-precision", action="store_true",
                     help="without the mixed-precision training rows, bf16 against fp32 and "
                          "PyTorch autocast (--only precision: those alone)")
+    ap.add_argument("--no-generate", action="store_true",
+                    help="without generation through a key/value cache against PyTorch eager "
+                         "(--only generate: those alone)")
     ap.add_argument("--clock", choices=["wall", "cpu"],
                     help="the clock the tables and targets read (default wall, or "
                          "EBB_BENCH_CLOCK); results.json keeps both")
@@ -872,7 +875,7 @@ def main():
         # the forward rows, Fashion-MNIST, the memory budgets and the
         # mixed-precision rows are CPU-only
         args.train_only = args.no_fashion = args.no_remat = args.no_first_steps = True
-        args.no_precision = True
+        args.no_precision = args.no_generate = True
     if args.clock:
         CLOCK = args.clock
     if CLOCK not in ("wall", "cpu"):
@@ -905,7 +908,7 @@ def main():
             % (DEVICE, info["gpu"]))
 
     rows, train_rows, fashion_rows, remat_rows, first_rows = [], [], [], [], []
-    precision_rows = []
+    precision_rows, generate_rows = [], []
     rows_out = open(args.train_rows, "a") if args.train_rows else None
 
     def train_row(row):
@@ -921,10 +924,12 @@ def main():
                    (not args.only or "first_steps" in args.only))
     precision = (not args.no_precision and not args.no_train and not args.config and
                  (not args.only or "precision" in args.only))
+    generate = (not args.no_generate and not args.config and
+                (not args.only or "generate" in args.only))
     load_before = loadavg()
     t0 = time.time()
     spent = {"forward": 0.0, "train": 0.0, "fashion": 0.0, "remat": 0.0,
-             "first_steps": 0.0, "precision": 0.0}  # seconds per kind
+             "first_steps": 0.0, "precision": 0.0, "generate": 0.0}  # seconds per kind
     try:
         suite = [w for w in SUITE if (not args.only or w[0] in args.only) and
                  (not args.config or w[1] == args.config)]
@@ -985,6 +990,11 @@ def main():
             t1 = time.time()
             precision_rows = precision_bench.run_all(args.build, out_dir, log, CLOCK)
             spent["precision"] += time.time() - t1
+        if generate:
+            import generate as generate_bench  # imports this file as `run`
+            t1 = time.time()
+            generate_rows = generate_bench.run_all(args.build, out_dir, log)
+            spent["generate"] += time.time() - t1
     finally:
         ebb.close()
         if rows_out:
@@ -998,7 +1008,7 @@ def main():
     misses = []
     for kind, rs in (("", rows), ("training ", train_rows), ("", fashion_rows),
                      ("memory budget ", remat_rows), ("first steps ", first_rows),
-                     ("mixed precision ", precision_rows)):
+                     ("mixed precision ", precision_rows), ("generate ", generate_rows)):
         for r in rs:
             for k, v in r.get("targets", {}).items():
                 if v and v != "ok":
@@ -1065,6 +1075,12 @@ def main():
                  precision_bench.TIMING["per_round"]))
         print(precision_bench.render(precision_rows))
         print(precision_bench.LEGEND)
+    if generate_rows:
+        print()
+        print("ebb bench, generation through a key/value cache against PyTorch eager (batch 1, "
+              "greedy, %s): tokens per second, prompt times in ms, bytes" % CLOCK_NAME[CLOCK])
+        print(render_text(*generate_bench.table(generate_rows)))
+        print(generate_bench.LEGEND)
     if misses:
         print("targets missed:")
         for m in misses:
@@ -1072,10 +1088,10 @@ def main():
     else:
         print("every target met")
     print("(%.0f s: forward rows %.0f s, training rows %.0f s, Fashion-MNIST %.0f s, memory "
-          "budgets %.0f s, first steps %.0f s, mixed precision %.0f s; results in "
-          "%s/results.json and results.md)" % (
+          "budgets %.0f s, first steps %.0f s, mixed precision %.0f s, generation %.0f s; "
+          "results in %s/results.json and results.md)" % (
               elapsed, spent["forward"], spent["train"], spent["fashion"], spent["remat"],
-              spent["first_steps"], spent["precision"], out_dir))
+              spent["first_steps"], spent["precision"], spent["generate"], out_dir))
 
     with open(os.path.join(out_dir, "results.json"), "w") as f:
         json.dump({"machine": info, "timing": TIMING, "rows": rows,
@@ -1083,6 +1099,7 @@ def main():
                    "fashion_rows": fashion_rows, "remat_rows": remat_rows,
                    "first_steps_rows": first_rows, "precision_rows": precision_rows,
                    "precision_timing": precision_bench.TIMING if precision_rows else None,
+                   "generate_rows": generate_rows,
                    "seconds": elapsed,
                    "seconds_by_kind": spent},
                   f, indent=1)
@@ -1103,6 +1120,9 @@ def main():
         if precision_rows:
             f.write("\nMixed-precision training steps, bf16 against fp32 and PyTorch autocast:"
                     "\n\n" + render_md(*precision_bench.table(precision_rows)) + "\n")
+        if generate_rows:
+            f.write("\nGeneration through a key/value cache against PyTorch eager:\n\n" +
+                    render_md(*generate_bench.table(generate_rows)) + "\n")
     return 0
 
 

@@ -12,6 +12,8 @@
 #                                                     against PyTorch (resnet_small, mnist_examples)
 #   bash tests/bench/run.sh [BUILD] --only precision  training steps in bf16 against fp32 and
 #                                                     PyTorch autocast (peaks, kept activations, time)
+#   bash tests/bench/run.sh [BUILD] --only generate   generation through a key/value cache
+#                                                     against PyTorch eager (tokens/s)
 #   bash tests/bench/run.sh [BUILD] --clock cpu       tables on thread CPU time (busy machines)
 #   python3 tests/bench/ddp.py --build BUILD [--nproc 2]  ebb train --nproc against PyTorch DDP
 #                                                     (gloo), step time and per-rank peak
