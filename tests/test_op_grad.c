@@ -99,6 +99,7 @@ static const grad_case cases[] = {
     {"linear", 1, {SH(2, 3, 8)}, "out=5", 0},
     {"linear", 1, {SH(2, 3, 8)}, "out=5, bias=false", 0},
     {"linear", 1, {SH(7)}, "out=3", 0},
+    {"linear", 1, {SH(1, 1, 8)}, "out=5, bias=false", 0},
     {"learned_halt", 1, {SH(4, 8)}, NULL, 0},
     {"learned_halt", 1, {SH(2, 3, 6)}, NULL, 0},
     /* convolution: batched and unbatched, strided, padded, dilated, grouped.

@@ -432,10 +432,11 @@ EBB_API int ebb_plan_keep_all(const ebb_plan *p);
 EBB_API const char *ebb_plan_name(const ebb_plan *p);
 
 /* A plan compiled with ebb_compile_options.kv_cache: the cache's length
- * in positions, and the bytes of its keys and values (every EBB_VALUE_STATE
- * value), which an ebb_kv_cache holds beside the parameters. 0 for other
- * plans (and NULL p). */
+ * in positions. 0 for other plans (and NULL p). */
 EBB_API int64_t ebb_plan_kv_cache_length(const ebb_plan *p);
+/* The bytes of the cache's keys and values (every EBB_VALUE_STATE value),
+ * which an ebb_kv_cache holds beside the parameters. 0 for plans without
+ * one (and NULL p). */
 EBB_API int64_t ebb_plan_kv_cache_bytes(const ebb_plan *p);
 /* Number of parameters the plan's ops need, in a fixed order. NULL p: 0. */
 EBB_API int ebb_plan_param_count(const ebb_plan *p);

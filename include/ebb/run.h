@@ -235,9 +235,9 @@ EBB_API ebb_status ebb_run_ex(const ebb_plan *plan, const ebb_model *model, ebb_
 EBB_API ebb_status ebb_kv_cache_new(ebb_kv_cache **out, const ebb_plan *plan, ebb_device device);
 /* Frees the cache and its tensors. NULL is allowed. */
 EBB_API void ebb_kv_cache_free(ebb_kv_cache *c);
-/* The positions filled so far (where the next run's tokens start), and how
- * many the cache can hold. NULL c: 0. */
+/* The positions filled so far: where the next run's tokens start. NULL c: 0. */
 EBB_API int64_t ebb_kv_cache_length(const ebb_kv_cache *c);
+/* How many positions the cache can hold (the plan's kv_cache). NULL c: 0. */
 EBB_API int64_t ebb_kv_cache_capacity(const ebb_kv_cache *c);
 /* The bytes its tensors hold. NULL c: 0. */
 EBB_API int64_t ebb_kv_cache_bytes(const ebb_kv_cache *c);
