@@ -39,8 +39,9 @@ typedef struct field {
     int64_t stride, offset;
     void *data;
     int borrowed; /* data belongs to another field: a text target reads the input's bytes */
-    int text;     /* byte tokens: batched as integers only */
-    int64_t file_at; /* text: the file offset of data[0] */
+    int text;     /* tokens of a text or token file: batched as integers only */
+    int token_bytes; /* text: 1 (bytes); token files: 2 or 4, each a little-endian token */
+    int64_t file_at; /* text: the token index in the file of data[0] */
     int normalize;
     double mean, std;
 } field;
@@ -665,13 +666,19 @@ static ebb_status read_range(int fd, const char *path, int64_t at, int64_t len, 
     return EBB_OK;
 }
 
-/* A text file's bytes as two fields of [windows, block] tokens: the input
- * and the same shifted by one byte, the target. Only the split's bytes are
- * read, and only after its size is checked against max_bytes and against
- * one window. */
-static ebb_status open_text(ebb_dataset **out, const char *path, const char *const *names, int n,
-                            int64_t block, ebb_text_split split, const char *desc,
-                            int64_t max_bytes) {
+static ebb_status widen_tokens(uint8_t **buf, int64_t n, int width, const char *path, int64_t at);
+
+/* A file's tokens as two fields of [windows, block] tokens: the input and
+ * the same shifted by one token, the target. `width` is the bytes of a
+ * token: 1, a text file's bytes; 2 or 4, little-endian unsigned integers
+ * (nanoGPT's prepare.py writes uint16), held as int32. Only the split's
+ * tokens are read, and only after their size is checked against max_bytes
+ * and against one window. A text file (width 1) whose first 4 KiB hold a
+ * NUL byte is refused: that is no text, and a token file read as text
+ * would train on the bytes of its numbers. */
+static ebb_status open_tokens(ebb_dataset **out, const char *path, const char *const *names,
+                              int n, int64_t block, ebb_text_split split, const char *desc,
+                              int64_t max_bytes, int width) {
     if (n != 2)
         return ebb_error_set(EBB_ERR_ARG,
                              "dataset '%s': text data has two fields (the tokens, and the same "
@@ -682,31 +689,57 @@ static ebb_status open_text(ebb_dataset **out, const char *path, const char *con
                              "dataset '%s': a window of %lld bytes; it takes 1 or more", desc,
                              (long long)block);
     int fd = -1;
-    int64_t size = 0;
-    ebb_status st = ebb_file_open_read(&fd, &size, path, desc);
+    int64_t file_size = 0;
+    ebb_status st = ebb_file_open_read(&fd, &file_size, path, desc);
     if (st != EBB_OK)
         return st;
+    if (file_size % width) {
+        close(fd);
+        return ebb_error_set(EBB_ERR_ARG,
+                             "dataset '%s': %s is %lld bytes, not a whole number of %d-byte "
+                             "tokens (uint%d)",
+                             desc, path, (long long)file_size, width, 8 * width);
+    }
+    if (width == 1) {
+        uint8_t head[4096];
+        ssize_t got = pread(fd, head, sizeof head, 0);
+        const uint8_t *nul = got > 0 ? memchr(head, 0, (size_t)got) : NULL;
+        if (nul) {
+            close(fd);
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "dataset '%s': %s holds a NUL byte at offset %lld, so it is not "
+                                 "text; a file of tokens (nanoGPT's prepare.py writes uint16) is "
+                                 "read by tokens:%s",
+                                 desc, path, (long long)(nul - head), path);
+        }
+    }
+    int64_t size = file_size / width;
     int64_t test = size / 10, at = split == EBB_TEXT_TEST ? size - test : 0;
     int64_t len = split == EBB_TEXT_TEST ? test : split == EBB_TEXT_TRAIN ? size - test : size;
     int64_t limit = max_bytes > 0 && max_bytes < EBB_DATASET_MAX_BYTES ? max_bytes
                                                                        : EBB_DATASET_MAX_BYTES;
     char h[32], l[32];
-    if (len > limit)
+    const char *unit = width == 1 ? "bytes" : "tokens", *one = width == 1 ? "byte" : "token";
+    int64_t held = len * (width == 1 ? 1 : 4); /* as held: bytes, or int32 tokens */
+    if (held > limit)
         st = ebb_error_set(EBB_ERR_NOMEM,
-                           "dataset '%s': %s is %lld bytes (%s), more than the %lld bytes (%s) "
+                           "dataset '%s': %s is %lld %s (%s held), more than the %lld bytes (%s) "
                            "it may take; nothing was read",
-                           desc, split_name(split), (long long)len, ebb_bytes_str(len, h, sizeof h),
-                           (long long)limit, ebb_bytes_str(limit, l, sizeof l));
+                           desc, split_name(split), (long long)len, unit,
+                           ebb_bytes_str(held, h, sizeof h), (long long)limit,
+                           ebb_bytes_str(limit, l, sizeof l));
     else if (len < block + 1)
         st = ebb_error_set(EBB_ERR_ARG,
-                           "dataset '%s': %s is %lld bytes (of %lld), shorter than one window of "
-                           "%lld bytes and the byte after it",
-                           desc, split_name(split), (long long)len, (long long)size,
-                           (long long)block);
+                           "dataset '%s': %s is %lld %s (of %lld), shorter than one window of "
+                           "%lld %s and the %s after it",
+                           desc, split_name(split), (long long)len, unit, (long long)size,
+                           (long long)block, unit, one);
     uint8_t *bytes = NULL;
     if (st == EBB_OK)
-        st = read_range(fd, path, at, len, &bytes);
+        st = read_range(fd, path, at * width, len * width, &bytes);
     close(fd);
+    if (st == EBB_OK && width > 1)
+        st = widen_tokens(&bytes, len, width, path, at);
     if (st != EBB_OK)
         return st;
     /* training windows start at every byte; the test split's follow each
@@ -721,13 +754,15 @@ static ebb_status open_text(ebb_dataset **out, const char *path, const char *con
     d->n = windows;
     ebb_shape sh = {2, {windows, block}};
     d->fields[1].borrowed = 1; /* the target reads the input's bytes */
-    st = set_field(d, 0, names[0], path, EBB_UINT8, &sh, bytes);
+    ebb_dtype held_as = width == 1 ? EBB_UINT8 : EBB_INT32;
+    st = set_field(d, 0, names[0], path, held_as, &sh, bytes);
     if (st == EBB_OK)
-        st = set_field(d, 1, names[1], path, EBB_UINT8, &sh, bytes);
+        st = set_field(d, 1, names[1], path, held_as, &sh, bytes);
     for (int i = 0; i < 2; i++) {
         d->fields[i].stride = stride;
         d->fields[i].offset = i;
         d->fields[i].text = 1;
+        d->fields[i].token_bytes = width;
         d->fields[i].file_at = at;
     }
     if (st != EBB_OK) {
@@ -736,6 +771,42 @@ static ebb_status open_text(ebb_dataset **out, const char *path, const char *con
     }
     *out = d;
     return EBB_OK;
+}
+
+/* Little-endian uint16 or uint32 tokens, n of them, into int32 in place of
+ * the buffer (a uint32 token must fit: 2^31 - 1 at most). */
+static ebb_status widen_tokens(uint8_t **buf, int64_t n, int width, const char *path, int64_t at) {
+    int32_t *t = malloc(n > 0 ? (size_t)n * sizeof *t : 1);
+    if (!t) {
+        free(*buf);
+        *buf = NULL;
+        return ebb_error_set(EBB_ERR_NOMEM, "%s: out of memory for %lld tokens", path,
+                             (long long)n);
+    }
+    const uint8_t *b = *buf;
+    for (int64_t k = 0; k < n; k++) {
+        const uint8_t *p = b + k * width;
+        uint32_t v = width == 2 ? (uint32_t)p[0] | (uint32_t)p[1] << 8
+                                : (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
+                                      (uint32_t)p[3] << 24;
+        if (v > INT32_MAX) {
+            free(t);
+            free(*buf);
+            *buf = NULL;
+            return ebb_error_set(EBB_ERR_ARG, "%s: token %lld is %u, past the 2^31 - 1 a token "
+                                 "id may be", path, (long long)(at + k), v);
+        }
+        t[k] = (int32_t)v;
+    }
+    free(*buf);
+    *buf = (uint8_t *)t;
+    return EBB_OK;
+}
+
+static ebb_status open_text(ebb_dataset **out, const char *path, const char *const *names, int n,
+                            int64_t block, ebb_text_split split, const char *desc,
+                            int64_t max_bytes) {
+    return open_tokens(out, path, names, n, block, split, desc, max_bytes, 1);
 }
 
 ebb_status ebb_dataset_open_text(ebb_dataset **out, const char *path, const char *const names[2],
@@ -750,27 +821,42 @@ ebb_status ebb_dataset_open_text(ebb_dataset **out, const char *path, const char
     return open_text(out, path, names, 2, block, split, path, 0);
 }
 
-/* "text:FILE[:train|:test|:all]": the window length from the expected
- * input shape [B, T], which the target's, when given, must share. */
+/* Whether `s`, of length *len, ends with `suffix`: then *len drops it. */
+static int cut_suffix(const char *s, size_t *len, const char *suffix) {
+    size_t k = strlen(suffix);
+    if (*len < k || memcmp(s + *len - k, suffix, k)) return 0;
+    *len -= k;
+    return 1;
+}
+
+/* "text:FILE[:train|:test|:all]" and "tokens:FILE[:u16|:u32][:train|:test|
+ * :all]": the window length from the expected input shape [B, T], which
+ * the target's, when given, must share. */
 static ebb_status open_text_desc(ebb_dataset **out, const char *desc, const char *const *names,
                                  int n, const ebb_dataset_expect *expect) {
-    const char *file = desc + 5, *colon = strrchr(file, ':');
+    int tokens = !strncmp(desc, "tokens:", 7), width = tokens ? 2 : 1;
+    const char *file = desc + (tokens ? 7 : 5);
     ebb_text_split split = EBB_TEXT_TRAIN;
     size_t len = strlen(file);
-    if (colon && (!strcmp(colon, ":train") || !strcmp(colon, ":test") || !strcmp(colon, ":all"))) {
-        split = !strcmp(colon, ":test") ? EBB_TEXT_TEST
-                : !strcmp(colon, ":all") ? EBB_TEXT_ALL
-                                         : EBB_TEXT_TRAIN;
-        len = (size_t)(colon - file);
-    }
+    if (cut_suffix(file, &len, ":test"))
+        split = EBB_TEXT_TEST;
+    else if (cut_suffix(file, &len, ":all"))
+        split = EBB_TEXT_ALL;
+    else
+        cut_suffix(file, &len, ":train");
+    if (tokens && cut_suffix(file, &len, ":u32"))
+        width = 4;
+    else if (tokens)
+        cut_suffix(file, &len, ":u16");
     char path[4096];
     if (len == 0 || len >= sizeof path)
         return ebb_error_set(EBB_ERR_ARG, "dataset '%s': %s", desc,
-                             len ? "name too long" : "no file after text:");
+                             len ? "name too long"
+                             : tokens ? "no file after tokens:" : "no file after text:");
     memcpy(path, file, len);
     path[len] = '\0';
     if (n != 2)
-        return open_text(out, path, names, n, 1, split, desc, 0);
+        return open_tokens(out, path, names, n, 1, split, desc, 0, width);
     const ebb_shape *x = expect && expect->shapes ? &expect->shapes[0] : NULL;
     const ebb_shape *y = expect && expect->shapes ? &expect->shapes[1] : NULL;
     char a[128], b[128];
@@ -793,7 +879,7 @@ static ebb_status open_text_desc(ebb_dataset **out, const char *desc, const char
                              "nothing was read",
                              desc, (long long)x->dim[1], names[0], ebb_shape_str(x, a, sizeof a),
                              names[1], ebb_shape_str(y, b, sizeof b));
-    return open_text(out, path, names, n, x->dim[1], split, desc, expect->max_bytes);
+    return open_tokens(out, path, names, n, x->dim[1], split, desc, expect->max_bytes, width);
 }
 
 static int is_dir(const char *path) {
@@ -823,7 +909,7 @@ ebb_status ebb_dataset_open_ex(ebb_dataset **out, const char *desc, const char *
     ebb_status st = check_expect_args(expect, n, "ebb_dataset_open");
     if (st != EBB_OK)
         return st;
-    if (!strncmp(desc, "text:", 5))
+    if (!strncmp(desc, "text:", 5) || !strncmp(desc, "tokens:", 7))
         return open_text_desc(out, desc, names, n, expect);
     size_t len = strlen(desc);
     char dir[4096];
@@ -855,11 +941,19 @@ ebb_status ebb_dataset_open_ex(ebb_dataset **out, const char *desc, const char *
                 EBB_ERR_IO,
                 "dataset '%s': no such file or directory; a dataset is a safetensors file, a "
                 "directory of IDX files, IMAGES,LABELS (two IDX files), fashion-mnist "
-                "(:train, :test), or text:FILE (:train, :test, :all)%s",
+                "(:train, :test), text:FILE or tokens:FILE (:train, :test, :all)%s",
                 desc,
                 ebb_edit_distance(dir, "fashion-mnist", 3) <= 3 ? "; did you mean fashion-mnist?"
                                                                 : "");
-        return open_safetensors(out, desc, names, n, expect);
+        ebb_status st = open_safetensors(out, desc, names, n, expect);
+        size_t dl = strlen(desc);
+        if (st != EBB_OK && st != EBB_ERR_NOMEM && dl > 4 && !strcmp(desc + dl - 4, ".bin")) {
+            char first[1024];
+            snprintf(first, sizeof first, "%s", ebb_errmsg());
+            ebb_error_set(st, "%s (a .bin file of nanoGPT's prepare.py holds uint16 tokens: "
+                          "give tokens:%s)", first, desc);
+        }
+        return st;
     }
     if (n != 2)
         return ebb_error_set(EBB_ERR_ARG,
@@ -956,6 +1050,13 @@ ebb_status ebb_dataset_check_classes(const ebb_dataset *d, int i, int64_t classe
         double v = get_f(f, k);
         int bad = is_int_dtype(f->dtype) ? (get_i(f, k) < 0 || get_i(f, k) >= classes)
                                          : !(v >= 0 && v < (double)classes && v == floor(v));
+        if (bad && f->text && f->token_bytes > 1)
+            return ebb_error_set(EBB_ERR_ARG,
+                                 "%s: token %lld (at byte %lld) is %g, not a token of the "
+                                 "model's %lld-token vocabulary (0 to %lld)",
+                                 f->file, (long long)(f->file_at + k),
+                                 (long long)((f->file_at + k) * f->token_bytes), v,
+                                 (long long)classes, (long long)classes - 1);
         if (bad && f->text)
             return ebb_error_set(EBB_ERR_ARG,
                                  "%s: the byte at offset %lld is %g, not a token of the "

@@ -113,21 +113,21 @@ ebb_status ebb_fields_check_block(const fields *f) {
     return EBB_OK;
 }
 
-/* Text data (ebb/data.h) gives one input and one target of byte tokens, in
- * windows as long as the input's second dimension. */
+/* Text and token data (ebb/data.h) give one input and one target of
+ * tokens, in windows as long as the input's second dimension. */
 static ebb_status check_text_spec(const fields *f, const char *desc) {
-    if (strncmp(desc, "text:", 5)) return EBB_OK;
+    if (strncmp(desc, "text:", 5) && strncmp(desc, "tokens:", 7)) return EBB_OK;
     if (f->n_in != 1 || f->n_tg != 1)
         return ebb_error_set(EBB_ERR_ARG,
-                             "dataset '%s': text data feeds one input and one target (the next "
-                             "byte), but %s has %d input%s and %d target%s",
+                             "dataset '%s': text and token data feed one input and one target "
+                             "(the next token), but %s has %d input%s and %d target%s",
                              desc, ebb_spec_file(f->spec), f->n_in, f->n_in == 1 ? "" : "s",
                              f->n_tg, f->n_tg == 1 ? "" : "s");
     for (int i = 0; i < 2; i++)
         if (f->dtypes[i] != EBB_INT64 && f->dtypes[i] != EBB_INT32)
             return ebb_error_set(EBB_ERR_ARG,
-                                 "dataset '%s': text data gives byte tokens, but %s's %s '%s' is "
-                                 "%s: declare it {shape: [batch, T], dtype: int64}",
+                                 "dataset '%s': text and token data give tokens, but %s's %s '%s' "
+                                 "is %s: declare it {shape: [batch, T], dtype: int64}",
                                  desc, ebb_spec_file(f->spec), i ? "target" : "input",
                                  f->names[i], ebb_dtype_name(f->dtypes[i]));
     const char *sym = NULL;

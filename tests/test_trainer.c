@@ -721,6 +721,83 @@ static void expect_open_fails(const char *desc, const ebb_dataset_expect *ex, in
                  ebb_errmsg(), ebb_status_name(status), needle);
 }
 
+/* "tokens:FILE": nanoGPT's prepare.py's uint16 tokens (and uint32 with
+ * :u32), windows as text's, any vocabulary; a token file given as text or
+ * as a dataset file is refused, saying tokens:FILE reads it. */
+#define NTOK 100 /* tokens in test_token_data's files */
+static void test_token_data(void **state) {
+    (void)state;
+    unsigned char u16[2 * NTOK], u32[4 * NTOK];
+    int64_t tok[NTOK];
+    for (int i = 0; i < NTOK; i++) {
+        tok[i] = (i * 389 + 7) % 1000 + (i == 77 ? 40000 : 0); /* past int16, one past 1000 */
+        u16[2 * i] = (unsigned char)(tok[i] & 0xff), u16[2 * i + 1] = (unsigned char)(tok[i] >> 8);
+        for (int k = 0; k < 4; k++)
+            u32[4 * i + k] = (unsigned char)(tok[i] >> (8 * k));
+    }
+    char p16[400], p32[400], desc[460];
+    write_text(p16, sizeof p16, "train.bin", u16, sizeof u16);
+    write_text(p32, sizeof p32, "train32.bin", u32, sizeof u32);
+    const char *names[] = {"x", "y"};
+    ebb_shape want[2] = {EBB_SHAPE(8, 4), EBB_SHAPE(8, 4)};
+    ebb_dataset_expect ex = {.shapes = want, .n_shapes = 2};
+    for (int w = 0; w < 2; w++) {
+        ebb_dataset *d = NULL;
+        snprintf(desc, sizeof desc, w ? "tokens:%s:u32:all" : "tokens:%s:all", w ? p32 : p16);
+        assert_ok(ebb_dataset_open_ex(&d, desc, names, 2, &ex));
+        assert_int_equal(ebb_dataset_size(d), NTOK - 4);
+        assert_int_equal(ebb_dataset_field_dtype(d, 0), EBB_INT32);
+        int64_t idx[3] = {0, 74, 95}, got[12];
+        ebb_tensor *b = NULL;
+        for (int f = 0; f < 2; f++) { /* the target is the input one token on */
+            ebb_shape sh = EBB_SHAPE(3, 4);
+            assert_ok(ebb_dataset_batch(&b, d, f, idx, 3, &sh, EBB_INT64, ebb_device_cpu()));
+            assert_ok(ebb_tensor_to_host(b, got, sizeof got));
+            ebb_tensor_free(b);
+            for (int r = 0; r < 3; r++)
+                for (int k = 0; k < 4; k++)
+                    assert_int_equal(got[r * 4 + k], tok[idx[r] + f + k]);
+        }
+        /* against a vocabulary of 1000: token 77 is 40000 + ... */
+        assert_int_equal(ebb_dataset_check_classes(d, 1, 1000), EBB_ERR_ARG);
+        char says[96];
+        snprintf(says, sizeof says, "token 77 (at byte %d) is %lld", w ? 308 : 154,
+                 (long long)tok[77]);
+        assert_errmsg_contains(says);
+        assert_ok(ebb_dataset_check_classes(d, 1, 50000));
+        ebb_dataset_free(d);
+    }
+    /* the splits count tokens: the test split is the last 10 */
+    ebb_dataset *d = NULL;
+    snprintf(desc, sizeof desc, "tokens:%s:test", p16);
+    assert_ok(ebb_dataset_open_ex(&d, desc, names, 2, &ex));
+    assert_int_equal(ebb_dataset_size(d), 2); /* (10 - 1) / 4 */
+    ebb_dataset_free(d);
+    /* refusals */
+    char odd[400];
+    write_text(odd, sizeof odd, "odd.bin", u16, 2 * NTOK - 1);
+    snprintf(desc, sizeof desc, "tokens:%s", odd);
+    expect_open_fails(desc, &ex, 2, EBB_ERR_ARG, "is 199 bytes, not a whole number of 2-byte");
+    unsigned char big[8] = {0, 0, 0, 0xff, 1, 0, 0, 0};
+    char pbig[400];
+    write_text(pbig, sizeof pbig, "big.bin", big, sizeof big);
+    snprintf(desc, sizeof desc, "tokens:%s:u32:all", pbig);
+    ebb_shape one[2] = {EBB_SHAPE(1, 1), EBB_SHAPE(1, 1)};
+    ebb_dataset_expect ex1 = {.shapes = one, .n_shapes = 2};
+    expect_open_fails(desc, &ex1, 2, EBB_ERR_ARG, "token 0 is 4278190080, past the 2^31 - 1");
+    snprintf(desc, sizeof desc, "text:%s", p16); /* tokens read as text */
+    expect_open_fails(desc, &ex, 2, EBB_ERR_ARG, "holds a NUL byte at offset 1, so it is not text");
+    expect_open_fails(p16, &ex, 2, EBB_ERR_IO, "give tokens:");
+    snprintf(desc, sizeof desc, "tokens:%s:all", p16);
+    ebb_shape long_[2] = {EBB_SHAPE(8, 100), EBB_SHAPE(8, 100)};
+    ex.shapes = long_;
+    expect_open_fails(desc, &ex, 2, EBB_ERR_ARG,
+                      "is 100 tokens (of 100), shorter than one window of 100 tokens");
+    expect_open_fails("tokens:", &ex, 2, EBB_ERR_ARG, "no file after tokens:");
+}
+
+#undef NTOK
+
 /* "text:FILE": sample i is bytes [i, i+T) and the target the same one byte
  * on; the training split is the first 90% with a window at every byte, the
  * test split the last 10% in windows one after another; every refusal
@@ -1879,6 +1956,7 @@ int main(int argc, char **argv) {
         EBB_TEST(test_half_batches),
         EBB_TEST(test_per_token),
         EBB_TEST(test_text_data),
+        EBB_TEST(test_token_data),
         EBB_TEST(test_text_language_model),
         EBB_TEST(test_accumulate),
         EBB_TEST(test_early_stopping),

@@ -136,9 +136,13 @@ EBB_API ebb_status ebb_dataset_open_text(ebb_dataset **out, const char *path,
  *   IMAGES,LABELS                        two IDX files
  *   text:FILE, text:FILE:train           a text file's first 90% as byte tokens
  *   text:FILE:test, text:FILE:all        its last 10%, or all of it
+ *   tokens:FILE[:u16|:u32][:train|:test|:all]
+ *                                        a file of little-endian uint16 (or
+ *                                        uint32) token ids, held as int32,
+ *                                        split as text (nanoGPT's train.bin)
  *   FILE                                 a safetensors file
  * IDX datasets take two names (images, labels); a safetensors dataset one
- * field per name; a text dataset two (input, target), and its window length
+ * field per name; a text or token dataset two (input, target), and its window length
  * from ebb_dataset_open_ex()'s expected input shape, so this call refuses
  * it. Errors as the calls above. */
 EBB_API ebb_status ebb_dataset_open(ebb_dataset **out, const char *desc, const char *const *names,
