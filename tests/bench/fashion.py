@@ -275,11 +275,7 @@ def run_all(build, out_dir, full, log):
     images, labels = load_train()
     log("fashion: %d training images read in %.1f s (not timed)" % (images.shape[0],
                                                                   time.time() - t0))
-    ebb = bench.Ebb(binary, dict(os.environ))
-    if ebb.info["threads"] != torch.get_num_threads():
-        ebb.close()
-        raise RuntimeError("ebb runs %d threads, PyTorch %d" % (ebb.info["threads"],
-                                                             torch.get_num_threads()))
+    ebb = bench.start_side(build, "ebb_fashion_bench")
     rows = []
     try:
         for name, spec, steps, chunks in MODELS:

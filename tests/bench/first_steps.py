@@ -224,14 +224,7 @@ def run_model(ebb, out_dir, name, spec, batch, what, random, log):
 
 
 def run_all(build, out_dir, log):
-    binary = os.path.join(build, "tests", "bench", "ebb_first_steps_bench")
-    if not os.path.exists(binary):
-        raise RuntimeError("%s not found (configure with -DEBB_BUILD_BENCH=ON)" % binary)
-    ebb = bench.Ebb(binary, dict(os.environ))
-    if ebb.info["threads"] != torch.get_num_threads():
-        ebb.close()
-        raise RuntimeError("ebb runs %d threads, PyTorch %d" % (ebb.info["threads"],
-                                                             torch.get_num_threads()))
+    ebb = bench.start_side(build, "ebb_first_steps_bench")
     rows = []
     try:
         for name, spec, batch, what, random in MODELS:

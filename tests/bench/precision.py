@@ -283,14 +283,7 @@ def judge(row):
 
 
 def run_all(build, out_dir, log, clock="wall"):
-    binary = os.path.join(build, "tests", "bench", "ebb_bench")
-    if not os.path.exists(binary):
-        raise RuntimeError("%s not found (configure with -DEBB_BUILD_BENCH=ON)" % binary)
-    ebb = bench.Ebb(binary, dict(os.environ), ["precision"])
-    if ebb.info["threads"] != torch.get_num_threads():
-        ebb.close()
-        raise RuntimeError("ebb runs %d threads, PyTorch %d" % (ebb.info["threads"],
-                                                             torch.get_num_threads()))
+    ebb = bench.start_side(build, "ebb_bench", ["precision"])
     rows = []
     try:
         for workload, config in ROWS:

@@ -189,6 +189,21 @@ class Ebb:
         self.p.wait()
 
 
+def start_side(build, program, args=()):
+    """The ebb side of a bench driver: BUILD/tests/bench/PROGRAM, started
+    with `args`, refused when missing or when it runs another thread count
+    than PyTorch here."""
+    binary = os.path.join(build, "tests", "bench", program)
+    if not os.path.exists(binary):
+        raise RuntimeError("%s not found (configure with -DEBB_BUILD_BENCH=ON)" % binary)
+    ebb = Ebb(binary, dict(os.environ), args)
+    if ebb.info["threads"] != torch.get_num_threads():
+        ebb.close()
+        raise RuntimeError("ebb runs %d threads, PyTorch %d" % (ebb.info["threads"],
+                                                             torch.get_num_threads()))
+    return ebb
+
+
 def load_export(prefix):
     with open(prefix + ".json") as f:
         manifest = json.load(f)["tensors"]
