@@ -61,6 +61,12 @@ static ebb_status capture_body(void *ctx, int capturing) {
 /* What no CUDA graph can hold: control flow that depends on values, and a
  * model that is not on a CUDA device. */
 static ebb_status check_capturable(const ebb_plan *plan, const ebb_model *model) {
+    if (plan->kv_cache > 0)
+        return ebb_error_set(EBB_ERR_UNSUPPORTED,
+                             "ebb_plan_capture: plan %s reads and writes a key/value cache at "
+                             "positions each run hands its steps; capturing it into a CUDA graph "
+                             "is not done yet (run it with ebb_run_ex)",
+                             plan->name);
     for (int i = 0; i < plan->n_steps; i++) {
         const ebb_plan_step *s = &plan->steps[i].pub;
         if (s->kind == EBB_STEP_ROUTE)

@@ -295,8 +295,11 @@ typedef struct ebb_capture ebb_capture;
  * static is what makes this possible; plans whose control flow depends on
  * data (a switch, a top-k gate, a while/until loop) cannot be captured whole,
  * and the call says so (EBB_ERR_UNSUPPORTED, naming the step) instead of
- * capturing one path. `for` loops are fine. Needs a model on a CUDA device and
- * a build with CUDA. The capture keeps its own copies of the inputs. */
+ * capturing one path. `for` loops are fine. A plan with a key/value cache is
+ * refused too (EBB_ERR_UNSUPPORTED): its positions are handed to its steps
+ * by each run, which a graph would record once. Needs a model on a CUDA
+ * device and a build with CUDA. The capture keeps its own copies of the
+ * inputs. */
 EBB_API ebb_status ebb_plan_capture(ebb_capture **out, const ebb_plan *plan, const ebb_model *model,
                             ebb_tensor *const *inputs);
 /* Copies `inputs` (same shapes as at capture) into the graph's input buffers,
