@@ -233,6 +233,11 @@ static void test_misuse_is_refused(void **state) {
     assert_int_equal(ebb_kv_cache_new(&kv, plain, CPU), EBB_ERR_ARG);
     assert_errmsg_contains("has no key/value cache");
     assert_null(kv);
+    /* not captured: each run hands the steps their positions */
+    ebb_capture *cap = NULL;
+    assert_int_equal(ebb_plan_capture(&cap, next, m, &x), EBB_ERR_UNSUPPORTED);
+    assert_errmsg_contains("reads and writes a key/value cache");
+    assert_null(cap);
     /* a plan with a cache run without one, and a cache for another length */
     assert_int_equal(ebb_run(next, m, &x, &y, NULL), EBB_ERR_ARG);
     assert_errmsg_contains("reads and writes a key/value cache of 8 positions");
