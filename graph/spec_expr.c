@@ -17,8 +17,9 @@
 
 /* Where a number is wanted, a plain scalar may compute it from params:
  * `$d*3`, `$d/$heads`, `($d+1)*2`, `-$d`. Integers only, with the usual
- * precedence; `/` must divide exactly, and overflow and division by zero are
- * errors. Every error points at the scalar. Parentheses and signs nest at
+ * precedence; `/` must divide exactly, `//` rounds down as Python's does
+ * (Meta's `multiple_of * ((h + multiple_of - 1) // multiple_of)`), and
+ * overflow and division by zero are errors. Every error points at the scalar. Parentheses and signs nest at
  * most EXPR_MAX_DEPTH deep, so a hostile scalar cannot exhaust the stack. */
 #define EXPR_MAX_DEPTH 32
 
@@ -160,6 +161,9 @@ static int expr_product(expr *e, int64_t *out) {
         if (op != '*' && op != '/')
             break;
         e->p++;
+        int floor_div = op == '/' && *e->p == '/';
+        if (floor_div)
+            e->p++;
         int64_t b = 0;
         if (expr_unary(e, &b) != 0)
             return -1;
@@ -168,14 +172,17 @@ static int expr_product(expr *e, int64_t *out) {
                 return expr_overflow(e, a, op, b);
             a *= b;
         } else if (b == 0) {
-            return ebb_load_fail_at(e->ld, e->at, "in '%.64s': division by zero (%lld / 0)",
-                                    e->at->text, (long long)a);
+            return ebb_load_fail_at(e->ld, e->at, "in '%.64s': division by zero (%lld %s 0)",
+                                    e->at->text, (long long)a, floor_div ? "//" : "/");
         } else if (a == INT64_MIN && b == -1) {
             return expr_overflow(e, a, op, b);
+        } else if (floor_div) {
+            int64_t q = a / b; /* toward zero; Python's // rounds toward -inf */
+            a = q - ((a % b != 0) && ((a < 0) != (b < 0)));
         } else if (a % b != 0) {
             return ebb_load_fail_at(e->ld, e->at,
                                     "in '%.64s': %lld is not divisible by %lld; '/' must "
-                                    "divide exactly",
+                                    "divide exactly ('//' rounds down)",
                                     e->at->text, (long long)a, (long long)b);
         } else {
             a /= b;

@@ -1853,7 +1853,35 @@ static void test_param_arithmetic(void **state) {
                      EBB_ERR_SPEC);
     assert_null(s);
     assert_string_equal(ebb_errmsg(), "arith.yaml:3:31: error: params.hd: in '$d/$heads': 25 is "
-                                      "not divisible by 3; '/' must divide exactly");
+                                      "not divisible by 3; '/' must divide exactly ('//' rounds "
+                                      "down)");
+}
+
+/* `//` rounds down as Python's does, so Meta's LLaMA sizes its MLP in a
+ * spec: multiple_of * ((8 d // 3 + multiple_of - 1) // multiple_of). */
+static void test_param_floor_division(void **state) {
+    (void)state;
+    static const char text[] =
+        "ebb: 1\nparams: {d: 128, m: 32, hidden: $m * ((8 * $d // 3 + $m - 1) // $m), "
+        "neg: -7 // 2, pos: 7 // -2, exact: 8 // 2}\ninputs: {x: [2, $d]}\n"
+        "flow: [{from: {linear: {out: $hidden}}}]\n";
+    ebb_spec *s = NULL;
+    assert_ok(ebb_spec_load_string(&s, text, sizeof text - 1, "floor.yaml"));
+    assert_true(ebb_spec_param_value(s, 2) == 352.0); /* 341 rounded up to 32s */
+    assert_true(ebb_spec_param_value(s, 3) == -4.0);  /* toward -inf, as Python */
+    assert_true(ebb_spec_param_value(s, 4) == -4.0);
+    assert_true(ebb_spec_param_value(s, 5) == 4.0);
+    ebb_spec_free(s);
+    const char *set[] = {"d=4096", "m=256"}; /* Llama 2 7B's: 11008 */
+    ebb_spec_options opt = {.params = set, .n_params = 2};
+    assert_ok(ebb_spec_load_string_ex(&s, text, sizeof text - 1, "floor.yaml", &opt));
+    assert_true(ebb_spec_param_value(s, 2) == 11008.0);
+    ebb_spec_free(s);
+    static const char zero[] =
+        "ebb: 1\nparams: {d: 8}\ninputs: {x: [4, $d]}\nflow: [{from: {linear: {out: $d//0}}}]\n";
+    assert_int_equal(ebb_spec_load_string(&s, zero, sizeof zero - 1, "gen.yaml"), EBB_ERR_SPEC);
+    assert_errmsg_contains("in '$d//0': division by zero (8 // 0)");
+    assert_null(s);
 }
 
 /* Arithmetic errors, each at the scalar that holds it. */
@@ -2239,6 +2267,7 @@ int main(void) {
         EBB_TEST(test_train_compile_uses_targets),
         EBB_TEST(test_param_arithmetic),
         EBB_TEST(test_param_arithmetic_errors),
+        EBB_TEST(test_param_floor_division),
         EBB_TEST(test_merge_by_node),
         EBB_TEST(test_share),
         EBB_TEST(test_node_labels),
