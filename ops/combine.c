@@ -33,7 +33,7 @@ static ebb_status average_fwd(const ebb_op_call *c, ebb_tensor **out) {
 }
 
 /* The inputs' broadcast shape (the output's). */
-static ebb_shape broadcast_shape(const ebb_shape *in, int n_in) {
+ebb_shape ebb_ops_broadcast_shape(const ebb_shape *in, int n_in) {
     ebb_shape s = {0};
     for (int i = 0; i < n_in; i++)
         s.ndim = in[i].ndim > s.ndim ? in[i].ndim : s.ndim;
@@ -51,7 +51,7 @@ static ebb_shape broadcast_shape(const ebb_shape *in, int n_in) {
 
 /* Elements of the inputs' broadcast shape. */
 static int64_t broadcast_numel(const ebb_shape *in, int n_in) {
-    ebb_shape s = broadcast_shape(in, n_in);
+    ebb_shape s = ebb_ops_broadcast_shape(in, n_in);
     return ebb_shape_numel(&s);
 }
 
@@ -254,7 +254,7 @@ static int64_t sum_to_scratch(const ebb_shape *in, int n_in, ebb_dtype dt) {
 static int64_t add_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                  ebb_dtype dt) {
     (void)a;
-    ebb_shape out = broadcast_shape(in, n_in);
+    ebb_shape out = ebb_ops_broadcast_shape(in, n_in);
     int64_t e = grad_elem(dt), o = ebb_shape_numel(&out), live = 0, peak = 0;
     for (int i = 0; i < n_in; i++) {
         if (ebb_shape_equal(&in[i], &out))
@@ -275,7 +275,7 @@ static int64_t add_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, i
 static int64_t mul_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                  ebb_dtype dt) {
     (void)a;
-    ebb_shape out = broadcast_shape(in, n_in);
+    ebb_shape out = ebb_ops_broadcast_shape(in, n_in);
     int64_t e = grad_elem(dt), o = ebb_shape_numel(&out) * e;
     int64_t live = 0, peak = 0, chain = n_in > 2 ? 2 * o : o;
     for (int i = 0; i < n_in; i++) {
@@ -299,7 +299,7 @@ static int64_t mul_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, i
 static int64_t div_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                  ebb_dtype dt) {
     (void)a;
-    ebb_shape out = broadcast_shape(in, n_in);
+    ebb_shape out = ebb_ops_broadcast_shape(in, n_in);
     int64_t e = grad_elem(dt), n = ebb_shape_numel(&out), o = n * e, peak = o, live = o;
     int same_a = ebb_shape_equal(&in[0], &out), same_b = ebb_shape_equal(&in[1], &out);
     int64_t ra = same_a ? 0 : ebb_shape_numel(&in[0]) * e;
@@ -327,7 +327,7 @@ static int64_t div_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, i
 static int64_t average_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                      ebb_dtype dt) {
     (void)a;
-    ebb_shape out = broadcast_shape(in, n_in);
+    ebb_shape out = ebb_ops_broadcast_shape(in, n_in);
     int64_t e = grad_elem(dt), o = ebb_shape_numel(&out) * e, summed = 0;
     int shared = 0;
     for (int i = 0; i < n_in; i++) {
@@ -351,7 +351,7 @@ static int64_t average_bwd_workspace(const ebb_attr_value *a, const ebb_shape *i
 static int64_t average_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                           ebb_dtype dt) {
     (void)a;
-    ebb_shape out = broadcast_shape(in, n_in);
+    ebb_shape out = ebb_ops_broadcast_shape(in, n_in);
     for (int i = 0; i < n_in; i++)
         if (ebb_shape_equal(&in[i], &out))
             return 0;
@@ -382,7 +382,7 @@ static int64_t max_bwd_walk(const ebb_shape *in, int n_in, ebb_dtype dt, int cud
     p[0] = in[0];
     for (int k = 1; k < n_in; k++) {
         ebb_shape two[2] = {p[k - 1], in[k]};
-        p[k] = broadcast_shape(two, 2);
+        p[k] = ebb_ops_broadcast_shape(two, 2);
         if (k < n_in - 1)
             live += BYTES(ebb_shape_numel(&p[k]) * e); /* the prefixes */
     }

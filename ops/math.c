@@ -393,22 +393,6 @@ static ebb_status where_bwd(const ebb_op_grad_call *c, ebb_tensor **gin, ebb_ten
                                      &c->in_shapes[2]);
 }
 
-/* The output's shape: the three inputs broadcast. */
-static ebb_shape where_shape(const ebb_shape *in) {
-    ebb_shape s = {0};
-    for (int i = 0; i < 3; i++)
-        s.ndim = in[i].ndim > s.ndim ? in[i].ndim : s.ndim;
-    for (int d = 0; d < s.ndim; d++) {
-        s.dim[d] = 1;
-        for (int i = 0; i < 3; i++) {
-            int at = d - (s.ndim - in[i].ndim);
-            if (at >= 0 && in[i].dim[at] != 1)
-                s.dim[d] = in[i].dim[at];
-        }
-    }
-    return s;
-}
-
 /* x's gradient: the negated condition (a bool of the condition's shape) and
  * grad_out with zeros where it did not hold, then (where x was broadcast)
  * its sum; the mask goes once the fill is made, the fill once it is summed.
@@ -417,7 +401,7 @@ static ebb_shape where_shape(const ebb_shape *in) {
 static int64_t where_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                    ebb_dtype dt) {
     (void)a, (void)n_in;
-    ebb_shape out = where_shape(in);
+    ebb_shape out = ebb_ops_broadcast_shape(in, 3);
     int64_t n = ebb_shape_numel(&out), e = (int64_t)ebb_dtype_size(dt), o = n * e;
     int64_t live = 0, peak = ebb_shape_numel(&in[1]) + o, grads = 0;
     for (int i = 0; i <= 2; i += 2) {
@@ -441,7 +425,7 @@ static int64_t where_bwd_workspace(const ebb_attr_value *a, const ebb_shape *in,
 static int64_t where_bwd_workspace_cuda(const ebb_attr_value *a, const ebb_shape *in, int n_in,
                                         ebb_dtype dt) {
     (void)a, (void)n_in;
-    ebb_shape out = where_shape(in);
+    ebb_shape out = ebb_ops_broadcast_shape(in, 3);
     int64_t o = ebb_cuda_block(ebb_shape_numel(&out) * (int64_t)ebb_dtype_size(dt));
     int64_t live = 0, peak = ebb_cuda_block(ebb_shape_numel(&in[1])) + o, grads = 0;
     for (int i = 0; i <= 2; i += 2) {

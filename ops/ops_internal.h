@@ -47,6 +47,10 @@ ebb_status ebb_ops_parse_ints(const char *op, const char *attr, const char *text
 /* Checks that dim lies in [-ndim, ndim) and returns it made non-negative in
  * *out; the error names the op and the input shape (ops/shape.c). */
 ebb_status ebb_ops_check_dim(const char *op, int64_t dim, const ebb_shape *x, int64_t *out);
+/* The shape n_in shapes broadcast to, as libtorch broadcasts them (aligned
+ * at the last dim; a size other than 1 wins). Shapes that do not broadcast
+ * are the forward's to refuse (ops/combine.c). */
+ebb_shape ebb_ops_broadcast_shape(const ebb_shape *in, int n_in);
 
 /* An elementwise op's forward `fn` and its in-place forward `fn`_inplace:
  * ebb_tensor_unary() of `kind` (relu, exp, ...). */
