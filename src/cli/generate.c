@@ -453,8 +453,9 @@ static int read_prompt(const char *path, char **text, size_t *len) {
     for (size_t got = 1; b && got > 0 && n <= MAX_PROMPT_FILE;) {
         if (n == cap) {
             char *nb = realloc(b, 2 * cap + 1);
-            if (!nb) break;
+            if (!nb) free(b);
             b = nb, cap *= 2;
+            if (!b) break;
         }
         got = fread(b + n, 1, cap - n, f);
         n += got;
@@ -464,9 +465,10 @@ static int read_prompt(const char *path, char **text, size_t *len) {
     if (!b || err || n > MAX_PROMPT_FILE || n == 0) {
         free(b);
         fprintf(stderr, "ebb: --prompt-file %s: %s\n", path,
-                !b || n > MAX_PROMPT_FILE ? "larger than the 64 MiB a prompt may be"
-                : err                     ? strerror(errno)
-                                          : "empty; the prompt needs one byte or more");
+                !b                    ? "out of memory"
+                : n > MAX_PROMPT_FILE ? "larger than the 64 MiB a prompt may be"
+                : err                 ? strerror(errno)
+                                      : "empty; the prompt needs one byte or more");
         return EXIT_USAGE;
     }
     b[n] = '\0';
