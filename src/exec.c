@@ -996,12 +996,7 @@ static ebb_status run_ctx_init(run_ctx *r, const ebb_plan *plan, const ebb_model
             r->shapes[plan->inputs[i]] = ebb_tensor_shape(inputs[i]);
     }
     /* the key/value cache's tensors are the caller's too */
-    if ((st = ebb_kv_cache_bind(r->kv, plan, r->dev, r->slots)) != EBB_OK)
-        return st;
-    for (int v = 0; v < plan->n_values; v++)
-        if (plan->values[v].kind == EBB_VALUE_STATE)
-            r->borrowed[v] = 1;
-    return EBB_OK;
+    return ebb_kv_cache_bind(r->kv, plan, r->dev, r->slots, r->borrowed);
 }
 
 /* Releases every slot the run still holds (the caller's inputs stay the

@@ -80,7 +80,7 @@ ebb_status ebb_kv_cache_truncate(ebb_kv_cache *c, int64_t length) {
 }
 
 ebb_status ebb_kv_cache_bind(const ebb_kv_cache *c, const ebb_plan *plan, ebb_device device,
-                             ebb_tensor **slots) {
+                             ebb_tensor **slots, unsigned char *borrowed) {
     if (plan->kv_cache <= 0 && !c)
         return EBB_OK;
     if (plan->kv_cache <= 0)
@@ -120,6 +120,7 @@ ebb_status ebb_kv_cache_bind(const ebb_kv_cache *c, const ebb_plan *plan, ebb_de
                                  k < c->n ? " " : "", a);
         }
         slots[v] = c->t[k++];
+        borrowed[v] = 1;
     }
     if (k != c->n)
         return ebb_error_set(EBB_ERR_SHAPE,

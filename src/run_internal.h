@@ -15,11 +15,11 @@ ebb_status ebb_run_plan(const ebb_plan *plan, const ebb_model *model, ebb_tensor
 
 /* ---- the key/value cache (src/kv_cache.c) ---------------------------------
  * Binds the cache's tensors into `slots` (per plan value) at the plan's
- * EBB_VALUE_STATE values, refusing a cache made for another plan (or none
- * for a plan that needs one: the message says which); c may be NULL for a
- * plan without a cache. */
+ * EBB_VALUE_STATE values, marked in `borrowed` as the caller's, refusing a
+ * cache made for another plan (or none for a plan that needs one: the
+ * message says which); c may be NULL for a plan without a cache. */
 ebb_status ebb_kv_cache_bind(const ebb_kv_cache *c, const ebb_plan *plan, ebb_device device,
-                             ebb_tensor **slots);
+                             ebb_tensor **slots, unsigned char *borrowed);
 /* A run that wrote `positions` more succeeded: they count as filled. */
 ebb_status ebb_kv_cache_advance(ebb_kv_cache *c, int64_t positions);
 

@@ -194,24 +194,29 @@ static void test_cache_matches_full_sequence(void **state) {
     }
 }
 
+/* What `write` prints of plan p, as a new string (free it). */
+static char *printed(void (*write)(const ebb_plan *, FILE *), const ebb_plan *p) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    write(p, f);
+    fclose(f);
+    return text;
+}
+
 /* The listing names the cache, its tensors and the steps that write them. */
 static void test_plan_lists_the_cache(void **state) {
     (void)state;
     ebb_spec *s = load_lm(&lms[1]);
     ebb_plan *p = compile_lm(s, 1, SEQ);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&text, &len);
-    ebb_plan_print(p, f);
-    fclose(f);
+    char *text = printed(ebb_plan_print, p);
     if (!strstr(text, "key/value cache: 12 positions, 4 tensors (6.0 KiB)") ||
         !strstr(text, "float32 [2, 2, 12, 8]") || !strstr(text, "_cached_attention") ||
         !strstr(text, "upper bound"))
         fail_msg("listing lacks the cache:\n%s", text);
     free(text);
-    f = open_memstream(&text, &len);
-    ebb_plan_write_json(p, f);
-    fclose(f);
+    text = printed(ebb_plan_write_json, p);
     assert_non_null(strstr(text, "\"kv_cache\": {\"positions\": 12, \"bytes\": 6144}"));
     assert_non_null(strstr(text, "\"kind\": \"state\""));
     free(text);
